@@ -1,0 +1,55 @@
+# `make test` and `make demo` each do the whole set-up on a fresh Debian 12
+# machine as root: apt packages, the venv, the native parts; then their job.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := gcc make libc6-dev binutils python3-venv python3-dev libcap-dev \
+                runc containerd docker.io busybox-static iproute2 util-linux
+PYTEST_ARGS ?=
+
+.PHONY: all setup apt venv native test lint unit demo bench clean
+
+all: setup
+
+setup: apt venv native
+
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "make: need root to install: $$missing" >&2; exit 1; fi; \
+	  echo "installing: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+native: venv
+	$(MAKE) -C libvgpu
+
+lint: setup
+	$(VENV)/bin/ruff check nvctk cli hooks runtime_shim tests bench
+	$(VENV)/bin/mypy
+
+unit: setup
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
+test: setup lint
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m nvctk.demo
+
+bench: setup
+	$(PY) bench/container_start.py
+	$(MAKE) -C libvgpu bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info
+	$(MAKE) -C libvgpu clean

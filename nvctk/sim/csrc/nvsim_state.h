@@ -1,0 +1,172 @@
+/* The simulated GPUs' shared state: one mmapped file that every process using
+ * the sim (host processes and processes in every container, where the runtime
+ * bind-mounts it) maps, as all processes share one real GPU.
+ *
+ * Located by nvsim_state_open(): $NVSIM_STATE if set, else the sim dir's
+ * <sim-root>/run/nvidia-sim/state (compiled in) when that directory exists,
+ * else /run/nvidia-sim/state (the path the runtime mounts the sim's
+ * run/nvidia-sim dir at in containers). When none of these can be opened, the
+ * process gets a private anonymous copy, so the mocks still work (unshared).
+ *
+ * Layout is fixed-size and versioned; nvctk/sim/state.py reads it with struct
+ * (tests/test_sim_nvml.py compares its offsets with offsetof()).
+ *
+ * Every helper declared here is hidden: libnvidia-ml and libcuda each link
+ * their own copy of nvsim_state.c, and a process that loads both must not have
+ * one library's calls bound to the other's copy (its statics, its mapping).
+ */
+#ifndef NVSIM_STATE_H
+#define NVSIM_STATE_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#pragma GCC visibility push(hidden)
+
+#define NVSIM_STATE_MAGIC 0x4e565349u /* "NVSI" */
+#define NVSIM_STATE_VERSION 2u
+#define NVSIM_MAX_GPUS 16
+#define NVSIM_MAX_PROCS 512
+#define NVSIM_STATE_REL "run/nvidia-sim/state"
+#define NVSIM_STATE_CONTAINER "/run/nvidia-sim/state"
+/* NVML's utilization sample period: busy time is averaged over windows this long */
+#define NVSIM_UTIL_WINDOW_NS 100000000ull
+
+/* A process's use of one GPU. pid + start_time (field 22 of /proc/pid/stat,
+ * clock ticks since boot) + pid namespace identify the process. Its owner holds
+ * an OFD lock on one byte of the state file per slot (see nvsim_state.c), which
+ * the kernel drops when the process dies in whatever pid namespace it lived;
+ * so slots of dead processes are reclaimed (their memory credited back) by
+ * whoever next takes a slot or lists processes. Pids are the caller's; host_pid
+ * is the first NSpid entry (the host's view when /proc shows it). */
+struct nvsim_proc {
+    int32_t pid;            /* 0 = free slot */
+    uint32_t gpu;           /* topology index */
+    uint64_t start_time;
+    uint64_t mem_used;      /* bytes held on this GPU (allocations + context reserve) */
+    uint64_t busy_ns;       /* kernel time this process had on the device */
+    uint64_t kernels;       /* kernels run */
+    int32_t host_pid;       /* pid in the initial pid namespace, when known (else = pid) */
+    uint32_t _pad;
+    uint64_t pidns;         /* inode of the owner's /proc/self/ns/pid (0 = unknown) */
+};
+
+struct nvsim_gpu {
+    pthread_mutex_t run_lock; /* robust, process-shared: held while a kernel runs */
+    uint64_t mem_total;       /* bytes */
+    uint64_t mem_used;        /* bytes, all processes */
+    uint64_t busy_ns;         /* total kernel time on the device */
+    uint64_t kernels;         /* total kernels run */
+    uint64_t last_busy_end_ns;/* CLOCK_MONOTONIC of the last kernel's end */
+    /* utilization window for NVML: busy ns accumulated since window_start_ns */
+    uint64_t window_start_ns;
+    uint64_t window_busy_ns;
+    uint32_t last_util_pct;   /* utilization of the last complete window */
+    uint32_t _pad;
+};
+
+struct nvsim_state {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t ngpus;
+    uint32_t nprocs;          /* = NVSIM_MAX_PROCS */
+    pthread_mutex_t lock;     /* robust, process-shared: guards mem and slots */
+    struct nvsim_gpu gpus[NVSIM_MAX_GPUS];
+    struct nvsim_proc procs[NVSIM_MAX_PROCS];
+};
+
+/* ---- topology compiled into each mock (generated nvsim_topology.h) ---- */
+
+struct nvsim_topo_mig {
+    unsigned index;           /* position under its parent GPU */
+    const char *uuid;         /* MIG-... */
+    const char *profile;      /* "1g.10gb" */
+    unsigned profile_id;      /* NVML GPU instance profile id */
+    unsigned slices;          /* of 7 */
+    unsigned gi, ci;          /* GPU / compute instance ids */
+    uint64_t memory_mib;
+    unsigned gi_cap_minor, ci_cap_minor;
+};
+
+struct nvsim_topo_gpu {
+    unsigned index, minor;
+    const char *uuid;         /* GPU-... */
+    const char *name;
+    const char *pci_bus_id;   /* 00000000:1B:00.0 */
+    unsigned pci_domain, pci_bus, pci_device;
+    uint64_t memory_mib;
+    int cc_major, cc_minor;
+    const char *brand;        /* nvml brand name: "nvidia", "tesla", ... */
+    unsigned nmig;
+    const struct nvsim_topo_mig *migs;
+};
+
+struct nvsim_topo_profile {  /* the MIG profiles this GPU kind offers */
+    const char *name;         /* "1g.10gb" */
+    unsigned slices;
+    uint64_t memory_mib;
+    unsigned id;
+};
+
+struct nvsim_topo {
+    const char *driver_version;  /* "550.54.15" */
+    const char *cuda_version;    /* "12.4" */
+    int cuda_version_int;        /* 12040 */
+    unsigned kernel_time_us;
+    const char *sim_root;        /* the sim dir on the host */
+    unsigned ngpus;
+    const struct nvsim_topo_gpu *gpus;
+    unsigned nprofiles;
+    const struct nvsim_topo_profile *profiles;
+};
+
+extern const struct nvsim_topo nvsim_topo;
+
+/* ---- the /dev rule ---- */
+
+/* Where device nodes are looked for: $NVSIM_DEV_DIR, else <sim_root>/dev when
+ * it exists (host), else /dev (container). The result is static. */
+const char *nvsim_dev_dir(void);
+/* Fills idx with the topology indexes of GPUs whose <dev>/nvidia<minor> exists,
+ * in topology order (a container's device 0, 1, ...); returns how many. */
+unsigned nvsim_visible_gpus(unsigned *idx, unsigned max);
+/* A MIG device of a visible GPU is visible on the host (dev dir is
+ * <sim_root>/dev) always, elsewhere when <dev>/nvidia-caps/nvidia-cap<ci_cap_minor>
+ * exists. */
+int nvsim_mig_visible(const struct nvsim_topo_mig *mig);
+
+/* ---- shared state ---- */
+
+/* Maps the state file once per process (later calls return the same pointer),
+ * creating or re-initialising it from the topology under flock when it is
+ * missing, short, or of another magic/version. Never NULL unless even an
+ * anonymous mapping fails. */
+struct nvsim_state *nvsim_state_open(void);
+/* Robust-mutex lock: a holder that died leaves the mutex consistent again.
+ * Returns 0, or -1 if the mutex is unrecoverable. */
+int nvsim_lock(pthread_mutex_t *m);
+void nvsim_unlock(pthread_mutex_t *m);
+/* This process's slot on topology GPU gpu, created if needed (reclaiming dead
+ * processes' slots first when the table is full of them). NULL when gpu is out
+ * of range or every slot belongs to a live process. */
+struct nvsim_proc *nvsim_proc_slot(struct nvsim_state *st, unsigned gpu);
+/* Frees the slots of dead processes, crediting their memory back to the GPU. */
+void nvsim_reap(struct nvsim_state *st);
+/* Charges bytes to the GPU and this process's slot: 0, or -1 (nothing charged)
+ * when mem_used would exceed mem_total or no slot is free. */
+int nvsim_mem_charge(struct nvsim_state *st, unsigned gpu, uint64_t bytes);
+/* Credits bytes back to the GPU and this process's slot, clamped at zero. */
+void nvsim_mem_credit(struct nvsim_state *st, unsigned gpu, uint64_t bytes);
+/* Runs one kernel: holds the GPU's run_lock for ns (sleeping, as a real GPU
+ * does not spin the CPU) and counts it on the GPU and this process's slot. */
+void nvsim_run_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns);
+/* GPU utilization in percent over the last NVSIM_UTIL_WINDOW_NS window. */
+unsigned nvsim_gpu_util(struct nvsim_state *st, unsigned gpu);
+/* Is the slot's owner alive (it holds its slot's lock)? */
+int nvsim_proc_alive(struct nvsim_state *st, const struct nvsim_proc *p);
+uint64_t nvsim_now_ns(void); /* CLOCK_MONOTONIC */
+
+#pragma GCC visibility pop
+
+#endif
