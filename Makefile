@@ -1,7 +1,7 @@
 # `make test` and `make demo` each do the whole set-up on a fresh Debian 12
 # machine as root: apt packages, the venv, the native parts; then their job.
 SHELL := /bin/bash
-PYTHON ?= python3
+PYTHON ?= /usr/bin/python3
 VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := gcc make libc6-dev binutils python3-venv python3-dev libcap-dev \

@@ -11,15 +11,16 @@ import json
 import uuid as uuidlib
 from dataclasses import asdict, dataclass, field
 
-# name -> (slices of 7, memory MiB on an 80 GB A100/H100 class GPU, NVML profile id)
+# name -> (slices of 7, memory MiB on an 80 GB A100/H100 class GPU, profile id as
+# `nvidia-smi mig -lgip` lists it)
 # Memory scales with the GPU's memory (see mig_memory_mib).
 MIG_PROFILES: dict[str, tuple[int, int, int]] = {
-    "1g.10gb": (1, 9856, 0),
+    "1g.10gb": (1, 9856, 19),
     "1g.20gb": (1, 19968, 15),
     "2g.20gb": (2, 19968, 14),
     "3g.40gb": (3, 40192, 9),
     "4g.40gb": (4, 40192, 5),
-    "7g.80gb": (7, 80896, 0x13),
+    "7g.80gb": (7, 80896, 0),
 }
 
 

@@ -3,8 +3,9 @@
  * bind-mounts it) maps, as all processes share one real GPU.
  *
  * Located by nvsim_state_open(): $NVSIM_STATE if set, else the sim dir's
- * <sim-root>/run/nvidia-sim/state (compiled in) when that directory exists,
- * else /run/nvidia-sim/state (the path the runtime mounts the sim's
+ * <sim-root>/run/nvidia-sim/state (compiled in) when <sim-root> exists (the
+ * run dir is created, mode 1777, if missing), else /run/nvidia-sim/state when
+ * that directory exists (the path the runtime mounts the sim's
  * run/nvidia-sim dir at in containers). When none of these can be opened, the
  * process gets a private anonymous copy, so the mocks still work (unshared).
  *

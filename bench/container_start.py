@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Container start cost of nvctk-runtime, measured side by side with runc.
+
+Run as root from the repo with the venv set up (`make bench`). Everything runs
+on a simulated host built in a temp dir; each figure is the median of N runs,
+with the compared commands interleaved so drift on the machine hits all alike.
+
+1. passthrough: `nvctk-runtime state X` vs `runc state X` vs a bare start of
+   the interpreter the installed entry point uses (`python3 -I -S -c pass`).
+   Goal: t(nvctk-runtime state) - t(runc state) <= 1.5 x t(bare start).
+2. GPU container start: `nvctk-runtime run` of a 1-GPU container vs plain
+   `runc run` of the same container without a GPU request. Goal <= 2.0x.
+   With 8 GPUs (`all`) <= 1.2x the 1-GPU case.
+
+Writes a report to stdout and, with --out, to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from nvctk.sim import host as simhost  # noqa: E402
+from nvctk.sim.rootfs import build_rootfs  # noqa: E402
+from nvctk.sim.topology import make_topology  # noqa: E402
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None, ok: bool = True) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    dt = time.perf_counter() - t0
+    if ok and res.returncode != 0:
+        raise RuntimeError(f"{argv}: {res.stderr.decode(errors='replace')}")
+    return dt
+
+
+def interleave(n: int, cases: dict[str, Callable[[], float]]) -> dict[str, float]:
+    samples: dict[str, list[float]] = {k: [] for k in cases}
+    for name, fn in cases.items():  # warm-up: page cache, pyc files
+        fn()
+    for _ in range(n):
+        for name, fn in cases.items():
+            samples[name].append(fn())
+    return {k: statistics.median(v) * 1000 for k, v in samples.items()}
+
+
+def bundle(path: Path, rootfs: Path, env: list[str], args: list[str]) -> Path:
+    path.mkdir(parents=True)
+    subprocess.run(["runc", "spec", "--bundle", str(path)], check=True)
+    spec = json.loads((path / "config.json").read_text())
+    spec["root"] = {"path": str(rootfs), "readonly": False}
+    spec["process"]["terminal"] = False
+    spec["process"]["args"] = args
+    spec["process"]["env"] = ["PATH=/usr/local/bin:/usr/bin:/bin", *env]
+    (path / "config.json").write_text(json.dumps(spec))
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=25)
+    ap.add_argument("--out", type=Path)
+    opts = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/container_start.py: needs root", file=sys.stderr)
+        return 1
+    runtime = str(VENV_BIN / "nvctk-runtime")
+    runc = shutil.which("runc") or "runc"
+    py = str(VENV_BIN / "python3")
+    tmp = Path(tempfile.mkdtemp(prefix="nvctk-bench-"))
+    root = tmp / "runc-root"
+    lines: list[str] = []
+
+    def say(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    try:
+        sim1 = simhost.init(str(tmp / "sim1"), make_topology(gpus=1))
+        sim8 = simhost.init(str(tmp / "sim8"), make_topology(gpus=8))
+        rootfs = Path(build_rootfs(str(tmp / "rootfs"), with_sample=sim1.sample))
+        env1 = {**os.environ, **sim1.env}
+        env8 = {**os.environ, **sim8.env}
+
+        # 1. passthrough on a created (not started) container
+        b = bundle(tmp / "b-state", rootfs, [], ["/bin/sleep", "60"])
+        subprocess.run([runc, "--root", str(root), "create", "--bundle", str(b), "st"],
+                       check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        try:
+            p = interleave(opts.n, {
+                "bare": lambda: timed([py, "-I", "-S", "-c", "pass"]),
+                "runc state": lambda: timed([runc, "--root", str(root), "state", "st"]),
+                "nvctk-runtime state": lambda: timed(
+                    [runtime, "--root", str(root), "state", "st"], env=env1),
+            })
+        finally:
+            subprocess.run([runc, "--root", str(root), "delete", "--force", "st"])
+        overhead = p["nvctk-runtime state"] - p["runc state"]
+        say(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
+            f"kernel {platform.release()}, python {platform.python_version()}")
+        say(f"median of {opts.n} runs each, interleaved; times in ms")
+        say()
+        say("passthrough")
+        for k, v in p.items():
+            say(f"  {k:<22} {v:7.2f}")
+        say(f"  overhead = {overhead:.2f} ms = {overhead / p['bare']:.2f} x bare start "
+            f"(goal <= 1.50)")
+
+        # 2. container starts: run to completion (/bin/true), deleted by runc on exit
+        gpu = bundle(tmp / "b-gpu", rootfs, ["NVIDIA_VISIBLE_DEVICES=0"], ["/bin/true"])
+        gpu8 = bundle(tmp / "b-gpu8", rootfs, ["NVIDIA_VISIBLE_DEVICES=all"], ["/bin/true"])
+        plain = bundle(tmp / "b-plain", rootfs, [], ["/bin/true"])
+        counter = iter(range(10**6))
+
+        def run(rt: str, b: Path, env: dict[str, str]) -> Callable[[], float]:
+            return lambda: timed([rt, "--root", str(root), "run", "--bundle", str(b),
+                                  f"c{next(counter)}"], env=env)
+
+        c = interleave(opts.n, {
+            "runc run (no GPU)": run(runc, plain, env1),
+            "nvctk-runtime run, 1 GPU": run(runtime, gpu, env1),
+            "nvctk-runtime run, 8 GPUs": run(runtime, gpu8, env8),
+        })
+        say()
+        say("container start (create + start + exit + delete)")
+        for k, v in c.items():
+            say(f"  {k:<28} {v:7.2f}")
+        r1 = c["nvctk-runtime run, 1 GPU"] / c["runc run (no GPU)"]
+        r8 = c["nvctk-runtime run, 8 GPUs"] / c["nvctk-runtime run, 1 GPU"]
+        say(f"  1 GPU / runc   = {r1:.2f} x (goal <= 2.00)")
+        say(f"  8 GPUs / 1 GPU = {r8:.2f} x (goal <= 1.20)")
+    finally:
+        subprocess.run(["umount", "-R", str(tmp)], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if opts.out:
+        opts.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""`nvctk`: the host CLI. Thin: one module per command group, logic lives in nvctk/.
+
+Errors that carry a user message (NvctkError) print as one line,
+"nvctk: <message>", on stderr and exit 1; no tracebacks.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from nvctk.cli import config_cmd, info, sim
+
+from nvctk import config as nvconfig
+from nvctk.errors import NvctkError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_path",
+    metavar="PATH",
+    default=None,
+    help="config file (default: $NVCTK_CONFIG, else /etc/nvctk/config.toml)",
+)
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None) -> None:
+    """nvctk: give containers NVIDIA GPUs, whole or in shares."""
+    ctx.obj = {"config_path": config_path}
+
+
+def load_config(ctx: click.Context) -> nvconfig.Config:
+    """The effective config for this invocation (--config, NVCTK_CONFIG, default path)."""
+    root = ctx.find_root()
+    obj = root.obj if isinstance(root.obj, dict) else {}
+    if "config" not in obj:
+        obj["config"] = nvconfig.load(obj.get("config_path"))
+        root.obj = obj
+    cfg: nvconfig.Config = obj["config"]
+    return cfg
+
+
+cli.add_command(info.info)
+cli.add_command(config_cmd.config)
+cli.add_command(sim.sim)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="nvctk")
+    except NvctkError as e:
+        click.echo(f"nvctk: {e}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1300 @@
+/* libvgpu: caps a container's GPU memory and SM share by interposing the CUDA
+ * driver API and NVML. See libvgpu/README.md for the design. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_min.h"
+#include "shm.h"
+#include "vgpu.h"
+
+/* Bind to the oldest versions of the symbols glibc 2.34 moved into libc, so
+ * the library loads in images with glibc >= 2.17 (checked by a test). */
+__asm__(".symver dlvsym,dlvsym@GLIBC_2.2.5");
+__asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
+__asm__(".symver pthread_mutexattr_setrobust,pthread_mutexattr_setrobust@GLIBC_2.12");
+__asm__(".symver pthread_mutex_consistent,pthread_mutex_consistent@GLIBC_2.12");
+__asm__(".symver pthread_mutexattr_setpshared,pthread_mutexattr_setpshared@GLIBC_2.2.5");
+__asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
+__asm__(".symver pthread_mutexattr_init,pthread_mutexattr_init@GLIBC_2.2.5");
+__asm__(".symver pthread_mutexattr_destroy,pthread_mutexattr_destroy@GLIBC_2.2.5");
+
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ------------------------------------------------------------------ */
+/* the names libvgpu wraps (exact; anything else passes through)       */
+
+#define CUDA_HOOKS(X)                                                                     \
+    X(cuInit) X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemAlloc_v2)                 \
+    X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) \
+    X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemFree_v2)            \
+    X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemCreate) X(cuMemRelease)              \
+    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuMipmappedArrayCreate) X(cuArrayDestroy) \
+    X(cuMipmappedArrayDestroy) X(cuMemGetInfo_v2) X(cuDeviceTotalMem_v2) X(cuCtxCreate_v2) \
+    X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain)   \
+    X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2) X(cuLaunchKernel)       \
+    X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                   \
+    X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch)       \
+    X(cuGraphLaunch_ptsz)
+#define NVML_HOOKS(X) \
+    X(nvmlInit) X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
+/* real functions used but not wrapped */
+#define CUDA_HELPERS(X) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetUuid) X(cuCtxGetDevice)
+#define NVML_HELPERS(X) \
+    X(nvmlDeviceGetCount_v2) X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetUUID)
+
+#define ENUM(n) H_##n,
+enum { CUDA_HOOKS(ENUM) H_NCUDA, NVML_HOOKS(ENUM) H_N };
+#undef ENUM
+#define XENUM(n) X_##n,
+enum { CUDA_HELPERS(XENUM) NVML_HELPERS(XENUM) X_N };
+#undef XENUM
+
+EXPORT CUresult cuInit(unsigned int flags);
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr);
+EXPORT nvmlReturn_t nvmlInit(void);
+EXPORT nvmlReturn_t nvmlInit_v2(void);
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
+
+static void *real_fn[H_N]; /* real entry points, by hook id */
+static void *real_x[X_N];  /* helpers */
+#define REAL(n) ((__typeof__(&n))real_fn[H_##n])
+#define HELP(n, type) ((type)real_x[X_##n])
+
+struct hook {
+    const char *name;
+    void *wrapper;
+};
+static const struct hook hooks[H_N]; /* defined at the end, after the wrappers */
+static const char *const helper_names[X_N] = {
+#define NAME(n) #n,
+    CUDA_HELPERS(NAME) NVML_HELPERS(NAME)
+#undef NAME
+};
+
+/* ------------------------------------------------------------------ */
+/* dlsym: the real one, and an override that routes the exact names    */
+
+__attribute__((visibility("hidden"))) void *(*vgpu_real_dlsym)(void *, const char *);
+
+static void resolve_dlsym(void) {
+    if (vgpu_real_dlsym) return;
+    void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!p) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    if (!p) {
+        static const char m[] = "libvgpu: fatal: cannot find the real dlsym\n";
+        ssize_t w = write(2, m, sizeof m - 1);
+        (void)w;
+        abort();
+    }
+    __atomic_store_n(&vgpu_real_dlsym, (void *(*)(void *, const char *))p, __ATOMIC_RELEASE);
+}
+
+static int hook_find(const char *name) {
+    if (name[0] == 'c' && name[1] == 'u') {
+        for (int i = 0; i < H_NCUDA; i++)
+            if (strcmp(hooks[i].name, name) == 0) return i;
+    } else if (strncmp(name, "nvml", 4) == 0) {
+        for (int i = H_NCUDA + 1; i < H_N; i++)
+            if (strcmp(hooks[i].name, name) == 0) return i;
+    }
+    return -1;
+}
+
+static int state_passthrough(void);
+
+/* Called by the dlsym trampoline: our wrapper for an exact wrapped name the
+ * handle really provides, else NULL (the trampoline then tail-jumps to the
+ * real dlsym, so the caller's return address — which RTLD_NEXT lookups
+ * depend on — is preserved). */
+__attribute__((visibility("hidden"), used)) void *vgpu_dlsym_route(void *handle, const char *name) {
+    resolve_dlsym();
+    if (!name) return NULL;
+    if (!((name[0] == 'c' && name[1] == 'u') || name[0] == 'n')) return NULL;
+    int k = hook_find(name);
+    if (k < 0) return NULL;
+    if (state_passthrough()) return NULL;
+    if (!vgpu_real_dlsym(handle, name)) return NULL;
+    return hooks[k].wrapper;
+}
+
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym,@function\n"
+        "dlsym:\n"
+        "  push %rdi\n"
+        "  push %rsi\n"
+        "  sub $8, %rsp\n"
+        "  call vgpu_dlsym_route\n"
+        "  add $8, %rsp\n"
+        "  pop %rsi\n"
+        "  pop %rdi\n"
+        "  test %rax, %rax\n"
+        "  jnz 1f\n"
+        "  jmp *vgpu_real_dlsym(%rip)\n"
+        "1: ret\n"
+        ".size dlsym, .-dlsym\n");
+#else
+EXPORT void *dlsym(void *handle, const char *name) {
+    void *w = vgpu_dlsym_route(handle, name);
+    return w ? w : vgpu_real_dlsym(handle, name);
+}
+#endif
+
+/* ------------------------------------------------------------------ */
+/* configuration and state                                             */
+
+static struct vgpu_config cfg;
+static char cfg_err[8192];
+static int cfg_rc; /* 0 ok, -1 malformed */
+static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
+
+static void cfg_load(void) {
+    cfg_rc = vgpu_load_config(&cfg, cfg_err, sizeof cfg_err);
+    if (cfg_rc < 0) {
+        char m[8400];
+        int n = snprintf(m, sizeof m, "libvgpu[%d]: error: %s; refusing to run without the limit\n",
+                         (int)getpid(), cfg_err);
+        ssize_t w = write(2, m, (size_t)n < sizeof m ? (size_t)n : sizeof m - 1);
+        (void)w;
+    }
+}
+
+/* 1 when no limit is configured at all (and nothing is malformed) */
+static int state_passthrough(void) {
+    pthread_once(&cfg_once, cfg_load);
+    return cfg_rc == 0 && !cfg.active;
+}
+
+static void *cuda_handle, *nvml_handle;
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT, nvml_once = PTHREAD_ONCE_INIT;
+
+static void *sym_from(void *h, const char *name, void *wrapper) {
+    if (!h) return NULL;
+    void *p = vgpu_real_dlsym(h, name);
+    return p == wrapper ? NULL : p;
+}
+
+static void resolve_cuda(void) {
+    resolve_dlsym();
+    cuda_handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!cuda_handle) {
+        vgpu_log(VGPU_LOG_ERROR, "cannot load libcuda.so.1");
+        return;
+    }
+    for (int i = 0; i < H_NCUDA; i++) real_fn[i] = sym_from(cuda_handle, hooks[i].name, hooks[i].wrapper);
+    for (int i = 0; i < X_nvmlDeviceGetCount_v2; i++) real_x[i] = sym_from(cuda_handle, helper_names[i], NULL);
+}
+
+static int nvml_ok;
+static unsigned n_nvml;
+static char nvml_uuid[VGPU_MAX_DEV][96];
+
+static void resolve_nvml(void) {
+    resolve_dlsym();
+    nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!nvml_handle) return;
+    for (int i = H_NCUDA + 1; i < H_N; i++) real_fn[i] = sym_from(nvml_handle, hooks[i].name, hooks[i].wrapper);
+    for (int i = X_nvmlDeviceGetCount_v2; i < X_N; i++) real_x[i] = sym_from(nvml_handle, helper_names[i], NULL);
+    typedef nvmlReturn_t (*count_t)(unsigned *);
+    typedef nvmlReturn_t (*byidx_t)(unsigned, nvmlDevice_t *);
+    typedef nvmlReturn_t (*uuid_t_)(nvmlDevice_t, char *, unsigned);
+    if (!REAL(nvmlInit_v2) || !real_x[X_nvmlDeviceGetCount_v2] || !real_x[X_nvmlDeviceGetHandleByIndex_v2] ||
+        !real_x[X_nvmlDeviceGetUUID])
+        return;
+    if (REAL(nvmlInit_v2)() != NVML_SUCCESS) return;
+    unsigned n = 0;
+    if (HELP(nvmlDeviceGetCount_v2, count_t)(&n) != NVML_SUCCESS) return;
+    if (n > VGPU_MAX_DEV) n = VGPU_MAX_DEV;
+    for (unsigned i = 0; i < n; i++) {
+        nvmlDevice_t d;
+        nvml_uuid[i][0] = 0;
+        if (HELP(nvmlDeviceGetHandleByIndex_v2, byidx_t)(i, &d) == NVML_SUCCESS)
+            HELP(nvmlDeviceGetUUID, uuid_t_)(d, nvml_uuid[i], sizeof nvml_uuid[i]);
+    }
+    n_nvml = n;
+    nvml_ok = 1;
+}
+
+static int nvml_index_of(const char *uuid) {
+    for (unsigned i = 0; i < n_nvml; i++)
+        if (strcasecmp(nvml_uuid[i], uuid) == 0) return (int)i;
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* the accounting file                                                 */
+
+static struct vgpu_shm *shm;
+static int shm_fd = -1;
+static int my_slot = -1;
+static pid_t my_pid;
+static uint64_t my_pidns;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t proc_start_time(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    p++;
+    for (int field = 3; field <= 22; field++) {
+        while (*p == ' ') p++;
+        if (field == 22) return strtoull(p, NULL, 10);
+        while (*p && *p != ' ') p++;
+    }
+    return 0;
+}
+
+static uint64_t pidns_inode(void) {
+    char buf[64];
+    ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strchr(buf, '[');
+    return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+static void recompute(void) {
+    for (int e = 0; e < VGPU_MAX_DEV; e++) {
+        struct vgpu_shm_dev *d = &shm->devs[e];
+        if (!d->uuid[0]) continue;
+        uint64_t used = 0, cap = 0;
+        uint32_t sm = 0;
+        for (int i = 0; i < VGPU_MAX_SLOTS; i++) {
+            struct vgpu_shm_slot *s = &shm->slots[i];
+            if (!s->pid) continue;
+            used += s->used[e];
+            if (s->mem_cap[e] && (!cap || s->mem_cap[e] < cap)) cap = s->mem_cap[e];
+            if (s->sm[e] && (!sm || s->sm[e] < sm)) sm = s->sm[e];
+        }
+        d->used = used;
+        d->mem_cap = cap;
+        d->sm_pct = sm;
+    }
+}
+
+static int slot_alive(int i) {
+    struct vgpu_shm_slot *s = &shm->slots[i];
+    if (!s->pid) return 0;
+    if (i == my_slot) return 1;
+    if (shm_fd >= 0) {
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCKBASE + i, .l_len = 1};
+        if (fcntl(shm_fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK) return 0;
+    }
+    if (s->pidns == my_pidns && proc_start_time(s->pid) != s->start_time) return 0;
+    return 1;
+}
+
+/* Frees dead processes' slots (their usage with them); caller holds the lock. */
+static void reap(void) {
+    for (int i = 0; i < VGPU_MAX_SLOTS; i++)
+        if (shm->slots[i].pid && !slot_alive(i)) {
+            vgpu_log(VGPU_LOG_INFO, "reclaimed slot of dead pid %d", shm->slots[i].pid);
+            memset(&shm->slots[i], 0, sizeof shm->slots[i]);
+        }
+    recompute();
+}
+
+static int shm_lock(void) {
+    int r = pthread_mutex_lock(&shm->lock);
+    if (UNLIKELY(r == EOWNERDEAD)) {
+        /* a member died holding the lock: its half-done update is repaired by
+         * recomputing the totals from the slots */
+        vgpu_log(VGPU_LOG_INFO, "recovering the accounting lock from a dead process");
+        reap();
+        pthread_mutex_consistent(&shm->lock);
+        return 0;
+    }
+    return r;
+}
+static void shm_unlock(void) { pthread_mutex_unlock(&shm->lock); }
+
+static void shm_init_region(struct vgpu_shm *p) {
+    memset(p, 0, sizeof *p);
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&p->lock, &a);
+    pthread_mutexattr_destroy(&a);
+    p->size = sizeof *p;
+    p->nslots = VGPU_MAX_SLOTS;
+    p->version = VGPU_SHM_VERSION;
+    __atomic_store_n(&p->magic, VGPU_SHM_MAGIC, __ATOMIC_RELEASE);
+}
+
+/* Maps the accounting file ("" = a private region). 0, or -1 with cfg_err set. */
+static int shm_open_file(const char *path) {
+    if (shm) return 0;
+    my_pid = getpid();
+    my_pidns = pidns_inode();
+    if (!*path) {
+        void *p = mmap(NULL, sizeof(struct vgpu_shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) goto fail;
+        shm_init_region(p);
+        shm = p;
+        return 0;
+    }
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) goto fail;
+    if (flock(fd, LOCK_EX) != 0) {
+        close(fd);
+        goto fail;
+    }
+    off_t size = lseek(fd, 0, SEEK_END);
+    if (size < (off_t)sizeof(struct vgpu_shm) && ftruncate(fd, sizeof(struct vgpu_shm)) != 0) {
+        close(fd);
+        goto fail;
+    }
+    struct vgpu_shm *p = mmap(NULL, sizeof(struct vgpu_shm), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        goto fail;
+    }
+    if (__atomic_load_n(&p->magic, __ATOMIC_ACQUIRE) != VGPU_SHM_MAGIC || p->version != VGPU_SHM_VERSION ||
+        p->size != sizeof *p) {
+        if (size > 0) fchmod(fd, 0666);
+        shm_init_region(p);
+    }
+    if (size == 0) fchmod(fd, 0666);
+    flock(fd, LOCK_UN);
+    shm = p;
+    shm_fd = fd;
+    return 0;
+fail:
+    snprintf(cfg_err, sizeof cfg_err, "accounting file %s (CUDA_DEVICE_MEMORY_SHARED_CACHE): %s", path,
+             strerror(errno));
+    return -1;
+}
+
+/* Index of uuid's entry, created if `create`; -1 if none/full. Lock held. */
+static int shm_dev(const char *uuid, int create) {
+    int free_e = -1;
+    for (int e = 0; e < VGPU_MAX_DEV; e++) {
+        if (strcmp(shm->devs[e].uuid, uuid) == 0) return e;
+        if (!shm->devs[e].uuid[0] && free_e < 0) free_e = e;
+    }
+    if (!create || free_e < 0) return -1;
+    struct vgpu_shm_dev *d = &shm->devs[free_e];
+    memset(d, 0, sizeof *d);
+    snprintf(d->uuid, sizeof d->uuid, "%s", uuid);
+    return free_e;
+}
+
+/* ------------------------------------------------------------------ */
+/* this process's devices                                              */
+
+struct ldev {
+    CUdevice dev;
+    int idx;          /* the container's GPU index (NVML order); -1 unknown */
+    int e;            /* entry in the accounting file */
+    uint64_t cap;     /* this process's own memory cap, 0 = none */
+    unsigned sm;      /* this process's own SM share, 0 = none */
+    int prim;         /* primary context retains */
+    uint64_t prim_charge;
+    char uuid[64];
+};
+static struct ldev ldevs[VGPU_MAX_DEV];
+static int nldev;
+static int any_sm;
+
+enum { ST_UNINIT = 0, ST_PASS = 1, ST_ACTIVE = 2, ST_ERROR = -1 };
+static int g_state;
+static int g_launch_fast; /* launches need no gating: tail-call the real one */
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t local_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void fmt_uuid(const CUuuid *u, char *out, size_t n) {
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+static struct ldev *ldev_of(CUdevice dev) {
+    for (int i = 0; i < nldev; i++)
+        if (ldevs[i].dev == dev) return &ldevs[i];
+    return NULL;
+}
+
+static struct ldev *cur_ldev(void) {
+    if (nldev == 1) return &ldevs[0];
+    CUdevice d;
+    typedef CUresult (*getdev_t)(CUdevice *);
+    if (!real_x[X_cuCtxGetDevice] || HELP(cuCtxGetDevice, getdev_t)(&d) != CUDA_SUCCESS) return NULL;
+    return ldev_of(d);
+}
+
+static void detach(void);
+
+/* After the real cuInit: maps devices, opens the accounting file, takes a slot. */
+static int attach(void) {
+    typedef CUresult (*count_t)(int *);
+    typedef CUresult (*get_t)(CUdevice *, int);
+    typedef CUresult (*uuid_t_)(CUuuid *, CUdevice);
+    if (!real_x[X_cuDeviceGetCount] || !real_x[X_cuDeviceGet] || !real_x[X_cuDeviceGetUuid]) {
+        snprintf(cfg_err, sizeof cfg_err, "libcuda lacks cuDeviceGetCount/cuDeviceGet/cuDeviceGetUuid");
+        return -1;
+    }
+    pthread_once(&nvml_once, resolve_nvml);
+    int n = 0;
+    if (HELP(cuDeviceGetCount, count_t)(&n) != CUDA_SUCCESS) n = 0;
+    if (n > VGPU_MAX_DEV) n = VGPU_MAX_DEV;
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    for (int i = 0; i < n; i++) {
+        struct ldev *ld = &ldevs[i];
+        CUuuid u;
+        memset(ld, 0, sizeof *ld);
+        ld->idx = -1;
+        if (HELP(cuDeviceGet, get_t)(&ld->dev, i) != CUDA_SUCCESS) ld->dev = i;
+        if (HELP(cuDeviceGetUuid, uuid_t_)(&u, ld->dev) == CUDA_SUCCESS) fmt_uuid(&u, ld->uuid, sizeof ld->uuid);
+        else snprintf(ld->uuid, sizeof ld->uuid, "cuda-%d", i);
+        if (nvml_ok) ld->idx = nvml_index_of(ld->uuid);
+        else if (!cvd) ld->idx = i; /* no NVML: CUDA order is the container's order */
+        if (ld->idx >= 0 && ld->idx < VGPU_MAX_DEV) {
+            ld->cap = cfg.mem[ld->idx];
+            ld->sm = cfg.sm[ld->idx];
+        } else {
+            /* cannot tell which of the container's GPUs this is: fail closed */
+            ld->cap = cfg.mem_any;
+            ld->sm = cfg.sm_any;
+            vgpu_log(VGPU_LOG_WARN, "device %d (%s) not found in NVML; applying the strictest limits", i, ld->uuid);
+        }
+        vgpu_log(VGPU_LOG_DEBUG, "cuda device %d = %s = container GPU %d: memory cap %llu, sm %u%%", i, ld->uuid,
+                 ld->idx, (unsigned long long)ld->cap, ld->sm);
+    }
+    if (shm_open_file(cfg.cache) < 0) return -1;
+    if (shm_lock() != 0) {
+        snprintf(cfg_err, sizeof cfg_err, "accounting file %s: lock unusable", cfg.cache);
+        return -1;
+    }
+    reap();
+    int slot = -1;
+    for (int i = 0; i < VGPU_MAX_SLOTS && slot < 0; i++) {
+        if (shm->slots[i].pid) continue;
+        if (shm_fd >= 0) {
+            struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCKBASE + i, .l_len = 1};
+            if (fcntl(shm_fd, F_OFD_SETLK, &fl) != 0) continue;
+        }
+        slot = i;
+    }
+    if (slot < 0) {
+        shm_unlock();
+        snprintf(cfg_err, sizeof cfg_err, "accounting file %s: no free process slot", cfg.cache);
+        return -1;
+    }
+    struct vgpu_shm_slot *s = &shm->slots[slot];
+    memset(s, 0, sizeof *s);
+    s->start_time = proc_start_time(my_pid);
+    s->pidns = my_pidns;
+    for (int i = 0; i < n; i++) {
+        struct ldev *ld = &ldevs[i];
+        ld->e = shm_dev(ld->uuid, 1);
+        if (ld->e < 0) {
+            shm_unlock();
+            snprintf(cfg_err, sizeof cfg_err, "accounting file %s: too many devices", cfg.cache);
+            return -1;
+        }
+        struct vgpu_shm_dev *d = &shm->devs[ld->e];
+        if ((d->mem_cap && d->mem_cap != ld->cap) || (d->sm_pct && d->sm_pct != ld->sm))
+            vgpu_log(VGPU_LOG_WARN,
+                     "%s: this process's limits (memory %llu, sm %u%%) differ from its container's (memory "
+                     "%llu, sm %u%%); the stricter hold",
+                     ld->uuid, (unsigned long long)ld->cap, ld->sm, (unsigned long long)d->mem_cap, d->sm_pct);
+        s->mem_cap[ld->e] = ld->cap;
+        s->sm[ld->e] = ld->sm;
+        if (ld->sm) any_sm = 1;
+    }
+    __atomic_store_n(&s->pid, (int32_t)my_pid, __ATOMIC_RELEASE);
+    my_slot = slot;
+    recompute();
+    for (int i = 0; i < n; i++)
+        if (shm->devs[ldevs[i].e].sm_pct) any_sm = 1;
+    shm_unlock();
+    nldev = n;
+    return 0;
+}
+
+static void detach(void) {
+    if (!shm || my_slot < 0 || getpid() != my_pid) return;
+    if (shm_lock() != 0) return;
+    memset(&shm->slots[my_slot], 0, sizeof shm->slots[my_slot]);
+    recompute();
+    shm_unlock();
+    my_slot = -1;
+}
+
+__attribute__((destructor)) static void vgpu_fini(void) { detach(); }
+
+/* Slow path of every wrapper: loads config, resolves the driver, attaches.
+ * Returns ST_PASS, ST_ACTIVE or ST_ERROR. */
+static int vgpu_enter_slow(int call_cuinit) {
+    pthread_once(&cfg_once, cfg_load);
+    pthread_once(&cuda_once, resolve_cuda);
+    pthread_mutex_lock(&init_mu);
+    int st = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE);
+    if (st != ST_UNINIT) goto out;
+    if (cfg_rc < 0) {
+        st = ST_ERROR;
+    } else if (!cfg.active) {
+        st = ST_PASS;
+    } else if (!REAL(cuInit)) {
+        st = ST_ERROR;
+    } else {
+        if (call_cuinit && REAL(cuInit)(0) != CUDA_SUCCESS) goto out; /* stays uninitialised */
+        if (attach() < 0) {
+            vgpu_log(VGPU_LOG_ERROR, "%s", cfg_err);
+            st = ST_ERROR;
+        } else {
+            st = ST_ACTIVE;
+        }
+    }
+    __atomic_store_n(&g_launch_fast, st == ST_PASS || (st == ST_ACTIVE && !any_sm), __ATOMIC_RELEASE);
+    __atomic_store_n(&g_state, st, __ATOMIC_RELEASE);
+out:
+    pthread_mutex_unlock(&init_mu);
+    return st;
+}
+
+static inline int vgpu_enter(void) {
+    int st = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE);
+    if (LIKELY(st > 0)) return st;
+    if (st == ST_ERROR) return st;
+    return vgpu_enter_slow(1);
+}
+
+/* ------------------------------------------------------------------ */
+/* memory accounting                                                   */
+
+static int over_cap(const struct ldev *ld, uint64_t bytes) {
+    struct vgpu_shm_dev *d = &shm->devs[ld->e];
+    uint64_t cap = ld->cap;
+    if (d->mem_cap && (!cap || d->mem_cap < cap)) cap = d->mem_cap;
+    return cap && (bytes > cap || d->used > cap - bytes);
+}
+
+/* Charges bytes to the container (cap checked); 0 or -1 (over the cap). */
+static int charge(const struct ldev *ld, uint64_t bytes) {
+    if (my_slot < 0 || getpid() != my_pid || shm_lock() != 0) return -1;
+    if (over_cap(ld, bytes)) {
+        reap(); /* dead members' memory first */
+        if (over_cap(ld, bytes)) {
+            shm_unlock();
+            vgpu_log(VGPU_LOG_INFO, "%s: %llu bytes refused: container uses %llu of its cap", ld->uuid,
+                     (unsigned long long)bytes, (unsigned long long)shm->devs[ld->e].used);
+            return -1;
+        }
+    }
+    shm->devs[ld->e].used += bytes;
+    shm->slots[my_slot].used[ld->e] += bytes;
+    shm_unlock();
+    return 0;
+}
+
+static void credit(int e, uint64_t bytes) {
+    if (my_slot < 0 || getpid() != my_pid || shm_lock() != 0) return;
+    uint64_t *mine = &shm->slots[my_slot].used[e];
+    if (bytes > *mine) bytes = *mine; /* never below zero */
+    *mine -= bytes;
+    struct vgpu_shm_dev *d = &shm->devs[e];
+    d->used = d->used > bytes ? d->used - bytes : 0;
+    shm_unlock();
+}
+
+static uint64_t cap_of(const struct ldev *ld) {
+    uint64_t cap = ld->cap, c2 = shm->devs[ld->e].mem_cap;
+    if (c2 && (!cap || c2 < cap)) cap = c2;
+    return cap;
+}
+
+/* process-local maps: device pointer / VMM handle / array / context -> size */
+struct pm_ent {
+    uint64_t key;
+    uint64_t size;
+    int32_t e;
+    int32_t _pad;
+};
+struct ptrmap {
+    struct pm_ent *t;
+    size_t cap, n;
+};
+enum { MAP_PTR, MAP_VMM, MAP_ARRAY, MAP_CTX, MAP_N };
+static struct ptrmap maps[MAP_N];
+
+static inline size_t pm_hash(uint64_t k, size_t mask) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (size_t)k & mask;
+}
+
+static int pm_grow(struct ptrmap *m) {
+    size_t ncap = m->cap ? m->cap * 2 : 1024;
+    struct pm_ent *nt = calloc(ncap, sizeof *nt);
+    if (!nt) return -1;
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->t[i].key) {
+            size_t j = pm_hash(m->t[i].key, ncap - 1);
+            while (nt[j].key) j = (j + 1) & (ncap - 1);
+            nt[j] = m->t[i];
+        }
+    free(m->t);
+    m->t = nt;
+    m->cap = ncap;
+    return 0;
+}
+
+static void pm_put(int which, uint64_t key, uint64_t size, int e) {
+    struct ptrmap *m = &maps[which];
+    pthread_mutex_lock(&local_mu);
+    if ((m->n + 1) * 2 > m->cap && pm_grow(m) < 0) {
+        pthread_mutex_unlock(&local_mu);
+        return;
+    }
+    size_t mask = m->cap - 1, i = pm_hash(key, mask);
+    while (m->t[i].key && m->t[i].key != key) i = (i + 1) & mask;
+    if (!m->t[i].key) m->n++;
+    m->t[i].key = key;
+    m->t[i].size = size;
+    m->t[i].e = e;
+    pthread_mutex_unlock(&local_mu);
+}
+
+/* Removes key; 1 with its entry in *out, or 0. */
+static int pm_take(int which, uint64_t key, struct pm_ent *out) {
+    struct ptrmap *m = &maps[which];
+    pthread_mutex_lock(&local_mu);
+    if (!m->cap || !key) {
+        pthread_mutex_unlock(&local_mu);
+        return 0;
+    }
+    size_t mask = m->cap - 1, i = pm_hash(key, mask);
+    while (m->t[i].key && m->t[i].key != key) i = (i + 1) & mask;
+    if (!m->t[i].key) {
+        pthread_mutex_unlock(&local_mu);
+        return 0;
+    }
+    *out = m->t[i];
+    m->t[i].key = 0;
+    m->n--;
+    /* backward-shift deletion keeps probe chains intact */
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!m->t[j].key) break;
+        size_t k = pm_hash(m->t[j].key, mask);
+        if ((j > i && (k <= i || k > j)) || (j < i && k <= i && k > j)) {
+            m->t[i] = m->t[j];
+            m->t[j].key = 0;
+            i = j;
+        }
+    }
+    pthread_mutex_unlock(&local_mu);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* CUDA wrappers                                                       */
+
+#define ENTER_OR(errret)                                       \
+    int st_ = vgpu_enter();                                    \
+    if (UNLIKELY(st_ == ST_ERROR)) return CUDA_ERROR_NOT_INITIALIZED; \
+    if (st_ != ST_ACTIVE) return errret;
+
+EXPORT CUresult cuInit(unsigned int flags) {
+    pthread_once(&cfg_once, cfg_load);
+    pthread_once(&cuda_once, resolve_cuda);
+    if (cfg_rc < 0) return CUDA_ERROR_INVALID_VALUE; /* fail closed; stderr names the variable */
+    if (!REAL(cuInit)) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = REAL(cuInit)(flags);
+    if (r != CUDA_SUCCESS) return r;
+    int st = vgpu_enter_slow(0);
+    return st == ST_ERROR ? CUDA_ERROR_INVALID_VALUE : r;
+}
+
+/* The generic alloc-then-record pattern: charge first, credit on failure. */
+#define ALLOC_BODY(realcall, ptrexpr, size, mapkind)                      \
+    do {                                                                  \
+        struct ldev *ld = cur_ldev();                                     \
+        if (!ld) return realcall;                                         \
+        uint64_t sz_ = (uint64_t)(size);                                  \
+        if (charge(ld, sz_) < 0) return CUDA_ERROR_OUT_OF_MEMORY;         \
+        CUresult r_ = realcall;                                           \
+        if (r_ != CUDA_SUCCESS) {                                         \
+            credit(ld->e, sz_);                                           \
+            return r_;                                                    \
+        }                                                                 \
+        pm_put(mapkind, (uint64_t)(ptrexpr), sz_, ld->e);                 \
+        return r_;                                                        \
+    } while (0)
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    ENTER_OR(REAL(cuMemAlloc_v2)(dptr, bytesize));
+    if (!dptr) return REAL(cuMemAlloc_v2)(dptr, bytesize);
+    ALLOC_BODY(REAL(cuMemAlloc_v2)(dptr, bytesize), *dptr, bytesize, MAP_PTR);
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    ENTER_OR(REAL(cuMemAllocManaged)(dptr, bytesize, flags));
+    if (!dptr) return REAL(cuMemAllocManaged)(dptr, bytesize, flags);
+    ALLOC_BODY(REAL(cuMemAllocManaged)(dptr, bytesize, flags), *dptr, bytesize, MAP_PTR);
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s) {
+    ENTER_OR(REAL(cuMemAllocAsync)(dptr, bytesize, s));
+    if (!dptr) return REAL(cuMemAllocAsync)(dptr, bytesize, s);
+    ALLOC_BODY(REAL(cuMemAllocAsync)(dptr, bytesize, s), *dptr, bytesize, MAP_PTR);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s) {
+    ENTER_OR(REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, s));
+    if (!dptr) return REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, s);
+    ALLOC_BODY(REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, s), *dptr, bytesize, MAP_PTR);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
+    ENTER_OR(REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, s));
+    if (!dptr) return REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, s);
+    ALLOC_BODY(REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, s), *dptr, bytesize, MAP_PTR);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
+    ENTER_OR(REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, s));
+    if (!dptr) return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, s);
+    ALLOC_BODY(REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, s), *dptr, bytesize, MAP_PTR);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                   unsigned int elem) {
+    ENTER_OR(REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, elem));
+    CUresult r = REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, elem);
+    if (r != CUDA_SUCCESS || !dptr || !pitch) return r;
+    struct ldev *ld = cur_ldev();
+    if (!ld) return r;
+    /* the pitch is the driver's choice: charge the real pitch x height */
+    unsigned __int128 sz = (unsigned __int128)*pitch * height;
+    if (sz >> 63 || charge(ld, (uint64_t)sz) < 0) {
+        REAL(cuMemFree_v2)(*dptr);
+        *dptr = 0;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pm_put(MAP_PTR, *dptr, (uint64_t)sz, ld->e);
+    return r;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    ENTER_OR(REAL(cuMemFree_v2)(dptr));
+    struct pm_ent ent;
+    int had = pm_take(MAP_PTR, dptr, &ent);
+    CUresult r = REAL(cuMemFree_v2)(dptr);
+    if (had) {
+        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
+        else pm_put(MAP_PTR, ent.key, ent.size, ent.e);
+    }
+    return r;
+}
+
+static CUresult free_async(CUresult (*fn)(CUdeviceptr, CUstream), CUdeviceptr dptr, CUstream s) {
+    struct pm_ent ent;
+    int had = pm_take(MAP_PTR, dptr, &ent);
+    CUresult r = fn(dptr, s);
+    if (had) {
+        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
+        else pm_put(MAP_PTR, ent.key, ent.size, ent.e);
+    }
+    return r;
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
+    ENTER_OR(REAL(cuMemFreeAsync)(dptr, s));
+    return free_async(REAL(cuMemFreeAsync), dptr, s);
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) {
+    ENTER_OR(REAL(cuMemFreeAsync_ptsz)(dptr, s));
+    return free_async(REAL(cuMemFreeAsync_ptsz), dptr, s);
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+    ENTER_OR(REAL(cuMemCreate)(handle, size, prop, flags));
+    /* only device-resident physical memory counts */
+    if (!handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return REAL(cuMemCreate)(handle, size, prop, flags);
+    struct ldev *ld = ldev_of(prop->location.id);
+    if (!ld) return REAL(cuMemCreate)(handle, size, prop, flags);
+    if (charge(ld, size) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = REAL(cuMemCreate)(handle, size, prop, flags);
+    if (r != CUDA_SUCCESS) credit(ld->e, size);
+    else pm_put(MAP_VMM, *handle, size, ld->e);
+    return r;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    ENTER_OR(REAL(cuMemRelease)(handle));
+    struct pm_ent ent;
+    int had = pm_take(MAP_VMM, handle, &ent);
+    CUresult r = REAL(cuMemRelease)(handle);
+    if (had) {
+        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
+        else pm_put(MAP_VMM, ent.key, ent.size, ent.e);
+    }
+    return r;
+}
+
+static uint64_t elem_bytes(int format) {
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 4;
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned ch) {
+    unsigned __int128 v = (unsigned __int128)(w ? w : 1) * (h ? h : 1) * (d ? d : 1) * elem_bytes(format) * (ch ? ch : 1);
+    return v >> 62 ? (1ull << 62) : (uint64_t)v;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    ENTER_OR(REAL(cuArrayCreate_v2)(arr, desc));
+    if (!arr || !desc) return REAL(cuArrayCreate_v2)(arr, desc);
+    ALLOC_BODY(REAL(cuArrayCreate_v2)(arr, desc), (uintptr_t)*arr,
+               array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels), MAP_ARRAY);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+    ENTER_OR(REAL(cuArray3DCreate_v2)(arr, desc));
+    if (!arr || !desc) return REAL(cuArray3DCreate_v2)(arr, desc);
+    ALLOC_BODY(REAL(cuArray3DCreate_v2)(arr, desc), (uintptr_t)*arr,
+               array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels), MAP_ARRAY);
+}
+
+static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
+    uint64_t total = 0;
+    for (unsigned l = 0; l < (levels ? levels : 1) && l < 64; l++) {
+        size_t w = d->Width >> l, h = d->Height >> l, z = d->Depth >> l;
+        uint64_t b = array_bytes(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0, d->Format,
+                                 d->NumChannels);
+        total = total + b < total ? UINT64_MAX >> 1 : total + b;
+    }
+    return total;
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                       unsigned int levels) {
+    ENTER_OR(REAL(cuMipmappedArrayCreate)(arr, desc, levels));
+    if (!arr || !desc) return REAL(cuMipmappedArrayCreate)(arr, desc, levels);
+    ALLOC_BODY(REAL(cuMipmappedArrayCreate)(arr, desc, levels), (uintptr_t)*arr, mipmap_bytes(desc, levels),
+               MAP_ARRAY);
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray arr) {
+    ENTER_OR(REAL(cuArrayDestroy)(arr));
+    struct pm_ent ent;
+    int had = pm_take(MAP_ARRAY, (uintptr_t)arr, &ent);
+    CUresult r = REAL(cuArrayDestroy)(arr);
+    if (had) {
+        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
+        else pm_put(MAP_ARRAY, ent.key, ent.size, ent.e);
+    }
+    return r;
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
+    ENTER_OR(REAL(cuMipmappedArrayDestroy)(arr));
+    struct pm_ent ent;
+    int had = pm_take(MAP_ARRAY, (uintptr_t)arr, &ent);
+    CUresult r = REAL(cuMipmappedArrayDestroy)(arr);
+    if (had) {
+        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
+        else pm_put(MAP_ARRAY, ent.key, ent.size, ent.e);
+    }
+    return r;
+}
+
+/* contexts: memory the driver takes outside allocations, charged as a reserve */
+#define CTX_CREATE_BODY(realcall, dev)                                   \
+    do {                                                                 \
+        struct ldev *ld = ldev_of(dev);                                  \
+        if (!ld || !pctx) return realcall;                               \
+        if (charge(ld, cfg.reserve) < 0) return CUDA_ERROR_OUT_OF_MEMORY; \
+        CUresult r_ = realcall;                                          \
+        if (r_ != CUDA_SUCCESS) credit(ld->e, cfg.reserve);              \
+        else pm_put(MAP_CTX, (uintptr_t)*pctx, cfg.reserve, ld->e);      \
+        return r_;                                                       \
+    } while (0)
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    ENTER_OR(REAL(cuCtxCreate_v2)(pctx, flags, dev));
+    CTX_CREATE_BODY(REAL(cuCtxCreate_v2)(pctx, flags, dev), dev);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev) {
+    ENTER_OR(REAL(cuCtxCreate_v3)(pctx, params, n, flags, dev));
+    CTX_CREATE_BODY(REAL(cuCtxCreate_v3)(pctx, params, n, flags, dev), dev);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev) {
+    ENTER_OR(REAL(cuCtxCreate_v4)(pctx, params, flags, dev));
+    CTX_CREATE_BODY(REAL(cuCtxCreate_v4)(pctx, params, flags, dev), dev);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    ENTER_OR(REAL(cuCtxDestroy_v2)(ctx));
+    struct pm_ent ent;
+    int had = pm_take(MAP_CTX, (uintptr_t)ctx, &ent);
+    CUresult r = REAL(cuCtxDestroy_v2)(ctx);
+    if (had) {
+        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
+        else pm_put(MAP_CTX, ent.key, ent.size, ent.e);
+    }
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    ENTER_OR(REAL(cuDevicePrimaryCtxRetain)(pctx, dev));
+    struct ldev *ld = ldev_of(dev);
+    if (!ld) return REAL(cuDevicePrimaryCtxRetain)(pctx, dev);
+    pthread_mutex_lock(&init_mu);
+    uint64_t charged = 0;
+    if (ld->prim == 0) {
+        if (charge(ld, cfg.reserve) < 0) {
+            pthread_mutex_unlock(&init_mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        charged = cfg.reserve;
+    }
+    CUresult r = REAL(cuDevicePrimaryCtxRetain)(pctx, dev);
+    if (r == CUDA_SUCCESS) {
+        ld->prim++;
+        if (charged) ld->prim_charge = charged;
+    } else if (charged) {
+        credit(ld->e, charged);
+    }
+    pthread_mutex_unlock(&init_mu);
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    ENTER_OR(REAL(cuDevicePrimaryCtxRelease_v2)(dev));
+    struct ldev *ld = ldev_of(dev);
+    pthread_mutex_lock(&init_mu);
+    CUresult r = REAL(cuDevicePrimaryCtxRelease_v2)(dev);
+    if (r == CUDA_SUCCESS && ld && ld->prim > 0 && --ld->prim == 0) {
+        credit(ld->e, ld->prim_charge);
+        ld->prim_charge = 0;
+    }
+    pthread_mutex_unlock(&init_mu);
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    ENTER_OR(REAL(cuDevicePrimaryCtxReset_v2)(dev));
+    struct ldev *ld = ldev_of(dev);
+    pthread_mutex_lock(&init_mu);
+    CUresult r = REAL(cuDevicePrimaryCtxReset_v2)(dev);
+    if (r == CUDA_SUCCESS && ld && ld->prim > 0) {
+        ld->prim = 0;
+        credit(ld->e, ld->prim_charge);
+        ld->prim_charge = 0;
+    }
+    pthread_mutex_unlock(&init_mu);
+    return r;
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *freep, size_t *totalp) {
+    ENTER_OR(REAL(cuMemGetInfo_v2)(freep, totalp));
+    CUresult r = REAL(cuMemGetInfo_v2)(freep, totalp);
+    struct ldev *ld = cur_ldev();
+    if (r != CUDA_SUCCESS || !ld || !freep || !totalp) return r;
+    uint64_t cap = cap_of(ld);
+    if (!cap) return r;
+    uint64_t used = __atomic_load_n(&shm->devs[ld->e].used, __ATOMIC_RELAXED);
+    uint64_t total = cap < *totalp ? cap : *totalp;
+    uint64_t fr = total > used ? total - used : 0;
+    if (fr > *freep) fr = *freep;
+    *totalp = total;
+    *freep = fr;
+    return r;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    ENTER_OR(REAL(cuDeviceTotalMem_v2)(bytes, dev));
+    CUresult r = REAL(cuDeviceTotalMem_v2)(bytes, dev);
+    struct ldev *ld = ldev_of(dev);
+    if (r != CUDA_SUCCESS || !ld || !bytes) return r;
+    uint64_t cap = cap_of(ld);
+    if (cap && cap < *bytes) *bytes = cap;
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* SM share: a token bucket per GPU in the accounting file             */
+
+#define SM_BURST_NS 20000000ll /* at most 20 ms of device time banked */
+#define SM_MAX_SLEEP_NS 100000000ll
+
+static unsigned sm_of(const struct ldev *ld) {
+    unsigned pct = ld->sm, c2 = __atomic_load_n(&shm->devs[ld->e].sm_pct, __ATOMIC_RELAXED);
+    if (c2 && (!pct || c2 < pct)) pct = c2;
+    return pct >= 100 ? 0 : pct;
+}
+
+/* Waits until the container's budget on ld is non-negative. */
+static void sm_wait(const struct ldev *ld, unsigned pct) {
+    for (;;) {
+        if (shm_lock() != 0) return;
+        struct vgpu_shm_dev *d = &shm->devs[ld->e];
+        uint64_t now = now_ns();
+        if (!d->last_ns || now < d->last_ns) {
+            d->last_ns = now;
+            d->tokens_ns = 0;
+        }
+        int64_t earned = (int64_t)((now - d->last_ns) * pct / 100);
+        d->tokens_ns += earned;
+        if (d->tokens_ns > SM_BURST_NS * (int64_t)pct / 100) d->tokens_ns = SM_BURST_NS * (int64_t)pct / 100;
+        d->last_ns = now;
+        int64_t t = d->tokens_ns;
+        shm_unlock();
+        if (t >= 0) return;
+        int64_t wait = -t * 100 / (int64_t)pct;
+        if (wait > SM_MAX_SLEEP_NS) wait = SM_MAX_SLEEP_NS;
+        if (wait < 20000) wait = 20000;
+        struct timespec ts = {wait / 1000000000, wait % 1000000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void sm_debit(const struct ldev *ld, uint64_t ns) {
+    if (shm_lock() != 0) return;
+    struct vgpu_shm_dev *d = &shm->devs[ld->e];
+    d->tokens_ns -= (int64_t)ns;
+    d->busy_ns += ns;
+    d->launches++;
+    shm_unlock();
+}
+
+/* Before a launch: the device to debit afterwards (NULL = ungated). */
+static const struct ldev *gate_before(uint64_t *t0) {
+    int st = vgpu_enter();
+    if (st != ST_ACTIVE) return NULL;
+    const struct ldev *ld = cur_ldev();
+    if (!ld) return NULL;
+    unsigned pct = sm_of(ld);
+    if (!pct) return NULL;
+    sm_wait(ld, pct);
+    *t0 = now_ns();
+    return ld;
+}
+
+/* On the simulated driver a launch runs synchronously, so the call's duration
+ * is the kernel's device time (plus any wait behind other processes' kernels). */
+static void gate_after(const struct ldev *ld, uint64_t t0) {
+    if (ld) sm_debit(ld, now_ns() - t0);
+}
+
+#define LAUNCH(name, args, call)                                        \
+    EXPORT CUresult name args {                                         \
+        if (LIKELY(__atomic_load_n(&g_launch_fast, __ATOMIC_RELAXED)))  \
+            return REAL(name) call;                                     \
+        if (vgpu_enter() == ST_ERROR) return CUDA_ERROR_NOT_INITIALIZED; \
+        if (!REAL(name)) return CUDA_ERROR_NOT_FOUND;                   \
+        uint64_t t0 = 0;                                                \
+        const struct ldev *ld = gate_before(&t0);                       \
+        CUresult r = REAL(name) call;                                   \
+        gate_after(ld, t0);                                             \
+        return r;                                                       \
+    }
+
+LAUNCH(cuLaunchKernel,
+       (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
+        CUstream s, void **params, void **extra),
+       (f, gx, gy, gz, bx, by, bz, shm_, s, params, extra))
+LAUNCH(cuLaunchKernel_ptsz,
+       (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
+        CUstream s, void **params, void **extra),
+       (f, gx, gy, gz, bx, by, bz, shm_, s, params, extra))
+LAUNCH(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
+       (c, f, params, extra))
+LAUNCH(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
+       (c, f, params, extra))
+LAUNCH(cuLaunchCooperativeKernel,
+       (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
+        CUstream s, void **params),
+       (f, gx, gy, gz, bx, by, bz, shm_, s, params))
+LAUNCH(cuLaunchCooperativeKernel_ptsz,
+       (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
+        CUstream s, void **params),
+       (f, gx, gy, gz, bx, by, bz, shm_, s, params))
+LAUNCH(cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s))
+LAUNCH(cuGraphLaunch_ptsz, (CUgraphExec g, CUstream s), (g, s))
+
+/* ------------------------------------------------------------------ */
+/* cuGetProcAddress: the path the CUDA runtime uses since 11.3          */
+
+static void *translate(void *p) {
+    for (int i = 0; i < H_NCUDA; i++) {
+        if (p == hooks[i].wrapper) return p;
+        if (real_fn[i] && p == real_fn[i]) return hooks[i].wrapper;
+    }
+    return p; /* not a wrapped entry point: untouched */
+}
+
+static int proc_translate(void) {
+    pthread_once(&cfg_once, cfg_load);
+    pthread_once(&cuda_once, resolve_cuda);
+    return !(cfg_rc == 0 && !cfg.active);
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags) {
+    int tr = proc_translate();
+    if (!REAL(cuGetProcAddress)) return CUDA_ERROR_NOT_FOUND;
+    CUresult r = REAL(cuGetProcAddress)(symbol, pfn, ver, flags);
+    if (tr && r == CUDA_SUCCESS && pfn && *pfn) *pfn = translate(*pfn);
+    return r;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status) {
+    int tr = proc_translate();
+    if (!REAL(cuGetProcAddress_v2)) return CUDA_ERROR_NOT_FOUND;
+    CUresult r = REAL(cuGetProcAddress_v2)(symbol, pfn, ver, flags, status);
+    if (tr && r == CUDA_SUCCESS && pfn && *pfn) *pfn = translate(*pfn);
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* NVML                                                                */
+
+static int nvml_state; /* 0 unknown, 1 pass, 2 active, -1 error */
+
+static int nvml_enter(void) {
+    int st = __atomic_load_n(&nvml_state, __ATOMIC_ACQUIRE);
+    if (st) return st;
+    pthread_once(&cfg_once, cfg_load);
+    pthread_once(&nvml_once, resolve_nvml);
+    pthread_mutex_lock(&init_mu);
+    if (cfg_rc < 0) st = -1;
+    else if (!cfg.active) st = 1;
+    else if (!shm && shm_open_file(cfg.cache) < 0) {
+        vgpu_log(VGPU_LOG_ERROR, "%s", cfg_err);
+        st = -1;
+    } else {
+        if (!my_pid) my_pid = getpid();
+        st = 2;
+    }
+    __atomic_store_n(&nvml_state, st, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&init_mu);
+    return st;
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) {
+    int st = nvml_enter();
+    if (!REAL(nvmlInit_v2)) return NVML_ERROR_UNKNOWN;
+    if (st < 0) return NVML_ERROR_UNKNOWN; /* fail closed: stderr names the variable */
+    return REAL(nvmlInit_v2)();
+}
+
+EXPORT nvmlReturn_t nvmlInit(void) {
+    int st = nvml_enter();
+    if (!REAL(nvmlInit)) return NVML_ERROR_UNKNOWN;
+    if (st < 0) return NVML_ERROR_UNKNOWN;
+    return REAL(nvmlInit)();
+}
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    int st = nvml_enter();
+    if (!REAL(nvmlInitWithFlags)) return NVML_ERROR_UNKNOWN;
+    if (st < 0) return NVML_ERROR_UNKNOWN;
+    return REAL(nvmlInitWithFlags)(flags);
+}
+
+/* Cap and container usage for an NVML device; 0 if uncapped. */
+static uint64_t nvml_cap(nvmlDevice_t dev, uint64_t *used) {
+    typedef nvmlReturn_t (*uuid_t_)(nvmlDevice_t, char *, unsigned);
+    char uuid[96];
+    if (!real_x[X_nvmlDeviceGetUUID] || HELP(nvmlDeviceGetUUID, uuid_t_)(dev, uuid, sizeof uuid) != NVML_SUCCESS)
+        return cfg.mem_any;
+    int i = nvml_index_of(uuid);
+    uint64_t cap = i >= 0 ? cfg.mem[i] : cfg.mem_any;
+    *used = 0;
+    if (shm && shm_lock() == 0) {
+        reap();
+        int e = shm_dev(uuid, 0);
+        if (e >= 0) {
+            *used = shm->devs[e].used;
+            uint64_t c2 = shm->devs[e].mem_cap;
+            if (c2 && (!cap || c2 < cap)) cap = c2;
+        }
+        shm_unlock();
+    }
+    return cap;
+}
+
+static void apply_cap(uint64_t cap, uint64_t used, unsigned long long *total, unsigned long long *freep,
+                      unsigned long long *usedp) {
+    uint64_t t = cap < *total ? cap : *total;
+    uint64_t f = t > used ? t - used : 0;
+    if (f > *freep) f = *freep;
+    *total = t;
+    *usedp = used;
+    *freep = f;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem) {
+    int st = nvml_enter();
+    if (!REAL(nvmlDeviceGetMemoryInfo)) return NVML_ERROR_UNKNOWN;
+    if (st < 0) return NVML_ERROR_UNKNOWN;
+    nvmlReturn_t r = REAL(nvmlDeviceGetMemoryInfo)(dev, mem);
+    if (r != NVML_SUCCESS || st != 2 || !mem) return r;
+    uint64_t used = 0, cap = nvml_cap(dev, &used);
+    if (cap) apply_cap(cap, used, &mem->total, &mem->free, &mem->used);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem) {
+    int st = nvml_enter();
+    if (!REAL(nvmlDeviceGetMemoryInfo_v2)) return NVML_ERROR_UNKNOWN;
+    if (st < 0) return NVML_ERROR_UNKNOWN;
+    nvmlReturn_t r = REAL(nvmlDeviceGetMemoryInfo_v2)(dev, mem);
+    if (r != NVML_SUCCESS || st != 2 || !mem) return r;
+    uint64_t used = 0, cap = nvml_cap(dev, &used);
+    if (cap) {
+        mem->reserved = 0;
+        apply_cap(cap, used, &mem->total, &mem->free, &mem->used);
+    }
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+
+static const struct hook hooks[H_N] = {
+#define ENTRY(n) [H_##n] = {#n, (void *)n},
+    CUDA_HOOKS(ENTRY) NVML_HOOKS(ENTRY)
+#undef ENTRY
+};

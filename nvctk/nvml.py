@@ -1,0 +1,272 @@
+"""What the host's GPUs are, asked of NVML (real pynvml) loaded from the driver root.
+
+The driver root's own libnvidia-ml.so.1 is found through the root's ld.so.cache
+and handed to pynvml, so a driver root other than / (a simulated host, a driver
+container) is queried with its own library, never the host's. For such roots
+NVSIM_DEV_DIR=<root>/dev is set while NVML runs: the simulated NVML reads its
+device nodes there; the real driver ignores the variable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import pynvml
+
+from nvctk import ldcache
+from nvctk.driver import resolve_in_root
+from nvctk.errors import DriverError
+
+NVML_SONAME = "libnvidia-ml.so.1"
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+# NVML brand enum -> the lower-case names NVIDIA_REQUIRE_BRAND / brand=... use
+BRANDS: dict[int, str] = {
+    0: "unknown",
+    1: "quadro",
+    2: "tesla",
+    3: "nvs",
+    4: "grid",
+    5: "geforce",
+    6: "titan",
+    7: "nvidiavapps",
+    8: "nvidiavpc",
+    9: "nvidiavcs",
+    10: "nvidiavws",
+    11: "nvidiacloudgaming",
+    12: "quadrortx",
+    13: "nvidiartx",
+    14: "nvidia",
+    15: "geforcertx",
+    16: "titanrtx",
+}
+
+_lock = threading.Lock()  # one NVML session at a time: pynvml's library is process-global
+
+
+@dataclass(frozen=True)
+class MigInfo:
+    index: int
+    uuid: str
+    gpu_instance: int
+    compute_instance: int
+    profile: str  # e.g. "3g.40gb" ("" when NVML cannot say)
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    name: str
+    minor: int
+    pci_bus_id: str  # NVML's form, e.g. 00000000:1B:00.0
+    memory_mib: int
+    compute_capability: str  # "9.0"
+    brand: str  # lower-case, e.g. "nvidia", "tesla"
+    mig_enabled: bool
+    mig_devices: tuple[MigInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    driver_version: str
+    cuda_version: str  # "12.4"
+    gpus: tuple[GpuInfo, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for g in d["gpus"]:
+            g["mig_devices"] = list(g["mig_devices"])
+        d["gpus"] = list(d["gpus"])
+        return d
+
+    def gpu(self, ident: str) -> GpuInfo | None:
+        """GPU by index, UUID (case-insensitive) or PCI bus id."""
+        for g in self.gpus:
+            if ident == str(g.index) or ident.lower() in (g.uuid.lower(), g.pci_bus_id.lower()):
+                return g
+        return None
+
+
+def find_library(driver_root: str) -> str:
+    """Host path of the root's libnvidia-ml.so.1, via the root's ld.so.cache."""
+    root = os.path.abspath(driver_root)
+    where = ldcache.cache_path(root)
+    try:
+        entries = ldcache.read(root)
+    except ldcache.CacheError as err:
+        raise DriverError(f"no NVIDIA driver found at driver root {root}: {err}")
+    for entry in entries:
+        if entry.name == NVML_SONAME and entry.arch == "x86-64":
+            path = resolve_in_root(root, entry.path)
+            if os.path.isfile(path):
+                return path
+            raise DriverError(
+                f"no NVIDIA driver found: {where} lists {NVML_SONAME} at {entry.path}, "
+                f"but {path} does not exist"
+            )
+    raise DriverError(f"no NVIDIA driver found: {NVML_SONAME} is not in {where}")
+
+
+def _text(v: str | bytes) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else v
+
+
+T = TypeVar("T")
+
+
+def _optional(fn: Callable[[], T], default: T) -> T:
+    """fn() unless NVML says Not Supported / Not Found / Function Not Found."""
+    try:
+        return fn()
+    except pynvml.NVMLError as e:
+        if e.value in (
+            pynvml.NVML_ERROR_NOT_SUPPORTED,
+            pynvml.NVML_ERROR_NOT_FOUND,
+            pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        ):
+            return default
+        raise
+
+
+def mig_profile_name(gi_slices: int, ci_slices: int, mig_memory_mib: int, gpu_memory_bytes: int) -> str:
+    """NVIDIA's naming (go-nvlib): memory as a fraction of the GPU rounded up to 1/8,
+    times the GPU's memory in whole GiB; "<ci>c." prefix when the CI is smaller than the GI."""
+    frac = (mig_memory_mib * MIB) / gpu_memory_bytes
+    frac = math.ceil(frac * 8) / 8
+    total_gb = (gpu_memory_bytes + GIB - 1) // GIB
+    gb = round(frac * total_gb)
+    name = f"{gi_slices}g.{gb}gb"
+    return name if ci_slices in (0, gi_slices) else f"{ci_slices}c.{name}"
+
+
+def _mig_devices(handle: Any, gpu_memory_bytes: int) -> tuple[MigInfo, ...]:
+    out: list[MigInfo] = []
+    count = _optional(lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(handle), 0)
+    for i in range(count):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+        except pynvml.NVMLError as e:
+            if e.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                continue
+            raise
+        mem_mib = pynvml.nvmlDeviceGetMemoryInfo(mig).total // MIB
+        # NVML names a MIG device "<GPU name> MIG <profile>"; else derive it from attributes
+        name = _text(_optional(partial(pynvml.nvmlDeviceGetName, mig), ""))
+        profile = name.rsplit(" MIG ", 1)[1].strip() if " MIG " in name else ""
+        if not profile:
+            attrs = _optional(partial(pynvml.nvmlDeviceGetAttributes, mig), None)
+            if attrs is not None:
+                profile = mig_profile_name(
+                    attrs.gpuInstanceSliceCount, attrs.computeInstanceSliceCount,
+                    int(attrs.memorySizeMB) or mem_mib, gpu_memory_bytes,
+                )
+        out.append(
+            MigInfo(
+                index=len(out),
+                uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
+                gpu_instance=pynvml.nvmlDeviceGetGpuInstanceId(mig),
+                compute_instance=pynvml.nvmlDeviceGetComputeInstanceId(mig),
+                profile=profile,
+                memory_mib=mem_mib,
+            )
+        )
+    return tuple(out)
+
+
+def _gpu(index: int) -> GpuInfo:
+    h = pynvml.nvmlDeviceGetHandleByIndex(index)
+    mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
+    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+    brand = _optional(lambda: pynvml.nvmlDeviceGetBrand(h), 0)
+    mode = _optional(lambda: pynvml.nvmlDeviceGetMigMode(h), [0, 0])
+    mig_enabled = mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+    return GpuInfo(
+        index=index,
+        uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
+        name=_text(pynvml.nvmlDeviceGetName(h)),
+        minor=pynvml.nvmlDeviceGetMinorNumber(h),
+        pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(h).busId),
+        memory_mib=mem // MIB,
+        compute_capability=f"{major}.{minor}",
+        brand=BRANDS.get(brand, "unknown"),
+        mig_enabled=mig_enabled,
+        mig_devices=_mig_devices(h, mem) if mig_enabled else (),
+    )
+
+
+@contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    old = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+@contextmanager
+def session(driver_root: str) -> Iterator[str]:
+    """NVML from the root's library, initialised for the duration; yields the library path.
+    pynvml calls made inside the block go to that library."""
+    lib_path = find_library(driver_root)
+    root = os.path.abspath(driver_root)
+    dev_dir = None if root == "/" else os.path.join(root, "dev")
+    with _lock, _env("NVSIM_DEV_DIR", dev_dir):
+        try:
+            lib = ctypes.CDLL(lib_path)
+        except OSError as e:
+            raise DriverError(f"cannot load {lib_path}: {e}")
+        with pynvml.libLoadLock:
+            saved = pynvml.nvmlLib
+            pynvml.nvmlLib = lib
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+        try:
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError as e:
+                raise DriverError(f"NVML at {lib_path}: init failed: {e}")
+            try:
+                yield lib_path
+            finally:
+                try:
+                    pynvml.nvmlShutdown()
+                except pynvml.NVMLError:
+                    pass
+        finally:
+            with pynvml.libLoadLock:
+                pynvml.nvmlLib = saved
+                pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def query_host(driver_root: str) -> HostInfo:
+    """Driver and CUDA versions and every GPU with its MIG devices; DriverError when the
+    root has no usable NVML (the message says where it looked)."""
+    with session(driver_root) as lib_path:
+        try:
+            driver = _text(pynvml.nvmlSystemGetDriverVersion())
+            cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+            count = pynvml.nvmlDeviceGetCount()
+            gpus = tuple(_gpu(i) for i in range(count))
+        except pynvml.NVMLError as e:
+            raise DriverError(f"NVML at {lib_path}: {e}")
+    return HostInfo(
+        driver_version=driver,
+        cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
+        gpus=gpus,
+    )

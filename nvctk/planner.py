@@ -1,0 +1,437 @@
+"""request + host -> Plan: the one function both the shim and the hook call.
+
+`make_plan` resolves the requested ids against NVML's view of the host, checks
+the requirements, picks the driver files for the capabilities and lays out
+where everything goes in the container. It never mounts or writes anything.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from nvctk import driver as nvdriver
+from nvctk import oci
+from nvctk.config import Config
+from nvctk.errors import DriverError, RequestError, SpecError
+from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
+from nvctk.request import Request, request_from_spec
+from nvctk.requirements import HostFacts, check
+
+if TYPE_CHECKING:
+    from nvctk.nvml import GpuInfo, HostInfo, MigInfo
+
+DEBIAN_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+OTHER_LIB_DIR = "/usr/lib64"
+DEBIAN_LIB32_DIR = "/usr/lib/i386-linux-gnu"
+OTHER_LIB32_DIR = "/usr/lib"
+FIRMWARE_DIR = "/lib/firmware/nvidia"
+DEFAULT_MPS_PIPE_DIR = "/tmp/nvidia-mps"
+
+# (library name prefix, link name, target) made beside the mounted libraries;
+# target None means libGLX_nvidia.so.<driver version>.
+LINKS: tuple[tuple[str, str, str | None], ...] = (
+    ("libcuda.so.", "libcuda.so", "libcuda.so.1"),
+    ("libnvidia-opticalflow.so.", "libnvidia-opticalflow.so", "libnvidia-opticalflow.so.1"),
+    ("libGLX_nvidia.so.", "libGLX_indirect.so.0", None),
+)
+
+
+@dataclass(frozen=True)
+class Selected:
+    gpu: GpuInfo
+    mig: MigInfo | None = None
+
+    @property
+    def name(self) -> str:
+        return self.mig.uuid if self.mig else self.gpu.uuid
+
+
+# --- safe look-ups inside the rootfs -----------------------------------------------------
+
+_SYS_OPENAT2 = 437
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+_openat2_works: bool | None = None
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _openat2_in_root(root_fd: int, path: str) -> int | None:
+    """openat2(RESOLVE_IN_ROOT): symlinks resolve as if root_fd were /. None if the
+    kernel lacks openat2 (< 5.6); raises OSError for a missing path."""
+    global _openat2_works
+    if _openat2_works is False:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    fd = libc.syscall(
+        ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(root_fd), ctypes.c_char_p(os.fsencode(path)),
+        ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
+    )
+    if fd < 0:
+        err = ctypes.get_errno()
+        if err in (errno.ENOSYS, errno.EPERM) and _openat2_works is None:
+            _openat2_works = False  # seccomp filters answer EPERM/ENOSYS
+            return None
+        raise OSError(err, os.strerror(err), path)
+    _openat2_works = True
+    return int(fd)
+
+
+def _walk_nofollow(root_fd: int, path: str) -> int:
+    """Fallback: open each component with O_NOFOLLOW; any symlink is refused."""
+    fd = os.dup(root_fd)
+    try:
+        for part in [p for p in path.split("/") if p and p != "."]:
+            if part == "..":
+                raise OSError(errno.EXDEV, "'..' in a rootfs path", path)
+            nfd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(errno.ELOOP, "symlink in a rootfs path", path)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def exists_in_rootfs(rootfs: str, path: str) -> bool:
+    """Whether `path` exists inside `rootfs`, never following a link out of it."""
+    try:
+        root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SpecError(f"rootfs {rootfs}: {e.strerror}")
+    try:
+        fd = _openat2_in_root(root_fd, path)
+        if fd is None:
+            fd = _walk_nofollow(root_fd, path)
+        os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(root_fd)
+
+
+def container_lib_dirs(rootfs: str | None) -> tuple[str, str]:
+    """(64-bit, 32-bit) lib dirs: Debian layout if the rootfs has /etc/debian_version."""
+    if rootfs is not None and exists_in_rootfs(rootfs, "/etc/debian_version"):
+        return DEBIAN_LIB_DIR, DEBIAN_LIB32_DIR
+    return OTHER_LIB_DIR, OTHER_LIB32_DIR
+
+
+# --- device resolution ---------------------------------------------------------------------
+
+
+def _norm_bus_id(ident: str) -> tuple[int, int, int, int] | None:
+    """'00000000:1B:00.0' or '0000:1b:00.0' -> (domain, bus, device, function)."""
+    parts = ident.split(":")
+    if len(parts) != 3 or "." not in parts[2]:
+        return None
+    dev, _, fn = parts[2].partition(".")
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(dev, 16), int(fn, 16)
+    except ValueError:
+        return None
+
+
+def proc_bus_id(pci_bus_id: str) -> str:
+    """NVML's 00000000:1B:00.0 -> procfs's directory name 0000:1b:00.0."""
+    domain, _, rest = pci_bus_id.partition(":")
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def _known_ids(host: HostInfo) -> str:
+    ids = [f"{g.index} ({g.uuid})" for g in host.gpus]
+    return ", ".join(ids) if ids else "none: the host has no GPU"
+
+
+def resolve_device(ident: str, host: HostInfo, source: str) -> Selected:
+    """One id of NVIDIA_VISIBLE_DEVICES (or of a device mount) -> GPU or MIG device."""
+    low = ident.lower()
+    if ident.isdigit():
+        for g in host.gpus:
+            if g.index == int(ident):
+                return Selected(g)
+    elif low.startswith("gpu-"):
+        for g in host.gpus:
+            if g.uuid.lower() == low:
+                return Selected(g)
+    elif low.startswith("mig-"):
+        for g in host.gpus:
+            for m in g.mig_devices:
+                if m.uuid.lower() == low:
+                    return Selected(g, m)
+    elif ":" in ident and "." not in ident:
+        gi, _, mi = ident.partition(":")
+        if gi.isdigit() and mi.isdigit():
+            for g in host.gpus:
+                if g.index == int(gi):
+                    for m in g.mig_devices:
+                        if m.index == int(mi):
+                            return Selected(g, m)
+    else:
+        want = _norm_bus_id(ident)
+        if want is not None:
+            for g in host.gpus:
+                if _norm_bus_id(g.pci_bus_id) == want:
+                    return Selected(g)
+    raise RequestError(f"unknown device {ident!r} in {source} (this host has GPUs {_known_ids(host)})")
+
+
+def select_devices(request: Request, host: HostInfo) -> list[Selected]:
+    """The request's devices in container order, duplicates (same device named two
+    ways) dropped. `all`: every GPU and every MIG device, in NVML order."""
+    if request.all_devices:
+        out = [Selected(g) for g in host.gpus]
+        out += [Selected(g, m) for g in host.gpus for m in g.mig_devices]
+        return out
+    seen: set[str] = set()
+    out = []
+    for ident in request.devices:
+        sel = resolve_device(ident, host, request.source)
+        if sel.name not in seen:
+            seen.add(sel.name)
+            out.append(sel)
+    return out
+
+
+# --- device nodes --------------------------------------------------------------------------
+
+
+def _proc_devices_major(driver_root: str, name: str) -> int | None:
+    try:
+        with open(os.path.join(driver_root, "proc/devices")) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) == 2 and fields[1] == name and fields[0].isdigit():
+                    return int(fields[0])
+    except OSError:
+        pass
+    return None
+
+
+def _node(dev_dir: str, rel: str, driver_root: str = "", proc_name: str = "",
+          minor: int | None = None) -> DeviceNode:
+    """The host node dev_dir/rel -> DeviceNode with its real major/minor (never
+    hard-coded: nvidia-uvm's major is dynamic). A missing nvidia-caps node (created
+    on demand by nvidia-modprobe on real hosts) falls back to /proc/devices."""
+    host = os.path.join(dev_dir, rel)
+    try:
+        st = os.stat(host)
+    except FileNotFoundError:
+        major = _proc_devices_major(driver_root, proc_name) if proc_name else None
+        if major is None or minor is None:
+            raise DriverError(f"device node {host} is missing (is the NVIDIA driver loaded?)")
+        return DeviceNode("/dev/" + rel, host, major, minor)
+    except OSError as e:
+        raise DriverError(f"device node {host}: {e.strerror}")
+    if not stat.S_ISCHR(st.st_mode):
+        raise DriverError(f"{host} is not a character device")
+    return DeviceNode("/dev/" + rel, host, os.major(st.st_rdev), os.minor(st.st_rdev))
+
+
+def _cap_minor(access_file: str) -> int:
+    try:
+        with open(access_file) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "DeviceFileMinor":
+                    return int(value.strip())
+    except (OSError, ValueError) as e:
+        raise DriverError(f"cannot read the MIG capability minor from {access_file}: {e}")
+    raise DriverError(f"{access_file} has no DeviceFileMinor line")
+
+
+def _cap_node(files: nvdriver.DriverFiles, access_rel: str) -> DeviceNode:
+    minor = _cap_minor(os.path.join(files.proc_dir, "capabilities", access_rel))
+    return _node(files.dev_dir, f"nvidia-caps/nvidia-cap{minor}", files.driver_root,
+                 "nvidia-caps", minor)
+
+
+def plan_devices(
+    request: Request, selected: list[Selected], files: nvdriver.DriverFiles
+) -> list[DeviceNode]:
+    dev = files.dev_dir
+    nodes = [_node(dev, "nvidiactl")]
+    for sel in selected:
+        nodes.append(_node(dev, f"nvidia{sel.gpu.minor}"))
+    caps = set(request.capabilities)
+    if caps & {"compute", "video"}:
+        nodes += [_node(dev, "nvidia-uvm"), _node(dev, "nvidia-uvm-tools")]
+    if "display" in caps:
+        nodes.append(_node(dev, "nvidia-modeset"))
+    for sel in selected:
+        if sel.mig is not None:
+            # MIG paths use the parent's minor number, not its NVML index
+            base = f"gpu{sel.gpu.minor}/mig/gi{sel.mig.gpu_instance}"
+            nodes.append(_cap_node(files, f"{base}/access"))
+            nodes.append(_cap_node(files, f"{base}/ci{sel.mig.compute_instance}/access"))
+    if request.mig_config:
+        nodes.append(_cap_node(files, "mig/config"))
+    if request.mig_monitor:
+        nodes.append(_cap_node(files, "mig/monitor"))
+    return list({n.path: n for n in nodes}.values())  # drop repeats, keep first order
+
+
+# --- mounts -----------------------------------------------------------------------------------
+
+
+def _expanded(capabilities: tuple[str, ...]) -> list[str]:
+    caps = list(capabilities)
+    if "video" in caps and "compute" not in caps:
+        caps.append("compute")
+    if "display" in caps and "graphics" not in caps:
+        caps.append("graphics")
+    return caps
+
+
+def _container_path_of_host(files: nvdriver.DriverFiles, host: str) -> str:
+    """A host path under the driver root as the same path inside the container
+    (<root>/var/run/x is /run/x: /var/run is a link to /run)."""
+    rel = os.path.relpath(host, files.driver_root)
+    if rel.startswith(".."):
+        return host
+    if rel.startswith("var/run/"):
+        rel = rel[len("var/") :]
+    return "/" + rel
+
+
+def plan_mounts(
+    request: Request, files: nvdriver.DriverFiles, config: Config, lib_dir: str, lib32_dir: str
+) -> list[Mount]:
+    caps = _expanded(request.capabilities)
+    out: list[Mount] = []
+    for cap in caps:
+        for host in files.libraries.get(cap, ()):
+            out.append(Mount(host, f"{lib_dir}/{os.path.basename(host)}"))
+    if "compat32" in caps:
+        wanted = {n for c in caps for n in nvdriver.LIBRARIES.get(c, ())}
+        for host in files.libraries32:
+            if os.path.basename(host).split(".so", 1)[0] in wanted:
+                out.append(Mount(host, f"{lib32_dir}/{os.path.basename(host)}"))
+    for cap in caps:
+        for host in files.binaries.get(cap, ()):
+            out.append(Mount(host, f"/usr/bin/{os.path.basename(host)}"))
+        for host, container in files.config_files.get(cap, ()):
+            out.append(Mount(host, container))
+    for host in files.firmware:
+        out.append(Mount(host, f"{FIRMWARE_DIR}/{files.driver_version}/{os.path.basename(host)}"))
+    for cap in caps:
+        for host in files.sockets.get(cap, ()):
+            out.append(Mount(host, _container_path_of_host(files, host), "socket",
+                             read_only=False, noexec=True))
+    if "compute" in caps:
+        pipe = request.env.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_MPS_PIPE_DIR
+        if pipe.startswith("/"):
+            host_pipe = os.path.join(files.driver_root, pipe.lstrip("/"))
+            if os.path.isdir(host_pipe):
+                out.append(Mount(host_pipe, pipe, "dir", read_only=False, noexec=True))
+    for em in config.extra_mounts:
+        kind: Literal["file", "dir"] = "file" if os.path.isfile(em.host_path) else "dir"
+        out.append(Mount(em.host_path, em.container_path, kind, read_only=em.read_only))
+    # one mount per container path, the first wins (driver files before extra mounts)
+    first: dict[str, Mount] = {}
+    for m in out:
+        first.setdefault(m.container_path, m)
+    return list(first.values())
+
+
+def plan_symlinks(mounts: list[Mount], lib_dir: str, driver_version: str) -> list[Symlink]:
+    names = {os.path.basename(m.container_path) for m in mounts
+             if os.path.dirname(m.container_path) == lib_dir}
+    out = []
+    for prefix, link, target in LINKS:
+        if any(n.startswith(prefix) for n in names):
+            out.append(Symlink(f"{lib_dir}/{link}", target or f"libGLX_nvidia.so.{driver_version}"))
+    return out
+
+
+# --- vGPU hook point ----------------------------------------------------------------------------
+
+
+def plan_vgpu(
+    request: Request, selected: list[Selected], config: Config, spec: dict[str, Any]
+) -> VgpuPlan | None:
+    """CUDA_DEVICE_MEMORY_LIMIT[_i] / CUDA_DEVICE_SM_LIMIT[_i] -> VgpuPlan.
+
+    Hook point: the vGPU work replaces this body (validate limits, raise
+    RequestError naming a bad value, fill VgpuPlan and the env it needs).
+    """
+    return None
+
+
+# --- the plan -------------------------------------------------------------------------------------
+
+
+def host_facts(host: HostInfo, selected: list[Selected]) -> list[HostFacts]:
+    if not selected:
+        return [HostFacts(host.cuda_version, host.driver_version)]
+    return [
+        HostFacts(host.cuda_version, host.driver_version, s.gpu.compute_capability,
+                  s.gpu.brand, f"GPU {s.gpu.index} ({s.name})")
+        for s in selected
+    ]
+
+
+def make_plan(
+    spec: dict[str, Any],
+    config: Config,
+    host: HostInfo | None = None,
+    *,
+    bundle: str | None = None,
+    request: Request | None = None,
+    rootfs: str | None = None,
+) -> Plan | None:
+    """The plan for this spec, or None when the container asks for no GPU.
+
+    bundle: resolves a relative root.path (needed to pick the container's lib dir;
+    without bundle or rootfs the non-Debian default is used). host: NVML's view,
+    queried at config.driver_root when not given. Raises NvctkError subclasses
+    whose message names the culprit.
+    """
+    if request is None:
+        request = request_from_spec(spec, config)
+    if request is None:
+        return None
+    if host is None:
+        from nvctk.nvml import query_host  # pynvml is loaded only for GPU containers
+
+        host = query_host(config.driver_root)
+    selected = select_devices(request, host)
+    if not request.disable_require and request.requirements:
+        check(request.requirements, host_facts(host, selected))
+    files = nvdriver.discover_files(config.driver_root, host.driver_version)
+
+    if rootfs is None and bundle is not None:
+        rootfs = oci.root_path(spec, bundle)
+    lib_dir, lib32_dir = container_lib_dirs(rootfs)
+
+    devices = plan_devices(request, selected, files)
+    mounts = plan_mounts(request, files, config, lib_dir, lib32_dir)
+    symlinks = plan_symlinks(mounts, lib_dir, host.driver_version)
+    gpu_uuids = tuple(dict.fromkeys(s.gpu.uuid for s in selected))
+    vgpu = plan_vgpu(request, selected, config, spec)
+    return Plan(
+        driver_version=host.driver_version,
+        capabilities=request.capabilities,
+        gpu_uuids=gpu_uuids,
+        devices=tuple(devices),
+        mounts=tuple(mounts),
+        symlinks=tuple(symlinks),
+        proc_mask=ProcMask(
+            files.proc_dir, tuple(dict.fromkeys(proc_bus_id(s.gpu.pci_bus_id) for s in selected))
+        ),
+        lib_dir=lib_dir,
+        ldconfig=config.ldconfig,
+        env={},
+        vgpu=vgpu,
+    )

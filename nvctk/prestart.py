@@ -1,0 +1,574 @@
+"""The prestart hook's logic: state -> bundle -> spec -> plan -> steps.
+
+`main` is what `nvctk-hook prestart` runs. The work itself happens in a forked
+worker so that the hook's own process stays in the host's mount namespace:
+
+    open       (host ns)  clone every driver file as a detached, already
+                          read-only/nosuid/nodev bind mount; build the
+                          /proc/driver/nvidia mask (a detached tmpfs); open the
+                          host's ldconfig and the container's mount namespace
+    setns      enter the container's mount namespace (state.pid)
+    propagation  never let a mount under the rootfs propagate to the host
+    mount      resolve each destination inside the rootfs (openat2
+               RESOLVE_IN_ROOT), create it, move_mount the clone onto its fd
+    symlink    libcuda.so -> libcuda.so.1 and friends (symlinkat on a parent fd)
+    proc-mask  tmpfs over /proc/driver/nvidia where the container has it
+    ldconfig   in a grandchild: private mount ns, the rootfs's procfs detached
+               (no magic links to the host), chroot, only CAP_DAC_OVERRIDE,
+               exec the host's static ldconfig from its fd with an empty env
+
+Each step runs with exactly its capabilities effective (nvctk.caps) and logs
+them at debug level. On any failure the worker detaches what it mounted and
+the hook exits 1 with "nvctk-hook: step <name>: <path>: <why>" on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+import sys
+import time
+import traceback
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from nvctk import caps
+from nvctk import config as nvconfig
+from nvctk import mount as m
+from nvctk.errors import MountError, NvctkError, SpecError
+from nvctk.log import LEVELS
+from nvctk.plan import PLAN_FILE, Mount, Plan
+
+PROC_DRIVER = "/proc/driver/nvidia"
+# driver libraries whose absence fails the create: (file name prefix, capability)
+REQUIRED = (("libcuda.so", "compute"), ("libnvidia-ml.so", "utility"))
+ALL_STEPS = ("open", "setns", "propagation", "mount", "symlink", "proc-mask", "ldconfig-setup",
+             "ldconfig", "undo", "done")
+LDCONFIG_TIMEOUT = 30.0
+
+
+# --- logging through an fd opened on the host --------------------------------------
+class HookLog:
+    """nvctk's log, written through an fd opened in the host namespace.
+
+    The worker changes mount namespace and the ldconfig process chroots into the
+    image: a log that re-opened its path would then write into the container.
+    Lines look like nvctk.log.Logger's: '<time> nvctk-hook[<pid>] LEVEL: msg'.
+    """
+
+    def __init__(self, path: str, level: str = "info", prog: str = "nvctk-hook") -> None:
+        self.threshold = LEVELS.get(level, LEVELS["info"])
+        self.prog = prog
+        self.fd = -1
+        if path:
+            try:
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                                  0o644)
+            except OSError:
+                self.fd = -1
+
+    def log(self, level: str, msg: str) -> None:
+        if self.fd < 0 or LEVELS.get(level, 0) < self.threshold:
+            return
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        line = f"{when} {self.prog}[{os.getpid()}] {level.upper()}: {msg}".replace("\n", " | ")
+        try:
+            os.write(self.fd, (line + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+    def debug(self, msg: str) -> None:
+        self.log("debug", msg)
+
+    def info(self, msg: str) -> None:
+        self.log("info", msg)
+
+    def warning(self, msg: str) -> None:
+        self.log("warning", msg)
+
+    def error(self, msg: str) -> None:
+        self.log("error", msg)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+# --- inputs ---------------------------------------------------------------------------
+def sanitize_environ(env: MutableMapping[str, str] | None = None) -> list[str]:
+    """Drop LD_* and PYTHON* from our own environment; returns the names dropped."""
+    env = os.environ if env is None else env
+    bad = [k for k in env if k.startswith(("LD_", "PYTHON"))]
+    for k in bad:
+        del env[k]
+    return bad
+
+
+@dataclass(frozen=True)
+class HookState:
+    id: str
+    pid: int
+    bundle: str
+    root: str | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def parse_state(text: str | bytes) -> HookState:
+    try:
+        from nvctk.oci import load_state
+    except ImportError:  # pragma: no cover - oci.py is someone else's, may lag
+        d = json.loads(text)
+        root = d.get("root")
+        if isinstance(root, dict):
+            root = root.get("path")
+        return HookState(str(d["id"]), int(d.get("pid", 0)), str(d["bundle"]), root or None)
+    st = load_state(text)
+    root: Any = st.root
+    if root is None:  # crun may send root as {"path": ...}; be lenient
+        try:
+            raw = json.loads(text).get("root")
+        except (ValueError, AttributeError):
+            raw = None
+        if isinstance(raw, dict) and isinstance(raw.get("path"), str):
+            root = raw["path"]
+    return HookState(st.id, st.pid, st.bundle, root, dict(st.annotations))
+
+
+def load_spec(bundle: str) -> dict[str, Any]:
+    from nvctk.oci import load_spec as _load
+
+    return _load(bundle)
+
+
+def rootfs_path(state: HookState, spec: dict[str, Any]) -> str:
+    """The rootfs: crun's state.root, else the spec's root.path (maybe bundle-relative)."""
+    path = state.root or (spec.get("root") or {}).get("path")
+    if not isinstance(path, str) or not path:
+        raise SpecError(f"{state.bundle}/config.json: root.path is missing")
+    return os.path.normpath(os.path.join(state.bundle, path))
+
+
+def load_plan(bundle: str, spec: dict[str, Any], config: nvconfig.Config) -> Plan | None:
+    """Read back <bundle>/nvctk-plan.json, else recompute with nvctk.planner.make_plan."""
+    path = os.path.join(bundle, PLAN_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = None
+    except OSError as e:
+        raise MountError(f"step plan: {path}: {e.strerror}")
+    if text is not None:
+        try:
+            return Plan.from_json(text)
+        except (ValueError, KeyError, TypeError) as e:
+            raise MountError(f"step plan: {path}: unusable plan: {e}")
+    try:
+        from nvctk import planner  # type: ignore[attr-defined]
+    except ImportError:
+        raise MountError(f"step plan: {path}: no plan file and no planner to recompute it")
+    plan: Plan | None = planner.make_plan(spec, config)
+    return plan
+
+
+# --- helpers --------------------------------------------------------------------------
+def elf_interpreter(fd: int) -> str | None:
+    """PT_INTERP of an ELF file (None for a static binary); ValueError if not ELF64."""
+    head = os.pread(fd, 64, 0)
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:
+        raise ValueError("not a 64-bit ELF file")
+    endian = "<" if head[5] == 1 else ">"
+    phoff, = struct.unpack_from(endian + "Q", head, 32)
+    phentsize, phnum = struct.unpack_from(endian + "HH", head, 54)
+    for i in range(min(phnum, 256)):
+        ph = os.pread(fd, phentsize, phoff + i * phentsize)
+        p_type, = struct.unpack_from(endian + "I", ph, 0)
+        if p_type == 3:  # PT_INTERP
+            off, = struct.unpack_from(endian + "Q", ph, 8)
+            size, = struct.unpack_from(endian + "Q", ph, 32)
+            return os.pread(fd, min(size, 4096), off).rstrip(b"\0").decode("utf-8", "replace")
+    return None
+
+
+def required_for(mnt: Mount, plan: Plan) -> str | None:
+    """The capability that makes this file mandatory, if any."""
+    name = os.path.basename(mnt.host_path)
+    for prefix, cap in REQUIRED:
+        if name.startswith(prefix) and cap in plan.capabilities:
+            return cap
+    return None
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()
+
+
+@dataclass
+class _Prepared:
+    sources: list[tuple[Mount, int]] = field(default_factory=list)
+    mask: int = -1
+    ldconfig: int = -1
+    ns: int = -1
+    devnull: int = -1
+
+    def fds(self) -> list[int]:
+        out = [fd for _, fd in self.sources]
+        return out + [fd for fd in (self.mask, self.ldconfig, self.ns, self.devnull) if fd >= 0]
+
+
+def _vgpu_mounts(plan: Plan, log: HookLog) -> list[Mount]:
+    """libvgpu.so, /etc/ld.so.preload naming it, the accounting dir (+ its limits file)."""
+    v = plan.vgpu
+    if v is None:
+        return []
+    out = [Mount(v.library, v.container_library, "file", True, False)]
+    try:
+        os.makedirs(v.state_dir, 0o755, exist_ok=True)
+        preload = os.path.join(v.state_dir, "ld.so.preload")
+        if not os.path.exists(preload):
+            tmp = preload + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(v.container_library + "\n")
+            os.replace(tmp, preload)
+    except OSError as e:
+        raise MountError(f"step open: {v.state_dir}: {e.strerror}")
+    out.append(Mount(preload, "/etc/ld.so.preload", "file", True, False))
+    out.append(Mount(v.state_dir, v.container_state_dir, "dir", False, True))
+    limits = os.path.join(v.state_dir, "limits")
+    if os.path.exists(limits):
+        out.append(Mount(limits, os.path.join(v.container_state_dir, "limits"), "file", True, True))
+    log.debug(f"vgpu: {len(out)} mounts for {v.library}")
+    return out
+
+
+# --- the worker -----------------------------------------------------------------------
+def _prepare(plan: Plan, pid: int, log: HookLog) -> _Prepared:
+    """Host-namespace work: clones of the sources, the mask, ldconfig and ns fds."""
+    caps.enter_step("open", log)
+    p = _Prepared()
+    try:
+        for mnt in (*plan.mounts, *_vgpu_mounts(plan, log)):
+            if not os.path.lexists(mnt.host_path):
+                cap = required_for(mnt, plan)
+                if cap is not None:
+                    raise MountError(
+                        f"step open: {mnt.host_path}: required driver library is missing on the "
+                        f"host ({os.path.basename(mnt.host_path)}, needed for '{cap}')"
+                    )
+                log.info(f"skip {mnt.container_path}: {mnt.host_path} is missing on the host")
+                continue
+            try:
+                fd = m.clone_source(mnt.host_path, m.attrs_for(mnt.read_only, mnt.noexec))
+            except OSError as e:
+                raise m.step_error("open", mnt.host_path, e)
+            p.sources.append((mnt, fd))
+        pm = plan.proc_mask
+        if pm is not None:
+            if os.path.isdir(pm.host_dir):
+                try:
+                    p.mask = m.make_proc_mask(pm.host_dir, pm.gpu_bus_ids)
+                except OSError as e:
+                    raise m.step_error("open", pm.host_dir, e)
+            else:
+                log.info(f"skip the {PROC_DRIVER} mask: {pm.host_dir} is missing on the host")
+        if plan.ldconfig:
+            try:
+                p.ldconfig = os.open(plan.ldconfig, os.O_RDONLY | os.O_CLOEXEC)
+                interp = elf_interpreter(p.ldconfig)
+            except OSError as e:
+                raise m.step_error("open", plan.ldconfig, e)
+            except ValueError as e:
+                raise m.step_error("open", plan.ldconfig, str(e))
+            if interp is not None:
+                raise m.step_error(
+                    "open", plan.ldconfig,
+                    f"ldconfig is dynamically linked ({interp}); run chrooted it would load the "
+                    "image's loader",
+                )
+        p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        nspath = f"/proc/{pid}/ns/mnt"
+        try:
+            p.ns = os.open(nspath, os.O_RDONLY | os.O_CLOEXEC)
+            if os.fstat(p.ns).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+                raise m.step_error("setns", nspath, "the container shares the host's mount "
+                                   "namespace; refusing to mount into it")
+        except OSError as e:
+            raise m.step_error("setns", nspath, e)
+        return p
+    except BaseException:
+        fds = p.fds()
+        _close_all(fds)
+        raise
+
+
+def _detach_procfs_under(rootfs: str, log: HookLog) -> None:
+    """In a private mount ns: detach every procfs mounted below the rootfs."""
+    top = os.path.realpath(rootfs)
+    for info in sorted(m.read_mountinfo(), key=lambda i: len(i.mount_point)):
+        if info.fstype != "proc" or not (info.mount_point + "/").startswith(top + "/"):
+            continue
+        try:
+            fd = m.openat2(m.AT_FDCWD, info.mount_point, os.O_PATH | os.O_DIRECTORY,
+                           m.RESOLVE_NO_SYMLINKS | m.RESOLVE_NO_MAGICLINKS)
+        except OSError:
+            continue  # gone with an earlier detach
+        try:
+            if m.fstatfs_type(fd) == m.PROC_SUPER_MAGIC:
+                m.umount2(f"/proc/self/fd/{fd}", m.MNT_DETACH)
+                log.debug(f"ldconfig: detached procfs at {info.mount_point} (private ns)")
+        finally:
+            os.close(fd)
+
+
+def _ldconfig_child(plan: Plan, rootfs: str, root_st: os.stat_result, ldfd: int, devnull: int,
+                    out_w: int, log: HookLog) -> None:
+    """Grandchild: never returns."""
+    try:
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        caps.enter_step("ldconfig-setup", log)
+        m.unshare(m.CLONE_NEWNS)
+        m.mount_propagation("/", m.MS_REC | m.MS_PRIVATE)
+        _detach_procfs_under(rootfs, log)
+        # re-open the rootfs in this namespace (an fd from the old one would walk its mounts)
+        rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        st = os.fstat(rfd)
+        if (st.st_dev, st.st_ino) != (root_st.st_dev, root_st.st_ino):
+            raise OSError(f"{rootfs} changed under the hook")
+        os.fchdir(rfd)
+        os.chroot(".")
+        os.chdir("/")
+        os.close(rfd)
+        caps.limit_to(caps.STEP_CAPS["ldconfig"])
+        log.debug(f"caps step=ldconfig effective={','.join(caps.current()) or '-'}")
+        os.execve(ldfd, ["ldconfig", plan.lib_dir], {})
+    except BaseException as e:
+        try:
+            os.write(2, f"ldconfig setup: {e}\n".encode())
+        finally:
+            os._exit(127)
+
+
+def _run_ldconfig(plan: Plan, root: m.Root, prep: _Prepared, log: HookLog) -> None:
+    r, w = os.pipe()
+    root_st = os.fstat(root.fd)
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        _ldconfig_child(plan, root.path, root_st, prep.ldconfig, prep.devnull, w, log)
+    os.close(w)
+    chunks = []
+    deadline = time.monotonic() + LDCONFIG_TIMEOUT
+    try:
+        while True:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                break
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    out = b"".join(chunks).decode("utf-8", "replace").strip()
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        # a read-only rootfs, or an image without a writable /etc: the libraries are
+        # mounted all the same; programs that dlopen by SONAME may not find them
+        log.warning(f"step ldconfig: {plan.lib_dir}: ldconfig exited {code}: {out or '-'}")
+    else:
+        log.info(f"ldconfig refreshed the container's cache ({plan.lib_dir})")
+        if out:
+            log.debug(f"ldconfig: {out}")
+
+
+def _steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter, log: HookLog) -> None:
+    caps.enter_step("setns", log)
+    try:
+        m.setns(prep.ns, m.CLONE_NEWNS)
+    except OSError as e:
+        raise m.step_error("setns", f"/proc/<pid>/ns/mnt ({rootfs})", e)
+    os.chdir("/")
+
+    try:
+        root = m.Root(rootfs)
+    except OSError as e:
+        raise m.step_error("setns", rootfs, e)
+    with root:
+        caps.enter_step("propagation", log)
+        try:
+            if m.ensure_not_shared(root):
+                log.info(f"rootfs {rootfs} was on a shared mount: made it a recursive slave so "
+                         "nothing mounted under it reaches the host")
+        except OSError as e:
+            raise m.step_error("propagation", rootfs, e)
+
+        caps.enter_step("mount", log)
+        for mnt, src in prep.sources:
+            kind = "dir" if mnt.kind == "dir" else "file"
+            try:
+                dest = root.ensure(mnt.container_path, kind)
+            except OSError as e:
+                raise m.step_error("mount", mnt.container_path, e)
+            try:
+                mounter.attach(src, dest, mnt.container_path)
+            except OSError as e:
+                raise m.step_error("mount", mnt.container_path, e)
+            finally:
+                os.close(dest)
+            log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
+
+        caps.enter_step("symlink", log)
+        for link in plan.symlinks:
+            try:
+                if not root.symlink(link.container_path, link.target):
+                    log.info(f"skip link {link.container_path}: the image has a file there")
+            except OSError as e:
+                raise m.step_error("symlink", link.container_path, e)
+
+        if prep.mask >= 0:
+            caps.enter_step("proc-mask", log)
+            try:
+                dest = root.open(PROC_DRIVER, os.O_PATH | os.O_DIRECTORY)
+            except FileNotFoundError:
+                dest = -1
+                log.info(f"skip the {PROC_DRIVER} mask: the container has no {PROC_DRIVER}")
+            except OSError as e:
+                raise m.step_error("proc-mask", PROC_DRIVER, e)
+            if dest >= 0:
+                try:
+                    mounter.attach(prep.mask, dest, PROC_DRIVER)
+                except OSError as e:
+                    raise m.step_error("proc-mask", PROC_DRIVER, e)
+                finally:
+                    os.close(dest)
+                log.debug(f"masked {PROC_DRIVER}")
+
+        if prep.ldconfig >= 0:
+            _run_ldconfig(plan, root, prep, log)
+    caps.enter_step("done", log)
+
+
+def worker(plan: Plan, rootfs: str, pid: int, log: HookLog) -> str | None:
+    """Everything, in the calling (forked) process; returns an error message or None."""
+    mounter = m.Mounter()
+    prep: _Prepared | None = None
+    try:
+        caps.restrict(caps.needed(ALL_STEPS), log)
+        prep = _prepare(plan, pid, log)
+        _steps(plan, rootfs, prep, mounter, log)
+        mounter.forget()
+        return None
+    except BaseException as e:
+        if isinstance(e, NvctkError):
+            msg = str(e)
+        elif isinstance(e, OSError):
+            msg = f"step unknown: {e.filename or '-'}: {e.strerror or e}"
+        else:
+            msg = f"internal error: {e!r}"
+            log.debug(traceback.format_exc())
+        if mounter.attached:
+            try:
+                caps.enter_step("undo", log)
+            except OSError:
+                pass
+            left = mounter.undo()
+            if left:
+                msg += "; undo failed for " + ", ".join(left)
+            else:
+                log.info("undid the mounts made before the failure")
+        log.error(msg)
+        return msg
+    finally:
+        if prep is not None:
+            _close_all(prep.fds())
+
+
+def apply_plan(plan: Plan, rootfs: str, pid: int, log: HookLog,
+               drop_parent_caps: bool = False) -> None:
+    """Run the worker in a forked child; MountError with its message on failure.
+
+    drop_parent_caps: the calling process gives up every capability once the
+    worker is forked (the hook's main process needs none afterwards).
+    """
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            os.close(r)
+            err = worker(plan, rootfs, pid, log)
+            os.write(w, json.dumps({"error": err}).encode())
+            code = 0 if err is None else 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    if drop_parent_caps:
+        caps.drop_all()
+    data = b""
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(child, 0)
+    try:
+        err = json.loads(data or b"{}").get("error", "worker gave no answer")
+    except ValueError:
+        err = "worker gave a garbled answer"
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0 and err is None:
+        err = f"worker exited {code}"
+    if err is not None:
+        raise MountError(err)
+
+
+def prestart(stdin_text: str | bytes, log_override: HookLog | None = None,
+             drop_parent_caps: bool = False) -> None:
+    """The whole hook minus process-level concerns (env, exit codes)."""
+    state = parse_state(stdin_text)
+    config = nvconfig.load()
+    log = log_override or HookLog(config.log_file, config.log_level)
+    try:
+        log.debug(f"prestart id={state.id} pid={state.pid} bundle={state.bundle}")
+        if state.pid <= 0:
+            raise SpecError(f"hook state on stdin: container {state.id} has no pid")
+        spec = load_spec(state.bundle)
+        rootfs = rootfs_path(state, spec)
+        plan = load_plan(state.bundle, spec, config)
+        if plan is None:
+            log.info(f"{state.id}: no GPU requested; nothing to do")
+            return
+        apply_plan(plan, rootfs, state.pid, log, drop_parent_caps)
+        log.info(f"{state.id}: prestart done ({len(plan.mounts)} mounts, rootfs {rootfs})")
+    except NvctkError as e:
+        log.error(f"{state.id}: {e}")
+        raise
+    finally:
+        if log_override is None:
+            log.close()
+
+
+def main(stdin: IO[bytes] | None = None, stderr: IO[str] | None = None) -> int:
+    sanitize_environ()
+    err = stderr or sys.stderr
+    try:
+        data = (stdin or sys.stdin.buffer).read()
+        prestart(data, drop_parent_caps=True)
+        return 0
+    except NvctkError as e:
+        err.write(f"nvctk-hook: {e}\n")
+        err.flush()
+        return 1
+    except Exception as e:  # a bug: still a clear, non-zero failure
+        err.write(f"nvctk-hook: internal error: {e!r}\n")
+        err.flush()
+        return 1

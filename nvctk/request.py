@@ -1,0 +1,186 @@
+"""What a container asks for: GPUs, driver capabilities, requirements (REFERENCE §5).
+
+Pure functions of the spec (env, mounts, capabilities) and nvctk's config; the
+host is not consulted here (ids are resolved against NVML by the planner), so
+a container that asks for no GPU is recognised without touching the driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvctk.config import ALL_CAPABILITIES, Config
+from nvctk.errors import RequestError
+from nvctk.oci import is_privileged, spec_env, spec_mounts
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
+REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
+DISABLE_REQUIRE = "NVIDIA_DISABLE_REQUIRE"
+MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
+MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
+DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+DEFAULT_CAPABILITIES = ("utility", "compute")
+
+
+@dataclass(frozen=True)
+class Request:
+    """A GPU container's request. `devices` holds ids as given (not yet resolved);
+    empty with all_devices False means `none`: driver files, no GPU."""
+
+    devices: tuple[str, ...] = ()
+    all_devices: bool = False
+    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
+    requirements: tuple[str, ...] = ()  # NVIDIA_REQUIRE_* expressions (legacy cuda one included)
+    disable_require: bool = False
+    mig_config: bool = False
+    mig_monitor: bool = False
+    privileged: bool = False
+    source: str = VISIBLE_DEVICES  # where the device list came from, for error messages
+    env: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+
+def parse_bool(value: str) -> bool:
+    """Go's strconv.ParseBool, which NVIDIA's toolkit uses; anything else is false."""
+    return value in ("1", "t", "T", "TRUE", "true", "True")
+
+
+def split_list(value: str) -> list[str]:
+    """Comma-separated, trimmed, empties dropped, duplicates dropped (first wins)."""
+    return list(dict.fromkeys(t.strip() for t in value.split(",") if t.strip()))
+
+
+def is_legacy_image(env: dict[str, str]) -> bool:
+    """A CUDA image from before NVIDIA_REQUIRE_CUDA: CUDA_VERSION set, NVIDIA_REQUIRE_CUDA
+    unset or empty. Such images get all GPUs and all capabilities by default."""
+    return bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
+
+
+def devices_from_mounts(spec: dict[str, Any]) -> list[str] | None:
+    """Ids from /dev/null bind mounts at /var/run/nvidia-container-devices/<id> (the
+    device plugin's way to pass devices that unprivileged pods cannot fake via env)."""
+    ids: list[str] = []
+    found = False
+    prefix = DEVICE_MOUNT_ROOT + "/"
+    for m in spec_mounts(spec):
+        dest = str(m.get("destination", ""))
+        if m.get("source") != "/dev/null" or not dest.startswith(prefix):
+            continue
+        found = True
+        ident = dest[len(prefix) :].strip("/")
+        if ident:
+            ids.append(ident)
+    return list(dict.fromkeys(ids)) if found else None
+
+
+def _device_tokens(value: str) -> tuple[bool, tuple[str, ...]] | None:
+    """NVIDIA_VISIBLE_DEVICES value -> (all, ids) or None for not-a-GPU-container."""
+    tokens = split_list(value)
+    if not tokens:
+        return None  # empty value: like void
+    if "all" in tokens:
+        return True, ()
+    if "none" in tokens:
+        return False, ()
+    if "void" in tokens:
+        return None
+    return False, tuple(tokens)
+
+
+def parse_capabilities(
+    env: dict[str, str], legacy: bool, supported: tuple[str, ...]
+) -> tuple[str, ...]:
+    """NVIDIA_DRIVER_CAPABILITIES -> capabilities in canonical order.
+
+    Unset: utility,compute (legacy images: all). Empty: utility,compute. `all`:
+    every capability the host supports. An unknown name is an error naming it;
+    a known one the host does not support is dropped, as NVIDIA's toolkit does.
+    """
+    raw = env.get(DRIVER_CAPABILITIES)
+    if raw is None:
+        wanted = list(supported) if legacy else list(DEFAULT_CAPABILITIES)
+    else:
+        tokens = split_list(raw)
+        if not tokens:
+            wanted = list(DEFAULT_CAPABILITIES)
+        elif "all" in tokens:
+            wanted = list(supported)
+        else:
+            unknown = [t for t in tokens if t not in ALL_CAPABILITIES]
+            if unknown:
+                raise RequestError(
+                    f"unknown driver capability {unknown[0]!r} in {DRIVER_CAPABILITIES}="
+                    f"{raw!r} (known: all, {', '.join(ALL_CAPABILITIES)})"
+                )
+            wanted = tokens
+    return tuple(c for c in ALL_CAPABILITIES if c in wanted and c in supported)
+
+
+def requirement_expressions(env: dict[str, str]) -> tuple[str, ...]:
+    """Every non-empty NVIDIA_REQUIRE_* value (sorted by name for stable messages);
+    legacy images add cuda>=<major.minor of CUDA_VERSION>."""
+    exprs = [v.strip() for k, v in sorted(env.items()) if k.startswith(REQUIRE_PREFIX) and v.strip()]
+    if is_legacy_image(env):
+        parts = env["CUDA_VERSION"].strip().split(".")
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            exprs.append(f"cuda>={parts[0]}.{parts[1]}")
+        elif parts[0].isdigit():
+            exprs.append(f"cuda>={parts[0]}")
+        else:
+            raise RequestError(f"CUDA_VERSION={env['CUDA_VERSION']!r} is not a version")
+    return tuple(exprs)
+
+
+def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
+    """The container's GPU request, or None when it is not a GPU container."""
+    env = spec_env(spec)
+    privileged = is_privileged(spec)
+    legacy = is_legacy_image(env)
+
+    devices: tuple[bool, tuple[str, ...]] | None = None
+    source = VISIBLE_DEVICES
+    mount_ids = devices_from_mounts(spec) if config.accept_volume_mount_devices else None
+    if mount_ids is not None:
+        source = f"{DEVICE_MOUNT_ROOT} mounts"
+        devices = _device_tokens(",".join(mount_ids))
+    elif privileged or config.accept_envvar_when_unprivileged:
+        value = env.get(VISIBLE_DEVICES)
+        if value is None:
+            devices = (True, ()) if legacy else None
+        else:
+            devices = _device_tokens(value)
+    # else: an unprivileged container and a config that ignores its env: no GPUs
+    if devices is None:
+        return None
+
+    mig_config = parse_bool_all(env, MIG_CONFIG)
+    mig_monitor = parse_bool_all(env, MIG_MONITOR)
+    for name, wanted in ((MIG_CONFIG, mig_config), (MIG_MONITOR, mig_monitor)):
+        if wanted and not privileged:
+            raise RequestError(f"{name}=all needs a privileged container (CAP_SYS_ADMIN)")
+
+    all_devices, ids = devices
+    return Request(
+        devices=ids,
+        all_devices=all_devices,
+        capabilities=parse_capabilities(env, legacy, config.supported_capabilities),
+        requirements=requirement_expressions(env),
+        disable_require=parse_bool(env.get(DISABLE_REQUIRE, "")),
+        mig_config=mig_config,
+        mig_monitor=mig_monitor,
+        privileged=privileged,
+        source=source,
+        env=env,
+    )
+
+
+def parse_bool_all(env: dict[str, str], name: str) -> bool:
+    """NVIDIA_MIG_*_DEVICES: only `all` means anything (per-GPU lists are not supported)."""
+    value = env.get(name, "").strip()
+    if not value:
+        return False
+    tokens = split_list(value)
+    if tokens == ["all"]:
+        return True
+    raise RequestError(f"{name}={value!r}: only 'all' is supported")

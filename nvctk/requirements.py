@@ -1,0 +1,143 @@
+"""NVIDIA_REQUIRE_* expressions (REFERENCE §5): parse and check against the host.
+
+Grammar: an expression is space-separated OR clauses; a clause is
+comma-separated AND terms; a term is `name op value` without spaces, with
+names cuda, driver, arch (compute capability) and brand, and ops
+= != < <= > >= (brand: = and != only, compared case-insensitively).
+Versions compare numerically component by component, trailing `.0`s ignored
+(`12.0` == `12`). Every expression must hold for every selected GPU; cuda and
+driver are host-wide, arch and brand per GPU (without a GPU, `none`, they hold).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nvctk.errors import RequestError, RequirementError
+
+NAMES = ("cuda", "driver", "arch", "brand")
+OPS = ("<=", ">=", "!=", "=", "<", ">")  # two-character ops first: "<=" is not "<" + "=..."
+_TERM = re.compile(r"^([A-Za-z_]+)(<=|>=|!=|==|=|<|>)(.+)$")
+_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    op: str
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.op}{self.value}"
+
+
+@dataclass(frozen=True)
+class Expression:
+    text: str
+    clauses: tuple[tuple[Term, ...], ...]  # OR of ANDs
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The values terms compare against, for one GPU (arch/brand None: no GPU)."""
+
+    cuda: str
+    driver: str
+    arch: str | None = None
+    brand: str | None = None
+    gpu: str = ""  # how to name the GPU in messages
+
+
+def version_key(v: str) -> tuple[int, ...]:
+    parts = [int(p) for p in v.split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def compare_versions(a: str, b: str) -> int:
+    ka, kb = version_key(a), version_key(b)
+    # pad so (12,) vs (12, 4) compares as 12.0 vs 12.4
+    n = max(len(ka), len(kb))
+    ka, kb = ka + (0,) * (n - len(ka)), kb + (0,) * (n - len(kb))
+    return (ka > kb) - (ka < kb)
+
+
+def parse_term(text: str, expr: str) -> Term:
+    m = _TERM.match(text)
+    if not m:
+        raise RequestError(
+            f"malformed requirement {text!r} in {expr!r}: expected name op value, e.g. cuda>=12.2"
+        )
+    name, op, value = m.group(1).lower(), m.group(2), m.group(3)
+    if op == "==":
+        op = "="
+    if name not in NAMES:
+        raise RequestError(
+            f"unknown requirement {name!r} in {expr!r} (known: {', '.join(NAMES)})"
+        )
+    if name == "brand":
+        if op not in ("=", "!="):
+            raise RequestError(f"requirement {text!r} in {expr!r}: brand takes only = or !=")
+    elif not _VERSION.match(value):
+        raise RequestError(f"requirement {text!r} in {expr!r}: {value!r} is not a version")
+    return Term(name, op, value)
+
+
+def parse_expression(expr: str) -> Expression:
+    clauses = []
+    for clause in expr.split():
+        terms = clause.split(",")
+        if not all(terms):
+            raise RequestError(f"malformed requirement {expr!r}: empty term in {clause!r}")
+        clauses.append(tuple(parse_term(t, expr) for t in terms))
+    if not clauses:
+        raise RequestError("malformed requirement: empty expression")
+    return Expression(expr, tuple(clauses))
+
+
+def _host_value(term: Term, facts: HostFacts) -> str | None:
+    return {"cuda": facts.cuda, "driver": facts.driver, "arch": facts.arch,
+            "brand": facts.brand}[term.name]
+
+
+def term_holds(term: Term, facts: HostFacts) -> bool:
+    have = _host_value(term, facts)
+    if have is None:
+        return True  # arch/brand without a GPU: nothing to check
+    if term.name == "brand":
+        equal = have.lower() == term.value.lower()
+        return equal if term.op == "=" else not equal
+    c = compare_versions(have, term.value)
+    return {"=": c == 0, "!=": c != 0, "<": c < 0, "<=": c <= 0, ">": c > 0, ">=": c >= 0}[
+        term.op
+    ]
+
+
+def _first_failure(clause: Sequence[Term], facts: HostFacts) -> Term | None:
+    for t in clause:
+        if not term_holds(t, facts):
+            return t
+    return None
+
+
+def check(expressions: Sequence[str], hosts: Sequence[HostFacts]) -> None:
+    """Raise RequirementError naming the unmet term(s) and the host's values, or
+    RequestError for a malformed expression. Parsing happens first, so a typo is
+    reported even when no GPU is selected."""
+    parsed = [parse_expression(e) for e in expressions]
+    for expr in parsed:
+        for facts in hosts:
+            failures = []
+            for clause in expr.clauses:
+                bad = _first_failure(clause, facts)
+                if bad is None:
+                    break
+                failures.append(f"{bad} (host {bad.name} {_host_value(bad, facts)})")
+            else:
+                where = f" on {facts.gpu}" if facts.gpu else ""
+                raise RequirementError(
+                    f"unmet requirement {expr.text!r}{where}: {'; '.join(failures)}"
+                )

@@ -1,0 +1,153 @@
+"""nvctk-runtime's create/run: edit the bundle for the GPU request, then exec runc.
+
+The executable (runtime_shim/main.py) parses argv and calls `create_main`;
+everything else lives here so tests can call `prepare_bundle` in-process.
+
+Failure policy: a container that asks for no GPU is never stopped by nvctk (a
+broken config or a missing driver is only logged); a GPU container whose plan
+cannot be made fails before runc starts, with one message naming the culprit,
+and its config.json is left byte for byte as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+
+from nvctk import oci
+from nvctk import runc_argv as ra
+from nvctk.config import Config
+from nvctk.config import load as load_config
+from nvctk.errors import ConfigError, NvctkError
+from nvctk.log import Logger, report_error
+from nvctk.plan import PLAN_FILE, Plan
+from nvctk.planner import make_plan
+from nvctk.request import request_from_spec
+
+HOOK_NAME = "nvctk-hook"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What prepare_bundle did: plan None = no GPU asked, the bundle was not touched."""
+
+    plan: Plan | None
+    docker_hooks_removed: int = 0
+
+
+def find_hook(config: Config, argv0: str | None = None) -> str:
+    """config hook-path, else nvctk-hook beside this executable, else on PATH."""
+    if config.hook_path:
+        if not os.path.isabs(config.hook_path):
+            raise ConfigError(f"{config.path or 'config'}: hook-path must be absolute")
+        return config.hook_path
+    exe = argv0 if argv0 is not None else sys.argv[0]
+    if exe:
+        beside = os.path.join(os.path.dirname(os.path.realpath(exe)), HOOK_NAME)
+        if os.access(beside, os.X_OK):
+            return beside
+    found = shutil.which(HOOK_NAME)
+    if found:
+        return os.path.abspath(found)
+    raise ConfigError(f"cannot find {HOOK_NAME} (set hook-path in the nvctk config)")
+
+
+def _nvctk_config_env() -> str | None:
+    value = os.environ.get("NVCTK_CONFIG")
+    # the hook runs with the bundle as its cwd: pass an absolute path on
+    return os.path.abspath(value) if value else None
+
+
+def prepare_bundle(
+    bundle: str,
+    config: Config | None,
+    config_error: NvctkError | None = None,
+    *,
+    argv0: str | None = None,
+    logger: Logger | None = None,
+) -> Prepared:
+    """Edit <bundle>/config.json for the container's GPU request (if any).
+
+    config None means nvctk's config could not be loaded (config_error says why):
+    a no-GPU container still goes ahead, a GPU container fails with that error.
+    """
+    spec = oci.load_spec(bundle)
+    request = request_from_spec(spec, config or Config())
+    if request is None:
+        if config_error is not None and logger is not None:
+            logger.warning(f"ignoring a broken nvctk config for a non-GPU container: {config_error}")
+        return Prepared(None)
+    if config is None:
+        raise config_error or ConfigError("nvctk config unavailable")
+    plan = make_plan(spec, config, bundle=bundle, request=request)
+    if plan is None:  # pragma: no cover - request was not None
+        return Prepared(None)
+    hook_path = find_hook(config, argv0)
+
+    removed = oci.remove_nvidia_hooks(spec)
+    oci.add_devices(spec, plan.devices)
+    oci.set_hook(spec, oci.hook_entry(hook_path, config.hook_timeout, _nvctk_config_env()))
+    oci.set_env(spec, plan.env)
+
+    # The plan goes first: a spec that names our hook must never be visible
+    # without the plan the hook reads.
+    plan_path = os.path.join(bundle, PLAN_FILE)
+    oci.atomic_write(plan_path, plan.to_json().encode(), 0o644)
+    try:
+        oci.save_spec(bundle, spec)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(plan_path)
+        raise
+    return Prepared(plan, removed)
+
+
+def _load_config_safely() -> tuple[Config | None, NvctkError | None]:
+    try:
+        return load_config(), None
+    except NvctkError as e:
+        return None, e
+
+
+def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
+    """`nvctk-runtime [global] create|run ...`: prepare the bundle, then exec the runtime."""
+    config, config_error = _load_config_safely()
+    logger = Logger(config.log_file, config.log_level, "nvctk-runtime") if config else \
+        Logger(Config().log_file, "warning", "nvctk-runtime")
+
+    def fail(msg: str) -> int:
+        report_error(msg, runc_log=args.log, runc_log_format=args.log_format, logger=logger)
+        return 1
+
+    runtimes = config.runtimes if config else ra.DEFAULT_RUNTIMES
+    runtime = ra.find_runtime(runtimes, exclude=ra.self_paths(argv0))
+    if runtime is None:
+        return fail(
+            f"no low-level runtime found (tried {', '.join(runtimes)}; nvctk-runtime itself "
+            "is skipped)"
+        )
+    bundle = args.bundle_dir()
+    try:
+        prepared = prepare_bundle(bundle, config, config_error, argv0=argv0, logger=logger)
+    except NvctkError as e:
+        return fail(str(e))
+    except OSError as e:
+        return fail(f"bundle {bundle}: {e.strerror or e}"
+                    + (f": {e.filename}" if e.filename else ""))
+    if prepared.plan is not None:
+        p = prepared.plan
+        logger.info(
+            f"{args.subcommand} {args.container_id}: GPUs {','.join(p.gpu_uuids) or 'none'}, "
+            f"capabilities {','.join(p.capabilities)}, {len(p.devices)} devices, "
+            f"{len(p.mounts)} mounts"
+            + (f", replaced {prepared.docker_hooks_removed} NVIDIA hook(s)"
+               if prepared.docker_hooks_removed else "")
+        )
+    try:
+        os.execv(runtime, [runtime, *args.argv])
+    except OSError as e:
+        return fail(f"cannot exec {runtime}: {e.strerror}")
+    return 1  # not reached

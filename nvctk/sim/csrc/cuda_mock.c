@@ -1,0 +1,2884 @@
+/* Mock CUDA driver (libcuda.so.<driver version>) for the simulated host.
+ *
+ * Installed by nvctk/sim/build.py with the topology compiled in (nvsim_topo,
+ * nvsim_state.h). It answers the driver API the way a real libcuda does for a
+ * process that sees the simulated GPUs, so the CUDA sample, the interposer
+ * (libvgpu) and anything else built against cuda.h run unchanged.
+ *
+ * Design decisions (and where the mock knowingly differs from a real driver):
+ *
+ * Devices. A GPU is visible when <dev dir>/nvidia<minor> exists (the same /dev
+ * rule as the NVML mock: nvsim_visible_gpus()). A visible GPU with MIG enabled
+ * shows its MIG devices (those nvsim_mig_visible() admits) instead of itself,
+ * as CUDA does; unlike CUDA 12 the mock enumerates all of them, not only the
+ * first. Devices are numbered from 0 in that order (a container's view).
+ * CUDA_VISIBLE_DEVICES then selects and reorders: entries are indexes into that
+ * list, GPU-/MIG- UUIDs or unambiguous UUID prefixes; the first invalid,
+ * ambiguous or repeated entry ends the list, as in CUDA. With no device left,
+ * cuInit fails with CUDA_ERROR_NO_DEVICE and every later call reports
+ * CUDA_ERROR_NOT_INITIALIZED (what CUDA_VISIBLE_DEVICES="" does to a real
+ * driver).
+ *
+ * Memory. Device memory is host memory: each allocation is its own
+ * mmap(MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE), so memcpy/memset and kernels
+ * really work and untouched pages cost nothing (an 80 GiB "GPU" fits anywhere);
+ * a CUdeviceptr is the host address. Every allocation charges the shared state
+ * (nvsim_mem_charge: one pool per GPU for all processes, on the host and in
+ * containers) with the size a real driver would consume, and every free credits
+ * exactly what was charged, from a per-process table (ptr -> size, gpu):
+ *   cuMemAlloc/Managed/Async/FromPoolAsync  the requested bytes
+ *   cuMemAllocPitch    pitch (width rounded up to 512) x height
+ *   arrays             width x height x depth x element size (x channels),
+ *                      mipmapped arrays the sum of their levels
+ *   cuMemCreate        its size, at create, for device locations only (host
+ *                      locations are not device memory); freed when released
+ *                      and unmapped, as the driver does
+ * Context creation (cuCtxCreate, first primary-context retain) charges a
+ * per-context reserve, 64 MiB or $NVSIM_CONTEXT_RESERVE_MIB, as a real context
+ * costs device memory; destroying it (or the last primary release) credits the
+ * reserve and frees everything allocated in it. Over capacity ->
+ * CUDA_ERROR_OUT_OF_MEMORY. MIG devices charge their parent GPU's pool (that is
+ * what NVML shows) and cap this process's use at the MIG device's memory; the
+ * state has no per-MIG counters, so two processes on one MIG device are not
+ * capped jointly. Memory pools release freed memory at once (release threshold
+ * 0), so pool allocations charge and credit exactly like cuMemAlloc. Memory a
+ * killed process held is credited back by the state's slot reclamation.
+ *
+ * Kernels. cuModuleLoad* accepts any image (no PTX/cubin is parsed).
+ * cuModuleGetFunction knows "vectorAdd" (also its C++ mangled name
+ * _Z9vectorAdd...; params float *A, float *B, float *C, int n; computes
+ * C = A + B for the launched threads, like the CUDA sample); names starting
+ * with "missing" give CUDA_ERROR_NOT_FOUND so tests can exercise that path;
+ * any other name is a kernel that only occupies the device. Launches are
+ * synchronous: the calling thread holds the simulated GPU (nvsim_run_kernel,
+ * serialised across all processes) for $NVSIM_KERNEL_US microseconds if set,
+ * else the topology's kernel_time_us, then does the computation; so streams,
+ * events and synchronisation are trivially ordered and errors surface at launch
+ * (and are not sticky). Graphs (cuGraphAddKernelNode or stream capture) hold
+ * kernel nodes only and run them in insertion order, which is a topological
+ * order because a node's dependencies must exist before it; copies, memsets
+ * and stream-ordered allocation on a capturing stream return
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED rather than being captured.
+ *
+ * Entry points. cuGetProcAddress(_v2) resolves base names with the caller's
+ * CUDA version through one table (name, first version, function), picking the
+ * newest entry not newer than the caller asked for, as the real driver does
+ * ("cuMemAlloc" at 12040 -> cuMemAlloc_v2, "cuCtxCreate" -> cuCtxCreate_v3).
+ * Pre-3.2 32-bit entry points are not implemented: asking for them gives
+ * CUDA_ERROR_NOT_FOUND (VERSION_NOT_SUFFICIENT). Per-thread-default-stream
+ * variants resolve to the same functions (launches are synchronous anyway).
+ *
+ * Threads. Handles are checked by a magic number. One mutex guards the
+ * allocation table, contexts and pools; it is never held while a kernel runs.
+ * The context stack is per thread, as in CUDA.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_types.h"
+#include "nvsim_state.h"
+
+#define CUAPI __attribute__((visibility("default")))
+
+#define MIB (1024ull * 1024ull)
+#define VMM_GRANULARITY (2 * MIB) /* what real GPUs report for cuMemCreate */
+#define PITCH_ALIGN 512
+#define DEFAULT_CONTEXT_RESERVE_MIB 64
+#define MAX_DEVICES (NVSIM_MAX_GPUS * 8)
+#define CTX_STACK_MAX 64
+
+enum {
+    MAGIC_CTX = 0x43545831,
+    MAGIC_MOD = 0x4d4f4431,
+    MAGIC_FUNC = 0x46554e31,
+    MAGIC_STREAM = 0x53545231,
+    MAGIC_EVENT = 0x45564e31,
+    MAGIC_POOL = 0x504f4f31,
+    MAGIC_VMM = 0x564d4d31,
+    MAGIC_GRAPH = 0x47525031,
+    MAGIC_NODE = 0x4e4f4431,
+    MAGIC_EXEC = 0x45584531,
+    MAGIC_ARRAY = 0x41525231,
+    MAGIC_DEAD = 0x44454144,
+};
+
+struct dev;
+
+struct ctx {
+    uint32_t magic;
+    int alive;
+    int primary;
+    unsigned flags;
+    struct dev *d;
+};
+
+struct pool {
+    uint32_t magic;
+    struct dev *d;
+    uint64_t used, used_high;
+    uint64_t release_threshold;
+    int reuse[3];
+};
+
+struct dev {
+    unsigned gpu;                         /* topology index: the shared state's GPU */
+    const struct nvsim_topo_gpu *t;
+    const struct nvsim_topo_mig *mig;     /* non-NULL: this device is a MIG device */
+    uint64_t total;                       /* bytes */
+    uint64_t local_used;                  /* this process's charges (MIG cap) */
+    struct ctx pctx;                      /* the primary context */
+    int pctx_refs;
+    unsigned pctx_flags;
+    struct pool default_pool;
+    struct pool *cur_pool;
+};
+
+enum kind { K_LINEAR, K_ARRAY, K_VMM_RESERVE, K_VMM_MAP };
+
+struct vmm {
+    uint32_t magic;
+    int fd;
+    size_t size;
+    uint64_t charged;
+    struct dev *d; /* NULL for host locations */
+    int released;
+    int maps;
+};
+
+/* One row per live allocation, reservation or mapping of this process. */
+struct alloc {
+    uintptr_t base;
+    size_t len;        /* bytes mapped at base (LINEAR, RESERVE, MAP) */
+    size_t size;       /* bytes the caller asked for */
+    uint64_t charged;  /* bytes charged to d */
+    struct dev *d;
+    struct ctx *ctx;   /* freed with it; NULL = not context-bound */
+    int kind;
+    struct pool *pool;
+    struct vmm *h;     /* K_VMM_MAP */
+    int access;        /* K_VMM_MAP: cuMemSetAccess done */
+};
+
+struct array {
+    uint32_t magic;
+};
+
+struct module {
+    uint32_t magic;
+    struct ctx *ctx;
+};
+
+enum kernel { KERNEL_BUSY, KERNEL_VECTORADD };
+
+struct func {
+    uint32_t magic;
+    int kernel;
+    struct module *m;
+    char name[128];
+};
+
+struct kargs {
+    CUdeviceptr a, b, c;
+    int n;
+};
+
+struct launch {
+    struct func *f;
+    unsigned grid[3], block[3], shmem;
+    struct kargs args;
+};
+
+struct gnode {
+    uint32_t magic;
+    struct launch l;
+};
+
+struct graph {
+    uint32_t magic;
+    size_t n, cap;
+    struct gnode **nodes;
+};
+
+struct exec {
+    uint32_t magic;
+    size_t n;
+    struct launch *l;
+};
+
+struct stream {
+    uint32_t magic;
+    struct ctx *ctx;
+    unsigned flags;
+    int priority;
+    struct graph *capture; /* non-NULL while capturing */
+};
+
+struct event {
+    uint32_t magic;
+    unsigned flags;
+    int recorded;
+    uint64_t t_ns;
+};
+
+static struct {
+    pthread_once_t once;
+    CUresult init_result;
+    int initialized;
+    struct nvsim_state *st;
+    int ndev;
+    struct dev devs[MAX_DEVICES];
+    uint64_t kernel_ns;
+    uint64_t ctx_reserve;
+    struct alloc *tab;
+    size_t ntab, captab;
+} g = {.once = PTHREAD_ONCE_INIT};
+
+static pthread_mutex_t lk = PTHREAD_MUTEX_INITIALIZER;
+
+static __thread struct ctx *tls_stack[CTX_STACK_MAX];
+static __thread int tls_depth;
+
+/* ------------------------------------------------------------------ */
+/* enumeration                                                         */
+
+static uint64_t env_u64(const char *name, uint64_t dflt)
+{
+    const char *v = getenv(name);
+    char *end;
+    if (!v || !*v)
+        return dflt;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end)
+        return dflt;
+    return x;
+}
+
+static int ci_prefix(const char *s, const char *prefix)
+{
+    return strncasecmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static const char *dev_uuid(const struct dev *d)
+{
+    return d->mig ? d->mig->uuid : d->t->uuid;
+}
+
+/* CUDA_VISIBLE_DEVICES entry -> position in all[], or -1. */
+static int cvd_lookup(const char *e, const struct dev *all, int n)
+{
+    if (ci_prefix(e, "GPU-") || ci_prefix(e, "MIG-")) {
+        int hit = -1;
+        size_t len = strlen(e);
+        for (int i = 0; i < n; i++) {
+            if (strncasecmp(dev_uuid(&all[i]), e, len) == 0) {
+                if (hit >= 0)
+                    return -1; /* ambiguous prefix */
+                hit = i;
+            }
+        }
+        return hit;
+    }
+    char *end;
+    errno = 0;
+    long v = strtol(e, &end, 10);
+    if (end == e || *end || errno || v < 0 || v >= n)
+        return -1;
+    return (int)v;
+}
+
+static void enumerate(void)
+{
+    static struct dev all[MAX_DEVICES];
+    unsigned idx[NVSIM_MAX_GPUS];
+    unsigned ng = nvsim_visible_gpus(idx, NVSIM_MAX_GPUS);
+    int n = 0;
+    for (unsigned i = 0; i < ng; i++) {
+        const struct nvsim_topo_gpu *t = &nvsim_topo.gpus[idx[i]];
+        if (t->nmig == 0) {
+            all[n++] = (struct dev){.gpu = idx[i], .t = t, .total = t->memory_mib * MIB};
+            continue;
+        }
+        for (unsigned m = 0; m < t->nmig && n < MAX_DEVICES; m++) {
+            if (nvsim_mig_visible(&t->migs[m]))
+                all[n++] = (struct dev){.gpu = idx[i], .t = t, .mig = &t->migs[m],
+                                        .total = t->migs[m].memory_mib * MIB};
+        }
+    }
+
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!cvd) {
+        memcpy(g.devs, all, sizeof(all[0]) * (size_t)n);
+        g.ndev = n;
+        return;
+    }
+    char *copy = strdup(cvd), *save = NULL;
+    int used[MAX_DEVICES] = {0};
+    g.ndev = 0;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*tok))
+            tok++;
+        char *e = tok + strlen(tok);
+        while (e > tok && isspace((unsigned char)e[-1]))
+            *--e = 0;
+        int k = cvd_lookup(tok, all, n);
+        if (k < 0 || used[k])
+            break;
+        used[k] = 1;
+        g.devs[g.ndev++] = all[k];
+    }
+    free(copy);
+}
+
+static void init_once(void)
+{
+    g.st = nvsim_state_open();
+    if (!g.st) {
+        g.init_result = CUDA_ERROR_OPERATING_SYSTEM;
+        return;
+    }
+    g.kernel_ns = env_u64("NVSIM_KERNEL_US", nvsim_topo.kernel_time_us) * 1000ull;
+    g.ctx_reserve = env_u64("NVSIM_CONTEXT_RESERVE_MIB", DEFAULT_CONTEXT_RESERVE_MIB) * MIB;
+    enumerate();
+    for (int i = 0; i < g.ndev; i++) {
+        struct dev *d = &g.devs[i];
+        d->pctx = (struct ctx){.magic = MAGIC_CTX, .primary = 1, .d = d};
+        d->default_pool = (struct pool){.magic = MAGIC_POOL, .d = d};
+        d->cur_pool = &d->default_pool;
+    }
+    if (g.ndev == 0) {
+        g.init_result = CUDA_ERROR_NO_DEVICE;
+        return;
+    }
+    g.init_result = CUDA_SUCCESS;
+    g.initialized = 1;
+}
+
+CUAPI CUresult cuInit(unsigned int Flags)
+{
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_once(&g.once, init_once);
+    return g.init_result;
+}
+
+#define NEED_INIT()                                                                                \
+    do {                                                                                           \
+        if (!g.initialized)                                                                        \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+    } while (0)
+
+static CUresult get_dev(CUdevice dev, struct dev **out)
+{
+    if (!g.initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0 || dev >= g.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *out = &g.devs[dev];
+    return CUDA_SUCCESS;
+}
+
+static CUdevice dev_ordinal(const struct dev *d)
+{
+    return (CUdevice)(d - g.devs);
+}
+
+/* ------------------------------------------------------------------ */
+/* errors and versions                                                 */
+
+static const struct {
+    CUresult r;
+    const char *name, *str;
+} errtab[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_ALREADY_MAPPED, "CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"},
+    {CUDA_ERROR_NOT_MAPPED, "CUDA_ERROR_NOT_MAPPED", "resource not mapped"},
+    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"},
+    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+CUAPI CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof(errtab) / sizeof(errtab[0]); i++) {
+        if (errtab[i].r == error) {
+            *pStr = errtab[i].str;
+            return CUDA_SUCCESS;
+        }
+    }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUAPI CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof(errtab) / sizeof(errtab[0]); i++) {
+        if (errtab[i].r == error) {
+            *pStr = errtab[i].name;
+            return CUDA_SUCCESS;
+        }
+    }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Works before cuInit, as in the real driver: the runtime asks first. */
+CUAPI CUresult cuDriverGetVersion(int *driverVersion)
+{
+    if (!driverVersion)
+        return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = nvsim_topo.cuda_version_int;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* devices                                                             */
+
+CUAPI CUresult cuDeviceGetCount(int *count)
+{
+    NEED_INIT();
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = g.ndev;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    struct dev *d;
+    CUresult r = get_dev(ordinal, &d);
+    if (r)
+        return r;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d->mig)
+        snprintf(name, (size_t)len, "%s MIG %s", d->t->name, d->mig->profile);
+    else
+        snprintf(name, (size_t)len, "%s", d->t->name);
+    return CUDA_SUCCESS;
+}
+
+/* "GPU-xxxxxxxx-xxxx-..." -> the 16 raw bytes. */
+static void parse_uuid(const char *s, CUuuid *out)
+{
+    memset(out, 0, sizeof(*out));
+    const char *p = strchr(s, '-');
+    p = p ? p + 1 : s;
+    int nib = 0;
+    for (; *p && nib < 32; p++) {
+        int v;
+        if (*p >= '0' && *p <= '9')
+            v = *p - '0';
+        else if (*p >= 'a' && *p <= 'f')
+            v = *p - 'a' + 10;
+        else if (*p >= 'A' && *p <= 'F')
+            v = *p - 'A' + 10;
+        else
+            continue;
+        out->bytes[nib / 2] = (char)(out->bytes[nib / 2] | (v << (nib % 2 ? 0 : 4)));
+        nib++;
+    }
+}
+
+/* v1 gives a MIG device's parent GPU; v2 (CUDA 11.4+) the MIG device itself. */
+CUAPI CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    parse_uuid(d->t->uuid, uuid);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    parse_uuid(dev_uuid(d), uuid);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    *bytes = d->total;
+    return CUDA_SUCCESS;
+}
+
+static int sm_count(const struct dev *d)
+{
+    int sms;
+    if (d->t->cc_major >= 9)
+        sms = 132;
+    else if (d->t->cc_major == 8 && d->t->cc_minor == 0)
+        sms = 108;
+    else if (d->t->cc_major == 8)
+        sms = 84;
+    else if (d->t->cc_major == 7)
+        sms = 80;
+    else
+        sms = 40;
+    if (d->mig)
+        sms = sms * (int)d->mig->slices / 7;
+    return sms > 0 ? sms : 1;
+}
+
+CUAPI CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
+    int hopper = d->t->cc_major >= 9;
+    int v;
+    switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: v = 64; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: v = 2147483647; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: v = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: v = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = 49152; break;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_PITCH: v = 2147483647; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: v = 65536; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = hopper ? 1980000 : 1410000; break; /* kHz */
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: v = 512; break;
+    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = sm_count(d); break;
+    case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = 0; break; /* default */
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = (int)d->t->pci_bus; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = (int)d->t->pci_device; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = (int)d->t->pci_domain; break;
+    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: v = hopper ? 2619000 : 1593000; break;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = hopper ? 52428800 : 41943040; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; break;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = hopper ? 3 : 2; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = d->t->cc_major; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = d->t->cc_minor; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = hopper ? 233472 : 167936; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = 65536; break;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: v = hopper ? 232448 : 166912; break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: v = 32; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; break;
+    default:
+        /* Attributes the mock has no opinion on are valid but unsupported (0),
+         * as a real driver reports features a device lacks; beyond the enum's
+         * end they are invalid. */
+        if ((int)attrib <= 0 || (int)attrib >= 140)
+            return CUDA_ERROR_INVALID_VALUE;
+        v = 0;
+    }
+    *pi = v;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!major || !minor)
+        return CUDA_ERROR_INVALID_VALUE;
+    *major = d->t->cc_major;
+    *minor = d->t->cc_minor;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA's form: 4-digit domain, upper-case hex (NVML's has 8 digits). */
+CUAPI CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!pciBusId || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(pciBusId, (size_t)len, "%04X:%02X:%02X.0", d->t->pci_domain, d->t->pci_bus,
+             d->t->pci_device);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
+{
+    NEED_INIT();
+    if (!dev || !pciBusId)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned dom = 0, bus, devno, fn = 0;
+    if (sscanf(pciBusId, "%x:%x:%x.%x", &dom, &bus, &devno, &fn) < 3) {
+        dom = 0;
+        if (sscanf(pciBusId, "%x:%x.%x", &bus, &devno, &fn) < 2)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (int i = 0; i < g.ndev; i++) {
+        const struct nvsim_topo_gpu *t = g.devs[i].t;
+        if (t->pci_domain == dom && t->pci_bus == bus && t->pci_device == devno) {
+            *dev = i;
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* ------------------------------------------------------------------ */
+/* charging                                                            */
+
+static CUresult charge(struct dev *d, uint64_t bytes)
+{
+    if (bytes == 0)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&lk);
+    if (d->mig && d->local_used + bytes > d->total) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    /* Memory of processes that died is only given back when someone reaps
+     * their slots; do that before calling the device full. */
+    if (nvsim_mem_charge(g.st, d->gpu, bytes) != 0 &&
+        (nvsim_reap(g.st), nvsim_mem_charge(g.st, d->gpu, bytes) != 0)) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    d->local_used += bytes;
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+/* Caller holds lk. */
+static void credit_locked(struct dev *d, uint64_t bytes)
+{
+    if (!d || bytes == 0)
+        return;
+    nvsim_mem_credit(g.st, d->gpu, bytes);
+    d->local_used = d->local_used >= bytes ? d->local_used - bytes : 0;
+}
+
+static void credit(struct dev *d, uint64_t bytes)
+{
+    pthread_mutex_lock(&lk);
+    credit_locked(d, bytes);
+    pthread_mutex_unlock(&lk);
+}
+
+/* ------------------------------------------------------------------ */
+/* the allocation table (callers hold lk)                              */
+
+static int tab_add(const struct alloc *a)
+{
+    if (g.ntab == g.captab) {
+        size_t cap = g.captab ? g.captab * 2 : 64;
+        struct alloc *t = realloc(g.tab, cap * sizeof(*t));
+        if (!t)
+            return -1;
+        g.tab = t;
+        g.captab = cap;
+    }
+    g.tab[g.ntab++] = *a;
+    return 0;
+}
+
+static void tab_del(size_t i)
+{
+    g.tab[i] = g.tab[--g.ntab];
+}
+
+static long tab_find(uintptr_t base, int kind)
+{
+    for (size_t i = 0; i < g.ntab; i++)
+        if (g.tab[i].base == base && g.tab[i].kind == kind)
+            return (long)i;
+    return -1;
+}
+
+/* The K_LINEAR / K_VMM_MAP row containing p, or -1. */
+static long tab_containing(uintptr_t p)
+{
+    for (size_t i = 0; i < g.ntab; i++) {
+        const struct alloc *a = &g.tab[i];
+        if ((a->kind == K_LINEAR || a->kind == K_VMM_MAP) && p >= a->base &&
+            p - a->base < a->len)
+            return (long)i;
+    }
+    return -1;
+}
+
+/* Is [p, p+n) device memory this process may touch? VMM ranges may span
+ * several adjacent mappings, each of which must have had cuMemSetAccess. */
+static int dev_range_ok(CUdeviceptr p, size_t n)
+{
+    uintptr_t cur = (uintptr_t)p, end = (uintptr_t)p + n;
+    if (n == 0)
+        return 1;
+    if (end < cur)
+        return 0;
+    pthread_mutex_lock(&lk);
+    int ok = 1;
+    while (cur < end) {
+        long i = tab_containing(cur);
+        if (i < 0 || (g.tab[i].kind == K_VMM_MAP && !g.tab[i].access)) {
+            ok = 0;
+            break;
+        }
+        if (g.tab[i].kind == K_LINEAR && end - g.tab[i].base > g.tab[i].size) {
+            ok = 0; /* past the end of what was allocated */
+            break;
+        }
+        cur = g.tab[i].base + g.tab[i].len;
+    }
+    pthread_mutex_unlock(&lk);
+    return ok;
+}
+
+static void vmm_destroy_locked(struct vmm *h)
+{
+    credit_locked(h->d, h->charged);
+    close(h->fd);
+    h->magic = MAGIC_DEAD;
+    free(h);
+}
+
+/* Releases row i's resources and removes it. */
+static void release_row_locked(size_t i)
+{
+    struct alloc *a = &g.tab[i];
+    switch (a->kind) {
+    case K_LINEAR:
+        munmap((void *)a->base, a->len);
+        if (a->pool && a->pool->used >= a->charged)
+            a->pool->used -= a->charged;
+        break;
+    case K_ARRAY:
+        ((struct array *)a->base)->magic = MAGIC_DEAD;
+        free((void *)a->base);
+        break;
+    case K_VMM_MAP:
+        /* back to a reservation, as cuMemUnmap leaves the range */
+        mmap((void *)a->base, a->len, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        if (--a->h->maps == 0 && a->h->released)
+            vmm_destroy_locked(a->h);
+        break;
+    case K_VMM_RESERVE:
+        munmap((void *)a->base, a->len);
+        break;
+    }
+    credit_locked(a->d, a->charged);
+    tab_del(i);
+}
+
+/* Everything a context owned goes with it, as in a real driver. */
+static void free_ctx_allocs_locked(struct ctx *c)
+{
+    for (size_t i = 0; i < g.ntab;) {
+        if (g.tab[i].ctx == c)
+            release_row_locked(i); /* moves the last row into i */
+        else
+            i++;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* contexts                                                            */
+
+static struct ctx *cur_ctx(void)
+{
+    return tls_depth ? tls_stack[tls_depth - 1] : NULL;
+}
+
+static CUresult need_ctx(struct ctx **out)
+{
+    if (!g.initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct ctx *c = cur_ctx();
+    if (!c || c->magic != MAGIC_CTX || !c->alive)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_open(struct dev *d)
+{
+    CUresult r = charge(d, g.ctx_reserve);
+    if (r)
+        return r;
+    /* registers this process on the GPU even with a zero reserve, so NVML
+     * lists it as soon as it has a context, as with a real GPU */
+    nvsim_proc_slot(g.st, d->gpu);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    if (d->pctx_refs == 0) {
+        pthread_mutex_unlock(&lk);
+        r = ctx_open(d);
+        if (r)
+            return r;
+        pthread_mutex_lock(&lk);
+        if (d->pctx_refs == 0) {
+            d->pctx.alive = 1;
+            d->pctx.flags = d->pctx_flags;
+        } else {
+            credit_locked(d, g.ctx_reserve); /* another thread won the race */
+        }
+    }
+    d->pctx_refs++;
+    pthread_mutex_unlock(&lk);
+    *pctx = (CUcontext)&d->pctx;
+    return CUDA_SUCCESS;
+}
+
+static void primary_destroy_locked(struct dev *d)
+{
+    free_ctx_allocs_locked(&d->pctx);
+    credit_locked(d, g.ctx_reserve);
+    d->pctx.alive = 0;
+    d->pctx_refs = 0;
+}
+
+CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    pthread_mutex_lock(&lk);
+    if (d->pctx_refs == 0) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (--d->pctx_refs == 0)
+        primary_destroy_locked(d);
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    pthread_mutex_lock(&lk);
+    if (d->pctx_refs > 0)
+        primary_destroy_locked(d);
+    d->pctx_flags = 0;
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (flags & ~(unsigned)CU_CTX_FLAGS_MASK)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    d->pctx_flags = flags;
+    d->pctx.flags = flags;
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    *flags = d->pctx_flags;
+    *active = d->pctx_refs > 0;
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+static CUresult push(struct ctx *c)
+{
+    if (tls_depth == CTX_STACK_MAX)
+        return CUDA_ERROR_UNKNOWN;
+    tls_stack[tls_depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!pctx || (flags & ~(unsigned)CU_CTX_FLAGS_MASK))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct ctx *c = calloc(1, sizeof(*c));
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = ctx_open(d);
+    if (r) {
+        free(c);
+        return r;
+    }
+    *c = (struct ctx){.magic = MAGIC_CTX, .alive = 1, .flags = flags, .d = d};
+    r = push(c);
+    if (r) {
+        credit(d, g.ctx_reserve);
+        free(c);
+        return r;
+    }
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                              unsigned int flags, CUdevice dev)
+{
+    /* SM-count affinity is accepted and ignored: the simulated GPU runs one
+     * kernel at a time whatever its share. */
+    if (numParams < 0 || (numParams > 0 && !paramsArray))
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+CUAPI CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    NEED_INIT();
+    struct ctx *c = (struct ctx *)ctx;
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (c->magic != MAGIC_CTX || !c->alive || c->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&lk);
+    free_ctx_allocs_locked(c);
+    credit_locked(c->d, g.ctx_reserve);
+    c->alive = 0;
+    /* the handle stays allocated (marked dead) so stale uses fail cleanly */
+    c->magic = MAGIC_DEAD;
+    pthread_mutex_unlock(&lk);
+    int k = 0;
+    for (int i = 0; i < tls_depth; i++)
+        if (tls_stack[i] != c)
+            tls_stack[k++] = tls_stack[i];
+    tls_depth = k;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    NEED_INIT();
+    struct ctx *c = (struct ctx *)ctx;
+    if (!c) {
+        if (tls_depth)
+            tls_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (c->magic != MAGIC_CTX)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (tls_depth)
+        tls_stack[tls_depth - 1] = c;
+    else
+        tls_stack[tls_depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    NEED_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)cur_ctx();
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    NEED_INIT();
+    struct ctx *c = (struct ctx *)ctx;
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (c->magic != MAGIC_CTX)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return push(c);
+}
+
+CUAPI CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    NEED_INIT();
+    if (!tls_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct ctx *c = tls_stack[--tls_depth];
+    if (pctx)
+        *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxGetDevice(CUdevice *device)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    *device = dev_ordinal(c->d);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxGetFlags(unsigned int *flags)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = c->flags;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    NEED_INIT();
+    struct ctx *c = ctx ? (struct ctx *)ctx : cur_ctx();
+    if (!version)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!c || c->magic != MAGIC_CTX || !c->alive)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *version = 3020;
+    return CUDA_SUCCESS;
+}
+
+/* Work completes at launch, so there is never anything to wait for. */
+CUAPI CUresult cuCtxSynchronize(void)
+{
+    struct ctx *c;
+    return need_ctx(&c);
+}
+
+/* ------------------------------------------------------------------ */
+/* linear memory                                                       */
+
+static size_t page_round(size_t n)
+{
+    size_t pg = 4096;
+    return (n + pg - 1) & ~(pg - 1);
+}
+
+/* Maps and charges `charged` bytes on d for a `size`-byte allocation. */
+static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, struct dev *d,
+                             struct ctx *c, struct pool *pool)
+{
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t len = page_round(size);
+    if (len < size)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = charge(d, charged);
+    if (r)
+        return r;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+        credit(d, charged);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct alloc a = {.base = (uintptr_t)p, .len = len, .size = size, .charged = charged,
+                      .d = d, .ctx = c, .kind = K_LINEAR, .pool = pool};
+    pthread_mutex_lock(&lk);
+    int bad = tab_add(&a);
+    if (!bad && pool) {
+        pool->used += charged;
+        if (pool->used > pool->used_high)
+            pool->used_high = pool->used;
+    }
+    pthread_mutex_unlock(&lk);
+    if (bad) {
+        munmap(p, len);
+        credit(d, charged);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *dptr = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    return linear_alloc(dptr, bytesize, bytesize, c->d, c, NULL);
+}
+
+CUAPI CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                                  size_t Height, unsigned int ElementSizeBytes)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (!pPitch || WidthInBytes == 0 || Height == 0 ||
+        (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = (WidthInBytes + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    if (pitch < WidthInBytes || Height > SIZE_MAX / pitch)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t bytes = pitch * Height;
+    r = linear_alloc(dptr, bytes, bytes, c->d, c, NULL);
+    if (r == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return r;
+}
+
+CUAPI CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* Managed memory migrates to the device on use; the simulated device holds
+     * it from the start, so the cap sees it whichever side touches it. */
+    return linear_alloc(dptr, bytesize, bytesize, c->d, c, NULL);
+}
+
+static CUresult linear_free(CUdeviceptr dptr)
+{
+    if (dptr == 0)
+        return CUDA_SUCCESS; /* cuMemFree(0) is a no-op in the real driver */
+    pthread_mutex_lock(&lk);
+    long i = tab_find((uintptr_t)dptr, K_LINEAR);
+    if (i < 0) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    release_row_locked((size_t)i);
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    return linear_free(dptr);
+}
+
+CUAPI CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    pthread_mutex_lock(&lk);
+    long i = tab_containing((uintptr_t)dptr);
+    if (i < 0 || (uintptr_t)dptr - g.tab[i].base >= g.tab[i].size) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    if (pbase)
+        *pbase = (CUdeviceptr)g.tab[i].base;
+    if (psize)
+        *psize = g.tab[i].size;
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (!free_ || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct dev *d = c->d;
+    uint64_t used;
+    if (d->mig) {
+        pthread_mutex_lock(&lk);
+        used = d->local_used;
+        pthread_mutex_unlock(&lk);
+    } else {
+        nvsim_reap(g.st); /* dead processes' memory is free memory */
+        used = __atomic_load_n(&g.st->gpus[d->gpu].mem_used, __ATOMIC_RELAXED);
+    }
+    *total = d->total;
+    *free_ = used >= d->total ? 0 : d->total - used;
+    return CUDA_SUCCESS;
+}
+
+/* Pinned host memory is not device memory: nothing to charge. */
+CUAPI CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    (void)Flags;
+    if (!pp || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, bytesize))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    return cuMemHostAlloc(pp, bytesize, 0);
+}
+
+CUAPI CUresult cuMemFreeHost(void *p)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* streams (declared early: allocation and copies take one)            */
+
+/* The context a stream's work runs in: its creator's, or for the default
+ * streams the current one. */
+static CUresult stream_ctx(CUstream s, struct ctx **c, struct stream **sp)
+{
+    CUresult r = need_ctx(c);
+    if (r)
+        return r;
+    *sp = NULL;
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        return CUDA_SUCCESS;
+    struct stream *st = (struct stream *)s;
+    if (st->magic != MAGIC_STREAM)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!st->ctx->alive)
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    *c = st->ctx;
+    *sp = st;
+    return CUDA_SUCCESS;
+}
+
+/* Work that the mock cannot record into a graph refuses to run on a
+ * capturing stream instead of silently running outside the capture. */
+static CUresult stream_uncapturable(CUstream s, struct ctx **c)
+{
+    struct stream *sp;
+    CUresult r = stream_ctx(s, c, &sp);
+    if (r)
+        return r;
+    if (sp && sp->capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (!phStream || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct stream *s = calloc(1, sizeof(*s));
+    if (!s)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *s = (struct stream){.magic = MAGIC_STREAM, .ctx = c, .flags = flags, .priority = priority};
+    *phStream = (CUstream)s;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+    return cuStreamCreateWithPriority(phStream, Flags, 0);
+}
+
+static void graph_free(struct graph *gr);
+
+CUAPI CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    NEED_INIT();
+    struct stream *s = (struct stream *)hStream;
+    if (!s || s == (struct stream *)CU_STREAM_LEGACY || s == (struct stream *)CU_STREAM_PER_THREAD ||
+        s->magic != MAGIC_STREAM)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (s->capture)
+        graph_free(s->capture);
+    s->magic = MAGIC_DEAD;
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuStreamSynchronize(CUstream hStream)
+{
+    struct ctx *c;
+    return stream_uncapturable(hStream, &c);
+}
+
+CUAPI CUresult cuStreamQuery(CUstream hStream)
+{
+    struct ctx *c;
+    return stream_uncapturable(hStream, &c);
+}
+
+CUAPI CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    struct ctx *c;
+    struct stream *sp;
+    CUresult r = stream_ctx(hStream, &c, &sp);
+    if (r)
+        return r;
+    (void)Flags;
+    struct event *e = (struct event *)hEvent;
+    if (!e || e->magic != MAGIC_EVENT)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* stream-ordered allocation and pools                                 */
+
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytesize, struct pool *p, CUstream hStream)
+{
+    struct ctx *c;
+    CUresult r = stream_uncapturable(hStream, &c);
+    if (r)
+        return r;
+    if (!p || p->magic != MAGIC_POOL)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* the allocation belongs to the pool's device, whichever context asked */
+    return linear_alloc(dptr, bytesize, bytesize, p->d, c, p);
+}
+
+CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    struct ctx *c;
+    struct stream *sp;
+    CUresult r = stream_ctx(hStream, &c, &sp);
+    if (r)
+        return r;
+    return pool_alloc(dptr, bytesize, c->d->cur_pool, hStream);
+}
+
+CUAPI CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                       CUstream hStream)
+{
+    return pool_alloc(dptr, bytesize, (struct pool *)pool, hStream);
+}
+
+CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    struct ctx *c;
+    CUresult r = stream_uncapturable(hStream, &c);
+    if (r)
+        return r;
+    if (dptr == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return linear_free(dptr);
+}
+
+CUAPI CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    NEED_INIT();
+    if (!pool || !poolProps || poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct dev *d;
+    if (get_dev(poolProps->location.id, &d))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct pool *p = calloc(1, sizeof(*p));
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *p = (struct pool){.magic = MAGIC_POOL, .d = d};
+    *pool = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    NEED_INIT();
+    struct pool *p = (struct pool *)pool;
+    if (!p || p->magic != MAGIC_POOL || p == &p->d->default_pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    /* outstanding allocations stay valid until freed; they just forget the pool */
+    for (size_t i = 0; i < g.ntab; i++)
+        if (g.tab[i].pool == p)
+            g.tab[i].pool = NULL;
+    if (p->d->cur_pool == p)
+        p->d->cur_pool = &p->d->default_pool;
+    p->magic = MAGIC_DEAD;
+    pthread_mutex_unlock(&lk);
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+/* Freed memory goes back at once (release threshold 0), so there is never
+ * anything to trim. */
+CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    NEED_INIT();
+    (void)minBytesToKeep;
+    struct pool *p = (struct pool *)pool;
+    if (!p || p->magic != MAGIC_POOL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    NEED_INIT();
+    struct pool *p = (struct pool *)pool;
+    if (!p || p->magic != MAGIC_POOL || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    CUresult r = CUDA_SUCCESS;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        p->reuse[attr - 1] = *(int *)value;
+        break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        p->release_threshold = *(cuuint64_t *)value;
+        break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        if (*(cuuint64_t *)value != 0)
+            r = CUDA_ERROR_INVALID_VALUE; /* only resettable to zero */
+        else
+            p->used_high = p->used;
+        break;
+    default:
+        r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&lk);
+    return r;
+}
+
+CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    NEED_INIT();
+    struct pool *p = (struct pool *)pool;
+    if (!p || p->magic != MAGIC_POOL || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    CUresult r = CUDA_SUCCESS;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        *(int *)value = p->reuse[attr - 1];
+        break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        *(cuuint64_t *)value = p->release_threshold;
+        break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: /* nothing is kept beyond what is used */
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        *(cuuint64_t *)value = p->used;
+        break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        *(cuuint64_t *)value = p->used_high;
+        break;
+    default:
+        r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&lk);
+    return r;
+}
+
+CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!pool_out)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool_out = (CUmemoryPool)&d->default_pool;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    *pool = (CUmemoryPool)d->cur_pool;
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    struct dev *d;
+    CUresult r = get_dev(dev, &d);
+    if (r)
+        return r;
+    struct pool *p = (struct pool *)pool;
+    if (!p || p->magic != MAGIC_POOL || p->d != d)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    d->cur_pool = p;
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* arrays                                                              */
+
+/* Bytes per element of one channel-set, and how many channels the format
+ * itself implies (0: take NumChannels). */
+static int format_bytes(CUarray_format f, unsigned *bytes, unsigned *fixed_channels)
+{
+    *fixed_channels = 0;
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: *bytes = 1; return 0;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: *bytes = 2; return 0;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: *bytes = 4; return 0;
+    case CU_AD_FORMAT_UNORM_INT8X1:
+    case CU_AD_FORMAT_SNORM_INT8X1: *bytes = 1; *fixed_channels = 1; return 0;
+    case CU_AD_FORMAT_UNORM_INT8X2:
+    case CU_AD_FORMAT_SNORM_INT8X2: *bytes = 1; *fixed_channels = 2; return 0;
+    case CU_AD_FORMAT_UNORM_INT8X4:
+    case CU_AD_FORMAT_SNORM_INT8X4: *bytes = 1; *fixed_channels = 4; return 0;
+    case CU_AD_FORMAT_UNORM_INT16X1:
+    case CU_AD_FORMAT_SNORM_INT16X1: *bytes = 2; *fixed_channels = 1; return 0;
+    case CU_AD_FORMAT_UNORM_INT16X2:
+    case CU_AD_FORMAT_SNORM_INT16X2: *bytes = 2; *fixed_channels = 2; return 0;
+    case CU_AD_FORMAT_UNORM_INT16X4:
+    case CU_AD_FORMAT_SNORM_INT16X4: *bytes = 2; *fixed_channels = 4; return 0;
+    default: return -1;
+    }
+}
+
+static int mul_ok(uint64_t *acc, uint64_t x)
+{
+    if (x && *acc > UINT64_MAX / x)
+        return 0;
+    *acc *= x;
+    return 1;
+}
+
+/* Size of one array (level), or 0 when the description is invalid. NV12 is
+ * a luma plane plus a half-height interleaved chroma plane. */
+static uint64_t array_bytes(size_t w, size_t h, size_t depth, CUarray_format f, unsigned ch)
+{
+    if (w == 0)
+        return 0;
+    if (f == CU_AD_FORMAT_NV12) {
+        if (h == 0 || depth > 1)
+            return 0;
+        uint64_t b = w;
+        if (!mul_ok(&b, h))
+            return 0;
+        return b + b / 2;
+    }
+    unsigned es, fixed;
+    if (format_bytes(f, &es, &fixed))
+        return 0;
+    if (fixed)
+        ch = fixed;
+    else if (ch != 1 && ch != 2 && ch != 4)
+        return 0;
+    uint64_t b = w;
+    if (!mul_ok(&b, h ? h : 1) || !mul_ok(&b, depth ? depth : 1) || !mul_ok(&b, (uint64_t)es * ch))
+        return 0;
+    return b;
+}
+
+static CUresult array_create(void **out, uint64_t bytes)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct array *a = malloc(sizeof(*a));
+    if (!a)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    a->magic = MAGIC_ARRAY;
+    r = charge(c->d, bytes);
+    if (r) {
+        free(a);
+        return r;
+    }
+    struct alloc row = {.base = (uintptr_t)a, .len = 1, .size = bytes, .charged = bytes,
+                        .d = c->d, .ctx = c, .kind = K_ARRAY};
+    pthread_mutex_lock(&lk);
+    int bad = tab_add(&row);
+    pthread_mutex_unlock(&lk);
+    if (bad) {
+        credit(c->d, bytes);
+        free(a);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+static CUresult array_destroy(void *h)
+{
+    NEED_INIT();
+    if (!h)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&lk);
+    long i = tab_find((uintptr_t)h, K_ARRAY);
+    if (i < 0) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    release_row_locked((size_t)i);
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t bytes = array_bytes(d->Width, d->Height, 0, d->Format, d->NumChannels);
+    return array_create((void **)pHandle, bytes);
+}
+
+CUAPI CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((d->Flags & CUDA_ARRAY3D_CUBEMAP) &&
+        (d->Depth == 0 || d->Depth % 6 || (!(d->Flags & CUDA_ARRAY3D_LAYERED) && d->Depth != 6)))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t bytes = array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
+    return array_create((void **)pHandle, bytes);
+}
+
+CUAPI CUresult cuArrayDestroy(CUarray hArray)
+{
+    return array_destroy(hArray);
+}
+
+/* Level l halves each spatial extent (at least 1); layers and cube faces are
+ * not spatial and stay. A 1D or 2D array keeps its absent extents absent. */
+CUAPI CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                      unsigned int numMipmapLevels)
+{
+    if (!d || numMipmapLevels == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int layered = (d->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+    size_t maxext = d->Width;
+    if (d->Height > maxext)
+        maxext = d->Height;
+    if (!layered && d->Depth > maxext)
+        maxext = d->Depth;
+    unsigned maxlevels = 0;
+    for (size_t e = maxext; e; e >>= 1)
+        maxlevels++;
+    if (numMipmapLevels > maxlevels)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t total = 0;
+    for (unsigned l = 0; l < numMipmapLevels; l++) {
+        size_t w = d->Width >> l ? d->Width >> l : 1;
+        size_t h = d->Height ? (d->Height >> l ? d->Height >> l : 1) : 0;
+        size_t dep = d->Depth;
+        if (d->Depth && !layered)
+            dep = d->Depth >> l ? d->Depth >> l : 1;
+        uint64_t b = array_bytes(w, h, dep, d->Format, d->NumChannels);
+        if (b == 0 || total + b < total)
+            return CUDA_ERROR_INVALID_VALUE;
+        total += b;
+    }
+    return array_create((void **)pHandle, total);
+}
+
+CUAPI CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    return array_destroy(hMipmappedArray);
+}
+
+/* ------------------------------------------------------------------ */
+/* virtual memory management                                           */
+
+static struct vmm *vmm_get(CUmemGenericAllocationHandle h)
+{
+    struct vmm *v = (struct vmm *)(uintptr_t)h;
+    return v && v->magic == MAGIC_VMM ? v : NULL;
+}
+
+CUAPI CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                             CUmemAllocationGranularity_flags option)
+{
+    NEED_INIT();
+    (void)option;
+    if (!granularity || !prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                           const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    NEED_INIT();
+    if (!handle || !prop || flags || size == 0 || size % VMM_GRANULARITY ||
+        prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct dev *d = NULL;
+    switch (prop->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        if (get_dev(prop->location.id, &d))
+            return CUDA_ERROR_INVALID_DEVICE;
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        break; /* host memory: not charged */
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct vmm *v = calloc(1, sizeof(*v));
+    if (!v)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    /* a memfd lets one handle back any number of mappings, at any offset */
+    v->fd = memfd_create("nvsim-vmm", MFD_CLOEXEC);
+    if (v->fd < 0 || ftruncate(v->fd, (off_t)size) != 0) {
+        if (v->fd >= 0)
+            close(v->fd);
+        free(v);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (d) {
+        CUresult r = charge(d, size);
+        if (r) {
+            close(v->fd);
+            free(v);
+            return r;
+        }
+        v->charged = size;
+    }
+    v->magic = MAGIC_VMM;
+    v->size = size;
+    v->d = d;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&lk);
+    struct vmm *v = vmm_get(handle);
+    if (!v || v->released) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    v->released = 1;
+    if (v->maps == 0)
+        vmm_destroy_locked(v);
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                   CUdeviceptr addr, unsigned long long flags)
+{
+    NEED_INIT();
+    (void)flags;
+    if (!ptr || size == 0 || size % VMM_GRANULARITY ||
+        (alignment && (alignment & (alignment - 1))))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t align = alignment > VMM_GRANULARITY ? alignment : VMM_GRANULARITY;
+    /* over-reserve, then trim to an aligned window */
+    size_t span = size + align;
+    char *p = mmap((void *)(uintptr_t)addr, span, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t start = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+    if (start > (uintptr_t)p)
+        munmap(p, start - (uintptr_t)p);
+    uintptr_t end = start + size, pend = (uintptr_t)p + span;
+    if (pend > end)
+        munmap((void *)end, pend - end);
+    struct alloc a = {.base = start, .len = size, .size = size, .kind = K_VMM_RESERVE};
+    pthread_mutex_lock(&lk);
+    int bad = tab_add(&a);
+    pthread_mutex_unlock(&lk);
+    if (bad) {
+        munmap((void *)start, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *ptr = (CUdeviceptr)start;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&lk);
+    long i = tab_find((uintptr_t)ptr, K_VMM_RESERVE);
+    if (i < 0 || g.tab[i].len != size) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    /* mappings left inside go too (the real driver requires unmapping first,
+     * but leaving them would leak the handles' charges) */
+    uintptr_t lo = (uintptr_t)ptr, hi = lo + size;
+    for (size_t k = 0; k < g.ntab;) {
+        if (g.tab[k].kind == K_VMM_MAP && g.tab[k].base >= lo && g.tab[k].base < hi)
+            release_row_locked(k);
+        else
+            k++;
+    }
+    i = tab_find((uintptr_t)ptr, K_VMM_RESERVE);
+    release_row_locked((size_t)i);
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+/* Caller holds lk: is [lo, hi) inside one reservation and free of mappings? */
+static CUresult map_range_check(uintptr_t lo, uintptr_t hi)
+{
+    int inside = 0;
+    for (size_t i = 0; i < g.ntab; i++) {
+        const struct alloc *a = &g.tab[i];
+        if (a->kind == K_VMM_RESERVE && lo >= a->base && hi <= a->base + a->len)
+            inside = 1;
+        if (a->kind == K_VMM_MAP && lo < a->base + a->len && a->base < hi)
+            return CUDA_ERROR_ALREADY_MAPPED;
+    }
+    return inside ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUAPI CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                        CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    NEED_INIT();
+    if (flags || size == 0 || size % VMM_GRANULARITY || offset % VMM_GRANULARITY ||
+        ptr % VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    struct vmm *v = vmm_get(handle);
+    CUresult r = CUDA_SUCCESS;
+    if (!v || v->released || offset > v->size || size > v->size - offset)
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (!r)
+        r = map_range_check((uintptr_t)ptr, (uintptr_t)ptr + size);
+    if (r) {
+        pthread_mutex_unlock(&lk);
+        return r;
+    }
+    /* mapped but inaccessible until cuMemSetAccess, as on a real GPU */
+    void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, v->fd,
+                   (off_t)offset);
+    if (p == MAP_FAILED) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct alloc a = {.base = (uintptr_t)ptr, .len = size, .size = size, .kind = K_VMM_MAP, .h = v};
+    if (tab_add(&a)) {
+        mmap(p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    v->maps++;
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    NEED_INIT();
+    uintptr_t lo = (uintptr_t)ptr, hi = lo + size;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    /* the range must cover whole mappings */
+    for (size_t i = 0; i < g.ntab; i++) {
+        const struct alloc *a = &g.tab[i];
+        if (a->kind == K_VMM_MAP && a->base < hi && lo < a->base + a->len &&
+            (a->base < lo || a->base + a->len > hi)) {
+            pthread_mutex_unlock(&lk);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    for (size_t i = 0; i < g.ntab;) {
+        if (g.tab[i].kind == K_VMM_MAP && g.tab[i].base >= lo && g.tab[i].base < hi)
+            release_row_locked(i);
+        else
+            i++;
+    }
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                              size_t count)
+{
+    NEED_INIT();
+    if (!desc || count == 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int prot = PROT_NONE;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            continue;
+        struct dev *d;
+        if (get_dev(desc[i].location.id, &d))
+            return CUDA_ERROR_INVALID_DEVICE;
+        if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            prot = PROT_READ | PROT_WRITE;
+        else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE)
+            prot = PROT_READ;
+    }
+    uintptr_t lo = (uintptr_t)ptr, hi = lo + size;
+    pthread_mutex_lock(&lk);
+    /* every byte of the range must be mapped */
+    uintptr_t cur = lo;
+    while (cur < hi) {
+        long i = tab_containing(cur);
+        if (i < 0 || g.tab[i].kind != K_VMM_MAP) {
+            pthread_mutex_unlock(&lk);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        cur = g.tab[i].base + g.tab[i].len;
+    }
+    if (mprotect((void *)lo, size, prot) != 0) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (size_t i = 0; i < g.ntab; i++)
+        if (g.tab[i].kind == K_VMM_MAP && g.tab[i].base >= lo && g.tab[i].base < hi)
+            g.tab[i].access = prot != PROT_NONE;
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* copies and sets                                                     */
+
+static CUresult copy(void *dst, const void *src, size_t n)
+{
+    if (n)
+        memmove(dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if ((!srcHost && ByteCount) || !dev_range_ok(dstDevice, ByteCount))
+        return CUDA_ERROR_INVALID_VALUE;
+    return copy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+}
+
+CUAPI CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if ((!dstHost && ByteCount) || !dev_range_ok(srcDevice, ByteCount))
+        return CUDA_ERROR_INVALID_VALUE;
+    return copy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+}
+
+CUAPI CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (!dev_range_ok(dstDevice, ByteCount) || !dev_range_ok(srcDevice, ByteCount))
+        return CUDA_ERROR_INVALID_VALUE;
+    return copy((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
+}
+
+/* Unified addressing: either side may be host memory, which the mock cannot
+ * check; device-side ranges it knows are checked. */
+static int uva_ok(CUdeviceptr p, size_t n)
+{
+    pthread_mutex_lock(&lk);
+    long i = tab_containing((uintptr_t)p);
+    pthread_mutex_unlock(&lk);
+    return p != 0 && (i < 0 || dev_range_ok(p, n));
+}
+
+CUAPI CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (ByteCount && (!uva_ok(dst, ByteCount) || !uva_ok(src, ByteCount)))
+        return CUDA_ERROR_INVALID_VALUE;
+    return copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, ByteCount);
+}
+
+CUAPI CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
+{
+    struct ctx *c;
+    CUresult r = stream_uncapturable(hStream, &c);
+    return r ? r : cuMemcpy(dst, src, ByteCount);
+}
+
+CUAPI CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                    CUstream hStream)
+{
+    struct ctx *c;
+    CUresult r = stream_uncapturable(hStream, &c);
+    return r ? r : cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount);
+}
+
+CUAPI CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                    CUstream hStream)
+{
+    struct ctx *c;
+    CUresult r = stream_uncapturable(hStream, &c);
+    return r ? r : cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount);
+}
+
+CUAPI CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                    size_t ByteCount, CUstream hStream)
+{
+    struct ctx *c;
+    CUresult r = stream_uncapturable(hStream, &c);
+    return r ? r : cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount);
+}
+
+static CUresult memset_n(CUdeviceptr dst, const void *val, unsigned es, size_t n)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (dst % es || n > SIZE_MAX / es || !dev_range_ok(dst, n * es))
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *p = (unsigned char *)(uintptr_t)dst;
+    if (es == 1) {
+        memset(p, *(const unsigned char *)val, n);
+        return CUDA_SUCCESS;
+    }
+    for (size_t i = 0; i < n; i++)
+        memcpy(p + i * es, val, es);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    return memset_n(dstDevice, &uc, 1, N);
+}
+
+CUAPI CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
+{
+    return memset_n(dstDevice, &us, 2, N);
+}
+
+CUAPI CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
+{
+    return memset_n(dstDevice, &ui, 4, N);
+}
+
+CUAPI CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+    struct ctx *c;
+    CUresult r = stream_uncapturable(hStream, &c);
+    return r ? r : memset_n(dstDevice, &uc, 1, N);
+}
+
+CUAPI CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
+                                CUstream hStream)
+{
+    struct ctx *c;
+    CUresult r = stream_uncapturable(hStream, &c);
+    return r ? r : memset_n(dstDevice, &us, 2, N);
+}
+
+CUAPI CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
+{
+    struct ctx *c;
+    CUresult r = stream_uncapturable(hStream, &c);
+    return r ? r : memset_n(dstDevice, &ui, 4, N);
+}
+
+/* ------------------------------------------------------------------ */
+/* modules and functions                                               */
+
+static CUresult module_new(CUmodule *module)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    struct module *m = calloc(1, sizeof(*m));
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *m = (struct module){.magic = MAGIC_MOD, .ctx = c};
+    *module = (CUmodule)m;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    if (!module || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    return module_new(module);
+}
+
+CUAPI CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                  int *options, void **optionValues)
+{
+    (void)numOptions, (void)options, (void)optionValues;
+    return cuModuleLoadData(module, image);
+}
+
+CUAPI CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+{
+    return cuModuleLoadData(module, fatCubin);
+}
+
+CUAPI CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    NEED_INIT();
+    if (!module || !fname)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (access(fname, R_OK) != 0)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    return module_new(module);
+}
+
+/* Functions stay valid until the process ends: a real driver frees them with
+ * their module, but handing out dangling handles buys nothing here. */
+CUAPI CUresult cuModuleUnload(CUmodule hmod)
+{
+    NEED_INIT();
+    struct module *m = (struct module *)hmod;
+    if (!m || m->magic != MAGIC_MOD)
+        return CUDA_ERROR_INVALID_HANDLE;
+    m->magic = MAGIC_DEAD;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    NEED_INIT();
+    struct module *m = (struct module *)hmod;
+    if (!hfunc || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!m || m->magic != MAGIC_MOD)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (strncmp(name, "missing", 7) == 0)
+        return CUDA_ERROR_NOT_FOUND;
+    struct func *f = calloc(1, sizeof(*f));
+    if (!f)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    f->magic = MAGIC_FUNC;
+    f->m = m;
+    f->kernel = strcmp(name, "vectorAdd") == 0 || strncmp(name, "_Z9vectorAdd", 12) == 0
+                    ? KERNEL_VECTORADD
+                    : KERNEL_BUSY;
+    snprintf(f->name, sizeof(f->name), "%s", name);
+    *hfunc = (CUfunction)f;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* launches                                                            */
+
+/* vectorAdd's parameters, from kernelParams or a packed `extra` buffer
+ * (3 pointers then an int, at their natural alignment). */
+static CUresult decode_args(const struct func *f, void **params, void **extra, struct kargs *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (f->kernel != KERNEL_VECTORADD)
+        return CUDA_SUCCESS;
+    if (params) {
+        if (!params[0] || !params[1] || !params[2] || !params[3])
+            return CUDA_ERROR_INVALID_VALUE;
+        memcpy(&out->a, params[0], sizeof(CUdeviceptr));
+        memcpy(&out->b, params[1], sizeof(CUdeviceptr));
+        memcpy(&out->c, params[2], sizeof(CUdeviceptr));
+        memcpy(&out->n, params[3], sizeof(int));
+        return CUDA_SUCCESS;
+    }
+    const char *buf = NULL;
+    size_t size = 0;
+    for (size_t i = 0; extra && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+            buf = extra[i + 1];
+        else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+            size = *(size_t *)extra[i + 1];
+        else
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!buf || size < 3 * sizeof(CUdeviceptr) + sizeof(int))
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(&out->a, buf, sizeof(CUdeviceptr));
+    memcpy(&out->b, buf + 8, sizeof(CUdeviceptr));
+    memcpy(&out->c, buf + 16, sizeof(CUdeviceptr));
+    memcpy(&out->n, buf + 24, sizeof(int));
+    return CUDA_SUCCESS;
+}
+
+static CUresult check_dims(const struct launch *l)
+{
+    if (!l->f || l->f->magic != MAGIC_FUNC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    for (int i = 0; i < 3; i++)
+        if (l->grid[i] == 0 || l->block[i] == 0)
+            return CUDA_ERROR_INVALID_VALUE;
+    if (l->grid[1] > 65535 || l->grid[2] > 65535 || l->block[0] > 1024 || l->block[1] > 1024 ||
+        l->block[2] > 64 || (uint64_t)l->block[0] * l->block[1] * l->block[2] > 1024 ||
+        l->shmem > 49152)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+/* Occupies the shared device for the kernel time, then does the work. */
+static CUresult run(struct ctx *c, const struct launch *l)
+{
+    if (l->f->kernel == KERNEL_VECTORADD) {
+        const struct kargs *a = &l->args;
+        size_t bytes = a->n > 0 ? (size_t)a->n * sizeof(float) : 0;
+        if (!dev_range_ok(a->a, bytes) || !dev_range_ok(a->b, bytes) || !dev_range_ok(a->c, bytes))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
+    nvsim_run_kernel(g.st, c->d->gpu, g.kernel_ns);
+    if (l->f->kernel == KERNEL_VECTORADD) {
+        const struct kargs *a = &l->args;
+        const float *A = (const float *)(uintptr_t)a->a, *B = (const float *)(uintptr_t)a->b;
+        float *C = (float *)(uintptr_t)a->c;
+        /* one thread per element along x, as the sample's kernel indexes */
+        uint64_t threads = (uint64_t)l->grid[0] * l->block[0];
+        uint64_t n = a->n > 0 ? (uint64_t)a->n : 0;
+        if (threads < n)
+            n = threads;
+        for (uint64_t i = 0; i < n; i++)
+            C[i] = A[i] + B[i];
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_append(struct graph *gr, const struct launch *l, struct gnode **out);
+
+static CUresult launch(const struct launch *l, CUstream hStream)
+{
+    struct ctx *c;
+    struct stream *sp;
+    CUresult r = stream_ctx(hStream, &c, &sp);
+    if (r)
+        return r;
+    r = check_dims(l);
+    if (r)
+        return r;
+    if (sp && sp->capture)
+        return graph_append(sp->capture, l, NULL);
+    return run(c, l);
+}
+
+CUAPI CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                              unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                              unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                              void **kernelParams, void **extra)
+{
+    NEED_INIT();
+    struct func *fn = (struct func *)f;
+    if (!fn || fn->magic != MAGIC_FUNC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct launch l = {.f = fn, .grid = {gridDimX, gridDimY, gridDimZ},
+                       .block = {blockDimX, blockDimY, blockDimZ}, .shmem = sharedMemBytes};
+    CUresult r = decode_args(fn, kernelParams, extra, &l.args);
+    return r ? r : launch(&l, hStream);
+}
+
+CUAPI CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                                void **extra)
+{
+    if (!config)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuLaunchKernel(f, config->gridDimX, config->gridDimY, config->gridDimZ,
+                          config->blockDimX, config->blockDimY, config->blockDimZ,
+                          config->sharedMemBytes, config->hStream, kernelParams, extra);
+}
+
+CUAPI CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                         unsigned int gridDimZ, unsigned int blockDimX,
+                                         unsigned int blockDimY, unsigned int blockDimZ,
+                                         unsigned int sharedMemBytes, CUstream hStream,
+                                         void **kernelParams)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    /* all blocks must be resident at once */
+    uint64_t blocks = (uint64_t)gridDimX * gridDimY * gridDimZ;
+    if (blocks > (uint64_t)sm_count(c->d) * 32)
+        return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                          sharedMemBytes, hStream, kernelParams, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* events                                                              */
+
+CUAPI CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    struct ctx *c;
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    if (!phEvent || (Flags & ~0xfu))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct event *e = calloc(1, sizeof(*e));
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *e = (struct event){.magic = MAGIC_EVENT, .flags = Flags};
+    *phEvent = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+
+static struct event *event_get(CUevent h)
+{
+    struct event *e = (struct event *)h;
+    return e && e->magic == MAGIC_EVENT ? e : NULL;
+}
+
+/* Everything before it on the stream has completed (launches are
+ * synchronous), so the record time is the completion time. */
+CUAPI CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    struct ctx *c;
+    CUresult r = stream_uncapturable(hStream, &c);
+    if (r)
+        return r;
+    struct event *e = event_get(hEvent);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    e->t_ns = nvsim_now_ns();
+    e->recorded = 1;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuEventQuery(CUevent hEvent)
+{
+    NEED_INIT();
+    return event_get(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUAPI CUresult cuEventSynchronize(CUevent hEvent)
+{
+    NEED_INIT();
+    return event_get(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUAPI CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    NEED_INIT();
+    struct event *s = event_get(hStart), *e = event_get(hEnd);
+    if (!pMilliseconds)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!s || !e || !s->recorded || !e->recorded || (s->flags & CU_EVENT_DISABLE_TIMING) ||
+        (e->flags & CU_EVENT_DISABLE_TIMING))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pMilliseconds = (float)((double)((int64_t)(e->t_ns - s->t_ns)) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    NEED_INIT();
+    struct event *e = event_get(hEvent);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    e->magic = MAGIC_DEAD;
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* graphs                                                              */
+
+static CUresult graph_append(struct graph *gr, const struct launch *l, struct gnode **out)
+{
+    if (gr->n == gr->cap) {
+        size_t cap = gr->cap ? gr->cap * 2 : 8;
+        struct gnode **nn = realloc(gr->nodes, cap * sizeof(*nn));
+        if (!nn)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        gr->nodes = nn;
+        gr->cap = cap;
+    }
+    struct gnode *node = calloc(1, sizeof(*node));
+    if (!node)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    node->magic = MAGIC_NODE;
+    node->l = *l; /* parameters are copied when the node is made, as in CUDA */
+    gr->nodes[gr->n++] = node;
+    if (out)
+        *out = node;
+    return CUDA_SUCCESS;
+}
+
+static void graph_free(struct graph *gr)
+{
+    for (size_t i = 0; i < gr->n; i++) {
+        gr->nodes[i]->magic = MAGIC_DEAD;
+        free(gr->nodes[i]);
+    }
+    free(gr->nodes);
+    gr->magic = MAGIC_DEAD;
+    free(gr);
+}
+
+static struct graph *graph_new(void)
+{
+    struct graph *gr = calloc(1, sizeof(*gr));
+    if (gr)
+        gr->magic = MAGIC_GRAPH;
+    return gr;
+}
+
+CUAPI CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
+{
+    NEED_INIT();
+    if (!phGraph || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct graph *gr = graph_new();
+    if (!gr)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *phGraph = (CUgraph)gr;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    NEED_INIT();
+    struct graph *gr = (struct graph *)hGraph;
+    if (!gr || gr->magic != MAGIC_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    graph_free(gr);
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_kernel_node(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                const CUgraphNode *dependencies, size_t numDependencies,
+                                CUfunction func, const unsigned dims[7], void **kernelParams,
+                                void **extra)
+{
+    NEED_INIT();
+    struct graph *gr = (struct graph *)hGraph;
+    if (!phGraphNode || !gr || gr->magic != MAGIC_GRAPH || (numDependencies && !dependencies))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < numDependencies; i++) {
+        const struct gnode *dep = (const struct gnode *)dependencies[i];
+        if (!dep || dep->magic != MAGIC_NODE)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct func *fn = (struct func *)func;
+    if (!fn || fn->magic != MAGIC_FUNC)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct launch l = {.f = fn, .grid = {dims[0], dims[1], dims[2]},
+                       .block = {dims[3], dims[4], dims[5]}, .shmem = dims[6]};
+    CUresult r = check_dims(&l);
+    if (!r)
+        r = decode_args(fn, kernelParams, extra, &l.args);
+    if (r)
+        return r;
+    return graph_append(gr, &l, (struct gnode **)phGraphNode);
+}
+
+CUAPI CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                       const CUgraphNode *dependencies, size_t numDependencies,
+                                       const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned dims[7] = {p->gridDimX,  p->gridDimY,  p->gridDimZ,     p->blockDimX,
+                        p->blockDimY, p->blockDimZ, p->sharedMemBytes};
+    return add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies, p->func, dims,
+                           p->kernelParams, p->extra);
+}
+
+CUAPI CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                    const CUgraphNode *dependencies, size_t numDependencies,
+                                    const CUDA_KERNEL_NODE_PARAMS_v1 *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned dims[7] = {p->gridDimX,  p->gridDimY,  p->gridDimZ,     p->blockDimX,
+                        p->blockDimY, p->blockDimZ, p->sharedMemBytes};
+    return add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies, p->func, dims,
+                           p->kernelParams, p->extra);
+}
+
+CUAPI CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           unsigned long long flags)
+{
+    NEED_INIT();
+    (void)flags;
+    struct graph *gr = (struct graph *)hGraph;
+    if (!phGraphExec || !gr || gr->magic != MAGIC_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct exec *x = calloc(1, sizeof(*x));
+    if (!x)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    x->l = calloc(gr->n ? gr->n : 1, sizeof(*x->l));
+    if (!x->l) {
+        free(x);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (size_t i = 0; i < gr->n; i++)
+        x->l[i] = gr->nodes[i]->l;
+    x->n = gr->n;
+    x->magic = MAGIC_EXEC;
+    *phGraphExec = (CUgraphExec)x;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                     CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
+{
+    if (phErrorNode)
+        *phErrorNode = NULL;
+    if (logBuffer && bufferSize)
+        logBuffer[0] = 0;
+    return cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
+}
+
+CUAPI CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    NEED_INIT();
+    struct exec *x = (struct exec *)hGraphExec;
+    if (!x || x->magic != MAGIC_EXEC)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < x->n; i++) {
+        CUresult r = launch(&x->l[i], hStream);
+        if (r)
+            return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+    NEED_INIT();
+    struct exec *x = (struct exec *)hGraphExec;
+    if (!x || x->magic != MAGIC_EXEC)
+        return CUDA_ERROR_INVALID_VALUE;
+    x->magic = MAGIC_DEAD;
+    free(x->l);
+    free(x);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    struct ctx *c;
+    struct stream *sp;
+    CUresult r = stream_ctx(hStream, &c, &sp);
+    if (r)
+        return r;
+    if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!sp) /* the legacy default stream cannot be captured */
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (sp->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    sp->capture = graph_new();
+    return sp->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUAPI CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    struct ctx *c;
+    struct stream *sp;
+    CUresult r = stream_ctx(hStream, &c, &sp);
+    if (r)
+        return r;
+    if (!phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!sp || !sp->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    *phGraph = (CUgraph)sp->capture;
+    sp->capture = NULL;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    struct ctx *c;
+    struct stream *sp;
+    CUresult r = stream_ctx(hStream, &c, &sp);
+    if (r)
+        return r;
+    if (!captureStatus)
+        return CUDA_ERROR_INVALID_VALUE;
+    *captureStatus = sp && sp->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                       : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* cuGetProcAddress                                                    */
+
+typedef void (*fnptr)(void);
+#define E(name, ver, fn) {name, ver, (fnptr)(fn)}
+
+/* base name, first CUDA version it has this form, the function: the
+ * versions are cudaTypedefs.h's PFN_<name>_v<version> suffixes. */
+static const struct proc {
+    const char *name;
+    int version;
+    fnptr fn;
+} procs[] = {
+    E("cuGetErrorString", 6000, cuGetErrorString),
+    E("cuGetErrorName", 6000, cuGetErrorName),
+    E("cuInit", 2000, cuInit),
+    E("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    E("cuGetProcAddress", 11030, cuGetProcAddress),
+    E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+    E("cuDeviceGet", 2000, cuDeviceGet),
+    E("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    E("cuDeviceGetName", 2000, cuDeviceGetName),
+    E("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+    E("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
+    E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    E("cuDeviceComputeCapability", 2000, cuDeviceComputeCapability),
+    E("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId),
+    E("cuDeviceGetByPCIBusId", 4010, cuDeviceGetByPCIBusId),
+    E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    E("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    E("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    E("cuDevicePrimaryCtxSetFlags", 11000, cuDevicePrimaryCtxSetFlags_v2),
+    E("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    E("cuCtxCreate", 3020, cuCtxCreate_v2),
+    E("cuCtxCreate", 11040, cuCtxCreate_v3),
+    E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    E("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
+    E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    E("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    E("cuCtxGetFlags", 7000, cuCtxGetFlags),
+    E("cuCtxGetApiVersion", 3020, cuCtxGetApiVersion),
+    E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    E("cuMemAlloc", 3020, cuMemAlloc_v2),
+    E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    E("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    E("cuMemFree", 3020, cuMemFree_v2),
+    E("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    E("cuMemAllocHost", 3020, cuMemAllocHost_v2),
+    E("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    E("cuMemFreeHost", 2000, cuMemFreeHost),
+    E("cuMemAllocAsync", 11020, cuMemAllocAsync),
+    E("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    E("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    E("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    E("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    E("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
+    E("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    E("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    E("cuArrayCreate", 3020, cuArrayCreate_v2),
+    E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    E("cuArrayDestroy", 2000, cuArrayDestroy),
+    E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+    E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    E("cuMemCreate", 10020, cuMemCreate),
+    E("cuMemRelease", 10020, cuMemRelease),
+    E("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    E("cuMemAddressFree", 10020, cuMemAddressFree),
+    E("cuMemMap", 10020, cuMemMap),
+    E("cuMemUnmap", 10020, cuMemUnmap),
+    E("cuMemSetAccess", 10020, cuMemSetAccess),
+    E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    E("cuMemcpy", 4000, cuMemcpy),
+    E("cuMemcpyAsync", 4000, cuMemcpyAsync),
+    E("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
+    E("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
+    E("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
+    E("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
+    E("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
+    E("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2),
+    E("cuMemsetD8", 3020, cuMemsetD8_v2),
+    E("cuMemsetD16", 3020, cuMemsetD16_v2),
+    E("cuMemsetD32", 3020, cuMemsetD32_v2),
+    E("cuMemsetD8Async", 3020, cuMemsetD8Async),
+    E("cuMemsetD16Async", 3020, cuMemsetD16Async),
+    E("cuMemsetD32Async", 3020, cuMemsetD32Async),
+    E("cuModuleLoad", 2000, cuModuleLoad),
+    E("cuModuleLoadData", 2000, cuModuleLoadData),
+    E("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx),
+    E("cuModuleLoadFatBinary", 2000, cuModuleLoadFatBinary),
+    E("cuModuleUnload", 2000, cuModuleUnload),
+    E("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    E("cuLaunchKernel", 4000, cuLaunchKernel),
+    E("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    E("cuStreamCreate", 2000, cuStreamCreate),
+    E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
+    E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    E("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    E("cuStreamQuery", 2000, cuStreamQuery),
+    E("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
+    E("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    E("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    E("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+    E("cuEventCreate", 2000, cuEventCreate),
+    E("cuEventRecord", 2000, cuEventRecord),
+    E("cuEventQuery", 2000, cuEventQuery),
+    E("cuEventSynchronize", 2000, cuEventSynchronize),
+    E("cuEventElapsedTime", 2000, cuEventElapsedTime),
+    E("cuEventDestroy", 4000, cuEventDestroy_v2),
+    E("cuGraphCreate", 10000, cuGraphCreate),
+    E("cuGraphDestroy", 10000, cuGraphDestroy),
+    E("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
+    E("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
+    E("cuGraphInstantiate", 11000, cuGraphInstantiate_v2),
+    E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    E("cuGraphLaunch", 10000, cuGraphLaunch),
+    E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+};
+
+CUAPI CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                   cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
+{
+    (void)flags; /* per-thread-stream variants are the same functions here */
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    const struct proc *best = NULL;
+    int known = 0;
+    for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+        if (strcmp(procs[i].name, symbol) != 0)
+            continue;
+        known = 1;
+        if (procs[i].version <= cudaVersion && (!best || procs[i].version > best->version))
+            best = &procs[i];
+    }
+    if (!best) {
+        if (symbolStatus)
+            *symbolStatus = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                                  : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    if (symbolStatus)
+        *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+    *pfn = (void *)best->fn;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}

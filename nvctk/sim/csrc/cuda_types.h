@@ -1,0 +1,580 @@
+/* The slice of the CUDA driver API (cuda.h) that nvctk's C parts use: the mock
+ * driver (nvctk/sim/csrc/cuda_mock.c), the CUDA sample (vectoradd.c) and the
+ * libvgpu interposer. No CUDA toolkit is needed to build them, so the types are
+ * declared here with the real values and layouts of CUDA 12.x on x86-64 / aarch64
+ * (LP64): a program built against the real cuda.h and one built against this
+ * header call each other correctly.
+ *
+ * Versioned entry points are declared under their real exported names
+ * (cuMemAlloc_v2, ...); the unsuffixed names are not macros here, so code that
+ * must name the versioned symbol (an interposer) says exactly which one it means.
+ */
+#ifndef NVCTK_CUDA_TYPES_H
+#define NVCTK_CUDA_TYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NVCTK_CUDA_API_VERSION 12040 /* the API level these declarations follow */
+
+/* ---- scalar and handle types ---- */
+
+typedef uint32_t cuuint32_t;
+typedef uint64_t cuuint64_t;
+typedef unsigned long long CUdeviceptr; /* CUdeviceptr_v2: 64-bit since CUDA 3.2 */
+typedef int CUdevice;
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUkern_st *CUkernel;
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
+
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
+
+/* Special stream handles */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+/* ---- CUresult ---- */
+
+typedef enum cudaError_enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_PROFILER_DISABLED = 5,
+    CUDA_ERROR_STUB_LIBRARY = 34,
+    CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_DEVICE_NOT_LICENSED = 102,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_CONTEXT_ALREADY_CURRENT = 202,
+    CUDA_ERROR_MAP_FAILED = 205,
+    CUDA_ERROR_UNMAP_FAILED = 206,
+    CUDA_ERROR_ARRAY_IS_MAPPED = 207,
+    CUDA_ERROR_ALREADY_MAPPED = 208,
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+    CUDA_ERROR_ALREADY_ACQUIRED = 210,
+    CUDA_ERROR_NOT_MAPPED = 211,
+    CUDA_ERROR_NOT_MAPPED_AS_ARRAY = 212,
+    CUDA_ERROR_NOT_MAPPED_AS_POINTER = 213,
+    CUDA_ERROR_ECC_UNCORRECTABLE = 214,
+    CUDA_ERROR_UNSUPPORTED_LIMIT = 215,
+    CUDA_ERROR_CONTEXT_ALREADY_IN_USE = 216,
+    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
+    CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_INVALID_SOURCE = 300,
+    CUDA_ERROR_FILE_NOT_FOUND = 301,
+    CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND = 302,
+    CUDA_ERROR_SHARED_OBJECT_INIT_FAILED = 303,
+    CUDA_ERROR_OPERATING_SYSTEM = 304,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_LAUNCH_TIMEOUT = 702,
+    CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING = 703,
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+    CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
+    CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE = 708,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+    CUDA_ERROR_ASSERT = 710,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
+    CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720,
+    CUDA_ERROR_NOT_PERMITTED = 800,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_SYSTEM_NOT_READY = 802,
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803,
+    CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE = 804,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_MERGE = 902,
+    CUDA_ERROR_STREAM_CAPTURE_UNMATCHED = 903,
+    CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904,
+    CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_CAPTURED_EVENT = 907,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
+    CUDA_ERROR_TIMEOUT = 909,
+    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
+    CUDA_ERROR_UNKNOWN = 999
+} CUresult;
+
+/* ---- devices ---- */
+
+typedef enum CUdevice_attribute_enum {
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X = 2,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y = 3,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z = 4,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X = 5,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y = 6,
+    CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z = 7,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8,
+    CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY = 9,
+    CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
+    CU_DEVICE_ATTRIBUTE_MAX_PITCH = 11,
+    CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK = 12,
+    CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13,
+    CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT = 14,
+    CU_DEVICE_ATTRIBUTE_GPU_OVERLAP = 15,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT = 17,
+    CU_DEVICE_ATTRIBUTE_INTEGRATED = 18,
+    CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY = 19,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_MODE = 20,
+    CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS = 31,
+    CU_DEVICE_ATTRIBUTE_ECC_ENABLED = 32,
+    CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+    CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+    CU_DEVICE_ATTRIBUTE_TCC_DRIVER = 35,
+    CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36,
+    CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37,
+    CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39,
+    CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT = 40,
+    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
+    CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81,
+    CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR = 82,
+    CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
+    CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD = 84,
+    CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89,
+    CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+    CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR = 106,
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+    CU_DEVICE_ATTRIBUTE_MAX
+} CUdevice_attribute;
+
+/* ---- contexts ---- */
+
+#define CU_CTX_SCHED_AUTO 0x00
+#define CU_CTX_SCHED_SPIN 0x01
+#define CU_CTX_SCHED_YIELD 0x02
+#define CU_CTX_SCHED_BLOCKING_SYNC 0x04
+#define CU_CTX_MAP_HOST 0x08
+#define CU_CTX_LMEM_RESIZE_TO_MAX 0x10
+#define CU_CTX_FLAGS_MASK 0x3f
+
+typedef struct CUexecAffinityParam_st {
+    int type; /* CUexecAffinityType */
+    union {
+        struct {
+            unsigned int val;
+        } smCount;
+    } param;
+} CUexecAffinityParam;
+
+/* ---- memory ---- */
+
+#define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_MEM_ATTACH_HOST 0x2
+#define CU_MEM_ATTACH_SINGLE 0x4
+
+#define CU_MEMHOSTALLOC_PORTABLE 0x01
+#define CU_MEMHOSTALLOC_DEVICEMAP 0x02
+#define CU_MEMHOSTALLOC_WRITECOMBINED 0x04
+
+typedef enum CUarray_format_enum {
+    CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+    CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+    CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+    CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+    CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+    CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+    CU_AD_FORMAT_HALF = 0x10,
+    CU_AD_FORMAT_FLOAT = 0x20,
+    CU_AD_FORMAT_NV12 = 0xb0,
+    CU_AD_FORMAT_UNORM_INT8X1 = 0xc0,
+    CU_AD_FORMAT_UNORM_INT8X2 = 0xc1,
+    CU_AD_FORMAT_UNORM_INT8X4 = 0xc2,
+    CU_AD_FORMAT_UNORM_INT16X1 = 0xc3,
+    CU_AD_FORMAT_UNORM_INT16X2 = 0xc4,
+    CU_AD_FORMAT_UNORM_INT16X4 = 0xc5,
+    CU_AD_FORMAT_SNORM_INT8X1 = 0xc6,
+    CU_AD_FORMAT_SNORM_INT8X2 = 0xc7,
+    CU_AD_FORMAT_SNORM_INT8X4 = 0xc8,
+    CU_AD_FORMAT_SNORM_INT16X1 = 0xc9,
+    CU_AD_FORMAT_SNORM_INT16X2 = 0xca,
+    CU_AD_FORMAT_SNORM_INT16X4 = 0xcb
+} CUarray_format;
+
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR; /* CUDA_ARRAY_DESCRIPTOR_v2 */
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR; /* CUDA_ARRAY3D_DESCRIPTOR_v2 */
+
+#define CUDA_ARRAY3D_LAYERED 0x01
+#define CUDA_ARRAY3D_SURFACE_LDST 0x02
+#define CUDA_ARRAY3D_CUBEMAP 0x04
+#define CUDA_ARRAY3D_TEXTURE_GATHER 0x08
+
+/* Virtual memory management (cuMemCreate & co.) */
+typedef enum CUmemAllocationHandleType_enum {
+    CU_MEM_HANDLE_TYPE_NONE = 0x0,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1,
+    CU_MEM_HANDLE_TYPE_WIN32 = 0x2,
+    CU_MEM_HANDLE_TYPE_WIN32_KMT = 0x4,
+    CU_MEM_HANDLE_TYPE_FABRIC = 0x8,
+    CU_MEM_HANDLE_TYPE_MAX = 0x7FFFFFFF
+} CUmemAllocationHandleType;
+
+typedef enum CUmemAllocationType_enum {
+    CU_MEM_ALLOCATION_TYPE_INVALID = 0x0,
+    CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,
+    CU_MEM_ALLOCATION_TYPE_MAX = 0x7FFFFFFF
+} CUmemAllocationType;
+
+typedef enum CUmemLocationType_enum {
+    CU_MEM_LOCATION_TYPE_INVALID = 0x0,
+    CU_MEM_LOCATION_TYPE_DEVICE = 0x1,
+    CU_MEM_LOCATION_TYPE_HOST = 0x2,
+    CU_MEM_LOCATION_TYPE_HOST_NUMA = 0x3,
+    CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 0x4,
+    CU_MEM_LOCATION_TYPE_MAX = 0x7FFFFFFF
+} CUmemLocationType;
+
+typedef struct CUmemLocation_st {
+    CUmemLocationType type;
+    int id;
+} CUmemLocation;
+
+typedef struct CUmemAllocationProp_st {
+    CUmemAllocationType type;
+    CUmemAllocationHandleType requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+
+typedef enum CUmemAllocationGranularity_flags_enum {
+    CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,
+    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1
+} CUmemAllocationGranularity_flags;
+
+typedef enum CUmemAccess_flags_enum {
+    CU_MEM_ACCESS_FLAGS_PROT_NONE = 0x0,
+    CU_MEM_ACCESS_FLAGS_PROT_READ = 0x1,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3,
+    CU_MEM_ACCESS_FLAGS_PROT_MAX = 0x7FFFFFFF
+} CUmemAccess_flags;
+
+typedef struct CUmemAccessDesc_st {
+    CUmemLocation location;
+    CUmemAccess_flags flags;
+} CUmemAccessDesc;
+
+/* Stream-ordered allocator */
+typedef struct CUmemPoolProps_st {
+    CUmemAllocationType allocType;
+    CUmemAllocationHandleType handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+typedef enum CUmemPool_attribute_enum {
+    CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3,
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
+    CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+    CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8
+} CUmemPool_attribute;
+
+/* ---- streams and events ---- */
+
+#define CU_STREAM_DEFAULT 0x0
+#define CU_STREAM_NON_BLOCKING 0x1
+
+#define CU_EVENT_DEFAULT 0x0
+#define CU_EVENT_BLOCKING_SYNC 0x1
+#define CU_EVENT_DISABLE_TIMING 0x2
+#define CU_EVENT_INTERPROCESS 0x4
+
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
+
+typedef enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+
+/* ---- kernels and launches ---- */
+
+/* cuLaunchKernel's `extra` array */
+#define CU_LAUNCH_PARAM_END ((void *)0x00)
+#define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
+#define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
+
+typedef union CUlaunchAttributeValue_union {
+    char pad[64];
+} CUlaunchAttributeValue;
+
+typedef struct CUlaunchAttribute_st {
+    int id; /* CUlaunchAttributeID */
+    char pad[8 - sizeof(int)];
+    CUlaunchAttributeValue value;
+} CUlaunchAttribute;
+
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+/* ---- graphs ---- */
+
+/* What cuGraphAddKernelNode_v2 takes (CUDA_KERNEL_NODE_PARAMS in 12.x) */
+typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    CUkernel kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS;
+
+/* What the CUDA 10/11 cuGraphAddKernelNode (no suffix) takes */
+typedef struct CUDA_KERNEL_NODE_PARAMS_v1_st {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} CUDA_KERNEL_NODE_PARAMS_v1;
+
+/* ---- cuGetProcAddress ---- */
+
+typedef enum CUdriverProcAddress_flags_enum {
+    CU_GET_PROC_ADDRESS_DEFAULT = 0,
+    CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0,
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1 << 1
+} CUdriverProcAddress_flags;
+
+typedef enum CUdriverProcAddressQueryResult_enum {
+    CU_GET_PROC_ADDRESS_SUCCESS = 0,
+    CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+    CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
+} CUdriverProcAddressQueryResult;
+
+/* ---- entry points (the exported, versioned names) ---- */
+
+CUresult cuGetErrorString(CUresult error, const char **pStr);
+CUresult cuGetErrorName(CUresult error, const char **pStr);
+CUresult cuInit(unsigned int Flags);
+CUresult cuDriverGetVersion(int *driverVersion);
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus);
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal);
+CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
+CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId);
+CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags);
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev);
+CUresult cuCtxDestroy_v2(CUcontext ctx);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxGetCurrent(CUcontext *pctx);
+CUresult cuCtxPushCurrent_v2(CUcontext ctx);
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
+CUresult cuCtxGetDevice(CUdevice *device);
+CUresult cuCtxGetFlags(unsigned int *flags);
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version);
+CUresult cuCtxSynchronize(void);
+
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes);
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
+CUresult cuMemFreeHost(void *p);
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                 CUstream hStream);
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
+CUresult cuMemPoolDestroy(CUmemoryPool pool);
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+CUresult cuArrayDestroy(CUarray hArray);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                unsigned int numMipmapLevels);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags);
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags);
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags);
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option);
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount);
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                              CUstream hStream);
+CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                              CUstream hStream);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                              CUstream hStream);
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N);
+CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N);
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
+CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream);
+CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream);
+
+CUresult cuModuleLoad(CUmodule *module, const char *fname);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                            int *options, void **optionValues);
+CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin);
+CUresult cuModuleUnload(CUmodule hmod);
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                        void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                          void **extra);
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                   unsigned int gridDimZ, unsigned int blockDimX,
+                                   unsigned int blockDimY, unsigned int blockDimZ,
+                                   unsigned int sharedMemBytes, CUstream hStream,
+                                   void **kernelParams);
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
+CUresult cuStreamDestroy_v2(CUstream hStream);
+CUresult cuStreamSynchronize(CUstream hStream);
+CUresult cuStreamQuery(CUstream hStream);
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
+CUresult cuEventQuery(CUevent hEvent);
+CUresult cuEventSynchronize(CUevent hEvent);
+CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult cuEventDestroy_v2(CUevent hEvent);
+
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                              const CUgraphNode *dependencies, size_t numDependencies,
+                              const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams);
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                 const CUgraphNode *dependencies, size_t numDependencies,
+                                 const CUDA_KERNEL_NODE_PARAMS *nodeParams);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                     unsigned long long flags);
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                               char *logBuffer, size_t bufferSize);
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
+CUresult cuGraphDestroy(CUgraph hGraph);
+
+/* cuGetProcAddress's own type, for programs that dlsym it */
+typedef CUresult (*PFN_cuGetProcAddress_v12000)(const char *symbol, void **pfn, int cudaVersion,
+                                                cuuint64_t flags,
+                                                CUdriverProcAddressQueryResult *symbolStatus);
+typedef CUresult (*PFN_cuGetProcAddress_v11030)(const char *symbol, void **pfn, int cudaVersion,
+                                                cuuint64_t flags);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

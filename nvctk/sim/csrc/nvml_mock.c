@@ -1,0 +1,858 @@
+/* Mock NVML (libnvidia-ml.so.1) for the simulated host.
+ *
+ * Exports the subset of NVML that pynvml, nvctk and the mock nvidia-smi call,
+ * with NVML's ABI (names, versioned entry points, struct layouts). A function
+ * not exported here is one real pynvml reports as FunctionNotFound, as it does
+ * against an older driver. Devices follow the /dev rule (nvsim_state.c): only
+ * GPUs whose device node exists are enumerated, numbered in the order found, as
+ * the real driver does inside a container. Memory use, utilization and process
+ * lists come from the shared state that the mock libcuda writes.
+ */
+#define _GNU_SOURCE
+#include "nvsim_state.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define NVML_VALUE_NOT_AVAILABLE_UINT 0xFFFFFFFFu
+#define NVML_MEMORY_V2_VERSION 0x02000028u        /* sizeof 40 | 2 << 24 */
+#define NVML_GI_PROFILE_INFO_V2_VERSION 0x02000098u /* sizeof 152 | 2 << 24 */
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
+#define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
+#define MAX_MIG 8
+/* H100 SXM: device 0x2330, vendor 0x10DE; the sim does not vary it per product */
+#define PCI_DEVICE_ID 0x233010DEu
+#define PCI_SUBSYS_ID 0x16C110DEu
+
+/* ---- NVML's structs, as nvml.h (and pynvml) lay them out ---- */
+
+typedef struct {
+    char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
+    unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+} nvmlPciInfo_t;
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+typedef struct {
+    unsigned gpu, memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+typedef struct {
+    unsigned pid;
+    unsigned long long usedGpuMemory;
+    unsigned gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t; /* _v2 and _v3 share this layout */
+
+typedef struct {
+    unsigned pid;
+    unsigned long long timeStamp;
+    unsigned smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct {
+    unsigned id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned version;
+    unsigned id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+} nvmlGpuInstanceProfileInfo_v2_t;
+
+_Static_assert(sizeof(nvmlMemory_v2_t) == (NVML_MEMORY_V2_VERSION & 0xffffff), "nvmlMemory_v2_t");
+_Static_assert(sizeof(nvmlGpuInstanceProfileInfo_v2_t) == (NVML_GI_PROFILE_INFO_V2_VERSION & 0xffffff),
+               "nvmlGpuInstanceProfileInfo_v2_t");
+_Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t");
+
+/* ---- handles ---- */
+
+#define DEV_MAGIC 0x4e564d4cu
+struct nvsim_dev {
+    unsigned magic;
+    int is_mig;
+    unsigned gpu;                /* topology index */
+    const struct nvsim_topo_mig *mig;
+    struct nvsim_dev *parent;
+};
+typedef struct nvsim_dev *nvmlDevice_t;
+
+/* Handles are static, so a handle stays valid across shutdown/init as NVML's do */
+static struct nvsim_dev g_gpu[NVSIM_MAX_GPUS];
+static struct nvsim_dev g_mig[NVSIM_MAX_GPUS][MAX_MIG];
+static unsigned g_vis[NVSIM_MAX_GPUS], g_nvis;          /* visible GPUs, topology indexes */
+static struct nvsim_dev *g_vis_mig[NVSIM_MAX_GPUS][MAX_MIG];
+static unsigned g_nvis_mig[NVSIM_MAX_GPUS];
+static int g_init;
+static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void enumerate(void)
+{
+    unsigned ngpus = nvsim_topo.ngpus < NVSIM_MAX_GPUS ? nvsim_topo.ngpus : NVSIM_MAX_GPUS;
+    for (unsigned i = 0; i < ngpus; i++) {
+        const struct nvsim_topo_gpu *t = &nvsim_topo.gpus[i];
+        g_gpu[i] = (struct nvsim_dev){DEV_MAGIC, 0, i, NULL, NULL};
+        for (unsigned m = 0; m < t->nmig && m < MAX_MIG; m++)
+            g_mig[i][m] = (struct nvsim_dev){DEV_MAGIC, 1, i, &t->migs[m], &g_gpu[i]};
+    }
+    g_nvis = nvsim_visible_gpus(g_vis, NVSIM_MAX_GPUS);
+    for (unsigned v = 0; v < g_nvis; v++) {
+        unsigned i = g_vis[v], n = 0;
+        const struct nvsim_topo_gpu *t = &nvsim_topo.gpus[i];
+        for (unsigned m = 0; m < t->nmig && m < MAX_MIG; m++)
+            if (nvsim_mig_visible(&t->migs[m]))
+                g_vis_mig[i][n++] = &g_mig[i][m];
+        g_nvis_mig[i] = n;
+    }
+}
+
+static nvmlReturn_t do_init(void)
+{
+    pthread_mutex_lock(&g_init_lock);
+    /* devices are found at the first init, as the real library snapshots them */
+    if (g_init++ == 0)
+        enumerate();
+    pthread_mutex_unlock(&g_init_lock);
+    return NVML_SUCCESS;
+}
+
+static int initialized(void)
+{
+    return __atomic_load_n(&g_init, __ATOMIC_ACQUIRE) > 0;
+}
+
+/* Checks init and the handle (kind: 0 any, 1 GPU only, 2 MIG only). */
+static nvmlReturn_t check(nvmlDevice_t d, int kind)
+{
+    int ok = 0;
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (d >= &g_gpu[0] && d < &g_gpu[NVSIM_MAX_GPUS])
+        ok = 1;
+    else if (d >= &g_mig[0][0] && d < &g_mig[NVSIM_MAX_GPUS - 1][MAX_MIG])
+        ok = 1;
+    if (!ok || d->magic != DEV_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if ((kind == 1 && d->is_mig) || (kind == 2 && !d->is_mig))
+        return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+static const struct nvsim_topo_gpu *topo(nvmlDevice_t d)
+{
+    return &nvsim_topo.gpus[d->gpu];
+}
+
+static int mig_capable(const struct nvsim_topo_gpu *t)
+{
+    int cc = t->cc_major * 10 + t->cc_minor;
+    return t->nmig > 0 || cc == 80 || cc == 90;
+}
+
+static nvmlReturn_t copy_str(char *dst, unsigned len, const char *src)
+{
+    size_t n = strlen(src);
+    if (!dst)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (n + 1 > len)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, n + 1);
+    return NVML_SUCCESS;
+}
+
+/* ---- init, errors, system ---- */
+
+nvmlReturn_t nvmlInit_v2(void) { return do_init(); }
+nvmlReturn_t nvmlInit(void) { return do_init(); }
+nvmlReturn_t nvmlInitWithFlags(unsigned flags) { (void)flags; return do_init(); }
+
+nvmlReturn_t nvmlShutdown(void)
+{
+    nvmlReturn_t r = NVML_SUCCESS;
+    pthread_mutex_lock(&g_init_lock);
+    if (g_init > 0)
+        g_init--;
+    else
+        r = NVML_ERROR_UNINITIALIZED;
+    pthread_mutex_unlock(&g_init_lock);
+    return r;
+}
+
+const char *nvmlErrorString(nvmlReturn_t r)
+{
+    switch (r) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 5: return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case 9: return "Driver Not Loaded";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 15: return "GPU is lost";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
+    default: return "Unknown Error";
+    }
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned len)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    return copy_str(version, len, nvsim_topo.driver_version);
+}
+
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned len)
+{
+    char buf[96];
+    /* NVML's version is the CUDA major version before the driver version */
+    snprintf(buf, sizeof buf, "%d.%s", nvsim_topo.cuda_version_int / 1000,
+             nvsim_topo.driver_version);
+    return copy_str(version, len, buf);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v)
+{
+    if (!v)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *v = nvsim_topo.cuda_version_int;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v)
+{
+    return nvmlSystemGetCudaDriverVersion(v);
+}
+
+/* ---- device enumeration ---- */
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *count)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = g_nvis;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCount(unsigned *count) { return nvmlDeviceGetCount_v2(count); }
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, nvmlDevice_t *dev)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!dev || index >= g_nvis)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *dev = &g_gpu[g_vis[index]];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned index, nvmlDevice_t *dev)
+{
+    return nvmlDeviceGetHandleByIndex_v2(index, dev);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *dev)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !dev)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned v = 0; v < g_nvis; v++) {
+        unsigned i = g_vis[v];
+        if (strcasecmp(uuid, nvsim_topo.gpus[i].uuid) == 0) {
+            *dev = &g_gpu[i];
+            return NVML_SUCCESS;
+        }
+        for (unsigned m = 0; m < g_nvis_mig[i]; m++) {
+            if (strcasecmp(uuid, g_vis_mig[i][m]->mig->uuid) == 0) {
+                *dev = g_vis_mig[i][m];
+                return NVML_SUCCESS;
+            }
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* Accepts NVML's forms: "dddddddd:bb:dd.f", the legacy "dddd:bb:dd.f", and "bb:dd.f". */
+static int parse_bus_id(const char *s, unsigned *domain, unsigned *bus, unsigned *device)
+{
+    unsigned a, b, c, f;
+    char tail;
+    if (sscanf(s, "%x:%x:%x.%x%c", &a, &b, &c, &f, &tail) == 4) {
+        *domain = a, *bus = b, *device = c;
+        return 0;
+    }
+    if (sscanf(s, "%x:%x.%x%c", &b, &c, &f, &tail) == 3) {
+        *domain = 0, *bus = b, *device = c;
+        return 0;
+    }
+    return -1;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *dev)
+{
+    unsigned d, b, dv;
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!bus_id || !dev || parse_bus_id(bus_id, &d, &b, &dv) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned v = 0; v < g_nvis; v++) {
+        const struct nvsim_topo_gpu *t = &nvsim_topo.gpus[g_vis[v]];
+        if (t->pci_domain == d && t->pci_bus == b && t->pci_device == dv) {
+            *dev = &g_gpu[g_vis[v]];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus_id, nvmlDevice_t *dev)
+{
+    return nvmlDeviceGetHandleByPciBusId_v2(bus_id, dev);
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned *index)
+{
+    nvmlReturn_t r = check(d, 1);
+    if (r)
+        return r;
+    for (unsigned v = 0; v < g_nvis; v++) {
+        if (g_vis[v] == d->gpu) {
+            *index = v;
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+/* ---- identity ---- */
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned len)
+{
+    char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE + 32];
+    nvmlReturn_t r = check(d, 0);
+    if (r)
+        return r;
+    if (!d->is_mig)
+        return copy_str(name, len, topo(d)->name);
+    /* what real NVML names a MIG device: the parent's name and the profile */
+    snprintf(buf, sizeof buf, "%s MIG %s", topo(d)->name, d->mig->profile);
+    return copy_str(name, len, buf);
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned len)
+{
+    nvmlReturn_t r = check(d, 0);
+    if (r)
+        return r;
+    return copy_str(uuid, len, d->is_mig ? d->mig->uuid : topo(d)->uuid);
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned *minor)
+{
+    nvmlReturn_t r = check(d, 1);
+    if (r)
+        return r;
+    if (!minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = topo(d)->minor;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci)
+{
+    const struct nvsim_topo_gpu *t;
+    nvmlReturn_t r = check(d, 0);
+    if (r)
+        return r;
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    t = topo(d); /* a MIG device reports its parent's PCI address */
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0",
+             t->pci_domain & 0xffff, t->pci_bus & 0xff, t->pci_device & 0xff);
+    snprintf(pci->busId, sizeof pci->busId, "%s", t->pci_bus_id);
+    pci->domain = t->pci_domain;
+    pci->bus = t->pci_bus;
+    pci->device = t->pci_device;
+    pci->pciDeviceId = PCI_DEVICE_ID;
+    pci->pciSubSystemId = PCI_SUBSYS_ID;
+    return NVML_SUCCESS;
+}
+
+/* The _v2 struct is the _v3 one with reserved words in place of busId, so
+ * filling the shared prefix is all it needs. */
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *pci)
+{
+    nvmlPciInfo_t full;
+    nvmlReturn_t r = nvmlDeviceGetPciInfo_v3(d, &full);
+    if (r == NVML_SUCCESS) {
+        memcpy(pci, &full, offsetof(nvmlPciInfo_t, busId));
+        memset((char *)pci + offsetof(nvmlPciInfo_t, busId), 0, 16);
+    }
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor)
+{
+    nvmlReturn_t r = check(d, 0);
+    if (r)
+        return r;
+    if (!major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = topo(d)->cc_major;
+    *minor = topo(d)->cc_minor;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, int *brand)
+{
+    /* nvmlBrandType_t, by the names topology.py uses */
+    static const struct { const char *name; int v; } brands[] = {
+        {"quadro", 1}, {"tesla", 2}, {"nvs", 3}, {"grid", 4}, {"geforce", 5}, {"titan", 6},
+        {"quadro_rtx", 12}, {"nvidia_rtx", 13}, {"nvidia", 14}, {"geforce_rtx", 15},
+        {"titan_rtx", 16},
+    };
+    nvmlReturn_t r = check(d, 0);
+    if (r)
+        return r;
+    if (!brand)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *brand = 0;
+    for (size_t i = 0; i < sizeof brands / sizeof brands[0]; i++)
+        if (strcasecmp(topo(d)->brand, brands[i].name) == 0)
+            *brand = brands[i].v;
+    return NVML_SUCCESS;
+}
+
+/* ---- MIG ---- */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned *current, unsigned *pending)
+{
+    nvmlReturn_t r = check(d, 1);
+    if (r)
+        return r;
+    if (!current || !pending)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig_capable(topo(d)))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *current = *pending = topo(d)->nmig > 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned *count)
+{
+    nvmlReturn_t r = check(d, 1);
+    if (r)
+        return r;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = mig_capable(topo(d)) ? 7 : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned index,
+                                                 nvmlDevice_t *mig)
+{
+    nvmlReturn_t r = check(d, 1);
+    if (r)
+        return r;
+    if (!mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig_capable(topo(d)))
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (topo(d)->nmig == 0)
+        return NVML_ERROR_INVALID_ARGUMENT; /* MIG mode is off */
+    if (index >= g_nvis_mig[d->gpu])
+        return NVML_ERROR_NOT_FOUND;
+    *mig = g_vis_mig[d->gpu][index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned *is_mig)
+{
+    nvmlReturn_t r = check(d, 0);
+    if (r)
+        return r;
+    if (!is_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *is_mig = (unsigned)d->is_mig;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDevice_t *parent)
+{
+    nvmlReturn_t r = check(d, 2);
+    if (r)
+        return r == NVML_ERROR_NOT_SUPPORTED ? NVML_ERROR_INVALID_ARGUMENT : r;
+    if (!parent)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *parent = d->parent;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned *id)
+{
+    nvmlReturn_t r = check(d, 2);
+    if (r)
+        return r;
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = d->mig->gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned *id)
+{
+    nvmlReturn_t r = check(d, 2);
+    if (r)
+        return r;
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = d->mig->ci;
+    return NVML_SUCCESS;
+}
+
+/* NVML_GPU_INSTANCE_PROFILE_* -> the sim's profile of that shape */
+static const struct nvsim_topo_profile *profile_by_enum(unsigned e)
+{
+    static const char *const names[] = {
+        [0] = "1g.10gb", [1] = "2g.20gb", [2] = "3g.40gb", [3] = "4g.40gb", [4] = "7g.80gb",
+        [9] = "1g.20gb", /* NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 */
+    };
+    if (e >= sizeof names / sizeof names[0] || !names[e])
+        return NULL;
+    for (unsigned i = 0; i < nvsim_topo.nprofiles; i++)
+        if (strcmp(nvsim_topo.profiles[i].name, names[e]) == 0)
+            return &nvsim_topo.profiles[i];
+    return NULL;
+}
+
+static const struct nvsim_topo_profile *profile_by_id(unsigned id)
+{
+    for (unsigned i = 0; i < nvsim_topo.nprofiles; i++)
+        if (nvsim_topo.profiles[i].id == id)
+            return &nvsim_topo.profiles[i];
+    return NULL;
+}
+
+static void fill_profile(const struct nvsim_topo_profile *p, nvmlGpuInstanceProfileInfo_v2_t *o)
+{
+    unsigned v = o->version;
+    memset(o, 0, sizeof *o);
+    o->version = v;
+    o->id = p->id;
+    o->sliceCount = p->slices;
+    o->instanceCount = 7 / p->slices;
+    o->multiprocessorCount = p->slices * 16;  /* an H100 slice: 16 SMs */
+    o->copyEngineCount = p->slices;
+    o->decoderCount = p->slices;
+    o->jpegCount = p->slices;
+    o->ofaCount = p->slices == 7;
+    o->memorySizeMB = p->memory_mib;
+    snprintf(o->name, sizeof o->name, "MIG %s", p->name);
+}
+
+static nvmlReturn_t profile_info(nvmlDevice_t d, const struct nvsim_topo_profile *p,
+                                 nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    nvmlReturn_t r = check(d, 1);
+    if (r)
+        return r;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig_capable(topo(d)) || !p)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (info->version != NVML_GI_PROFILE_INFO_V2_VERSION)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    fill_profile(p, info);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t d, unsigned profile,
+                                                  nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    return profile_info(d, profile_by_enum(profile), info);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoByIdV(nvmlDevice_t d, unsigned id,
+                                                      nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    return profile_info(d, profile_by_id(id), info);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned profile,
+                                                 nvmlGpuInstanceProfileInfo_t *info)
+{
+    nvmlGpuInstanceProfileInfo_v2_t v2 = {.version = NVML_GI_PROFILE_INFO_V2_VERSION};
+    nvmlReturn_t r;
+    if (!info)
+        return check(d, 1) ? check(d, 1) : NVML_ERROR_INVALID_ARGUMENT;
+    r = profile_info(d, profile_by_enum(profile), &v2);
+    if (r == NVML_SUCCESS) {
+        /* v1 is v2 without version and name; the padding before memorySizeMB
+         * differs, so the fields are copied one by one */
+        *info = (nvmlGpuInstanceProfileInfo_t){
+            v2.id, v2.isP2pSupported, v2.sliceCount, v2.instanceCount,
+            v2.multiprocessorCount, v2.copyEngineCount, v2.decoderCount,
+            v2.encoderCount, v2.jpegCount, v2.ofaCount, v2.memorySizeMB,
+        };
+    }
+    return r;
+}
+
+/* ---- memory, utilization, processes: from the shared state ---- */
+
+static void mem_of(nvmlDevice_t d, unsigned long long *total, unsigned long long *used)
+{
+    struct nvsim_state *st;
+    if (d->is_mig) {
+        /* the state accounts whole GPUs; a MIG slice shows its size, unused */
+        *total = d->mig->memory_mib << 20;
+        *used = 0;
+        return;
+    }
+    *total = topo(d)->memory_mib << 20;
+    *used = 0;
+    st = nvsim_state_open();
+    if (st && d->gpu < st->ngpus) {
+        nvsim_reap(st); /* memory of crashed processes is free again */
+        *used = __atomic_load_n(&st->gpus[d->gpu].mem_used, __ATOMIC_RELAXED);
+        if (*used > *total)
+            *used = *total;
+    }
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *mem)
+{
+    nvmlReturn_t r = check(d, 0);
+    if (r)
+        return r;
+    if (!mem)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    mem_of(d, &mem->total, &mem->used);
+    mem->free = mem->total - mem->used;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *mem)
+{
+    nvmlReturn_t r = check(d, 0);
+    if (r)
+        return r;
+    if (!mem)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (mem->version != NVML_MEMORY_V2_VERSION)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    mem_of(d, &mem->total, &mem->used);
+    mem->reserved = 0;
+    mem->free = mem->total - mem->used;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *util)
+{
+    struct nvsim_state *st;
+    nvmlReturn_t r = check(d, 1); /* as on real MIG devices: not supported */
+    if (r)
+        return r;
+    if (!util)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    st = nvsim_state_open();
+    util->gpu = nvsim_gpu_util(st, d->gpu);
+    /* memory = memory-controller busy time; the sim's kernels do not touch memory */
+    util->memory = 0;
+    return NVML_SUCCESS;
+}
+
+/* Visits the live slots on d's GPU; returns how many. */
+static unsigned live_procs(nvmlDevice_t d, struct nvsim_proc *out, unsigned max)
+{
+    struct nvsim_state *st = nvsim_state_open();
+    unsigned n = 0;
+    if (!st || d->is_mig || d->gpu >= st->ngpus)
+        return 0;
+    nvsim_reap(st);
+    if (nvsim_lock(&st->lock) != 0)
+        return 0;
+    for (unsigned i = 0; i < NVSIM_MAX_PROCS; i++) {
+        const struct nvsim_proc *p = &st->procs[i];
+        if (p->pid && p->gpu == d->gpu) {
+            if (n < max)
+                out[n] = *p;
+            n++;
+        }
+    }
+    nvsim_unlock(&st->lock);
+    return n;
+}
+
+/* NVML's two-call protocol: a short (or NULL) array gets the needed count and
+ * INSUFFICIENT_SIZE; no processes is success with count 0. */
+static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned *count, void *infos, int v1)
+{
+    struct nvsim_proc procs[NVSIM_MAX_PROCS];
+    unsigned n;
+    nvmlReturn_t r = check(d, 0);
+    if (r)
+        return r;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    n = live_procs(d, procs, NVSIM_MAX_PROCS);
+    if (n > *count || (n && !infos)) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *count = n;
+    for (unsigned i = 0; i < n; i++) {
+        unsigned pid = (unsigned)(procs[i].host_pid ? procs[i].host_pid : procs[i].pid);
+        if (v1) {
+            nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + i;
+            o->pid = pid;
+            o->usedGpuMemory = procs[i].mem_used;
+        } else {
+            nvmlProcessInfo_t *o = (nvmlProcessInfo_t *)infos + i;
+            o->pid = pid;
+            o->usedGpuMemory = procs[i].mem_used;
+            o->gpuInstanceId = o->computeInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned *count,
+                                                  nvmlProcessInfo_v1_t *infos)
+{
+    return running_procs(d, count, infos, 1);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned *count,
+                                                     nvmlProcessInfo_t *infos)
+{
+    return running_procs(d, count, infos, 0);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *count,
+                                                     nvmlProcessInfo_t *infos)
+{
+    return running_procs(d, count, infos, 0);
+}
+
+/* The sim runs no graphics or MPS clients: those lists are always empty. */
+static nvmlReturn_t no_procs(nvmlDevice_t d, unsigned *count)
+{
+    nvmlReturn_t r = check(d, 0);
+    if (r)
+        return r;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned *c, void *i)
+{
+    (void)i;
+    return no_procs(d, c);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned *c, void *i)
+{
+    (void)i;
+    return no_procs(d, c);
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned *c, void *i)
+{
+    (void)i;
+    return no_procs(d, c);
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *c, void *i)
+{
+    (void)i;
+    return no_procs(d, c);
+}
+
+/* One sample per process that ran kernels: its share of the device's kernel
+ * time applied to the current utilization (the sim keeps no per-process
+ * windows). No samples is NOT_FOUND, as real NVML answers. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
+                                             nvmlProcessUtilizationSample_t *samples,
+                                             unsigned *count, unsigned long long last_seen)
+{
+    struct nvsim_proc procs[NVSIM_MAX_PROCS]; /* 28 KiB of stack, no TLS or heap */
+    struct nvsim_state *st;
+    struct timespec ts;
+    unsigned n, k = 0, util;
+    uint64_t total = 0;
+    nvmlReturn_t r = check(d, 1);
+    (void)last_seen;
+    if (r)
+        return r;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    n = live_procs(d, procs, NVSIM_MAX_PROCS);
+    for (unsigned i = 0; i < n; i++)
+        if (procs[i].kernels) {
+            procs[k++] = procs[i];
+            total += procs[i].busy_ns;
+        }
+    if (k == 0)
+        return NVML_ERROR_NOT_FOUND;
+    if (!samples || *count < k) {
+        *count = k;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    st = nvsim_state_open();
+    util = nvsim_gpu_util(st, d->gpu);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    for (unsigned i = 0; i < k; i++) {
+        samples[i] = (nvmlProcessUtilizationSample_t){
+            .pid = (unsigned)(procs[i].host_pid ? procs[i].host_pid : procs[i].pid),
+            .timeStamp = (unsigned long long)ts.tv_sec * 1000000ull +
+                         (unsigned long long)ts.tv_nsec / 1000,
+            .smUtil = total ? (unsigned)(util * procs[i].busy_ns / total) : 0,
+        };
+    }
+    *count = k;
+    return NVML_SUCCESS;
+}

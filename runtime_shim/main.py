@@ -1,0 +1,74 @@
+"""nvctk-runtime: a drop-in for runc.
+
+Thin on purpose. Every state/kill/delete/start of every container on the node
+runs through here, so the passthrough path imports only os, sys and
+nvctk.runc_argv (itself os/sys only) and execs the low-level runtime at once.
+Only `create` and `run` import the library (nvctk.shim) to edit the bundle.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and __package__ in (None, ""):
+    # Started as a script (e.g. by a `python3 -I -S` wrapper, which skips site
+    # and its .pth processing to start faster): find the directory holding the
+    # nvctk package (the repo root, or site-packages where we are nvctk/runtime_shim).
+    _d = os.path.dirname(os.path.abspath(__file__))
+    for _up in (os.path.dirname(_d), os.path.dirname(os.path.dirname(_d))):
+        if os.path.isfile(os.path.join(_up, "nvctk", "runc_argv.py")):
+            sys.path.insert(0, _up)
+            break
+
+from nvctk import runc_argv  # after the script-mode path fix above
+
+
+def _passthrough_error(args: runc_argv.RuncArgs, msg: str) -> int:
+    from nvctk.log import report_error
+
+    report_error(msg, runc_log=args.log, runc_log_format=args.log_format)
+    return 1
+
+
+def _warn(msg: str) -> None:
+    """A warning on the passthrough path: nvctk's log only, never stderr.
+
+    containerd's go-runc reads `state` output with stderr combined into stdout,
+    so a stray warning on stderr would break its JSON parsing.
+    """
+    try:
+        from nvctk.config import Config
+        from nvctk.log import Logger
+
+        # the config is what is broken, so its log-file key cannot be trusted
+        Logger(Config().log_file, "warning", "nvctk-runtime").warning(msg)
+    except Exception:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = runc_argv.parse(argv)
+    if args.creates:
+        from nvctk.shim import create_main
+
+        return create_main(args)
+    runtimes, warning = runc_argv.read_runtimes()
+    if warning:
+        _warn(warning)
+    runtime = runc_argv.find_runtime(runtimes)
+    if runtime is None:
+        return _passthrough_error(
+            args, f"no low-level runtime found (tried {', '.join(runtimes)}; nvctk-runtime "
+            "itself is skipped)"
+        )
+    try:
+        os.execv(runtime, [runtime, *argv])
+    except OSError as e:
+        return _passthrough_error(args, f"cannot exec {runtime}: {e.strerror}")
+    return 1  # not reached: execv replaced us
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Shared fixtures.
+
+Simulated hosts (nvctk.sim.host.SimHost; need root for device nodes):
+    sim_host       session-scoped, 2 whole GPUs (H100 80GB), driver 550.54.15,
+                   CUDA 12.4, built once per test session. Treat it as read-only.
+    sim_host_mig   session-scoped, 2 GPUs; GPU 0 has MIG devices 3g.40gb, 2g.20gb,
+                   1g.10gb (MIG indexes 0, 1, 2); GPU 1 is whole.
+    make_sim       function-scoped factory: make_sim(**make_topology_kwargs) builds a
+                   fresh sim under tmp_path (for tests that change or break it).
+    sim_env        {**os.environ, "NVCTK_CONFIG": sim_host's config.toml}, for
+                   subprocesses of nvctk's executables.
+Containers:
+    rootfs         factory: rootfs(debian=True, with_sample=None|True|path, files=None)
+                   builds a busybox + glibc rootfs under tmp_path and returns its path;
+                   with_sample=True copies sim_host's cuda-vectoradd to
+                   /usr/local/bin/cuda-vectoradd (see nvctk.sim.rootfs).
+CLI:
+    run_nvctk      run_nvctk(*args, env=None, config=None) -> CompletedProcess (text),
+                   runs the installed `nvctk` console script; config=PATH sets NVCTK_CONFIG.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvctk.sim import host
+from nvctk.sim.rootfs import build_rootfs
+from nvctk.sim.topology import make_topology
+
+MIG_LAYOUT = {0: ["3g.40gb", "2g.20gb", "1g.10gb"]}
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the simulated host has device nodes)")
+
+
+def nvctk_exe() -> list[str]:
+    exe = shutil.which("nvctk", path=os.path.dirname(sys.executable))
+    return [exe] if exe else [sys.executable, "-m", "nvctk.cli.main"]
+
+
+@pytest.fixture(scope="session")
+def sim_host(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
+    _need_root()
+    return host.init(str(tmp_path_factory.mktemp("sim") / "host"), make_topology(gpus=2))
+
+
+@pytest.fixture(scope="session")
+def sim_host_mig(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
+    _need_root()
+    return host.init(
+        str(tmp_path_factory.mktemp("simmig") / "host"), make_topology(gpus=2, mig=MIG_LAYOUT)
+    )
+
+
+@pytest.fixture
+def make_sim(tmp_path: Path) -> Callable[..., host.SimHost]:
+    _need_root()
+    counter = itertools.count()
+
+    def make(**kwargs: Any) -> host.SimHost:
+        return host.init(str(tmp_path / f"sim{next(counter)}"), make_topology(**kwargs))
+
+    return make
+
+
+@pytest.fixture
+def sim_env(sim_host: host.SimHost) -> dict[str, str]:
+    return {**os.environ, **sim_host.env}
+
+
+@pytest.fixture
+def rootfs(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., str]:
+    counter = itertools.count()
+
+    def make(
+        debian: bool = True,
+        with_sample: bool | str | None = None,
+        files: dict[str, str] | None = None,
+    ) -> str:
+        sample: str | None
+        if with_sample is True:
+            sample = request.getfixturevalue("sim_host").sample
+        else:
+            sample = with_sample or None
+        return build_rootfs(
+            str(tmp_path / f"rootfs{next(counter)}"), debian=debian, with_sample=sample, files=files
+        )
+
+    return make
+
+
+@pytest.fixture
+def run_nvctk() -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
+    def run(
+        *args: str, env: dict[str, str] | None = None, config: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        e = dict(os.environ if env is None else env)
+        if config is not None:
+            e["NVCTK_CONFIG"] = config
+        return subprocess.run(
+            [*nvctk_exe(), *args], env=e, capture_output=True, text=True, timeout=60
+        )
+
+    yield run

@@ -1,0 +1,170 @@
+"""Real containerd and dockerd, started by tests on private sockets and state dirs.
+
+Each daemon gets its own root, state and socket under a temp dir, is stopped
+(and its leftover mounts and shims reaped) when the context exits, and never
+touches the host's default daemons.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _wait_for(predicate, timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    raise TimeoutError(f"{what} did not come up in {timeout}s; log tail:\n{tail}")
+
+
+def _umount_below(path: Path) -> None:
+    """Lazy-unmount whatever a daemon left mounted under path, deepest first."""
+    prefix = str(path)
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4].encode().decode("unicode_escape")
+            if mp == prefix or mp.startswith(prefix + "/"):
+                mounts.append(mp)
+    for mp in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], capture_output=True)
+
+
+def _kill_shims(root: Path) -> None:
+    """containerd-shim processes outlive containerd; kill those of this root."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline and b"containerd-shim" in cmdline[0] and any(
+            str(root).encode() in arg for arg in cmdline
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+@dataclass
+class Containerd:
+    dir: Path
+    socket: Path
+    proc: subprocess.Popen
+
+    def ctr(self, *args: str, timeout: float = 60, check: bool = False,
+            namespace: str = "nvctk-test") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ctr", "-a", str(self.socket), "-n", namespace, *args],
+            capture_output=True, text=True, timeout=timeout, check=check,
+        )
+
+
+@contextlib.contextmanager
+def containerd(workdir: Path, env: dict[str, str] | None = None) -> Iterator[Containerd]:
+    """containerd with its own root/state/socket; `env` is what its shims (and
+    so the runtimes they call) inherit, e.g. NVCTK_CONFIG for a simulated host."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    sock = workdir / "containerd.sock"
+    cfg = workdir / "config.toml"
+    cfg.write_text(
+        f'version = 2\nroot = "{workdir}/root"\nstate = "{workdir}/state"\n'
+        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+        f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
+        '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
+    )
+    log = workdir / "containerd.log"
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            ["containerd", "--config", str(cfg)],
+            stdout=logf, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )
+    daemon = Containerd(workdir, sock, proc)
+    try:
+        _wait_for(
+            lambda: sock.exists() and daemon.ctr("version").returncode == 0, 30, "containerd", log
+        )
+        yield daemon
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        _kill_shims(workdir)
+        _umount_below(workdir)
+
+
+@dataclass
+class Dockerd:
+    dir: Path
+    host: str
+    proc: subprocess.Popen
+
+    def docker(self, *args: str, timeout: float = 120, input: bytes | None = None,
+               ) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [shutil.which("docker", path="/usr/bin") or "docker", "-H", self.host, *args],
+            capture_output=True, timeout=timeout, input=input,
+        )
+
+
+@contextlib.contextmanager
+def dockerd(workdir: Path, ctd: Containerd, runtimes: dict[str, str],
+            path_prepend: str = "") -> Iterator[Dockerd]:
+    """dockerd on a private socket and data root, using the test's containerd.
+    `runtimes` maps names to runtime binaries (daemon.json "runtimes")."""
+    import json
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = workdir / "daemon.json"
+    cfg.write_text(json.dumps({
+        "runtimes": {name: {"path": p, "runtimeArgs": []} for name, p in runtimes.items()},
+    }))
+    host = f"unix://{workdir}/docker.sock"
+    log = workdir / "dockerd.log"
+    env = dict(os.environ)
+    if path_prepend:
+        env["PATH"] = path_prepend + ":" + env.get("PATH", "/usr/bin:/bin")
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            ["dockerd", "--data-root", f"{workdir}/data", "--exec-root", f"{workdir}/exec",
+             "--pidfile", f"{workdir}/docker.pid", "-H", host, "--bridge=none",
+             "--iptables=false", "--ip-masq=false", "--config-file", str(cfg),
+             "--containerd", str(ctd.socket), "--containerd-namespace", "nvctk-moby",
+             "--containerd-plugins-namespace", "nvctk-moby-plugins"],
+            stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    daemon = Dockerd(workdir, host, proc)
+    try:
+        _wait_for(lambda: daemon.docker("version").returncode == 0, 60, "dockerd", log)
+        yield daemon
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        _umount_below(workdir)
+
+
+def import_rootfs(daemon: Dockerd, rootfs: Path, tag: str) -> None:
+    """docker import of a directory tree as a single-layer image."""
+    tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True)
+    res = daemon.docker("import", "-", tag, input=tar.stdout)
+    if res.returncode != 0:
+        raise RuntimeError(f"docker import failed: {res.stderr.decode()}")

@@ -1,0 +1,144 @@
+"""GPU containers through real containerd and dockerd, started by the tests.
+
+containerd: `ctr run --runc-binary nvctk-runtime` (the runc.v2 shim calls our
+binary with runc's argv). dockerd: a runtime "nvidia" in daemon.json, an image
+imported from the test rootfs. Both daemons inherit NVCTK_CONFIG, as they would
+from a systemd drop-in on a real host, so the shim sees the simulated host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvctk.sim.host import SimHost
+from support.daemons import Containerd, Dockerd, containerd, dockerd, import_rootfs
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+RUNTIME = os.path.join(os.path.dirname(sys.executable), "nvctk-runtime")
+_ids = itertools.count()
+
+
+def _need(*tools: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts containerd/dockerd")
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> SimHost:
+    """A sim of its own: these tests' containers use its shared state file."""
+    from nvctk.sim import host
+    from nvctk.sim.topology import make_topology
+
+    _need("containerd")
+    return host.init(str(tmp_path_factory.mktemp("engsim") / "host"), make_topology(gpus=2))
+
+
+@pytest.fixture(scope="module")
+def ctd(tmp_path_factory: pytest.TempPathFactory, sim: SimHost) -> Iterator[Containerd]:
+    _need("containerd", "ctr", "runc")
+    # a short path: containerd's socket paths must fit in sun_path
+    work = Path(tempfile_dir()) / "ctd"
+    with containerd(work, env=sim.env) as daemon:
+        yield daemon
+    shutil.rmtree(work.parent, ignore_errors=True)
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="nvctk-e-", dir="/tmp")
+
+
+@pytest.fixture(scope="module")
+def image_rootfs(tmp_path_factory: pytest.TempPathFactory, sim: SimHost) -> str:
+    from nvctk.sim.rootfs import build_rootfs
+
+    return build_rootfs(str(tmp_path_factory.mktemp("engrootfs") / "r"), with_sample=sim.sample)
+
+
+def ctr_run(ctd: Containerd, rootfs: str, env: list[str], *cmd: str):
+    cid = f"nvctk-ctr-{os.getpid()}-{next(_ids)}"
+    args = ["run", "--rm", "--runc-binary", RUNTIME, "--rootfs", rootfs]
+    for e in env:
+        args += ["--env", e]
+    return ctd.ctr(*args, cid, *cmd, timeout=90)
+
+
+def test_ctr_run_gpu_container(ctd: Containerd, sim: SimHost, image_rootfs: str) -> None:
+    gpu1 = sim.topology.gpus[1]
+    res = ctr_run(ctd, image_rootfs, [f"NVIDIA_VISIBLE_DEVICES={gpu1.uuid}"], "nvidia-smi", "-L")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines() == [f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})"]
+
+
+def test_ctr_run_cuda_sample(ctd: Containerd, image_rootfs: str) -> None:
+    res = ctr_run(ctd, image_rootfs, ["NVIDIA_VISIBLE_DEVICES=0"], "cuda-vectoradd")
+    assert res.returncode == 0, res.stderr
+    assert "Test PASSED" in res.stdout
+
+
+def test_ctr_run_without_gpu_request_passes_through(ctd: Containerd, image_rootfs: str) -> None:
+    res = ctr_run(ctd, image_rootfs, [], "ls", "/dev")
+    assert res.returncode == 0, res.stderr
+    assert "nvidiactl" not in res.stdout.split()
+
+
+def test_ctr_shows_nvctk_error_for_unknown_device(ctd: Containerd, image_rootfs: str) -> None:
+    res = ctr_run(ctd, image_rootfs, ["NVIDIA_VISIBLE_DEVICES=GPU-does-not-exist"], "true")
+    assert res.returncode != 0
+    assert "GPU-does-not-exist" in res.stderr, res.stderr
+
+
+@pytest.fixture(scope="module")
+def docker(ctd: Containerd, image_rootfs: str) -> Iterator[Dockerd]:
+    _need("dockerd")
+    work = Path(tempfile_dir()) / "dk"
+    # Docker's --gpus needs a hook binary named nvidia-container-runtime-hook on
+    # its PATH; this one fails loudly, so a test passes only if nvctk replaced it.
+    fake = work.parent / "fakebin"
+    fake.mkdir(parents=True)
+    hook = fake / "nvidia-container-runtime-hook"
+    hook.write_text("#!/bin/sh\necho 'NVIDIA hook ran: nvctk did not replace it' >&2\nexit 1\n")
+    hook.chmod(hook.stat().st_mode | stat.S_IXUSR)
+    with dockerd(work, ctd, {"nvidia": RUNTIME}, path_prepend=str(fake)) as daemon:
+        import_rootfs(daemon, Path(image_rootfs), "nvctk-test:latest")
+        yield daemon
+    shutil.rmtree(work.parent, ignore_errors=True)
+
+
+def docker_run(d: Dockerd, *args: str):
+    return d.docker("run", "--rm", "--network", "none", "--runtime", "nvidia", *args,
+                    timeout=120)
+
+
+def test_docker_run_gpu_container(docker: Dockerd, sim: SimHost) -> None:
+    gpu0 = sim.topology.gpus[0]
+    res = docker_run(docker, "-e", "NVIDIA_VISIBLE_DEVICES=0", "nvctk-test:latest",
+                     "nvidia-smi", "-L")
+    assert res.returncode == 0, res.stderr.decode()
+    assert res.stdout.decode().strip() == f"GPU 0: {gpu0.name} (UUID: {gpu0.uuid})"
+
+
+def test_docker_gpus_flag_is_served_by_nvctk(docker: Dockerd, sim: SimHost) -> None:
+    res = docker_run(docker, "--gpus", "all", "nvctk-test:latest", "nvidia-smi", "-L")
+    assert res.returncode == 0, res.stderr.decode()
+    assert len(res.stdout.decode().strip().splitlines()) == len(sim.topology.gpus)
+
+
+def test_docker_shows_nvctk_error_for_unknown_device(docker: Dockerd) -> None:
+    res = docker_run(docker, "-e", "NVIDIA_VISIBLE_DEVICES=7", "nvctk-test:latest", "true")
+    assert res.returncode != 0
+    err = res.stderr.decode()
+    assert "nvctk" in err and "7" in err, err

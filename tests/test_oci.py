@@ -1,0 +1,167 @@
+"""Spec load/edit/atomic save and hook-state parsing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvctk import oci
+from nvctk.errors import SpecError
+from nvctk.plan import DeviceNode
+
+NODES = (
+    DeviceNode("/dev/nvidiactl", "/h/dev/nvidiactl", 195, 255),
+    DeviceNode("/dev/nvidia1", "/h/dev/nvidia1", 195, 1),
+    DeviceNode("/dev/nvidia-uvm", "/h/dev/nvidia-uvm", 508, 0),
+)
+
+
+def base_spec() -> dict[str, Any]:
+    return {
+        "ociVersion": "1.0.2",
+        "process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=1"], "args": ["sh"]},
+        "root": {"path": "rootfs"},
+        "x-vendor": {"keep": [1, 2, {"deep": True}]},
+        "linux": {"resources": {"devices": [{"allow": False, "access": "rwm"}]},
+                  "unknownLinuxField": "kept"},
+        "hooks": {"poststart": [{"path": "/bin/true"}]},
+    }
+
+
+def write_bundle(tmp_path: Path, spec: dict[str, Any], mode: int = 0o640) -> Path:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(spec, indent=2))
+    p.chmod(mode)
+    return p
+
+
+def test_atomic_save_keeps_unknown_fields_and_mode(tmp_path: Path) -> None:
+    p = write_bundle(tmp_path, base_spec(), 0o640)
+    ino = p.stat().st_ino
+    spec = oci.load_spec(str(tmp_path))
+    oci.add_devices(spec, NODES)
+    oci.save_spec(str(tmp_path), spec)
+    st = p.stat()
+    assert st.st_mode & 0o7777 == 0o640
+    assert st.st_ino != ino  # replaced by rename, not rewritten in place
+    out = json.loads(p.read_text())
+    assert out["x-vendor"] == {"keep": [1, 2, {"deep": True}]}
+    assert out["linux"]["unknownLinuxField"] == "kept"
+    assert list(out)[:4] == ["ociVersion", "process", "root", "x-vendor"]  # order kept
+    assert [f.name for f in tmp_path.iterdir()] == ["config.json"]  # no temp file left
+
+
+def test_atomic_write_failure_leaves_original(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = write_bundle(tmp_path, base_spec())
+    before = p.read_bytes()
+
+    def boom(*a: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(OSError):
+        oci.atomic_write(str(p), b"{}")
+    assert p.read_bytes() == before
+    assert [f.name for f in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_devices_and_rules_idempotent() -> None:
+    spec = base_spec()
+    for _ in range(3):
+        oci.add_devices(spec, NODES)
+    devs = spec["linux"]["devices"]
+    assert [d["path"] for d in devs] == ["/dev/nvidiactl", "/dev/nvidia1", "/dev/nvidia-uvm"]
+    assert devs[2] == {"path": "/dev/nvidia-uvm", "type": "c", "major": 508, "minor": 0,
+                       "fileMode": 438, "uid": 0, "gid": 0}
+    rules = spec["linux"]["resources"]["devices"]
+    assert rules[0] == {"allow": False, "access": "rwm"}  # the deny-all stays first
+    assert rules[1:] == [{"allow": True, "type": "c", "major": n.major, "minor": n.minor,
+                          "access": "rwm"} for n in NODES]
+
+
+def test_devices_on_empty_spec() -> None:
+    spec: dict[str, Any] = {}
+    oci.add_devices(spec, NODES[:1])
+    assert spec["linux"]["devices"][0]["path"] == "/dev/nvidiactl"
+    assert len(spec["linux"]["resources"]["devices"]) == 1
+
+
+def test_hook_replaces_nvidia_and_own() -> None:
+    spec = base_spec()
+    spec["hooks"]["prestart"] = [
+        {"path": "/usr/bin/nvidia-container-runtime-hook",
+         "args": ["nvidia-container-runtime-hook", "prestart"], "env": ["LD_PRELOAD=/evil.so"]},
+        {"path": "/usr/bin/other-hook", "args": ["other-hook"]},
+    ]
+    spec["hooks"]["createRuntime"] = [
+        {"path": "/usr/bin/nvidia-container-toolkit", "args": ["nvidia-container-toolkit"]}
+    ]
+    assert oci.remove_nvidia_hooks(spec) == 2
+    hook = oci.hook_entry("/opt/bin/nvctk-hook", 30, "/etc/x.toml")
+    oci.set_hook(spec, hook)
+    oci.set_hook(spec, hook)
+    pre = spec["hooks"]["prestart"]
+    assert [h["path"] for h in pre] == ["/usr/bin/other-hook", "/opt/bin/nvctk-hook"]
+    assert pre[1] == {"path": "/opt/bin/nvctk-hook", "args": ["nvctk-hook", "prestart"],
+                      "env": [oci.HOOK_PATH_ENV, "NVCTK_CONFIG=/etc/x.toml"], "timeout": 30}
+    assert spec["hooks"]["createRuntime"] == []
+    assert spec["hooks"]["poststart"] == [{"path": "/bin/true"}]
+    assert oci.hook_entry("/h", 5, None)["env"] == [oci.HOOK_PATH_ENV]
+
+
+def test_set_env_replaces() -> None:
+    spec = base_spec()
+    oci.set_env(spec, {"A": "1", "NVIDIA_VISIBLE_DEVICES": "x"})
+    oci.set_env(spec, {"A": "2"})
+    assert spec["process"]["env"] == ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=x", "A=2"]
+
+
+def test_spec_readers(tmp_path: Path) -> None:
+    spec = base_spec()
+    assert oci.spec_env(spec)["NVIDIA_VISIBLE_DEVICES"] == "1"
+    assert oci.root_path(spec, "/b/x") == "/b/x/rootfs"
+    spec["root"]["path"] = "/abs/root"
+    assert oci.root_path(spec, "/b/x") == "/abs/root"
+    assert not oci.is_privileged(spec)
+    spec["process"]["capabilities"] = {"bounding": ["CAP_SYS_ADMIN"], "effective": []}
+    assert oci.is_privileged(spec)
+    spec["process"]["capabilities"] = {"effective": ["CAP_SYS_ADMIN"]}
+    assert not oci.is_privileged(spec)  # NVIDIA's definition: the bounding set
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("{", "invalid JSON"), ("[]", "JSON object"), ('{"process": []}', "process"),
+     ('{"process": {"env": [1]}}', "process.env"), ('{"mounts": {}}', "mounts")],
+)
+def test_bad_spec(tmp_path: Path, text: str, match: str) -> None:
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(SpecError, match=match) as e:
+        oci.load_spec(str(tmp_path))
+    assert "config.json" in str(e.value)
+
+
+def test_missing_spec(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="no such file"):
+        oci.load_spec(str(tmp_path))
+
+
+def test_load_state() -> None:
+    st = oci.load_state(json.dumps({"ociVersion": "1.0.2", "id": "c1", "status": "creating",
+                                    "pid": 42, "bundle": "/b", "annotations": {"a": "b"}}))
+    assert (st.id, st.pid, st.bundle, st.status, st.root, st.annotations) == (
+        "c1", 42, "/b", "creating", None, {"a": "b"})
+    assert oci.load_state('{"id":"c","pid":1,"bundle":"/b","root":"/r"}').root == "/r"  # crun
+
+
+@pytest.mark.parametrize(
+    "text", ["", "nope", "[]", '{"pid":1,"bundle":"/b"}', '{"id":"c","pid":1,"bundle":"rel"}',
+             '{"id":"c","pid":-1,"bundle":"/b"}', '{"id":"c","pid":true,"bundle":"/b"}'],
+)
+def test_bad_state(text: str) -> None:
+    with pytest.raises(SpecError):
+        oci.load_state(text)

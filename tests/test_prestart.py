@@ -1,0 +1,228 @@
+"""nvctk-hook prestart against a simulated host and a fake container.
+
+The "container" is `unshare -m --propagation private sleep` (see
+canary/harness.py); the hook runs as the real executable with runc's hook
+environment, and everything is checked through /proc/<pid>/{root,mountinfo}.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from canary.harness import (
+    HOOK,
+    Bundle,
+    cpath,
+    fake_container,
+    make_bundle,
+    make_plan,
+    mountinfo,
+    run_hook,
+)
+
+from nvctk import ldcache, prestart
+from nvctk.mount import parse_mountinfo
+from nvctk.plan import Mount
+from nvctk.sim.host import SimHost
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces)")
+
+LIB = "/usr/lib/x86_64-linux-gnu"
+
+
+@pytest.fixture
+def host_table() -> Iterator[None]:
+    """The test process's mount table must be the same after the test."""
+    before = mountinfo()
+    yield
+    assert mountinfo() == before
+
+
+def mounts_under(pid: int, rootfs: str) -> dict[str, str]:
+    """{container path: mount options} of the mounts below rootfs in pid's namespace."""
+    out = {}
+    for line in mountinfo(pid).splitlines():
+        info = parse_mountinfo(line)[0]
+        if info.mount_point.startswith(rootfs + "/"):
+            out[info.mount_point[len(rootfs):]] = line.split()[5]
+    return out
+
+
+@pytest.fixture
+def setup(sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path
+          ) -> Callable[..., tuple[Bundle, str]]:
+    def make(**plan_kwargs: object) -> tuple[Bundle, str]:
+        root = rootfs()
+        os.makedirs(os.path.join(root, "proc/driver/nvidia"))
+        Path(root, "proc/driver/nvidia/secret").write_text("host-only\n")
+        plan = make_plan(sim_host, stub_dir=str(tmp_path / "stubs"), **plan_kwargs)  # type: ignore[arg-type]
+        return make_bundle(str(tmp_path / "bundle"), root, plan), root
+
+    return make
+
+
+def test_hook_mounts_links_masks_and_ldconfig(setup: Callable[..., tuple[Bundle, str]],
+                                              sim_host: SimHost, host_table: None) -> None:
+    bundle, root = setup()
+    v = sim_host.topology.driver_version
+    with fake_container() as pid:
+        r = run_hook(bundle, pid)
+        assert r.returncode == 0, r.stderr
+        mounts = mounts_under(pid, root)
+        lib = f"{LIB}/libcuda.so.{v}"
+        for path in (lib, f"{LIB}/libnvidia-ml.so.{v}", "/usr/bin/nvidia-smi"):
+            assert path in mounts, mounts
+            assert {"ro", "nosuid", "nodev"} <= set(mounts[path].split(",")), mounts[path]
+        sock = "/run/nvidia-persistenced/socket"
+        assert {"rw", "nosuid", "nodev", "noexec"} <= set(mounts[sock].split(","))
+        # firmware lands where the image's /lib -> usr/lib link says, inside the rootfs
+        assert f"/usr/lib/firmware/nvidia/{v}/gsp_ga10x.bin" in mounts
+        with pytest.raises(OSError) as e:
+            open(cpath(pid, root, lib), "ab").close()
+        assert e.value.errno == errno.EROFS
+        assert os.readlink(cpath(pid, root, f"{LIB}/libcuda.so")) == "libcuda.so.1"
+        # ldconfig ran chrooted: SONAME links and the image's cache
+        assert os.readlink(cpath(pid, root, f"{LIB}/libcuda.so.1")) == f"libcuda.so.{v}"
+        names = {e.name for e in ldcache.read(cpath(pid, root, "/"))}
+        assert {"libcuda.so.1", "libnvidia-ml.so.1", "libc.so.6"} <= names
+        # /proc/driver/nvidia: a read-only tmpfs with only the allowed entries
+        proc = cpath(pid, root, "/proc/driver/nvidia")
+        assert {"ro", "noexec"} <= set(mounts["/proc/driver/nvidia"].split(","))
+        assert sorted(os.listdir(proc)) == ["gpus", "params", "registry", "version"]
+        params = Path(proc, "params").read_text()
+        assert "ModifyDeviceFiles: 0" in params and "ModifyDeviceFiles: 1" not in params
+        buses = sorted(os.listdir(os.path.join(sim_host.proc_dir, "gpus")))
+        assert os.listdir(os.path.join(proc, "gpus")) == buses[:1]
+        assert Path(proc, "gpus", buses[0], "information").read_text() == Path(
+            sim_host.proc_dir, "gpus", buses[0], "information").read_text()
+        assert Path(proc, "version").read_text() == Path(sim_host.proc_dir, "version").read_text()
+    # nothing was mounted in the host's namespace, nothing under the host's rootfs
+    assert not os.path.exists(os.path.join(root, LIB.lstrip("/"), f"libcuda.so.{v}")) or \
+        os.path.getsize(os.path.join(root, LIB.lstrip("/"), f"libcuda.so.{v}")) == 0
+
+
+def test_caps_logged_per_step_at_debug(setup: Callable[..., tuple[Bundle, str]]) -> None:
+    bundle, _ = setup()
+    with fake_container() as pid:
+        assert run_hook(bundle, pid).returncode == 0
+    log = bundle.log_text()
+    steps = {}
+    for line in log.splitlines():
+        if "caps step=" in line:
+            assert " DEBUG: " in line
+            rest = line.split("caps step=", 1)[1]
+            name, eff = rest.split(" effective=")
+            steps[name] = set(eff.split(",")) - {"-"}
+    assert steps["open"] >= {"sys_admin"}
+    assert steps["mount"] == {"sys_admin", "dac_override", "fowner"}
+    assert steps["symlink"] == {"dac_override", "fowner"}
+    assert steps["ldconfig"] == {"dac_override"}
+    assert steps["done"] == set()
+    assert "no_new_privs=1" in log
+
+
+def test_missing_libcuda_fails_naming_it(setup: Callable[..., tuple[Bundle, str]],
+                                        sim_host: SimHost, host_table: None) -> None:
+    bundle, root = setup()
+    plan_path = os.path.join(bundle.path, "nvctk-plan.json")
+    d = json.loads(Path(plan_path).read_text())
+    for m in d["mounts"]:
+        if os.path.basename(m["host_path"]).startswith("libcuda.so"):
+            m["host_path"] = "/nonexistent/driver/" + os.path.basename(m["host_path"])
+    Path(plan_path).write_text(json.dumps(d))
+    with fake_container() as pid:
+        r = run_hook(bundle, pid)
+        assert r.returncode == 1
+        assert r.stderr.startswith("nvctk-hook: step open: /nonexistent/driver/libcuda.so.")
+        assert "compute" in r.stderr
+        assert mounts_under(pid, root) == {}
+
+
+def test_missing_optional_file_is_skipped(setup: Callable[..., tuple[Bundle, str]],
+                                          tmp_path: Path) -> None:
+    extra = Mount("/nonexistent/libnvidia-opencl.so.1", f"{LIB}/libnvidia-opencl.so.1")
+    bundle, root = setup(extra=[extra])
+    with fake_container() as pid:
+        r = run_hook(bundle, pid)
+        assert r.returncode == 0, r.stderr
+        assert f"{LIB}/libnvidia-opencl.so.1" not in mounts_under(pid, root)
+    assert "skip /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1" in bundle.log_text()
+
+
+def test_failure_undoes_mounts(setup: Callable[..., tuple[Bundle, str]],
+                               sim_host: SimHost, host_table: None) -> None:
+    # the last mount's destination is a directory in the image: step mount fails there
+    v = sim_host.topology.driver_version
+    bad = Mount(os.path.join(sim_host.bin_dir, "nvidia-smi"), "/opt/blocked")
+    bundle, root = setup(extra=[bad])
+    os.makedirs(os.path.join(root, "opt/blocked"))
+    with fake_container() as pid:
+        r = run_hook(bundle, pid)
+        assert r.returncode == 1
+        assert r.stderr.startswith("nvctk-hook: step mount: /opt/blocked: ")
+        assert mounts_under(pid, root) == {}
+        assert not os.path.ismount(cpath(pid, root, f"{LIB}/libcuda.so.{v}"))
+    assert "undid the mounts" in bundle.log_text()
+
+
+def test_state_root_from_crun_and_relative_root(setup: Callable[..., tuple[Bundle, str]]
+                                                ) -> None:
+    bundle, root = setup()
+    spec_path = os.path.join(bundle.path, "config.json")
+    spec = json.loads(Path(spec_path).read_text())
+    spec["root"]["path"] = "/nonexistent-rootfs"  # crun's state.root wins
+    Path(spec_path).write_text(json.dumps(spec))
+    with fake_container() as pid:
+        r = run_hook(bundle, pid, state_extra={"root": root})
+        assert r.returncode == 0, r.stderr
+        assert mounts_under(pid, root)
+
+
+def test_refuses_the_host_mount_namespace(setup: Callable[..., tuple[Bundle, str]],
+                                          host_table: None) -> None:
+    bundle, _ = setup()
+    r = run_hook(bundle, os.getpid())
+    assert r.returncode == 1
+    assert "shares the host's mount namespace" in r.stderr
+
+
+def test_bad_state_is_a_clear_error(tmp_path: Path) -> None:
+    r = subprocess.run([HOOK, "prestart"], input="{not json", capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "NVCTK_CONFIG": str(tmp_path / "none")})
+    assert r.returncode == 1
+    assert r.stderr.startswith("nvctk-hook: hook state on stdin")
+
+
+def test_poststop_stub_and_usage() -> None:
+    r = subprocess.run([HOOK, "poststop"], input="{}", capture_output=True, text=True)
+    assert r.returncode == 0
+    r = subprocess.run([HOOK, "bogus"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown command" in r.stderr
+
+
+def test_sanitize_environ() -> None:
+    env = {"LD_PRELOAD": "/x.so", "LD_LIBRARY_PATH": "/y", "PYTHONPATH": "/z", "PATH": "/bin"}
+    assert sorted(prestart.sanitize_environ(env)) == ["LD_LIBRARY_PATH", "LD_PRELOAD",
+                                                     "PYTHONPATH"]
+    assert env == {"PATH": "/bin"}
+
+
+def test_elf_interpreter() -> None:
+    ld = shutil.which("ldconfig", path="/sbin:/usr/sbin") or "/sbin/ldconfig"
+    fd = os.open(ld, os.O_RDONLY)
+    try:
+        assert prestart.elf_interpreter(fd) is None  # Debian's ldconfig is static
+    finally:
+        os.close(fd)
+    fd = os.open("/bin/ls", os.O_RDONLY)
+    try:
+        assert (prestart.elf_interpreter(fd) or "").startswith("/lib")
+    finally:
+        os.close(fd)
