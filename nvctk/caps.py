@@ -14,6 +14,7 @@ from typing import Protocol
 
 import prctl
 
+
 class DebugLog(Protocol):
     def debug(self, msg: str) -> None: ...
 
@@ -62,7 +63,7 @@ def current(flag: int = prctl.CAP_EFFECTIVE) -> list[str]:
     """Names of the capabilities in one of our sets (effective by default)."""
     got = prctl.get_caps((list(prctl.ALL_CAPS), flag))[flag]
     names = dict(zip(prctl.ALL_CAPS, prctl.ALL_CAP_NAMES, strict=True))
-    return sorted(_NAME_FIX.get(names[c], names[c]) for c, on in got.items() if on)
+    return sorted(_NAME_FIX.get(names[c]) or names[c] for c, on in got.items() if on)
 
 
 def needed(steps: Iterable[str]) -> set[str]:

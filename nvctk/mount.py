@@ -337,7 +337,8 @@ class Root:
                     try:
                         fd = openat2(self.fd, prefix, os.O_PATH | os.O_DIRECTORY, IN_ROOT)
                     except FileNotFoundError:
-                        raise OSError(errno.ENOENT, "dangling symlink in the image",
+                        raise OSError(errno.ENOENT, f"/{prefix} is a dangling symlink in the "
+                                      "image (nothing it names exists inside the rootfs)",
                                       "/" + prefix)
                 os.close(parent)
                 parent = fd

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import struct
 import sys
 import time
@@ -123,10 +122,10 @@ def parse_state(text: str | bytes) -> HookState:
         from nvctk.oci import load_state
     except ImportError:  # pragma: no cover - oci.py is someone else's, may lag
         d = json.loads(text)
-        root = d.get("root")
-        if isinstance(root, dict):
-            root = root.get("path")
-        return HookState(str(d["id"]), int(d.get("pid", 0)), str(d["bundle"]), root or None)
+        raw_root = d.get("root")
+        if isinstance(raw_root, dict):
+            raw_root = raw_root.get("path")
+        return HookState(str(d["id"]), int(d.get("pid", 0)), str(d["bundle"]), raw_root or None)
     st = load_state(text)
     root: Any = st.root
     if root is None:  # crun may send root as {"path": ...}; be lenient

@@ -122,7 +122,9 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
         report_error(msg, runc_log=args.log, runc_log_format=args.log_format, logger=logger)
         return 1
 
-    runtimes = config.runtimes if config else ra.DEFAULT_RUNTIMES
+    # a broken config still names its runtimes for a no-GPU create, as on the
+    # passthrough path (the fast reader, or the defaults)
+    runtimes = config.runtimes if config else ra.read_runtimes()[0]
     runtime = ra.find_runtime(runtimes, exclude=ra.self_paths(argv0))
     if runtime is None:
         return fail(

@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = runc_argv.parse(argv)
     if args.creates:
+        if sys.flags.no_site:
+            # The fast launcher starts Python with -I -S; create/run needs the
+            # third-party packages (pynvml) that only site puts on sys.path.
+            import site
+
+            site.main()
         from nvctk.shim import create_main
 
         return create_main(args)

@@ -77,6 +77,26 @@ def _relink(root: Path, path: str, target: str) -> None:
     os.symlink(target, p)
 
 
+_CAPLESS: list[subprocess.Popen[bytes]] = []
+
+
+def _capless() -> int:
+    """pid of a host process (uid 0, no capabilities, dumpable) for /proc/<pid>/root."""
+    if not _CAPLESS:
+        _CAPLESS.append(subprocess.Popen(["setpriv", "--bounding-set=-all", "--inh-caps=-all",
+                                          "sleep", "600"]))
+    return _CAPLESS[0].pid
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _reap_capless() -> Iterator[None]:
+    yield
+    for p in _CAPLESS:
+        p.kill()
+        p.wait()
+    _CAPLESS.clear()
+
+
 def _up(canary: Path) -> str:
     return "../" * 12 + str(canary).lstrip("/")
 
@@ -99,6 +119,10 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], bool]] = {
     "ld.so.cache-proc-1-root": (lambda r, c: _relink(r, "etc/ld.so.cache",
                                                       f"/proc/1/root{c}/file"), True),
     "etc-proc-self-root": (lambda r, c: _relink(r, "etc", f"/proc/self/root{c}/etcdir"), True),
+    # a capability-less host process whose root is the host's /: ldconfig could follow
+    # /proc/<it>/root if the rootfs's procfs were visible to it
+    "etc-proc-pid-root": (lambda r, c: _relink(r, "etc", f"/proc/{_capless()}/root{c}/etcdir"),
+                          True),
 }
 
 

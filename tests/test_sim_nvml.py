@@ -337,7 +337,7 @@ GPU_MIB = GPU0.memory_mib
         ("max_mig", [7, 7]),
         ("is_mig", 0),
         ("profile_v2", [14, 2, 3, 19968, "MIG 2g.20gb"]),
-        ("profile_v1", [0, 1, 9856]),
+        ("profile_v1", [19, 1, 9856]),
         ("util", [0, 0]),
         ("procs", [0, 0]),
         ("gfx", 0),

@@ -720,7 +720,16 @@ static int pm_take(int which, uint64_t key, struct pm_ent *out) {
 /* ------------------------------------------------------------------ */
 /* CUDA wrappers                                                       */
 
+/* A driver whose exported functions call each other through the PLT (the
+ * simulated one: cuCtxCreate_v3 -> cuCtxCreate_v2, cuLaunchKernelEx ->
+ * cuLaunchKernel) would re-enter our wrappers from inside a real call and
+ * count twice: calls made while this thread is inside a real call pass
+ * straight through. */
+static __thread int vgpu_nested;
+#define NESTED(expr) ({ vgpu_nested++; __typeof__(expr) r__ = (expr); vgpu_nested--; r__; })
+
 #define ENTER_OR(errret)                                       \
+    if (UNLIKELY(vgpu_nested)) return errret;                  \
     int st_ = vgpu_enter();                                    \
     if (UNLIKELY(st_ == ST_ERROR)) return CUDA_ERROR_NOT_INITIALIZED; \
     if (st_ != ST_ACTIVE) return errret;
@@ -743,7 +752,7 @@ EXPORT CUresult cuInit(unsigned int flags) {
         if (!ld) return realcall;                                         \
         uint64_t sz_ = (uint64_t)(size);                                  \
         if (charge(ld, sz_) < 0) return CUDA_ERROR_OUT_OF_MEMORY;         \
-        CUresult r_ = realcall;                                           \
+        CUresult r_ = NESTED(realcall);                                   \
         if (r_ != CUDA_SUCCESS) {                                         \
             credit(ld->e, sz_);                                           \
             return r_;                                                    \
@@ -791,14 +800,14 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                    unsigned int elem) {
     ENTER_OR(REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, elem));
-    CUresult r = REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, elem);
+    CUresult r = NESTED(REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, elem));
     if (r != CUDA_SUCCESS || !dptr || !pitch) return r;
     struct ldev *ld = cur_ldev();
     if (!ld) return r;
     /* the pitch is the driver's choice: charge the real pitch x height */
     unsigned __int128 sz = (unsigned __int128)*pitch * height;
     if (sz >> 63 || charge(ld, (uint64_t)sz) < 0) {
-        REAL(cuMemFree_v2)(*dptr);
+        NESTED(REAL(cuMemFree_v2)(*dptr));
         *dptr = 0;
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -810,7 +819,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     ENTER_OR(REAL(cuMemFree_v2)(dptr));
     struct pm_ent ent;
     int had = pm_take(MAP_PTR, dptr, &ent);
-    CUresult r = REAL(cuMemFree_v2)(dptr);
+    CUresult r = NESTED(REAL(cuMemFree_v2)(dptr));
     if (had) {
         if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
         else pm_put(MAP_PTR, ent.key, ent.size, ent.e);
@@ -821,7 +830,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
 static CUresult free_async(CUresult (*fn)(CUdeviceptr, CUstream), CUdeviceptr dptr, CUstream s) {
     struct pm_ent ent;
     int had = pm_take(MAP_PTR, dptr, &ent);
-    CUresult r = fn(dptr, s);
+    CUresult r = NESTED(fn(dptr, s));
     if (had) {
         if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
         else pm_put(MAP_PTR, ent.key, ent.size, ent.e);
@@ -848,7 +857,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     struct ldev *ld = ldev_of(prop->location.id);
     if (!ld) return REAL(cuMemCreate)(handle, size, prop, flags);
     if (charge(ld, size) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = REAL(cuMemCreate)(handle, size, prop, flags);
+    CUresult r = NESTED(REAL(cuMemCreate)(handle, size, prop, flags));
     if (r != CUDA_SUCCESS) credit(ld->e, size);
     else pm_put(MAP_VMM, *handle, size, ld->e);
     return r;
@@ -858,7 +867,7 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     ENTER_OR(REAL(cuMemRelease)(handle));
     struct pm_ent ent;
     int had = pm_take(MAP_VMM, handle, &ent);
-    CUresult r = REAL(cuMemRelease)(handle);
+    CUresult r = NESTED(REAL(cuMemRelease)(handle));
     if (had) {
         if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
         else pm_put(MAP_VMM, ent.key, ent.size, ent.e);
@@ -866,17 +875,38 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     return r;
 }
 
-static uint64_t elem_bytes(int format) {
+/* Bytes per element and the channel count a format implies (0: NumChannels). */
+static uint64_t elem_bytes(int format, unsigned *fixed) {
+    *fixed = 0;
     switch (format) {
     case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
     case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
     case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
-    default: return 4;
+    case 0xc0: case 0xc6: *fixed = 1; return 1; /* [US]NORM_INT8X1 */
+    case 0xc1: case 0xc7: *fixed = 2; return 1;
+    case 0xc2: case 0xc8: *fixed = 4; return 1;
+    case 0xc3: case 0xc9: *fixed = 1; return 2; /* [US]NORM_INT16X1 */
+    case 0xc4: case 0xca: *fixed = 2; return 2;
+    case 0xc5: case 0xcb: *fixed = 4; return 2;
+    default: *fixed = 4; return 4; /* unknown: count generously (16 bytes/element) */
     }
 }
 
+#define CU_AD_FORMAT_NV12 0xb0
+#define ARRAY3D_LAYERED 0x01
+#define ARRAY3D_CUBEMAP 0x04
+
+/* width x height x depth x element size (x channels); NV12 = luma + half chroma */
 static uint64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned ch) {
-    unsigned __int128 v = (unsigned __int128)(w ? w : 1) * (h ? h : 1) * (d ? d : 1) * elem_bytes(format) * (ch ? ch : 1);
+    if (format == CU_AD_FORMAT_NV12) {
+        unsigned __int128 b = (unsigned __int128)(w ? w : 1) * (h ? h : 1);
+        b += b / 2;
+        return b >> 62 ? (1ull << 62) : (uint64_t)b;
+    }
+    unsigned fixed;
+    uint64_t es = elem_bytes(format, &fixed);
+    if (fixed) ch = fixed;
+    unsigned __int128 v = (unsigned __int128)(w ? w : 1) * (h ? h : 1) * (d ? d : 1) * es * (ch ? ch : 1);
     return v >> 62 ? (1ull << 62) : (uint64_t)v;
 }
 
@@ -894,13 +924,18 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *
                array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels), MAP_ARRAY);
 }
 
+/* the sum of the levels; a level halves each spatial extent (at least 1),
+ * layers and cube faces are not spatial */
 static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
+    int layered = (d->Flags & (ARRAY3D_LAYERED | ARRAY3D_CUBEMAP)) != 0;
     uint64_t total = 0;
     for (unsigned l = 0; l < (levels ? levels : 1) && l < 64; l++) {
-        size_t w = d->Width >> l, h = d->Height >> l, z = d->Depth >> l;
-        uint64_t b = array_bytes(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0, d->Format,
-                                 d->NumChannels);
-        total = total + b < total ? UINT64_MAX >> 1 : total + b;
+        size_t w = d->Width >> l ? d->Width >> l : 1;
+        size_t h = d->Height ? (d->Height >> l ? d->Height >> l : 1) : 0;
+        size_t z = d->Depth;
+        if (d->Depth && !layered) z = d->Depth >> l ? d->Depth >> l : 1;
+        uint64_t b = array_bytes(w, h, z, d->Format, d->NumChannels);
+        total = total + b < total ? (1ull << 62) : total + b;
     }
     return total;
 }
@@ -917,7 +952,7 @@ EXPORT CUresult cuArrayDestroy(CUarray arr) {
     ENTER_OR(REAL(cuArrayDestroy)(arr));
     struct pm_ent ent;
     int had = pm_take(MAP_ARRAY, (uintptr_t)arr, &ent);
-    CUresult r = REAL(cuArrayDestroy)(arr);
+    CUresult r = NESTED(REAL(cuArrayDestroy)(arr));
     if (had) {
         if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
         else pm_put(MAP_ARRAY, ent.key, ent.size, ent.e);
@@ -929,7 +964,7 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
     ENTER_OR(REAL(cuMipmappedArrayDestroy)(arr));
     struct pm_ent ent;
     int had = pm_take(MAP_ARRAY, (uintptr_t)arr, &ent);
-    CUresult r = REAL(cuMipmappedArrayDestroy)(arr);
+    CUresult r = NESTED(REAL(cuMipmappedArrayDestroy)(arr));
     if (had) {
         if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
         else pm_put(MAP_ARRAY, ent.key, ent.size, ent.e);
@@ -943,7 +978,7 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
         struct ldev *ld = ldev_of(dev);                                  \
         if (!ld || !pctx) return realcall;                               \
         if (charge(ld, cfg.reserve) < 0) return CUDA_ERROR_OUT_OF_MEMORY; \
-        CUresult r_ = realcall;                                          \
+        CUresult r_ = NESTED(realcall);                                  \
         if (r_ != CUDA_SUCCESS) credit(ld->e, cfg.reserve);              \
         else pm_put(MAP_CTX, (uintptr_t)*pctx, cfg.reserve, ld->e);      \
         return r_;                                                       \
@@ -968,7 +1003,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     ENTER_OR(REAL(cuCtxDestroy_v2)(ctx));
     struct pm_ent ent;
     int had = pm_take(MAP_CTX, (uintptr_t)ctx, &ent);
-    CUresult r = REAL(cuCtxDestroy_v2)(ctx);
+    CUresult r = NESTED(REAL(cuCtxDestroy_v2)(ctx));
     if (had) {
         if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
         else pm_put(MAP_CTX, ent.key, ent.size, ent.e);
@@ -989,7 +1024,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         }
         charged = cfg.reserve;
     }
-    CUresult r = REAL(cuDevicePrimaryCtxRetain)(pctx, dev);
+    CUresult r = NESTED(REAL(cuDevicePrimaryCtxRetain)(pctx, dev));
     if (r == CUDA_SUCCESS) {
         ld->prim++;
         if (charged) ld->prim_charge = charged;
@@ -1004,7 +1039,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     ENTER_OR(REAL(cuDevicePrimaryCtxRelease_v2)(dev));
     struct ldev *ld = ldev_of(dev);
     pthread_mutex_lock(&init_mu);
-    CUresult r = REAL(cuDevicePrimaryCtxRelease_v2)(dev);
+    CUresult r = NESTED(REAL(cuDevicePrimaryCtxRelease_v2)(dev));
     if (r == CUDA_SUCCESS && ld && ld->prim > 0 && --ld->prim == 0) {
         credit(ld->e, ld->prim_charge);
         ld->prim_charge = 0;
@@ -1017,7 +1052,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     ENTER_OR(REAL(cuDevicePrimaryCtxReset_v2)(dev));
     struct ldev *ld = ldev_of(dev);
     pthread_mutex_lock(&init_mu);
-    CUresult r = REAL(cuDevicePrimaryCtxReset_v2)(dev);
+    CUresult r = NESTED(REAL(cuDevicePrimaryCtxReset_v2)(dev));
     if (r == CUDA_SUCCESS && ld && ld->prim > 0) {
         ld->prim = 0;
         credit(ld->e, ld->prim_charge);
@@ -1029,7 +1064,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *freep, size_t *totalp) {
     ENTER_OR(REAL(cuMemGetInfo_v2)(freep, totalp));
-    CUresult r = REAL(cuMemGetInfo_v2)(freep, totalp);
+    CUresult r = NESTED(REAL(cuMemGetInfo_v2)(freep, totalp));
     struct ldev *ld = cur_ldev();
     if (r != CUDA_SUCCESS || !ld || !freep || !totalp) return r;
     uint64_t cap = cap_of(ld);
@@ -1045,7 +1080,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *freep, size_t *totalp) {
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     ENTER_OR(REAL(cuDeviceTotalMem_v2)(bytes, dev));
-    CUresult r = REAL(cuDeviceTotalMem_v2)(bytes, dev);
+    CUresult r = NESTED(REAL(cuDeviceTotalMem_v2)(bytes, dev));
     struct ldev *ld = ldev_of(dev);
     if (r != CUDA_SUCCESS || !ld || !bytes) return r;
     uint64_t cap = cap_of(ld);
@@ -1112,47 +1147,77 @@ static const struct ldev *gate_before(uint64_t *t0) {
     return ld;
 }
 
-/* On the simulated driver a launch runs synchronously, so the call's duration
- * is the kernel's device time (plus any wait behind other processes' kernels). */
-static void gate_after(const struct ldev *ld, uint64_t t0) {
-    if (ld) sm_debit(ld, now_ns() - t0);
+/* Device time of a launch. On the simulated driver a launch runs
+ * synchronously, so the call's duration is the kernel's time plus two
+ * inflations: waiting behind other processes' kernels (the GPU is shared) and
+ * the driver's own overhead. Both only add, so per kernel (function or graph)
+ * we keep a floor: the smallest duration seen, relaxed upwards by 1/256 per
+ * launch so that it follows a kernel that really got longer; a launch is
+ * charged min(duration, floor). On a real GPU launches are asynchronous and
+ * this must come from cuEventElapsedTime or NVML process samples (README). */
+#define EST_SLOTS 256
+static struct {
+    uintptr_t key;
+    uint64_t floor_ns;
+} est_cache[EST_SLOTS];
+
+static uint64_t device_time(uintptr_t key, uint64_t ns) {
+    unsigned i = (unsigned)((key >> 4) ^ (key >> 12)) & (EST_SLOTS - 1);
+    if (est_cache[i].key != key || !est_cache[i].floor_ns) {
+        est_cache[i].key = key;
+        est_cache[i].floor_ns = ns;
+        return ns;
+    }
+    uint64_t f = est_cache[i].floor_ns;
+    if (ns <= f) {
+        est_cache[i].floor_ns = ns;
+        return ns;
+    }
+    est_cache[i].floor_ns = f + (f >> 8) + 1;
+    return f;
 }
 
-#define LAUNCH(name, args, call)                                        \
+static void gate_after(const struct ldev *ld, uint64_t t0, uintptr_t key) {
+    if (ld) sm_debit(ld, device_time(key, now_ns() - t0));
+}
+
+#define LAUNCH(name, key, args, call)                                        \
     EXPORT CUresult name args {                                         \
         if (LIKELY(__atomic_load_n(&g_launch_fast, __ATOMIC_RELAXED)))  \
             return REAL(name) call;                                     \
+        if (!REAL(name) && vgpu_enter() != ST_ERROR && !REAL(name))     \
+            return CUDA_ERROR_NOT_FOUND;                                \
+        if (vgpu_nested) return REAL(name) call;                        \
         if (vgpu_enter() == ST_ERROR) return CUDA_ERROR_NOT_INITIALIZED; \
-        if (!REAL(name)) return CUDA_ERROR_NOT_FOUND;                   \
         uint64_t t0 = 0;                                                \
         const struct ldev *ld = gate_before(&t0);                       \
-        CUresult r = REAL(name) call;                                   \
-        gate_after(ld, t0);                                             \
+        CUresult r = NESTED(REAL(name) call);                           \
+        gate_after(ld, t0, (uintptr_t)(key));                           \
         return r;                                                       \
     }
 
-LAUNCH(cuLaunchKernel,
+LAUNCH(cuLaunchKernel, f,
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params, void **extra),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params, extra))
-LAUNCH(cuLaunchKernel_ptsz,
+LAUNCH(cuLaunchKernel_ptsz, f,
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params, void **extra),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params, extra))
-LAUNCH(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
+LAUNCH(cuLaunchKernelEx, f, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
        (c, f, params, extra))
-LAUNCH(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
+LAUNCH(cuLaunchKernelEx_ptsz, f, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
        (c, f, params, extra))
-LAUNCH(cuLaunchCooperativeKernel,
+LAUNCH(cuLaunchCooperativeKernel, f,
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params))
-LAUNCH(cuLaunchCooperativeKernel_ptsz,
+LAUNCH(cuLaunchCooperativeKernel_ptsz, f,
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params))
-LAUNCH(cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s))
-LAUNCH(cuGraphLaunch_ptsz, (CUgraphExec g, CUstream s), (g, s))
+LAUNCH(cuGraphLaunch, g, (CUgraphExec g, CUstream s), (g, s))
+LAUNCH(cuGraphLaunch_ptsz, g, (CUgraphExec g, CUstream s), (g, s))
 
 /* ------------------------------------------------------------------ */
 /* cuGetProcAddress: the path the CUDA runtime uses since 11.3          */

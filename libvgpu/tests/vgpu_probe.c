@@ -1,0 +1,300 @@
+/* A scriptable CUDA driver client for libvgpu's tests. It loads the driver the
+ * way a program does (dlopen "libcuda.so.1") and resolves every entry point in
+ * one of three ways:
+ *   --proc    (default) dlsym only cuGetProcAddress, then cuGetProcAddress_v2
+ *             with base names and a CUDA version, as the CUDA runtime does
+ *   --dlsym   dlsym(handle, exact name)
+ *   --global  dlsym(RTLD_DEFAULT, exact name): the preloaded exports
+ * then runs the commands given as arguments, printing one line per command:
+ * "<cmd> <CUresult> [values]". See tests/test_vgpu_*.py for the commands. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_min.h"
+
+typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+static gpa_t gpa;
+static void *h;
+static int mode; /* 0 proc, 1 dlsym, 2 global */
+
+static void *get(const char *base, const char *exact) {
+    void *p = NULL;
+    if (mode == 0) {
+        CUdriverProcAddressQueryResult st = 0;
+        if (gpa(base, &p, 12040, 0, &st) != CUDA_SUCCESS) p = NULL;
+    } else {
+        p = dlsym(mode == 1 ? h : RTLD_DEFAULT, exact);
+    }
+    if (!p) {
+        fprintf(stderr, "vgpu_probe: cannot resolve %s\n", base);
+        exit(90);
+    }
+    return p;
+}
+#define F(var, base, exact, ...) CUresult (*var)(__VA_ARGS__) = get(base, exact)
+
+static CUdeviceptr ptrs[1 << 16];
+static int nptr;
+static CUmemGenericAllocationHandle vmms[1024];
+static int nvmm;
+static void *arrays[1024];
+static int narr;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv) {
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-' && argv[i][1] == '-'; i++) {
+        if (!strcmp(argv[i], "--dlsym")) mode = 1;
+        else if (!strcmp(argv[i], "--global")) mode = 2;
+        else if (!strcmp(argv[i], "--proc")) mode = 0;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    h = dlopen("libcuda.so.1", RTLD_NOW | (mode == 2 ? RTLD_GLOBAL : RTLD_LOCAL));
+    if (!h) {
+        fprintf(stderr, "vgpu_probe: %s\n", dlerror());
+        return 91;
+    }
+    if (mode == 0) {
+        CUresult (*gp1)(const char *, void **, int, cuuint64_t) = dlsym(h, "cuGetProcAddress");
+        void *fn = NULL;
+        if (!gp1 || gp1("cuGetProcAddress", &fn, 12040, 0) != CUDA_SUCCESS || !fn) return 92;
+        gpa = (gpa_t)fn;
+    }
+    F(cuInit_, "cuInit", "cuInit", unsigned);
+    F(cuDeviceGet_, "cuDeviceGet", "cuDeviceGet", CUdevice *, int);
+    F(cuDeviceGetCount_, "cuDeviceGetCount", "cuDeviceGetCount", int *);
+    F(cuDeviceGetUuid_, "cuDeviceGetUuid", "cuDeviceGetUuid", CUuuid *, CUdevice);
+    F(retain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", CUcontext *, CUdevice);
+    F(release, "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", CUdevice);
+    F(setcur, "cuCtxSetCurrent", "cuCtxSetCurrent", CUcontext);
+    F(ctxcreate, "cuCtxCreate", "cuCtxCreate_v3", CUcontext *, void *, int, unsigned, CUdevice);
+    F(ctxdestroy, "cuCtxDestroy", "cuCtxDestroy_v2", CUcontext);
+    F(alloc, "cuMemAlloc", "cuMemAlloc_v2", CUdeviceptr *, size_t);
+    F(mfree, "cuMemFree", "cuMemFree_v2", CUdeviceptr);
+    F(pitchf, "cuMemAllocPitch", "cuMemAllocPitch_v2", CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+    F(managed, "cuMemAllocManaged", "cuMemAllocManaged", CUdeviceptr *, size_t, unsigned);
+    F(aasync, "cuMemAllocAsync", "cuMemAllocAsync", CUdeviceptr *, size_t, CUstream);
+    F(fasync, "cuMemFreeAsync", "cuMemFreeAsync", CUdeviceptr, CUstream);
+    F(getpool, "cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool", CUmemoryPool *, CUdevice);
+    F(apool, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    F(mcreate, "cuMemCreate", "cuMemCreate", CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+      unsigned long long);
+    F(mrelease, "cuMemRelease", "cuMemRelease", CUmemGenericAllocationHandle);
+    F(acreate, "cuArrayCreate", "cuArrayCreate_v2", CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+    F(a3create, "cuArray3DCreate", "cuArray3DCreate_v2", CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+    F(mmcreate, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate", CUmipmappedArray *,
+      const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+    F(adestroy, "cuArrayDestroy", "cuArrayDestroy", CUarray);
+    F(mmdestroy, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", CUmipmappedArray);
+    F(meminfo, "cuMemGetInfo", "cuMemGetInfo_v2", size_t *, size_t *);
+    F(totalmem, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", size_t *, CUdevice);
+    F(modload, "cuModuleLoadData", "cuModuleLoadData", void **, const void *);
+    F(getfn, "cuModuleGetFunction", "cuModuleGetFunction", CUfunction *, void *, const char *);
+    F(launch, "cuLaunchKernel", "cuLaunchKernel", CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+      unsigned, unsigned, CUstream, void **, void **);
+
+    CUdevice dev = 0;
+    CUcontext ctx = NULL;
+    CUfunction fn = NULL;
+    for (; i < argc; i++) {
+        const char *c = argv[i];
+        const char *a1 = i + 1 < argc ? argv[i + 1] : "0";
+        const char *a2 = i + 2 < argc ? argv[i + 2] : "0";
+        const char *a3 = i + 3 < argc ? argv[i + 3] : "0";
+        CUresult r = 0;
+        if (!strcmp(c, "init")) {
+            r = cuInit_(0);
+            printf("init %d\n", r);
+        } else if (!strcmp(c, "count")) {
+            int n = 0;
+            r = cuDeviceGetCount_(&n);
+            printf("count %d %d\n", r, n);
+        } else if (!strcmp(c, "uuids")) {
+            int n = 0;
+            cuDeviceGetCount_(&n);
+            for (int d = 0; d < n; d++) {
+                CUdevice dv;
+                CUuuid u;
+                cuDeviceGet_(&dv, d);
+                r = cuDeviceGetUuid_(&u, dv);
+                unsigned char *b = (unsigned char *)u.bytes;
+                printf("uuid %d %d GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", r, d,
+                       b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+                       b[15]);
+            }
+        } else if (!strcmp(c, "ctx")) { /* ctx ORDINAL: primary context, made current */
+            cuDeviceGet_(&dev, atoi(a1));
+            i++;
+            r = retain(&ctx, dev);
+            if (!r) r = setcur(ctx);
+            printf("ctx %d\n", r);
+        } else if (!strcmp(c, "release")) {
+            r = release(dev);
+            printf("release %d\n", r);
+        } else if (!strcmp(c, "ctxcreate")) {
+            cuDeviceGet_(&dev, atoi(a1));
+            i++;
+            r = ctxcreate(&ctx, NULL, 0, 0, dev);
+            printf("ctxcreate %d\n", r);
+        } else if (!strcmp(c, "ctxdestroy")) {
+            r = ctxdestroy(ctx);
+            printf("ctxdestroy %d\n", r);
+        } else if (!strcmp(c, "alloc") || !strcmp(c, "managed") || !strcmp(c, "async") || !strcmp(c, "pool")) {
+            size_t n = strtoull(a1, NULL, 0);
+            i++;
+            CUdeviceptr p = 0;
+            if (!strcmp(c, "alloc")) r = alloc(&p, n);
+            else if (!strcmp(c, "managed")) r = managed(&p, n, 1);
+            else if (!strcmp(c, "async")) r = aasync(&p, n, NULL);
+            else {
+                CUmemoryPool pool;
+                r = getpool(&pool, dev);
+                if (!r) r = apool(&p, n, pool, NULL);
+            }
+            if (!r) ptrs[nptr++] = p;
+            printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "pitch")) {
+            size_t pitch = 0;
+            CUdeviceptr p = 0;
+            r = pitchf(&p, &pitch, strtoull(a1, NULL, 0), strtoull(a2, NULL, 0), 4);
+            i += 2;
+            if (!r) ptrs[nptr++] = p;
+            printf("pitch %d %zu\n", r, pitch);
+        } else if (!strcmp(c, "free") || !strcmp(c, "freeasync")) {
+            r = nptr ? (!strcmp(c, "free") ? mfree(ptrs[--nptr]) : fasync(ptrs[--nptr], NULL)) : -1;
+            printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "freeall")) {
+            while (nptr) r |= mfree(ptrs[--nptr]);
+            while (nvmm) r |= mrelease(vmms[--nvmm]);
+            while (narr) r |= adestroy(arrays[--narr]);
+            printf("freeall %d\n", r);
+        } else if (!strcmp(c, "fill")) { /* fill CHUNK: allocate until refused */
+            size_t chunk = strtoull(a1, NULL, 0), total = 0;
+            i++;
+            CUdeviceptr p;
+            while (nptr < (int)(sizeof ptrs / sizeof ptrs[0]) && (r = alloc(&p, chunk)) == 0) {
+                ptrs[nptr++] = p;
+                total += chunk;
+            }
+            printf("fill %d %zu\n", r, total);
+        } else if (!strcmp(c, "vmm") || !strcmp(c, "vmmhost")) {
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof prop);
+            prop.type = 1; /* PINNED */
+            prop.location.type = !strcmp(c, "vmm") ? CU_MEM_LOCATION_TYPE_DEVICE : 2 /* HOST */;
+            prop.location.id = !strcmp(c, "vmm") ? dev : 0;
+            CUmemGenericAllocationHandle hd = 0;
+            r = mcreate(&hd, strtoull(a1, NULL, 0), &prop, 0);
+            i++;
+            if (!r) vmms[nvmm++] = hd;
+            printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "vmmrelease")) {
+            r = nvmm ? mrelease(vmms[--nvmm]) : -1;
+            printf("vmmrelease %d\n", r);
+        } else if (!strcmp(c, "array")) { /* array W H: float, 1 channel */
+            CUDA_ARRAY_DESCRIPTOR d = {strtoull(a1, NULL, 0), strtoull(a2, NULL, 0), CU_AD_FORMAT_FLOAT, 1};
+            CUarray arr;
+            i += 2;
+            r = acreate(&arr, &d);
+            if (!r) arrays[narr++] = arr;
+            printf("array %d\n", r);
+        } else if (!strcmp(c, "array3d")) { /* array3d W H D: uint8, 4 channels */
+            CUDA_ARRAY3D_DESCRIPTOR d = {strtoull(a1, NULL, 0), strtoull(a2, NULL, 0), strtoull(a3, NULL, 0),
+                                         CU_AD_FORMAT_UNSIGNED_INT8, 4, 0};
+            CUarray arr;
+            i += 3;
+            r = a3create(&arr, &d);
+            if (!r) arrays[narr++] = arr;
+            printf("array3d %d\n", r);
+        } else if (!strcmp(c, "mipmap")) { /* mipmap W H LEVELS: float, 1 channel */
+            CUDA_ARRAY3D_DESCRIPTOR d = {strtoull(a1, NULL, 0), strtoull(a2, NULL, 0), 0, CU_AD_FORMAT_FLOAT, 1, 0};
+            CUmipmappedArray arr;
+            r = mmcreate(&arr, &d, (unsigned)atoi(a3));
+            i += 3;
+            printf("mipmap %d\n", r);
+            if (!r) {
+                r = mmdestroy(arr);
+                printf("mipmapdestroy %d\n", r);
+            }
+        } else if (!strcmp(c, "arraydestroy")) {
+            r = narr ? adestroy(arrays[--narr]) : -1;
+            printf("arraydestroy %d\n", r);
+        } else if (!strcmp(c, "meminfo")) {
+            size_t f = 0, t = 0;
+            r = meminfo(&f, &t);
+            printf("meminfo %d %zu %zu\n", r, f, t);
+        } else if (!strcmp(c, "totalmem")) {
+            size_t t = 0;
+            CUdevice dv;
+            cuDeviceGet_(&dv, atoi(a1));
+            i++;
+            r = totalmem(&t, dv);
+            printf("totalmem %d %zu\n", r, t);
+        } else if (!strcmp(c, "launch") || !strcmp(c, "launchfor")) {
+            /* launch N: N kernels; launchfor SECONDS: as many as fit */
+            if (!fn) {
+                void *mod;
+                r = modload(&mod, "fake-image");
+                if (!r) r = getfn(&fn, mod, "busy");
+                if (r) {
+                    printf("%s %d\n", c, r);
+                    continue;
+                }
+            }
+            long n = 0, max = !strcmp(c, "launch") ? atol(a1) : -1;
+            double end = now() + (max < 0 ? atof(a1) : 1e9);
+            i++;
+            while ((max < 0 || n < max) && (max >= 0 || now() < end)) {
+                r = launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+                if (r) break;
+                n++;
+            }
+            printf("%s %d %ld\n", c, r, n);
+        } else if (!strcmp(c, "sleep")) {
+            usleep((useconds_t)atoi(a1) * 1000);
+            i++;
+            printf("sleep 0\n");
+        } else if (!strcmp(c, "wait")) { /* print "ready", wait for a line on stdin */
+            char buf[64];
+            printf("ready 0\n");
+            if (!fgets(buf, sizeof buf, stdin)) return 0;
+        } else if (!strcmp(c, "die")) {
+            raise(SIGKILL);
+        } else if (!strcmp(c, "nvmlmem")) { /* nvmlmem INDEX [v2] */
+            void *nh = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+            nvmlReturn_t (*ninit)(void) = nh ? dlsym(nh, "nvmlInit_v2") : NULL;
+            nvmlReturn_t (*byidx)(unsigned, nvmlDevice_t *) = nh ? dlsym(nh, "nvmlDeviceGetHandleByIndex_v2") : NULL;
+            nvmlReturn_t (*mi)(nvmlDevice_t, nvmlMemory_t *) = nh ? dlsym(nh, "nvmlDeviceGetMemoryInfo") : NULL;
+            nvmlReturn_t (*mi2)(nvmlDevice_t, nvmlMemory_v2_t *) = nh ? dlsym(nh, "nvmlDeviceGetMemoryInfo_v2") : NULL;
+            if (!ninit || !byidx || !mi || !mi2) {
+                printf("nvmlmem -1\n");
+                return 93;
+            }
+            nvmlDevice_t d;
+            r = ninit();
+            if (!r) r = byidx((unsigned)atoi(a1), &d);
+            i++;
+            nvmlMemory_t m = {0, 0, 0};
+            nvmlMemory_v2_t m2 = {(unsigned)(sizeof m2 | (2u << 24)), 0, 0, 0, 0};
+            if (!r) r = mi(d, &m);
+            if (!r) r = mi2(d, &m2);
+            printf("nvmlmem %d %llu %llu %llu %llu %llu\n", r, m.total, m.used, m.free, m2.total, m2.used);
+        } else {
+            fprintf(stderr, "vgpu_probe: unknown command %s\n", c);
+            return 94;
+        }
+    }
+    return 0;
+}

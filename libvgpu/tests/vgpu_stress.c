@@ -1,0 +1,74 @@
+/* Stress/fault client for libvgpu's tests.
+ *   vgpu_stress churn ITER MAXMIB SEED   random cuMemAlloc_v2/cuMemFree_v2 on
+ *        device 0 (primary context), ITER steps, sizes 1..MAXMIB MiB; frees all;
+ *        prints "churn <ok allocs> <refused>"
+ *   vgpu_stress lockdie PATH   takes the accounting file's lock (mutex at offset
+ *        16, see src/shm.h) and dies by SIGKILL while holding it */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "cuda_min.h"
+
+typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "lockdie")) {
+        int fd = open(argv[2], O_RDWR);
+        if (fd < 0) return 2;
+        char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) return 3;
+        pthread_mutex_lock((pthread_mutex_t *)(p + 16));
+        printf("locked\n");
+        fflush(stdout);
+        raise(SIGKILL);
+        return 4;
+    }
+    if (argc != 5 || strcmp(argv[1], "churn")) return 64;
+    long iters = atol(argv[2]), maxmib = atol(argv[3]);
+    srand((unsigned)atol(argv[4]));
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    CUresult (*gp1)(const char *, void **, int, cuuint64_t) = h ? dlsym(h, "cuGetProcAddress") : NULL;
+    if (!gp1) return 5;
+    CUresult (*init)(unsigned);
+    CUresult (*get)(CUdevice *, int);
+    CUresult (*retain)(CUcontext *, CUdevice);
+    CUresult (*setcur)(CUcontext);
+    CUresult (*alloc)(CUdeviceptr *, size_t);
+    CUresult (*mfree)(CUdeviceptr);
+    if (gp1("cuInit", (void **)&init, 12040, 0) || gp1("cuDeviceGet", (void **)&get, 12040, 0) ||
+        gp1("cuDevicePrimaryCtxRetain", (void **)&retain, 12040, 0) ||
+        gp1("cuCtxSetCurrent", (void **)&setcur, 12040, 0) || gp1("cuMemAlloc", (void **)&alloc, 12040, 0) ||
+        gp1("cuMemFree", (void **)&mfree, 12040, 0))
+        return 6;
+    CUdevice dev;
+    CUcontext ctx;
+    if (init(0) || get(&dev, 0) || retain(&ctx, dev) || setcur(ctx)) return 7;
+    CUdeviceptr live[64];
+    int n = 0;
+    long ok = 0, refused = 0;
+    for (long i = 0; i < iters; i++) {
+        if (n == 64 || (n && rand() % 2)) {
+            int k = rand() % n;
+            if (mfree(live[k])) return 8;
+            live[k] = live[--n];
+        } else {
+            size_t sz = ((size_t)(rand() % maxmib) + 1) << 20;
+            sz -= (size_t)(rand() % 4096);
+            CUresult r = alloc(&live[n], sz);
+            if (r == CUDA_SUCCESS) n++, ok++;
+            else if (r == CUDA_ERROR_OUT_OF_MEMORY) refused++;
+            else return 9;
+        }
+    }
+    while (n) if (mfree(live[--n])) return 10;
+    printf("churn %ld %ld\n", ok, refused);
+    return 0;
+}

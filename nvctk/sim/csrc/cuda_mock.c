@@ -42,7 +42,9 @@
  * state has no per-MIG counters, so two processes on one MIG device are not
  * capped jointly. Memory pools release freed memory at once (release threshold
  * 0), so pool allocations charge and credit exactly like cuMemAlloc. Memory a
- * killed process held is credited back by the state's slot reclamation.
+ * killed process held is credited back by the state's slot reclamation, which
+ * the mock triggers (nvsim_reap) before reporting OUT_OF_MEMORY and in
+ * cuMemGetInfo, so a dead process's memory never looks used.
  *
  * Kernels. cuModuleLoad* accepts any image (no PTX/cubin is parsed).
  * cuModuleGetFunction knows "vectorAdd" (also its C++ mangled name
@@ -56,9 +58,10 @@
  * events and synchronisation are trivially ordered and errors surface at launch
  * (and are not sticky). Graphs (cuGraphAddKernelNode or stream capture) hold
  * kernel nodes only and run them in insertion order, which is a topological
- * order because a node's dependencies must exist before it; copies, memsets
- * and stream-ordered allocation on a capturing stream return
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED rather than being captured.
+ * order because a node's dependencies must exist before it; copies, memsets,
+ * event records, synchronisation and stream-ordered allocation on a capturing
+ * stream return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED rather than being
+ * captured.
  *
  * Entry points. cuGetProcAddress(_v2) resolves base names with the caller's
  * CUDA version through one table (name, first version, function), picking the
@@ -1019,6 +1022,18 @@ CUAPI CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray,
      * kernel at a time whatever its share. */
     if (numParams < 0 || (numParams > 0 && !paramsArray))
         return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+CUAPI CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
+                              unsigned int flags, CUdevice dev)
+{
+    if (ctxCreateParams) {
+        if (ctxCreateParams->cigParams)
+            return CUDA_ERROR_NOT_SUPPORTED; /* no graphics interop in the sim */
+        return cuCtxCreate_v3(pctx, ctxCreateParams->execAffinityParams,
+                              ctxCreateParams->numExecAffinityParams, flags, dev);
+    }
     return cuCtxCreate_v2(pctx, flags, dev);
 }
 
@@ -2762,6 +2777,7 @@ static const struct proc {
     E("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
     E("cuCtxCreate", 3020, cuCtxCreate_v2),
     E("cuCtxCreate", 11040, cuCtxCreate_v3),
+    E("cuCtxCreate", 12050, cuCtxCreate_v4),
     E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),

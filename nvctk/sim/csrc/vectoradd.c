@@ -176,9 +176,11 @@ static int info(void)
         use_device(i);
         CHECK(p_cuMemGetInfo(&freeb, &total));
         const unsigned char *b = (const unsigned char *)u.bytes;
-        printf("device %d: %s GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+        /* cuDeviceGetUuid (v2 at this version) gives a MIG device's own UUID */
+        const char *kind = strstr(name, " MIG ") ? "MIG" : "GPU";
+        printf("device %d: %s %s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
                "%02x%02x%02x%02x%02x%02x free %zu total %zu\n",
-               i, name, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+               i, name, kind, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
                b[12], b[13], b[14], b[15], freeb, total);
     }
     return 0;

@@ -1,0 +1,47 @@
+"""Build hook only; the project's metadata is in pyproject.toml.
+
+A wheel (and the Debian package, built from one) carries libvgpu.so as
+nvctk/lib/libvgpu.so: build_py runs `make -C libvgpu` and copies the library in.
+Editable installs skip this: nvctk.paths finds libvgpu/build/libvgpu.so in the tree.
+NVCTK_SKIP_LIBVGPU=1 builds a wheel without the library (nvctk then refuses
+containers that ask for GPU limits, saying why).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIBVGPU_DIR = os.path.join(HERE, "libvgpu")
+LIBVGPU_TARGET = "build/libvgpu.so"
+
+
+class BuildPyWithLibvgpu(build_py):
+    """build_py, then build libvgpu and put it at <build_lib>/nvctk/lib/libvgpu.so."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        if os.environ.get("NVCTK_SKIP_LIBVGPU") == "1":
+            self.announce("nvctk: NVCTK_SKIP_LIBVGPU=1: the wheel has no libvgpu.so", level=3)
+            return
+        make = os.environ.get("MAKE", "make")
+        try:
+            subprocess.run([make, "-s", "-C", LIBVGPU_DIR, LIBVGPU_TARGET], check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise SystemExit(
+                f"nvctk: building libvgpu failed ({e}); fix it, or set NVCTK_SKIP_LIBVGPU=1 "
+                "for a wheel without GPU sharing"
+            )
+        dest = os.path.join(self.build_lib, "nvctk", "lib")
+        os.makedirs(dest, exist_ok=True)
+        shutil.copy2(os.path.join(LIBVGPU_DIR, LIBVGPU_TARGET), os.path.join(dest, "libvgpu.so"))
+
+
+setup(cmdclass={"build_py": BuildPyWithLibvgpu})
