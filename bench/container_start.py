@@ -51,7 +51,7 @@ def timed(argv: list[str], env: dict[str, str] | None = None, ok: bool = True) -
 
 def interleave(n: int, cases: dict[str, Callable[[], float]]) -> dict[str, float]:
     samples: dict[str, list[float]] = {k: [] for k in cases}
-    for name, fn in cases.items():  # warm-up: page cache, pyc files
+    for fn in cases.values():  # warm-up: page cache, pyc files
         fn()
     for _ in range(n):
         for name, fn in cases.items():

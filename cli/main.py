@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 
 import click
-from nvctk.cli import config_cmd, info, sim
 
 from nvctk import config as nvconfig
+from nvctk.cli import config_cmd, info, sim
 from nvctk.errors import NvctkError
 
 

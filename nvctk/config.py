@@ -80,8 +80,9 @@ def _toml_value(value: Any) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, ExtraMount):
         return (
-            "{ host-path = %s, container-path = %s, read-only = %s }"
-            % (_toml_value(value.host_path), _toml_value(value.container_path), _toml_value(value.read_only))
+            f"{{ host-path = {_toml_value(value.host_path)}, "
+            f"container-path = {_toml_value(value.container_path)}, "
+            f"read-only = {_toml_value(value.read_only)} }}"
         )
     if isinstance(value, tuple | list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"

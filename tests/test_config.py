@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from nvctk.cli.main import cli
 from pyfakefs.fake_filesystem import FakeFilesystem
 
 from nvctk import config as nvconfig
+from nvctk.cli.main import cli
 from nvctk.errors import ConfigError
 
 if sys.version_info >= (3, 11):

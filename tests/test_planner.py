@@ -151,7 +151,7 @@ def test_requirements(cfg: nvconfig.Config, host: HostInfo) -> None:
     with pytest.raises(RequirementError, match="brand=tesla"):
         plan(cfg, host, {NVD: "1", "NVIDIA_REQUIRE_BRAND": "brand=tesla"})
     plan(cfg, host, {NVD: "0", "NVIDIA_REQUIRE_CUDA": "cuda>=13", "NVIDIA_DISABLE_REQUIRE": "1"})
-    with pytest.raises(RequirementError, match="cuda>=99.1"):  # legacy image
+    with pytest.raises(RequirementError, match=r"cuda>=99\.1"):  # legacy image
         plan(cfg, host, {"CUDA_VERSION": "99.1.0"})
 
 
@@ -201,8 +201,8 @@ def test_mig(sim_host_mig: SimHost) -> None:
         assert all(c.major == sim_host_mig.caps_major for c in caps)
         assert "/dev/nvidia0" in nodes(p)  # the parent GPU
         assert p.gpu_uuids == (g0.uuid,)
-    p = make_plan(
+    priv = make_plan(
         spec({NVD: "0", "NVIDIA_MIG_CONFIG_DEVICES": "all", "NVIDIA_MIG_MONITOR_DEVICES": "all"},
              capabilities={"bounding": ["CAP_SYS_ADMIN"]}), cfg, host)
-    assert p is not None
-    assert {"/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"} <= set(nodes(p))
+    assert priv is not None
+    assert {"/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"} <= set(nodes(priv))
