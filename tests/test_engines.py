@@ -70,10 +70,13 @@ def image_rootfs(tmp_path_factory: pytest.TempPathFactory, sim: SimHost) -> str:
 
 def ctr_run(ctd: Containerd, rootfs: str, env: list[str], *cmd: str):
     cid = f"nvctk-ctr-{os.getpid()}-{next(_ids)}"
-    args = ["run", "--rm", "--runc-binary", RUNTIME, "--rootfs", rootfs]
-    for e in env:
+    args = ["run", "--rm", "--runc-binary", RUNTIME]
+    # without an image there is no image config, hence no PATH
+    for e in ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *env]:
         args += ["--env", e]
-    return ctd.ctr(*args, cid, *cmd, timeout=90)
+    # --rootfs is a switch: the first positional is then the rootfs dir, and
+    # flags after a positional are not parsed
+    return ctd.ctr(*args, "--rootfs", rootfs, cid, *cmd, timeout=90)
 
 
 def test_ctr_run_gpu_container(ctd: Containerd, sim: SimHost, image_rootfs: str) -> None:
