@@ -1,12 +1,11 @@
-"""`python -m nvctk.demo`: build a 2-GPU simulated host in a temp dir and show
-`nvctk info` for it, through the installed CLI as a user would run it.
-
-Other parts extend this (running a GPU container on the sim); keep each step a
-function that takes the SimHost so they can be chained.
+"""`python -m nvctk.demo` (`make demo`): build a 2-GPU simulated host in a temp
+dir, show `nvctk info` for it, then run GPU containers on it through
+`nvctk-runtime` and real runc, as a user would, and clean everything up.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -42,6 +41,51 @@ def show_nvidia_smi(sim: host.SimHost) -> int:
     return run([os.path.join(sim.bin_dir, "nvidia-smi"), "-L"], env={"LD_LIBRARY_PATH": sim.lib_dir})
 
 
+def _runtime() -> str:
+    return os.path.join(os.path.dirname(sys.executable), "nvctk-runtime")
+
+
+def _bundle(path: str, rootfs: str, env: list[str], args: list[str]) -> str:
+    os.makedirs(path)
+    subprocess.run(["runc", "spec", "--bundle", path], check=True)
+    with open(os.path.join(path, "config.json")) as f:
+        spec = json.load(f)
+    spec["root"] = {"path": rootfs, "readonly": False}
+    spec["process"]["terminal"] = False
+    spec["process"]["args"] = args
+    spec["process"]["env"] = ["PATH=/usr/local/bin:/usr/bin:/bin", *env]
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(spec, f, indent=1)
+    return path
+
+
+def run_gpu_containers(sim: host.SimHost, tmp: str) -> int:
+    from nvctk.sim.rootfs import build_rootfs
+
+    rootfs = build_rootfs(os.path.join(tmp, "rootfs"), with_sample=sim.sample)
+    root = os.path.join(tmp, "runc-root")
+    gpu1 = sim.topology.gpus[1]
+    cases = [
+        (f"a container asking for GPU 1 by UUID ({gpu1.uuid})",
+         [f"NVIDIA_VISIBLE_DEVICES={gpu1.uuid}"],
+         ["sh", "-c", "nvidia-smi -L; ls /dev | grep nvidia | tr '\\n' ' '; echo"]),
+        ("the CUDA sample in a container with all GPUs",
+         ["NVIDIA_VISIBLE_DEVICES=all"], ["cuda-vectoradd"]),
+        ("an unknown device: nvctk refuses before runc starts anything",
+         ["NVIDIA_VISIBLE_DEVICES=GPU-00000000-dead-beef-0000-000000000000"], ["true"]),
+    ]
+    rc = 0
+    for n, (title, env, args) in enumerate(cases):
+        step(title)
+        bundle = _bundle(os.path.join(tmp, f"bundle{n}"), rootfs, env, args)
+        argv = [_runtime(), "--root", root, "run", "--bundle", bundle, f"nvctk-demo-{n}"]
+        res = run(argv, env=sim.env)
+        expected_failure = n == 2
+        if (res != 0) != expected_failure:
+            rc = 1
+    return rc
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("nvctk.demo: needs root (the simulated host has device nodes)", file=sys.stderr)
@@ -53,6 +97,8 @@ def main() -> int:
         print(f"NVCTK_CONFIG={sim.config_path}")
         rc = show_info(sim)
         rc = rc or show_nvidia_smi(sim)
+        rc = rc or run_gpu_containers(sim, tmp)
+        print("\ndemo " + ("succeeded" if rc == 0 else "FAILED"))
         return rc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -3,25 +3,45 @@
 # dependencies go to /usr/lib/nvctk/python (so they never clash with Debian's
 # python3-* packages), libvgpu.so to /usr/lib/nvctk/, thin launchers to /usr/bin.
 #   packaging/deb/build.sh [OUTDIR]      (default: dist/)
+# PYTHON (default /usr/bin/python3) must be the python3 of the Debian release the
+# package is for: the dependencies' compiled extensions are built for it.
 set -euo pipefail
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-out=${1:-$repo/dist}
+out=$(mkdir -p "${1:-$repo/dist}" && cd "${1:-$repo/dist}" && pwd)
 python=${PYTHON:-/usr/bin/python3}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/pyproject.toml" | head -1)
 arch=$(dpkg --print-architecture)
-stage=$(mktemp -d)
-trap 'rm -rf "$stage"' EXIT
+pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+pynext=$("$python" -c 'import sys; print("%d.%d" % (sys.version_info[0], sys.version_info[1] + 1))')
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+src=$work/src stage=$work/stage lib=$work/stage/usr/lib/nvctk
 
-make -s -C "$repo/libvgpu"
-mkdir -p "$stage/DEBIAN" "$stage/usr/bin" "$stage/usr/lib/nvctk" "$stage/etc/nvctk" "$out"
-"$python" -m pip install -q --no-compile --target "$stage/usr/lib/nvctk/python" "$repo"
-rm -rf "$stage/usr/lib/nvctk/python/bin"
-install -m 0644 "$repo/libvgpu/build/libvgpu.so" "$stage/usr/lib/nvctk/libvgpu.so"
+# Build from a clean copy: setuptools' build/ in the tree may hold stale modules,
+# and libvgpu is compiled afresh (setup.py's build_py runs make and puts the
+# library into the wheel as nvctk/lib/libvgpu.so).
+mkdir -p "$src"
+tar -C "$repo" --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist \
+  --exclude='*.egg-info' --exclude=__pycache__ --exclude=./libvgpu/build -cf - . | tar -C "$src" -xf -
+"$python" -m pip wheel -q --no-deps --wheel-dir "$work/wheel" "$src"
+mkdir -p "$stage/DEBIAN" "$stage/usr/bin" "$lib" "$stage/etc/nvctk"
+"$python" -m pip install -q --no-compile --no-warn-script-location --target "$lib/python" \
+  "$work"/wheel/nvctk-*.whl
+rm -rf "$lib/python/bin"
+"$python" -m compileall -q -j0 "$lib/python" >/dev/null
+
+# one copy of the library, where the config below names it; the package's own
+# nvctk/lib/libvgpu.so (what nvctk.paths looks for) points at it
+[ -f "$lib/python/nvctk/lib/libvgpu.so" ] || { echo "build.sh: the wheel lacks libvgpu.so" >&2; exit 1; }
+mv "$lib/python/nvctk/lib/libvgpu.so" "$lib/libvgpu.so"
+chmod 0644 "$lib/libvgpu.so"
+ln -s ../../../libvgpu.so "$lib/python/nvctk/lib/libvgpu.so"
 
 for exe in nvctk nvctk-hook; do
   mod=$([ $exe = nvctk ] && echo nvctk.cli.main || echo nvctk.hooks.main)
   cat > "$stage/usr/bin/$exe" <<SH
-#!/usr/bin/python3 -I
+#!/usr/bin/python3 -IS
 import sys
 sys.path.insert(0, "/usr/lib/nvctk/python")
 from $mod import main
@@ -29,23 +49,32 @@ sys.exit(main())
 SH
   chmod 0755 "$stage/usr/bin/$exe"
 done
-# the runtime's launcher finds /usr/bin/python3 beside itself; its package dir:
-sed 's|^sys.path.insert(1, "/usr/lib/python3/dist-packages")|sys.path.insert(0, "/usr/lib/nvctk/python")|' \
-  "$repo/runtime_shim/nvctk-runtime" > "$stage/usr/bin/nvctk-runtime"
-chmod 0755 "$stage/usr/bin/nvctk-runtime"
+# the runtime's launcher runs /usr/bin/python3 (beside it) and finds its package
+# in ../lib/nvctk/python by itself
+install -m 0755 "$repo/runtime_shim/nvctk-runtime" "$stage/usr/bin/nvctk-runtime"
 cat > "$stage/etc/nvctk/config.toml" <<'TOML'
 # nvctk configuration; `nvctk config default` lists every key with its default.
 vgpu-library = "/usr/lib/nvctk/libvgpu.so"
 hook-path = "/usr/bin/nvctk-hook"
 TOML
 
-size=$(du -sk "$stage" | cut -f1)
+# bytecode that another python3 writes at run time is not in the package's list
+cat > "$stage/DEBIAN/postrm" <<'SH'
+#!/bin/sh
+set -e
+if [ "$1" = remove ] || [ "$1" = purge ]; then
+  rm -rf /usr/lib/nvctk/python
+fi
+SH
+chmod 0755 "$stage/DEBIAN/postrm"
+
+size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
 cat > "$stage/DEBIAN/control" <<CTRL
 Package: nvctk
 Version: $version
 Architecture: $arch
 Maintainer: nvctk developers <dev@nvctk.invalid>
-Depends: python3 (>= 3.10), runc | crun
+Depends: python3 (>= $pyver), python3 (<< $pynext), runc | crun
 Suggests: containerd | docker.io
 Installed-Size: $size
 Section: admin
@@ -55,5 +84,6 @@ Description: GPU container toolkit with GPU sharing
  NVIDIA GPUs, whole or shared, with libvgpu capping GPU memory and SM share.
 CTRL
 echo /etc/nvctk/config.toml > "$stage/DEBIAN/conffiles"
-dpkg-deb --root-owner-group --build "$stage" "$out/nvctk_${version}_${arch}.deb" >/dev/null
-echo "$out/nvctk_${version}_${arch}.deb"
+deb=$out/nvctk_${version}_${arch}.deb
+dpkg-deb --root-owner-group -Zxz --build "$stage" "$deb" >/dev/null
+echo "$deb"

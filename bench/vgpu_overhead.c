@@ -1,0 +1,74 @@
+/* libvgpu overhead micro-benchmark client (driven by bench/vgpu_overhead.py).
+ *   vgpu_overhead launch N   ns per cuLaunchKernel (kernel "busy")
+ *   vgpu_overhead alloc N    ns per cuMemAlloc_v2 + cuMemFree_v2 pair (4 KiB)
+ *   vgpu_overhead init       ns of the first cuInit
+ * Entry points come through cuGetProcAddress, as the CUDA runtime gets them. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_min.h"
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 64;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    CUresult (*gp)(const char *, void **, int, cuuint64_t) = h ? dlsym(h, "cuGetProcAddress") : NULL;
+    if (!gp) return 2;
+#define GET(var, name) if (gp(name, (void **)&var, 12040, 0)) return 3
+    CUresult (*init)(unsigned);
+    GET(init, "cuInit");
+    if (!strcmp(argv[1], "init")) {
+        double t0 = now_ns();
+        CUresult r = init(0);
+        double t1 = now_ns();
+        printf("%.0f\n", t1 - t0);
+        return r;
+    }
+    long n = argc > 2 ? atol(argv[2]) : 1000000;
+    CUresult (*get)(CUdevice *, int), (*retain)(CUcontext *, CUdevice), (*setcur)(CUcontext);
+    GET(get, "cuDeviceGet");
+    GET(retain, "cuDevicePrimaryCtxRetain");
+    GET(setcur, "cuCtxSetCurrent");
+    CUdevice dev;
+    CUcontext ctx;
+    if (init(0) || get(&dev, 0) || retain(&ctx, dev) || setcur(ctx)) return 4;
+    if (!strcmp(argv[1], "launch")) {
+        CUresult (*load)(void **, const void *), (*getfn)(CUfunction *, void *, const char *);
+        CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           CUstream, void **, void **);
+        GET(load, "cuModuleLoadData");
+        GET(getfn, "cuModuleGetFunction");
+        GET(launch, "cuLaunchKernel");
+        void *mod;
+        CUfunction f;
+        if (load(&mod, "x") || getfn(&f, mod, "busy")) return 5;
+        for (int i = 0; i < 1000; i++) launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        double t0 = now_ns();
+        for (long i = 0; i < n; i++)
+            if (launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)) return 6;
+        printf("%.2f\n", (now_ns() - t0) / n);
+        return 0;
+    }
+    if (!strcmp(argv[1], "alloc")) {
+        CUresult (*alloc)(CUdeviceptr *, size_t), (*mfree)(CUdeviceptr);
+        GET(alloc, "cuMemAlloc");
+        GET(mfree, "cuMemFree");
+        CUdeviceptr p;
+        for (int i = 0; i < 1000; i++) alloc(&p, 4096), mfree(p);
+        double t0 = now_ns();
+        for (long i = 0; i < n; i++)
+            if (alloc(&p, 4096) || mfree(p)) return 7;
+        printf("%.2f\n", (now_ns() - t0) / n);
+        return 0;
+    }
+    return 64;
+}
