@@ -1,7 +1,7 @@
 """nvctk-hook: the OCI hooks nvctk inserts into GPU containers' specs.
 
     nvctk-hook prestart   state JSON on stdin (runc/crun prestart hook)
-    nvctk-hook poststop   state JSON on stdin; vGPU accounting cleanup (stub for now)
+    nvctk-hook poststop   state JSON on stdin; removes the vGPU accounting state
 
 Thin: the logic lives in nvctk.prestart. Exit 0 on success; 1 with
 "nvctk-hook: <message>" on stderr otherwise (runc shows both); 2 on bad usage.
@@ -25,13 +25,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return prestart.main()
     if cmd == "poststop":
-        # vGPU accounting cleanup lands here; nothing to undo for mounts (they go
+        # removes the container's vGPU state dir; nothing to undo for mounts (they go
         # with the container's mount namespace)
-        try:
-            sys.stdin.buffer.read()
-        except (OSError, ValueError):
-            pass
-        return 0
+        from nvctk import prestart, vgpu_state
+
+        prestart.sanitize_environ()
+        return vgpu_state.poststop_main(sys.stdin.buffer, sys.stderr)
     sys.stderr.write(f"nvctk-hook: unknown command {cmd!r}\n{USAGE}")
     return 2
 

@@ -18,6 +18,7 @@ from nvctk import driver as nvdriver
 from nvctk import oci
 from nvctk.config import Config
 from nvctk.errors import DriverError, RequestError, SpecError
+from nvctk.paths import require_vgpu_library
 from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
 from nvctk.request import Request, request_from_spec
 from nvctk.requirements import HostFacts, check
@@ -358,15 +359,82 @@ def plan_symlinks(mounts: list[Mount], lib_dir: str, driver_version: str) -> lis
 # --- vGPU hook point ----------------------------------------------------------------------------
 
 
-def plan_vgpu(
-    request: Request, selected: list[Selected], config: Config, spec: dict[str, Any]
-) -> VgpuPlan | None:
-    """CUDA_DEVICE_MEMORY_LIMIT[_i] / CUDA_DEVICE_SM_LIMIT[_i] -> VgpuPlan.
+def vgpu_devices(selected: list[Selected]) -> list[Selected]:
+    """The container's GPUs in the order libvgpu indexes them (NVML order inside it)."""
+    return sorted(selected, key=lambda s: (s.gpu.index, -1 if s.mig is None else s.mig.index))
 
-    Hook point: the vGPU work replaces this body (validate limits, raise
-    RequestError naming a bad value, fill VgpuPlan and the env it needs).
+
+def _a_limit_variable(env: dict[str, str]) -> str:
+    """The first variable that sets a limit (for messages)."""
+    from nvctk import vgpu
+
+    for k in sorted(env):
+        try:
+            if k.startswith(vgpu.MEMORY_VAR) and vgpu.parse_memory(env[k]):
+                return k
+            if k.startswith(vgpu.SM_VAR) and vgpu.parse_sm(env[k]):
+                return k
+        except ValueError:
+            continue
+    return vgpu.MEMORY_VAR
+
+
+def plan_vgpu(
+    request: Request,
+    selected: list[Selected],
+    config: Config,
+    spec: dict[str, Any],
+    *,
+    rootfs: str | None = None,
+    container_id: str | None = None,
+    runtime_root: str | None = None,
+) -> VgpuPlan | None:
+    """CUDA_DEVICE_MEMORY_LIMIT[_i] / CUDA_DEVICE_SM_LIMIT[_i] -> VgpuPlan (None: no limit).
+
+    Validates at create time (RequestError naming the variable): malformed values,
+    an index beyond the container's GPUs, a memory cap above the GPU's memory, and
+    an image whose loader would ignore /etc/ld.so.preload (musl, no glibc loader).
     """
-    return None
+    from nvctk import vgpu
+    from nvctk import vgpu_state as vs
+
+    env = {k: v for k, v in request.env.items() if k != vgpu.CACHE_VAR}  # nvctk sets that one
+    devs = vgpu_devices(selected)
+    limits = vgpu.limits_from_env(env, len(devs))
+    if not limits.any:
+        return None
+    for i, (cap, dev) in enumerate(zip(limits.memory, devs, strict=True)):
+        mib = dev.mig.memory_mib if dev.mig is not None else dev.gpu.memory_mib
+        if cap and mib and cap > mib << 20:
+            name = f"{vgpu.MEMORY_VAR}_{i}"
+            if name not in env:
+                name = vgpu.MEMORY_VAR
+            raise RequestError(
+                f"{name}={env[name]}: above the memory of the container's GPU {i} "
+                f"({dev.name}, {mib} MiB)"
+            )
+    if rootfs is not None:
+        vs.check_preloadable(rootfs, _a_limit_variable(env))
+    library = require_vgpu_library(config)
+    cid = container_id or "container"
+    values = {f"{vgpu.MEMORY_VAR}_{i}": str(v) for i, v in enumerate(limits.memory)}
+    values.update({f"{vgpu.SM_VAR}_{i}": str(v) for i, v in enumerate(limits.sm)})
+    if limits.context_reserve is not None:
+        values[vgpu.RESERVE_VAR] = str(limits.context_reserve)
+    return VgpuPlan(
+        library=library,
+        container_library=vs.CONTAINER_LIBRARY,
+        state_dir=vs.state_dir_for(config, runtime_root, cid),  # the shim (re)creates it
+        container_state_dir=vgpu.VGPU_DIR,
+        limits=values,
+    )
+
+
+def vgpu_env(vgpu: VgpuPlan | None) -> dict[str, str]:
+    """The env the shim adds: where the container's accounting file is."""
+    if vgpu is None:
+        return {}
+    return {"CUDA_DEVICE_MEMORY_SHARED_CACHE": f"{vgpu.container_state_dir}/cache"}
 
 
 # --- the plan -------------------------------------------------------------------------------------
@@ -390,11 +458,15 @@ def make_plan(
     bundle: str | None = None,
     request: Request | None = None,
     rootfs: str | None = None,
+    container_id: str | None = None,
+    runtime_root: str | None = None,
 ) -> Plan | None:
     """The plan for this spec, or None when the container asks for no GPU.
 
     bundle: resolves a relative root.path (needed to pick the container's lib dir;
-    without bundle or rootfs the non-Debian default is used). host: NVML's view,
+    without bundle or rootfs the non-Debian default is used, and the vGPU checks
+    of the image are skipped). container_id, runtime_root (runc's --root): key the
+    container's vGPU state dir. host: NVML's view,
     queried at config.driver_root when not given. Raises NvctkError subclasses
     whose message names the culprit.
     """
@@ -419,7 +491,9 @@ def make_plan(
     mounts = plan_mounts(request, files, config, lib_dir, lib32_dir)
     symlinks = plan_symlinks(mounts, lib_dir, host.driver_version)
     gpu_uuids = tuple(dict.fromkeys(s.gpu.uuid for s in selected))
-    vgpu = plan_vgpu(request, selected, config, spec)
+    vgpu = plan_vgpu(request, selected, config, spec, rootfs=rootfs,
+                     container_id=container_id or (os.path.basename(bundle) if bundle else None),
+                     runtime_root=runtime_root)
     return Plan(
         driver_version=host.driver_version,
         capabilities=request.capabilities,
@@ -432,6 +506,6 @@ def make_plan(
         ),
         lib_dir=lib_dir,
         ldconfig=config.ldconfig,
-        env={},
+        env=vgpu_env(vgpu),
         vgpu=vgpu,
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import sys
 import time
@@ -225,28 +226,39 @@ class _Prepared:
         return out + [fd for fd in (self.mask, self.ldconfig, self.ns, self.devnull) if fd >= 0]
 
 
+VGPU_FILES = ("limits", "ld.so.preload", "cache")  # written by the shim (nvctk.vgpu_state)
+
+
 def _vgpu_mounts(plan: Plan, log: HookLog) -> list[Mount]:
-    """libvgpu.so, /etc/ld.so.preload naming it, the accounting dir (+ its limits file)."""
+    """libvgpu.so, /etc/ld.so.preload naming it, the accounting dir with its limits
+    file bound read-only on top. The shim made the dir; a missing piece fails the
+    hook (a container that sets a limit never runs uncapped)."""
     v = plan.vgpu
     if v is None:
         return []
-    out = [Mount(v.library, v.container_library, "file", True, False)]
     try:
-        os.makedirs(v.state_dir, 0o755, exist_ok=True)
-        preload = os.path.join(v.state_dir, "ld.so.preload")
-        if not os.path.exists(preload):
-            tmp = preload + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(v.container_library + "\n")
-            os.replace(tmp, preload)
+        st = os.lstat(v.state_dir)
+        if not stat.S_ISDIR(st.st_mode):
+            raise MountError(f"step open: {v.state_dir}: the vGPU state dir is not a directory")
+        for name in VGPU_FILES:
+            if not stat.S_ISREG(os.lstat(os.path.join(v.state_dir, name)).st_mode):
+                raise MountError(f"step open: {v.state_dir}/{name}: not a regular file")
+        if not os.path.isfile(v.library):
+            raise MountError(f"step open: {v.library}: libvgpu.so is missing on the host")
+    except FileNotFoundError as e:
+        raise MountError(f"step open: {e.filename}: missing (the container sets GPU limits; "
+                         "its vGPU state is made by nvctk-runtime at create)")
     except OSError as e:
-        raise MountError(f"step open: {v.state_dir}: {e.strerror}")
-    out.append(Mount(preload, "/etc/ld.so.preload", "file", True, False))
-    out.append(Mount(v.state_dir, v.container_state_dir, "dir", False, True))
-    limits = os.path.join(v.state_dir, "limits")
-    if os.path.exists(limits):
-        out.append(Mount(limits, os.path.join(v.container_state_dir, "limits"), "file", True, True))
-    log.debug(f"vgpu: {len(out)} mounts for {v.library}")
+        raise MountError(f"step open: {e.filename or v.state_dir}: {e.strerror}")
+    out = [
+        Mount(v.library, v.container_library, "file", True, False),
+        Mount(os.path.join(v.state_dir, "ld.so.preload"), "/etc/ld.so.preload", "file", True,
+              True),
+        Mount(v.state_dir, v.container_state_dir, "dir", False, True),
+        Mount(os.path.join(v.state_dir, "limits"), os.path.join(v.container_state_dir, "limits"),
+              "file", True, True),
+    ]
+    log.debug(f"vgpu: {len(out)} mounts for {v.library}, state {v.state_dir}")
     return out
 
 

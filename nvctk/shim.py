@@ -16,16 +16,18 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from typing import Any
 
-from nvctk import oci
+from nvctk import oci, vgpu_state
 from nvctk import runc_argv as ra
 from nvctk.config import Config
 from nvctk.config import load as load_config
 from nvctk.errors import ConfigError, NvctkError
 from nvctk.log import Logger, report_error
-from nvctk.plan import PLAN_FILE, Plan
+from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
 from nvctk.planner import make_plan
 from nvctk.request import request_from_spec
+from nvctk.vgpu import MEMORY_VAR, VgpuLimits, limits_from_env
 
 HOOK_NAME = "nvctk-hook"
 
@@ -68,11 +70,15 @@ def prepare_bundle(
     *,
     argv0: str | None = None,
     logger: Logger | None = None,
+    container_id: str | None = None,
+    runtime_root: str | None = None,
 ) -> Prepared:
     """Edit <bundle>/config.json for the container's GPU request (if any).
 
     config None means nvctk's config could not be loaded (config_error says why):
     a no-GPU container still goes ahead, a GPU container fails with that error.
+    container_id, runtime_root (runc's --root): key the container's vGPU state dir,
+    which is (re)created here when the container sets a limit.
     """
     spec = oci.load_spec(bundle)
     request = request_from_spec(spec, config or Config())
@@ -82,7 +88,8 @@ def prepare_bundle(
         return Prepared(None)
     if config is None:
         raise config_error or ConfigError("nvctk config unavailable")
-    plan = make_plan(spec, config, bundle=bundle, request=request)
+    plan = make_plan(spec, config, bundle=bundle, request=request, container_id=container_id,
+                     runtime_root=runtime_root)
     if plan is None:  # pragma: no cover - request was not None
         return Prepared(None)
     hook_path = find_hook(config, argv0)
@@ -91,18 +98,65 @@ def prepare_bundle(
     oci.add_devices(spec, plan.devices)
     oci.set_hook(spec, oci.hook_entry(hook_path, config.hook_timeout, _nvctk_config_env()))
     oci.set_env(spec, plan.env)
+    _set_poststop_hook(spec, hook_path, config, plan.vgpu is not None)
 
-    # The plan goes first: a spec that names our hook must never be visible
-    # without the plan the hook reads.
+    # The plan and the vGPU state go first: a spec that names our hook must never
+    # be visible without what the hook reads.
+    vgpu_dir = None
+    if plan.vgpu is not None and _install_vgpu(plan, spec, bundle, config, container_id,
+                                               runtime_root, logger):
+        vgpu_dir = plan.vgpu.state_dir
     plan_path = os.path.join(bundle, PLAN_FILE)
-    oci.atomic_write(plan_path, plan.to_json().encode(), 0o644)
     try:
-        oci.save_spec(bundle, spec)
+        oci.atomic_write(plan_path, plan.to_json().encode(), 0o644)
+        try:
+            oci.save_spec(bundle, spec)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(plan_path)
+            raise
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(plan_path)
+        if vgpu_dir is not None:
+            with contextlib.suppress(OSError, NvctkError):
+                vgpu_state.remove_state_dir(vgpu_dir, config)
         raise
     return Prepared(plan, removed)
+
+
+def _set_poststop_hook(spec: dict[str, Any], hook_path: str, config: Config, want: bool) -> None:
+    """`nvctk-hook poststop` (removes the vGPU state dir) in hooks.poststop, or none of ours."""
+    if want:
+        entry = oci.hook_entry(hook_path, config.hook_timeout, _nvctk_config_env())
+        entry["args"] = [oci.OUR_HOOK_NAME, "poststop"]
+        oci.set_hook(spec, entry, "poststop")
+        return
+    hooks = spec.get("hooks")
+    if isinstance(hooks, dict) and isinstance(hooks.get("poststop"), list):
+        hooks["poststop"] = [h for h in hooks["poststop"] if not oci.is_our_hook(h, "poststop")]
+
+
+def _install_vgpu(plan: Plan, spec: dict[str, Any], bundle: str, config: Config,
+                  container_id: str | None, runtime_root: str | None,
+                  logger: Logger | None) -> bool:
+    """(Re)create the container's vGPU state dir; False if left alone because the
+    runtime already has a container of this id (runc then refuses the create)."""
+    assert plan.vgpu is not None
+    if container_id and os.path.isdir(
+        os.path.join(runtime_root or vgpu_state.DEFAULT_RUNTIME_ROOT, container_id)
+    ):
+        if logger is not None:
+            logger.warning(f"{container_id}: the runtime already has this container; "
+                           f"its vGPU state {plan.vgpu.state_dir} is left as it is")
+        return False
+    limits = vgpu_limits_of(plan.vgpu)
+    vgpu_state.install(plan.vgpu, limits, oci.root_path(spec, bundle), config)
+    return True
+
+
+def vgpu_limits_of(v: VgpuPlan) -> VgpuLimits:
+    """The validated limits a VgpuPlan carries, as nvctk.vgpu's type."""
+    n = sum(1 for k in v.limits if k.startswith(f"{MEMORY_VAR}_"))
+    return limits_from_env(v.limits, n)
 
 
 def _load_config_safely() -> tuple[Config | None, NvctkError | None]:
@@ -133,7 +187,8 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
         )
     bundle = args.bundle_dir()
     try:
-        prepared = prepare_bundle(bundle, config, config_error, argv0=argv0, logger=logger)
+        prepared = prepare_bundle(bundle, config, config_error, argv0=argv0, logger=logger,
+                                  container_id=args.container_id, runtime_root=args.root)
     except NvctkError as e:
         return fail(str(e))
     except OSError as e:
@@ -145,6 +200,7 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
             f"{args.subcommand} {args.container_id}: GPUs {','.join(p.gpu_uuids) or 'none'}, "
             f"capabilities {','.join(p.capabilities)}, {len(p.devices)} devices, "
             f"{len(p.mounts)} mounts"
+            + (f", vGPU state {p.vgpu.state_dir}" if p.vgpu else "")
             + (f", replaced {prepared.docker_hooks_removed} NVIDIA hook(s)"
                if prepared.docker_hooks_removed else "")
         )

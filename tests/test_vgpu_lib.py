@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libvgpu" / "tests"))
-import harness as H  # noqa: E402
+import harness as H
 
-from nvctk import vgpu  # noqa: E402
-from nvctk.sim.state import read_state  # noqa: E402
+from nvctk import vgpu
+from nvctk.sim.state import read_state
 
 MIB = H.MIB
 RESERVE = 64 * MIB  # the mock's and libvgpu's default per-context reserve

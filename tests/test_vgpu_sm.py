@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libvgpu" / "tests"))
-import harness as H  # noqa: E402
+import harness as H
 
-from nvctk.sim.state import read_state  # noqa: E402
+from nvctk.sim.state import read_state
 
 WARMUP, WINDOW = 1.5, 11.0
 

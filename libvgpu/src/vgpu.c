@@ -725,7 +725,7 @@ static int pm_take(int which, uint64_t key, struct pm_ent *out) {
  * cuLaunchKernel) would re-enter our wrappers from inside a real call and
  * count twice: calls made while this thread is inside a real call pass
  * straight through. */
-static __thread int vgpu_nested;
+static __thread int vgpu_nested __attribute__((tls_model("initial-exec")));
 #define NESTED(expr) ({ vgpu_nested++; __typeof__(expr) r__ = (expr); vgpu_nested--; r__; })
 
 #define ENTER_OR(errret)                                       \

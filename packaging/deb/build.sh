@@ -23,7 +23,8 @@ src=$work/src stage=$work/stage lib=$work/stage/usr/lib/nvctk
 # library into the wheel as nvctk/lib/libvgpu.so).
 mkdir -p "$src"
 tar -C "$repo" --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist \
-  --exclude='*.egg-info' --exclude=__pycache__ --exclude=./libvgpu/build -cf - . | tar -C "$src" -xf -
+  --exclude='*.egg-info' --exclude=__pycache__ --exclude=./libvgpu/build -cf - . \
+  | tar -C "$src" -xf -
 "$python" -m pip wheel -q --no-deps --wheel-dir "$work/wheel" "$src"
 mkdir -p "$stage/DEBIAN" "$stage/usr/bin" "$lib" "$stage/etc/nvctk"
 "$python" -m pip install -q --no-compile --no-warn-script-location --target "$lib/python" \
@@ -33,7 +34,10 @@ rm -rf "$lib/python/bin"
 
 # one copy of the library, where the config below names it; the package's own
 # nvctk/lib/libvgpu.so (what nvctk.paths looks for) points at it
-[ -f "$lib/python/nvctk/lib/libvgpu.so" ] || { echo "build.sh: the wheel lacks libvgpu.so" >&2; exit 1; }
+if [ ! -f "$lib/python/nvctk/lib/libvgpu.so" ]; then
+  echo "build.sh: the wheel lacks nvctk/lib/libvgpu.so" >&2
+  exit 1
+fi
 mv "$lib/python/nvctk/lib/libvgpu.so" "$lib/libvgpu.so"
 chmod 0644 "$lib/libvgpu.so"
 ln -s ../../../libvgpu.so "$lib/python/nvctk/lib/libvgpu.so"

@@ -1,0 +1,128 @@
+"""libvgpu overhead and SM-share accuracy on the simulated driver (`make -C libvgpu bench`).
+
+Side by side in one run, direct (no interposer) vs through libvgpu:
+  - ns added per cuLaunchKernel with no SM limit (goal <= 20 ns)
+  - ns added per cuMemAlloc_v2 + cuMemFree_v2 pair with a memory cap (goal <= 250 ns)
+  - the first cuInit with 64 processes of one container starting at once (goal <= 5 ms added)
+  - SM-share accuracy for 25/50/75 % and a 30/70 split of one GPU (goal +-5 points)
+Runs are interleaved (direct, libvgpu, direct, ...) and pinned to one CPU; the
+figures are medians of the per-pair differences. Needs root (device nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "libvgpu" / "tests"))
+import harness as H  # noqa: E402
+
+from nvctk.sim.state import read_state  # noqa: E402
+
+BENCH = H.BUILD / "vgpu_overhead"
+
+
+def run(env: dict[str, str], *args: str) -> float:
+    out = subprocess.run(["taskset", "-c", "1", str(BENCH), *args], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[0])
+
+
+def paired(direct: dict[str, str], vgpu: dict[str, str], args: list[str], reps: int) -> tuple[float, float, float]:
+    d, v, diff = [], [], []
+    for _ in range(reps):
+        a, b = run(direct, *args), run(vgpu, *args)
+        d.append(a)
+        v.append(b)
+        diff.append(b - a)
+    return statistics.median(d), statistics.median(v), statistics.median(diff)
+
+
+def init_storm(env: dict[str, str], n: int = 64) -> list[float]:
+    procs = [subprocess.Popen([str(BENCH), "init"], env=env, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    return [float(p.communicate()[0]) for p in procs]
+
+
+def sm_accuracy(driver: H.Driver, tmp: Path, window: float = 12.0) -> dict[str, float]:
+    groups = {"s25": [("25", 25)], "s50": [("50", 50)], "s75": [("75", 75)], "split": [("30", 30), ("70", 70)]}
+    procs = {}
+    for state, members in groups.items():
+        for label, pct in members:
+            env = driver.env(tmp / f"sm-{state}", NVSIM_KERNEL_US="2000", CUDA_DEVICE_SM_LIMIT=str(pct),
+                             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"sm-cache-{label}"), LD_PRELOAD=str(H.LIB))
+            procs[label] = (state, subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "launchfor", str(window + 3)],
+                                                    env=env, stdout=subprocess.DEVNULL))
+
+    def busy() -> dict[str, int]:
+        res = {}
+        for label, (state, p) in procs.items():
+            s = read_state(tmp / f"sm-{state}").proc(p.pid, 0)
+            res[label] = s.busy_ns if s else 0
+        return res
+
+    time.sleep(1.5)
+    b0, t0 = busy(), time.monotonic()
+    time.sleep(window)
+    b1, t1 = busy(), time.monotonic()
+    for _, p in procs.values():
+        p.wait()
+    return {k: 100 * (b1[k] - b0[k]) / ((t1 - t0) * 1e9) for k in procs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--reps", type=int, default=15)
+    args = ap.parse_args()
+    H.build()
+    subprocess.run(["make", "-s", "-C", str(H.LIBVGPU), "build/vgpu_overhead"], check=True)
+    lines: list[str] = []
+
+    def say(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    with tempfile.TemporaryDirectory(prefix="vgpu-bench-") as t:
+        tmp = Path(t)
+        driver = H.make_driver(tmp / "sim", gpus=2, memory_mib=81920)
+        base = driver.env(tmp / "state", NVSIM_KERNEL_US="0")
+        capped = {**base, "LD_PRELOAD": str(H.LIB), "CUDA_DEVICE_MEMORY_LIMIT": "40g",
+                  "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "cache")}
+        say(f"libvgpu overhead on the simulated driver  ({platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')})")
+        say(f"medians of {args.reps} interleaved run pairs, pinned to CPU 1; 'added' = median of (libvgpu - direct)")
+        say()
+        say(f"{'measure':58} {'direct':>10} {'libvgpu':>10} {'added':>10} {'goal':>8}")
+        d, v, a = paired(base, capped, ["launchnull", "2000000"], args.reps)
+        say(f"{'cuLaunchKernel, no SM limit (driver rejects at once), ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 20':>8}")
+        d, v, a = paired(base, capped, ["launch", "20000"], max(3, args.reps // 3))
+        say(f"{'cuLaunchKernel, no SM limit, 0-us kernel, ns (noisy)':58} {d:10.1f} {v:10.1f} {a:10.1f} {'':>8}")
+        d, v, a = paired(base, capped, ["alloc", "200000"], args.reps)
+        say(f"{'cuMemAlloc_v2 + cuMemFree_v2 (4 KiB) with a cap, ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 250':>8}")
+        dd, vv = [], []
+        for i in range(3):
+            dd += init_storm(base)
+            vv += init_storm({**capped, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / f"storm{i}")})
+        md, mv = statistics.median(dd) / 1e6, statistics.median(vv) / 1e6
+        say(f"{'first cuInit, 64 processes of one container at once, ms':58} {md:10.3f} {mv:10.3f} {mv - md:10.3f} {'<= 5':>8}")
+        say(f"{'  (p90 of the 3x64 processes), ms':58} {sorted(dd)[int(len(dd) * .9)] / 1e6:10.3f} {sorted(vv)[int(len(vv) * .9)] / 1e6:10.3f}")
+        say()
+        say("SM share: greedy launch loop, 2 ms kernels, busy time from the mock's counters over 12 s")
+        got = sm_accuracy(driver, tmp)
+        say(f"{'limit %':>8} {'measured %':>11} {'error (points)':>15}")
+        for k in ("25", "50", "75"):
+            say(f"{k:>8} {got[k]:11.1f} {got[k] - int(k):15.1f}")
+        say(f"{'30/70':>8} {got['30']:5.1f}/{got['70']:5.1f} {got['30'] - 30:7.1f}/{got['70'] - 70:5.1f}   (two containers, one GPU)")
+    if args.out:
+        Path(ROOT / args.out if not os.path.isabs(args.out) else args.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

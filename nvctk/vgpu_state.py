@@ -1,0 +1,234 @@
+"""A vGPU container's host-side state: its accounting directory and the checks
+that decide whether libvgpu can be installed at all.
+
+    <state-dir>/<key16>-<id>/       one per container, recreated on every create
+        limits                       the validated limits (0444; libvgpu/README.md)
+        ld.so.preload                libvgpu's container path + the image's own lines
+        cache                        the accounting file (libvgpu maps it)
+
+The key is sha256 of (runtime --root, container id): equal ids under different
+runc roots (containerd namespaces use /run/containerd/runc/<ns>) never collide.
+The shim creates the directory (`install`); `nvctk-hook poststop` removes it
+(`poststop`), and only ever a directory directly below the configured state dir.
+The prestart hook mounts it at nvctk.vgpu.VGPU_DIR with the limits file bound
+read-only on top, the library, and the preload file over /etc/ld.so.preload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import shutil
+import stat
+from typing import IO
+
+from nvctk import planner
+from nvctk.config import Config
+from nvctk.errors import NvctkError, RequestError, SpecError
+from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
+from nvctk.vgpu import VgpuLimits, write_limits_file
+
+CONTAINER_LIBRARY = "/run/nvctk/libvgpu.so"  # where libvgpu.so is mounted inside
+PRELOAD_NAME = "ld.so.preload"
+LIMITS_NAME = "limits"
+CACHE_NAME = "cache"
+DEFAULT_RUNTIME_ROOT = "/run/runc"
+MAX_PRELOAD_BYTES = 64 * 1024
+
+GLIBC_LOADERS = ("/lib64/ld-linux-x86-64.so.2",)  # plus /lib/ld-linux-*.so*
+_GLIBC_LIB_RE = re.compile(r"ld-linux(-[A-Za-z0-9_-]+)?\.so(\.[0-9]+)*")
+_MUSL_LIB_RE = re.compile(r"ld-musl-[A-Za-z0-9_]+\.so\.1")
+_KEY_DIR_RE = re.compile(r"[0-9a-f]{16}-[A-Za-z0-9_.-]{1,64}")
+
+
+# --- naming --------------------------------------------------------------------------------
+def state_key(runtime_root: str | None, container_id: str) -> str:
+    """16 hex digits from (runtime root, container id)."""
+    root = os.path.normpath(os.path.abspath(runtime_root or DEFAULT_RUNTIME_ROOT))
+    return hashlib.sha256(f"{root}\0{container_id}".encode()).hexdigest()[:16]
+
+
+def sanitize_id(container_id: str) -> str:
+    """A container id as a file name: [A-Za-z0-9_.-], at most 64 characters."""
+    out = re.sub(r"[^A-Za-z0-9_.-]", "_", container_id)[:64].lstrip(".")
+    return out or "_"
+
+
+def state_dir_for(config: Config, runtime_root: str | None, container_id: str) -> str:
+    name = f"{state_key(runtime_root, container_id)}-{sanitize_id(container_id)}"
+    return os.path.join(os.path.abspath(config.state_dir), name)
+
+
+# --- looking into the image (never following a link out of the rootfs) --------------------
+def _open_in_rootfs(rootfs: str, path: str, flags: int) -> int:
+    """An fd of rootfs/path opened with `flags`, resolved as if rootfs were /."""
+    try:
+        root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SpecError(f"rootfs {rootfs}: {e.strerror}")
+    try:
+        fd = planner._openat2_in_root(root_fd, path)
+        if fd is None:
+            fd = planner._walk_nofollow(root_fd, path)
+    finally:
+        os.close(root_fd)
+    try:
+        # re-open the O_PATH fd for reading: the same inode, no path walk
+        return os.open(f"/proc/self/fd/{fd}", flags | os.O_CLOEXEC)
+    finally:
+        os.close(fd)
+
+
+def _list_in_rootfs(rootfs: str, path: str) -> list[str]:
+    try:
+        fd = _open_in_rootfs(rootfs, path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return []
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def libc_kind(rootfs: str) -> str:
+    """'musl' if the image has musl's loader, 'glibc' if it has glibc's, else 'none'."""
+    lib = _list_in_rootfs(rootfs, "/lib")
+    if any(_MUSL_LIB_RE.fullmatch(n) for n in lib):
+        return "musl"
+    loaders = [*GLIBC_LOADERS, *(f"/lib/{n}" for n in lib if _GLIBC_LIB_RE.fullmatch(n))]
+    if any(planner.exists_in_rootfs(rootfs, p) for p in loaders):
+        return "glibc"
+    return "none"
+
+
+def check_preloadable(rootfs: str, variable: str) -> None:
+    """RequestError unless the image's loader honours /etc/ld.so.preload (glibc)."""
+    kind = libc_kind(rootfs)
+    if kind == "glibc":
+        return
+    why = ("the image uses musl (/lib/ld-musl-*.so.1), which ignores /etc/ld.so.preload"
+           if kind == "musl" else
+           "the image has no glibc dynamic loader (/lib64/ld-linux-x86-64.so.2 or "
+           "/lib/ld-linux-*.so*), so nothing would load /etc/ld.so.preload")
+    raise RequestError(
+        f"{variable} is set but GPU limits cannot be enforced in this container: {why}; "
+        "libvgpu.so needs a glibc-based image (unset the limit or use a glibc image)"
+    )
+
+
+def image_preload(rootfs: str) -> list[str]:
+    """The entries of the image's own /etc/ld.so.preload ([] if it has none)."""
+    try:
+        fd = _open_in_rootfs(rootfs, "/etc/ld.so.preload", os.O_RDONLY)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return []
+        raise SpecError(f"{rootfs}: /etc/ld.so.preload: {e.strerror}")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpecError(f"{rootfs}: /etc/ld.so.preload is not a regular file")
+        data = os.read(fd, MAX_PRELOAD_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PRELOAD_BYTES:
+        raise SpecError(f"{rootfs}: /etc/ld.so.preload is larger than {MAX_PRELOAD_BYTES} bytes")
+    # ld.so splits the file on white space and ':'; comments are not part of the format
+    return [w for w in re.split(r"[\s:]+", data.decode("utf-8", "replace")) if w]
+
+
+def preload_text(container_library: str, image_entries: list[str]) -> str:
+    """libvgpu first (its cu* symbols win), then the image's own entries."""
+    rest = [e for e in image_entries if e != container_library]
+    return "\n".join([container_library, *dict.fromkeys(rest)]) + "\n"
+
+
+# --- create / remove -----------------------------------------------------------------------
+def _under_state_dir(path: str, config: Config) -> bool:
+    top = os.path.realpath(config.state_dir)
+    parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    return parent == top and bool(_KEY_DIR_RE.fullmatch(os.path.basename(path)))
+
+
+def remove_state_dir(path: str, config: Config) -> bool:
+    """rm -rf a container's state dir; only a <key>-<id> dir directly under state-dir."""
+    if not _under_state_dir(path, config):
+        raise SpecError(f"refusing to remove {path}: not a vGPU state dir under {config.state_dir}")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return True
+    shutil.rmtree(path)
+    return True
+
+
+def install(vgpu: VgpuPlan, limits: VgpuLimits, rootfs: str | None, config: Config) -> None:
+    """(Re)create the container's state dir: limits, ld.so.preload, an empty cache."""
+    d = vgpu.state_dir
+    if not _under_state_dir(d, config):
+        raise SpecError(f"vGPU state dir {d} is not directly under state-dir {config.state_dir}")
+    entries = image_preload(rootfs) if rootfs else []
+    os.makedirs(os.path.dirname(d), 0o755, exist_ok=True)
+    remove_state_dir(d, config)  # a restarted container is a new set of processes
+    os.mkdir(d, 0o755)
+    try:
+        os.chmod(d, 0o755)
+        write_limits_file(os.path.join(d, LIMITS_NAME), limits,
+                          os.path.join(vgpu.container_state_dir, CACHE_NAME))
+        _write(os.path.join(d, PRELOAD_NAME), preload_text(vgpu.container_library, entries), 0o644)
+        # empty: libvgpu sizes and initialises it; 0666 so a non-root process may map it
+        _write(os.path.join(d, CACHE_NAME), "", 0o666)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(d)
+        raise
+
+
+def _write(path: str, text: str, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        os.fchmod(f.fileno(), mode)
+
+
+# --- nvctk-hook poststop -------------------------------------------------------------------
+def poststop(stdin_text: str | bytes, config: Config | None = None) -> str | None:
+    """Remove the container's vGPU state dir; returns it (None: nothing to do)."""
+    from nvctk import config as nvconfig
+    from nvctk.oci import load_state
+
+    state = load_state(stdin_text)
+    cfg = config or nvconfig.load()
+    try:
+        with open(os.path.join(state.bundle, PLAN_FILE), encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise SpecError(f"{state.bundle}/{PLAN_FILE}: {e.strerror}")
+    try:
+        plan = Plan.from_json(text)
+    except (ValueError, KeyError, TypeError) as e:
+        raise SpecError(f"{state.bundle}/{PLAN_FILE}: unusable plan: {e}")
+    if plan.vgpu is None:
+        return None
+    remove_state_dir(plan.vgpu.state_dir, cfg)
+    return plan.vgpu.state_dir
+
+
+def poststop_main(stdin: IO[bytes], stderr: IO[str]) -> int:
+    """`nvctk-hook poststop`: exit 0, or 1 with 'nvctk-hook: poststop: <why>'."""
+    try:
+        poststop(stdin.read())
+        return 0
+    except NvctkError as e:
+        stderr.write(f"nvctk-hook: poststop: {e}\n")
+    except OSError as e:
+        stderr.write(f"nvctk-hook: poststop: {e.filename or '-'}: {e.strerror or e}\n")
+    stderr.flush()
+    return 1

@@ -1,0 +1,306 @@
+"""Packaging: the wheel, the Debian package, the nvctk-runtime launcher, nvctk.paths.
+
+The launcher (runtime_shim/nvctk-runtime) is a sh/Python polyglot that runs
+Python with -I -S and finds nvctk by itself; it is checked in every layout it
+can be installed in: a wheel's (venv or pip --target), the editable venv, a
+symlink to it, and the .deb's /usr/bin.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from nvctk import paths
+from nvctk.config import Config
+from nvctk.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCHER = REPO / "runtime_shim" / "nvctk-runtime"
+VENV_BIN = Path(sys.executable).parent
+SITE_PACKAGES = sysconfig.get_paths()["purelib"]
+# the interpreter the venv was made from: no site-packages of ours, same ABI
+BASE_PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+RUNC_ARGV = ["--root", "/run/x y", "--log-format", "json", "kill", "ctr-1", "SIGKILL"]
+COPY_EXCLUDES = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache",
+                 ".mypy_cache", ".ruff_cache"}
+
+
+def _run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
+         input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=cwd,
+                          input=input)
+
+
+def _fake_runtime(tmp: Path) -> tuple[Path, Path, Path]:
+    """(fake runtime, the file it records its argv in, an nvctk config naming it)."""
+    record = tmp / "argv.rec"
+    fake = tmp / "fake-runtime"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$0\" \"$@\" > '{record}'\n")
+    fake.chmod(0o755)
+    config = tmp / "config.toml"
+    config.write_text(f'runtimes = ["{fake}"]\n')
+    return fake, record, config
+
+
+def _check_passthrough(launcher: Path | str, tmp: Path, env: dict[str, str] | None = None) -> None:
+    fake, record, config = _fake_runtime(tmp)
+    env = {**(env or os.environ), "NVCTK_CONFIG": str(config)}
+    r = _run([str(launcher), *RUNC_ARGV], env=env, cwd=tmp)
+    assert r.returncode == 0, r.stderr
+    assert record.read_bytes().split(b"\0")[:-1] == [str(fake).encode()] + [
+        a.encode() for a in RUNC_ARGV
+    ]
+
+
+# --- nvctk.paths ----------------------------------------------------------------
+
+
+def test_vgpu_library_config_wins(tmp_path: Path) -> None:
+    assert paths.vgpu_library(Config(vgpu_library="/opt/x/libvgpu.so")) == "/opt/x/libvgpu.so"
+
+
+def test_vgpu_library_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "site" / "nvctk"
+    dev = tmp_path / "site" / "libvgpu" / "build" / "libvgpu.so"
+    monkeypatch.setattr(paths, "PACKAGE_DIR", str(pkg))
+    assert paths.vgpu_library() == ""
+    assert paths.vgpu_library(Config()) == ""
+    with pytest.raises(ConfigError, match=r"lacks.*make -C libvgpu.*vgpu-library"):
+        paths.require_vgpu_library(Config())
+    dev.parent.mkdir(parents=True)
+    dev.write_bytes(b"\x7fELF")
+    assert paths.vgpu_library() == str(dev)
+    (pkg / "lib").mkdir(parents=True)
+    (pkg / "lib" / "libvgpu.so").symlink_to(dev)  # the .deb's layout: a link
+    assert paths.vgpu_library(Config()) == str(dev)
+    (pkg / "lib" / "libvgpu.so").unlink()
+    (pkg / "lib" / "libvgpu.so").write_bytes(b"\x7fELF")
+    assert paths.require_vgpu_library() == str(pkg / "lib" / "libvgpu.so")
+
+
+def test_require_vgpu_library_names_a_missing_configured_file(tmp_path: Path) -> None:
+    cfg = Config(vgpu_library=str(tmp_path / "nope.so"), path="/etc/nvctk/config.toml")
+    with pytest.raises(ConfigError, match=r"/etc/nvctk/config.toml: vgpu-library .*nope.so"):
+        paths.require_vgpu_library(cfg)
+
+
+# --- the launcher, fast layouts -------------------------------------------------
+
+
+def test_launcher_is_a_posix_sh_script() -> None:
+    first = LAUNCHER.read_text().splitlines()[0]
+    assert first == "#!/bin/sh"
+    assert os.access(LAUNCHER, os.X_OK)
+    sh_part = LAUNCHER.read_text().split("\n'''\n", 1)[0]  # sh never reads past its exec
+    r = _run(["sh", "-n"], input=sh_part)
+    assert r.returncode == 0, r.stderr
+    assert sh_part.count("exec ") == 2
+
+
+def test_launcher_in_venv_layout_with_editable_finder(tmp_path: Path) -> None:
+    """A venv whose site-packages holds only setuptools' editable finder for nvctk."""
+    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    venv = tmp_path / "venv"
+    site = venv / "lib" / ver / "site-packages"
+    site.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python3").symlink_to(BASE_PYTHON)
+    shutil.copy2(LAUNCHER, venv / "bin" / "nvctk-runtime")
+    mapping = {"nvctk": str(REPO / "nvctk"), "nvctk.runtime_shim": str(REPO / "runtime_shim"),
+               "nvctk.cli": str(REPO / "cli"), "nvctk.hooks": str(REPO / "hooks")}
+    (site / "__editable___nvctk_9_9_9_finder.py").write_text(
+        f"MAPPING: dict[str, str] = {mapping!r}\n"
+        "def install():\n    raise SystemExit('the launcher must not import the finder')\n"
+    )
+    _check_passthrough(venv / "bin" / "nvctk-runtime", tmp_path)
+    # and through a symlink elsewhere (readlink -f finds python3 and site-packages)
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "elsewhere" / "nvctk-runtime"
+    link.symlink_to(venv / "bin" / "nvctk-runtime")
+    _check_passthrough(link, tmp_path)
+
+
+def _dev_launcher() -> Path:
+    exe = VENV_BIN / "nvctk-runtime"
+    if not exe.is_file() or not exe.read_bytes().startswith(b"#!/bin/sh"):
+        pytest.skip(f"{exe} is not the launcher: re-run `pip install -e .`")
+    return exe
+
+
+def test_launcher_in_this_venv(tmp_path: Path) -> None:
+    _check_passthrough(_dev_launcher(), tmp_path)
+
+
+def test_launcher_through_a_symlink_to_this_venv(tmp_path: Path) -> None:
+    link = tmp_path / "bin" / "nvctk-runtime"
+    link.parent.mkdir()
+    link.symlink_to(_dev_launcher())
+    _check_passthrough(link, tmp_path)
+
+
+# --- the wheel ------------------------------------------------------------------
+
+
+def _copy_tree(dst: Path) -> Path:
+    def ignore(d: str, names: list[str]) -> set[str]:
+        skip = {n for n in names if n in COPY_EXCLUDES or n.endswith(".egg-info")}
+        if os.path.samefile(d, REPO / "libvgpu"):
+            skip.add("build")
+        return skip
+
+    shutil.copytree(REPO, dst, ignore=ignore, symlinks=True)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(the wheel, "" or why it has no libvgpu.so), built from a clean copy of the tree."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = _copy_tree(tmp / "src")
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w", str(tmp)]
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    r = _run(cmd, env=env)
+    no_lib = ""
+    if r.returncode != 0 and "building libvgpu failed" in r.stdout + r.stderr:
+        no_lib = "libvgpu cannot be built yet: " + (r.stdout + r.stderr).strip()[-300:]
+        r = _run(cmd, env={**env, "NVCTK_SKIP_LIBVGPU": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    (whl,) = tmp.glob("nvctk-*.whl")
+    return whl, no_lib
+
+
+@pytest.fixture(scope="module")
+def wheel_target(wheel: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("target")
+    r = _run([BASE_PYTHON, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+              "--target", str(target), str(wheel[0])],
+             env={**os.environ, "PYTHONPATH": SITE_PACKAGES, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert r.returncode == 0, r.stderr
+    return target
+
+
+@pytest.mark.slow
+def test_wheel_contents(wheel: tuple[Path, str]) -> None:
+    whl, no_lib = wheel
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        scripts = [n for n in names if ".data/scripts/" in n]
+        assert [n.rsplit("/", 1)[1] for n in scripts] == ["nvctk-runtime"]
+        assert z.read(scripts[0]).startswith(b"#!/bin/sh\n")
+        assert z.getinfo(scripts[0]).external_attr >> 16 & 0o111
+        (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        entry_points = z.read(ep).decode()
+    assert "nvctk = nvctk.cli.main:main" in entry_points
+    assert "nvctk-hook = nvctk.hooks.main:main" in entry_points
+    assert "nvctk-runtime" not in entry_points  # the launcher, not a console script
+    for need in ("nvctk/cli/main.py", "nvctk/hooks/main.py", "nvctk/runtime_shim/main.py",
+                 "nvctk/runc_argv.py", "nvctk/py.typed"):
+        assert need in names
+    assert [n for n in names if n.startswith("nvctk/sim/csrc/") and n.endswith(".c")]
+    top = {n.split("/", 1)[0] for n in names}
+    assert {t for t in top if not t.startswith("nvctk")} == set(), top
+    assert "nvctk/runtime_shim/nvctk-runtime" not in names
+    if no_lib:
+        pytest.skip(no_lib)
+    assert "nvctk/lib/libvgpu.so" in names
+    with zipfile.ZipFile(whl) as z:
+        assert z.read("nvctk/lib/libvgpu.so")[:4] == b"\x7fELF"
+
+
+@pytest.mark.slow
+def test_wheel_installed_cli_runs(wheel_target: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": f"{wheel_target}:{SITE_PACKAGES}"}
+    cwd = wheel_target.parent  # not the repo: its nvctk/ would come first on sys.path
+    r = _run([BASE_PYTHON, "-c", "import nvctk.cli; print(nvctk.cli.__file__)"], env=env, cwd=cwd)
+    assert r.stdout.startswith(str(wheel_target)), r.stdout + r.stderr
+    r = _run([BASE_PYTHON, str(wheel_target / "bin" / "nvctk"), "config", "default"], env=env,
+             cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    assert "runtimes = " in r.stdout and "vgpu-library" in r.stdout
+
+
+@pytest.mark.slow
+def test_wheel_launcher_passthrough(wheel_target: Path, tmp_path: Path) -> None:
+    launcher = wheel_target / "bin" / "nvctk-runtime"
+    assert launcher.read_bytes().startswith(b"#!/bin/sh\n")
+    # python3 on PATH (a pip --target layout has none beside the script) ...
+    pybin = tmp_path / "pybin"
+    pybin.mkdir()
+    (pybin / "python3").symlink_to(BASE_PYTHON)
+    env = {**os.environ, "PATH": f"{pybin}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    _check_passthrough(launcher, tmp_path, env)
+    # ... and beside it, as in a venv's bin/
+    (wheel_target / "bin" / "python3").symlink_to(BASE_PYTHON)
+    try:
+        _check_passthrough(launcher, tmp_path)
+    finally:
+        (wheel_target / "bin" / "python3").unlink()
+
+
+# --- the Debian package ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    for tool in ("dpkg-deb", "make"):
+        if not shutil.which(tool):
+            pytest.skip(f"needs {tool}")
+    if _run(["/usr/bin/python3", "-m", "pip", "--version"]).returncode != 0:
+        pytest.skip("needs pip for /usr/bin/python3 (python3-pip)")
+    out = tmp_path_factory.mktemp("deb")
+    r = _run(["bash", str(REPO / "packaging" / "deb" / "build.sh"), str(out)])
+    if r.returncode != 0 and "building libvgpu failed" in r.stdout + r.stderr:
+        pytest.skip("libvgpu cannot be built yet: " + r.stderr.strip()[-300:])
+    assert r.returncode == 0, r.stdout + r.stderr
+    (path,) = out.glob("nvctk_*.deb")
+    assert r.stdout.strip() == str(path)
+    return path
+
+
+@pytest.mark.slow
+def test_deb_contents(deb: Path) -> None:
+    listing = _run(["dpkg-deb", "-c", str(deb)]).stdout
+    files = {line.split()[5].removeprefix(".") for line in listing.splitlines()}
+    for need in ("/usr/bin/nvctk-runtime", "/usr/bin/nvctk", "/usr/bin/nvctk-hook",
+                 "/usr/lib/nvctk/libvgpu.so", "/etc/nvctk/config.toml",
+                 "/usr/lib/nvctk/python/nvctk/runtime_shim/main.py",
+                 "/usr/lib/nvctk/python/nvctk/cli/main.py",
+                 "/usr/lib/nvctk/python/nvctk/hooks/main.py",
+                 "/usr/lib/nvctk/python/nvctk/lib/libvgpu.so",
+                 "/usr/lib/nvctk/python/click/__init__.py"):
+        assert need in files, need
+    assert not [f for f in files if f.startswith("/usr/lib/nvctk/python/bin")]
+    assert not [f for f in files if f.startswith(("/usr/lib/nvctk/python/cli/",
+                                                  "/usr/lib/nvctk/python/hooks/"))]
+    info = _run(["dpkg-deb", "-f", str(deb), "Package", "Depends"]).stdout
+    assert "Package: nvctk" in info and "python3 (>= " in info
+    assert _run(["dpkg-deb", "-e", str(deb), str(deb.parent / "ctl")]).returncode == 0
+    assert (deb.parent / "ctl" / "conffiles").read_text().split() == ["/etc/nvctk/config.toml"]
+
+
+@pytest.mark.slow
+def test_deb_extracted_runs(deb: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert _run(["dpkg", "-x", str(deb), str(root)]).returncode == 0
+    pydir = root / "usr" / "lib" / "nvctk" / "python"
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import nvctk.paths, yaml, prctl;"
+            "print(nvctk.paths.vgpu_library()); from nvctk.cli.main import main;"
+            "sys.argv[0] = 'nvctk'; sys.exit(main())")
+    r = _run(["/usr/bin/python3", "-I", "-S", "-c", code, str(pydir), "config", "default"])
+    assert r.returncode == 0, r.stderr
+    lib_line, rest = r.stdout.split("\n", 1)
+    assert lib_line == str(root / "usr" / "lib" / "nvctk" / "libvgpu.so")
+    assert "runtimes = " in rest
+    for exe in ("nvctk", "nvctk-hook"):
+        assert (root / "usr" / "bin" / exe).read_text().startswith("#!/usr/bin/python3 -IS\n")
+    # the launcher as installed: /usr/bin/python3 beside it, the package in ../lib/nvctk/python
+    (root / "usr" / "bin" / "python3").symlink_to("/usr/bin/python3")
+    _check_passthrough(root / "usr" / "bin" / "nvctk-runtime", tmp_path)

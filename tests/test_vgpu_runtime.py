@@ -1,0 +1,504 @@
+"""vGPU installation by the runtime (issue C §2) and its end-to-end tests (§3).
+
+Planner/shim level: limits validated at create (the message names the variable,
+config.json untouched), the accounting dir keyed by (runc --root, id) and
+recreated on every create, `nvctk-hook poststop` removing it, musl images refused.
+Through nvctk-runtime + real runc (slow): the cap seen by nvidia-smi and
+cuMemGetInfo, CUDA_ERROR_OUT_OF_MEMORY at the cap, processes of one container
+sharing it, env escapes that get nothing, and neighbours on one simulated GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvctk import config as nvconfig
+from nvctk import vgpu, vgpu_state
+from nvctk.errors import RequestError
+from nvctk.plan import PLAN_FILE, Plan
+from nvctk.shim import prepare_bundle
+from nvctk.sim import host
+from nvctk.sim.rootfs import build_rootfs
+from nvctk.sim.state import read_state, state_path
+from nvctk.sim.topology import make_topology
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
+
+BIN = os.path.dirname(sys.executable)
+RUNTIME = os.path.join(BIN, "nvctk-runtime")
+HOOK = os.path.join(BIN, "nvctk-hook")
+REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO / "libvgpu" / "build" / "vgpu_probe"
+MIB = 1 << 20
+GPU_MIB = 4096
+NVD = "NVIDIA_VISIBLE_DEVICES"
+MEM = "CUDA_DEVICE_MEMORY_LIMIT"
+
+
+# --- fixtures --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
+    """A host of its own: 2 GPUs of 4 GiB (so the neighbours test can fill one)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    return host.init(str(tmp_path_factory.mktemp("vgpusim") / "host"),
+                     make_topology(gpus=2, memory_mib=GPU_MIB))
+
+
+@pytest.fixture(scope="module")
+def config(sim: host.SimHost) -> nvconfig.Config:
+    return nvconfig.load(sim.config_path)
+
+
+@pytest.fixture(scope="module")
+def base_rootfs(sim: host.SimHost, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One glibc rootfs with cuda-vectoradd and vgpu_probe, copied for each bundle."""
+    root = build_rootfs(str(tmp_path_factory.mktemp("vgpurootfs") / "rootfs"),
+                        with_sample=sim.sample)
+    if PROBE.exists():
+        shutil.copy(PROBE, os.path.join(root, "usr/local/bin/vgpu_probe"))
+    return root
+
+
+class Bundles:
+    def __init__(self, tmp: Path, base: str) -> None:
+        self.tmp = tmp
+        self.base = base
+        self.n = 0
+
+    def make(self, env: dict[str, str], script: str = "true", rootfs: str | None = None,
+             gpu: str = "0") -> Path:
+        self.n += 1
+        b = self.tmp / f"bundle{self.n}"
+        b.mkdir()
+        if rootfs is None:
+            shutil.copytree(self.base, b / "rootfs", symlinks=True)
+        else:
+            shutil.move(rootfs, b / "rootfs")
+        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+        spec = json.loads((b / "config.json").read_text())
+        spec["root"] = {"path": "rootfs", "readonly": False}
+        spec["process"].update(
+            terminal=False, args=["/bin/sh", "-c", script],
+            env=["PATH=/usr/local/bin:/usr/bin:/bin", f"{NVD}={gpu}",
+                 *(f"{k}={v}" for k, v in env.items())],
+        )
+        (b / "config.json").write_text(json.dumps(spec, indent="\t"))
+        return b
+
+
+@pytest.fixture
+def bundles(tmp_path: Path, base_rootfs: str) -> Bundles:
+    if shutil.which("runc") is None:
+        pytest.skip("needs runc")
+    return Bundles(tmp_path, base_rootfs)
+
+
+def spec_of(b: Path) -> dict[str, Any]:
+    return json.loads((b / "config.json").read_text())
+
+
+def env_of(spec: dict[str, Any]) -> dict[str, str]:
+    return dict(e.partition("=")[::2] for e in spec["process"]["env"])
+
+
+# --- validation at create ---------------------------------------------------------------------
+@pytest.mark.parametrize(("env", "gpu", "culprit"), [
+    ({MEM: "12x"}, "0", f"{MEM}='12x': not a memory size"),
+    ({MEM: "-1"}, "0", f"{MEM}='-1': not a memory size"),
+    ({"CUDA_DEVICE_SM_LIMIT": "150"}, "0", "CUDA_DEVICE_SM_LIMIT='150': not a percentage"),
+    ({MEM: "8g"}, "0", f"{MEM}=8g: above the memory of the container's GPU 0"),
+    ({f"{MEM}_1": "5g"}, "0,1", f"{MEM}_1=5g: above the memory of the container's GPU 1"),
+    ({f"{MEM}_1": "1g"}, "0", f"{MEM}_1: the container has 1 GPU(s)"),
+    ({"CUDA_DEVICE_SM_LIMIT_X": "10"}, "0", "CUDA_DEVICE_SM_LIMIT_X: not CUDA_DEVICE_SM_LIMIT"),
+])
+def test_bad_limits_fail_the_create(env: dict[str, str], gpu: str, culprit: str,
+                                    bundles: Bundles, sim: host.SimHost, config: nvconfig.Config,
+                                    tmp_path: Path) -> None:
+    b = bundles.make(env, gpu=gpu)
+    before = (b / "config.json").read_bytes()
+    log = tmp_path / "runc-log.json"
+    r = subprocess.run(
+        [RUNTIME, "--root", str(tmp_path / "runc-root"), "--log", str(log), "--log-format",
+         "json", "create", "--bundle", str(b), "cid"],
+        env={**os.environ, **sim.env}, capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode != 0
+    assert culprit in r.stderr, r.stderr
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert any(culprit in e["msg"] and e["level"] == "error" for e in entries), entries
+    assert (b / "config.json").read_bytes() == before
+    assert not (b / PLAN_FILE).exists()
+    assert not os.path.exists(os.path.join(config.state_dir,
+                                           os.path.basename(
+                                               vgpu_state.state_dir_for(config, None, "cid"))))
+
+
+def test_no_limit_installs_nothing(bundles: Bundles, config: nvconfig.Config) -> None:
+    for env in ({}, {MEM: "0", "CUDA_DEVICE_SM_LIMIT": "0"},
+                {vgpu.CACHE_VAR: "relative/ignored/without/limits"}):
+        b = bundles.make(env)
+        plan = prepare_bundle(str(b), config, container_id="plain", runtime_root="/r").plan
+        assert plan is not None and plan.vgpu is None and plan.env == {}
+        spec = spec_of(b)
+        assert not spec["hooks"].get("poststop")
+        assert env_of(spec).get(vgpu.CACHE_VAR) == env.get(vgpu.CACHE_VAR)
+        assert not os.path.exists(vgpu_state.state_dir_for(config, "/r", "plain"))
+
+
+def test_state_dir_keying(config: nvconfig.Config) -> None:
+    a = vgpu_state.state_dir_for(config, "/run/containerd/runc/k8s.io", "web")
+    b = vgpu_state.state_dir_for(config, "/run/containerd/runc/moby", "web")
+    c = vgpu_state.state_dir_for(config, None, "web")
+    assert len({a, b, c}) == 3
+    assert c == vgpu_state.state_dir_for(config, "/run/runc", "web")  # runc's default root
+    assert a == vgpu_state.state_dir_for(config, "/run/containerd/runc/k8s.io/", "web")
+    for d in (a, b, c):
+        assert os.path.dirname(d) == config.state_dir
+        assert os.path.basename(d).endswith("-web")
+    odd = vgpu_state.state_dir_for(config, None, "../../etc/x y")
+    assert os.path.dirname(odd) == config.state_dir and "/" not in os.path.basename(odd)
+    assert os.path.basename(odd)[17:] == "_.._etc_x_y"
+
+
+def test_create_installs_state_and_is_idempotent(bundles: Bundles,
+                                                 config: nvconfig.Config) -> None:
+    b = bundles.make({MEM: "512m", "CUDA_DEVICE_SM_LIMIT_0": "30",
+                      vgpu.CACHE_VAR: "/tmp/mine"})
+    (b / "rootfs/etc/ld.so.preload").write_text("/usr/lib/libimage.so\n# x\n")
+    d = Path(vgpu_state.state_dir_for(config, "/tmp/rr", "box"))
+    try:
+        p1 = prepare_bundle(str(b), config, container_id="box", runtime_root="/tmp/rr").plan
+        assert p1 is not None and p1.vgpu is not None
+        assert p1.vgpu.state_dir == str(d)
+        first = spec_of(b)
+        (d / "stale").write_text("from the previous run")
+        p2 = prepare_bundle(str(b), config, container_id="box", runtime_root="/tmp/rr").plan
+        assert p2 == p1
+        spec = spec_of(b)
+        assert spec == first  # a second create changes nothing
+        assert not (d / "stale").exists()  # the dir was recreated
+        assert Plan.from_json((b / PLAN_FILE).read_text()) == p1
+        hooks = spec["hooks"]
+        assert [h["args"] for h in hooks["prestart"]] == [["nvctk-hook", "prestart"]]
+        assert [h["args"] for h in hooks["poststop"]] == [["nvctk-hook", "poststop"]]
+        assert hooks["poststop"][0]["env"] == hooks["prestart"][0]["env"]
+        envs = [e for e in spec["process"]["env"] if e.startswith(vgpu.CACHE_VAR + "=")]
+        assert envs == [f"{vgpu.CACHE_VAR}={vgpu.CACHE_FILE}"]
+        # the state dir: limits (0444), the preload file, an empty accounting file
+        assert (d.stat().st_mode & 0o777) == 0o755
+        assert (d / "limits").stat().st_mode & 0o777 == 0o444
+        lim = vgpu.read_limits_file(d / "limits", 1)
+        assert (lim.memory, lim.sm, lim.shared_cache) == ((512 * MIB,), (30,), vgpu.CACHE_FILE)
+        assert (d / "ld.so.preload").read_text() == (
+            f"{vgpu_state.CONTAINER_LIBRARY}\n/usr/lib/libimage.so\n#\nx\n")
+        assert (d / "cache").stat().st_size == 0
+        # the image's own file was never touched
+        assert (b / "rootfs/etc/ld.so.preload").read_text() == "/usr/lib/libimage.so\n# x\n"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_image_preload_never_leaves_the_rootfs(bundles: Bundles, tmp_path: Path) -> None:
+    secret = tmp_path / "host-preload"
+    secret.write_text("/host/only.so\n")
+    b = bundles.make({})
+    (b / "rootfs/etc/ld.so.preload").symlink_to(str(secret))  # absolute: resolves inside
+    assert vgpu_state.image_preload(str(b / "rootfs")) == []
+    (b / "rootfs/etc/ld.so.preload").unlink()
+    (b / "rootfs/etc/ld.so.preload").symlink_to("../../../../../../.." + str(secret))
+    assert vgpu_state.image_preload(str(b / "rootfs")) == []
+
+
+def _poststop(b: Path, sim: host.SimHost, cid: str = "box") -> subprocess.CompletedProcess[str]:
+    state = {"ociVersion": "1.0.2", "id": cid, "status": "stopped", "bundle": str(b)}
+    return subprocess.run([HOOK, "poststop"], input=json.dumps(state), capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **sim.env})
+
+
+def test_poststop_removes_only_the_state_dir(bundles: Bundles, sim: host.SimHost,
+                                             config: nvconfig.Config, tmp_path: Path) -> None:
+    b = bundles.make({MEM: "1g"})
+    plan = prepare_bundle(str(b), config, container_id="box", runtime_root="/tmp/pp").plan
+    assert plan is not None and plan.vgpu is not None
+    d = Path(plan.vgpu.state_dir)
+    assert (d / "limits").exists()
+    r = _poststop(b, sim)
+    assert r.returncode == 0, r.stderr
+    assert not d.exists()
+    assert _poststop(b, sim).returncode == 0  # again: nothing left, still fine
+
+    # a plan naming anything but a state dir under state-dir is refused
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    text = (b / PLAN_FILE).read_text().replace(str(d), str(victim))
+    (b / PLAN_FILE).write_text(text)
+    r = _poststop(b, sim)
+    assert r.returncode == 1 and "refusing to remove" in r.stderr, r.stderr
+    assert (victim / "keep").exists()
+
+    # no plan (not a GPU container): nothing to do
+    (b / PLAN_FILE).unlink()
+    assert _poststop(b, sim).returncode == 0
+
+
+def _libcless_rootfs(path: Path, musl: bool) -> str:
+    for d in ("bin", "lib", "etc", "proc", "dev", "sys", "tmp"):
+        (path / d).mkdir(parents=True)
+    shutil.copy("/bin/busybox", path / "bin/busybox")
+    (path / "bin/sh").symlink_to("busybox")
+    if musl:
+        (path / "lib/ld-musl-x86_64.so.1").write_bytes(b"\x7fELF fake musl loader")
+        (path / "lib/libc.musl-x86_64.so.1").symlink_to("ld-musl-x86_64.so.1")
+    return str(path)
+
+
+@pytest.mark.parametrize(("musl", "why"), [(True, "musl"), (False, "no glibc dynamic loader")])
+def test_non_glibc_rootfs_with_limits_fails(musl: bool, why: str, bundles: Bundles,
+                                            config: nvconfig.Config, tmp_path: Path) -> None:
+    b = bundles.make({"CUDA_DEVICE_SM_LIMIT": "50"},
+                     rootfs=_libcless_rootfs(tmp_path / "alpine", musl))
+    before = (b / "config.json").read_bytes()
+    with pytest.raises(RequestError, match=f"CUDA_DEVICE_SM_LIMIT is set.*{why}"):
+        prepare_bundle(str(b), config, container_id="alp", runtime_root="/tmp/aa")
+    assert (b / "config.json").read_bytes() == before
+    assert not os.path.exists(vgpu_state.state_dir_for(config, "/tmp/aa", "alp"))
+    # without limits the same image is an ordinary GPU container
+    spec = spec_of(b)
+    spec["process"]["env"] = [e for e in spec["process"]["env"] if "SM_LIMIT" not in e]
+    (b / "config.json").write_text(json.dumps(spec))
+    plan = prepare_bundle(str(b), config, container_id="alp", runtime_root="/tmp/aa").plan
+    assert plan is not None and plan.vgpu is None
+
+
+def test_glibc_detection_follows_links_inside_only(tmp_path: Path, base_rootfs: str) -> None:
+    assert vgpu_state.libc_kind(base_rootfs) == "glibc"  # /lib64 -> usr/lib64 -> ... (links)
+    root = Path(_libcless_rootfs(tmp_path / "r", musl=False))
+    (root / "lib64").symlink_to("/lib/x86_64-linux-gnu")  # exists on the host, not inside
+    assert vgpu_state.libc_kind(str(root)) == "none"
+
+
+# --- through nvctk-runtime + runc ---------------------------------------------------------------
+class Runc:
+    def __init__(self, tmp: Path, sim: host.SimHost) -> None:
+        self.root = tmp / "runc-root"
+        self.sim = sim
+        self.ids: list[str] = []
+
+    def argv(self, b: Path, cid: str) -> list[str]:
+        return [RUNTIME, "--root", str(self.root), "run", "--bundle", str(b), cid]
+
+    def new_id(self) -> str:
+        cid = "nvctk-vgpu-" + uuid.uuid4().hex[:8]
+        self.ids.append(cid)
+        return cid
+
+    def run(self, b: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(b, self.new_id()), env={**os.environ, **self.sim.env},
+                              capture_output=True, text=True, timeout=90,
+                              stdin=subprocess.DEVNULL)
+
+    def start(self, b: Path) -> tuple[str, subprocess.Popen[str]]:
+        cid = self.new_id()
+        p = subprocess.Popen(self.argv(b, cid), env={**os.environ, **self.sim.env},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             stdin=subprocess.DEVNULL)
+        return cid, p
+
+    def kill(self, cid: str) -> None:
+        subprocess.run(["runc", "--root", str(self.root), "kill", cid, "KILL"],
+                       capture_output=True)
+
+
+@pytest.fixture
+def runc(tmp_path: Path, sim: host.SimHost) -> Iterator[Runc]:
+    if shutil.which("runc") is None:
+        pytest.skip("needs runc")
+    r = Runc(tmp_path, sim)
+    yield r
+    for cid in r.ids:
+        subprocess.run(["runc", "--root", str(r.root), "delete", "--force", cid],
+                       capture_output=True)
+    for cid in r.ids:  # poststop ran for every container that got as far as runc
+        d = vgpu_state.state_dir_for(nvconfig.load(sim.config_path), str(r.root), cid)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def lines(out: str, prefix: str) -> list[str]:
+    return [x for x in out.splitlines() if x.startswith(prefix)]
+
+
+def needs_probe() -> None:
+    if not PROBE.exists():
+        pytest.skip(f"{PROBE} not built (make -C libvgpu)")
+
+
+WAIT_USED = """
+# wait until the container's other processes hold more than $1 bytes
+i=0
+while :; do
+  free=$(cuda-vectoradd --info | sed -n 's/.* free \\([0-9]*\\) total.*/\\1/p')
+  [ -n "$free" ] && [ $((536870912 - free)) -gt $1 ] && break
+  i=$((i+1)); [ $i -gt 200 ] && { echo "TIMEOUT waiting"; exit 9; }
+  sleep 0.05
+done
+"""
+
+
+@pytest.mark.slow
+def test_capped_container_end_to_end(runc: Runc, bundles: Bundles, config: nvconfig.Config
+                                     ) -> None:
+    needs_probe()
+    script = f"""
+wait_used() {{ {WAIT_USED} }}
+echo "preload: $(cat /etc/ld.so.preload | tr '\\n' ' ')"
+echo "smi: $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits)"
+cuda-vectoradd --info | sed 's/^/info: /'
+cuda-vectoradd --alloc-mib 600 | sed 's/^/big: /'
+cuda-vectoradd --alloc-mib 400 | sed 's/^/fits: /'
+echo x > /run/nvctk/vgpu/limits 2>/dev/null && echo "limits: WRITABLE" || echo "limits: ro"
+echo x > /etc/ld.so.preload 2>/dev/null && echo "preload-file: WRITABLE" || echo "preload-file: ro"
+ls /run/nvctk/vgpu/cache >/dev/null && echo "cache: present"
+# two processes share the cap: one holds 300 MiB (+ its context), the other cannot
+# get another 300, but 64 MiB still fit
+vgpu_probe init ctx 0 alloc {300 * MIB} sleep 20000 >/dev/null &
+holder=$!
+wait_used {300 * MIB}
+cuda-vectoradd --alloc-mib 300 | sed 's/^/second: /'
+cuda-vectoradd --alloc-mib 64 | sed 's/^/small: /'
+kill $holder
+"""
+    b = bundles.make({MEM: "512m"}, script)
+    r = runc.run(b)
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    assert lines(out, "preload:") == [f"preload: {vgpu_state.CONTAINER_LIBRARY} "]
+    assert lines(out, "smi:") == ["smi: 512"]
+    info = lines(out, "info: device 0:")
+    assert len(info) == 1 and info[0].endswith(f"total {512 * MIB}"), out
+    assert lines(out, "big:") == ["big: alloc 600 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY (2)"]
+    assert lines(out, "fits:") == ["fits: alloc 400 MiB: OK"]
+    assert lines(out, "limits:") == ["limits: ro"]
+    assert lines(out, "preload-file:") == ["preload-file: ro"]
+    assert lines(out, "cache:") == ["cache: present"]
+    assert "TIMEOUT" not in out
+    assert lines(out, "second:") == ["second: alloc 300 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY (2)"]
+    assert lines(out, "small:") == ["small: alloc 64 MiB: OK"]
+    # poststop removed the accounting dir
+    assert not os.path.exists(vgpu_state.state_dir_for(config, str(runc.root), runc.ids[-1]))
+
+
+@pytest.mark.slow
+def test_escapes_get_no_more_memory(runc: Runc, bundles: Bundles) -> None:
+    script = """
+try() { out=$("$@" cuda-vectoradd --alloc-mib 600); echo "$1 ${2%%=*}: $out"; }
+try env -u CUDA_DEVICE_MEMORY_LIMIT
+try env CUDA_DEVICE_MEMORY_LIMIT=0
+try env CUDA_DEVICE_MEMORY_LIMIT=4g
+try env CUDA_DEVICE_MEMORY_LIMIT_0=4g
+try env CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/elsewhere
+try env -u CUDA_DEVICE_MEMORY_SHARED_CACHE
+try env LD_PRELOAD=
+try env NVCTK_VGPU_LIMITS_FILE=/tmp/nolimits
+: > /tmp/nolimits
+rm -f /etc/ld.so.preload 2>/dev/null && echo "rm preload: DONE" || echo "rm preload: refused"
+umount /etc/ld.so.preload 2>/dev/null && echo "umount: DONE" || echo "umount: refused"
+try env
+"""
+    b = bundles.make({MEM: "512m"}, script)
+    r = runc.run(b)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tries = [x for x in r.stdout.splitlines() if x.startswith("env ")]
+    assert len(tries) == 9, r.stdout
+    for line in tries:
+        assert line.endswith("alloc 600 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY (2)"), r.stdout
+    assert "rm preload: refused" in r.stdout and "umount: refused" in r.stdout
+
+
+@pytest.mark.slow
+def test_uncapped_container_has_no_interposer(runc: Runc, bundles: Bundles) -> None:
+    script = """
+[ -e /etc/ld.so.preload ] && echo "preload: PRESENT" || echo "preload: none"
+[ -e /run/nvctk ] && echo "run-nvctk: PRESENT" || echo "run-nvctk: none"
+echo "smi: $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits)"
+cuda-vectoradd --info | sed 's/^/info: /'
+cuda-vectoradd --alloc-mib 3000 | sed 's/^/big: /'
+"""
+    b = bundles.make({}, script)
+    r = runc.run(b)
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    assert lines(out, "preload:") == ["preload: none"]
+    assert lines(out, "run-nvctk:") == ["run-nvctk: none"]
+    assert lines(out, "smi:") == [f"smi: {GPU_MIB}"]
+    assert lines(out, "info: device 0:")[0].endswith(f"total {GPU_MIB * MIB}"), out
+    assert lines(out, "big:") == ["big: alloc 3000 MiB: OK"]
+    assert vgpu.CACHE_VAR not in env_of(spec_of(b))
+    assert not (b / "rootfs/etc/ld.so.preload").exists()
+
+
+def _hold(runc: Runc, bundles: Bundles, sim: host.SimHost, env: dict[str, str], mib: int
+          ) -> tuple[str, subprocess.Popen[str]]:
+    """A container on GPU 1 holding `mib` MiB (or what it can get) until killed."""
+    b = bundles.make(env, f"vgpu_probe init ctx 0 alloc {mib * MIB} sleep 60000", gpu="1")
+    return runc.start(b)
+
+
+def _used_on_gpu1(sim: host.SimHost) -> int:
+    return read_state(state_path(sim.root), live_only=True).gpus[1].mem_used
+
+
+def _wait_used(sim: host.SimHost, at_least: int, p: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while _used_on_gpu1(sim) < at_least:
+        assert p.poll() is None, p.communicate()[0]
+        assert time.monotonic() < deadline, "the holder never allocated"
+        time.sleep(0.05)
+
+
+def _stop(runc: Runc, cid: str, p: subprocess.Popen[str]) -> None:
+    runc.kill(cid)
+    p.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_neighbours_on_one_gpu(runc: Runc, bundles: Bundles, sim: host.SimHost) -> None:
+    needs_probe()
+    victim = bundles.make({}, "cuda-vectoradd --alloc-mib 1500", gpu="1")
+    base = _used_on_gpu1(sim)
+
+    # without caps the greedy one starves its neighbour
+    cid, p = _hold(runc, bundles, sim, {}, GPU_MIB - 512)
+    try:
+        _wait_used(sim, base + (GPU_MIB - 512) * MIB, p)
+        r = runc.run(victim)
+        assert r.returncode == 2 and "FAILED CUDA_ERROR_OUT_OF_MEMORY" in r.stdout, r.stdout
+    finally:
+        _stop(runc, cid, p)
+
+    # capped at 1 GiB it cannot take more than its cap, and the neighbour gets its memory
+    cid, p = _hold(runc, bundles, sim, {MEM: "1g"}, GPU_MIB - 512)
+    try:
+        time.sleep(0.5)
+        assert _used_on_gpu1(sim) <= base + 1024 * MIB
+        r = runc.run(victim)
+        assert r.returncode == 0 and "alloc 1500 MiB: OK" in r.stdout, r.stdout
+    finally:
+        _stop(runc, cid, p)
+    capped = bundles.make({MEM: "1g"}, "cuda-vectoradd --alloc-mib 900; "
+                          "cuda-vectoradd --alloc-mib 1100", gpu="1")
+    r = runc.run(capped)
+    assert r.stdout.splitlines() == ["alloc 900 MiB: OK",
+                                     "alloc 1100 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY (2)"]
