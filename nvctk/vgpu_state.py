@@ -135,8 +135,9 @@ def image_preload(rootfs: str) -> list[str]:
         os.close(fd)
     if len(data) > MAX_PRELOAD_BYTES:
         raise SpecError(f"{rootfs}: /etc/ld.so.preload is larger than {MAX_PRELOAD_BYTES} bytes")
-    # ld.so splits the file on white space and ':'; comments are not part of the format
-    return [w for w in re.split(r"[\s:]+", data.decode("utf-8", "replace")) if w]
+    # as ld.so reads it: names separated by white space or ':', '#' starts a comment
+    text = re.sub(r"#[^\n]*", "", data.decode("utf-8", "replace"))
+    return [w for w in re.split(r"[\s:]+", text) if w]
 
 
 def preload_text(container_library: str, image_entries: list[str]) -> str:

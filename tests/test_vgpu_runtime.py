@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from nvctk import config as nvconfig
 from nvctk import vgpu, vgpu_state
 from nvctk.errors import RequestError
 from nvctk.plan import PLAN_FILE, Plan
-from nvctk.shim import prepare_bundle
+from nvctk.shim import Prepared, prepare_bundle
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
@@ -105,6 +105,11 @@ def bundles(tmp_path: Path, base_rootfs: str) -> Bundles:
     return Bundles(tmp_path, base_rootfs)
 
 
+def prep(b: Path, config: nvconfig.Config, cid: str, root: str) -> Prepared:
+    """The shim's create, in-process."""
+    return prepare_bundle(str(b), config, argv0=RUNTIME, container_id=cid, runtime_root=root)
+
+
 def spec_of(b: Path) -> dict[str, Any]:
     return json.loads((b / "config.json").read_text())
 
@@ -140,16 +145,14 @@ def test_bad_limits_fail_the_create(env: dict[str, str], gpu: str, culprit: str,
     assert any(culprit in e["msg"] and e["level"] == "error" for e in entries), entries
     assert (b / "config.json").read_bytes() == before
     assert not (b / PLAN_FILE).exists()
-    assert not os.path.exists(os.path.join(config.state_dir,
-                                           os.path.basename(
-                                               vgpu_state.state_dir_for(config, None, "cid"))))
+    assert not os.path.exists(vgpu_state.state_dir_for(config, str(tmp_path / "runc-root"), "cid"))
 
 
 def test_no_limit_installs_nothing(bundles: Bundles, config: nvconfig.Config) -> None:
     for env in ({}, {MEM: "0", "CUDA_DEVICE_SM_LIMIT": "0"},
                 {vgpu.CACHE_VAR: "relative/ignored/without/limits"}):
         b = bundles.make(env)
-        plan = prepare_bundle(str(b), config, container_id="plain", runtime_root="/r").plan
+        plan = prep(b, config, "plain", "/r").plan
         assert plan is not None and plan.vgpu is None and plan.env == {}
         spec = spec_of(b)
         assert not spec["hooks"].get("poststop")
@@ -179,12 +182,12 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
     (b / "rootfs/etc/ld.so.preload").write_text("/usr/lib/libimage.so\n# x\n")
     d = Path(vgpu_state.state_dir_for(config, "/tmp/rr", "box"))
     try:
-        p1 = prepare_bundle(str(b), config, container_id="box", runtime_root="/tmp/rr").plan
+        p1 = prep(b, config, "box", "/tmp/rr").plan
         assert p1 is not None and p1.vgpu is not None
         assert p1.vgpu.state_dir == str(d)
         first = spec_of(b)
         (d / "stale").write_text("from the previous run")
-        p2 = prepare_bundle(str(b), config, container_id="box", runtime_root="/tmp/rr").plan
+        p2 = prep(b, config, "box", "/tmp/rr").plan
         assert p2 == p1
         spec = spec_of(b)
         assert spec == first  # a second create changes nothing
@@ -202,7 +205,7 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         lim = vgpu.read_limits_file(d / "limits", 1)
         assert (lim.memory, lim.sm, lim.shared_cache) == ((512 * MIB,), (30,), vgpu.CACHE_FILE)
         assert (d / "ld.so.preload").read_text() == (
-            f"{vgpu_state.CONTAINER_LIBRARY}\n/usr/lib/libimage.so\n#\nx\n")
+            f"{vgpu_state.CONTAINER_LIBRARY}\n/usr/lib/libimage.so\n")
         assert (d / "cache").stat().st_size == 0
         # the image's own file was never touched
         assert (b / "rootfs/etc/ld.so.preload").read_text() == "/usr/lib/libimage.so\n# x\n"
@@ -230,7 +233,7 @@ def _poststop(b: Path, sim: host.SimHost, cid: str = "box") -> subprocess.Comple
 def test_poststop_removes_only_the_state_dir(bundles: Bundles, sim: host.SimHost,
                                              config: nvconfig.Config, tmp_path: Path) -> None:
     b = bundles.make({MEM: "1g"})
-    plan = prepare_bundle(str(b), config, container_id="box", runtime_root="/tmp/pp").plan
+    plan = prep(b, config, "box", "/tmp/pp").plan
     assert plan is not None and plan.vgpu is not None
     d = Path(plan.vgpu.state_dir)
     assert (d / "limits").exists()
@@ -272,14 +275,14 @@ def test_non_glibc_rootfs_with_limits_fails(musl: bool, why: str, bundles: Bundl
                      rootfs=_libcless_rootfs(tmp_path / "alpine", musl))
     before = (b / "config.json").read_bytes()
     with pytest.raises(RequestError, match=f"CUDA_DEVICE_SM_LIMIT is set.*{why}"):
-        prepare_bundle(str(b), config, container_id="alp", runtime_root="/tmp/aa")
+        prep(b, config, "alp", "/tmp/aa")
     assert (b / "config.json").read_bytes() == before
     assert not os.path.exists(vgpu_state.state_dir_for(config, "/tmp/aa", "alp"))
     # without limits the same image is an ordinary GPU container
     spec = spec_of(b)
     spec["process"]["env"] = [e for e in spec["process"]["env"] if "SM_LIMIT" not in e]
     (b / "config.json").write_text(json.dumps(spec))
-    plan = prepare_bundle(str(b), config, container_id="alp", runtime_root="/tmp/aa").plan
+    plan = prep(b, config, "alp", "/tmp/aa").plan
     assert plan is not None and plan.vgpu is None
 
 
@@ -451,8 +454,9 @@ cuda-vectoradd --alloc-mib 3000 | sed 's/^/big: /'
 
 def _hold(runc: Runc, bundles: Bundles, sim: host.SimHost, env: dict[str, str], mib: int
           ) -> tuple[str, subprocess.Popen[str]]:
-    """A container on GPU 1 holding `mib` MiB (or what it can get) until killed."""
-    b = bundles.make(env, f"vgpu_probe init ctx 0 alloc {mib * MIB} sleep 60000", gpu="1")
+    """A container on GPU 1 holding 2 x `mib` MiB (or what it can get) until killed."""
+    b = bundles.make(env, f"vgpu_probe init ctx 0 alloc {mib * MIB} alloc {mib * MIB} "
+                     "sleep 60000", gpu="1")
     return runc.start(b)
 
 
@@ -480,7 +484,7 @@ def test_neighbours_on_one_gpu(runc: Runc, bundles: Bundles, sim: host.SimHost) 
     base = _used_on_gpu1(sim)
 
     # without caps the greedy one starves its neighbour
-    cid, p = _hold(runc, bundles, sim, {}, GPU_MIB - 512)
+    cid, p = _hold(runc, bundles, sim, {}, GPU_MIB // 2 - 256)
     try:
         _wait_used(sim, base + (GPU_MIB - 512) * MIB, p)
         r = runc.run(victim)
@@ -489,9 +493,10 @@ def test_neighbours_on_one_gpu(runc: Runc, bundles: Bundles, sim: host.SimHost) 
         _stop(runc, cid, p)
 
     # capped at 1 GiB it cannot take more than its cap, and the neighbour gets its memory
-    cid, p = _hold(runc, bundles, sim, {MEM: "1g"}, GPU_MIB - 512)
+    cid, p = _hold(runc, bundles, sim, {MEM: "1g"}, 600)  # the second 600 MiB is refused
     try:
-        time.sleep(0.5)
+        _wait_used(sim, base + 600 * MIB, p)
+        time.sleep(0.3)
         assert _used_on_gpu1(sim) <= base + 1024 * MIB
         r = runc.run(victim)
         assert r.returncode == 0 and "alloc 1500 MiB: OK" in r.stdout, r.stdout
