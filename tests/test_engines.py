@@ -145,3 +145,26 @@ def test_docker_shows_nvctk_error_for_unknown_device(docker: Dockerd) -> None:
     assert res.returncode != 0
     err = res.stderr.decode()
     assert "nvctk" in err and "7" in err, err
+
+
+def test_ctr_shows_nvctk_error_for_bad_limit(ctd: Containerd, image_rootfs: str) -> None:
+    res = ctr_run(ctd, image_rootfs,
+                  ["NVIDIA_VISIBLE_DEVICES=0", "CUDA_DEVICE_MEMORY_LIMIT=12x"], "true")
+    assert res.returncode != 0
+    assert "CUDA_DEVICE_MEMORY_LIMIT" in res.stderr and "12x" in res.stderr, res.stderr
+
+
+def test_docker_shows_nvctk_error_for_bad_limit(docker: Dockerd) -> None:
+    res = docker_run(docker, "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e", "CUDA_DEVICE_SM_LIMIT=150",
+                     "nvctk-test:latest", "true")
+    assert res.returncode != 0
+    err = res.stderr.decode()
+    assert "CUDA_DEVICE_SM_LIMIT" in err and "150" in err, err
+
+
+def test_docker_capped_container_sees_its_cap(docker: Dockerd) -> None:
+    res = docker_run(docker, "-e", "NVIDIA_VISIBLE_DEVICES=0", "-e", "CUDA_DEVICE_MEMORY_LIMIT=1g",
+                     "nvctk-test:latest", "nvidia-smi", "--query-gpu=memory.total",
+                     "--format=csv,noheader,nounits")
+    assert res.returncode == 0, res.stderr.decode()
+    assert res.stdout.decode().strip() == "1024"
