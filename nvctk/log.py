@@ -70,9 +70,14 @@ class Logger:
         self.prog = prog
 
     def log(self, level: str, msg: str) -> None:
-        if not self.path or LEVELS.get(level, 0) < self.threshold:
+        if LEVELS.get(level, 0) < self.threshold:
             return
-        _append(self.path, f"{_now_rfc3339()} {self.prog}[{os.getpid()}] {level.upper()}: {msg}")
+        line = f"{_now_rfc3339()} {self.prog}[{os.getpid()}] {level.upper()}: {msg}"
+        self._write(line.replace("\n", " | "))
+
+    def _write(self, line: str) -> None:
+        if self.path:
+            _append(self.path, line)
 
     def debug(self, msg: str) -> None:
         self.log("debug", msg)

@@ -39,7 +39,7 @@ from nvctk import caps
 from nvctk import config as nvconfig
 from nvctk import mount as m
 from nvctk.errors import MountError, NvctkError, SpecError
-from nvctk.log import LEVELS
+from nvctk.log import Logger
 from nvctk.plan import PLAN_FILE, Mount, Plan
 
 PROC_DRIVER = "/proc/driver/nvidia"
@@ -51,17 +51,15 @@ LDCONFIG_TIMEOUT = 30.0
 
 
 # --- logging through an fd opened on the host --------------------------------------
-class HookLog:
+class HookLog(Logger):
     """nvctk's log, written through an fd opened in the host namespace.
 
     The worker changes mount namespace and the ldconfig process chroots into the
     image: a log that re-opened its path would then write into the container.
-    Lines look like nvctk.log.Logger's: '<time> nvctk-hook[<pid>] LEVEL: msg'.
     """
 
     def __init__(self, path: str, level: str = "info", prog: str = "nvctk-hook") -> None:
-        self.threshold = LEVELS.get(level, LEVELS["info"])
-        self.prog = prog
+        super().__init__("", level, prog)
         self.fd = -1
         if path:
             try:
@@ -71,27 +69,13 @@ class HookLog:
             except OSError:
                 self.fd = -1
 
-    def log(self, level: str, msg: str) -> None:
-        if self.fd < 0 or LEVELS.get(level, 0) < self.threshold:
+    def _write(self, line: str) -> None:
+        if self.fd < 0:
             return
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        line = f"{when} {self.prog}[{os.getpid()}] {level.upper()}: {msg}".replace("\n", " | ")
         try:
             os.write(self.fd, (line + "\n").encode("utf-8", "replace"))
         except OSError:
             pass
-
-    def debug(self, msg: str) -> None:
-        self.log("debug", msg)
-
-    def info(self, msg: str) -> None:
-        self.log("info", msg)
-
-    def warning(self, msg: str) -> None:
-        self.log("warning", msg)
-
-    def error(self, msg: str) -> None:
-        self.log("error", msg)
 
     def close(self) -> None:
         if self.fd >= 0:

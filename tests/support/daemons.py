@@ -57,6 +57,15 @@ def _kill_shims(root: Path) -> None:
                 os.kill(int(pid), signal.SIGKILL)
 
 
+def _stop(proc: subprocess.Popen, timeout: float) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @dataclass
 class Containerd:
     dir: Path
@@ -98,12 +107,7 @@ def containerd(workdir: Path, env: dict[str, str] | None = None) -> Iterator[Con
         )
         yield daemon
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc, 10)
         _kill_shims(workdir)
         _umount_below(workdir)
 
@@ -153,12 +157,7 @@ def dockerd(workdir: Path, ctd: Containerd, runtimes: dict[str, str],
         _wait_for(lambda: daemon.docker("version").returncode == 0, 60, "dockerd", log)
         yield daemon
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc, 20)
         _umount_below(workdir)
 
 
