@@ -10,13 +10,16 @@ raises exactly that step's capabilities into the effective set and logs
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
 
 import prctl
 
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
 
-class DebugLog(Protocol):
-    def debug(self, msg: str) -> None: ...
+    class DebugLog(Protocol):
+        def debug(self, msg: str) -> None: ...
 
 
 # what each step of the hook needs in its effective set

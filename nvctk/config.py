@@ -10,9 +10,13 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Any
 
 from nvctk.errors import ConfigError
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib

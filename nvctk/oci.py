@@ -14,10 +14,14 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from nvctk.errors import SpecError
 from nvctk.plan import DeviceNode
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 SPEC_FILE = "config.json"
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Literal
 
 PLAN_FILE = "nvctk-plan.json"  # in the bundle directory, beside config.json
 

@@ -30,10 +30,8 @@ import stat
 import struct
 import sys
 import time
-import traceback
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import IO, Any
 
 from nvctk import caps
 from nvctk import config as nvconfig
@@ -41,6 +39,11 @@ from nvctk import mount as m
 from nvctk.errors import MountError, NvctkError, SpecError
 from nvctk.log import Logger
 from nvctk.plan import PLAN_FILE, Mount, Plan
+
+# typing, traceback: not imported at run time (the hook starts in every GPU container)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 PROC_DRIVER = "/proc/driver/nvidia"
 # driver libraries whose absence fails the create: (file name prefix, capability)
@@ -472,6 +475,8 @@ def worker(plan: Plan, rootfs: str, pid: int, log: HookLog) -> str | None:
             msg = f"step unknown: {e.filename or '-'}: {e.strerror or e}"
         else:
             msg = f"internal error: {e!r}"
+            import traceback
+
             log.debug(traceback.format_exc())
         if mounter.attached:
             try:

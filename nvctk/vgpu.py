@@ -12,10 +12,8 @@ from __future__ import annotations
 import os
 import re
 import struct
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from nvctk.errors import RequestError
 
@@ -167,9 +165,12 @@ def write_limits_file(
 ) -> None:
     """Write the limits file atomically, read-only (0444). `cache` is the
     accounting file's path as the container sees it (None: beside the file)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".limits.", dir=p.parent)
+    import tempfile  # here, not at the top: nvctk-runtime imports this module on every create
+
+    p = os.fspath(path)
+    parent = os.path.dirname(p) or "."
+    os.makedirs(parent, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".limits.", dir=parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(format_limits(limits, cache))
@@ -186,7 +187,9 @@ def write_limits_file(
 def read_limits_file(path: str | os.PathLike[str], gpu_count: int) -> VgpuLimits:
     """Parse a limits file (same keys and grammar as the environment)."""
     env: dict[str, str] = {}
-    for n, raw in enumerate(Path(path).read_text().splitlines(), 1):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -224,7 +227,8 @@ class DeviceUsage:
 
 def _start_time(pid: int) -> int | None:
     try:
-        data = Path(f"/proc/{pid}/stat").read_text()
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            data = f.read()
     except OSError:
         return None
     return int(data[data.rindex(")") + 2 :].split()[19])
@@ -233,7 +237,8 @@ def _start_time(pid: int) -> int | None:
 def read_usage(path: str | os.PathLike[str]) -> dict[str, DeviceUsage]:
     """The container's usage per GPU UUID, counting only live processes (same
     pid namespace as the caller: pid + start time)."""
-    data = Path(path).read_bytes()
+    with open(path, "rb") as fh:
+        data = fh.read()
     if len(data) < SHM_SIZE:
         raise ValueError(f"{path}: not a libvgpu accounting file")
     magic, version = struct.unpack_from("<II", data, 0)

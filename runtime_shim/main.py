@@ -47,13 +47,20 @@ def _warn(msg: str) -> None:
         pass
 
 
+def _finds(module: str) -> bool:
+    """Whether a top-level module is importable, without importing it."""
+    return any(
+        f.find_spec(module, None) is not None for f in sys.meta_path if hasattr(f, "find_spec")
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = runc_argv.parse(argv)
     if args.creates:
-        if sys.flags.no_site:
-            # The fast launcher starts Python with -I -S; create/run needs the
-            # third-party packages (pynvml) that only site puts on sys.path.
+        if sys.flags.no_site and not _finds("pynvml"):
+            # Started with -S by something other than the launcher (which puts
+            # the dependencies' directory on sys.path itself: site costs 15-35 ms)
             import site
 
             site.main()

@@ -1,9 +1,10 @@
 """Packaging: the wheel, the Debian package, the nvctk-runtime launcher, nvctk.paths.
 
 The launcher (runtime_shim/nvctk-runtime) is a sh/Python polyglot that runs
-Python with -I -S and finds nvctk by itself; it is checked in every layout it
-can be installed in: a wheel's (venv or pip --target), the editable venv, a
-symlink to it, and the .deb's /usr/bin.
+Python with -I -S and finds nvctk and its dependencies by itself; installed as
+nvctk-hook (runtime_shim/nvctk-hook links to it) it runs the hook. It is checked
+in every layout it can be installed in: a wheel's (venv or pip --target), the
+editable venv, a symlink to it, and the .deb's /usr/bin.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from nvctk.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCHER = REPO / "runtime_shim" / "nvctk-runtime"
+HOOK_LAUNCHER = REPO / "runtime_shim" / "nvctk-hook"
 VENV_BIN = Path(sys.executable).parent
 SITE_PACKAGES = sysconfig.get_paths()["purelib"]
 # the interpreter the venv was made from: no site-packages of ours, same ABI
@@ -126,10 +128,28 @@ def test_launcher_in_venv_layout_with_editable_finder(tmp_path: Path) -> None:
     link = tmp_path / "elsewhere" / "nvctk-runtime"
     link.symlink_to(venv / "bin" / "nvctk-runtime")
     _check_passthrough(link, tmp_path)
+    # installed as nvctk-hook, or a link of another name to that, it is the hook
+    shutil.copy2(LAUNCHER, venv / "bin" / "nvctk-hook")
+    (tmp_path / "elsewhere" / "gpu-hook").symlink_to(venv / "bin" / "nvctk-hook")
+    for hook in (venv / "bin" / "nvctk-hook", tmp_path / "elsewhere" / "gpu-hook"):
+        r = _run([str(hook)])
+        assert r.returncode == 2 and r.stderr.startswith("usage: nvctk-hook"), r.stderr
 
 
-def _dev_launcher() -> Path:
-    exe = VENV_BIN / "nvctk-runtime"
+def _check_hook(hook: Path | str, env: dict[str, str] | None = None) -> None:
+    """The hook starts, imports nvctk.prestart (and prctl) and rejects a bad state."""
+    r = _run([str(hook), "prestart"], input="{}", env=env)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("nvctk-hook: ") and "Traceback" not in r.stderr, r.stderr
+
+
+def test_hook_launcher_is_a_link_to_the_launcher() -> None:
+    # script-files installs it as a regular file named nvctk-hook
+    assert HOOK_LAUNCHER.is_symlink() and os.readlink(HOOK_LAUNCHER) == LAUNCHER.name
+
+
+def _dev_launcher(name: str = "nvctk-runtime") -> Path:
+    exe = VENV_BIN / name
     if not exe.is_file() or not exe.read_bytes().startswith(b"#!/bin/sh"):
         pytest.skip(f"{exe} is not the launcher: re-run `pip install -e .`")
     return exe
@@ -144,6 +164,11 @@ def test_launcher_through_a_symlink_to_this_venv(tmp_path: Path) -> None:
     link.parent.mkdir()
     link.symlink_to(_dev_launcher())
     _check_passthrough(link, tmp_path)
+
+
+def test_hook_launcher_in_this_venv() -> None:
+    """Without site: the dependencies (prctl) come from the venv's site-packages."""
+    _check_hook(_dev_launcher("nvctk-hook"))
 
 
 # --- the wheel ------------------------------------------------------------------
@@ -192,15 +217,16 @@ def test_wheel_contents(wheel: tuple[Path, str]) -> None:
     whl, no_lib = wheel
     with zipfile.ZipFile(whl) as z:
         names = z.namelist()
-        scripts = [n for n in names if ".data/scripts/" in n]
-        assert [n.rsplit("/", 1)[1] for n in scripts] == ["nvctk-runtime"]
-        assert z.read(scripts[0]).startswith(b"#!/bin/sh\n")
-        assert z.getinfo(scripts[0]).external_attr >> 16 & 0o111
+        scripts = sorted(n for n in names if ".data/scripts/" in n)
+        assert [n.rsplit("/", 1)[1] for n in scripts] == ["nvctk-hook", "nvctk-runtime"]
+        for script in scripts:  # two regular files, the same launcher
+            assert z.read(script) == LAUNCHER.read_bytes()
+            assert z.getinfo(script).external_attr >> 16 & 0o111
         (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         entry_points = z.read(ep).decode()
     assert "nvctk = nvctk.cli.main:main" in entry_points
-    assert "nvctk-hook = nvctk.hooks.main:main" in entry_points
-    assert "nvctk-runtime" not in entry_points  # the launcher, not a console script
+    assert "nvctk-hook" not in entry_points  # the launchers, not console scripts
+    assert "nvctk-runtime" not in entry_points
     for need in ("nvctk/cli/main.py", "nvctk/hooks/main.py", "nvctk/runtime_shim/main.py",
                  "nvctk/runc_argv.py", "nvctk/py.typed"):
         assert need in names
@@ -208,6 +234,7 @@ def test_wheel_contents(wheel: tuple[Path, str]) -> None:
     top = {n.split("/", 1)[0] for n in names}
     assert {t for t in top if not t.startswith("nvctk")} == set(), top
     assert "nvctk/runtime_shim/nvctk-runtime" not in names
+    assert "nvctk/runtime_shim/nvctk-hook" not in names
     if no_lib:
         pytest.skip(no_lib)
     assert "nvctk/lib/libvgpu.so" in names

@@ -507,3 +507,22 @@ def test_neighbours_on_one_gpu(runc: Runc, bundles: Bundles, sim: host.SimHost) 
     r = runc.run(capped)
     assert r.stdout.splitlines() == ["alloc 900 MiB: OK",
                                      "alloc 1100 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY (2)"]
+
+
+def test_state_dir_removed_when_the_runtime_cannot_start(bundles: Bundles, sim: host.SimHost,
+                                                         config: nvconfig.Config,
+                                                         tmp_path: Path) -> None:
+    broken = tmp_path / "broken-runc"
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    cfg = tmp_path / "config.toml"
+    text = Path(sim.config_path).read_text()
+    cfg.write_text(text.replace('runtimes = ["runc", "crun"]', f'runtimes = ["{broken}"]'))
+    b = bundles.make({MEM: "1g"})
+    root = str(tmp_path / "runc-root")
+    r = subprocess.run([RUNTIME, "--root", root, "create", "--bundle", str(b), "gone"],
+                       env={**os.environ, "NVCTK_CONFIG": str(cfg)}, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "cannot exec" in r.stderr, r.stderr
+    assert (b / PLAN_FILE).exists()  # the create got as far as the exec
+    assert not os.path.exists(vgpu_state.state_dir_for(config, root, "gone"))

@@ -13,6 +13,7 @@ typedef int CUresult;
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_INITIALIZED 3
 #define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_NOT_READY 600
 #define CUDA_ERROR_NOT_FOUND 500
 
 typedef int CUdevice;
@@ -21,12 +22,21 @@ typedef unsigned long long cuuint64_t;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUgraphExec_st *CUgraphExec;
-typedef struct CUlaunchConfig_st CUlaunchConfig; /* passed through untouched */
+typedef struct CUlaunchConfig_st { /* libvgpu reads hStream only */
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    void *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
 typedef int CUdriverProcAddressQueryResult;
 
 typedef struct { char bytes[16]; } CUuuid;

@@ -51,7 +51,10 @@ __asm__(".symver pthread_mutexattr_destroy,pthread_mutexattr_destroy@GLIBC_2.2.5
 #define NVML_HOOKS(X) \
     X(nvmlInit) X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
 /* real functions used but not wrapped */
-#define CUDA_HELPERS(X) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetUuid) X(cuCtxGetDevice)
+#define CUDA_HELPERS(X)                                                                         \
+    X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetUuid) X(cuCtxGetDevice) X(cuCtxGetCurrent)    \
+    X(cuStreamIsCapturing) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) \
+    X(cuEventElapsedTime) X(cuEventDestroy_v2)
 #define NVML_HELPERS(X) \
     X(nvmlDeviceGetCount_v2) X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetUUID)
 
@@ -417,6 +420,7 @@ struct ldev {
     unsigned sm;      /* this process's own SM share, 0 = none */
     int prim;         /* primary context retains */
     uint64_t prim_charge;
+    CUcontext prim_ctx; /* the primary context's handle (from a retain) */
     char uuid[64];
 };
 static struct ldev ldevs[VGPU_MAX_DEV];
@@ -450,6 +454,7 @@ static struct ldev *cur_ldev(void) {
 }
 
 static void detach(void);
+static void sm_forget_ctx(CUcontext ctx);
 
 /* After the real cuInit: maps devices, opens the accounting file, takes a slot. */
 static int attach(void) {
@@ -1001,6 +1006,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     ENTER_OR(REAL(cuCtxDestroy_v2)(ctx));
+    sm_forget_ctx(ctx);
     struct pm_ent ent;
     int had = pm_take(MAP_CTX, (uintptr_t)ctx, &ent);
     CUresult r = NESTED(REAL(cuCtxDestroy_v2)(ctx));
@@ -1027,6 +1033,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     CUresult r = NESTED(REAL(cuDevicePrimaryCtxRetain)(pctx, dev));
     if (r == CUDA_SUCCESS) {
         ld->prim++;
+        if (pctx) ld->prim_ctx = *pctx;
         if (charged) ld->prim_charge = charged;
     } else if (charged) {
         credit(ld->e, charged);
@@ -1039,6 +1046,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     ENTER_OR(REAL(cuDevicePrimaryCtxRelease_v2)(dev));
     struct ldev *ld = ldev_of(dev);
     pthread_mutex_lock(&init_mu);
+    if (ld && ld->prim == 1) sm_forget_ctx(ld->prim_ctx); /* the last release destroys it */
     CUresult r = NESTED(REAL(cuDevicePrimaryCtxRelease_v2)(dev));
     if (r == CUDA_SUCCESS && ld && ld->prim > 0 && --ld->prim == 0) {
         credit(ld->e, ld->prim_charge);
@@ -1052,6 +1060,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     ENTER_OR(REAL(cuDevicePrimaryCtxReset_v2)(dev));
     struct ldev *ld = ldev_of(dev);
     pthread_mutex_lock(&init_mu);
+    if (ld && ld->prim_ctx) sm_forget_ctx(ld->prim_ctx);
     CUresult r = NESTED(REAL(cuDevicePrimaryCtxReset_v2)(dev));
     if (r == CUDA_SUCCESS && ld && ld->prim > 0) {
         ld->prim = 0;
@@ -1089,10 +1098,14 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 }
 
 /* ------------------------------------------------------------------ */
-/* SM share: a token bucket per GPU in the accounting file             */
+/* SM share: a token bucket per GPU in the accounting file, debited with  */
+/* device time measured by CUDA events around each launch                 */
 
 #define SM_BURST_NS 20000000ll /* at most 20 ms of device time banked */
 #define SM_MAX_SLEEP_NS 100000000ll
+#define SM_RING 64   /* timed launches in flight per process */
+#define SM_POOL 32   /* spare events kept per context */
+#define SM_NCTX 8    /* contexts with a pool */
 
 static unsigned sm_of(const struct ldev *ld) {
     unsigned pct = ld->sm, c2 = __atomic_load_n(&shm->devs[ld->e].sm_pct, __ATOMIC_RELAXED);
@@ -1100,69 +1113,48 @@ static unsigned sm_of(const struct ldev *ld) {
     return pct >= 100 ? 0 : pct;
 }
 
-/* Waits until the container's budget on ld is non-negative. */
-static void sm_wait(const struct ldev *ld, unsigned pct) {
-    for (;;) {
-        if (shm_lock() != 0) return;
-        struct vgpu_shm_dev *d = &shm->devs[ld->e];
-        uint64_t now = now_ns();
-        if (!d->last_ns || now < d->last_ns) {
-            d->last_ns = now;
-            d->tokens_ns = 0;
-        }
-        int64_t earned = (int64_t)((now - d->last_ns) * pct / 100);
-        d->tokens_ns += earned;
-        if (d->tokens_ns > SM_BURST_NS * (int64_t)pct / 100) d->tokens_ns = SM_BURST_NS * (int64_t)pct / 100;
-        d->last_ns = now;
-        int64_t t = d->tokens_ns;
-        shm_unlock();
-        if (t >= 0) return;
-        int64_t wait = -t * 100 / (int64_t)pct;
-        if (wait > SM_MAX_SLEEP_NS) wait = SM_MAX_SLEEP_NS;
-        if (wait < 20000) wait = 20000;
-        struct timespec ts = {wait / 1000000000, wait % 1000000000};
-        nanosleep(&ts, NULL);
-    }
-}
-
-static void sm_debit(const struct ldev *ld, uint64_t ns) {
-    if (shm_lock() != 0) return;
+/* Debits ns of measured device time (0: none) and refills the bucket;
+ * returns the container's tokens on ld's GPU afterwards. */
+static int64_t sm_account(const struct ldev *ld, unsigned pct, uint64_t ns, uint64_t nlaunch) {
+    if (my_slot < 0 || getpid() != my_pid || shm_lock() != 0) return 0;
     struct vgpu_shm_dev *d = &shm->devs[ld->e];
+    uint64_t now = now_ns();
+    if (!d->last_ns || now < d->last_ns) {
+        d->last_ns = now;
+        d->tokens_ns = 0;
+    }
+    if (pct) {
+        d->tokens_ns += (int64_t)((now - d->last_ns) * pct / 100);
+        if (d->tokens_ns > SM_BURST_NS * (int64_t)pct / 100) d->tokens_ns = SM_BURST_NS * (int64_t)pct / 100;
+    }
+    d->last_ns = now;
     d->tokens_ns -= (int64_t)ns;
     d->busy_ns += ns;
-    d->launches++;
+    d->launches += nlaunch;
+    int64_t t = d->tokens_ns;
     shm_unlock();
+    return t;
 }
 
-/* Before a launch: the device to debit afterwards (NULL = ungated). */
-static const struct ldev *gate_before(uint64_t *t0) {
-    int st = vgpu_enter();
-    if (st != ST_ACTIVE) return NULL;
-    const struct ldev *ld = cur_ldev();
-    if (!ld) return NULL;
-    unsigned pct = sm_of(ld);
-    if (!pct) return NULL;
-    sm_wait(ld, pct);
-    *t0 = now_ns();
-    return ld;
-}
-
-/* Device time of a launch. On the simulated driver a launch runs
- * synchronously, so the call's duration is the kernel's time plus two
- * inflations: waiting behind other processes' kernels (the GPU is shared) and
- * the driver's own overhead. Both only add, so per kernel (function or graph)
- * we keep a floor: the smallest duration seen, relaxed upwards by 1/256 per
- * launch so that it follows a kernel that really got longer; a launch is
- * charged min(duration, floor). On a real GPU launches are asynchronous and
- * this must come from cuEventElapsedTime or NVML process samples (README). */
+/* The correction for time that is not the kernel's own. Between its events a
+ * kernel's elapsed time also contains work of other contexts the GPU ran
+ * meanwhile (time-slicing on a real GPU; on the simulated one, waiting for the
+ * serialised device) and launch overhead: both only add. So per kernel
+ * (function or graph) libvgpu keeps a floor: the smallest elapsed time seen,
+ * relaxed upwards by 1/256 per launch so that it follows a kernel that really
+ * got longer; a launch is charged min(elapsed, floor). The floor is also the
+ * estimate of a launch still in flight. Guarded by sm_mu. */
 #define EST_SLOTS 256
 static struct {
     uintptr_t key;
     uint64_t floor_ns;
 } est_cache[EST_SLOTS];
+static pthread_mutex_t sm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static unsigned est_slot(uintptr_t key) { return (unsigned)((key >> 4) ^ (key >> 12)) & (EST_SLOTS - 1); }
 
 static uint64_t device_time(uintptr_t key, uint64_t ns) {
-    unsigned i = (unsigned)((key >> 4) ^ (key >> 12)) & (EST_SLOTS - 1);
+    unsigned i = est_slot(key);
     if (est_cache[i].key != key || !est_cache[i].floor_ns) {
         est_cache[i].key = key;
         est_cache[i].floor_ns = ns;
@@ -1177,11 +1169,284 @@ static uint64_t device_time(uintptr_t key, uint64_t ns) {
     return f;
 }
 
-static void gate_after(const struct ldev *ld, uint64_t t0, uintptr_t key) {
-    if (ld) sm_debit(ld, device_time(key, now_ns() - t0));
+static uint64_t est_peek(uintptr_t key) {
+    unsigned i = est_slot(key);
+    return est_cache[i].key == key ? est_cache[i].floor_ns : 0;
 }
 
-#define LAUNCH(name, key, args, call)                                        \
+/* the real event functions (helpers from libvgpu's own dlopen of libcuda) */
+typedef CUresult (*ev_create_t)(CUevent *, unsigned);
+typedef CUresult (*ev_record_t)(CUevent, CUstream);
+typedef CUresult (*ev_one_t)(CUevent);
+typedef CUresult (*ev_elapsed_t)(float *, CUevent, CUevent);
+typedef CUresult (*ctx_cur_t)(CUcontext *);
+typedef CUresult (*capturing_t)(CUstream, int *);
+#define EV_CREATE HELP(cuEventCreate, ev_create_t)
+#define EV_RECORD HELP(cuEventRecord, ev_record_t)
+#define EV_QUERY HELP(cuEventQuery, ev_one_t)
+#define EV_SYNC HELP(cuEventSynchronize, ev_one_t)
+#define EV_ELAPSED HELP(cuEventElapsedTime, ev_elapsed_t)
+#define EV_DESTROY HELP(cuEventDestroy_v2, ev_one_t)
+
+static int events_usable(void) {
+    return real_x[X_cuEventCreate] && real_x[X_cuEventRecord] && real_x[X_cuEventQuery] &&
+           real_x[X_cuEventSynchronize] && real_x[X_cuEventElapsedTime] && real_x[X_cuEventDestroy_v2] &&
+           real_x[X_cuCtxGetCurrent];
+}
+
+/* A timed launch in flight: start/end events around it on its stream. */
+struct sm_rec {
+    CUevent start, end;
+    CUcontext ctx;
+    uintptr_t key;
+    uint64_t est;  /* its floor when launched (0 unknown) */
+    int li;        /* ldevs index */
+};
+static struct sm_rec ring[SM_RING];   /* oldest at ring_head; sm_mu */
+static unsigned ring_head, ring_n;
+static uint64_t pend_est[VGPU_MAX_DEV];
+static unsigned pend_n[VGPU_MAX_DEV];
+
+/* spare events per context (created with default flags: timing enabled) */
+static struct evpool {
+    CUcontext ctx;
+    unsigned n;
+    CUevent ev[SM_POOL];
+} pools[SM_NCTX];
+
+static struct evpool *pool_of(CUcontext ctx, int create) {
+    struct evpool *fr = NULL;
+    for (int i = 0; i < SM_NCTX; i++) {
+        if (pools[i].ctx == ctx) return &pools[i];
+        if (!pools[i].ctx && !fr) fr = &pools[i];
+    }
+    if (!create || !fr) return NULL;
+    fr->ctx = ctx;
+    fr->n = 0;
+    return fr;
+}
+
+/* sm_mu held; ctx is current */
+static int ev_get(CUcontext ctx, CUevent *e) {
+    struct evpool *p = pool_of(ctx, 1);
+    if (p && p->n) {
+        *e = p->ev[--p->n];
+        return 0;
+    }
+    return EV_CREATE(e, 0) == CUDA_SUCCESS ? 0 : -1;
+}
+
+static void ev_put(CUcontext ctx, CUevent e) {
+    struct evpool *p = pool_of(ctx, 0);
+    if (p && p->n < SM_POOL) p->ev[p->n++] = e;
+    else EV_DESTROY(e);
+}
+
+static struct sm_rec ring_pop(void) {
+    struct sm_rec r = ring[ring_head];
+    ring_head = (ring_head + 1) % SM_RING;
+    ring_n--;
+    pend_n[r.li]--;
+    pend_est[r.li] -= r.est;
+    return r;
+}
+
+/* A completed record: its device time into ch[] (sm_mu held). */
+static void rec_charge(const struct sm_rec *r, CUresult q, uint64_t *ch, uint64_t *cnt) {
+    float ms = 0;
+    if (q == CUDA_SUCCESS && EV_ELAPSED(&ms, r->start, r->end) == CUDA_SUCCESS) {
+        uint64_t ns = ms > 0 ? (uint64_t)((double)ms * 1e6) : 0;
+        ch[r->li] += device_time(r->key, ns);
+        cnt[r->li]++;
+        ev_put(r->ctx, r->start);
+        ev_put(r->ctx, r->end);
+    }
+    /* else the events are unusable (context gone?): dropped uncharged */
+}
+
+/* Charges completed launches, oldest first, up to the first one still
+ * running (non-blocking: one cuEventQuery when nothing completed). sm_mu held. */
+static void poll_locked(uint64_t *ch, uint64_t *cnt) {
+    while (ring_n) {
+        CUresult q = EV_QUERY(ring[ring_head].end);
+        if (q == CUDA_ERROR_NOT_READY) break;
+        struct sm_rec r = ring_pop();
+        rec_charge(&r, q, ch, cnt);
+    }
+}
+
+static void flush_charges(const uint64_t *ch, const uint64_t *cnt) {
+    for (int i = 0; i < nldev; i++)
+        if (cnt[i]) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i]);
+}
+
+/* Waits for the oldest launch in flight and charges it. */
+static void retire_oldest(void) {
+    uint64_t ch[VGPU_MAX_DEV] = {0}, cnt[VGPU_MAX_DEV] = {0};
+    pthread_mutex_lock(&sm_mu);
+    if (!ring_n) {
+        pthread_mutex_unlock(&sm_mu);
+        return;
+    }
+    struct sm_rec r = ring_pop();
+    pthread_mutex_unlock(&sm_mu);
+    CUresult q = EV_SYNC(r.end); /* blocks until the GPU is past it */
+    pthread_mutex_lock(&sm_mu);
+    rec_charge(&r, q, ch, cnt);
+    pthread_mutex_unlock(&sm_mu);
+    flush_charges(ch, cnt);
+}
+
+/* Before a launch on an SM-limited device: charges completed launches, then
+ * waits while the container is in debt. Work in flight is bounded: while the
+ * ring is full, or the tokens do not cover the estimated work this process
+ * has in flight on the device, the oldest launch is waited for and charged
+ * (so a process cannot queue work ahead of its budget); with nothing in
+ * flight and the bucket negative, it sleeps until the bucket refills. */
+static void sm_gate(const struct ldev *ld, unsigned pct) {
+    int li = (int)(ld - ldevs);
+    for (;;) {
+        uint64_t ch[VGPU_MAX_DEV] = {0}, cnt[VGPU_MAX_DEV] = {0};
+        pthread_mutex_lock(&sm_mu);
+        poll_locked(ch, cnt);
+        int full = ring_n >= SM_RING;
+        unsigned np = pend_n[li];
+        int64_t pe = (int64_t)pend_est[li];
+        pthread_mutex_unlock(&sm_mu);
+        for (int i = 0; i < nldev; i++)
+            if (cnt[i] && i != li) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i]);
+        int64_t t = sm_account(ld, pct, ch[li], cnt[li]);
+        if (full || (np && t - pe < 0)) {
+            retire_oldest();
+            continue;
+        }
+        if (t >= 0) return;
+        int64_t wait = -t * 100 / (int64_t)pct;
+        if (wait > SM_MAX_SLEEP_NS) wait = SM_MAX_SLEEP_NS;
+        if (wait < 20000) wait = 20000;
+        struct timespec ts = {wait / 1000000000, wait % 1000000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* One gated launch in progress. */
+struct sm_launch {
+    const struct ldev *ld;
+    int timed;         /* events recorded: 1; fallback to the call's duration: 0 */
+    struct sm_rec rec;
+    uint64_t t0;
+};
+
+/* Before the real launch: gating, then the start event on the launch's
+ * stream. 0 = ungated (no SM limit on this device). */
+static int sm_begin(struct sm_launch *L, CUstream s, uintptr_t key) {
+    if (vgpu_enter() != ST_ACTIVE) return 0;
+    const struct ldev *ld = cur_ldev();
+    if (!ld) return 0;
+    unsigned pct = sm_of(ld);
+    if (!pct) return 0;
+    sm_gate(ld, pct);
+    L->ld = ld;
+    L->timed = 0;
+    L->t0 = 0;
+    if (!events_usable()) {
+        L->t0 = now_ns(); /* no events: the call's duration (right for synchronous drivers only) */
+        return 1;
+    }
+    int cap = 0;
+    typedef CUresult (*capt_t)(CUstream, int *);
+    if (real_x[X_cuStreamIsCapturing] && HELP(cuStreamIsCapturing, capt_t)(s, &cap) == CUDA_SUCCESS && cap)
+        return 1; /* captured into a graph: nothing runs now, nothing to charge */
+    CUcontext ctx = NULL;
+    if (HELP(cuCtxGetCurrent, ctx_cur_t)(&ctx) != CUDA_SUCCESS || !ctx) return 1;
+    struct sm_rec *r = &L->rec;
+    r->ctx = ctx;
+    r->key = key;
+    r->li = (int)(ld - ldevs);
+    pthread_mutex_lock(&sm_mu);
+    int ok = ev_get(ctx, &r->start) == 0;
+    if (ok && ev_get(ctx, &r->end) != 0) {
+        ev_put(ctx, r->start);
+        ok = 0;
+    }
+    r->est = est_peek(key);
+    pthread_mutex_unlock(&sm_mu);
+    if (!ok) return 1;
+    if (EV_RECORD(r->start, s) != CUDA_SUCCESS) {
+        pthread_mutex_lock(&sm_mu);
+        ev_put(ctx, r->start);
+        ev_put(ctx, r->end);
+        pthread_mutex_unlock(&sm_mu);
+        return 1;
+    }
+    L->timed = 1;
+    return 1;
+}
+
+/* After the real launch: the end event, and the record into the ring. */
+static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
+    struct sm_rec *r = &L->rec;
+    if (!L->timed) {
+        if (L->t0 && lr == CUDA_SUCCESS) {
+            uint64_t ns = now_ns() - L->t0;
+            pthread_mutex_lock(&sm_mu);
+            ns = device_time(r->key, ns);
+            pthread_mutex_unlock(&sm_mu);
+            sm_account(L->ld, sm_of(L->ld), ns, 1);
+        }
+        return;
+    }
+    if (lr != CUDA_SUCCESS || EV_RECORD(r->end, s) != CUDA_SUCCESS) {
+        pthread_mutex_lock(&sm_mu);
+        ev_put(r->ctx, r->start); /* re-recording reuses them */
+        ev_put(r->ctx, r->end);
+        pthread_mutex_unlock(&sm_mu);
+        return;
+    }
+    for (;;) {
+        pthread_mutex_lock(&sm_mu);
+        if (ring_n < SM_RING) break;
+        pthread_mutex_unlock(&sm_mu);
+        retire_oldest(); /* other threads filled it meanwhile */
+    }
+    ring[(ring_head + ring_n) % SM_RING] = *r;
+    ring_n++;
+    pend_n[r->li]++;
+    pend_est[r->li] += r->est;
+    pthread_mutex_unlock(&sm_mu);
+}
+
+/* Before a context is destroyed: its launches in flight are waited for and
+ * charged, its spare events destroyed (they die with it). */
+static void sm_forget_ctx(CUcontext ctx) {
+    if (!ctx || !any_sm || !events_usable()) return;
+    uint64_t ch[VGPU_MAX_DEV] = {0}, cnt[VGPU_MAX_DEV] = {0};
+    pthread_mutex_lock(&sm_mu);
+    unsigned n = ring_n;
+    for (unsigned k = 0; k < n; k++) {
+        struct sm_rec r = ring_pop();
+        if (r.ctx == ctx) {
+            rec_charge(&r, EV_SYNC(r.end), ch, cnt);
+        } else {
+            ring[(ring_head + ring_n) % SM_RING] = r;
+            ring_n++;
+            pend_n[r.li]++;
+            pend_est[r.li] += r.est;
+        }
+    }
+    struct evpool *p = pool_of(ctx, 0);
+    if (p) {
+        while (p->n) EV_DESTROY(p->ev[--p->n]);
+        p->ctx = NULL;
+    }
+    pthread_mutex_unlock(&sm_mu);
+    flush_charges(ch, cnt);
+}
+
+/* The launch wrappers. No SM limit anywhere: a tail call to the driver.
+ * `strm` is the stream the launch goes to (for _ptsz variants, NULL means
+ * the per-thread default stream). */
+#define LAUNCH(name, key, strm, args, call)                                   \
     EXPORT CUresult name args {                                         \
         if (LIKELY(__atomic_load_n(&g_launch_fast, __ATOMIC_RELAXED)))  \
             return REAL(name) call;                                     \
@@ -1189,35 +1454,37 @@ static void gate_after(const struct ldev *ld, uint64_t t0, uintptr_t key) {
             return CUDA_ERROR_NOT_FOUND;                                \
         if (vgpu_nested) return REAL(name) call;                        \
         if (vgpu_enter() == ST_ERROR) return CUDA_ERROR_NOT_INITIALIZED; \
-        uint64_t t0 = 0;                                                \
-        const struct ldev *ld = gate_before(&t0);                       \
+        struct sm_launch L;                                             \
+        CUstream s_ = (strm);                                           \
+        if (!sm_begin(&L, s_, (uintptr_t)(key))) return NESTED(REAL(name) call); \
         CUresult r = NESTED(REAL(name) call);                           \
-        gate_after(ld, t0, (uintptr_t)(key));                           \
+        sm_end(&L, s_, r);                                              \
         return r;                                                       \
     }
 
-LAUNCH(cuLaunchKernel, f,
+#define PTSZ(s) ((s) ? (s) : CU_STREAM_PER_THREAD)
+LAUNCH(cuLaunchKernel, f, s,
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params, void **extra),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params, extra))
-LAUNCH(cuLaunchKernel_ptsz, f,
+LAUNCH(cuLaunchKernel_ptsz, f, PTSZ(s),
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params, void **extra),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params, extra))
-LAUNCH(cuLaunchKernelEx, f, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
+LAUNCH(cuLaunchKernelEx, f, c ? c->hStream : NULL, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
        (c, f, params, extra))
-LAUNCH(cuLaunchKernelEx_ptsz, f, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
-       (c, f, params, extra))
-LAUNCH(cuLaunchCooperativeKernel, f,
+LAUNCH(cuLaunchKernelEx_ptsz, f, PTSZ(c ? c->hStream : NULL),
+       (const CUlaunchConfig *c, CUfunction f, void **params, void **extra), (c, f, params, extra))
+LAUNCH(cuLaunchCooperativeKernel, f, s,
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params))
-LAUNCH(cuLaunchCooperativeKernel_ptsz, f,
+LAUNCH(cuLaunchCooperativeKernel_ptsz, f, PTSZ(s),
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params))
-LAUNCH(cuGraphLaunch, g, (CUgraphExec g, CUstream s), (g, s))
-LAUNCH(cuGraphLaunch_ptsz, g, (CUgraphExec g, CUstream s), (g, s))
+LAUNCH(cuGraphLaunch, g, s, (CUgraphExec g, CUstream s), (g, s))
+LAUNCH(cuGraphLaunch_ptsz, g, PTSZ(s), (CUgraphExec g, CUstream s), (g, s))
 
 /* ------------------------------------------------------------------ */
 /* cuGetProcAddress: the path the CUDA runtime uses since 11.3          */

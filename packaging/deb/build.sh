@@ -42,6 +42,8 @@ mv "$lib/python/nvctk/lib/libvgpu.so" "$lib/libvgpu.so"
 chmod 0644 "$lib/libvgpu.so"
 ln -s ../../../libvgpu.so "$lib/python/nvctk/lib/libvgpu.so"
 
+# nvctk-hook as nvctk: python3 -IS straight from its #! line (no site, no .pth files,
+# no sh hop: what the wheel's sh launcher does for nvctk-hook, for this one layout)
 for exe in nvctk nvctk-hook; do
   mod=$([ $exe = nvctk ] && echo nvctk.cli.main || echo nvctk.hooks.main)
   cat > "$stage/usr/bin/$exe" <<SH

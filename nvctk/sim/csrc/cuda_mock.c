@@ -54,9 +54,24 @@
  * any other name is a kernel that only occupies the device. Launches are
  * synchronous: the calling thread holds the simulated GPU (nvsim_run_kernel,
  * serialised across all processes) for $NVSIM_KERNEL_US microseconds if set,
- * else the topology's kernel_time_us, then does the computation; so streams,
- * events and synchronisation are trivially ordered and errors surface at launch
- * (and are not sticky). Graphs (cuGraphAddKernelNode or stream capture) hold
+ * else the topology's kernel_time_us (0: no sleep, the kernel is only counted),
+ * then does the computation; so streams, events and synchronisation are
+ * trivially ordered and errors surface at launch (and are not sticky).
+ * With NVSIM_ASYNC=1 launches are asynchronous in time, as on a real GPU: the
+ * call returns at once and the kernel is queued on the GPU's timeline in the
+ * shared state (nvsim_queue_kernel: it starts when the GPU has finished all
+ * work queued before it by any process, and after the previous work on its
+ * stream); the computation is still done at launch, so results are visible
+ * early, only timing is deferred. Each stream has a tail (the end of its last
+ * queued work; the default streams share their context's); an event is stamped
+ * with max(record time, its stream's tail), cuEventQuery answers
+ * CUDA_ERROR_NOT_READY until then, cuEventSynchronize/cuStreamSynchronize/
+ * cuCtxSynchronize sleep until it, cuEventElapsedTime is NOT_READY while either
+ * event is pending, cuStreamWaitEvent moves the stream's tail. A launch blocks
+ * while the GPU has more than 1024 kernels' worth of work queued (a real
+ * GPU's finite launch queue). Synchronous copies do not wait for the queue.
+ * Busy counters count a queued kernel at launch. In the default (synchronous)
+ * mode tails stay 0, so events complete when recorded. Graphs (cuGraphAddKernelNode or stream capture) hold
  * kernel nodes only and run them in insertion order, which is a topological
  * order because a node's dependencies must exist before it; copies, memsets,
  * event records, synchronisation and stream-ordered allocation on a capturing
@@ -122,6 +137,8 @@ struct ctx {
     int primary;
     unsigned flags;
     struct dev *d;
+    uint64_t tail_ns;     /* NVSIM_ASYNC: end of the default streams' queued work */
+    uint64_t tail_all_ns; /* NVSIM_ASYNC: end of all this context's queued work */
 };
 
 struct pool {
@@ -223,6 +240,7 @@ struct stream {
     unsigned flags;
     int priority;
     struct graph *capture; /* non-NULL while capturing */
+    uint64_t tail_ns;      /* NVSIM_ASYNC: end of its last queued work */
 };
 
 struct event {
@@ -240,6 +258,7 @@ static struct {
     int ndev;
     struct dev devs[MAX_DEVICES];
     uint64_t kernel_ns;
+    int async;            /* NVSIM_ASYNC=1: kernels run later, on the GPU's timeline */
     uint64_t ctx_reserve;
     struct alloc *tab;
     size_t ntab, captab;
@@ -249,6 +268,28 @@ static pthread_mutex_t lk = PTHREAD_MUTEX_INITIALIZER;
 
 static __thread struct ctx *tls_stack[CTX_STACK_MAX];
 static __thread int tls_depth;
+
+/* ---- NVSIM_ASYNC timelines (all 0 in synchronous mode) ---- */
+
+static void sleep_until(uint64_t t_ns)
+{
+    struct timespec dl = {(time_t)(t_ns / 1000000000ull), (long)(t_ns % 1000000000ull)};
+    if (t_ns > nvsim_now_ns())
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &dl, NULL) == EINTR)
+            ;
+}
+
+static void atomic_max(uint64_t *p, uint64_t v)
+{
+    uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
+static uint64_t *tail_of(struct ctx *c, struct stream *sp)
+{
+    return sp ? &sp->tail_ns : &c->tail_ns;
+}
 
 /* ------------------------------------------------------------------ */
 /* enumeration                                                         */
@@ -350,6 +391,7 @@ static void init_once(void)
         return;
     }
     g.kernel_ns = env_u64("NVSIM_KERNEL_US", nvsim_topo.kernel_time_us) * 1000ull;
+    g.async = env_u64("NVSIM_ASYNC", 0) != 0;
     g.ctx_reserve = env_u64("NVSIM_CONTEXT_RESERVE_MIB", DEFAULT_CONTEXT_RESERVE_MIB) * MIB;
     enumerate();
     for (int i = 0; i < g.ndev; i++) {
@@ -1145,11 +1187,15 @@ CUAPI CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
     return CUDA_SUCCESS;
 }
 
-/* Work completes at launch, so there is never anything to wait for. */
+/* Work completes at launch (NVSIM_ASYNC: at the context's tail). */
 CUAPI CUresult cuCtxSynchronize(void)
 {
     struct ctx *c;
-    return need_ctx(&c);
+    CUresult r = need_ctx(&c);
+    if (r)
+        return r;
+    sleep_until(__atomic_load_n(&c->tail_all_ns, __ATOMIC_RELAXED));
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1417,13 +1463,23 @@ CUAPI CUresult cuStreamDestroy_v2(CUstream hStream)
 CUAPI CUresult cuStreamSynchronize(CUstream hStream)
 {
     struct ctx *c;
-    return stream_uncapturable(hStream, &c);
+    struct stream *sp;
+    CUresult r = stream_uncapturable(hStream, &c);
+    if (r || (r = stream_ctx(hStream, &c, &sp)))
+        return r;
+    sleep_until(__atomic_load_n(tail_of(c, sp), __ATOMIC_RELAXED));
+    return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuStreamQuery(CUstream hStream)
 {
     struct ctx *c;
-    return stream_uncapturable(hStream, &c);
+    struct stream *sp;
+    CUresult r = stream_uncapturable(hStream, &c);
+    if (r || (r = stream_ctx(hStream, &c, &sp)))
+        return r;
+    return __atomic_load_n(tail_of(c, sp), __ATOMIC_RELAXED) > nvsim_now_ns() ? CUDA_ERROR_NOT_READY
+                                                                             : CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
@@ -1437,6 +1493,9 @@ CUAPI CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int 
     struct event *e = (struct event *)hEvent;
     if (!e || e->magic != MAGIC_EVENT)
         return CUDA_ERROR_INVALID_HANDLE;
+    /* later work on the stream starts after the event's work */
+    if (e->recorded)
+        atomic_max(tail_of(c, sp), e->t_ns);
     return CUDA_SUCCESS;
 }
 
@@ -2353,8 +2412,9 @@ static CUresult check_dims(const struct launch *l)
     return CUDA_SUCCESS;
 }
 
-/* Occupies the shared device for the kernel time, then does the work. */
-static CUresult run(struct ctx *c, const struct launch *l)
+/* Occupies the shared device for the kernel time (NVSIM_ASYNC: queues it on
+ * the GPU's timeline after the stream's previous work), then does the work. */
+static CUresult run(struct ctx *c, struct stream *sp, const struct launch *l)
 {
     if (l->f->kernel == KERNEL_VECTORADD) {
         const struct kargs *a = &l->args;
@@ -2362,7 +2422,17 @@ static CUresult run(struct ctx *c, const struct launch *l)
         if (!dev_range_ok(a->a, bytes) || !dev_range_ok(a->b, bytes) || !dev_range_ok(a->c, bytes))
             return CUDA_ERROR_ILLEGAL_ADDRESS;
     }
-    nvsim_run_kernel(g.st, c->d->gpu, g.kernel_ns);
+    if (g.async) {
+        uint64_t *tail = tail_of(c, sp);
+        uint64_t end = nvsim_queue_kernel(g.st, c->d->gpu, g.kernel_ns, __atomic_load_n(tail, __ATOMIC_RELAXED));
+        atomic_max(tail, end);
+        atomic_max(&c->tail_all_ns, end);
+        /* a real GPU's launch queue is finite: the call blocks when it is full */
+        if (g.kernel_ns && end > 1024 * g.kernel_ns)
+            sleep_until(end - 1024 * g.kernel_ns);
+    } else {
+        nvsim_run_kernel(g.st, c->d->gpu, g.kernel_ns);
+    }
     if (l->f->kernel == KERNEL_VECTORADD) {
         const struct kargs *a = &l->args;
         const float *A = (const float *)(uintptr_t)a->a, *B = (const float *)(uintptr_t)a->b;
@@ -2392,7 +2462,7 @@ static CUresult launch(const struct launch *l, CUstream hStream)
         return r;
     if (sp && sp->capture)
         return graph_append(sp->capture, l, NULL);
-    return run(c, l);
+    return run(c, sp, l);
 }
 
 CUAPI CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -2463,32 +2533,44 @@ static struct event *event_get(CUevent h)
     return e && e->magic == MAGIC_EVENT ? e : NULL;
 }
 
-/* Everything before it on the stream has completed (launches are
- * synchronous), so the record time is the completion time. */
+/* The event completes when the stream reaches it: when everything queued
+ * before it on the stream has completed, or now if that is done already
+ * (always, for synchronous launches); that moment is its timestamp. */
 CUAPI CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
     struct ctx *c;
+    struct stream *sp;
     CUresult r = stream_uncapturable(hStream, &c);
-    if (r)
+    if (r || (r = stream_ctx(hStream, &c, &sp)))
         return r;
     struct event *e = event_get(hEvent);
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
-    e->t_ns = nvsim_now_ns();
+    uint64_t now = nvsim_now_ns(), tail = __atomic_load_n(tail_of(c, sp), __ATOMIC_RELAXED);
+    e->t_ns = tail > now ? tail : now;
     e->recorded = 1;
     return CUDA_SUCCESS;
 }
 
+/* A never-recorded event counts as complete, as in CUDA. */
 CUAPI CUresult cuEventQuery(CUevent hEvent)
 {
     NEED_INIT();
-    return event_get(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    struct event *e = event_get(hEvent);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return e->recorded && e->t_ns > nvsim_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuEventSynchronize(CUevent hEvent)
 {
     NEED_INIT();
-    return event_get(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    struct event *e = event_get(hEvent);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (e->recorded)
+        sleep_until(e->t_ns);
+    return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
@@ -2500,6 +2582,9 @@ CUAPI CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent 
     if (!s || !e || !s->recorded || !e->recorded || (s->flags & CU_EVENT_DISABLE_TIMING) ||
         (e->flags & CU_EVENT_DISABLE_TIMING))
         return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = nvsim_now_ns();
+    if (s->t_ns > now || e->t_ns > now)
+        return CUDA_ERROR_NOT_READY;
     *pMilliseconds = (float)((double)((int64_t)(e->t_ns - s->t_ns)) / 1e6);
     return CUDA_SUCCESS;
 }

@@ -489,30 +489,15 @@ void nvsim_mem_credit(struct nvsim_state *st, unsigned gpu, uint64_t bytes)
     nvsim_unlock(&st->lock);
 }
 
-void nvsim_run_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns)
+/* Counts one kernel of ns ending at t1 (window from t0); run_lock held. */
+static void count_kernel_locked(struct nvsim_gpu *g, uint64_t t0, uint64_t t1, uint64_t ns)
 {
-    struct nvsim_proc *p;
-    struct nvsim_gpu *g;
-    struct timespec dl;
-    uint64_t t0, t1, ws, wb;
+    uint64_t ws, wb;
 
-    if (!st || gpu >= st->ngpus)
-        return;
-    g = &st->gpus[gpu];
-    p = nvsim_proc_slot(st, gpu);
-    if (nvsim_lock(&g->run_lock) != 0)
-        return;
-    t0 = nvsim_now_ns();
-    dl.tv_sec = (time_t)((t0 + ns) / 1000000000ull);
-    dl.tv_nsec = (long)((t0 + ns) % 1000000000ull);
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &dl, NULL) == EINTR)
-        ;
-    t1 = nvsim_now_ns();
     /* busy time counts the kernel's nominal length, so counters are exact
      * multiples of kernel_time whatever the sleep overshoot */
     __atomic_add_fetch(&g->busy_ns, ns, __ATOMIC_RELAXED);
     __atomic_add_fetch(&g->kernels, 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&g->last_busy_end_ns, t1, __ATOMIC_RELAXED);
     ws = g->window_start_ns ? g->window_start_ns : t0;
     wb = g->window_busy_ns + ns;
     if (t1 - ws >= NVSIM_UTIL_WINDOW_NS) {
@@ -524,11 +509,73 @@ void nvsim_run_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns)
         __atomic_store_n(&g->window_busy_ns, wb, __ATOMIC_RELAXED);
         __atomic_store_n(&g->window_start_ns, ws, __ATOMIC_RELEASE);
     }
-    nvsim_unlock(&g->run_lock);
+}
+
+static void count_proc(struct nvsim_proc *p, uint64_t ns)
+{
     if (p) {
         __atomic_add_fetch(&p->busy_ns, ns, __ATOMIC_RELAXED);
         __atomic_add_fetch(&p->kernels, 1, __ATOMIC_RELAXED);
     }
+}
+
+void nvsim_run_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns)
+{
+    struct nvsim_proc *p;
+    struct nvsim_gpu *g;
+    uint64_t t0, t1, queued;
+
+    if (!st || gpu >= st->ngpus)
+        return;
+    g = &st->gpus[gpu];
+    p = nvsim_proc_slot(st, gpu);
+    if (nvsim_lock(&g->run_lock) != 0)
+        return;
+    t0 = nvsim_now_ns();
+    /* after work that asynchronous processes queued (NVSIM_ASYNC) */
+    queued = __atomic_load_n(&g->last_busy_end_ns, __ATOMIC_RELAXED);
+    if (queued > t0)
+        t0 = queued;
+    if (ns || t0 > nvsim_now_ns()) {
+        struct timespec dl = {(time_t)((t0 + ns) / 1000000000ull), (long)((t0 + ns) % 1000000000ull)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &dl, NULL) == EINTR)
+            ;
+        t1 = nvsim_now_ns();
+    } else {
+        t1 = t0; /* a 0-ns kernel on an idle GPU: counted, no sleep */
+    }
+    count_kernel_locked(g, t0, t1, ns);
+    __atomic_store_n(&g->last_busy_end_ns, t1, __ATOMIC_RELAXED);
+    nvsim_unlock(&g->run_lock);
+    count_proc(p, ns);
+}
+
+uint64_t nvsim_queue_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns, uint64_t not_before)
+{
+    struct nvsim_proc *p;
+    struct nvsim_gpu *g;
+    uint64_t now, start, end;
+
+    now = nvsim_now_ns();
+    if (!st || gpu >= st->ngpus)
+        return now;
+    g = &st->gpus[gpu];
+    p = nvsim_proc_slot(st, gpu);
+    if (nvsim_lock(&g->run_lock) != 0)
+        return now;
+    now = nvsim_now_ns();
+    start = __atomic_load_n(&g->last_busy_end_ns, __ATOMIC_RELAXED);
+    if (start < now)
+        start = now;
+    if (start < not_before)
+        start = not_before;
+    end = start + ns;
+    /* the utilization window counts it when queued (its end is in the future) */
+    count_kernel_locked(g, now, now, ns);
+    __atomic_store_n(&g->last_busy_end_ns, end, __ATOMIC_RELAXED);
+    nvsim_unlock(&g->run_lock);
+    count_proc(p, ns);
+    return end;
 }
 
 unsigned nvsim_gpu_util(struct nvsim_state *st, unsigned gpu)

@@ -59,7 +59,7 @@ struct nvsim_gpu {
     uint64_t mem_used;        /* bytes, all processes */
     uint64_t busy_ns;         /* total kernel time on the device */
     uint64_t kernels;         /* total kernels run */
-    uint64_t last_busy_end_ns;/* CLOCK_MONOTONIC of the last kernel's end */
+    uint64_t last_busy_end_ns;/* CLOCK_MONOTONIC of the last kernel's end (future: queued work) */
     /* utilization window for NVML: busy ns accumulated since window_start_ns */
     uint64_t window_start_ns;
     uint64_t window_busy_ns;
@@ -160,8 +160,14 @@ int nvsim_mem_charge(struct nvsim_state *st, unsigned gpu, uint64_t bytes);
 /* Credits bytes back to the GPU and this process's slot, clamped at zero. */
 void nvsim_mem_credit(struct nvsim_state *st, unsigned gpu, uint64_t bytes);
 /* Runs one kernel: holds the GPU's run_lock for ns (sleeping, as a real GPU
- * does not spin the CPU) and counts it on the GPU and this process's slot. */
+ * does not spin the CPU; after any queued asynchronous work, see below; a
+ * 0-ns kernel on an idle GPU does not sleep) and counts it on the GPU and this
+ * process's slot. */
 void nvsim_run_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns);
+/* Queues one kernel without waiting (NVSIM_ASYNC): it starts at
+ * max(now, the end of the GPU's queued work = last_busy_end_ns, not_before)
+ * and lasts ns; counted at once. Returns its end (CLOCK_MONOTONIC ns). */
+uint64_t nvsim_queue_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns, uint64_t not_before);
 /* GPU utilization in percent over the last NVSIM_UTIL_WINDOW_NS window. */
 unsigned nvsim_gpu_util(struct nvsim_state *st, unsigned gpu);
 /* Is the slot's owner alive (it holds its slot's lock)? */
