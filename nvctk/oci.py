@@ -249,12 +249,10 @@ def is_our_hook(hook: Any, kind: str = "prestart") -> bool:
     if not isinstance(hook, dict):
         return False
     args = hook.get("args")
-    return (
-        os.path.basename(str(hook.get("path", ""))) == OUR_HOOK_NAME
-        and isinstance(args, list)
-        and len(args) >= 2
-        and args[1] == kind
-    )
+    if not (isinstance(args, list) and len(args) >= 2 and args[1] == kind):
+        return False
+    # we always write args[0] = nvctk-hook; the path's name depends on hook-path
+    return OUR_HOOK_NAME in (os.path.basename(str(hook.get("path", ""))), args[0])
 
 
 def remove_nvidia_hooks(spec: dict[str, Any]) -> int:

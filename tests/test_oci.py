@@ -165,3 +165,12 @@ def test_load_state() -> None:
 def test_bad_state(text: str) -> None:
     with pytest.raises(SpecError):
         oci.load_state(text)
+
+
+@pytest.mark.parametrize("hook_path", ["/usr/bin/nvctk-hook", "/opt/tools/gpu-hook-wrapper"])
+def test_set_hook_twice_keeps_one_whatever_the_hook_file_is_called(hook_path: str) -> None:
+    other = {"path": "/usr/bin/other", "args": ["other", "prestart"]}
+    spec: dict[str, Any] = {"hooks": {"prestart": [other]}}
+    for _ in range(2):
+        oci.set_hook(spec, oci.hook_entry(hook_path, 60, None))
+    assert spec["hooks"]["prestart"] == [other, oci.hook_entry(hook_path, 60, None)]
