@@ -1,5 +1,6 @@
 /* libvgpu overhead micro-benchmark client (driven by bench/vgpu_overhead.py).
- *   vgpu_overhead launch N   ns per cuLaunchKernel (kernel "busy")
+ *   vgpu_overhead launch N   ns per cuLaunchKernel (kernel "busy"; run with NVSIM_KERNEL_US=0)
+ *   vgpu_overhead launchnull N  ns per cuLaunchKernel of a NULL function (rejected)
  *   vgpu_overhead alloc N    ns per cuMemAlloc_v2 + cuMemFree_v2 pair (4 KiB)
  *   vgpu_overhead init       ns of the first cuInit
  * Entry points come through cuGetProcAddress, as the CUDA runtime gets them. */

@@ -772,3 +772,72 @@ def test_capture_refuses_uncapturable_work(sim: Sim, state_file: Path) -> None:
         state_file,
     )
     assert out == [900, 1, 900, 900]
+
+
+def test_zero_time_kernels_are_cheap_and_counted(sim: Sim, state_file: Path) -> None:
+    out = run_cuda(
+        sim,
+        """
+        import time
+        ok("cuInit", 0); ctx(0)
+        mod = C.c_void_p(); ok("cuModuleLoadData", C.byref(mod), b"any image")
+        fn = C.c_void_p(); ok("cuModuleGetFunction", C.byref(fn), mod, b"busy")
+        t = time.monotonic()
+        for _ in range(2000):
+            ok("cuLaunchKernel", fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+        per_launch_us = (time.monotonic() - t) / 2000 * 1e6
+        p = S.read_state(os.environ["NVSIM_STATE"]).proc(os.getpid(), 0)
+        out = [per_launch_us, p.kernels, p.busy_ns]
+        """,
+        state_file,
+        env={"NVSIM_KERNEL_US": "0"},
+    )
+    assert out[1:] == [2000, 0]
+    assert out[0] < 50, out  # no sleep (it cost ~100 us on a VM)
+
+
+def test_async_launches_complete_later(sim: Sim, state_file: Path) -> None:
+    """NVSIM_ASYNC=1: launches return at once; events complete, and are
+    stamped, when the stream reaches them."""
+    out = run_cuda(
+        sim,
+        """
+        import time
+        ok("cuInit", 0); ctx(0)
+        mod = C.c_void_p(); ok("cuModuleLoadData", C.byref(mod), b"any image")
+        fn = C.c_void_p(); ok("cuModuleGetFunction", C.byref(fn), mod, b"busy")
+        e0, e1, e2 = C.c_void_p(), C.c_void_p(), C.c_void_p()
+        for e in (e0, e1, e2):
+            ok("cuEventCreate", C.byref(e), 0)
+        never = call("cuEventQuery", e2)  # never recorded: complete
+        ok("cuEventRecord", e0, None)
+        t = time.monotonic()
+        for _ in range(3):
+            ok("cuLaunchKernel", fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+        call_s = time.monotonic() - t
+        ok("cuEventRecord", e1, None)
+        pending = call("cuEventQuery", e1)
+        ms = C.c_float()
+        early = call("cuEventElapsedTime", C.byref(ms), e0, e1)
+        squery = call("cuStreamQuery", None)
+        busy_counted = S.read_state(os.environ["NVSIM_STATE"]).proc(os.getpid(), 0).kernels
+        ok("cuEventSynchronize", e1)
+        waited = time.monotonic() - t
+        ok("cuEventElapsedTime", C.byref(ms), e0, e1)
+        done = call("cuEventQuery", e1)
+        # a stream that waits on e1 starts its work after it
+        s = C.c_void_p(); ok("cuStreamCreate", C.byref(s), 0)
+        ok("cuLaunchKernel", fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+        ok("cuEventRecord", e2, None)
+        ok("cuStreamWaitEvent", s, e2, 0)
+        ok("cuEventRecord", e0, s)
+        after = call("cuEventQuery", e0)
+        ok("cuStreamSynchronize", s)
+        t = time.monotonic(); ok("cuCtxSynchronize"); ctx_wait = time.monotonic() - t
+        out = [never, call_s < 0.03, pending, early, squery, busy_counted, waited >= 0.06,
+               59.0 <= ms.value < 90, done, after, ctx_wait < 0.01]
+        """,
+        state_file,
+        env={"NVSIM_KERNEL_US": "20000", "NVSIM_ASYNC": "1"},
+    )
+    assert out == [0, True, 600, 600, 600, 3, True, True, 0, 600, True]

@@ -330,3 +330,51 @@ def test_neighbours_capped_vs_greedy(driver: H.Driver, tmp_path: Path) -> None:
         g.wait(timeout=30)
     finally:
         g.kill()
+
+
+def _nvmlprocs(out: dict[str, list[list[str]]]) -> dict[str, tuple[int, int, int, set[int]]]:
+    """"v1:r1:n:r2:n2:pid..." -> version -> (count-query rc, its count, rc, pids)"""
+    res = {}
+    for field in out["nvmlprocs"][0][1:]:
+        v, r1, n, r2, _n2, *pids = field.split(":")
+        res[v] = (int(r1), int(n), int(r2), {int(p) for p in pids})
+    return res
+
+
+def test_nvml_process_lists_show_only_the_container(driver: H.Driver, tmp_path: Path) -> None:
+    """HAMi's "NVML process lists not filtered": with libvgpu, NVML's compute
+    process lists (v1/v2/v3) show only the processes of the caller's container
+    (the pids in its accounting file), not the neighbours on the same GPU."""
+    holders = {}
+    try:
+        for name in ("a", "b"):
+            env = driver.env(tmp_path / "state", CUDA_DEVICE_MEMORY_LIMIT="1g",
+                             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / f"cache-{name}"), LD_PRELOAD=str(H.LIB))
+            holders[name] = subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "alloc", str(MIB), "wait"], env=env,
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            out = holders[name].stdout
+            assert out is not None
+            while "ready" not in out.readline():
+                pass
+        base = driver.env(tmp_path / "state")
+        everyone = _nvmlprocs(ok(H.probe(base, "nvmlprocs", "0")))
+        want_all = {holders["a"].pid, holders["b"].pid}
+        for v in ("v1", "v2", "v3"):
+            assert everyone[v][2] == 0 and everyone[v][3] == want_all, everyone
+        # a process of container a (only NVML, no CUDA) sees a's process only
+        seen = _nvmlprocs(ok(H.probe({**base, "CUDA_DEVICE_MEMORY_LIMIT": "1g", "LD_PRELOAD": str(H.LIB),
+                                      "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "cache-a")},
+                                     "nvmlprocs", "0")))
+        for v in ("v1", "v2", "v3"):
+            # the count query (NULL array) answers the filtered count
+            assert seen[v] == (7, 1, 0, {holders["a"].pid}), seen
+        # a container with no process on the GPU sees none
+        empty = _nvmlprocs(ok(H.probe({**base, "CUDA_DEVICE_MEMORY_LIMIT": "1g", "LD_PRELOAD": str(H.LIB),
+                                       "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "cache-c")},
+                                      "nvmlprocs", "0")))
+        for v in ("v1", "v2", "v3"):
+            assert empty[v] == (0, 0, 0, set()), empty
+    finally:
+        for h in holders.values():
+            h.kill()
+            h.wait()

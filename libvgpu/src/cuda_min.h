@@ -92,6 +92,7 @@ typedef int nvmlReturn_t;
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_UNKNOWN 999
 typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct {
@@ -106,5 +107,14 @@ typedef struct {
     unsigned long long free;
     unsigned long long used;
 } nvmlMemory_v2_t;
+typedef struct { /* nvmlDeviceGetComputeRunningProcesses (v1) */
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+typedef struct { /* _v2 and _v3 */
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
 
 #endif

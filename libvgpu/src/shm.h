@@ -34,7 +34,8 @@ struct vgpu_shm_slot {         /* 352 bytes */
     uint64_t used[VGPU_MAX_DEV];
     uint64_t mem_cap[VGPU_MAX_DEV];
     uint32_t sm[VGPU_MAX_DEV];
-    uint64_t _pad;
+    int32_t host_pid;          /* the pid NVML reports for it (first NSpid entry); 0 = unknown */
+    uint32_t _pad;
 };
 
 struct vgpu_shm {

@@ -48,8 +48,10 @@ __asm__(".symver pthread_mutexattr_destroy,pthread_mutexattr_destroy@GLIBC_2.2.5
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                   \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch)       \
     X(cuGraphLaunch_ptsz)
-#define NVML_HOOKS(X) \
-    X(nvmlInit) X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
+#define NVML_HOOKS(X)                                                                                     \
+    X(nvmlInit) X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) \
+    X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetComputeRunningProcesses_v2)                     \
+    X(nvmlDeviceGetComputeRunningProcesses_v3)
 /* real functions used but not wrapped */
 #define CUDA_HELPERS(X)                                                                         \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetUuid) X(cuCtxGetDevice) X(cuCtxGetCurrent)    \
@@ -271,6 +273,21 @@ static uint64_t proc_start_time(pid_t pid) {
         while (*p && *p != ' ') p++;
     }
     return 0;
+}
+
+/* The pid NVML reports for this process: the first NSpid entry of
+ * /proc/self/status, i.e. its pid in the pid namespace /proc was mounted
+ * for (the host's only when that /proc is the host's); 0 if unreadable. */
+static int32_t host_pid_of_self(void) {
+    char buf[4096];
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strstr(buf, "\nNSpid:");
+    return p ? (int32_t)strtol(p + 7, NULL, 10) : 0;
 }
 
 static uint64_t pidns_inode(void) {
@@ -516,6 +533,7 @@ static int attach(void) {
     memset(s, 0, sizeof *s);
     s->start_time = proc_start_time(my_pid);
     s->pidns = my_pidns;
+    s->host_pid = host_pid_of_self();
     for (int i = 0; i < n; i++) {
         struct ldev *ld = &ldevs[i];
         ld->e = shm_dev(ld->uuid, 1);
@@ -1141,8 +1159,9 @@ static int64_t sm_account(const struct ldev *ld, unsigned pct, uint64_t ns, uint
  * meanwhile (time-slicing on a real GPU; on the simulated one, waiting for the
  * serialised device) and launch overhead: both only add. So per kernel
  * (function or graph) libvgpu keeps a floor: the smallest elapsed time seen,
- * relaxed upwards by 1/256 per launch so that it follows a kernel that really
- * got longer; a launch is charged min(elapsed, floor). The floor is also the
+ * relaxed upwards on each longer launch (by 1/64 of the excess, at most 1/256
+ * of the floor) so that it follows a kernel that really got longer; a launch
+ * is charged min(elapsed, floor). The floor is also the
  * estimate of a launch still in flight. Guarded by sm_mu. */
 #define EST_SLOTS 256
 static struct {
@@ -1165,7 +1184,10 @@ static uint64_t device_time(uintptr_t key, uint64_t ns) {
         est_cache[i].floor_ns = ns;
         return ns;
     }
-    est_cache[i].floor_ns = f + (f >> 8) + 1;
+    /* creep up by 1/64 of the excess, at most 1/256 of the floor: jitter of
+     * a few us does not lift it, a kernel that got longer is followed */
+    uint64_t up = (ns - f) >> 6;
+    est_cache[i].floor_ns = f + (up < (f >> 8) ? up : (f >> 8)) + 1;
     return f;
 }
 
@@ -1205,7 +1227,7 @@ struct sm_rec {
 static struct sm_rec ring[SM_RING];   /* oldest at ring_head; sm_mu */
 static unsigned ring_head, ring_n;
 static uint64_t pend_est[VGPU_MAX_DEV];
-static unsigned pend_n[VGPU_MAX_DEV];
+static unsigned pend_n[VGPU_MAX_DEV], pend_unknown[VGPU_MAX_DEV]; /* in flight; of which with no estimate */
 
 /* spare events per context (created with default flags: timing enabled) */
 static struct evpool {
@@ -1248,6 +1270,7 @@ static struct sm_rec ring_pop(void) {
     ring_n--;
     pend_n[r.li]--;
     pend_est[r.li] -= r.est;
+    pend_unknown[r.li] -= !r.est;
     return r;
 }
 
@@ -1300,9 +1323,10 @@ static void retire_oldest(void) {
 /* Before a launch on an SM-limited device: charges completed launches, then
  * waits while the container is in debt. Work in flight is bounded: while the
  * ring is full, or the tokens do not cover the estimated work this process
- * has in flight on the device, the oldest launch is waited for and charged
- * (so a process cannot queue work ahead of its budget); with nothing in
- * flight and the bucket negative, it sleeps until the bucket refills. */
+ * has in flight on the device, or a launch of a kernel with no estimate yet
+ * (never seen complete) is in flight, the oldest launch is waited for and
+ * charged (so a process cannot queue work ahead of its budget); with nothing
+ * in flight and the bucket negative, it sleeps until the bucket refills. */
 static void sm_gate(const struct ldev *ld, unsigned pct) {
     int li = (int)(ld - ldevs);
     for (;;) {
@@ -1310,13 +1334,13 @@ static void sm_gate(const struct ldev *ld, unsigned pct) {
         pthread_mutex_lock(&sm_mu);
         poll_locked(ch, cnt);
         int full = ring_n >= SM_RING;
-        unsigned np = pend_n[li];
+        unsigned np = pend_n[li], nu = pend_unknown[li];
         int64_t pe = (int64_t)pend_est[li];
         pthread_mutex_unlock(&sm_mu);
         for (int i = 0; i < nldev; i++)
             if (cnt[i] && i != li) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i]);
         int64_t t = sm_account(ld, pct, ch[li], cnt[li]);
-        if (full || (np && t - pe < 0)) {
+        if (full || nu || (np && t - pe < 0)) {
             retire_oldest();
             continue;
         }
@@ -1413,6 +1437,7 @@ static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
     ring_n++;
     pend_n[r->li]++;
     pend_est[r->li] += r->est;
+    pend_unknown[r->li] += !r->est;
     pthread_mutex_unlock(&sm_mu);
 }
 
@@ -1432,6 +1457,7 @@ static void sm_forget_ctx(CUcontext ctx) {
             ring_n++;
             pend_n[r.li]++;
             pend_est[r.li] += r.est;
+            pend_unknown[r.li] += !r.est;
         }
     }
     struct evpool *p = pool_of(ctx, 0);
@@ -1622,6 +1648,77 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t
     }
     return r;
 }
+
+/* NVML's process lists show every process on the GPU, neighbours included.
+ * Filtered to the container's: the pids NVML reports (host_pid of the live
+ * slots of the accounting file). A process whose NVML pid is unknown, or
+ * that is not in the container, is left out. The two-call protocol is kept
+ * with the filtered count. `esz`: the entry size (pid first). */
+static nvmlReturn_t procs_filtered(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned *, void *), nvmlDevice_t dev,
+                                   unsigned *count, void *infos, size_t esz) {
+    if (!count) return fn(dev, count, infos);
+    unsigned cap = 64;
+    char *buf = NULL;
+    nvmlReturn_t r;
+    unsigned n;
+    for (int tries = 0;; tries++) {
+        char *nb = realloc(buf, (size_t)cap * esz);
+        if (!nb) {
+            free(buf);
+            return NVML_ERROR_UNKNOWN;
+        }
+        buf = nb;
+        n = cap;
+        r = fn(dev, &n, buf);
+        if (r != NVML_ERROR_INSUFFICIENT_SIZE || tries > 4) break;
+        cap = n + 16;
+    }
+    if (r != NVML_SUCCESS) {
+        free(buf);
+        if (r == NVML_ERROR_INSUFFICIENT_SIZE) r = NVML_ERROR_UNKNOWN;
+        return r;
+    }
+    int32_t mine[VGPU_MAX_SLOTS];
+    unsigned nmine = 0;
+    if (shm && shm_lock() == 0) {
+        reap();
+        for (int i = 0; i < VGPU_MAX_SLOTS; i++)
+            if (shm->slots[i].pid && shm->slots[i].host_pid) mine[nmine++] = shm->slots[i].host_pid;
+        shm_unlock();
+    }
+    unsigned kept = 0;
+    for (unsigned i = 0; i < n; i++) {
+        uint32_t pid;
+        memcpy(&pid, buf + (size_t)i * esz, sizeof pid);
+        int in = 0;
+        for (unsigned k = 0; k < nmine && !in; k++) in = (uint32_t)mine[k] == pid;
+        if (!in) continue;
+        if (kept != i) memmove(buf + (size_t)kept * esz, buf + (size_t)i * esz, esz);
+        kept++;
+    }
+    if (kept > *count || (kept && !infos)) {
+        *count = kept;
+        free(buf);
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (kept) memcpy(infos, buf, (size_t)kept * esz);
+    *count = kept;
+    free(buf);
+    return NVML_SUCCESS;
+}
+
+typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned *, void *);
+#define PROCS_WRAPPER(name, esz)                                                    \
+    EXPORT nvmlReturn_t name(nvmlDevice_t dev, unsigned *count, void *infos) {      \
+        int st = nvml_enter();                                                      \
+        if (!REAL(name)) return NVML_ERROR_UNKNOWN;                                 \
+        if (st < 0) return NVML_ERROR_UNKNOWN;                                      \
+        if (st != 2) return REAL(name)(dev, count, infos);                          \
+        return procs_filtered((procs_fn)REAL(name), dev, count, infos, (esz));      \
+    }
+PROCS_WRAPPER(nvmlDeviceGetComputeRunningProcesses, sizeof(nvmlProcessInfo_v1_t))
+PROCS_WRAPPER(nvmlDeviceGetComputeRunningProcesses_v2, sizeof(nvmlProcessInfo_t))
+PROCS_WRAPPER(nvmlDeviceGetComputeRunningProcesses_v3, sizeof(nvmlProcessInfo_t))
 
 /* ------------------------------------------------------------------ */
 

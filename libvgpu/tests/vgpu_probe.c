@@ -291,6 +291,32 @@ int main(int argc, char **argv) {
             if (!r) r = mi(d, &m);
             if (!r) r = mi2(d, &m2);
             printf("nvmlmem %d %llu %llu %llu %llu %llu\n", r, m.total, m.used, m.free, m2.total, m2.used);
+        } else if (!strcmp(c, "nvmlprocs")) { /* nvmlprocs INDEX: pids via v1, v2, v3 (two-call protocol) */
+            void *nh = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+            nvmlReturn_t (*ninit)(void) = nh ? dlsym(nh, "nvmlInit_v2") : NULL;
+            nvmlReturn_t (*byidx)(unsigned, nvmlDevice_t *) = nh ? dlsym(nh, "nvmlDeviceGetHandleByIndex_v2") : NULL;
+            static const char *const names[3] = {"nvmlDeviceGetComputeRunningProcesses",
+                                                  "nvmlDeviceGetComputeRunningProcesses_v2",
+                                                  "nvmlDeviceGetComputeRunningProcesses_v3"};
+            nvmlDevice_t d;
+            if (!ninit || !byidx || ninit() || byidx((unsigned)atoi(a1), &d)) {
+                printf("nvmlprocs -1\n");
+                return 93;
+            }
+            i++;
+            printf("nvmlprocs 0");
+            for (int v = 0; v < 3; v++) {
+                nvmlReturn_t (*fnp)(nvmlDevice_t, unsigned *, void *) = dlsym(nh, names[v]);
+                unsigned n = 0;
+                nvmlReturn_t r1 = fnp ? fnp(d, &n, NULL) : -1; /* count query */
+                nvmlProcessInfo_t big[64];
+                nvmlProcessInfo_v1_t small[64];
+                unsigned n2 = 64;
+                nvmlReturn_t r2 = fnp ? fnp(d, &n2, v ? (void *)big : (void *)small) : -1;
+                printf(" v%d:%d:%u:%d:%u", v + 1, r1, n, r2, n2);
+                for (unsigned k = 0; k < n2 && k < 64; k++) printf(":%u", v ? big[k].pid : small[k].pid);
+            }
+            printf("\n");
         } else {
             fprintf(stderr, "vgpu_probe: unknown command %s\n", c);
             return 94;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -538,8 +539,13 @@ void nvsim_run_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns)
         t0 = queued;
     if (ns || t0 > nvsim_now_ns()) {
         struct timespec dl = {(time_t)((t0 + ns) / 1000000000ull), (long)((t0 + ns) % 1000000000ull)};
+        /* a kernel takes its time, not the default 50 us timer slack more */
+        int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+        prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &dl, NULL) == EINTR)
             ;
+        if (slack > 0)
+            prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
         t1 = nvsim_now_ns();
     } else {
         t1 = t0; /* a 0-ns kernel on an idle GPU: counted, no sleep */
