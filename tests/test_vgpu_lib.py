@@ -118,6 +118,17 @@ def test_context_reserve_counts(env: dict[str, str]) -> None:
     assert r["ctx"][0][0] == "2"  # the context alone is over the cap
 
 
+def test_forked_child_cannot_touch_its_parents_usage(env: dict[str, str]) -> None:
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = "1g"
+    r = ok(H.probe(env, "init", "ctx", "0", "alloc", str(100 * MIB), "meminfo", "forkchild",
+                   "meminfo", "free", "meminfo"))
+    assert r["childalloc"][0][0] == "2"  # CUDA_ERROR_OUT_OF_MEMORY
+    assert r["forkchild"] == [["0"]]
+    before, after_child, after_free = (int(m[1]) for m in r["meminfo"])
+    assert after_child == before  # the child's free and exit credited nothing
+    assert after_free == before + 100 * MIB
+
+
 def test_queries_report_the_cap(env: dict[str, str], driver: H.Driver) -> None:
     env["CUDA_DEVICE_MEMORY_LIMIT"] = "1.5g"
     cap = 1536 * MIB

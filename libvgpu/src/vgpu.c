@@ -368,9 +368,16 @@ static void shm_init_region(struct vgpu_shm *p) {
     __atomic_store_n(&p->magic, VGPU_SHM_MAGIC, __ATOMIC_RELEASE);
 }
 
+/* A forked child is a new process: it must never charge or credit its
+ * parent's slot (CUDA state does not survive fork anyway, so its allocations
+ * are refused). Dropping the slot at fork keeps getpid(), a syscall, off the
+ * allocation path. */
+static void forget_slot_in_child(void) { my_slot = -1; }
+
 /* Maps the accounting file ("" = a private region). 0, or -1 with cfg_err set. */
 static int shm_open_file(const char *path) {
     if (shm) return 0;
+    pthread_atfork(NULL, NULL, forget_slot_in_child);
     my_pid = getpid();
     my_pidns = pidns_inode();
     if (!*path) {
@@ -563,7 +570,7 @@ static int attach(void) {
 }
 
 static void detach(void) {
-    if (!shm || my_slot < 0 || getpid() != my_pid) return;
+    if (!shm || my_slot < 0) return;
     if (shm_lock() != 0) return;
     memset(&shm->slots[my_slot], 0, sizeof shm->slots[my_slot]);
     recompute();
@@ -622,7 +629,7 @@ static int over_cap(const struct ldev *ld, uint64_t bytes) {
 
 /* Charges bytes to the container (cap checked); 0 or -1 (over the cap). */
 static int charge(const struct ldev *ld, uint64_t bytes) {
-    if (my_slot < 0 || getpid() != my_pid || shm_lock() != 0) return -1;
+    if (my_slot < 0 || shm_lock() != 0) return -1;
     if (over_cap(ld, bytes)) {
         reap(); /* dead members' memory first */
         if (over_cap(ld, bytes)) {
@@ -639,7 +646,7 @@ static int charge(const struct ldev *ld, uint64_t bytes) {
 }
 
 static void credit(int e, uint64_t bytes) {
-    if (my_slot < 0 || getpid() != my_pid || shm_lock() != 0) return;
+    if (my_slot < 0 || shm_lock() != 0) return;
     uint64_t *mine = &shm->slots[my_slot].used[e];
     if (bytes > *mine) bytes = *mine; /* never below zero */
     *mine -= bytes;
@@ -1134,7 +1141,7 @@ static unsigned sm_of(const struct ldev *ld) {
 /* Debits ns of measured device time (0: none) and refills the bucket;
  * returns the container's tokens on ld's GPU afterwards. */
 static int64_t sm_account(const struct ldev *ld, unsigned pct, uint64_t ns, uint64_t nlaunch) {
-    if (my_slot < 0 || getpid() != my_pid || shm_lock() != 0) return 0;
+    if (my_slot < 0 || shm_lock() != 0) return 0;
     struct vgpu_shm_dev *d = &shm->devs[ld->e];
     uint64_t now = now_ns();
     if (!d->last_ns || now < d->last_ns) {

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -231,6 +232,18 @@ int main(int argc, char **argv) {
         } else if (!strcmp(c, "arraydestroy")) {
             r = narr ? adestroy(arrays[--narr]) : -1;
             printf("arraydestroy %d\n", r);
+        } else if (!strcmp(c, "forkchild")) { /* a child frees the last pointer, allocates, exits */
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                CUdeviceptr q = 0;
+                printf("childfree %d\n", nptr ? mfree(ptrs[nptr - 1]) : -1);
+                printf("childalloc %d\n", alloc(&q, 1 << 20));
+                exit(0); /* runs libvgpu's destructor in the child */
+            }
+            int status = 0;
+            waitpid(pid, &status, 0);
+            printf("forkchild %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
         } else if (!strcmp(c, "meminfo")) {
             size_t f = 0, t = 0;
             r = meminfo(&f, &t);
