@@ -53,14 +53,15 @@ def init_storm(env: dict[str, str], n: int = 64) -> list[float]:
     return [float(p.communicate()[0]) for p in procs]
 
 
-def sm_accuracy(driver: H.Driver, tmp: Path, window: float = 12.0, tag: str = "", **extra: str) -> dict[str, float]:
+def sm_accuracy(driver: H.Driver, tmp: Path, window: float = 12.0, tag: str = "",
+                extra: dict[str, str] | None = None) -> dict[str, float]:
     groups = {"s25": [("25", 25)], "s50": [("50", 50)], "s75": [("75", 75)], "split": [("30", 30), ("70", 70)]}
     procs = {}
     for state, members in groups.items():
         for label, pct in members:
             env = driver.env(tmp / f"sm{tag}-{state}", NVSIM_KERNEL_US="2000", CUDA_DEVICE_SM_LIMIT=str(pct),
                              CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"sm{tag}-cache-{label}"), LD_PRELOAD=str(H.LIB),
-                             **extra)
+                             **(extra or {}))
             procs[label] = (state, subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "launchfor", str(window + 3)],
                                                     env=env, stdout=subprocess.DEVNULL))
 
@@ -127,7 +128,7 @@ def main() -> None:
             say()
             say(f"SM share, {title}:")
             say("  greedy launch loop, 2 ms kernels, busy time from the mock's counters over 12 s; goal +-5 points")
-            got = sm_accuracy(driver, tmp, tag=tag, **extra)
+            got = sm_accuracy(driver, tmp, tag=tag, extra=extra)
             say(f"{'limit %':>8} {'measured %':>11} {'error (points)':>15}")
             for k in ("25", "50", "75"):
                 say(f"{k:>8} {got[k]:11.1f} {got[k] - int(k):15.1f}")
