@@ -7,8 +7,6 @@ where everything goes in the container. It never mounts or writes anything.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from nvctk import driver as nvdriver
 from nvctk import oci
 from nvctk.config import Config
 from nvctk.errors import DriverError, RequestError, SpecError
+from nvctk.mount import Root
 from nvctk.paths import require_vgpu_library
 from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
 from nvctk.request import Request, request_from_spec
@@ -52,74 +51,23 @@ class Selected:
         return self.mig.uuid if self.mig else self.gpu.uuid
 
 
-# --- safe look-ups inside the rootfs -----------------------------------------------------
-
-_SYS_OPENAT2 = 437
-_RESOLVE_NO_MAGICLINKS = 0x02
-_RESOLVE_IN_ROOT = 0x10
-_openat2_works: bool | None = None
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-def _openat2_in_root(root_fd: int, path: str) -> int | None:
-    """openat2(RESOLVE_IN_ROOT): symlinks resolve as if root_fd were /. None if the
-    kernel lacks openat2 (< 5.6); raises OSError for a missing path."""
-    global _openat2_works
-    if _openat2_works is False:
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
-    fd = libc.syscall(
-        ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(root_fd), ctypes.c_char_p(os.fsencode(path)),
-        ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
-    )
-    if fd < 0:
-        err = ctypes.get_errno()
-        if err in (errno.ENOSYS, errno.EPERM) and _openat2_works is None:
-            _openat2_works = False  # seccomp filters answer EPERM/ENOSYS
-            return None
-        raise OSError(err, os.strerror(err), path)
-    _openat2_works = True
-    return int(fd)
-
-
-def _walk_nofollow(root_fd: int, path: str) -> int:
-    """Fallback: open each component with O_NOFOLLOW; any symlink is refused."""
-    fd = os.dup(root_fd)
+def open_in_rootfs(rootfs: str, path: str, flags: int = os.O_PATH) -> int:
+    """An fd of `path` inside `rootfs`, resolved as if rootfs were / (never out of it)."""
     try:
-        for part in [p for p in path.split("/") if p and p != "."]:
-            if part == "..":
-                raise OSError(errno.EXDEV, "'..' in a rootfs path", path)
-            nfd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-            if stat.S_ISLNK(os.fstat(fd).st_mode):
-                raise OSError(errno.ELOOP, "symlink in a rootfs path", path)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+        root = Root(rootfs)
+    except OSError as e:
+        raise SpecError(f"rootfs {rootfs}: {e.strerror}")
+    with root:
+        return root.open(path, flags)
 
 
 def exists_in_rootfs(rootfs: str, path: str) -> bool:
     """Whether `path` exists inside `rootfs`, never following a link out of it."""
     try:
-        root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise SpecError(f"rootfs {rootfs}: {e.strerror}")
-    try:
-        fd = _openat2_in_root(root_fd, path)
-        if fd is None:
-            fd = _walk_nofollow(root_fd, path)
-        os.close(fd)
+        os.close(open_in_rootfs(rootfs, path))
         return True
     except OSError:
         return False
-    finally:
-        os.close(root_fd)
 
 
 def container_lib_dirs(rootfs: str | None) -> tuple[str, str]:

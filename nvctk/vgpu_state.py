@@ -63,28 +63,9 @@ def state_dir_for(config: Config, runtime_root: str | None, container_id: str) -
 
 
 # --- looking into the image (never following a link out of the rootfs) --------------------
-def _open_in_rootfs(rootfs: str, path: str, flags: int) -> int:
-    """An fd of rootfs/path opened with `flags`, resolved as if rootfs were /."""
-    try:
-        root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise SpecError(f"rootfs {rootfs}: {e.strerror}")
-    try:
-        fd = planner._openat2_in_root(root_fd, path)
-        if fd is None:
-            fd = planner._walk_nofollow(root_fd, path)
-    finally:
-        os.close(root_fd)
-    try:
-        # re-open the O_PATH fd for reading: the same inode, no path walk
-        return os.open(f"/proc/self/fd/{fd}", flags | os.O_CLOEXEC)
-    finally:
-        os.close(fd)
-
-
 def _list_in_rootfs(rootfs: str, path: str) -> list[str]:
     try:
-        fd = _open_in_rootfs(rootfs, path, os.O_RDONLY | os.O_DIRECTORY)
+        fd = planner.open_in_rootfs(rootfs, path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return []
     try:
@@ -122,7 +103,7 @@ def check_preloadable(rootfs: str, variable: str) -> None:
 def image_preload(rootfs: str) -> list[str]:
     """The entries of the image's own /etc/ld.so.preload ([] if it has none)."""
     try:
-        fd = _open_in_rootfs(rootfs, "/etc/ld.so.preload", os.O_RDONLY)
+        fd = planner.open_in_rootfs(rootfs, "/etc/ld.so.preload", os.O_RDONLY)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
             return []
