@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import textwrap
@@ -26,7 +25,8 @@ from typing import Any
 import pytest
 
 from nvctk.sim import build, state
-from nvctk.sim.topology import Topology, make_topology
+from nvctk.sim.topology import make_topology
+from support.devnodes import make_dev
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
@@ -138,24 +138,6 @@ class Sim:
             env.pop(k, None)
         env.update(extra or {})
         return env
-
-
-def make_node(path: Path, minor: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0:
-        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
-    else:  # the mocks only stat the nodes, so a plain file stands in
-        path.touch()
-
-
-def make_dev(path: Path, topo: Topology, gpus: list[int]) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    for g in topo.gpus:
-        if g.index in gpus:
-            make_node(path / f"nvidia{g.minor}", g.minor)
-            for m in g.mig_devices:
-                make_node(path / "nvidia-caps" / f"nvidia-cap{m.ci_cap_minor}", m.ci_cap_minor)
-    return path
 
 
 @pytest.fixture(scope="module")
