@@ -22,7 +22,7 @@ def info_dict(driver_root: str) -> dict[str, Any]:
     return out
 
 
-def _human(d: dict[str, Any]) -> str:
+def _human(d: dict[str, Any], list_files: bool) -> str:
     lines = [
         f"driver root:    {d['driver_root']}",
         f"driver version: {d['driver_version']}",
@@ -41,22 +41,22 @@ def _human(d: dict[str, Any]) -> str:
                 f"    MIG {g['index']}:{m['index']}: {m['profile']} ({m['uuid']}) "
                 f"GI {m['gpu_instance']} CI {m['compute_instance']}, {m['memory_mib']} MiB"
             )
-    lines.append("files:")
-    for cap, paths in d["files"].items():
+    lines.append("files:" + ("" if list_files else " (--files lists them)"))
+    for cap, paths in [*d["files"].items(), ("firmware", d["firmware"])]:
         lines.append(f"  {cap}: {len(paths)}")
-        lines += [f"    {p}" for p in paths]
-    lines.append(f"  firmware: {len(d['firmware'])}")
-    lines += [f"    {p}" for p in d["firmware"]]
+        if list_files:
+            lines += [f"    {p}" for p in paths]
     return "\n".join(lines)
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--files", "list_files", is_flag=True, help="list every driver file's path")
 @click.pass_context
-def info(ctx: click.Context, as_json: bool) -> None:
+def info(ctx: click.Context, as_json: bool, list_files: bool) -> None:
     """Show the host's NVIDIA driver, GPUs, MIG devices and driver files."""
     from nvctk.cli.main import load_config
 
     cfg = load_config(ctx)
     d = info_dict(cfg.driver_root)
-    click.echo(json.dumps(d, indent=2) if as_json else _human(d))
+    click.echo(json.dumps(d, indent=2) if as_json else _human(d, list_files))

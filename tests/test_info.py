@@ -206,6 +206,10 @@ def test_cli_info_human(sim_host: host.SimHost, run_nvctk: RunNvctk) -> None:
     assert f"driver version: {VER}" in r.stdout
     for g in sim_host.topology.gpus:
         assert g.uuid in r.stdout
+    libcuda = os.path.join(sim_host.lib_dir, f"libcuda.so.{VER}")
+    assert "  compute: " in r.stdout and libcuda not in r.stdout
+    r = run_nvctk("info", "--files", config=sim_host.config_path)
+    assert f"    {libcuda}" in r.stdout.splitlines()
 
 
 def test_cli_info_no_driver(tmp_path: Path, run_nvctk: RunNvctk) -> None:
