@@ -155,6 +155,13 @@ def root_path(spec: dict[str, Any], bundle: str) -> str:
     return os.path.normpath(os.path.join(bundle, path))
 
 
+def bundle_in_rootfs(bundle: str, rootfs: str) -> bool:
+    """Whether the bundle dir lies inside the rootfs (root.path "." or ".." of it):
+    the container could then rewrite config.json and nvctk's plan beside it."""
+    b, r = os.path.realpath(bundle), os.path.realpath(rootfs)
+    return b == r or b.startswith(r.rstrip("/") + "/")
+
+
 def spec_mounts(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in spec.get("mounts") or () if isinstance(m, dict)]
 

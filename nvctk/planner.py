@@ -279,10 +279,14 @@ def plan_mounts(
             out.append(Mount(host, _container_path_of_host(files, host), "socket",
                              read_only=False, noexec=True))
     if "compute" in caps:
+        # The container's CUDA_MPS_PIPE_DIRECTORY only says where the pipe dir appears
+        # inside it; the host side is always the host's pipe dir. A host path taken
+        # from the image's env would bind any host directory (/etc, /) writable.
         pipe = request.env.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_MPS_PIPE_DIR
-        if pipe.startswith("/"):
-            host_pipe = os.path.join(files.driver_root, pipe.lstrip("/"))
-            if os.path.isdir(host_pipe):
+        if pipe.startswith("/") and os.path.normpath(pipe) != "/":
+            host_pipe = os.path.join(files.driver_root, DEFAULT_MPS_PIPE_DIR.lstrip("/"))
+            # in the host's world-writable /tmp: never a link someone else planted
+            if os.path.isdir(host_pipe) and not os.path.islink(host_pipe):
                 out.append(Mount(host_pipe, pipe, "dir", read_only=False, noexec=True))
     for em in config.extra_mounts:
         kind: Literal["file", "dir"] = "file" if os.path.isfile(em.host_path) else "dir"

@@ -366,21 +366,36 @@ def _run_ldconfig(plan: Plan, root: m.Root, prep: _Prepared, log: HookLog) -> No
         os.close(r)
         _ldconfig_child(plan, root.path, root_st, prep.ldconfig, prep.devnull, w, log)
     os.close(w)
+    import select
+    import signal
+
     chunks = []
     deadline = time.monotonic() + LDCONFIG_TIMEOUT
+    timed_out = False
     try:
+        # never wait on the image for ever: an /etc/ld.so.conf that is a FIFO (or
+        # names one) blocks ldconfig without a byte of output
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                timed_out = True
+                break
             chunk = os.read(r, 65536)
             if not chunk:
                 break
             chunks.append(chunk)
-            if time.monotonic() > deadline:
-                break
     finally:
         os.close(r)
+    if timed_out:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     _, status = os.waitpid(pid, 0)
     out = b"".join(chunks).decode("utf-8", "replace").strip()
     code = os.waitstatus_to_exitcode(status)
+    if timed_out:
+        out = f"killed after {LDCONFIG_TIMEOUT:g}s" + (f"; {out}" if out else "")
     if code != 0:
         # a read-only rootfs, or an image without a writable /etc: the libraries are
         # mounted all the same; programs that dlopen by SONAME may not find them
@@ -543,6 +558,12 @@ def prestart(stdin_text: str | bytes, log_override: HookLog | None = None,
             raise SpecError(f"hook state on stdin: container {state.id} has no pid")
         spec = load_spec(state.bundle)
         rootfs = rootfs_path(state, spec)
+        from nvctk.oci import bundle_in_rootfs
+
+        if bundle_in_rootfs(state.bundle, rootfs):
+            # the container's own files would be the plan naming host paths to mount
+            raise SpecError(f"rootfs {rootfs} contains the bundle {state.bundle}: refusing to "
+                            f"trust {PLAN_FILE} there")
         plan = load_plan(state.bundle, spec, config)
         if plan is None:
             log.info(f"{state.id}: no GPU requested; nothing to do")

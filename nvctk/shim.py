@@ -21,7 +21,7 @@ from nvctk import oci, vgpu_state
 from nvctk import runc_argv as ra
 from nvctk.config import Config
 from nvctk.config import load as load_config
-from nvctk.errors import ConfigError, NvctkError
+from nvctk.errors import ConfigError, NvctkError, SpecError
 from nvctk.log import Logger, report_error
 from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
 from nvctk.planner import make_plan
@@ -89,6 +89,12 @@ def prepare_bundle(
         return Prepared(None)
     if config is None:
         raise config_error or ConfigError("nvctk config unavailable")
+    rootfs = oci.root_path(spec, bundle)
+    if oci.bundle_in_rootfs(bundle, rootfs):
+        # the hooks trust <bundle>/nvctk-plan.json (host paths to bind, a dir to delete)
+        raise SpecError(f"{oci.spec_path(bundle)}: root.path {rootfs} contains the bundle; a "
+                        "GPU container's rootfs must not hold its own bundle (it could rewrite "
+                        f"{PLAN_FILE})")
     plan = make_plan(spec, config, bundle=bundle, request=request, container_id=container_id,
                      runtime_root=runtime_root)
     if plan is None:  # pragma: no cover - request was not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -237,8 +238,20 @@ def _start_time(pid: int) -> int | None:
 def read_usage(path: str | os.PathLike[str]) -> dict[str, DeviceUsage]:
     """The container's usage per GPU UUID, counting only live processes (same
     pid namespace as the caller: pid + start time)."""
-    with open(path, "rb") as fh:
-        data = fh.read()
+    # The file sits in a directory the container can write: it may have been replaced
+    # by a link to a host file, a FIFO or a device node. Only a regular file is read,
+    # and only as much of it as the layout has.
+    pfd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(pfd).st_mode):
+            raise ValueError(f"{path}: not a libvgpu accounting file (not a regular file)")
+        fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    finally:
+        os.close(pfd)
+    try:
+        data = os.pread(fd, SHM_SIZE, 0)
+    finally:
+        os.close(fd)
     if len(data) < SHM_SIZE:
         raise ValueError(f"{path}: not a libvgpu accounting file")
     magic, version = struct.unpack_from("<II", data, 0)
@@ -256,7 +269,7 @@ def read_usage(path: str | os.PathLike[str]) -> dict[str, DeviceUsage]:
         uuid, _used, cap, sm, _pad, _tok, _last, busy, launches, _p2 = _DEV.unpack_from(
             data, DEVS_OFFSET + e * _DEV.size
         )
-        name = uuid.split(b"\0", 1)[0].decode()
+        name = uuid.split(b"\0", 1)[0].decode("utf-8", "replace")
         if name:
             out[name] = DeviceUsage(name, live[e], cap, sm, busy, launches)
     return out

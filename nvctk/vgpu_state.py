@@ -102,16 +102,31 @@ def check_preloadable(rootfs: str, variable: str) -> None:
 
 def image_preload(rootfs: str) -> list[str]:
     """The entries of the image's own /etc/ld.so.preload ([] if it has none)."""
+    # O_PATH first: opening the image's file for reading before knowing what it is
+    # would block on a FIFO (the create hangs) or open a device node the image
+    # ships (its major/minor are the host's drivers).
     try:
-        fd = planner.open_in_rootfs(rootfs, "/etc/ld.so.preload", os.O_RDONLY)
+        pfd = planner.open_in_rootfs(rootfs, "/etc/ld.so.preload", os.O_PATH)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
             return []
         raise SpecError(f"{rootfs}: /etc/ld.so.preload: {e.strerror}")
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(os.fstat(pfd).st_mode):
             raise SpecError(f"{rootfs}: /etc/ld.so.preload is not a regular file")
-        data = os.read(fd, MAX_PRELOAD_BYTES + 1)
+        try:
+            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as e:
+            raise SpecError(f"{rootfs}: /etc/ld.so.preload: {e.strerror}")
+    finally:
+        os.close(pfd)
+    try:
+        data = b""
+        while len(data) <= MAX_PRELOAD_BYTES:
+            chunk = os.read(fd, MAX_PRELOAD_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
     finally:
         os.close(fd)
     if len(data) > MAX_PRELOAD_BYTES:
@@ -157,7 +172,9 @@ def install(vgpu: VgpuPlan, limits: VgpuLimits, rootfs: str | None, config: Conf
     if not _under_state_dir(d, config):
         raise SpecError(f"vGPU state dir {d} is not directly under state-dir {config.state_dir}")
     entries = image_preload(rootfs) if rootfs else []
-    os.makedirs(os.path.dirname(d), 0o755, exist_ok=True)
+    # 0700: each container can write (and plant files in) its own dir, and the
+    # accounting file is 0666 for the container's users; no host user may reach them
+    os.makedirs(os.path.dirname(d), 0o700, exist_ok=True)
     remove_state_dir(d, config)  # a restarted container is a new set of processes
     os.mkdir(d, 0o755)
     try:

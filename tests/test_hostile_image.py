@@ -126,6 +126,17 @@ CASES: dict[str, tuple[Callable[[Path, Path], None], bool]] = {
 }
 
 
+def _poisoned(case: str) -> str:
+    """The image path a case turns into a link: a failure must be because of it."""
+    for prefix, path in (("libdir", f"/{LIB}"), ("bindir", "/usr/bin"), ("etc-", "/etc"),
+                         ("ld.so.preload", "/etc/ld.so.preload"),
+                         ("ld.so.cache", "/etc/ld.so.cache"), ("proc-driver", "/proc/driver"),
+                         ("firmware", "/lib/firmware")):
+        if case.startswith(prefix):
+            return path
+    raise AssertionError(case)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hostile_links_stay_inside(case: str, sim_host: SimHost, rootfs: Callable[..., str],
                                    canary: Path, tmp_path: Path, host_table: None,
@@ -146,7 +157,12 @@ def test_hostile_links_stay_inside(case: str, sim_host: SimHost, rootfs: Callabl
         r = run_hook(bundle, pid)
     print(case, r.returncode, r.stderr.strip())
     if r.returncode != 0:
+        # refusing is fine, but only because of the poisoned path (a hook that failed
+        # for any other reason would make the canary checks below prove nothing)
         assert r.returncode == 1 and r.stderr.startswith("nvctk-hook: step "), r.stderr
+        assert _poisoned(case) in r.stderr, r.stderr
+    else:
+        assert "prestart done" in bundle.log_text(), bundle.log_text()
     assert not os.path.exists(log), Path(log).read_text()  # nothing on the host loaded it
 
 
@@ -245,4 +261,7 @@ def test_runc_hostile_rshared(case: str, sim_host: SimHost, rootfs: Callable[...
     print(case, r.returncode, r.stderr.strip()[-300:])
     if r.returncode != 0:
         assert "nvctk-hook: step " in r.stderr, r.stderr + hook_log
+        assert _poisoned(case) in r.stderr, r.stderr + hook_log
+    else:
+        assert "prestart done" in hook_log, hook_log
     assert not os.path.exists(log)

@@ -81,9 +81,16 @@ def test_real_ldconfig_formats(lib_root: Path, fmt: str) -> None:
     assert _ldconfig_p(lib_root) == EXPECTED
 
 
-def test_compat_holds_both_tables(lib_root: Path) -> None:
-    data = _ldconfig(lib_root, "compat")
+def test_compat_is_read_through_its_new_table(lib_root: Path) -> None:
+    """A compat cache hides a whole new-format table after the old one: the parser
+    must read that one (it has the arch flags the loader uses), not the old table."""
+    data = bytearray(_ldconfig(lib_root, "compat"))
     assert data.find(ldcache.NEW_MAGIC) > 0
+    # blank the old table's entries (flags 0: not ELF): only the new table is left
+    (nlibs,) = struct.unpack_from("<I", data, len(ldcache.OLD_MAGIC) + 1)
+    start = len(ldcache.OLD_MAGIC) + 5
+    data[start:start + 12 * nlibs] = bytes(12 * nlibs)
+    assert {(e.name, e.path, e.arch) for e in ldcache.parse(bytes(data))} == EXPECTED
 
 
 def test_host_cache_matches_ldconfig_p() -> None:

@@ -126,15 +126,17 @@ def test_mounts_follow_capabilities(cfg: nvconfig.Config, host: HostInfo,
     extra = by["/run/nvidia-sim"]  # the sim's config carries an extra mount
     assert extra.kind == "dir"
     links = {s.container_path: s.target for s in p.symlinks}
-    if any(n.startswith("libGLX_nvidia.so.") for n in map(os.path.basename, by)):
-        assert links[f"{p.lib_dir}/libGLX_indirect.so.0"] == f"libGLX_nvidia.so.{host.driver_version}"
-    if f"{p.lib_dir}/libcuda.so.{host.driver_version}" in by:
-        assert links[f"{p.lib_dir}/libcuda.so"] == "libcuda.so.1"
+    # the sim has every capability's libraries: both links are always planned
+    assert f"{p.lib_dir}/libGLX_nvidia.so.{host.driver_version}" in by
+    assert links[f"{p.lib_dir}/libGLX_indirect.so.0"] == f"libGLX_nvidia.so.{host.driver_version}"
+    assert f"{p.lib_dir}/libcuda.so.{host.driver_version}" in by
+    assert links[f"{p.lib_dir}/libcuda.so"] == "libcuda.so.1"
     assert p.ldconfig == cfg.ldconfig and p.env == {} and p.vgpu is None
 
 
 def test_mps_pipe_dir(cfg: nvconfig.Config, host: HostInfo, sim_host: SimHost) -> None:
-    pipe = os.path.join(sim_host.root, "tmp/test-mps")
+    # the host side is always the host's /tmp/nvidia-mps; the variable names the container side
+    pipe = os.path.join(sim_host.root, "tmp/nvidia-mps")
     os.makedirs(pipe, exist_ok=True)
     try:
         p = plan(cfg, host, {NVD: "0", "CUDA_MPS_PIPE_DIRECTORY": "/tmp/test-mps"})
@@ -189,8 +191,7 @@ def test_mig(sim_host_mig: SimHost) -> None:
     cfg = nvconfig.load(sim_host_mig.config_path)
     host = query_host(sim_host_mig.root)
     g0 = host.gpus[0]
-    if not g0.mig_devices:
-        pytest.skip("NVML of the simulated host reports no MIG devices yet")
+    assert len(g0.mig_devices) == 3, g0  # MIG_LAYOUT in conftest
     topo = {m.uuid: m for m in sim_host_mig.topology.gpus[0].mig_devices}
     m1 = g0.mig_devices[1]
     for ident in (m1.uuid, m1.uuid.lower(), "0:1"):

@@ -128,20 +128,23 @@ def test_caps_logged_per_step_at_debug(setup: Callable[..., tuple[Bundle, str]])
     assert "no_new_privs=1" in log
 
 
-def test_missing_libcuda_fails_naming_it(setup: Callable[..., tuple[Bundle, str]],
-                                        sim_host: SimHost, host_table: None) -> None:
+@pytest.mark.parametrize(("lib", "cap"), [("libcuda", "compute"), ("libnvidia-ml", "utility")])
+def test_missing_required_library_fails_naming_it(setup: Callable[..., tuple[Bundle, str]],
+                                                  sim_host: SimHost, host_table: None,
+                                                  lib: str, cap: str) -> None:
     bundle, root = setup()
     plan_path = os.path.join(bundle.path, "nvctk-plan.json")
     d = json.loads(Path(plan_path).read_text())
     for m in d["mounts"]:
-        if os.path.basename(m["host_path"]).startswith("libcuda.so"):
+        if os.path.basename(m["host_path"]).startswith(f"{lib}.so"):
             m["host_path"] = "/nonexistent/driver/" + os.path.basename(m["host_path"])
     Path(plan_path).write_text(json.dumps(d))
     with fake_container() as pid:
         r = run_hook(bundle, pid)
         assert r.returncode == 1
-        assert r.stderr.startswith("nvctk-hook: step open: /nonexistent/driver/libcuda.so.")
-        assert "compute" in r.stderr
+        assert r.stderr.startswith(f"nvctk-hook: step open: /nonexistent/driver/{lib}.so."), \
+            r.stderr
+        assert cap in r.stderr
         assert mounts_under(pid, root) == {}
 
 

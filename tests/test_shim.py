@@ -271,8 +271,16 @@ def test_passthrough_with_broken_config(env: Env) -> None:
     assert r.returncode == 0 and r.stderr == ""
     assert env.recorded() == argv
     env.config.write_text("runtimes = [\n")  # unreadable even for the real parser
-    r = env.run(*argv)
-    assert r.returncode != 0 or r.stdout  # defaults apply: the real runc ran
+    env.record.unlink()
+    # defaults apply: the first of ("runc", "crun") on PATH runs, here a recording "runc"
+    runc_dir = env.tmp / "pathbin"
+    runc_dir.mkdir()
+    (runc_dir / "runc").symlink_to(env.fake)
+    r = subprocess.run([RUNTIME, *argv], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "NVCTK_CONFIG": str(env.config),
+                            "PATH": f"{runc_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"})
+    assert r.returncode == 0, r.stderr
+    assert env.recorded() == argv
     assert "nvctk" not in r.stderr  # never a warning on stderr (go-runc merges it into stdout)
 
 
