@@ -70,7 +70,9 @@ def image_rootfs(tmp_path_factory: pytest.TempPathFactory, sim: SimHost) -> str:
 
 def ctr_run(ctd: Containerd, rootfs: str, env: list[str], *cmd: str):
     cid = f"nvctk-ctr-{os.getpid()}-{next(_ids)}"
-    args = ["run", "--rm", "--runc-binary", RUNTIME]
+    # runc's state and the I/O fifos under the test's own dir, not /run/containerd
+    args = ["run", "--rm", "--runc-binary", RUNTIME, "--runc-root", str(ctd.dir / "runc"),
+            "--fifo-dir", str(ctd.dir / "fifo")]
     # without an image there is no image config, hence no PATH
     for e in ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *env]:
         args += ["--env", e]
