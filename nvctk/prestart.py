@@ -216,6 +216,17 @@ class _Prepared:
 VGPU_FILES = ("limits", "ld.so.preload", "cache")  # written by the shim (nvctk.vgpu_state)
 
 
+def _is_own_tmpfs(path: str, st: os.stat_result) -> bool:
+    """path (lstat st) is the root of a tmpfs: a file system apart from its parent's."""
+    if os.lstat(os.path.dirname(path)).st_dev == st.st_dev:
+        return False
+    fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return m.fstatfs_type(fd) == m.TMPFS_MAGIC
+    finally:
+        os.close(fd)
+
+
 def _vgpu_mounts(plan: Plan, log: HookLog) -> list[Mount]:
     """libvgpu.so, /etc/ld.so.preload naming it, the accounting dir with its limits
     file bound read-only on top. The shim made the dir; a missing piece fails the
@@ -227,6 +238,10 @@ def _vgpu_mounts(plan: Plan, log: HookLog) -> list[Mount]:
         st = os.lstat(v.state_dir)
         if not stat.S_ISDIR(st.st_mode):
             raise MountError(f"step open: {v.state_dir}: the vGPU state dir is not a directory")
+        if not _is_own_tmpfs(v.state_dir, st):
+            # the container writes there: never a directory of the host's file system
+            raise MountError(f"step open: {v.state_dir}: the vGPU state dir is not a tmpfs of "
+                             "its own (nvctk-runtime mounts one at create)")
         for name in VGPU_FILES:
             if not stat.S_ISREG(os.lstat(os.path.join(v.state_dir, name)).st_mode):
                 raise MountError(f"step open: {v.state_dir}/{name}: not a regular file")

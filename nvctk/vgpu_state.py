@@ -1,15 +1,20 @@
 """A vGPU container's host-side state: its accounting directory and the checks
 that decide whether libvgpu can be installed at all.
 
-    <state-dir>/<key16>-<id>/       one per container, recreated on every create
+    <state-dir>/<key16>-<id>/       one per container, recreated on every create; its
+                                     own small tmpfs (TMPFS_SIZE), so what the container
+                                     writes there never fills the host's /run
         limits                       the validated limits (0444; libvgpu/README.md)
         ld.so.preload                libvgpu's container path + the image's own lines
         cache                        the accounting file (libvgpu maps it)
 
 The key is sha256 of (runtime --root, container id): equal ids under different
 runc roots (containerd namespaces use /run/containerd/runc/<ns>) never collide.
-The shim creates the directory (`install`); `nvctk-hook poststop` removes it
-(`poststop`), and only ever a directory directly below the configured state dir.
+The shim creates the directory and mounts the tmpfs on it (`install`);
+`nvctk-hook poststop` detaches the tmpfs and removes the directory (`poststop`), and
+only ever a directory directly below the configured state dir. The tmpfs is made
+private: the hook's clone of it (open_tree, not recursive) is then no peer of it,
+so nothing mounted on the clone inside the container comes back to the host.
 The prestart hook mounts it at nvctk.vgpu.VGPU_DIR with the limits file bound
 read-only on top, the library, and the preload file over /etc/ld.so.preload.
 """
@@ -23,11 +28,11 @@ import re
 import stat
 from typing import IO
 
-from nvctk import planner
+from nvctk import mount, planner
 from nvctk.config import Config
 from nvctk.errors import NvctkError, RequestError, SpecError
 from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
-from nvctk.vgpu import VgpuLimits, write_limits_file
+from nvctk.vgpu import SHM_SIZE, VgpuLimits, write_limits_file
 
 CONTAINER_LIBRARY = "/run/nvctk/libvgpu.so"  # where libvgpu.so is mounted inside
 PRELOAD_NAME = "ld.so.preload"
@@ -35,6 +40,18 @@ LIMITS_NAME = "limits"
 CACHE_NAME = "cache"
 DEFAULT_RUNTIME_ROOT = "/run/runc"
 MAX_PRELOAD_BYTES = 64 * 1024
+
+# The per-container tmpfs: the accounting file (libvgpu sizes it to SHM_SIZE), the
+# limits and preload files, with headroom; a few inodes (each costs kernel memory).
+_MIB = 1 << 20
+TMPFS_SIZE = max(_MIB, -(-2 * (SHM_SIZE + MAX_PRELOAD_BYTES) // _MIB) * _MIB)
+TMPFS_INODES = 64
+# 0755: non-root processes of the container reach the 0666 cache through the bind
+# mount; host users cannot, the state dir above is 0700
+TMPFS_OPTIONS = {"source": "nvctk-vgpu", "size": str(TMPFS_SIZE),
+                 "nr_inodes": str(TMPFS_INODES), "mode": "0755"}
+TMPFS_ATTRS = mount.MOUNT_ATTR_NOSUID | mount.MOUNT_ATTR_NODEV | mount.MOUNT_ATTR_NOEXEC
+_MAX_STACKED = 64  # mounts detached from one state dir before giving up
 
 GLIBC_LOADERS = ("/lib64/ld-linux-x86-64.so.2",)  # plus /lib/ld-linux-*.so*
 _GLIBC_LIB_RE = re.compile(r"ld-linux(-[A-Za-z0-9_-]+)?\.so(\.[0-9]+)*")
@@ -150,7 +167,8 @@ def _under_state_dir(path: str, config: Config) -> bool:
 
 
 def remove_state_dir(path: str, config: Config) -> bool:
-    """rm -rf a container's state dir; only a <key>-<id> dir directly under state-dir."""
+    """Detach the tmpfs (if mounted) and rm -rf a container's state dir; only a
+    <key>-<id> dir directly under state-dir."""
     if not _under_state_dir(path, config):
         raise SpecError(f"refusing to remove {path}: not a vGPU state dir under {config.state_dir}")
     try:
@@ -160,14 +178,50 @@ def remove_state_dir(path: str, config: Config) -> bool:
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
         return True
+    detach_mounts(path)
     import shutil  # not at the top: it costs every create 3-9 ms (bz2, lzma, fnmatch)
 
     shutil.rmtree(path)
     return True
 
 
+def detach_mounts(path: str) -> int:
+    """umount2(MNT_DETACH) whatever is mounted on path (ours, or the stale ones of a
+    crashed container, stacked); returns how many. Never follows a link."""
+    for n in range(_MAX_STACKED + 1):
+        try:
+            mount.umount2(path, mount.MNT_DETACH | mount.UMOUNT_NOFOLLOW)
+        except OSError as e:
+            if e.errno in (errno.EINVAL, errno.ENOENT):  # not (or no longer) a mount point
+                return n
+            raise NvctkError(f"vGPU state dir {path}: cannot detach its tmpfs: {e.strerror}")
+    raise NvctkError(f"vGPU state dir {path}: more than {_MAX_STACKED} mounts stacked on it")
+
+
+def _mount_tmpfs(path: str) -> None:
+    """Mount the container's own tmpfs on the fresh (empty) dir path, private."""
+    try:
+        fd = mount.fsmount_tmpfs(TMPFS_OPTIONS, TMPFS_ATTRS)
+    except OSError as e:
+        raise NvctkError(f"vGPU state dir {path}: cannot make its tmpfs: {e.strerror}")
+    try:
+        dest = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            mount.move_mount(fd, dest)
+        finally:
+            os.close(dest)
+        # attached under a shared mount (/run on systemd hosts) it is shared too: private,
+        # so that the hook's clone is no peer of it
+        mount.mount_setattr(fd, propagation=mount.MS_PRIVATE)
+    except OSError as e:
+        raise NvctkError(f"vGPU state dir {path}: cannot mount its tmpfs: {e.strerror}")
+    finally:
+        os.close(fd)
+
+
 def install(vgpu: VgpuPlan, limits: VgpuLimits, rootfs: str | None, config: Config) -> None:
-    """(Re)create the container's state dir: limits, ld.so.preload, an empty cache."""
+    """(Re)create the container's state dir, a tmpfs of its own: limits,
+    ld.so.preload, an empty cache."""
     d = vgpu.state_dir
     if not _under_state_dir(d, config):
         raise SpecError(f"vGPU state dir {d} is not directly under state-dir {config.state_dir}")
@@ -176,19 +230,18 @@ def install(vgpu: VgpuPlan, limits: VgpuLimits, rootfs: str | None, config: Conf
     # accounting file is 0666 for the container's users; no host user may reach them
     os.makedirs(os.path.dirname(d), 0o700, exist_ok=True)
     remove_state_dir(d, config)  # a restarted container is a new set of processes
-    os.mkdir(d, 0o755)
+    os.mkdir(d, 0o700)
     try:
-        os.chmod(d, 0o755)
+        # every file goes onto the bounded tmpfs (its root is 0755, TMPFS_OPTIONS)
+        _mount_tmpfs(d)
         write_limits_file(os.path.join(d, LIMITS_NAME), limits,
                           os.path.join(vgpu.container_state_dir, CACHE_NAME))
         _write(os.path.join(d, PRELOAD_NAME), preload_text(vgpu.container_library, entries), 0o644)
         # empty: libvgpu sizes and initialises it; 0666 so a non-root process may map it
         _write(os.path.join(d, CACHE_NAME), "", 0o666)
     except BaseException:
-        import shutil
-
-        with contextlib.suppress(OSError):
-            shutil.rmtree(d)
+        with contextlib.suppress(OSError, NvctkError):
+            remove_state_dir(d, config)
         raise
 
 

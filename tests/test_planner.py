@@ -100,6 +100,31 @@ def test_node_numbers_from_host(cfg: nvconfig.Config, host: HostInfo, sim_host: 
     assert by["/dev/nvidia0"].host_path == os.path.join(sim_host.root, "dev/nvidia0")
 
 
+@pytest.mark.parametrize(
+    "caps,modeset",
+    [
+        ("display", True),
+        ("compute,display", True),
+        ("all", True),
+        ("graphics", False),
+        ("utility", False),
+        ("compute", False),
+        ("compute,utility,video,graphics,ngx,compat32", False),  # all but display
+        (None, False),  # unset: utility,compute
+    ],
+)
+def test_modeset_node_iff_display(cfg: nvconfig.Config, host: HostInfo, caps: str | None,
+                                  modeset: bool) -> None:
+    """/dev/nvidia-modeset is planned where the display capability is asked
+    for (`all` included), and nowhere else."""
+    env = {NVD: "0"}
+    if caps is not None:
+        env["NVIDIA_DRIVER_CAPABILITIES"] = caps
+    p = plan(cfg, host, env)
+    assert ("/dev/nvidia-modeset" in nodes(p)) is modeset, (caps, nodes(p))
+    assert "/dev/nvidia0" in nodes(p)  # the GPU itself either way
+
+
 def test_utility_only(cfg: nvconfig.Config, host: HostInfo) -> None:
     p = plan(cfg, host, {NVD: "0", "NVIDIA_DRIVER_CAPABILITIES": "utility"})
     assert nodes(p) == ["/dev/nvidiactl", "/dev/nvidia0"]  # no uvm without compute/video

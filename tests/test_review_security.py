@@ -251,9 +251,12 @@ def test_new_state_dir_is_root_only(tmp_path: Path) -> None:
     d = vgpu_state.state_dir_for(cfg, "/r", "cid")
     v = VgpuPlan(str(lib), vgpu_state.CONTAINER_LIBRARY, d, vgpu.VGPU_DIR, {})
     vgpu_state.install(v, VgpuLimits(memory=(1 << 30,), sm=(0,)), None, cfg)
-    assert stat.S_IMODE(os.stat(top).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(d).st_mode) == 0o755  # reached through its bind mount
-    assert stat.S_IMODE(os.stat(os.path.join(d, "cache")).st_mode) == 0o666
+    try:
+        assert stat.S_IMODE(os.stat(top).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o755  # reached through its bind mount
+        assert stat.S_IMODE(os.stat(os.path.join(d, "cache")).st_mode) == 0o666
+    finally:
+        vgpu_state.remove_state_dir(d, cfg)  # its tmpfs too
 
 
 def test_poststop_never_leaves_state_dir(tmp_path: Path) -> None:

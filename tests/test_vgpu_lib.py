@@ -129,6 +129,74 @@ def test_forked_child_cannot_touch_its_parents_usage(env: dict[str, str]) -> Non
     assert after_free == before + 100 * MIB
 
 
+def test_bad_frees_never_credit(env: dict[str, str], tmp_path: Path) -> None:
+    """No underflow, ever: a double free (sync and async), a free of an unknown
+    or an interior pointer, destroying an unknown or already destroyed array, a
+    double VMM release, a double context destroy and one primary-context release
+    too many credit nothing. The container's usage (this process's and a
+    neighbour's) stays exact and never wraps."""
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = "1g"
+    cap = 1024 * MIB
+    pre = {**env, "LD_PRELOAD": str(H.LIB)}
+    holder = subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "alloc", str(256 * MIB), "wait"], env=pre,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    abuser = None
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        while "ready" not in holder.stdout.readline():
+            pass
+        neighbour = RESERVE + 256 * MIB
+        bad = [
+            "freelast", "freeasynclast",  # the 50 MiB pointer again: double frees
+            "drop", "freeoff", "4096",  # an interior pointer of the 100 MiB one
+            "freeraw", "0x1234", "freeasyncraw", "0x1234", "freeraw", "0", "freeasyncraw", "0", "meminfo",
+            "array", "1024", "1024", "arraydestroylast", "arraydestroylast",
+            "arraydestroyraw", "0x1234", "arraydestroyraw", "0", "meminfo",
+            "vmm", str(8 * MIB), "vmmreleaselast", "vmmreleaselast", "meminfo",
+            "ctxcreate", "0", "ctxdestroy", "ctxdestroy", "ctx", "0", "meminfo",
+        ]
+        args = ["init", "ctx", "0", "alloc", str(100 * MIB), "alloc", str(50 * MIB), "meminfo", "freelast",
+                "meminfo", *bad, "wait", "free", "release", "release", "release", "nvmlmem", "0"]
+        abuser = subprocess.Popen([str(H.PROBE), *args], env=pre, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        assert abuser.stdout is not None
+        head = ""
+        while not head.endswith("ready 0\n"):
+            line = abuser.stdout.readline()
+            assert line, head  # it exited early
+            head += line
+        # mid-run, from the accounting file: both processes' usage, exactly
+        assert sum(u.used for u in vgpu.read_usage(tmp_path / "cache").values()) == neighbour + RESERVE + 100 * MIB
+        tail, _ = abuser.communicate("\n", timeout=30)
+        assert abuser.returncode == 0, head + tail
+        r = H.parse(head + tail)
+        # the driver refused every bad call (freeing 0 is its documented no-op)
+        assert r["freelast"] == [["0"], ["1"]] and r["freeasynclast"][0][0] != "0"
+        assert r["freeoff"][0][0] != "0"
+        assert [x[0] != "0" for x in r["freeraw"]] == [True, False]
+        assert all(x[0] != "0" for x in r["freeasyncraw"] + r["arraydestroyraw"])
+        assert r["arraydestroylast"][0][0] == "0" and r["arraydestroylast"][1][0] != "0"
+        assert r["vmmreleaselast"][0][0] == "0" and r["vmmreleaselast"][1][0] != "0"
+        assert r["ctxdestroy"][0][0] == "0" and r["ctxdestroy"][1][0] != "0"
+        assert [x[0] != "0" for x in r["release"]] == [False, False, True]  # "ctx" twice: two retains
+        free = [int(m[1]) for m in r["meminfo"]]
+        assert free[0] == cap - neighbour - RESERVE - 150 * MIB
+        assert free[1:] == [cap - neighbour - RESERVE - 100 * MIB] * (len(free) - 1), free
+        # after the real free and the last release only the neighbour's usage is left
+        rc, total, used, nfree, _t2, used2 = map(int, r["nvmlmem"][0])
+        assert (rc, total, used, nfree, used2) == (0, cap, neighbour, cap - neighbour, neighbour)
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait(timeout=30) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+        if abuser is not None:
+            abuser.kill()
+            abuser.wait()
+    assert sum(u.used for u in vgpu.read_usage(tmp_path / "cache").values()) == 0
+
+
 def test_queries_report_the_cap(env: dict[str, str], driver: H.Driver) -> None:
     env["CUDA_DEVICE_MEMORY_LIMIT"] = "1.5g"
     cap = 1536 * MIB

@@ -10,6 +10,8 @@ sharing it, env escapes that get nothing, and neighbours on one simulated GPU.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -24,8 +26,8 @@ from typing import Any
 import pytest
 
 from nvctk import config as nvconfig
-from nvctk import vgpu, vgpu_state
-from nvctk.errors import RequestError
+from nvctk import mount, oci, vgpu, vgpu_state
+from nvctk.errors import NvctkError, RequestError
 from nvctk.plan import PLAN_FILE, Plan
 from nvctk.shim import Prepared, prepare_bundle
 from nvctk.sim import host
@@ -119,6 +121,21 @@ def env_of(spec: dict[str, Any]) -> dict[str, str]:
     return dict(e.partition("=")[::2] for e in spec["process"]["env"])
 
 
+def mounts_at(path: str | Path) -> list[mount.MountInfo]:
+    """The host's mounts on path (a state dir: its tmpfs, or none)."""
+    return [i for i in mount.read_mountinfo() if i.mount_point == str(path)]
+
+
+def mounts_under(top: str | Path) -> list[mount.MountInfo]:
+    return [i for i in mount.read_mountinfo() if i.mount_point.startswith(f"{top}/")]
+
+
+def cleanup_state(config: nvconfig.Config, d: str | Path) -> None:
+    """What poststop does (the tmpfs, then the dir), for a test that ran no poststop."""
+    with contextlib.suppress(OSError, NvctkError):
+        vgpu_state.remove_state_dir(str(d), config)
+
+
 # --- validation at create ---------------------------------------------------------------------
 @pytest.mark.parametrize(("env", "gpu", "culprit"), [
     ({MEM: "12x"}, "0", f"{MEM}='12x': not a memory size"),
@@ -188,7 +205,11 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         assert p1.vgpu.state_dir == str(d)
         first = spec_of(b)
         (d / "stale").write_text("from the previous run")
+        assert len(mounts_at(d)) == 1
+        # a second create without poststop (a crashed container): the stale tmpfs is
+        # detached, a fresh one mounted
         p2 = prep(b, config, "box", "/tmp/rr").plan
+        assert [i.fstype for i in mounts_at(d)] == ["tmpfs"]
         assert p2 == p1
         spec = spec_of(b)
         assert spec == first  # a second create changes nothing
@@ -210,8 +231,65 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         assert (d / "cache").stat().st_size == 0
         # the image's own file was never touched
         assert (b / "rootfs/etc/ld.so.preload").read_text() == "/usr/lib/libimage.so\n# x\n"
+        # its own small tmpfs: nosuid, nodev, noexec, bounded, private
+        info = os.statvfs(d)
+        assert info.f_blocks * info.f_frsize == vgpu_state.TMPFS_SIZE
+        assert vgpu.SHM_SIZE * 2 <= vgpu_state.TMPFS_SIZE <= 2 * MIB
+        assert info.f_flag & (os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC) == (
+            os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC)
+        assert not mounts_at(d)[0].shared
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        cleanup_state(config, d)
+    assert not mounts_at(d) and not d.exists()
+
+
+def test_stacked_stale_mounts_are_all_detached(bundles: Bundles,
+                                               config: nvconfig.Config) -> None:
+    b = bundles.make({MEM: "256m"})
+    d = Path(vgpu_state.state_dir_for(config, "/tmp/st", "stack"))
+    try:
+        prep(b, config, "stack", "/tmp/st")
+        # somebody mounted over it again (or a crash left more than one)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "stale", str(d)], check=True)
+        assert len(mounts_at(d)) == 2
+        prep(b, config, "stack", "/tmp/st")
+        assert len(mounts_at(d)) == 1 and (d / "limits").exists()
+    finally:
+        cleanup_state(config, d)
+    assert not mounts_at(d) and not d.exists()
+
+
+def test_shim_failure_after_install_leaves_no_mount(bundles: Bundles, config: nvconfig.Config,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    b = bundles.make({MEM: "256m"})
+    d = vgpu_state.state_dir_for(config, "/tmp/sf", "fail")
+    before = (b / "config.json").read_bytes()
+
+    def no_spec(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    try:
+        with monkeypatch.context() as mp:  # the spec cannot be written: after install
+            mp.setattr(oci, "save_spec", no_spec)
+            with pytest.raises(OSError, match="No space"):
+                prep(b, config, "fail", "/tmp/sf")
+        assert not mounts_at(d) and not os.path.exists(d)
+        assert (b / "config.json").read_bytes() == before
+
+        real_write = vgpu_state._write
+
+        def half_write(path: str, text: str, mode: int) -> None:
+            if path.endswith("/cache"):
+                raise OSError(errno.EIO, "I/O error")
+            real_write(path, text, mode)
+
+        with monkeypatch.context() as mp:  # install itself fails with its tmpfs mounted
+            mp.setattr(vgpu_state, "_write", half_write)
+            with pytest.raises(OSError, match="I/O error"):
+                prep(b, config, "fail", "/tmp/sf")
+        assert not mounts_at(d) and not os.path.exists(d)
+    finally:
+        cleanup_state(config, d)
 
 
 def test_image_preload_never_leaves_the_rootfs(bundles: Bundles, tmp_path: Path) -> None:
@@ -223,6 +301,31 @@ def test_image_preload_never_leaves_the_rootfs(bundles: Bundles, tmp_path: Path)
     (b / "rootfs/etc/ld.so.preload").unlink()
     (b / "rootfs/etc/ld.so.preload").symlink_to("../../../../../../.." + str(secret))
     assert vgpu_state.image_preload(str(b / "rootfs")) == []
+
+
+def test_hook_refuses_a_state_dir_without_its_tmpfs(bundles: Bundles, config: nvconfig.Config,
+                                                    tmp_path: Path) -> None:
+    """The hook never binds a directory of the host's file system writable into a container."""
+    from nvctk import prestart
+    from nvctk.errors import MountError
+
+    b = bundles.make({MEM: "256m"})
+    plan = prep(b, config, "plain-dir", "/tmp/pd").plan
+    assert plan is not None and plan.vgpu is not None
+    d = plan.vgpu.state_dir
+    log = prestart.HookLog(str(tmp_path / "hook.log"))
+    try:
+        assert len(prestart._vgpu_mounts(plan, log)) == 4
+        saved = {n: Path(d, n).read_bytes() for n in prestart.VGPU_FILES}
+        assert vgpu_state.detach_mounts(d) == 1
+        for n, data in saved.items():  # the same files, on the host's file system
+            Path(d, n).write_bytes(data)
+        with pytest.raises(MountError, match="not a tmpfs of its own"):
+            prestart._vgpu_mounts(plan, log)
+    finally:
+        log.close()
+        cleanup_state(config, d)
+    assert not os.path.exists(d)
 
 
 def _poststop(b: Path, sim: host.SimHost, cid: str = "box") -> subprocess.CompletedProcess[str]:
@@ -237,10 +340,10 @@ def test_poststop_removes_only_the_state_dir(bundles: Bundles, sim: host.SimHost
     plan = prep(b, config, "box", "/tmp/pp").plan
     assert plan is not None and plan.vgpu is not None
     d = Path(plan.vgpu.state_dir)
-    assert (d / "limits").exists()
+    assert (d / "limits").exists() and len(mounts_at(d)) == 1
     r = _poststop(b, sim)
     assert r.returncode == 0, r.stderr
-    assert not d.exists()
+    assert not d.exists() and not mounts_at(d)
     assert _poststop(b, sim).returncode == 0  # again: nothing left, still fine
 
     # a plan naming anything but a state dir under state-dir is refused
@@ -336,8 +439,8 @@ def runc(tmp_path: Path, sim: host.SimHost) -> Iterator[Runc]:
         subprocess.run(["runc", "--root", str(r.root), "delete", "--force", cid],
                        capture_output=True)
     for cid in r.ids:  # poststop ran for every container that got as far as runc
-        d = vgpu_state.state_dir_for(nvconfig.load(sim.config_path), str(r.root), cid)
-        shutil.rmtree(d, ignore_errors=True)
+        cfg = nvconfig.load(sim.config_path)
+        cleanup_state(cfg, vgpu_state.state_dir_for(cfg, str(r.root), cid))
 
 
 def lines(out: str, prefix: str) -> list[str]:
@@ -396,6 +499,69 @@ kill $holder
     assert lines(out, "small:") == ["small: alloc 64 MiB: OK"]
     # poststop removed the accounting dir
     assert not os.path.exists(vgpu_state.state_dir_for(config, str(runc.root), runc.ids[-1]))
+
+
+@pytest.mark.slow
+def test_accounting_dir_is_a_bounded_tmpfs(runc: Runc, bundles: Bundles,
+                                           config: nvconfig.Config) -> None:
+    """A container cannot fill the host's /run through its writable accounting dir."""
+    script = """
+dd if=/dev/zero of=/run/nvctk/vgpu/fill bs=1M count=64 2>/tmp/dd.err \
+  && echo "dd: OK" || echo "dd: FAILED $(grep -o 'No space left on device' /tmp/dd.err)"
+echo "fill: $(stat -c %s /run/nvctk/vgpu/fill)"
+i=0; while [ $i -lt 100 ] && touch /run/nvctk/vgpu/f$i 2>/dev/null; do i=$((i+1)); done
+echo "files: $i"
+rm -f /run/nvctk/vgpu/fill /run/nvctk/vgpu/f*
+cuda-vectoradd --alloc-mib 600 | sed 's/^/big: /'
+cuda-vectoradd --alloc-mib 400 | sed 's/^/fits: /'
+"""
+    b = bundles.make({MEM: "512m"}, script)
+    free_before = os.statvfs(config.state_dir) if os.path.isdir(config.state_dir) else None
+    r = runc.run(b)
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    assert lines(out, "dd:") == ["dd: FAILED No space left on device"], out
+    (filled,) = lines(out, "fill:")
+    assert int(filled.split()[1]) <= vgpu_state.TMPFS_SIZE
+    (files,) = lines(out, "files:")
+    assert int(files.split()[1]) < vgpu_state.TMPFS_INODES
+    # still capped after its dir was full
+    assert lines(out, "big:") == ["big: alloc 600 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY (2)"]
+    assert lines(out, "fits:") == ["fits: alloc 400 MiB: OK"]
+    if free_before is not None:  # the host's file system under state-dir lost nothing
+        after = os.statvfs(config.state_dir)
+        assert abs(after.f_bavail - free_before.f_bavail) * after.f_frsize < 16 * MIB
+    # poststop: the tmpfs is gone from the host, and the dir with it
+    d = vgpu_state.state_dir_for(config, str(runc.root), runc.ids[-1])
+    assert not mounts_at(d) and not os.path.exists(d)
+    assert not mounts_under(config.state_dir)
+
+
+@pytest.mark.slow
+def test_state_dir_under_a_shared_mount(runc: Runc, bundles: Bundles, sim: host.SimHost,
+                                        config: nvconfig.Config) -> None:
+    """/run is shared on systemd hosts: nothing mounted in the container (the limits file
+    on the accounting dir) propagates back, and nothing stays mounted afterwards."""
+    top = config.state_dir
+    os.makedirs(top, 0o700, exist_ok=True)
+    subprocess.run(["mount", "--bind", top, top], check=True)
+    try:
+        subprocess.run(["mount", "--make-shared", top], check=True)
+        assert mounts_at(top)[-1].shared
+        b = bundles.make({MEM: "512m"}, "echo started; sleep 600")
+        cid, p = runc.start(b)
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "started"
+        try:
+            d = vgpu_state.state_dir_for(config, str(runc.root), cid)
+            under = mounts_under(top)
+            assert [(i.mount_point, i.fstype) for i in under] == [(d, "tmpfs")], under
+            assert not under[0].shared
+        finally:
+            _stop(runc, cid, p)
+        assert not mounts_under(top) and not os.path.exists(d)
+    finally:
+        subprocess.run(["umount", "-l", top], check=True)
 
 
 @pytest.mark.slow
@@ -519,4 +685,5 @@ def test_state_dir_removed_when_the_runtime_cannot_start(bundles: Bundles, sim: 
                        text=True, timeout=60)
     assert r.returncode == 1 and "cannot exec" in r.stderr, r.stderr
     assert (b / PLAN_FILE).exists()  # the create got as far as the exec
-    assert not os.path.exists(vgpu_state.state_dir_for(config, root, "gone"))
+    d = vgpu_state.state_dir_for(config, root, "gone")
+    assert not os.path.exists(d) and not mounts_at(d)

@@ -176,6 +176,32 @@ int main(int argc, char **argv) {
         } else if (!strcmp(c, "free") || !strcmp(c, "freeasync")) {
             r = nptr ? (!strcmp(c, "free") ? mfree(ptrs[--nptr]) : fasync(ptrs[--nptr], NULL)) : -1;
             printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "freelast") || !strcmp(c, "freeasynclast")) {
+            /* frees the last pointer but keeps it: a second call frees it twice */
+            r = nptr ? (!strcmp(c, "freelast") ? mfree(ptrs[nptr - 1]) : fasync(ptrs[nptr - 1], NULL)) : -1;
+            printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "freeoff")) { /* freeoff OFF: an interior pointer of the last allocation */
+            r = nptr ? mfree(ptrs[nptr - 1] + strtoull(a1, NULL, 0)) : -1;
+            i++;
+            printf("freeoff %d\n", r);
+        } else if (!strcmp(c, "freeraw") || !strcmp(c, "freeasyncraw")) { /* freeraw ADDR: any value */
+            CUdeviceptr p = (CUdeviceptr)strtoull(a1, NULL, 0);
+            i++;
+            r = !strcmp(c, "freeraw") ? mfree(p) : fasync(p, NULL);
+            printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "drop")) { /* forgets the last pointer without freeing it */
+            r = nptr ? (nptr--, 0) : -1;
+            printf("drop %d\n", r);
+        } else if (!strcmp(c, "arraydestroylast")) { /* destroys the last array but keeps it */
+            r = narr ? adestroy(arrays[narr - 1]) : -1;
+            printf("arraydestroylast %d\n", r);
+        } else if (!strcmp(c, "arraydestroyraw")) { /* arraydestroyraw HANDLE: any value */
+            r = adestroy((CUarray)(uintptr_t)strtoull(a1, NULL, 0));
+            i++;
+            printf("arraydestroyraw %d\n", r);
+        } else if (!strcmp(c, "vmmreleaselast")) { /* releases the last VMM handle but keeps it */
+            r = nvmm ? mrelease(vmms[nvmm - 1]) : -1;
+            printf("vmmreleaselast %d\n", r);
         } else if (!strcmp(c, "freeall")) {
             while (nptr) r |= mfree(ptrs[--nptr]);
             while (nvmm) r |= mrelease(vmms[--nvmm]);
