@@ -197,6 +197,21 @@ def test_bad_frees_never_credit(env: dict[str, str], tmp_path: Path) -> None:
     assert sum(u.used for u in vgpu.read_usage(tmp_path / "cache").values()) == 0
 
 
+@pytest.mark.parametrize("create, destroy", [
+    (["ctxcreate", "0"], ["ctxdestroy"]),  # a created context, destroyed
+    ([], ["release"]),  # the primary context's last release destroys it
+])
+def test_destroying_a_context_credits_what_the_driver_freed_with_it(
+        env: dict[str, str], create: list[str], destroy: list[str]) -> None:
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = "1g"
+    r = ok(H.probe(env, "init", "ctx", "0", "meminfo", *create, "alloc", str(100 * MIB),
+                   "array", "1024", "1024", "meminfo", *destroy, "ctx", "0", "meminfo"))
+    start, held, after = (int(m[1]) for m in r["meminfo"])  # free bytes under the cap
+    assert start - held >= 100 * MIB + 4 * MIB  # the pointer and the 4 MiB float array
+    # the driver freed them with their context: back to one primary context's reserve
+    assert after == start
+
+
 def test_queries_report_the_cap(env: dict[str, str], driver: H.Driver) -> None:
     env["CUDA_DEVICE_MEMORY_LIMIT"] = "1.5g"
     cap = 1536 * MIB

@@ -661,10 +661,13 @@ static uint64_t cap_of(const struct ldev *ld) {
     return cap;
 }
 
-/* process-local maps: device pointer / VMM handle / array / context -> size */
+/* process-local maps: device pointer / VMM handle / array / context -> size.
+ * ctx: the context current at allocation (pointers, arrays), whose destruction
+ * frees the allocation in the driver. */
 struct pm_ent {
     uint64_t key;
     uint64_t size;
+    uint64_t ctx;
     int32_t e;
     int32_t _pad;
 };
@@ -698,7 +701,7 @@ static int pm_grow(struct ptrmap *m) {
     return 0;
 }
 
-static void pm_put(int which, uint64_t key, uint64_t size, int e) {
+static void pm_put_ctx(int which, uint64_t key, uint64_t size, int e, uint64_t ctx) {
     struct ptrmap *m = &maps[which];
     pthread_mutex_lock(&local_mu);
     if ((m->n + 1) * 2 > m->cap && pm_grow(m) < 0) {
@@ -711,7 +714,18 @@ static void pm_put(int which, uint64_t key, uint64_t size, int e) {
     m->t[i].key = key;
     m->t[i].size = size;
     m->t[i].e = e;
+    m->t[i].ctx = ctx;
     pthread_mutex_unlock(&local_mu);
+}
+
+static void pm_put(int which, uint64_t key, uint64_t size, int e) { pm_put_ctx(which, key, size, e, 0); }
+
+/* The context current on this thread (0 if none or unknown). */
+static uint64_t current_ctx(void) {
+    typedef CUresult (*getcur_t)(CUcontext *);
+    CUcontext c = NULL;
+    if (!real_x[X_cuCtxGetCurrent] || HELP(cuCtxGetCurrent, getcur_t)(&c) != CUDA_SUCCESS) return 0;
+    return (uint64_t)(uintptr_t)c;
 }
 
 /* Removes key; 1 with its entry in *out, or 0. */
@@ -745,6 +759,29 @@ static int pm_take(int which, uint64_t key, struct pm_ent *out) {
     }
     pthread_mutex_unlock(&local_mu);
     return 1;
+}
+
+/* The driver frees a context's allocations with it: credit what this process
+ * recorded against ctx (pointers and arrays), so the cap gets them back. */
+static void pm_drop_ctx(uint64_t ctx) {
+    if (!ctx) return;
+    static const int kinds[] = {MAP_PTR, MAP_ARRAY};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        struct ptrmap *m = &maps[kinds[k]];
+        for (;;) { /* take one at a time: deletion shifts entries */
+            uint64_t key = 0;
+            pthread_mutex_lock(&local_mu);
+            for (size_t i = 0; i < m->cap; i++)
+                if (m->t[i].key && m->t[i].ctx == ctx) {
+                    key = m->t[i].key;
+                    break;
+                }
+            pthread_mutex_unlock(&local_mu);
+            struct pm_ent ent;
+            if (!key || !pm_take(kinds[k], key, &ent)) break;
+            credit(ent.e, ent.size);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -787,7 +824,7 @@ EXPORT CUresult cuInit(unsigned int flags) {
             credit(ld->e, sz_);                                           \
             return r_;                                                    \
         }                                                                 \
-        pm_put(mapkind, (uint64_t)(ptrexpr), sz_, ld->e);                 \
+        pm_put_ctx(mapkind, (uint64_t)(ptrexpr), sz_, ld->e, current_ctx()); \
         return r_;                                                        \
     } while (0)
 
@@ -841,7 +878,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
         *dptr = 0;
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    pm_put(MAP_PTR, *dptr, (uint64_t)sz, ld->e);
+    pm_put_ctx(MAP_PTR, *dptr, (uint64_t)sz, ld->e, current_ctx());
     return r;
 }
 
@@ -1035,6 +1072,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     struct pm_ent ent;
     int had = pm_take(MAP_CTX, (uintptr_t)ctx, &ent);
     CUresult r = NESTED(REAL(cuCtxDestroy_v2)(ctx));
+    if (r == CUDA_SUCCESS) pm_drop_ctx((uint64_t)(uintptr_t)ctx);
     if (had) {
         if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
         else pm_put(MAP_CTX, ent.key, ent.size, ent.e);
@@ -1074,6 +1112,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (ld && ld->prim == 1) sm_forget_ctx(ld->prim_ctx); /* the last release destroys it */
     CUresult r = NESTED(REAL(cuDevicePrimaryCtxRelease_v2)(dev));
     if (r == CUDA_SUCCESS && ld && ld->prim > 0 && --ld->prim == 0) {
+        pm_drop_ctx((uint64_t)(uintptr_t)ld->prim_ctx);
         credit(ld->e, ld->prim_charge);
         ld->prim_charge = 0;
     }
@@ -1089,6 +1128,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     CUresult r = NESTED(REAL(cuDevicePrimaryCtxReset_v2)(dev));
     if (r == CUDA_SUCCESS && ld && ld->prim > 0) {
         ld->prim = 0;
+        pm_drop_ctx((uint64_t)(uintptr_t)ld->prim_ctx);
         credit(ld->e, ld->prim_charge);
         ld->prim_charge = 0;
     }
