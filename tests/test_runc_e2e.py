@@ -441,3 +441,41 @@ def test_nothing_stays_mounted_on_the_host(sim_host: SimHost, shared_rootfs: str
     assert r.out["mounts"]  # the container did have driver mounts
     assert _watched_mounts((shared_rootfs, os.path.realpath(sim_host.root))) == []
     assert runc.listed() == []  # `run` in the foreground removed it
+
+
+# --- MIG ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mig_runc(sim_host_mig: SimHost, tmp_path: Path) -> Iterator[Runc]:
+    r = Runc(sim_host_mig, tmp_path, tmp_path / "runc-root")
+    try:
+        yield r
+    finally:
+        r.cleanup()
+
+
+@pytest.mark.parametrize("form", ["uuid", "gpu:mig"])
+def test_mig_device_gets_its_parent_and_its_caps_only(form: str, sim_host_mig: SimHost,
+                                                      mig_runc: Runc, tmp_path: Path) -> None:
+    gpu0 = sim_host_mig.topology.gpus[0]
+    mig = gpu0.mig_devices[2]
+    ident = mig.uuid if form == "uuid" else f"0:{mig.index}"
+    rootfs = build_rootfs(str(tmp_path / "rootfs"), with_sample=sim_host_mig.sample)
+    script = ("nvidia-smi -L; echo '== caps'; ls /dev/nvidia-caps; echo '== nodes'; "
+              "ls /dev | grep '^nvidia[0-9]'; echo '== sample'; cuda-vectoradd | grep Test")
+    r = mig_runc.run(mig_runc.bundle(rootfs, ["sh", "-c", script],
+                                     [f"NVIDIA_VISIBLE_DEVICES={ident}"]))
+    assert r.proc.returncode == 0, r.proc.stderr
+    out = r.proc.stdout
+    smi, rest = out.split("== caps\n")
+    caps, rest = rest.split("== nodes\n")
+    nodes, sample = rest.split("== sample\n")
+    assert smi.splitlines() == [
+        f"GPU 0: {gpu0.name} (UUID: {gpu0.uuid})",
+        f"  MIG {mig.profile:<11} Device  0: (UUID: {mig.uuid})",
+    ]
+    assert sorted(caps.split()) == sorted(
+        [f"nvidia-cap{mig.gi_cap_minor}", f"nvidia-cap{mig.ci_cap_minor}"])
+    assert nodes.split() == [f"nvidia{gpu0.minor}"]
+    assert sample.strip() == "Test PASSED"
