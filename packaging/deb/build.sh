@@ -55,9 +55,12 @@ sys.exit(main())
 SH
   chmod 0755 "$stage/usr/bin/$exe"
 done
-# the runtime's launcher runs /usr/bin/python3 (beside it) and finds its package
-# in ../lib/nvctk/python by itself
-install -m 0755 "$repo/runtime_shim/nvctk-runtime" "$stage/usr/bin/nvctk-runtime"
+# the runtime: the wheel's launcher with its sh line swapped for the interpreter this
+# layout is known to have (the sh hop costs a process start on every runc call); its
+# Python part finds the package in ../lib/nvctk/python by itself
+{ echo '#!/usr/bin/python3 -IS'; tail -n +2 "$repo/runtime_shim/nvctk-runtime"; } \
+  > "$stage/usr/bin/nvctk-runtime"
+chmod 0755 "$stage/usr/bin/nvctk-runtime"
 cat > "$stage/etc/nvctk/config.toml" <<'TOML'
 # nvctk configuration; `nvctk config default` lists every key with its default.
 vgpu-library = "/usr/lib/nvctk/libvgpu.so"
