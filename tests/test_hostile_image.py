@@ -148,7 +148,7 @@ def test_hostile_links_stay_inside(case: str, sim_host: SimHost, rootfs: Callabl
     (root / "etc/ld.so.preload").write_text("/canary.so\n")
     poison, with_proc = CASES[case]
     poison(root, canary)
-    plan = make_plan(sim_host, stub_dir=str(tmp_path / "stubs"))
+    plan = make_plan(sim_host)
     bundle = make_bundle(str(tmp_path / "bundle"), str(root), plan,
                          spec_extra={"process": {"args": ["sh"], "cwd": "/",
                                                  "env": ["LD_PRELOAD=/canary.so"]}})
@@ -171,7 +171,7 @@ def _runc_bundle(tmp: Path, root: Path, sim: SimHost, args: list[str], env: list
                  extra: dict | None = None) -> Path:
     bundle = tmp / "rbundle"
     bundle.mkdir()
-    plan = make_plan(sim, stub_dir=str(tmp / "stubs"))
+    plan = make_plan(sim)
     (bundle / "nvctk-plan.json").write_text(plan.to_json())
     cfg = bundle / "config.toml"
     cfg.write_text(f'log-file = "{bundle}/nvctk.log"\nlog-level = "debug"\n')

@@ -62,7 +62,7 @@ def setup(sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path
         root = rootfs()
         os.makedirs(os.path.join(root, "proc/driver/nvidia"))
         Path(root, "proc/driver/nvidia/secret").write_text("host-only\n")
-        plan = make_plan(sim_host, stub_dir=str(tmp_path / "stubs"), **plan_kwargs)  # type: ignore[arg-type]
+        plan = make_plan(sim_host, **plan_kwargs)  # type: ignore[arg-type]
         return make_bundle(str(tmp_path / "bundle"), root, plan), root
 
     return make

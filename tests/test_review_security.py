@@ -24,6 +24,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,6 @@ from nvctk.errors import SpecError
 from nvctk.log import Logger
 from nvctk.nvml import HostInfo, query_host
 from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
-from nvctk.planner import make_plan
 from nvctk.shim import prepare_bundle
 from nvctk.sim.host import SimHost
 from nvctk.vgpu import VgpuLimits
@@ -59,71 +59,53 @@ def _spec(env: dict[str, str]) -> dict[str, object]:
     return {"process": {"env": [f"{k}={v}" for k, v in env.items()]}, "root": {"path": "rootfs"}}
 
 
-def _unblock_fifo_after(path: str, seconds: float, done: threading.Event) -> threading.Thread:
-    """If the code under test still sits in open() on the FIFO, open its other end."""
+def _opens_for_reading(fifo: str, call: Callable[[], object]) -> bool:
+    """Run call() and tell whether it opened the FIFO for reading.
 
-    def run() -> None:
-        if done.wait(seconds):
-            return
-        for flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):
+    A non-blocking writer can open a FIFO only while it has a reader; the watcher's
+    open both proves the reader and lets a reader blocked in open() go on."""
+    done, opened = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
             try:
-                os.close(os.open(path, flags))
-            except OSError:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                opened.set()
+            except OSError:  # ENXIO: nobody has it open for reading
                 pass
+            time.sleep(0.005)
 
-    t = threading.Thread(target=run, daemon=True)
+    t = threading.Thread(target=watch, daemon=True)
     t.start()
-    return t
-
-
-# --- MPS pipe dir ------------------------------------------------------------------------------
-def test_mps_pipe_env_never_picks_the_host_dir(cfg: nvconfig.Config, host: HostInfo,
-                                               sim_host: SimHost) -> None:
-    secret = os.path.join(sim_host.root, "review-host-secret")
-    os.makedirs(secret, exist_ok=True)
     try:
-        for value in ("/review-host-secret", "/tmp/../review-host-secret", "/"):
-            p = make_plan(_spec({NVD: "0", "CUDA_MPS_PIPE_DIRECTORY": value}), cfg, host)
-            assert p is not None
-            bad = [x for x in p.mounts
-                   if os.path.realpath(x.host_path) in (os.path.realpath(secret),
-                                                        os.path.realpath(sim_host.root))]
-            assert bad == [], bad
-            assert all(x.container_path != "/" for x in p.mounts)
+        call()
     finally:
-        os.rmdir(secret)
+        done.set()
+        t.join()
+    return opened.is_set()
 
 
-def test_mps_host_dir_that_is_a_link_is_not_bound(cfg: nvconfig.Config, host: HostInfo,
-                                                  sim_host: SimHost, tmp_path: Path) -> None:
-    os.makedirs(os.path.join(sim_host.root, "tmp"), exist_ok=True)
-    link = os.path.join(sim_host.root, "tmp/nvidia-mps")
-    os.symlink(str(tmp_path), link)
-    try:
-        p = make_plan(_spec({NVD: "0"}), cfg, host)
-        assert p is not None
-        assert all(x.host_path != link for x in p.mounts)
-    finally:
-        os.unlink(link)
+@pytest.mark.parametrize("where", ["image ld.so.preload", "accounting cache"])
+def test_a_fifo_planted_by_the_container_is_never_opened(where: str, tmp_path: Path) -> None:
+    """A FIFO (or device) where a regular file is read would hang the runtime or be
+    opened on the host as root: it is refused from its type alone."""
+    root = tmp_path / "rootfs"
+    (root / "etc").mkdir(parents=True)
+    if where == "image ld.so.preload":
+        fifo, error, read = root / "etc/ld.so.preload", SpecError, \
+            lambda: vgpu_state.image_preload(str(root))
+    else:
+        fifo, error, read = tmp_path / "cache", ValueError, lambda: vgpu.read_usage(fifo)
+    os.mkfifo(fifo)
+
+    def refused() -> None:
+        with pytest.raises(error, match="regular file"):
+            read()
+
+    assert not _opens_for_reading(str(fifo), refused)
 
 
 # --- the image's /etc/ld.so.preload ---------------------------------------------------------------
-def test_image_preload_fifo_does_not_hang(tmp_path: Path) -> None:
-    root = tmp_path / "rootfs"
-    (root / "etc").mkdir(parents=True)
-    fifo = root / "etc/ld.so.preload"
-    os.mkfifo(fifo)
-    done = threading.Event()
-    _unblock_fifo_after(str(fifo), 10, done)
-    t0 = time.monotonic()
-    try:
-        with pytest.raises(SpecError, match="not a regular file"):
-            vgpu_state.image_preload(str(root))
-    finally:
-        done.set()
-    assert time.monotonic() - t0 < 5, "open() waited on the image's FIFO"
-
-
 def test_image_preload_still_reads_a_file_and_a_link_inside(tmp_path: Path) -> None:
     root = tmp_path / "rootfs"
     (root / "etc").mkdir(parents=True)
@@ -159,20 +141,6 @@ def test_read_usage_refuses_a_link(tmp_path: Path) -> None:
     os.symlink(target, d / "cache")  # what a container can do in its accounting dir
     with pytest.raises(ValueError, match="regular file"):
         vgpu.read_usage(d / "cache")
-
-
-def test_read_usage_fifo_does_not_hang(tmp_path: Path) -> None:
-    fifo = tmp_path / "cache"
-    os.mkfifo(fifo)
-    done = threading.Event()
-    _unblock_fifo_after(str(fifo), 10, done)
-    t0 = time.monotonic()
-    try:
-        with pytest.raises(ValueError, match="regular file"):
-            vgpu.read_usage(fifo)
-    finally:
-        done.set()
-    assert time.monotonic() - t0 < 5
 
 
 def test_read_usage_garbage_uuid_is_not_a_crash(tmp_path: Path) -> None:
@@ -227,9 +195,12 @@ def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.Monkey
     prep = prestart._Prepared(ldconfig=os.open(ld, os.O_RDONLY | os.O_CLOEXEC),
                               devnull=os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
     done = threading.Event()
-    # without the limit, unblock the FIFO after 20 s so that the test fails instead of hanging
-    _unblock_fifo_after(str(fifo), 20, done)
-    t0 = time.monotonic()
+
+    def rescue() -> None:  # without the limit: fail (no kill logged) instead of hanging
+        if not done.wait(20):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    threading.Thread(target=rescue, daemon=True).start()
     try:
         with m.Root(str(root)) as r:
             prestart._run_ldconfig(plan, r, prep, log)
@@ -238,7 +209,6 @@ def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.Monkey
         os.close(prep.ldconfig)
         os.close(prep.devnull)
         log.close()
-    assert time.monotonic() - t0 < 15
     assert "killed after 2s" in (tmp_path / "hook.log").read_text()
 
 

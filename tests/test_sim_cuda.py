@@ -146,8 +146,6 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Sim:
     root = tmp / "sim"
     lib, bindir = root / "usr/lib/x86_64-linux-gnu", root / "usr/bin"
     build.build_driver(TOPO, str(root), str(lib), str(bindir))
-    (lib / "libcuda.so.1").symlink_to(f"libcuda.so.{TOPO.driver_version}")
-    (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{TOPO.driver_version}")
     dev = make_dev(tmp / "dev", TOPO, [0, 1, 2])
     return Sim(root, lib, bindir / "cuda-vectoradd", dev, tmp)
 

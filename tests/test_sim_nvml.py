@@ -102,7 +102,6 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Sim:
     root = tmp / "sim"
     lib, bindir = root / "usr/lib/x86_64-linux-gnu", root / "usr/bin"
     build.build_driver(TOPO, str(root), str(lib), str(bindir))
-    (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{TOPO.driver_version}")
     inc = tmp / "inc"
     inc.mkdir()
     (inc / "nvsim_topology.h").write_text(build.generate_topology_header(TOPO, str(root)))

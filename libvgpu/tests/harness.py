@@ -59,8 +59,6 @@ def make_driver(root: Path, gpus: int = 2, memory_mib: int = 4096) -> Driver:
     topo = make_topology(gpus=gpus, memory_mib=memory_mib)
     lib = root / "lib"
     build_driver(topo, str(root), str(lib), str(root / "bin"))
-    for n in ("libcuda", "libnvidia-ml"):
-        os.symlink(f"{n}.so.{topo.driver_version}", lib / f"{n}.so.1")
     make_devdir(root / "dev", [g.minor for g in topo.gpus])
     return Driver(root, [g.uuid for g in topo.gpus], memory_mib * MIB)
 

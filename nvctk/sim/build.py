@@ -140,55 +140,33 @@ def _shared_lib(out: Path, soname: str, sources: list[Path], inc: Path) -> list[
 
 
 def build_driver(topology: Topology, sim_root: str, libdir: str, bindir: str) -> None:
-    """Compile libnvidia-ml.so.<ver> and nvidia-smi, and, when their sources are
-    present, libcuda.so.<ver> and cuda-vectoradd. Only the versioned files are
-    written; the caller makes the .so.1 links as a driver install would."""
+    """Compile libnvidia-ml.so.<ver> and libcuda.so.<ver> with their SONAME links
+    (libnvidia-ml.so.1, libcuda.so.1, as a driver install has them), nvidia-smi and
+    the CUDA sample cuda-vectoradd."""
     lib, bin_ = Path(libdir), Path(bindir)
     lib.mkdir(parents=True, exist_ok=True)
     bin_.mkdir(parents=True, exist_ok=True)
     ver = topology.driver_version
     state_c = CSRC / "nvsim_state.c"
+    mocks = {"libnvidia-ml": CSRC / "nvml_mock.c", "libcuda": CSRC / "cuda_mock.c"}
+    programs = {"nvidia-smi": CSRC / "nvidia_smi.c", "cuda-vectoradd": CSRC / "vectoradd.c"}
     with tempfile.TemporaryDirectory(prefix="nvsim-build-") as tmp:
         inc = Path(tmp)
         (inc / "nvsim_topology.h").write_text(generate_topology_header(topology, sim_root))
         jobs = [
-            _start(
-                _shared_lib(
-                    lib / f"libnvidia-ml.so.{ver}",
-                    "libnvidia-ml.so.1",
-                    [CSRC / "nvml_mock.c", state_c],
-                    inc,
-                )
-            ),
-            _start(
-                [CC, *CFLAGS, "-o", str(bin_ / "nvidia-smi"), str(CSRC / "nvidia_smi.c"), "-ldl"]
-            ),
+            _start(_shared_lib(lib / f"{name}.so.{ver}", f"{name}.so.1", [src, state_c], inc))
+            for name, src in mocks.items()
         ]
-        if (CSRC / "cuda_mock.c").exists():
-            jobs.append(
-                _start(
-                    _shared_lib(
-                        lib / f"libcuda.so.{ver}",
-                        "libcuda.so.1",
-                        [CSRC / "cuda_mock.c", state_c],
-                        inc,
-                    )
-                )
-            )
-            if (CSRC / "vectoradd.c").exists():
-                jobs.append(
-                    _start(
-                        [
-                            CC,
-                            *CFLAGS,
-                            "-o",
-                            str(bin_ / "cuda-vectoradd"),
-                            str(CSRC / "vectoradd.c"),
-                            "-ldl",
-                        ]
-                    )
-                )
+        jobs += [
+            _start([CC, *CFLAGS, "-o", str(bin_ / name), str(src), "-ldl"])
+            for name, src in programs.items()
+        ]
         _wait_all(jobs)
+    for name in mocks:
+        link = lib / f"{name}.so.1"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(f"{name}.so.{ver}")
 
 
 def _stub_cache_dir() -> Path:

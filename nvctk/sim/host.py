@@ -515,10 +515,8 @@ def _build_mocks(root: str, topo: Topology) -> None:
     except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
         raise SimError(f"building the mock driver failed: {e}")
     # the CUDA sample belongs in containers, not in the driver's bin dir
-    sample = os.path.join(root, BIN, "cuda-vectoradd")
-    if os.path.exists(sample):
-        os.makedirs(os.path.join(root, SAMPLES), exist_ok=True)
-        os.replace(sample, os.path.join(root, SAMPLES, "cuda-vectoradd"))
+    os.makedirs(os.path.join(root, SAMPLES), exist_ok=True)
+    os.replace(os.path.join(root, BIN, "cuda-vectoradd"), os.path.join(root, SAMPLES, "cuda-vectoradd"))
 
 
 def _run_ldconfig(root: str, ldconfig: str) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from nvctk.mount import parse_mountinfo
 from nvctk.plan import Mount, Plan, ProcMask, Symlink
-from nvctk.sim.host import SimHost, elf_stub
+from nvctk.sim.host import SimHost
 
 HOOK = shutil.which("nvctk-hook", path=os.path.dirname(sys.executable)) or "nvctk-hook"
 HOOK_PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -77,19 +77,15 @@ def make_plan(
     drop: Sequence[str] = (),
     extra: Sequence[Mount] = (),
     bus_ids: Sequence[str] | None = None,
-    stub_dir: str | None = None,
 ) -> Plan:
-    """A plan like the planner's, from the sim's files (drop: host basenames to leave out).
-
-    stub_dir: where to write an ELF stub for a driver library the sim lacks.
-    """
+    """A plan like the planner's, from the sim's files (drop: host basenames to leave out)."""
     v = sim.topology.driver_version
     libs = []
     if "utility" in capabilities:
         libs += [f"libnvidia-ml.so.{v}", f"libnvidia-cfg.so.{v}"]
     if "compute" in capabilities:
         libs += [f"libcuda.so.{v}", f"libnvidia-ptxjitcompiler.so.{v}", f"libnvidia-nvvm.so.{v}"]
-    mounts = [Mount(_lib(sim, n, stub_dir), f"{lib_dir}/{n}") for n in libs if n not in drop]
+    mounts = [Mount(os.path.join(sim.lib_dir, n), f"{lib_dir}/{n}") for n in libs]
     if "utility" in capabilities:
         mounts.append(Mount(os.path.join(sim.bin_dir, "nvidia-smi"), "/usr/bin/nvidia-smi"))
         mounts.append(
@@ -113,18 +109,6 @@ def make_plan(
         lib_dir=lib_dir,
         ldconfig="/sbin/ldconfig",
     )
-
-
-def _lib(sim: SimHost, name: str, stub_dir: str | None) -> str:
-    path = os.path.join(sim.lib_dir, name)
-    if os.path.exists(path) or stub_dir is None:
-        return path
-    os.makedirs(stub_dir, exist_ok=True)
-    soname = name.split(".so.")[0] + ".so.1"
-    path = os.path.join(stub_dir, name)
-    with open(path, "wb") as f:
-        f.write(elf_stub(soname))
-    return path
 
 
 @dataclass
