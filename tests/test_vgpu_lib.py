@@ -212,6 +212,15 @@ def test_destroying_a_context_credits_what_the_driver_freed_with_it(
     assert after == start
 
 
+def test_a_refused_free_keeps_the_allocation_tied_to_its_context(env: dict[str, str]) -> None:
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = "1g"
+    r = ok(H.probe(env, "init", "ctx", "0", "meminfo", "ctxcreate", "0", "alloc", str(100 * MIB),
+                   "freeasyncbadstream", "ctxdestroy", "ctx", "0", "meminfo"))
+    assert r["freeasyncbadstream"][0][0] != "0"  # the driver refused it
+    start, after = (int(m[1]) for m in r["meminfo"])
+    assert after == start  # still credited when its context went
+
+
 def test_queries_report_the_cap(env: dict[str, str], driver: H.Driver) -> None:
     env["CUDA_DEVICE_MEMORY_LIMIT"] = "1.5g"
     cap = 1536 * MIB

@@ -828,6 +828,21 @@ EXPORT CUresult cuInit(unsigned int flags) {
         return r_;                                                        \
     } while (0)
 
+/* The generic forget-then-free pattern: the entry leaves the map before the
+ * real call (a racing free of the same key credits nothing twice); on success
+ * its size is credited, on failure the whole entry goes back. */
+#define FREE_BODY(mapkind, k, realcall)                                    \
+    do {                                                                  \
+        struct pm_ent ent_;                                               \
+        int had_ = pm_take(mapkind, (uint64_t)(uintptr_t)(k), &ent_);    \
+        CUresult r_ = NESTED(realcall);                                   \
+        if (had_) {                                                       \
+            if (r_ == CUDA_SUCCESS) credit(ent_.e, ent_.size);            \
+            else pm_put_ctx(mapkind, ent_.key, ent_.size, ent_.e, ent_.ctx); \
+        }                                                                 \
+        return r_;                                                        \
+    } while (0)
+
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     ENTER_OR(REAL(cuMemAlloc_v2)(dptr, bytesize));
     if (!dptr) return REAL(cuMemAlloc_v2)(dptr, bytesize);
@@ -884,25 +899,11 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     ENTER_OR(REAL(cuMemFree_v2)(dptr));
-    struct pm_ent ent;
-    int had = pm_take(MAP_PTR, dptr, &ent);
-    CUresult r = NESTED(REAL(cuMemFree_v2)(dptr));
-    if (had) {
-        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
-        else pm_put(MAP_PTR, ent.key, ent.size, ent.e);
-    }
-    return r;
+    FREE_BODY(MAP_PTR, dptr, REAL(cuMemFree_v2)(dptr));
 }
 
 static CUresult free_async(CUresult (*fn)(CUdeviceptr, CUstream), CUdeviceptr dptr, CUstream s) {
-    struct pm_ent ent;
-    int had = pm_take(MAP_PTR, dptr, &ent);
-    CUresult r = NESTED(fn(dptr, s));
-    if (had) {
-        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
-        else pm_put(MAP_PTR, ent.key, ent.size, ent.e);
-    }
-    return r;
+    FREE_BODY(MAP_PTR, dptr, fn(dptr, s));
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
@@ -932,14 +933,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     ENTER_OR(REAL(cuMemRelease)(handle));
-    struct pm_ent ent;
-    int had = pm_take(MAP_VMM, handle, &ent);
-    CUresult r = NESTED(REAL(cuMemRelease)(handle));
-    if (had) {
-        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
-        else pm_put(MAP_VMM, ent.key, ent.size, ent.e);
-    }
-    return r;
+    FREE_BODY(MAP_VMM, handle, REAL(cuMemRelease)(handle));
 }
 
 /* Bytes per element and the channel count a format implies (0: NumChannels). */
@@ -1017,26 +1011,12 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D
 
 EXPORT CUresult cuArrayDestroy(CUarray arr) {
     ENTER_OR(REAL(cuArrayDestroy)(arr));
-    struct pm_ent ent;
-    int had = pm_take(MAP_ARRAY, (uintptr_t)arr, &ent);
-    CUresult r = NESTED(REAL(cuArrayDestroy)(arr));
-    if (had) {
-        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
-        else pm_put(MAP_ARRAY, ent.key, ent.size, ent.e);
-    }
-    return r;
+    FREE_BODY(MAP_ARRAY, arr, REAL(cuArrayDestroy)(arr));
 }
 
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
     ENTER_OR(REAL(cuMipmappedArrayDestroy)(arr));
-    struct pm_ent ent;
-    int had = pm_take(MAP_ARRAY, (uintptr_t)arr, &ent);
-    CUresult r = NESTED(REAL(cuMipmappedArrayDestroy)(arr));
-    if (had) {
-        if (r == CUDA_SUCCESS) credit(ent.e, ent.size);
-        else pm_put(MAP_ARRAY, ent.key, ent.size, ent.e);
-    }
-    return r;
+    FREE_BODY(MAP_ARRAY, arr, REAL(cuMipmappedArrayDestroy)(arr));
 }
 
 /* contexts: memory the driver takes outside allocations, charged as a reserve */

@@ -180,6 +180,11 @@ int main(int argc, char **argv) {
             /* frees the last pointer but keeps it: a second call frees it twice */
             r = nptr ? (!strcmp(c, "freelast") ? mfree(ptrs[nptr - 1]) : fasync(ptrs[nptr - 1], NULL)) : -1;
             printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "freeasyncbadstream")) {
+            /* the driver refuses the free (not a stream): the pointer stays allocated */
+            static uint64_t not_a_stream[8];
+            r = nptr ? fasync(ptrs[nptr - 1], (CUstream)not_a_stream) : -1;
+            printf("%s %d\n", c, r);
         } else if (!strcmp(c, "freeoff")) { /* freeoff OFF: an interior pointer of the last allocation */
             r = nptr ? mfree(ptrs[nptr - 1] + strtoull(a1, NULL, 0)) : -1;
             i++;
