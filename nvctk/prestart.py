@@ -140,8 +140,9 @@ def rootfs_path(state: HookState, spec: dict[str, Any]) -> str:
     return os.path.normpath(os.path.join(state.bundle, path))
 
 
-def load_plan(bundle: str, spec: dict[str, Any], config: nvconfig.Config) -> Plan | None:
-    """Read back <bundle>/nvctk-plan.json, else recompute with nvctk.planner.make_plan."""
+def load_plan(bundle: str, spec: dict[str, Any], config: nvconfig.Config, rootfs: str,
+              container_id: str) -> Plan | None:
+    """Read back <bundle>/nvctk-plan.json, else recompute it as the shim would have."""
     path = os.path.join(bundle, PLAN_FILE)
     try:
         with open(path, encoding="utf-8") as f:
@@ -155,12 +156,10 @@ def load_plan(bundle: str, spec: dict[str, Any], config: nvconfig.Config) -> Pla
             return Plan.from_json(text)
         except (ValueError, KeyError, TypeError) as e:
             raise MountError(f"step plan: {path}: unusable plan: {e}")
-    try:
-        from nvctk import planner  # type: ignore[attr-defined]
-    except ImportError:
-        raise MountError(f"step plan: {path}: no plan file and no planner to recompute it")
-    plan: Plan | None = planner.make_plan(spec, config)
-    return plan
+    from nvctk import planner  # NVML and driver discovery: only without a saved plan
+
+    return planner.make_plan(spec, config, bundle=bundle, rootfs=rootfs,
+                             container_id=container_id)
 
 
 # --- helpers --------------------------------------------------------------------------
@@ -579,7 +578,7 @@ def prestart(stdin_text: str | bytes, log_override: HookLog | None = None,
             # the container's own files would be the plan naming host paths to mount
             raise SpecError(f"rootfs {rootfs} contains the bundle {state.bundle}: refusing to "
                             f"trust {PLAN_FILE} there")
-        plan = load_plan(state.bundle, spec, config)
+        plan = load_plan(state.bundle, spec, config, rootfs, state.id)
         if plan is None:
             log.info(f"{state.id}: no GPU requested; nothing to do")
             return

@@ -230,3 +230,20 @@ def test_elf_interpreter() -> None:
         assert (prestart.elf_interpreter(fd) or "").startswith("/lib")
     finally:
         os.close(fd)
+
+
+def test_without_a_saved_plan_the_hook_recomputes_the_shims_plan(
+        sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path, host_table: None) -> None:
+    """A spec edited by hand (no nvctk-plan.json): the hook plans as the shim would,
+    for this image (its Debian lib dir), from the container's env."""
+    root = rootfs()
+    bundle = make_bundle(str(tmp_path / "bundle"), root, None, driver_root=sim_host.root,
+                         spec_extra={"process": {"args": ["sh"], "cwd": "/", "env": [
+                             "NVIDIA_VISIBLE_DEVICES=1"]}})
+    v = sim_host.topology.driver_version
+    with fake_container() as pid:
+        r = run_hook(bundle, pid)
+        assert r.returncode == 0, r.stderr
+        mounts = mounts_under(pid, root)
+    assert f"{LIB}/libcuda.so.{v}" in mounts, mounts
+    assert "/usr/bin/nvidia-smi" in mounts
