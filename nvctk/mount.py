@@ -31,7 +31,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from nvctk.errors import MountError
+from nvctk.errors import MountError, SpecError
 
 # --- syscall numbers (x86-64 and the generic table agree for these) ---------
 SYS_OPEN_TREE = 428
@@ -427,7 +427,27 @@ class Root:
         return None
 
 
+def open_in_rootfs(rootfs: str, path: str, flags: int = os.O_PATH) -> int:
+    """An fd of `path` inside `rootfs`, resolved as if rootfs were / (never out of it)."""
+    try:
+        root = Root(rootfs)
+    except OSError as e:
+        raise SpecError(f"rootfs {rootfs}: {e.strerror}")
+    with root:
+        return root.open(path, flags)
+
+
+def exists_in_rootfs(rootfs: str, path: str) -> bool:
+    """Whether `path` exists inside `rootfs`, never following a link out of it."""
+    try:
+        os.close(open_in_rootfs(rootfs, path))
+        return True
+    except OSError:
+        return False
+
+
 # --- mounts ---------------------------------------------------------------------
+
 def attrs_for(read_only: bool, noexec: bool) -> int:
     a = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
     if read_only:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from nvctk import driver as nvdriver
 from nvctk import oci
 from nvctk.config import Config
-from nvctk.errors import DriverError, RequestError, SpecError
-from nvctk.mount import Root
+from nvctk.errors import DriverError, RequestError
+from nvctk.mount import exists_in_rootfs
 from nvctk.paths import require_vgpu_library
 from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
 from nvctk.request import Request, request_from_spec
@@ -49,25 +49,6 @@ class Selected:
     @property
     def name(self) -> str:
         return self.mig.uuid if self.mig else self.gpu.uuid
-
-
-def open_in_rootfs(rootfs: str, path: str, flags: int = os.O_PATH) -> int:
-    """An fd of `path` inside `rootfs`, resolved as if rootfs were / (never out of it)."""
-    try:
-        root = Root(rootfs)
-    except OSError as e:
-        raise SpecError(f"rootfs {rootfs}: {e.strerror}")
-    with root:
-        return root.open(path, flags)
-
-
-def exists_in_rootfs(rootfs: str, path: str) -> bool:
-    """Whether `path` exists inside `rootfs`, never following a link out of it."""
-    try:
-        os.close(open_in_rootfs(rootfs, path))
-        return True
-    except OSError:
-        return False
 
 
 def container_lib_dirs(rootfs: str | None) -> tuple[str, str]:

@@ -28,7 +28,7 @@ import re
 import stat
 from typing import IO
 
-from nvctk import mount, planner
+from nvctk import mount
 from nvctk.config import Config
 from nvctk.errors import NvctkError, RequestError, SpecError
 from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
@@ -82,7 +82,7 @@ def state_dir_for(config: Config, runtime_root: str | None, container_id: str) -
 # --- looking into the image (never following a link out of the rootfs) --------------------
 def _list_in_rootfs(rootfs: str, path: str) -> list[str]:
     try:
-        fd = planner.open_in_rootfs(rootfs, path, os.O_RDONLY | os.O_DIRECTORY)
+        fd = mount.open_in_rootfs(rootfs, path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return []
     try:
@@ -97,7 +97,7 @@ def libc_kind(rootfs: str) -> str:
     if any(_MUSL_LIB_RE.fullmatch(n) for n in lib):
         return "musl"
     loaders = [*GLIBC_LOADERS, *(f"/lib/{n}" for n in lib if _GLIBC_LIB_RE.fullmatch(n))]
-    if any(planner.exists_in_rootfs(rootfs, p) for p in loaders):
+    if any(mount.exists_in_rootfs(rootfs, p) for p in loaders):
         return "glibc"
     return "none"
 
@@ -123,7 +123,7 @@ def image_preload(rootfs: str) -> list[str]:
     # would block on a FIFO (the create hangs) or open a device node the image
     # ships (its major/minor are the host's drivers).
     try:
-        pfd = planner.open_in_rootfs(rootfs, "/etc/ld.so.preload", os.O_PATH)
+        pfd = mount.open_in_rootfs(rootfs, "/etc/ld.so.preload", os.O_PATH)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
             return []

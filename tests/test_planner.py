@@ -11,9 +11,10 @@ import pytest
 from nvctk import config as nvconfig
 from nvctk import driver
 from nvctk.errors import RequestError, RequirementError, SpecError
+from nvctk.mount import exists_in_rootfs
 from nvctk.nvml import HostInfo, query_host
 from nvctk.plan import Plan
-from nvctk.planner import container_lib_dirs, exists_in_rootfs, make_plan, proc_bus_id
+from nvctk.planner import container_lib_dirs, make_plan, proc_bus_id
 from nvctk.sim.host import SimHost
 
 NVD = "NVIDIA_VISIBLE_DEVICES"
