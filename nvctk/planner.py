@@ -350,16 +350,12 @@ def plan_vgpu(
         vs.check_preloadable(rootfs, _a_limit_variable(env))
     library = require_vgpu_library(config)
     cid = container_id or "container"
-    values = {f"{vgpu.MEMORY_VAR}_{i}": str(v) for i, v in enumerate(limits.memory)}
-    values.update({f"{vgpu.SM_VAR}_{i}": str(v) for i, v in enumerate(limits.sm)})
-    if limits.context_reserve is not None:
-        values[vgpu.RESERVE_VAR] = str(limits.context_reserve)
     return VgpuPlan(
         library=library,
         container_library=vs.CONTAINER_LIBRARY,
         state_dir=vs.state_dir_for(config, runtime_root, cid),  # the shim (re)creates it
         container_state_dir=vgpu.VGPU_DIR,
-        limits=values,
+        limits=limits.values(),
     )
 
 

@@ -23,10 +23,9 @@ from nvctk.config import Config
 from nvctk.config import load as load_config
 from nvctk.errors import ConfigError, NvctkError, SpecError
 from nvctk.log import Logger, report_error
-from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
+from nvctk.plan import PLAN_FILE, Plan
 from nvctk.planner import make_plan
 from nvctk.request import request_from_spec
-from nvctk.vgpu import MEMORY_VAR, VgpuLimits, limits_from_env
 
 HOOK_NAME = "nvctk-hook"
 
@@ -155,15 +154,8 @@ def _install_vgpu(plan: Plan, spec: dict[str, Any], bundle: str, config: Config,
             logger.warning(f"{container_id}: the runtime already has this container; "
                            f"its vGPU state {plan.vgpu.state_dir} is left as it is")
         return False
-    limits = vgpu_limits_of(plan.vgpu)
-    vgpu_state.install(plan.vgpu, limits, oci.root_path(spec, bundle), config)
+    vgpu_state.install(plan.vgpu, oci.root_path(spec, bundle), config)
     return True
-
-
-def vgpu_limits_of(v: VgpuPlan) -> VgpuLimits:
-    """The validated limits a VgpuPlan carries, as nvctk.vgpu's type."""
-    n = sum(1 for k in v.limits if k.startswith(f"{MEMORY_VAR}_"))
-    return limits_from_env(v.limits, n)
 
 
 def _load_config_safely() -> tuple[Config | None, NvctkError | None]:

@@ -83,6 +83,15 @@ class VgpuLimits:
         """Does the container get libvgpu at all?"""
         return any(self.memory) or any(self.sm)
 
+    def values(self) -> dict[str, str]:
+        """Per-GPU `KEY: value` with values normalised to bytes and percent: what the
+        plan carries and the limits file holds (libvgpu reads the same grammar)."""
+        out = {f"{MEMORY_VAR}_{i}": str(v) for i, v in enumerate(self.memory)}
+        out.update({f"{SM_VAR}_{i}": str(v) for i, v in enumerate(self.sm)})
+        if self.context_reserve is not None:
+            out[RESERVE_VAR] = str(self.context_reserve)
+        return out
+
 
 def _index(name: str, prefix: str, gpu_count: int) -> int | None:
     """None for the all-GPU variable, else the index of `<prefix>_<i>`."""
@@ -147,22 +156,17 @@ def limits_from_env(env: Mapping[str, str], gpu_count: int) -> VgpuLimits:
     )
 
 
-def format_limits(limits: VgpuLimits, cache: str | None = CACHE_FILE) -> str:
-    """The limits file's text: `KEY=VALUE` lines, values normalised to bytes."""
+def format_limits(values: Mapping[str, str], cache: str | None = CACHE_FILE) -> str:
+    """The limits file's text: `KEY=VALUE` lines (VgpuLimits.values())."""
     lines = ["# nvctk vGPU limits, read by libvgpu.so (format: libvgpu/README.md)"]
-    for i, v in enumerate(limits.memory):
-        lines.append(f"{MEMORY_VAR}_{i}={v}")
-    for i, v in enumerate(limits.sm):
-        lines.append(f"{SM_VAR}_{i}={v}")
-    if limits.context_reserve is not None:
-        lines.append(f"{RESERVE_VAR}={limits.context_reserve}")
+    lines += [f"{k}={v}" for k, v in values.items()]
     if cache:
         lines.append(f"{CACHE_VAR}={cache}")
     return "\n".join(lines) + "\n"
 
 
 def write_limits_file(
-    path: str | os.PathLike[str], limits: VgpuLimits, cache: str | None = CACHE_FILE
+    path: str | os.PathLike[str], values: Mapping[str, str], cache: str | None = CACHE_FILE
 ) -> None:
     """Write the limits file atomically, read-only (0444). `cache` is the
     accounting file's path as the container sees it (None: beside the file)."""
@@ -174,7 +178,7 @@ def write_limits_file(
     fd, tmp = tempfile.mkstemp(prefix=".limits.", dir=parent)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(format_limits(limits, cache))
+            f.write(format_limits(values, cache))
         os.chmod(tmp, 0o444)
         os.replace(tmp, p)
     except BaseException:

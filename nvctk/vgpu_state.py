@@ -32,7 +32,7 @@ from nvctk import mount
 from nvctk.config import Config
 from nvctk.errors import NvctkError, RequestError, SpecError
 from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
-from nvctk.vgpu import SHM_SIZE, VgpuLimits, write_limits_file
+from nvctk.vgpu import SHM_SIZE, write_limits_file
 
 CONTAINER_LIBRARY = "/run/nvctk/libvgpu.so"  # where libvgpu.so is mounted inside
 PRELOAD_NAME = "ld.so.preload"
@@ -219,7 +219,7 @@ def _mount_tmpfs(path: str) -> None:
         os.close(fd)
 
 
-def install(vgpu: VgpuPlan, limits: VgpuLimits, rootfs: str | None, config: Config) -> None:
+def install(vgpu: VgpuPlan, rootfs: str | None, config: Config) -> None:
     """(Re)create the container's state dir, a tmpfs of its own: limits,
     ld.so.preload, an empty cache."""
     d = vgpu.state_dir
@@ -234,7 +234,7 @@ def install(vgpu: VgpuPlan, limits: VgpuLimits, rootfs: str | None, config: Conf
     try:
         # every file goes onto the bounded tmpfs (its root is 0755, TMPFS_OPTIONS)
         _mount_tmpfs(d)
-        write_limits_file(os.path.join(d, LIMITS_NAME), limits,
+        write_limits_file(os.path.join(d, LIMITS_NAME), vgpu.limits,
                           os.path.join(vgpu.container_state_dir, CACHE_NAME))
         _write(os.path.join(d, PRELOAD_NAME), preload_text(vgpu.container_library, entries), 0o644)
         # empty: libvgpu sizes and initialises it; 0666 so a non-root process may map it

@@ -219,8 +219,9 @@ def test_new_state_dir_is_root_only(tmp_path: Path) -> None:
     lib = tmp_path / "libvgpu.so"
     lib.write_bytes(b"")
     d = vgpu_state.state_dir_for(cfg, "/r", "cid")
-    v = VgpuPlan(str(lib), vgpu_state.CONTAINER_LIBRARY, d, vgpu.VGPU_DIR, {})
-    vgpu_state.install(v, VgpuLimits(memory=(1 << 30,), sm=(0,)), None, cfg)
+    v = VgpuPlan(str(lib), vgpu_state.CONTAINER_LIBRARY, d, vgpu.VGPU_DIR,
+                 VgpuLimits(memory=(1 << 30,), sm=(0,)).values())
+    vgpu_state.install(v, None, cfg)
     try:
         assert stat.S_IMODE(os.stat(top).st_mode) == 0o700
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o755  # reached through its bind mount

@@ -365,7 +365,7 @@ def test_no_limit_passthrough(env: dict[str, str], tmp_path: Path, driver: H.Dri
 def test_limits_file_cannot_be_escaped(env: dict[str, str], tmp_path: Path) -> None:
     limits = vgpu.limits_from_env({"CUDA_DEVICE_MEMORY_LIMIT": "256m"}, 2)
     cache = tmp_path / "ctr" / "cache"
-    vgpu.write_limits_file(tmp_path / "ctr" / "limits", limits, cache=str(cache))
+    vgpu.write_limits_file(tmp_path / "ctr" / "limits", limits.values(), cache=str(cache))
     env.pop("CUDA_DEVICE_MEMORY_SHARED_CACHE")
     env["NVCTK_VGPU_LIMITS_FILE"] = str(tmp_path / "ctr" / "limits")
     room = str(256 * MIB - RESERVE)

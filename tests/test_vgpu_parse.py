@@ -110,7 +110,7 @@ def test_limits_from_env_names_the_variable(env: dict[str, str], name: str) -> N
 def test_limits_file_round_trip_and_c_reads_it(tmp_path: Path, c_parse) -> None:
     lim = vgpu.limits_from_env({"CUDA_DEVICE_MEMORY_LIMIT_0": "1.5g", "CUDA_DEVICE_SM_LIMIT": "40"}, 2)
     path = tmp_path / "limits"
-    vgpu.write_limits_file(path, lim, cache="/run/nvctk/vgpu/cache")
+    vgpu.write_limits_file(path, lim.values(), cache="/run/nvctk/vgpu/cache")
     assert path.stat().st_mode & 0o777 == 0o444
     assert vgpu.read_limits_file(path, 2) == vgpu.VgpuLimits(lim.memory, lim.sm, "/run/nvctk/vgpu/cache")
     out = subprocess.run([str(H.PARSE), "config"], env={"NVCTK_VGPU_LIMITS_FILE": str(path)}, capture_output=True, text=True, check=True).stdout
