@@ -11,17 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-if __name__ == "__main__" and __package__ in (None, ""):
-    # Started as a script (e.g. by a `python3 -I -S` wrapper, which skips site
-    # and its .pth processing to start faster): find the directory holding the
-    # nvctk package (the repo root, or site-packages where we are nvctk/runtime_shim).
-    _d = os.path.dirname(os.path.abspath(__file__))
-    for _up in (os.path.dirname(_d), os.path.dirname(os.path.dirname(_d))):
-        if os.path.isfile(os.path.join(_up, "nvctk", "runc_argv.py")):
-            sys.path.insert(0, _up)
-            break
-
-from nvctk import runc_argv  # after the script-mode path fix above
+from nvctk import runc_argv
 
 
 def _passthrough_error(args: runc_argv.RuncArgs, msg: str) -> int:
