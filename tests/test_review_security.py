@@ -36,6 +36,7 @@ from nvctk.errors import SpecError
 from nvctk.log import Logger
 from nvctk.nvml import HostInfo, query_host
 from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
+from nvctk.planner import make_plan
 from nvctk.shim import prepare_bundle
 from nvctk.sim.host import SimHost
 from nvctk.vgpu import VgpuLimits
@@ -57,6 +58,37 @@ def host(sim_host: SimHost) -> HostInfo:
 
 def _spec(env: dict[str, str]) -> dict[str, object]:
     return {"process": {"env": [f"{k}={v}" for k, v in env.items()]}, "root": {"path": "rootfs"}}
+
+
+# --- MPS pipe dir ------------------------------------------------------------------------------
+def test_mps_pipe_env_never_picks_the_host_dir(cfg: nvconfig.Config, host: HostInfo,
+                                               sim_host: SimHost) -> None:
+    secret = os.path.join(sim_host.root, "review-host-secret")
+    os.makedirs(secret, exist_ok=True)
+    try:
+        for value in ("/review-host-secret", "/tmp/../review-host-secret", "/"):
+            p = make_plan(_spec({NVD: "0", "CUDA_MPS_PIPE_DIRECTORY": value}), cfg, host)
+            assert p is not None
+            bad = [x for x in p.mounts
+                   if os.path.realpath(x.host_path) in (os.path.realpath(secret),
+                                                        os.path.realpath(sim_host.root))]
+            assert bad == [], bad
+            assert all(x.container_path != "/" for x in p.mounts)
+    finally:
+        os.rmdir(secret)
+
+
+def test_mps_host_dir_that_is_a_link_is_not_bound(cfg: nvconfig.Config, host: HostInfo,
+                                                  sim_host: SimHost, tmp_path: Path) -> None:
+    os.makedirs(os.path.join(sim_host.root, "tmp"), exist_ok=True)
+    link = os.path.join(sim_host.root, "tmp/nvidia-mps")
+    os.symlink(str(tmp_path), link)
+    try:
+        p = make_plan(_spec({NVD: "0"}), cfg, host)
+        assert p is not None
+        assert all(x.host_path != link for x in p.mounts)
+    finally:
+        os.unlink(link)
 
 
 def _opens_for_reading(fifo: str, call: Callable[[], object]) -> bool:
