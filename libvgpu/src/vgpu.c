@@ -330,13 +330,33 @@ static int slot_alive(int i) {
     return 1;
 }
 
+static void reclaim_if_dead(int i) {
+    if (shm->slots[i].pid && !slot_alive(i)) {
+        vgpu_log(VGPU_LOG_INFO, "reclaimed slot of dead pid %d", shm->slots[i].pid);
+        memset(&shm->slots[i], 0, sizeof shm->slots[i]);
+    }
+}
+
 /* Frees dead processes' slots (their usage with them); caller holds the lock. */
 static void reap(void) {
+    for (int i = 0; i < VGPU_MAX_SLOTS; i++) reclaim_if_dead(i);
+    recompute();
+}
+
+/* Slots that look dead, judged without the lock. slot_alive reads /proc for
+ * every live member: done under the lock, a container's processes starting
+ * together would do those reads one after another; here they run in parallel,
+ * and reap_candidates re-judges only the few suspects under the lock. */
+static int dead_candidates(int *out) {
+    int n = 0;
     for (int i = 0; i < VGPU_MAX_SLOTS; i++)
-        if (shm->slots[i].pid && !slot_alive(i)) {
-            vgpu_log(VGPU_LOG_INFO, "reclaimed slot of dead pid %d", shm->slots[i].pid);
-            memset(&shm->slots[i], 0, sizeof shm->slots[i]);
-        }
+        if (__atomic_load_n(&shm->slots[i].pid, __ATOMIC_ACQUIRE) && !slot_alive(i)) out[n++] = i;
+    return n;
+}
+
+/* reap() restricted to dead_candidates' answer; caller holds the lock. */
+static void reap_candidates(const int *cand, int n) {
+    for (int k = 0; k < n; k++) reclaim_if_dead(cand[k]);
     recompute();
 }
 
@@ -517,19 +537,27 @@ static int attach(void) {
                  ld->idx, (unsigned long long)ld->cap, ld->sm);
     }
     if (shm_open_file(cfg.cache) < 0) return -1;
+    uint64_t my_start = proc_start_time(my_pid);
+    int32_t my_host_pid = host_pid_of_self();
+    int cand[VGPU_MAX_SLOTS];
+    int ncand = dead_candidates(cand);
     if (shm_lock() != 0) {
         snprintf(cfg_err, sizeof cfg_err, "accounting file %s: lock unusable", cfg.cache);
         return -1;
     }
-    reap();
+    reap_candidates(cand, ncand);
     int slot = -1;
-    for (int i = 0; i < VGPU_MAX_SLOTS && slot < 0; i++) {
-        if (shm->slots[i].pid) continue;
-        if (shm_fd >= 0) {
-            struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCKBASE + i, .l_len = 1};
-            if (fcntl(shm_fd, F_OFD_SETLK, &fl) != 0) continue;
+    for (int pass = 0; pass < 2 && slot < 0; pass++) {
+        if (pass) reap(); /* all taken: judge every member under the lock */
+        for (int i = 0; i < VGPU_MAX_SLOTS && slot < 0; i++) {
+            if (shm->slots[i].pid) continue;
+            if (shm_fd >= 0) {
+                struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCKBASE + i,
+                                   .l_len = 1};
+                if (fcntl(shm_fd, F_OFD_SETLK, &fl) != 0) continue;
+            }
+            slot = i;
         }
-        slot = i;
     }
     if (slot < 0) {
         shm_unlock();
@@ -538,9 +566,9 @@ static int attach(void) {
     }
     struct vgpu_shm_slot *s = &shm->slots[slot];
     memset(s, 0, sizeof *s);
-    s->start_time = proc_start_time(my_pid);
+    s->start_time = my_start;
     s->pidns = my_pidns;
-    s->host_pid = host_pid_of_self();
+    s->host_pid = my_host_pid;
     for (int i = 0; i < n; i++) {
         struct ldev *ld = &ldevs[i];
         ld->e = shm_dev(ld->uuid, 1);
