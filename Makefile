@@ -26,6 +26,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	@# pip drops the flags of a script's #! line, hence the sh launcher; here the
+	@# interpreter is known, so start it straight from #! as the .deb does (no sh hop)
+	for exe in nvctk-runtime nvctk-hook; do \
+	  sed -i '1s|^#!/bin/sh$$|#!$(abspath $(VENV))/bin/python3 -IS|' $(VENV)/bin/$$exe; done
 	touch $@
 
 venv: $(VENV)/.installed

@@ -71,6 +71,11 @@ def bundle(path: Path, rootfs: Path, env: list[str], args: list[str]) -> Path:
     return path
 
 
+def _with_runtimes(config_text: str, runtime: str) -> str:
+    lines = [ln for ln in config_text.splitlines() if not ln.startswith("runtimes")]
+    return "\n".join([*lines, f'runtimes = ["{runtime}"]']) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=25)
@@ -133,19 +138,51 @@ def main() -> int:
             return lambda: timed([rt, "--root", str(root), "run", "--bundle", str(b),
                                   f"c{next(counter)}"], env=env)
 
+        # where the time goes: the shim alone (its low-level runtime is /bin/true), and
+        # plain runc on the spec the shim wrote, with and without nvctk's hook
+        only_shim = Path(sim1.env["NVCTK_CONFIG"]).with_name("shim-only.toml")
+        only_shim.write_text(_with_runtimes(Path(sim1.env["NVCTK_CONFIG"]).read_text(),
+                                            "/bin/true"))
+        env_shim = {**env1, "NVCTK_CONFIG": str(only_shim)}
+        edited = tmp / "b-edited"
+        shutil.copytree(gpu, edited)
+        subprocess.run([runtime, "create", "--bundle", str(edited), "x"], env=env_shim,
+                       check=True)
+        no_hook = tmp / "b-no-hook"
+        shutil.copytree(edited, no_hook)
+        spec = json.loads((no_hook / "config.json").read_text())
+        spec.pop("hooks")
+        (no_hook / "config.json").write_text(json.dumps(spec))
+
         c = interleave(opts.n, {
             "runc run (no GPU)": run(runc, plain, env1),
             "nvctk-runtime run, 1 GPU": run(runtime, gpu, env1),
             "nvctk-runtime run, 8 GPUs": run(runtime, gpu8, env8),
+            "shim alone (create, 1 GPU)": lambda: timed(
+                [runtime, "create", "--bundle", str(gpu), f"s{next(counter)}"], env=env_shim),
+            "runc run, edited, no hook": run(runc, no_hook, env1),
+            "runc run, edited, hook": run(runc, edited, env1),
         })
         say()
         say("container start (create + start + exit + delete)")
-        for k, v in c.items():
-            say(f"  {k:<28} {v:7.2f}")
+        for k in ("runc run (no GPU)", "nvctk-runtime run, 1 GPU", "nvctk-runtime run, 8 GPUs"):
+            say(f"  {k:<28} {c[k]:7.2f}")
         r1 = c["nvctk-runtime run, 1 GPU"] / c["runc run (no GPU)"]
         r8 = c["nvctk-runtime run, 8 GPUs"] / c["nvctk-runtime run, 1 GPU"]
         say(f"  1 GPU / runc   = {r1:.2f} x (goal <= 2.00)")
         say(f"  8 GPUs / 1 GPU = {r8:.2f} x (goal <= 1.20)")
+        say()
+        say("where the 1-GPU start goes")
+        say(f"  nvctk-runtime create alone (low-level runtime /bin/true) "
+            f"{c['shim alone (create, 1 GPU)']:7.2f}")
+        say(f"  runc run of the edited spec without the hook            "
+            f"{c['runc run, edited, no hook']:7.2f}")
+        say(f"  the same with nvctk-hook prestart                       "
+            f"{c['runc run, edited, hook']:7.2f}")
+        say(f"  so: shim {c['shim alone (create, 1 GPU)']:.1f}, hook "
+            f"{c['runc run, edited, hook'] - c['runc run, edited, no hook']:.1f}, device "
+            f"nodes {c['runc run, edited, no hook'] - c['runc run (no GPU)']:.1f}, "
+            f"bare interpreter start {p['bare']:.1f} ms")
     finally:
         subprocess.run(["umount", "-R", str(tmp)], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)

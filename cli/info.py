@@ -11,6 +11,8 @@ from nvctk import driver, nvml
 
 
 def info_dict(driver_root: str) -> dict[str, Any]:
+    # Live NVML, never nvctk.host's inventory cache: `nvctk info` is the diagnostic
+    # that shows what the driver says now, also when the cache would be stale.
     host = nvml.query_host(driver_root)
     files = driver.discover_files(driver_root, host.driver_version)
     out = host.to_dict()

@@ -1,26 +1,36 @@
-"""Capability handling for the prestart hook (python-prctl).
+"""Capability handling for the prestart hook (python-prctl's C module, `_prctl`).
 
 The hook's worker process first `restrict`s itself to the union of the
 capabilities its steps need (bounding set, permitted, inheritable; ambient goes
 with inheritable) and sets no_new_privs; each step then `enter_step`s, which
 raises exactly that step's capabilities into the effective set and logs
 ``caps step=<name> effective=<list>`` at debug level.
+
+This runs in every GPU container's start, so it talks to `_prctl` directly:
+python-prctl's `prctl` wrapper module costs about a millisecond to import (it
+generates a property per capability and flag) and re-parses name lists on
+every call; here each step is one capset, plus a capget for the log line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
 
-import prctl
+import _prctl
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Protocol
 
     class DebugLog(Protocol):
         def debug(self, msg: str) -> None: ...
 
+
+CAP_EFFECTIVE: int = _prctl.CAP_EFFECTIVE
+CAP_PERMITTED: int = _prctl.CAP_PERMITTED
+CAP_INHERITABLE: int = _prctl.CAP_INHERITABLE
 
 # what each step of the hook needs in its effective set
 STEP_CAPS: dict[str, tuple[str, ...]] = {
@@ -43,30 +53,67 @@ STEP_CAPS: dict[str, tuple[str, ...]] = {
     "done": (),
 }
 
+_FLAG_NAMES = ("CAP_EFFECTIVE", "CAP_PERMITTED", "CAP_INHERITABLE")
 # python-prctl names cap 40 after CAP_LAST_CAP of its build headers
 _NAME_FIX = {"last_cap": "checkpoint_restore"}
 
 
+def _cap_table() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for attr in dir(_prctl):
+        if attr.startswith("CAP_") and attr not in _FLAG_NAMES:
+            name = attr[4:].lower()
+            out[_NAME_FIX.get(name, name)] = int(getattr(_prctl, attr))
+    return out
+
+
+NUMBERS: dict[str, int] = _cap_table()  # capability name (lower case, no CAP_) -> number
+NAMES: dict[int, str] = {num: name for name, num in NUMBERS.items()}
+_last: int = -1
+
+
 def _cap_number(name: str) -> int:
-    for num, n in zip(prctl.ALL_CAPS, prctl.ALL_CAP_NAMES, strict=True):
-        if n == name or _NAME_FIX.get(n) == name:
-            return int(num)
-    raise ValueError(f"unknown capability {name!r}")
+    try:
+        return NUMBERS[name]
+    except KeyError:
+        raise ValueError(f"unknown capability {name!r}") from None
 
 
 def _last_cap() -> int:
-    try:
-        with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
-            return int(f.read())
-    except OSError:
-        return int(max(prctl.ALL_CAPS))
+    """The kernel's highest capability number (read once: it cannot change)."""
+    global _last
+    if _last < 0:
+        try:
+            fd = os.open("/proc/sys/kernel/cap_last_cap", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _last = int(os.read(fd, 32))
+            finally:
+                os.close(fd)
+        except (OSError, ValueError):
+            _last = max(NAMES)
+    return _last
 
 
-def current(flag: int = prctl.CAP_EFFECTIVE) -> list[str]:
+def warm_up() -> None:
+    """Read what the steps need from /proc once (call before forking the worker:
+    the worker and the hook's process then share it)."""
+    _last_cap()
+
+
+def _known() -> list[int]:
+    """The capabilities both the kernel and python-prctl's build know."""
+    last = _last_cap()
+    return [c for c in NAMES if c <= last]
+
+
+def current(flag: int = CAP_EFFECTIVE) -> list[str]:
     """Names of the capabilities in one of our sets (effective by default)."""
-    got = prctl.get_caps((list(prctl.ALL_CAPS), flag))[flag]
-    names = dict(zip(prctl.ALL_CAPS, prctl.ALL_CAP_NAMES, strict=True))
-    return sorted(_NAME_FIX.get(names[c]) or names[c] for c, on in got.items() if on)
+    known = _known()
+    empty: list[int] = []
+    args = [known if f == flag else empty for f in (CAP_EFFECTIVE, CAP_PERMITTED,
+                                                     CAP_INHERITABLE)]
+    got = _prctl.get_caps(*args)[flag]
+    return sorted(NAMES[c] for c, on in got.items() if on)
 
 
 def needed(steps: Iterable[str]) -> set[str]:
@@ -76,6 +123,20 @@ def needed(steps: Iterable[str]) -> set[str]:
     return out
 
 
+def _drop_bounding(keep: set[int]) -> None:
+    """Drop every capability but keep from the bounding set (CAP_SETPCAP effective)."""
+    prctl, drop = _prctl.prctl, _prctl.PR_CAPBSET_DROP
+    for cap in range(_last_cap() + 1):
+        if cap not in keep:
+            prctl(drop, cap)  # dropping a dropped capability is a no-op, not an error
+
+
+def _setpcap_effective() -> None:
+    """Raise CAP_SETPCAP (needed to shrink the bounding set) if we may."""
+    setpcap = NUMBERS["setpcap"]
+    _prctl.set_caps([setpcap], [], [], [], [], [])
+
+
 def restrict(keep: Iterable[str], log: DebugLog | None = None) -> None:
     """Drop every capability not in keep from all sets; set no_new_privs.
 
@@ -83,32 +144,30 @@ def restrict(keep: Iterable[str], log: DebugLog | None = None) -> None:
     Afterwards the effective set is empty until `enter_step`.
     """
     nums = {_cap_number(n) for n in keep}
-    last = _last_cap()
-    if prctl.capbset_read(prctl.CAP_SETPCAP) and not prctl.cap_effective.setpcap:
-        prctl.cap_effective.setpcap = True
-    for cap in range(last + 1):
-        if cap not in nums and prctl.capbset_read(cap):
-            prctl.capbset_drop(cap)
-    known = [c for c in prctl.ALL_CAPS if c <= last]
-    prctl.set_caps((known, [prctl.CAP_INHERITABLE, prctl.CAP_EFFECTIVE], False))
-    prctl.set_caps(([c for c in known if c not in nums], prctl.CAP_PERMITTED, False))
-    prctl.set_no_new_privs(1)
+    setpcap = NUMBERS["setpcap"]
+    if _prctl.prctl(_prctl.PR_CAPBSET_READ, setpcap) and not _prctl.get_caps(
+            [setpcap], [], [])[CAP_EFFECTIVE][setpcap]:
+        _setpcap_effective()
+    _drop_bounding(nums)
+    known = _known()
+    # one capset: effective and inheritable emptied, permitted down to keep
+    _prctl.set_caps([], [], [], known, [c for c in known if c not in nums], known)
+    _prctl.prctl(_prctl.PR_SET_NO_NEW_PRIVS, 1)
     if log is not None:
-        permitted = ",".join(current(prctl.CAP_PERMITTED)) or "-"
-        log.debug(f"caps restricted permitted={permitted} no_new_privs={prctl.get_no_new_privs()}")
+        permitted = ",".join(current(CAP_PERMITTED)) or "-"
+        nnp = _prctl.prctl(_prctl.PR_GET_NO_NEW_PRIVS)
+        log.debug(f"caps restricted permitted={permitted} no_new_privs={nnp}")
 
 
 def enter_step(step: str, log: DebugLog, extra: Iterable[str] = ()) -> list[str]:
     """Make exactly the step's capabilities effective and log the effective set."""
-    want = set(STEP_CAPS[step]) | set(extra)
-    permitted = set(current(prctl.CAP_PERMITTED))
-    want &= permitted  # a cap we gave up cannot come back; the syscall will say so
-    nums = [_cap_number(n) for n in want]
-    others = [c for c in prctl.ALL_CAPS if c <= _last_cap() and c not in nums]
-    prctl.set_caps((others, prctl.CAP_EFFECTIVE, False))
-    if nums:
-        prctl.set_caps((nums, prctl.CAP_EFFECTIVE, True))
-    eff = current()
+    want = {_cap_number(n) for n in STEP_CAPS[step]} | {_cap_number(n) for n in extra}
+    known = _known()
+    permitted = _prctl.get_caps([], known, [])[CAP_PERMITTED]
+    # a cap we gave up cannot come back; the syscall that needs it will say so
+    on = [c for c in want if permitted.get(c)]
+    _prctl.set_caps(on, [], [], [c for c in known if c not in want], [], [])
+    eff = current()  # read back: the log line says what the kernel has, not what we asked
     log.debug(f"caps step={step} effective={','.join(eff) or '-'}")
     return eff
 
@@ -116,17 +175,15 @@ def enter_step(step: str, log: DebugLog, extra: Iterable[str] = ()) -> list[str]
 def limit_to(keep: Iterable[str]) -> None:
     """Shrink permitted (and bounding) to keep, e.g. in a process about to exec."""
     nums = {_cap_number(n) for n in keep}
-    last = _last_cap()
-    if prctl.cap_permitted.setpcap:
-        prctl.cap_effective.setpcap = True
-        for cap in range(last + 1):
-            if cap not in nums and prctl.capbset_read(cap):
-                prctl.capbset_drop(cap)
-    known = [c for c in prctl.ALL_CAPS if c <= last]
-    prctl.set_caps(([c for c in known if c not in nums],
-                    [prctl.CAP_EFFECTIVE, prctl.CAP_PERMITTED, prctl.CAP_INHERITABLE], False))
+    setpcap = NUMBERS["setpcap"]
+    if _prctl.get_caps([], [setpcap], [])[CAP_PERMITTED][setpcap]:
+        _setpcap_effective()
+        _drop_bounding(nums)
+    known = _known()
+    drop = [c for c in known if c not in nums]
+    _prctl.set_caps([], [], [], drop, drop, drop)
     if nums:
-        prctl.set_caps((list(nums), prctl.CAP_EFFECTIVE, True))
+        _prctl.set_caps(list(nums), [], [], [], [], [])
 
 
 def drop_all() -> None:

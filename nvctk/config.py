@@ -9,51 +9,135 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field, fields
 
 from nvctk.errors import ConfigError
+from nvctk.record import Record, fields
+from nvctk.toml_subset import loads as _loads_subset
 
-# typing is for the type checker only: importing it costs every container start
+# typing is for the type checker only: importing it costs every container start;
+# so do dataclasses (~27 ms: inspect, ast, enum, re) and tomllib (~28 ms), which
+# parse() imports only for a file outside toml_subset's subset
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 DEFAULT_PATH = "/etc/nvctk/config.toml"
 ALL_CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-@dataclass(frozen=True)
-class ExtraMount:
+class _Frozen(Record):
+    """A Record whose fields are set once, in __init__ (as a frozen dataclass's):
+    configs are hashed and shared, so a change must go through replace()."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy and pickle would restore the slots with setattr; __init__ takes
+        # the fields positionally, in slot order
+        return type(self), tuple(getattr(self, k) for k in fields(type(self)))
+
+
+class ExtraMount(_Frozen):
+    __slots__ = ("host_path", "container_path", "read_only")  # noqa: RUF023 (field order)
+
     host_path: str
     container_path: str
-    read_only: bool = False
+    read_only: bool
+
+    def __init__(self, host_path: str, container_path: str, read_only: bool = False) -> None:
+        init = object.__setattr__
+        init(self, "host_path", host_path)
+        init(self, "container_path", container_path)
+        init(self, "read_only", read_only)
 
 
-@dataclass(frozen=True)
-class Config:
-    driver_root: str = "/"
-    runtimes: tuple[str, ...] = ("runc", "crun")
-    hook_path: str = ""
-    hook_timeout: int = 60
-    ldconfig: str = "/sbin/ldconfig"
-    log_file: str = "/var/log/nvctk.log"
-    log_level: str = "info"
-    accept_envvar_when_unprivileged: bool = True
-    accept_volume_mount_devices: bool = False
-    supported_capabilities: tuple[str, ...] = ALL_CAPABILITIES
-    vgpu_library: str = ""
-    state_dir: str = "/run/nvctk"
-    extra_mounts: tuple[ExtraMount, ...] = ()
-    path: str = field(default="", compare=False)  # the file this came from ("" = defaults)
+class Config(_Frozen):
+    # the fields in order: __init__'s positional order, and render()'s
+    __slots__ = (  # noqa: RUF023
+        "driver_root",
+        "runtimes",
+        "hook_path",
+        "hook_timeout",
+        "ldconfig",
+        "log_file",
+        "log_level",
+        "accept_envvar_when_unprivileged",
+        "accept_volume_mount_devices",
+        "supported_capabilities",
+        "vgpu_library",
+        "state_dir",
+        "extra_mounts",
+        "path",  # the file this came from ("" = defaults); not part of equality
+    )
+
+    driver_root: str
+    runtimes: tuple[str, ...]
+    hook_path: str
+    hook_timeout: int
+    ldconfig: str
+    log_file: str
+    log_level: str
+    accept_envvar_when_unprivileged: bool
+    accept_volume_mount_devices: bool
+    supported_capabilities: tuple[str, ...]
+    vgpu_library: str
+    state_dir: str
+    extra_mounts: tuple[ExtraMount, ...]
+    path: str
+
+    def __init__(
+        self,
+        driver_root: str = "/",
+        runtimes: tuple[str, ...] = ("runc", "crun"),
+        hook_path: str = "",
+        hook_timeout: int = 60,
+        ldconfig: str = "/sbin/ldconfig",
+        log_file: str = "/var/log/nvctk.log",
+        log_level: str = "info",
+        accept_envvar_when_unprivileged: bool = True,
+        accept_volume_mount_devices: bool = False,
+        supported_capabilities: tuple[str, ...] = ALL_CAPABILITIES,
+        vgpu_library: str = "",
+        state_dir: str = "/run/nvctk",
+        extra_mounts: tuple[ExtraMount, ...] = (),
+        path: str = "",
+    ) -> None:
+        init = object.__setattr__
+        init(self, "driver_root", driver_root)
+        init(self, "runtimes", runtimes)
+        init(self, "hook_path", hook_path)
+        init(self, "hook_timeout", hook_timeout)
+        init(self, "ldconfig", ldconfig)
+        init(self, "log_file", log_file)
+        init(self, "log_level", log_level)
+        init(self, "accept_envvar_when_unprivileged", accept_envvar_when_unprivileged)
+        init(self, "accept_volume_mount_devices", accept_volume_mount_devices)
+        init(self, "supported_capabilities", supported_capabilities)
+        init(self, "vgpu_library", vgpu_library)
+        init(self, "state_dir", state_dir)
+        init(self, "extra_mounts", extra_mounts)
+        init(self, "path", path)
+
+    def _values(self) -> tuple[Any, ...]:
+        # equality and hash ignore where a config was read from
+        return tuple(getattr(self, k) for k in _FIELDS)
 
 
-# key -> (comment, TOML rendering of the default); the order is the order printed
+# the fields a file sets, in the order render() prints them, and their defaults
+# (parse() checks a value's type against its default's)
+_FIELDS = tuple(f for f in fields(Config) if f != "path")
+_DEFAULTS: dict[str, Any] = dict(zip(_FIELDS, Config()._values(), strict=True))
+# TOML key -> field name
+_NAMES = {f.replace("_", "-"): f for f in _FIELDS}
+
+# TOML key -> the comment render() prints above it
 _DOC: dict[str, str] = {
     "driver-root": "where the host driver's files are (libraries, binaries, /dev and /proc/driver nodes)",
     "runtimes": "low-level OCI runtimes to try in order: names on PATH or absolute paths",
@@ -95,13 +179,11 @@ def _toml_value(value: Any) -> str:
 
 def render(config: Config, comments: bool = True) -> str:
     out = []
-    for f in fields(Config):
-        if f.name == "path":
-            continue
-        key = _key(f.name)
+    for name in _FIELDS:
+        key = _key(name)
         if comments:
             out.append(f"# {_DOC[key]}")
-        out.append(f"{key} = {_toml_value(getattr(config, f.name))}")
+        out.append(f"{key} = {_toml_value(getattr(config, name))}")
     return "\n".join(out) + "\n"
 
 
@@ -142,19 +224,30 @@ def _extra_mount(item: Any, where: str) -> ExtraMount:
     return ExtraMount(host, cont, bool(item.get("read-only", False)))
 
 
-def parse(text: str, where: str) -> Config:
+def _loads(text: str, where: str) -> dict[str, Any]:
+    data = _loads_subset(text)
+    if data is not None:
+        return data
+    # outside the subset nvctk writes (or not TOML at all): the full parser decides
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         # the decoder's message carries "(at line N, column M)"
         raise ConfigError(f"{where}: malformed TOML: {e}")
-    known = {_key(f.name): f for f in fields(Config) if f.name != "path"}
+
+
+def parse(text: str, where: str) -> Config:
+    data = _loads(text, where)
     values: dict[str, Any] = {}
     for key, value in data.items():
-        if key not in known:
+        name = _NAMES.get(key)
+        if name is None:
             raise ConfigError(f"{where}: unknown key {key!r}")
-        f = known[key]
-        values[f.name] = _check_type(key, value, f.default, where)
+        values[name] = _check_type(key, value, _DEFAULTS[name], where)
     cfg = Config(**values, path=where)
     if cfg.log_level not in LOG_LEVELS:
         raise ConfigError(f"{where}: log-level must be one of {', '.join(LOG_LEVELS)}, not {cfg.log_level!r}")

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from nvctk import ldcache
 from nvctk.errors import DriverError
+from nvctk.record import Record
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 CAPABILITIES = ("utility", "compute", "video", "graphics", "display", "ngx", "compat32")
 
@@ -102,20 +106,36 @@ SOCKETS: dict[str, tuple[str, ...]] = {
 FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 
 
-@dataclass(frozen=True)
-class DriverFiles:
-    driver_root: str
-    driver_version: str
-    # capability -> absolute host paths of the 64-bit libraries (the versioned files)
-    libraries: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    libraries32: tuple[str, ...] = ()
-    binaries: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # capability -> ((host path, container path), ...)
-    config_files: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
-    firmware: tuple[str, ...] = ()
-    sockets: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    proc_dir: str = "/proc/driver/nvidia"
-    dev_dir: str = "/dev"
+class DriverFiles(Record):
+    __slots__ = ("driver_root", "driver_version", "libraries", "libraries32",  # noqa: RUF023
+                 "binaries", "config_files", "firmware", "sockets", "proc_dir", "dev_dir")
+
+    def __init__(
+        self,
+        driver_root: str,
+        driver_version: str,
+        libraries: dict[str, tuple[str, ...]] | None = None,
+        libraries32: tuple[str, ...] = (),
+        binaries: dict[str, tuple[str, ...]] | None = None,
+        config_files: dict[str, tuple[tuple[str, str], ...]] | None = None,
+        firmware: tuple[str, ...] = (),
+        sockets: dict[str, tuple[str, ...]] | None = None,
+        proc_dir: str = "/proc/driver/nvidia",
+        dev_dir: str = "/dev",
+    ) -> None:
+        self.driver_root = driver_root
+        self.driver_version = driver_version
+        # capability -> absolute host paths of the 64-bit libraries (the versioned files)
+        self.libraries: dict[str, tuple[str, ...]] = {} if libraries is None else libraries
+        self.libraries32 = libraries32
+        self.binaries: dict[str, tuple[str, ...]] = {} if binaries is None else binaries
+        # capability -> ((host path, container path), ...)
+        self.config_files: dict[str, tuple[tuple[str, str], ...]] = (
+            {} if config_files is None else config_files)
+        self.firmware = firmware
+        self.sockets: dict[str, tuple[str, ...]] = {} if sockets is None else sockets
+        self.proc_dir = proc_dir
+        self.dev_dir = dev_dir
 
     def for_capabilities(self, capabilities: Iterable[str]) -> list[str]:
         """Every host path (libraries, binaries, config files, sockets) of these capabilities,
@@ -136,12 +156,18 @@ def host_path(root: str, path: str) -> str:
     return os.path.normpath(os.path.join(root, path.lstrip("/")))
 
 
-def resolve_in_root(root: str, path: str, max_links: int = 40) -> str:
+def resolve_in_root(root: str, path: str, max_links: int = 40,
+                    links_seen: dict[str, str | None] | None = None) -> str:
     """Host path of `path` (inside the root) with every symlink resolved as if the root
-    were /: absolute link targets stay inside the root, `..` stops at the root."""
+    were /: absolute link targets stay inside the root, `..` stops at the root.
+
+    links_seen: host path -> link target (None: no link), filled and used across the
+    calls of one look at an unchanging root (a driver's libraries share directories).
+    """
     root = os.path.abspath(root)
+    top = root.rstrip("/")  # "" for /: candidates are top + "/" + name
     parts = [p for p in path.split("/") if p and p != "."]
-    resolved: list[str] = []
+    resolved: list[str] = []  # the host path of each component resolved so far
     links = 0
     while parts:
         part = parts.pop(0)
@@ -149,43 +175,57 @@ def resolve_in_root(root: str, path: str, max_links: int = 40) -> str:
             if resolved:
                 resolved.pop()
             continue
-        candidate = os.path.join(root, *resolved, part)
-        try:
-            st = os.lstat(candidate)
-        except FileNotFoundError:
-            resolved.append(part)
-            continue
-        if stat.S_ISLNK(st.st_mode):
+        candidate = f"{resolved[-1] if resolved else top}/{part}"
+        if links_seen is not None and candidate in links_seen:
+            target = links_seen[candidate]
+        else:
+            target = _link_target(candidate)
+            if links_seen is not None:
+                links_seen[candidate] = target
+        if target is not None:
             links += 1
             if links > max_links:
                 raise DriverError(f"too many levels of symlinks resolving {path} in {root}")
-            target = os.readlink(candidate)
             if target.startswith("/"):
                 resolved = []
             parts = [p for p in target.split("/") if p and p != "."] + parts
             continue
-        resolved.append(part)
-    return os.path.join(root, *resolved)
+        resolved.append(candidate)
+    return resolved[-1] if resolved else root
+
+
+def _link_target(path: str) -> str | None:
+    """What the link at path points to; None when path is no link or does not exist."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return os.readlink(path) if stat.S_ISLNK(st.st_mode) else None
 
 
 def _lib_name(soname: str) -> str:
     return soname.split(".so", 1)[0]
 
 
+# every library name once, in the order the 32-bit libraries are listed
+_LIBRARY_NAMES = tuple(dict.fromkeys(n for names in LIBRARIES.values() for n in names))
+
+
 def _find_libraries(
-    root: str, version: str, entries: list[ldcache.CacheEntry], arches: tuple[str, ...]
+    root: str, version: str, entries: list[ldcache.CacheEntry], arch: str,
+    links_seen: dict[str, str | None],
 ) -> dict[str, str]:
-    """library name -> host path of its versioned file, first matching cache entry wins."""
-    wanted = {n for names in LIBRARIES.values() for n in names}
+    """library name -> host path of its versioned file, first matching cache entry wins
+    (entries: the cache's entries of the wanted libraries)."""
     suffix = f".so.{version}"
     found: dict[str, str] = {}
     for e in entries:
-        if e.arch not in arches:
+        if e.arch != arch:
             continue
         name = _lib_name(e.name)
-        if name not in wanted or name in found:
+        if name in found:
             continue
-        real = resolve_in_root(root, e.path)
+        real = resolve_in_root(root, e.path, links_seen=links_seen)
         if real.endswith(suffix) and os.path.isfile(real):
             found[name] = real
     return found
@@ -199,32 +239,47 @@ def _find_binary(root: str, name: str) -> str | None:
     return None
 
 
-def discover_files(driver_root: str, driver_version: str) -> DriverFiles:
+def discover_files(driver_root: str, driver_version: str,
+                   capabilities: Iterable[str] | None = None) -> DriverFiles:
     """The driver files at `driver_root` for `driver_version`; raises DriverError when
-    the root has no readable ld.so.cache."""
+    the root has no readable ld.so.cache.
+
+    capabilities: look only for the files of these (a create needs no more; the
+    libraries of "video" and "display" include those of "compute" and "graphics",
+    as in LIBRARIES); None: all. The firmware is always looked for.
+    """
+    caps = CAPABILITIES if capabilities is None else tuple(capabilities)
     root = os.path.abspath(driver_root)
-    entries = ldcache.read(root)
-    libs64 = _find_libraries(root, driver_version, entries, ("x86-64",))
-    libs32 = _find_libraries(root, driver_version, entries, ("i386",))
+    wanted = {n for c in caps for n in LIBRARIES.get(c, ())}
+    lib_names = [n for n in _LIBRARY_NAMES if n in wanted]
+    entries = ldcache.read(root, lib_names)
+    links_seen: dict[str, str | None] = {}
+    libs64 = _find_libraries(root, driver_version, entries, "x86-64", links_seen)
 
     libraries = {
-        cap: tuple(libs64[n] for n in names if n in libs64) for cap, names in LIBRARIES.items()
+        cap: tuple(libs64[n] for n in names if n in libs64)
+        for cap, names in LIBRARIES.items() if cap in caps
     }
-    all_names = [n for names in LIBRARIES.values() for n in names]
-    libraries32 = tuple(dict.fromkeys(libs32[n] for n in all_names if n in libs32))
+    libraries32: tuple[str, ...] = ()
+    if "compat32" in caps:
+        libs32 = _find_libraries(root, driver_version, entries, "i386", links_seen)
+        libraries32 = tuple(dict.fromkeys(libs32[n] for n in lib_names if n in libs32))
 
     binaries: dict[str, tuple[str, ...]] = {}
     for cap, names in BINARIES.items():
-        binaries[cap] = tuple(p for p in (_find_binary(root, n) for n in names) if p)
+        if cap in caps:
+            binaries[cap] = tuple(p for p in (_find_binary(root, n) for n in names) if p)
 
-    configs: list[tuple[str, str]] = []
-    for candidates, container_path in GRAPHICS_CONFIG_FILES:
-        for rel in candidates:
-            p = os.path.join(root, rel)
-            if os.path.isfile(p):
-                configs.append((p, container_path))
-                break
-    config_files = {"graphics": tuple(configs), "display": tuple(configs)}
+    config_files: dict[str, tuple[tuple[str, str], ...]] = {}
+    if "graphics" in caps or "display" in caps:
+        configs: list[tuple[str, str]] = []
+        for candidates, container_path in GRAPHICS_CONFIG_FILES:
+            for rel in candidates:
+                p = os.path.join(root, rel)
+                if os.path.isfile(p):
+                    configs.append((p, container_path))
+                    break
+        config_files = {c: tuple(configs) for c in ("graphics", "display") if c in caps}
 
     firmware: list[str] = []
     for d in FIRMWARE_DIRS:
@@ -243,6 +298,8 @@ def discover_files(driver_root: str, driver_version: str) -> DriverFiles:
 
     sockets: dict[str, tuple[str, ...]] = {}
     for cap, rels in SOCKETS.items():
+        if cap not in caps:
+            continue
         found = []
         for rel in rels:
             for p in (os.path.join(root, rel), os.path.join(root, "var", rel)):

@@ -15,6 +15,10 @@ class RequestError(NvctkError):
     """The container asked for something invalid (unknown device, bad limit, ...)."""
 
 
+class UnknownDeviceError(RequestError):
+    """A device id matches no GPU or MIG device of the host (as far as nvctk knows it)."""
+
+
 class RequirementError(NvctkError):
     """A NVIDIA_REQUIRE_* term is not met by the host."""
 

@@ -21,9 +21,15 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+import sys
 
 from nvctk.errors import DriverError
+from nvctk.record import Record
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Container, Iterable
 
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache1.1"
@@ -58,17 +64,23 @@ ARCHES: dict[int, str] = {
     0x1200: "loongarch64",
 }
 
+# what os.fsdecode does, without its per-call lookups (a host's cache has thousands of strings)
+_FS_ENCODING = sys.getfilesystemencoding()
+_FS_ERRORS = sys.getfilesystemencodeerrors()
+
 
 class CacheError(DriverError):
     """The ld.so.cache is missing, truncated or not a cache at all."""
 
 
-@dataclass(frozen=True)
-class CacheEntry:
-    name: str  # the key the loader looks up, e.g. "libcuda.so.1"
-    path: str  # as stored in the cache (for `ldconfig -r ROOT`, relative to ROOT)
-    arch: str  # "x86-64", "i386", "aarch64", ...
-    flags: int = 0
+class CacheEntry(Record):
+    __slots__ = ("name", "path", "arch", "flags")  # noqa: RUF023
+
+    def __init__(self, name: str, path: str, arch: str, flags: int = 0) -> None:
+        self.name = name  # the key the loader looks up, e.g. "libcuda.so.1"
+        self.path = path  # as stored in the cache (for `ldconfig -r ROOT`, relative to ROOT)
+        self.arch = arch  # "x86-64", "i386", "aarch64", ...
+        self.flags = flags
 
 
 def _cstr(data: bytes, offset: int, what: str) -> str:
@@ -77,7 +89,7 @@ def _cstr(data: bytes, offset: int, what: str) -> str:
     end = data.find(b"\0", offset)
     if end < 0:
         raise CacheError(f"ld.so.cache: {what} string at offset {offset} is not terminated")
-    return os.fsdecode(data[offset:end])
+    return data[offset:end].decode(_FS_ENCODING, _FS_ERRORS)
 
 
 def _arch(flags: int) -> str:
@@ -85,17 +97,32 @@ def _arch(flags: int) -> str:
     return ARCHES.get(required, f"unknown-0x{required:04x}")
 
 
-def _is_elf(flags: int) -> bool:
-    return 1 <= (flags & FLAG_TYPE_MASK) <= 3
+def _entries(data: bytes, table: memoryview, fields: struct.Struct, strings: int,
+             names: Container[bytes] | None) -> list[CacheEntry]:
+    """The ELF entries of an entry table; string offsets count from `strings`."""
+    out = []
+    for flags, key, value, *_ in fields.iter_unpack(table):
+        if not 1 <= (flags & FLAG_TYPE_MASK) <= 3:
+            continue
+        if names is not None:
+            # most of a host's entries are not wanted: judge them before decoding anything
+            k = strings + key
+            end = data.find(b"\0", k) if 0 <= k < len(data) else -1
+            if end >= 0 and data[k:end].partition(b".so")[0] not in names:
+                continue
+        out.append(CacheEntry(_cstr(data, strings + key, "key"),
+                              _cstr(data, strings + value, "value"), _arch(flags), flags))
+    return out
 
 
-def _parse_new(data: bytes, start: int) -> list[CacheEntry]:
+def _parse_new(data: bytes, start: int, names: Container[bytes] | None) -> list[CacheEntry]:
     if len(data) - start < _NEW_HEADER.size:
         raise CacheError("ld.so.cache: truncated header")
     magic, nlibs, len_strings, _flags, _pad, _ext, _unused = _NEW_HEADER.unpack_from(data, start)
     if magic != NEW_MAGIC:
         raise CacheError("ld.so.cache: bad magic in new-format header")
-    entries_end = start + _NEW_HEADER.size + nlibs * _NEW_ENTRY.size
+    table = start + _NEW_HEADER.size
+    entries_end = table + nlibs * _NEW_ENTRY.size
     if entries_end > len(data):
         raise CacheError(
             f"ld.so.cache: truncated: header says {nlibs} entries, "
@@ -103,30 +130,22 @@ def _parse_new(data: bytes, start: int) -> list[CacheEntry]:
         )
     if entries_end + len_strings > len(data):
         raise CacheError("ld.so.cache: truncated string table")
-    out = []
-    for i in range(nlibs):
-        flags, key, value, _osv, _hwcap = _NEW_ENTRY.unpack_from(
-            data, start + _NEW_HEADER.size + i * _NEW_ENTRY.size
-        )
-        if not _is_elf(flags):
-            continue
-        out.append(
-            CacheEntry(
-                _cstr(data, start + key, "key"), _cstr(data, start + value, "value"), _arch(flags),
-                flags,
-            )
-        )
-    return out
+    return _entries(data, memoryview(data)[table:entries_end], _NEW_ENTRY, start, names)
 
 
 def _align(n: int, to: int = 8) -> int:
     return (n + to - 1) & ~(to - 1)
 
 
-def parse(data: bytes) -> list[CacheEntry]:
-    """All ELF entries of a cache file's bytes, in file order (the loader's order)."""
+def parse(data: bytes, names: Iterable[str] | None = None) -> list[CacheEntry]:
+    """All ELF entries of a cache file's bytes, in file order (the loader's order).
+
+    names: only the entries of these libraries (the key up to ".so", e.g. "libcuda");
+    the others are skipped unread, so a bad value offset among them goes unnoticed.
+    """
+    want = None if names is None else {os.fsencode(n) for n in names}
     if data.startswith(NEW_MAGIC):
-        return _parse_new(data, 0)
+        return _parse_new(data, 0, want)
     if data.startswith(OLD_MAGIC):
         if len(data) < _OLD_HEADER.size:
             raise CacheError("ld.so.cache: truncated old-format header")
@@ -136,19 +155,9 @@ def parse(data: bytes) -> list[CacheEntry]:
             raise CacheError(f"ld.so.cache: truncated: old header says {nlibs} entries")
         new_start = _align(strings)
         if data[new_start : new_start + len(NEW_MAGIC)] == NEW_MAGIC:  # compat format
-            return _parse_new(data, new_start)
-        out = []
-        for i in range(nlibs):
-            flags, key, value = _OLD_ENTRY.unpack_from(data, _OLD_HEADER.size + i * _OLD_ENTRY.size)
-            if not _is_elf(flags):
-                continue
-            out.append(
-                CacheEntry(
-                    _cstr(data, strings + key, "key"), _cstr(data, strings + value, "value"),
-                    _arch(flags), flags,
-                )
-            )
-        return out
+            return _parse_new(data, new_start, want)
+        return _entries(data, memoryview(data)[_OLD_HEADER.size:strings], _OLD_ENTRY, strings,
+                        want)
     if not data:
         raise CacheError("ld.so.cache: empty file")
     raise CacheError("ld.so.cache: not an ld.so.cache file (unknown magic)")
@@ -158,8 +167,9 @@ def cache_path(root: str) -> str:
     return os.path.join(root, "etc/ld.so.cache")
 
 
-def read(root: str) -> list[CacheEntry]:
-    """Entries of <root>/etc/ld.so.cache; paths as stored (relative to root for `-r root`)."""
+def read(root: str, names: Iterable[str] | None = None) -> list[CacheEntry]:
+    """Entries of <root>/etc/ld.so.cache (of the libraries `names`: see parse); paths as
+    stored (relative to root for `-r root`)."""
     path = cache_path(root)
     try:
         with open(path, "rb") as f:
@@ -169,6 +179,6 @@ def read(root: str) -> list[CacheEntry]:
     except OSError as e:
         raise CacheError(f"cannot read {path}: {e.strerror}")
     try:
-        return parse(data)
+        return parse(data, names)
     except CacheError as e:
         raise CacheError(f"{path}: {str(e).removeprefix('ld.so.cache: ')}")

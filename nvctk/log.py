@@ -6,6 +6,11 @@ format (logrus JSON, or logfmt with --log-format text), besides stderr.
 
 Nothing here may raise: logging must never turn a working create into a
 failing one, nor hide the original error.
+
+The shim and the prestart hook log at debug level on some hosts, a few dozen
+lines per GPU container start: a Logger opens its file once (O_APPEND: every
+line is one write(2), whole even with concurrent writers) and formats the time
+stamp once per second.
 """
 
 from __future__ import annotations
@@ -16,23 +21,41 @@ import time
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
+_stamp: tuple[int, str] = (-1, "")
+
 
 def _now_rfc3339() -> str:
     # logrus writes time.RFC3339; UTC gives the "Z" suffix
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    global _stamp
+    now = int(time.time())
+    if now != _stamp[0]:
+        _stamp = (now, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)))
+    return _stamp[1]
 
 
-def _append(path: str, line: str) -> bool:
-    """Append one line with a single write (O_APPEND keeps concurrent writers whole)."""
+def _open_append(path: str) -> int:
+    """An O_APPEND fd of path (created 0644), or -1."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError:
-        return False
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except (OSError, ValueError):
+        return -1
+
+
+def _write_line(fd: int, line: str) -> bool:
+    """One line with a single write (O_APPEND keeps concurrent writers whole)."""
     try:
         os.write(fd, (line.rstrip("\n") + "\n").encode("utf-8", "replace"))
         return True
     except OSError:
         return False
+
+
+def _append(path: str, line: str) -> bool:
+    fd = _open_append(path)
+    if fd < 0:
+        return False
+    try:
+        return _write_line(fd, line)
     finally:
         os.close(fd)
 
@@ -47,9 +70,9 @@ def runc_log_line(msg: str, level: str = "error", log_format: str | None = "json
     when = _now_rfc3339()
     if log_format == "text":
         return f"time={_logfmt_quote(when)} level={level} msg={_logfmt_quote(msg)}"
-    import json  # only on the error path: json's import is not free
+    from nvctk import jsonio
 
-    return json.dumps({"level": level, "msg": msg, "time": when}, separators=(",", ":"))
+    return jsonio.dumps({"level": level, "msg": msg, "time": when})
 
 
 def write_runc_log(
@@ -62,22 +85,45 @@ def write_runc_log(
 
 
 class Logger:
-    """nvctk's own log file: '<time> <prog>[<pid>] <LEVEL>: <msg>' lines, level-filtered."""
+    """nvctk's own log file: '<time> <prog>[<pid>] <LEVEL>: <msg>' lines, level-filtered.
+
+    The file is opened at the first line written and kept open (close() ends
+    that); a file that cannot be opened is retried at the next line.
+    """
 
     def __init__(self, path: str, level: str = "info", prog: str = "nvctk") -> None:
         self.path = path
         self.threshold = LEVELS.get(level, LEVELS["info"])
         self.prog = prog
+        self.fd = -1
+
+    def enabled(self, level: str) -> bool:
+        """Whether a line of this level would be written (skip building costly messages)."""
+        return LEVELS.get(level, 0) >= self.threshold
 
     def log(self, level: str, msg: str) -> None:
         if LEVELS.get(level, 0) < self.threshold:
             return
+        # the pid is read per line: a forked worker logs under its own
         line = f"{_now_rfc3339()} {self.prog}[{os.getpid()}] {level.upper()}: {msg}"
         self._write(line.replace("\n", " | "))
 
     def _write(self, line: str) -> None:
-        if self.path:
-            _append(self.path, line)
+        if self.fd < 0:
+            if not self.path:
+                return
+            self.fd = _open_append(self.path)
+            if self.fd < 0:
+                return
+        _write_line(self.fd, line)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
 
     def debug(self, msg: str) -> None:
         self.log("debug", msg)

@@ -24,14 +24,19 @@ Errors are `MountError("step <name>: <path>: <strerror>")`.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import stat
-from collections.abc import Iterator
-from dataclasses import dataclass
 
+from nvctk import ffi
 from nvctk.errors import MountError, SpecError
+from nvctk.record import Record
+
+# typing is for the type checker only, and nvctk.ffi stands in for ctypes (less
+# than half its import cost): this module is on every GPU container's start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # --- syscall numbers (x86-64 and the generic table agree for these) ---------
 SYS_OPEN_TREE = 428
@@ -87,30 +92,39 @@ IN_ROOT = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
 # a single component below a directory fd we already hold
 BENEATH_NOLINKS = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
+_syscall = ffi.libc_function("syscall", ffi.c_long)
+_umount2 = ffi.libc_function("umount2")
+_mount = ffi.libc_function("mount")
+_setns = ffi.libc_function("setns")
+_unshare = ffi.libc_function("unshare")
+_fstatfs = ffi.libc_function("fstatfs")
+c_int, c_uint, c_char_p, c_size_t = ffi.c_int, ffi.c_uint, ffi.c_char_p, ffi.c_size_t
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+class _OpenHow(ffi.Structure):
+    _fields_ = [("flags", ffi.c_uint64), ("mode", ffi.c_uint64), ("resolve", ffi.c_uint64)]
 
 
-class _MountAttr(ctypes.Structure):
+class _MountAttr(ffi.Structure):
     _fields_ = [
-        ("attr_set", ctypes.c_uint64),
-        ("attr_clr", ctypes.c_uint64),
-        ("propagation", ctypes.c_uint64),
-        ("userns_fd", ctypes.c_uint64),
+        ("attr_set", ffi.c_uint64),
+        ("attr_clr", ffi.c_uint64),
+        ("propagation", ffi.c_uint64),
+        ("userns_fd", ffi.c_uint64),
     ]
 
 
-class _Statfs(ctypes.Structure):
-    _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_char * 112)]
+class _Statfs(ffi.Structure):
+    _fields_ = [("f_type", ffi.c_long), ("_rest", ffi.c_char * 112)]
+
+
+_OPEN_HOW_SIZE = ffi.sizeof(_OpenHow)
+_MOUNT_ATTR_SIZE = ffi.sizeof(_MountAttr)
 
 
 def _check(ret: int, what: str) -> int:
     if ret < 0:
-        e = ctypes.get_errno()
+        e = ffi.get_errno()
         raise OSError(e, f"{what}: {os.strerror(e)}")
     return ret
 
@@ -123,36 +137,23 @@ def _b(path: str) -> bytes:
 def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
     how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)
     return _check(
-        _libc.syscall(
-            SYS_OPENAT2,
-            ctypes.c_int(dirfd),
-            ctypes.c_char_p(_b(path)),
-            ctypes.byref(how),
-            ctypes.c_size_t(ctypes.sizeof(how)),
-        ),
+        _syscall(SYS_OPENAT2, c_int(dirfd), c_char_p(_b(path)), ffi.byref(how),
+                 c_size_t(_OPEN_HOW_SIZE)),
         "openat2",
     )
 
 
 def open_tree(dirfd: int, path: str, flags: int) -> int:
     return _check(
-        _libc.syscall(
-            SYS_OPEN_TREE, ctypes.c_int(dirfd), ctypes.c_char_p(_b(path)), ctypes.c_uint(flags)
-        ),
+        _syscall(SYS_OPEN_TREE, c_int(dirfd), c_char_p(_b(path)), c_uint(flags)),
         "open_tree",
     )
 
 
 def move_mount(from_fd: int, to_fd: int) -> None:
     _check(
-        _libc.syscall(
-            SYS_MOVE_MOUNT,
-            ctypes.c_int(from_fd),
-            ctypes.c_char_p(b""),
-            ctypes.c_int(to_fd),
-            ctypes.c_char_p(b""),
-            ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH),
-        ),
+        _syscall(SYS_MOVE_MOUNT, c_int(from_fd), c_char_p(b""), c_int(to_fd), c_char_p(b""),
+                 c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)),
         "move_mount",
     )
 
@@ -162,37 +163,28 @@ def mount_setattr(fd: int, attr_set: int = 0, attr_clr: int = 0, propagation: in
     attr = _MountAttr(attr_set, attr_clr, propagation, 0)
     flags = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
     _check(
-        _libc.syscall(
-            SYS_MOUNT_SETATTR,
-            ctypes.c_int(fd),
-            ctypes.c_char_p(b""),
-            ctypes.c_uint(flags),
-            ctypes.byref(attr),
-            ctypes.c_size_t(ctypes.sizeof(attr)),
-        ),
+        _syscall(SYS_MOUNT_SETATTR, c_int(fd), c_char_p(b""), c_uint(flags), ffi.byref(attr),
+                 c_size_t(_MOUNT_ATTR_SIZE)),
         "mount_setattr",
     )
 
 
 def fsmount_tmpfs(options: dict[str, str], attrs: int) -> int:
     """A detached tmpfs; returns the fd of its root (write into it with *at calls)."""
-    fs = _check(_libc.syscall(SYS_FSOPEN, ctypes.c_char_p(b"tmpfs"), ctypes.c_uint(FSOPEN_CLOEXEC)),
-                "fsopen")
+    fs = _check(_syscall(SYS_FSOPEN, c_char_p(b"tmpfs"), c_uint(FSOPEN_CLOEXEC)), "fsopen")
     try:
         for k, v in options.items():
             _check(
-                _libc.syscall(SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(FSCONFIG_SET_STRING),
-                              ctypes.c_char_p(_b(k)), ctypes.c_char_p(_b(v)), ctypes.c_int(0)),
+                _syscall(SYS_FSCONFIG, c_int(fs), c_uint(FSCONFIG_SET_STRING), c_char_p(_b(k)),
+                         c_char_p(_b(v)), c_int(0)),
                 "fsconfig",
             )
         _check(
-            _libc.syscall(SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(FSCONFIG_CMD_CREATE),
-                          None, None, ctypes.c_int(0)),
+            _syscall(SYS_FSCONFIG, c_int(fs), c_uint(FSCONFIG_CMD_CREATE), None, None, c_int(0)),
             "fsconfig create",
         )
         return _check(
-            _libc.syscall(SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(FSMOUNT_CLOEXEC),
-                          ctypes.c_uint(attrs)),
+            _syscall(SYS_FSMOUNT, c_int(fs), c_uint(FSMOUNT_CLOEXEC), c_uint(attrs)),
             "fsmount",
         )
     finally:
@@ -200,33 +192,47 @@ def fsmount_tmpfs(options: dict[str, str], attrs: int) -> int:
 
 
 def umount2(path: str, flags: int) -> None:
-    _check(_libc.umount2(ctypes.c_char_p(_b(path)), ctypes.c_int(flags)), "umount2")
+    _check(_umount2(c_char_p(_b(path)), c_int(flags)), "umount2")
 
 
 def mount_propagation(path: str, flags: int) -> None:
-    _check(_libc.mount(None, ctypes.c_char_p(_b(path)), None, ctypes.c_ulong(flags), None), "mount")
+    _check(_mount(None, c_char_p(_b(path)), None, ffi.c_ulong(flags), None), "mount")
 
 
 def setns(fd: int, nstype: int) -> None:
-    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+    _check(_setns(c_int(fd), c_int(nstype)), "setns")
 
 
 def unshare(flags: int) -> None:
-    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+    _check(_unshare(c_int(flags)), "unshare")
 
 
 def fstatfs_type(fd: int) -> int:
     buf = _Statfs()
-    _check(_libc.fstatfs(ctypes.c_int(fd), ctypes.byref(buf)), "fstatfs")
+    _check(_fstatfs(c_int(fd), ffi.byref(buf)), "fstatfs")
     return int(buf.f_type)
+
+
+def read_bytes(path: str) -> bytes:
+    """A whole file through os.open/os.read: no buffered or text layer, and no codec
+    lookup (which could import an encodings module after the hook's setns)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def mount_id(fd: int) -> int:
     """The mount id of the mount an fd lies on (from /proc/self/fdinfo)."""
-    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("mnt_id:"):
-                return int(line.split()[1])
+    for line in read_bytes(f"/proc/self/fdinfo/{fd}").split(b"\n"):
+        if line.startswith(b"mnt_id:"):
+            return int(line.split()[1])
     raise OSError(errno.ENOENT, "no mnt_id in fdinfo")
 
 
@@ -239,13 +245,23 @@ def fd_path(fd: int) -> str:
 
 
 # --- mountinfo ----------------------------------------------------------------
-@dataclass(frozen=True)
-class MountInfo:
+class MountInfo(Record):
+    # field order is the record's order (repr, to_dict): the mountinfo columns'
+    __slots__ = ("mount_id", "parent_id", "mount_point", "fstype", "optional")  # noqa: RUF023
+
     mount_id: int
     parent_id: int
     mount_point: str
     fstype: str
     optional: tuple[str, ...]  # e.g. ("shared:1", "master:2")
+
+    def __init__(self, mount_id: int, parent_id: int, mount_point: str, fstype: str,
+                 optional: tuple[str, ...]) -> None:
+        self.mount_id = mount_id
+        self.parent_id = parent_id
+        self.mount_point = mount_point
+        self.fstype = fstype
+        self.optional = optional
 
     @property
     def shared(self) -> bool:
@@ -253,6 +269,8 @@ class MountInfo:
 
 
 def _unescape(s: str) -> str:
+    if "\\" not in s:
+        return s
     out, i = [], 0
     while i < len(s):
         if s[i] == "\\" and i + 3 < len(s) and s[i + 1 : i + 4].isdigit():
@@ -279,8 +297,8 @@ def parse_mountinfo(text: str) -> list[MountInfo]:
 
 
 def read_mountinfo(pid: int | str = "self") -> list[MountInfo]:
-    with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        return parse_mountinfo(f.read())
+    data = read_bytes(f"/proc/{pid}/mountinfo")
+    return parse_mountinfo(data.decode("utf-8", "surrogateescape"))
 
 
 def _under(path: str, top: str) -> bool:
@@ -323,6 +341,13 @@ class Root:
     def mkdirs(self, cpath: str, mode: int = 0o755) -> int:
         """O_PATH fd of directory cpath, creating missing components inside the rootfs."""
         comps = _components(cpath)
+        if comps:
+            # the directory usually exists (a lib dir, /usr/bin): one lookup, resolved
+            # exactly as the walk below would; anything else takes the walk
+            try:
+                return openat2(self.fd, "/".join(comps), os.O_PATH | os.O_DIRECTORY, IN_ROOT)
+            except OSError:
+                pass
         parent = os.dup(self.fd)
         try:
             for i, name in enumerate(comps):
@@ -484,9 +509,7 @@ def _copy_tree(src: str, dst_dirfd: int, depth: int = 0) -> None:
                 finally:
                     os.close(sub)
             elif e.is_file(follow_symlinks=False):
-                with open(e.path, "rb") as f:
-                    data = f.read()
-                write_file(dst_dirfd, e.name, data)
+                write_file(dst_dirfd, e.name, read_bytes(e.path))
 
 
 def write_file(dirfd: int, name: str, data: bytes, mode: int = 0o444) -> None:
@@ -517,18 +540,17 @@ def make_proc_mask(host_dir: str, gpu_bus_ids: tuple[str, ...]) -> int:
     fd = fsmount_tmpfs({"mode": "0555", "size": "1m"}, 0)
     try:
         try:
-            with open(os.path.join(host_dir, "params"), encoding="utf-8",
-                      errors="surrogateescape") as f:
-                params = f.read()
+            params = read_bytes(os.path.join(host_dir, "params")).decode("utf-8",
+                                                                          "surrogateescape")
         except FileNotFoundError:
             params = ""
         write_file(fd, "params", params_without_modify(params).encode("utf-8", "surrogateescape"))
         for name in ("version", "registry"):
             try:
-                with open(os.path.join(host_dir, name), "rb") as f:
-                    write_file(fd, name, f.read())
+                data = read_bytes(os.path.join(host_dir, name))
             except FileNotFoundError:
-                pass
+                continue
+            write_file(fd, name, data)
         if gpu_bus_ids:
             os.mkdir("gpus", 0o555, dir_fd=fd)
             gpus = openat2(fd, "gpus", os.O_PATH | os.O_DIRECTORY, BENEATH_NOLINKS)

@@ -5,6 +5,9 @@ and handed to pynvml, so a driver root other than / (a simulated host, a driver
 container) is queried with its own library, never the host's. For such roots
 NVSIM_DEV_DIR=<root>/dev is set while NVML runs: the simulated NVML reads its
 device nodes there; the real driver ignores the variable.
+
+GPU creates go through nvctk.host.load_host, which serves these answers from a
+validated cache and imports this module (and pynvml) only on a miss.
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from nvctk import ldcache
 from nvctk.driver import resolve_in_root
 from nvctk.errors import DriverError
+
+# The records live in nvctk.host (the cache's side, which never imports pynvml);
+# re-exported here for the callers that name them nvml.HostInfo & co.
+from nvctk.host import GpuInfo, HostInfo, MigInfo
 
 
 def _import_pynvml() -> Any:
@@ -78,51 +84,6 @@ BRANDS: dict[int, str] = {
 }
 
 _lock = threading.Lock()  # one NVML session at a time: pynvml's library is process-global
-
-
-@dataclass(frozen=True)
-class MigInfo:
-    index: int
-    uuid: str
-    gpu_instance: int
-    compute_instance: int
-    profile: str  # e.g. "3g.40gb" ("" when NVML cannot say)
-    memory_mib: int
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    uuid: str
-    name: str
-    minor: int
-    pci_bus_id: str  # NVML's form, e.g. 00000000:1B:00.0
-    memory_mib: int
-    compute_capability: str  # "9.0"
-    brand: str  # lower-case, e.g. "nvidia", "tesla"
-    mig_enabled: bool
-    mig_devices: tuple[MigInfo, ...] = ()
-
-
-@dataclass(frozen=True)
-class HostInfo:
-    driver_version: str
-    cuda_version: str  # "12.4"
-    gpus: tuple[GpuInfo, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for g in d["gpus"]:
-            g["mig_devices"] = list(g["mig_devices"])
-        d["gpus"] = list(d["gpus"])
-        return d
-
-    def gpu(self, ident: str) -> GpuInfo | None:
-        """GPU by index, UUID (case-insensitive) or PCI bus id."""
-        for g in self.gpus:
-            if ident == str(g.index) or ident.lower() in (g.uuid.lower(), g.pci_bus_id.lower()):
-                return g
-        return None
 
 
 def find_library(driver_root: str) -> str:

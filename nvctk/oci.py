@@ -9,19 +9,19 @@ twice on one bundle yields the same file as running it once.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 
+from nvctk import jsonio
 from nvctk.errors import SpecError
-from nvctk.plan import DeviceNode
+from nvctk.record import Record
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
+
+    from nvctk.plan import DeviceNode
 
 SPEC_FILE = "config.json"
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
@@ -54,7 +54,7 @@ def load_spec(bundle: str) -> dict[str, Any]:
 
 def parse_spec(data: bytes | str, where: str = SPEC_FILE) -> dict[str, Any]:
     try:
-        spec = json.loads(data)
+        spec = jsonio.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise SpecError(f"{where}: invalid JSON: {e}")
     if not isinstance(spec, dict):
@@ -72,11 +72,14 @@ def parse_spec(data: bytes | str, where: str = SPEC_FILE) -> dict[str, Any]:
     return spec
 
 
-def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
+def atomic_write(path: str, data: bytes, mode: int | None = None, *,
+                 sync_dir: bool = True) -> None:
     """Replace `path` with `data`: temp file in the same dir, fsync, rename, fsync dir.
 
     A reader (runc, a crashed shim's retry) sees the old file or the new one,
     never a torn one. Mode and owner follow the file being replaced.
+    sync_dir=False leaves the directory's fsync (the rename's durability) to the
+    caller's next atomic_write in the same directory, which then covers both renames.
     """
     directory = os.path.dirname(os.path.abspath(path))
     uid = gid = -1
@@ -96,16 +99,22 @@ def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
                 view = view[n:]
             os.fchmod(fd, mode)
             if uid >= 0 and (uid, gid) != (os.geteuid(), os.getegid()):
-                with contextlib.suppress(OSError):
+                try:
                     os.fchown(fd, uid, gid)
+                except OSError:
+                    pass
             os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(tmp)
+        except OSError:
+            pass
         raise
+    if not sync_dir:
+        return
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dfd)
@@ -117,7 +126,7 @@ def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
 
 def dump_spec(spec: dict[str, Any]) -> bytes:
     # runc and containerd write compact JSON; indenting would only cost bytes
-    return json.dumps(spec, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return jsonio.dumps(spec, ensure_ascii=False).encode("utf-8")
 
 
 def save_spec(bundle: str, spec: dict[str, Any]) -> None:
@@ -305,20 +314,23 @@ def set_env(spec: dict[str, Any], env: dict[str, str]) -> None:
 # --- state (what hooks read on stdin) --------------------------------------------------
 
 
-@dataclass(frozen=True)
-class State:
-    id: str
-    pid: int
-    bundle: str
-    status: str = ""
-    root: str | None = None  # crun passes the rootfs; runc does not
-    annotations: dict[str, str] = field(default_factory=dict)
+class State(Record):
+    __slots__ = ("id", "pid", "bundle", "status", "root", "annotations")  # noqa: RUF023
+
+    def __init__(self, id: str, pid: int, bundle: str, status: str = "",
+                 root: str | None = None, annotations: dict[str, str] | None = None) -> None:
+        self.id = id
+        self.pid = pid
+        self.bundle = bundle
+        self.status = status
+        self.root = root  # crun passes the rootfs; runc does not
+        self.annotations: dict[str, str] = {} if annotations is None else annotations
 
 
 def load_state(text: str | bytes) -> State:
     """The OCI state JSON a hook gets on stdin; SpecError on anything unusable."""
     try:
-        d = json.loads(text)
+        d = jsonio.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
         raise SpecError(f"hook state on stdin: invalid JSON: {e}")
     if not isinstance(d, dict):

@@ -11,10 +11,11 @@ fails with a message saying how to get one. (nvctk-hook is found by nvctk.shim.f
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from nvctk.errors import ConfigError
 
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.config import Config
 

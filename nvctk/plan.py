@@ -7,8 +7,8 @@ mounts. Both executables go through `make_plan` (nvctk.planner) so they agree.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from nvctk import jsonio
+from nvctk.record import Record
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
@@ -18,68 +18,102 @@ if TYPE_CHECKING:
 PLAN_FILE = "nvctk-plan.json"  # in the bundle directory, beside config.json
 
 
-@dataclass(frozen=True)
-class DeviceNode:
-    path: str  # path inside the container, e.g. /dev/nvidia0
-    host_path: str  # node on the host (under the driver root's dev dir)
-    major: int
-    minor: int
-    type: Literal["c", "b"] = "c"
-    file_mode: int = 0o666
+class DeviceNode(Record):
+    __slots__ = ("path", "host_path", "major", "minor", "type", "file_mode")  # noqa: RUF023
+
+    def __init__(self, path: str, host_path: str, major: int, minor: int,
+                 type: Literal["c", "b"] = "c", file_mode: int = 0o666) -> None:
+        self.path = path  # path inside the container, e.g. /dev/nvidia0
+        self.host_path = host_path  # node on the host (under the driver root's dev dir)
+        self.major = major
+        self.minor = minor
+        self.type = type
+        self.file_mode = file_mode
 
 
-@dataclass(frozen=True)
-class Mount:
-    host_path: str
-    container_path: str
-    kind: Literal["file", "dir", "socket"] = "file"
-    read_only: bool = True  # IPC mounts are writable but noexec
-    noexec: bool = False
+class Mount(Record):
+    __slots__ = ("host_path", "container_path", "kind", "read_only", "noexec")  # noqa: RUF023
+
+    def __init__(self, host_path: str, container_path: str,
+                 kind: Literal["file", "dir", "socket"] = "file", read_only: bool = True,
+                 noexec: bool = False) -> None:
+        self.host_path = host_path
+        self.container_path = container_path
+        self.kind = kind
+        self.read_only = read_only  # IPC mounts are writable but noexec
+        self.noexec = noexec
 
 
-@dataclass(frozen=True)
-class Symlink:
-    container_path: str
-    target: str  # relative or absolute as it should read inside the container
+class Symlink(Record):
+    __slots__ = ("container_path", "target")
+
+    def __init__(self, container_path: str, target: str) -> None:
+        self.container_path = container_path
+        self.target = target  # relative or absolute as it should read inside the container
 
 
-@dataclass(frozen=True)
-class ProcMask:
+class ProcMask(Record):
     """Mask /proc/driver/nvidia with a tmpfs holding only these host files."""
 
-    host_dir: str  # the driver's /proc/driver/nvidia on the host
-    gpu_bus_ids: tuple[str, ...]  # gpus/<busid> dirs to copy (lower-case, as procfs names them)
+    __slots__ = ("host_dir", "gpu_bus_ids")  # noqa: RUF023
+
+    def __init__(self, host_dir: str, gpu_bus_ids: tuple[str, ...]) -> None:
+        self.host_dir = host_dir  # the driver's /proc/driver/nvidia on the host
+        # gpus/<busid> dirs to copy (lower-case, as procfs names them)
+        self.gpu_bus_ids = gpu_bus_ids
 
 
-@dataclass(frozen=True)
-class VgpuPlan:
-    library: str  # host path of libvgpu.so
-    container_library: str  # where it is mounted
-    state_dir: str  # per-container accounting dir on the host
-    container_state_dir: str  # where it is mounted in the container
-    limits: dict[str, str] = field(default_factory=dict)  # validated CUDA_DEVICE_* values
+class VgpuPlan(Record):
+    __slots__ = ("library", "container_library", "state_dir",  # noqa: RUF023
+                 "container_state_dir", "limits")
+
+    def __init__(self, library: str, container_library: str, state_dir: str,
+                 container_state_dir: str, limits: dict[str, str] | None = None) -> None:
+        self.library = library  # host path of libvgpu.so
+        self.container_library = container_library  # where it is mounted
+        self.state_dir = state_dir  # per-container accounting dir on the host
+        self.container_state_dir = container_state_dir  # where it is mounted in the container
+        # validated CUDA_DEVICE_* values
+        self.limits: dict[str, str] = {} if limits is None else limits
 
 
-@dataclass(frozen=True)
-class Plan:
-    driver_version: str
-    capabilities: tuple[str, ...]
-    gpu_uuids: tuple[str, ...]  # selected GPUs (parents included for MIG), container order
-    devices: tuple[DeviceNode, ...] = ()
-    mounts: tuple[Mount, ...] = ()
-    symlinks: tuple[Symlink, ...] = ()
-    proc_mask: ProcMask | None = None
-    lib_dir: str = "/usr/lib/x86_64-linux-gnu"  # container lib dir the libraries land in
-    ldconfig: str = "/sbin/ldconfig"  # host ldconfig to run chrooted in the rootfs
-    env: dict[str, str] = field(default_factory=dict)  # added to process.env by the shim
-    vgpu: VgpuPlan | None = None
+class Plan(Record):
+    __slots__ = ("driver_version", "capabilities", "gpu_uuids", "devices",  # noqa: RUF023
+                 "mounts", "symlinks", "proc_mask", "lib_dir", "ldconfig", "env", "vgpu")
+
+    def __init__(
+        self,
+        driver_version: str,
+        capabilities: tuple[str, ...],
+        gpu_uuids: tuple[str, ...],
+        devices: tuple[DeviceNode, ...] = (),
+        mounts: tuple[Mount, ...] = (),
+        symlinks: tuple[Symlink, ...] = (),
+        proc_mask: ProcMask | None = None,
+        lib_dir: str = "/usr/lib/x86_64-linux-gnu",
+        ldconfig: str = "/sbin/ldconfig",
+        env: dict[str, str] | None = None,
+        vgpu: VgpuPlan | None = None,
+    ) -> None:
+        self.driver_version = driver_version
+        self.capabilities = capabilities
+        # selected GPUs (parents included for MIG), container order
+        self.gpu_uuids = gpu_uuids
+        self.devices = devices
+        self.mounts = mounts
+        self.symlinks = symlinks
+        self.proc_mask = proc_mask
+        self.lib_dir = lib_dir  # container lib dir the libraries land in
+        self.ldconfig = ldconfig  # host ldconfig to run chrooted in the rootfs
+        self.env: dict[str, str] = {} if env is None else env  # added to process.env by the shim
+        self.vgpu = vgpu
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        return jsonio.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
-        d = json.loads(text)
+    def from_json(cls, text: str | bytes) -> Plan:
+        d = jsonio.loads(text)
         d["capabilities"] = tuple(d["capabilities"])
         d["gpu_uuids"] = tuple(d["gpu_uuids"])
         d["devices"] = tuple(DeviceNode(**x) for x in d["devices"])

@@ -9,21 +9,23 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
 
 from nvctk import driver as nvdriver
 from nvctk import oci
-from nvctk.config import Config
-from nvctk.errors import DriverError, RequestError
-from nvctk.mount import exists_in_rootfs
-from nvctk.paths import require_vgpu_library
+from nvctk.errors import DriverError, RequestError, UnknownDeviceError
 from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
+from nvctk.record import Record
 from nvctk.request import Request, request_from_spec
-from nvctk.requirements import HostFacts, check
+from nvctk.rootfs_path import exists_in_rootfs
 
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from nvctk.nvml import GpuInfo, HostInfo, MigInfo
+    from typing import Any, Literal
+
+    from nvctk.config import Config
+    from nvctk.host import GpuInfo, HostInfo, MigInfo
+    from nvctk.requirements import HostFacts
 
 DEBIAN_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 OTHER_LIB_DIR = "/usr/lib64"
@@ -31,6 +33,9 @@ DEBIAN_LIB32_DIR = "/usr/lib/i386-linux-gnu"
 OTHER_LIB32_DIR = "/usr/lib"
 FIRMWARE_DIR = "/lib/firmware/nvidia"
 DEFAULT_MPS_PIPE_DIR = "/tmp/nvidia-mps"
+
+# every variable nvctk.vgpu reads from a container's env starts with one of these
+VGPU_ENV_PREFIXES = ("CUDA_DEVICE_", "NVCTK_VGPU_")
 
 # (library name prefix, link name, target) made beside the mounted libraries;
 # target None means libGLX_nvidia.so.<driver version>.
@@ -41,10 +46,12 @@ LINKS: tuple[tuple[str, str, str | None], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Selected:
-    gpu: GpuInfo
-    mig: MigInfo | None = None
+class Selected(Record):
+    __slots__ = ("gpu", "mig")
+
+    def __init__(self, gpu: GpuInfo, mig: MigInfo | None = None) -> None:
+        self.gpu = gpu
+        self.mig = mig
 
     @property
     def name(self) -> str:
@@ -114,7 +121,9 @@ def resolve_device(ident: str, host: HostInfo, source: str) -> Selected:
             for g in host.gpus:
                 if _norm_bus_id(g.pci_bus_id) == want:
                     return Selected(g)
-    raise RequestError(f"unknown device {ident!r} in {source} (this host has GPUs {_known_ids(host)})")
+    raise UnknownDeviceError(
+        f"unknown device {ident!r} in {source} (this host has GPUs {_known_ids(host)})"
+    )
 
 
 def select_devices(request: Request, host: HostInfo) -> list[Selected]:
@@ -132,6 +141,23 @@ def select_devices(request: Request, host: HostInfo) -> list[Selected]:
             seen.add(sel.name)
             out.append(sel)
     return out
+
+
+def load_and_select(request: Request, config: Config) -> tuple[HostInfo, list[Selected]]:
+    """The host (nvctk.host's cache under config.state_dir, else NVML) and the
+    request's devices on it. A device the cache does not know may have been made
+    since it was written (a new MIG device): NVML itself is asked before that is
+    an error."""
+    from nvctk.host import load_host
+
+    host, cached = load_host(config.driver_root, config.state_dir)
+    try:
+        return host, select_devices(request, host)
+    except UnknownDeviceError:
+        if not cached:
+            raise
+    host, _ = load_host(config.driver_root, config.state_dir, fresh=True)
+    return host, select_devices(request, host)
 
 
 # --- device nodes --------------------------------------------------------------------------
@@ -328,14 +354,18 @@ def plan_vgpu(
     an index beyond the container's GPUs, a memory cap above the GPU's memory, and
     an image whose loader would ignore /etc/ld.so.preload (musl, no glibc loader).
     """
+    if not any(k.startswith(VGPU_ENV_PREFIXES) for k in request.env):
+        return None  # no variable nvctk.vgpu reads: not even worth importing it
     from nvctk import vgpu
-    from nvctk import vgpu_state as vs
 
     env = {k: v for k, v in request.env.items() if k != vgpu.CACHE_VAR}  # nvctk sets that one
     devs = vgpu_devices(selected)
     limits = vgpu.limits_from_env(env, len(devs))
     if not limits.any:
         return None
+    # only now: it brings nvctk.mount (ctypes), re and more to the create path
+    from nvctk import vgpu_state as vs
+
     for i, (cap, dev) in enumerate(zip(limits.memory, devs, strict=True)):
         mib = dev.mig.memory_mib if dev.mig is not None else dev.gpu.memory_mib
         if cap and mib and cap > mib << 20:
@@ -348,6 +378,8 @@ def plan_vgpu(
             )
     if rootfs is not None:
         vs.check_preloadable(rootfs, _a_limit_variable(env))
+    from nvctk.paths import require_vgpu_library
+
     library = require_vgpu_library(config)
     cid = container_id or "container"
     return VgpuPlan(
@@ -370,6 +402,9 @@ def vgpu_env(vgpu: VgpuPlan | None) -> dict[str, str]:
 
 
 def host_facts(host: HostInfo, selected: list[Selected]) -> list[HostFacts]:
+    # imported here and at check(): only containers that state requirements need it
+    from nvctk.requirements import HostFacts
+
     if not selected:
         return [HostFacts(host.cuda_version, host.driver_version)]
     return [
@@ -395,22 +430,24 @@ def make_plan(
     bundle: resolves a relative root.path (needed to pick the container's lib dir;
     without bundle or rootfs the non-Debian default is used, and the vGPU checks
     of the image are skipped). container_id, runtime_root (runc's --root): key the
-    container's vGPU state dir. host: NVML's view,
-    queried at config.driver_root when not given. Raises NvctkError subclasses
-    whose message names the culprit.
+    container's vGPU state dir. host: NVML's view of config.driver_root, loaded
+    when not given (see load_and_select). Raises NvctkError subclasses whose
+    message names the culprit.
     """
     if request is None:
         request = request_from_spec(spec, config)
     if request is None:
         return None
     if host is None:
-        from nvctk.nvml import query_host  # pynvml is loaded only for GPU containers
-
-        host = query_host(config.driver_root)
-    selected = select_devices(request, host)
+        host, selected = load_and_select(request, config)
+    else:
+        selected = select_devices(request, host)
     if not request.disable_require and request.requirements:
+        from nvctk.requirements import check
+
         check(request.requirements, host_facts(host, selected))
-    files = nvdriver.discover_files(config.driver_root, host.driver_version)
+    files = nvdriver.discover_files(config.driver_root, host.driver_version,
+                                    _expanded(request.capabilities))
 
     if rootfs is None and bundle is not None:
         rootfs = oci.root_path(spec, bundle)

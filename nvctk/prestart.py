@@ -13,37 +13,47 @@ worker so that the hook's own process stays in the host's mount namespace:
                RESOLVE_IN_ROOT), create it, move_mount the clone onto its fd
     symlink    libcuda.so -> libcuda.so.1 and friends (symlinkat on a parent fd)
     proc-mask  tmpfs over /proc/driver/nvidia where the container has it
-    ldconfig   in a grandchild: private mount ns, the rootfs's procfs detached
-               (no magic links to the host), chroot, only CAP_DAC_OVERRIDE,
-               exec the host's static ldconfig from its fd with an empty env
+    ldconfig   the worker, its answer sent: private mount ns, the rootfs's
+               procfs detached (no magic links to the host), chroot, only
+               CAP_DAC_OVERRIDE, exec the host's static ldconfig from its fd
+               with an empty env. The hook's process bounds it in time.
 
 Each step runs with exactly its capabilities effective (nvctk.caps) and logs
 them at debug level. On any failure the worker detaches what it mounted and
 the hook exits 1 with "nvctk-hook: step <name>: <path>: <why>" on stderr.
+
+This runs in every GPU container's start, so it imports only os-level modules
+and small nvctk modules that do the same (tests/test_prestart.py checks the
+import profile): no json, re, typing, dataclasses, subprocess or signal. The
+worker imports nothing once it is in the container's mount namespace (a lazy
+import would be looked up through the container's view of the file system),
+and becomes ldconfig itself rather than forking again.
 """
 
 from __future__ import annotations
 
-import json
+import _signal
 import os
+import select
 import stat
-import struct
 import sys
 import time
-from collections.abc import MutableMapping
-from dataclasses import dataclass, field
 
-from nvctk import caps
+from nvctk import caps, jsonio
 from nvctk import config as nvconfig
 from nvctk import mount as m
 from nvctk.errors import MountError, NvctkError, SpecError
 from nvctk.log import Logger
+from nvctk.oci import bundle_in_rootfs, load_state
+from nvctk.oci import load_spec as _load_spec
 from nvctk.plan import PLAN_FILE, Mount, Plan
+from nvctk.record import Record
 
-# typing, traceback: not imported at run time (the hook starts in every GPU container)
+# typing is for the type checker only (the hook starts in every GPU container)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any
+    from collections.abc import MutableMapping
+    from typing import IO, Any, Literal
 
 PROC_DRIVER = "/proc/driver/nvidia"
 # driver libraries whose absence fails the create: (file name prefix, capability)
@@ -52,37 +62,32 @@ ALL_STEPS = ("open", "setns", "propagation", "mount", "symlink", "proc-mask", "l
              "ldconfig", "undo", "done")
 LDCONFIG_TIMEOUT = 30.0
 
+# the worker's answer on its pipe: _OK, or _FAILED followed by the message
+_OK = b"ok"
+_FAILED = b"error\n"
+
 
 # --- logging through an fd opened on the host --------------------------------------
 class HookLog(Logger):
     """nvctk's log, written through an fd opened in the host namespace.
 
-    The worker changes mount namespace and the ldconfig process chroots into the
-    image: a log that re-opened its path would then write into the container.
+    The worker changes mount namespace and ldconfig chroots into the image: a
+    log that re-opened its path would then write into the container. So the
+    file is opened here, once, and never by path again.
     """
 
     def __init__(self, path: str, level: str = "info", prog: str = "nvctk-hook") -> None:
         super().__init__("", level, prog)
-        self.fd = -1
-        if path:
-            try:
-                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-                self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                                  0o644)
-            except OSError:
-                self.fd = -1
-
-    def _write(self, line: str) -> None:
-        if self.fd < 0:
+        if not path:
             return
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         try:
-            os.write(self.fd, (line + "\n").encode("utf-8", "replace"))
+            try:
+                self.fd = os.open(path, flags, 0o644)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                self.fd = os.open(path, flags, 0o644)
         except OSError:
-            pass
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
             self.fd = -1
 
 
@@ -96,40 +101,34 @@ def sanitize_environ(env: MutableMapping[str, str] | None = None) -> list[str]:
     return bad
 
 
-@dataclass(frozen=True)
-class HookState:
-    id: str
-    pid: int
-    bundle: str
-    root: str | None = None
-    annotations: dict[str, str] = field(default_factory=dict)
+class HookState(Record):
+    # field order is the record's order (repr, to_dict): the OCI state's
+    __slots__ = ("id", "pid", "bundle", "root", "annotations")  # noqa: RUF023
+
+    def __init__(self, id: str, pid: int, bundle: str, root: str | None = None,
+                 annotations: dict[str, str] | None = None) -> None:
+        self.id = id
+        self.pid = pid
+        self.bundle = bundle
+        self.root = root  # crun passes the rootfs; runc does not
+        self.annotations = {} if annotations is None else annotations
 
 
 def parse_state(text: str | bytes) -> HookState:
-    try:
-        from nvctk.oci import load_state
-    except ImportError:  # pragma: no cover - oci.py is someone else's, may lag
-        d = json.loads(text)
-        raw_root = d.get("root")
-        if isinstance(raw_root, dict):
-            raw_root = raw_root.get("path")
-        return HookState(str(d["id"]), int(d.get("pid", 0)), str(d["bundle"]), raw_root or None)
     st = load_state(text)
     root: Any = st.root
     if root is None:  # crun may send root as {"path": ...}; be lenient
         try:
-            raw = json.loads(text).get("root")
+            raw = jsonio.loads(text).get("root")
         except (ValueError, AttributeError):
             raw = None
         if isinstance(raw, dict) and isinstance(raw.get("path"), str):
             root = raw["path"]
-    return HookState(st.id, st.pid, st.bundle, root, dict(st.annotations))
+    return HookState(st.id, st.pid, st.bundle, root or None, dict(st.annotations))
 
 
 def load_spec(bundle: str) -> dict[str, Any]:
-    from nvctk.oci import load_spec as _load
-
-    return _load(bundle)
+    return _load_spec(bundle)
 
 
 def rootfs_path(state: HookState, spec: dict[str, Any]) -> str:
@@ -145,15 +144,14 @@ def load_plan(bundle: str, spec: dict[str, Any], config: nvconfig.Config, rootfs
     """Read back <bundle>/nvctk-plan.json, else recompute it as the shim would have."""
     path = os.path.join(bundle, PLAN_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        data: bytes | None = m.read_bytes(path)
     except FileNotFoundError:
-        text = None
+        data = None
     except OSError as e:
         raise MountError(f"step plan: {path}: {e.strerror}")
-    if text is not None:
+    if data is not None:
         try:
-            return Plan.from_json(text)
+            return Plan.from_json(data.decode("utf-8"))
         except (ValueError, KeyError, TypeError) as e:
             raise MountError(f"step plan: {path}: unusable plan: {e}")
     from nvctk import planner  # NVML and driver discovery: only without a saved plan
@@ -168,15 +166,19 @@ def elf_interpreter(fd: int) -> str | None:
     head = os.pread(fd, 64, 0)
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:
         raise ValueError("not a 64-bit ELF file")
-    endian = "<" if head[5] == 1 else ">"
-    phoff, = struct.unpack_from(endian + "Q", head, 32)
-    phentsize, phnum = struct.unpack_from(endian + "HH", head, 54)
-    for i in range(min(phnum, 256)):
-        ph = os.pread(fd, phentsize, phoff + i * phentsize)
-        p_type, = struct.unpack_from(endian + "I", ph, 0)
-        if p_type == 3:  # PT_INTERP
-            off, = struct.unpack_from(endian + "Q", ph, 8)
-            size, = struct.unpack_from(endian + "Q", ph, 32)
+    order: Literal["little", "big"] = "little" if head[5] == 1 else "big"
+
+    def word(buf: bytes, off: int, size: int) -> int:
+        return int.from_bytes(buf[off:off + size], order)
+
+    phoff, phentsize, phnum = word(head, 32, 8), word(head, 54, 2), min(word(head, 56, 2), 256)
+    if not 40 <= phentsize <= 256:  # Elf64_Phdr is 56 bytes; we read up to p_filesz
+        raise ValueError("not a 64-bit ELF file")
+    table = os.pread(fd, phentsize * phnum, phoff)  # the program headers in one read
+    for i in range(min(phnum, len(table) // phentsize)):
+        ph = table[i * phentsize:(i + 1) * phentsize]
+        if word(ph, 0, 4) == 3:  # PT_INTERP
+            off, size = word(ph, 8, 8), word(ph, 32, 8)
             return os.pread(fd, min(size, 4096), off).rstrip(b"\0").decode("utf-8", "replace")
     return None
 
@@ -199,13 +201,18 @@ def _close_all(fds: list[int]) -> None:
     fds.clear()
 
 
-@dataclass
-class _Prepared:
-    sources: list[tuple[Mount, int]] = field(default_factory=list)
-    mask: int = -1
-    ldconfig: int = -1
-    ns: int = -1
-    devnull: int = -1
+class _Prepared(Record):
+    """The fds the host-namespace step opens for the rest."""
+
+    __slots__ = ("sources", "mask", "ldconfig", "ns", "devnull")  # noqa: RUF023
+
+    def __init__(self, sources: list[tuple[Mount, int]] | None = None, mask: int = -1,
+                 ldconfig: int = -1, ns: int = -1, devnull: int = -1) -> None:
+        self.sources = [] if sources is None else sources
+        self.mask = mask
+        self.ldconfig = ldconfig
+        self.ns = ns
+        self.devnull = devnull
 
     def fds(self) -> list[int]:
         out = [fd for _, fd in self.sources]
@@ -270,7 +277,12 @@ def _prepare(plan: Plan, pid: int, log: HookLog) -> _Prepared:
     p = _Prepared()
     try:
         for mnt in (*plan.mounts, *_vgpu_mounts(plan, log)):
-            if not os.path.lexists(mnt.host_path):
+            try:
+                fd = m.clone_source(mnt.host_path, m.attrs_for(mnt.read_only, mnt.noexec))
+            except OSError as e:
+                # open_tree first, lstat only when it failed: one syscall per file
+                if os.path.lexists(mnt.host_path):
+                    raise m.step_error("open", mnt.host_path, e)
                 cap = required_for(mnt, plan)
                 if cap is not None:
                     raise MountError(
@@ -279,10 +291,6 @@ def _prepare(plan: Plan, pid: int, log: HookLog) -> _Prepared:
                     )
                 log.info(f"skip {mnt.container_path}: {mnt.host_path} is missing on the host")
                 continue
-            try:
-                fd = m.clone_source(mnt.host_path, m.attrs_for(mnt.read_only, mnt.noexec))
-            except OSError as e:
-                raise m.step_error("open", mnt.host_path, e)
             p.sources.append((mnt, fd))
         pm = plan.proc_mask
         if pm is not None:
@@ -344,7 +352,7 @@ def _detach_procfs_under(rootfs: str, log: HookLog) -> None:
 
 def _ldconfig_child(plan: Plan, rootfs: str, root_st: os.stat_result, ldfd: int, devnull: int,
                     out_w: int, log: HookLog) -> None:
-    """Grandchild: never returns."""
+    """Become the host's ldconfig run chrooted into the rootfs: never returns."""
     try:
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
@@ -372,17 +380,9 @@ def _ldconfig_child(plan: Plan, rootfs: str, root_st: os.stat_result, ldfd: int,
             os._exit(127)
 
 
-def _run_ldconfig(plan: Plan, root: m.Root, prep: _Prepared, log: HookLog) -> None:
-    r, w = os.pipe()
-    root_st = os.fstat(root.fd)
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        _ldconfig_child(plan, root.path, root_st, prep.ldconfig, prep.devnull, w, log)
-    os.close(w)
-    import select
-    import signal
-
+def _wait_ldconfig(plan: Plan, pid: int, out_r: int, log: Logger) -> None:
+    """Collect ldconfig's output (closes out_r), kill it past LDCONFIG_TIMEOUT, reap
+    it and log how it went: a failing ldconfig is a warning, never the hook's failure."""
     chunks = []
     deadline = time.monotonic() + LDCONFIG_TIMEOUT
     timed_out = False
@@ -391,18 +391,18 @@ def _run_ldconfig(plan: Plan, root: m.Root, prep: _Prepared, log: HookLog) -> No
         # names one) blocks ldconfig without a byte of output
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
+            if left <= 0 or not select.select([out_r], [], [], left)[0]:
                 timed_out = True
                 break
-            chunk = os.read(r, 65536)
+            chunk = os.read(out_r, 65536)
             if not chunk:
                 break
             chunks.append(chunk)
     finally:
-        os.close(r)
+        os.close(out_r)
     if timed_out:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, _signal.SIGKILL)
         except ProcessLookupError:
             pass
     _, status = os.waitpid(pid, 0)
@@ -420,7 +420,22 @@ def _run_ldconfig(plan: Plan, root: m.Root, prep: _Prepared, log: HookLog) -> No
             log.debug(f"ldconfig: {out}")
 
 
-def _steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter, log: HookLog) -> None:
+def _run_ldconfig(plan: Plan, root: m.Root, prep: _Prepared, log: HookLog) -> None:
+    """ldconfig in a child of the calling process, waited for here (the hook itself
+    runs it in its worker instead: see `worker`)."""
+    r, w = os.pipe()
+    root_st = os.fstat(root.fd)
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        _ldconfig_child(plan, root.path, root_st, prep.ldconfig, prep.devnull, w, log)
+    os.close(w)
+    _wait_ldconfig(plan, pid, r, log)
+
+
+def _mount_steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter,
+                 log: HookLog) -> m.Root:
+    """setns to proc-mask; returns the rootfs (open, for ldconfig) once all are in."""
     caps.enter_step("setns", log)
     try:
         m.setns(prep.ns, m.CLONE_NEWNS)
@@ -432,7 +447,7 @@ def _steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter, log: Ho
         root = m.Root(rootfs)
     except OSError as e:
         raise m.step_error("setns", rootfs, e)
-    with root:
+    try:
         caps.enter_step("propagation", log)
         try:
             if m.ensure_not_shared(root):
@@ -442,6 +457,7 @@ def _steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter, log: Ho
             raise m.step_error("propagation", rootfs, e)
 
         caps.enter_step("mount", log)
+        debug = log.enabled("debug")
         for mnt, src in prep.sources:
             kind = "dir" if mnt.kind == "dir" else "file"
             try:
@@ -454,7 +470,8 @@ def _steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter, log: Ho
                 raise m.step_error("mount", mnt.container_path, e)
             finally:
                 os.close(dest)
-            log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
+            if debug:
+                log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
 
         caps.enter_step("symlink", log)
         for link in plan.symlinks:
@@ -481,47 +498,103 @@ def _steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter, log: Ho
                 finally:
                     os.close(dest)
                 log.debug(f"masked {PROC_DRIVER}")
+        return root
+    except BaseException:
+        root.close()
+        raise
 
-        if prep.ldconfig >= 0:
-            _run_ldconfig(plan, root, prep, log)
-    caps.enter_step("done", log)
+
+def _traceback_text(e: BaseException) -> str:
+    """A traceback without importing traceback (the worker may be in the container's
+    mount namespace, where an import would read the container's view of the files)."""
+    lines = ["Traceback (most recent call last):"]
+    tb = e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        lines.append(f"  {code.co_filename}:{tb.tb_lineno} in {code.co_name}")
+        tb = tb.tb_next
+    lines.append(repr(e))
+    return "\n".join(lines)
 
 
-def worker(plan: Plan, rootfs: str, pid: int, log: HookLog) -> str | None:
-    """Everything, in the calling (forked) process; returns an error message or None."""
+def _failed(e: BaseException, mounter: m.Mounter, log: HookLog) -> str:
+    """The message for a failed step, after undoing the mounts made."""
+    if isinstance(e, NvctkError):
+        msg = str(e)
+    elif isinstance(e, OSError):
+        msg = f"step unknown: {e.filename or '-'}: {e.strerror or e}"
+    else:
+        msg = f"internal error: {e!r}"
+        log.debug(_traceback_text(e))
+    if mounter.attached:
+        try:
+            caps.enter_step("undo", log)
+        except OSError:
+            pass
+        left = mounter.undo()
+        if left:
+            msg += "; undo failed for " + ", ".join(left)
+        else:
+            log.info("undid the mounts made before the failure")
+    log.error(msg)
+    return msg
+
+
+def _answer(fd: int, err: str | None) -> None:
+    """The worker's answer to the hook's process; closes fd."""
+    try:
+        data = _OK if err is None else _FAILED + err.encode("utf-8", "replace")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def worker(plan: Plan, rootfs: str, pid: int, log: HookLog, answer: int,
+           ldconfig_out: int) -> int:
+    """The forked worker: every step, then its answer on `answer` (closed then).
+
+    Once the mounts are in and answered for, a worker with ldconfig to run
+    becomes that ldconfig (its output on ldconfig_out), so this returns only
+    on failure or without ldconfig: the exit code.
+    """
     mounter = m.Mounter()
     prep: _Prepared | None = None
+    root: m.Root | None = None
     try:
-        caps.restrict(caps.needed(ALL_STEPS), log)
-        prep = _prepare(plan, pid, log)
-        _steps(plan, rootfs, prep, mounter, log)
-        mounter.forget()
-        return None
-    except BaseException as e:
-        if isinstance(e, NvctkError):
-            msg = str(e)
-        elif isinstance(e, OSError):
-            msg = f"step unknown: {e.filename or '-'}: {e.strerror or e}"
-        else:
-            msg = f"internal error: {e!r}"
-            import traceback
-
-            log.debug(traceback.format_exc())
-        if mounter.attached:
-            try:
-                caps.enter_step("undo", log)
-            except OSError:
-                pass
-            left = mounter.undo()
-            if left:
-                msg += "; undo failed for " + ", ".join(left)
-            else:
-                log.info("undid the mounts made before the failure")
-        log.error(msg)
-        return msg
+        try:
+            caps.restrict(caps.needed(ALL_STEPS), log)
+            prep = _prepare(plan, pid, log)
+            root = _mount_steps(plan, rootfs, prep, mounter, log)
+            mounter.forget()
+        except BaseException as e:
+            _answer(answer, _failed(e, mounter, log))
+            return 1
+        if prep.ldconfig < 0:
+            caps.enter_step("done", log)
+            _answer(answer, None)
+            return 0
+        root_st = os.fstat(root.fd)
+        _answer(answer, None)
+        # nothing below can undo the mounts: ldconfig failing is a warning
+        _ldconfig_child(plan, root.path, root_st, prep.ldconfig, prep.devnull, ldconfig_out,
+                        log)
+        return 127  # not reached: _ldconfig_child execs or exits
     finally:
+        if root is not None:
+            root.close()
         if prep is not None:
             _close_all(prep.fds())
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def apply_plan(plan: Plan, rootfs: str, pid: int, log: HookLog,
@@ -531,28 +604,42 @@ def apply_plan(plan: Plan, rootfs: str, pid: int, log: HookLog,
     drop_parent_caps: the calling process gives up every capability once the
     worker is forked (the hook's main process needs none afterwards).
     """
+    caps.warm_up()
     r, w = os.pipe()
+    out_r, out_w = os.pipe() if plan.ldconfig else (-1, -1)
     child = os.fork()
     if child == 0:
         code = 1
         try:
             os.close(r)
-            err = worker(plan, rootfs, pid, log)
-            os.write(w, json.dumps({"error": err}).encode())
-            code = 0 if err is None else 1
+            if out_r >= 0:
+                os.close(out_r)
+            code = worker(plan, rootfs, pid, log, w, out_w)
         finally:
             os._exit(code)
     os.close(w)
+    if out_w >= 0:
+        os.close(out_w)
     if drop_parent_caps:
         caps.drop_all()
-    data = b""
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(child, 0)
     try:
-        err = json.loads(data or b"{}").get("error", "worker gave no answer")
-    except ValueError:
-        err = "worker gave a garbled answer"
+        data = _read_all(r)
+    finally:
+        os.close(r)
+    if data == _OK:
+        err = None
+    elif data.startswith(_FAILED):
+        err = data[len(_FAILED):].decode("utf-8", "replace")
+    else:
+        err = "worker gave a garbled answer" if data else "worker gave no answer"
+    if err is None and out_r >= 0:
+        _wait_ldconfig(plan, child, out_r, log)  # the worker is ldconfig now
+        # the worker's caps went with its exec: what is left of the hook is this process
+        log.debug(f"caps step=done effective={','.join(caps.current()) or '-'}")
+        return
+    if out_r >= 0:
+        os.close(out_r)
+    _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
     if code != 0 and err is None:
         err = f"worker exited {code}"
@@ -572,8 +659,6 @@ def prestart(stdin_text: str | bytes, log_override: HookLog | None = None,
             raise SpecError(f"hook state on stdin: container {state.id} has no pid")
         spec = load_spec(state.bundle)
         rootfs = rootfs_path(state, spec)
-        from nvctk.oci import bundle_in_rootfs
-
         if bundle_in_rootfs(state.bundle, rootfs):
             # the container's own files would be the plan naming host paths to mount
             raise SpecError(f"rootfs {rootfs} contains the bundle {state.bundle}: refusing to "

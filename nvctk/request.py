@@ -7,12 +7,17 @@ a container that asks for no GPU is recognised without touching the driver.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-from nvctk.config import ALL_CAPABILITIES, Config
+from nvctk.config import ALL_CAPABILITIES
 from nvctk.errors import RequestError
 from nvctk.oci import is_privileged, spec_env, spec_mounts
+from nvctk.record import Record, fields
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from nvctk.config import Config
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
@@ -24,21 +29,46 @@ DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 DEFAULT_CAPABILITIES = ("utility", "compute")
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(Record):
     """A GPU container's request. `devices` holds ids as given (not yet resolved);
     empty with all_devices False means `none`: driver files, no GPU."""
 
-    devices: tuple[str, ...] = ()
-    all_devices: bool = False
-    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
-    requirements: tuple[str, ...] = ()  # NVIDIA_REQUIRE_* expressions (legacy cuda one included)
-    disable_require: bool = False
-    mig_config: bool = False
-    mig_monitor: bool = False
-    privileged: bool = False
-    source: str = VISIBLE_DEVICES  # where the device list came from, for error messages
-    env: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    __slots__ = ("devices", "all_devices", "capabilities", "requirements",  # noqa: RUF023
+                 "disable_require", "mig_config", "mig_monitor", "privileged", "source", "env")
+
+    def __init__(
+        self,
+        devices: tuple[str, ...] = (),
+        all_devices: bool = False,
+        capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES,
+        requirements: tuple[str, ...] = (),
+        disable_require: bool = False,
+        mig_config: bool = False,
+        mig_monitor: bool = False,
+        privileged: bool = False,
+        source: str = VISIBLE_DEVICES,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.devices = devices
+        self.all_devices = all_devices
+        self.capabilities = capabilities
+        # NVIDIA_REQUIRE_* expressions (legacy cuda one included)
+        self.requirements = requirements
+        self.disable_require = disable_require
+        self.mig_config = mig_config
+        self.mig_monitor = mig_monitor
+        self.privileged = privileged
+        self.source = source  # where the device list came from, for error messages
+        self.env: dict[str, str] = {} if env is None else env
+
+    # env is the container's whole environment: no part of equality (a dict is not
+    # hashable) and never in a repr that could reach a log (it may hold secrets)
+    def _values(self) -> tuple[Any, ...]:
+        return super()._values()[:-1]
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in fields(type(self)) if k != "env")
+        return f"{type(self).__name__}({args})"
 
 
 def parse_bool(value: str) -> bool:

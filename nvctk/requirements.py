@@ -11,43 +11,79 @@ driver are host-wide, arch and brand per GPU (without a GPU, `none`, they hold).
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 from nvctk.errors import RequestError, RequirementError
+from nvctk.record import Record
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 NAMES = ("cuda", "driver", "arch", "brand")
 OPS = ("<=", ">=", "!=", "=", "<", ">")  # two-character ops first: "<=" is not "<" + "=..."
-_TERM = re.compile(r"^([A-Za-z_]+)(<=|>=|!=|==|=|<|>)(.+)$")
-_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*$")
+# The term grammar is ^([A-Za-z_]+)(<=|>=|!=|==|=|<|>)(.+)$ and a version is
+# ^[0-9]+(\.[0-9]+)*$, parsed by hand: `re` costs every CUDA image's start
+# milliseconds (nvidia/cuda images all set NVIDIA_REQUIRE_CUDA).
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_TERM_OPS = ("<=", ">=", "!=", "==", "=", "<", ">")  # the pattern's alternation order
+_DIGITS = frozenset("0123456789")
 
 
-@dataclass(frozen=True)
-class Term:
-    name: str
-    op: str
-    value: str
+class Term(Record):
+    __slots__ = ("name", "op", "value")
+
+    def __init__(self, name: str, op: str, value: str) -> None:
+        self.name = name
+        self.op = op
+        self.value = value
 
     def __str__(self) -> str:
         return f"{self.name}{self.op}{self.value}"
 
 
-@dataclass(frozen=True)
-class Expression:
-    text: str
-    clauses: tuple[tuple[Term, ...], ...]  # OR of ANDs
+class Expression(Record):
+    __slots__ = ("text", "clauses")  # noqa: RUF023
+
+    def __init__(self, text: str, clauses: tuple[tuple[Term, ...], ...]) -> None:
+        self.text = text
+        self.clauses = clauses  # OR of ANDs
 
 
-@dataclass(frozen=True)
-class HostFacts:
+class HostFacts(Record):
     """The values terms compare against, for one GPU (arch/brand None: no GPU)."""
 
-    cuda: str
-    driver: str
-    arch: str | None = None
-    brand: str | None = None
-    gpu: str = ""  # how to name the GPU in messages
+    __slots__ = ("cuda", "driver", "arch", "brand", "gpu")  # noqa: RUF023
+
+    def __init__(self, cuda: str, driver: str, arch: str | None = None,
+                 brand: str | None = None, gpu: str = "") -> None:
+        self.cuda = cuda
+        self.driver = driver
+        self.arch = arch
+        self.brand = brand
+        self.gpu = gpu  # how to name the GPU in messages
+
+
+def _split_term(text: str) -> tuple[str, str, str] | None:
+    """(name, op, value) as the term pattern matches them, or None."""
+    if text.endswith("\n"):
+        text = text[:-1]  # `$` also matches before a final newline
+    if "\n" in text:
+        return None  # `.` never matches one
+    i = 0
+    while i < len(text) and text[i] in _NAME_CHARS:
+        i += 1
+    if i == 0:
+        return None
+    rest = text[i:]
+    for op in _TERM_OPS:
+        # an op that leaves no value is given up for a shorter one, as the pattern backtracks
+        if rest.startswith(op) and len(rest) > len(op):
+            return text[:i], op, rest[len(op):]
+    return None
+
+
+def _is_version(value: str) -> bool:
+    return all(part and _DIGITS.issuperset(part) for part in value.split("."))
 
 
 def version_key(v: str) -> tuple[int, ...]:
@@ -66,12 +102,12 @@ def compare_versions(a: str, b: str) -> int:
 
 
 def parse_term(text: str, expr: str) -> Term:
-    m = _TERM.match(text)
-    if not m:
+    parts = _split_term(text)
+    if parts is None:
         raise RequestError(
             f"malformed requirement {text!r} in {expr!r}: expected name op value, e.g. cuda>=12.2"
         )
-    name, op, value = m.group(1).lower(), m.group(2), m.group(3)
+    name, op, value = parts[0].lower(), parts[1], parts[2]
     if op == "==":
         op = "="
     if name not in NAMES:
@@ -81,7 +117,7 @@ def parse_term(text: str, expr: str) -> Term:
     if name == "brand":
         if op not in ("=", "!="):
             raise RequestError(f"requirement {text!r} in {expr!r}: brand takes only = or !=")
-    elif not _VERSION.match(value):
+    elif not _is_version(value):
         raise RequestError(f"requirement {text!r} in {expr!r}: {value!r} is not a version")
     return Term(name, op, value)
 

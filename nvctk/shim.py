@@ -11,31 +11,36 @@ and its config.json is left byte for byte as it was.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from dataclasses import dataclass
-from typing import Any
 
-from nvctk import oci, vgpu_state
+from nvctk import oci
 from nvctk import runc_argv as ra
 from nvctk.config import Config
 from nvctk.config import load as load_config
 from nvctk.errors import ConfigError, NvctkError, SpecError
 from nvctk.log import Logger, report_error
-from nvctk.plan import PLAN_FILE, Plan
-from nvctk.planner import make_plan
+from nvctk.record import Record
 from nvctk.request import request_from_spec
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from nvctk.plan import Plan
 
 HOOK_NAME = "nvctk-hook"
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(Record):
     """What prepare_bundle did: plan None = no GPU asked, the bundle was not touched."""
 
-    plan: Plan | None
-    docker_hooks_removed: int = 0
+    __slots__ = ("plan", "docker_hooks_removed")  # noqa: RUF023
+
+    def __init__(self, plan: Plan | None, docker_hooks_removed: int = 0) -> None:
+        self.plan = plan
+        self.docker_hooks_removed = docker_hooks_removed
 
 
 def find_hook(config: Config, argv0: str | None = None) -> str:
@@ -88,6 +93,10 @@ def prepare_bundle(
         return Prepared(None)
     if config is None:
         raise config_error or ConfigError("nvctk config unavailable")
+    # only now: most containers on a node ask for no GPU and need none of the planning
+    from nvctk.plan import PLAN_FILE
+    from nvctk.planner import make_plan
+
     rootfs = oci.root_path(spec, bundle)
     if oci.bundle_in_rootfs(bundle, rootfs):
         # the hooks trust <bundle>/nvctk-plan.json (host paths to bind, a dir to delete)
@@ -114,19 +123,32 @@ def prepare_bundle(
         vgpu_dir = plan.vgpu.state_dir
     plan_path = os.path.join(bundle, PLAN_FILE)
     try:
-        oci.atomic_write(plan_path, plan.to_json().encode(), 0o644)
+        # beside the spec: the directory fsync that follows the spec's rename makes
+        # both renames durable, the plan's first (a directory fsync costs a journal commit)
+        oci.atomic_write(plan_path, plan.to_json().encode(), 0o644, sync_dir=False)
         try:
             oci.save_spec(bundle, spec)
         except BaseException:
-            with contextlib.suppress(OSError):
+            try:
                 os.unlink(plan_path)
+            except OSError:
+                pass
             raise
     except BaseException:
         if vgpu_dir is not None:
-            with contextlib.suppress(OSError, NvctkError):
-                vgpu_state.remove_state_dir(vgpu_dir, config)
+            _remove_vgpu_dir(vgpu_dir, config)
         raise
     return Prepared(plan, removed)
+
+
+def _remove_vgpu_dir(path: str, config: Config) -> None:
+    """Best effort, on a failure path: the failure itself is what gets reported."""
+    from nvctk import vgpu_state
+
+    try:
+        vgpu_state.remove_state_dir(path, config)
+    except (OSError, NvctkError):
+        pass
 
 
 def _set_poststop_hook(spec: dict[str, Any], hook_path: str, config: Config, want: bool) -> None:
@@ -146,6 +168,8 @@ def _install_vgpu(plan: Plan, spec: dict[str, Any], bundle: str, config: Config,
                   logger: Logger | None) -> bool:
     """(Re)create the container's vGPU state dir; False if left alone because the
     runtime already has a container of this id (runc then refuses the create)."""
+    from nvctk import vgpu_state  # only for vGPU: it brings nvctk.mount (ctypes), re, ...
+
     assert plan.vgpu is not None
     if container_id and os.path.isdir(
         os.path.join(runtime_root or vgpu_state.DEFAULT_RUNTIME_ROOT, container_id)
@@ -208,7 +232,6 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
     except OSError as e:
         vg = prepared.plan.vgpu if prepared.plan is not None else None
         if vg is not None and config is not None:  # no runtime will run the poststop hook
-            with contextlib.suppress(OSError, NvctkError):
-                vgpu_state.remove_state_dir(vg.state_dir, config)
+            _remove_vgpu_dir(vg.state_dir, config)
         return fail(f"cannot exec {runtime}: {e.strerror}")
     return 1  # not reached

@@ -10,13 +10,18 @@ directory at VGPU_DIR inside the container (libvgpu/README.md has the format).
 from __future__ import annotations
 
 import os
-import re
 import stat
 import struct
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from nvctk.errors import RequestError
+from nvctk.record import Record
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Mapping
+    from typing import Any
 
 # inside the container (libvgpu's compiled-in VGPU_LIMITS_FILE)
 VGPU_DIR = "/run/nvctk/vgpu"
@@ -28,12 +33,26 @@ SM_VAR = "CUDA_DEVICE_SM_LIMIT"
 CACHE_VAR = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 RESERVE_VAR = "NVCTK_VGPU_CONTEXT_RESERVE"
 
-_MEMORY_RE = re.compile(
+_MEMORY_PATTERN = (
     r"[ \t]*(?:(?P<int>[0-9]{1,20})(?:\.(?P<frac>[0-9]{0,18}))?|\.(?P<frac2>[0-9]{1,18}))"
     r"(?P<unit>[kKmMgGtT]?)(?P<suffix>(?:[iI][bB]|[bB])?)[ \t]*"
 )
-_SM_RE = re.compile(r"[ \t]*([0-9]{1,3})[ \t]*")
+_SM_PATTERN = r"[ \t]*([0-9]{1,3})[ \t]*"
+_INDEX_PATTERN = r"_[0-9]{1,6}"
 _SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+_compiled: dict[str, re.Pattern[str]] = {}
+
+
+def _fullmatch(pattern: str, value: str) -> re.Match[str] | None:
+    """re.fullmatch, with `re` imported only once a limit is parsed: most GPU
+    containers set none, and importing it costs their start milliseconds."""
+    try:
+        compiled = _compiled[pattern]
+    except KeyError:
+        import re
+
+        compiled = _compiled[pattern] = re.compile(pattern)
+    return compiled.fullmatch(value)
 
 
 def parse_memory(value: str) -> int:
@@ -42,7 +61,7 @@ def parse_memory(value: str) -> int:
     A number (decimals only with a unit) with an optional k/m/g/t unit (powers
     of 1024, case-insensitive) and an optional trailing b / ib; fractions are
     floored to a whole byte. 0 means no limit. ValueError when malformed."""
-    m = _MEMORY_RE.fullmatch(value)
+    m = _fullmatch(_MEMORY_PATTERN, value)
     if not m:
         raise ValueError(f"not a memory size: {value!r}")
     unit = m["unit"].lower()
@@ -62,21 +81,28 @@ def parse_memory(value: str) -> int:
 
 def parse_sm(value: str) -> int:
     """An SM share in percent, 0-100 (0 = no limit). ValueError when malformed."""
-    m = _SM_RE.fullmatch(value)
+    m = _fullmatch(_SM_PATTERN, value)
     if not m or int(m[1]) > 100:
         raise ValueError(f"not a percentage 0-100: {value!r}")
     return int(m[1])
 
 
-@dataclass(frozen=True)
-class VgpuLimits:
+class VgpuLimits(Record):
     """Per GPU of the container (its i-th GPU, NVML order inside it); 0 = none."""
 
-    memory: tuple[int, ...] = ()
-    sm: tuple[int, ...] = ()
-    shared_cache: str | None = None  # CUDA_DEVICE_MEMORY_SHARED_CACHE as given
-    context_reserve: int | None = None  # bytes charged per CUDA context
-    extra: dict[str, str] = field(default_factory=dict, compare=False)
+    __slots__ = ("memory", "sm", "shared_cache", "context_reserve", "extra")  # noqa: RUF023
+
+    def __init__(self, memory: tuple[int, ...] = (), sm: tuple[int, ...] = (),
+                 shared_cache: str | None = None, context_reserve: int | None = None,
+                 extra: dict[str, str] | None = None) -> None:
+        self.memory = memory
+        self.sm = sm
+        self.shared_cache = shared_cache  # CUDA_DEVICE_MEMORY_SHARED_CACHE as given
+        self.context_reserve = context_reserve  # bytes charged per CUDA context
+        self.extra: dict[str, str] = {} if extra is None else extra
+
+    def _values(self) -> tuple[Any, ...]:
+        return super()._values()[:-1]  # extra is no part of equality (nor hashing)
 
     @property
     def any(self) -> bool:
@@ -98,7 +124,7 @@ def _index(name: str, prefix: str, gpu_count: int) -> int | None:
     if name == prefix:
         return None
     rest = name[len(prefix) :]
-    if not re.fullmatch(r"_[0-9]{1,6}", rest):
+    if not _fullmatch(_INDEX_PATTERN, rest):
         raise RequestError(f"{name}: not {prefix} or {prefix}_<index>")
     i = int(rest[1:])
     if i >= gpu_count:
@@ -170,7 +196,7 @@ def write_limits_file(
 ) -> None:
     """Write the limits file atomically, read-only (0444). `cache` is the
     accounting file's path as the container sees it (None: beside the file)."""
-    import tempfile  # here, not at the top: nvctk-runtime imports this module on every create
+    import tempfile  # not at the top: it costs milliseconds, and only vGPU creates need it
 
     p = os.fspath(path)
     parent = os.path.dirname(p) or "."
@@ -220,14 +246,17 @@ SLOTS_OFFSET = DEVS_OFFSET + MAX_DEV * _DEV.size
 SHM_SIZE = SLOTS_OFFSET + MAX_SLOTS * _SLOT.size
 
 
-@dataclass(frozen=True)
-class DeviceUsage:
-    uuid: str
-    used: int  # bytes, the container's live processes (slots' sum)
-    mem_cap: int
-    sm_pct: int
-    busy_ns: int
-    launches: int
+class DeviceUsage(Record):
+    __slots__ = ("uuid", "used", "mem_cap", "sm_pct", "busy_ns", "launches")  # noqa: RUF023
+
+    def __init__(self, uuid: str, used: int, mem_cap: int, sm_pct: int, busy_ns: int,
+                 launches: int) -> None:
+        self.uuid = uuid
+        self.used = used  # bytes, the container's live processes (slots' sum)
+        self.mem_cap = mem_cap
+        self.sm_pct = sm_pct
+        self.busy_ns = busy_ns
+        self.launches = launches
 
 
 def _start_time(pid: int) -> int | None:

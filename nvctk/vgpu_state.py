@@ -21,18 +21,23 @@ read-only on top, the library, and the preload file over /etc/ld.so.preload.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import re
 import stat
-from typing import IO
 
 from nvctk import mount
-from nvctk.config import Config
 from nvctk.errors import NvctkError, RequestError, SpecError
-from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
+from nvctk.plan import PLAN_FILE, Plan
 from nvctk.vgpu import SHM_SIZE, write_limits_file
+
+# typing and re are not imported at run time: the shim imports this module in every
+# vGPU container's create and the hook in its poststop (names are matched by hand)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO
+
+    from nvctk.config import Config
+    from nvctk.plan import VgpuPlan
 
 CONTAINER_LIBRARY = "/run/nvctk/libvgpu.so"  # where libvgpu.so is mounted inside
 PRELOAD_NAME = "ld.so.preload"
@@ -54,9 +59,42 @@ TMPFS_ATTRS = mount.MOUNT_ATTR_NOSUID | mount.MOUNT_ATTR_NODEV | mount.MOUNT_ATT
 _MAX_STACKED = 64  # mounts detached from one state dir before giving up
 
 GLIBC_LOADERS = ("/lib64/ld-linux-x86-64.so.2",)  # plus /lib/ld-linux-*.so*
-_GLIBC_LIB_RE = re.compile(r"ld-linux(-[A-Za-z0-9_-]+)?\.so(\.[0-9]+)*")
-_MUSL_LIB_RE = re.compile(r"ld-musl-[A-Za-z0-9_]+\.so\.1")
-_KEY_DIR_RE = re.compile(r"[0-9a-f]{16}-[A-Za-z0-9_.-]{1,64}")
+
+_DIGITS = frozenset("0123456789")
+_HEX = frozenset("0123456789abcdef")
+_WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")  # [A-Za-z0-9_]
+_ID_CHARS = _WORD | frozenset(".-")  # [A-Za-z0-9_.-]
+
+
+def _is_glibc_loader(name: str) -> bool:
+    """name matches ld-linux(-[A-Za-z0-9_-]+)?\\.so(\\.[0-9]+)*"""
+    if not name.startswith("ld-linux"):
+        return False
+    arch, sep, version = name[len("ld-linux"):].partition(".so")
+    if not sep:
+        return False
+    if arch and (arch[0] != "-" or len(arch) < 2 or not set(arch[1:]) <= _WORD | {"-"}):
+        return False
+    if not version:
+        return True
+    first, *parts = version.split(".")
+    return first == "" and all(p and set(p) <= _DIGITS for p in parts)
+
+
+def _is_musl_loader(name: str) -> bool:
+    """name matches ld-musl-[A-Za-z0-9_]+\\.so\\.1"""
+    prefix, suffix = "ld-musl-", ".so.1"
+    if not (name.startswith(prefix) and name.endswith(suffix)):
+        return False
+    arch = name[len(prefix):-len(suffix)]
+    return bool(arch) and set(arch) <= _WORD
+
+
+def _is_key_dir(name: str) -> bool:
+    """name matches [0-9a-f]{16}-[A-Za-z0-9_.-]{1,64}"""
+    key, dash, cid = name[:16], name[16:17], name[17:]
+    return (len(key) == 16 and set(key) <= _HEX and dash == "-" and 1 <= len(cid) <= 64
+            and set(cid) <= _ID_CHARS)
 
 
 # --- naming --------------------------------------------------------------------------------
@@ -70,7 +108,7 @@ def state_key(runtime_root: str | None, container_id: str) -> str:
 
 def sanitize_id(container_id: str) -> str:
     """A container id as a file name: [A-Za-z0-9_.-], at most 64 characters."""
-    out = re.sub(r"[^A-Za-z0-9_.-]", "_", container_id)[:64].lstrip(".")
+    out = "".join(c if c in _ID_CHARS else "_" for c in container_id[:64]).lstrip(".")
     return out or "_"
 
 
@@ -94,9 +132,9 @@ def _list_in_rootfs(rootfs: str, path: str) -> list[str]:
 def libc_kind(rootfs: str) -> str:
     """'musl' if the image has musl's loader, 'glibc' if it has glibc's, else 'none'."""
     lib = _list_in_rootfs(rootfs, "/lib")
-    if any(_MUSL_LIB_RE.fullmatch(n) for n in lib):
+    if any(_is_musl_loader(n) for n in lib):
         return "musl"
-    loaders = [*GLIBC_LOADERS, *(f"/lib/{n}" for n in lib if _GLIBC_LIB_RE.fullmatch(n))]
+    loaders = [*GLIBC_LOADERS, *(f"/lib/{n}" for n in lib if _is_glibc_loader(n))]
     if any(mount.exists_in_rootfs(rootfs, p) for p in loaders):
         return "glibc"
     return "none"
@@ -149,8 +187,8 @@ def image_preload(rootfs: str) -> list[str]:
     if len(data) > MAX_PRELOAD_BYTES:
         raise SpecError(f"{rootfs}: /etc/ld.so.preload is larger than {MAX_PRELOAD_BYTES} bytes")
     # as ld.so reads it: names separated by white space or ':', '#' starts a comment
-    text = re.sub(r"#[^\n]*", "", data.decode("utf-8", "replace"))
-    return [w for w in re.split(r"[\s:]+", text) if w]
+    text = "\n".join(line.partition("#")[0] for line in data.decode("utf-8", "replace").split("\n"))
+    return text.replace(":", " ").split()
 
 
 def preload_text(container_library: str, image_entries: list[str]) -> str:
@@ -163,7 +201,7 @@ def preload_text(container_library: str, image_entries: list[str]) -> str:
 def _under_state_dir(path: str, config: Config) -> bool:
     top = os.path.realpath(config.state_dir)
     parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    return parent == top and bool(_KEY_DIR_RE.fullmatch(os.path.basename(path)))
+    return parent == top and _is_key_dir(os.path.basename(path))
 
 
 def remove_state_dir(path: str, config: Config) -> bool:
@@ -240,8 +278,10 @@ def install(vgpu: VgpuPlan, rootfs: str | None, config: Config) -> None:
         # empty: libvgpu sizes and initialises it; 0666 so a non-root process may map it
         _write(os.path.join(d, CACHE_NAME), "", 0o666)
     except BaseException:
-        with contextlib.suppress(OSError, NvctkError):
+        try:
             remove_state_dir(d, config)
+        except (OSError, NvctkError):
+            pass
         raise
 
 

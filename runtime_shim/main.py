@@ -39,6 +39,10 @@ def _warn(msg: str) -> None:
 
 def _finds(module: str) -> bool:
     """Whether a top-level module is importable, without importing it."""
+    # a plain module file on sys.path answers for the import system, which would list
+    # whole directories (site-packages) to say the same
+    if any(os.path.isfile(os.path.join(d, module + ".py")) for d in sys.path if d):
+        return True
     return any(
         f.find_spec(module, None) is not None for f in sys.meta_path if hasattr(f, "find_spec")
     )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -15,13 +17,16 @@ from pyfakefs.fake_filesystem import FakeFilesystem
 from nvctk import config as nvconfig
 from nvctk.cli.main import cli
 from nvctk.errors import ConfigError
+from nvctk.record import fields
+from nvctk.sim import host
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-KEYS = [f.name.replace("_", "-") for f in fields(nvconfig.Config) if f.name != "path"]
+KEYS = [f.replace("_", "-") for f in fields(nvconfig.Config) if f != "path"]
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_missing_file_is_defaults(fs: FakeFilesystem) -> None:
@@ -141,3 +146,60 @@ def test_config_show_bad_file_is_one_line_error(
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [f"nvctk: {p}: unknown key 'nope'"]
     assert "Traceback" not in r.stderr
+
+
+def test_config_is_a_frozen_value() -> None:
+    cfg = nvconfig.Config(driver_root="/d", extra_mounts=(nvconfig.ExtraMount("/h", "/c"),))
+    # where it came from is not part of the value (the dataclass had compare=False)
+    assert cfg == cfg.replace(path="/x.toml")
+    assert hash(cfg) == hash(cfg.replace(path="/x.toml"))
+    assert cfg != cfg.replace(log_level="debug")
+    assert nvconfig.ExtraMount("/h", "/c") == nvconfig.ExtraMount("/h", "/c", False)
+    assert nvconfig.ExtraMount("/h", "/c") != nvconfig.ExtraMount("/h", "/c", True)
+    with pytest.raises(AttributeError):
+        cfg.driver_root = "/other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.replace(no_such_field=1)
+    for clone in (copy.copy(cfg), copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert clone == cfg
+        assert clone.path == cfg.path
+    assert "path=''" in repr(cfg)
+    assert "driver_root='/d'" in repr(cfg)
+
+
+def _sim_config_file(tmp_path: Path) -> Path:
+    """A config as `nvctk sim init` writes it (nvctk.sim.host._build)."""
+    root = str(tmp_path / "host")
+    p = tmp_path / "config.toml"
+    p.write_text(
+        "# nvctk configuration of the simulated host built by `nvctk sim init`\n"
+        f"# use it with: export NVCTK_CONFIG={p}\n" + nvconfig.render(host.sim_config(root))
+    )
+    return p
+
+
+def test_shipped_formats_take_the_fast_path(tmp_path: Path) -> None:
+    from nvctk import toml_subset
+
+    _, default_out, _ = _invoke(["config", "default"])
+    for text in (default_out, _sim_config_file(tmp_path).read_text()):
+        assert toml_subset.loads(text) == tomllib.loads(text)
+
+
+def test_loading_the_sim_config_imports_nothing_slow(tmp_path: Path) -> None:
+    """Shim and hook read the config at every container start: no tomllib,
+    dataclasses, typing, re, json, enum or inspect (milliseconds each)."""
+    p = _sim_config_file(tmp_path)
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); from nvctk import config; "
+        f"cfg = config.load({str(p)!r}); "
+        "assert cfg.extra_mounts and cfg.log_level == 'debug', cfg; print(sorted(sys.modules))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+    )
+    loaded = set(eval(r.stdout))
+    slow = {"tomllib", "dataclasses", "typing", "re", "json", "enum", "inspect"}
+    assert not slow & loaded, sorted(slow & loaded)
+    assert nvconfig.load(str(p)) == host.sim_config(str(tmp_path / "host"))

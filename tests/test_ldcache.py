@@ -165,8 +165,27 @@ def test_damaged_caches_fail_cleanly(
     data = bytearray(cache_bytes[fmt][:cut])
     if flip < len(data):
         data[flip] = byte
-    try:
-        entries = ldcache.parse(bytes(data))
-    except ldcache.CacheError:
-        return
-    assert all(isinstance(e.name, str) and isinstance(e.path, str) for e in entries)
+    for names in (None, {"libcuda", "libGLX_nvidia"}):
+        try:
+            entries = ldcache.parse(bytes(data), names)
+        except ldcache.CacheError:
+            continue
+        assert all(isinstance(e.name, str) and isinstance(e.path, str) for e in entries)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_names_filter(cache_bytes: dict[str, bytes], fmt: str) -> None:
+    """parse(data, names) is parse(data) restricted to those libraries (key up to .so)."""
+    data = cache_bytes[fmt]
+    every = ldcache.parse(data)
+    for names in ({"libcuda"}, {"libcuda", "libGLX_nvidia", "libnope"}, set(), {"libcuda.so"}):
+        assert ldcache.parse(data, names) == [e for e in every
+                                              if e.name.split(".so", 1)[0] in names]
+
+
+def test_names_filter_on_host_cache() -> None:
+    if not os.path.exists("/etc/ld.so.cache"):
+        pytest.skip("no host ld.so.cache")
+    every = ldcache.read("/")
+    names = {e.name.split(".so", 1)[0] for e in every[::3]}
+    assert ldcache.read("/", names) == [e for e in every if e.name.split(".so", 1)[0] in names]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +175,40 @@ def test_set_hook_twice_keeps_one_whatever_the_hook_file_is_called(hook_path: st
     for _ in range(2):
         oci.set_hook(spec, oci.hook_entry(hook_path, 60, None))
     assert spec["hooks"]["prestart"] == [other, oci.hook_entry(hook_path, 60, None)]
+
+
+def test_dump_spec_is_compact_json_keeping_non_ascii(tmp_path: Path) -> None:
+    spec = base_spec()
+    spec["annotations"] = {"é": "ünïcode ✓", "esc": "a\"b\\c\n\u2028", "n": 1.5e300}
+    spec["process"]["env"].append("SURR=\udcff")  # os.fsdecode of a non-UTF-8 byte
+    with pytest.raises(UnicodeEncodeError):  # as before: a lone surrogate is not UTF-8
+        oci.dump_spec(spec)
+    del spec["process"]["env"][-1]
+    want = json.dumps(spec, separators=(",", ":"), ensure_ascii=False)
+    assert oci.dump_spec(spec) == want.encode()
+    write_bundle(tmp_path, spec)
+    oci.save_spec(str(tmp_path), oci.load_spec(str(tmp_path)))
+    assert (tmp_path / "config.json").read_bytes() == want.encode()
+
+
+def test_state_is_a_value() -> None:
+    a = oci.load_state('{"id":"c","pid":1,"bundle":"/b","annotations":{"k":"v"}}')
+    assert a == oci.State("c", 1, "/b", "", None, {"k": "v"})
+    assert a != a.replace(pid=2)
+    assert oci.State("c", 1, "/b").annotations == {}
+
+
+def test_atomic_write_directory_sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sync_dir=False leaves the directory's fsync to the next write in that directory."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def record(fd: int) -> None:
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    oci.atomic_write(str(tmp_path / "nvctk-plan.json"), b"{}", 0o644, sync_dir=False)
+    oci.atomic_write(str(tmp_path / "config.json"), b"{}")
+    assert synced == ["file", "file", "dir"]
+    assert (tmp_path / "nvctk-plan.json").stat().st_mode & 0o777 == 0o644

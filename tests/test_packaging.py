@@ -149,10 +149,22 @@ def test_hook_launcher_is_a_link_to_the_launcher() -> None:
 
 
 def _dev_launcher(name: str = "nvctk-runtime") -> Path:
+    """The launcher as installed in this venv: sh, or `make venv`'s direct #! line."""
     exe = VENV_BIN / name
-    if not exe.is_file() or not exe.read_bytes().startswith(b"#!/bin/sh"):
-        pytest.skip(f"{exe} is not the launcher: re-run `pip install -e .`")
+    first = exe.read_bytes().split(b"\n", 1)[0] if exe.is_file() else b""
+    if first not in (b"#!/bin/sh", f"#!{VENV_BIN}/python3 -IS".encode()):
+        pytest.skip(f"{exe} is not the launcher: re-run `make venv`")
     return exe
+
+
+def test_make_venv_starts_the_launchers_straight_from_their_interpreter() -> None:
+    """pip writes the sh launcher; `make venv` puts the venv's python3 -IS on the
+    #! line (what the .deb does), so no sh runs on the container-start path."""
+    if not (VENV_BIN.parent / ".installed").exists():
+        pytest.skip("this venv was not made by `make venv`")
+    for name in ("nvctk-runtime", "nvctk-hook"):
+        first = (VENV_BIN / name).read_text().splitlines()[0]
+        assert first == f"#!{VENV_BIN}/python3 -IS", name
 
 
 def test_launcher_in_this_venv(tmp_path: Path) -> None:

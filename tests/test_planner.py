@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nvctk import config as nvconfig
-from nvctk import driver
-from nvctk.errors import RequestError, RequirementError, SpecError
-from nvctk.mount import exists_in_rootfs
+from nvctk import driver, mount, planner, vgpu
+from nvctk import host as nvhost
+from nvctk.errors import RequestError, RequirementError, SpecError, UnknownDeviceError
 from nvctk.nvml import HostInfo, query_host
-from nvctk.plan import Plan
+from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
 from nvctk.planner import container_lib_dirs, make_plan, proc_bus_id
+from nvctk.rootfs_path import exists_in_rootfs
 from nvctk.sim.host import SimHost
 
 NVD = "NVIDIA_VISIBLE_DEVICES"
@@ -195,22 +199,248 @@ def test_lib_dir_by_distro(cfg: nvconfig.Config, host: HostInfo,
         make_plan(spec({NVD: "0"}), cfg, host, bundle=os.path.dirname(deb) + "/x")
 
 
-def test_rootfs_lookup_never_leaves_root(tmp_path: Any) -> None:
-    root = tmp_path / "root"
-    (root / "etc").mkdir(parents=True)
-    outside = tmp_path / "outside"
+@pytest.fixture
+def hostile_root(tmp_path: Path) -> tuple[Path, Path]:
+    """(root, outside): an image whose links try every way out to `outside`, a host
+    directory holding the files the lookups ask for."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    for d in ("etc", "usr/lib", "deep/a/b"):
+        (root / d).mkdir(parents=True)
     outside.mkdir()
     (outside / "debian_version").write_text("12\n")
-    os.symlink(str(outside / "debian_version"), root / "etc/debian_version")
-    assert not exists_in_rootfs(str(root), "/etc/debian_version")
-    os.unlink(root / "etc/debian_version")
-    os.symlink("../../outside/debian_version", root / "etc/debian_version")
-    assert not exists_in_rootfs(str(root), "/etc/debian_version")
-    os.unlink(root / "etc/debian_version")
-    (root / "usr").mkdir()
+    (outside / "etc").mkdir()
+    (outside / "etc/debian_version").write_text("12\n")
     (root / "usr/dv").write_text("12\n")
-    os.symlink("/usr/dv", root / "etc/debian_version")  # absolute, inside the root
-    assert exists_in_rootfs(str(root), "/etc/debian_version")
+    links = {
+        "etc/abs_out": str(outside / "debian_version"),  # absolute, to a host file
+        "etc/rel_out": "../../outside/debian_version",  # `..` past the root
+        "deep/a/b/rel_out": "../../../../../../outside/debian_version",
+        "etc/abs_in": "/usr/dv",  # absolute, inside: fine
+        "etc/rel_in": "../usr/dv",
+        "etc/chain1": "chain2",  # a chain that ends inside
+        "etc/chain2": "/etc/abs_in",
+        "etc/chain_out1": "chain_out2",  # a chain that ends outside
+        "etc/chain_out2": "../../outside/debian_version",
+        "dir_out": str(outside),  # a link to a host directory
+        "dir_rel_out": "../outside",
+        "dir_in": "usr",
+        "rootlink": "/",
+        "proc_magic": f"/proc/self/root{outside}/debian_version",
+        "etc/loop": "loop",
+        "etc/loop_a": "loop_b",
+        "etc/loop_b": "loop_a",
+        "etc/dangling": "/nonexistent",
+        "etc/through_file": "/usr/dv/x",
+    }
+    for name, target in links.items():
+        os.symlink(target, root / name)
+    return root, outside
+
+
+HOSTILE_CASES: list[tuple[str, bool]] = [
+    ("/usr/dv", True),
+    ("usr/dv", True),
+    ("/etc/abs_out", False),
+    ("/etc/rel_out", False),
+    ("/deep/a/b/rel_out", False),
+    ("/etc/abs_in", True),
+    ("/etc/rel_in", True),
+    ("/etc/chain1", True),
+    ("/etc/chain_out1", False),
+    ("/dir_out/debian_version", False),
+    ("/dir_out/etc/debian_version", False),
+    ("/dir_rel_out/debian_version", False),
+    ("/dir_in/dv", True),
+    ("/dir_in/../usr/dv", True),
+    ("/rootlink/usr/dv", True),
+    ("/rootlink/../../outside/debian_version", False),
+    ("/../../outside/debian_version", False),
+    ("/etc/../../outside/debian_version", False),
+    ("/proc_magic", False),
+    ("/etc/loop", False),
+    ("/etc/loop_a", False),
+    ("/etc/dangling", False),
+    ("/etc/through_file", False),
+    ("/usr/dv/x", False),
+    ("/usr/dv/..", False),
+    ("/etc", True),
+    ("/", True),
+    ("/nope", False),
+]
+
+
+@pytest.mark.parametrize(("path", "exists"), HOSTILE_CASES)
+def test_rootfs_lookup_never_leaves_root(hostile_root: tuple[Path, Path], path: str,
+                                         exists: bool) -> None:
+    root, _ = hostile_root
+    assert exists_in_rootfs(str(root), path) is exists
+    # the same answer as openat2(RESOLVE_IN_ROOT), the hook's way
+    assert mount.exists_in_rootfs(str(root), path) is exists
+
+
+def test_rootfs_lookup_follows_the_kernel_on_link_to_host_debian_version(
+        hostile_root: tuple[Path, Path]) -> None:
+    """The case that picks the lib dir: /etc/debian_version pointing at a host file."""
+    root, outside = hostile_root
+    for target in (str(outside / "debian_version"), "../../outside/debian_version",
+                   "/proc/self/root" + str(outside / "debian_version")):
+        os.symlink(target, root / "etc/debian_version")
+        assert container_lib_dirs(str(root))[0] == "/usr/lib64"
+        os.unlink(root / "etc/debian_version")
+    os.symlink("/usr/dv", root / "etc/debian_version")
+    assert container_lib_dirs(str(root))[0] == "/usr/lib/x86_64-linux-gnu"
+
+
+def test_rootfs_lookup_closes_its_fds(hostile_root: tuple[Path, Path]) -> None:
+    root, _ = hostile_root
+    before = len(os.listdir("/proc/self/fd"))
+    for path, _exists in HOSTILE_CASES:
+        exists_in_rootfs(str(root), path)
+    assert len(os.listdir("/proc/self/fd")) == before
+    with pytest.raises(SpecError, match="rootfs"):
+        exists_in_rootfs(str(root / "absent"), "/etc")
+
+
+# --- the host: cache first, NVML when the cache does not know a device ----------------------
+
+
+class FakeLoad:
+    """nvctk.host.load_host serving `cached` (as from the cache) unless fresh=True."""
+
+    def __init__(self, cached: HostInfo, fresh: HostInfo, from_cache: bool = True) -> None:
+        self.cached, self.fresh, self.from_cache = cached, fresh, from_cache
+        self.calls: list[tuple[str, str, bool]] = []
+
+    def __call__(self, driver_root: str, state_dir: str, *,
+                 fresh: bool = False) -> tuple[HostInfo, bool]:
+        self.calls.append((driver_root, state_dir, fresh))
+        if fresh:
+            return self.fresh, False
+        return self.cached, self.from_cache
+
+
+def test_cached_host_is_used(cfg: nvconfig.Config, host: HostInfo,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    load = FakeLoad(host, host)
+    monkeypatch.setattr(nvhost, "load_host", load)
+    p = make_plan(spec({NVD: "1"}), cfg)
+    assert p is not None and p.gpu_uuids == (host.gpus[1].uuid,)
+    assert load.calls == [(cfg.driver_root, cfg.state_dir, False)]
+
+
+def test_device_unknown_to_cache_asks_nvml(cfg: nvconfig.Config, host: HostInfo,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU (or MIG device) made since the cache was written is found by NVML."""
+    stale = host.replace(gpus=host.gpus[:1])
+    load = FakeLoad(stale, host)
+    monkeypatch.setattr(nvhost, "load_host", load)
+    for ident in ("1", host.gpus[1].uuid):
+        load.calls.clear()
+        p = make_plan(spec({NVD: f"0,{ident}"}), cfg)
+        assert p is not None and p.gpu_uuids == (host.gpus[0].uuid, host.gpus[1].uuid)
+        assert [c[2] for c in load.calls] == [False, True]
+    # unknown to NVML too: the error, after one retry
+    load.calls.clear()
+    with pytest.raises(UnknownDeviceError, match="'7'"):
+        make_plan(spec({NVD: "7"}), cfg)
+    assert [c[2] for c in load.calls] == [False, True]
+
+
+def test_no_retry_when_nvml_answered(cfg: nvconfig.Config, host: HostInfo,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    load = FakeLoad(host, host, from_cache=False)
+    monkeypatch.setattr(nvhost, "load_host", load)
+    with pytest.raises(RequestError, match="unknown device '7'"):
+        make_plan(spec({NVD: "7"}), cfg)
+    assert [c[2] for c in load.calls] == [False]
+
+
+def test_other_request_errors_are_not_retried(cfg: nvconfig.Config, host: HostInfo,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    load = FakeLoad(host, host)
+    monkeypatch.setattr(nvhost, "load_host", load)
+    with pytest.raises(RequirementError):
+        make_plan(spec({NVD: "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99"}), cfg)
+    assert [c[2] for c in load.calls] == [False]
+
+
+def test_real_host_cache(sim_host: SimHost, tmp_path: Path) -> None:
+    """make_plan through nvctk.host: the first plan fills the cache under state-dir, the
+    second is served from it; both plans are the same."""
+    cfg = nvconfig.load(sim_host.config_path).replace(state_dir=str(tmp_path / "state"))
+    s = spec({NVD: "all"})
+    first = make_plan(s, cfg)
+    assert os.listdir(tmp_path / "state")  # the cache
+    assert nvhost.load_host(cfg.driver_root, cfg.state_dir)[1]  # served from it now
+    assert make_plan(s, cfg) == first
+
+
+# --- driver discovery limited to the request's capabilities ------------------------------
+
+
+def test_discovery_for_capabilities_matches_full(sim_host: SimHost, host: HostInfo) -> None:
+    full = driver.discover_files(sim_host.root, host.driver_version)
+    assert full.libraries32 and all(full.libraries.values())
+    caps = driver.CAPABILITIES
+    for n in (1, 2, len(caps)):
+        for sub in itertools.combinations(caps, n):
+            f = driver.discover_files(sim_host.root, host.driver_version, sub)
+            for c in sub:
+                assert f.libraries.get(c) == full.libraries.get(c), (sub, c)
+                assert f.binaries.get(c) == full.binaries.get(c)
+                assert f.config_files.get(c) == full.config_files.get(c)
+                assert f.sockets.get(c) == full.sockets.get(c)
+            wanted = {x for c in sub for x in driver.LIBRARIES.get(c, ())}
+            want32 = [h for h in full.libraries32
+                      if os.path.basename(h).split(".so", 1)[0] in wanted]
+            assert list(f.libraries32) == (want32 if "compat32" in sub else [])
+            assert (f.firmware, f.proc_dir, f.dev_dir) == (full.firmware, full.proc_dir,
+                                                           full.dev_dir)
+
+
+@pytest.mark.parametrize("caps", ["all", "utility", "compute", "video", "display",
+                                  "video,compat32", "graphics,compat32,utility"])
+def test_plan_mounts_as_with_full_discovery(cfg: nvconfig.Config, host: HostInfo,
+                                            monkeypatch: pytest.MonkeyPatch, caps: str) -> None:
+    """The mounts are those the planner made when it discovered every capability."""
+    env = {NVD: "0", "NVIDIA_DRIVER_CAPABILITIES": caps}
+    p = plan(cfg, host, env)
+    real = driver.discover_files
+    monkeypatch.setattr(driver, "discover_files",
+                        lambda root, version, capabilities=None: real(root, version))
+    assert plan(cfg, host, env) == p
+
+
+# --- the plan file -------------------------------------------------------------------------
+
+
+def test_plan_json_round_trip() -> None:
+    p = Plan(
+        driver_version="550.54.15",
+        capabilities=("compute", "utility"),
+        gpu_uuids=("GPU-a", "GPU-b"),
+        devices=(DeviceNode("/dev/nvidia0", "/h/dev/nvidia0", 195, 0),),
+        mounts=(Mount("/h/libcuda.so.1", "/usr/lib/libcuda.so.1"),
+                Mount("/h/run/sock", "/run/sock", "socket", read_only=False, noexec=True)),
+        symlinks=(Symlink("/usr/lib/libcuda.so", "libcuda.so.1"),),
+        proc_mask=ProcMask("/h/proc/driver/nvidia", ("0000:1b:00.0",)),
+        env={"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/run/nvctk/vgpu/cache"},
+        vgpu=VgpuPlan("/h/libvgpu.so", "/run/nvctk/libvgpu.so", "/run/nvctk/x", "/run/nvctk/vgpu",
+                      {"CUDA_DEVICE_MEMORY_LIMIT_0": "1073741824"}),
+    )
+    text = p.to_json()
+    assert Plan.from_json(text) == p
+    assert Plan.from_json(text.encode()) == p
+    assert json.loads(text) == p.to_dict()  # plain JSON, readable by any tool
+    bare = Plan("1", (), ())
+    assert Plan.from_json(bare.to_json()) == bare and bare.env == {} and bare.vgpu is None
+    assert Plan("1", (), ()).env is not bare.env  # no shared default
+
+
+def test_vgpu_env_prefixes_cover_vgpu_variables() -> None:
+    """plan_vgpu skips nvctk.vgpu when no variable starts with these prefixes."""
+    for name in (vgpu.MEMORY_VAR, vgpu.SM_VAR, vgpu.CACHE_VAR, vgpu.RESERVE_VAR):
+        assert name.startswith(planner.VGPU_ENV_PREFIXES), name
 
 
 def test_mig(sim_host_mig: SimHost) -> None:

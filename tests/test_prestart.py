@@ -12,12 +12,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from canary.harness import (
     HOOK,
+    HOOK_PATH_ENV,
     Bundle,
     cpath,
     fake_container,
@@ -126,6 +128,124 @@ def test_caps_logged_per_step_at_debug(setup: Callable[..., tuple[Bundle, str]])
     assert steps["ldconfig"] == {"dac_override"}
     assert steps["done"] == set()
     assert "no_new_privs=1" in log
+
+
+# run by the hook as its "ldconfig": reports what the exec'd program was given
+PROBE_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <linux/capability.h>
+extern char **environ;
+int main(int argc, char **argv) {
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    int n = 0, fd;
+    FILE *f;
+    if (syscall(SYS_capget, &h, d) != 0) return 3;
+    while (environ[n]) n++;
+    printf("probe argv=%s,%s env=%d uid=%d eff=%x perm=%x inh=%x fds=", argv[0],
+           argc > 1 ? argv[1] : "-", n, (int)getuid(), d[0].effective, d[0].permitted,
+           d[0].inheritable);
+    for (fd = 0; fd < 1024; fd++)
+        if (fcntl(fd, F_GETFD) != -1) printf("%d,", fd);
+    printf("\n");
+    f = fopen("/probe-was-here", "w");  /* lands in the rootfs if chrooted there */
+    if (f) fclose(f);
+    return 0;
+}
+"""
+
+
+def test_ldconfig_is_exec_d_alone_chrooted_with_dac_override_only(
+        setup: Callable[..., tuple[Bundle, str]], tmp_path: Path) -> None:
+    """The worker becomes the (static) ldconfig: nothing of the hook's survives the exec
+    but stdio, the environment is empty, the only capability is CAP_DAC_OVERRIDE and
+    its / is the rootfs."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc to build the static probe")
+    (tmp_path / "probe.c").write_text(PROBE_C)
+    probe = tmp_path / "probe"
+    built = subprocess.run([gcc, "-static", "-O1", "-o", str(probe), str(tmp_path / "probe.c")],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        pytest.skip(f"cannot link a static probe: {built.stderr[-300:]}")
+    bundle, root = setup()
+    plan_path = os.path.join(bundle.path, "nvctk-plan.json")
+    d = json.loads(Path(plan_path).read_text())
+    d["ldconfig"] = str(probe)
+    Path(plan_path).write_text(json.dumps(d))
+    with fake_container() as pid:
+        r = run_hook(bundle, pid)
+        assert r.returncode == 0, r.stderr
+    lines = [ln for ln in bundle.log_text().splitlines() if "ldconfig: probe " in ln]
+    assert len(lines) == 1, bundle.log_text()
+    report = dict(kv.split("=", 1) for kv in lines[0].split("ldconfig: probe ", 1)[1].split())
+    assert report["argv"] == f"ldconfig,{LIB}"
+    assert report["env"] == "0" and report["uid"] == "0"
+    dac_override = 1 << 1
+    assert int(report["eff"], 16) == int(report["perm"], 16) == dac_override, report
+    assert int(report["inh"], 16) == 0
+    assert report["fds"] == "0,1,2,", report
+    assert os.path.exists(os.path.join(root, "probe-was-here"))
+
+
+# modules that cost a GPU container's start milliseconds each (typing ~20 ms, dataclasses
+# ~27, json ~11, re ~8, tomllib ~28, subprocess ~25, ...) and that the hook has no need of
+SLOW_MODULES = frozenset({
+    "dataclasses", "typing", "re", "json", "tomllib", "tomli", "enum", "inspect", "subprocess",
+    "tempfile", "pynvml", "collections", "functools", "signal", "traceback", "contextlib",
+    "shutil", "hashlib", "pathlib", "datetime", "ast",
+})
+
+
+def _imports(importtime: str) -> list[tuple[int, str]]:
+    """(depth, module) per line of -X importtime output, in its order (children first)."""
+    out = []
+    for line in importtime.splitlines():
+        if line.startswith("import time:") and not line.endswith("| imported package"):
+            field = line.rsplit("|", 1)[1]
+            name = field.lstrip(" ")
+            out.append(((len(field) - len(name) - 1) // 2, name))
+    return out
+
+
+def _importer_chain(imports: list[tuple[int, str]], i: int) -> list[str]:
+    """The module imports[i] and what imported it, up to the top: a parent follows
+    its children in importtime's output, one level shallower."""
+    chain = [imports[i][1]]
+    depth = imports[i][0]
+    for d, name in imports[i + 1:]:
+        if d < depth:
+            chain.append(name)
+            depth = d
+    return chain
+
+
+def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]],
+                                         sim_host: SimHost, host_table: None) -> None:
+    """The whole prestart path (state, config, plan, mounts, mask, ldconfig) run by the
+    real executable under -X importtime imports none of the slow modules."""
+    bundle, root = setup()
+    v = sim_host.topology.driver_version
+    state = {"ociVersion": "1.0.2", "id": "c1", "status": "creating", "bundle": bundle.path}
+    env = {"PATH": HOOK_PATH_ENV.split("=", 1)[1], "NVCTK_CONFIG": bundle.config}
+    with fake_container() as pid:
+        r = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", HOOK, "prestart"],
+                           input=json.dumps({**state, "pid": pid}), env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"{LIB}/libcuda.so.{v}" in mounts_under(pid, root)  # it did the work
+    assert "ldconfig refreshed" in bundle.log_text()
+    imports = _imports(r.stderr)
+    names = {n for _, n in imports}
+    assert "nvctk.prestart" in names and "nvctk.mount" in names, r.stderr[-3000:]
+    slow = [" <- ".join(_importer_chain(imports, i)) for i, (_, n) in enumerate(imports)
+            if n.partition(".")[0] in SLOW_MODULES]
+    assert not slow, "slow imports on the hook's path (module <- importer ...):\n" + \
+        "\n".join(slow)
 
 
 @pytest.mark.parametrize(("lib", "cap"), [("libcuda", "compute"), ("libnvidia-ml", "utility")])

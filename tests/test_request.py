@@ -161,3 +161,13 @@ def test_mig_config_needs_privilege() -> None:
     assert r is not None and r.mig_config and not r.mig_monitor
     with pytest.raises(RequestError, match="NVIDIA_MIG_MONITOR_DEVICES"):
         req({NVD: "0", "NVIDIA_MIG_MONITOR_DEVICES": "all"}, caps=UNPRIV)
+
+
+def test_request_env_is_no_part_of_its_value() -> None:
+    """env is the whole environment: not compared, not hashed, never in a repr (secrets)."""
+    a = Request(devices=("0",), env={"TOKEN": "secret"})
+    b = Request(devices=("0",))
+    assert a == b and hash(a) == hash(b)
+    assert "secret" not in repr(a) and "devices=('0',)" in repr(a)
+    assert a != b.replace(devices=("1",))
+    assert b.env == {} and Request().env is not b.env

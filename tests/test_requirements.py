@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nvctk import requirements
 from nvctk.errors import RequestError, RequirementError
 from nvctk.requirements import HostFacts, check, compare_versions, parse_expression
 
@@ -87,3 +92,37 @@ def test_malformed(expr: str) -> None:
 )
 def test_compare_versions(a: str, b: str, want: int) -> None:
     assert compare_versions(a, b) == want
+
+
+# The term and version grammar is parsed by hand (no `re` on the create path); these
+# are the patterns it replaced, which it must agree with on every input.
+_TERM = re.compile(r"^([A-Za-z_]+)(<=|>=|!=|==|=|<|>)(.+)$")
+_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*$")
+
+
+def _by_regex(text: str) -> tuple[str, str, str] | None:
+    m = _TERM.match(text)
+    return (m.group(1), m.group(2), m.group(3)) if m else None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["cuda>=12.4", "cuda<=", "cuda<==1", "cuda==12", "cuda=>12", "cuda>>1", "brand=tesla",
+     "Driver!=1", "_x<1", "cuda>=12\n", "cuda>=12\n\n", "cuda\n>=12", "cuda>=1\n2", "é>=1",
+     "cuda", "=1", "cuda=", "cuda>", "cuda!", "cuda!==", "cuda<>1", "a=b=c", "cuda>=\r"],
+)
+def test_term_split_as_regex(text: str) -> None:
+    assert requirements._split_term(text) == _by_regex(text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="cudaB_é<>=!.12 \n\r\t", max_size=12))
+def test_term_split_as_regex_any(text: str) -> None:
+    assert requirements._split_term(text) == _by_regex(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789.٣a \n", max_size=10))
+def test_version_as_regex(value: str) -> None:
+    if "\n" not in value:  # a term's value never holds one
+        assert requirements._is_version(value) == bool(_VERSION.match(value))

@@ -294,3 +294,74 @@ def test_passthrough_real_runc(tmp_path: Path) -> None:
     assert ours.returncode == theirs.returncode != 0
     assert "container does not exist" in ours.stderr and "container does not exist" in theirs.stderr
     assert ours.stdout == theirs.stdout
+
+
+# What a GPU create must not import: each costs every GPU container's start
+# milliseconds (dataclasses ~27 ms with inspect/ast, pynvml ~45, typing ~20, ...).
+HEAVY = ("dataclasses", "typing", "re", "json", "tomllib", "enum", "inspect", "subprocess",
+         "tempfile", "shutil", "hashlib", "pynvml", "ctypes", "collections", "functools",
+         "contextlib")
+# nvctk's own modules that bring those in, or NVML: only for vGPU or a host-cache miss
+HEAVY_NVCTK = ("nvctk.nvml", "nvctk.mount", "nvctk.vgpu_state", "nvctk.prestart")
+
+
+def imported_modules(importtime_stderr: str) -> set[str]:
+    """Module names of `python -X importtime` output ("import time: self | cumul | name")."""
+    out = set()
+    for line in importtime_stderr.splitlines():
+        if line.startswith("import time:"):
+            name = line.rsplit("|", 1)[-1].strip()
+            if name != "imported package":
+                out.add(name)
+    return out
+
+
+def _importtime_create(env: Env, b: Path, tmp_path: Path) -> set[str]:
+    """Modules a create of bundle b imports (`-X importtime`), the second of two creates:
+    the first may fill the host cache (NVML)."""
+    text = re.sub(r"(?m)^runtimes = .*$", 'runtimes = ["/bin/true"]', env.config.read_text())
+    # a host cache of this test's own
+    text = re.sub(r"(?m)^state-dir = .*\n", "", text) + f'state-dir = "{tmp_path / "state"}"\n'
+    config = tmp_path / "true.toml"
+    config.write_text(text)
+    # the launcher's Python part, started as the sh part would start it
+    cmd = [os.path.join(BIN, "python3"), "-X", "importtime", "-I", "-S", RUNTIME,
+           "create", "--bundle", str(b), "c-imports"]
+    run_env = {**os.environ, "NVCTK_CONFIG": str(config)}
+    for _ in range(2):
+        r = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-3000:]
+    return imported_modules(r.stderr)
+
+
+def test_gpu_create_imports_nothing_heavy(env: Env, bundle: Callable[..., Path],
+                                          tmp_path: Path) -> None:
+    b = bundle({NVD: "0"})
+    imported = _importtime_create(env, b, tmp_path)
+    assert "nvctk.shim" in imported and "nvctk.planner" in imported  # the GPU create ran
+    assert sorted(n for n in imported if n.split(".")[0] in HEAVY) == []
+    assert sorted(n for n in imported if n in HEAVY_NVCTK) == []
+    plan = Plan.from_json((b / PLAN_FILE).read_text())
+    assert plan.gpu_uuids == (env.sim.topology.gpus[0].uuid,)
+
+
+def test_no_gpu_create_imports_no_planning(env: Env, bundle: Callable[..., Path],
+                                           tmp_path: Path) -> None:
+    b = bundle({})
+    imported = _importtime_create(env, b, tmp_path)
+    assert "nvctk.shim" in imported and "nvctk.request" in imported
+    assert sorted(n for n in imported if n.split(".")[0] in HEAVY) == []
+    planning = {"nvctk.planner", "nvctk.plan", "nvctk.driver", "nvctk.ldcache", "nvctk.host",
+                "nvctk.rootfs_path", *HEAVY_NVCTK}
+    assert sorted(imported & planning) == []
+    assert not (b / PLAN_FILE).exists()
+
+
+def test_finds_modules_without_importing_them() -> None:
+    from nvctk.runtime_shim import main
+
+    before = set(sys.modules)
+    # a plain .py on sys.path, a package, an extension module, nothing
+    assert main._finds("pynvml") and main._finds("email") and main._finds("_ctypes")
+    assert not main._finds("nvctk_no_such_module")
+    assert not {"pynvml", "email", "_ctypes"} & (set(sys.modules) - before)

@@ -1,0 +1,66 @@
+"""nvctk.record.Record: value semantics driven by __slots__."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvctk.record import Record, fields
+
+
+class Point(Record):
+    __slots__ = ("x", "y")
+
+    def __init__(self, x: int, y: int = 0) -> None:
+        self.x = x
+        self.y = y
+
+
+class Labelled(Point):
+    __slots__ = ("label", "tags")
+
+    def __init__(self, x: int, y: int, label: str, tags: tuple[Point, ...] = ()) -> None:
+        super().__init__(x, y)
+        self.label = label
+        self.tags = tags
+
+
+def test_fields_are_the_slots_base_first() -> None:
+    assert fields(Point) == ("x", "y")
+    assert fields(Labelled) == ("x", "y", "label", "tags")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "equal"),
+    [
+        (Point(1, 2), Point(1, 2), True),
+        (Point(1, 2), Point(1, 3), False),
+        (Point(1, 2), Labelled(1, 2, ""), False),  # another class is never equal
+        (Labelled(1, 2, "a", (Point(0),)), Labelled(1, 2, "a", (Point(0),)), True),
+    ],
+)
+def test_equality_and_hash(a: Record, b: Record, equal: bool) -> None:
+    assert (a == b) is equal
+    if equal:
+        assert hash(a) == hash(b)
+
+
+def test_repr_names_every_field() -> None:
+    assert repr(Point(1, 2)) == "Point(x=1, y=2)"
+
+
+def test_replace_copies_and_changes() -> None:
+    p = Labelled(1, 2, "a")
+    q = p.replace(label="b")
+    assert (q.x, q.y, q.label) == (1, 2, "b") and p.label == "a"
+    with pytest.raises(TypeError, match="no field"):
+        p.replace(z=1)
+
+
+def test_to_dict_is_json_ready() -> None:
+    d = Labelled(1, 2, "a", (Point(3, 4),)).to_dict()
+    assert d == {"x": 1, "y": 2, "label": "a", "tags": [{"x": 3, "y": 4}]}
+
+
+def test_slots_reject_unknown_attributes() -> None:
+    with pytest.raises(AttributeError):
+        Point(1).z = 3  # type: ignore[attr-defined]
