@@ -71,6 +71,12 @@ def bundle(path: Path, rootfs: Path, env: list[str], args: list[str]) -> Path:
     return path
 
 
+def _script(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
 def _with_runtimes(config_text: str, runtime: str) -> str:
     lines = [ln for ln in config_text.splitlines() if not ln.startswith("runtimes")]
     return "\n".join([*lines, f'runtimes = ["{runtime}"]']) + "\n"
@@ -153,6 +159,24 @@ def main() -> int:
         spec = json.loads((no_hook / "config.json").read_text())
         spec.pop("hooks")
         (no_hook / "config.json").write_text(json.dumps(spec))
+        # the floor of this design: a Python runtime that only execs runc and a Python
+        # prestart hook that only reads its state (then one that also runs the host's
+        # ldconfig in the rootfs), started as nvctk's launchers are (#!python3 -IS)
+        shebang = f"#!{py} -IS\n"
+        null_shim = _script(tmp / "null-shim", shebang + "import os, sys\n"
+                            f"os.execv({runc!r}, [{runc!r}, *sys.argv[1:]])\n")
+        null_hook = _script(tmp / "null-hook", shebang + "import sys\nsys.stdin.buffer.read()\n")
+        ldconfig_hook = _script(tmp / "ldconfig-hook", shebang + (
+            "import os, sys\nsys.stdin.buffer.read()\npid = os.fork()\nif pid == 0:\n"
+            "    os.close(2)\n"
+            f"    os.execv('/sbin/ldconfig', ['ldconfig', '-r', {str(rootfs)!r}])\n"
+            "os.waitpid(pid, 0)\n"))
+        floors = {}
+        for name, hook in (("null", null_hook), ("ldconfig", ldconfig_hook)):
+            floors[name] = tmp / f"b-floor-{name}"
+            shutil.copytree(no_hook, floors[name])
+            spec["hooks"] = {"prestart": [{"path": str(hook), "args": [str(hook)]}]}
+            (floors[name] / "config.json").write_text(json.dumps(spec))
 
         c = interleave(opts.n, {
             "runc run (no GPU)": run(runc, plain, env1),
@@ -162,6 +186,8 @@ def main() -> int:
                 [runtime, "create", "--bundle", str(gpu), f"s{next(counter)}"], env=env_shim),
             "runc run, edited, no hook": run(runc, no_hook, env1),
             "runc run, edited, hook": run(runc, edited, env1),
+            "floor": run(str(null_shim), floors["null"], env1),
+            "floor + ldconfig": run(str(null_shim), floors["ldconfig"], env1),
         })
         say()
         say("container start (create + start + exit + delete)")
@@ -183,6 +209,12 @@ def main() -> int:
             f"{c['runc run, edited, hook'] - c['runc run, edited, no hook']:.1f}, device "
             f"nodes {c['runc run, edited, no hook'] - c['runc run (no GPU)']:.1f}, "
             f"bare interpreter start {p['bare']:.1f} ms")
+        say()
+        say("the floor of the design (a Python runtime that only execs runc, a Python")
+        say("prestart hook that only reads its state; same spec, devices included)")
+        for k in ("floor", "floor + ldconfig"):
+            label = k + (" (the hook also runs the host's ldconfig)" if k != "floor" else "")
+            say(f"  {label:<56} {c[k]:7.2f} = {c[k] / c['runc run (no GPU)']:.2f} x runc")
     finally:
         subprocess.run(["umount", "-R", str(tmp)], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)

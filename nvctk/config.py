@@ -11,7 +11,7 @@ import os
 import sys
 
 from nvctk.errors import ConfigError
-from nvctk.record import Record, fields
+from nvctk.record import FrozenRecord, fields
 from nvctk.toml_subset import loads as _loads_subset
 
 # typing is for the type checker only: importing it costs every container start;
@@ -26,25 +26,7 @@ ALL_CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx",
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-class _Frozen(Record):
-    """A Record whose fields are set once, in __init__ (as a frozen dataclass's):
-    configs are hashed and shared, so a change must go through replace()."""
-
-    __slots__ = ()
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"cannot delete field {name!r}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # copy and pickle would restore the slots with setattr; __init__ takes
-        # the fields positionally, in slot order
-        return type(self), tuple(getattr(self, k) for k in fields(type(self)))
-
-
-class ExtraMount(_Frozen):
+class ExtraMount(FrozenRecord):
     __slots__ = ("host_path", "container_path", "read_only")  # noqa: RUF023 (field order)
 
     host_path: str
@@ -58,7 +40,7 @@ class ExtraMount(_Frozen):
         init(self, "read_only", read_only)
 
 
-class Config(_Frozen):
+class Config(FrozenRecord):
     # the fields in order: __init__'s positional order, and render()'s
     __slots__ = (  # noqa: RUF023
         "driver_root",

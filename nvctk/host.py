@@ -51,7 +51,7 @@ from __future__ import annotations
 import os
 
 from nvctk import jsonio
-from nvctk.record import Record
+from nvctk.record import FrozenRecord
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -72,24 +72,7 @@ def _get(d: dict[str, Any], key: str, kind: type) -> Any:
     return v
 
 
-class _Frozen(Record):
-    """Immutable, as the frozen dataclasses these were: they are hashed and shared.
-    A subclass's __slots__ are its fields in order (to_dict's key order, __init__'s
-    positional order), so they are not sorted."""
-
-    __slots__ = ()
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable")
-
-    def __reduce__(self) -> tuple[Any, ...]:  # copy and pickle without __setattr__
-        return (type(self), self._values())
-
-
-class MigInfo(_Frozen):
+class MigInfo(FrozenRecord):
     __slots__ = ("index", "uuid", "gpu_instance", "compute_instance", "profile", "memory_mib")  # noqa: RUF023
     index: int
     uuid: str
@@ -119,7 +102,7 @@ class MigInfo(_Frozen):
         )
 
 
-class GpuInfo(_Frozen):
+class GpuInfo(FrozenRecord):
     __slots__ = ("index", "uuid", "name", "minor", "pci_bus_id", "memory_mib",  # noqa: RUF023
                  "compute_capability", "brand", "mig_enabled", "mig_devices")
     index: int
@@ -163,7 +146,7 @@ class GpuInfo(_Frozen):
         )
 
 
-class HostInfo(_Frozen):
+class HostInfo(FrozenRecord):
     __slots__ = ("driver_version", "cuda_version", "gpus")  # noqa: RUF023
     driver_version: str
     cuda_version: str  # "12.4"

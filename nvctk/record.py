@@ -72,3 +72,21 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: plain(getattr(self, k)) for k in fields(type(self))}
+
+
+class FrozenRecord(Record):
+    """A Record whose fields are set once, in __init__ (with object.__setattr__), as a
+    frozen dataclass's: such values are hashed and shared, so a change goes through
+    replace(). Its __init__ must take the fields positionally, in slot order."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable: cannot assign {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable: cannot delete {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy and pickle would restore the slots with setattr
+        return type(self), tuple(getattr(self, k) for k in fields(type(self)))

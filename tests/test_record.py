@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 
-from nvctk.record import Record, fields
+from nvctk.record import FrozenRecord, Record, fields
 
 
 class Point(Record):
@@ -64,3 +67,21 @@ def test_to_dict_is_json_ready() -> None:
 def test_slots_reject_unknown_attributes() -> None:
     with pytest.raises(AttributeError):
         Point(1).z = 3  # type: ignore[attr-defined]
+
+
+class Frozen(FrozenRecord):
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: int, b: tuple[int, ...] = ()) -> None:
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "b", b)
+
+
+def test_frozen_record_cannot_change_but_can_be_replaced_copied_pickled() -> None:
+    f = Frozen(1, (2,))
+    with pytest.raises(AttributeError, match="immutable"):
+        f.a = 2  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="immutable"):
+        del f.a  # type: ignore[misc]
+    assert f.replace(a=3) == Frozen(3, (2,))
+    assert copy.deepcopy(f) == f and pickle.loads(pickle.dumps(f)) == f
