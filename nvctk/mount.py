@@ -218,14 +218,19 @@ def read_bytes(path: str) -> bytes:
     lookup (which could import an encodings module after the hook's setns)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks: list[bytes] = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
+        return read_fd(fd)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int) -> bytes:
+    """Everything left to read from fd (a file or a pipe, up to EOF)."""
+    chunks: list[bytes] = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def mount_id(fd: int) -> int:

@@ -588,15 +588,6 @@ def worker(plan: Plan, rootfs: str, pid: int, log: HookLog, answer: int,
             _close_all(prep.fds())
 
 
-def _read_all(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
 def apply_plan(plan: Plan, rootfs: str, pid: int, log: HookLog,
                drop_parent_caps: bool = False) -> None:
     """Run the worker in a forked child; MountError with its message on failure.
@@ -623,7 +614,7 @@ def apply_plan(plan: Plan, rootfs: str, pid: int, log: HookLog,
     if drop_parent_caps:
         caps.drop_all()
     try:
-        data = _read_all(r)
+        data = m.read_fd(r)
     finally:
         os.close(r)
     if data == _OK:
