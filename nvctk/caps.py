@@ -124,11 +124,13 @@ def needed(steps: Iterable[str]) -> set[str]:
 
 
 def _drop_bounding(keep: set[int]) -> None:
-    """Drop every capability but keep from the bounding set (CAP_SETPCAP effective)."""
-    prctl, drop = _prctl.prctl, _prctl.PR_CAPBSET_DROP
+    """Drop every capability but keep from the bounding set. Only those still there:
+    without CAP_SETPCAP (a runtime started with a reduced bounding set) every
+    PR_CAPBSET_DROP fails, even of a capability already gone."""
+    prctl, read, drop = _prctl.prctl, _prctl.PR_CAPBSET_READ, _prctl.PR_CAPBSET_DROP
     for cap in range(_last_cap() + 1):
-        if cap not in keep:
-            prctl(drop, cap)  # dropping a dropped capability is a no-op, not an error
+        if cap not in keep and prctl(read, cap):
+            prctl(drop, cap)
 
 
 def _setpcap_effective() -> None:

@@ -208,8 +208,16 @@ def _listing(top: str, rel: str = "") -> list[str]:
 
 def host_stamp(driver_root: str) -> list[Any]:
     """What the cache is valid for (see the module doc); cheap, never NVML. A plain
-    JSON-able list (lists, strings, ints, None), compared for equality."""
+    JSON-able list (lists, strings, ints, None), compared for equality.
+
+    For a driver root other than / (a driver container's files) the real driver still
+    reads the host's own /proc and /dev, so those are stamped too."""
     root = os.path.abspath(driver_root)
+    host = _root_stamp("/") if root != "/" else None
+    return [root, _root_stamp(root), host, _read(BOOT_ID)]
+
+
+def _root_stamp(root: str) -> list[Any]:
     proc = os.path.join(root, "proc/driver/nvidia")
 
     gpus_dir = os.path.join(proc, "gpus")
@@ -244,8 +252,7 @@ def host_stamp(driver_root: str) -> list[Any]:
     except OSError:
         ldcache = None
 
-    return [root, _read(os.path.join(proc, "version")), buses, nodes, caps, ldcache,
-            _read(BOOT_ID)]
+    return [_read(os.path.join(proc, "version")), buses, nodes, caps, ldcache]
 
 
 # --- the cache file -------------------------------------------------------------------------
@@ -326,13 +333,15 @@ def load_host(driver_root: str, state_dir: str, *, fresh: bool = False) -> tuple
     # The stamp is taken before NVML is asked: a change while NVML runs leaves a stamp
     # that no longer matches, so the next create asks again (never a stale hit).
     stamp = host_stamp(driver_root)
-    cached = None if fresh else _read_cache(path, stamp)
-    if cached is not None and not _any_mig(cached):
+    cached = _read_cache(path, stamp)
+    if not fresh and cached is not None and not _any_mig(cached):
         return cached, True
 
     from nvctk import nvml  # pynvml: only on a miss
 
     host = nvml.query_host(driver_root)
-    if host != cached:  # a MIG host whose file is current is not rewritten at every create
+    # a MIG host, or a retry for an unknown device id, whose file is current is not
+    # rewritten at every create
+    if host != cached:
         _write_cache(state_dir, path, stamp, host)
     return host, False

@@ -420,19 +420,6 @@ def _wait_ldconfig(plan: Plan, pid: int, out_r: int, log: Logger) -> None:
             log.debug(f"ldconfig: {out}")
 
 
-def _run_ldconfig(plan: Plan, root: m.Root, prep: _Prepared, log: HookLog) -> None:
-    """ldconfig in a child of the calling process, waited for here (the hook itself
-    runs it in its worker instead: see `worker`)."""
-    r, w = os.pipe()
-    root_st = os.fstat(root.fd)
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        _ldconfig_child(plan, root.path, root_st, prep.ldconfig, prep.devnull, w, log)
-    os.close(w)
-    _wait_ldconfig(plan, pid, r, log)
-
-
 def _mount_steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter,
                  log: HookLog) -> m.Root:
     """setns to proc-mask; returns the rootfs (open, for ldconfig) once all are in."""

@@ -249,7 +249,13 @@ def test_stamp_is_plain_and_tolerates_a_missing_root(tmp_path: Path) -> None:
     stamp = nvhost.host_stamp(str(tmp_path / "nothing"))
     assert jsonio.loads(jsonio.dumps(stamp)) == stamp
     assert stamp[0] == str(tmp_path / "nothing")
-    assert stamp[1:6] == [None, [None], [None], [None], None]
+    assert stamp[1] == [None, [None], [None], [None], None]
+
+
+def test_stamp_of_another_root_covers_the_hosts_own_proc_and_dev(tmp_path: Path) -> None:
+    """A driver container's root: the real driver still reads the host's /proc and /dev."""
+    assert nvhost.host_stamp(str(tmp_path))[2] == nvhost.host_stamp("/")[1]
+    assert nvhost.host_stamp("/")[2] is None
 
 
 # --- MIG ----------------------------------------------------------------------------------
@@ -382,7 +388,9 @@ def test_fresh_asks_nvml_and_refreshes(sim: simhost.SimHost, state: Path) -> Non
     ino = os.stat(cache_file(state)).st_ino
     live = nvml.query_host(sim.root)
     assert load_host(sim.root, str(state), fresh=True) == (live, False)
-    assert os.stat(cache_file(state)).st_ino != ino  # rewritten
+    # NVML said what the file says: not rewritten (a request naming an unknown id,
+    # which retries fresh, must not cost every create a rewrite)
+    assert os.stat(cache_file(state)).st_ino == ino
     assert load_host(sim.root, str(state)) == (live, True)
 
 
@@ -454,5 +462,8 @@ def test_hit_serves_the_file_and_info_ignores_it(sim: simhost.SimHost, tmp_path:
     try:
         assert load_host(sim.root, str(state)) == (forged, True)
         assert info_dict(sim.root)["gpus"][0]["name"] == live.gpus[0].name != "Forged GPU"
+        # fresh (the planner's retry): NVML's answer differs from the file, which is rewritten
+        assert load_host(sim.root, str(state), fresh=True) == (live, False)
+        assert load_host(sim.root, str(state)) == (live, True)
     finally:
         cache_file(state).unlink()

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -30,7 +31,6 @@ from pathlib import Path
 import pytest
 
 from nvctk import config as nvconfig
-from nvctk import mount as m
 from nvctk import prestart, vgpu, vgpu_state
 from nvctk.errors import SpecError
 from nvctk.log import Logger
@@ -213,33 +213,34 @@ def test_bundle_in_rootfs() -> None:
 # --- ldconfig is bounded in time -------------------------------------------------------------------
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chroot, mount namespaces)")
 def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook's own path: its worker becomes ldconfig, the hook's process kills it."""
     ld = shutil.which("ldconfig", path="/sbin:/usr/sbin")
     if ld is None:
         pytest.skip("no host ldconfig")
     root = tmp_path / "rootfs"
-    (root / "etc").mkdir(parents=True)
-    (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    for d in ("etc", "proc", "usr/lib/x86_64-linux-gnu"):
+        (root / d).mkdir(parents=True)
     fifo = root / "etc/ld.so.conf"
     os.mkfifo(fifo)
     monkeypatch.setattr(prestart, "LDCONFIG_TIMEOUT", 2.0)
     log = prestart.HookLog(str(tmp_path / "hook.log"), "debug")
     plan = Plan("1", ("compute",), (), ldconfig=ld)
-    prep = prestart._Prepared(ldconfig=os.open(ld, os.O_RDONLY | os.O_CLOEXEC),
-                              devnull=os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
     done = threading.Event()
 
     def rescue() -> None:  # without the limit: fail (no kill logged) instead of hanging
         if not done.wait(20):
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
+    # a mount namespace for the worker to enter, as a container's
+    ns = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "60"])
     threading.Thread(target=rescue, daemon=True).start()
     try:
-        with m.Root(str(root)) as r:
-            prestart._run_ldconfig(plan, r, prep, log)
+        time.sleep(0.2)
+        prestart.apply_plan(plan, str(root), ns.pid, log)
     finally:
         done.set()
-        os.close(prep.ldconfig)
-        os.close(prep.devnull)
+        ns.kill()
+        ns.wait()
         log.close()
     assert "killed after 2s" in (tmp_path / "hook.log").read_text()
 
