@@ -228,7 +228,8 @@ def main() -> int:
             label = k + (" (the hook also runs the host's ldconfig)" if k != "floor" else "")
             say(f"  {label:<56} {c[k]:7.2f} = {c[k] / c['runc run (no GPU)']:.2f} x runc")
     finally:
-        subprocess.run(["umount", "-R", str(tmp)], capture_output=True)
+        # tmp itself is no mount point: `umount -R tmp` would leave run_dir mounted
+        subprocess.run(["umount", "-R", str(run_dir)], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     if opts.out:
         opts.out.write_text("\n".join(lines) + "\n")
