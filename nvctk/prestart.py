@@ -44,8 +44,7 @@ from nvctk import config as nvconfig
 from nvctk import mount as m
 from nvctk.errors import MountError, NvctkError, SpecError
 from nvctk.log import Logger
-from nvctk.oci import bundle_in_rootfs, load_state
-from nvctk.oci import load_spec as _load_spec
+from nvctk.oci import bundle_in_rootfs, load_spec, load_state
 from nvctk.plan import PLAN_FILE, Mount, Plan
 from nvctk.record import Record
 
@@ -125,10 +124,6 @@ def parse_state(text: str | bytes) -> HookState:
         if isinstance(raw, dict) and isinstance(raw.get("path"), str):
             root = raw["path"]
     return HookState(st.id, st.pid, st.bundle, root or None, dict(st.annotations))
-
-
-def load_spec(bundle: str) -> dict[str, Any]:
-    return _load_spec(bundle)
 
 
 def rootfs_path(state: HookState, spec: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ import stat
 import struct
 
 from nvctk.errors import RequestError
+from nvctk.oci import atomic_write
 from nvctk.record import Record
 
 # typing is for the type checker only: importing it costs every container start
@@ -196,23 +197,9 @@ def write_limits_file(
 ) -> None:
     """Write the limits file atomically, read-only (0444). `cache` is the
     accounting file's path as the container sees it (None: beside the file)."""
-    import tempfile  # not at the top: it costs milliseconds, and only vGPU creates need it
-
     p = os.fspath(path)
-    parent = os.path.dirname(p) or "."
-    os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".limits.", dir=parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(format_limits(values, cache))
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
+    atomic_write(p, format_limits(values, cache).encode(), 0o444)
 
 
 def read_limits_file(path: str | os.PathLike[str], gpu_count: int) -> VgpuLimits:

@@ -140,16 +140,27 @@ def test_find_runtime(tmp_path: Path) -> None:
     assert runc_argv.find_runtime(("nope",), path, own) is None
 
 
-def test_passthrough_imports_stay_light() -> None:
-    """The passthrough path must not import json/tomllib/dataclasses (milliseconds each)."""
+@pytest.mark.parametrize("configured", [False, True])
+def test_passthrough_imports_stay_light(tmp_path: Path, configured: bool) -> None:
+    """The passthrough path must not import json/tomllib/dataclasses (milliseconds each),
+    neither without a config nor with one like the simulated host's (extra-mounts)."""
     import subprocess
     import sys
 
+    from nvctk.config import Config, ExtraMount, render
+
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(render(Config(runtimes=("crun",),
+                                 extra_mounts=(ExtraMount("/a", "/b", True),))))
+    want = ("crun",) if configured else ("runc", "crun")
     code = (
         "import sys; import nvctk.runtime_shim.main as m; from nvctk import runc_argv;"
-        "runc_argv.parse(['state','x']); runc_argv.read_runtimes({'NVCTK_CONFIG':'/nonexistent'});"
+        "runc_argv.parse(['state','x']);"
+        f"rts = runc_argv.read_runtimes({{'NVCTK_CONFIG': {str(cfg if configured else '/nonexistent')!r}}});"
+        f"assert rts == ({want!r}, None), rts;"
         "bad=[n for n in ('json','tomllib','dataclasses','typing','click','nvctk.config') "
         "if n in sys.modules]; print(bad)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
