@@ -11,7 +11,7 @@ import sys
 import click
 
 from nvctk import config as nvconfig
-from nvctk.cli import config_cmd, info, sim
+from nvctk.cli import config_cmd, configure, info, sim, vgpu_cmd
 from nvctk.errors import NvctkError
 
 
@@ -42,7 +42,9 @@ def load_config(ctx: click.Context) -> nvconfig.Config:
 
 cli.add_command(info.info)
 cli.add_command(config_cmd.config)
+cli.add_command(configure.configure)
 cli.add_command(sim.sim)
+cli.add_command(vgpu_cmd.vgpu)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,8 @@
 """nvctk-hook: the OCI hooks nvctk inserts into GPU containers' specs.
 
     nvctk-hook prestart   state JSON on stdin (runc/crun prestart hook)
-    nvctk-hook poststop   state JSON on stdin; removes the vGPU accounting state
+    nvctk-hook poststop [--runtime-root DIR]
+                          state JSON on stdin; removes the vGPU accounting state
 
 Thin: the logic lives in nvctk.prestart. Exit 0 on success; 1 with
 "nvctk-hook: <message>" on stderr otherwise (runc shows both); 2 on bad usage.
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         from nvctk import prestart, vgpu_state
 
         prestart.sanitize_environ()
-        return vgpu_state.poststop_main(sys.stdin.buffer, sys.stderr)
+        return vgpu_state.poststop_main(sys.stdin.buffer, sys.stderr, args[1:])
     sys.stderr.write(f"nvctk-hook: unknown command {cmd!r}\n{USAGE}")
     return 2
 

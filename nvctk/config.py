@@ -12,6 +12,7 @@ import sys
 
 from nvctk.errors import ConfigError
 from nvctk.record import FrozenRecord, fields
+from nvctk.runc_argv import NotRegularFile, read_regular_file
 from nvctk.toml_subset import loads as _loads_subset
 
 # typing is for the type checker only: importing it costs every container start;
@@ -172,28 +173,61 @@ def render(config: Config, comments: bool = True) -> str:
 def _check_type(key: str, value: Any, default: Any, where: str) -> Any:
     if isinstance(default, bool):
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: {key} must be true or false, not {value!r}")
+            raise ConfigError(f"{where}: {key} must be true or false, not {_short(value)}")
         return value
     if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"{where}: {key} must be a positive integer, not {value!r}")
+        low, high = INT_RANGES[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(
+                f"{where}: {key} must be an integer from {low} to {high}, not {_short(value)}"
+            )
         return value
     if isinstance(default, str):
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: {key} must be a string, not {value!r}")
+            raise ConfigError(f"{where}: {key} must be a string, not {_short(value)}")
+        _check_string(key, value, where)
         return value
     if not isinstance(value, list):
-        raise ConfigError(f"{where}: {key} must be a list, not {value!r}")
+        raise ConfigError(f"{where}: {key} must be a list, not {_short(value)}")
     if key == "extra-mounts":
         return tuple(_extra_mount(m, where) for m in value)
     if not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}: {key} must be a list of strings")
+    for v in value:
+        _check_string(key, v, where)
     return tuple(value)
+
+
+# integer keys: (least, most). runc turns a hook's timeout into a Go time.Duration of
+# nanoseconds, which a huge value overflows (and a day is already far too long)
+INT_RANGES = {"hook-timeout": (1, 86400)}
+# path keys: "" allowed (means: the default place, or no log), else absolute
+_ABSOLUTE_OR_EMPTY = frozenset({"hook-path", "log-file", "vgpu-library"})
+_ABSOLUTE = frozenset({"driver-root", "ldconfig", "state-dir"})
+
+
+def _short(value: Any) -> str:
+    """repr() for a message, cut: a value may be a megabyte long (or a 5000-digit int)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "a huge number"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_string(key: str, value: str, where: str) -> None:
+    """No NUL (no path or name can hold one: os calls would raise ValueError), and
+    paths absolute where the key says so."""
+    if "\0" in value:
+        raise ConfigError(f"{where}: {key} must not contain a NUL character: {_short(value)}")
+    if key in _ABSOLUTE and not value.startswith("/"):
+        raise ConfigError(f"{where}: {key} must be an absolute path, not {_short(value)}")
+    if key in _ABSOLUTE_OR_EMPTY and value and not value.startswith("/"):
+        raise ConfigError(f"{where}: {key} must be an absolute path or empty, not {_short(value)}")
+    if key in ("runtimes", "supported-capabilities") and not value:
+        raise ConfigError(f"{where}: {key} must not hold an empty string")
 
 
 def _extra_mount(item: Any, where: str) -> ExtraMount:
     if not isinstance(item, dict):
-        raise ConfigError(f"{where}: extra-mounts entries must be tables, not {item!r}")
+        raise ConfigError(f"{where}: extra-mounts entries must be tables, not {_short(item)}")
     unknown = set(item) - {"host-path", "container-path", "read-only"}
     if unknown:
         raise ConfigError(f"{where}: unknown key extra-mounts.{sorted(unknown)[0]}")
@@ -202,8 +236,14 @@ def _extra_mount(item: Any, where: str) -> ExtraMount:
     except KeyError as e:
         raise ConfigError(f"{where}: extra-mounts entry lacks {e.args[0]}")
     if not (isinstance(host, str) and host.startswith("/") and isinstance(cont, str) and cont.startswith("/")):
-        raise ConfigError(f"{where}: extra-mounts paths must be absolute: {item!r}")
-    return ExtraMount(host, cont, bool(item.get("read-only", False)))
+        raise ConfigError(f"{where}: extra-mounts paths must be absolute: {_short(item)}")
+    if "\0" in host or "\0" in cont:
+        raise ConfigError(f"{where}: extra-mounts paths must not contain a NUL character")
+    read_only = item.get("read-only", False)
+    if not isinstance(read_only, bool):  # "false" as a string would be true
+        raise ConfigError(f"{where}: extra-mounts read-only must be true or false, not "
+                          f"{_short(read_only)}")
+    return ExtraMount(host, cont, read_only)
 
 
 def _loads(text: str, where: str) -> dict[str, Any]:
@@ -220,6 +260,10 @@ def _loads(text: str, where: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         # the decoder's message carries "(at line N, column M)"
         raise ConfigError(f"{where}: malformed TOML: {e}")
+    except ValueError as e:  # an integer past int()'s digit limit
+        raise ConfigError(f"{where}: malformed TOML: {e}")
+    except RecursionError:
+        raise ConfigError(f"{where}: malformed TOML: arrays or tables nested too deeply")
 
 
 def parse(text: str, where: str) -> Config:
@@ -228,16 +272,17 @@ def parse(text: str, where: str) -> Config:
     for key, value in data.items():
         name = _NAMES.get(key)
         if name is None:
-            raise ConfigError(f"{where}: unknown key {key!r}")
+            raise ConfigError(f"{where}: unknown key {_short(key)}")
         values[name] = _check_type(key, value, _DEFAULTS[name], where)
     cfg = Config(**values, path=where)
     if cfg.log_level not in LOG_LEVELS:
-        raise ConfigError(f"{where}: log-level must be one of {', '.join(LOG_LEVELS)}, not {cfg.log_level!r}")
+        raise ConfigError(f"{where}: log-level must be one of {', '.join(LOG_LEVELS)}, not "
+                          f"{_short(cfg.log_level)}")
     bad = [c for c in cfg.supported_capabilities if c not in ALL_CAPABILITIES]
     if bad:
-        raise ConfigError(f"{where}: unknown capability {bad[0]!r} in supported-capabilities")
-    if not cfg.driver_root.startswith("/"):
-        raise ConfigError(f"{where}: driver-root must be an absolute path, not {cfg.driver_root!r}")
+        raise ConfigError(f"{where}: unknown capability {_short(bad[0])} in supported-capabilities")
+    if not cfg.runtimes:
+        raise ConfigError(f"{where}: runtimes must name at least one runtime")
     return cfg
 
 
@@ -247,12 +292,24 @@ def config_path(environ: dict[str, str] | None = None) -> str:
 
 
 def load(path: str | None = None) -> Config:
+    """The config at path (default: config_path()); a missing file is the defaults.
+
+    Never blocks: a FIFO, device or socket is refused unread (see
+    runc_argv.read_regular_file). ConfigError names the file for every failure.
+    """
     path = path or config_path()
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        data = read_regular_file(path)
     except FileNotFoundError:
         return Config()
+    except NotRegularFile:
+        raise ConfigError(f"{path}: cannot read: not a regular file")
+    except ValueError:  # a NUL in the path
+        raise ConfigError(f"{path!r}: cannot read: the path holds a NUL character")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}")
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 (invalid byte at offset {e.start})")
     return parse(text, path)

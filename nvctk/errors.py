@@ -33,3 +33,24 @@ class SpecError(NvctkError):
 
 class MountError(NvctkError):
     """A step of the prestart hook failed; the message names the step and path."""
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """repr() of a value for a message, cut to about `limit` characters: container
+    input may be megabytes long (or a 5000-digit number), a message one line."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return "a number of over 30 digits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}...' ({len(str(value))} characters)"
+
+
+def ascii_uint(text: str, max_digits: int = 9) -> int | None:
+    """A small non-negative decimal integer of ASCII digits, else None.
+
+    str.isdigit() and int() also take other scripts' digits (U+0660, "²") and int()
+    refuses more than 4300 digits with a ValueError: ids, indexes and limits are
+    ASCII only, and longer than max_digits is no index of anything.
+    """
+    if not text or len(text) > max_digits or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)

@@ -33,12 +33,43 @@ def _now_rfc3339() -> str:
     return _stamp[1]
 
 
-def _open_append(path: str) -> int:
-    """An O_APPEND fd of path (created 0644), or -1."""
+_S_IFMT, _S_IFREG, _S_IFIFO = 0o170000, 0o100000, 0o010000
+
+
+def _open_append(path: str, fifo_ok: bool = False) -> int:
+    """An O_APPEND fd of path (created 0644), or -1.
+
+    Never blocks: O_NONBLOCK makes a FIFO without a reader fail (ENXIO) instead
+    of waiting for one, O_NOCTTY keeps a terminal from becoming ours. Only a
+    regular file is kept (fifo_ok: a FIFO too, for runc's --log, which an engine
+    may read through one; its writes then stay non-blocking).
+    """
     try:
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                     | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
     except (OSError, ValueError):
         return -1
+    try:
+        kind = os.fstat(fd).st_mode & _S_IFMT
+    except OSError:
+        kind = -1
+    if kind == _S_IFREG or (fifo_ok and kind == _S_IFIFO):
+        return fd
+    os.close(fd)
+    return -1
+
+
+def open_log(path: str, make_dirs: bool = False) -> int:
+    """An O_APPEND fd of nvctk's own log file (a regular file only, opened without
+    ever blocking: see _open_append), or -1; make_dirs creates a missing parent."""
+    fd = _open_append(path)
+    if fd < 0 and make_dirs and path:
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        except (OSError, ValueError):
+            return -1
+        fd = _open_append(path)
+    return fd
 
 
 def _write_line(fd: int, line: str) -> bool:
@@ -50,8 +81,8 @@ def _write_line(fd: int, line: str) -> bool:
         return False
 
 
-def _append(path: str, line: str) -> bool:
-    fd = _open_append(path)
+def _append(path: str, line: str, fifo_ok: bool = False) -> bool:
+    fd = _open_append(path, fifo_ok)
     if fd < 0:
         return False
     try:
@@ -81,7 +112,7 @@ def write_runc_log(
     """Append `msg` to runc's --log file (created when absent). False when not written."""
     if not path:
         return False
-    return _append(path, runc_log_line(msg, level, log_format))
+    return _append(path, runc_log_line(msg, level, log_format), fifo_ok=True)
 
 
 class Logger:
@@ -150,7 +181,7 @@ def report_error(
     try:
         sys.stderr.write(f"{prog}: {msg}\n")
         sys.stderr.flush()
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # UnicodeEncodeError too: a lone surrogate, a strict stderr
         pass
     write_runc_log(runc_log, f"nvctk: {msg}", "error", runc_log_format or "json")
     if logger is not None:

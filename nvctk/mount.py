@@ -251,26 +251,39 @@ def fd_path(fd: int) -> str:
 
 # --- mountinfo ----------------------------------------------------------------
 class MountInfo(Record):
-    # field order is the record's order (repr, to_dict): the mountinfo columns'
-    __slots__ = ("mount_id", "parent_id", "mount_point", "fstype", "optional")  # noqa: RUF023
+    # field order is the record's order (repr, to_dict): the mountinfo columns' (the
+    # ones added later last, so positional construction keeps working)
+    __slots__ = ("mount_id", "parent_id", "mount_point", "fstype", "optional",  # noqa: RUF023
+                 "dev", "root", "options")
 
     mount_id: int
     parent_id: int
     mount_point: str
     fstype: str
     optional: tuple[str, ...]  # e.g. ("shared:1", "master:2")
+    dev: str  # major:minor of the file system
+    root: str  # the directory of the file system mounted here
+    options: tuple[str, ...]  # per-mount options, e.g. ("rw", "nosuid")
 
     def __init__(self, mount_id: int, parent_id: int, mount_point: str, fstype: str,
-                 optional: tuple[str, ...]) -> None:
+                 optional: tuple[str, ...], dev: str = "", root: str = "/",
+                 options: tuple[str, ...] = ()) -> None:
         self.mount_id = mount_id
         self.parent_id = parent_id
         self.mount_point = mount_point
         self.fstype = fstype
         self.optional = optional
+        self.dev = dev
+        self.root = root
+        self.options = options
 
     @property
     def shared(self) -> bool:
         return any(o.startswith("shared:") for o in self.optional)
+
+    @property
+    def read_only(self) -> bool:
+        return "ro" in self.options
 
 
 def _unescape(s: str) -> str:
@@ -296,7 +309,8 @@ def parse_mountinfo(text: str) -> list[MountInfo]:
         sep = parts.index("-")
         result.append(
             MountInfo(int(parts[0]), int(parts[1]), _unescape(parts[4]), parts[sep + 1],
-                      tuple(parts[6:sep]))
+                      tuple(parts[6:sep]), parts[2], _unescape(parts[3]),
+                      tuple(parts[5].split(",")))
         )
     return result
 
@@ -311,22 +325,71 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top + "/") or top == ""
 
 
+def own_mount_ids(infos: list[MountInfo], top: str, holder_id: int) -> set[int]:
+    """The mounts at or below the rootfs `top` (a real path) that hold the container's
+    own files: what nvctk and its ldconfig may create files on.
+
+    - holder_id: the mount the rootfs lies on;
+    - a bind of a directory of the rootfs onto its own place (the hook's pins of
+      /etc and /run, a runtime's self-binds): same file system, and its root is
+      the holder's directory at that place;
+    - a file system mounted nowhere outside the rootfs (the runtime's own /dev
+      tmpfs, podman's /run tmpfs, the rootfs's overlay under runc's bind of it).
+    Anything else (a host directory bound in: a volume, extra-mounts, the MPS
+    pipe dir, /dev/shm of Docker) is the host's: nothing is created there.
+    """
+    holder = next((i for i in infos if i.mount_id == holder_id), None)
+    own = {holder_id}
+    if holder is None:
+        return own
+    outside = {i.dev for i in infos if not _under(i.mount_point, top)}
+    hp = holder.mount_point.rstrip("/")
+    for i in infos:
+        if i.mount_id == holder_id or not _under(i.mount_point, top):
+            continue
+        if i.dev not in outside:
+            own.add(i.mount_id)
+        elif i.dev == holder.dev and _under(i.mount_point, hp):
+            rel = i.mount_point[len(hp):].lstrip("/")
+            if i.root == os.path.normpath(os.path.join(holder.root, rel)):
+                own.add(i.mount_id)
+    return own
+
+
+class NotOnRootfs(OSError):
+    """A file would be created on a mount that is not the container's own rootfs."""
+
+
 # --- resolution inside a rootfs -------------------------------------------------
 def _components(path: str) -> list[str]:
     return [c for c in path.split("/") if c not in ("", ".")]
 
 
 class Root:
-    """An O_PATH fd of a rootfs; every path given to it is container-relative."""
+    """An O_PATH fd of a rootfs; every path given to it is container-relative.
+
+    Nothing is created anywhere but on the rootfs's own mounts (`own_mount_ids`):
+    a directory of the host bound read-write into the container (a volume,
+    extra-mounts, the MPS pipe dir) never gets a file from nvctk, whatever path
+    or image symlink leads there. Such a create raises `NotOnRootfs`.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._own: set[int] | None = None  # learnt from mountinfo on the first create
+        self._infos: list[MountInfo] = []
+        self._pinned: set[int] = set()  # mount ids of the pins made (after the learning)
+        self._dirs: dict[tuple[int, int], int] = {}  # (dev, ino) of a parent -> mount id
+        self.pins: list[int] = []  # fds of the roots of the pins made (for `seal_pins`)
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        for fd in self.pins:
+            os.close(fd)
+        self.pins.clear()
 
     def __enter__(self) -> Root:
         return self
@@ -337,6 +400,30 @@ class Root:
     def host(self, cpath: str) -> str:
         """The rootfs path of a container path, for messages only."""
         return os.path.join(self.path, cpath.lstrip("/"))
+
+    def learn_mounts(self, infos: list[MountInfo]) -> None:
+        """Which mounts are the rootfs's own, from this namespace's mount table."""
+        self._infos = infos
+        self._own = own_mount_ids(infos, os.path.realpath(self.path), mount_id(self.fd))
+        self._dirs.clear()
+
+    def _may_create(self, parent: int, cpath: str) -> None:
+        """NotOnRootfs unless directory fd parent lies on one of the rootfs's own mounts."""
+        st = os.fstat(parent)
+        key = (st.st_dev, st.st_ino)
+        mid = self._dirs.get(key)
+        if mid is None:
+            if self._own is None:
+                self.learn_mounts(read_mountinfo())
+            mid = self._dirs[key] = mount_id(parent)
+        assert self._own is not None
+        if mid in self._own or mid in self._pinned:
+            return
+        info = next((i for i in self._infos if i.mount_id == mid), None)
+        where = f"{info.mount_point} ({info.fstype})" if info else fd_path(parent)
+        raise NotOnRootfs(errno.EXDEV, f"not created: its directory is on {where}, a mount "
+                          "that is not the container's own rootfs (a host directory bound "
+                          "into it); nvctk creates files only in the rootfs", cpath)
 
     def open(self, cpath: str, flags: int = os.O_PATH) -> int:
         """Resolve cpath inside the rootfs (symlinks followed, never out of it)."""
@@ -360,6 +447,7 @@ class Root:
                 try:
                     fd = openat2(self.fd, prefix, os.O_PATH | os.O_DIRECTORY, IN_ROOT)
                 except FileNotFoundError:
+                    self._may_create(parent, "/" + prefix)
                     try:
                         os.mkdir(name, mode, dir_fd=parent)
                     except FileExistsError:
@@ -395,32 +483,67 @@ class Root:
         except FileNotFoundError:
             fd = -1
         if fd >= 0:
-            is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
-            if is_dir != want_dir:
-                os.close(fd)
-                raise OSError(errno.EISDIR if is_dir else errno.ENOTDIR,
-                              "exists as a " + ("directory" if is_dir else "non-directory"),
-                              cpath)
+            _check_kind(fd, want_dir, cpath)
             return fd
         parent, name = self._parent(cpath)
         try:
-            if want_dir:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=parent)
-                except FileExistsError:
-                    self._drop_dangling(parent, name)
-                    os.mkdir(name, 0o755, dir_fd=parent)
-                return openat2(parent, name, os.O_PATH | os.O_DIRECTORY, BENEATH_NOLINKS)
-            flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
-            try:
-                new = openat2(parent, name, flags, BENEATH_NOLINKS, mode)
-            except FileExistsError:
-                self._drop_dangling(parent, name)
-                new = openat2(parent, name, flags, BENEATH_NOLINKS, mode)
-            os.close(new)
-            return openat2(parent, name, os.O_PATH | os.O_NOFOLLOW, BENEATH_NOLINKS)
+            return self._create(parent, name, want_dir, mode, cpath)
         finally:
             os.close(parent)
+
+    def ensure_exact(self, cpath: str, kind: str, mode: int = 0o644) -> int:
+        """`ensure` without a symlink anywhere on the path: a mount that must stay where
+        its users look for it (vGPU's) sits at exactly cpath, never at a place a link
+        the container can replace leads to. The image's own final link is replaced; a
+        link on the way is refused; the parent directory must exist."""
+        comps = _components(cpath)
+        if not comps:
+            raise OSError(errno.EINVAL, "the rootfs itself", cpath)
+        try:
+            parent = openat2(self.fd, "/".join(comps[:-1]) or ".", os.O_PATH | os.O_DIRECTORY,
+                             IN_ROOT | RESOLVE_NO_SYMLINKS)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise OSError(errno.ELOOP, "a symbolic link in the image on the way to it",
+                              cpath)
+            raise
+        name = comps[-1]
+        want_dir = kind == "dir"
+        try:
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                self._may_create(parent, cpath)
+                os.unlink(name, dir_fd=parent)
+                st = None
+            if st is None:
+                return self._create(parent, name, want_dir, mode, cpath)
+            fd = openat2(parent, name, os.O_PATH, BENEATH_NOLINKS)
+            _check_kind(fd, want_dir, cpath)
+            return fd
+        finally:
+            os.close(parent)
+
+    def _create(self, parent: int, name: str, want_dir: bool, mode: int, cpath: str) -> int:
+        """Create name (a dir, or an empty file) in parent; its O_PATH fd."""
+        self._may_create(parent, cpath)
+        if want_dir:
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent)
+            except FileExistsError:
+                self._drop_dangling(parent, name)
+                os.mkdir(name, 0o755, dir_fd=parent)
+            return openat2(parent, name, os.O_PATH | os.O_DIRECTORY, BENEATH_NOLINKS)
+        flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
+        try:
+            new = openat2(parent, name, flags, BENEATH_NOLINKS, mode)
+        except FileExistsError:
+            self._drop_dangling(parent, name)
+            new = openat2(parent, name, flags, BENEATH_NOLINKS, mode)
+        os.close(new)
+        return openat2(parent, name, os.O_PATH | os.O_NOFOLLOW, BENEATH_NOLINKS)
 
     @staticmethod
     def _drop_dangling(parent: int, name: str) -> None:
@@ -442,11 +565,55 @@ class Root:
                     return False
                 if os.readlink(name, dir_fd=parent) == target:
                     return True
+                self._may_create(parent, cpath)
                 os.unlink(name, dir_fd=parent)
+            else:
+                self._may_create(parent, cpath)
             os.symlink(target, name, dir_fd=parent)
             return True
         finally:
             os.close(parent)
+
+    def pin(self, name: str, mounter: Mounter) -> bool:
+        """Recursively self-bind the top-level directory /name of the rootfs, unless it
+        is a mount point already: rename(2) of a mount point fails (EBUSY), so what
+        the hook mounts below it cannot be moved away with it. True if pinned.
+
+        A symlink there is refused (the pin would land where it points, and the
+        container could replace the link); a missing directory is created.
+        """
+        cpath = "/" + name
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            self._may_create(self.fd, cpath)
+            os.mkdir(name, 0o755, dir_fd=self.fd)
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.ELOOP, "a symbolic link in the image; a GPU-limited container "
+                          "needs a real directory there (the limits are mounted in it)", cpath)
+        if not stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.ENOTDIR, "not a directory in the image", cpath)
+        fd = openat2(self.fd, name, os.O_PATH | os.O_DIRECTORY, BENEATH_NOLINKS)
+        try:
+            if mount_id(fd) != mount_id(self.fd):
+                return False
+            tree = open_tree(fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE
+                             | AT_EMPTY_PATH)
+            try:
+                mounter.attach(tree, fd, cpath)
+                self._pinned.add(mount_id(tree))
+                self.pins.append(os.dup(tree))
+            finally:
+                os.close(tree)
+        finally:
+            os.close(fd)
+        return True
+
+    def seal_pins(self) -> None:
+        """Make the pins read-only (a read-only rootfs: the runtime remounts only / so)."""
+        for fd in self.pins:
+            mount_setattr(fd, attr_set=MOUNT_ATTR_RDONLY)
 
     def mount_info(self) -> MountInfo | None:
         """The mount the rootfs lies on, from this namespace's mountinfo."""
@@ -455,6 +622,56 @@ class Root:
             if m.mount_id == mid:
                 return m
         return None
+
+
+def _check_kind(fd: int, want_dir: bool, cpath: str) -> None:
+    """Closes fd and raises unless it is a directory exactly when want_dir."""
+    is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+    if is_dir != want_dir:
+        os.close(fd)
+        raise OSError(errno.EISDIR if is_dir else errno.ENOTDIR,
+                      "exists as a " + ("directory" if is_dir else "non-directory"), cpath)
+
+
+def readonly_foreign(infos: list[MountInfo], top: str, holder_id: int) -> list[str]:
+    """In a private mount namespace about to chroot into the rootfs `top`: make every
+    writable mount below it that is not the rootfs's own read-only, and the rootfs's
+    own pins as writable as the rootfs. Returns the mount points made read-only.
+
+    A mount hidden under another one (or gone) is left alone: no path reaches it.
+    """
+    own = own_mount_ids(infos, top, holder_id)
+    holder = next((i for i in infos if i.mount_id == holder_id), None)
+    done = []
+    for i in infos:
+        if i.mount_id == holder_id or i.mount_point == top or not _under(i.mount_point, top):
+            continue
+        foreign = i.mount_id not in own
+        if foreign and i.read_only:
+            continue
+        unseal = (not foreign and holder is not None and i.read_only
+                  and not holder.read_only and i.dev == holder.dev)
+        if not foreign and not unseal:
+            continue
+        try:
+            fd = openat2(AT_FDCWD, i.mount_point, os.O_PATH | os.O_NOFOLLOW,
+                         RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+        except FileNotFoundError:
+            continue  # detached with the procfs above it, or its point was deleted
+        try:
+            if mount_id(fd) != i.mount_id:
+                continue  # hidden under a later mount
+            if foreign:
+                mount_setattr(fd, attr_set=MOUNT_ATTR_RDONLY)
+                done.append(i.mount_point)
+            else:
+                try:
+                    mount_setattr(fd, attr_clr=MOUNT_ATTR_RDONLY)
+                except OSError:
+                    pass  # locked (a container in a user ns): ldconfig then fails EROFS there
+        finally:
+            os.close(fd)
+    return done
 
 
 def open_in_rootfs(rootfs: str, path: str, flags: int = os.O_PATH) -> int:
@@ -630,6 +847,7 @@ def ensure_not_shared(root: Root) -> bool:
     Returns True when something was changed. Call inside the container ns.
     """
     infos = read_mountinfo()
+    root.learn_mounts(infos)  # the same table says where the hook may create files
     holder_id = mount_id(root.fd)
     holder = next((m for m in infos if m.mount_id == holder_id), None)
     if holder is None:

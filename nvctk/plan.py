@@ -65,16 +65,21 @@ class ProcMask(Record):
 
 class VgpuPlan(Record):
     __slots__ = ("library", "container_library", "state_dir",  # noqa: RUF023
-                 "container_state_dir", "limits")
+                 "container_state_dir", "limits", "root_readonly")
 
     def __init__(self, library: str, container_library: str, state_dir: str,
-                 container_state_dir: str, limits: dict[str, str] | None = None) -> None:
+                 container_state_dir: str, limits: dict[str, str] | None = None,
+                 root_readonly: bool = False) -> None:
         self.library = library  # host path of libvgpu.so
         self.container_library = container_library  # where it is mounted
-        self.state_dir = state_dir  # per-container accounting dir on the host
-        self.container_state_dir = container_state_dir  # where it is mounted in the container
+        # per-container state on the host: its own tmpfs holding ro/ and rw/
+        self.state_dir = state_dir
+        self.container_state_dir = container_state_dir  # where rw/ is mounted in the container
         # validated CUDA_DEVICE_* values
         self.limits: dict[str, str] = {} if limits is None else limits
+        # the spec's root.readonly (the hook reads it from the spec): the hook's pins of
+        # /etc and /run are then read-only too (runc remounts only / read-only)
+        self.root_readonly = root_readonly
 
 
 class Plan(Record):

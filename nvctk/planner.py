@@ -12,7 +12,7 @@ import stat
 
 from nvctk import driver as nvdriver
 from nvctk import oci
-from nvctk.errors import DriverError, RequestError, UnknownDeviceError
+from nvctk.errors import DriverError, RequestError, UnknownDeviceError, ascii_uint, shown
 from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
 from nvctk.record import Record
 from nvctk.request import Request, request_from_spec
@@ -68,16 +68,20 @@ def container_lib_dirs(rootfs: str | None) -> tuple[str, str]:
 # --- device resolution ---------------------------------------------------------------------
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
 def _norm_bus_id(ident: str) -> tuple[int, int, int, int] | None:
     """'00000000:1B:00.0' or '0000:1b:00.0' -> (domain, bus, device, function)."""
     parts = ident.split(":")
     if len(parts) != 3 or "." not in parts[2]:
         return None
     dev, _, fn = parts[2].partition(".")
-    try:
-        return int(parts[0], 16), int(parts[1], 16), int(dev, 16), int(fn, 16)
-    except ValueError:
+    fields = (parts[0], parts[1], dev, fn)
+    # ASCII hex only (int(x, 16) also takes other scripts' digits), and short
+    if not all(f and len(f) <= 8 and _HEX.issuperset(f) for f in fields):
         return None
+    return int(parts[0], 16), int(parts[1], 16), int(dev, 16), int(fn, 16)
 
 
 def proc_bus_id(pci_bus_id: str) -> str:
@@ -94,9 +98,11 @@ def _known_ids(host: HostInfo) -> str:
 def resolve_device(ident: str, host: HostInfo, source: str) -> Selected:
     """One id of NVIDIA_VISIBLE_DEVICES (or of a device mount) -> GPU or MIG device."""
     low = ident.lower()
-    if ident.isdigit():
+    # ids and indexes are ASCII: isdigit()/int() would take U+0660 or "²" (ascii_uint)
+    if ident.isascii() and ident.isdigit():
+        index = ascii_uint(ident)  # None past 9 digits: no GPU has such an index
         for g in host.gpus:
-            if g.index == int(ident):
+            if g.index == index:
                 return Selected(g)
     elif low.startswith("gpu-"):
         for g in host.gpus:
@@ -109,11 +115,12 @@ def resolve_device(ident: str, host: HostInfo, source: str) -> Selected:
                     return Selected(g, m)
     elif ":" in ident and "." not in ident:
         gi, _, mi = ident.partition(":")
-        if gi.isdigit() and mi.isdigit():
+        gpu_index, mig_index = ascii_uint(gi), ascii_uint(mi)
+        if gpu_index is not None and mig_index is not None:
             for g in host.gpus:
-                if g.index == int(gi):
+                if g.index == gpu_index:
                     for m in g.mig_devices:
-                        if m.index == int(mi):
+                        if m.index == mig_index:
                             return Selected(g, m)
     else:
         want = _norm_bus_id(ident)
@@ -122,7 +129,7 @@ def resolve_device(ident: str, host: HostInfo, source: str) -> Selected:
                 if _norm_bus_id(g.pci_bus_id) == want:
                     return Selected(g)
     raise UnknownDeviceError(
-        f"unknown device {ident!r} in {source} (this host has GPUs {_known_ids(host)})"
+        f"unknown device {shown(ident)} in {source} (this host has GPUs {_known_ids(host)})"
     )
 
 

@@ -9,14 +9,24 @@ worker so that the hook's own process stays in the host's mount namespace:
                           host's ldconfig and the container's mount namespace
     setns      enter the container's mount namespace (state.pid)
     propagation  never let a mount under the rootfs propagate to the host
-    mount      resolve each destination inside the rootfs (openat2
-               RESOLVE_IN_ROOT), create it, move_mount the clone onto its fd
+    mount      (vGPU: pin /etc and /run first, recursive self-binds, so that
+               renaming them cannot carry nvctk's mounts away) resolve each
+               destination inside the rootfs (openat2 RESOLVE_IN_ROOT), create
+               it, move_mount the clone onto its fd; vGPU's destinations with no
+               symlink on the way (vgpu_layout: ro/ at /run/nvctk, ...)
     symlink    libcuda.so -> libcuda.so.1 and friends (symlinkat on a parent fd)
     proc-mask  tmpfs over /proc/driver/nvidia where the container has it
     ldconfig   the worker, its answer sent: private mount ns, the rootfs's
-               procfs detached (no magic links to the host), chroot, only
-               CAP_DAC_OVERRIDE, exec the host's static ldconfig from its fd
-               with an empty env. The hook's process bounds it in time.
+               procfs detached (no magic links to the host), every host
+               directory bound into the rootfs made read-only there, chroot,
+               only CAP_DAC_OVERRIDE, exec the host's static ldconfig from its
+               fd with an empty env. The hook's process bounds it in time.
+
+Nothing is created anywhere but on the rootfs's own mounts (nvctk.mount.Root):
+a target below a host directory bound read-write into the container (a volume,
+extra-mounts, the MPS pipe dir) is skipped, or refused when required. The
+worker dies with the hook's process (PR_SET_PDEATHSIG): runc's hook timeout
+kills only the hook, and nothing the hook starts may outlive it.
 
 Each step runs with exactly its capabilities effective (nvctk.caps) and logs
 them at debug level. On any failure the worker detaches what it mounted and
@@ -43,7 +53,7 @@ from nvctk import caps, jsonio
 from nvctk import config as nvconfig
 from nvctk import mount as m
 from nvctk.errors import MountError, NvctkError, SpecError
-from nvctk.log import Logger
+from nvctk.log import Logger, open_log
 from nvctk.oci import bundle_in_rootfs, load_spec, load_state
 from nvctk.plan import PLAN_FILE, Mount, Plan
 from nvctk.record import Record
@@ -79,15 +89,8 @@ class HookLog(Logger):
         super().__init__("", level, prog)
         if not path:
             return
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        try:
-            try:
-                self.fd = os.open(path, flags, 0o644)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-                self.fd = os.open(path, flags, 0o644)
-        except OSError:
-            self.fd = -1
+        # never blocks (a FIFO log-file would hang the hook until runc's timeout)
+        self.fd = open_log(path, make_dirs=True)
 
 
 # --- inputs ---------------------------------------------------------------------------
@@ -199,11 +202,13 @@ def _close_all(fds: list[int]) -> None:
 class _Prepared(Record):
     """The fds the host-namespace step opens for the rest."""
 
-    __slots__ = ("sources", "mask", "ldconfig", "ns", "devnull")  # noqa: RUF023
+    __slots__ = ("sources", "mask", "ldconfig", "ns", "devnull", "vgpu_from")  # noqa: RUF023
 
     def __init__(self, sources: list[tuple[Mount, int]] | None = None, mask: int = -1,
-                 ldconfig: int = -1, ns: int = -1, devnull: int = -1) -> None:
+                 ldconfig: int = -1, ns: int = -1, devnull: int = -1,
+                 vgpu_from: int = -1) -> None:
         self.sources = [] if sources is None else sources
+        self.vgpu_from = vgpu_from  # sources[vgpu_from:] are the vGPU mounts (-1: none)
         self.mask = mask
         self.ldconfig = ldconfig
         self.ns = ns
@@ -214,7 +219,15 @@ class _Prepared(Record):
         return out + [fd for fd in (self.mask, self.ldconfig, self.ns, self.devnull) if fd >= 0]
 
 
-VGPU_FILES = ("limits", "ld.so.preload", "cache")  # written by the shim (nvctk.vgpu_state)
+# the host side of a vGPU container's state (nvctk.vgpu_state), below its own tmpfs:
+# ro/ is mounted read-only at /run/nvctk, rw/ (the accounting dir) read-write over its
+# placeholder ro/vgpu; the other names are files, or placeholders (mount points) for
+# the files bound over them. Nothing the container can write backs a read-only bind.
+VGPU_DIRS = ("ro", "rw")
+VGPU_FILES = ("ro/limits", "ro/ld.so.preload", "rw/cache", "rw/limits")
+# the directories below the rootfs that hold the vGPU mounts: pinned (rename fails)
+VGPU_PINNED = ("etc", "run")
+PRELOAD = "/etc/ld.so.preload"
 
 
 def _is_own_tmpfs(path: str, st: os.stat_result) -> bool:
@@ -229,12 +242,21 @@ def _is_own_tmpfs(path: str, st: os.stat_result) -> bool:
 
 
 def _vgpu_mounts(plan: Plan, log: HookLog) -> list[Mount]:
-    """libvgpu.so, /etc/ld.so.preload naming it, the accounting dir with its limits
-    file bound read-only on top. The shim made the dir; a missing piece fails the
-    hook (a container that sets a limit never runs uncapped)."""
+    """The vGPU mounts in their order (docs: the vGPU state layout): ro/ at /run/nvctk,
+    libvgpu.so, rw/ at /run/nvctk/vgpu, ro/limits and rw/cache on their placeholders in
+    it, ro/ld.so.preload over /etc/ld.so.preload. The shim made the state; a missing
+    piece fails the hook (a container that sets a limit never runs uncapped)."""
     v = plan.vgpu
     if v is None:
         return []
+    top = os.path.dirname(v.container_state_dir)
+    if (os.path.dirname(v.container_library) != top or top.count("/") != 2
+            or not top.startswith("/run/")):
+        raise MountError(f"step open: {v.container_state_dir}: the vGPU state must be mounted "
+                         f"in a directory of its own below /run, with {v.container_library}")
+    ro, rw = (os.path.join(v.state_dir, d) for d in VGPU_DIRS)
+    lib_name = os.path.basename(v.container_library)
+    dir_name = os.path.basename(v.container_state_dir)
     try:
         st = os.lstat(v.state_dir)
         if not stat.S_ISDIR(st.st_mode):
@@ -243,7 +265,10 @@ def _vgpu_mounts(plan: Plan, log: HookLog) -> list[Mount]:
             # the container writes there: never a directory of the host's file system
             raise MountError(f"step open: {v.state_dir}: the vGPU state dir is not a tmpfs of "
                              "its own (nvctk-runtime mounts one at create)")
-        for name in VGPU_FILES:
+        for d in (ro, rw, os.path.join(ro, dir_name)):
+            if not stat.S_ISDIR(os.lstat(d).st_mode):
+                raise MountError(f"step open: {d}: not a directory")
+        for name in (*VGPU_FILES, f"ro/{lib_name}"):
             if not stat.S_ISREG(os.lstat(os.path.join(v.state_dir, name)).st_mode):
                 raise MountError(f"step open: {v.state_dir}/{name}: not a regular file")
         if not os.path.isfile(v.library):
@@ -254,12 +279,14 @@ def _vgpu_mounts(plan: Plan, log: HookLog) -> list[Mount]:
     except OSError as e:
         raise MountError(f"step open: {e.filename or v.state_dir}: {e.strerror}")
     out = [
+        Mount(ro, top, "dir", True, False),
         Mount(v.library, v.container_library, "file", True, False),
-        Mount(os.path.join(v.state_dir, "ld.so.preload"), "/etc/ld.so.preload", "file", True,
-              True),
-        Mount(v.state_dir, v.container_state_dir, "dir", False, True),
-        Mount(os.path.join(v.state_dir, "limits"), os.path.join(v.container_state_dir, "limits"),
+        Mount(rw, v.container_state_dir, "dir", False, True),
+        Mount(os.path.join(ro, "limits"), os.path.join(v.container_state_dir, "limits"),
               "file", True, True),
+        Mount(os.path.join(rw, "cache"), os.path.join(v.container_state_dir, "cache"),
+              "file", False, True),
+        Mount(os.path.join(ro, "ld.so.preload"), PRELOAD, "file", True, True),
     ]
     log.debug(f"vgpu: {len(out)} mounts for {v.library}, state {v.state_dir}")
     return out
@@ -271,12 +298,15 @@ def _prepare(plan: Plan, pid: int, log: HookLog) -> _Prepared:
     caps.enter_step("open", log)
     p = _Prepared()
     try:
-        for mnt in (*plan.mounts, *_vgpu_mounts(plan, log)):
+        vgpu = _vgpu_mounts(plan, log)
+        for i, mnt in enumerate((*plan.mounts, *vgpu)):
+            if i == len(plan.mounts):
+                p.vgpu_from = len(p.sources)
             try:
                 fd = m.clone_source(mnt.host_path, m.attrs_for(mnt.read_only, mnt.noexec))
             except OSError as e:
                 # open_tree first, lstat only when it failed: one syscall per file
-                if os.path.lexists(mnt.host_path):
+                if os.path.lexists(mnt.host_path) or i >= len(plan.mounts):
                     raise m.step_error("open", mnt.host_path, e)
                 cap = required_for(mnt, plan)
                 if cap is not None:
@@ -326,10 +356,9 @@ def _prepare(plan: Plan, pid: int, log: HookLog) -> _Prepared:
         raise
 
 
-def _detach_procfs_under(rootfs: str, log: HookLog) -> None:
-    """In a private mount ns: detach every procfs mounted below the rootfs."""
-    top = os.path.realpath(rootfs)
-    for info in sorted(m.read_mountinfo(), key=lambda i: len(i.mount_point)):
+def _detach_procfs_under(top: str, infos: list[m.MountInfo], log: HookLog) -> None:
+    """In a private mount ns: detach every procfs mounted below the rootfs `top`."""
+    for info in sorted(infos, key=lambda i: len(i.mount_point)):
         if info.fstype != "proc" or not (info.mount_point + "/").startswith(top + "/"):
             continue
         try:
@@ -355,12 +384,20 @@ def _ldconfig_child(plan: Plan, rootfs: str, root_st: os.stat_result, ldfd: int,
         caps.enter_step("ldconfig-setup", log)
         m.unshare(m.CLONE_NEWNS)
         m.mount_propagation("/", m.MS_REC | m.MS_PRIVATE)
-        _detach_procfs_under(rootfs, log)
+        top = os.path.realpath(rootfs)
+        infos = m.read_mountinfo()
+        _detach_procfs_under(top, infos, log)
         # re-open the rootfs in this namespace (an fd from the old one would walk its mounts)
         rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         st = os.fstat(rfd)
         if (st.st_dev, st.st_ino) != (root_st.st_dev, root_st.st_ino):
             raise OSError(f"{rootfs} changed under the hook")
+        # ldconfig writes its cache and links where the image's ld.so.conf says: never
+        # through a host directory bound into the container (a volume, the MPS pipe dir)
+        ro = m.readonly_foreign(infos, top, m.mount_id(rfd))
+        if ro:
+            log.debug("ldconfig: read-only in its namespace (not the container's rootfs): "
+                      + ", ".join(p[len(top):] for p in ro))
         os.fchdir(rfd)
         os.chroot(".")
         os.chdir("/")
@@ -415,6 +452,20 @@ def _wait_ldconfig(plan: Plan, pid: int, out_r: int, log: Logger) -> None:
             log.debug(f"ldconfig: {out}")
 
 
+def _pin(root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
+    """Pin /etc and /run, which hold the vGPU mounts: renaming either (or a directory
+    on the way to a vGPU mount) would take nvctk's mounts away from the paths
+    ld.so and libvgpu read (the layout's step 1)."""
+    for name in VGPU_PINNED:
+        try:
+            if root.pin(name, mounter):
+                log.debug(f"pinned /{name} (a recursive bind onto itself)")
+            else:
+                log.debug(f"/{name} is a mount point already")
+        except OSError as e:
+            raise m.step_error("mount", f"/{name}", e)
+
+
 def _mount_steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter,
                  log: HookLog) -> m.Root:
     """setns to proc-mask; returns the rootfs (open, for ldconfig) once all are in."""
@@ -439,11 +490,21 @@ def _mount_steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter,
             raise m.step_error("propagation", rootfs, e)
 
         caps.enter_step("mount", log)
+        if prep.vgpu_from >= 0:
+            _pin(root, mounter, log)
         debug = log.enabled("debug")
-        for mnt, src in prep.sources:
+        for i, (mnt, src) in enumerate(prep.sources):
             kind = "dir" if mnt.kind == "dir" else "file"
+            vgpu = 0 <= prep.vgpu_from <= i
             try:
-                dest = root.ensure(mnt.container_path, kind)
+                # vGPU's mounts sit at exactly their paths: no link the container could
+                # replace leads to them
+                dest = (root.ensure_exact if vgpu else root.ensure)(mnt.container_path, kind)
+            except m.NotOnRootfs as e:
+                if vgpu or required_for(mnt, plan) is not None:
+                    raise m.step_error("mount", mnt.container_path, e)
+                log.info(f"skip {mnt.container_path}: {e.strerror}")
+                continue
             except OSError as e:
                 raise m.step_error("mount", mnt.container_path, e)
             try:
@@ -454,12 +515,19 @@ def _mount_steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter,
                 os.close(dest)
             if debug:
                 log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
+        if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
+            try:
+                root.seal_pins()
+            except OSError as e:
+                raise m.step_error("mount", "/etc, /run", e)
 
         caps.enter_step("symlink", log)
         for link in plan.symlinks:
             try:
                 if not root.symlink(link.container_path, link.target):
                     log.info(f"skip link {link.container_path}: the image has a file there")
+            except m.NotOnRootfs as e:
+                log.info(f"skip link {link.container_path}: {e.strerror}")
             except OSError as e:
                 raise m.step_error("symlink", link.container_path, e)
 
@@ -580,10 +648,14 @@ def apply_plan(plan: Plan, rootfs: str, pid: int, log: HookLog,
     caps.warm_up()
     r, w = os.pipe()
     out_r, out_w = os.pipe() if plan.ldconfig else (-1, -1)
+    parent = os.getpid()
     child = os.fork()
     if child == 0:
         code = 1
         try:
+            # nothing the hook starts outlives it: killed (runc's hook timeout) or not,
+            # its worker and the ldconfig it becomes go with it
+            caps.die_with_parent(parent)
             os.close(r)
             if out_r >= 0:
                 os.close(out_r)
@@ -640,6 +712,8 @@ def prestart(stdin_text: str | bytes, log_override: HookLog | None = None,
         if plan is None:
             log.info(f"{state.id}: no GPU requested; nothing to do")
             return
+        if plan.vgpu is not None and (spec.get("root") or {}).get("readonly") is True:
+            plan.vgpu.root_readonly = True
         apply_plan(plan, rootfs, state.pid, log, drop_parent_caps)
         log.info(f"{state.id}: prestart done ({len(plan.mounts)} mounts, rootfs {rootfs})")
     except NvctkError as e:

@@ -8,7 +8,7 @@ a container that asks for no GPU is recognised without touching the driver.
 from __future__ import annotations
 
 from nvctk.config import ALL_CAPABILITIES
-from nvctk.errors import RequestError
+from nvctk.errors import RequestError, shown
 from nvctk.oci import is_privileged, spec_env, spec_mounts
 from nvctk.record import Record, fields
 
@@ -140,8 +140,8 @@ def parse_capabilities(
             unknown = [t for t in tokens if t not in ALL_CAPABILITIES]
             if unknown:
                 raise RequestError(
-                    f"unknown driver capability {unknown[0]!r} in {DRIVER_CAPABILITIES}="
-                    f"{raw!r} (known: all, {', '.join(ALL_CAPABILITIES)})"
+                    f"unknown driver capability {shown(unknown[0])} in {DRIVER_CAPABILITIES}="
+                    f"{shown(raw)} (known: all, {', '.join(ALL_CAPABILITIES)})"
                 )
             wanted = tokens
     return tuple(c for c in ALL_CAPABILITIES if c in wanted and c in supported)
@@ -153,13 +153,19 @@ def requirement_expressions(env: dict[str, str]) -> tuple[str, ...]:
     exprs = [v.strip() for k, v in sorted(env.items()) if k.startswith(REQUIRE_PREFIX) and v.strip()]
     if is_legacy_image(env):
         parts = env["CUDA_VERSION"].strip().split(".")
-        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+        # ASCII digits only: str.isdigit() also takes "²" and other scripts' digits
+        if len(parts) >= 2 and _ascii_digits(parts[0]) and _ascii_digits(parts[1]):
             exprs.append(f"cuda>={parts[0]}.{parts[1]}")
-        elif parts[0].isdigit():
+        elif _ascii_digits(parts[0]):
             exprs.append(f"cuda>={parts[0]}")
         else:
-            raise RequestError(f"CUDA_VERSION={env['CUDA_VERSION']!r} is not a version")
+            raise RequestError(f"CUDA_VERSION={shown(env['CUDA_VERSION'])} is not a version "
+                               "(digits and dots, e.g. 12.4.1)")
     return tuple(exprs)
+
+
+def _ascii_digits(text: str) -> bool:
+    return bool(text) and text.isascii() and text.isdigit()
 
 
 def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
@@ -213,4 +219,4 @@ def parse_bool_all(env: dict[str, str], name: str) -> bool:
     tokens = split_list(value)
     if tokens == ["all"]:
         return True
-    raise RequestError(f"{name}={value!r}: only 'all' is supported")
+    raise RequestError(f"{name}={shown(value)}: only 'all' is supported")

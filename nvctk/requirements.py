@@ -11,7 +11,7 @@ driver are host-wide, arch and brand per GPU (without a GPU, `none`, they hold).
 
 from __future__ import annotations
 
-from nvctk.errors import RequestError, RequirementError
+from nvctk.errors import RequestError, RequirementError, shown
 from nvctk.record import Record
 
 # typing is for the type checker only: importing it costs every container start
@@ -86,9 +86,17 @@ def _is_version(value: str) -> bool:
     return all(part and _DIGITS.issuperset(part) for part in value.split("."))
 
 
-def version_key(v: str) -> tuple[int, ...]:
-    parts = [int(p) for p in v.split(".")]
-    while len(parts) > 1 and parts[-1] == 0:
+def _component_key(part: str) -> tuple[int, str]:
+    """A version component's numeric order without int(): int() refuses more than
+    4300 digits, and a container's NVIDIA_REQUIRE_* may hold any number of them."""
+    digits = part.lstrip("0")
+    return len(digits), digits
+
+
+def version_key(v: str) -> tuple[tuple[int, str], ...]:
+    """Components in numeric order (an ASCII version: _is_version), trailing zeros dropped."""
+    parts = [_component_key(p) for p in v.split(".")]
+    while len(parts) > 1 and parts[-1] == (0, ""):
         parts.pop()
     return tuple(parts)
 
@@ -97,7 +105,8 @@ def compare_versions(a: str, b: str) -> int:
     ka, kb = version_key(a), version_key(b)
     # pad so (12,) vs (12, 4) compares as 12.0 vs 12.4
     n = max(len(ka), len(kb))
-    ka, kb = ka + (0,) * (n - len(ka)), kb + (0,) * (n - len(kb))
+    zero = ((0, ""),)
+    ka, kb = ka + zero * (n - len(ka)), kb + zero * (n - len(kb))
     return (ka > kb) - (ka < kb)
 
 
@@ -105,20 +114,23 @@ def parse_term(text: str, expr: str) -> Term:
     parts = _split_term(text)
     if parts is None:
         raise RequestError(
-            f"malformed requirement {text!r} in {expr!r}: expected name op value, e.g. cuda>=12.2"
+            f"malformed requirement {shown(text)} in {shown(expr)}: expected name op value, "
+            "e.g. cuda>=12.2"
         )
     name, op, value = parts[0].lower(), parts[1], parts[2]
     if op == "==":
         op = "="
     if name not in NAMES:
         raise RequestError(
-            f"unknown requirement {name!r} in {expr!r} (known: {', '.join(NAMES)})"
+            f"unknown requirement {shown(name)} in {shown(expr)} (known: {', '.join(NAMES)})"
         )
     if name == "brand":
         if op not in ("=", "!="):
-            raise RequestError(f"requirement {text!r} in {expr!r}: brand takes only = or !=")
+            raise RequestError(f"requirement {shown(text)} in {shown(expr)}: brand takes only "
+                               "= or !=")
     elif not _is_version(value):
-        raise RequestError(f"requirement {text!r} in {expr!r}: {value!r} is not a version")
+        raise RequestError(f"requirement {shown(text)} in {shown(expr)}: {shown(value)} is not "
+                           "a version")
     return Term(name, op, value)
 
 
@@ -127,7 +139,7 @@ def parse_expression(expr: str) -> Expression:
     for clause in expr.split():
         terms = clause.split(",")
         if not all(terms):
-            raise RequestError(f"malformed requirement {expr!r}: empty term in {clause!r}")
+            raise RequestError(f"malformed requirement {shown(expr)}: empty term in {shown(clause)}")
         clauses.append(tuple(parse_term(t, expr) for t in terms))
     if not clauses:
         raise RequestError("malformed requirement: empty expression")
@@ -175,5 +187,6 @@ def check(expressions: Sequence[str], hosts: Sequence[HostFacts]) -> None:
             else:
                 where = f" on {facts.gpu}" if facts.gpu else ""
                 raise RequirementError(
-                    f"unmet requirement {expr.text!r}{where}: {'; '.join(failures)}"
+                    f"unmet requirement {shown(expr.text)}{where}: "
+                    + "; ".join(f if len(f) <= 200 else f[:197] + "..." for f in failures)
                 )

@@ -275,7 +275,7 @@ def fast_runtimes(text: str) -> tuple[str, ...] | None:
 def _is_executable_file(path: str) -> bool:
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in the path
         return False
     return (st.st_mode & 0o170000) == 0o100000 and os.access(path, os.X_OK)
 
@@ -331,27 +331,74 @@ def find_runtime(
     return None
 
 
+class NotRegularFile(OSError):
+    """A path nvctk reads at container start is a FIFO, device, socket or directory."""
+
+
+# a config is a few hundred bytes: anything far larger is not one (and would cost time)
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_regular_file(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of a regular file, read without ever blocking.
+
+    O_NONBLOCK|O_NOCTTY then fstat: a FIFO (which would wait for a writer), a
+    device or a socket is refused with NotRegularFile before anything is read.
+    More than `limit` bytes is an OSError too. FileNotFoundError as open() has it.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000:
+            raise NotRegularFile(f"not a regular file: {path}")
+        if st.st_size > limit:
+            raise OSError(f"larger than {limit} bytes: {path}")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            total += len(chunk)
+            if total > limit:
+                raise OSError(f"larger than {limit} bytes: {path}")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def read_runtimes(environ: dict[str, str] | os._Environ[str] | None = None) -> tuple[
     tuple[str, ...], str | None
 ]:
     """(runtimes, warning) from nvctk's config for the passthrough path.
 
-    Never fails: a broken config yields the defaults plus a warning, because a
-    broken nvctk config must not stop `runc state/kill/delete` for every
-    container on the node.
+    Never fails and never blocks: a broken config (unreadable, not UTF-8, a FIFO,
+    malformed) yields the defaults plus a warning, because a broken nvctk config
+    must not stop `runc state/kill/delete` for every container on the node.
     """
     env = os.environ if environ is None else environ
     path = env.get("NVCTK_CONFIG") or DEFAULT_CONFIG
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        data = read_regular_file(path)
     except FileNotFoundError:
         return DEFAULT_RUNTIMES, None
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
         return DEFAULT_RUNTIMES, f"{path}: cannot read ({e}); using runtimes {DEFAULT_RUNTIMES}"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        # a stray byte elsewhere must not cost the runtimes line: the scanner reads
+        # it (surrogateescape gives os calls the file's own bytes back); the full
+        # parser is not asked about a file that is not text
+        fast = fast_runtimes(data.decode("utf-8", "surrogateescape"))
+        warning = f"{path}: not UTF-8 (invalid byte at offset {e.start})"
+        if fast and all(r and "\0" not in r for r in fast):
+            return fast, f"{warning}; using its runtimes {fast}"
+        return DEFAULT_RUNTIMES, f"{warning}; using runtimes {DEFAULT_RUNTIMES}"
     fast = fast_runtimes(text)
-    if fast is not None:
+    if fast and all(r and "\0" not in r for r in fast):
         return fast, None
+    # an empty list or a NUL is invalid: config.parse says so, and the defaults apply
     # slow path: a config the scanner could not read; the real parser decides
     from nvctk.config import parse as parse_config
     from nvctk.errors import NvctkError

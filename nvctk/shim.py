@@ -26,21 +26,26 @@ from nvctk.request import request_from_spec
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from nvctk.plan import Plan
 
 HOOK_NAME = "nvctk-hook"
+# nvctk.plan.PLAN_FILE, which a no-GPU create must not import (tests keep them equal)
+PLAN_FILE_NAME = "nvctk-plan.json"
 
 
 class Prepared(Record):
     """What prepare_bundle did: plan None = no GPU asked, the bundle was not touched."""
 
-    __slots__ = ("plan", "docker_hooks_removed")  # noqa: RUF023
+    __slots__ = ("plan", "docker_hooks_removed", "vgpu_dir")  # noqa: RUF023
 
-    def __init__(self, plan: Plan | None, docker_hooks_removed: int = 0) -> None:
+    def __init__(self, plan: Plan | None, docker_hooks_removed: int = 0,
+                 vgpu_dir: str | None = None) -> None:
         self.plan = plan
         self.docker_hooks_removed = docker_hooks_removed
+        self.vgpu_dir = vgpu_dir  # the vGPU state dir this create made (None: none)
 
 
 def find_hook(config: Config, argv0: str | None = None) -> str:
@@ -85,11 +90,15 @@ def prepare_bundle(
     container_id, runtime_root (runc's --root): key the container's vGPU state dir,
     which is (re)created here when the container sets a limit.
     """
-    spec = oci.load_spec(bundle)
+    read = _read_spec(bundle, config, logger)
+    if read is None:  # a spec nvctk cannot read, and no sign of a GPU: runc decides
+        return Prepared(None)
+    spec, data = read
     request = request_from_spec(spec, config or Config())
     if request is None:
         if config_error is not None and logger is not None:
             logger.warning(f"ignoring a broken nvctk config for a non-GPU container: {config_error}")
+        _undo_earlier_create(bundle, spec, logger)
         return Prepared(None)
     if config is None:
         raise config_error or ConfigError("nvctk config unavailable")
@@ -97,6 +106,16 @@ def prepare_bundle(
     from nvctk.plan import PLAN_FILE
     from nvctk.planner import make_plan
 
+    where = oci.spec_path(bundle)
+    userns = oci.user_namespace(spec)
+    if userns is not None:
+        # the hook's bind mounts and device nodes would reach the container owned by
+        # the overflow uid, and runc's own mounts of them fail: no usable driver
+        raise SpecError(f"{where}: {userns}: user namespaces are not supported by nvctk's GPU "
+                        "containers (the driver files and device nodes it mounts would not be "
+                        "usable in the container); run it without a user namespace")
+    oci.check_editable(spec)  # before any work: a field of the wrong type is the user's error
+    oci.check_rewritable(spec, data)
     rootfs = oci.root_path(spec, bundle)
     if oci.bundle_in_rootfs(bundle, rootfs):
         # the hooks trust <bundle>/nvctk-plan.json (host paths to bind, a dir to delete)
@@ -109,11 +128,18 @@ def prepare_bundle(
         return Prepared(None)
     hook_path = find_hook(config, argv0)
 
+    # nvctk's part of the spec comes from this request only: what an earlier create of
+    # this bundle added (other GPUs, a vGPU's env and poststop hook) goes first
+    oci.remove_our_edits(spec)
     removed = oci.remove_nvidia_hooks(spec)
-    oci.add_devices(spec, plan.devices)
+    edits = oci.add_devices(spec, plan.devices)
     oci.set_hook(spec, oci.hook_entry(hook_path, config.hook_timeout, _nvctk_config_env()))
     oci.set_env(spec, plan.env)
-    _set_poststop_hook(spec, hook_path, config, plan.vgpu is not None)
+    edits.env = [f"{k}={v}" for k, v in plan.env.items()]
+    if plan.vgpu is not None:  # no new user namespace: there it could mount over the cap's files
+        oci.block_user_namespaces(spec, edits)
+    oci.record_edits(spec, edits)
+    _set_poststop_hook(spec, hook_path, config, plan.vgpu is not None, runtime_root)
 
     # The plan and the vGPU state go first: a spec that names our hook must never
     # be visible without what the hook reads.
@@ -138,7 +164,73 @@ def prepare_bundle(
         if vgpu_dir is not None:
             _remove_vgpu_dir(vgpu_dir, config)
         raise
-    return Prepared(plan, removed)
+    return Prepared(plan, removed, vgpu_dir)
+
+
+def _read_spec(bundle: str, config: Config | None,
+               logger: Logger | None) -> tuple[dict[str, Any], bytes] | None:
+    """(spec, its bytes), or None for a spec nvctk cannot read that shows no sign of
+    asking for a GPU: runc runs what it accepts (JSON nested deeper than Python
+    parses, bytes that are not UTF-8) and words its own errors. A spec that cannot
+    be read and may ask for a GPU is a SpecError."""
+    try:
+        data = oci.read_spec(bundle)
+    except SpecError as e:
+        # a missing file, a FIFO (reading it would take what runc is to read): runc decides
+        _log_handed_on(logger, e)
+        return None
+    where = oci.spec_path(bundle)
+    try:
+        return oci.parse_spec(data, where), data
+    except SpecError as e:
+        error = e
+    try:
+        # runc (Go) reads each byte that is not UTF-8 as U+FFFD: read it so too, to
+        # know exactly whether a GPU is asked for
+        lenient = oci.parse_spec(data.decode("utf-8", "replace"), where)
+    except SpecError:
+        lenient = None
+    if lenient is not None:
+        if request_from_spec(lenient, config or Config()) is None:
+            _log_handed_on(logger, error)
+            return None
+        raise SpecError(f"{error}: nvctk rewrites a GPU container's spec and will not replace "
+                        "bytes it cannot read")
+    marker = oci.gpu_marker(data)
+    if marker is None:
+        _log_handed_on(logger, error)
+        return None
+    raise SpecError(f"{error}; it mentions {marker}, so it may ask for a GPU, which nvctk "
+                    "cannot tell without reading it")
+
+
+def _log_handed_on(logger: Logger | None, error: SpecError) -> None:
+    if logger is not None:
+        logger.warning(f"{error}; no GPU asked for as far as nvctk can see: handed to the "
+                       "runtime unchanged")
+
+
+def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | None) -> None:
+    """A no-GPU create of a bundle an earlier GPU create edited: take nvctk's hooks,
+    devices and env out, and its plan. A spec without them is not rewritten (the
+    common case costs a stat of the plan file)."""
+    if oci.has_our_edits(spec):
+        # an error here fails the create: the hooks left in would run for this container
+        oci.remove_our_edits(spec)
+        oci.save_spec(bundle, spec)
+        if logger is not None:
+            logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")
+    plan_path = os.path.join(bundle, PLAN_FILE_NAME)
+    if not os.path.lexists(plan_path):  # one lstat: no write to a (maybe read-only) bundle
+        return
+    try:
+        os.unlink(plan_path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # no hook of ours reads it any more: not worth failing for
+        if logger is not None:
+            logger.warning(f"{bundle}: cannot remove an earlier create's {PLAN_FILE_NAME}: "
+                           f"{e.strerror}")
 
 
 def _remove_vgpu_dir(path: str, config: Config) -> None:
@@ -151,11 +243,19 @@ def _remove_vgpu_dir(path: str, config: Config) -> None:
         pass
 
 
-def _set_poststop_hook(spec: dict[str, Any], hook_path: str, config: Config, want: bool) -> None:
-    """`nvctk-hook poststop` (removes the vGPU state dir) in hooks.poststop, or none of ours."""
+def _set_poststop_hook(spec: dict[str, Any], hook_path: str, config: Config, want: bool,
+                       runtime_root: str | None = None) -> None:
+    """`nvctk-hook poststop --runtime-root ROOT` (removes the vGPU state dir) in
+    hooks.poststop, or none of ours. The root, with the id runc passes in the state,
+    names the dir: runc keeps each container's own copy of its hooks, while the
+    bundle's plan is the last create's (two containers from one bundle)."""
     if want:
+        from nvctk.vgpu_state import DEFAULT_RUNTIME_ROOT
+
+        # absolute: runc resolves a relative --root against its cwd, the hook runs in the bundle
+        root = os.path.normpath(os.path.abspath(runtime_root or DEFAULT_RUNTIME_ROOT))
         entry = oci.hook_entry(hook_path, config.hook_timeout, _nvctk_config_env())
-        entry["args"] = [oci.OUR_HOOK_NAME, "poststop"]
+        entry["args"] = [oci.OUR_HOOK_NAME, "poststop", "--runtime-root", root]
         oci.set_hook(spec, entry, "poststop")
         return
     hooks = spec.get("hooks")
@@ -178,8 +278,44 @@ def _install_vgpu(plan: Plan, spec: dict[str, Any], bundle: str, config: Config,
             logger.warning(f"{container_id}: the runtime already has this container; "
                            f"its vGPU state {plan.vgpu.state_dir} is left as it is")
         return False
-    vgpu_state.install(plan.vgpu, oci.root_path(spec, bundle), config)
+    # it also reclaims the state of containers that are gone (vgpu_state.collect)
+    vgpu_state.install(plan.vgpu, oci.root_path(spec, bundle), config,
+                       runtime_root=runtime_root, container_id=container_id)
     return True
+
+
+INTERNAL_ERROR = "internal error"
+
+
+def internal_error(e: BaseException, logger: Logger | None) -> str:
+    """The one-line message for an unexpected exception; its traceback goes to
+    nvctk's own log. Tests assert that no input ever produces it."""
+    if logger is not None:
+        try:
+            import traceback
+
+            logger.error("".join(traceback.format_exception(e)))
+        except Exception:
+            pass
+    text = str(e)
+    if len(text) > 200:
+        text = text[:197] + "..."
+    return (f"{INTERNAL_ERROR}: {type(e).__name__}: {text} (a bug in nvctk: the traceback is "
+            "in nvctk's log)")
+
+
+def os_error_message(e: OSError, bundle: str, config: Config | None) -> str:
+    """Which part failed: the vGPU state dir, the bundle, or another path by name."""
+    reason = e.strerror or str(e)
+    path = os.fsdecode(e.filename) if isinstance(e.filename, (str, bytes)) else ""
+    if not path:
+        return f"bundle {bundle}: {reason}"
+    state_dir = config.state_dir if config is not None else ""
+    if state_dir and (path == state_dir or path.startswith(state_dir.rstrip("/") + "/")):
+        return f"vGPU state dir {state_dir}: {reason}: {path}"
+    if path == bundle or path.startswith(bundle.rstrip("/") + "/"):
+        return f"bundle {bundle}: {reason}: {path}"
+    return f"{path}: {reason}"
 
 
 def _load_config_safely() -> tuple[Config | None, NvctkError | None]:
@@ -208,15 +344,19 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
             f"no low-level runtime found (tried {', '.join(runtimes)}; nvctk-runtime itself "
             "is skipped)"
         )
-    bundle = args.bundle_dir()
+    bundle = args.bundle
     try:
+        bundle = args.bundle_dir()
         prepared = prepare_bundle(bundle, config, config_error, argv0=argv0, logger=logger,
                                   container_id=args.container_id, runtime_root=args.root)
     except NvctkError as e:
         return fail(str(e))
     except OSError as e:
-        return fail(f"bundle {bundle}: {e.strerror or e}"
-                    + (f": {e.filename}" if e.filename else ""))
+        return fail(os_error_message(e, bundle, config))
+    except Exception as e:
+        # a bug in nvctk: one line in runc's log (so the engine shows something
+        # useful), the traceback in nvctk's own log
+        return fail(internal_error(e, logger))
     if prepared.plan is not None:
         p = prepared.plan
         logger.info(
@@ -227,11 +367,100 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
             + (f", replaced {prepared.docker_hooks_removed} NVIDIA hook(s)"
                if prepared.docker_hooks_removed else "")
         )
+    if prepared.vgpu_dir is not None and config is not None and args.subcommand == "create":
+        # runc may still fail before the container exists: then nothing runs the
+        # poststop hook, so this process outlives runc to remove the state it made
+        return _create_and_clean_up(runtime, args, prepared.vgpu_dir, config, fail, logger)
     try:
         os.execv(runtime, [runtime, *args.argv])
     except OSError as e:
-        vg = prepared.plan.vgpu if prepared.plan is not None else None
-        if vg is not None and config is not None:  # no runtime will run the poststop hook
-            _remove_vgpu_dir(vg.state_dir, config)
+        if prepared.vgpu_dir is not None and config is not None:  # no poststop will run
+            _remove_vgpu_dir(prepared.vgpu_dir, config)
         return fail(f"cannot exec {runtime}: {e.strerror}")
     return 1  # not reached
+
+
+# what a supervisor sends its runtime to stop or tell it something: passed on to runc
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+_PR_SET_PDEATHSIG = 1
+
+
+def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config: Config,
+                         fail: Callable[[str], int], logger: Logger) -> int:
+    """Run `runtime create` as a child, not by exec, and remove the vGPU state this
+    create made when it fails; exit with its status (128+N: killed by signal N).
+    Returns only when the child cannot be started.
+
+    runc gets everything an exec would give it (argv, environment, stdio and the
+    --preserve-fds descriptors: every inheritable fd), and dies with this process
+    (PR_SET_PDEATHSIG): a supervisor that kills the runtime kills runc. What a
+    SIGKILL of this process leaves is reclaimed by vgpu_state.collect.
+    """
+    import signal
+
+    from nvctk import ffi
+
+    sigs = [getattr(signal, n) for n in FORWARDED_SIGNALS]
+    prctl = ffi.libc_function("prctl")
+    parent = os.getpid()
+    child = 0
+
+    def forward(signum: int, _frame: object) -> None:
+        if child > 0:
+            try:
+                os.kill(child, signum)
+            except ProcessLookupError:
+                pass
+
+    # blocked until the child's pid is known: a signal in between is forwarded, not lost
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    old = {s: signal.signal(s, forward) for s in sigs}
+    try:
+        pid = os.fork()
+    except OSError as e:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        _remove_own_vgpu_dir(vgpu_dir, config, logger)
+        return fail(f"cannot start {runtime}: {e.strerror}")
+    if pid == 0:  # the child: never returns into the caller's code
+        code = 127
+        try:
+            prctl(_PR_SET_PDEATHSIG, ffi.c_ulong(signal.SIGKILL), ffi.c_ulong(0),
+                  ffi.c_ulong(0), ffi.c_ulong(0))
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(128 + signal.SIGKILL)
+            for s, h in old.items():  # as an exec from here would leave them
+                signal.signal(s, signal.SIG_IGN if h == signal.SIG_IGN else signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            os.execv(runtime, [runtime, *args.argv])
+        except OSError as e:
+            code = fail(f"cannot exec {runtime}: {e.strerror}")
+        finally:
+            os._exit(code)
+    child = pid
+    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # pending ones are forwarded now
+    _, status = os.waitpid(pid, 0)  # a forwarded signal interrupts it; Python resumes it
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        code = 128 - code
+    if code != 0:
+        _remove_own_vgpu_dir(vgpu_dir, config, logger)
+    # like the exec it stands for, this ends the process: the interpreter's teardown
+    # (modules, objects) would add 7 ms to every vGPU create, with nothing to clean up
+    # (the log is written unbuffered)
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _remove_own_vgpu_dir(path: str, config: Config, logger: Logger) -> None:
+    """A failed create's clean-up; the runtime's failure is what gets reported."""
+    from nvctk import vgpu_state
+
+    try:
+        vgpu_state.remove_if_owner(path, config)
+    except (OSError, NvctkError) as e:
+        logger.warning(f"vGPU state {path}: not removed after the failed create ({e}); "
+                       "the next vGPU create or `nvctk vgpu gc` reclaims it")

@@ -13,7 +13,7 @@ import os
 import stat
 import struct
 
-from nvctk.errors import RequestError
+from nvctk.errors import RequestError, shown
 from nvctk.oci import atomic_write
 from nvctk.record import Record
 
@@ -126,7 +126,8 @@ def _index(name: str, prefix: str, gpu_count: int) -> int | None:
         return None
     rest = name[len(prefix) :]
     if not _fullmatch(_INDEX_PATTERN, rest):
-        raise RequestError(f"{name}: not {prefix} or {prefix}_<index>")
+        shown_name = name if len(name) <= 80 and name.isprintable() else shown(name)
+        raise RequestError(f"{shown_name}: not {prefix} or {prefix}_<index>")
     i = int(rest[1:])
     if i >= gpu_count:
         raise RequestError(
@@ -149,7 +150,7 @@ def limits_from_env(env: Mapping[str, str], gpu_count: int) -> VgpuLimits:
                 v = parse_memory(value)
             except ValueError:
                 raise RequestError(
-                    f"{name}={value!r}: not a memory size (bytes, or a number with k/m/g/t, "
+                    f"{name}={shown(value)}: not a memory size (bytes, or a number with k/m/g/t, "
                     "e.g. 4096m, 1.5g)"
                 )
             if i is None:
@@ -161,20 +162,20 @@ def limits_from_env(env: Mapping[str, str], gpu_count: int) -> VgpuLimits:
             try:
                 v = parse_sm(value)
             except ValueError:
-                raise RequestError(f"{name}={value!r}: not a percentage 0-100 (0 = no limit)")
+                raise RequestError(f"{name}={shown(value)}: not a percentage 0-100 (0 = no limit)")
             if i is None:
                 sm_all = v
             else:
                 sm[i] = v
     cache = env.get(CACHE_VAR)
     if cache is not None and not cache.startswith("/"):
-        raise RequestError(f"{CACHE_VAR}={cache!r}: not an absolute path")
+        raise RequestError(f"{CACHE_VAR}={shown(cache)}: not an absolute path")
     reserve = None
     if RESERVE_VAR in env:
         try:
             reserve = parse_memory(env[RESERVE_VAR])
         except ValueError:
-            raise RequestError(f"{RESERVE_VAR}={env[RESERVE_VAR]!r}: not a memory size")
+            raise RequestError(f"{RESERVE_VAR}={shown(env[RESERVE_VAR])}: not a memory size")
     return VgpuLimits(
         memory=tuple(mem.get(i, mem_all) for i in range(gpu_count)),
         sm=tuple(sm.get(i, sm_all) for i in range(gpu_count)),
@@ -220,76 +221,123 @@ def read_limits_file(path: str | os.PathLike[str], gpu_count: int) -> VgpuLimits
     return limits_from_env(env, gpu_count)
 
 
-# ---- the accounting file (libvgpu/src/shm.h), read-only view for tools/tests ----
+# ---- the accounting file and the lock ledger (libvgpu/src/shm.h), read-only view ----
 
 SHM_MAGIC = 0x55504756
-SHM_VERSION = 1
+SHM_VERSION = 2  # 2: memory is in the lock ledger, the file is never mapped
 MAX_DEV = 16
 MAX_SLOTS = 1024
-_DEV = struct.Struct("<64sQQII qQQQQ")  # 128 bytes
+_DEV = struct.Struct("<64sQQII qQQQQ")  # 128 bytes (the II: sm_pct, win = ledger window + 1)
 _SLOT = struct.Struct(f"<iIQQ{MAX_DEV}Q{MAX_DEV}Q{MAX_DEV}IQ")  # 352 bytes
 DEVS_OFFSET = 128
 SLOTS_OFFSET = DEVS_OFFSET + MAX_DEV * _DEV.size
 SHM_SIZE = SLOTS_OFFSET + MAX_SLOTS * _SLOT.size
 
+# The ledger: OFD read locks on the limits file (on the accounting file where
+# there is none); a lease's length is the bytes a process may hold on a device.
+LEDGER_NREG = 4096
+LEDGER_MARK_BASE = 1 << 32
+LEDGER_WIN_SHIFT = 40
+LEDGER_LEASE_BASE = 1 << 40
+LEDGER_LEASE_END = LEDGER_LEASE_BASE + (LEDGER_NREG * MAX_DEV << LEDGER_WIN_SHIFT)
+LEDGER_MAX_QUERIES = 4096
+F_OFD_GETLK = 36  # <fcntl.h>; Python's fcntl module has no name for it before 3.9 on every build
+_FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock (x86-64/aarch64 Linux)
+
 
 class DeviceUsage(Record):
-    __slots__ = ("uuid", "used", "mem_cap", "sm_pct", "busy_ns", "launches")  # noqa: RUF023
+    __slots__ = ("uuid", "used", "mem_cap", "sm_pct", "busy_ns", "launches", "window")  # noqa: RUF023
 
     def __init__(self, uuid: str, used: int, mem_cap: int, sm_pct: int, busy_ns: int,
-                 launches: int) -> None:
+                 launches: int, window: int | None = None) -> None:
         self.uuid = uuid
-        self.used = used  # bytes, the container's live processes (slots' sum)
+        self.used = used  # bytes leased by the container's live processes (the ledger)
         self.mem_cap = mem_cap
         self.sm_pct = sm_pct
         self.busy_ns = busy_ns
         self.launches = launches
+        self.window = window  # the ledger window (the container's GPU index); None = unknown
 
 
-def _start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return int(data[data.rindex(")") + 2 :].split()[19])
-
-
-def read_usage(path: str | os.PathLike[str]) -> dict[str, DeviceUsage]:
-    """The container's usage per GPU UUID, counting only live processes (same
-    pid namespace as the caller: pid + start time)."""
-    # The file sits in a directory the container can write: it may have been replaced
-    # by a link to a host file, a FIFO or a device node. Only a regular file is read,
-    # and only as much of it as the layout has.
+def _open_regular(path: str | os.PathLike[str]) -> int:
+    """An O_RDONLY descriptor of path, only if it is a regular file (no link followed)."""
+    # The file may sit in a directory the container can write: it may have been replaced
+    # by a link to a host file, a FIFO or a device node.
     pfd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(pfd).st_mode):
             raise ValueError(f"{path}: not a libvgpu accounting file (not a regular file)")
-        fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        return os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
     finally:
         os.close(pfd)
+
+
+def read_ledger(path: str | os.PathLike[str]) -> list[int]:
+    """Bytes leased per ledger window (the container's GPU index; the last one also
+    holds devices libvgpu could not map), from the kernel's lock table: libvgpu's
+    census, done here by a process that holds no lock. ValueError past the query
+    bound (libvgpu refuses allocations then)."""
+    import fcntl  # only tools and tests read usage: the start path never imports it
+
+    fd = _open_regular(path)
+    total = [0] * MAX_DEV
+    try:
+        todo = [(LEDGER_LEASE_BASE, LEDGER_LEASE_END)]
+        queries = 0
+        while todo:
+            a, b = todo.pop()
+            if a >= b:
+                continue
+            queries += 1
+            if queries > LEDGER_MAX_QUERIES:
+                raise ValueError(f"{path}: more locks than the ledger's census bound")
+            got = fcntl.fcntl(fd, F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, a, b - a, 0))
+            kind, _whence, start, length, _pid = _FLOCK.unpack(got)
+            if kind == fcntl.F_UNLCK:
+                continue
+            s, e = max(start, a), min(start + length if length > 0 else 1 << 63, b)
+            if s >= e:
+                raise ValueError(f"{path}: the kernel answered a lock outside the window")
+            for k in range((s - LEDGER_LEASE_BASE) >> LEDGER_WIN_SHIFT,
+                           ((e - 1 - LEDGER_LEASE_BASE) >> LEDGER_WIN_SHIFT) + 1):
+                lo = LEDGER_LEASE_BASE + (k << LEDGER_WIN_SHIFT)
+                total[k % MAX_DEV] += min(e, lo + (1 << LEDGER_WIN_SHIFT)) - max(s, lo)
+            todo += [(a, s), (e, b)]
+    finally:
+        os.close(fd)
+    return total
+
+
+def read_usage(
+    path: str | os.PathLike[str], ledger: str | os.PathLike[str] | None = None
+) -> dict[str, DeviceUsage]:
+    """The container's usage per GPU UUID. `path`: its accounting file (UUIDs,
+    caps, SM statistics: container-writable, so only informative); `ledger`: the
+    file its leases lock, i.e. its limits file as the host sees it (None: the
+    accounting file itself, as libvgpu uses where no limits file exists). Usage
+    comes from the ledger only; a leased window no UUID entry names (the
+    accounting file overwritten) is reported as "window-<i>"."""
+    fd = _open_regular(path)
     try:
         data = os.pread(fd, SHM_SIZE, 0)
     finally:
         os.close(fd)
-    if len(data) < SHM_SIZE:
-        raise ValueError(f"{path}: not a libvgpu accounting file")
-    magic, version = struct.unpack_from("<II", data, 0)
-    if magic != SHM_MAGIC or version != SHM_VERSION:
-        raise ValueError(f"{path}: not a libvgpu accounting file of version {SHM_VERSION}")
-    live = [0] * MAX_DEV
-    for s in range(MAX_SLOTS):
-        f = _SLOT.unpack_from(data, SLOTS_OFFSET + s * _SLOT.size)
-        pid, start = f[0], f[2]
-        if pid and _start_time(pid) == start:
-            for e in range(MAX_DEV):
-                live[e] += f[4 + e]
-    out = {}
-    for e in range(MAX_DEV):
-        uuid, _used, cap, sm, _pad, _tok, _last, busy, launches, _p2 = _DEV.unpack_from(
+    used = read_ledger(path if ledger is None else ledger)
+    valid = len(data) >= SHM_SIZE and struct.unpack_from("<II", data, 0) == (SHM_MAGIC, SHM_VERSION)
+    out: dict[str, DeviceUsage] = {}
+    named: set[int] = set()
+    for e in range(MAX_DEV if valid else 0):
+        uuid, _used, cap, sm, win, _tok, _last, busy, launches, _p2 = _DEV.unpack_from(
             data, DEVS_OFFSET + e * _DEV.size
         )
         name = uuid.split(b"\0", 1)[0].decode("utf-8", "replace")
-        if name:
-            out[name] = DeviceUsage(name, live[e], cap, sm, busy, launches)
+        if not name:
+            continue
+        w = win - 1 if 0 < win <= MAX_DEV and win - 1 not in named else None
+        if w is not None:
+            named.add(w)
+        out[name] = DeviceUsage(name, used[w] if w is not None else 0, cap, sm, busy, launches, w)
+    for w in range(MAX_DEV):
+        if used[w] and w not in named:
+            out[f"window-{w}"] = DeviceUsage(f"window-{w}", used[w], 0, 0, 0, 0, w)
     return out

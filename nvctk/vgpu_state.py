@@ -1,22 +1,34 @@
-"""A vGPU container's host-side state: its accounting directory and the checks
-that decide whether libvgpu can be installed at all.
+"""A vGPU container's host-side state: its accounting directory, the checks that
+decide whether libvgpu can be installed at all, and reclaiming the state of
+containers that no longer exist.
 
-    <state-dir>/<key16>-<id>/       one per container, recreated on every create; its
-                                     own small tmpfs (TMPFS_SIZE), so what the container
-                                     writes there never fills the host's /run
-        limits                       the validated limits (0444; libvgpu/README.md)
-        ld.so.preload                libvgpu's container path + the image's own lines
-        cache                        the accounting file (libvgpu maps it)
+    <state-dir>/<key16>-<id>/       0700, one per container, recreated on every create;
+                                     its own small tmpfs (TMPFS_SIZE), so what the
+                                     container writes there never fills the host's /run
+        owner                        who made it (OWNER_NAME; never seen in the container)
+        ro/          0755            mounted read-only at /run/nvctk in the container
+            limits         0444      the validated limits (libvgpu/README.md)
+            ld.so.preload  0444      libvgpu's container path + the image's own lines
+            libvgpu.so     0444      empty: the mount point for the host's libvgpu.so
+            vgpu/          0755      empty: the mount point for rw/
+        rw/          0755            mounted read-write (noexec) at /run/nvctk/vgpu
+            cache          0666      the accounting file, preallocated to SHM_SIZE
+            limits         0444      empty: the mount point for ro/limits
 
-The key is sha256 of (runtime --root, container id): equal ids under different
-runc roots (containerd namespaces use /run/containerd/runc/<ns>) never collide.
-The shim creates the directory and mounts the tmpfs on it (`install`);
-`nvctk-hook poststop` detaches the tmpfs and removes the directory (`poststop`), and
-only ever a directory directly below the configured state dir. The tmpfs is made
-private: the hook's clone of it (open_tree, not recursive) is then no peer of it,
-so nothing mounted on the clone inside the container comes back to the host.
-The prestart hook mounts it at nvctk.vgpu.VGPU_DIR with the limits file bound
-read-only on top, the library, and the preload file over /etc/ld.so.preload.
+Nothing the container can write is the backing file of a read-only bind
+(/work/brief/vgpu_layout.md has the container side). The key is sha256 of
+(runtime --root, container id): equal ids under different runc roots
+(containerd namespaces use /run/containerd/runc/<ns>) never collide.
+
+Life cycle. The shim creates the directory and mounts the tmpfs on it (`install`)
+and, when the runtime then fails to create the container, removes it again
+(`remove_if_owner`). `nvctk-hook poststop` removes its container's directory
+(`poststop`). What a killed shim or a killed poststop leaves behind is reclaimed
+by `collect`, run at every vGPU create, in every poststop and by `nvctk vgpu gc`:
+a directory whose creator process is gone and whose runtime has no such container.
+Only ever a directory directly below the configured state dir is removed. The
+tmpfs is made private: the hook's clone of it (open_tree, not recursive) is then
+no peer of it, so nothing mounted on the clone inside the container comes back.
 """
 
 from __future__ import annotations
@@ -34,17 +46,29 @@ from nvctk.vgpu import SHM_SIZE, write_limits_file
 # vGPU container's create and the hook in its poststop (names are matched by hand)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO
+    from typing import IO, Any
 
     from nvctk.config import Config
     from nvctk.plan import VgpuPlan
 
 CONTAINER_LIBRARY = "/run/nvctk/libvgpu.so"  # where libvgpu.so is mounted inside
+RO_DIR = "ro"  # the tmpfs's read-only half: mounted at /run/nvctk
+RW_DIR = "rw"  # the accounting dir: mounted at /run/nvctk/vgpu
 PRELOAD_NAME = "ld.so.preload"
 LIMITS_NAME = "limits"
 CACHE_NAME = "cache"
+LIBRARY_NAME = "libvgpu.so"
+VGPU_NAME = "vgpu"
+OWNER_NAME = "owner"  # at the tmpfs root: who made the dir (garbage collection)
+LOCK_NAME = ".vgpu-state.lock"  # in state-dir: install, removal and collection take it
 DEFAULT_RUNTIME_ROOT = "/run/runc"
+# where a runtime started without --root keeps its containers (runc's and crun's)
+DEFAULT_RUNTIME_ROOTS = ("/run/runc", "/run/crun")
+# a runtime's per-container state file (runc: state.json, crun: status)
+RUNTIME_STATE_FILES = ("state.json", "status")
 MAX_PRELOAD_BYTES = 64 * 1024
+GC_GRACE_S = 300.0  # a dir without readable owner metadata is left alone this long
+LOCK_TIMEOUT_S = 10.0
 
 # The per-container tmpfs: the accounting file (libvgpu sizes it to SHM_SIZE), the
 # limits and preload files, with headroom; a few inodes (each costs kernel memory).
@@ -219,7 +243,10 @@ def remove_state_dir(path: str, config: Config) -> bool:
     detach_mounts(path)
     import shutil  # not at the top: it costs every create 3-9 ms (bz2, lzma, fnmatch)
 
-    shutil.rmtree(path)
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:  # removed meanwhile (a poststop and a collector): gone is gone
+        pass
     return True
 
 
@@ -257,9 +284,181 @@ def _mount_tmpfs(path: str) -> None:
         os.close(fd)
 
 
-def install(vgpu: VgpuPlan, rootfs: str | None, config: Config) -> None:
-    """(Re)create the container's state dir, a tmpfs of its own: limits,
-    ld.so.preload, an empty cache."""
+class StateLock:
+    """flock on <state-dir>/LOCK_NAME: a collector's "is it stale?" and its removal
+    are one step for an install of the same dir (docker restarts a crashed
+    container under its old id), and two removals never race."""
+
+    def __init__(self, config: Config, timeout: float = LOCK_TIMEOUT_S) -> None:
+        self.path = os.path.join(os.path.abspath(config.state_dir), LOCK_NAME)
+        self.timeout = timeout
+        self.fd = -1
+
+    def __enter__(self) -> StateLock:
+        import fcntl
+        import time
+
+        os.makedirs(os.path.dirname(self.path), 0o700, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise NvctkError(f"{self.path}: held by another process for more than "
+                                     f"{self.timeout:g} s")
+                time.sleep(0.005)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # closing the only descriptor releases the lock
+        self.fd = -1
+
+
+# --- owner metadata ------------------------------------------------------------------------
+def proc_start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot; /proc/<pid>/stat field 22),
+    None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def owner_text(runtime_root: str | None, container_id: str, pid: int | None = None) -> str:
+    """The owner file: the runtime's --root (null: its default), the id, the creating
+    process (pid + start time: a reused pid is not it) and the time of creation."""
+    import json
+    import time
+
+    pid = os.getpid() if pid is None else pid
+    return json.dumps({"runtime_root": runtime_root, "id": container_id, "pid": pid,
+                       "start": proc_start_time(pid), "created": time.time()}) + "\n"
+
+
+def read_owner(path: str) -> dict[str, Any] | None:
+    """A state dir's owner metadata; None if missing or unusable."""
+    import json
+
+    try:
+        fd = os.open(os.path.join(path, OWNER_NAME),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, 8192)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        d = json.loads(data)
+    except ValueError:
+        return None
+    root = d.get("runtime_root") if isinstance(d, dict) else 0
+    if not (isinstance(d, dict) and isinstance(d.get("id"), str) and d["id"]
+            and isinstance(d.get("pid"), int) and (root is None or isinstance(root, str))):
+        return None
+    return d
+
+
+def creator_alive(owner: dict[str, Any]) -> bool:
+    start = proc_start_time(owner["pid"]) if owner["pid"] > 0 else None
+    return start is not None and start == owner.get("start")
+
+
+def runtime_has(runtime_root: str | None, container_id: str) -> bool:
+    """Whether the runtime still has the container (its state file exists). runc
+    removes its container dir before it runs the poststop hooks; a runc killed
+    during create can leave the dir without state.json: no container either."""
+    if container_id in ("", ".", "..") or "/" in container_id:
+        return False
+    roots = (runtime_root,) if runtime_root else DEFAULT_RUNTIME_ROOTS
+    return any(os.path.lexists(os.path.join(r, container_id, f))
+               for r in roots for f in RUNTIME_STATE_FILES)
+
+
+def _is_stale(path: str, grace: float = GC_GRACE_S) -> bool:
+    """A state dir nobody will remove: its creator is gone and its runtime has no such
+    container; or it has no readable owner and is empty (an install killed before it
+    wrote one) or older than `grace` (a dir of an nvctk that wrote none). Exact only
+    under StateLock, which every install holds from its mkdir to its owner file."""
+    owner = read_owner(path)
+    if owner is None:
+        import time
+
+        try:
+            if not os.listdir(path):
+                return True
+            age = time.time() - os.lstat(path).st_mtime
+        except OSError:
+            return False
+        return age > grace
+    return not creator_alive(owner) and not runtime_has(owner["runtime_root"], owner["id"])
+
+
+def collect(config: Config, keep: str | None = None, grace: float = GC_GRACE_S) -> list[str]:
+    """Remove the state dirs of containers that no longer exist (`is_stale`); returns
+    them. One listdir of state-dir when there are none; never fails for one dir."""
+    top = os.path.abspath(config.state_dir)
+    try:
+        names = [n for n in os.listdir(top) if _is_key_dir(n)]
+    except OSError:
+        return []
+    # first without the lock (the common case: nothing stale, no lock taken) ...
+    stale = [p for p in (os.path.join(top, n) for n in names)
+             if p != keep and _is_stale(p, grace)]
+    if not stale:
+        return []
+    removed = []
+    with StateLock(config):
+        for p in stale:
+            try:
+                # ... then exactly: no install is half-way now, and one may have made
+                # the dir anew meanwhile
+                if _is_stale(p, grace) and remove_state_dir(p, config):
+                    removed.append(p)
+            except (OSError, NvctkError):
+                pass
+    return removed
+
+
+def _collect_quietly(config: Config, keep: str | None = None) -> None:
+    """collect() on the way: its failure is not the create's or the poststop's (the
+    next one, or `nvctk vgpu gc`, tries again)."""
+    try:
+        collect(config, keep=keep)
+    except (OSError, NvctkError):
+        pass
+
+
+def remove_if_owner(path: str, config: Config, pid: int | None = None) -> bool:
+    """Remove a state dir this process (or pid) made, unless another create of the same
+    container has made it anew since (a failed create's clean-up)."""
+    pid = os.getpid() if pid is None else pid
+    with StateLock(config):
+        owner = read_owner(path)
+        if owner is None or owner["pid"] != pid or owner.get("start") != proc_start_time(pid):
+            return False
+        return remove_state_dir(path, config)
+
+
+# --- install --------------------------------------------------------------------------------
+def install(vgpu: VgpuPlan, rootfs: str | None, config: Config, *,
+            runtime_root: str | None = None, container_id: str | None = None) -> None:
+    """(Re)create the container's state dir, a tmpfs of its own (the layout above),
+    owned by this process; first reclaim what containers that are gone left."""
     d = vgpu.state_dir
     if not _under_state_dir(d, config):
         raise SpecError(f"vGPU state dir {d} is not directly under state-dir {config.state_dir}")
@@ -267,60 +466,108 @@ def install(vgpu: VgpuPlan, rootfs: str | None, config: Config) -> None:
     # 0700: each container can write (and plant files in) its own dir, and the
     # accounting file is 0666 for the container's users; no host user may reach them
     os.makedirs(os.path.dirname(d), 0o700, exist_ok=True)
-    remove_state_dir(d, config)  # a restarted container is a new set of processes
-    os.mkdir(d, 0o700)
-    try:
-        # every file goes onto the bounded tmpfs (its root is 0755, TMPFS_OPTIONS)
-        _mount_tmpfs(d)
-        write_limits_file(os.path.join(d, LIMITS_NAME), vgpu.limits,
-                          os.path.join(vgpu.container_state_dir, CACHE_NAME))
-        _write(os.path.join(d, PRELOAD_NAME), preload_text(vgpu.container_library, entries), 0o644)
-        # empty: libvgpu sizes and initialises it; 0666 so a non-root process may map it
-        _write(os.path.join(d, CACHE_NAME), "", 0o666)
-    except BaseException:
+    _collect_quietly(config, keep=d)
+    cid = container_id or os.path.basename(d)[17:]
+    with StateLock(config):
+        remove_state_dir(d, config)  # a restarted container is a new set of processes
+        os.mkdir(d, 0o700)
         try:
-            remove_state_dir(d, config)
-        except (OSError, NvctkError):
-            pass
-        raise
+            # every file goes onto the bounded tmpfs (its root is 0755, TMPFS_OPTIONS)
+            _mount_tmpfs(d)
+            # first: a shim killed from here on leaves a dir the collector can place
+            _write(os.path.join(d, OWNER_NAME), owner_text(runtime_root, cid), 0o600)
+            _populate(d, vgpu, entries)
+        except BaseException:
+            try:
+                remove_state_dir(d, config)
+            except (OSError, NvctkError):
+                pass
+            raise
 
 
-def _write(path: str, text: str, mode: int) -> None:
+def _populate(d: str, vgpu: VgpuPlan, image_entries: list[str]) -> None:
+    ro, rw = os.path.join(d, RO_DIR), os.path.join(d, RW_DIR)
+    for sub in (ro, rw):
+        os.mkdir(sub, 0o755)
+        os.chmod(sub, 0o755)  # whatever the umask
+    write_limits_file(os.path.join(ro, LIMITS_NAME), vgpu.limits,
+                      os.path.join(vgpu.container_state_dir, CACHE_NAME))
+    _write(os.path.join(ro, PRELOAD_NAME), preload_text(vgpu.container_library, image_entries),
+           0o444)
+    _write(os.path.join(ro, LIBRARY_NAME), "", 0o444)  # mount points
+    os.mkdir(os.path.join(ro, VGPU_NAME), 0o755)
+    os.chmod(os.path.join(ro, VGPU_NAME), 0o755)
+    _write(os.path.join(rw, LIMITS_NAME), "", 0o444)
+    # 0666 so a non-root process may map it; every page allocated now, so a full
+    # tmpfs can never turn libvgpu's first touch of a page into SIGBUS
+    _write(os.path.join(rw, CACHE_NAME), "", 0o666, size=SHM_SIZE)
+
+
+def _write(path: str, text: str, mode: int, size: int = 0) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+        f.flush()
+        if size:
+            os.posix_fallocate(f.fileno(), 0, size)
         os.fchmod(f.fileno(), mode)
 
 
 # --- nvctk-hook poststop -------------------------------------------------------------------
-def poststop(stdin_text: str | bytes, config: Config | None = None) -> str | None:
-    """Remove the container's vGPU state dir; returns it (None: nothing to do)."""
+def poststop(stdin_text: str | bytes, config: Config | None = None,
+             runtime_root: str | None = None) -> str | None:
+    """Remove the container's vGPU state dir, then collect; returns the dir (None:
+    nothing to do). runtime_root (the hook's --runtime-root) with the state's id
+    names the dir: the bundle's plan may be another container's by now (two
+    containers created from one bundle); the plan only when it is absent (a spec
+    written by an nvctk that passed no root)."""
     from nvctk import config as nvconfig
     from nvctk.oci import load_state
 
     state = load_state(stdin_text)
     cfg = config or nvconfig.load()
+    if runtime_root is not None:
+        d: str | None = state_dir_for(cfg, runtime_root, state.id)
+    else:
+        d = _plan_state_dir(state.bundle)
+    if d is not None:
+        with StateLock(cfg):
+            remove_state_dir(d, cfg)
+    _collect_quietly(cfg)
+    return d
+
+
+def _plan_state_dir(bundle: str) -> str | None:
     try:
-        with open(os.path.join(state.bundle, PLAN_FILE), encoding="utf-8") as f:
+        with open(os.path.join(bundle, PLAN_FILE), encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise SpecError(f"{state.bundle}/{PLAN_FILE}: {e.strerror}")
+        raise SpecError(f"{bundle}/{PLAN_FILE}: {e.strerror}")
     try:
         plan = Plan.from_json(text)
     except (ValueError, KeyError, TypeError) as e:
-        raise SpecError(f"{state.bundle}/{PLAN_FILE}: unusable plan: {e}")
-    if plan.vgpu is None:
-        return None
-    remove_state_dir(plan.vgpu.state_dir, cfg)
-    return plan.vgpu.state_dir
+        raise SpecError(f"{bundle}/{PLAN_FILE}: unusable plan: {e}")
+    return None if plan.vgpu is None else plan.vgpu.state_dir
 
 
-def poststop_main(stdin: IO[bytes], stderr: IO[str]) -> int:
-    """`nvctk-hook poststop`: exit 0, or 1 with 'nvctk-hook: poststop: <why>'."""
+POSTSTOP_USAGE = "usage: nvctk-hook poststop [--runtime-root DIR]  (OCI state JSON on stdin)"
+
+
+def poststop_main(stdin: IO[bytes], stderr: IO[str], argv: list[str] | None = None) -> int:
+    """`nvctk-hook poststop [--runtime-root DIR]`: exit 0, or 1 with
+    'nvctk-hook: poststop: <why>' (2: bad usage)."""
+    args = list(argv or [])
+    root = None
+    if args[:1] == ["--runtime-root"] and len(args) == 2 and args[1]:
+        root = args[1]
+    elif args:
+        stderr.write(f"nvctk-hook: poststop: unexpected arguments {args!r}\n{POSTSTOP_USAGE}\n")
+        stderr.flush()
+        return 2
     try:
-        poststop(stdin.read())
+        poststop(stdin.read(), runtime_root=root)
         return 0
     except NvctkError as e:
         stderr.write(f"nvctk-hook: poststop: {e}\n")

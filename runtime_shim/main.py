@@ -21,6 +21,16 @@ def _passthrough_error(args: runc_argv.RuncArgs, msg: str) -> int:
     return 1
 
 
+def _internal_error(args: runc_argv.RuncArgs, e: Exception) -> int:
+    try:
+        from nvctk.shim import internal_error
+
+        msg = internal_error(e, None)
+    except Exception:
+        msg = f"internal error: {type(e).__name__}"
+    return _passthrough_error(args, msg)
+
+
 def _warn(msg: str) -> None:
     """A warning on the passthrough path: nvctk's log only, never stderr.
 
@@ -58,9 +68,12 @@ def main(argv: list[str] | None = None) -> int:
             import site
 
             site.main()
-        from nvctk.shim import create_main
+        try:
+            from nvctk.shim import create_main
 
-        return create_main(args)
+            return create_main(args)
+        except Exception as e:  # a bug: one line in runc's log, never a traceback
+            return _internal_error(args, e)
     runtimes, warning = runc_argv.read_runtimes()
     if warning:
         _warn(warning)

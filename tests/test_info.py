@@ -142,7 +142,9 @@ def test_discover_other_files(sim_host: host.SimHost) -> None:
     assert cfgs[f"{r}/usr/share/vulkan/icd.d/nvidia_icd.json"] == "/usr/share/vulkan/icd.d/nvidia_icd.json"
     assert files.config_files["display"] == files.config_files["graphics"]
     assert files.firmware == tuple(f"{r}/lib/firmware/nvidia/{VER}/{f}" for f in host.FIRMWARE)
-    assert files.sockets["utility"] == (f"{r}/run/nvidia-persistenced/socket",)
+    assert files.sockets["utility"] == (
+        f"{r}/run/nvidia-persistenced/socket", f"{r}/run/nvidia-fabricmanager/socket",
+    )
     assert files.proc_dir == f"{r}/proc/driver/nvidia"
     assert files.dev_dir == f"{r}/dev"
     assert set(files.for_capabilities(["compat32"])) == set(files.libraries32)

@@ -270,3 +270,95 @@ def test_parse_mountinfo_escapes_and_tags() -> None:
     line = "36 35 98:0 /mnt1 /mnt\\040x rw,noatime master:1 shared:4 - ext3 /dev/root rw"
     (info,) = m.parse_mountinfo(line)
     assert info.mount_point == "/mnt x" and info.shared and info.fstype == "ext3"
+
+
+def test_parse_mountinfo_dev_root_options() -> None:
+    line = "36 35 98:0 /srv/a\\040b /mnt rw,nosuid master:1 - ext4 /dev/root rw"
+    (info,) = m.parse_mountinfo(line)
+    assert (info.dev, info.root, info.options) == ("98:0", "/srv/a b", ("rw", "nosuid"))
+    assert not info.read_only
+    (info,) = m.parse_mountinfo("37 35 0:5 / /x ro,relatime - tmpfs t rw")
+    assert info.read_only
+
+
+def _mi(mid: int, point: str, dev: str, root: str = "/") -> m.MountInfo:
+    return m.MountInfo(mid, 1, point, "x", (), dev, root, ("rw",))
+
+
+def test_own_mount_ids() -> None:
+    """What the hook and ldconfig may create files on: the rootfs's mount, binds of its
+    own directories onto themselves, file systems only the container has."""
+    infos = [
+        _mi(1, "/", "8:1"),  # the host's /, holding a plain-directory rootfs /r
+        _mi(2, "/dev/shm", "0:20"),
+        _mi(3, "/r/etc", "8:1", "/r/etc"),  # the hook's pin of /etc
+        _mi(4, "/r/vol", "8:1", "/srv/data"),  # a host dir on the same file system
+        _mi(5, "/r/run", "0:40"),  # podman's own /run tmpfs
+        _mi(6, "/r/dev/shm", "0:20"),  # Docker's /dev/shm: a bind of a host tmpfs
+        _mi(7, "/r/etc/x", "8:1", "/r/other"),  # the rootfs's own dir, elsewhere
+        _mi(8, "/rr", "0:41"),  # a sibling that only looks like a prefix
+    ]
+    assert m.own_mount_ids(infos, "/r", 1) == {1, 3, 5}
+    # containerd: the overlay at the rootfs, runc's bind of it on top (the holder)
+    infos = [_mi(1, "/", "8:1"), _mi(10, "/c/rootfs", "0:50"), _mi(11, "/c/rootfs", "0:50"),
+             _mi(12, "/c/rootfs/etc", "0:50", "/etc"), _mi(13, "/c/rootfs/v", "8:1", "/v")]
+    assert m.own_mount_ids(infos, "/c/rootfs", 11) == {10, 11, 12}
+
+
+def test_no_create_on_a_bound_host_dir(rootfs: Path, tmp_path: Path, host_table: None) -> None:
+    host = tmp_path / "host"
+    (host / "sub").mkdir(parents=True)
+    (rootfs / "vol").mkdir()
+    (rootfs / "etc/inside").symlink_to("/vol/sub")
+
+    def body() -> None:
+        assert os.system(f"mount --bind {host} {rootfs}/vol") == 0
+        with m.Root(str(rootfs)) as root:
+            for do in (lambda: root.ensure("/vol/new", "file"),
+                       lambda: root.ensure("/vol/d/new", "dir"),
+                       lambda: root.mkdirs("/vol/a/b"),
+                       lambda: root.ensure("/etc/inside/new", "file"),  # an image link
+                       lambda: root.symlink("/vol/sub/l", "x")):
+                with pytest.raises(m.NotOnRootfs) as e:
+                    do()
+                assert e.value.errno == errno.EXDEV
+                assert f"its directory is on {rootfs}/vol" in str(e.value.strerror)
+            os.close(root.ensure("/vol/sub", "dir"))  # existing: used, nothing created
+            os.close(root.ensure("/etc/new", "file"))  # the rootfs itself: fine
+        assert sorted(os.listdir(host)) == ["sub"] and os.listdir(host / "sub") == []
+
+    in_private_ns(body)
+
+
+def test_pin_and_ensure_exact(rootfs: Path, canary: Path, host_table: None) -> None:
+    (rootfs / "run").mkdir()
+    (rootfs / "etc/ld.so.preload").symlink_to(str(canary / "file"))
+    (rootfs / "link").symlink_to("etc")
+    (rootfs / "notdir").write_text("")
+
+    def body() -> None:
+        mounter = m.Mounter()
+        with m.Root(str(rootfs)) as root:
+            assert root.pin("etc", mounter) and root.pin("run", mounter)
+            assert not root.pin("etc", mounter)  # a mount point already
+            with pytest.raises(OSError, match="symbolic link") as e:
+                root.pin("link", mounter)
+            assert e.value.errno == errno.ELOOP
+            with pytest.raises(NotADirectoryError):
+                root.pin("notdir", mounter)
+            with pytest.raises(OSError) as e:
+                os.rename(rootfs / "etc", rootfs / "etc2")
+            assert e.value.errno == errno.EBUSY
+            # the final link of the image is replaced, a link on the way refused
+            fd = root.ensure_exact("/etc/ld.so.preload", "file")
+            assert real(fd) == str(rootfs / "etc/ld.so.preload")
+            assert (rootfs / "etc/ld.so.preload").is_file()
+            with pytest.raises(OSError, match="symbolic link in the image on the way"):
+                root.ensure_exact("/link/x", "file")
+            root.seal_pins()
+            with pytest.raises(OSError) as e:
+                (rootfs / "etc/new").write_text("x")
+            assert e.value.errno == errno.EROFS
+        assert len(mounter.attached) == 2 and not mounter.undo()
+
+    in_private_ns(body)

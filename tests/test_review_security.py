@@ -257,8 +257,10 @@ def test_new_state_dir_is_root_only(tmp_path: Path) -> None:
     vgpu_state.install(v, None, cfg)
     try:
         assert stat.S_IMODE(os.stat(top).st_mode) == 0o700
-        assert stat.S_IMODE(os.stat(d).st_mode) == 0o755  # reached through its bind mount
-        assert stat.S_IMODE(os.stat(os.path.join(d, "cache")).st_mode) == 0o666
+        # ro/ and rw/ are reached through their bind mounts; nothing else is
+        for sub, mode in (("ro", 0o755), ("rw", 0o755), ("rw/cache", 0o666),
+                          ("ro/limits", 0o444), ("ro/ld.so.preload", 0o444)):
+            assert stat.S_IMODE(os.stat(os.path.join(d, sub)).st_mode) == mode, sub
     finally:
         vgpu_state.remove_state_dir(d, cfg)  # its tmpfs too
 

@@ -194,13 +194,23 @@ def test_errors_leave_spec_and_log(env: Env, bundle: Callable[..., Path],
     assert re.search(message, own_log)
 
 
-def test_bad_spec_error(env: Env, tmp_path: Path) -> None:
+def test_bad_spec_goes_to_runc_unless_it_may_ask_for_a_gpu(env: Env, tmp_path: Path) -> None:
     b = tmp_path / "b"
     b.mkdir()
     (b / "config.json").write_text("{not json")
-    r = env.run(*create_argv(env, b))
-    assert r.returncode == 1 and "config.json" in r.stderr and "invalid JSON" in r.stderr
+    argv = create_argv(env, b)
+    r = env.run(*argv)
+    assert r.returncode == 0, r.stderr  # runc decides (and words its own error)
+    assert env.recorded() == argv
     assert (b / "config.json").read_text() == "{not json"
+    env.record.unlink()
+    bad = '{"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}, not json'
+    (b / "config.json").write_text(bad)
+    r = env.run(*argv)
+    assert r.returncode == 1 and "config.json" in r.stderr and "invalid JSON" in r.stderr
+    assert "NVIDIA_VISIBLE_DEVICES" in r.stderr
+    assert env.recorded() is None
+    assert (b / "config.json").read_text() == bad
 
 
 def test_broken_config_fails_gpu_create(env: Env, bundle: Callable[..., Path]) -> None:

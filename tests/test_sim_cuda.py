@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from nvctk.sim import build, state
+from nvctk.sim import apilist, build, state
 from nvctk.sim.topology import make_topology
 from support.devnodes import make_dev
 
@@ -636,6 +636,12 @@ PROC_CASES = [
     ("cuLaunchKernelEx", 11040, (500, 2)),
     ("cuMemAlloc_v2", 12040, (500, 1)),  # base names only
     ("cudnnCreate", 12040, (500, 1)),
+    # the rest of the driver API (generated table): the newest form of each name
+    ("cuGraphAddMemcpyNode", 12040, "cuGraphAddMemcpyNode"),
+    ("cuStreamGetCaptureInfo", 12040, "cuStreamGetCaptureInfo_v3"),
+    ("cuMemcpyAtoH", 12040, "cuMemcpyAtoH_v2"),
+    ("cuProfilerStart", 12040, "cuProfilerStart"),
+    ("cuGetExportTable", 12040, "cuGetExportTable"),
 ]
 
 
@@ -659,6 +665,110 @@ def test_get_proc_address(sim: Sim, state_file: Path) -> None:
         state_file,
     )
     assert out == [w if isinstance(w, str) else list(w) for _, _, w in PROC_CASES]
+
+
+def _exports(lib: Path) -> dict[str, str]:
+    """Defined dynamic symbols of `lib` -> nm's type (T strong, W weak)."""
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True
+    ).stdout
+    return {f[2]: f[1] for f in (line.split() for line in out.splitlines()) if len(f) == 3}
+
+
+def test_api_list_is_cuda_12_4() -> None:
+    names = apilist.names("cuda")
+    assert list(names) == sorted(set(names)) and len(names) > 600
+    # every versioned and per-thread-stream form, the interop and profiler headers
+    for n in ("cuMemAlloc", "cuMemAlloc_v2", "cuMemcpy_ptds", "cuLaunchKernel_ptsz",
+              "cuGetExportTable", "cuLinkComplete", "cuGraphConditionalHandleCreate",
+              "cuGLGetDevices_v2", "cuEGLStreamConsumerConnect", "cuVDPAUGetDevice",
+              "cuProfilerStart", "cuProfilerStop", "cuGetProcAddress_v2"):
+        assert n in names, n
+    assert "cuCtxCreate_v4" not in names  # CUDA 12.5: newer than the claimed 12.4
+
+
+def test_api_list_derivation(tmp_path: Path) -> None:
+    """derive() keeps every form the define sets select, across line breaks."""
+    (tmp_path / "cuda.h").write_text(textwrap.dedent("""\
+        #define CUDA_VERSION 12040
+        #define CUDAAPI
+        typedef int CUresult;
+        #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+        #define cuMemcpy cuMemcpy_ptds
+        #endif
+        #define cuMemAlloc cuMemAlloc_v2
+        CUresult CUDAAPI cuMemcpy(int a);
+        CUresult CUDAAPI
+        cuMemAlloc(int *p);
+        typedef CUresult (CUDAAPI *PFN_cuNotAnEntry_v2000)(void);
+        #if defined(__CUDA_API_VERSION_INTERNAL)
+        #undef cuMemAlloc
+        CUresult CUDAAPI cuMemAlloc(unsigned int *p);
+        #endif
+        """))
+    for h in ("cudaGL.h", "cudaEGL.h", "cudaVDPAU.h"):
+        (tmp_path / h).write_text('#include <GL/gl.h>\n#include "cuda.h"\nCUresult CUDAAPI cuGLInit(void);\n')
+    (tmp_path / "cudaProfilerTypedefs.h").write_text("typedef int (*PFN_cuProfilerStart_v4000)(void);\n")
+    assert apilist.derive("cuda", str(tmp_path)) == [
+        "cuGLInit", "cuMemAlloc", "cuMemAlloc_v2", "cuMemcpy", "cuMemcpy_ptds", "cuProfilerStart",
+    ]
+
+
+def test_every_driver_api_name_is_exported(sim: Sim) -> None:
+    exports = _exports(sim.lib / "libcuda.so.1")
+    missing = set(apilist.names("cuda")) - exports.keys()
+    assert not missing, sorted(missing)[:20]
+    # the simulated functions keep their implementations; the rest are weak stubs
+    for n in ("cuInit", "cuMemAlloc_v2", "cuLaunchKernel", "cuGetProcAddress_v2", "cuCtxCreate_v4"):
+        assert exports[n] == "T", n
+    for n in ("cuMemcpy3DPeer", "cuGetExportTable", "cuMemAlloc"):
+        assert exports[n] == "W", n
+    assert "nvsim_cuda_proc_lookup" not in exports
+
+
+def test_stubs_return_not_supported(sim: Sim, state_file: Path) -> None:
+    out = run_cuda(
+        sim,
+        """
+        ok("cuInit", 0); ctx(0)
+        direct = [call(n, None, None) for n in ("cuMemcpy3DPeer", "cuGetExportTable", "cuProfilerStart",
+                                                 "cuMemcpyAtoH_v2_ptds", "cuGLGetDevices_v2")]
+        fn, st = C.c_void_p(), C.c_int(-1)
+        ok("cuGetProcAddress_v2", b"cuGraphAddMemcpyNode", C.byref(fn), 12040, C.c_uint64(0), C.byref(st))
+        via_proc = C.CFUNCTYPE(C.c_int, C.c_void_p)(fn.value)(None)
+        name = C.c_char_p()
+        ok("cuGetErrorName", 801, C.byref(name))
+        out = [direct, via_proc, name.value.decode(), meminfo()[1] > 0]
+        """,
+        state_file,
+    )
+    assert out == [[801] * 5, 801, "CUDA_ERROR_NOT_SUPPORTED", True]
+
+
+def test_build_cache_trusts_only_own_files(tmp_path: Path) -> None:
+    d = tmp_path / "cache"
+    d.mkdir(mode=0o700)
+    f = d / "cuda-stubs-0.o"
+    f.write_bytes(b"x")
+    f.chmod(0o644)
+    assert build._trusted(f)
+    f.chmod(0o666)  # anyone could have put something else there
+    assert not build._trusted(f)
+    f.chmod(0o644)
+    d.chmod(0o777)
+    assert not build._trusted(f)
+    assert not build._trusted(tmp_path / "missing.o")
+
+
+def test_generated_stubs() -> None:
+    fallback = build._proc_fallback(
+        ["cuFoo", "cuFoo_v2", "cuFoo_v2_ptds", "cuBar_ptsz", "cuBar", "cuBaz_v3", "cuBaz_v12"]
+    )
+    assert fallback == [("cuBar", "cuBar"), ("cuBaz", "cuBaz_v12"), ("cuFoo", "cuFoo_v2")]
+    nvml = build.generate_stubs("nvml")
+    assert "NVSIM_STUB(nvmlEventSetWait_v2)" in nvml and "return 3;" in nvml
+    assert "NVSIM_STUB(nvmlErrorString)" not in nvml  # returns a string: implemented for real
+    assert "return 801;" in build.generate_stubs("cuda")
 
 
 # ---- kernels ----

@@ -145,6 +145,61 @@ def test_other_driver_files(sim_host: host.SimHost) -> None:
     assert not (root / "usr/bin/cuda-vectoradd").exists(), "the sample is not a driver file"
 
 
+def test_drm_nodes_links_and_sysfs(sim_host: host.SimHost) -> None:
+    root = Path(sim_host.root)
+    drm = sim_host.drm_major
+    assert drm == host.DRM_MAJOR or host.DRM_MAJOR in _host_majors()
+    assert drm not in _host_majors() and drm not in (sim_host.uvm_major, sim_host.caps_major)
+    for g in sim_host.topology.gpus:
+        bus = f"0000:{g.pci_bus_id.split(':', 1)[1].lower()}"
+        card, render = f"card{g.minor}", f"renderD{128 + g.minor}"
+        assert _node(str(root / "dev/dri" / card)) == (drm, g.minor, 0o660)
+        assert _node(str(root / "dev/dri" / render)) == (drm, 128 + g.minor, 0o666)
+        # udev's links, relative as NCT resolves them
+        for kind, node in (("card", card), ("render", render)):
+            link = root / f"dev/dri/by-path/pci-{bus}-{kind}"
+            assert os.readlink(link) == f"../{node}"
+            assert link.resolve() == root / "dev/dri" / node
+        # sysfs: the bus id's drm directory names the nodes, their dev files the numbers
+        pci = root / "sys/bus/pci/devices" / bus
+        assert sorted(p.name for p in (pci / "drm").iterdir()) == [card, render]
+        assert (pci / "drm" / card / "dev").read_text() == f"{drm}:{g.minor}\n"
+        assert (pci / "drm" / render / "dev").read_text() == f"{drm}:{128 + g.minor}\n"
+        assert (pci / "vendor").read_text() == "0x10de\n"
+        assert (root / "sys/class/drm" / card).resolve() == (pci / "drm" / card).resolve()
+        # the proc file that ties the bus id to the nvidia minor
+        info = (root / "proc/driver/nvidia/gpus" / bus / "information").read_text()
+        assert f"Bus Location: \t {bus}" in info and f"Device Minor: \t {g.minor}" in info
+    assert len(os.listdir(root / "dev/dri/by-path")) == 2 * len(sim_host.topology.gpus)
+    assert f"{drm} drm" in (root / "proc/devices").read_text().splitlines()
+
+
+def test_graphics_and_display_files(sim_host: host.SimHost) -> None:
+    root = Path(sim_host.root)
+    cache = {(e.name, e.arch): e.path for e in ldcache.read(sim_host.root)}
+    for fname, soname in host.EXTRA_LIBRARIES.items():
+        path = root / host.LIB64 / fname.format(v=VER)
+        assert host.read_soname(str(path)) == soname.format(v=VER)
+        assert cache[(soname.format(v=VER), "x86-64")] == f"/{host.LIB64}/{soname.format(v=VER)}"
+    assert not list((root / host.LIB64).glob("libnvidia-sandboxutils*"))  # not in driver 550
+    for path, soname in host.XORG_MODULES.items():
+        assert host.read_soname(str(root / path.format(v=VER))) == soname.format(v=VER)
+    for b in ("nvidia-xconfig", "nvidia-imex", "nvidia-imex-ctl"):
+        assert os.access(root / "usr/bin" / b, os.X_OK)
+    platform = root / "usr/share/egl/egl_external_platform.d"
+    libs = {json.loads(p.read_text())["ICD"]["library_path"] for p in platform.iterdir()}
+    assert libs == {
+        so for so in host.EXTRA_LIBRARIES.values() if so.startswith("libnvidia-egl-")
+    }
+    for p in ("usr/share/vulkan/icd.d/nvidia_icd.x86_64.json", "usr/share/vulkan/icd.d/nvidia_layers.json"):
+        assert json.loads((root / p).read_text())["file_format_version"] == "1.0.0"
+    assert (root / "usr/share/nvidia/nvoptix.bin").stat().st_size > 0
+    for conf in ("10-nvidia.conf", "nvidia-drm-outputclass.conf"):
+        assert 'Driver "nvidia"' in (root / "usr/share/X11/xorg.conf.d" / conf).read_text()
+    assert (root / "etc/OpenCL/vendors/nvidia.icd").read_text() == "libnvidia-opencl.so.1\n"
+    assert stat.S_ISSOCK(os.stat(root / "run/nvidia-fabricmanager/socket").st_mode)
+
+
 def test_config_toml_points_at_the_sim(sim_host: host.SimHost) -> None:
     cfg = nvconfig.load(sim_host.config_path)
     r = sim_host.root

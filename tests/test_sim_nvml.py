@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from nvctk.sim import build, state
+from nvctk.sim import apilist, build, state
 from nvctk.sim.topology import make_topology
 from support.devnodes import make_dev
 
@@ -271,7 +271,8 @@ for key, fn in {
     "minor_of_mig": lambda: pynvml.nvmlDeviceGetMinorNumber(
         pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h0, 0)),
     "parent_of_gpu": lambda: pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h0),
-    "unexported": lambda: pynvml.nvmlDeviceGetPowerUsage(h0),
+    "unexported": lambda: pynvml.nvmlDeviceGetDriverModel_v2(h0),  # after driver 550
+    "stub": lambda: pynvml.nvmlDeviceGetPowerUsage(h0),
     "process_util_idle": lambda: pynvml.nvmlDeviceGetProcessUtilization(h1, 0),
 }.items():
     try:
@@ -339,7 +340,8 @@ def test_pynvml_values(nvml_all: dict[str, Any], key: str, expected: Any) -> Non
         ("gi_of_gpu", 3),  # NOT_SUPPORTED
         ("minor_of_mig", 3),
         ("parent_of_gpu", 2),
-        ("unexported", 13),  # FUNCTION_NOT_FOUND: pynvml's own, not an export
+        ("unexported", 13),  # FUNCTION_NOT_FOUND: pynvml's own, not in 550's NVML
+        ("stub", 3),  # in NVML 550, not simulated: a stub's NOT_SUPPORTED
         ("process_util_idle", 6),  # no samples: NOT_FOUND, as real NVML
     ],
 )
@@ -488,6 +490,47 @@ def test_smi_rejects_unknown_field(sim: Sim, state_file: Path) -> None:
 
 
 # ---- shared state ----
+
+
+# go-nvml looks these up on every host (NVIDIA's toolkit, the device plugin)
+GO_NVML_NAMES = (
+    "nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetGridLicensableFeatures_v2",
+    "nvmlDeviceGetGridLicensableFeatures_v3", "nvmlDeviceGetGridLicensableFeatures_v4",
+    "nvmlEventSetWait_v2", "nvmlDeviceGetAttributes_v2", "nvmlComputeInstanceGetInfo_v2",
+    "nvmlDeviceGetGpuInstancePossiblePlacements_v2", "nvmlVgpuInstanceGetLicenseInfo_v2",
+)
+
+
+def test_api_list_is_nvml_of_driver_550() -> None:
+    names = apilist.names("nvml")
+    assert list(names) == sorted(set(names)) and len(names) > 340
+    for n in (*GO_NVML_NAMES, "nvmlInit", "nvmlInit_v2", "nvmlDeviceGetCount_v2", "nvmlErrorString"):
+        assert n in names, n
+    assert "nvmlDeviceGetDriverModel_v2" not in names  # after driver 550
+
+
+def test_every_nvml_name_is_exported(sim: Sim, state_file: Path) -> None:
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(sim.lib / "libnvidia-ml.so.1")],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    exports = {f[2]: f[1] for f in (line.split() for line in out.splitlines()) if len(f) == 3}
+    missing = set(apilist.names("nvml")) - exports.keys()
+    assert not missing, sorted(missing)[:20]
+    for n in ("nvmlInit_v2", "nvmlDeviceGetCount_v2", "nvmlDeviceGetMemoryInfo", "nvmlErrorString"):
+        assert exports[n] == "T", n  # implemented, not replaced by a stub
+    # a stub answers NOT_SUPPORTED (3), through plain dlsym as go-nvml calls it
+    got = run_py(
+        sim,
+        f"""
+        import ctypes
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        out = [getattr(lib, n)(None, None, None) for n in {GO_NVML_NAMES!r}]
+        out.append(lib.nvmlDeviceGetPowerUsage(None, None))
+        """,
+        state_file,
+    )
+    assert got == [3] * (len(GO_NVML_NAMES) + 1)
 
 
 def test_state_layout_matches_c(sim: Sim) -> None:

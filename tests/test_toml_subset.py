@@ -370,20 +370,22 @@ renderable = st.text(
     st.characters(codec="utf-8", exclude_characters=CTRL), max_size=10
 )  # render() writes TOML only for strings without control characters
 abs_paths = renderable.map(lambda s: "/" + s)
+abs_or_empty = st.one_of(st.just(""), abs_paths)
+# valid configs only (parse() checks ranges, absolute paths, non-empty runtimes)
 configs = st.builds(
     nvconfig.Config,
     driver_root=abs_paths,
-    runtimes=st.lists(renderable, max_size=3).map(tuple),
-    hook_path=renderable,
-    hook_timeout=st.integers(1, 2**63),
-    ldconfig=renderable,
-    log_file=renderable,
+    runtimes=st.lists(renderable.filter(bool), min_size=1, max_size=3).map(tuple),
+    hook_path=abs_or_empty,
+    hook_timeout=st.integers(*nvconfig.INT_RANGES["hook-timeout"]),
+    ldconfig=abs_paths,
+    log_file=abs_or_empty,
     log_level=st.sampled_from(nvconfig.LOG_LEVELS),
     accept_envvar_when_unprivileged=st.booleans(),
     accept_volume_mount_devices=st.booleans(),
     supported_capabilities=st.lists(st.sampled_from(nvconfig.ALL_CAPABILITIES)).map(tuple),
-    vgpu_library=renderable,
-    state_dir=renderable,
+    vgpu_library=abs_or_empty,
+    state_dir=abs_paths,
     extra_mounts=st.lists(st.builds(nvconfig.ExtraMount, abs_paths, abs_paths, st.booleans()),
                           max_size=3).map(tuple),
 )

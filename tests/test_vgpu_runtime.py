@@ -15,6 +15,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -217,18 +218,44 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         assert Plan.from_json((b / PLAN_FILE).read_text()) == p1
         hooks = spec["hooks"]
         assert [h["args"] for h in hooks["prestart"]] == [["nvctk-hook", "prestart"]]
-        assert [h["args"] for h in hooks["poststop"]] == [["nvctk-hook", "poststop"]]
+        assert [h["args"] for h in hooks["poststop"]] == [
+            ["nvctk-hook", "poststop", "--runtime-root", "/tmp/rr"]]
         assert hooks["poststop"][0]["env"] == hooks["prestart"][0]["env"]
         envs = [e for e in spec["process"]["env"] if e.startswith(vgpu.CACHE_VAR + "=")]
         assert envs == [f"{vgpu.CACHE_VAR}={vgpu.CACHE_FILE}"]
-        # the state dir: limits (0444), the preload file, an empty accounting file
+        # the state dir (/work/brief/vgpu_layout.md): ro/ for /run/nvctk, rw/ for
+        # /run/nvctk/vgpu, the owner beside them
         assert (d.stat().st_mode & 0o777) == 0o755
-        assert (d / "limits").stat().st_mode & 0o777 == 0o444
-        lim = vgpu.read_limits_file(d / "limits", 1)
+        assert sorted(os.listdir(d)) == ["owner", "ro", "rw"]
+        assert sorted(os.listdir(d / "ro")) == ["ld.so.preload", "libvgpu.so", "limits", "vgpu"]
+        assert sorted(os.listdir(d / "rw")) == ["cache", "limits"]
+        assert sorted(os.listdir(d / "ro/vgpu")) == []
+        modes = {n: (d / n).lstat().st_mode for n in (
+            "ro", "ro/limits", "ro/ld.so.preload", "ro/libvgpu.so", "ro/vgpu", "rw", "rw/cache",
+            "rw/limits", "owner")}
+        assert {n: (stat.S_IFMT(m), m & 0o7777) for n, m in modes.items()} == {
+            "ro": (stat.S_IFDIR, 0o755), "ro/limits": (stat.S_IFREG, 0o444),
+            "ro/ld.so.preload": (stat.S_IFREG, 0o444), "ro/libvgpu.so": (stat.S_IFREG, 0o444),
+            "ro/vgpu": (stat.S_IFDIR, 0o755), "rw": (stat.S_IFDIR, 0o755),
+            "rw/cache": (stat.S_IFREG, 0o666), "rw/limits": (stat.S_IFREG, 0o444),
+            "owner": (stat.S_IFREG, 0o600)}
+        lim = vgpu.read_limits_file(d / "ro/limits", 1)
         assert (lim.memory, lim.sm, lim.shared_cache) == ((512 * MIB,), (30,), vgpu.CACHE_FILE)
-        assert (d / "ld.so.preload").read_text() == (
+        assert vgpu.CACHE_FILE == "/run/nvctk/vgpu/cache"
+        assert (p1.vgpu.container_state_dir, p1.vgpu.container_library) == (
+            "/run/nvctk/vgpu", "/run/nvctk/libvgpu.so")
+        assert (d / "ro/ld.so.preload").read_text() == (
             f"{vgpu_state.CONTAINER_LIBRARY}\n/usr/lib/libimage.so\n")
-        assert (d / "cache").stat().st_size == 0
+        for n in ("ro/libvgpu.so", "rw/limits"):
+            assert (d / n).stat().st_size == 0
+        # the accounting file: every page allocated at create (a full tmpfs never
+        # turns libvgpu's first touch of a page into SIGBUS)
+        cache = (d / "rw/cache").stat()
+        assert cache.st_size == vgpu.SHM_SIZE
+        assert cache.st_blocks * 512 >= vgpu.SHM_SIZE
+        owner = json.loads((d / "owner").read_text())
+        assert (owner["runtime_root"], owner["id"], owner["pid"]) == ("/tmp/rr", "box", os.getpid())
+        assert owner["start"] == vgpu_state.proc_start_time(os.getpid())
         # the image's own file was never touched
         assert (b / "rootfs/etc/ld.so.preload").read_text() == "/usr/lib/libimage.so\n# x\n"
         # its own small tmpfs: nosuid, nodev, noexec, bounded, private
@@ -253,7 +280,7 @@ def test_stacked_stale_mounts_are_all_detached(bundles: Bundles,
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "stale", str(d)], check=True)
         assert len(mounts_at(d)) == 2
         prep(b, config, "stack", "/tmp/st")
-        assert len(mounts_at(d)) == 1 and (d / "limits").exists()
+        assert len(mounts_at(d)) == 1 and (d / "ro/limits").exists()
     finally:
         cleanup_state(config, d)
     assert not mounts_at(d) and not d.exists()
@@ -278,10 +305,10 @@ def test_shim_failure_after_install_leaves_no_mount(bundles: Bundles, config: nv
 
         real_write = vgpu_state._write
 
-        def half_write(path: str, text: str, mode: int) -> None:
+        def half_write(path: str, text: str, mode: int, size: int = 0) -> None:
             if path.endswith("/cache"):
                 raise OSError(errno.EIO, "I/O error")
-            real_write(path, text, mode)
+            real_write(path, text, mode, size)
 
         with monkeypatch.context() as mp:  # install itself fails with its tmpfs mounted
             mp.setattr(vgpu_state, "_write", half_write)
@@ -315,11 +342,12 @@ def test_hook_refuses_a_state_dir_without_its_tmpfs(bundles: Bundles, config: nv
     d = plan.vgpu.state_dir
     log = prestart.HookLog(str(tmp_path / "hook.log"))
     try:
-        assert len(prestart._vgpu_mounts(plan, log)) == 4
-        saved = {n: Path(d, n).read_bytes() for n in prestart.VGPU_FILES}
+        assert prestart._vgpu_mounts(plan, log)
+        saved = tmp_path / "saved"
+        shutil.copytree(d, saved, symlinks=True)
         assert vgpu_state.detach_mounts(d) == 1
-        for n, data in saved.items():  # the same files, on the host's file system
-            Path(d, n).write_bytes(data)
+        shutil.copytree(saved, d, symlinks=True, dirs_exist_ok=True)  # the same files, on
+        # the host's file system
         with pytest.raises(MountError, match="not a tmpfs of its own"):
             prestart._vgpu_mounts(plan, log)
     finally:
@@ -340,7 +368,7 @@ def test_poststop_removes_only_the_state_dir(bundles: Bundles, sim: host.SimHost
     plan = prep(b, config, "box", "/tmp/pp").plan
     assert plan is not None and plan.vgpu is not None
     d = Path(plan.vgpu.state_dir)
-    assert (d / "limits").exists() and len(mounts_at(d)) == 1
+    assert (d / "ro/limits").exists() and len(mounts_at(d)) == 1
     r = _poststop(b, sim)
     assert r.returncode == 0, r.stderr
     assert not d.exists() and not mounts_at(d)

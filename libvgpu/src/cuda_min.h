@@ -15,6 +15,7 @@ typedef int CUresult;
 #define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_NOT_READY 600
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_PERMITTED 800
 
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;

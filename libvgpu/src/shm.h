@@ -1,24 +1,48 @@
-/* The container's accounting file: layout shared by every process of one
- * container (and read by nvctk/vgpu.py: keep the offsets in step). */
+/* The container's shared state: the accounting file's layout (read and
+ * written with pread/pwrite, never mapped) and the lock ledger's geometry.
+ * nvctk/vgpu.py reads both: keep the offsets and constants in step. */
 #ifndef VGPU_SHM_H
 #define VGPU_SHM_H
 
-#include <pthread.h>
 #include <stdint.h>
 #include "vgpu.h"
 
 #define VGPU_SHM_MAGIC 0x55504756u /* "VGPU" */
-#define VGPU_SHM_VERSION 1u
+/* 2: memory lives in the lock ledger; no mutex in the file (it is never mapped) */
+#define VGPU_SHM_VERSION 2u
 #define VGPU_MAX_SLOTS 1024
-/* Each live slot's owner holds an OFD write lock on byte LOCKBASE + slot. */
+/* Each live slot's owner holds an OFD write lock on byte LOCKBASE + slot of the
+ * accounting file; byte DATA_LOCK is the file's mutex (an OFD write lock). */
 #define VGPU_SLOT_LOCKBASE (1ll << 30)
+#define VGPU_DATA_LOCK 0
+
+/* The lock ledger (see libvgpu/README.md): OFD read locks on the limits file
+ * (on the accounting file where there is none). Region r is claimed by a
+ * 1-byte lock at MARK_BASE + r; its lease on device window d is the lock at
+ * LEASE_BASE + ((r * VGPU_MAX_DEV + d) << WIN_SHIFT), length = bytes leased. */
+#define VGPU_LEDGER_NREG 4096
+#define VGPU_LEDGER_MARK_BASE (1ll << 32)
+#define VGPU_LEDGER_WIN_SHIFT 40
+#define VGPU_LEDGER_WIN (1ll << VGPU_LEDGER_WIN_SHIFT)
+#define VGPU_LEDGER_LEASE_BASE (1ll << 40)
+#define VGPU_LEDGER_LEASE_END \
+    (VGPU_LEDGER_LEASE_BASE + ((long long)VGPU_LEDGER_NREG * VGPU_MAX_DEV << VGPU_LEDGER_WIN_SHIFT))
+#define VGPU_LEDGER_MAX_QUERIES 4096 /* census: more locks than that => fail closed */
+
+struct vgpu_shm_hdr {          /* 128 bytes */
+    uint32_t magic;
+    uint32_t version;
+    uint32_t size;
+    uint32_t nslots;
+    char _pad[112];
+};
 
 struct vgpu_shm_dev {          /* 128 bytes */
     char uuid[64];             /* "GPU-..."; "" = free entry */
-    uint64_t used;             /* bytes held by the container's live processes */
-    uint64_t mem_cap;          /* strictest cap among live processes, 0 = none */
+    uint64_t used;             /* unused since version 2: usage is in the ledger */
+    uint64_t mem_cap;          /* strictest cap among live processes, 0 = none (advisory: only tightens) */
     uint32_t sm_pct;           /* strictest SM share among live processes, 0 = none */
-    uint32_t _pad;
+    uint32_t win;              /* its ledger window + 1 (0 = unknown): statistics */
     int64_t tokens_ns;         /* SM token bucket: device time the container may use now */
     uint64_t last_ns;          /* CLOCK_MONOTONIC of the last refill */
     uint64_t busy_ns;          /* measured kernel time (statistics) */
@@ -31,7 +55,7 @@ struct vgpu_shm_slot {         /* 352 bytes */
     uint32_t flags;
     uint64_t start_time;       /* /proc/<pid>/stat field 22 */
     uint64_t pidns;            /* inode of the owner's pid namespace */
-    uint64_t used[VGPU_MAX_DEV];
+    uint64_t used[VGPU_MAX_DEV]; /* unused since version 2 */
     uint64_t mem_cap[VGPU_MAX_DEV];
     uint32_t sm[VGPU_MAX_DEV];
     int32_t host_pid;          /* the pid NVML reports for it (first NSpid entry); 0 = unknown */
@@ -39,18 +63,14 @@ struct vgpu_shm_slot {         /* 352 bytes */
 };
 
 struct vgpu_shm {
-    uint32_t magic;
-    uint32_t version;
-    uint32_t size;
-    uint32_t nslots;
-    pthread_mutex_t lock;      /* robust, process-shared; offset 16 */
-    char _pad[128 - 16 - sizeof(pthread_mutex_t)];
+    struct vgpu_shm_hdr hdr;
     struct vgpu_shm_dev devs[VGPU_MAX_DEV];     /* offset 128 */
     struct vgpu_shm_slot slots[VGPU_MAX_SLOTS]; /* offset 128 + 16*128 */
 };
 
+_Static_assert(sizeof(struct vgpu_shm_hdr) == 128, "header layout");
 _Static_assert(sizeof(struct vgpu_shm_dev) == 128, "dev layout");
 _Static_assert(sizeof(struct vgpu_shm_slot) == 352, "slot layout");
-_Static_assert(sizeof(pthread_mutex_t) <= 112, "mutex");
+_Static_assert(VGPU_LEDGER_LEASE_END > 0 && VGPU_LEDGER_LEASE_END < (1ll << 62), "ledger below 2^63");
 
 #endif

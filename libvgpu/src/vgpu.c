@@ -5,12 +5,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -22,12 +23,8 @@
  * the library loads in images with glibc >= 2.17 (checked by a test). */
 __asm__(".symver dlvsym,dlvsym@GLIBC_2.2.5");
 __asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
-__asm__(".symver pthread_mutexattr_setrobust,pthread_mutexattr_setrobust@GLIBC_2.12");
-__asm__(".symver pthread_mutex_consistent,pthread_mutex_consistent@GLIBC_2.12");
-__asm__(".symver pthread_mutexattr_setpshared,pthread_mutexattr_setpshared@GLIBC_2.2.5");
+__asm__(".symver dladdr,dladdr@GLIBC_2.2.5");
 __asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
-__asm__(".symver pthread_mutexattr_init,pthread_mutexattr_init@GLIBC_2.2.5");
-__asm__(".symver pthread_mutexattr_destroy,pthread_mutexattr_destroy@GLIBC_2.2.5");
 
 #define EXPORT __attribute__((visibility("default")))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
@@ -169,6 +166,16 @@ static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
 
 static void cfg_load(void) {
     cfg_rc = vgpu_load_config(&cfg, cfg_err, sizeof cfg_err);
+    /* Loaded from nvctk's container path, libvgpu was put there for a limit:
+     * without the container's limits file (hidden, e.g. by a mount over
+     * it) it must not run uncapped. */
+    Dl_info di;
+    if (cfg_rc == 0 && dladdr((void *)cfg_load, &di) && di.dli_fname &&
+        strcmp(di.dli_fname, VGPU_CONTAINER_LIB) == 0 && strcmp(cfg.limits_file, VGPU_LIMITS_FILE) != 0) {
+        snprintf(cfg_err, sizeof cfg_err, "libvgpu is loaded from %s but the limits file %s is missing",
+                 VGPU_CONTAINER_LIB, VGPU_LIMITS_FILE);
+        cfg_rc = -1;
+    }
     if (cfg_rc < 0) {
         char m[8400];
         int n = snprintf(m, sizeof m, "libvgpu[%d]: error: %s; refusing to run without the limit\n",
@@ -241,18 +248,30 @@ static int nvml_index_of(const char *uuid) {
 }
 
 /* ------------------------------------------------------------------ */
-/* the accounting file                                                 */
+/* the accounting file: SM token bucket, NVML pids, statistics          */
+/* (never mapped: read and written with pread/pwrite under its lock, so  */
+/* a container process that truncates or scribbles on it crashes nobody) */
 
-static struct vgpu_shm *shm;
-static int shm_fd = -1;
+static int cache_fd = -1;           /* the accounting file, O_RDWR */
+static struct vgpu_shm *priv_img;   /* no file at all: this process's own copy */
+static pthread_mutex_t data_mu = PTHREAD_MUTEX_INITIALIZER; /* threads: OFD locks don't exclude them */
 static int my_slot = -1;
 static pid_t my_pid;
 static uint64_t my_pidns;
+
+#define LOCK_WAIT_NS 10000000000ull /* the longest a process waits for a lock */
 
 static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Backoff for bounded waits: 50 us doubling to 10 ms. */
+static void backoff(uint64_t *sleep_ns) {
+    struct timespec ts = {0, (long)*sleep_ns};
+    nanosleep(&ts, NULL);
+    if (*sleep_ns < 10000000) *sleep_ns *= 2;
 }
 
 static uint64_t proc_start_time(pid_t pid) {
@@ -299,158 +318,390 @@ static uint64_t pidns_inode(void) {
     return p ? strtoull(p + 1, NULL, 10) : 0;
 }
 
-static void recompute(void) {
-    for (int e = 0; e < VGPU_MAX_DEV; e++) {
-        struct vgpu_shm_dev *d = &shm->devs[e];
-        if (!d->uuid[0]) continue;
-        uint64_t used = 0, cap = 0;
-        uint32_t sm = 0;
-        for (int i = 0; i < VGPU_MAX_SLOTS; i++) {
-            struct vgpu_shm_slot *s = &shm->slots[i];
-            if (!s->pid) continue;
-            used += s->used[e];
-            if (s->mem_cap[e] && (!cap || s->mem_cap[e] < cap)) cap = s->mem_cap[e];
-            if (s->sm[e] && (!sm || s->sm[e] < sm)) sm = s->sm[e];
+/* The file's lock: a process-local mutex, then an OFD write lock on its
+ * byte DATA_LOCK, waited for at most LOCK_WAIT_NS. 0, or -1 (not taken). */
+static int data_lock(void) {
+    pthread_mutex_lock(&data_mu);
+    if (cache_fd < 0) return 0;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_DATA_LOCK, .l_len = 1};
+    uint64_t t0 = now_ns(), sl = 50000;
+    while (fcntl(cache_fd, F_OFD_SETLK, &fl) != 0) {
+        if ((errno != EAGAIN && errno != EACCES && errno != EINTR) || now_ns() - t0 > LOCK_WAIT_NS) {
+            pthread_mutex_unlock(&data_mu);
+            return -1;
         }
-        d->used = used;
-        d->mem_cap = cap;
-        d->sm_pct = sm;
+        backoff(&sl);
     }
+    return 0;
 }
 
-static int slot_alive(int i) {
-    struct vgpu_shm_slot *s = &shm->slots[i];
-    if (!s->pid) return 0;
-    if (i == my_slot) return 1;
-    if (shm_fd >= 0) {
-        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCKBASE + i, .l_len = 1};
-        if (fcntl(shm_fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK) return 0;
+static void data_unlock(void) {
+    if (cache_fd >= 0) {
+        struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = VGPU_DATA_LOCK, .l_len = 1};
+        fcntl(cache_fd, F_OFD_SETLK, &fl);
     }
-    if (s->pidns == my_pidns && proc_start_time(s->pid) != s->start_time) return 0;
-    return 1;
+    pthread_mutex_unlock(&data_mu);
 }
 
-static void reclaim_if_dead(int i) {
-    if (shm->slots[i].pid && !slot_alive(i)) {
-        vgpu_log(VGPU_LOG_INFO, "reclaimed slot of dead pid %d", shm->slots[i].pid);
-        memset(&shm->slots[i], 0, sizeof shm->slots[i]);
-    }
-}
-
-/* Frees dead processes' slots (their usage with them); caller holds the lock. */
-static void reap(void) {
-    for (int i = 0; i < VGPU_MAX_SLOTS; i++) reclaim_if_dead(i);
-    recompute();
-}
-
-/* Slots that look dead, judged without the lock. slot_alive reads /proc for
- * every live member: done under the lock, a container's processes starting
- * together would do those reads one after another; here they run in parallel,
- * and reap_candidates re-judges only the few suspects under the lock. */
-static int dead_candidates(int *out) {
-    int n = 0;
-    for (int i = 0; i < VGPU_MAX_SLOTS; i++)
-        if (__atomic_load_n(&shm->slots[i].pid, __ATOMIC_ACQUIRE) && !slot_alive(i)) out[n++] = i;
-    return n;
-}
-
-/* reap() restricted to dead_candidates' answer; caller holds the lock. */
-static void reap_candidates(const int *cand, int n) {
-    for (int k = 0; k < n; k++) reclaim_if_dead(cand[k]);
-    recompute();
-}
-
-static int shm_lock(void) {
-    int r = pthread_mutex_lock(&shm->lock);
-    if (UNLIKELY(r == EOWNERDEAD)) {
-        /* a member died holding the lock: its half-done update is repaired by
-         * recomputing the totals from the slots */
-        vgpu_log(VGPU_LOG_INFO, "recovering the accounting lock from a dead process");
-        reap();
-        pthread_mutex_consistent(&shm->lock);
+/* Whole reads and writes of the file (or of the private copy). 0 or -1. */
+static int cache_read(void *buf, size_t len, size_t off) {
+    if (cache_fd < 0) {
+        if (!priv_img) return -1;
+        memcpy(buf, (char *)priv_img + off, len);
         return 0;
     }
-    return r;
-}
-static void shm_unlock(void) { pthread_mutex_unlock(&shm->lock); }
-
-static void shm_init_region(struct vgpu_shm *p) {
-    memset(p, 0, sizeof *p);
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init(&p->lock, &a);
-    pthread_mutexattr_destroy(&a);
-    p->size = sizeof *p;
-    p->nslots = VGPU_MAX_SLOTS;
-    p->version = VGPU_SHM_VERSION;
-    __atomic_store_n(&p->magic, VGPU_SHM_MAGIC, __ATOMIC_RELEASE);
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = pread(cache_fd, (char *)buf + done, len - done, (off_t)(off + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1; /* short: truncated by someone */
+        done += (size_t)n;
+    }
+    return 0;
 }
 
-/* A forked child is a new process: it must never charge or credit its
- * parent's slot (CUDA state does not survive fork anyway, so its allocations
- * are refused). Dropping the slot at fork keeps getpid(), a syscall, off the
- * allocation path. */
-static void forget_slot_in_child(void) { my_slot = -1; }
+static int cache_write(const void *buf, size_t len, size_t off) {
+    if (cache_fd < 0) {
+        if (!priv_img) return -1;
+        memcpy((char *)priv_img + off, buf, len);
+        return 0;
+    }
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = pwrite(cache_fd, (const char *)buf + done, len - done, (off_t)(off + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
 
-/* Maps the accounting file ("" = a private region). 0, or -1 with cfg_err set. */
-static int shm_open_file(const char *path) {
-    if (shm) return 0;
-    pthread_atfork(NULL, NULL, forget_slot_in_child);
+static int hdr_valid(const struct vgpu_shm_hdr *h) {
+    return h->magic == VGPU_SHM_MAGIC && h->version == VGPU_SHM_VERSION && h->size == sizeof(struct vgpu_shm) &&
+           h->nslots == VGPU_MAX_SLOTS;
+}
+
+static void hdr_init(struct vgpu_shm_hdr *h) {
+    memset(h, 0, sizeof *h);
+    h->magic = VGPU_SHM_MAGIC;
+    h->version = VGPU_SHM_VERSION;
+    h->size = sizeof(struct vgpu_shm);
+    h->nslots = VGPU_MAX_SLOTS;
+}
+
+#define DEVS_OFF offsetof(struct vgpu_shm, devs)
+#define SLOT_OFF(i) (offsetof(struct vgpu_shm, slots) + (size_t)(i) * sizeof(struct vgpu_shm_slot))
+
+/* The whole file into img; 0, or -1 if unreadable or not in the layout (a
+ * container process truncated or overwrote it). Lock held. */
+static int cache_load(struct vgpu_shm *img) {
+    return cache_read(img, sizeof *img, 0) == 0 && hdr_valid(&img->hdr) ? 0 : -1;
+}
+
+/* Opens the accounting file ("" = a private copy). libvgpu never grows it:
+ * nvctk preallocates it; a short one is allocated here (posix_fallocate), and
+ * one that cannot be (a full tmpfs) fails closed. 0, or -1 with cfg_err set. */
+static int cache_open(const char *path) {
+    if (cache_fd >= 0 || priv_img) return 0;
     my_pid = getpid();
     my_pidns = pidns_inode();
     if (!*path) {
-        void *p = mmap(NULL, sizeof(struct vgpu_shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) goto fail;
-        shm_init_region(p);
-        shm = p;
+        priv_img = calloc(1, sizeof *priv_img);
+        if (!priv_img) goto fail;
+        hdr_init(&priv_img->hdr);
         return 0;
     }
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0666);
     if (fd < 0) goto fail;
-    if (flock(fd, LOCK_EX) != 0) {
+    struct stat st;
+    /* the fstat system call itself: glibc's fstat symbol is GLIBC_2.33 */
+    if (syscall(SYS_fstat, fd, &st) != 0) {
         close(fd);
         goto fail;
     }
-    off_t size = lseek(fd, 0, SEEK_END);
-    if (size < (off_t)sizeof(struct vgpu_shm) && ftruncate(fd, sizeof(struct vgpu_shm)) != 0) {
+    if (!S_ISREG(st.st_mode)) {
         close(fd);
-        goto fail;
+        snprintf(cfg_err, sizeof cfg_err, "accounting file %s: not a regular file", path);
+        return -1;
     }
-    struct vgpu_shm *p = mmap(NULL, sizeof(struct vgpu_shm), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        close(fd);
-        goto fail;
+    if (st.st_size < (off_t)sizeof(struct vgpu_shm)) {
+        int e = posix_fallocate(fd, 0, sizeof(struct vgpu_shm));
+        if (e) {
+            close(fd);
+            snprintf(cfg_err, sizeof cfg_err,
+                     "accounting file %s: %lld bytes, cannot allocate the %zu it needs (%s); refusing to run "
+                     "without the limit",
+                     path, (long long)st.st_size, sizeof(struct vgpu_shm), strerror(e));
+            return -1;
+        }
+        if (st.st_size == 0) fchmod(fd, 0666); /* created now: the container's other users share it */
     }
-    if (__atomic_load_n(&p->magic, __ATOMIC_ACQUIRE) != VGPU_SHM_MAGIC || p->version != VGPU_SHM_VERSION ||
-        p->size != sizeof *p) {
-        if (size > 0) fchmod(fd, 0666);
-        shm_init_region(p);
+    cache_fd = fd;
+    if (data_lock() != 0) {
+        snprintf(cfg_err, sizeof cfg_err, "accounting file %s: its lock is held by another process", path);
+        return -1;
     }
-    if (size == 0) fchmod(fd, 0666);
-    flock(fd, LOCK_UN);
-    shm = p;
-    shm_fd = fd;
-    return 0;
+    struct vgpu_shm_hdr h;
+    int rc = 0;
+    if (cache_read(&h, sizeof h, 0) != 0 || !hdr_valid(&h)) {
+        /* fresh (nvctk preallocates zeros) or overwritten: (re)initialised */
+        struct vgpu_shm *z = calloc(1, sizeof *z);
+        if (!z) rc = -1;
+        else {
+            hdr_init(&z->hdr);
+            rc = cache_write(z, sizeof *z, 0);
+            free(z);
+        }
+    }
+    data_unlock();
+    if (rc == 0) return 0;
+    snprintf(cfg_err, sizeof cfg_err, "accounting file %s: cannot initialise it", path);
+    return -1;
 fail:
     snprintf(cfg_err, sizeof cfg_err, "accounting file %s (CUDA_DEVICE_MEMORY_SHARED_CACHE): %s", path,
              strerror(errno));
     return -1;
 }
 
-/* Index of uuid's entry, created if `create`; -1 if none/full. Lock held. */
-static int shm_dev(const char *uuid, int create) {
+static void recompute(struct vgpu_shm *img) {
+    for (int e = 0; e < VGPU_MAX_DEV; e++) {
+        struct vgpu_shm_dev *d = &img->devs[e];
+        if (!d->uuid[0]) continue;
+        uint64_t cap = 0;
+        uint32_t sm = 0;
+        for (int i = 0; i < VGPU_MAX_SLOTS; i++) {
+            struct vgpu_shm_slot *s = &img->slots[i];
+            if (!s->pid) continue;
+            if (s->mem_cap[e] && (!cap || s->mem_cap[e] < cap)) cap = s->mem_cap[e];
+            if (s->sm[e] && (!sm || s->sm[e] < sm)) sm = s->sm[e];
+        }
+        d->used = 0;
+        d->mem_cap = cap;
+        d->sm_pct = sm;
+    }
+}
+
+static int slot_alive(const struct vgpu_shm *img, int i) {
+    const struct vgpu_shm_slot *s = &img->slots[i];
+    if (!s->pid) return 0;
+    if (i == my_slot) return 1;
+    if (cache_fd >= 0) {
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCKBASE + i, .l_len = 1};
+        if (fcntl(cache_fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK) return 0;
+    }
+    if (s->pidns == my_pidns && proc_start_time(s->pid) != s->start_time) return 0;
+    return 1;
+}
+
+/* Frees dead processes' slots in img and the file (cand: the ones to judge,
+ * NULL = all); recomputes and stores the device entries. Lock held. */
+static void reap(struct vgpu_shm *img, const int *cand, int n) {
+    for (int k = 0; k < (cand ? n : VGPU_MAX_SLOTS); k++) {
+        int i = cand ? cand[k] : k;
+        if (img->slots[i].pid && !slot_alive(img, i)) {
+            vgpu_log(VGPU_LOG_INFO, "reclaimed slot of dead pid %d", img->slots[i].pid);
+            memset(&img->slots[i], 0, sizeof img->slots[i]);
+            cache_write(&img->slots[i], sizeof img->slots[i], SLOT_OFF(i));
+        }
+    }
+    recompute(img);
+    cache_write(img->devs, sizeof img->devs, DEVS_OFF);
+}
+
+/* Index of uuid's entry in img, created if `create`; -1 if none/full. */
+static int shm_dev(struct vgpu_shm *img, const char *uuid, int create) {
     int free_e = -1;
     for (int e = 0; e < VGPU_MAX_DEV; e++) {
-        if (strcmp(shm->devs[e].uuid, uuid) == 0) return e;
-        if (!shm->devs[e].uuid[0] && free_e < 0) free_e = e;
+        if (strncmp(img->devs[e].uuid, uuid, sizeof img->devs[e].uuid) == 0) return e;
+        if (!img->devs[e].uuid[0] && free_e < 0) free_e = e;
     }
     if (!create || free_e < 0) return -1;
-    struct vgpu_shm_dev *d = &shm->devs[free_e];
+    struct vgpu_shm_dev *d = &img->devs[free_e];
     memset(d, 0, sizeof *d);
     snprintf(d->uuid, sizeof d->uuid, "%s", uuid);
     return free_e;
+}
+
+/* ------------------------------------------------------------------ */
+/* the lock ledger: GPU memory                                          */
+/* Each process's usage is private; what it may use is published as a   */
+/* lease, an OFD read lock whose length is the bytes leased (shm.h for   */
+/* the geometry). The kernel's lock table cannot be written by files,    */
+/* a lock cannot be removed by another process, and it vanishes with its */
+/* holder. Leases grow only under flock(LOCK_EX) on the same file, after */
+/* a census of everyone else's: so their sum never exceeds the cap.      */
+
+#define LEDGER_CHUNK (64ull << 20)     /* at most this much unused lease per device... */
+#define LEDGER_SLACK_ROOM (1ull << 30) /* ...and only while this much (and a quarter of the cap) stays free */
+#define LEDGER_NWIN VGPU_MAX_DEV
+
+static int lk_fd = -1;         /* the ledger's file, O_RDONLY; -1 with lk_private: no file at all */
+static int lk_private;
+static pthread_mutex_t lk_open_mu = PTHREAD_MUTEX_INITIALIZER;
+static int my_region = -1;
+static int mem_attached;       /* this process may charge (not a forked child) */
+static uint64_t own_used[LEDGER_NWIN], own_lease[LEDGER_NWIN]; /* mem_mu */
+static unsigned char own_tight[LEDGER_NWIN]; /* granted with no slack: frees hand everything back */
+static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t grant_mu = PTHREAD_MUTEX_INITIALIZER; /* one slow path per process at a time */
+
+static const char *ledger_path(void) { return cfg.limits_file[0] ? cfg.limits_file : cfg.cache; }
+
+/* Opens the ledger's file once (again in a forked child). 0, or -1 with cfg_err set. */
+static void vgpu_atfork_child(void);
+static void atfork_register(void) { pthread_atfork(NULL, NULL, vgpu_atfork_child); }
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static int ledger_open(void) {
+    pthread_once(&atfork_once, atfork_register);
+    if (__atomic_load_n(&lk_fd, __ATOMIC_ACQUIRE) >= 0 || lk_private) return 0;
+    pthread_mutex_lock(&lk_open_mu);
+    int rc = 0;
+    const char *p = ledger_path();
+    if (lk_fd >= 0 || lk_private) {
+    } else if (!*p) {
+        lk_private = 1;
+    } else {
+        int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (fd < 0) {
+            snprintf(cfg_err, sizeof cfg_err, "ledger %s: %s", p, strerror(errno));
+            rc = -1;
+        } else {
+            __atomic_store_n(&lk_fd, fd, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&lk_open_mu);
+    return rc;
+}
+
+/* flock(LOCK_EX) on the ledger, waited for at most LOCK_WAIT_NS. 0 or -1. */
+static int ledger_lock(void) {
+    if (lk_fd < 0) return 0;
+    uint64_t t0 = now_ns(), sl = 50000;
+    while (flock(lk_fd, LOCK_EX | LOCK_NB) != 0) {
+        if ((errno != EWOULDBLOCK && errno != EINTR) || now_ns() - t0 > LOCK_WAIT_NS) return -1;
+        backoff(&sl);
+    }
+    return 0;
+}
+static void ledger_unlock(void) {
+    if (lk_fd >= 0) flock(lk_fd, LOCK_UN);
+}
+
+static inline uint64_t sat_add(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+
+/* The container's leases per device window, everyone's but this process's
+ * own (locks of our own open file description never conflict with our
+ * query). Recursive window splitting: a query returns one lock overlapping
+ * the window; its overlap is counted and the parts left and right of it are
+ * queried again. Overlapping locks (an attacker copying a range) are counted
+ * once as their union, so nothing a process adds can hide a lease; a lock
+ * spanning several windows counts in each. 0, or -1 (more than MAX_QUERIES
+ * queries, or an error): the caller fails closed. */
+static int census(uint64_t tot[LEDGER_NWIN], unsigned *nlocks) {
+    memset(tot, 0, sizeof(uint64_t) * LEDGER_NWIN);
+    *nlocks = 0;
+    if (ledger_open() != 0) return -1;
+    if (lk_fd < 0) return 0; /* private: nobody else */
+    struct win {
+        int64_t a, b;
+    };
+    struct win *st = malloc((VGPU_LEDGER_MAX_QUERIES + 2) * sizeof *st);
+    if (!st) return -1;
+    size_t n = 0;
+    int q = 0, rc = 0;
+    st[n++] = (struct win){VGPU_LEDGER_LEASE_BASE, VGPU_LEDGER_LEASE_END};
+    while (n) {
+        struct win w = st[--n];
+        if (w.a >= w.b) continue;
+        if (++q > VGPU_LEDGER_MAX_QUERIES) {
+            rc = -1;
+            break;
+        }
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = w.a, .l_len = w.b - w.a};
+        if (fcntl(lk_fd, F_OFD_GETLK, &fl) != 0) {
+            rc = -1;
+            break;
+        }
+        if (fl.l_type == F_UNLCK) continue;
+        int64_t s = fl.l_start, e = fl.l_len > 0 && fl.l_len <= INT64_MAX - fl.l_start ? fl.l_start + fl.l_len
+                                                                                      : INT64_MAX;
+        if (s < w.a) s = w.a;
+        if (e > w.b) e = w.b;
+        if (s >= e) { /* not in the window: cannot happen; never loop on it */
+            rc = -1;
+            break;
+        }
+        (*nlocks)++;
+        for (int64_t k = (s - VGPU_LEDGER_LEASE_BASE) >> VGPU_LEDGER_WIN_SHIFT,
+                     kl = (e - 1 - VGPU_LEDGER_LEASE_BASE) >> VGPU_LEDGER_WIN_SHIFT;
+             k <= kl; k++) {
+            int64_t lo = VGPU_LEDGER_LEASE_BASE + (k << VGPU_LEDGER_WIN_SHIFT), hi = lo + VGPU_LEDGER_WIN;
+            if (lo < s) lo = s;
+            if (hi > e) hi = e;
+            tot[k % LEDGER_NWIN] = sat_add(tot[k % LEDGER_NWIN], (uint64_t)(hi - lo));
+        }
+        st[n++] = (struct win){w.a, s};
+        st[n++] = (struct win){e, w.b};
+    }
+    free(st);
+    return rc;
+}
+
+static int64_t lease_base(int region, int w) {
+    return VGPU_LEDGER_LEASE_BASE + ((int64_t)(region * VGPU_MAX_DEV + w) << VGPU_LEDGER_WIN_SHIFT);
+}
+
+/* Window w's lease becomes len bytes (the lock clamps at the window's 2^40).
+ * Growing re-locks the longer range (one atomic replacement), shrinking
+ * unlocks the tail: the lock is never shorter than both. mem_mu held.
+ * 0, or -1 (unchanged). */
+static int lease_set(int w, uint64_t len) {
+    uint64_t old = own_lease[w];
+    if (lk_fd >= 0 && my_region >= 0) {
+        uint64_t lo = old < (uint64_t)VGPU_LEDGER_WIN ? old : (uint64_t)VGPU_LEDGER_WIN;
+        uint64_t ln = len < (uint64_t)VGPU_LEDGER_WIN ? len : (uint64_t)VGPU_LEDGER_WIN;
+        int64_t base = lease_base(my_region, w);
+        struct flock fl = {.l_whence = SEEK_SET};
+        if (ln > lo) {
+            fl.l_type = F_RDLCK;
+            fl.l_start = base;
+            fl.l_len = (off_t)ln;
+        } else if (ln < lo) {
+            fl.l_type = F_UNLCK;
+            fl.l_start = base + (int64_t)ln;
+            fl.l_len = (off_t)(lo - ln);
+        }
+        if (ln != lo && fcntl(lk_fd, F_OFD_SETLK, &fl) != 0) return -1;
+    }
+    own_lease[w] = len;
+    return 0;
+}
+
+/* Claims a region: one whose mark byte nobody holds, under the flock so two
+ * claimers cannot pick the same. 0, or -1 with cfg_err set. */
+static int ledger_claim(void) {
+    if (ledger_open() != 0) return -1;
+    if (lk_fd < 0) return 0;
+    if (ledger_lock() != 0) {
+        snprintf(cfg_err, sizeof cfg_err, "ledger %s: its lock is held by another process", ledger_path());
+        return -1;
+    }
+    int start = (int)((unsigned)getpid() % VGPU_LEDGER_NREG), got = -1;
+    for (int k = 0; k < VGPU_LEDGER_NREG && got < 0; k++) {
+        int r = (start + k) % VGPU_LEDGER_NREG;
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_LEDGER_MARK_BASE + r, .l_len = 1};
+        if (fcntl(lk_fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK) continue;
+        fl.l_type = F_RDLCK;
+        if (fcntl(lk_fd, F_OFD_SETLK, &fl) == 0) got = r;
+    }
+    ledger_unlock();
+    if (got < 0) {
+        snprintf(cfg_err, sizeof cfg_err, "ledger %s: no free region", ledger_path());
+        return -1;
+    }
+    my_region = got;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -459,7 +710,8 @@ static int shm_dev(const char *uuid, int create) {
 struct ldev {
     CUdevice dev;
     int idx;          /* the container's GPU index (NVML order); -1 unknown */
-    int e;            /* entry in the accounting file */
+    int e;            /* its ledger window: idx, or the last one for unknown devices */
+    int ce;           /* entry in the accounting file */
     uint64_t cap;     /* this process's own memory cap, 0 = none */
     unsigned sm;      /* this process's own SM share, 0 = none */
     int prim;         /* primary context retains */
@@ -470,12 +722,38 @@ struct ldev {
 static struct ldev ldevs[VGPU_MAX_DEV];
 static int nldev;
 static int any_sm;
+/* the container's strictest cap / SM share per ldev as last read from the
+ * accounting file (advisory: it can only tighten this process's own) */
+static uint64_t adv_cap[VGPU_MAX_DEV];
+static unsigned adv_sm[VGPU_MAX_DEV];
+
+static int win_of(int idx) { return idx >= 0 && idx < LEDGER_NWIN ? idx : LEDGER_NWIN - 1; }
 
 enum { ST_UNINIT = 0, ST_PASS = 1, ST_ACTIVE = 2, ST_ERROR = -1 };
 static int g_state;
 static int g_launch_fast; /* launches need no gating: tail-call the real one */
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t local_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* A forked child is a new process: it never charges or credits its parent's
+ * memory (CUDA state does not survive fork anyway, so its allocations are
+ * refused). Its copy of the ledger's descriptor is closed (the open file
+ * description, and the parent's leases on it, stay the parent's); a later
+ * query opens a fresh one. */
+static void vgpu_atfork_child(void) {
+    pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
+    mem_mu = init;
+    grant_mu = init;
+    data_mu = init;
+    lk_open_mu = init;
+    mem_attached = 0;
+    my_region = -1;
+    my_slot = -1;
+    memset(own_used, 0, sizeof own_used);
+    memset(own_lease, 0, sizeof own_lease);
+    if (lk_fd >= 0) close(lk_fd);
+    lk_fd = -1;
+}
 
 static void fmt_uuid(const CUuuid *u, char *out, size_t n) {
     const unsigned char *b = (const unsigned char *)u->bytes;
@@ -497,10 +775,37 @@ static struct ldev *cur_ldev(void) {
     return ldev_of(d);
 }
 
+/* Refreshes adv_cap/adv_sm from the accounting file's device entries (a
+ * corrupt file leaves them as they were). */
+static void adv_refresh(void) {
+    struct vgpu_shm_dev devs[VGPU_MAX_DEV];
+    struct vgpu_shm_hdr h;
+    if (data_lock() != 0) return;
+    int ok = cache_read(&h, sizeof h, 0) == 0 && hdr_valid(&h) && cache_read(devs, sizeof devs, DEVS_OFF) == 0;
+    data_unlock();
+    if (!ok) return;
+    for (int i = 0; i < nldev; i++) {
+        __atomic_store_n(&adv_cap[i], devs[ldevs[i].ce].mem_cap, __ATOMIC_RELAXED);
+        __atomic_store_n(&adv_sm[i], devs[ldevs[i].ce].sm_pct, __ATOMIC_RELAXED);
+    }
+}
+
 static void detach(void);
 static void sm_forget_ctx(CUcontext ctx);
 
-/* After the real cuInit: maps devices, opens the accounting file, takes a slot. */
+/* Slots that look dead, judged from a snapshot without the lock. slot_alive
+ * reads /proc for every live member: done under the lock, a container's
+ * processes starting together would do those reads one after another. */
+static int dead_candidates(struct vgpu_shm *img, int *out) {
+    int n = 0;
+    if (cache_read(img, sizeof *img, 0) != 0 || !hdr_valid(&img->hdr)) return 0;
+    for (int i = 0; i < VGPU_MAX_SLOTS; i++)
+        if (img->slots[i].pid && !slot_alive(img, i)) out[n++] = i;
+    return n;
+}
+
+/* After the real cuInit: maps devices, opens the accounting file and the
+ * ledger, claims a ledger region and a slot. */
 static int attach(void) {
     typedef CUresult (*count_t)(int *);
     typedef CUresult (*get_t)(CUdevice *, int);
@@ -533,76 +838,119 @@ static int attach(void) {
             ld->sm = cfg.sm_any;
             vgpu_log(VGPU_LOG_WARN, "device %d (%s) not found in NVML; applying the strictest limits", i, ld->uuid);
         }
+        ld->e = win_of(ld->idx); /* unknown devices share one window: they can only lose */
         vgpu_log(VGPU_LOG_DEBUG, "cuda device %d = %s = container GPU %d: memory cap %llu, sm %u%%", i, ld->uuid,
                  ld->idx, (unsigned long long)ld->cap, ld->sm);
     }
-    if (shm_open_file(cfg.cache) < 0) return -1;
+    if (cache_open(cfg.cache) < 0 || ledger_claim() < 0) return -1;
     uint64_t my_start = proc_start_time(my_pid);
     int32_t my_host_pid = host_pid_of_self();
-    int cand[VGPU_MAX_SLOTS];
-    int ncand = dead_candidates(cand);
-    if (shm_lock() != 0) {
-        snprintf(cfg_err, sizeof cfg_err, "accounting file %s: lock unusable", cfg.cache);
+    struct vgpu_shm *img = malloc(sizeof *img);
+    int *cand = malloc(VGPU_MAX_SLOTS * sizeof *cand);
+    if (!img || !cand) {
+        free(img);
+        free(cand);
+        snprintf(cfg_err, sizeof cfg_err, "out of memory");
         return -1;
     }
-    reap_candidates(cand, ncand);
+    int ncand = dead_candidates(img, cand);
+    int rc = -1;
+    if (data_lock() != 0) {
+        snprintf(cfg_err, sizeof cfg_err, "accounting file %s: its lock is held by another process", cfg.cache);
+        goto out;
+    }
+    if (cache_load(img) != 0) {
+        /* overwritten since cache_open: start it afresh (it holds no memory) */
+        memset(img, 0, sizeof *img);
+        hdr_init(&img->hdr);
+        if (cache_write(img, sizeof *img, 0) != 0) {
+            snprintf(cfg_err, sizeof cfg_err, "accounting file %s: cannot initialise it", cfg.cache);
+            goto unlock;
+        }
+        ncand = 0;
+    }
+    reap(img, cand, ncand);
     int slot = -1;
     for (int pass = 0; pass < 2 && slot < 0; pass++) {
-        if (pass) reap(); /* all taken: judge every member under the lock */
+        if (pass) reap(img, NULL, 0); /* all taken: judge every member under the lock */
         for (int i = 0; i < VGPU_MAX_SLOTS && slot < 0; i++) {
-            if (shm->slots[i].pid) continue;
-            if (shm_fd >= 0) {
+            if (img->slots[i].pid) continue;
+            if (cache_fd >= 0) {
                 struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCKBASE + i,
                                    .l_len = 1};
-                if (fcntl(shm_fd, F_OFD_SETLK, &fl) != 0) continue;
+                if (fcntl(cache_fd, F_OFD_SETLK, &fl) != 0) continue;
             }
             slot = i;
         }
     }
     if (slot < 0) {
-        shm_unlock();
         snprintf(cfg_err, sizeof cfg_err, "accounting file %s: no free process slot", cfg.cache);
-        return -1;
+        goto unlock;
     }
-    struct vgpu_shm_slot *s = &shm->slots[slot];
+    struct vgpu_shm_slot *s = &img->slots[slot];
     memset(s, 0, sizeof *s);
     s->start_time = my_start;
     s->pidns = my_pidns;
     s->host_pid = my_host_pid;
     for (int i = 0; i < n; i++) {
         struct ldev *ld = &ldevs[i];
-        ld->e = shm_dev(ld->uuid, 1);
-        if (ld->e < 0) {
-            shm_unlock();
+        ld->ce = shm_dev(img, ld->uuid, 1);
+        if (ld->ce < 0) {
             snprintf(cfg_err, sizeof cfg_err, "accounting file %s: too many devices", cfg.cache);
-            return -1;
+            goto unlock;
         }
-        struct vgpu_shm_dev *d = &shm->devs[ld->e];
+        struct vgpu_shm_dev *d = &img->devs[ld->ce];
+        d->win = (uint32_t)ld->e + 1;
         if ((d->mem_cap && d->mem_cap != ld->cap) || (d->sm_pct && d->sm_pct != ld->sm))
             vgpu_log(VGPU_LOG_WARN,
                      "%s: this process's limits (memory %llu, sm %u%%) differ from its container's (memory "
                      "%llu, sm %u%%); the stricter hold",
                      ld->uuid, (unsigned long long)ld->cap, ld->sm, (unsigned long long)d->mem_cap, d->sm_pct);
-        s->mem_cap[ld->e] = ld->cap;
-        s->sm[ld->e] = ld->sm;
+        s->mem_cap[ld->ce] = ld->cap;
+        s->sm[ld->ce] = ld->sm;
         if (ld->sm) any_sm = 1;
     }
-    __atomic_store_n(&s->pid, (int32_t)my_pid, __ATOMIC_RELEASE);
+    s->pid = (int32_t)my_pid;
     my_slot = slot;
-    recompute();
-    for (int i = 0; i < n; i++)
-        if (shm->devs[ldevs[i].e].sm_pct) any_sm = 1;
-    shm_unlock();
-    nldev = n;
-    return 0;
+    recompute(img);
+    if (cache_write(s, sizeof *s, SLOT_OFF(slot)) != 0 || cache_write(img->devs, sizeof img->devs, DEVS_OFF) != 0) {
+        snprintf(cfg_err, sizeof cfg_err, "accounting file %s: cannot write it", cfg.cache);
+        goto unlock;
+    }
+    for (int i = 0; i < n; i++) {
+        adv_cap[i] = img->devs[ldevs[i].ce].mem_cap;
+        adv_sm[i] = img->devs[ldevs[i].ce].sm_pct;
+        if (adv_sm[i]) any_sm = 1;
+    }
+    rc = 0;
+unlock:
+    data_unlock();
+out:
+    free(img);
+    free(cand);
+    if (rc == 0) {
+        nldev = n;
+        pthread_mutex_lock(&mem_mu);
+        mem_attached = 1;
+        pthread_mutex_unlock(&mem_mu);
+    }
+    return rc;
 }
 
 static void detach(void) {
-    if (!shm || my_slot < 0) return;
-    if (shm_lock() != 0) return;
-    memset(&shm->slots[my_slot], 0, sizeof shm->slots[my_slot]);
-    recompute();
-    shm_unlock();
+    if (my_slot < 0 || (cache_fd < 0 && !priv_img)) return;
+    struct vgpu_shm *img = malloc(sizeof *img);
+    if (!img) return;
+    if (data_lock() == 0) {
+        if (cache_load(img) == 0) {
+            memset(&img->slots[my_slot], 0, sizeof img->slots[my_slot]);
+            cache_write(&img->slots[my_slot], sizeof img->slots[my_slot], SLOT_OFF(my_slot));
+            recompute(img);
+            cache_write(img->devs, sizeof img->devs, DEVS_OFF);
+        }
+        data_unlock();
+    }
+    free(img);
     my_slot = -1;
 }
 
@@ -648,45 +996,102 @@ static inline int vgpu_enter(void) {
 /* ------------------------------------------------------------------ */
 /* memory accounting                                                   */
 
-static int over_cap(const struct ldev *ld, uint64_t bytes) {
-    struct vgpu_shm_dev *d = &shm->devs[ld->e];
-    uint64_t cap = ld->cap;
-    if (d->mem_cap && (!cap || d->mem_cap < cap)) cap = d->mem_cap;
-    return cap && (bytes > cap || d->used > cap - bytes);
-}
-
-/* Charges bytes to the container (cap checked); 0 or -1 (over the cap). */
-static int charge(const struct ldev *ld, uint64_t bytes) {
-    if (my_slot < 0 || shm_lock() != 0) return -1;
-    if (over_cap(ld, bytes)) {
-        reap(); /* dead members' memory first */
-        if (over_cap(ld, bytes)) {
-            shm_unlock();
-            vgpu_log(VGPU_LOG_INFO, "%s: %llu bytes refused: container uses %llu of its cap", ld->uuid,
-                     (unsigned long long)bytes, (unsigned long long)shm->devs[ld->e].used);
-            return -1;
-        }
-    }
-    shm->devs[ld->e].used += bytes;
-    shm->slots[my_slot].used[ld->e] += bytes;
-    shm_unlock();
-    return 0;
-}
-
-static void credit(int e, uint64_t bytes) {
-    if (my_slot < 0 || shm_lock() != 0) return;
-    uint64_t *mine = &shm->slots[my_slot].used[e];
-    if (bytes > *mine) bytes = *mine; /* never below zero */
-    *mine -= bytes;
-    struct vgpu_shm_dev *d = &shm->devs[e];
-    d->used = d->used > bytes ? d->used - bytes : 0;
-    shm_unlock();
-}
-
 static uint64_t cap_of(const struct ldev *ld) {
-    uint64_t cap = ld->cap, c2 = shm->devs[ld->e].mem_cap;
+    uint64_t cap = ld->cap, c2 = __atomic_load_n(&adv_cap[ld - ldevs], __ATOMIC_RELAXED);
     if (c2 && (!cap || c2 < cap)) cap = c2;
     return cap;
+}
+
+/* The slow path: under the ledger's flock, a census of the others' leases;
+ * granted iff others + own usage + bytes <= cap, and the lease set to the new
+ * usage plus some slack (none near the cap, so the cap stays exact). */
+static int charge_slow(const struct ldev *ld, uint64_t bytes) {
+    int w = ld->e, rc = -1;
+    uint64_t others[LEDGER_NWIN] = {0}, used = 0, cap;
+    unsigned k = 0;
+    const char *why = NULL;
+    pthread_mutex_lock(&grant_mu);
+    adv_refresh();
+    cap = cap_of(ld);
+    if (ledger_lock() != 0) {
+        why = "the container's memory ledger is locked by another process (waited 10 s)";
+        goto out;
+    }
+    if (census(others, &k) != 0) {
+        why = "the container's memory ledger holds too many locks";
+        goto unlock;
+    }
+    pthread_mutex_lock(&mem_mu);
+    used = own_used[w];
+    if (mem_attached) {
+        uint64_t need = sat_add(sat_add(others[w], used), bytes);
+        if (!cap || need <= cap) {
+            uint64_t room = cap ? cap - need : UINT64_MAX, slack = 0;
+            if (room >= LEDGER_SLACK_ROOM && (!cap || room >= cap / 4)) {
+                slack = room / (2 * ((uint64_t)k + 1));
+                if (slack > LEDGER_CHUNK) slack = LEDGER_CHUNK;
+            }
+            own_tight[w] = slack == 0;
+            if (lease_set(w, used + bytes + slack) == 0 || (slack && lease_set(w, used + bytes) == 0)) {
+                own_used[w] = used + bytes;
+                rc = 0;
+            } else {
+                why = "cannot lock its lease";
+            }
+        } else if (own_lease[w] > used) {
+            own_tight[w] = 1;
+            lease_set(w, used); /* near the cap: show the others our room */
+        }
+    }
+    pthread_mutex_unlock(&mem_mu);
+unlock:
+    ledger_unlock();
+out:
+    pthread_mutex_unlock(&grant_mu);
+    if (why)
+        vgpu_log(VGPU_LOG_ERROR, "%s: %llu bytes refused: %s", ld->uuid, (unsigned long long)bytes, why);
+    else if (rc)
+        vgpu_log(VGPU_LOG_INFO, "%s: %llu bytes refused: container uses %llu of its cap %llu", ld->uuid,
+                 (unsigned long long)bytes, (unsigned long long)sat_add(others[w], used), (unsigned long long)cap);
+    return rc;
+}
+
+/* Charges bytes (cap checked); 0 or -1 (over the cap). Within this
+ * process's lease: no system call. */
+static int charge(const struct ldev *ld, uint64_t bytes) {
+    int w = ld->e;
+    pthread_mutex_lock(&mem_mu);
+    if (LIKELY(mem_attached && bytes <= own_lease[w] - own_used[w])) {
+        own_used[w] += bytes;
+        pthread_mutex_unlock(&mem_mu);
+        return 0;
+    }
+    int attached = mem_attached;
+    pthread_mutex_unlock(&mem_mu);
+    return attached ? charge_slow(ld, bytes) : -1;
+}
+
+/* Credits bytes back (clamped at zero). The lease shrinks when its unused
+ * part passes a chunk, and to the usage itself near the cap. */
+static void credit(int w, uint64_t bytes) {
+    pthread_mutex_lock(&mem_mu);
+    if (bytes > own_used[w]) bytes = own_used[w]; /* never below zero */
+    uint64_t used = own_used[w] -= bytes, lease = own_lease[w];
+    if (lease > used && (own_tight[w] || lease - used > LEDGER_CHUNK))
+        lease_set(w, own_tight[w] ? used : used + LEDGER_CHUNK); /* failure: the bigger lease stays */
+    pthread_mutex_unlock(&mem_mu);
+}
+
+/* The container's usage on window w: the census plus this process's own
+ * (its own leases are invisible to its census). 0, or -1 (fail closed). */
+static int container_used(int w, uint64_t *used) {
+    uint64_t others[LEDGER_NWIN];
+    unsigned k;
+    if (census(others, &k) != 0) return -1;
+    pthread_mutex_lock(&mem_mu);
+    *used = sat_add(others[w], own_used[w]);
+    pthread_mutex_unlock(&mem_mu);
+    return 0;
 }
 
 /* process-local maps: device pointer / VMM handle / array / context -> size.
@@ -1149,9 +1554,10 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *freep, size_t *totalp) {
     CUresult r = NESTED(REAL(cuMemGetInfo_v2)(freep, totalp));
     struct ldev *ld = cur_ldev();
     if (r != CUDA_SUCCESS || !ld || !freep || !totalp) return r;
-    uint64_t cap = cap_of(ld);
+    adv_refresh();
+    uint64_t cap = cap_of(ld), used;
     if (!cap) return r;
-    uint64_t used = __atomic_load_n(&shm->devs[ld->e].used, __ATOMIC_RELAXED);
+    if (container_used(ld->e, &used) != 0) used = cap; /* ledger unreadable: report nothing free */
     uint64_t total = cap < *totalp ? cap : *totalp;
     uint64_t fr = total > used ? total - used : 0;
     if (fr > *freep) fr = *freep;
@@ -1181,16 +1587,29 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 #define SM_NCTX 8    /* contexts with a pool */
 
 static unsigned sm_of(const struct ldev *ld) {
-    unsigned pct = ld->sm, c2 = __atomic_load_n(&shm->devs[ld->e].sm_pct, __ATOMIC_RELAXED);
+    unsigned pct = ld->sm, c2 = __atomic_load_n(&adv_sm[ld - ldevs], __ATOMIC_RELAXED);
     if (c2 && (!pct || c2 < pct)) pct = c2;
     return pct >= 100 ? 0 : pct;
 }
 
+#define SM_BROKEN INT64_MIN /* the accounting file is unusable: gated launches are refused */
+
 /* Debits ns of measured device time (0: none) and refills the bucket;
- * returns the container's tokens on ld's GPU afterwards. */
+ * returns the container's tokens on ld's GPU afterwards, or SM_BROKEN when
+ * the accounting file cannot be locked or is no longer in the layout (the
+ * token bucket lives there: fail closed). */
 static int64_t sm_account(const struct ldev *ld, unsigned pct, uint64_t ns, uint64_t nlaunch) {
-    if (my_slot < 0 || shm_lock() != 0) return 0;
-    struct vgpu_shm_dev *d = &shm->devs[ld->e];
+    if (my_slot < 0) return 0;
+    struct {
+        struct vgpu_shm_hdr h;
+        struct vgpu_shm_dev devs[VGPU_MAX_DEV];
+    } img;
+    if (data_lock() != 0) return SM_BROKEN;
+    if (cache_read(&img, sizeof img, 0) != 0 || !hdr_valid(&img.h)) {
+        data_unlock();
+        return SM_BROKEN;
+    }
+    struct vgpu_shm_dev *d = &img.devs[ld->ce];
     uint64_t now = now_ns();
     if (!d->last_ns || now < d->last_ns) {
         d->last_ns = now;
@@ -1205,8 +1624,11 @@ static int64_t sm_account(const struct ldev *ld, unsigned pct, uint64_t ns, uint
     d->busy_ns += ns;
     d->launches += nlaunch;
     int64_t t = d->tokens_ns;
-    shm_unlock();
-    return t;
+    if (t == SM_BROKEN) t++;
+    int wr = cache_write(d, sizeof *d, DEVS_OFF + (size_t)ld->ce * sizeof *d);
+    data_unlock();
+    __atomic_store_n(&adv_sm[ld - ldevs], d->sm_pct, __ATOMIC_RELAXED);
+    return wr == 0 ? t : SM_BROKEN;
 }
 
 /* The correction for time that is not the kernel's own. Between its events a
@@ -1382,7 +1804,7 @@ static void retire_oldest(void) {
  * (never seen complete) is in flight, the oldest launch is waited for and
  * charged (so a process cannot queue work ahead of its budget); with nothing
  * in flight and the bucket negative, it sleeps until the bucket refills. */
-static void sm_gate(const struct ldev *ld, unsigned pct) {
+static int sm_gate(const struct ldev *ld, unsigned pct) {
     int li = (int)(ld - ldevs);
     for (;;) {
         uint64_t ch[VGPU_MAX_DEV] = {0}, cnt[VGPU_MAX_DEV] = {0};
@@ -1395,11 +1817,18 @@ static void sm_gate(const struct ldev *ld, unsigned pct) {
         for (int i = 0; i < nldev; i++)
             if (cnt[i] && i != li) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i]);
         int64_t t = sm_account(ld, pct, ch[li], cnt[li]);
+        if (t == SM_BROKEN) {
+            static int told;
+            if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+                vgpu_log(VGPU_LOG_ERROR, "%s: the accounting file %s is locked by another process or was "
+                         "overwritten: launches under the SM limit are refused", ld->uuid, cfg.cache);
+            return -1;
+        }
         if (full || nu || (np && t - pe < 0)) {
             retire_oldest();
             continue;
         }
-        if (t >= 0) return;
+        if (t >= 0) return 0;
         int64_t wait = -t * 100 / (int64_t)pct;
         if (wait > SM_MAX_SLEEP_NS) wait = SM_MAX_SLEEP_NS;
         if (wait < 20000) wait = 20000;
@@ -1417,14 +1846,14 @@ struct sm_launch {
 };
 
 /* Before the real launch: gating, then the start event on the launch's
- * stream. 0 = ungated (no SM limit on this device). */
+ * stream. 0 = ungated (no SM limit on this device), -1 = refused. */
 static int sm_begin(struct sm_launch *L, CUstream s, uintptr_t key) {
     if (vgpu_enter() != ST_ACTIVE) return 0;
     const struct ldev *ld = cur_ldev();
     if (!ld) return 0;
     unsigned pct = sm_of(ld);
     if (!pct) return 0;
-    sm_gate(ld, pct);
+    if (sm_gate(ld, pct) != 0) return -1;
     L->ld = ld;
     L->timed = 0;
     L->t0 = 0;
@@ -1537,7 +1966,9 @@ static void sm_forget_ctx(CUcontext ctx) {
         if (vgpu_enter() == ST_ERROR) return CUDA_ERROR_NOT_INITIALIZED; \
         struct sm_launch L;                                             \
         CUstream s_ = (strm);                                           \
-        if (!sm_begin(&L, s_, (uintptr_t)(key))) return NESTED(REAL(name) call); \
+        int g_ = sm_begin(&L, s_, (uintptr_t)(key));                   \
+        if (g_ < 0) return CUDA_ERROR_NOT_PERMITTED;                    \
+        if (!g_) return NESTED(REAL(name) call);                        \
         CUresult r = NESTED(REAL(name) call);                           \
         sm_end(&L, s_, r);                                              \
         return r;                                                       \
@@ -1614,7 +2045,7 @@ static int nvml_enter(void) {
     pthread_mutex_lock(&init_mu);
     if (cfg_rc < 0) st = -1;
     else if (!cfg.active) st = 1;
-    else if (!shm && shm_open_file(cfg.cache) < 0) {
+    else if (cache_open(cfg.cache) < 0 || ledger_open() < 0) {
         vgpu_log(VGPU_LOG_ERROR, "%s", cfg_err);
         st = -1;
     } else {
@@ -1655,17 +2086,18 @@ static uint64_t nvml_cap(nvmlDevice_t dev, uint64_t *used) {
         return cfg.mem_any;
     int i = nvml_index_of(uuid);
     uint64_t cap = i >= 0 ? cfg.mem[i] : cfg.mem_any;
-    *used = 0;
-    if (shm && shm_lock() == 0) {
-        reap();
-        int e = shm_dev(uuid, 0);
-        if (e >= 0) {
-            *used = shm->devs[e].used;
-            uint64_t c2 = shm->devs[e].mem_cap;
+    struct vgpu_shm *img = malloc(sizeof *img);
+    if (img && data_lock() == 0) {
+        if (cache_load(img) == 0) { /* the advisory cap: a corrupt file is ignored */
+            reap(img, NULL, 0);
+            int e = shm_dev(img, uuid, 0);
+            uint64_t c2 = e >= 0 ? img->devs[e].mem_cap : 0;
             if (c2 && (!cap || c2 < cap)) cap = c2;
         }
-        shm_unlock();
+        data_unlock();
     }
+    free(img);
+    if (container_used(win_of(i), used) != 0) *used = cap; /* ledger unreadable: nothing free */
     return cap;
 }
 
@@ -1735,12 +2167,16 @@ static nvmlReturn_t procs_filtered(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned *, 
     }
     int32_t mine[VGPU_MAX_SLOTS];
     unsigned nmine = 0;
-    if (shm && shm_lock() == 0) {
-        reap();
-        for (int i = 0; i < VGPU_MAX_SLOTS; i++)
-            if (shm->slots[i].pid && shm->slots[i].host_pid) mine[nmine++] = shm->slots[i].host_pid;
-        shm_unlock();
+    struct vgpu_shm *img = malloc(sizeof *img);
+    if (img && data_lock() == 0) {
+        if (cache_load(img) == 0) { /* corrupt: nobody is listed (fail closed) */
+            reap(img, NULL, 0);
+            for (int i = 0; i < VGPU_MAX_SLOTS; i++)
+                if (img->slots[i].pid && img->slots[i].host_pid) mine[nmine++] = img->slots[i].host_pid;
+        }
+        data_unlock();
     }
+    free(img);
     unsigned kept = 0;
     for (unsigned i = 0; i < n; i++) {
         uint32_t pid;

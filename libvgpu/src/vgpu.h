@@ -10,6 +10,9 @@
 #ifndef VGPU_LIMITS_FILE
 #define VGPU_LIMITS_FILE "/run/nvctk/vgpu/limits" /* fixed path inside containers */
 #endif
+#ifndef VGPU_CONTAINER_LIB
+#define VGPU_CONTAINER_LIB "/run/nvctk/libvgpu.so" /* where nvctk mounts it inside containers */
+#endif
 #define VGPU_DEFAULT_RESERVE (64ull << 20)
 
 /* ---- config.c ---- */

@@ -2,17 +2,19 @@
  *   vgpu_stress churn ITER MAXMIB SEED   random cuMemAlloc_v2/cuMemFree_v2 on
  *        device 0 (primary context), ITER steps, sizes 1..MAXMIB MiB; frees all;
  *        prints "churn <ok allocs> <refused>"
- *   vgpu_stress lockdie PATH   takes the accounting file's lock (mutex at offset
- *        16, see src/shm.h) and dies by SIGKILL while holding it */
+ *   vgpu_stress lockdie PATH   takes the accounting file's locks (its data lock,
+ *        an OFD write lock on byte 0, and the ledger's flock, see src/shm.h) and
+ *        dies by SIGKILL while holding them
+ *   vgpu_stress lockhold PATH  takes the ledger's flock (PATH opened read-only,
+ *        as any process of the container can), prints "locked", sleeps forever */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "cuda_min.h"
@@ -23,13 +25,19 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "lockdie")) {
         int fd = open(argv[2], O_RDWR);
         if (fd < 0) return 2;
-        char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) return 3;
-        pthread_mutex_lock((pthread_mutex_t *)(p + 16));
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+        if (fcntl(fd, F_OFD_SETLKW, &fl) != 0 || flock(fd, LOCK_EX) != 0) return 3;
         printf("locked\n");
         fflush(stdout);
         raise(SIGKILL);
         return 4;
+    }
+    if (argc == 3 && !strcmp(argv[1], "lockhold")) {
+        int fd = open(argv[2], O_RDONLY);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0) return 2;
+        printf("locked\n");
+        fflush(stdout);
+        for (;;) pause();
     }
     if (argc != 5 || strcmp(argv[1], "churn")) return 64;
     long iters = atol(argv[2]), maxmib = atol(argv[3]);

@@ -8,11 +8,16 @@ DIR becomes a driver root (REFERENCE §3, §4):
   etc/ld.so.cache written by the host's real `ldconfig -r DIR`;
 - usr/bin: nvidia-smi (mock) and stand-ins for the other driver binaries;
 - dev: real character nodes (nvidia<minor>, nvidiactl, nvidia-modeset on 195;
-  nvidia-uvm*, nvidia-caps/* on majors the host's /proc/devices does not use);
+  nvidia-uvm*, nvidia-caps/* on majors the host's /proc/devices does not use;
+  dri/card<n>, dri/renderD<128+n> on 226 unless the host has DRM, with the
+  dri/by-path/pci-<busid>-{card,render} links);
 - proc: driver/nvidia/{version,params,registry,gpus/<busid>/information,
   capabilities/...} and a `devices` file naming the sim's majors;
+- sys: bus/pci/devices/<busid> (vendor, device, class, drm/<node>/dev) and
+  class/drm/<node>, the facts a GPU's DRM nodes are found by;
 - lib/firmware/nvidia/<ver>/gsp_*.bin, run/nvidia-persistenced/socket,
-  run/nvidia-sim (the shared GPU state), graphics JSON configs;
+  run/nvidia-fabricmanager/socket, run/nvidia-sim (the shared GPU state), the
+  graphics/display files (EGL platform, Vulkan, X11, OpenCL configs, X modules);
 - config.toml (driver-root = DIR, ...) and topology.json.
 
 The stub libraries are written directly as minimal ELF shared objects (ELF64
@@ -84,6 +89,23 @@ STUB_LIBRARIES: dict[str, str] = {
     "libnvidia-ngx": "libnvidia-ngx.so.1",
 }
 MOCK_LIBRARIES = {"libnvidia-ml": "libnvidia-ml.so.1", "libcuda": "libcuda.so.1"}
+# Further 64-bit files of a driver install that NVIDIA's toolkit looks for (file
+# name -> SONAME): the EGL external platform libraries carry their own versions,
+# libnvidia-nvvm70 (the NVVM 7.0 compiler kept beside libnvidia-nvvm) its SONAME's.
+EXTRA_LIBRARIES: dict[str, str] = {
+    "libnvidia-egl-gbm.so.1.1.1": "libnvidia-egl-gbm.so.1",
+    "libnvidia-egl-wayland.so.1.1.13": "libnvidia-egl-wayland.so.1",
+    "libnvidia-egl-wayland2.so.1.0.0": "libnvidia-egl-wayland2.so.1",
+    "libnvidia-egl-xcb.so.1.0.0": "libnvidia-egl-xcb.so.1",
+    "libnvidia-egl-xlib.so.1.0.0": "libnvidia-egl-xlib.so.1",
+    "libnvidia-vulkan-producer.so.{v}": "libnvidia-vulkan-producer.so.{v}",
+    "libnvidia-nvvm70.so.4": "libnvidia-nvvm70.so.4",
+}
+# X server modules, outside the loader's paths (path -> SONAME)
+XORG_MODULES: dict[str, str] = {
+    "usr/lib/xorg/modules/drivers/nvidia_drv.so": "nvidia_drv.so",
+    "usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{v}": "libglxserver_nvidia.so.{v}",
+}
 # 32-bit copies (compat32): what NVIDIA ships for i386
 STUB_LIBRARIES_32 = (
     "libnvidia-ml", "libcuda", "libnvidia-opencl", "libnvidia-ptxjitcompiler",
@@ -96,10 +118,14 @@ STUB_LIBRARIES_32 = (
 STUB_BINARIES = (
     "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager",
     "nvidia-cuda-mps-control", "nvidia-cuda-mps-server",
+    "nvidia-xconfig", "nvidia-imex", "nvidia-imex-ctl",
 )
+DRM_MAJOR = 226  # the kernel's fixed DRM major
+DRM_RENDER_BASE = 128  # renderD<128 + n> beside card<n>
+PCI_VENDOR, PCI_DEVICE, PCI_CLASS = "0x10de", "0x2330", "0x030200"  # as the mock NVML says (H100 SXM, 3D controller)
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 # what `--force` clears before rebuilding (never anything else in DIR)
-SIM_ENTRIES = ("usr", "dev", "proc", "lib", "run", "etc", "config.toml", "topology.json", "nvctk.log")
+SIM_ENTRIES = ("usr", "dev", "proc", "sys", "lib", "run", "etc", "config.toml", "topology.json", "nvctk.log")
 
 
 class SimError(NvctkError):
@@ -273,6 +299,7 @@ class SimHost:
     topology: Topology
     uvm_major: int
     caps_major: int
+    drm_major: int = DRM_MAJOR
 
     @property
     def config_path(self) -> str:
@@ -378,7 +405,7 @@ def _proc_bus_id(pci_bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest.lower()}"
 
 
-def _write_proc(root: str, topo: Topology, uvm_major: int, caps_major: int) -> None:
+def _write_proc(root: str, topo: Topology, uvm_major: int, caps_major: int, drm_major: int) -> None:
     proc = os.path.join(root, "proc/driver/nvidia")
     v = topo.driver_version
     _write(
@@ -433,6 +460,7 @@ def _write_proc(root: str, topo: Topology, uvm_major: int, caps_major: int) -> N
         f"{NVIDIA_MAJOR} nvidia-frontend\n"
         f"{uvm_major} nvidia-uvm\n"
         f"{caps_major} nvidia-caps\n"
+        f"{drm_major} drm\n"
         "\nBlock devices:\n",
     )
 
@@ -452,6 +480,38 @@ def _write_devices(root: str, topo: Topology, uvm_major: int, caps_major: int) -
         for m in g.mig_devices:
             for minor in (m.gi_cap_minor, m.ci_cap_minor):
                 _mknod(os.path.join(caps, f"nvidia-cap{minor}"), caps_major, minor, 0o444)
+
+
+def drm_nodes(g_minor: int) -> tuple[str, str]:
+    """The DRM node names of the GPU with this minor: card<n>, renderD<128+n>
+    (nvidia-drm numbers its nodes in probe order, as the nvidia minors are)."""
+    return f"card{g_minor}", f"renderD{DRM_RENDER_BASE + g_minor}"
+
+
+def _write_drm(root: str, topo: Topology, drm_major: int) -> None:
+    """/dev/dri/card<n> and renderD<128+n> per GPU with the udev by-path links
+    (what NCT reads the DRM nodes of a bus id from, and its warning when absent),
+    and the sysfs facts a GPU's DRM nodes are found by on a real host:
+    sys/bus/pci/devices/<busid>/drm/{card<n>,renderD<m>}/dev ("226:n") and
+    sys/class/drm/<node> links (NCT reads the host's real /sys, not the driver root)."""
+    dev = os.path.join(root, "dev/dri")
+    for g in topo.gpus:
+        bus = _proc_bus_id(g.pci_bus_id)
+        card, render = drm_nodes(g.minor)
+        _mknod(os.path.join(dev, card), drm_major, g.minor, 0o660)
+        _mknod(os.path.join(dev, render), drm_major, DRM_RENDER_BASE + g.minor, 0o666)
+        os.makedirs(os.path.join(dev, "by-path"), exist_ok=True)
+        os.symlink(f"../{card}", os.path.join(dev, "by-path", f"pci-{bus}-card"))
+        os.symlink(f"../{render}", os.path.join(dev, "by-path", f"pci-{bus}-render"))
+        pci = os.path.join(root, "sys/devices/pci0000:00", bus)
+        for name, value in (("vendor", PCI_VENDOR), ("device", PCI_DEVICE), ("class", PCI_CLASS)):
+            _write(os.path.join(pci, name), value + "\n")
+        for node, minor in ((card, g.minor), (render, DRM_RENDER_BASE + g.minor)):
+            _write(os.path.join(pci, "drm", node, "dev"), f"{drm_major}:{minor}\n")
+            os.makedirs(os.path.join(root, "sys/class/drm"), exist_ok=True)
+            os.symlink(f"../../devices/pci0000:00/{bus}/drm/{node}", os.path.join(root, "sys/class/drm", node))
+        os.makedirs(os.path.join(root, "sys/bus/pci/devices"), exist_ok=True)
+        os.symlink(f"../../../devices/pci0000:00/{bus}", os.path.join(root, "sys/bus/pci/devices", bus))
 
 
 def _write_graphics_configs(root: str, topo: Topology) -> None:
@@ -475,6 +535,29 @@ def _write_graphics_configs(root: str, topo: Topology) -> None:
         os.path.join(root, "usr/share/vulkan/implicit_layer.d/nvidia_layers.json"),
         json.dumps(layers, indent=4) + "\n",
     )
+    # the names other packagings use (older drivers put the layers file in icd.d,
+    # RPMs name the ICD file per architecture): NCT looks for each of them
+    _write(os.path.join(root, "usr/share/vulkan/icd.d/nvidia_layers.json"), json.dumps(layers, indent=4) + "\n")
+    _write(os.path.join(root, "usr/share/vulkan/icd.d/nvidia_icd.x86_64.json"), json.dumps(vk, indent=4) + "\n")
+    platforms = {
+        "15_nvidia_gbm.json": "libnvidia-egl-gbm.so.1",
+        "10_nvidia_wayland.json": "libnvidia-egl-wayland.so.1",
+        "09_nvidia_wayland2.json": "libnvidia-egl-wayland2.so.1",
+        "20_nvidia_xcb.json": "libnvidia-egl-xcb.so.1",
+        "20_nvidia_xlib.json": "libnvidia-egl-xlib.so.1",
+    }
+    for name, lib in platforms.items():
+        doc = {"file_format_version": "1.0.0", "ICD": {"library_path": lib}}
+        _write(os.path.join(root, "usr/share/egl/egl_external_platform.d", name), json.dumps(doc, indent=4) + "\n")
+    _write(os.path.join(root, "usr/share/nvidia/nvoptix.bin"), b"NVSIM-OPTIX\0" + v.encode() + b"\0")
+    xorg = (
+        'Section "OutputClass"\n    Identifier "nvidia"\n    MatchDriver "nvidia-drm"\n'
+        '    Driver "nvidia"\n    Option "AllowEmptyInitialConfiguration"\n'
+        '    ModulePath "/usr/lib/xorg/modules"\nEndSection\n'
+    )
+    _write(os.path.join(root, "usr/share/X11/xorg.conf.d/10-nvidia.conf"), xorg)
+    _write(os.path.join(root, "usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf"), xorg)
+    _write(os.path.join(root, "etc/OpenCL/vendors/nvidia.icd"), "libnvidia-opencl.so.1\n")
 
 
 def _write_stubs(root: str, topo: Topology) -> None:
@@ -487,6 +570,10 @@ def _write_stubs(root: str, topo: Topology) -> None:
     for name, soname in STUB_LIBRARIES.items():
         # gcc-linked stubs (nvctk.sim.build); 32-bit ones are written directly (no multilib)
         build.build_stub_library(os.path.join(lib64, f"{name}.so.{v}"), soname.format(v=v))
+    for fname, soname in EXTRA_LIBRARIES.items():
+        build.build_stub_library(os.path.join(lib64, fname.format(v=v)), soname.format(v=v))
+    for path, soname in XORG_MODULES.items():
+        build.build_stub_library(os.path.join(root, path.format(v=v)), soname.format(v=v))
     sonames = {**STUB_LIBRARIES, **MOCK_LIBRARIES}
     for name in STUB_LIBRARIES_32:
         _write(os.path.join(lib32, f"{name}.so.{v}"), elf_stub(sonames[name].format(v=v), bits=32), 0o755)
@@ -577,7 +664,9 @@ def init(directory: str, topology: Topology, *, force: bool = False, ldconfig: s
 
 
 def _build(root: str, topology: Topology, ldconfig: str) -> SimHost:
-    uvm_major, caps_major = pick_free_majors(2)
+    uvm_major, caps_major, spare = pick_free_majors(3)
+    # the real DRM major where this host has no DRM driver; else one that opens nothing
+    drm_major = spare if DRM_MAJOR in _used_char_majors() else DRM_MAJOR
     os.makedirs(os.path.join(root, "run/nvidia-sim"), exist_ok=True)
     os.makedirs(os.path.join(root, "run/nvctk"), exist_ok=True)
     try:
@@ -587,12 +676,14 @@ def _build(root: str, topology: Topology, ldconfig: str) -> SimHost:
     _build_mocks(root, topology)
     _run_ldconfig(root, ldconfig)
     _write_devices(root, topology, uvm_major, caps_major)
-    _write_proc(root, topology, uvm_major, caps_major)
+    _write_drm(root, topology, drm_major)
+    _write_proc(root, topology, uvm_major, caps_major, drm_major)
     _write_graphics_configs(root, topology)
     fw = os.path.join(root, "lib/firmware/nvidia", topology.driver_version)
     for name in FIRMWARE:
         _write(os.path.join(fw, name), b"NVSIM-GSP\0" + name.encode() + b"\0")
     _bind_socket(os.path.join(root, "run/nvidia-persistenced/socket"))
+    _bind_socket(os.path.join(root, "run/nvidia-fabricmanager/socket"))
     _write(os.path.join(root, "topology.json"), topology.to_json() + "\n")
     _write(
         os.path.join(root, "config.toml"),
@@ -600,7 +691,7 @@ def _build(root: str, topology: Topology, ldconfig: str) -> SimHost:
         f"# use it with: export NVCTK_CONFIG={os.path.join(root, 'config.toml')}\n"
         + nvconfig.render(sim_config(root, ldconfig)),
     )
-    return SimHost(root, topology, uvm_major, caps_major)
+    return SimHost(root, topology, uvm_major, caps_major, drm_major)
 
 
 def load(directory: str) -> SimHost:
@@ -620,4 +711,6 @@ def load(directory: str) -> SimHost:
                     majors[parts[1]] = int(parts[0])
     except OSError as e:
         raise SimError(f"{root} is not a simulated host: {e}")
-    return SimHost(root, topo, majors.get("nvidia-uvm", 0), majors.get("nvidia-caps", 0))
+    return SimHost(
+        root, topo, majors.get("nvidia-uvm", 0), majors.get("nvidia-caps", 0), majors.get("drm", DRM_MAJOR)
+    )

@@ -18,6 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def private_paths(workdir: Path) -> dict[str, object]:
+    """The settings that keep a containerd of a test off the host's paths and sockets."""
+    sock = workdir / "containerd.sock"
+    return {
+        "root": f"{workdir}/root", "state": f"{workdir}/state",
+        "grpc": {"address": str(sock)}, "ttrpc": {"address": f"{sock}.ttrpc"},
+        "debug": {"address": ""}, "metrics": {"address": ""},
+    }
+
+
 def _wait_for(predicate, timeout: float, what: str, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -81,18 +91,22 @@ class Containerd:
 
 
 @contextlib.contextmanager
-def containerd(workdir: Path, env: dict[str, str] | None = None) -> Iterator[Containerd]:
+def containerd(workdir: Path, env: dict[str, str] | None = None,
+               config: Path | None = None) -> Iterator[Containerd]:
     """containerd with its own root/state/socket; `env` is what its shims (and
-    so the runtimes they call) inherit, e.g. NVCTK_CONFIG for a simulated host."""
+    so the runtimes they call) inherit, e.g. NVCTK_CONFIG for a simulated host.
+    `config`: a config file of the caller's, which must put root, state and the
+    sockets under workdir (see private_paths); else one without the CRI plugin."""
     workdir.mkdir(parents=True, exist_ok=True)
     sock = workdir / "containerd.sock"
-    cfg = workdir / "config.toml"
-    cfg.write_text(
-        f'version = 2\nroot = "{workdir}/root"\nstate = "{workdir}/state"\n'
-        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
-        f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
-        '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
-    )
+    cfg = config or workdir / "config.toml"
+    if config is None:
+        cfg.write_text(
+            f'version = 2\nroot = "{workdir}/root"\nstate = "{workdir}/state"\n'
+            'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+            f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
+            '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
+        )
     log = workdir / "containerd.log"
     with open(log, "w") as logf:
         proc = subprocess.Popen(
@@ -128,16 +142,18 @@ class Dockerd:
 
 @contextlib.contextmanager
 def dockerd(workdir: Path, ctd: Containerd, runtimes: dict[str, str],
-            path_prepend: str = "") -> Iterator[Dockerd]:
+            path_prepend: str = "", config: Path | None = None) -> Iterator[Dockerd]:
     """dockerd on a private socket and data root, using the test's containerd.
-    `runtimes` maps names to runtime binaries (daemon.json "runtimes")."""
+    `runtimes` maps names to runtime binaries (daemon.json "runtimes");
+    `config`: a daemon.json of the caller's, used as it is instead."""
     import json
 
     workdir.mkdir(parents=True, exist_ok=True)
-    cfg = workdir / "daemon.json"
-    cfg.write_text(json.dumps({
-        "runtimes": {name: {"path": p, "runtimeArgs": []} for name, p in runtimes.items()},
-    }))
+    cfg = config or workdir / "daemon.json"
+    if config is None:
+        cfg.write_text(json.dumps({
+            "runtimes": {name: {"path": p, "runtimeArgs": []} for name, p in runtimes.items()},
+        }))
     host = f"unix://{workdir}/docker.sock"
     log = workdir / "dockerd.log"
     env = dict(os.environ)

@@ -2829,6 +2829,9 @@ CUAPI CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *capt
 typedef void (*fnptr)(void);
 #define E(name, ver, fn) {name, ver, (fnptr)(fn)}
 
+/* generated with the stubs (build.py): the newest form of each base name */
+__attribute__((visibility("hidden"))) fnptr nvsim_cuda_proc_lookup(const char *name);
+
 /* base name, first CUDA version it has this form, the function: the
  * versions are cudaTypedefs.h's PFN_<name>_v<version> suffixes. */
 static const struct proc {
@@ -2966,6 +2969,17 @@ CUAPI CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersi
         known = 1;
         if (procs[i].version <= cudaVersion && (!best || procs[i].version > best->version))
             best = &procs[i];
+    }
+    if (!best && !known) {
+        /* every other entry point of the driver API (generated table, build.py):
+         * simulated ones or stubs returning CUDA_ERROR_NOT_SUPPORTED */
+        fnptr fn = nvsim_cuda_proc_lookup(symbol);
+        if (fn) {
+            if (symbolStatus)
+                *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+            *pfn = (void *)fn;
+            return CUDA_SUCCESS;
+        }
     }
     if (!best) {
         if (symbolStatus)

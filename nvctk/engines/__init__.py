@@ -1,0 +1,85 @@
+"""`nvctk configure`: add nvctk-runtime to a container engine's config, or take it out.
+
+Each engine module offers the same four functions over a {path: bytes | None}
+map of its files (None: the file does not exist):
+  paths(req)            the files it reads and may write, main config first
+  configure(req, old)   their wanted contents and notes (pure: same input, same bytes)
+  binary_in(req, old)   the runtime binary of the entry named req.name, or None
+  strip(req, old)       structural removal: wanted contents and notes, or None
+                        when nothing of nvctk's is there; refuses (ConfigError) an
+                        entry of that name that is not nvctk's
+
+How `--remove` knows what configure added: configure keeps the file it replaced as
+`<file>.bak`. When configuring those backups again (with the binary found in the
+file, and each combination of --set-as-default/--cdi) gives exactly the current
+bytes, nobody has edited the files since, and the backups are the original bytes:
+remove puts them back. Otherwise (edited since, or no backup) remove takes out what
+it can recognise as nvctk's (`strip`): the runtime entry if its binary is
+nvctk-runtime, a default naming it; it never removes a same-named entry that runs
+something else.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from types import ModuleType
+
+from nvctk.engines import common, containerd, crio, docker
+from nvctk.engines.common import Change, Plan, Request
+
+ENGINES: dict[str, ModuleType] = {"containerd": containerd, "docker": docker, "crio": crio}
+
+RESTART = {
+    "containerd": "systemctl restart containerd",
+    "docker": "systemctl restart docker",
+    "crio": "systemctl restart crio",
+}
+
+
+def _read_all(paths: list[str]) -> dict[str, bytes | None]:
+    return {p: common.read(p) for p in paths}
+
+
+def plan_configure(engine: str, req: Request) -> Plan:
+    mod = ENGINES[engine]
+    old = _read_all(mod.paths(req))
+    new, notes = mod.configure(req, old)
+    plan = Plan(service=engine, notes=notes)
+    plan.changes = [Change(p, old[p], new.get(p, old[p])) for p in old]
+    return plan
+
+
+def plan_remove(engine: str, req: Request) -> Plan:
+    mod = ENGINES[engine]
+    paths = mod.paths(req)
+    old = _read_all(paths)
+    plan = Plan(service=engine)
+    binary = req.runtime_path or mod.binary_in(req, old)
+    base = old
+    if binary and common.is_our_binary(binary, req):
+        # files the engine only reads (CRI-O's crio.conf) have no backup: as they are
+        readonly = set(getattr(mod, "readonly_paths", lambda r: [])(req))
+        baks = {p: old[p] if p in readonly else common.read(common.target(p) + ".bak")
+                for p in paths}
+        for set_default, cdi in itertools.product((False, True), repeat=2):
+            trial = replace(req, runtime_path=binary, set_as_default=set_default, cdi=cdi)
+            try:
+                again, _ = mod.configure(trial, baks)
+            except common.ConfigError:
+                continue
+            if all(again.get(p, baks[p]) == old[p] for p in paths):
+                base = baks
+                plan.notes.append("the files are as configure left them: restoring their "
+                                  "previous versions (.bak)")
+                break
+    stripped, notes = mod.strip(req, base)
+    plan.notes += notes
+    new = base if stripped is None else {**base, **stripped}
+    if stripped is None and base is old:
+        plan.notes.append(f"no runtime {req.name!r} of nvctk's in {', '.join(paths)}: nothing to remove")
+    plan.changes = [Change(p, old[p], new[p]) for p in paths]
+    return plan
+
+
+__all__ = ["ENGINES", "RESTART", "Plan", "Request", "plan_configure", "plan_remove"]

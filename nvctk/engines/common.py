@@ -1,0 +1,446 @@
+"""What every engine's configure/remove shares: reading a config file, parsing it with
+the error's location, style-preserving TOML edits, and the atomic write with `.bak`.
+
+An engine module turns the current bytes of its file(s) into the wanted bytes (a
+Change per file); `apply` then writes all of them or none: every new file and every
+backup is written to a temporary file beside its target first, and only when all of
+those exist are they renamed into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import tomlkit
+import tomlkit.exceptions
+from tomlkit.container import Container
+from tomlkit.items import AoT, Comment, Item, Table, Whitespace
+
+from nvctk.errors import ConfigError
+
+RUNTIME_BINARY = "nvctk-runtime"
+# the runtime type of containerd's runc shim, which calls options.BinaryName
+RUNC_SHIM = "io.containerd.runc.v2"
+
+
+@dataclass
+class Request:
+    """One `nvctk configure` invocation, engine-neutral."""
+
+    name: str = "nvidia"
+    runtime_path: str = ""  # absolute; "" = not given (remove: any .../nvctk-runtime)
+    set_as_default: bool = False
+    cdi: bool = False
+    config: str = ""  # "" = the engine's default path
+    drop_in: str = ""
+
+
+@dataclass
+class Change:
+    """The wanted content of one file: `new` None means delete it (kept as .bak)."""
+
+    path: str
+    old: bytes | None
+    new: bytes | None
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+
+@dataclass
+class Plan:
+    """What configure or remove would do: the file changes and lines for the user."""
+
+    service: str
+    changes: list[Change] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return any(c.changed for c in self.changes)
+
+
+# --- runtime path -----------------------------------------------------------
+
+
+def default_runtime_path() -> str:
+    """The nvctk-runtime installed beside the running nvctk (absolute), else the one on
+    PATH, else a ConfigError. Beside nvctk first: a venv or /opt install must not pick
+    up another install's runtime from PATH."""
+    tried = []
+    for exe in (sys.argv[0], sys.executable):
+        if not exe:
+            continue
+        cand = os.path.join(os.path.dirname(os.path.abspath(exe)), RUNTIME_BINARY)
+        tried.append(cand)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    found = shutil.which(RUNTIME_BINARY)
+    if found:
+        return os.path.abspath(found)
+    raise ConfigError(
+        f"cannot find {RUNTIME_BINARY} (looked at {', '.join(dict.fromkeys(tried))} and "
+        "on PATH): install nvctk or give --runtime-path"
+    )
+
+
+def check_runtime_path(path: str) -> str:
+    """An explicit --runtime-path: absolute, an executable file."""
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"--runtime-path {path}: no such file")
+    if not os.access(path, os.X_OK):
+        raise ConfigError(f"--runtime-path {path}: not executable")
+    return path
+
+
+def is_our_binary(value: object, req: Request) -> bool:
+    """Whether a runtime entry's binary is nvctk's: the --runtime-path given, else any
+    absolute path ending in /nvctk-runtime (nvctk may have moved since configure)."""
+    if not isinstance(value, str):
+        return False
+    if req.runtime_path:
+        return value == req.runtime_path
+    return os.path.isabs(value) and os.path.basename(value) == RUNTIME_BINARY
+
+
+# --- reading ---------------------------------------------------------------
+
+
+def read(path: str) -> bytes | None:
+    """The file's bytes, None when it does not exist; a ConfigError for a directory or
+    an unreadable file."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{path}: is a directory, not a config file")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}")
+
+
+def _text(path: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 (byte {e.start}); left untouched")
+
+
+def parse_toml(path: str, data: bytes) -> tomlkit.TOMLDocument:
+    text = _text(path, data)
+    try:
+        return tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as e:
+        # tomlkit's message already ends in "at line L col C"
+        raise ConfigError(f"{path}: invalid TOML: {e}; left untouched")
+
+
+def parse_json_object(path: str, data: bytes) -> dict[str, Any]:
+    text = _text(path, data)
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{path}: invalid JSON: {e.msg} at line {e.lineno} column {e.colno}; left untouched"
+        )
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: not a JSON object (found {type(value).__name__}); left untouched")
+    return value
+
+
+# --- TOML helpers ----------------------------------------------------------
+
+
+def dotted(keys: list[str]) -> str:
+    return ".".join(k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k) for k in keys)
+
+
+def get_table(doc: Container | Table, keys: list[str], path: str, create: bool = False) -> Any:
+    """The table at `keys` (None when absent and not `create`); a ConfigError when a
+    component exists but is not a table. Created tables are super tables: they get no
+    header of their own when only sub-tables fill them."""
+    cur: Any = doc
+    for i, k in enumerate(keys):
+        if k not in cur:
+            if not create:
+                return None
+            cur[k] = tomlkit.table(is_super_table=True)
+        nxt = cur[k]
+        if not isinstance(nxt, (Table, dict)) or isinstance(nxt, AoT):
+            raise ConfigError(
+                f"{path}: {dotted(keys[: i + 1])} is a {type(nxt).__name__}, not a table; left untouched"
+            )
+        cur = nxt
+    return cur
+
+
+def _body(tbl: Any) -> list[tuple[Any, Item]]:
+    container = tbl.value if isinstance(tbl, Table) else tbl
+    return list(container.body) if isinstance(container, Container) else []
+
+
+def _key_indent(tbl: Any) -> str | None:
+    """The indentation of the table's plain keys (None when it has none)."""
+    for k, item in _body(tbl):
+        if k is not None and not isinstance(item, (Table, AoT, Whitespace, Comment)):
+            return _spaces(str(item.trivia.indent))
+    return None
+
+
+def _spaces(indent: str) -> str:
+    """The indentation proper: tomlkit keeps a new table's leading blank line there."""
+    return indent.rsplit("\n", 1)[-1]
+
+
+def set_key(tbl: Any, key: str, value: Any, header_indent: str = "") -> None:
+    """tbl[key] = value; an existing key keeps its place and comment, a new one gets
+    the indentation of its sibling keys (tomlkit would use the header's)."""
+    if key in tbl:
+        tbl[key] = value
+        return
+    indent = _key_indent(tbl)
+    tbl[key] = value
+    item: Any = tbl.value.item(key) if isinstance(tbl, Table) else tbl.item(key)
+    if indent is None:
+        indent = header_indent + "  " if header_indent else ""
+    item.trivia.indent = indent
+
+
+def table_indent(tbl: Any) -> str:
+    return _spaces(str(tbl.trivia.indent)) if isinstance(tbl, Table) else ""
+
+
+SENTINEL = "nvctk-placeholder-3f9c1e"
+
+
+def insert_table_text(doc: tomlkit.TOMLDocument, parent_keys: list[str], name: str,
+                      block: str, path: str) -> str:
+    """The document's text with a new sub-table `name` under `parent_keys`, written as
+    `block` (the TOML text of the table and its sub-tables, unindented, full dotted
+    headers). tomlkit decides where it goes (a placeholder table marks the spot);
+    `block` decides how it looks: indented like its siblings, a blank line around it."""
+    parent = get_table(doc, parent_keys, path, create=True)
+    sibling_indent = ""
+    key_step = "  "
+    for _k, item in _body(parent):
+        if isinstance(item, Table):
+            sibling_indent = table_indent(item)
+            ki = _key_indent(item)
+            if ki is not None and ki.startswith(sibling_indent) and len(ki) > len(sibling_indent):
+                key_step = ki[len(sibling_indent):]
+            elif ki is not None and ki == sibling_indent:
+                key_step = ""
+            break
+    else:
+        # no sibling: nest one step below the parent's header when the file indents
+        pi = table_indent(parent)
+        ki = _key_indent(parent)
+        if ki is not None and len(ki) > len(pi):
+            sibling_indent, key_step = ki, ki[len(pi):]
+        elif pi:
+            sibling_indent, key_step = pi + "  ", "  "
+        else:
+            sibling_indent, key_step = "", ""
+    parent[SENTINEL] = tomlkit.table()
+    parent[SENTINEL]["x"] = 1
+    text = tomlkit.dumps(doc)
+    del parent[SENTINEL]
+    m = re.search(r"^[ \t]*\[[^\n]*" + SENTINEL + r"[^\n]*\]\n(?:[ \t]*x = 1\n?)?", text, re.M)
+    if m is None:  # tomlkit rendered it some other way: keep its own rendering
+        raise ConfigError(f"{path}: cannot place the new table {name} (unusual layout)")
+    lines = []
+    base = -1
+    cur_indent = sibling_indent
+    for line in block.splitlines():
+        s = line.strip()
+        if s.startswith("["):
+            # a sub-table's header goes one step deeper per extra key (the block's
+            # headers share their prefix, so counting dots is enough)
+            dots = s.count(".")
+            base = dots if base < 0 else base
+            cur_indent = sibling_indent + key_step * (dots - base)
+            lines.append(cur_indent + s)
+        elif s:
+            lines.append(cur_indent + key_step + s)
+        else:
+            lines.append("")
+    new = "\n".join(lines) + "\n"
+    before, after = text[: m.start()], text[m.end():]
+    # comment lines right above the spot introduce what follows it: keep them there
+    # (tomlkit put a blank line of its own between them and the placeholder)
+    lead = re.search(r"((?:^[ \t]*#[^\n]*\n)+)\n?\Z", before, re.M)
+    if lead and after.strip():
+        before, after = before[: lead.start()], lead.group(1) + after
+    if before and not before.endswith("\n\n"):
+        new = ("\n" if before.endswith("\n") else "\n\n") + new
+    if after.strip() and not after.startswith("\n"):
+        new += "\n"
+    return before + new + after
+
+
+# --- writing ---------------------------------------------------------------
+
+
+def _check_writable(path: str) -> None:
+    """Fail before anything is written: a directory, an immutable or read-only file."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{path}: is a directory, not a config file")
+    if os.path.lexists(path):
+        try:
+            # O_WRONLY without O_TRUNC changes nothing; it fails for chattr +i (EPERM),
+            # a read-only mount (EROFS) and missing permission (EACCES)
+            os.close(os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+        except OSError as e:
+            raise ConfigError(f"cannot write {path}: {e.strerror}; left untouched")
+
+
+def _tmp_with(path: str, data: bytes, like: str | None) -> str:
+    d = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".nvctk-tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            mode = 0o644
+            if like is not None:
+                st = os.stat(like)
+                mode = st.st_mode & 0o7777
+                if os.geteuid() == 0:
+                    os.fchown(f.fileno(), st.st_uid, st.st_gid)
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def target(path: str) -> str:
+    """Where a write to `path` goes: through a symlink to its file (a rename would
+    replace the link with a file)."""
+    return os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path)
+
+
+def apply(plan: Plan) -> list[str]:
+    """Write every changed file of the plan, or none. Returns lines saying what was done."""
+    todo = [c for c in plan.changes if c.changed]
+    staged: list[tuple[str, str]] = []  # (tmp, final)
+    deletes: list[tuple[str, str]] = []  # (path, .bak)
+    done: list[str] = []
+    try:
+        for c in todo:
+            path = target(c.path)
+            bak = path + ".bak"
+            _check_writable(path)
+            if c.old is not None:
+                _check_writable(bak)
+            d = os.path.dirname(path)
+            if c.new is not None and not os.path.isdir(d):
+                try:
+                    os.makedirs(d, exist_ok=True)
+                except OSError as e:
+                    raise ConfigError(f"cannot create {d}: {e.strerror}")
+            try:
+                if c.old is not None and c.new is not None:
+                    staged.append((_tmp_with(bak, c.old, path), bak))
+                if c.new is not None:
+                    staged.append((_tmp_with(path, c.new, path if c.old is not None else None), path))
+                else:
+                    deletes.append((path, bak))
+            except OSError as e:
+                raise ConfigError(f"cannot write {path}: {e.strerror}; left untouched")
+        # every temporary file exists: now the renames (the .bak before its file)
+        for tmp, final in staged:
+            try:
+                os.replace(tmp, final)
+            except OSError as e:
+                raise ConfigError(f"cannot write {final}: {e.strerror}")
+        for path, bak in deletes:
+            try:
+                os.replace(path, bak)
+            except OSError as e:
+                raise ConfigError(f"cannot remove {path}: {e.strerror}")
+        for c in todo:
+            if c.new is None:
+                done.append(f"removed {c.path} (kept as {target(c.path)}.bak)")
+            elif c.old is None:
+                done.append(f"created {c.path}")
+            else:
+                done.append(f"updated {c.path} (previous version: {target(c.path)}.bak)")
+        for d in {os.path.dirname(target(c.path)) for c in todo}:
+            with contextlib.suppress(OSError):
+                fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+                os.fsync(fd)
+                os.close(fd)
+        return done
+    finally:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _header_keys(line: str) -> list[str] | None:
+    """The key path of a `[table]` header line, None for anything else."""
+    s = line.strip()
+    if not s.startswith("[") or s.startswith("[["):
+        return None
+    try:
+        node: Any = tomlkit.parse(s + "\n").unwrap()
+    except tomlkit.exceptions.ParseError:
+        return None
+    keys = []
+    while isinstance(node, dict) and len(node) == 1:
+        k = next(iter(node))
+        keys.append(k)
+        node = node[k]
+    return keys if node == {} else None
+
+
+def remove_table_text(doc: tomlkit.TOMLDocument, keys: list[str], path: str) -> str:
+    """The document's text without the table at `keys` and its sub-tables, cut out of
+    the text: tomlkit's own deletion also drops the comments that follow the table's
+    last line, which introduce the next table. The caller has the doc with the table
+    still in it; the result is checked against tomlkit's deletion."""
+    text = tomlkit.dumps(doc)
+    parent = get_table(doc, keys[:-1], path)
+    del parent[keys[-1]]
+    fallback = tomlkit.dumps(doc)
+    lines = text.splitlines(keepends=True)
+    heads: list[tuple[int, list[str]]] = []
+    for i, line in enumerate(lines):
+        hk = _header_keys(line) if line.lstrip().startswith("[") else None
+        if hk is not None:
+            heads.append((i, hk))
+    drop: set[int] = set()
+    for n, (i, k) in enumerate(heads):
+        if k[: len(keys)] != keys:
+            continue
+        j = heads[n + 1][0] if n + 1 < len(heads) else len(lines)
+        end = j
+        while j < len(lines) and end > i + 1 and lines[end - 1].lstrip().startswith("#"):
+            end -= 1  # comments right above the next header stay with it
+        drop.update(range(i, end))
+    kept = [line for i, line in enumerate(lines) if i not in drop]
+    # the blank line configure put before a table that ends the file
+    if drop and max(drop) == len(lines) - 1 and len(kept) > 1 and kept[-1].strip() == "":
+        kept.pop()
+    result = "".join(kept)
+    try:
+        same = tomlkit.parse(result).unwrap() == tomlkit.parse(fallback).unwrap()
+    except tomlkit.exceptions.ParseError:
+        same = False
+    return result if same else fallback

@@ -1,0 +1,333 @@
+"""containerd: a runtime table whose runc shim calls nvctk-runtime.
+
+Config versions: no `version` key = 1 (plugin "cri"), 2 = containerd 1.x
+("io.containerd.grpc.v1.cri"), 3 = containerd 2.x ("io.containerd.cri.v1.runtime").
+An empty or missing file gets version 2, or 3 when `containerd --version` says 2.x.
+
+--drop-in: the runtime goes into the drop-in file and an `imports` glob for its
+directory into the main file. Before containerd 2.1 an imported file's plugin table
+replaces the main file's one wholesale (a runtime-only drop-in would silently drop
+every other CRI setting, e.g. runc's SystemdCgroup), so there the drop-in carries a
+copy of the main file's CRI plugin table with the runtime added.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import os
+import re
+import shutil
+import subprocess
+from typing import Any
+
+import tomlkit
+from tomlkit.items import Table
+
+from nvctk.engines.common import (
+    RUNC_SHIM,
+    ConfigError,
+    Request,
+    dotted,
+    get_table,
+    insert_table_text,
+    is_our_binary,
+    parse_toml,
+    remove_table_text,
+    set_key,
+    table_indent,
+)
+
+SERVICE = "containerd"
+DEFAULT_CONFIG = "/etc/containerd/config.toml"
+PLUGIN = {
+    1: ["plugins", "cri"],
+    2: ["plugins", "io.containerd.grpc.v1.cri"],
+    3: ["plugins", "io.containerd.cri.v1.runtime"],
+}
+
+Files = dict[str, "bytes | None"]
+
+
+def containerd_version() -> tuple[int, int] | None:
+    """(major, minor) of the installed containerd, None when it is not there."""
+    exe = shutil.which("containerd")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # "containerd github.com/containerd/containerd 1.6.20~ds1 ..." or ".../v2 v2.0.0 ..."
+    fields = out.split()
+    m = re.match(r"v?(\d+)\.(\d+)", fields[2]) if len(fields) >= 3 else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def paths(req: Request) -> list[str]:
+    main = req.config or DEFAULT_CONFIG
+    return [main, req.drop_in] if req.drop_in else [main]
+
+
+def _is_empty(doc: tomlkit.TOMLDocument) -> bool:
+    return len(doc) == 0
+
+
+def _version(doc: tomlkit.TOMLDocument, path: str) -> int:
+    if _is_empty(doc):
+        v = containerd_version()
+        return 3 if v is not None and v[0] >= 2 else 2
+    ver = doc.get("version")
+    if ver is None:
+        return 1
+    if isinstance(ver, bool) or not isinstance(ver, int) or ver not in PLUGIN:
+        raise ConfigError(
+            f"{path}: unknown containerd config version {ver!r} (nvctk knows 1, 2 and 3); "
+            "left untouched"
+        )
+    return int(ver)
+
+
+def _plain(value: Any) -> Any:
+    return value.unwrap() if hasattr(value, "unwrap") else value
+
+
+def _default_name(doc: tomlkit.TOMLDocument, plugin: list[str], path: str) -> str:
+    ctd = get_table(doc, [*plugin, "containerd"], path)
+    name = ctd.get("default_runtime_name") if ctd is not None else None
+    return str(name) if isinstance(name, str) and name else "runc"
+
+
+def _source_runtime(doc: tomlkit.TOMLDocument, plugin: list[str], req: Request,
+                    path: str) -> dict[str, Any]:
+    """The runtime whose settings the new one copies: the default one when it is a
+    runc-shim runtime other than ours, else "runc"; {} when neither is in the file."""
+    runtimes = get_table(doc, [*plugin, "containerd", "runtimes"], path)
+    if runtimes is None:
+        return {}
+    for name in (_default_name(doc, plugin, path), "runc"):
+        rt = runtimes.get(name)
+        if name != req.name and isinstance(rt, dict) and rt.get("runtime_type", RUNC_SHIM) == RUNC_SHIM:
+            return dict(_plain(rt))
+    return {}
+
+
+def _entry(source: dict[str, Any], binary: str) -> dict[str, Any]:
+    """The new runtime's settings: the source's scalar settings and options, with the
+    runc shim as type and nvctk-runtime as BinaryName."""
+    entry: dict[str, Any] = {"runtime_type": RUNC_SHIM}
+    for k, v in source.items():
+        if k not in ("runtime_type", "options") and not isinstance(v, dict):
+            entry[k] = v
+    opts = source.get("options")
+    options: dict[str, Any] = {"BinaryName": binary}
+    if isinstance(opts, dict):
+        for k, v in opts.items():
+            if k != "BinaryName":
+                options[k] = v
+    entry["options"] = options
+    return entry
+
+
+def _block(runtimes_keys: list[str], name: str, entry: dict[str, Any]) -> str:
+    head = dotted([*runtimes_keys, name])
+    lines = [f"[{head}]"]
+    lines += [tomlkit.dumps({k: v}).strip() for k, v in entry.items() if k != "options"]
+    lines += ["", f"[{head}.options]"]
+    lines += [tomlkit.dumps({k: v}).strip() for k, v in entry["options"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _header_indent(tbl: Any) -> str:
+    return table_indent(tbl) if isinstance(tbl, Table) else ""
+
+
+def _ensure_table(doc: Any, keys: list[str], path: str) -> Any:
+    """The table at keys, created (with a header) when missing."""
+    parent = get_table(doc, keys[:-1], path, create=True)
+    if keys[-1] not in parent:
+        parent[keys[-1]] = tomlkit.table()
+    return get_table(doc, keys, path)
+
+
+def _add(doc: tomlkit.TOMLDocument, path: str, version: int, req: Request,
+         source: dict[str, Any], notes: list[str], need_runc: bool) -> str:
+    """The text of `doc` with nvctk's runtime (and default/CDI) in it."""
+    plugin = PLUGIN[version]
+    runtimes_keys = [*plugin, "containerd", "runtimes"]
+    if req.set_as_default:
+        ctd = _ensure_table(doc, [*plugin, "containerd"], path)
+        set_key(ctd, "default_runtime_name", req.name, _header_indent(ctd))
+    if req.cdi:
+        cri = _ensure_table(doc, plugin, path)
+        set_key(cri, "enable_cdi", True, _header_indent(cri))
+    runtimes = get_table(doc, runtimes_keys, path)
+    existing = runtimes.get(req.name) if runtimes is not None else None
+    if existing is None:
+        block = _block(runtimes_keys, req.name, _entry(source, req.runtime_path))
+        if need_runc:
+            # containerd's built-in "runc" runtime exists only while the file names no
+            # runtime at all; once it names one, a missing default runtime makes the CRI
+            # plugin fail to load ("no corresponding runtime configured")
+            runc = f"[{dotted([*runtimes_keys, 'runc'])}]\nruntime_type = \"{RUNC_SHIM}\"\n"
+            block = runc + "\n" + block
+            notes.append(f"{path} named no runtime: added runc too (containerd's built-in "
+                         "one goes once the file names any)")
+        return insert_table_text(doc, runtimes_keys, req.name, block, path)
+    if not isinstance(existing, Table):
+        raise ConfigError(f"{path}: {dotted([*runtimes_keys, req.name])} is not a table; left untouched")
+    opts = existing.get("options")
+    if existing.get("runtime_type") != RUNC_SHIM or not isinstance(opts, dict) \
+            or opts.get("BinaryName") != req.runtime_path:
+        was = opts.get("BinaryName") if isinstance(opts, dict) else None
+        notes.append(f"runtime {req.name!r} existed in {path} (BinaryName {was!r}): "
+                     f"now runs {req.runtime_path}")
+        set_key(existing, "runtime_type", RUNC_SHIM, _header_indent(existing))
+        if not isinstance(opts, Table):
+            existing["options"] = tomlkit.table()
+            opts = existing["options"]
+        set_key(opts, "BinaryName", req.runtime_path, _header_indent(opts))
+    return tomlkit.dumps(doc)
+
+
+def _imports_glob(drop_in: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(drop_in)), "*.toml")
+
+
+def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
+    notes: list[str] = []
+    main_path = paths(req)[0]
+    main_doc = parse_toml(main_path, old[main_path] or b"")
+    version = _version(main_doc, main_path)
+    if _is_empty(main_doc):
+        main_doc["version"] = version
+    plugin = PLUGIN[version]
+    source = _source_runtime(main_doc, plugin, req, main_path)
+    main_runtimes = get_table(main_doc, [*plugin, "containerd", "runtimes"], main_path)
+    need_runc = main_runtimes is None or len(main_runtimes) == 0
+    if req.cdi:
+        v = containerd_version()
+        if v is not None and v < (1, 7):
+            notes.append(f"containerd {v[0]}.{v[1]} ignores enable_cdi (CDI came in 1.7)")
+    if not req.drop_in:
+        return {main_path: _add(main_doc, main_path, version, req, source, notes, need_runc).encode()}, notes
+    if version == 1:
+        raise ConfigError(f"{main_path}: config version 1 cannot import drop-ins; convert it to "
+                          "version 2 or configure without --drop-in")
+    di_path = req.drop_in
+    di_doc = parse_toml(di_path, old[di_path] or b"")
+    if _is_empty(di_doc):
+        di_doc["version"] = version
+        cv = containerd_version()
+        main_cri = get_table(main_doc, plugin, main_path)
+        if (cv is None or cv < (2, 1)) and main_cri is not None:
+            # this containerd replaces the main file's plugin table with the imported one
+            get_table(di_doc, plugin[:-1], di_path, create=True)[plugin[-1]] = copy.deepcopy(main_cri)
+            notes.append(f"containerd {'.'.join(map(str, cv)) if cv else '(unknown version)'} "
+                         f"replaces the main file's {plugin[-1]} table with the drop-in's: "
+                         f"{di_path} carries a copy of it; edit CRI settings there from now on")
+    elif _version(di_doc, di_path) != version:
+        raise ConfigError(f"{di_path}: config version {_version(di_doc, di_path)} differs from "
+                          f"{main_path}'s {version}; left untouched")
+    di_text = _add(di_doc, di_path, version, req, source, notes, need_runc)
+    glob = _imports_glob(di_path)
+    imports = main_doc.get("imports")
+    if imports is None:
+        main_doc["imports"] = [glob]
+    elif not isinstance(imports, list):
+        raise ConfigError(f"{main_path}: imports is not an array; left untouched")
+    elif not any(isinstance(p, str) and fnmatch.fnmatch(os.path.abspath(di_path), p) for p in imports):
+        imports.append(glob)
+    return {main_path: tomlkit.dumps(main_doc).encode(), di_path: di_text.encode()}, notes
+
+
+def binary_in(req: Request, old: Files) -> str | None:
+    """The BinaryName of runtime req.name in the file that holds it (None: no such runtime)."""
+    path = paths(req)[-1]
+    if old[path] is None:
+        return None
+    doc = parse_toml(path, old[path] or b"")
+    main_doc = parse_toml(paths(req)[0], old[paths(req)[0]] or b"")
+    version = _version(main_doc, paths(req)[0]) if not _is_empty(main_doc) else 2
+    runtimes = get_table(doc, [*PLUGIN[version], "containerd", "runtimes"], path) \
+        if not _is_empty(doc) else None
+    rt = runtimes.get(req.name) if runtimes is not None else None
+    opts = rt.get("options") if isinstance(rt, dict) else None
+    name = opts.get("BinaryName") if isinstance(opts, dict) else None
+    return str(name) if isinstance(name, str) else None
+
+
+def _drop_empty_super(doc: Any, keys: list[str]) -> None:
+    """Delete the header-less (super) tables along keys that removing left empty."""
+    for n in range(len(keys), 0, -1):
+        parent = get_table(doc, keys[: n - 1], "") if n > 1 else doc
+        tbl = parent.get(keys[n - 1]) if parent is not None else None
+        if isinstance(tbl, Table) and tbl.is_super_table() and len(tbl) == 0:
+            del parent[keys[n - 1]]
+        else:
+            return
+
+
+def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
+    """Structural removal: nvctk's runtime (refused when the table of that name is
+    someone else's), a default_runtime_name naming it (back to "runc"), the imports
+    glob of a drop-in that was nvctk's alone. None: nothing of nvctk's found."""
+    notes: list[str] = []
+    main_path = paths(req)[0]
+    path = paths(req)[-1]
+    if old[path] is None:
+        return None, notes
+    main_doc = parse_toml(main_path, old[main_path] or b"")
+    doc = parse_toml(path, old[path] or b"") if path != main_path else main_doc
+    if _is_empty(doc):
+        return None, notes
+    version = _version(main_doc, main_path) if not _is_empty(main_doc) else _version(doc, path)
+    plugin = PLUGIN[version]
+    runtimes_keys = [*plugin, "containerd", "runtimes"]
+    runtimes = get_table(doc, runtimes_keys, path)
+    rt = runtimes.get(req.name) if runtimes is not None else None
+    if rt is None:
+        return None, notes
+    opts = rt.get("options") if isinstance(rt, dict) else None
+    binary = opts.get("BinaryName") if isinstance(opts, dict) else None
+    if not isinstance(rt, dict) or rt.get("runtime_type") != RUNC_SHIM or not is_our_binary(binary, req):
+        raise ConfigError(
+            f"{path}: runtime {req.name!r} is not nvctk's (BinaryName {binary!r}); not removing it"
+            + ("" if req.runtime_path else " (give --runtime-path if nvctk-runtime lives there)")
+        )
+    ctd = get_table(doc, [*plugin, "containerd"], path)
+    if ctd is not None and ctd.get("default_runtime_name") == req.name:
+        ctd["default_runtime_name"] = "runc"
+        notes.append(f"{path}: default_runtime_name set back to \"runc\"")
+    text = remove_table_text(doc, [*runtimes_keys, req.name], path)
+    doc = tomlkit.parse(text)
+    _drop_empty_super(doc, runtimes_keys)
+    cri = get_table(doc, plugin, path)
+    if cri is not None and cri.get("enable_cdi") is True:
+        notes.append(f"{path}: enable_cdi left as it is (nvctk cannot tell who set it)")
+    out: Files = {}
+    text = tomlkit.dumps(doc)
+    if path != main_path:
+        # the drop-in is nvctk's file: it goes, and the imports glob with it when no
+        # other file uses that directory
+        out[path] = None
+        glob = _imports_glob(path)
+        imports = main_doc.get("imports")
+        others = [f for f in _glob_files(glob) if os.path.abspath(f) != os.path.abspath(path)]
+        if isinstance(imports, list) and glob in imports and not others:
+            imports.remove(glob)
+        out[main_path] = tomlkit.dumps(main_doc).encode()
+    else:
+        out[path] = None if _is_only_version(text) else text.encode()
+    return out, notes
+
+
+def _glob_files(pattern: str) -> list[str]:
+    import glob as globmod
+
+    return globmod.glob(pattern)
+
+
+def _is_only_version(text: str) -> bool:
+    doc = tomlkit.parse(text)
+    return set(doc.keys()) <= {"version"}

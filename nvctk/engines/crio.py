@@ -1,0 +1,146 @@
+"""CRI-O: nvctk's own drop-in, `[crio.runtime.runtimes.<name>]` with runtime_path,
+runtime_type = "oci" and the default runtime's other settings copied.
+
+CRI-O reads /etc/crio/crio.conf, then /etc/crio/crio.conf.d/*.toml in lexical order
+(later files win, key by key). The default runtime and its settings are looked up
+the same way, in the main file and the other drop-ins; only the drop-in is written.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import tomlkit
+from tomlkit.items import Table
+
+from nvctk.engines.common import (
+    ConfigError,
+    Request,
+    get_table,
+    insert_table_text,
+    is_our_binary,
+    parse_toml,
+    read,
+    remove_table_text,
+    set_key,
+)
+
+SERVICE = "crio"
+DEFAULT_CONFIG = "/etc/crio/crio.conf"
+DEFAULT_DROP_IN = "/etc/crio/crio.conf.d/99-nvctk.toml"
+RUNTIMES = ["crio", "runtime", "runtimes"]
+# settings that name the runtime itself, not how CRI-O runs it
+NOT_COPIED = {"runtime_path", "runtime_type", "runtime_root"}
+
+Files = dict[str, "bytes | None"]
+
+
+def paths(req: Request) -> list[str]:
+    return [req.config or DEFAULT_CONFIG, req.drop_in or DEFAULT_DROP_IN]
+
+
+def readonly_paths(req: Request) -> list[str]:
+    return paths(req)[:1]
+
+
+def _effective(req: Request, old: Files) -> tuple[str, dict[str, Any]]:
+    """The default runtime's name and settings over crio.conf and the other drop-ins."""
+    main, drop_in = paths(req)
+    sources = [(main, old[main])]
+    for f in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(drop_in)), "*.toml"))):
+        if os.path.abspath(f) != os.path.abspath(drop_in):
+            sources.append((f, read(f)))
+    default = "crun"  # CRI-O's own default since 1.31 (runc before)
+    runtimes: dict[str, dict[str, Any]] = {}
+    for path, data in sources:
+        if not data:
+            continue
+        doc = parse_toml(path, data)
+        rt = get_table(doc, ["crio", "runtime"], path)
+        if rt is not None and isinstance(rt.get("default_runtime"), str):
+            default = rt["default_runtime"]
+        tables = get_table(doc, RUNTIMES, path)
+        for name, value in (tables or {}).items():
+            if isinstance(value, dict):
+                runtimes.setdefault(name, {}).update(value.unwrap() if hasattr(value, "unwrap") else value)
+    if default == req.name:
+        default = "crun" if "crun" in runtimes else "runc"
+    return default, runtimes.get(default, {})
+
+
+def _block(name: str, binary: str, source: dict[str, Any]) -> str:
+    lines = [f'[crio.runtime.runtimes.{tomlkit.dumps({name: 0}).split(" =")[0]}]',
+             tomlkit.dumps({"runtime_path": binary}).strip(), 'runtime_type = "oci"']
+    lines += [tomlkit.dumps({k: v}).strip() for k, v in source.items()
+              if k not in NOT_COPIED and not isinstance(v, dict)]
+    return "\n".join(lines) + "\n"
+
+
+def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
+    _, path = paths(req)
+    notes: list[str] = []
+    doc = parse_toml(path, old[path] or b"")
+    _, source = _effective(req, old)
+    if req.cdi:
+        notes.append("CRI-O reads CDI specs (cdi_spec_dirs) by default: --cdi changes nothing")
+    if req.set_as_default:
+        rt = get_table(doc, ["crio", "runtime"], path, create=True)
+        if rt.is_super_table():
+            get_table(doc, ["crio"], path)["runtime"] = tomlkit.table()
+            rt = get_table(doc, ["crio", "runtime"], path)
+        set_key(rt, "default_runtime", req.name)
+    tables = get_table(doc, RUNTIMES, path)
+    cur = tables.get(req.name) if tables is not None else None
+    if cur is None:
+        text = insert_table_text(doc, RUNTIMES, req.name, _block(req.name, req.runtime_path, source), path)
+        return {path: text.encode()}, notes
+    if not isinstance(cur, Table):
+        raise ConfigError(f"{path}: crio.runtime.runtimes.{req.name} is not a table; left untouched")
+    if cur.get("runtime_path") != req.runtime_path or cur.get("runtime_type", "oci") != "oci":
+        notes.append(f"runtime {req.name!r} existed in {path} (runtime_path "
+                     f"{cur.get('runtime_path')!r}): now runs {req.runtime_path}")
+        set_key(cur, "runtime_path", req.runtime_path)
+        set_key(cur, "runtime_type", "oci")
+    return {path: tomlkit.dumps(doc).encode()}, notes
+
+
+def binary_in(req: Request, old: Files) -> str | None:
+    _, path = paths(req)
+    if not old[path]:
+        return None
+    tables = get_table(parse_toml(path, old[path] or b""), RUNTIMES, path)
+    entry = tables.get(req.name) if tables is not None else None
+    value = entry.get("runtime_path") if isinstance(entry, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _has_values(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_has_values(v) for v in value.values())
+    return True
+
+
+def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
+    _, path = paths(req)
+    if not old[path]:
+        return None, []
+    doc = parse_toml(path, old[path] or b"")
+    tables = get_table(doc, RUNTIMES, path)
+    entry = tables.get(req.name) if tables is not None else None
+    if entry is None:
+        return None, []
+    binary = entry.get("runtime_path") if isinstance(entry, dict) else None
+    if not is_our_binary(binary, req):
+        raise ConfigError(
+            f"{path}: runtime {req.name!r} is not nvctk's (runtime_path {binary!r}); not removing it"
+            + ("" if req.runtime_path else " (give --runtime-path if nvctk-runtime lives there)")
+        )
+    rt = get_table(doc, ["crio", "runtime"], path)
+    if rt is not None and rt.get("default_runtime") == req.name:
+        del rt["default_runtime"]
+    doc = tomlkit.parse(remove_table_text(doc, [*RUNTIMES, req.name], path))
+    # nvctk's drop-in: gone when nothing else is left in it
+    keep = _has_values(doc.unwrap())
+    return {path: tomlkit.dumps(doc).encode() if keep else None}, []

@@ -1,0 +1,103 @@
+"""Docker: `runtimes.<name> = {"path": ..., "runtimeArgs": []}` in daemon.json.
+
+JSON keeps no comments, so the file is rewritten from its parsed value with the
+same key order, the indentation it used (detected) and its final newline; a file
+laid out that way already (Docker's docs, `json.dumps(indent=N)`, nvidia-ctk) gets
+only the new lines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from nvctk.engines.common import ConfigError, Request, is_our_binary, parse_json_object
+
+SERVICE = "docker"
+DEFAULT_CONFIG = "/etc/docker/daemon.json"
+
+Files = dict[str, "bytes | None"]
+
+
+def paths(req: Request) -> list[str]:
+    if req.drop_in:
+        raise ConfigError("Docker has no drop-in files: --drop-in is for containerd and CRI-O")
+    return [req.config or DEFAULT_CONFIG]
+
+
+def _indent(text: str) -> str | int:
+    m = re.search(r"^([ \t]+)\"", text, re.M)
+    return m.group(1) if m else 2
+
+
+def _dump(value: dict[str, Any], like: str) -> bytes:
+    text = json.dumps(value, indent=_indent(like), ensure_ascii=False)
+    return (text + "\n").encode() if like.endswith("\n") or not like.strip() else text.encode()
+
+
+def _object(parent: dict[str, Any], key: str, path: str) -> dict[str, Any]:
+    value = parent.setdefault(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: {key!r} is not a JSON object; left untouched")
+    return value
+
+
+def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
+    path = paths(req)[0]
+    raw = old[path] or b""
+    cfg = parse_json_object(path, raw)
+    notes: list[str] = []
+    runtimes = _object(cfg, "runtimes", path)
+    cur = runtimes.get(req.name)
+    want = {"path": req.runtime_path, "runtimeArgs": []}
+    if not (isinstance(cur, dict) and cur.get("path") == req.runtime_path):
+        if cur is not None:
+            notes.append(f"runtime {req.name!r} existed in {path} ({json.dumps(cur)}): "
+                         f"now runs {req.runtime_path}")
+        runtimes[req.name] = want
+    if req.set_as_default:
+        cfg["default-runtime"] = req.name
+    if req.cdi:
+        _object(cfg, "features", path)["cdi"] = True
+    return {path: _dump(cfg, raw.decode("utf-8", "replace"))}, notes
+
+
+def binary_in(req: Request, old: Files) -> str | None:
+    path = paths(req)[0]
+    if old[path] is None:
+        return None
+    rt = parse_json_object(path, old[path] or b"").get("runtimes", {})
+    entry = rt.get(req.name) if isinstance(rt, dict) else None
+    value = entry.get("path") if isinstance(entry, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
+    path = paths(req)[0]
+    if old[path] is None:
+        return None, []
+    raw = old[path] or b""
+    cfg = parse_json_object(path, raw)
+    runtimes = cfg.get("runtimes")
+    entry = runtimes.get(req.name) if isinstance(runtimes, dict) else None
+    if entry is None:
+        return None, []
+    binary = entry.get("path") if isinstance(entry, dict) else None
+    if not is_our_binary(binary, req):
+        raise ConfigError(
+            f"{path}: runtime {req.name!r} is not nvctk's (path {binary!r}); not removing it"
+            + ("" if req.runtime_path else " (give --runtime-path if nvctk-runtime lives there)")
+        )
+    notes: list[str] = []
+    assert isinstance(runtimes, dict)
+    del runtimes[req.name]
+    if not runtimes:
+        del cfg["runtimes"]
+    if cfg.get("default-runtime") == req.name:
+        del cfg["default-runtime"]
+        notes.append(f"{path}: default-runtime removed (Docker's default, runc, applies)")
+    features = cfg.get("features")
+    if isinstance(features, dict) and features.get("cdi") is True:
+        notes.append(f"{path}: features.cdi left as it is (nvctk cannot tell who set it)")
+    return {path: None if not cfg else _dump(cfg, raw.decode("utf-8", "replace"))}, notes

@@ -1,0 +1,537 @@
+"""vGPU state never outlives its container (issue 8 family 6).
+
+Every failure that used to leave the per-container tmpfs mounted on the host (and
+its directory) is run here through the real nvctk-runtime launcher and real runc
+on a simulated host. After each: no tmpfs under state-dir in /proc/self/mountinfo
+and no state dir; either at once (nvctk-runtime creates as runc's parent and
+cleans up when runc fails) or after the collection the next vGPU create runs
+(what a SIGKILL or a killed poststop leaves). The collector's rules, the
+signal forwarding and the fd inheritance of the create are tested with a fake
+runtime where runc cannot show them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvctk import config as nvconfig
+from nvctk import mount, vgpu_state
+from nvctk.errors import NvctkError
+from nvctk.sim import host
+from nvctk.sim.rootfs import build_rootfs
+from nvctk.sim.topology import make_topology
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
+
+BIN = os.path.dirname(sys.executable)
+RUNTIME = os.path.join(BIN, "nvctk-runtime")
+NVCTK = os.path.join(BIN, "nvctk")
+MEM = "CUDA_DEVICE_MEMORY_LIMIT"
+
+
+# --- fixtures --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    return host.init(str(tmp_path_factory.mktemp("leaksim") / "host"),
+                     make_topology(gpus=1, memory_mib=4096))
+
+
+@pytest.fixture(scope="module")
+def base_rootfs(sim: host.SimHost, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_rootfs(str(tmp_path_factory.mktemp("leakrootfs") / "rootfs"))
+
+
+class Host:
+    """Bundles, nvctk-runtime runs and checks on one runc root."""
+
+    def __init__(self, tmp: Path, sim: host.SimHost, base: str) -> None:
+        self.tmp = tmp
+        self.sim = sim
+        self.base = base
+        self.root = str(tmp / "runc-root")
+        self.config_path = sim.config_path
+        self.n = 0
+        self.ids: list[str] = []
+
+    @property
+    def config(self) -> nvconfig.Config:
+        """The sim's config (a test's own config differs in other keys than state-dir)."""
+        return nvconfig.load(self.sim.config_path)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "NVCTK_CONFIG": self.config_path}
+
+    def with_config(self, **replace: str) -> None:
+        """A config of this test's own: the sim's, with lines replaced (key -> new line)."""
+        lines = Path(self.sim.config_path).read_text().splitlines()
+        out = []
+        for line in lines:
+            key = line.split("=", 1)[0].strip()
+            out.append(replace.pop(key) if key in replace else line)
+        out += replace.values()
+        path = self.tmp / "config.toml"
+        path.write_text("\n".join(out) + "\n")
+        self.config_path = str(path)
+
+    def bundle(self, env: dict[str, str] | None = None, edit: Any = None) -> Path:
+        self.n += 1
+        b = self.tmp / f"bundle{self.n}"
+        b.mkdir()
+        shutil.copytree(self.base, b / "rootfs", symlinks=True)
+        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+        spec = json.loads((b / "config.json").read_text())
+        spec["root"] = {"path": "rootfs", "readonly": False}
+        spec["process"].update(
+            terminal=False, args=["/bin/sh", "-c", "sleep 1000"],
+            env=["PATH=/usr/local/bin:/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=0",
+                 *(f"{k}={v}" for k, v in (env if env is not None else {MEM: "512m"}).items())],
+        )
+        if edit is not None:
+            edit(spec)
+        (b / "config.json").write_text(json.dumps(spec, indent="\t"))
+        return b
+
+    def new_id(self) -> str:
+        cid = "leak-" + uuid.uuid4().hex[:10]
+        self.ids.append(cid)
+        return cid
+
+    def argv(self, b: Path, cid: str, sub: str = "create", flags: tuple[str, ...] = ()
+             ) -> list[str]:
+        return [RUNTIME, "--root", self.root, *flags, sub, "--bundle", str(b), cid]
+
+    def create(self, b: Path, cid: str | None = None, sub: str = "create",
+               flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+        cid = self.new_id() if cid is None else cid
+        # files, not pipes: a created container's init holds runc's stdio open
+        with open(self.tmp / "out", "w+") as out, open(self.tmp / "err", "w+") as err:
+            r = subprocess.run(self.argv(b, cid, sub, flags), env=self.env(), stdout=out,
+                               stderr=err, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess(r.args, r.returncode, out.read(), err.read())
+
+    def runc(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["runc", "--root", self.root, *args], capture_output=True,
+                              text=True, timeout=timeout)
+
+    def state_dir(self, cid: str) -> str:
+        return vgpu_state.state_dir_for(self.config, self.root, cid)
+
+    def key_dirs(self) -> list[str]:
+        top = self.config.state_dir
+        if not os.path.isdir(top):
+            return []
+        return sorted(n for n in os.listdir(top) if vgpu_state._is_key_dir(n))
+
+    def mounts_under_state_dir(self) -> list[str]:
+        top = os.path.abspath(self.config.state_dir)
+        return [i.mount_point for i in mount.read_mountinfo()
+                if i.mount_point.startswith(f"{top}/")]
+
+    def assert_clean(self) -> None:
+        assert self.mounts_under_state_dir() == []
+        assert self.key_dirs() == []
+
+    def a_vgpu_create(self) -> None:
+        """The next vGPU create, as any user would make one (it collects): created, then
+        deleted, and its own state gone with it."""
+        b = self.bundle()
+        cid = self.new_id()
+        r = self.create(b, cid)
+        assert r.returncode == 0, r.stderr
+        assert os.path.isdir(self.state_dir(cid))
+        r2 = self.runc("delete", "--force", cid)
+        assert r2.returncode == 0, r2.stderr
+        assert not os.path.exists(self.state_dir(cid))
+
+
+@pytest.fixture
+def h(tmp_path: Path, sim: host.SimHost, base_rootfs: str) -> Iterator[Host]:
+    if shutil.which("runc") is None:
+        pytest.skip("needs runc")
+    hh = Host(tmp_path, sim, base_rootfs)
+    yield hh
+    for cid in hh.ids:
+        hh.runc("delete", "--force", cid)
+    cfg = nvconfig.load(sim.config_path)
+    for name in hh.key_dirs():  # whatever a failing test left, not to spill into the next
+        with contextlib.suppress(OSError, NvctkError):
+            vgpu_state.remove_state_dir(os.path.join(cfg.state_dir, name), cfg)
+
+
+def _relative_cwd(spec: dict[str, Any]) -> None:
+    spec["process"]["cwd"] = "relative/dir"
+
+
+def _hostname_without_uts(spec: dict[str, Any]) -> None:
+    spec["hostname"] = "box"
+    spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"] if n["type"] != "uts"]
+
+
+def _non_object_mount(spec: dict[str, Any]) -> None:
+    spec["mounts"].append("/tmp")
+
+
+# --- runc fails before the container exists: removed at once ----------------------------------
+@pytest.mark.parametrize("edit", [_relative_cwd, _hostname_without_uts, _non_object_mount],
+                         ids=["relative-cwd", "hostname-without-uts", "non-object-mount"])
+def test_spec_runc_refuses_leaves_nothing(h: Host, edit: Any) -> None:
+    r = h.create(h.bundle(edit=edit))
+    assert r.returncode != 0
+    assert r.stderr.strip(), "the failure is reported"
+    h.assert_clean()  # at once: nvctk-runtime removed what it made when runc failed
+
+
+@pytest.mark.parametrize("cid", ["a/b", "", "x" * 300], ids=["slash", "empty", "too-long"])
+def test_bad_id_leaves_nothing(h: Host, cid: str) -> None:
+    r = h.create(h.bundle(), cid)
+    assert r.returncode != 0
+    h.assert_clean()
+
+
+def test_unknown_global_flag_leaves_nothing(h: Host) -> None:
+    r = h.create(h.bundle(), flags=("--no-such-flag",))
+    assert r.returncode != 0 and "no-such-flag" in r.stderr, r.stderr
+    h.assert_clean()
+
+
+def test_absurd_hook_timeout_leaves_nothing(h: Host) -> None:
+    h.with_config(**{"hook-timeout": "hook-timeout = 1000000000000000"})
+    r = h.create(h.bundle())
+    assert r.returncode != 0
+    assert "hook-timeout" in r.stderr, r.stderr  # refused as the config's error
+    h.assert_clean()
+
+
+def test_failed_run_is_collected_by_the_next_create(h: Host) -> None:
+    """`run` still execs runc (a foreground container's runtime stays one process): what
+    a failed run leaves is collected by the next vGPU create."""
+    r = h.create(h.bundle(edit=_relative_cwd), sub="run")
+    assert r.returncode != 0
+    assert len(h.key_dirs()) == 1  # left: nothing outlived runc to remove it
+    h.a_vgpu_create()
+    h.assert_clean()
+
+
+# --- the collector ---------------------------------------------------------------------------
+def _fake_state(cfg: nvconfig.Config, name: str, owner: dict[str, Any] | str | None,
+                age: float = 0) -> str:
+    d = os.path.join(cfg.state_dir, name)
+    os.makedirs(d, 0o700)
+    if owner is not None:
+        Path(d, "owner").write_text(owner if isinstance(owner, str) else json.dumps(owner))
+    if age:
+        t = time.time() - age
+        os.utime(d, (t, t))
+    return d
+
+
+def test_collect_rules(h: Host, tmp_path: Path) -> None:
+    cfg = h.config
+    os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
+    root = str(tmp_path / "rt")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    me = {"pid": os.getpid(), "start": vgpu_state.proc_start_time(os.getpid())}
+    dead = {"pid": gone.pid, "start": 1}
+    os.makedirs(f"{root}/alive", 0o700)
+    Path(f"{root}/alive/state.json").write_text("{}")
+    os.makedirs(f"{root}/half", 0o700)  # a runc killed during create: dir, no state.json
+    stale = [
+        _fake_state(cfg, "0000000000000001-gone", {**dead, "runtime_root": root, "id": "gone"}),
+        _fake_state(cfg, "0000000000000002-half", {**dead, "runtime_root": root, "id": "half"}),
+        _fake_state(cfg, "0000000000000003-old", None, age=vgpu_state.GC_GRACE_S + 60),
+        # a reused pid is not the creator
+        _fake_state(cfg, "0000000000000004-reuse", {"pid": os.getpid(), "start": -1,
+                                                     "runtime_root": root, "id": "reuse"}),
+        _fake_state(cfg, "0000000000000005-junk", "{not json", age=vgpu_state.GC_GRACE_S + 60),
+        # an install killed between its mkdir and its owner file (it holds the lock then)
+        _fake_state(cfg, "0000000000000006-killed", None),
+    ]
+    kept = [
+        _fake_state(cfg, "0000000000000011-alive", {**dead, "runtime_root": root, "id": "alive"}),
+        _fake_state(cfg, "0000000000000012-busy", {**me, "runtime_root": root, "id": "busy"}),
+        # no owner but files (an nvctk that wrote none): only after the grace period
+        _fake_state(cfg, "0000000000000013-young", None),
+    ]
+    Path(kept[-1], "limits").write_text("")
+    os.utime(kept[-1], (time.time() - 10, time.time() - 10))
+    others = [os.path.join(cfg.state_dir, n) for n in ("not-a-key-dir", "0000000000000014")]
+    for o in others:
+        os.makedirs(o)
+        os.utime(o, (0, 0))
+    try:
+        assert sorted(vgpu_state.collect(cfg)) == sorted(stale)
+        for d in stale:
+            assert not os.path.exists(d)
+        for d in kept + others:
+            assert os.path.isdir(d)
+        assert vgpu_state.collect(cfg) == []
+        # the CLI: a shorter grace takes the young one too
+        r = subprocess.run([NVCTK, "vgpu", "gc", "--grace", "1"], env=h.env(),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == [f"removed {kept[2]}",
+                                         f"1 stale vGPU state dir(s) removed from {cfg.state_dir}"]
+    finally:
+        for d in others:
+            os.rmdir(d)
+
+
+def test_failed_create_keeps_a_dir_made_anew_by_another(h: Host) -> None:
+    """A create's clean-up removes only the dir it made (same id, created again meanwhile)."""
+    cfg = h.config
+    d = _fake_state(cfg, "0000000000000021-again", {
+        "pid": os.getpid(), "start": vgpu_state.proc_start_time(os.getpid()),
+        "runtime_root": h.root, "id": "again"})
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not vgpu_state.remove_if_owner(d, cfg, pid=other.pid)
+        assert os.path.isdir(d)
+        assert vgpu_state.remove_if_owner(d, cfg)
+        assert not os.path.exists(d)
+    finally:
+        other.kill()
+        other.wait()
+
+
+# --- the create as runc's parent (a fake runtime shows what it got) ---------------------------
+FAKE = """#!/bin/sh
+# a runtime that reports what it got, then waits to be told to stop
+out={out}
+# the shell's own signal state, read with builtins only (dash blocks signals while it waits)
+{{ echo "pid $$"; echo /proc/$$/fd/*
+  while read -r l; do case $l in SigBlk*|SigIgn*) echo "$l";; esac; done < /proc/$$/status
+}} > $out.tmp
+mv $out.tmp $out
+trap 'echo "got TERM" >> {out}; exit 7' TERM
+i=0
+while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+exit 3
+"""
+
+
+def _fake_runtime(h: Host) -> Path:
+    out = h.tmp / "fake.out"
+    fake = h.tmp / "fake-runc"
+    fake.write_text(FAKE.format(out=out))
+    fake.chmod(0o755)
+    h.with_config(runtimes=f'runtimes = ["{fake}"]')
+    return out
+
+
+def _wait_for(path: Path, p: subprocess.Popen[Any], timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert p.poll() is None, f"nvctk-runtime exited {p.returncode} before the runtime ran"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_create_forwards_signals_and_cleans_up(h: Host) -> None:
+    out = _fake_runtime(h)
+    b = h.bundle()
+    cid = h.new_id()
+    r, w = os.pipe()  # an inherited fd, as --preserve-fds passes them
+    try:
+        p = subprocess.Popen(h.argv(b, cid), env=h.env(), stdin=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, pass_fds=(w,))
+        report = _wait_for(out, p)
+        assert os.path.isdir(h.state_dir(cid))  # made before the runtime started
+        runtime_pid = int(report.split()[1])
+        assert runtime_pid != p.pid  # a child, not an exec
+        assert f"/proc/{runtime_pid}/fd/{w}" in report.splitlines()[1].split()  # inherited
+        assert "SigBlk:\t0000000000000000" in report  # nothing left blocked
+        p.send_signal(signal.SIGTERM)  # a supervisor stopping the runtime
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 7, err  # runc's own status
+        assert "got TERM" in out.read_text()
+        h.assert_clean()  # it failed: what this create made is gone
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_sigkill_of_the_runtime_takes_runc_with_it(h: Host) -> None:
+    out = _fake_runtime(h)
+    cid = h.new_id()
+    p = subprocess.Popen(h.argv(h.bundle(), cid), env=h.env(), stdin=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    child = int(_wait_for(out, p).split()[1])
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, "the runtime outlived nvctk-runtime"
+        time.sleep(0.02)
+    assert len(h.key_dirs()) == 1  # a SIGKILL cleans nothing up ...
+    h.config_path = h.sim.config_path
+    h.a_vgpu_create()  # ... the next vGPU create does
+    h.assert_clean()
+
+
+def test_successful_create_exits_zero_and_keeps_the_state(h: Host, tmp_path: Path) -> None:
+    ok = tmp_path / "ok-runc"
+    ok.write_text("#!/bin/sh\nexit 0\n")
+    ok.chmod(0o755)
+    h.with_config(runtimes=f'runtimes = ["{ok}"]')
+    cid = h.new_id()
+    r = h.create(h.bundle(), cid)
+    assert r.returncode == 0, r.stderr
+    d = h.state_dir(cid)
+    assert os.path.isdir(d) and [m for m in h.mounts_under_state_dir() if m == d]
+    vgpu_state.remove_state_dir(d, h.config)
+
+
+# --- through real runc ------------------------------------------------------------------------
+def _runc_procs(h: Host) -> list[int]:
+    """runc processes working on this test's root, and the container inits of its ids
+    (runc puts each in a cgroup named after the id)."""
+    ids = [f"/{cid}\n".encode() for cid in h.ids]
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{name}/cgroup", "rb") as f:
+                cgroup = f.read()
+        except OSError:
+            continue
+        if h.root.encode() in argv or any(i in cgroup for i in ids):
+            out.append(int(name))
+    return out
+
+
+@pytest.mark.slow
+def test_sigkill_during_create(h: Host) -> None:
+    """SIGKILL of nvctk-runtime at random points of a real create, 20 times; then one more
+    vGPU create: no state, no mount, no runc left."""
+    b = h.bundle()
+    cid = h.new_id()
+    t0 = time.monotonic()
+    r = h.create(b, cid)  # how long a create takes here
+    span = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert h.runc("delete", "--force", cid).returncode == 0
+    rng = random.Random(8)
+    killed = []
+    for _ in range(20):
+        cid = h.new_id()
+        p = subprocess.Popen(h.argv(b, cid), env=h.env(), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0, span))
+        p.kill()
+        p.wait()
+        killed.append(cid)
+    existing = [c for c in killed if vgpu_state.runtime_has(h.root, c)]
+    deadline = time.monotonic() + 10
+    # the only processes left: the inits of containers created before their kill
+    while set(_runc_procs(h)) - set(_init_pids(h, existing)):
+        assert time.monotonic() < deadline, "a runc outlived its nvctk-runtime"
+        time.sleep(0.05)
+    h.a_vgpu_create()  # collects what the kills left
+    for cid in killed:
+        if cid not in existing:  # no container: the collector took its state
+            assert not os.path.exists(h.state_dir(cid)), (cid, _describe(h.state_dir(cid)))
+    for cid in existing:  # created before the kill: a container its supervisor deletes
+        r = h.runc("delete", "--force", cid)
+        assert r.returncode == 0, r.stderr
+    h.assert_clean()
+    assert _runc_procs(h) == []
+
+
+def _init_pids(h: Host, ids: list[str]) -> list[int]:
+    out = []
+    for cid in ids:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            out.append(json.loads(h.runc("state", cid).stdout)["pid"])
+    return out
+
+
+def _find_hook(h: Host, what: str, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if what.encode() in argv and h.root.encode() in argv:
+                return int(name)
+        assert time.monotonic() < deadline, f"no {what} hook ran"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_killed_poststop_is_collected_by_the_next_create(h: Host) -> None:
+    cid = h.new_id()
+    r = h.create(h.bundle(), cid)
+    assert r.returncode == 0, r.stderr
+    d = h.state_dir(cid)
+    assert os.path.isdir(d)
+    with vgpu_state.StateLock(h.config):  # the poststop blocks on it, and is killed there
+        delete = subprocess.Popen(["runc", "--root", h.root, "delete", "--force", cid],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        hook = _find_hook(h, "poststop")
+        os.kill(hook, signal.SIGKILL)
+        delete.communicate(timeout=60)
+    assert os.path.isdir(d) and h.mounts_under_state_dir() == [d]  # the leak, as it was
+    assert not vgpu_state.runtime_has(h.root, cid)
+    h.a_vgpu_create()
+    h.assert_clean()
+
+
+@pytest.mark.slow
+def test_two_containers_from_one_bundle(h: Host) -> None:
+    b = h.bundle()
+    c1, c2 = h.new_id(), h.new_id()
+    for cid in (c1, c2):
+        r = h.create(b, cid)
+        assert r.returncode == 0, r.stderr
+    d1, d2 = h.state_dir(c1), h.state_dir(c2)
+    assert os.path.isdir(d1) and os.path.isdir(d2)
+    r = h.runc("delete", "--force", c1)  # its poststop: its own dir, not the plan's (c2's)
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(d1) and os.path.isdir(d2)
+    r = h.runc("delete", "--force", c2)
+    assert r.returncode == 0, r.stderr
+    h.assert_clean()
+
+
+def _describe(d: str) -> str:
+    """What a leftover state dir holds (for a failure message)."""
+    try:
+        return f"{sorted(os.listdir(d))} owner={vgpu_state.read_owner(d)} mounted={os.path.ismount(d)}"
+    except OSError as e:
+        return str(e)
