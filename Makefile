@@ -22,7 +22,8 @@ apt:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-$(VENV)/.installed: pyproject.toml
+# an editable install builds nvctk/_sys.c in place: again when it changes
+$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

@@ -5,6 +5,11 @@ nvctk/lib/libvgpu.so: build_py runs `make -C libvgpu` and copies the library in.
 Editable installs skip this: nvctk.paths finds libvgpu/build/libvgpu.so in the tree.
 NVCTK_SKIP_LIBVGPU=1 builds a wheel without the library (nvctk then refuses
 containers that ask for GPU limits, saying why).
+
+nvctk._sys (nvctk/_sys.c) is an ordinary extension module: the syscalls the hook and
+the runtime need that `os` lacks, on Python's public C API (no ctypes on the
+container-start path). Every build has it; an editable install (`make venv`) builds
+it in place, next to its source.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import os
 import shutil
 import subprocess
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,4 +49,10 @@ class BuildPyWithLibvgpu(build_py):
         shutil.copy2(os.path.join(LIBVGPU_DIR, LIBVGPU_TARGET), os.path.join(dest, "libvgpu.so"))
 
 
-setup(cmdclass={"build_py": BuildPyWithLibvgpu})
+SYS_EXTENSION = Extension(
+    "nvctk._sys",
+    sources=["nvctk/_sys.c"],
+    extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration"],
+)
+
+setup(cmdclass={"build_py": BuildPyWithLibvgpu}, ext_modules=[SYS_EXTENSION])

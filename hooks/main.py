@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-USAGE = "usage: nvctk-hook prestart|poststop  (OCI state JSON on stdin)\n"
+USAGE = ("usage: nvctk-hook prestart|poststop|create-symlinks --link TARGET::PATH...|"
+         "update-ldcache --folder DIR  (OCI state JSON on stdin)\n")
 
 
 def _exit_now(code: int) -> None:
@@ -49,8 +50,79 @@ def main(argv: list[str] | None = None) -> int:
 
         prestart.sanitize_environ()
         return vgpu_state.poststop_main(sys.stdin.buffer, sys.stderr, args[1:])
+    if cmd in ("create-symlinks", "update-ldcache"):
+        return _cdi_hook(cmd, args[1:])
     sys.stderr.write(f"nvctk-hook: unknown command {cmd!r}\n{USAGE}")
     return 2
+
+
+def _cdi_args(cmd: str, args: list[str]) -> tuple[list[tuple[str, str]], str]:
+    """(links as (path, target), folder) from the CDI hook's arguments; ValueError says
+    what is wrong with them."""
+    flag = "--link" if cmd == "create-symlinks" else "--folder"
+    links: list[tuple[str, str]] = []
+    folder = ""
+    it = iter(args)
+    for a in it:
+        if a != flag:
+            raise ValueError(f"unexpected argument {a!r} (want {flag})")
+        value = next(it, None)
+        if not value or "\0" in value:
+            raise ValueError(f"{flag} needs a value")
+        if cmd == "create-symlinks":
+            target, sep, path = value.partition("::")
+            if not sep or not target or not path.startswith("/"):
+                raise ValueError(f"--link {value!r}: want TARGET::/ABSOLUTE/PATH")
+            links.append((path, target))
+        else:
+            if folder or not value.startswith("/"):
+                raise ValueError(f"--folder {value!r}: want one absolute container path")
+            folder = value
+    if not links and not folder:
+        raise ValueError(f"{flag} is required")
+    return links, folder
+
+
+def _cdi_hook(cmd: str, args: list[str]) -> int:
+    """A CDI spec's hook: the prestart hook's worker with a plan of only these links, or
+    only the ldconfig run (nvctk.prestart.apply_plan: capabilities limited, paths resolved
+    inside the rootfs, the host's static ldconfig chrooted)."""
+    from nvctk import config as nvconfig
+    from nvctk import prestart
+    from nvctk.errors import NvctkError, SpecError
+    from nvctk.oci import load_spec
+    from nvctk.plan import Plan, Symlink
+
+    prestart.sanitize_environ()
+    try:
+        links, folder = _cdi_args(cmd, args)
+    except ValueError as e:
+        sys.stderr.write(f"nvctk-hook: {cmd}: {e}\n{USAGE}")
+        return 2
+    try:
+        state = prestart.parse_state(sys.stdin.buffer.read())
+        if state.pid <= 0:
+            raise SpecError(f"hook state on stdin: container {state.id} has no pid")
+        config = nvconfig.load()
+        rootfs = prestart.rootfs_path(state, load_spec(state.bundle))
+        plan = Plan("", (), (), symlinks=tuple(Symlink(p, t) for p, t in links),
+                    lib_dir=folder or "/", ldconfig=config.ldconfig if folder else "")
+        log = prestart.HookLog(config.log_file, config.log_level)
+        try:
+            prestart.apply_plan(plan, rootfs, state.pid, log, drop_parent_caps=True)
+            log.info(f"{state.id}: {cmd} done")
+        except NvctkError as e:
+            log.error(f"{state.id}: {cmd}: {e}")
+            raise
+        finally:
+            log.close()
+        return 0
+    except NvctkError as e:
+        sys.stderr.write(f"nvctk-hook: {cmd}: {e}\n")
+        return 1
+    except Exception as e:  # a bug: still a clear, non-zero failure
+        sys.stderr.write(f"nvctk-hook: {cmd}: internal error: {e!r}\n")
+        return 1
 
 
 if __name__ == "__main__":

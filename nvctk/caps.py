@@ -1,4 +1,4 @@
-"""Capability handling for the prestart hook (python-prctl's C module, `_prctl`).
+"""Capability handling for the prestart hook (capget/capset/prctl of nvctk._sys).
 
 The hook's worker process first `restrict`s itself to the union of the
 capabilities its steps need (bounding set, permitted, inheritable; ambient goes
@@ -6,17 +6,17 @@ with inheritable) and sets no_new_privs; each step then `enter_step`s, which
 raises exactly that step's capabilities into the effective set and logs
 ``caps step=<name> effective=<list>`` at debug level.
 
-This runs in every GPU container's start, so it talks to `_prctl` directly:
-python-prctl's `prctl` wrapper module costs about a millisecond to import (it
-generates a property per capability and flag) and re-parses name lists on
-every call; here each step is one capset, plus a capget for the log line.
+This runs in every GPU container's start, so the sets are bit masks handed to the
+kernel by nvctk._sys (nvctk/_sys.c, Python's public C API): each step is one capset,
+plus a capget for the log line. (python-prctl's public `prctl` module costs about a
+millisecond to import, and its C module `_prctl` is that library's private part.)
 """
 
 from __future__ import annotations
 
 import os
 
-import _prctl
+from nvctk import _sys
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
@@ -28,9 +28,17 @@ if TYPE_CHECKING:
         def debug(self, msg: str) -> None: ...
 
 
-CAP_EFFECTIVE: int = _prctl.CAP_EFFECTIVE
-CAP_PERMITTED: int = _prctl.CAP_PERMITTED
-CAP_INHERITABLE: int = _prctl.CAP_INHERITABLE
+# indexes into what _sys.capget() returns
+CAP_EFFECTIVE = 0
+CAP_PERMITTED = 1
+CAP_INHERITABLE = 2
+
+# <linux/prctl.h>
+PR_SET_PDEATHSIG = 1
+PR_CAPBSET_READ = 23
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_GET_NO_NEW_PRIVS = 39
 
 # what each step of the hook needs in its effective set
 STEP_CAPS: dict[str, tuple[str, ...]] = {
@@ -53,22 +61,18 @@ STEP_CAPS: dict[str, tuple[str, ...]] = {
     "done": (),
 }
 
-_FLAG_NAMES = ("CAP_EFFECTIVE", "CAP_PERMITTED", "CAP_INHERITABLE")
-# python-prctl names cap 40 after CAP_LAST_CAP of its build headers
-_NAME_FIX = {"last_cap": "checkpoint_restore"}
-
-
-def _cap_table() -> dict[str, int]:
-    out: dict[str, int] = {}
-    for attr in dir(_prctl):
-        if attr.startswith("CAP_") and attr not in _FLAG_NAMES:
-            name = attr[4:].lower()
-            out[_NAME_FIX.get(name, name)] = int(getattr(_prctl, attr))
-    return out
-
-
-NUMBERS: dict[str, int] = _cap_table()  # capability name (lower case, no CAP_) -> number
-NAMES: dict[int, str] = {num: name for name, num in NUMBERS.items()}
+# <linux/capability.h>, in number order (capability(7))
+_CAP_NAMES = (
+    "chown", "dac_override", "dac_read_search", "fowner", "fsetid", "kill", "setgid",
+    "setuid", "setpcap", "linux_immutable", "net_bind_service", "net_broadcast",
+    "net_admin", "net_raw", "ipc_lock", "ipc_owner", "sys_module", "sys_rawio",
+    "sys_chroot", "sys_ptrace", "sys_pacct", "sys_admin", "sys_boot", "sys_nice",
+    "sys_resource", "sys_time", "sys_tty_config", "mknod", "lease", "audit_write",
+    "audit_control", "setfcap", "mac_override", "mac_admin", "syslog", "wake_alarm",
+    "block_suspend", "audit_read", "perfmon", "bpf", "checkpoint_restore",
+)
+NUMBERS: dict[str, int] = {n: i for i, n in enumerate(_CAP_NAMES)}  # name (no CAP_) -> number
+NAMES: dict[int, str] = dict(enumerate(_CAP_NAMES))
 _last: int = -1
 
 
@@ -77,6 +81,13 @@ def _cap_number(name: str) -> int:
         return NUMBERS[name]
     except KeyError:
         raise ValueError(f"unknown capability {name!r}") from None
+
+
+def _mask(names: Iterable[str]) -> int:
+    m = 0
+    for n in names:
+        m |= 1 << _cap_number(n)
+    return m
 
 
 def _last_cap() -> int:
@@ -100,20 +111,13 @@ def warm_up() -> None:
     _last_cap()
 
 
-def _known() -> list[int]:
-    """The capabilities both the kernel and python-prctl's build know."""
-    last = _last_cap()
-    return [c for c in NAMES if c <= last]
+def _names(mask: int) -> list[str]:
+    return sorted(NAMES.get(c, f"cap_{c}") for c in range(_last_cap() + 1) if mask >> c & 1)
 
 
 def current(flag: int = CAP_EFFECTIVE) -> list[str]:
     """Names of the capabilities in one of our sets (effective by default)."""
-    known = _known()
-    empty: list[int] = []
-    args = [known if f == flag else empty for f in (CAP_EFFECTIVE, CAP_PERMITTED,
-                                                     CAP_INHERITABLE)]
-    got = _prctl.get_caps(*args)[flag]
-    return sorted(NAMES[c] for c, on in got.items() if on)
+    return _names(_sys.capget()[flag])
 
 
 def needed(steps: Iterable[str]) -> set[str]:
@@ -123,20 +127,19 @@ def needed(steps: Iterable[str]) -> set[str]:
     return out
 
 
-def _drop_bounding(keep: set[int]) -> None:
-    """Drop every capability but keep from the bounding set. Only those still there:
-    without CAP_SETPCAP (a runtime started with a reduced bounding set) every
-    PR_CAPBSET_DROP fails, even of a capability already gone."""
-    prctl, read, drop = _prctl.prctl, _prctl.PR_CAPBSET_READ, _prctl.PR_CAPBSET_DROP
+def _drop_bounding(keep: int) -> None:
+    """Drop every capability but those in mask keep from the bounding set. Only those
+    still there: without CAP_SETPCAP (a runtime started with a reduced bounding set)
+    every PR_CAPBSET_DROP fails, even of a capability already gone."""
+    prctl = _sys.prctl
     for cap in range(_last_cap() + 1):
-        if cap not in keep and prctl(read, cap):
-            prctl(drop, cap)
+        if not keep >> cap & 1 and prctl(PR_CAPBSET_READ, cap):
+            prctl(PR_CAPBSET_DROP, cap)
 
 
-def _setpcap_effective() -> None:
+def _setpcap_effective(eff: int, perm: int, inh: int) -> None:
     """Raise CAP_SETPCAP (needed to shrink the bounding set) if we may."""
-    setpcap = NUMBERS["setpcap"]
-    _prctl.set_caps([setpcap], [], [], [], [], [])
+    _sys.capset(eff | 1 << NUMBERS["setpcap"], perm, inh)
 
 
 def restrict(keep: Iterable[str], log: DebugLog | None = None) -> None:
@@ -145,47 +148,42 @@ def restrict(keep: Iterable[str], log: DebugLog | None = None) -> None:
     Must be called while CAP_SETPCAP is still effective (as root, normally).
     Afterwards the effective set is empty until `enter_step`.
     """
-    nums = {_cap_number(n) for n in keep}
+    nums = _mask(keep)
     setpcap = NUMBERS["setpcap"]
-    if _prctl.prctl(_prctl.PR_CAPBSET_READ, setpcap) and not _prctl.get_caps(
-            [setpcap], [], [])[CAP_EFFECTIVE][setpcap]:
-        _setpcap_effective()
+    eff, perm, inh = _sys.capget()
+    if _sys.prctl(PR_CAPBSET_READ, setpcap) and not eff >> setpcap & 1:
+        _setpcap_effective(eff, perm, inh)
     _drop_bounding(nums)
-    known = _known()
-    # one capset: effective and inheritable emptied, permitted down to keep
-    _prctl.set_caps([], [], [], known, [c for c in known if c not in nums], known)
-    _prctl.prctl(_prctl.PR_SET_NO_NEW_PRIVS, 1)
+    # one capset: effective and inheritable (so ambient) emptied, permitted down to keep
+    _sys.capset(0, perm & nums, 0)
+    _sys.prctl(PR_SET_NO_NEW_PRIVS, 1)
     if log is not None:
         permitted = ",".join(current(CAP_PERMITTED)) or "-"
-        nnp = _prctl.prctl(_prctl.PR_GET_NO_NEW_PRIVS)
+        nnp = _sys.prctl(PR_GET_NO_NEW_PRIVS)
         log.debug(f"caps restricted permitted={permitted} no_new_privs={nnp}")
 
 
 def enter_step(step: str, log: DebugLog, extra: Iterable[str] = ()) -> list[str]:
     """Make exactly the step's capabilities effective and log the effective set."""
-    want = {_cap_number(n) for n in STEP_CAPS[step]} | {_cap_number(n) for n in extra}
-    known = _known()
-    permitted = _prctl.get_caps([], known, [])[CAP_PERMITTED]
+    want = _mask(STEP_CAPS[step]) | _mask(extra)
+    _eff, perm, inh = _sys.capget()
     # a cap we gave up cannot come back; the syscall that needs it will say so
-    on = [c for c in want if permitted.get(c)]
-    _prctl.set_caps(on, [], [], [c for c in known if c not in want], [], [])
+    _sys.capset(want & perm, perm, inh)
     eff = current()  # read back: the log line says what the kernel has, not what we asked
     log.debug(f"caps step={step} effective={','.join(eff) or '-'}")
     return eff
 
 
 def limit_to(keep: Iterable[str]) -> None:
-    """Shrink permitted (and bounding) to keep, e.g. in a process about to exec."""
-    nums = {_cap_number(n) for n in keep}
-    setpcap = NUMBERS["setpcap"]
-    if _prctl.get_caps([], [setpcap], [])[CAP_PERMITTED][setpcap]:
-        _setpcap_effective()
+    """Shrink permitted (and bounding) to keep, e.g. in a process about to exec; the
+    ones of keep still permitted become effective."""
+    nums = _mask(keep)
+    eff, perm, inh = _sys.capget()
+    if perm >> NUMBERS["setpcap"] & 1:
+        _setpcap_effective(eff, perm, inh)
         _drop_bounding(nums)
-    known = _known()
-    drop = [c for c in known if c not in nums]
-    _prctl.set_caps([], [], [], drop, drop, drop)
-    if nums:
-        _prctl.set_caps(list(nums), [], [], [], [], [])
+    perm &= nums
+    _sys.capset(perm, perm, inh & nums)
 
 
 def drop_all() -> None:
@@ -197,6 +195,6 @@ def die_with_parent(parent: int) -> None:
     """SIGKILL this process when the one that forked it (pid parent) dies; exits at
     once if it is already gone (the signal is set for the parent of the moment).
     Survives execve of a program without file capabilities or set-id bits."""
-    _prctl.prctl(_prctl.PR_SET_PDEATHSIG, 9)  # SIGKILL, without importing signal
+    _sys.prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL, without importing signal
     if os.getppid() != parent:
         os._exit(1)

@@ -239,6 +239,27 @@ def _find_binary(root: str, name: str) -> str | None:
     return None
 
 
+DRM_NODE_PREFIXES = ("card", "renderD")
+
+
+def drm_node_names(driver_root: str, bus_id: str) -> list[str]:
+    """The DRM nodes (card<N>, renderD<M>) of the PCI device bus_id ("0000:1b:00.0", sysfs's
+    form), as <root>/sys/bus/pci/devices/<bus_id>/drm/ names them; [] when nvidia-drm is
+    not loaded for it. Other entries there (controlD<N> of old kernels) are skipped."""
+    try:
+        names = os.listdir(os.path.join(driver_root, "sys/bus/pci/devices", bus_id, "drm"))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        for prefix in DRM_NODE_PREFIXES:
+            digits = n[len(prefix):]
+            if n.startswith(prefix) and digits.isascii() and digits.isdigit():
+                out.append(n)
+    # card before renderD, each in number order
+    return sorted(out, key=lambda n: (not n.startswith("card"), len(n), n))
+
+
 def discover_files(driver_root: str, driver_version: str,
                    capabilities: Iterable[str] | None = None) -> DriverFiles:
     """The driver files at `driver_root` for `driver_version`; raises DriverError when

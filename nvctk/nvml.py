@@ -13,14 +13,16 @@ validated cache and imports this module (and pynvml) only on a miss.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import math
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
+
+import pynvml
 
 from nvctk import ldcache
 from nvctk.driver import resolve_in_root
@@ -29,34 +31,6 @@ from nvctk.errors import DriverError
 # The records live in nvctk.host (the cache's side, which never imports pynvml);
 # re-exported here for the callers that name them nvml.HostInfo & co.
 from nvctk.host import GpuInfo, HostInfo, MigInfo
-
-
-def _import_pynvml() -> Any:
-    """pynvml, without the ctypes.util it imports for a find_library it never calls
-    here (we hand it the library): ctypes.util pulls in subprocess, 4-6 ms of every
-    GPU container's start. The stand-in is seen only while pynvml is imported."""
-    if "ctypes.util" in sys.modules or "pynvml" in sys.modules:
-        import pynvml as mod
-
-        return mod
-
-    def find_library(name: str) -> str | None:
-        from ctypes.util import find_library as real
-
-        return real(name)
-
-    stub = type(sys)("ctypes.util")
-    stub.find_library = find_library  # type: ignore[attr-defined]
-    sys.modules["ctypes.util"] = stub
-    try:
-        import pynvml as mod
-    finally:
-        if sys.modules.get("ctypes.util") is stub:
-            del sys.modules["ctypes.util"]
-    return mod
-
-
-pynvml = _import_pynvml()
 
 NVML_SONAME = "libnvidia-ml.so.1"
 MIB = 1024 * 1024
@@ -208,38 +182,66 @@ def _env(name: str, value: str | None) -> Iterator[None]:
                 os.environ[name] = old
 
 
+def _pynvml_for(lib_path: str) -> tuple[Any, ctypes.CDLL]:
+    """A pynvml module bound to the library at lib_path.
+
+    pynvml loads "libnvidia-ml.so.1" through the dynamic loader unless its `nvmlLib`
+    is already set, and keeps that library (and the function pointers it looked up)
+    for the life of its module. So the first library gets the imported pynvml, and
+    each other library its own instance of the module (importlib's public API; only a
+    process that queries several driver roots, like the tests, pays for a second).
+    Were `nvmlLib` gone in a later pynvml, this says so instead of letting pynvml load
+    whatever libnvidia-ml.so.1 the host's loader finds."""
+    if lib_path in _bound:
+        return _bound[lib_path]
+    try:
+        lib = ctypes.CDLL(lib_path)
+    except OSError as e:
+        raise DriverError(f"cannot load {lib_path}: {e}")
+    if "nvmlLib" not in vars(pynvml):  # loud, not a silent load of the host's library
+        raise DriverError("this nvidia-ml-py (pynvml) cannot be given a library to use")
+    if _bound or vars(pynvml)["nvmlLib"] is not None:
+        spec = importlib.util.find_spec("pynvml")
+        if spec is None or spec.loader is None:
+            raise DriverError("pynvml (nvidia-ml-py) is not importable")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    else:
+        mod = pynvml
+    mod.nvmlLib = lib
+    _bound[lib_path] = (mod, lib)
+    return mod, lib
+
+
+_bound: dict[str, tuple[Any, ctypes.CDLL]] = {}  # library path -> (pynvml module, library)
+
+
 @contextmanager
 def session(driver_root: str) -> Iterator[str]:
     """NVML from the root's library, initialised for the duration; yields the library path.
-    pynvml calls made inside the block go to that library."""
+    The module-level name `pynvml` is the module bound to that library inside the block."""
+    global pynvml
     lib_path = find_library(driver_root)
     root = os.path.abspath(driver_root)
     dev_dir = None if root == "/" else os.path.join(root, "dev")
     with _lock, _env("NVSIM_DEV_DIR", dev_dir):
-        try:
-            lib = ctypes.CDLL(lib_path)
-        except OSError as e:
-            raise DriverError(f"cannot load {lib_path}: {e}")
-        with pynvml.libLoadLock:
-            saved = pynvml.nvmlLib
-            pynvml.nvmlLib = lib
-            pynvml._nvmlGetFunctionPointer_cache.clear()
+        saved = pynvml
+        mod, _lib = _pynvml_for(lib_path)
+        pynvml = mod
         try:
             try:
-                pynvml.nvmlInit()
-            except pynvml.NVMLError as e:
+                mod.nvmlInit()
+            except mod.NVMLError as e:
                 raise DriverError(f"NVML at {lib_path}: init failed: {e}")
             try:
                 yield lib_path
             finally:
                 try:
-                    pynvml.nvmlShutdown()
-                except pynvml.NVMLError:
+                    mod.nvmlShutdown()
+                except mod.NVMLError:
                     pass
         finally:
-            with pynvml.libLoadLock:
-                pynvml.nvmlLib = saved
-                pynvml._nvmlGetFunctionPointer_cache.clear()
+            pynvml = saved
 
 
 def query_host(driver_root: str) -> HostInfo:

@@ -220,9 +220,36 @@ def _cap_node(files: nvdriver.DriverFiles, access_rel: str) -> DeviceNode:
                  "nvidia-caps", minor)
 
 
+def drm_nodes(request: Request, selected: list[Selected],
+              files: nvdriver.DriverFiles) -> list[tuple[str, str]]:
+    """(sysfs bus id, node name) of the selected whole GPUs' DRM nodes, for containers
+    with the graphics or display capability (as NVIDIA's toolkit gives them); a MIG
+    device has no display engine of its own."""
+    if not {"graphics", "display"} & set(request.capabilities):
+        return []
+    out = []
+    for sel in selected:
+        if sel.mig is None:
+            bus = proc_bus_id(sel.gpu.pci_bus_id)
+            out += [(bus, n) for n in nvdriver.drm_node_names(files.driver_root, bus)]
+    return out
+
+
+def plan_drm_links(drm: list[tuple[str, str]]) -> list[Symlink]:
+    """udev's /dev/dri/by-path/pci-<busid>-{card,render} links (what Mesa, Vulkan
+    loaders and X servers find a GPU's nodes by) for these DRM nodes."""
+    out = []
+    for bus, name in drm:
+        kind = "card" if name.startswith("card") else "render"
+        out.append(Symlink(f"/dev/dri/by-path/pci-{bus}-{kind}", f"../{name}"))
+    return out
+
+
 def plan_devices(
-    request: Request, selected: list[Selected], files: nvdriver.DriverFiles
+    request: Request, selected: list[Selected], files: nvdriver.DriverFiles,
+    drm: list[tuple[str, str]] | None = None,
 ) -> list[DeviceNode]:
+    """drm: drm_nodes(...) when the caller has them already."""
     dev = files.dev_dir
     nodes = [_node(dev, "nvidiactl")]
     for sel in selected:
@@ -232,6 +259,8 @@ def plan_devices(
         nodes += [_node(dev, "nvidia-uvm"), _node(dev, "nvidia-uvm-tools")]
     if "display" in caps:
         nodes.append(_node(dev, "nvidia-modeset"))
+    for _, name in drm_nodes(request, selected, files) if drm is None else drm:
+        nodes.append(_node(dev, f"dri/{name}"))
     for sel in selected:
         if sel.mig is not None:
             # MIG paths use the parent's minor number, not its NVML index
@@ -460,9 +489,10 @@ def make_plan(
         rootfs = oci.root_path(spec, bundle)
     lib_dir, lib32_dir = container_lib_dirs(rootfs)
 
-    devices = plan_devices(request, selected, files)
+    drm = drm_nodes(request, selected, files)
+    devices = plan_devices(request, selected, files, drm)
     mounts = plan_mounts(request, files, config, lib_dir, lib32_dir)
-    symlinks = plan_symlinks(mounts, lib_dir, host.driver_version)
+    symlinks = plan_symlinks(mounts, lib_dir, host.driver_version) + plan_drm_links(drm)
     gpu_uuids = tuple(dict.fromkeys(s.gpu.uuid for s in selected))
     vgpu = plan_vgpu(request, selected, config, spec, rootfs=rootfs,
                      container_id=container_id or (os.path.basename(bundle) if bundle else None),

@@ -268,7 +268,7 @@ def _install_vgpu(plan: Plan, spec: dict[str, Any], bundle: str, config: Config,
                   logger: Logger | None) -> bool:
     """(Re)create the container's vGPU state dir; False if left alone because the
     runtime already has a container of this id (runc then refuses the create)."""
-    from nvctk import vgpu_state  # only for vGPU: it brings nvctk.mount (ctypes), re, ...
+    from nvctk import vgpu_state  # only for vGPU: it brings nvctk.mount, re, ...
 
     assert plan.vgpu is not None
     if container_id and os.path.isdir(
@@ -398,10 +398,9 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
     """
     import signal
 
-    from nvctk import ffi
+    from nvctk import _sys
 
     sigs = [getattr(signal, n) for n in FORWARDED_SIGNALS]
-    prctl = ffi.libc_function("prctl")
     parent = os.getpid()
     child = 0
 
@@ -424,8 +423,7 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
     if pid == 0:  # the child: never returns into the caller's code
         code = 127
         try:
-            prctl(_PR_SET_PDEATHSIG, ffi.c_ulong(signal.SIGKILL), ffi.c_ulong(0),
-                  ffi.c_ulong(0), ffi.c_ulong(0))
+            _sys.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != parent:  # the parent died before prctl took effect
                 os._exit(128 + signal.SIGKILL)
             for s, h in old.items():  # as an exec from here would leave them

@@ -166,3 +166,18 @@ def test_dockerd_lists_configured_runtime(run_nvctk: Run, work: Path) -> None:
     assert run_nvctk("configure", "--runtime", "docker", "--config", str(cfg),
                      "--remove").returncode == 0
     assert cfg.read_bytes() == before
+
+
+def test_containerd_cri_plugin_loads_after_configuring_a_file_without_runtimes(
+        run_nvctk: Run, work: Path) -> None:
+    """A file that names no runtime relies on containerd's built-in runc, which goes
+    once any runtime is named: configure adds runc, or the CRI plugin fails to load."""
+    _need("containerd", "ctr")
+    cfg = user_config(work, 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n'
+                            '  sandbox_image = "registry.example/pause:9"\n')
+    res = run_nvctk("configure", "--runtime", "containerd", "--config", str(cfg))
+    assert res.returncode == 0, res.stderr
+    d = cri(dump(cfg))
+    assert d["sandbox_image"] == "registry.example/pause:9"
+    assert set(d["containerd"]["runtimes"]) == {"runc", "nvidia"}
+    cri_plugin_ok(work)

@@ -137,7 +137,7 @@ def test_launcher_in_venv_layout_with_editable_finder(tmp_path: Path) -> None:
 
 
 def _check_hook(hook: Path | str, env: dict[str, str] | None = None) -> None:
-    """The hook starts, imports nvctk.prestart (and prctl) and rejects a bad state."""
+    """The hook starts, imports nvctk.prestart (and nvctk._sys) and rejects a bad state."""
     r = _run([str(hook), "prestart"], input="{}", env=env)
     assert r.returncode == 1, r.stderr
     assert r.stderr.startswith("nvctk-hook: ") and "Traceback" not in r.stderr, r.stderr
@@ -179,7 +179,7 @@ def test_launcher_through_a_symlink_to_this_venv(tmp_path: Path) -> None:
 
 
 def test_hook_launcher_in_this_venv() -> None:
-    """Without site: the dependencies (prctl) come from the venv's site-packages."""
+    """Without site: nvctk (nvctk._sys included) comes from the venv's layout."""
     _check_hook(_dev_launcher("nvctk-hook"))
 
 
@@ -244,6 +244,8 @@ def test_wheel_contents(wheel: Path) -> None:
     assert "nvctk/runtime_shim/nvctk-runtime" not in names
     assert "nvctk/runtime_shim/nvctk-hook" not in names
     assert "nvctk/lib/libvgpu.so" in names
+    # the compiled syscall module the hook and the runtime import (nvctk/_sys.c)
+    assert [n for n in names if n.startswith("nvctk/_sys.") and n.endswith(".so")], names
     with zipfile.ZipFile(whl) as z:
         assert z.read("nvctk/lib/libvgpu.so")[:4] == b"\x7fELF"
 
@@ -308,6 +310,8 @@ def test_deb_contents(deb: Path) -> None:
                  "/usr/lib/nvctk/python/nvctk/lib/libvgpu.so",
                  "/usr/lib/nvctk/python/click/__init__.py"):
         assert need in files, need
+    assert [f for f in files if f.startswith("/usr/lib/nvctk/python/nvctk/_sys.")
+            and f.endswith(".so")], "the compiled nvctk._sys"
     assert not [f for f in files if f.startswith("/usr/lib/nvctk/python/bin")]
     assert not [f for f in files if f.startswith(("/usr/lib/nvctk/python/cli/",
                                                   "/usr/lib/nvctk/python/hooks/"))]
@@ -322,7 +326,7 @@ def test_deb_extracted_runs(deb: Path, tmp_path: Path) -> None:
     root = tmp_path / "root"
     assert _run(["dpkg", "-x", str(deb), str(root)]).returncode == 0
     pydir = root / "usr" / "lib" / "nvctk" / "python"
-    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import nvctk.paths, yaml, prctl;"
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import nvctk.paths, nvctk._sys;"
             "print(nvctk.paths.vgpu_library()); from nvctk.cli.main import main;"
             "sys.argv[0] = 'nvctk'; sys.exit(main())")
     r = _run(["/usr/bin/python3", "-I", "-S", "-c", code, str(pydir), "config", "default"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,13 @@ import pytest
 from nvctk import config as nvconfig
 from nvctk import driver, mount, planner, vgpu
 from nvctk import host as nvhost
-from nvctk.errors import RequestError, RequirementError, SpecError, UnknownDeviceError
+from nvctk.errors import (
+    DriverError,
+    RequestError,
+    RequirementError,
+    SpecError,
+    UnknownDeviceError,
+)
 from nvctk.nvml import HostInfo, query_host
 from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
 from nvctk.planner import container_lib_dirs, make_plan, proc_bus_id
@@ -463,3 +470,125 @@ def test_mig(sim_host_mig: SimHost) -> None:
              capabilities={"bounding": ["CAP_SYS_ADMIN"]}), cfg, host)
     assert priv is not None
     assert {"/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"} <= set(nodes(priv))
+
+
+# --- DRM nodes (graphics, display) ------------------------------------------------------------
+
+
+def _sysfs_drm(root: Path, bus: str, names: list[str]) -> None:
+    d = root / "sys/bus/pci/devices" / bus / "drm"
+    d.mkdir(parents=True)
+    for n in names:
+        (d / n).mkdir()
+
+
+@pytest.mark.parametrize(("names", "want"), [
+    (["card1", "renderD129"], ["card1", "renderD129"]),
+    (["renderD128", "card0"], ["card0", "renderD128"]),
+    (["card10", "card2", "renderD130"], ["card2", "card10", "renderD130"]),
+    (["controlD64", "card0", "cardx", "card", "renderD", "card\u0661", "version"], ["card0"]),
+    ([], []),
+])
+def test_drm_node_names(tmp_path: Path, names: list[str], want: list[str]) -> None:
+    _sysfs_drm(tmp_path, "0000:1b:00.0", names)
+    assert driver.drm_node_names(str(tmp_path), "0000:1b:00.0") == want
+
+
+def test_drm_node_names_without_nvidia_drm(tmp_path: Path) -> None:
+    assert driver.drm_node_names(str(tmp_path), "0000:1b:00.0") == []
+
+
+def test_drm_links_are_udev_by_path_names() -> None:
+    links = planner.plan_drm_links([("0000:1b:00.0", "card1"), ("0000:1b:00.0", "renderD129")])
+    assert links == [Symlink("/dev/dri/by-path/pci-0000:1b:00.0-card", "../card1"),
+                     Symlink("/dev/dri/by-path/pci-0000:1b:00.0-render", "../renderD129")]
+
+
+@pytest.mark.parametrize(("caps", "gets_drm"), [
+    ("graphics", True), ("display", True), ("compute,utility,graphics", True),
+    ("compute,utility", False), ("video", False), ("all", True),
+])
+def test_drm_nodes_by_capability(cfg: nvconfig.Config, host: HostInfo, sim_host: SimHost,
+                                 caps: str, gets_drm: bool) -> None:
+    p = plan(cfg, host, {NVD: "1", "NVIDIA_DRIVER_CAPABILITIES": caps})
+    g1 = sim_host.topology.gpus[1]
+    bus = proc_bus_id(g1.pci_bus_id)
+    card, render = f"card{g1.minor}", f"renderD{128 + g1.minor}"
+    drm = [d for d in p.devices if d.path.startswith("/dev/dri/")]
+    links = [s for s in p.symlinks if s.container_path.startswith("/dev/dri/")]
+    if not gets_drm:
+        assert drm == [] and links == []
+        return
+    assert [(d.path, d.major, d.minor) for d in drm] == [
+        (f"/dev/dri/{card}", sim_host.drm_major, g1.minor),
+        (f"/dev/dri/{render}", sim_host.drm_major, 128 + g1.minor),
+    ]
+    assert all(d.host_path == os.path.join(sim_host.root, "dev/dri", os.path.basename(d.path))
+               for d in drm)
+    assert links == [Symlink(f"/dev/dri/by-path/pci-{bus}-card", f"../{card}"),
+                     Symlink(f"/dev/dri/by-path/pci-{bus}-render", f"../{render}")]
+    # GPU 0's nodes are not the container's
+    assert not any(d.path.endswith((f"card{sim_host.topology.gpus[0].minor}",)) for d in drm)
+
+
+def test_drm_nodes_get_cgroup_rules(cfg: nvconfig.Config, host: HostInfo,
+                                    sim_host: SimHost) -> None:
+    from nvctk import oci
+
+    p = plan(cfg, host, {NVD: "0", "NVIDIA_DRIVER_CAPABILITIES": "graphics"})
+    s: dict[str, Any] = {"linux": {}}
+    oci.add_devices(s, p.devices)
+    rules = {(r["type"], r["major"], r["minor"], r["access"])
+             for r in s["linux"]["resources"]["devices"]}
+    minor = sim_host.topology.gpus[0].minor
+    assert ("c", sim_host.drm_major, minor, "rwm") in rules
+    assert ("c", sim_host.drm_major, 128 + minor, "rwm") in rules
+
+
+def test_drm_nodes_for_all_gpus_but_not_mig_devices(sim_host_mig: SimHost) -> None:
+    cfg = nvconfig.load(sim_host_mig.config_path)
+    host = query_host(sim_host_mig.root)
+    p = plan(cfg, host, {NVD: "0:1", "NVIDIA_DRIVER_CAPABILITIES": "graphics"})
+    assert not [d for d in p.devices if d.path.startswith("/dev/dri/")]
+    p = plan(cfg, host, {NVD: "all", "NVIDIA_DRIVER_CAPABILITIES": "graphics"})
+    drm = sorted(d.path for d in p.devices if d.path.startswith("/dev/dri/"))
+    assert drm == sorted(f"/dev/dri/{n}" for g in sim_host_mig.topology.gpus
+                         for n in (f"card{g.minor}", f"renderD{128 + g.minor}"))
+
+
+def test_drm_listed_node_missing_in_dev_is_a_clear_error(make_sim: Callable[..., SimHost]) -> None:
+    sim = make_sim(gpus=1)
+    os.unlink(os.path.join(sim.root, "dev/dri/card0"))
+    cfg = nvconfig.load(sim.config_path)
+    with pytest.raises(DriverError, match=r"dev/dri/card0 is missing"):
+        plan(cfg, query_host(sim.root), {NVD: "0", "NVIDIA_DRIVER_CAPABILITIES": "graphics"})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
+                    reason="needs root and runc")
+def test_runc_graphics_container_sees_its_drm_nodes(sim_host: SimHost, tmp_path: Path) -> None:
+    """A real runc container with NVIDIA_DRIVER_CAPABILITIES=graphics: its GPU's card and
+    render nodes, the by-path links to them, and the device cgroup lets it open them
+    (ENXIO from the simulated major, never EPERM from the cgroup)."""
+    from test_runc_e2e import Runc
+
+    g1 = sim_host.topology.gpus[1]
+    bus = proc_bus_id(g1.pci_bus_id)
+    card, render = f"card{g1.minor}", f"renderD{128 + g1.minor}"
+    script = (f"ls /dev/dri; echo ==; readlink /dev/dri/by-path/pci-{bus}-card"
+              f"; readlink /dev/dri/by-path/pci-{bus}-render; echo ==; "
+              f"for n in {card} {render}; do head -c1 /dev/dri/$n >/dev/null; done 2>&1")
+    r = Runc(sim_host, tmp_path, tmp_path / "runc-root")
+    try:
+        b = r.bundle(None, ["sh", "-c", script],
+                     ["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_DRIVER_CAPABILITIES=graphics"])
+        res = r.run(b)
+    finally:
+        r.cleanup()
+    assert res.proc.returncode in (0, 1), res.proc.stderr
+    nodes_, links, opened = (part.split() if i < 2 else part
+                             for i, part in enumerate(res.proc.stdout.split("==\n")))
+    assert sorted(nodes_) == sorted(["by-path", card, render])
+    assert links == [f"../{card}", f"../{render}"]
+    assert "not permitted" not in opened, opened

@@ -1,0 +1,70 @@
+"""`nvctk cdi generate|list`: CDI specs for this host's GPUs (logic in nvctk.cdi)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from nvctk import cdi
+
+
+@click.group()
+def cdi_group() -> None:
+    """Container Device Interface specs (for podman, containerd/CRI-O with CDI)."""
+
+
+@cdi_group.command()
+@click.option("--output", metavar="FILE", default=None,
+              help="write the spec here (atomically, mode 0644); default: stdout")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
+              help="default: from FILE's extension, else yaml")
+@click.option("--device-name-strategy", "strategies", multiple=True,
+              type=click.Choice(list(cdi.STRATEGIES)),
+              help="repeatable; default: index and uuid (as NVIDIA's toolkit)")
+@click.option("--vendor", default=cdi.VENDOR, show_default=True)
+@click.option("--class", "cls", default=cdi.CLASS, show_default=True)
+@click.pass_context
+def generate(ctx: click.Context, output: str | None, fmt: str | None,
+             strategies: tuple[str, ...], vendor: str, cls: str) -> None:
+    """A spec with one device per GPU and per MIG device, plus `all`."""
+    from nvctk import nvml
+    from nvctk.cli.main import load_config
+    from nvctk.shim import find_hook
+
+    for what, value in (("vendor", vendor), ("class", cls)):
+        if not value or "/" in value or "=" in value:
+            raise click.BadParameter(f"{value!r} (no '/' or '=', not empty)", param_hint=what)
+    if fmt is None:
+        fmt = "json" if output and output.endswith(".json") else "yaml"
+    cfg = load_config(ctx)
+    host = nvml.query_host(cfg.driver_root)
+    edits = cdi.host_edits(cfg, host, strategies or ("index", "uuid"))
+    root = ctx.find_root().obj or {}
+    config_path = root.get("config_path") or os.environ.get("NVCTK_CONFIG")
+    env = [f"NVCTK_CONFIG={os.path.abspath(config_path)}"] if config_path else []
+    spec = cdi.make_spec(edits, find_hook(cfg), vendor=vendor, cls=cls, hook_env=env)
+    data = cdi.dump(spec, "json" if fmt == "json" else "yaml")
+    if output is None:
+        sys.stdout.buffer.write(data)
+        return
+    cdi.write_spec(output, data)
+    n = len(spec["devices"])
+    click.echo(f"wrote {output}: {spec['kind']}, {n} device name(s), cdiVersion "
+               f"{spec['cdiVersion']}", err=True)
+
+
+@cdi_group.command("list")
+@click.option("--spec-dir", "spec_dirs", multiple=True, metavar="DIR",
+              help=f"repeatable; default: {' and '.join(cdi.SPEC_DIRS)}")
+def list_cmd(spec_dirs: tuple[str, ...]) -> None:
+    """The qualified device names (vendor/class=name) the specs define."""
+    names, warnings = cdi.list_devices(spec_dirs or cdi.SPEC_DIRS)
+    for w in warnings:
+        click.echo(f"warning: {w}", err=True)
+    for n in names:
+        click.echo(n)
+
+
+cdi_group.name = "cdi"

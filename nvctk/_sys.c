@@ -1,0 +1,405 @@
+/* nvctk._sys: the Linux syscalls nvctk's hook and runtime need that `os` lacks.
+ *
+ * The hook and the runtime run in every GPU container's start, so they avoid
+ * ctypes (~4 ms to import) and any private interpreter module; this extension uses
+ * Python's public C API only and costs a dlopen to import. Every wrapper raises
+ * OSError(errno, "<syscall>: <strerror>") on failure (the errno picks the subclass,
+ * e.g. FileNotFoundError), and returns an fd, an int or None.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <linux/capability.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+/* the new mount API and openat2 (x86-64 and the generic table agree) */
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef SYS_fsopen
+#define SYS_fsopen 430
+#endif
+#ifndef SYS_fsconfig
+#define SYS_fsconfig 431
+#endif
+#ifndef SYS_fsmount
+#define SYS_fsmount 432
+#endif
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+
+/* the kernel's layouts (linux/openat2.h, linux/mount.h), spelled out so that the
+   build does not depend on how new the installed headers are */
+struct nvctk_open_how {
+    uint64_t flags;
+    uint64_t mode;
+    uint64_t resolve;
+};
+
+struct nvctk_mount_attr {
+    uint64_t attr_set;
+    uint64_t attr_clr;
+    uint64_t propagation;
+    uint64_t userns_fd;
+};
+
+static PyObject *
+raise_errno(const char *what)
+{
+    int e = errno;
+    PyObject *msg = PyUnicode_FromFormat("%s: %s", what, strerror(e));
+    if (msg == NULL)
+        return NULL;
+    PyObject *args = Py_BuildValue("(iN)", e, msg);
+    if (args == NULL)
+        return NULL;
+    PyErr_SetObject(PyExc_OSError, args);
+    Py_DECREF(args);
+    return NULL;
+}
+
+/* "O&" converter: str/bytes/PathLike -> bytes; None -> NULL (for optional args) */
+static int
+opt_path(PyObject *arg, void *addr)
+{
+    if (arg == NULL) { /* cleanup call */
+        Py_CLEAR(*(PyObject **)addr);
+        return 1;
+    }
+    if (arg == Py_None) {
+        *(PyObject **)addr = NULL;
+        return 1;
+    }
+    return PyUnicode_FSConverter(arg, addr);
+}
+
+static const char *
+str_or_null(PyObject *b)
+{
+    return b == NULL ? NULL : PyBytes_AS_STRING(b);
+}
+
+static PyObject *
+fd_result(long ret, const char *what)
+{
+    if (ret < 0)
+        return raise_errno(what);
+    return PyLong_FromLong(ret);
+}
+
+static PyObject *
+none_result(long ret, const char *what)
+{
+    if (ret < 0)
+        return raise_errno(what);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(openat2_doc, "openat2(dirfd, path, flags, mode, resolve) -> fd");
+
+static PyObject *
+sys_openat2(PyObject *self, PyObject *args)
+{
+    int dirfd;
+    PyObject *path = NULL;
+    unsigned long long flags, mode, resolve;
+    if (!PyArg_ParseTuple(args, "iO&KKK:openat2", &dirfd, PyUnicode_FSConverter, &path,
+                          &flags, &mode, &resolve))
+        return NULL;
+    struct nvctk_open_how how = {flags, mode, resolve};
+    long ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = syscall(SYS_openat2, dirfd, PyBytes_AS_STRING(path), &how, sizeof how);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path);
+    return fd_result(ret, "openat2");
+}
+
+PyDoc_STRVAR(open_tree_doc, "open_tree(dirfd, path, flags) -> fd");
+
+static PyObject *
+sys_open_tree(PyObject *self, PyObject *args)
+{
+    int dirfd;
+    PyObject *path = NULL;
+    unsigned int flags;
+    if (!PyArg_ParseTuple(args, "iO&I:open_tree", &dirfd, PyUnicode_FSConverter, &path, &flags))
+        return NULL;
+    long ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = syscall(SYS_open_tree, dirfd, PyBytes_AS_STRING(path), flags);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path);
+    return fd_result(ret, "open_tree");
+}
+
+PyDoc_STRVAR(move_mount_doc, "move_mount(from_dirfd, from_path, to_dirfd, to_path, flags)");
+
+static PyObject *
+sys_move_mount(PyObject *self, PyObject *args)
+{
+    int from_fd, to_fd;
+    PyObject *from_path = NULL, *to_path = NULL;
+    unsigned int flags;
+    if (!PyArg_ParseTuple(args, "iO&iO&I:move_mount", &from_fd, PyUnicode_FSConverter,
+                          &from_path, &to_fd, PyUnicode_FSConverter, &to_path, &flags))
+        return NULL;
+    long ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = syscall(SYS_move_mount, from_fd, PyBytes_AS_STRING(from_path), to_fd,
+                  PyBytes_AS_STRING(to_path), flags);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(from_path);
+    Py_DECREF(to_path);
+    return none_result(ret, "move_mount");
+}
+
+PyDoc_STRVAR(mount_setattr_doc,
+             "mount_setattr(dirfd, path, flags, attr_set, attr_clr, propagation, userns_fd)");
+
+static PyObject *
+sys_mount_setattr(PyObject *self, PyObject *args)
+{
+    int dirfd;
+    PyObject *path = NULL;
+    unsigned int flags;
+    unsigned long long set, clr, prop, userns;
+    if (!PyArg_ParseTuple(args, "iO&IKKKK:mount_setattr", &dirfd, PyUnicode_FSConverter, &path,
+                          &flags, &set, &clr, &prop, &userns))
+        return NULL;
+    struct nvctk_mount_attr attr = {set, clr, prop, userns};
+    long ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = syscall(SYS_mount_setattr, dirfd, PyBytes_AS_STRING(path), flags, &attr, sizeof attr);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path);
+    return none_result(ret, "mount_setattr");
+}
+
+PyDoc_STRVAR(fsopen_doc, "fsopen(fsname, flags) -> fd");
+
+static PyObject *
+sys_fsopen(PyObject *self, PyObject *args)
+{
+    PyObject *name = NULL;
+    unsigned int flags;
+    if (!PyArg_ParseTuple(args, "O&I:fsopen", PyUnicode_FSConverter, &name, &flags))
+        return NULL;
+    long ret = syscall(SYS_fsopen, PyBytes_AS_STRING(name), flags);
+    Py_DECREF(name);
+    return fd_result(ret, "fsopen");
+}
+
+PyDoc_STRVAR(fsconfig_doc, "fsconfig(fd, cmd, key, value, aux): key and value may be None");
+
+static PyObject *
+sys_fsconfig(PyObject *self, PyObject *args)
+{
+    int fd, aux;
+    unsigned int cmd;
+    PyObject *key = NULL, *value = NULL;
+    if (!PyArg_ParseTuple(args, "iIO&O&i:fsconfig", &fd, &cmd, opt_path, &key, opt_path, &value,
+                          &aux)) {
+        Py_XDECREF(key);
+        return NULL;
+    }
+    long ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = syscall(SYS_fsconfig, fd, cmd, str_or_null(key), str_or_null(value), aux);
+    Py_END_ALLOW_THREADS
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    return none_result(ret, "fsconfig");
+}
+
+PyDoc_STRVAR(fsmount_doc, "fsmount(fd, flags, attr_flags) -> fd");
+
+static PyObject *
+sys_fsmount(PyObject *self, PyObject *args)
+{
+    int fd;
+    unsigned int flags, attrs;
+    if (!PyArg_ParseTuple(args, "iII:fsmount", &fd, &flags, &attrs))
+        return NULL;
+    long ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = syscall(SYS_fsmount, fd, flags, attrs);
+    Py_END_ALLOW_THREADS
+    return fd_result(ret, "fsmount");
+}
+
+PyDoc_STRVAR(mount_doc, "mount(source, target, fstype, flags, data): source, fstype, data may be None");
+
+static PyObject *
+sys_mount(PyObject *self, PyObject *args)
+{
+    PyObject *source = NULL, *target = NULL, *fstype = NULL, *data = NULL;
+    unsigned long flags;
+    if (!PyArg_ParseTuple(args, "O&O&O&kO&:mount", opt_path, &source, PyUnicode_FSConverter,
+                          &target, opt_path, &fstype, &flags, opt_path, &data)) {
+        Py_XDECREF(source);
+        Py_XDECREF(target);
+        Py_XDECREF(fstype);
+        return NULL;
+    }
+    int ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = mount(str_or_null(source), PyBytes_AS_STRING(target), str_or_null(fstype), flags,
+                str_or_null(data));
+    Py_END_ALLOW_THREADS
+    Py_XDECREF(source);
+    Py_DECREF(target);
+    Py_XDECREF(fstype);
+    Py_XDECREF(data);
+    return none_result(ret, "mount");
+}
+
+PyDoc_STRVAR(umount2_doc, "umount2(target, flags)");
+
+static PyObject *
+sys_umount2(PyObject *self, PyObject *args)
+{
+    PyObject *target = NULL;
+    int flags;
+    if (!PyArg_ParseTuple(args, "O&i:umount2", PyUnicode_FSConverter, &target, &flags))
+        return NULL;
+    int ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = umount2(PyBytes_AS_STRING(target), flags);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(target);
+    return none_result(ret, "umount2");
+}
+
+PyDoc_STRVAR(setns_doc, "setns(fd, nstype)");
+
+static PyObject *
+sys_setns(PyObject *self, PyObject *args)
+{
+    int fd, nstype;
+    if (!PyArg_ParseTuple(args, "ii:setns", &fd, &nstype))
+        return NULL;
+    return none_result(setns(fd, nstype), "setns");
+}
+
+PyDoc_STRVAR(unshare_doc, "unshare(flags)");
+
+static PyObject *
+sys_unshare(PyObject *self, PyObject *args)
+{
+    int flags;
+    if (!PyArg_ParseTuple(args, "i:unshare", &flags))
+        return NULL;
+    return none_result(unshare(flags), "unshare");
+}
+
+PyDoc_STRVAR(fstatfs_type_doc, "fstatfs_type(fd) -> f_type of the filesystem fd lies on");
+
+static PyObject *
+sys_fstatfs_type(PyObject *self, PyObject *args)
+{
+    int fd;
+    if (!PyArg_ParseTuple(args, "i:fstatfs_type", &fd))
+        return NULL;
+    struct statfs st;
+    if (fstatfs(fd, &st) < 0)
+        return raise_errno("fstatfs");
+    return PyLong_FromLong((long)st.f_type);
+}
+
+PyDoc_STRVAR(prctl_doc, "prctl(option, arg2=0, arg3=0, arg4=0, arg5=0) -> int");
+
+static PyObject *
+sys_prctl(PyObject *self, PyObject *args)
+{
+    int option;
+    unsigned long a2 = 0, a3 = 0, a4 = 0, a5 = 0;
+    if (!PyArg_ParseTuple(args, "i|kkkk:prctl", &option, &a2, &a3, &a4, &a5))
+        return NULL;
+    int ret = prctl(option, a2, a3, a4, a5);
+    if (ret < 0)
+        return raise_errno("prctl");
+    return PyLong_FromLong(ret);
+}
+
+PyDoc_STRVAR(capget_doc,
+             "capget() -> (effective, permitted, inheritable): this thread's sets as bit masks");
+
+static PyObject *
+sys_capget(PyObject *self, PyObject *noargs)
+{
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capget, &hdr, data) < 0)
+        return raise_errno("capget");
+    unsigned long long eff = data[0].effective | ((unsigned long long)data[1].effective << 32);
+    unsigned long long perm = data[0].permitted | ((unsigned long long)data[1].permitted << 32);
+    unsigned long long inh =
+        data[0].inheritable | ((unsigned long long)data[1].inheritable << 32);
+    return Py_BuildValue("(KKK)", eff, perm, inh);
+}
+
+PyDoc_STRVAR(capset_doc, "capset(effective, permitted, inheritable): bit masks, this thread");
+
+static PyObject *
+sys_capset(PyObject *self, PyObject *args)
+{
+    unsigned long long eff, perm, inh;
+    if (!PyArg_ParseTuple(args, "KKK:capset", &eff, &perm, &inh))
+        return NULL;
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    data[0].effective = (uint32_t)eff;
+    data[1].effective = (uint32_t)(eff >> 32);
+    data[0].permitted = (uint32_t)perm;
+    data[1].permitted = (uint32_t)(perm >> 32);
+    data[0].inheritable = (uint32_t)inh;
+    data[1].inheritable = (uint32_t)(inh >> 32);
+    return none_result(syscall(SYS_capset, &hdr, data), "capset");
+}
+
+static PyMethodDef sys_methods[] = {
+    {"openat2", sys_openat2, METH_VARARGS, openat2_doc},
+    {"open_tree", sys_open_tree, METH_VARARGS, open_tree_doc},
+    {"move_mount", sys_move_mount, METH_VARARGS, move_mount_doc},
+    {"mount_setattr", sys_mount_setattr, METH_VARARGS, mount_setattr_doc},
+    {"fsopen", sys_fsopen, METH_VARARGS, fsopen_doc},
+    {"fsconfig", sys_fsconfig, METH_VARARGS, fsconfig_doc},
+    {"fsmount", sys_fsmount, METH_VARARGS, fsmount_doc},
+    {"mount", sys_mount, METH_VARARGS, mount_doc},
+    {"umount2", sys_umount2, METH_VARARGS, umount2_doc},
+    {"setns", sys_setns, METH_VARARGS, setns_doc},
+    {"unshare", sys_unshare, METH_VARARGS, unshare_doc},
+    {"fstatfs_type", sys_fstatfs_type, METH_VARARGS, fstatfs_type_doc},
+    {"prctl", sys_prctl, METH_VARARGS, prctl_doc},
+    {"capget", sys_capget, METH_NOARGS, capget_doc},
+    {"capset", sys_capset, METH_VARARGS, capset_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef sys_module = {
+    PyModuleDef_HEAD_INIT, "nvctk._sys",
+    "The Linux syscalls nvctk needs that os lacks (public C API only).", -1, sys_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__sys(void)
+{
+    return PyModule_Create(&sys_module);
+}
