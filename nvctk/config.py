@@ -12,7 +12,7 @@ import sys
 
 from nvctk.errors import ConfigError
 from nvctk.record import FrozenRecord, fields
-from nvctk.runc_argv import NotRegularFile, read_regular_file
+from nvctk.runc_argv import NotRegularFile, check_config, read_regular_file
 from nvctk.toml_subset import loads as _loads_subset
 
 # typing is for the type checker only: importing it costs every container start;
@@ -247,6 +247,10 @@ def _extra_mount(item: Any, where: str) -> ExtraMount:
 
 
 def _loads(text: str, where: str) -> dict[str, Any]:
+    # linear, before any parse: tomllib is quadratic on some structures
+    error = check_config(text)
+    if error is not None:
+        raise ConfigError(f"{where}: {error}")
     data = _loads_subset(text)
     if data is not None:
         return data

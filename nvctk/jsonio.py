@@ -7,6 +7,11 @@ work and needs none of that, so this module drives it directly. Results are the
 same as json.loads/json.dumps (a test compares them on generated documents);
 any error, and any input outside the common case (UTF-16/32 bytes, a BOM), goes
 through the json package so messages are exactly json's.
+
+`_json` is CPython's private accelerator: what it reads of its context is not a
+promised interface. tests/test_jsonio.py therefore fails, rather than this module
+quietly getting slower, when the scanner or encoder is not `_json`'s, when valid
+documents take the json fallback, or when the values differ from json's.
 """
 
 from __future__ import annotations
@@ -24,14 +29,14 @@ _WS = " \t\n\r"
 
 
 class _Decoder:
-    """The attributes _json.make_scanner reads from a json.JSONDecoder."""
+    """The attributes _json.make_scanner reads from a json.JSONDecoder (the C scanner
+    keeps its own key memo per call)."""
 
     strict = True
     object_hook = None
     object_pairs_hook = None
     parse_float = float
     parse_int = int
-    memo: dict[str, Any] = {}
 
     @staticmethod
     def parse_constant(name: str) -> float:
@@ -65,8 +70,6 @@ def loads(data: str | bytes | bytearray) -> Any:
         # SystemError: on CPython 3.11 the scanner builds its JSONDecodeError from
         # sys.modules["json.decoder"] and, that not imported, raises nothing usable
         return _slow_loads(data)
-    finally:
-        _Decoder.memo.clear()
     while end < n and text[end] in _WS:
         end += 1
     if end != n:

@@ -200,14 +200,13 @@ def _pynvml_for(lib_path: str) -> tuple[Any, ctypes.CDLL]:
         raise DriverError(f"cannot load {lib_path}: {e}")
     if "nvmlLib" not in vars(pynvml):  # loud, not a silent load of the host's library
         raise DriverError("this nvidia-ml-py (pynvml) cannot be given a library to use")
+    mod: Any = pynvml
     if _bound or vars(pynvml)["nvmlLib"] is not None:
         spec = importlib.util.find_spec("pynvml")
         if spec is None or spec.loader is None:
             raise DriverError("pynvml (nvidia-ml-py) is not importable")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-    else:
-        mod = pynvml
     mod.nvmlLib = lib
     _bound[lib_path] = (mod, lib)
     return mod, lib

@@ -18,7 +18,7 @@ from nvctk.record import Record
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from typing import Any
 
     from nvctk.plan import DeviceNode
@@ -64,6 +64,17 @@ def read_spec(bundle: str) -> bytes:
 def load_spec(bundle: str) -> dict[str, Any]:
     """The bundle's config.json as a dict; SpecError naming the file when unusable."""
     return parse_spec(read_spec(bundle), spec_path(bundle))
+
+
+def load_spec_as_runc(bundle: str) -> dict[str, Any]:
+    """load_spec, but a byte that is not UTF-8 reads as U+FFFD, as runc (Go) reads
+    it: the hooks see the spec runc runs (the shim refuses such a GPU spec)."""
+    data = read_spec(bundle)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return parse_spec(data.decode("utf-8", "replace"), spec_path(bundle))
+    return parse_spec(data, spec_path(bundle))
 
 
 def parse_spec(data: bytes | str, where: str = SPEC_FILE) -> dict[str, Any]:
@@ -362,9 +373,10 @@ def check_editable(spec: dict[str, Any]) -> None:
     if isinstance(hooks, dict):
         for stage in ("prestart", "poststop"):
             _check_kind(hooks, stage, list, f"hooks.{stage}")
-    annotations = spec.get("annotations")
-    if isinstance(annotations, dict) and EDITS_ANNOTATION in annotations:
-        _check_kind(annotations, EDITS_ANNOTATION, str, f"annotations[{EDITS_ANNOTATION!r}]")
+    problem = edits_record_problem(spec)
+    if problem is not None:
+        raise SpecError(f"{SPEC_FILE}: {problem} (nvctk's record of what an earlier create "
+                        "added; take the annotation out)")
 
 
 def _check_kind(parent: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -453,6 +465,56 @@ def has_our_edits(spec: dict[str, Any]) -> bool:
     )
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# the record's fields and the shape of each entry (record_edits writes these only)
+_RECORD_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "devices": (lambda e: isinstance(e, list) and len(e) == 4 and isinstance(e[0], str)
+                and isinstance(e[1], str) and _is_int(e[2]) and _is_int(e[3]),
+                "[path, type, major, minor]"),
+    "rules": (lambda e: isinstance(e, list) and len(e) == 3 and isinstance(e[0], str)
+              and _is_int(e[1]) and _is_int(e[2]), "[type, major, minor]"),
+    "env": (lambda e: isinstance(e, str), "a string"),
+}
+
+
+def edits_record_problem(spec: dict[str, Any]) -> str | None:
+    """What is wrong with the org.nvctk.edits annotation, or None (absent or well
+    formed). Strict: remove_our_edits acts on it only when it is exactly what
+    record_edits writes."""
+    annotations = spec.get("annotations")
+    if not isinstance(annotations, dict) or EDITS_ANNOTATION not in annotations:
+        return None
+    where = f"annotations[{EDITS_ANNOTATION!r}]"
+    raw = annotations[EDITS_ANNOTATION]
+    if not isinstance(raw, str):
+        return f"{where} must be a string, not {_json_type(raw)}"
+    try:
+        rec = jsonio.loads(raw)
+    except (ValueError, RecursionError):
+        return f"{where}: not valid JSON"
+    if not isinstance(rec, dict):
+        return f"{where} must hold a JSON object, not {_json_type(rec)}"
+    for key, value in rec.items():
+        if key == "seccomp":
+            if not isinstance(value, dict):
+                return f"{where}: seccomp must be an object, not {_json_type(value)}"
+            continue  # _remove_userns_rules acts only on what matches nvctk's own rules
+        if key not in _RECORD_SHAPES:
+            return f"{where}: unknown field {shown(key)}"
+        ok, shape = _RECORD_SHAPES[key]
+        if not isinstance(value, list):
+            return f"{where}: {key} must be a list, not {_json_type(value)}"
+        for entry in value:
+            if not ok(entry):
+                # no repr(): an entry may be nested deep or hold a 5000-digit number
+                what = f"an array of {len(entry)}" if isinstance(entry, list) else _json_type(entry)
+                return f"{where}: a {key} entry must be {shape}, not {what}"
+    return None
+
+
 def _recorded(annotations: Any) -> dict[str, Any]:
     if not isinstance(annotations, dict):
         return {}
@@ -469,7 +531,9 @@ def _recorded(annotations: Any) -> dict[str, Any]:
 def _as_keys(items: Any, size: int) -> list[tuple[Any, ...]]:
     if not isinstance(items, list):
         return []
-    return [tuple(i) for i in items if isinstance(i, list) and len(i) == size]
+    # _hashable: a malformed record must not raise TypeError (edits_record_problem
+    # refuses one before this runs; this is the second line)
+    return [_hashable(tuple(i)) for i in items if isinstance(i, list) and len(i) == size]
 
 
 def remove_our_edits(spec: dict[str, Any]) -> None:

@@ -54,7 +54,7 @@ from nvctk import config as nvconfig
 from nvctk import mount as m
 from nvctk.errors import MountError, NvctkError, SpecError
 from nvctk.log import Logger, open_log
-from nvctk.oci import bundle_in_rootfs, load_spec, load_state
+from nvctk.oci import bundle_in_rootfs, load_spec_as_runc, load_state
 from nvctk.plan import PLAN_FILE, Mount, Plan
 from nvctk.record import Record
 
@@ -702,7 +702,14 @@ def prestart(stdin_text: str | bytes, log_override: HookLog | None = None,
         log.debug(f"prestart id={state.id} pid={state.pid} bundle={state.bundle}")
         if state.pid <= 0:
             raise SpecError(f"hook state on stdin: container {state.id} has no pid")
-        spec = load_spec(state.bundle)
+        try:
+            spec = load_spec_as_runc(state.bundle)
+        except SpecError as e:
+            if not os.path.lexists(os.path.join(state.bundle, PLAN_FILE)):
+                # the runtime wrapper handed an unreadable spec on: it saw no GPU
+                log.warning(f"{state.id}: {e}; no {PLAN_FILE}: no GPU asked for, nothing to do")
+                return
+            raise
         rootfs = rootfs_path(state, spec)
         if bundle_in_rootfs(state.bundle, rootfs):
             # the container's own files would be the plan naming host paths to mount

@@ -241,35 +241,150 @@ def _scan_string_array(text: str) -> list[str] | None:
     return None
 
 
+# Structure no real config has (it is a few KiB of short lines), refused before any
+# parse: tomllib is quadratic in a key's dotted parts (a 100 KB key took 34 s).
+MAX_LINE = 8192
+MAX_DOTTED_PARTS = 16
+# the scan's own cost is bounded by its lines and strings (C-speed counts check both)
+MAX_LINES = 1024
+MAX_QUOTES = 1024
+
+
+def _string_end(line: str, i: int, quote: str) -> int:
+    """Index just past the one-line string opened at line[i]; -1 if not closed."""
+    j = i + 1
+    while True:
+        j = line.find(quote, j)
+        if j < 0:
+            return -1
+        if quote == "'":
+            return j + 1
+        k = j
+        while line[k - 1] == "\\":
+            k -= 1
+        if (j - k) % 2 == 0:  # an even run of backslashes: this quote closes
+            return j + 1
+        j += 1
+
+
+def _ml_end(line: str, i: int, delim: str) -> int:
+    """Index just past the closing `delim` (\"\"\" or ''') at or after line[i]; -1 if none."""
+    j = i
+    while True:
+        j = line.find(delim, j)
+        if j < 0:
+            return -1
+        if delim == "'''" or j == 0 or line[j - 1] != "\\":
+            end = j + 3
+            while end < len(line) and line[end] == delim[0]:  # \"\"\"\"\" closes at the last three
+                end += 1
+            return end
+        j += 1
+
+
+def scan_config(text: str) -> tuple[int, str | None]:
+    """One linear pass over nvctk's TOML config: (offset of the value of the top-level
+    `runtimes` key or -1, and why the file is refused or None).
+
+    It follows strings (one-line, multi-line, escapes), comments and [ ] { } nesting,
+    so a `runtimes` line inside a string or an array is not taken for the key. Refused:
+    a line over MAX_LINE bytes, more than MAX_DOTTED_PARTS dotted parts on a line
+    outside strings (a key, a table header; no config value is a float), more than
+    MAX_LINES lines or MAX_QUOTES quote characters (a real config: ~100 and ~60), and a
+    second top-level `runtimes` (which of the two applies would be a guess).
+    """
+    lines = text.count("\n") + 1
+    if lines > MAX_LINES:
+        return -1, f"{lines} lines, more than {MAX_LINES}: not an nvctk config"
+    if text.count('"') + text.count("'") > MAX_QUOTES:
+        return -1, f"more than {MAX_QUOTES} quote characters: not an nvctk config"
+    depth = 0
+    ml = ""  # the open multi-line string's delimiter
+    in_table = False
+    value_at = -1
+    key_line = 0
+    offset = 0
+    for n, line in enumerate(text.split("\n"), 1):
+        line_at = offset
+        offset += len(line) + 1
+        if len(line) > MAX_LINE:
+            return -1, f"line {n} is longer than {MAX_LINE} bytes: not an nvctk config"
+        i = 0
+        if ml:
+            i = _ml_end(line, 0, ml)
+            if i < 0:
+                continue
+            ml = ""
+        elif depth == 0:
+            stripped = line.lstrip(" \t")
+            if stripped.startswith("["):
+                in_table = True
+            elif not in_table:
+                for key in ("runtimes", '"runtimes"', "'runtimes'"):
+                    if stripped.startswith(key):
+                        rest = stripped[len(key):].lstrip(" \t")
+                        if rest.startswith("="):
+                            if value_at >= 0:
+                                return -1, (f"line {n}: runtimes is set a second time "
+                                            f"(first on line {key_line})")
+                            key_line = n
+                            value_at = line_at + len(line) - len(rest) + 1
+                        break
+        # the parts outside strings and comments, found with str.find/count (C
+        # speed: a character loop in Python costs ~10 ms on a 64 KiB file)
+        dots = 0
+        end = len(line)
+        nxt = {c: line.find(c, i) for c in ('"', "'", "#")}
+        while i < end:
+            for c, at in nxt.items():
+                if 0 <= at < i:
+                    nxt[c] = line.find(c, i)
+            found = [at for at in nxt.values() if at >= 0]
+            stop = min(found) if found else end
+            dots += line.count(".", i, stop)
+            depth += (line.count("[", i, stop) + line.count("{", i, stop)
+                      - line.count("]", i, stop) - line.count("}", i, stop))
+            depth = max(depth, 0)
+            if stop == end or line[stop] == "#":
+                break
+            c = line[stop]
+            if line.startswith(c * 3, stop):
+                i = _ml_end(line, stop + 3, c * 3)
+                if i < 0:
+                    ml = c * 3
+                    break
+            else:
+                i = _string_end(line, stop, c)
+                if i < 0:
+                    break  # unterminated: the parser will say so
+        if dots >= MAX_DOTTED_PARTS:
+            return -1, (f"line {n}: a key or table header with more than "
+                        f"{MAX_DOTTED_PARTS} dotted parts: not an nvctk config")
+    return value_at, None
+
+
+def check_config(text: str) -> str | None:
+    """Why `text` is refused before any TOML parse (scan_config), or None."""
+    return scan_config(text)[1]
+
+
 def fast_runtimes(text: str) -> tuple[str, ...] | None:
     """The top-level `runtimes` key of nvctk's TOML config, read without tomllib.
 
     tomllib's import alone costs ~10 ms, more than the whole budget of the
     passthrough path. Returns the default when the key is absent, and None when
-    the file holds anything this scanner does not fully understand near the key
-    (the caller then uses the real parser).
+    the value is anything but a plain array of strings, or scan_config refuses
+    the file (the caller then says why: read_runtimes).
     """
-    lines = text.split("\n")
-    for n, raw in enumerate(lines):
-        line = raw.strip()
-        if '"""' in line or "'''" in line:
-            return None  # a multi-line string could hide anything; not worth guessing
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("["):
-            break  # the first table header ends the top-level keys
-        key, eq, value = line.partition("=")
-        key = key.strip()
-        if key in ('"runtimes"', "'runtimes'"):
-            key = "runtimes"
-        if key != "runtimes":
-            continue
-        if not eq:
-            return None
-        rest = "\n".join([value.strip(), *lines[n + 1 :]]) + "\n"
-        items = _scan_string_array(rest)
-        return tuple(items) if items is not None else None
-    return DEFAULT_RUNTIMES
+    value_at, error = scan_config(text)
+    return None if error is not None else _runtimes_at(text, value_at)
+
+
+def _runtimes_at(text: str, value_at: int) -> tuple[str, ...] | None:
+    if value_at < 0:
+        return DEFAULT_RUNTIMES
+    items = _scan_string_array(text[value_at:].lstrip(" \t"))
+    return tuple(items) if items is not None else None
 
 
 def _is_executable_file(path: str) -> bool:
@@ -335,8 +450,12 @@ class NotRegularFile(OSError):
     """A path nvctk reads at container start is a FIFO, device, socket or directory."""
 
 
-# a config is a few hundred bytes: anything far larger is not one (and would cost time)
-MAX_CONFIG_BYTES = 1 << 20
+# a real config is under 4 KiB: anything far larger is not one (and would cost time)
+MAX_CONFIG_BYTES = 64 << 10
+
+
+def _why(limit: int) -> str:
+    return " (a real nvctk config is under 4 KiB)" if limit == MAX_CONFIG_BYTES else ""
 
 
 def read_regular_file(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
@@ -352,7 +471,7 @@ def read_regular_file(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
         if (st.st_mode & 0o170000) != 0o100000:
             raise NotRegularFile(f"not a regular file: {path}")
         if st.st_size > limit:
-            raise OSError(f"larger than {limit} bytes: {path}")
+            raise OSError(f"larger than {limit} bytes{_why(limit)}: {path}")
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -361,7 +480,7 @@ def read_regular_file(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
                 return b"".join(chunks)
             total += len(chunk)
             if total > limit:
-                raise OSError(f"larger than {limit} bytes: {path}")
+                raise OSError(f"larger than {limit} bytes{_why(limit)}: {path}")
             chunks.append(chunk)
     finally:
         os.close(fd)
@@ -390,12 +509,19 @@ def read_runtimes(environ: dict[str, str] | os._Environ[str] | None = None) -> t
         # a stray byte elsewhere must not cost the runtimes line: the scanner reads
         # it (surrogateescape gives os calls the file's own bytes back); the full
         # parser is not asked about a file that is not text
-        fast = fast_runtimes(data.decode("utf-8", "surrogateescape"))
+        loose = data.decode("utf-8", "surrogateescape")
+        value_at, error = scan_config(loose)
+        if error is not None:
+            return DEFAULT_RUNTIMES, f"{path}: {error}; using runtimes {DEFAULT_RUNTIMES}"
+        fast = _runtimes_at(loose, value_at)
         warning = f"{path}: not UTF-8 (invalid byte at offset {e.start})"
         if fast and all(r and "\0" not in r for r in fast):
             return fast, f"{warning}; using its runtimes {fast}"
         return DEFAULT_RUNTIMES, f"{warning}; using runtimes {DEFAULT_RUNTIMES}"
-    fast = fast_runtimes(text)
+    value_at, error = scan_config(text)
+    if error is not None:  # what config.parse refuses too, before any slow parse
+        return DEFAULT_RUNTIMES, f"{path}: {error}; using runtimes {DEFAULT_RUNTIMES}"
+    fast = _runtimes_at(text, value_at)
     if fast and all(r and "\0" not in r for r in fast):
         return fast, None
     # an empty list or a NUL is invalid: config.parse says so, and the defaults apply

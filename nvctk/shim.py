@@ -193,12 +193,16 @@ def _read_spec(bundle: str, config: Config | None,
     if lenient is not None:
         if request_from_spec(lenient, config or Config()) is None:
             _log_handed_on(logger, error)
+            # the spec stays as it is (nvctk will not rewrite bytes it cannot read):
+            # an earlier create's hooks in it find no plan and do nothing
+            _remove_earlier_plan(bundle, logger)
             return None
         raise SpecError(f"{error}: nvctk rewrites a GPU container's spec and will not replace "
                         "bytes it cannot read")
     marker = oci.gpu_marker(data)
     if marker is None:
         _log_handed_on(logger, error)
+        _remove_earlier_plan(bundle, logger)
         return None
     raise SpecError(f"{error}; it mentions {marker}, so it may ask for a GPU, which nvctk "
                     "cannot tell without reading it")
@@ -214,12 +218,23 @@ def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | Non
     """A no-GPU create of a bundle an earlier GPU create edited: take nvctk's hooks,
     devices and env out, and its plan. A spec without them is not rewritten (the
     common case costs a stat of the plan file)."""
-    if oci.has_our_edits(spec):
+    problem = oci.edits_record_problem(spec) if oci.has_our_edits(spec) else None
+    if problem is not None:
+        # not what nvctk writes: nvctk leaves the spec as it is, and runc judges it
+        if logger is not None:
+            logger.warning(f"{bundle}: {problem}; the spec is handed on unchanged")
+    elif oci.has_our_edits(spec):
         # an error here fails the create: the hooks left in would run for this container
         oci.remove_our_edits(spec)
         oci.save_spec(bundle, spec)
         if logger is not None:
             logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")
+    _remove_earlier_plan(bundle, logger)
+
+
+def _remove_earlier_plan(bundle: str, logger: Logger | None) -> None:
+    """An earlier GPU create's plan out: without it the hooks it left in the spec
+    know no GPU was asked for this time (prestart.prestart)."""
     plan_path = os.path.join(bundle, PLAN_FILE_NAME)
     if not os.path.lexists(plan_path):  # one lstat: no write to a (maybe read-only) bundle
         return

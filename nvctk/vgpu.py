@@ -33,6 +33,7 @@ MEMORY_VAR = "CUDA_DEVICE_MEMORY_LIMIT"
 SM_VAR = "CUDA_DEVICE_SM_LIMIT"
 CACHE_VAR = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 RESERVE_VAR = "NVCTK_VGPU_CONTEXT_RESERVE"
+DEFAULT_RESERVE = 64 << 20  # libvgpu/src/vgpu.h VGPU_DEFAULT_RESERVE
 
 _MEMORY_PATTERN = (
     r"[ \t]*(?:(?P<int>[0-9]{1,20})(?:\.(?P<frac>[0-9]{0,18}))?|\.(?P<frac2>[0-9]{1,18}))"
@@ -200,6 +201,10 @@ def write_limits_file(
     accounting file's path as the container sees it (None: beside the file)."""
     p = os.fspath(path)
     os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
+    if RESERVE_VAR not in values:
+        # Always stated: libvgpu takes the larger of file and environment, so a
+        # process cannot lower the charge for its context's real memory to 0.
+        values = {**values, RESERVE_VAR: str(DEFAULT_RESERVE)}
     atomic_write(p, format_limits(values, cache).encode(), 0o444)
 
 

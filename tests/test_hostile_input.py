@@ -199,6 +199,56 @@ def test_config_values_are_validated(env: Env, bundle: Callable[..., Path],
     assert_clean_failure(env, run_rt(create_argv(env, g), path_runc), needle)
 
 
+# each took tomllib seconds (quadratic in a key's dotted parts), on every passthrough
+# where the fast scanner gave up (a triple quote anywhere) and on every no-GPU create
+PATHOLOGICAL = [
+    ('s = """x"""\n' + ".".join(["a"] * 30000) + " = 1\n", "line 2 is longer than 8192 bytes"),
+    (".".join(["a"] * 6000) + " = 1\n", "line 1 is longer than 8192 bytes"),
+    ("[" + ".".join(["a"] * 3000) + "]\n", "line 1: a key or table header with more than 16 dotted"),
+    ('s = """x"""\n' + '"a".' * 300 + "b = 1\n", "line 2: a key or table header with more than 16"),
+    ("x = {" + ".".join(["a"] * 4000) + " = 1}\n", "line 1: a key or table header with more than 16"),
+    ("# " + "x" * 70000 + "\n", "larger than 65536 bytes (a real nvctk config is under 4 KiB)"),
+    ('runtimes = ["crun"]\nruntimes = ["runc"]\n', "line 2: runtimes is set a second time (first on line 1)"),
+    ("a.b\n" * 2000, "2001 lines, more than 1024: not an nvctk config"),
+    ("x = [" + '"",' * 2000 + "]\n", "more than 1024 quote characters"),
+]
+
+
+@pytest.mark.parametrize(("text", "needle"), PATHOLOGICAL, ids=range(len(PATHOLOGICAL)))
+def test_pathological_config_slows_nothing_that_asks_for_no_gpu(
+        env: Env, bundle: Callable[..., Path], path_runc: dict[str, str], text: str,
+        needle: str) -> None:
+    """Refused by a linear check before any TOML parse: passthrough and no-GPU
+    creates run the default runtimes at once (with a warning), a GPU create fails
+    naming the file and the line. A duplicate `runtimes` is refused likewise (the
+    fast scanner took the first, `crun`, and every passthrough failed)."""
+    env.config.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(needle)) as exc:
+        nvconfig.load(str(env.config))
+    assert str(exc.value).startswith(f"{env.config}: ")
+    assert runc_argv.read_runtimes({"NVCTK_CONFIG": str(env.config)})[0] == runc_argv.DEFAULT_RUNTIMES
+    root = str(env.tmp / "r")
+    b = bundle({})
+    for argv in (["--root", root, "state", "x"], ["--root", root, "list"],
+                 ["--root", root, "kill", "x", "KILL"], create_argv(env, b)):
+        started = time.monotonic()
+        r = run_rt(argv, path_runc)
+        assert time.monotonic() - started < 2, argv  # seconds to minutes before
+        assert r.returncode == 0, r.stderr
+        assert env.recorded() == argv
+        env.record.unlink()
+    g = bundle({NVD: "0"}, name="gpu")
+    assert_clean_failure(env, run_rt(create_argv(env, g), path_runc), needle)
+
+
+def test_config_scan_leaves_strings_alone() -> None:
+    """Dots, brackets and `runtimes =` inside strings are no structure."""
+    text = ('s = "' + "a." * 100 + '"\nt = \'\'\'\nruntimes = ["evil"]\n[x]\n\'\'\'\n'
+            'u = "\\"[[[["\nruntimes = ["crun"]  # a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r\n')
+    assert runc_argv.scan_config(text)[1] is None
+    assert runc_argv.fast_runtimes(text) == ("crun",)
+
+
 def test_read_regular_file_refuses_fifo_and_devices(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -565,6 +615,35 @@ def test_real_runc_runs_a_vgpu_bundle_reused_as_void(
     assert not (b / PLAN_FILE).exists()
 
 
+@pytest.mark.parametrize("unparsable", [False, True], ids=["not-utf8", "unparsable"])
+def test_real_runc_runs_a_vgpu_bundle_reused_unreadable_without_gpu(
+        bundle: Callable[..., Path], real_runc: Callable[..., subprocess.CompletedProcess[str]],
+        unparsable: bool) -> None:
+    """Hostile retest: the vGPU create's hooks stay in a spec nvctk cannot read
+    (it will not rewrite it); its plan goes, and the hooks, reading the spec as runc
+    does (U+FFFD) or not at all, find no plan: the no-GPU container runs."""
+    b = bundle({NVD: "0", "CUDA_DEVICE_MEMORY_LIMIT": "1g"})
+    r = real_runc(b, "nvctk-hostile-vgpu2")
+    assert r.returncode == 0, r.stderr
+    assert (b / PLAN_FILE).exists()
+    spec = json.loads((b / "config.json").read_text())
+    spec["process"]["env"] = [e for e in spec["process"]["env"]
+                              if not e.startswith((f"{NVD}=", "CUDA_DEVICE_MEMORY_LIMIT="))]
+    # (its linux.devices entries stay: nvctk does not rewrite bytes it cannot read)
+    spec["process"]["args"] = ["sh", "-c", "echo no-gpu-ran; echo \"preload:$(cat /etc/ld.so.preload "
+                               "2>/dev/null)\""]
+    spec["annotations"] = {**spec.get("annotations", {}), "x": "MARK"}
+    data = json.dumps(spec).encode().replace(b"MARK", b"\xff")
+    if unparsable:  # nested deeper than Python's JSON parser goes; Go's reads it
+        data = data[:-1] + b', "y": ' + b"[" * 3000 + b"]" * 3000 + b"}"
+    (b / "config.json").write_bytes(data)
+    r = real_runc(b, "nvctk-hostile-void2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["no-gpu-ran", "preload:"], r.stdout + r.stderr  # no libvgpu
+    assert not (b / PLAN_FILE).exists()
+    assert (b / "config.json").read_bytes() == data  # handed on as it was
+
+
 # --- family 9: errors that mislead ------------------------------------------------------------
 
 
@@ -871,3 +950,68 @@ def test_prepare_bundle_never_crashes(environ: dict[str, str], gpu_bundle_dir: P
                             argv0=RUNTIME)
     except NvctkError as e:
         assert len(str(e)) < 2000
+
+
+# --- a malformed org.nvctk.edits record (hostile retest) -----------------------------------
+
+BAD_RECORDS = [
+    '{"devices": [[[1], "c", 1, 2]]}',  # was: internal error: TypeError: unhashable type: 'list'
+    '{"devices": [[{"a": 1}, "c", 1, 2]]}',
+    '{"rules": [[[1], 1, 2]]}',
+    '{"rules": [["c", {}, 2]]}',
+    '{"env": [["CUDA_DEVICE_X=1"]]}',
+    '{"devices": 5}',
+    '{"other": []}',
+    "[1]",
+    "{",
+]
+
+
+@pytest.mark.parametrize("record", [*BAD_RECORDS, 7], ids=range(len(BAD_RECORDS) + 1))
+def test_malformed_edits_record(env: Env, bundle: Callable[..., Path], record: Any) -> None:
+    """No GPU: the spec goes to runc byte for byte (a number there was silently
+    removed, and runc would refuse that spec); a GPU create: one SpecError naming
+    the annotation. Never an internal error."""
+    def edit(spec: dict[str, Any]) -> None:
+        spec["annotations"] = {oci.EDITS_ANNOTATION: record}
+
+    b = bundle({}, edit=edit)
+    before = snapshot(b / "config.json")
+    argv = create_argv(env, b)
+    r = env.run(*argv)
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    assert env.recorded() == argv
+    assert snapshot(b / "config.json") == before
+    env.record.unlink()
+    g = bundle({NVD: "0"}, name="gpu", edit=edit)
+    assert_clean_failure(env, env.run(*create_argv(env, g)),
+                         f"config.json: annotations['{oci.EDITS_ANNOTATION}']")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | anytext,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(anytext, inner, max_size=5),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    json_values,
+    json_values.map(json.dumps),
+    st.dictionaries(st.sampled_from(["devices", "rules", "env", "seccomp", "x"]),
+                    st.lists(st.one_of(json_values, st.lists(json_values, min_size=3, max_size=4)),
+                             max_size=4) | json_values).map(json.dumps)))
+def test_any_edits_record_is_never_an_internal_error(record: Any) -> None:
+    spec = {"annotations": {oci.EDITS_ANNOTATION: record},
+            "linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+                      "resources": {"devices": [{"allow": True, "type": "c", "major": 195,
+                                                 "minor": 0, "access": "rwm"}]}},
+            "process": {"env": ["CUDA_DEVICE_X=1"]}}
+    problem = oci.edits_record_problem(spec)
+    if problem is None:
+        oci.remove_our_edits(spec)
+    else:
+        assert oci.EDITS_ANNOTATION in problem and len(problem) < 400
+        with pytest.raises(SpecError, match=re.escape(oci.EDITS_ANNOTATION)):
+            oci.check_editable(spec)
+    oci.remove_our_edits(spec)  # the second line: never raises either

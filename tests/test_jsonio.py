@@ -83,3 +83,26 @@ def test_importing_it_does_not_import_json_or_re() -> None:
     r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_the_fast_path_is_the_c_accelerator() -> None:
+    """A CPython whose _json no longer fits fails here, not by going slow unnoticed."""
+    assert jsonio._scan is not None and type(jsonio._scan).__module__ == "_json"
+    assert type(jsonio._scan).__name__ == "Scanner"
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents, st.booleans())
+def test_valid_documents_never_take_the_fallback(doc: Any, as_bytes: bool) -> None:
+    text = json.dumps(doc, separators=(",", ":"))
+    old = jsonio._slow_loads
+
+    def no_fallback(data: str | bytes | bytearray) -> Any:
+        raise AssertionError(f"fell back to json for {data!r}")
+
+    jsonio._slow_loads = no_fallback  # type: ignore[assignment]
+    try:
+        got = jsonio.loads(text.encode() if as_bytes else text)
+    finally:
+        jsonio._slow_loads = old  # type: ignore[assignment]
+    assert got == doc

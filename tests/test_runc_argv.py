@@ -89,6 +89,9 @@ FAST = [
     ('"runtimes" = ["q\\"x"]\n', ('q"x',)),
     ('[table]\nruntimes = ["x"]\n', ("runc", "crun")),  # not top-level
     ('runtimes = []\n', ()),
+    ('x = """\nruntimes = ["y"]\n"""\n', ("runc", "crun")),  # inside a string: not the key
+    ('s = """x"""\nruntimes = ["crun"]\n', ("crun",)),
+    ("x = [\n  'runtimes = 1',\n]\nruntimes = [\"a\"]\n", ("a",)),
 ]
 
 
@@ -98,7 +101,7 @@ def test_fast_runtimes(text: str, want: tuple[str, ...]) -> None:
 
 
 @pytest.mark.parametrize("text", ['runtimes = "runc"\n', 'runtimes = ["a\\n"]\n',
-                                  'x = """\nruntimes = ["y"]\n"""\n', "runtimes = [1]\n"])
+                                  'runtimes = ["a"]\nruntimes = ["b"]\n', "runtimes = [1]\n"])
 def test_fast_runtimes_gives_up(text: str) -> None:
     assert runc_argv.fast_runtimes(text) is None
 

@@ -215,11 +215,13 @@ def test_slots_are_keyed_by_pid_and_start_time(driver: H.Driver, tmp_path: Path,
 RESERVE = 64 * MIB  # libvgpu's default per-context reserve, the mock's too
 
 
-def limits_env(driver: H.Driver, d: Path, cap: str = "512m") -> dict[str, str]:
+def limits_env(driver: H.Driver, d: Path, cap: str = "512m", reserve: str | None = None) -> dict[str, str]:
     """A container's layout outside a container: the limits file (the ledger's
     file) and the accounting file beside it, in d."""
-    vgpu.write_limits_file(d / "limits", {"CUDA_DEVICE_MEMORY_LIMIT_0": str(vgpu.parse_memory(cap))},
-                           cache=str(d / "cache"))
+    values = {"CUDA_DEVICE_MEMORY_LIMIT_0": str(vgpu.parse_memory(cap))}
+    if reserve is not None:
+        values[vgpu.RESERVE_VAR] = str(vgpu.parse_memory(reserve))
+    vgpu.write_limits_file(d / "limits", values, cache=str(d / "cache"))
     return {**driver.env(d / "state"), "NVCTK_VGPU_LIMITS_FILE": str(d / "limits"), "LD_PRELOAD": str(H.LIB)}
 
 
@@ -332,8 +334,7 @@ def test_cap_exact_under_concurrency_with_a_limits_file(driver: H.Driver, tmp_pa
     """The churn of test_32_processes_x_1000_never_exceed_the_cap, 16 processes,
     leases on a limits file: refusals happen and the driver never holds more than
     the cap; a newcomer then gets exactly the whole cap."""
-    env = {**limits_env(driver, tmp_path, "256m"), "NVSIM_CONTEXT_RESERVE_MIB": "1",
-           "NVCTK_VGPU_CONTEXT_RESERVE": "1m"}
+    env = {**limits_env(driver, tmp_path, "256m", reserve="1m"), "NVSIM_CONTEXT_RESERVE_MIB": "1"}
     peak = [0]
     stop = threading.Event()
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import test_vgpu_runtime as tv
 from test_mount import snapshot
-from test_vgpu_runtime import MEM, Bundles, Runc, lines
+from test_vgpu_runtime import MEM, MIB, Bundles, Runc, lines
 
 from nvctk import config as nvconfig
 from nvctk import ldcache, vgpu_state
@@ -231,3 +232,31 @@ def test_runc_spec_mounts_survive_the_pins(runc: Runc, bundles: Bundles, tmp_pat
     r = runc.run(b)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout == "10.1.2.3 bound-by-runtime\n"
+
+
+def test_context_reserve_0_in_the_env_gets_no_more_memory(runc: Runc, bundles: Bundles,
+                                                          sim: host.SimHost) -> None:
+    """Issue 8 (hostile retest): NVCTK_VGPU_CONTEXT_RESERVE=0 in a process's env
+    left each context's real memory uncharged, so 8 processes held 8 x 128 MiB
+    under a 512 MiB cap. The limits file now always states the reserve and
+    libvgpu takes it as a floor: the GPU's own count stays within the cap."""
+    script = ("for i in 1 2 3 4 5 6 7 8; do env NVCTK_VGPU_CONTEXT_RESERVE=0 vgpu_probe init ctx 0 "
+              "alloc 67108864 sleep 4000 > /tmp/o$i 2>&1 & done; wait; cat /tmp/o*")
+    def used() -> int:  # the simulated GPU's own count (no state file before its first use)
+        return tv._used_on_gpu1(sim) if os.path.exists(tv.state_path(sim.root)) else 0
+
+    base = used()
+    b = bundles.make({MEM: "512m"}, script, gpu="1")
+    cid, p = runc.start(b)
+    peak = 0
+    try:
+        while p.poll() is None:
+            peak = max(peak, used() - base)
+            time.sleep(0.02)
+        out = p.communicate(timeout=30)[0]
+    finally:
+        runc.kill(cid)
+    assert p.returncode == 0, out
+    # vgpu_probe prints each step's CUresult: 4 x (64 MiB context + 64 MiB) fit, the rest are refused
+    assert 1 <= out.count("alloc 0\n") <= 4 and "ctx 2\n" in out, out
+    assert 0 < peak <= 512 * MIB, f"{peak / MIB} MiB held under a 512 MiB cap\n{out}"

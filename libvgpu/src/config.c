@@ -313,9 +313,12 @@ int vgpu_load_config(struct vgpu_config *cfg, char *err, unsigned errlen) {
         cfg->sm_any = (unsigned)stricter64(cfg->sm_any, cfg->sm[i]);
         if (cfg->mem[i] || cfg->sm[i]) cfg->active = 1;
     }
+    /* With a limits file its reserve (the default where it has no line) is a
+     * floor the environment can only raise: a process must not set itself a
+     * reserve of 0 and so hold the context's real memory uncharged. */
     cfg->reserve = VGPU_DEFAULT_RESERVE;
     if (file.reserve_set) cfg->reserve = file.reserve;
-    if (env.reserve_set && (!file.reserve_set || env.reserve > cfg->reserve))
+    if (env.reserve_set && (!have_file || env.reserve > cfg->reserve))
         cfg->reserve = env.reserve; /* stricter = larger */
 
     if (have_file) {
