@@ -351,3 +351,244 @@ def list_devices(spec_dirs: tuple[str, ...]) -> tuple[list[str], list[str]]:
             for dev in spec["devices"]:
                 found[f"{spec['kind']}={dev['name']}"] = path
     return sorted(found), warnings
+
+
+# --- nvctk-runtime's CDI mode: the named devices' edits into config.json ------------------
+
+HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart",
+               "poststop")
+# containerEdits fields nvctk applies; any other (intelRdt, additionalGIDs, netDevices) is
+# refused by name rather than dropped: the container would lack what its spec promises
+_EDIT_FIELDS = frozenset({"env", "deviceNodes", "mounts", "hooks"})
+_NODE_FIELDS = frozenset({"path", "hostPath", "type", "major", "minor", "fileMode",
+                          "permissions", "uid", "gid"})
+_MOUNT_FIELDS = frozenset({"hostPath", "containerPath", "options", "type"})
+_HOOK_FIELDS = frozenset({"hookName", "path", "args", "env", "timeout"})
+
+
+class Resolved:
+    """One requested device: the spec file it is in, the spec, and its entry."""
+
+    def __init__(self, name: str, path: str, spec: dict[str, Any], device: dict[str, Any]) -> None:
+        self.name = name
+        self.path = path
+        self.spec = spec
+        self.device = device
+
+
+def spec_files(spec_dirs: tuple[str, ...]) -> list[str]:
+    """The *.json|*.yaml files of spec_dirs; a later dir's file replaces an earlier
+    dir's file of the same name (CDI's priority rule)."""
+    files: dict[str, str] = {}
+    for d in spec_dirs:
+        try:
+            entries = sorted(os.listdir(d))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            raise CdiError(f"CDI spec dir {d}: {e.strerror}")
+        for name in entries:
+            if name.endswith((".json", ".yaml")):
+                files[name] = os.path.join(d, name)
+    return list(files.values())
+
+
+def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...]) -> list[Resolved]:
+    """Each qualified name's device from the specs in spec_dirs (read with
+    load_spec_file, as `nvctk cdi list` does). CdiError for a name no readable spec
+    defines (naming the unreadable ones), or one that two spec files define."""
+    found: dict[str, Resolved] = {}
+    twice: dict[str, list[str]] = {}
+    broken: list[str] = []
+    for path in spec_files(spec_dirs):
+        try:
+            spec = load_spec_file(path)
+        except CdiError as e:
+            broken.append(str(e))
+            continue
+        for dev in spec["devices"]:
+            q = f"{spec['kind']}={dev['name']}"
+            if q in found:
+                twice.setdefault(q, [found[q].path]).append(path)
+            else:
+                found[q] = Resolved(q, path, spec, dev)
+    out = []
+    for n in names:
+        if n in twice:
+            raise CdiError(f"CDI device {n} is defined by more than one spec file: "
+                           f"{' and '.join(twice[n])} (remove one)")
+        if n not in found:
+            kind = n.partition("=")[0]
+            known = [q.partition("=")[2] for q in found if q.startswith(kind + "=")]
+            hint = (f"; {kind} has: {', '.join(known[:12])}{', ...' if len(known) > 12 else ''}"
+                    if known else f"; no spec defines kind {kind}")
+            if broken:
+                hint += f"; unreadable specs: {'; '.join(broken[:3])}"
+            raise CdiError(f"unresolvable CDI device {n}: not in the CDI specs of "
+                           f"{', '.join(spec_dirs)}{hint}")
+        out.append(found[n])
+    return out
+
+
+def _edit_problem(edits: Any) -> str | None:
+    """Why a containerEdits object is not one nvctk can apply (None: it is)."""
+    if not isinstance(edits, dict):
+        return "containerEdits must be an object"
+    for key, value in edits.items():
+        if key not in _EDIT_FIELDS:
+            return f"containerEdits.{key} is not supported by nvctk"
+        if not isinstance(value, list):
+            return f"containerEdits.{key} must be a list"
+    for e in edits.get("env", ()):
+        if not isinstance(e, str) or "=" not in e or e.startswith("="):
+            return f"env entry {e!r} is not NAME=VALUE"
+    for n in edits.get("deviceNodes", ()):
+        if not isinstance(n, dict) or set(n) - _NODE_FIELDS:
+            return f"deviceNode {n!r}: unknown field or not an object"
+        for k in ("path", "hostPath"):
+            if k in n and not (isinstance(n[k], str) and n[k].startswith("/")):
+                return f"deviceNode {k} {n.get(k)!r} must be an absolute path"
+        if "path" not in n:
+            return "a deviceNode without a path"
+        if n.get("type", "c") not in ("c", "b", "u"):
+            return f"deviceNode {n['path']}: type {n['type']!r} is not c, b or u"
+        for k in ("major", "minor", "fileMode", "uid", "gid"):
+            if k in n and (not isinstance(n[k], int) or isinstance(n[k], bool) or n[k] < 0):
+                return f"deviceNode {n['path']}: {k} must be a non-negative integer"
+        perms = n.get("permissions", "rwm")
+        if not isinstance(perms, str) or not perms or set(perms) - set("rwm"):
+            return f"deviceNode {n['path']}: permissions {perms!r} is not made of r, w, m"
+    for m in edits.get("mounts", ()):
+        if not isinstance(m, dict) or set(m) - _MOUNT_FIELDS:
+            return f"mount {m!r}: unknown field or not an object"
+        for k in ("hostPath", "containerPath"):
+            if not (isinstance(m.get(k), str) and m[k].startswith("/")):
+                return f"mount {k} {m.get(k)!r} must be an absolute path"
+        opts = m.get("options", [])
+        if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
+            return f"mount {m['containerPath']}: options must be a list of strings"
+        if not isinstance(m.get("type", ""), str):
+            return f"mount {m['containerPath']}: type must be a string"
+    for h in edits.get("hooks", ()):
+        if not isinstance(h, dict) or set(h) - _HOOK_FIELDS:
+            return f"hook {h!r}: unknown field or not an object"
+        if h.get("hookName") not in HOOK_STAGES:
+            return f"hook hookName {h.get('hookName')!r} is not one of {', '.join(HOOK_STAGES)}"
+        if not (isinstance(h.get("path"), str) and h["path"].startswith("/")):
+            return f"hook path {h.get('path')!r} must be an absolute path"
+        for k in ("args", "env"):
+            if k in h and not (isinstance(h[k], list) and all(isinstance(a, str) for a in h[k])):
+                return f"hook {h['path']}: {k} must be a list of strings"
+        t = h.get("timeout")
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
+            return f"hook {h['path']}: timeout must be a positive integer"
+    return None
+
+
+def _node(n: dict[str, Any], where: str) -> tuple[dict[str, Any], str]:
+    """(linux.devices entry, cgroup access) for a CDI deviceNode: type, major and
+    minor from the spec, else from a stat of hostPath (path when none is given)."""
+    import stat
+
+    entry: dict[str, Any] = {"path": n["path"]}
+    host = n.get("hostPath", n["path"])
+    kind, major, minor, mode = n.get("type"), n.get("major"), n.get("minor"), n.get("fileMode")
+    if kind is None or major is None or minor is None or mode is None:
+        try:
+            st = os.stat(host)
+        except OSError as e:
+            if kind is not None and major is not None and minor is not None:
+                st = None  # the spec says all runc needs to make the node
+            else:
+                raise CdiError(f"{where}: deviceNode {n['path']}: cannot stat {host}: "
+                               f"{e.strerror}")
+        if st is not None:
+            if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+                raise CdiError(f"{where}: deviceNode {n['path']}: {host} is not a device node")
+            if kind is None:
+                kind = "b" if stat.S_ISBLK(st.st_mode) else "c"
+            if major is None or minor is None:
+                major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+            if mode is None:
+                mode = stat.S_IMODE(st.st_mode)
+    entry.update(type=kind, major=major, minor=minor, fileMode=0o666 if mode is None else mode,
+                 uid=n.get("uid", 0), gid=n.get("gid", 0))
+    return entry, n.get("permissions", "rwm")
+
+
+def _field_of(parent: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    value = parent.setdefault(key, kind())
+    if not isinstance(value, kind):
+        from nvctk.errors import SpecError
+
+        raise SpecError(f"{oci.SPEC_FILE}: {where} must be {'a list' if kind is list else 'an object'}")
+    return value
+
+
+def apply_edits(spec: dict[str, Any], devices: list[Resolved]) -> oci.Edits:
+    """The devices' containerEdits, and once per spec file its common containerEdits,
+    into the OCI spec; returns what was added (for oci.record_edits). Every edit is
+    checked, and every node stat'ed, before the spec is changed."""
+    edits: list[tuple[str, dict[str, Any]]] = []
+    seen: set[str] = set()
+    for r in devices:
+        if r.path not in seen:
+            seen.add(r.path)
+            if "containerEdits" in r.spec:
+                edits.append((f"{r.path}: containerEdits", r.spec["containerEdits"]))
+        edits.append((f"{r.path}: device {r.device['name']}", r.device["containerEdits"]))
+    nodes: list[tuple[dict[str, Any], str]] = []
+    for where, e in edits:
+        problem = _edit_problem(e)
+        if problem:
+            raise CdiError(f"{where}: {problem}")
+        nodes += [_node(n, where) for n in e.get("deviceNodes", ())]
+
+    added = oci.Edits(cdi=True)
+    env: dict[str, str] = {}
+    for _, e in edits:
+        for item in e.get("env", ()):
+            k, _, v = item.partition("=")
+            env.pop(k, None)  # a later edit's value wins, in its place
+            env[k] = v
+    oci.set_env(spec, env)
+    added.env = [f"{k}={v}" for k, v in env.items()]
+
+    linux = _field_of(spec, "linux", dict, "linux")
+    devs = _field_of(linux, "devices", list, "linux.devices")
+    rules = _field_of(_field_of(linux, "resources", dict, "linux.resources"), "devices", list,
+                      "linux.resources.devices")
+    for entry, access in nodes:
+        if entry not in devs:
+            devs[:] = [d for d in devs if not (isinstance(d, dict) and d.get("path") == entry["path"])]
+            devs.append(entry)
+            added.devices.append([entry["path"], entry["type"], entry["major"], entry["minor"]])
+        rule = {"allow": True, "type": entry["type"], "major": entry["major"],
+                "minor": entry["minor"], "access": access}
+        if rule not in rules:
+            rules.append(rule)
+            added.rules.append([entry["type"], entry["major"], entry["minor"]])
+
+    mounts = _field_of(spec, "mounts", list, "mounts")
+    for _, e in edits:
+        for m in e.get("mounts", ()):
+            opts = list(m.get("options", []))
+            mount: dict[str, Any] = {"destination": m["containerPath"], "source": m["hostPath"]}
+            kind = m.get("type") or ("bind" if {"bind", "rbind"} & set(opts) else "")
+            if kind:
+                mount["type"] = kind
+            mount["options"] = opts
+            if mount not in mounts:
+                mounts.append(mount)
+                added.mounts.append(mount)
+
+    hooks = _field_of(spec, "hooks", dict, "hooks")
+    for _, e in edits:
+        for h in e.get("hooks", ()):
+            stage = h["hookName"]
+            entry = {k: h[k] for k in ("path", "args", "env", "timeout") if k in h}
+            stage_hooks = _field_of(hooks, stage, list, f"hooks.{stage}")
+            if entry not in stage_hooks:
+                stage_hooks.append(entry)
+                added.hooks.append([stage, entry])
+    return added

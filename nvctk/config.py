@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 DEFAULT_PATH = "/etc/nvctk/config.toml"
 ALL_CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MODES = ("legacy", "cdi")
 
 
 class ExtraMount(FrozenRecord):
@@ -57,6 +58,8 @@ class Config(FrozenRecord):
         "vgpu_library",
         "state_dir",
         "extra_mounts",
+        "mode",
+        "cdi_spec_dirs",
         "path",  # the file this came from ("" = defaults); not part of equality
     )
 
@@ -73,6 +76,8 @@ class Config(FrozenRecord):
     vgpu_library: str
     state_dir: str
     extra_mounts: tuple[ExtraMount, ...]
+    mode: str
+    cdi_spec_dirs: tuple[str, ...]
     path: str
 
     def __init__(
@@ -90,6 +95,8 @@ class Config(FrozenRecord):
         vgpu_library: str = "",
         state_dir: str = "/run/nvctk",
         extra_mounts: tuple[ExtraMount, ...] = (),
+        mode: str = "legacy",
+        cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi"),
         path: str = "",
     ) -> None:
         init = object.__setattr__
@@ -106,6 +113,8 @@ class Config(FrozenRecord):
         init(self, "vgpu_library", vgpu_library)
         init(self, "state_dir", state_dir)
         init(self, "extra_mounts", extra_mounts)
+        init(self, "mode", mode)
+        init(self, "cdi_spec_dirs", cdi_spec_dirs)
         init(self, "path", path)
 
     def _values(self) -> tuple[Any, ...]:
@@ -135,6 +144,9 @@ _DOC: dict[str, str] = {
     "vgpu-library": "host path of libvgpu.so (empty: the one installed with nvctk)",
     "state-dir": "per-container vGPU accounting directories live here",
     "extra-mounts": "extra host paths bound into every GPU container: [{host-path, container-path, read-only}]",
+    "mode": "legacy: nvctk's prestart hook mounts the driver; cdi: the devices' edits from the "
+            "CDI specs (also chosen by a qualified name such as nvidia.com/gpu=0)",
+    "cdi-spec-dirs": "where CDI spec files (*.json, *.yaml) are read from; a file in a later dir replaces one of the same name in an earlier dir",
 }
 
 
@@ -203,7 +215,7 @@ def _check_type(key: str, value: Any, default: Any, where: str) -> Any:
 INT_RANGES = {"hook-timeout": (1, 86400)}
 # path keys: "" allowed (means: the default place, or no log), else absolute
 _ABSOLUTE_OR_EMPTY = frozenset({"hook-path", "log-file", "vgpu-library"})
-_ABSOLUTE = frozenset({"driver-root", "ldconfig", "state-dir"})
+_ABSOLUTE = frozenset({"driver-root", "ldconfig", "state-dir", "cdi-spec-dirs"})
 
 
 def _short(value: Any) -> str:
@@ -287,6 +299,9 @@ def parse(text: str, where: str) -> Config:
         raise ConfigError(f"{where}: unknown capability {_short(bad[0])} in supported-capabilities")
     if not cfg.runtimes:
         raise ConfigError(f"{where}: runtimes must name at least one runtime")
+    if cfg.mode not in MODES:
+        raise ConfigError(f"{where}: mode must be one of {', '.join(MODES)}, not "
+                          f"{_short(cfg.mode)}")
     return cfg
 
 

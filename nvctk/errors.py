@@ -31,6 +31,10 @@ class SpecError(NvctkError):
     """The OCI bundle's config.json or the hook's state is unusable."""
 
 
+class SpecShapeError(SpecError):
+    """config.json is valid JSON, but a field nvctk reads has the wrong type."""
+
+
 class MountError(NvctkError):
     """A step of the prestart hook failed; the message names the step and path."""
 

@@ -181,9 +181,11 @@ class HostInfo(FrozenRecord):
 
 def _read(path: str) -> str | None:
     """A small file's bytes as latin-1 text (exact and JSON-able); None when unreadable."""
+    from nvctk.runc_argv import read_regular_file  # os and sys only
+
     try:
-        with open(path, "rb") as f:
-            return f.read().decode("latin-1")
+        # never a blocking open: a FIFO put at a driver file must not hang a GPU create
+        return read_regular_file(path, 1 << 20).decode("latin-1")
     except OSError:
         return None
 

@@ -163,6 +163,9 @@ def parse(data: bytes, names: Iterable[str] | None = None) -> list[CacheEntry]:
     raise CacheError("ld.so.cache: not an ld.so.cache file (unknown magic)")
 
 
+MAX_CACHE_BYTES = 256 << 20  # a host's real one is well under 1 MiB
+
+
 def cache_path(root: str) -> str:
     return os.path.join(root, "etc/ld.so.cache")
 
@@ -171,13 +174,17 @@ def read(root: str, names: Iterable[str] | None = None) -> list[CacheEntry]:
     """Entries of <root>/etc/ld.so.cache (of the libraries `names`: see parse); paths as
     stored (relative to root for `-r root`)."""
     path = cache_path(root)
+    from nvctk.runc_argv import NotRegularFile, read_regular_file  # os and sys only
+
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        # never a blocking open: a FIFO put there must not hang a GPU create
+        data = read_regular_file(path, MAX_CACHE_BYTES)
     except FileNotFoundError:
         raise CacheError(f"no ld.so.cache at {path}")
+    except NotRegularFile:
+        raise CacheError(f"cannot read {path}: not a regular file")
     except OSError as e:
-        raise CacheError(f"cannot read {path}: {e.strerror}")
+        raise CacheError(f"cannot read {path}: {e.strerror or e}")
     try:
         return parse(data, names)
     except CacheError as e:

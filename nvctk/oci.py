@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from nvctk import jsonio
-from nvctk.errors import SpecError, shown
+from nvctk.errors import SpecError, SpecShapeError, shown
 from nvctk.record import Record
 
 # typing is for the type checker only: importing it costs every container start
@@ -87,17 +87,17 @@ def parse_spec(data: bytes | str, where: str = SPEC_FILE) -> dict[str, Any]:
     except RecursionError:
         raise SpecError(f"{where}: JSON nested too deeply for nvctk to read")
     if not isinstance(spec, dict):
-        raise SpecError(f"{where}: the spec must be a JSON object, not {type(spec).__name__}")
+        raise SpecShapeError(f"{where}: the spec must be a JSON object, not {type(spec).__name__}")
     for key, kind in (("process", dict), ("linux", dict), ("root", dict), ("hooks", dict),
                       ("mounts", list), ("annotations", dict)):
         if key in spec and spec[key] is not None and not isinstance(spec[key], kind):
-            raise SpecError(f"{where}: {key} must be a JSON {kind.__name__.replace('dict', 'object')}")
+            raise SpecShapeError(f"{where}: {key} must be a JSON {kind.__name__.replace('dict', 'object')}")
     process = spec.get("process") or {}
     env = process.get("env")
     if env is not None and (
         not isinstance(env, list) or not all(isinstance(e, str) for e in env)
     ):
-        raise SpecError(f"{where}: process.env must be a list of strings")
+        raise SpecShapeError(f"{where}: process.env must be a list of strings")
     return spec
 
 
@@ -403,11 +403,14 @@ def add_devices(spec: dict[str, Any], nodes: Iterable[DeviceNode]) -> Edits:
         entry = device_entry(node)
         for i, d in enumerate(devices):
             if isinstance(d, dict) and d.get("path") == node.path:
+                if d == entry:  # the user's own (ours went with the earlier create's record)
+                    break
                 devices[i] = entry
+                added.devices.append([node.path, node.type, node.major, node.minor])
                 break
         else:
             devices.append(entry)
-        added.devices.append([node.path, node.type, node.major, node.minor])
+            added.devices.append([node.path, node.type, node.major, node.minor])
         rule = cgroup_rule(node)
         if rule not in rules:
             rules.append(rule)
@@ -428,18 +431,25 @@ OUR_ENV_PREFIXES = ("CUDA_DEVICE_", "NVCTK_")
 
 class Edits(Record):
     """The entries one create added: device nodes and allow rules as
-    [path, type, major, minor] / [type, major, minor], env entries as "K=V"."""
+    [path, type, major, minor] / [type, major, minor], env entries as "K=V"; in CDI
+    mode (cdi True) also spec mounts as the entries added, hooks as [stage, entry]."""
 
-    __slots__ = ("devices", "rules", "env", "seccomp")  # noqa: RUF023
+    __slots__ = ("devices", "rules", "env", "seccomp", "mounts", "hooks", "cdi")  # noqa: RUF023
 
     def __init__(self, devices: list[list[Any]] | None = None,
                  rules: list[list[Any]] | None = None, env: list[str] | None = None,
-                 seccomp: dict[str, Any] | None = None) -> None:
+                 seccomp: dict[str, Any] | None = None,
+                 mounts: list[dict[str, Any]] | None = None,
+                 hooks: list[list[Any]] | None = None, cdi: bool = False) -> None:
         self.devices: list[list[Any]] = [] if devices is None else devices
         self.rules: list[list[Any]] = [] if rules is None else rules
         self.env: list[str] = [] if env is None else env
         # block_user_namespaces: {"created": bool, "syscalls": [rules added]}, or None
         self.seccomp = seccomp
+        self.mounts: list[dict[str, Any]] = [] if mounts is None else mounts
+        self.hooks: list[list[Any]] = [] if hooks is None else hooks
+        # the entries came from CDI specs: any device path, env name, rule access
+        self.cdi = cdi
 
 
 def record_edits(spec: dict[str, Any], edits: Edits) -> None:
@@ -447,6 +457,8 @@ def record_edits(spec: dict[str, Any], edits: Edits) -> None:
     record: dict[str, Any] = {"devices": edits.devices, "rules": edits.rules, "env": edits.env}
     if edits.seccomp is not None:  # vGPU only: other GPU containers' records stay as they were
         record["seccomp"] = edits.seccomp
+    if edits.cdi:  # CDI only: legacy records stay as they were
+        record.update(cdi=True, mounts=edits.mounts, hooks=edits.hooks)
     annotations[EDITS_ANNOTATION] = jsonio.dumps(record)
 
 
@@ -477,6 +489,9 @@ _RECORD_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rules": (lambda e: isinstance(e, list) and len(e) == 3 and isinstance(e[0], str)
               and _is_int(e[1]) and _is_int(e[2]), "[type, major, minor]"),
     "env": (lambda e: isinstance(e, str), "a string"),
+    "mounts": (lambda e: isinstance(e, dict), "an object"),
+    "hooks": (lambda e: isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
+              and isinstance(e[1], dict), "[stage, hook]"),
 }
 
 
@@ -502,6 +517,10 @@ def edits_record_problem(spec: dict[str, Any]) -> str | None:
             if not isinstance(value, dict):
                 return f"{where}: seccomp must be an object, not {_json_type(value)}"
             continue  # _remove_userns_rules acts only on what matches nvctk's own rules
+        if key == "cdi":
+            if not isinstance(value, bool):
+                return f"{where}: cdi must be true or false, not {_json_type(value)}"
+            continue
         if key not in _RECORD_SHAPES:
             return f"{where}: unknown field {shown(key)}"
         ok, shape = _RECORD_SHAPES[key]
@@ -543,23 +562,32 @@ def remove_our_edits(spec: dict[str, Any]) -> None:
     # emptied lists and objects stay: a GPU create that follows then refills them in
     # place, and writes the same bytes as the first create did
     rec = _recorded(spec.get("annotations"))
+    # a CDI spec's entries are any device, variable or access: removing them still only
+    # takes away what the record says this create's request added
+    cdi = rec.get("cdi") is True
     hooks = spec.get("hooks")
     if isinstance(hooks, dict):
         for stage in ("prestart", "poststop"):
             entries = hooks.get(stage)
             if isinstance(entries, list):
                 hooks[stage] = [h for h in entries if not is_our_hook(h, stage)]
+        if cdi:
+            _remove_recorded(hooks, rec.get("hooks"))
+    if cdi and isinstance(spec.get("mounts"), list) and isinstance(rec.get("mounts"), list):
+        gone = list(rec["mounts"])
+        spec["mounts"] = [m for m in spec["mounts"] if not _take(gone, m)]
     devices = set(_as_keys(rec.get("devices"), 4))
     rules = set(_as_keys(rec.get("rules"), 3))
     env = rec.get("env")
-    env_entries = {e for e in env if isinstance(e, str) and e.startswith(OUR_ENV_PREFIXES)} \
-        if isinstance(env, list) else set()
+    env_entries = {e for e in env if isinstance(e, str)
+                   and (cdi or e.startswith(OUR_ENV_PREFIXES))} if isinstance(env, list) else set()
+    device_prefix = "/" if cdi else _OUR_DEVICE_PREFIX
     linux = spec.get("linux")
     if isinstance(linux, dict):
         if devices and isinstance(linux.get("devices"), list):
             linux["devices"] = [
                 d for d in linux["devices"]
-                if not (isinstance(d, dict) and str(d.get("path", "")).startswith(_OUR_DEVICE_PREFIX)
+                if not (isinstance(d, dict) and str(d.get("path", "")).startswith(device_prefix)
                         and _hashable((d.get("path"), d.get("type"), d.get("major"),
                                        d.get("minor"))) in devices)
             ]
@@ -567,7 +595,8 @@ def remove_our_edits(spec: dict[str, Any]) -> None:
         if rules and isinstance(resources, dict) and isinstance(resources.get("devices"), list):
             resources["devices"] = [
                 r for r in resources["devices"]
-                if not (isinstance(r, dict) and r.get("allow") is True and r.get("access") == "rwm"
+                if not (isinstance(r, dict) and r.get("allow") is True
+                        and (r.get("access") == "rwm" or (cdi and isinstance(r.get("access"), str)))
                         and set(r) == {"allow", "type", "major", "minor", "access"}
                         and _hashable((r.get("type"), r.get("major"), r.get("minor"))) in rules)
             ]
@@ -575,6 +604,28 @@ def remove_our_edits(spec: dict[str, Any]) -> None:
     if env_entries and isinstance(process, dict) and isinstance(process.get("env"), list):
         process["env"] = [e for e in process["env"] if e not in env_entries]
     _remove_userns_rules(spec, rec.get("seccomp"))
+
+
+def _take(recorded: list[Any], entry: Any) -> bool:
+    """Whether entry is one of recorded (then used up: each record entry removes one)."""
+    for i, r in enumerate(recorded):
+        if r == entry:
+            del recorded[i]
+            return True
+    return False
+
+
+def _remove_recorded(hooks: dict[str, Any], recorded: Any) -> None:
+    """CDI hooks a create added ([stage, entry] each) out of hooks.<stage>."""
+    if not isinstance(recorded, list):
+        return
+    by_stage: dict[str, list[Any]] = {}
+    for item in recorded:
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
+            by_stage.setdefault(item[0], []).append(item[1])
+    for stage, gone in by_stage.items():
+        if isinstance(hooks.get(stage), list):
+            hooks[stage] = [h for h in hooks[stage] if not _take(gone, h)]
 
 
 def _hashable(key: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -47,7 +47,9 @@ def require_vgpu_library(config: Config | None = None) -> str:
     if config is not None and config.vgpu_library:
         if not os.path.isfile(path):
             where = config.path or "the nvctk config"
-            raise ConfigError(f"{where}: vgpu-library {path}: no such file")
+            # a FIFO, /dev/zero, a directory: there, but not a library
+            why = "not a regular file" if os.path.lexists(path) else "no such file"
+            raise ConfigError(f"{where}: vgpu-library {path}: {why}")
         return path
     if not path:
         raise ConfigError(

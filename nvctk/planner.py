@@ -171,14 +171,17 @@ def load_and_select(request: Request, config: Config) -> tuple[HostInfo, list[Se
 
 
 def _proc_devices_major(driver_root: str, name: str) -> int | None:
+    from nvctk.runc_argv import read_regular_file  # never blocks (a FIFO is refused)
+
     try:
-        with open(os.path.join(driver_root, "proc/devices")) as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) == 2 and fields[1] == name and fields[0].isdigit():
-                    return int(fields[0])
+        text = read_regular_file(os.path.join(driver_root, "proc/devices"), 1 << 20)
     except OSError:
-        pass
+        return None
+    for line in text.decode("ascii", "replace").splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1] == name and fields[0].isascii() \
+                and fields[0].isdigit() and len(fields[0]) < 8:
+            return int(fields[0])
     return None
 
 
@@ -203,14 +206,19 @@ def _node(dev_dir: str, rel: str, driver_root: str = "", proc_name: str = "",
 
 
 def _cap_minor(access_file: str) -> int:
+    from nvctk.runc_argv import read_regular_file  # never blocks (a FIFO is refused)
+
     try:
-        with open(access_file) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "DeviceFileMinor":
-                    return int(value.strip())
-    except (OSError, ValueError) as e:
+        text = read_regular_file(access_file, 1 << 16).decode("ascii", "replace")
+    except OSError as e:
         raise DriverError(f"cannot read the MIG capability minor from {access_file}: {e}")
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "DeviceFileMinor":
+            value = value.strip()
+            if not (value.isascii() and value.isdigit() and len(value) < 8):
+                raise DriverError(f"{access_file}: DeviceFileMinor {value[:20]!r} is not a number")
+            return int(value)
     raise DriverError(f"{access_file} has no DeviceFileMinor line")
 
 

@@ -327,16 +327,21 @@ def _prepare(plan: Plan, pid: int, log: HookLog) -> _Prepared:
             else:
                 log.info(f"skip the {PROC_DRIVER} mask: {pm.host_dir} is missing on the host")
         if plan.ldconfig:
+            what = f"{plan.ldconfig} (nvctk's ldconfig setting)"
             try:
-                p.ldconfig = os.open(plan.ldconfig, os.O_RDONLY | os.O_CLOEXEC)
+                # O_NONBLOCK: a FIFO would block open() until runc's hook timeout
+                p.ldconfig = os.open(plan.ldconfig, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+                                     | os.O_CLOEXEC)
+                if not stat.S_ISREG(os.fstat(p.ldconfig).st_mode):
+                    raise m.step_error("open", what, "not a regular file")
                 interp = elf_interpreter(p.ldconfig)
             except OSError as e:
-                raise m.step_error("open", plan.ldconfig, e)
+                raise m.step_error("open", what, e)
             except ValueError as e:
-                raise m.step_error("open", plan.ldconfig, str(e))
+                raise m.step_error("open", what, str(e))
             if interp is not None:
                 raise m.step_error(
-                    "open", plan.ldconfig,
+                    "open", what,
                     f"ldconfig is dynamically linked ({interp}); run chrooted it would load the "
                     "image's loader",
                 )

@@ -27,6 +27,10 @@ MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
 MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
 DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 DEFAULT_CAPABILITIES = ("utility", "compute")
+# CDI (REFERENCE §7): the annotations a device plugin sets, and the kind plain ids
+# name in CDI mode
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+CDI_DEFAULT_KIND = "nvidia.com/gpu"
 
 
 class Request(Record):
@@ -34,7 +38,8 @@ class Request(Record):
     empty with all_devices False means `none`: driver files, no GPU."""
 
     __slots__ = ("devices", "all_devices", "capabilities", "requirements",  # noqa: RUF023
-                 "disable_require", "mig_config", "mig_monitor", "privileged", "source", "env")
+                 "disable_require", "mig_config", "mig_monitor", "privileged", "source", "cdi_devices",
+                 "env")
 
     def __init__(
         self,
@@ -47,6 +52,7 @@ class Request(Record):
         mig_monitor: bool = False,
         privileged: bool = False,
         source: str = VISIBLE_DEVICES,
+        cdi_devices: tuple[str, ...] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.devices = devices
@@ -59,6 +65,9 @@ class Request(Record):
         self.mig_monitor = mig_monitor
         self.privileged = privileged
         self.source = source  # where the device list came from, for error messages
+        # CDI mode: the qualified device names (vendor/class=name) whose edits the
+        # container gets (() for `none`); None: legacy mode
+        self.cdi_devices = cdi_devices
         self.env: dict[str, str] = {} if env is None else env
 
     # env is the container's whole environment: no part of equality (a dict is not
@@ -168,6 +177,60 @@ def _ascii_digits(text: str) -> bool:
     return bool(text) and text.isascii() and text.isdigit()
 
 
+def _cdi_part_ok(text: str, extra: str) -> bool:
+    """CDI's name rule: ASCII letters, digits and `extra`, starting and ending with a
+    letter or digit."""
+    return bool(text) and all(c.isascii() and (c.isalnum() or c in extra) for c in text) \
+        and text[0].isalnum() and text[-1].isalnum()
+
+
+def parse_qualified(name: str) -> tuple[str, str, str] | None:
+    """`vendor/class=device` -> (vendor, class, device); None when `name` is not in
+    that form at all (a plain id); RequestError when it is, but malformed."""
+    kind, eq, device = name.partition("=")
+    if not eq:
+        return None
+    vendor, slash, cls = kind.partition("/")
+    if not slash or not _cdi_part_ok(vendor, "_-.") or not _cdi_part_ok(cls, "_-") \
+            or not _cdi_part_ok(device, "_-.:"):
+        raise RequestError(f"invalid CDI device name {shown(name)} (the form is vendor/class=name, "
+                           "e.g. nvidia.com/gpu=0: ASCII letters, digits and _-. in each part)")
+    return vendor, cls, device
+
+
+def cdi_annotation_devices(spec: dict[str, Any]) -> tuple[list[str], str] | None:
+    """The qualified names in the spec's cdi.k8s.io/* annotations (each value a
+    comma-separated list), and the first annotation's key; None: none names a device."""
+    annotations = spec.get("annotations")
+    if not isinstance(annotations, dict):
+        return None
+    names: list[str] = []
+    first = ""
+    for key in sorted(k for k in annotations if isinstance(k, str)
+                      and k.startswith(CDI_ANNOTATION_PREFIX)):
+        value = annotations[key]
+        if not isinstance(value, str):
+            raise RequestError(f"annotation {shown(key)} must be a string of CDI device names")
+        first = first or key
+        for t in split_list(value):
+            if parse_qualified(t) is None:
+                raise RequestError(f"annotation {shown(key)}: {shown(t)} is not a qualified CDI "
+                                   "device name (vendor/class=name, e.g. nvidia.com/gpu=0)")
+            names.append(t)
+    # an annotation that names nothing is no CDI request: the next source decides
+    return (list(dict.fromkeys(names)), first) if names else None
+
+
+def cdi_names(tokens: list[str]) -> tuple[str, ...] | None:
+    """A device list in CDI mode: plain ids (`0`, `GPU-…`, `all`) name devices of
+    nvidia.com/gpu; `none` alone is no device (()); `void` or nothing: None."""
+    names = [t if parse_qualified(t) is not None else f"{CDI_DEFAULT_KIND}={t}"
+             for t in tokens if t not in ("none", "void")]
+    if names:
+        return tuple(dict.fromkeys(names))
+    return () if "none" in tokens else None
+
+
 def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
     """The container's GPU request, or None when it is not a GPU container."""
     env = spec_env(spec)
@@ -176,17 +239,32 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
 
     devices: tuple[bool, tuple[str, ...]] | None = None
     source = VISIBLE_DEVICES
+    cdi: tuple[str, ...] | None = None
+    annotated = cdi_annotation_devices(spec)
     mount_ids = devices_from_mounts(spec) if config.accept_volume_mount_devices else None
-    if mount_ids is not None:
+    tokens: list[str] | None = None
+    if annotated is not None:  # REFERENCE §5: CDI annotations come first
+        names, key = annotated
+        source = f"annotation {key}"
+        cdi = tuple(names)
+        devices = (False, cdi)
+    elif mount_ids is not None:
         source = f"{DEVICE_MOUNT_ROOT} mounts"
+        tokens = mount_ids
         devices = _device_tokens(",".join(mount_ids))
     elif privileged or config.accept_envvar_when_unprivileged:
         value = env.get(VISIBLE_DEVICES)
         if value is None:
             devices = (True, ()) if legacy else None
+            tokens = ["all"] if legacy else None
         else:
+            tokens = split_list(value)
             devices = _device_tokens(value)
     # else: an unprivileged container and a config that ignores its env: no GPUs
+    if tokens is not None and (config.mode == "cdi" or any("=" in t for t in tokens)):
+        # a qualified name anywhere in the list makes it a CDI request
+        cdi = cdi_names(tokens)
+        devices = None if cdi is None else (False, cdi)
     if devices is None:
         return None
 
@@ -207,6 +285,7 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         mig_monitor=mig_monitor,
         privileged=privileged,
         source=source,
+        cdi_devices=cdi,
         env=env,
     )
 

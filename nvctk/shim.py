@@ -18,7 +18,7 @@ from nvctk import oci
 from nvctk import runc_argv as ra
 from nvctk.config import Config
 from nvctk.config import load as load_config
-from nvctk.errors import ConfigError, NvctkError, SpecError
+from nvctk.errors import ConfigError, NvctkError, RequestError, SpecError, SpecShapeError, shown
 from nvctk.log import Logger, report_error
 from nvctk.record import Record
 from nvctk.request import request_from_spec
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from nvctk.plan import Plan
+    from nvctk.request import Request
 
 HOOK_NAME = "nvctk-hook"
 # nvctk.plan.PLAN_FILE, which a no-GPU create must not import (tests keep them equal)
@@ -39,13 +40,14 @@ PLAN_FILE_NAME = "nvctk-plan.json"
 class Prepared(Record):
     """What prepare_bundle did: plan None = no GPU asked, the bundle was not touched."""
 
-    __slots__ = ("plan", "docker_hooks_removed", "vgpu_dir")  # noqa: RUF023
+    __slots__ = ("plan", "docker_hooks_removed", "vgpu_dir", "cdi_devices")  # noqa: RUF023
 
     def __init__(self, plan: Plan | None, docker_hooks_removed: int = 0,
-                 vgpu_dir: str | None = None) -> None:
+                 vgpu_dir: str | None = None, cdi_devices: tuple[str, ...] | None = None) -> None:
         self.plan = plan
         self.docker_hooks_removed = docker_hooks_removed
         self.vgpu_dir = vgpu_dir  # the vGPU state dir this create made (None: none)
+        self.cdi_devices = cdi_devices  # CDI mode: the devices whose edits were applied
 
 
 def find_hook(config: Config, argv0: str | None = None) -> str:
@@ -102,6 +104,11 @@ def prepare_bundle(
         return Prepared(None)
     if config is None:
         raise config_error or ConfigError("nvctk config unavailable")
+    if container_id is not None:
+        # before any state is keyed or made by it (runc would refuse it only after)
+        check_container_id(container_id)
+    if request.cdi_devices is not None:
+        return _prepare_cdi(bundle, spec, data, request, config, logger)
     # only now: most containers on a node ask for no GPU and need none of the planning
     from nvctk.plan import PLAN_FILE
     from nvctk.planner import make_plan
@@ -167,6 +174,50 @@ def prepare_bundle(
     return Prepared(plan, removed, vgpu_dir)
 
 
+# the variables that set vGPU limits (nvctk.vgpu), which CDI mode does not apply
+_VGPU_LIMIT_VARS = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
+
+
+def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Request,
+                 config: Config, logger: Logger | None) -> Prepared:
+    """CDI mode: the named devices' containerEdits from the spec dirs into config.json,
+    recorded for the next create to remove. No prestart hook and no plan: runc makes
+    the nodes and mounts, the spec's own hooks do the rest."""
+    from nvctk import cdi  # CDI mode only: it brings yaml and the planner
+
+    assert request.cdi_devices is not None
+    limits = sorted(k for k, v in request.env.items() if k.startswith(_VGPU_LIMIT_VARS) and v)
+    if limits:
+        raise RequestError(f"{limits[0]}: vGPU limits are not supported in CDI mode (devices "
+                           f"from {request.source}); use plain device ids with mode = "
+                           '"legacy" for a limited GPU')
+    oci.check_editable(spec)
+    oci.check_rewritable(spec, data)
+    resolved = cdi.resolve(request.cdi_devices, config.cdi_spec_dirs)
+    oci.remove_our_edits(spec)
+    removed = oci.remove_nvidia_hooks(spec)
+    oci.record_edits(spec, cdi.apply_edits(spec, resolved))
+    oci.save_spec(bundle, spec)
+    _remove_earlier_plan(bundle, logger)  # an earlier legacy create's: no hook reads it now
+    return Prepared(None, removed, cdi_devices=request.cdi_devices)
+
+
+_ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
+
+
+def check_container_id(container_id: str) -> None:
+    """A GPU container's id must be one runc takes (runc's validateID: ASCII letters,
+    digits and _+-., not "." or ".."): it names nvctk's state dir and keys it."""
+    if container_id and set(container_id) <= _ID_OK and container_id not in (".", ".."):
+        return
+    try:  # argv's own bytes (surrogateescape), escaped: a\xff, not a\udcff
+        name = os.fsencode(container_id).decode("ascii", "backslashreplace")
+    except UnicodeError:
+        name = shown(container_id)[1:-1]
+    raise RequestError(f"invalid container id '{name[:80]}': runc takes only ASCII letters, "
+                       "digits and _+-. (and not '.' or '..')")
+
+
 def _read_spec(bundle: str, config: Config | None,
                logger: Logger | None) -> tuple[dict[str, Any], bytes] | None:
     """(spec, its bytes), or None for a spec nvctk cannot read that shows no sign of
@@ -191,7 +242,12 @@ def _read_spec(bundle: str, config: Config | None,
     except SpecError:
         lenient = None
     if lenient is not None:
-        if request_from_spec(lenient, config or Config()) is None:
+        try:
+            asked = request_from_spec(lenient, config or Config())
+        except NvctkError:  # e.g. CUDA_VERSION made of bytes that are not UTF-8
+            raise SpecError(f"{error}: nvctk rewrites a GPU container's spec and will not "
+                            "replace bytes it cannot read")
+        if asked is None:
             _log_handed_on(logger, error)
             # the spec stays as it is (nvctk will not rewrite bytes it cannot read):
             # an earlier create's hooks in it find no plan and do nothing
@@ -204,6 +260,9 @@ def _read_spec(bundle: str, config: Config | None,
         _log_handed_on(logger, error)
         _remove_earlier_plan(bundle, logger)
         return None
+    if isinstance(error, SpecShapeError):  # valid JSON: the field's type is the problem
+        raise SpecError(f"{error} (the spec mentions {marker}, so it may ask for a GPU, and "
+                        "nvctk cannot read a GPU request from a spec of the wrong shape)")
     raise SpecError(f"{error}; it mentions {marker}, so it may ask for a GPU, which nvctk "
                     "cannot tell without reading it")
 
@@ -269,6 +328,13 @@ def _set_poststop_hook(spec: dict[str, Any], hook_path: str, config: Config, wan
 
         # absolute: runc resolves a relative --root against its cwd, the hook runs in the bundle
         root = os.path.normpath(os.path.abspath(runtime_root or DEFAULT_RUNTIME_ROOT))
+        try:
+            root.encode()
+        except UnicodeEncodeError:  # argv's non-UTF-8 bytes, as surrogate escapes
+            shown_root = os.fsencode(root).decode("ascii", "backslashreplace")
+            raise RequestError(f"runc's --root '{shown_root[:200]}' is not UTF-8: a container "
+                               "with a vGPU limit passes it to its poststop hook in "
+                               "config.json, which holds text only") from None
         entry = oci.hook_entry(hook_path, config.hook_timeout, _nvctk_config_env())
         entry["args"] = [oci.OUR_HOOK_NAME, "poststop", "--runtime-root", root]
         oci.set_hook(spec, entry, "poststop")
@@ -382,6 +448,9 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
             + (f", replaced {prepared.docker_hooks_removed} NVIDIA hook(s)"
                if prepared.docker_hooks_removed else "")
         )
+    if prepared.cdi_devices is not None:
+        logger.info(f"{args.subcommand} {args.container_id}: CDI devices "
+                    f"{','.join(prepared.cdi_devices) or 'none'}")
     if prepared.vgpu_dir is not None and config is not None and args.subcommand == "create":
         # runc may still fail before the container exists: then nothing runs the
         # poststop hook, so this process outlives runc to remove the state it made

@@ -127,7 +127,9 @@ def state_key(runtime_root: str | None, container_id: str) -> str:
     import hashlib  # not at the top: loading OpenSSL costs every create 3-5 ms
 
     root = os.path.normpath(os.path.abspath(runtime_root or DEFAULT_RUNTIME_ROOT))
-    return hashlib.sha256(f"{root}\0{container_id}".encode()).hexdigest()[:16]
+    # fsencode: runc's --root is any bytes (argv gives them back as surrogate escapes)
+    key = os.fsencode(root) + b"\0" + os.fsencode(container_id)
+    return hashlib.sha256(key).hexdigest()[:16]
 
 
 def sanitize_id(container_id: str) -> str:

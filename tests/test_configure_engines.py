@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from support.daemons import containerd, dockerd, private_paths
+from nvctk.sim.host import SimHost
+from support.daemons import containerd, dockerd, import_rootfs, private_paths
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -166,6 +167,34 @@ def test_dockerd_lists_configured_runtime(run_nvctk: Run, work: Path) -> None:
     assert run_nvctk("configure", "--runtime", "docker", "--config", str(cfg),
                      "--remove").returncode == 0
     assert cfg.read_bytes() == before
+
+
+def test_dockerd_runs_gpu_container_with_configured_runtime(
+        run_nvctk: Run, work: Path, sim_host: SimHost, rootfs: Callable[..., str]) -> None:
+    """The daemon.json nvctk configure writes, loaded by the real dockerd: a container
+    run with its runtime gets exactly the GPU it asks for."""
+    _need("containerd", "ctr", "dockerd", "docker")
+    cfg = work / "daemon.json"
+    cfg.write_text(json.dumps(DAEMON_JSON, indent=2) + "\n")
+    res = run_nvctk("configure", "--runtime", "docker", "--config", str(cfg),
+                    "--runtime-path", RUNTIME)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(cfg.read_text())["runtimes"]["nvidia"]["path"] == RUNTIME
+    gpu1 = sim_host.topology.gpus[1]
+    # containerd's shims (so nvctk-runtime) inherit NVCTK_CONFIG, as from a systemd
+    # drop-in on a real host: the runtime reads its config from its own environment
+    with containerd(work / "ctd", env=sim_host.env) as ctd, \
+            dockerd(work / "dk", ctd, {}, config=cfg) as dk:
+        res_info = dk.docker("info", "--format", "{{json .Runtimes}}")
+        assert res_info.returncode == 0, res_info.stderr
+        assert json.loads(res_info.stdout)["nvidia"]["path"] == RUNTIME
+        import_rootfs(dk, Path(rootfs()), "nvctk-configured:latest")
+        res = dk.docker("run", "--rm", "--network", "none", "--runtime", "nvidia",
+                        "-e", "NVIDIA_VISIBLE_DEVICES=1", "nvctk-configured:latest",
+                        "nvidia-smi", "-L")
+        assert res.returncode == 0, res.stderr.decode()
+        assert res.stdout.decode().strip().splitlines() == [
+            f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})"]
 
 
 def test_containerd_cri_plugin_loads_after_configuring_a_file_without_runtimes(

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -277,25 +276,20 @@ def test_logs_never_block_and_own_log_is_regular_only(tmp_path: Path) -> None:
     logger.error("no reader: ENXIO, not a wait")  # would hang with a blocking open
     assert logger.fd == -1
     assert not nvlog.write_runc_log(str(fifo), "no reader")
-    got: list[bytes] = []
-
-    def reader() -> None:
-        with open(fifo, "rb") as f:
-            got.append(f.read())
-
-    t = threading.Thread(target=reader)
-    t.start()
-    deadline = time.monotonic() + 10
-    # runc's --log may be a FIFO an engine reads: written, without blocking
-    while not nvlog.write_runc_log(str(fifo), "to the reader"):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    logger.error("never into a FIFO")  # nvctk's own log: regular files only
-    assert logger.fd == -1
-    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    os.close(fd)  # EOF for the reader
-    t.join(10)
-    assert b"to the reader" in got[0] and b"never" not in got[0]
+    # The test's own reader holds the FIFO open read-write (Linux: never blocks): a reader
+    # stays while the logs write, and no writer's close ends it with an early EOF. (A reader
+    # thread saw EOF as soon as write_runc_log closed, and left: the next O_WRONLY open
+    # then failed with ENXIO, and "never into a FIFO" was tested with no reader at all.)
+    rfd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        # runc's --log may be a FIFO an engine reads: written, without blocking
+        assert nvlog.write_runc_log(str(fifo), "to the reader")
+        logger.error("never into a FIFO")  # nvctk's own log: regular files only
+        assert logger.fd == -1
+        got = os.read(rfd, 1 << 16)
+    finally:
+        os.close(rfd)
+    assert b"to the reader" in got and b"never" not in got
 
 
 # --- family 4: specs runc runs go through when no GPU is asked for --------------------------
@@ -342,6 +336,35 @@ def test_unreadable_gpu_spec_fails_clearly(env: Env, bundle: Callable[..., Path]
     before = snapshot(b / "config.json")
     r = env.run(*create_argv(env, b))
     assert_clean_failure(env, r, needle)
+    assert snapshot(b / "config.json") == before
+
+
+@pytest.mark.parametrize(("field", "value", "needle"), [
+    ("root", [], "root must be a JSON object"),
+    ("mounts", {}, "mounts must be a JSON list"),
+])
+def test_gpu_spec_of_the_wrong_shape_names_the_field(env: Env, bundle: Callable[..., Path],
+                                                     field: str, value: Any,
+                                                     needle: str) -> None:
+    """Valid JSON with a field of the wrong type: the message says so (nvctk did read
+    it), not that nvctk could not tell without reading it."""
+    b = bundle({NVD: "0"}, edit=lambda spec: spec.__setitem__(field, value))
+    before = snapshot(b / "config.json")
+    r = env.run(*create_argv(env, b))
+    assert_clean_failure(env, r, needle)
+    assert "cannot tell without reading" not in r.stderr + "".join(runc_log_errors(env))
+    assert snapshot(b / "config.json") == before
+
+
+def test_cuda_version_of_bytes_that_are_not_utf8(env: Env, bundle: Callable[..., Path]) -> None:
+    """A legacy image whose CUDA_VERSION is not UTF-8: the message says the spec is not
+    UTF-8 (not that the version '\ufffd\ufffd' is malformed)."""
+    b = bundle({"CUDA_VERSION": "BADBYTES"})
+    _write_bad_utf8(b)
+    before = snapshot(b / "config.json")
+    r = env.run(*create_argv(env, b))
+    assert_clean_failure(env, r, "not UTF-8")
+    assert "\ufffd" not in r.stderr
     assert snapshot(b / "config.json") == before
 
 
@@ -579,6 +602,26 @@ def test_a_user_rule_that_equals_ours_stays(env: Env, bundle: Callable[..., Path
     assert env.run(*create_argv(env, b)).returncode == 0
     spec = json.loads((b / "config.json").read_text())
     assert own in spec["linux"]["resources"]["devices"]
+
+
+def test_a_user_device_that_equals_ours_stays(env: Env, bundle: Callable[..., Path]) -> None:
+    """A linux.devices entry the user had before the first GPU create, identical to the
+    one nvctk would add, is the user's: a later create without GPU leaves it."""
+    first = bundle({NVD: "0"}, name="first")
+    assert env.run(*create_argv(env, first)).returncode == 0
+    ours = [d for d in json.loads((first / "config.json").read_text())["linux"]["devices"]
+            if d["path"] == "/dev/nvidiactl"]
+    assert len(ours) == 1
+
+    def edit(spec: dict[str, Any]) -> None:
+        spec["linux"].setdefault("devices", []).append(dict(ours[0]))
+
+    b = bundle({NVD: "0"}, edit=edit)
+    assert env.run(*create_argv(env, b)).returncode == 0
+    _set_env(b, NVD, "void")
+    assert env.run(*create_argv(env, b)).returncode == 0
+    devices = json.loads((b / "config.json").read_text())["linux"]["devices"]
+    assert [d for d in devices if d["path"].startswith("/dev/nvidia")] == ours
 
 
 def test_edit_record_can_only_take_nvidia_access_away() -> None:
@@ -1015,3 +1058,117 @@ def test_any_edits_record_is_never_an_internal_error(record: Any) -> None:
         with pytest.raises(SpecError, match=re.escape(oci.EDITS_ANNOTATION)):
             oci.check_editable(spec)
     oci.remove_our_edits(spec)  # the second line: never raises either
+
+
+# --- issue 8, finding 7: container ids and runc roots that are not UTF-8 ---------------------
+
+
+def _key_dirs(env: Env) -> list[str]:
+    top = nvconfig.load(str(env.config)).state_dir
+    return [n for n in os.listdir(top) if os.path.isdir(os.path.join(top, n))] \
+        if os.path.isdir(top) else []
+
+
+@pytest.mark.parametrize("cid", ["a\udcff", ".", "..", "a b", "a/b", "é"],
+                         ids=["not-utf8", "dot", "dotdot", "space", "slash", "non-ascii"])
+def test_gpu_create_refuses_an_id_runc_refuses(env: Env, bundle: Callable[..., Path],
+                                               cid: str) -> None:
+    b = bundle({NVD: "0", "CUDA_DEVICE_MEMORY_LIMIT": "512m"})
+    r = env.run(*create_argv(env, b, cid))
+    shown_id = os.fsencode(cid).decode("ascii", "backslashreplace")
+    assert_clean_failure(env, r, f"invalid container id '{shown_id}'")
+    assert _key_dirs(env) == []  # no state made for it
+    assert not (b / PLAN_FILE).exists()
+
+
+def test_no_gpu_create_leaves_the_id_to_runc(env: Env, bundle: Callable[..., Path]) -> None:
+    b = bundle({})
+    argv = create_argv(env, b, "a\udcff")
+    r = env.run(*argv)
+    assert r.returncode == 0, r.stderr
+    assert env.record.read_bytes().splitlines()[-1] == b"a\xff"  # runc got it as it was
+
+
+def test_runc_root_that_is_not_utf8(env: Env, bundle: Callable[..., Path]) -> None:
+    from nvctk import vgpu_state
+
+    assert vgpu_state.state_key("/tmp/x\udcffroot", "c1") != vgpu_state.state_key("/tmp/x", "c1")
+    root = str(env.tmp / "x\udcffroot")
+    b = bundle({NVD: "0"})  # a GPU without a vGPU limit: the root is not written anywhere
+    argv = create_argv(env, b)
+    argv[1] = root
+    r = env.run(*argv)
+    assert r.returncode == 0, r.stderr
+    env.record.unlink()
+    shutil.rmtree(b)
+    b = bundle({NVD: "0", "CUDA_DEVICE_MEMORY_LIMIT": "512m"})
+    argv = create_argv(env, b)
+    argv[1] = root
+    r = env.run(*argv)
+    assert_clean_failure(env, r, "runc's --root '" + os.fsencode(root).decode(
+        "ascii", "backslashreplace") + "' is not UTF-8")
+    assert _key_dirs(env) == []
+
+
+# --- issue 8, finding 8: nothing read at start may block --------------------------------------
+
+
+def test_ldconfig_fifo_fails_at_once_naming_the_setting(
+        sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path) -> None:
+    from canary.harness import fake_container, make_bundle, make_plan, run_hook
+
+    root = rootfs()
+    os.makedirs(os.path.join(root, "proc/driver/nvidia"))
+    b = make_bundle(str(tmp_path / "bundle"), root, make_plan(sim_host))
+    fifo = tmp_path / "ldconfig-fifo"
+    os.mkfifo(fifo)
+    plan_path = os.path.join(b.path, PLAN_FILE)
+    d = json.loads(Path(plan_path).read_text())
+    d["ldconfig"] = str(fifo)
+    Path(plan_path).write_text(json.dumps(d))
+    started = time.monotonic()
+    with fake_container() as pid:
+        r = run_hook(b, pid)  # blocked in open() until its 60 s timeout before
+    assert time.monotonic() - started < 20
+    assert r.returncode != 0
+    assert f"{fifo} (nvctk's ldconfig setting): not a regular file" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("rel", ["proc/driver/nvidia/version", "etc/ld.so.cache"])
+def test_driver_file_fifo_hangs_no_gpu_create(env: Env, bundle: Callable[..., Path],
+                                             tmp_path: Path, rel: str) -> None:
+    """A FIFO at a driver file nvctk reads: a GPU create goes on or fails, never waits."""
+    from nvctk.sim import host as simhost
+    from nvctk.sim.topology import make_topology
+
+    sim = simhost.init(str(tmp_path / "fifo-host"), make_topology(gpus=1))  # nothing cached
+    os.unlink(Path(sim.root, rel))
+    os.mkfifo(Path(sim.root, rel))
+    cfg = tmp_path / "fifo-config.toml"
+    cfg.write_text(re.sub(r"(?m)^runtimes = .*$", f'runtimes = ["{env.fake}"]',
+                          Path(sim.config_path).read_text()))
+    b = bundle({NVD: "0"})
+    started = time.monotonic()
+    r = env.run(*create_argv(env, b), config=str(cfg))  # env.run: timeout=60
+    assert time.monotonic() - started < 20
+    assert "Traceback" not in r.stderr and shim.INTERNAL_ERROR not in r.stderr, r.stderr
+    if r.returncode != 0:
+        assert rel.split("/")[-1] in r.stderr and "not a regular file" in r.stderr, r.stderr
+
+
+# --- issue 8, finding 9: messages that say what is wrong --------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_vgpu_library_not_a_regular_file(env: Env, bundle: Callable[..., Path], tmp_path: Path,
+                                         kind: str) -> None:
+    lib = tmp_path / "lib-fifo"
+    if kind == "fifo":
+        os.mkfifo(lib)
+    target = str(lib) if kind == "fifo" else "/dev/zero"
+    cfg = tmp_path / "vl-config.toml"
+    cfg.write_text(re.sub(r'(?m)^vgpu-library = .*$', f'vgpu-library = "{target}"',
+                          env.config.read_text()))
+    b = bundle({NVD: "0", "CUDA_DEVICE_MEMORY_LIMIT": "512m"})
+    r = env.run(*create_argv(env, b), config=str(cfg))
+    assert_clean_failure(env, r, f"vgpu-library {target}: not a regular file")

@@ -112,7 +112,8 @@ def test_limits_file_round_trip_and_c_reads_it(tmp_path: Path, c_parse) -> None:
     path = tmp_path / "limits"
     vgpu.write_limits_file(path, lim.values(), cache="/run/nvctk/vgpu/cache")
     assert path.stat().st_mode & 0o777 == 0o444
-    assert vgpu.read_limits_file(path, 2) == vgpu.VgpuLimits(lim.memory, lim.sm, "/run/nvctk/vgpu/cache")
+    assert vgpu.read_limits_file(path, 2) == vgpu.VgpuLimits(
+        lim.memory, lim.sm, "/run/nvctk/vgpu/cache", vgpu.DEFAULT_RESERVE)  # always written
     out = subprocess.run([str(H.PARSE), "config"], env={"NVCTK_VGPU_LIMITS_FILE": str(path)}, capture_output=True, text=True, check=True).stdout
     conf = dict(line.split(" ", 1) for line in out.splitlines())
     assert conf["mem0"] == str(G + G // 2) and conf["mem1"] == "0"

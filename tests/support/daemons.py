@@ -38,7 +38,7 @@ def _wait_for(predicate, timeout: float, what: str, log: Path) -> None:
     raise TimeoutError(f"{what} did not come up in {timeout}s; log tail:\n{tail}")
 
 
-def _umount_below(path: Path) -> None:
+def umount_below(path: Path) -> None:
     """Lazy-unmount whatever a daemon left mounted under path, deepest first."""
     prefix = str(path)
     mounts = []
@@ -123,7 +123,7 @@ def containerd(workdir: Path, env: dict[str, str] | None = None,
     finally:
         _stop(proc, 10)
         _kill_shims(workdir)
-        _umount_below(workdir)
+        umount_below(workdir)
 
 
 @dataclass
@@ -174,7 +174,7 @@ def dockerd(workdir: Path, ctd: Containerd, runtimes: dict[str, str],
         yield daemon
     finally:
         _stop(proc, 20)
-        _umount_below(workdir)
+        umount_below(workdir)
 
 
 def import_rootfs(daemon: Dockerd, rootfs: Path, tag: str) -> None:

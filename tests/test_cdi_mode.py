@@ -1,0 +1,388 @@
+"""nvctk-runtime's CDI mode (issue 10 §2): qualified device names, or config
+`mode = "cdi"`, get the named devices' containerEdits from the CDI spec dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_shim import RUNTIME, Env, create_argv, snapshot
+
+from nvctk import cdi, oci
+from nvctk.config import Config, parse
+from nvctk.errors import ConfigError, RequestError
+from nvctk.request import cdi_names, parse_qualified, request_from_spec
+from nvctk.sim.host import SimHost
+
+
+def _with(text: str, **keys: str) -> str:
+    """A config's text with keys (TOML values) set, replacing the rendered ones."""
+    for key, value in keys.items():
+        name = key.replace("_", "-")
+        text = re.sub(rf"(?m)^{name} = .*\n", "", text) + f"{name} = {value}\n"
+    return text
+
+
+def _spec(env: list[str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    s: dict[str, Any] = {"process": {"env": env}, "mounts": [], "linux": {}}
+    if annotations:
+        s["annotations"] = annotations
+    return s
+
+
+# --- names -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, want", [
+    ("nvidia.com/gpu=0", ("nvidia.com", "gpu", "0")),
+    ("nvidia.com/gpu=GPU-0a1b", ("nvidia.com", "gpu", "GPU-0a1b")),
+    ("nvidia.com/gpu=0:1", ("nvidia.com", "gpu", "0:1")),
+    ("vendor.io/class_x=all", ("vendor.io", "class_x", "all")),
+    ("0", None), ("GPU-0a1b", None), ("all", None),
+])
+def test_parse_qualified(name: str, want: tuple[str, str, str] | None) -> None:
+    assert parse_qualified(name) == want
+
+
+@pytest.mark.parametrize("name", ["nvidia.com=0", "nvidia.com/gpu=", "/gpu=0", "nvidia.com/=0",
+                                  "nvidia.com/gpu=0/1", "nvidia.com/g.pu=0", "nvidia.com/gpu=-0",
+                                  "nvidia.com/gpu=\u0660"])
+def test_malformed_qualified_name_is_a_clear_error(name: str) -> None:
+    with pytest.raises(RequestError, match=r"invalid CDI device name .* vendor/class=name"):
+        parse_qualified(name)
+
+
+@pytest.mark.parametrize("tokens, want", [
+    (["0"], ("nvidia.com/gpu=0",)),
+    (["all"], ("nvidia.com/gpu=all",)),
+    (["GPU-ab", "vendor.io/x=1"], ("nvidia.com/gpu=GPU-ab", "vendor.io/x=1")),
+    (["0", "nvidia.com/gpu=0"], ("nvidia.com/gpu=0",)),
+    (["none"], ()),
+    (["void"], None),
+])
+def test_cdi_names(tokens: list[str], want: tuple[str, ...] | None) -> None:
+    assert cdi_names(tokens) == want
+
+
+LEGACY, CDI = Config(), Config(mode="cdi")
+
+
+@pytest.mark.parametrize("env, annotations, config, want", [
+    (["NVIDIA_VISIBLE_DEVICES=1"], None, LEGACY, None),  # legacy: no CDI
+    (["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"], None, LEGACY, ("nvidia.com/gpu=1",)),
+    (["NVIDIA_VISIBLE_DEVICES=1"], None, CDI, ("nvidia.com/gpu=1",)),
+    (["NVIDIA_VISIBLE_DEVICES=all"], None, CDI, ("nvidia.com/gpu=all",)),
+    (["NVIDIA_VISIBLE_DEVICES=none"], None, CDI, ()),
+    # annotations come first (REFERENCE §5), in either mode
+    (["NVIDIA_VISIBLE_DEVICES=0"], {"cdi.k8s.io/plugin": "nvidia.com/gpu=1, nvidia.com/gpu=0"},
+     LEGACY, ("nvidia.com/gpu=1", "nvidia.com/gpu=0")),
+    ([], {"cdi.k8s.io/a": "x.io/c=1", "cdi.k8s.io/b": "x.io/c=2", "other": "x"}, LEGACY,
+     ("x.io/c=1", "x.io/c=2")),
+    # an empty annotation names nothing: the env decides
+    (["NVIDIA_VISIBLE_DEVICES=0"], {"cdi.k8s.io/a": ""}, LEGACY, None),
+])
+def test_request_names(env: list[str], annotations: dict[str, str] | None, config: Config,
+                       want: tuple[str, ...] | None) -> None:
+    r = request_from_spec(_spec(env, annotations), config)
+    assert r is not None and r.cdi_devices == want
+
+
+@pytest.mark.parametrize("env, config", [
+    (["NVIDIA_VISIBLE_DEVICES=void"], CDI), ([], CDI), (["NVIDIA_VISIBLE_DEVICES="], CDI),
+])
+def test_no_gpu_stays_no_gpu_in_cdi_mode(env: list[str], config: Config) -> None:
+    assert request_from_spec(_spec(env), config) is None
+
+
+def test_unqualified_annotation_is_a_clear_error() -> None:
+    with pytest.raises(RequestError, match=r"annotation 'cdi\.k8s\.io/p': '0' is not a qualified"):
+        request_from_spec(_spec([], {"cdi.k8s.io/p": "0"}), LEGACY)
+
+
+@pytest.mark.parametrize("text, msg", [
+    ('mode = "auto"\n', "mode must be one of legacy, cdi, not 'auto'"),
+    ('cdi-spec-dirs = ["etc/cdi"]\n', "cdi-spec-dirs must be an absolute path"),
+    ("cdi-spec-dirs = 1\n", "cdi-spec-dirs must be a list"),
+])
+def test_config_keys_are_checked(text: str, msg: str) -> None:
+    with pytest.raises(ConfigError, match=msg):
+        parse(text, "c.toml")
+
+
+def test_config_keys_parse() -> None:
+    c = parse('mode = "cdi"\ncdi-spec-dirs = ["/a", "/b"]\n', "c.toml")
+    assert (c.mode, c.cdi_spec_dirs) == ("cdi", ("/a", "/b"))
+    assert (Config().mode, Config().cdi_spec_dirs) == ("legacy", ("/etc/cdi", "/var/run/cdi"))
+
+
+# --- resolution and edits on plain data ------------------------------------------------------
+
+
+def _write(d: Path, name: str, spec: dict[str, Any]) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / name
+    p.write_text(json.dumps(spec))
+    return p
+
+
+def _cdi(kind: str, devices: dict[str, dict[str, Any]], **common: Any) -> dict[str, Any]:
+    s: dict[str, Any] = {"cdiVersion": "0.5.0", "kind": kind,
+                         "devices": [{"name": n, "containerEdits": e} for n, e in devices.items()]}
+    if common:
+        s["containerEdits"] = common
+    return s
+
+
+def test_resolve(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    _write(a, "x.json", _cdi("x.io/c", {"0": {"env": ["A=0"]}, "1": {}}))
+    _write(a, "y.json", _cdi("y.io/c", {"0": {}}))
+    (a / "y.yaml").write_text("kind: y.io/d\ncdiVersion: 0.5.0\ndevices:\n- name: '9'\n"
+                              "  containerEdits: {env: [Y=9]}\n")
+    r = cdi.resolve(("x.io/c=1", "y.io/d=9", "x.io/c=0"), (str(a), str(b)))
+    assert [(x.name, x.path) for x in r] == [("x.io/c=1", str(a / "x.json")),
+                                             ("y.io/d=9", str(a / "y.yaml")),
+                                             ("x.io/c=0", str(a / "x.json"))]
+    # a later dir's file of the same name replaces the earlier one
+    _write(b, "x.json", _cdi("x.io/c", {"5": {}}))
+    with pytest.raises(cdi.CdiError, match=r"unresolvable CDI device x.io/c=0: not in the CDI "
+                       r"specs of .*; x.io/c has: 5"):
+        cdi.resolve(("x.io/c=0",), (str(a), str(b)))
+
+
+def test_unresolvable_names_say_why(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    _write(d, "x.json", _cdi("x.io/c", {"0": {}}))
+    (d / "bad.yaml").write_text("kind: [\n")
+    with pytest.raises(cdi.CdiError, match=r"no spec defines kind nvidia.com/gpu; unreadable "
+                       r"specs: .*bad.yaml: not YAML/JSON"):
+        cdi.resolve(("nvidia.com/gpu=0",), (str(d), str(tmp_path / "missing")))
+
+
+def test_duplicate_name_in_two_files_names_both(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    one = _write(d, "one.json", _cdi("x.io/c", {"0": {}, "1": {}}))
+    two = _write(d, "two.json", _cdi("x.io/c", {"0": {}}))
+    assert [x.path for x in cdi.resolve(("x.io/c=1",), (str(d),))] == [str(one)]
+    with pytest.raises(cdi.CdiError, match=f"x.io/c=0 is defined by more than one spec file: "
+                       f"{one} and {two}"):
+        cdi.resolve(("x.io/c=0",), (str(d),))
+
+
+HOOK = {"hookName": "createRuntime", "path": "/usr/bin/h", "args": ["h", "x"], "env": ["P=1"]}
+
+
+def test_apply_and_remove_edits(tmp_path: Path) -> None:
+    """Every kind of edit goes in, is recorded, and the next create's removal takes
+    exactly it out again (the user's own entries stay)."""
+    d = tmp_path / "d"
+    _write(d, "x.json", _cdi(
+        "x.io/c",
+        {"0": {"deviceNodes": [{"path": "/dev/xnull", "hostPath": "/dev/null",
+                                "permissions": "rw"}],
+               "env": ["X_DEV=0"], "hooks": [HOOK]},
+         "1": {"deviceNodes": [{"path": "/dev/x1", "type": "c", "major": 240, "minor": 1}]}},
+        env=["X_COMMON=1"], mounts=[{"hostPath": "/lib", "containerPath": "/xlib",
+                                     "options": ["ro", "rbind"]}]))
+    spec: dict[str, Any] = {
+        "process": {"env": ["PATH=/bin", "X_DEV=user"]},
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+        "hooks": {"createRuntime": [{"path": "/user/hook"}]},
+        "linux": {"devices": [], "resources": {"devices": [{"allow": False, "access": "rwm"}]}},
+    }
+    before = json.loads(json.dumps(spec))
+    oci.record_edits(spec, cdi.apply_edits(spec, cdi.resolve(("x.io/c=0", "x.io/c=1"),
+                                                            (str(d),))))
+    assert spec["process"]["env"] == ["PATH=/bin", "X_COMMON=1", "X_DEV=0"]
+    null = os.stat("/dev/null")
+    assert spec["linux"]["devices"] == [
+        {"path": "/dev/xnull", "type": "c", "major": os.major(null.st_rdev),
+         "minor": os.minor(null.st_rdev), "fileMode": 0o666, "uid": 0, "gid": 0},
+        {"path": "/dev/x1", "type": "c", "major": 240, "minor": 1, "fileMode": 0o666, "uid": 0,
+         "gid": 0}]
+    assert spec["linux"]["resources"]["devices"][1:] == [
+        {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rw"},
+        {"allow": True, "type": "c", "major": 240, "minor": 1, "access": "rwm"}]
+    assert spec["mounts"][1:] == [{"destination": "/xlib", "source": "/lib", "type": "bind",
+                                   "options": ["ro", "rbind"]}]
+    assert spec["hooks"]["createRuntime"] == [{"path": "/user/hook"},
+                                              {k: v for k, v in HOOK.items() if k != "hookName"}]
+    assert oci.edits_record_problem(spec) is None
+    oci.remove_our_edits(spec)
+    before["process"]["env"] = ["PATH=/bin"]  # set_env replaced the user's X_DEV
+    before["annotations"] = {}  # emptied objects stay (oci.remove_our_edits)
+    for stage in ("prestart", "poststop"):
+        spec["hooks"].pop(stage, None)
+    assert spec == before
+
+
+@pytest.mark.parametrize("edits, msg", [
+    ({"intelRdt": {}}, "containerEdits.intelRdt is not supported by nvctk"),
+    ({"env": ["NOVALUE"]}, "env entry 'NOVALUE' is not NAME=VALUE"),
+    ({"deviceNodes": [{"path": "/dev/nope-cdi"}]}, "cannot stat /dev/nope-cdi"),
+    ({"deviceNodes": [{"path": "/etc/passwd"}]}, "/etc/passwd is not a device node"),
+    ({"deviceNodes": [{"path": "/dev/x", "major": -1}]}, "major must be a non-negative"),
+    ({"mounts": [{"hostPath": "rel", "containerPath": "/x"}]}, "hostPath 'rel' must be an absolute"),
+    ({"hooks": [{**HOOK, "hookName": "prestop"}]}, "hookName 'prestop' is not one of"),
+])
+def test_bad_edits_are_clear_errors(tmp_path: Path, edits: dict[str, Any], msg: str) -> None:
+    d = tmp_path / "d"
+    p = _write(d, "x.json", _cdi("x.io/c", {"0": edits}))
+    spec: dict[str, Any] = {"process": {"env": []}}
+    with pytest.raises(cdi.CdiError, match=f"{p}: device 0: .*{msg}"):
+        cdi.apply_edits(spec, cdi.resolve(("x.io/c=0",), (str(d),)))
+    assert spec == {"process": {"env": []}}
+
+
+# --- through nvctk-runtime --------------------------------------------------------------------
+
+
+@pytest.fixture
+def env(tmp_path: Path, sim_host: SimHost) -> Env:
+    e = Env(tmp_path, sim_host)
+    e.config.write_text(_with(e.config.read_text(), cdi_spec_dirs=f'["{tmp_path / "cdi"}"]'))
+    return e
+
+
+@pytest.fixture(scope="module")
+def spec_dir(sim_host: SimHost, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from conftest import nvctk_exe
+
+    d = tmp_path_factory.mktemp("cdi-mode")
+    r = subprocess.run([*nvctk_exe(), "cdi", "generate", "--output", str(d / "nvidia.yaml")],
+                       env={**os.environ, "NVCTK_CONFIG": sim_host.config_path},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def _bundle(tmp: Path, envvars: list[str], name: str = "bundle") -> Path:
+    b = tmp / name
+    b.mkdir()
+    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+    spec = json.loads((b / "config.json").read_text())
+    spec["process"].update(terminal=False, args=["true"], env=["PATH=/bin", *envvars])
+    (b / "config.json").write_text(json.dumps(spec, indent="\t"))
+    return b
+
+
+def _set_env(b: Path, envvars: list[str]) -> None:
+    spec = json.loads((b / "config.json").read_text())
+    spec["process"]["env"] = ["PATH=/bin", *envvars]
+    (b / "config.json").write_text(json.dumps(spec))
+
+
+def test_unresolvable_name_fails_cleanly(env: Env, spec_dir: Path) -> None:
+    shutil.copytree(spec_dir, env.tmp / "cdi")
+    b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=7"])
+    before = snapshot(b / "config.json")
+    r = env.run(*create_argv(env, b))
+    from test_hostile_input import assert_clean_failure
+
+    assert_clean_failure(env, r, "unresolvable CDI device nvidia.com/gpu=7: not in the CDI specs "
+                         f"of {env.tmp / 'cdi'}; nvidia.com/gpu has: 0, GPU-")
+    assert snapshot(b / "config.json") == before
+
+
+def test_vgpu_limit_is_refused_in_cdi_mode(env: Env, spec_dir: Path) -> None:
+    shutil.copytree(spec_dir, env.tmp / "cdi")
+    b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0",
+                          "CUDA_DEVICE_MEMORY_LIMIT=1g"])
+    before = snapshot(b / "config.json")
+    r = env.run(*create_argv(env, b))
+    from test_hostile_input import assert_clean_failure
+
+    assert_clean_failure(env, r, "CUDA_DEVICE_MEMORY_LIMIT: vGPU limits are not supported in "
+                         "CDI mode")
+    assert snapshot(b / "config.json") == before
+
+
+def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path) -> None:
+    """Every create makes nvctk's part of the spec from its own request only."""
+    shutil.copytree(spec_dir, env.tmp / "cdi")
+    b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"])
+    original = json.loads((b / "config.json").read_text())
+    r = env.run(*create_argv(env, b))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((b / "config.json").read_text())
+    assert len(s["mounts"]) > len(original["mounts"])
+    assert any(d["path"] == "/dev/nvidia1" for d in s["linux"]["devices"])
+    assert not any(d["path"] == "/dev/nvidia0" for d in s["linux"]["devices"])
+    assert [h["args"][1] for h in s["hooks"]["createRuntime"]].count("update-ldcache") == 1
+    assert s["hooks"].get("prestart", []) == []  # never the legacy hook in CDI mode
+    assert not (b / "nvctk-plan.json").exists()
+
+    _set_env(b, ["NVIDIA_VISIBLE_DEVICES=void"])
+    r = env.run(*create_argv(env, b))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((b / "config.json").read_text())
+    assert s["mounts"] == original["mounts"]
+    assert s["linux"]["devices"] == []
+    assert s["linux"]["resources"] == original["linux"]["resources"]
+    assert all(v == [] for v in s["hooks"].values())
+    assert oci.EDITS_ANNOTATION not in s.get("annotations", {})
+
+    # cdi again, then legacy: the legacy create has none of the CDI edits left
+    _set_env(b, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"])
+    assert env.run(*create_argv(env, b)).returncode == 0
+    _set_env(b, ["NVIDIA_VISIBLE_DEVICES=0"])
+    r = env.run(*create_argv(env, b))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((b / "config.json").read_text())
+    assert s["mounts"] == original["mounts"]
+    assert s["hooks"]["createRuntime"] == []
+    assert [d["path"] for d in s["linux"]["devices"] if d["path"] == "/dev/nvidia1"] == []
+    assert len(s["hooks"]["prestart"]) == 1
+    assert (b / "nvctk-plan.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
+                    reason="needs root and runc")
+def test_runc_sees_the_same_gpu_in_cdi_and_legacy_mode(sim_host: SimHost, spec_dir: Path,
+                                                       tmp_path: Path) -> None:
+    from nvctk.sim.rootfs import build_rootfs
+
+    rootfs = build_rootfs(str(tmp_path / "rootfs"))
+    base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
+    (tmp_path / "legacy.toml").write_text(base)
+    (tmp_path / "cdi.toml").write_text(_with(base, mode='"cdi"'))
+    root = tmp_path / "runc-root"
+    ids: list[str] = []
+
+    def run(name: str, config: str, value: str) -> str:
+        b = tmp_path / name
+        b.mkdir()
+        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+        spec = json.loads((b / "config.json").read_text())
+        spec["root"] = {"path": rootfs, "readonly": False}
+        spec["process"].update(terminal=False, args=["sh", "-c", "nvidia-smi -L"],
+                               env=["PATH=/usr/bin:/bin:/sbin", f"NVIDIA_VISIBLE_DEVICES={value}"])
+        (b / "config.json").write_text(json.dumps(spec))
+        cid = "nvctk-cdi-mode-" + uuid.uuid4().hex[:8]
+        ids.append(cid)
+        r = subprocess.run([RUNTIME, "--root", str(root), "run", "--bundle", str(b), cid],
+                           env={**os.environ, "NVCTK_CONFIG": str(tmp_path / config)},
+                           capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    try:
+        g1 = sim_host.topology.gpus[1]
+        cdi_out = run("cdi", "legacy.toml", "nvidia.com/gpu=1")
+        assert [x for x in cdi_out.splitlines() if x.startswith("GPU ")] == [
+            f"GPU 0: {g1.name} (UUID: {g1.uuid})"]
+        assert run("legacy", "legacy.toml", "1") == cdi_out
+        assert run("cdi-mode", "cdi.toml", "1") == cdi_out
+    finally:
+        for cid in ids:
+            subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
+                           capture_output=True, timeout=60)

@@ -1,0 +1,134 @@
+"""A real CDI consumer: Debian's podman runs a GPU container from nvctk's CDI spec.
+
+podman (4.3 in Debian 12) resolves `--device vendor/class=name` against the specs in
+/etc/cdi and /var/run/cdi, and no flag or containers.conf key of that version moves
+them: the spec goes to /var/run/cdi under a file name and a vendor of this test's own,
+so it can neither replace nor clash with a real spec, and is removed afterwards.
+Everything else of podman's is private: storage, run and tmp dirs under a temp dir,
+its own containers.conf and storage.conf, no network, and (for the image import, which
+caches blob digests under /var/lib/containers) a /var/lib of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nvctk.sim.host import SimHost
+from support.daemons import umount_below
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+SPEC_DIR = Path("/var/run/cdi")
+IMAGE = "localhost/nvctk-cdi-test:latest"
+Podman = Callable[..., subprocess.CompletedProcess[str]]
+
+# root in this VM lacks CAP_SYS_RESOURCE: podman's default RLIMIT_NOFILE/NPROC raise
+# would fail, so no default ulimits; cgroupfs, as there may be no systemd
+CONTAINERS_CONF = """\
+[containers]
+default_ulimits = []
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "none"
+runtime = "runc"
+[network]
+network_config_dir = "{net}"
+"""
+STORAGE_CONF = """\
+[storage]
+driver = "vfs"
+graphroot = "{root}"
+runroot = "{runroot}"
+"""
+
+
+@pytest.fixture
+def podman() -> Iterator[Podman]:
+    """`podman` with private storage and config; removes its containers, images and
+    mounts afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: runs podman as root")
+    exe = shutil.which("podman")
+    if exe is None:
+        pytest.skip("podman is not installed (make setup installs it: apt-get install podman)")
+    # a short path: podman refuses a runroot longer than 50 characters
+    work = Path(tempfile.mkdtemp(prefix="nvctk-p-", dir="/tmp"))
+    dirs = {k: work / k for k in ("root", "runroot", "tmp", "net")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    (work / "containers.conf").write_text(CONTAINERS_CONF.format(net=dirs["net"]))
+    (work / "storage.conf").write_text(STORAGE_CONF.format(**{k: str(v) for k, v in dirs.items()}))
+    env = {**os.environ, "CONTAINERS_CONF": str(work / "containers.conf"),
+           "CONTAINERS_STORAGE_CONF": str(work / "storage.conf"),
+           "CONTAINERS_REGISTRIES_CONF": str(work / "registries.conf")}
+    (work / "registries.conf").write_text("")
+    # the flags repeat storage.conf: a podman reading another file still stays here
+    base = [exe, "--root", str(dirs["root"]), "--runroot", str(dirs["runroot"]),
+            "--tmpdir", str(dirs["tmp"]), "--storage-driver", "vfs",
+            "--cgroup-manager", "cgroupfs", "--events-backend", "none", "--runtime", "runc"]
+
+    def run(*args: str, timeout: float = 120, input: bytes | None = None,
+            private_var_lib: bool = False) -> subprocess.CompletedProcess[str]:
+        argv = [*base, *args]
+        if private_var_lib:
+            # image copies write containers/image's blob-info cache to
+            # /var/lib/containers/cache for root, and podman 4.3 has no setting for it:
+            # give the command a /var/lib of its own, in a mount namespace of its own
+            (work / "varlib").mkdir(exist_ok=True)
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+                    'mount --bind "$0" /var/lib; exec "$@"', str(work / "varlib"), *argv]
+        res = subprocess.run(argv, env=env, capture_output=True, timeout=timeout, input=input)
+        return subprocess.CompletedProcess(res.args, res.returncode,
+                                           res.stdout.decode(errors="replace"),
+                                           res.stderr.decode(errors="replace"))
+
+    try:
+        yield run
+    finally:
+        run("rm", "--all", "--force", timeout=60)
+        run("rmi", "--all", "--force", timeout=60)
+        umount_below(work)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def cdi_kind(sim_host: SimHost, run_nvctk: Callable[..., subprocess.CompletedProcess[str]],
+             ) -> Iterator[str]:
+    """nvctk's spec for sim_host in /var/run/cdi, under a vendor of this test's own."""
+    tag = uuid.uuid4().hex[:12]
+    vendor, cls = f"t{tag}.nvctk.test", "gpu"
+    made_dir = not SPEC_DIR.exists()
+    spec = SPEC_DIR / f"nvctk-test-{tag}.yaml"
+    try:
+        res = run_nvctk("cdi", "generate", "--output", str(spec), "--vendor", vendor,
+                        "--class", cls, config=sim_host.config_path)
+        assert res.returncode == 0, res.stderr
+        yield f"{vendor}/{cls}"
+    finally:
+        spec.unlink(missing_ok=True)
+        if made_dir:
+            try:
+                SPEC_DIR.rmdir()
+            except OSError:  # someone else's spec landed there meanwhile
+                pass
+
+
+def test_podman_runs_cdi_device_from_nvctk_spec(podman: Podman, cdi_kind: str,
+                                                sim_host: SimHost,
+                                                rootfs: Callable[..., str]) -> None:
+    tar = subprocess.run(["tar", "-C", rootfs(), "-c", "."], capture_output=True, check=True)
+    res = podman("import", "-", IMAGE, input=tar.stdout, private_var_lib=True)
+    assert res.returncode == 0, res.stderr
+    gpu0 = sim_host.topology.gpus[0]
+    res = podman("run", "--rm", "--network", "none", "--device", f"{cdi_kind}=0", IMAGE,
+                 "nvidia-smi", "-L")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines() == [f"GPU 0: {gpu0.name} (UUID: {gpu0.uuid})"]
