@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -263,9 +264,11 @@ def spec_dir(sim_host: SimHost, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return d
 
 
-def _bundle(tmp: Path, envvars: list[str], name: str = "bundle") -> Path:
+def _bundle(tmp: Path, envvars: list[str], name: str = "bundle", rootfs: str = "") -> Path:
     b = tmp / name
     b.mkdir()
+    if rootfs:
+        shutil.move(rootfs, b / "rootfs")
     subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
     spec = json.loads((b / "config.json").read_text())
     spec["process"].update(terminal=False, args=["true"], env=["PATH=/bin", *envvars])
@@ -304,10 +307,11 @@ def test_vgpu_limit_is_refused_in_cdi_mode(env: Env, spec_dir: Path) -> None:
     assert snapshot(b / "config.json") == before
 
 
-def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path) -> None:
+def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path,
+                                                 rootfs: Callable[..., str]) -> None:
     """Every create makes nvctk's part of the spec from its own request only."""
     shutil.copytree(spec_dir, env.tmp / "cdi")
-    b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"])
+    b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"], rootfs=rootfs())
     original = json.loads((b / "config.json").read_text())
     r = env.run(*create_argv(env, b))
     assert r.returncode == 0, r.stderr
