@@ -10,23 +10,10 @@ Thin: the logic lives in nvctk.prestart. Exit 0 on success; 1 with
 
 from __future__ import annotations
 
-import os
 import sys
 
 USAGE = ("usage: nvctk-hook prestart|poststop|create-symlinks --link TARGET::PATH...|"
          "update-ldcache --folder DIR  (OCI state JSON on stdin)\n")
-
-
-def _exit_now(code: int) -> None:
-    """Leave without the interpreter's teardown (module and object cleanup: about
-    a millisecond of every GPU container's start). The hook has nothing left to
-    clean up: its files are closed and its worker reaped; only stdio is flushed."""
-    for f in (sys.stdout, sys.stderr):
-        try:
-            f.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
 
         code = prestart.main()
         if argv is None:
-            _exit_now(code)
+            # nothing left to clean up: files closed, the worker reaped
+            from nvctk.log import exit_now
+
+            exit_now(code)
         return code
     if cmd == "poststop":
         # removes the container's vGPU state dir; nothing to undo for mounts (they go

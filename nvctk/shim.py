@@ -19,7 +19,7 @@ from nvctk import runc_argv as ra
 from nvctk.config import Config
 from nvctk.config import load as load_config
 from nvctk.errors import ConfigError, NvctkError, RequestError, SpecError, SpecShapeError, shown
-from nvctk.log import Logger, report_error
+from nvctk.log import Logger, exit_now, report_error
 from nvctk.record import Record
 from nvctk.request import request_from_spec
 
@@ -527,14 +527,8 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
     if code != 0:
         _remove_own_vgpu_dir(vgpu_dir, config, logger)
     # like the exec it stands for, this ends the process: the interpreter's teardown
-    # (modules, objects) would add 7 ms to every vGPU create, with nothing to clean up
-    # (the log is written unbuffered)
-    for f in (sys.stdout, sys.stderr):
-        try:
-            f.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    # would add 7 ms to every vGPU create (the log is written unbuffered)
+    exit_now(code)
 
 
 def _remove_own_vgpu_dir(path: str, config: Config, logger: Logger) -> None:

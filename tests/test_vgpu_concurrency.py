@@ -417,3 +417,82 @@ def test_ledger_lock_held_forever_fails_closed(driver: H.Driver, tmp_path: Path)
     finally:
         locker.kill()
         locker.wait()
+
+
+def _file_syscalls(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Runs the probe under strace; returns it and its pread64/pwrite64 calls."""
+    if not shutil.which("strace"):
+        pytest.skip("needs strace")
+    log = Path(tempfile.mkdtemp(prefix="vgpu-strace-")) / "log"
+    try:
+        cp = subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=pread64,pwrite64", "-o", str(log), str(H.PROBE),
+                             *args], env=env, capture_output=True, text=True, timeout=120)
+        calls = [ln for ln in log.read_text().splitlines() if "pread64(" in ln or "pwrite64(" in ln]
+    finally:
+        shutil.rmtree(log.parent)
+    return cp, calls
+
+
+def test_gated_launches_rarely_touch_the_accounting_file(driver: H.Driver, tmp_path: Path) -> None:
+    """Under an SM limit a launch is gated on this process's slice of the token
+    bucket: the file is read and written at most every 2 ms or when the slice runs
+    out, not on every launch (each one took its lock, a read and a write: +5.5 us)."""
+    env = {**driver.env(tmp_path / "state", NVSIM_KERNEL_US="0"), "CUDA_DEVICE_SM_LIMIT": "50",
+           "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "cache"), "LD_PRELOAD": str(H.LIB)}
+    cp, calls = _file_syscalls(env, "init", "ctx", "0", "launch", "20000")
+    assert cp.returncode == 0, cp.stderr
+    assert H.parse(cp.stdout)["launch"][0] == ["0", "20000"]
+    syncs = [c for c in calls if "pread64(" in c and c.endswith(", 2176, 0) = 2176")]  # header + devices
+    assert 0 < len(syncs) < 2000, f"{len(syncs)} reads of the token bucket for 20000 launches"
+
+
+def test_first_cuinit_reads_only_the_live_slots(driver: H.Driver, tmp_path: Path) -> None:
+    """cuInit reads the header, the device entries and the slots below the high-
+    water mark, not the whole 354 KiB file (twice: 64 processes starting together
+    queued behind those reads); a forged low mark hides no live slot's lock."""
+    env = {**driver.env(tmp_path / "state"), "CUDA_DEVICE_MEMORY_LIMIT": "256m",
+           "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "cache"), "LD_PRELOAD": str(H.LIB)}
+    holder = _start_holder(env, MIB, [])
+    try:
+        cp, calls = _file_syscalls(env, "init")
+        assert cp.returncode == 0, cp.stderr
+        sizes = [int(c.rsplit("=", 1)[1]) for c in calls if "pread64(" in c]
+        assert sizes and max(sizes) < 16384, sizes
+        # a container process forges the mark down to 0: the holder keeps its slot
+        # (its lock guards it), and a newcomer still attaches beside it
+        fd = os.open(tmp_path / "cache", os.O_WRONLY)
+        os.pwrite(fd, struct.pack("<I", 0), 16)
+        os.close(fd)
+        r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB)).stdout)
+        assert int(r["fill"][0][1]) == 256 * MIB - MIB - 2 * 64 * MIB
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("how", ["zero", "garbage", "truncate"])
+def test_tampered_file_stops_gated_launches_within_the_sync_interval(driver: H.Driver, tmp_path: Path,
+                                                                     how: str) -> None:
+    """A process holding a slice of the bucket still meets the file every 2 ms:
+    once the file is overwritten or truncated its gated launches are refused
+    (CUDA_ERROR_NOT_PERMITTED), and nobody crashes."""
+    env = {**driver.env(tmp_path / "state", NVSIM_KERNEL_US="0"), "CUDA_DEVICE_SM_LIMIT": "50",
+           "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "cache"), "LD_PRELOAD": str(H.LIB)}
+    p = subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "launch", "100", "wait", "launchfor", "5"], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        while line and "ready" not in line:
+            line = p.stdout.readline()
+        assert line, "the launcher exited early"
+        _attack(tmp_path / "cache", how, 0)
+        t0 = time.monotonic()
+        out, err = p.communicate("\n", timeout=30)
+        assert p.returncode == 0, err
+        rc, _n = H.parse(out)["launchfor"][0]
+        assert rc == "800" and time.monotonic() - t0 < 4, (out, err)
+        assert "launches under the SM limit are refused" in err
+    finally:
+        p.kill()
+        p.wait()

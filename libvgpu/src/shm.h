@@ -34,7 +34,9 @@ struct vgpu_shm_hdr {          /* 128 bytes */
     uint32_t version;
     uint32_t size;
     uint32_t nslots;
-    char _pad[112];
+    uint32_t hwm;              /* slots from here up have never been taken (readers read fewer; a forged
+                                  low value only hides slots: their locks still guard them) */
+    char _pad[108];
 };
 
 struct vgpu_shm_dev {          /* 128 bytes */

@@ -392,10 +392,30 @@ static void hdr_init(struct vgpu_shm_hdr *h) {
 #define DEVS_OFF offsetof(struct vgpu_shm, devs)
 #define SLOT_OFF(i) (offsetof(struct vgpu_shm, slots) + (size_t)(i) * sizeof(struct vgpu_shm_slot))
 
-/* The whole file into img; 0, or -1 if unreadable or not in the layout (a
- * container process truncated or overwrote it). Lock held. */
+/* Slots img holds: those below the high-water mark (the rest were never
+ * taken, or a forged mark hides them: their owners' locks still guard them).
+ * Nothing reads img's slots from here up: they are not even touched, so a
+ * calloc'd image costs no page faults there. */
+static uint32_t img_n(const struct vgpu_shm *img) {
+    return img->hdr.hwm < VGPU_MAX_SLOTS ? img->hdr.hwm : VGPU_MAX_SLOTS;
+}
+
+/* The file into img (header, devices, the slots below the high-water mark);
+ * 0, or -1 if unreadable or not in the layout (a container process truncated
+ * or overwrote it). Lock held. */
 static int cache_load(struct vgpu_shm *img) {
-    return cache_read(img, sizeof *img, 0) == 0 && hdr_valid(&img->hdr) ? 0 : -1;
+    if (cache_read(img, offsetof(struct vgpu_shm, slots), 0) != 0 || !hdr_valid(&img->hdr)) return -1;
+    /* only the slots below the high-water mark: a few KiB, not 354, for a
+     * container's processes starting together */
+    uint32_t hwm = img_n(img);
+    return hwm && cache_read(img->slots, hwm * sizeof img->slots[0], SLOT_OFF(0)) != 0 ? -1 : 0;
+}
+
+/* Slot `slot` is taken: the high-water mark covers it. Lock held. 0 or -1. */
+static int hwm_cover(struct vgpu_shm *img, int slot) {
+    if (img->hdr.hwm > (uint32_t)slot && img->hdr.hwm <= VGPU_MAX_SLOTS) return 0;
+    img->hdr.hwm = (uint32_t)slot + 1;
+    return cache_write(&img->hdr.hwm, sizeof img->hdr.hwm, offsetof(struct vgpu_shm_hdr, hwm));
 }
 
 /* Opens the accounting file ("" = a private copy). libvgpu never grows it:
@@ -469,7 +489,7 @@ static void recompute(struct vgpu_shm *img) {
         if (!d->uuid[0]) continue;
         uint64_t cap = 0;
         uint32_t sm = 0;
-        for (int i = 0; i < VGPU_MAX_SLOTS; i++) {
+        for (uint32_t i = 0, n = img_n(img); i < n; i++) {
             struct vgpu_shm_slot *s = &img->slots[i];
             if (!s->pid) continue;
             if (s->mem_cap[e] && (!cap || s->mem_cap[e] < cap)) cap = s->mem_cap[e];
@@ -496,7 +516,7 @@ static int slot_alive(const struct vgpu_shm *img, int i) {
 /* Frees dead processes' slots in img and the file (cand: the ones to judge,
  * NULL = all); recomputes and stores the device entries. Lock held. */
 static void reap(struct vgpu_shm *img, const int *cand, int n) {
-    for (int k = 0; k < (cand ? n : VGPU_MAX_SLOTS); k++) {
+    for (int k = 0; k < (cand ? n : (int)img_n(img)); k++) {
         int i = cand ? cand[k] : k;
         if (img->slots[i].pid && !slot_alive(img, i)) {
             vgpu_log(VGPU_LOG_INFO, "reclaimed slot of dead pid %d", img->slots[i].pid);
@@ -544,6 +564,7 @@ static uint64_t own_used[LEDGER_NWIN], own_lease[LEDGER_NWIN]; /* mem_mu */
 static unsigned char own_tight[LEDGER_NWIN]; /* granted with no slack: frees hand everything back */
 static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t grant_mu = PTHREAD_MUTEX_INITIALIZER; /* one slow path per process at a time */
+static pthread_mutex_t tok_mu = PTHREAD_MUTEX_INITIALIZER;    /* the SM slices (smloc) */
 
 static const char *ledger_path(void) { return cfg.limits_file[0] ? cfg.limits_file : cfg.cache; }
 
@@ -746,6 +767,7 @@ static void vgpu_atfork_child(void) {
     grant_mu = init;
     data_mu = init;
     lk_open_mu = init;
+    tok_mu = init;
     mem_attached = 0;
     my_region = -1;
     my_slot = -1;
@@ -792,16 +814,90 @@ static void adv_refresh(void) {
 
 static void detach(void);
 static void sm_forget_ctx(CUcontext ctx);
+static void sm_return_all(void);
 
 /* Slots that look dead, judged from a snapshot without the lock. slot_alive
  * reads /proc for every live member: done under the lock, a container's
  * processes starting together would do those reads one after another. */
 static int dead_candidates(struct vgpu_shm *img, int *out) {
     int n = 0;
-    if (cache_read(img, sizeof *img, 0) != 0 || !hdr_valid(&img->hdr)) return 0;
-    for (int i = 0; i < VGPU_MAX_SLOTS; i++)
+    if (cache_load(img) != 0) return 0;
+    for (int i = 0; i < (int)img_n(img); i++)
         if (img->slots[i].pid && !slot_alive(img, i)) out[n++] = i;
     return n;
+}
+
+/* A device entry takes this process's limits: the strictest of the live
+ * ones stays (0 = none). Warns when they differ. */
+static void dev_merge(struct vgpu_shm_dev *d, const struct ldev *ld) {
+    if ((d->mem_cap && d->mem_cap != ld->cap) || (d->sm_pct && d->sm_pct != ld->sm))
+        vgpu_log(VGPU_LOG_WARN,
+                 "%s: this process's limits (memory %llu, sm %u%%) differ from its container's (memory "
+                 "%llu, sm %u%%); the stricter hold",
+                 ld->uuid, (unsigned long long)ld->cap, ld->sm, (unsigned long long)d->mem_cap, d->sm_pct);
+    d->win = (uint32_t)ld->e + 1;
+}
+
+/* attach's common case, the accounting file's lock held: no dead slot in
+ * the snapshot `img` (so the device entries are the live members' already),
+ * so only the header and device entries are read (2 KiB, not the whole
+ * 354 KiB file, which 64 processes starting together would read one after
+ * another), a slot free in the snapshot is taken by its lock, and this
+ * process's limits tighten the entries. 0 done, 1 not possible here (the
+ * caller takes the full path; nothing was written), -1 error (cfg_err). */
+static int attach_fast(struct vgpu_shm *img, int n, uint64_t my_start, int32_t my_host_pid) {
+    if (cache_fd < 0) return 1;
+    int snap = hdr_valid(&img->hdr) ? (int)img_n(img) : 0; /* the snapshot's slots: hints only */
+    if (cache_read(img, DEVS_OFF + sizeof img->devs, 0) != 0 || !hdr_valid(&img->hdr)) return 1;
+    int slot = -1;
+    for (int i = 0; i < VGPU_MAX_SLOTS && slot < 0; i++) {
+        if (i < snap && img->slots[i].pid) continue;
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCKBASE + i, .l_len = 1};
+        if (fcntl(cache_fd, F_OFD_SETLK, &fl) != 0) continue;
+        int32_t pid = -1;
+        if (cache_read(&pid, sizeof pid, SLOT_OFF(i)) == 0 && pid == 0) {
+            slot = i;
+        } else { /* written since the snapshot: the full path judges it */
+            fl.l_type = F_UNLCK;
+            fcntl(cache_fd, F_OFD_SETLK, &fl);
+        }
+    }
+    if (slot < 0) return 1;
+    struct vgpu_shm_slot *s = &img->slots[slot];
+    memset(s, 0, sizeof *s);
+    s->start_time = my_start;
+    s->pidns = my_pidns;
+    s->host_pid = my_host_pid;
+    for (int i = 0; i < n; i++) {
+        struct ldev *ld = &ldevs[i];
+        ld->ce = shm_dev(img, ld->uuid, 1);
+        if (ld->ce < 0) break;
+        struct vgpu_shm_dev *d = &img->devs[ld->ce];
+        dev_merge(d, ld);
+        if (ld->cap && (!d->mem_cap || ld->cap < d->mem_cap)) d->mem_cap = ld->cap;
+        if (ld->sm && (!d->sm_pct || ld->sm < d->sm_pct)) d->sm_pct = ld->sm;
+        s->mem_cap[ld->ce] = ld->cap;
+        s->sm[ld->ce] = ld->sm;
+    }
+    s->pid = (int32_t)my_pid;
+    int rc = 0;
+    if (n && ldevs[n - 1].ce < 0) {
+        snprintf(cfg_err, sizeof cfg_err, "accounting file %s: too many devices", cfg.cache);
+        rc = -1;
+    } else if (hwm_cover(img, slot) != 0 || cache_write(s, sizeof *s, SLOT_OFF(slot)) != 0 ||
+               cache_write(img->devs, sizeof img->devs, DEVS_OFF) != 0) {
+        snprintf(cfg_err, sizeof cfg_err, "accounting file %s: cannot write it", cfg.cache);
+        rc = -1;
+    }
+    if (rc) {
+        struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCKBASE + slot, .l_len = 1};
+        fcntl(cache_fd, F_OFD_SETLK, &fl);
+        return -1;
+    }
+    my_slot = slot;
+    for (int i = 0; i < n; i++)
+        if (ldevs[i].sm) any_sm = 1;
+    return 0;
 }
 
 /* After the real cuInit: maps devices, opens the accounting file and the
@@ -845,7 +941,7 @@ static int attach(void) {
     if (cache_open(cfg.cache) < 0 || ledger_claim() < 0) return -1;
     uint64_t my_start = proc_start_time(my_pid);
     int32_t my_host_pid = host_pid_of_self();
-    struct vgpu_shm *img = malloc(sizeof *img);
+    struct vgpu_shm *img = calloc(1, sizeof *img); /* untouched pages: no faults */
     int *cand = malloc(VGPU_MAX_SLOTS * sizeof *cand);
     if (!img || !cand) {
         free(img);
@@ -858,6 +954,11 @@ static int attach(void) {
     if (data_lock() != 0) {
         snprintf(cfg_err, sizeof cfg_err, "accounting file %s: its lock is held by another process", cfg.cache);
         goto out;
+    }
+    if (ncand == 0) {
+        int f = attach_fast(img, n, my_start, my_host_pid);
+        if (f < 0) goto unlock;
+        if (f == 0) goto done;
     }
     if (cache_load(img) != 0) {
         /* overwritten since cache_open: start it afresh (it holds no memory) */
@@ -874,7 +975,7 @@ static int attach(void) {
     for (int pass = 0; pass < 2 && slot < 0; pass++) {
         if (pass) reap(img, NULL, 0); /* all taken: judge every member under the lock */
         for (int i = 0; i < VGPU_MAX_SLOTS && slot < 0; i++) {
-            if (img->slots[i].pid) continue;
+            if (i < (int)img_n(img) && img->slots[i].pid) continue;
             if (cache_fd >= 0) {
                 struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_SLOT_LOCKBASE + i,
                                    .l_len = 1};
@@ -899,13 +1000,7 @@ static int attach(void) {
             snprintf(cfg_err, sizeof cfg_err, "accounting file %s: too many devices", cfg.cache);
             goto unlock;
         }
-        struct vgpu_shm_dev *d = &img->devs[ld->ce];
-        d->win = (uint32_t)ld->e + 1;
-        if ((d->mem_cap && d->mem_cap != ld->cap) || (d->sm_pct && d->sm_pct != ld->sm))
-            vgpu_log(VGPU_LOG_WARN,
-                     "%s: this process's limits (memory %llu, sm %u%%) differ from its container's (memory "
-                     "%llu, sm %u%%); the stricter hold",
-                     ld->uuid, (unsigned long long)ld->cap, ld->sm, (unsigned long long)d->mem_cap, d->sm_pct);
+        dev_merge(&img->devs[ld->ce], ld);
         s->mem_cap[ld->ce] = ld->cap;
         s->sm[ld->ce] = ld->sm;
         if (ld->sm) any_sm = 1;
@@ -913,10 +1008,12 @@ static int attach(void) {
     s->pid = (int32_t)my_pid;
     my_slot = slot;
     recompute(img);
-    if (cache_write(s, sizeof *s, SLOT_OFF(slot)) != 0 || cache_write(img->devs, sizeof img->devs, DEVS_OFF) != 0) {
+    if (hwm_cover(img, slot) != 0 || cache_write(s, sizeof *s, SLOT_OFF(slot)) != 0 ||
+        cache_write(img->devs, sizeof img->devs, DEVS_OFF) != 0) {
         snprintf(cfg_err, sizeof cfg_err, "accounting file %s: cannot write it", cfg.cache);
         goto unlock;
     }
+done:
     for (int i = 0; i < n; i++) {
         adv_cap[i] = img->devs[ldevs[i].ce].mem_cap;
         adv_sm[i] = img->devs[ldevs[i].ce].sm_pct;
@@ -939,7 +1036,8 @@ out:
 
 static void detach(void) {
     if (my_slot < 0 || (cache_fd < 0 && !priv_img)) return;
-    struct vgpu_shm *img = malloc(sizeof *img);
+    sm_return_all();
+    struct vgpu_shm *img = calloc(1, sizeof *img); /* untouched pages: no faults */
     if (!img) return;
     if (data_lock() == 0) {
         if (cache_load(img) == 0) {
@@ -1593,42 +1691,97 @@ static unsigned sm_of(const struct ldev *ld) {
 }
 
 #define SM_BROKEN INT64_MIN /* the accounting file is unusable: gated launches are refused */
+#define SM_SYNC_NS 2000000ull /* a process's slice of the bucket meets the file at least this often */
 
-/* Debits ns of measured device time (0: none) and refills the bucket;
- * returns the container's tokens on ld's GPU afterwards, or SM_BROKEN when
- * the accounting file cannot be locked or is no longer in the layout (the
- * token bucket lives there: fail closed). */
-static int64_t sm_account(const struct ldev *ld, unsigned pct, uint64_t ns, uint64_t nlaunch) {
-    if (my_slot < 0) return 0;
+/* This process's slice of each device's bucket (tok_mu). A sync (the file's
+ * lock, one read, one write) hands the slice and the charges since back to
+ * the file's bucket, refills it, and takes all of its positive balance as the
+ * new slice; between syncs launches are gated on the slice alone, with no
+ * system call. Tokens are conserved (a slice is only ever moved, never
+ * copied), so the container's share is as exact as with every launch going
+ * to the file; a SIGKILLed process's slice is lost (its container only gets
+ * less). Syncs: every SM_SYNC_NS, whenever the slice does not cover what a
+ * launch needs, and (returning the slice) at context destruction and exit. */
+struct smloc {
+    int64_t tokens;            /* slice left: taken minus charged since */
+    uint64_t busy_ns, launches; /* charges not yet in the file (statistics) */
+    uint64_t sync_ns;          /* the last sync; 0 = none (sync at the next launch) */
+};
+static struct smloc smloc[VGPU_MAX_DEV];
+
+static int64_t sat_add64(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? (b > 0 ? INT64_MAX : INT64_MIN + 1) : r;
+}
+
+/* Meets the file's bucket (tok_mu held): returns the slice and the charges,
+ * refills, and takes the positive balance when `take`. Returns the
+ * container's tokens on the device, or SM_BROKEN when the accounting file
+ * cannot be locked or is no longer in the layout (fail closed). */
+static int64_t sm_sync(int li, unsigned pct, uint64_t now, int take) {
+    const struct ldev *ld = &ldevs[li];
+    struct smloc *L = &smloc[li];
     struct {
         struct vgpu_shm_hdr h;
         struct vgpu_shm_dev devs[VGPU_MAX_DEV];
     } img;
+    L->sync_ns = 0; /* until this one succeeds */
     if (data_lock() != 0) return SM_BROKEN;
     if (cache_read(&img, sizeof img, 0) != 0 || !hdr_valid(&img.h)) {
         data_unlock();
         return SM_BROKEN;
     }
     struct vgpu_shm_dev *d = &img.devs[ld->ce];
-    uint64_t now = now_ns();
     if (!d->last_ns || now < d->last_ns) {
         d->last_ns = now;
         d->tokens_ns = 0;
     }
-    if (pct) {
-        d->tokens_ns += (int64_t)((now - d->last_ns) * pct / 100);
-        if (d->tokens_ns > SM_BURST_NS * (int64_t)pct / 100) d->tokens_ns = SM_BURST_NS * (int64_t)pct / 100;
-    }
+    int64_t s = d->tokens_ns;
+    if (pct) s = sat_add64(s, (int64_t)((now - d->last_ns) / 100 * pct));
+    s = sat_add64(s, L->tokens);
+    if (pct && s > SM_BURST_NS * (int64_t)pct / 100) s = SM_BURST_NS * (int64_t)pct / 100;
+    if (s == SM_BROKEN) s++;
+    int64_t slice = take && s > 0 ? s : 0;
     d->last_ns = now;
-    d->tokens_ns -= (int64_t)ns;
-    d->busy_ns += ns;
-    d->launches += nlaunch;
-    int64_t t = d->tokens_ns;
-    if (t == SM_BROKEN) t++;
+    d->tokens_ns = s - slice;
+    d->busy_ns += L->busy_ns;
+    d->launches += L->launches;
     int wr = cache_write(d, sizeof *d, DEVS_OFF + (size_t)ld->ce * sizeof *d);
     data_unlock();
-    __atomic_store_n(&adv_sm[ld - ldevs], d->sm_pct, __ATOMIC_RELAXED);
-    return wr == 0 ? t : SM_BROKEN;
+    __atomic_store_n(&adv_sm[li], d->sm_pct, __ATOMIC_RELAXED);
+    if (wr != 0) return SM_BROKEN; /* nothing moved: the slice and charges stay ours */
+    L->tokens = slice;
+    L->busy_ns = L->launches = 0;
+    L->sync_ns = now ? now : 1;
+    return s;
+}
+
+/* Debits ns of measured device time (0: none) from this process's slice;
+ * returns the tokens a launch may count on, syncing with the file first when
+ * the slice is stale or does not cover `need` (the estimated work this
+ * process has in flight). SM_BROKEN: see sm_sync. */
+static int64_t sm_account(const struct ldev *ld, unsigned pct, uint64_t ns, uint64_t nlaunch, int64_t need) {
+    if (my_slot < 0) return 0;
+    int li = (int)(ld - ldevs);
+    struct smloc *L = &smloc[li];
+    pthread_mutex_lock(&tok_mu);
+    L->tokens = sat_add64(L->tokens, -(int64_t)(ns > (uint64_t)INT64_MAX ? INT64_MAX : ns));
+    L->busy_ns += ns;
+    L->launches += nlaunch;
+    uint64_t now = now_ns();
+    int64_t t = L->tokens;
+    if (!L->sync_ns || now - L->sync_ns >= SM_SYNC_NS || t <= 0 || t - need < 0) t = sm_sync(li, pct, now, 1);
+    pthread_mutex_unlock(&tok_mu);
+    return t;
+}
+
+/* Hands every slice back to the file (context destruction, exit). */
+static void sm_return_all(void) {
+    if (my_slot < 0) return;
+    pthread_mutex_lock(&tok_mu);
+    for (int i = 0; i < nldev; i++)
+        if (smloc[i].sync_ns || smloc[i].launches) sm_sync(i, sm_of(&ldevs[i]), now_ns(), 0);
+    pthread_mutex_unlock(&tok_mu);
 }
 
 /* The correction for time that is not the kernel's own. Between its events a
@@ -1777,7 +1930,7 @@ static void poll_locked(uint64_t *ch, uint64_t *cnt) {
 
 static void flush_charges(const uint64_t *ch, const uint64_t *cnt) {
     for (int i = 0; i < nldev; i++)
-        if (cnt[i]) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i]);
+        if (cnt[i]) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i], 0);
 }
 
 /* Waits for the oldest launch in flight and charges it. */
@@ -1815,8 +1968,8 @@ static int sm_gate(const struct ldev *ld, unsigned pct) {
         int64_t pe = (int64_t)pend_est[li];
         pthread_mutex_unlock(&sm_mu);
         for (int i = 0; i < nldev; i++)
-            if (cnt[i] && i != li) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i]);
-        int64_t t = sm_account(ld, pct, ch[li], cnt[li]);
+            if (cnt[i] && i != li) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i], 0);
+        int64_t t = sm_account(ld, pct, ch[li], cnt[li], np ? pe : 0);
         if (t == SM_BROKEN) {
             static int told;
             if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
@@ -1829,7 +1982,7 @@ static int sm_gate(const struct ldev *ld, unsigned pct) {
             continue;
         }
         if (t >= 0) return 0;
-        int64_t wait = -t * 100 / (int64_t)pct;
+        int64_t wait = (t < -SM_MAX_SLEEP_NS ? SM_MAX_SLEEP_NS : -t) * 100 / (int64_t)pct;
         if (wait > SM_MAX_SLEEP_NS) wait = SM_MAX_SLEEP_NS;
         if (wait < 20000) wait = 20000;
         struct timespec ts = {wait / 1000000000, wait % 1000000000};
@@ -1900,7 +2053,7 @@ static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
             pthread_mutex_lock(&sm_mu);
             ns = device_time(r->key, ns);
             pthread_mutex_unlock(&sm_mu);
-            sm_account(L->ld, sm_of(L->ld), ns, 1);
+            sm_account(L->ld, sm_of(L->ld), ns, 1, 0);
         }
         return;
     }
@@ -1951,6 +2104,7 @@ static void sm_forget_ctx(CUcontext ctx) {
     }
     pthread_mutex_unlock(&sm_mu);
     flush_charges(ch, cnt);
+    sm_return_all();
 }
 
 /* The launch wrappers. No SM limit anywhere: a tail call to the driver.
@@ -2086,7 +2240,7 @@ static uint64_t nvml_cap(nvmlDevice_t dev, uint64_t *used) {
         return cfg.mem_any;
     int i = nvml_index_of(uuid);
     uint64_t cap = i >= 0 ? cfg.mem[i] : cfg.mem_any;
-    struct vgpu_shm *img = malloc(sizeof *img);
+    struct vgpu_shm *img = calloc(1, sizeof *img); /* untouched pages: no faults */
     if (img && data_lock() == 0) {
         if (cache_load(img) == 0) { /* the advisory cap: a corrupt file is ignored */
             reap(img, NULL, 0);
@@ -2167,11 +2321,11 @@ static nvmlReturn_t procs_filtered(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned *, 
     }
     int32_t mine[VGPU_MAX_SLOTS];
     unsigned nmine = 0;
-    struct vgpu_shm *img = malloc(sizeof *img);
+    struct vgpu_shm *img = calloc(1, sizeof *img); /* untouched pages: no faults */
     if (img && data_lock() == 0) {
         if (cache_load(img) == 0) { /* corrupt: nobody is listed (fail closed) */
             reap(img, NULL, 0);
-            for (int i = 0; i < VGPU_MAX_SLOTS; i++)
+            for (int i = 0; i < (int)img_n(img); i++)
                 if (img->slots[i].pid && img->slots[i].host_pid) mine[nmine++] = img->slots[i].host_pid;
         }
         data_unlock();
