@@ -25,7 +25,11 @@ def gc(ctx: click.Context, grace: float | None) -> None:
     from nvctk.cli.main import load_config
 
     cfg = load_config(ctx)
-    removed = vgpu_state.collect(cfg, grace=vgpu_state.GC_GRACE_S if grace is None else grace)
+    errors: list[str] = []
+    removed = vgpu_state.collect(cfg, grace=vgpu_state.GC_GRACE_S if grace is None else grace,
+                                 errors=errors)
+    for message in errors:
+        click.echo(f"nvctk: left in place: {message}", err=True)
     for path in removed:
         click.echo(f"removed {path}")
     click.echo(f"{len(removed)} stale vGPU state dir(s) removed from {cfg.state_dir}")

@@ -20,7 +20,7 @@ import os
 from typing import Any, Literal
 
 from nvctk import driver as nvdriver
-from nvctk import oci
+from nvctk import jsonio, oci
 from nvctk.errors import NvctkError
 from nvctk.plan import DeviceNode, Mount, Symlink
 from nvctk.planner import (
@@ -277,19 +277,41 @@ def write_spec(path: str, data: bytes) -> None:
 # --- nvctk cdi list --------------------------------------------------------------------------
 
 
+# A spec file larger than this is refused unread: NVIDIA's spec for 8 GPUs with MIG is
+# well under 100 KiB. The loaded document's JSON size is bounded too (YAML aliases can
+# make a 1 MB file load as gigabytes: each *alias is a copy in config.json).
+MAX_SPEC_BYTES = 4 << 20
+MAX_LOADED_BYTES = 16 << 20
+
+
 def load_spec_file(path: str) -> dict[str, Any]:
-    """A spec file, parsed and checked against the CDI schema; CdiError says why not."""
+    """A spec file, parsed and checked against the CDI schema; CdiError says why not.
+    Never blocks (a FIFO, /dev/zero) and never raises anything else: a broken file is
+    one unreadable spec, the others still resolve."""
     import yaml
 
+    from nvctk.runc_argv import read_regular_file
+
     try:
-        with open(path, "rb") as f:
-            text = f.read()
+        text = read_regular_file(path, MAX_SPEC_BYTES)
     except OSError as e:
-        raise CdiError(f"{path}: {e.strerror}")
+        raise CdiError(f"{path}: {e.strerror or e}")
     try:
+        # the pure loader: yaml's CSafeLoader segfaults on deep nesting (100000 [)
         spec = yaml.safe_load(text)  # JSON is YAML
     except yaml.YAMLError as e:
         raise CdiError(f"{path}: not YAML/JSON: {str(e).splitlines()[0]}")
+    except RecursionError:
+        raise CdiError(f"{path}: not a CDI spec: nested too deep")
+    except Exception as e:  # the parser's own failures (huge integers: ValueError), any kind
+        raise CdiError(f"{path}: not a CDI spec: {type(e).__name__}: {str(e)[:200]}")
+    try:
+        size = len(jsonio.dumps(spec, ensure_ascii=False))
+    except (RecursionError, ValueError, TypeError) as e:
+        raise CdiError(f"{path}: not a CDI spec: {type(e).__name__} ({str(e)[:200]})")
+    if size > MAX_LOADED_BYTES:
+        raise CdiError(f"{path}: loads as more than {MAX_LOADED_BYTES >> 20} MiB of JSON "
+                       "(YAML aliases?); refused")
     problem = schema_problem(spec)
     if problem:
         raise CdiError(f"{path}: {problem}")

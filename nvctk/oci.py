@@ -452,14 +452,116 @@ class Edits(Record):
         self.cdi = cdi
 
 
-def record_edits(spec: dict[str, Any], edits: Edits) -> None:
+def record_edits(spec: dict[str, Any], edits: Edits, state_dir: str | None = None) -> None:
+    """The record into the annotation; a CDI record (it may remove any entry) carries a
+    MAC keyed by <state_dir>/edits.key, so that no spec's author can forge one."""
     annotations = _field(spec, "annotations", dict, "annotations")
     record: dict[str, Any] = {"devices": edits.devices, "rules": edits.rules, "env": edits.env}
     if edits.seccomp is not None:  # vGPU only: other GPU containers' records stay as they were
         record["seccomp"] = edits.seccomp
     if edits.cdi:  # CDI only: legacy records stay as they were
+        if state_dir is None:
+            raise ValueError("a CDI record needs the state dir of its key")
         record.update(cdi=True, mounts=edits.mounts, hooks=edits.hooks)
+        key = edits_key(state_dir, create=True)
+        assert key is not None  # create: made, or an error
+        record["mac"] = _record_mac(record, key)
     annotations[EDITS_ANNOTATION] = jsonio.dumps(record)
+
+
+EDITS_KEY_FILE = "edits.key"
+_KEY_BYTES = 32
+
+
+def _record_mac(record: dict[str, Any], key: bytes) -> str:
+    """blake2b keyed MAC of the record's canonical JSON (without its "mac")."""
+    import hashlib  # CDI records only: the legacy create path never needs it
+
+    body = jsonio.dumps({k: v for k, v in record.items() if k != "mac"}, sort_keys=True)
+    return hashlib.blake2b(body.encode(), key=key, digest_size=32).hexdigest()
+
+
+def edits_key(state_dir: str, create: bool = False) -> bytes | None:
+    """The key of CDI records' MACs, <state_dir>/edits.key: 32 random bytes, made on
+    first use (create) with O_EXCL via link(), so a racing create never reads half a
+    key. None when there is none and create is False. A key file that is not a regular
+    0600 file of ours, 32 bytes long, is refused (SpecError): anyone else who could
+    write it could forge records."""
+    path = os.path.join(state_dir, EDITS_KEY_FILE)
+    if create and not os.path.lexists(path):
+        os.makedirs(state_dir, 0o755, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            os.write(fd, os.urandom(_KEY_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another create made it first: its key is the key
+        finally:
+            os.unlink(tmp)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                     | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except OSError as e:
+        raise SpecError(f"{path}: {e.strerror} (nvctk's key of CDI edit records)")
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_mode & 0o7777 != 0o600 \
+                or st.st_uid != os.geteuid() or st.st_size != _KEY_BYTES:
+            raise SpecError(f"{path}: not a regular 0600 file of {_KEY_BYTES} bytes owned by "
+                            f"uid {os.geteuid()}; nvctk refuses it as the key of its CDI edit "
+                            "records (remove it: the next CDI create makes a new one)")
+        key = os.read(fd, _KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(key) != _KEY_BYTES:
+        raise SpecError(f"{path}: a short key file; remove it")
+    return key
+
+
+def cdi_record_problem(spec: dict[str, Any], state_dir: str | None) -> str | None:
+    """Why the annotation's CDI record is not honoured (None: no CDI record, or one
+    whose MAC is valid): a record nvctk did not write could remove any hook, mount,
+    variable or device of the spec."""
+    annotations = spec.get("annotations")
+    if not isinstance(annotations, dict) or not isinstance(annotations.get(EDITS_ANNOTATION), str):
+        return None
+    try:
+        rec = jsonio.loads(annotations[EDITS_ANNOTATION])
+    except (ValueError, RecursionError):
+        return None  # edits_record_problem says so
+    if not isinstance(rec, dict) or "cdi" not in rec:
+        return None
+    where = f"annotations[{EDITS_ANNOTATION!r}]"
+    mac = rec.get("mac")
+    if not isinstance(mac, str):
+        return f"{where}: a CDI record without nvctk's MAC (not written by nvctk); ignored"
+    if state_dir is None:
+        return f"{where}: a CDI record nvctk cannot check (no config); ignored"
+    try:
+        key = edits_key(state_dir)
+    except SpecError as e:
+        return f"{where}: a CDI record nvctk cannot check ({e}); ignored"
+    if key is None:
+        return f"{where}: a CDI record nvctk cannot check (no {EDITS_KEY_FILE} in {state_dir}); ignored"
+    import hmac
+
+    try:
+        good = _record_mac(rec, key)
+    except (ValueError, RecursionError, TypeError):
+        return f"{where}: a CDI record nvctk cannot serialize; ignored"
+    if not hmac.compare_digest(good, mac):
+        return f"{where}: a CDI record with a wrong MAC (not written by nvctk); ignored"
+    return None
 
 
 def has_our_edits(spec: dict[str, Any]) -> bool:
@@ -517,6 +619,10 @@ def edits_record_problem(spec: dict[str, Any]) -> str | None:
             if not isinstance(value, dict):
                 return f"{where}: seccomp must be an object, not {_json_type(value)}"
             continue  # _remove_userns_rules acts only on what matches nvctk's own rules
+        if key == "mac":
+            if not isinstance(value, str):
+                return f"{where}: mac must be a string, not {_json_type(value)}"
+            continue
         if key == "cdi":
             if not isinstance(value, bool):
                 return f"{where}: cdi must be true or false, not {_json_type(value)}"
@@ -555,13 +661,18 @@ def _as_keys(items: Any, size: int) -> list[tuple[Any, ...]]:
     return [_hashable(tuple(i)) for i in items if isinstance(i, list) and len(i) == size]
 
 
-def remove_our_edits(spec: dict[str, Any]) -> None:
+def remove_our_edits(spec: dict[str, Any], state_dir: str | None = None) -> None:
     """Take out what an earlier create added: nvctk's prestart/poststop hooks, and the
     device nodes, allow rules and env entries its annotation records (only of the
-    shapes nvctk adds: see OUR_ENV_PREFIXES). Everyone else's entries stay in order."""
+    shapes nvctk adds: see OUR_ENV_PREFIXES). Everyone else's entries stay in order.
+    A CDI record is acted on only with a valid MAC (cdi_record_problem, keyed in
+    state_dir); any other record with "cdi" is ignored whole."""
     # emptied lists and objects stay: a GPU create that follows then refills them in
     # place, and writes the same bytes as the first create did
+    unverified = cdi_record_problem(spec, state_dir) is not None
     rec = _recorded(spec.get("annotations"))
+    if unverified:
+        rec = {}
     # a CDI spec's entries are any device, variable or access: removing them still only
     # takes away what the record says this create's request added
     cdi = rec.get("cdi") is True

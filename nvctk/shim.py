@@ -100,7 +100,7 @@ def prepare_bundle(
     if request is None:
         if config_error is not None and logger is not None:
             logger.warning(f"ignoring a broken nvctk config for a non-GPU container: {config_error}")
-        _undo_earlier_create(bundle, spec, logger)
+        _undo_earlier_create(bundle, spec, logger, config.state_dir if config else None)
         return Prepared(None)
     if config is None:
         raise config_error or ConfigError("nvctk config unavailable")
@@ -137,7 +137,8 @@ def prepare_bundle(
 
     # nvctk's part of the spec comes from this request only: what an earlier create of
     # this bundle added (other GPUs, a vGPU's env and poststop hook) goes first
-    oci.remove_our_edits(spec)
+    _warn_unverified_record(spec, config, logger)
+    oci.remove_our_edits(spec, config.state_dir)
     removed = oci.remove_nvidia_hooks(spec)
     edits = oci.add_devices(spec, plan.devices)
     oci.set_hook(spec, oci.hook_entry(hook_path, config.hook_timeout, _nvctk_config_env()))
@@ -194,9 +195,10 @@ def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Reques
     oci.check_editable(spec)
     oci.check_rewritable(spec, data)
     resolved = cdi.resolve(request.cdi_devices, config.cdi_spec_dirs)
-    oci.remove_our_edits(spec)
+    _warn_unverified_record(spec, config, logger)
+    oci.remove_our_edits(spec, config.state_dir)
     removed = oci.remove_nvidia_hooks(spec)
-    oci.record_edits(spec, cdi.apply_edits(spec, resolved))
+    oci.record_edits(spec, cdi.apply_edits(spec, resolved), config.state_dir)
     oci.save_spec(bundle, spec)
     _remove_earlier_plan(bundle, logger)  # an earlier legacy create's: no hook reads it now
     return Prepared(None, removed, cdi_devices=request.cdi_devices)
@@ -273,18 +275,29 @@ def _log_handed_on(logger: Logger | None, error: SpecError) -> None:
                        "runtime unchanged")
 
 
-def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | None) -> None:
+def _warn_unverified_record(spec: dict[str, Any], config: Config, logger: Logger | None) -> None:
+    """A CDI record without a valid MAC is ignored (oci.remove_our_edits): say so."""
+    problem = oci.cdi_record_problem(spec, config.state_dir)
+    if problem is not None and logger is not None:
+        logger.warning(f"{oci.SPEC_FILE}: {problem}")
+
+
+def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | None,
+                         state_dir: str | None = None) -> None:
     """A no-GPU create of a bundle an earlier GPU create edited: take nvctk's hooks,
     devices and env out, and its plan. A spec without them is not rewritten (the
-    common case costs a stat of the plan file)."""
-    problem = oci.edits_record_problem(spec) if oci.has_our_edits(spec) else None
+    common case costs a stat of the plan file). A CDI record without a valid MAC
+    (oci.cdi_record_problem) leaves the spec as it is."""
+    problem = None
+    if oci.has_our_edits(spec):
+        problem = oci.edits_record_problem(spec) or oci.cdi_record_problem(spec, state_dir)
     if problem is not None:
         # not what nvctk writes: nvctk leaves the spec as it is, and runc judges it
         if logger is not None:
             logger.warning(f"{bundle}: {problem}; the spec is handed on unchanged")
     elif oci.has_our_edits(spec):
         # an error here fails the create: the hooks left in would run for this container
-        oci.remove_our_edits(spec)
+        oci.remove_our_edits(spec, state_dir)
         oci.save_spec(bundle, spec)
         if logger is not None:
             logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")

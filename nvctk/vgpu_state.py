@@ -80,6 +80,7 @@ TMPFS_INODES = 64
 TMPFS_OPTIONS = {"source": "nvctk-vgpu", "size": str(TMPFS_SIZE),
                  "nr_inodes": str(TMPFS_INODES), "mode": "0755"}
 TMPFS_ATTRS = mount.MOUNT_ATTR_NOSUID | mount.MOUNT_ATTR_NODEV | mount.MOUNT_ATTR_NOEXEC
+_MAX_OWNER = 8192  # bytes: an owner file is ~150
 _MAX_STACKED = 64  # mounts detached from one state dir before giving up
 
 GLIBC_LOADERS = ("/lib64/ld-linux-x86-64.so.2",)  # plus /lib/ld-linux-*.so*
@@ -231,8 +232,10 @@ def _under_state_dir(path: str, config: Config) -> bool:
 
 
 def remove_state_dir(path: str, config: Config) -> bool:
-    """Detach the tmpfs (if mounted) and rm -rf a container's state dir; only a
-    <key>-<id> dir directly under state-dir."""
+    """Detach every mount at or below a container's state dir (its tmpfs, stale ones,
+    anything bound below it) and remove the dir without ever leaving its own file
+    system; only a <key>-<id> dir directly under state-dir. Raises NvctkError, leaving
+    the dir, when a mount cannot be detached or something else is mounted in it."""
     if not _under_state_dir(path, config):
         raise SpecError(f"refusing to remove {path}: not a vGPU state dir under {config.state_dir}")
     try:
@@ -243,26 +246,88 @@ def remove_state_dir(path: str, config: Config) -> bool:
         os.unlink(path)
         return True
     detach_mounts(path)
-    import shutil  # not at the top: it costs every create 3-9 ms (bz2, lzma, fnmatch)
-
     try:
-        shutil.rmtree(path)
+        _remove_tree(path)
     except FileNotFoundError:  # removed meanwhile (a poststop and a collector): gone is gone
         pass
     return True
 
 
-def detach_mounts(path: str) -> int:
-    """umount2(MNT_DETACH) whatever is mounted on path (ours, or the stale ones of a
-    crashed container, stacked); returns how many. Never follows a link."""
-    for n in range(_MAX_STACKED + 1):
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _remove_tree(path: str) -> None:
+    """rm -rf path by dir fds, never following a link and never entering a directory
+    of another file system or mount (a bind mount made after detach_mounts looked):
+    shutil.rmtree would delete the host files such a mount shows."""
+    parent = os.open(os.path.dirname(os.path.abspath(path)), _DIR_FLAGS)
+    try:
+        name = os.path.basename(path)
+        top = os.open(name, _DIR_FLAGS, dir_fd=parent)
         try:
-            mount.umount2(path, mount.MNT_DETACH | mount.UMOUNT_NOFOLLOW)
+            st = os.fstat(top)
+            try:
+                complete = _empty_dir(top, st.st_dev, mount.mount_id(top))
+            except RecursionError:
+                complete = False
+        finally:
+            os.close(top)
+        if not complete:
+            raise NvctkError(f"vGPU state dir {path}: left in place: it holds another "
+                             "file system or files that cannot be removed")
+        os.rmdir(name, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def _empty_dir(fd: int, dev: int, mnt: int) -> bool:
+    """Remove what the directory fd holds on file system dev, mount mnt; whether all of it."""
+    complete = True
+    with os.scandir(fd) as it:
+        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    for name, is_dir in entries:
+        try:
+            if not is_dir:
+                os.unlink(name, dir_fd=fd)
+                continue
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                if os.fstat(sub).st_dev != dev or mount.mount_id(sub) != mnt:
+                    complete = False  # a mount point: never into it
+                    continue
+                if not _empty_dir(sub, dev, mnt):
+                    complete = False
+                    continue
+            finally:
+                os.close(sub)
+            os.rmdir(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            complete = False
+    return complete
+
+
+def detach_mounts(path: str) -> int:
+    """umount2(MNT_DETACH) every mount whose mount point is at or below path (ours, the
+    stale ones of a crashed container, stacked, and anything bound into it), deepest and
+    topmost first; returns how many. Never follows a link."""
+    real = os.path.realpath(path)
+    for n in range(_MAX_STACKED + 1):
+        below = [m.mount_point for m in mount.read_mountinfo()
+                 if mount._under(m.mount_point, real)]
+        if not below:
+            return n
+        # the deepest; of a stack, the last listed (the topmost)
+        target = max(reversed(below), key=lambda p: p.count("/"))
+        try:
+            mount.umount2(target, mount.MNT_DETACH | mount.UMOUNT_NOFOLLOW)
         except OSError as e:
-            if e.errno in (errno.EINVAL, errno.ENOENT):  # not (or no longer) a mount point
-                return n
-            raise NvctkError(f"vGPU state dir {path}: cannot detach its tmpfs: {e.strerror}")
-    raise NvctkError(f"vGPU state dir {path}: more than {_MAX_STACKED} mounts stacked on it")
+            if e.errno == errno.ENOENT:  # gone meanwhile
+                continue
+            raise NvctkError(f"vGPU state dir {path}: cannot detach the mount on {target}: "
+                             f"{e.strerror}")
+    raise NvctkError(f"vGPU state dir {path}: more than {_MAX_STACKED} mounts at or below it")
 
 
 def _mount_tmpfs(path: str) -> None:
@@ -359,18 +424,21 @@ def read_owner(path: str) -> dict[str, Any] | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        data = os.read(fd, 8192)
+        data = os.read(fd, _MAX_OWNER + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
+    if len(data) > _MAX_OWNER:  # not one nvctk wrote
+        return None
     try:
         d = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: [[[[... (a deep nesting)
         return None
     root = d.get("runtime_root") if isinstance(d, dict) else 0
+    pid = d.get("pid") if isinstance(d, dict) else None
     if not (isinstance(d, dict) and isinstance(d.get("id"), str) and d["id"]
-            and isinstance(d.get("pid"), int) and (root is None or isinstance(root, str))):
+            and type(pid) is int and (root is None or isinstance(root, str))):
         return None
     return d
 
@@ -410,9 +478,11 @@ def _is_stale(path: str, grace: float = GC_GRACE_S) -> bool:
     return not creator_alive(owner) and not runtime_has(owner["runtime_root"], owner["id"])
 
 
-def collect(config: Config, keep: str | None = None, grace: float = GC_GRACE_S) -> list[str]:
+def collect(config: Config, keep: str | None = None, grace: float = GC_GRACE_S,
+            errors: list[str] | None = None) -> list[str]:
     """Remove the state dirs of containers that no longer exist (`is_stale`); returns
-    them. One listdir of state-dir when there are none; never fails for one dir."""
+    them. One listdir of state-dir when there are none; never fails for one dir (why
+    one was left goes to `errors`)."""
     top = os.path.abspath(config.state_dir)
     try:
         names = [n for n in os.listdir(top) if _is_key_dir(n)]
@@ -431,8 +501,9 @@ def collect(config: Config, keep: str | None = None, grace: float = GC_GRACE_S) 
                 # the dir anew meanwhile
                 if _is_stale(p, grace) and remove_state_dir(p, config):
                     removed.append(p)
-            except (OSError, NvctkError):
-                pass
+            except (OSError, NvctkError) as e:
+                if errors is not None:
+                    errors.append(str(e))
     return removed
 
 

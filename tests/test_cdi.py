@@ -331,3 +331,42 @@ def test_side_by_side_with_nvidia_ctk(sim_host: SimHost, tmp_path: Path,
                  if ".so" in m["hostPath"] or "/bin/" in m["hostPath"]
                  or "/firmware/" in m["hostPath"]}
     assert nct_files - ours_src == set()
+
+
+# --- hostile spec files: each is one unreadable spec, never a hang or a traceback ----------
+
+_GOOD = ("cdiVersion: 0.5.0\nkind: x.io/c\ndevices:\n- name: a\n  containerEdits:\n"
+         "    env: [A=1]\n")
+
+
+def _hostile_files(d: Path) -> dict[str, Callable[[Path], None]]:
+    return {
+        "fifo": lambda p: os.mkfifo(p),
+        "devzero": lambda p: p.symlink_to("/dev/zero"),
+        "too-big": lambda p: p.write_bytes(b" " * ((4 << 20) + 1)),
+        "deep": lambda p: p.write_text("a: " + "[" * 20000 + "]" * 20000 + "\n"),
+        "deep-mapping": lambda p: p.write_text(
+            "".join(" " * i + "a:\n" for i in range(3000)) + " " * 3000 + "b\n"),
+        "bigint": lambda p: p.write_text("a: " + "9" * 5000 + "\n"),
+        "aliases": lambda p: p.write_text(
+            f"s: &s {'x' * 100000}\nargs: [" + ", ".join(["*s"] * 300) + "]\n"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_hostile_files(Path())))
+def test_hostile_spec_file_is_one_unreadable_spec(tmp_path: Path, case: str) -> None:
+    import signal
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "good.yaml").write_text(_GOOD)
+    _hostile_files(d)[case](d / "x.yaml")
+    signal.alarm(20)  # a hang fails the test instead of the suite
+    try:
+        with pytest.raises(cdi.CdiError, match=r"x\.yaml: "):
+            cdi.load_spec_file(str(d / "x.yaml"))
+        names, warnings = cdi.list_devices((str(d),))
+        assert names == ["x.io/c=a"] and len(warnings) == 1 and "x.yaml" in warnings[0]
+        assert [r.name for r in cdi.resolve(("x.io/c=a",), (str(d),))] == ["x.io/c=a"]
+    finally:
+        signal.alarm(0)

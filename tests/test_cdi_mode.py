@@ -199,8 +199,9 @@ def test_apply_and_remove_edits(tmp_path: Path) -> None:
         "linux": {"devices": [], "resources": {"devices": [{"allow": False, "access": "rwm"}]}},
     }
     before = json.loads(json.dumps(spec))
+    state = str(tmp_path / "state")
     oci.record_edits(spec, cdi.apply_edits(spec, cdi.resolve(("x.io/c=0", "x.io/c=1"),
-                                                            (str(d),))))
+                                                            (str(d),))), state)
     assert spec["process"]["env"] == ["PATH=/bin", "X_COMMON=1", "X_DEV=0"]
     null = os.stat("/dev/null")
     assert spec["linux"]["devices"] == [
@@ -216,7 +217,8 @@ def test_apply_and_remove_edits(tmp_path: Path) -> None:
     assert spec["hooks"]["createRuntime"] == [{"path": "/user/hook"},
                                               {k: v for k, v in HOOK.items() if k != "hookName"}]
     assert oci.edits_record_problem(spec) is None
-    oci.remove_our_edits(spec)
+    assert oci.cdi_record_problem(spec, state) is None
+    oci.remove_our_edits(spec, state)
     before["process"]["env"] = ["PATH=/bin"]  # set_env replaced the user's X_DEV
     before["annotations"] = {}  # emptied objects stay (oci.remove_our_edits)
     for stage in ("prestart", "poststop"):
@@ -390,3 +392,93 @@ def test_runc_sees_the_same_gpu_in_cdi_and_legacy_mode(sim_host: SimHost, spec_d
         for cid in ids:
             subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
                            capture_output=True, timeout=60)
+
+
+# --- a CDI record is honoured only with nvctk's MAC ----------------------------------------
+
+_USER_HOOK = {"path": "/usr/bin/security-hook", "args": ["security-hook", "--strict"]}
+_PROC = {"destination": "/proc", "type": "proc", "source": "proc"}
+_FORGED = json.dumps({"cdi": True, "hooks": [["prestart", _USER_HOOK]], "mounts": [_PROC],
+                      "env": ["SECRET_POLICY=strict"], "devices": [["/dev/fuse", "c", 10, 229]],
+                      "rules": [["c", 10, 229]]})
+
+
+def _user_spec(envvars: list[str], record: str | None) -> dict[str, Any]:
+    s = _spec(["PATH=/bin", "SECRET_POLICY=strict", *envvars],
+              {oci.EDITS_ANNOTATION: record} if record is not None else None)
+    s["mounts"] = [dict(_PROC)]
+    s["hooks"] = {"prestart": [dict(_USER_HOOK)]}
+    s["linux"] = {"devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}],
+                  "resources": {"devices": [{"allow": True, "type": "c", "major": 10,
+                                             "minor": 229, "access": "rwm"}]}}
+    return s
+
+
+def _users_entries_stay(s: dict[str, Any]) -> None:
+    assert _USER_HOOK in s["hooks"]["prestart"]
+    assert _PROC in s["mounts"]
+    assert "SECRET_POLICY=strict" in s["process"]["env"]
+    assert {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229} in s["linux"]["devices"]
+    assert {"allow": True, "type": "c", "major": 10, "minor": 229, "access": "rwm"} \
+        in s["linux"]["resources"]["devices"]
+
+
+@pytest.mark.parametrize("mac", [None, "0" * 64, "bad"])
+def test_forged_cdi_record_removes_nothing(tmp_path: Path, mac: str | None) -> None:
+    """A spec author's own org.nvctk.edits with "cdi": true (no MAC, or a wrong one)
+    is never acted on, with or without a key."""
+    state = str(tmp_path / "state")
+    rec = json.loads(_FORGED)
+    if mac is not None:
+        rec["mac"] = mac
+    for key_exists in (False, True):
+        if key_exists:
+            oci.edits_key(state, create=True)
+        s = _user_spec([], json.dumps(rec))
+        assert "ignored" in (oci.cdi_record_problem(s, state) or "")
+        oci.remove_our_edits(s, state)
+        _users_entries_stay(s)
+
+
+def test_record_mac_is_keyed_per_host(tmp_path: Path) -> None:
+    """A genuine record made with another host's key is refused; the key file is 0600."""
+    s = _spec(["PATH=/bin"])
+    oci.record_edits(s, oci.Edits(env=["A=1"], cdi=True), str(tmp_path / "a"))
+    key = tmp_path / "a" / oci.EDITS_KEY_FILE
+    assert key.stat().st_mode & 0o7777 == 0o600 and key.stat().st_size == 32
+    assert oci.cdi_record_problem(s, str(tmp_path / "a")) is None
+    oci.edits_key(str(tmp_path / "b"), create=True)
+    assert "wrong MAC" in (oci.cdi_record_problem(s, str(tmp_path / "b")) or "")
+    key.chmod(0o644)
+    assert "0600" in (oci.cdi_record_problem(s, str(tmp_path / "a")) or "")
+
+
+def _hostile_bundle(env: Env, envvars: list[str], rootfs: str = "") -> Path:
+    b = _bundle(env.tmp, envvars, rootfs=rootfs)
+    spec = json.loads((b / "config.json").read_text())
+    spec["process"]["env"].append("SECRET_POLICY=strict")
+    spec.setdefault("hooks", {})["prestart"] = [dict(_USER_HOOK)]
+    spec["linux"]["devices"] = [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]
+    spec["linux"]["resources"]["devices"].append(
+        {"allow": True, "type": "c", "major": 10, "minor": 229, "access": "rwm"})
+    spec["annotations"] = {oci.EDITS_ANNOTATION: _FORGED}
+    (b / "config.json").write_text(json.dumps(spec))
+    return b
+
+
+@pytest.mark.parametrize("envvars", [[], ["NVIDIA_VISIBLE_DEVICES=0"],
+                                     ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"]],
+                         ids=["no-gpu", "legacy-gpu", "cdi-gpu"])
+def test_forged_cdi_record_in_a_create(env: Env, spec_dir: Path, envvars: list[str]) -> None:
+    """The hostile record removes nothing in any create; a no-GPU create leaves the
+    spec byte for byte, and says why in nvctk's log."""
+    shutil.copytree(spec_dir, env.tmp / "cdi")
+    b = _hostile_bundle(env, envvars)
+    before = (b / "config.json").read_bytes()
+    env.run(*create_argv(env, b))  # runc may then fail on the made-up hook: not the point
+    after = (b / "config.json").read_bytes()
+    if not envvars:
+        assert after == before
+    s = json.loads(after)
+    _users_entries_stay(s)
+    assert "not written by nvctk" in Path(env.sim.root, "nvctk.log").read_text()

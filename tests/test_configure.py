@@ -579,3 +579,88 @@ def test_written_file_keeps_mode(nv: Run, tmp_path: Path) -> None:
     assert nv("--runtime", "docker", "--config", str(cfg)).returncode == 0
     assert stat.S_IMODE(cfg.stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "daemon.json.bak").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("engine", ["containerd", "docker", "crio"])
+@pytest.mark.parametrize("kind", ["chardev", "fifo", "link-to-chardev"])
+def test_special_file_is_refused_untouched(nv: Run, tmp_path: Path, engine: str,
+                                           kind: str) -> None:
+    """A device or FIFO as the config: a clear error, nothing written (configure's
+    rename used to turn /dev/null into a regular file; a FIFO hung the read)."""
+    special = tmp_path / "special"
+    if kind == "fifo":
+        os.mkfifo(special)
+    else:
+        os.mknod(special, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    path = special
+    if kind == "link-to-chardev":
+        path = tmp_path / "link"
+        path.symlink_to(special)
+    flag = "--drop-in" if engine == "crio" else "--config"
+    res = subprocess.run(  # a hang is a failure, not a stuck suite
+        [os.path.join(os.path.dirname(sys.executable), "nvctk"), "configure", "--runtime", engine,
+         flag, str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert "not a regular file" in res.stderr and str(path) in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    st = os.stat(special)
+    assert stat.S_ISFIFO(st.st_mode) if kind == "fifo" else stat.S_ISCHR(st.st_mode)
+    assert sorted(os.listdir(tmp_path)) == sorted(["special"] + (["link"] if path != special else []))
+
+
+@pytest.mark.parametrize("text,why", [
+    ("[" * 100000, "nested too deeply"),
+    ('{"a": ' + "1" * 5000 + "}", "invalid JSON"),
+    ('{"a": NaN}', "NaN is not JSON"),
+    ('{"a": -Infinity}', "-Infinity is not JSON"),
+])
+def test_docker_odd_json_is_refused_untouched(nv: Run, tmp_path: Path, text: str, why: str) -> None:
+    cfg = tmp_path / "daemon.json"
+    cfg.write_text(text)
+    res = nv("--runtime", "docker", "--config", str(cfg))
+    assert res.returncode == 1, res.stderr
+    assert why in res.stderr and str(cfg) in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert cfg.read_text() == text
+    assert sorted(os.listdir(tmp_path)) == ["daemon.json"]
+
+
+def test_docker_remove_keeps_a_hand_written_file(nv: Run, tmp_path: Path) -> None:
+    """A daemon.json configure did not create (no .bak) loses only nvctk's entries."""
+    cfg = tmp_path / "daemon.json"
+    cfg.write_text(json.dumps({"default-runtime": "nvidia",
+                               "runtimes": {"nvidia": {"path": RUNTIME}}}) + "\n")
+    res = nv("--runtime", "docker", "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(cfg.read_text()) == {}
+
+
+def test_containerd_remove_keeps_a_hand_written_file(nv: Run, tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'version = 2\n[{V2}.containerd.runtimes.nvidia]\n'
+                   '  runtime_type = "io.containerd.runc.v2"\n'
+                   f'[{V2}.containerd.runtimes.nvidia.options]\n  BinaryName = "{RUNTIME}"\n')
+    res = nv("--runtime", "containerd", "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    assert toml(cfg) == {"version": 2}
+
+
+@pytest.mark.parametrize("engine", ["containerd", "docker"])
+def test_remove_restores_the_foreign_runtime_configure_replaced(nv: Run, tmp_path: Path,
+                                                                 engine: str) -> None:
+    if engine == "containerd":
+        cfg = tmp_path / "config.toml"
+        text = (f'version = 2\n[{V2}.containerd.runtimes.nvidia]\n'
+                '  runtime_type = "io.containerd.runc.v2"\n'
+                f'[{V2}.containerd.runtimes.nvidia.options]\n'
+                '  BinaryName = "/usr/bin/nvidia-container-runtime"\n')
+    else:
+        cfg = tmp_path / "daemon.json"
+        text = '{"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}}}\n'
+    cfg.write_text(text)
+    res = nv("--runtime", engine, "--config", str(cfg))
+    assert res.returncode == 0, res.stderr
+    assert RUNTIME in cfg.read_text()
+    res = nv("--runtime", engine, "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    assert cfg.read_text() == text

@@ -535,3 +535,97 @@ def _describe(d: str) -> str:
         return f"{sorted(os.listdir(d))} owner={vgpu_state.read_owner(d)} mounted={os.path.ismount(d)}"
     except OSError as e:
         return str(e)
+
+
+def test_gc_never_deletes_through_a_mount_nested_in_a_state_dir(h: Host, tmp_path: Path) -> None:
+    """A host dir bound below a stale state dir: gc detaches it and removes the dir
+    without deleting the host's files (shutil.rmtree crossed into the mount)."""
+    cfg = h.config
+    os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep me")
+    d = _fake_state(cfg, "0123456789abcdef-bind", {"runtime_root": "/nonexistent", "id": "gone",
+                                                   "pid": 999999, "start": 1})
+    sub = Path(d, "sub")
+    sub.mkdir()
+    subprocess.run(["mount", "--bind", str(victim), str(sub)], check=True)
+    try:
+        r = subprocess.run([NVCTK, "vgpu", "gc", "--grace", "0"], env=h.env(),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert (victim / "precious").read_text() == "keep me"
+        assert not os.path.exists(d)
+        assert f"removed {d}" in r.stdout.splitlines()
+        assert not [m for m in mount.read_mountinfo() if m.mount_point.startswith(d)]
+    finally:
+        with contextlib.suppress(OSError):
+            mount.umount2(str(sub), mount.MNT_DETACH)
+
+
+def test_remove_tree_never_enters_another_mount(h: Host, tmp_path: Path) -> None:
+    """The walk itself stops at a mount point it finds (one bound after the detach
+    looked): the dir is left, the host's file kept."""
+    cfg = h.config
+    os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep me")
+    d = _fake_state(cfg, "0123456789abcdef-walk", None)
+    sub = Path(d, "a", "sub")
+    sub.mkdir(parents=True)
+    Path(d, "a", "file").write_text("")
+    os.symlink(str(victim), Path(d, "link"))
+    subprocess.run(["mount", "--bind", str(victim), str(sub)], check=True)
+    try:
+        with pytest.raises(NvctkError, match="another file system"):
+            vgpu_state._remove_tree(d)
+        assert (victim / "precious").read_text() == "keep me"
+        assert os.path.isdir(sub) and not os.path.exists(Path(d, "a", "file"))
+        assert not os.path.lexists(Path(d, "link"))
+    finally:
+        mount.umount2(str(sub), mount.MNT_DETACH)
+    vgpu_state.remove_state_dir(d, cfg)
+    assert not os.path.exists(d) and (victim / "precious").exists()
+
+
+@pytest.mark.parametrize("owner", [
+    "[" * 8000,  # RecursionError in json.loads
+    '{"id": "x", "pid": 1' + " " * 9000 + "}",  # too big
+    '{"id": "x", "pid": true, "runtime_root": null}',
+    '{"id": "x", "pid": "1"}',
+    '{"id": 5, "pid": 1}',
+    "[1, 2]",
+    "\xff\xfe",
+])
+def test_odd_owner_is_no_owner(h: Host, owner: str) -> None:
+    """An owner file nvctk did not write is "no readable owner": neither gc nor the
+    collection every create runs fails on it."""
+    cfg = h.config
+    os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
+    d = _fake_state(cfg, "0123456789abcdef-odd", owner, age=vgpu_state.GC_GRACE_S + 60)
+    assert vgpu_state.read_owner(d) is None
+    r = subprocess.run([NVCTK, "vgpu", "gc"], env=h.env(), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not os.path.exists(d)  # old, ownerless: collected
+
+
+def test_owner_that_is_a_fifo_is_no_owner(h: Host) -> None:
+    cfg = h.config
+    os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
+    d = _fake_state(cfg, "0123456789abcdef-fifo", None)
+    os.mkfifo(os.path.join(d, "owner"))
+    try:
+        assert vgpu_state.read_owner(d) is None
+    finally:
+        vgpu_state.remove_state_dir(d, cfg)
+
+
+def test_deep_owner_does_not_break_poststop_or_create(h: Host) -> None:
+    cfg = h.config
+    os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
+    d = _fake_state(cfg, "0123456789abcdef-deep", "[" * 8000, age=vgpu_state.GC_GRACE_S + 60)
+    vgpu_state._collect_quietly(cfg)  # what every vGPU create and poststop runs
+    assert not os.path.exists(d)

@@ -73,7 +73,15 @@ def plan_remove(engine: str, req: Request) -> Plan:
                 plan.notes.append("the files are as configure left them: restoring their "
                                   "previous versions (.bak)")
                 break
-    stripped, notes = mod.strip(req, base)
+    try:
+        stripped, notes = mod.strip(req, base)
+    except common.ConfigError:
+        if base is old:
+            raise
+        # the backup holds the entry configure replaced (someone else's runtime of that
+        # name): restoring the backup is the removal
+        stripped, notes = None, [f"runtime {req.name!r} is back to the entry configure "
+                                 "replaced"]
     plan.notes += notes
     new = base if stripped is None else {**base, **stripped}
     if stripped is None and base is old:

@@ -116,18 +116,26 @@ def is_our_binary(value: object, req: Request) -> bool:
 # --- reading ---------------------------------------------------------------
 
 
+MAX_FILE_BYTES = 16 << 20  # an engine config is kilobytes; more is not one
+
+
 def read(path: str) -> bytes | None:
-    """The file's bytes, None when it does not exist; a ConfigError for a directory or
-    an unreadable file."""
+    """The file's bytes, None when it does not exist; a ConfigError for anything but a
+    regular file (after a symlink): configure replaces the file it read, and a device
+    (/dev/null) or FIFO must never become a regular file, nor a FIFO hang the read."""
+    from nvctk.runc_argv import NotRegularFile, read_regular_file
+
     if os.path.isdir(path):
         raise ConfigError(f"{path}: is a directory, not a config file")
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_regular_file(path, MAX_FILE_BYTES)
     except FileNotFoundError:
         return None
+    except NotRegularFile:
+        raise ConfigError(f"{path}: not a regular file (a device, FIFO or socket); "
+                          "left untouched")
     except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror}")
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}")
 
 
 def _text(path: str, data: bytes) -> str:
@@ -146,16 +154,25 @@ def parse_toml(path: str, data: bytes) -> tomlkit.TOMLDocument:
         raise ConfigError(f"{path}: invalid TOML: {e}; left untouched")
 
 
+def _no_constant(name: str) -> Any:
+    """json's NaN/Infinity/-Infinity are no JSON: refused, not written back."""
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_json_object(path: str, data: bytes) -> dict[str, Any]:
     text = _text(path, data)
     if not text.strip():
         return {}
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise ConfigError(
             f"{path}: invalid JSON: {e.msg} at line {e.lineno} column {e.colno}; left untouched"
         )
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid JSON: nested too deeply; left untouched")
+    except ValueError as e:  # _no_constant's, or an integer of more digits than Python takes
+        raise ConfigError(f"{path}: invalid JSON: {e}; left untouched")
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: not a JSON object (found {type(value).__name__}); left untouched")
     return value

@@ -318,7 +318,9 @@ def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
             imports.remove(glob)
         out[main_path] = tomlkit.dumps(main_doc).encode()
     else:
-        out[path] = None if _is_only_version(text) else text.encode()
+        # kept, even with only `version` left: only a file configure created (plan_remove's
+        # restore of a missing backup) is deleted
+        out[path] = text.encode()
     return out, notes
 
 
@@ -328,6 +330,3 @@ def _glob_files(pattern: str) -> list[str]:
     return globmod.glob(pattern)
 
 
-def _is_only_version(text: str) -> bool:
-    doc = tomlkit.parse(text)
-    return set(doc.keys()) <= {"version"}

@@ -100,4 +100,6 @@ def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
     features = cfg.get("features")
     if isinstance(features, dict) and features.get("cdi") is True:
         notes.append(f"{path}: features.cdi left as it is (nvctk cannot tell who set it)")
-    return {path: None if not cfg else _dump(cfg, raw.decode("utf-8", "replace"))}, notes
+    # the file stays, even when nothing else is left: only a file configure created
+    # (plan_remove's restore of a missing backup) is deleted
+    return {path: _dump(cfg, raw.decode("utf-8", "replace"))}, notes
