@@ -265,8 +265,23 @@ def dump(spec: dict[str, Any], fmt: Literal["yaml", "json"]) -> bytes:
 
 
 def write_spec(path: str, data: bytes) -> None:
-    """Atomically, mode 0644 (runtimes read it as any user)."""
+    """Atomically, mode 0644 (runtimes read it as any user). Only a regular file (or
+    nothing) is replaced: the rename would otherwise put a file in place of a device
+    node (`--output /dev/null`), a FIFO or a socket; a symlink is not followed."""
+    import stat
+
     d = os.path.dirname(os.path.abspath(path))
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise CdiError(f"cannot write {path}: {e.strerror or e}")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else (
+            "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a device, FIFO or socket")
+        raise CdiError(f"cannot write {path}: it is {what}, not a regular file; "
+                       "left untouched")
     try:
         os.makedirs(d, exist_ok=True)
         oci.atomic_write(path, data, 0o644)
@@ -452,6 +467,27 @@ def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...]) -> list[Resolved
     return out
 
 
+# device numbers, mode and owner as the kernel and runc (Go int64/uint32) take them
+_NODE_LIMITS = {"major": 2**32 - 1, "minor": 2**32 - 1, "fileMode": 0o7777,
+                "uid": 2**32 - 2, "gid": 2**32 - 2}
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a loaded JSON/YAML value (keys included)."""
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return out
+
+
 def _edit_problem(edits: Any) -> str | None:
     """Why a containerEdits object is not one nvctk can apply (None: it is)."""
     if not isinstance(edits, dict):
@@ -464,6 +500,8 @@ def _edit_problem(edits: Any) -> str | None:
     for e in edits.get("env", ()):
         if not isinstance(e, str) or "=" not in e or e.startswith("="):
             return f"env entry {e!r} is not NAME=VALUE"
+        if "\0" in e:
+            return f"env entry {e.partition('=')[0][:40]!r} contains a NUL byte"
     for n in edits.get("deviceNodes", ()):
         if not isinstance(n, dict) or set(n) - _NODE_FIELDS:
             return f"deviceNode {n!r}: unknown field or not an object"
@@ -477,6 +515,10 @@ def _edit_problem(edits: Any) -> str | None:
         for k in ("major", "minor", "fileMode", "uid", "gid"):
             if k in n and (not isinstance(n[k], int) or isinstance(n[k], bool) or n[k] < 0):
                 return f"deviceNode {n['path']}: {k} must be a non-negative integer"
+            if k in n and n[k] > _NODE_LIMITS[k]:  # what runc (Go) and the kernel take
+                return f"deviceNode {n['path']}: {k} is larger than {_NODE_LIMITS[k]:#o}" \
+                    if k == "fileMode" else \
+                    f"deviceNode {n['path']}: {k} is larger than {_NODE_LIMITS[k]}"
         perms = n.get("permissions", "rwm")
         if not isinstance(perms, str) or not perms or set(perms) - set("rwm"):
             return f"deviceNode {n['path']}: permissions {perms!r} is not made of r, w, m"
@@ -502,8 +544,12 @@ def _edit_problem(edits: Any) -> str | None:
             if k in h and not (isinstance(h[k], list) and all(isinstance(a, str) for a in h[k])):
                 return f"hook {h['path']}: {k} must be a list of strings"
         t = h.get("timeout")
-        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
-            return f"hook {h['path']}: timeout must be a positive integer"
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not
+                              1 <= t <= 2**31 - 1):
+            return f"hook {h['path']}: timeout must be an integer from 1 to {2**31 - 1}"
+    for text in _strings(edits):
+        if "\0" in text:
+            return f"a string contains a NUL byte ({text.partition(chr(0))[0][:40]!r}...)"
     return None
 
 
@@ -585,7 +631,9 @@ def apply_edits(spec: dict[str, Any], devices: list[Resolved]) -> oci.Edits:
             devs[:] = [d for d in devs if not (isinstance(d, dict) and d.get("path") == entry["path"])]
             devs.append(entry)
             added.devices.append([entry["path"], entry["type"], entry["major"], entry["minor"]])
-        rule = {"allow": True, "type": entry["type"], "major": entry["major"],
+        # a cgroup rule knows c and b only: an unbuffered char device ("u") is a "c"
+        rule = {"allow": True, "type": "c" if entry["type"] == "u" else entry["type"],
+                "major": entry["major"],
                 "minor": entry["minor"], "access": access}
         if rule not in rules:
             rules.append(rule)

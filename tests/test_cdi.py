@@ -172,6 +172,28 @@ def test_generate_unwritable_output_is_a_clear_error(sim_host: SimHost, tmp_path
     assert r.returncode == 1 and r.stderr.startswith("nvctk: cannot write"), r.stderr
 
 
+@pytest.mark.parametrize("kind", ["chardev", "fifo", "dir", "symlink"])
+def test_generate_never_replaces_what_is_not_a_regular_file(
+        sim_host: SimHost, tmp_path: Path, run_nvctk: Callable[..., Any], kind: str) -> None:
+    """`--output /dev/null` once replaced the host's /dev/null with a spec file."""
+    out = tmp_path / "out.yaml"
+    if kind == "chardev":
+        os.mknod(out, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    elif kind == "fifo":
+        os.mkfifo(out)
+    elif kind == "dir":
+        out.mkdir()
+    else:
+        (tmp_path / "target.yaml").write_text("")
+        out.symlink_to(tmp_path / "target.yaml")
+    before = os.lstat(out)
+    r = run_nvctk("cdi", "generate", "--output", str(out), config=sim_host.config_path)
+    assert r.returncode == 1 and "not a regular file" in r.stderr, r.stderr
+    after = os.lstat(out)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino,
+                                                             before.st_rdev)
+
+
 # --- list ----------------------------------------------------------------------------------
 
 

@@ -234,6 +234,14 @@ def test_apply_and_remove_edits(tmp_path: Path) -> None:
     ({"deviceNodes": [{"path": "/dev/x", "major": -1}]}, "major must be a non-negative"),
     ({"mounts": [{"hostPath": "rel", "containerPath": "/x"}]}, "hostPath 'rel' must be an absolute"),
     ({"hooks": [{**HOOK, "hookName": "prestop"}]}, "hookName 'prestop' is not one of"),
+    # values runc (Go) would refuse only after nvctk had rewritten config.json
+    ({"deviceNodes": [{"path": "/dev/x", "type": "c", "major": 2**70, "minor": 0}]},
+     "major is larger than 4294967295"),
+    ({"deviceNodes": [{"path": "/dev/x", "type": "c", "major": 1, "minor": 3,
+                       "fileMode": 2**40}]}, "fileMode is larger than 0o7777"),
+    ({"hooks": [{**HOOK, "timeout": 2**70}]}, "timeout must be an integer from 1 to"),
+    ({"env": ["A=\0b"]}, "env entry 'A' contains a NUL byte"),
+    ({"mounts": [{"hostPath": "/l\0ib", "containerPath": "/x"}]}, "contains a NUL byte"),
 ])
 def test_bad_edits_are_clear_errors(tmp_path: Path, edits: dict[str, Any], msg: str) -> None:
     d = tmp_path / "d"
@@ -242,6 +250,17 @@ def test_bad_edits_are_clear_errors(tmp_path: Path, edits: dict[str, Any], msg: 
     with pytest.raises(cdi.CdiError, match=f"{p}: device 0: .*{msg}"):
         cdi.apply_edits(spec, cdi.resolve(("x.io/c=0",), (str(d),)))
     assert spec == {"process": {"env": []}}
+
+
+def test_unbuffered_char_device_gets_a_c_rule(tmp_path: Path) -> None:
+    """CDI allows type "u"; a cgroup rule knows only c and b (runc refused "u")."""
+    d = tmp_path / "d"
+    _write(d, "x.json", _cdi("x.io/c", {"0": {"deviceNodes": [
+        {"path": "/dev/x", "type": "u", "major": 1, "minor": 3}]}}))
+    spec: dict[str, Any] = {"process": {"env": []}}
+    cdi.apply_edits(spec, cdi.resolve(("x.io/c=0",), (str(d),)))
+    assert spec["linux"]["devices"][0]["type"] == "u"
+    assert [r["type"] for r in spec["linux"]["resources"]["devices"]] == ["c"]
 
 
 # --- through nvctk-runtime --------------------------------------------------------------------
