@@ -364,29 +364,17 @@ def schema_problem(spec: Any) -> str | None:
 
 
 def list_devices(spec_dirs: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(qualified names, warnings) of the *.json|*.yaml specs in spec_dirs; a later dir's
-    spec of the same name wins, as CDI's registry resolves them."""
-    found: dict[str, str] = {}
-    warnings: list[str] = []
-    for d in spec_dirs:
+    """(qualified names, warnings) of the *.json|*.yaml specs in spec_dirs, found as
+    `resolve` finds them (spec_files, load_spec_file)."""
+    found: set[str] = set()
+    files, warnings = spec_files(spec_dirs)
+    for path in files:
         try:
-            entries = sorted(os.listdir(d))
-        except FileNotFoundError:
+            spec = load_spec_file(path)
+        except CdiError as e:
+            warnings.append(str(e))
             continue
-        except OSError as e:
-            warnings.append(f"{d}: {e.strerror}")
-            continue
-        for name in entries:
-            if not name.endswith((".json", ".yaml")):
-                continue
-            path = os.path.join(d, name)
-            try:
-                spec = load_spec_file(path)
-            except CdiError as e:
-                warnings.append(str(e))
-                continue
-            for dev in spec["devices"]:
-                found[f"{spec['kind']}={dev['name']}"] = path
+        found.update(f"{spec['kind']}={dev['name']}" for dev in spec["devices"])
     return sorted(found), warnings
 
 
@@ -413,21 +401,24 @@ class Resolved:
         self.device = device
 
 
-def spec_files(spec_dirs: tuple[str, ...]) -> list[str]:
-    """The *.json|*.yaml files of spec_dirs; a later dir's file replaces an earlier
-    dir's file of the same name (CDI's priority rule)."""
+def spec_files(spec_dirs: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(the *.json|*.yaml files of spec_dirs, the dirs that could not be listed); a
+    later dir's file replaces an earlier dir's file of the same name (CDI's priority
+    rule). A missing dir is no problem."""
     files: dict[str, str] = {}
+    problems: list[str] = []
     for d in spec_dirs:
         try:
             entries = sorted(os.listdir(d))
         except (FileNotFoundError, NotADirectoryError):
             continue
         except OSError as e:
-            raise CdiError(f"CDI spec dir {d}: {e.strerror}")
+            problems.append(f"CDI spec dir {d}: {e.strerror}")
+            continue
         for name in entries:
             if name.endswith((".json", ".yaml")):
                 files[name] = os.path.join(d, name)
-    return list(files.values())
+    return list(files.values()), problems
 
 
 def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...]) -> list[Resolved]:
@@ -437,7 +428,10 @@ def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...]) -> list[Resolved
     found: dict[str, Resolved] = {}
     twice: dict[str, list[str]] = {}
     broken: list[str] = []
-    for path in spec_files(spec_dirs):
+    files, problems = spec_files(spec_dirs)
+    if problems:
+        raise CdiError(problems[0])
+    for path in files:
         try:
             spec = load_spec_file(path)
         except CdiError as e:

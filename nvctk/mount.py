@@ -537,14 +537,6 @@ class Root:
         for fd in self.pins:
             mount_setattr(fd, attr_set=MOUNT_ATTR_RDONLY)
 
-    def mount_info(self) -> MountInfo | None:
-        """The mount the rootfs lies on, from this namespace's mountinfo."""
-        mid = mount_id(self.fd)
-        for m in read_mountinfo():
-            if m.mount_id == mid:
-                return m
-        return None
-
 
 def _check_kind(fd: int, want_dir: bool, cpath: str) -> None:
     """Closes fd and raises unless it is a directory exactly when want_dir."""

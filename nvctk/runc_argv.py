@@ -458,14 +458,17 @@ def _why(limit: int) -> str:
     return " (a real nvctk config is under 4 KiB)" if limit == MAX_CONFIG_BYTES else ""
 
 
-def read_regular_file(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
+def read_regular_file(path: str, limit: int = MAX_CONFIG_BYTES, *,
+                      nofollow: bool = False) -> bytes:
     """The bytes of a regular file, read without ever blocking.
 
     O_NONBLOCK|O_NOCTTY then fstat: a FIFO (which would wait for a writer), a
     device or a socket is refused with NotRegularFile before anything is read.
     More than `limit` bytes is an OSError too. FileNotFoundError as open() has it.
+    nofollow: a symlink as the last component is an OSError (ELOOP) too.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+                 | (os.O_NOFOLLOW if nofollow else 0))
     try:
         st = os.fstat(fd)
         if (st.st_mode & 0o170000) != 0o100000:

@@ -416,20 +416,11 @@ def read_owner(path: str) -> dict[str, Any] | None:
     """A state dir's owner metadata; None if missing or unusable."""
     import json
 
-    try:
-        fd = os.open(os.path.join(path, OWNER_NAME),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    from nvctk.runc_argv import read_regular_file
+
+    try:  # larger than _MAX_OWNER, a link, a FIFO...: not one nvctk wrote
+        data = read_regular_file(os.path.join(path, OWNER_NAME), _MAX_OWNER, nofollow=True)
     except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, _MAX_OWNER + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > _MAX_OWNER:  # not one nvctk wrote
         return None
     try:
         d = json.loads(data)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_shim import NVD, RUNTIME, Env, create_argv, snapshot
+from test_shim import NVD, RUNTIME, Env, bundle_maker, create_argv, snapshot
 
 from nvctk import config as nvconfig
 from nvctk import log as nvlog
@@ -47,25 +47,7 @@ def env(tmp_path: Path, sim_host: SimHost) -> Env:
 
 @pytest.fixture
 def bundle(tmp_path: Path, rootfs: Callable[..., str]) -> Callable[..., Path]:
-    """make(envvars, name, edit) -> bundle; the spec is written with json.dumps'
-    ensure_ascii, so a lone surrogate in a value becomes a "\\udXXX" escape."""
-
-    def make(envvars: dict[str, str] | None = None, name: str = "bundle",
-             edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
-        b = tmp_path / name
-        b.mkdir()
-        shutil.move(rootfs(), b / "rootfs")
-        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-        spec = json.loads((b / "config.json").read_text())
-        spec["process"]["env"] += [f"{k}={v}" for k, v in (envvars or {}).items()]
-        spec["process"]["args"] = ["sh", "-c", "echo container-ran"]
-        spec["process"]["terminal"] = False
-        if edit:
-            edit(spec)
-        (b / "config.json").write_text(json.dumps(spec, indent="\t"))
-        return b
-
-    return make
+    return bundle_maker(tmp_path, rootfs, ["sh", "-c", "echo container-ran"])
 
 
 def runc_log_errors(env: Env) -> list[str]:

@@ -56,9 +56,11 @@ def env(tmp_path: Path, sim_host: SimHost) -> Env:
     return Env(tmp_path, sim_host)
 
 
-@pytest.fixture
-def bundle(tmp_path: Path, rootfs: Callable[..., str]) -> Callable[..., Path]:
-    """make(env, name="bundle", **spec tweaks) -> bundle dir with a runc-spec config.json."""
+def bundle_maker(tmp_path: Path, rootfs: Callable[..., str],
+                 args: list[str]) -> Callable[..., Path]:
+    """make(envvars, name="bundle", edit=None) -> bundle dir with a runc-spec config.json
+    running `args`; the spec is written with json.dumps' ensure_ascii (a lone surrogate
+    in a value becomes a "\\udXXX" escape)."""
 
     def make(envvars: dict[str, str] | None = None, name: str = "bundle",
              edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
@@ -68,7 +70,7 @@ def bundle(tmp_path: Path, rootfs: Callable[..., str]) -> Callable[..., Path]:
         subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
         spec = json.loads((b / "config.json").read_text())
         spec["process"]["env"] += [f"{k}={v}" for k, v in (envvars or {}).items()]
-        spec["process"]["args"] = ["true"]
+        spec["process"]["args"] = args
         spec["process"]["terminal"] = False
         if edit:
             edit(spec)
@@ -76,6 +78,11 @@ def bundle(tmp_path: Path, rootfs: Callable[..., str]) -> Callable[..., Path]:
         return b
 
     return make
+
+
+@pytest.fixture
+def bundle(tmp_path: Path, rootfs: Callable[..., str]) -> Callable[..., Path]:
+    return bundle_maker(tmp_path, rootfs, ["true"])
 
 
 def create_argv(env: Env, b: Path, cid: str = "c1") -> list[str]:

@@ -410,11 +410,8 @@ def test_successful_create_exits_zero_and_keeps_the_state(h: Host, tmp_path: Pat
 
 
 # --- through real runc ------------------------------------------------------------------------
-def _runc_procs(h: Host) -> list[int]:
-    """runc processes working on this test's root, and the container inits of its ids
-    (runc puts each in a cgroup named after the id)."""
-    ids = [f"/{cid}\n".encode() for cid in h.ids]
-    out = []
+def _procs() -> Iterator[tuple[int, list[bytes], bytes]]:
+    """(pid, argv, cgroup file) of every process still there to be read."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -425,9 +422,15 @@ def _runc_procs(h: Host) -> list[int]:
                 cgroup = f.read()
         except OSError:
             continue
-        if h.root.encode() in argv or any(i in cgroup for i in ids):
-            out.append(int(name))
-    return out
+        yield int(name), argv, cgroup
+
+
+def _runc_procs(h: Host) -> list[int]:
+    """runc processes working on this test's root, and the container inits of its ids
+    (runc puts each in a cgroup named after the id)."""
+    ids = [f"/{cid}\n".encode() for cid in h.ids]
+    return [pid for pid, argv, cgroup in _procs()
+            if h.root.encode() in argv or any(i in cgroup for i in ids)]
 
 
 @pytest.mark.slow
@@ -479,16 +482,9 @@ def _init_pids(h: Host, ids: list[str]) -> list[int]:
 def _find_hook(h: Host, what: str, timeout: float = 30) -> int:
     deadline = time.monotonic() + timeout
     while True:
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
+        for pid, argv, _ in _procs():
             if what.encode() in argv and h.root.encode() in argv:
-                return int(name)
+                return pid
         assert time.monotonic() < deadline, f"no {what} hook ran"
         time.sleep(0.02)
 

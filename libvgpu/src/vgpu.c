@@ -838,6 +838,34 @@ static void dev_merge(struct vgpu_shm_dev *d, const struct ldev *ld) {
     d->win = (uint32_t)ld->e + 1;
 }
 
+/* This process's slot in `img` (identity, its own caps and SM share) and its
+ * devices' entries (found or made, merged); `tighten`: its limits also tighten the
+ * entries at once (the full path recomputes them from every slot instead).
+ * -1 when the file has no device entry left (nothing is written here). */
+static int slot_fill(struct vgpu_shm *img, int slot, int n, uint64_t my_start, int32_t my_host_pid,
+                     int tighten) {
+    struct vgpu_shm_slot *s = &img->slots[slot];
+    memset(s, 0, sizeof *s);
+    s->start_time = my_start;
+    s->pidns = my_pidns;
+    s->host_pid = my_host_pid;
+    for (int i = 0; i < n; i++) {
+        struct ldev *ld = &ldevs[i];
+        ld->ce = shm_dev(img, ld->uuid, 1);
+        if (ld->ce < 0) return -1;
+        struct vgpu_shm_dev *d = &img->devs[ld->ce];
+        dev_merge(d, ld);
+        if (tighten) {
+            if (ld->cap && (!d->mem_cap || ld->cap < d->mem_cap)) d->mem_cap = ld->cap;
+            if (ld->sm && (!d->sm_pct || ld->sm < d->sm_pct)) d->sm_pct = ld->sm;
+        }
+        s->mem_cap[ld->ce] = ld->cap;
+        s->sm[ld->ce] = ld->sm;
+    }
+    s->pid = (int32_t)my_pid;
+    return 0;
+}
+
 /* attach's common case, the accounting file's lock held: no dead slot in
  * the snapshot `img` (so the device entries are the live members' already),
  * so only the header and device entries are read (2 KiB, not the whole
@@ -864,24 +892,8 @@ static int attach_fast(struct vgpu_shm *img, int n, uint64_t my_start, int32_t m
     }
     if (slot < 0) return 1;
     struct vgpu_shm_slot *s = &img->slots[slot];
-    memset(s, 0, sizeof *s);
-    s->start_time = my_start;
-    s->pidns = my_pidns;
-    s->host_pid = my_host_pid;
-    for (int i = 0; i < n; i++) {
-        struct ldev *ld = &ldevs[i];
-        ld->ce = shm_dev(img, ld->uuid, 1);
-        if (ld->ce < 0) break;
-        struct vgpu_shm_dev *d = &img->devs[ld->ce];
-        dev_merge(d, ld);
-        if (ld->cap && (!d->mem_cap || ld->cap < d->mem_cap)) d->mem_cap = ld->cap;
-        if (ld->sm && (!d->sm_pct || ld->sm < d->sm_pct)) d->sm_pct = ld->sm;
-        s->mem_cap[ld->ce] = ld->cap;
-        s->sm[ld->ce] = ld->sm;
-    }
-    s->pid = (int32_t)my_pid;
     int rc = 0;
-    if (n && ldevs[n - 1].ce < 0) {
+    if (slot_fill(img, slot, n, my_start, my_host_pid, 1) != 0) {
         snprintf(cfg_err, sizeof cfg_err, "accounting file %s: too many devices", cfg.cache);
         rc = -1;
     } else if (hwm_cover(img, slot) != 0 || cache_write(s, sizeof *s, SLOT_OFF(slot)) != 0 ||
@@ -989,23 +1001,12 @@ static int attach(void) {
         goto unlock;
     }
     struct vgpu_shm_slot *s = &img->slots[slot];
-    memset(s, 0, sizeof *s);
-    s->start_time = my_start;
-    s->pidns = my_pidns;
-    s->host_pid = my_host_pid;
-    for (int i = 0; i < n; i++) {
-        struct ldev *ld = &ldevs[i];
-        ld->ce = shm_dev(img, ld->uuid, 1);
-        if (ld->ce < 0) {
-            snprintf(cfg_err, sizeof cfg_err, "accounting file %s: too many devices", cfg.cache);
-            goto unlock;
-        }
-        dev_merge(&img->devs[ld->ce], ld);
-        s->mem_cap[ld->ce] = ld->cap;
-        s->sm[ld->ce] = ld->sm;
-        if (ld->sm) any_sm = 1;
+    if (slot_fill(img, slot, n, my_start, my_host_pid, 0) != 0) {
+        snprintf(cfg_err, sizeof cfg_err, "accounting file %s: too many devices", cfg.cache);
+        goto unlock;
     }
-    s->pid = (int32_t)my_pid;
+    for (int i = 0; i < n; i++)
+        if (ldevs[i].sm) any_sm = 1;
     my_slot = slot;
     recompute(img);
     if (hwm_cover(img, slot) != 0 || cache_write(s, sizeof *s, SLOT_OFF(slot)) != 0 ||

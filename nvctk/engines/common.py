@@ -113,6 +113,14 @@ def is_our_binary(value: object, req: Request) -> bool:
     return os.path.isabs(value) and os.path.basename(value) == RUNTIME_BINARY
 
 
+def not_ours(path: str, req: Request, field: str, binary: object) -> ConfigError:
+    """The refusal to remove a runtime entry of that name that runs something else."""
+    return ConfigError(
+        f"{path}: runtime {req.name!r} is not nvctk's ({field} {binary!r}); not removing it"
+        + ("" if req.runtime_path else " (give --runtime-path if nvctk-runtime lives there)")
+    )
+
+
 # --- reading ---------------------------------------------------------------
 
 

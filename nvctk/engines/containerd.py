@@ -32,6 +32,7 @@ from nvctk.engines.common import (
     get_table,
     insert_table_text,
     is_our_binary,
+    not_ours,
     parse_toml,
     remove_table_text,
     set_key,
@@ -291,10 +292,7 @@ def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
     opts = rt.get("options") if isinstance(rt, dict) else None
     binary = opts.get("BinaryName") if isinstance(opts, dict) else None
     if not isinstance(rt, dict) or rt.get("runtime_type") != RUNC_SHIM or not is_our_binary(binary, req):
-        raise ConfigError(
-            f"{path}: runtime {req.name!r} is not nvctk's (BinaryName {binary!r}); not removing it"
-            + ("" if req.runtime_path else " (give --runtime-path if nvctk-runtime lives there)")
-        )
+        raise not_ours(path, req, "BinaryName", binary)
     ctd = get_table(doc, [*plugin, "containerd"], path)
     if ctd is not None and ctd.get("default_runtime_name") == req.name:
         ctd["default_runtime_name"] = "runc"

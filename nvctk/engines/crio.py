@@ -21,6 +21,7 @@ from nvctk.engines.common import (
     get_table,
     insert_table_text,
     is_our_binary,
+    not_ours,
     parse_toml,
     read,
     remove_table_text,
@@ -133,10 +134,7 @@ def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
         return None, []
     binary = entry.get("runtime_path") if isinstance(entry, dict) else None
     if not is_our_binary(binary, req):
-        raise ConfigError(
-            f"{path}: runtime {req.name!r} is not nvctk's (runtime_path {binary!r}); not removing it"
-            + ("" if req.runtime_path else " (give --runtime-path if nvctk-runtime lives there)")
-        )
+        raise not_ours(path, req, "runtime_path", binary)
     rt = get_table(doc, ["crio", "runtime"], path)
     if rt is not None and rt.get("default_runtime") == req.name:
         del rt["default_runtime"]

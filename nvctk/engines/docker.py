@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from nvctk.engines.common import ConfigError, Request, is_our_binary, parse_json_object
+from nvctk.engines.common import ConfigError, Request, is_our_binary, not_ours, parse_json_object
 
 SERVICE = "docker"
 DEFAULT_CONFIG = "/etc/docker/daemon.json"
@@ -85,10 +85,7 @@ def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
         return None, []
     binary = entry.get("path") if isinstance(entry, dict) else None
     if not is_our_binary(binary, req):
-        raise ConfigError(
-            f"{path}: runtime {req.name!r} is not nvctk's (path {binary!r}); not removing it"
-            + ("" if req.runtime_path else " (give --runtime-path if nvctk-runtime lives there)")
-        )
+        raise not_ours(path, req, "path", binary)
     notes: list[str] = []
     assert isinstance(runtimes, dict)
     del runtimes[req.name]
