@@ -22,15 +22,13 @@ apt:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# an editable install builds nvctk/_sys.c in place: again when it changes
-$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c
+# an editable install builds nvctk/_sys.c in place and compiles the launchers into
+# .venv/bin: again when they change
+LAUNCHER_SOURCES := runtime_shim/launcher.c runtime_shim/nvctk-runtime.c hooks/nvctk-hook.c cli/nvctk.c
+$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c $(LAUNCHER_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	@# pip drops the flags of a script's #! line, hence the sh launcher; here the
-	@# interpreter is known, so start it straight from #! as the .deb does (no sh hop)
-	for exe in nvctk-runtime nvctk-hook; do \
-	  sed -i '1s|^#!/bin/sh$$|#!$(abspath $(VENV))/bin/python3 -IS|' $(VENV)/bin/$$exe; done
 	touch $@
 
 venv: $(VENV)/.installed
@@ -39,7 +37,7 @@ native: venv
 	$(MAKE) -C libvgpu
 
 lint: setup
-	$(VENV)/bin/ruff check nvctk cli hooks runtime_shim tests bench
+	$(VENV)/bin/ruff check nvctk tests bench
 	$(VENV)/bin/mypy
 
 unit: setup

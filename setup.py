@@ -1,10 +1,18 @@
 """Build hook only; the project's metadata is in pyproject.toml.
 
+build_py first generates the device plugin's gRPC modules from
+nvctk/deviceplugin/api.proto (grpcio-tools, a build requirement).
+
 A wheel (and the Debian package, built from one) carries libvgpu.so as
 nvctk/lib/libvgpu.so: build_py runs `make -C libvgpu` and copies the library in.
 Editable installs skip this: nvctk.paths finds libvgpu/build/libvgpu.so in the tree.
 NVCTK_SKIP_LIBVGPU=1 builds a wheel without the library (nvctk then refuses
 containers that ask for GPU limits, saying why).
+
+The executables nvctk, nvctk-hook and nvctk-runtime are one C launcher
+(runtime_shim/launcher.c) compiled per program from cli/nvctk.c, hooks/nvctk-hook.c
+and runtime_shim/nvctk-runtime.c; build_scripts compiles them and the wheel carries
+them as its scripts, the same files in every layout (see launcher.c).
 
 nvctk._sys (nvctk/_sys.c) is an ordinary extension module: the syscalls the hook and
 the runtime need that `os` lacks, on Python's public C API (no ctypes on the
@@ -17,9 +25,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
+from distutils.command.build_scripts import build_scripts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIBVGPU_DIR = os.path.join(HERE, "libvgpu")
@@ -30,6 +40,12 @@ class BuildPyWithLibvgpu(build_py):
     """build_py, then build libvgpu and put it at <build_lib>/nvctk/lib/libvgpu.so."""
 
     def run(self) -> None:
+        # the device plugin's gRPC modules, generated beside their .proto (not committed)
+        gen = os.path.join(HERE, "nvctk", "deviceplugin", "gen.py")
+        try:
+            subprocess.run([sys.executable, gen], check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise SystemExit(f"nvctk: generating the device plugin's gRPC code failed ({e})")
         super().run()
         if getattr(self, "editable_mode", False):
             return
@@ -49,10 +65,38 @@ class BuildPyWithLibvgpu(build_py):
         shutil.copy2(os.path.join(LIBVGPU_DIR, LIBVGPU_TARGET), os.path.join(dest, "libvgpu.so"))
 
 
+# program name -> its source; all three include runtime_shim/launcher.c
+LAUNCHERS = {
+    "nvctk": "cli/nvctk.c",
+    "nvctk-hook": "hooks/nvctk-hook.c",
+    "nvctk-runtime": "runtime_shim/nvctk-runtime.c",
+}
+
+
+class BuildLaunchers(build_scripts):
+    """Compiles the launchers into the scripts build dir (copied from there as they are:
+    an ELF has no #! line to rewrite)."""
+
+    def run(self) -> None:
+        cc = os.environ.get("CC", "cc")
+        os.makedirs(self.build_dir, exist_ok=True)
+        for name, source in LAUNCHERS.items():
+            out = os.path.join(self.build_dir, name)
+            cmd = [cc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, os.path.join(HERE, source)]
+            try:
+                subprocess.run(cmd, check=True)
+            except (OSError, subprocess.CalledProcessError) as e:
+                raise SystemExit(f"nvctk: compiling the launcher {name} failed ({e})")
+
+
 SYS_EXTENSION = Extension(
     "nvctk._sys",
     sources=["nvctk/_sys.c"],
     extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration"],
 )
 
-setup(cmdclass={"build_py": BuildPyWithLibvgpu}, ext_modules=[SYS_EXTENSION])
+setup(
+    cmdclass={"build_py": BuildPyWithLibvgpu, "build_scripts": BuildLaunchers},
+    ext_modules=[SYS_EXTENSION],
+    scripts=list(LAUNCHERS.values()),  # what build_scripts compiles, not copies
+)

@@ -1,30 +1,51 @@
 #!/usr/bin/env python3
-"""Container start cost of nvctk-runtime, measured side by side with runc.
+"""GPU container start cost: nvctk-runtime side by side with runc and NVIDIA's toolkit.
 
-Run as root from the repo with the venv set up (`make bench`). Everything runs
-on a simulated host built in a temp dir; each figure is the median of N runs,
-with the compared commands interleaved so drift on the machine hits all alike.
+Run as root from the repo with the venv set up (`make bench`; `--quick` for a
+one-minute run). Everything runs on one simulated 8-GPU host built in a temp dir.
 
-1. passthrough: `nvctk-runtime state X` vs `runc state X` vs a bare start of
-   the interpreter the installed entry point uses (`python3 -I -S -c pass`).
-   Goal: t(nvctk-runtime state) - t(runc state) <= 1.5 x t(bare start).
-2. GPU container start: `nvctk-runtime run` of a 1-GPU container vs plain
-   `runc run` of the same container without a GPU request. Goal <= 2.0x.
-   With 8 GPUs (`all`) <= 1.2x the 1-GPU case.
+Each container goes through the lifecycle containerd's shim drives, every step
+through the runtime under test:
 
-Bundles and runc's state live on a tmpfs, as under containerd, Docker and CRI-O
-(/run); the rootfs on disk. The report also splits the 1-GPU start into the shim,
-the hook and the device nodes, and measures the floor of the design in the same
-run: a Python runtime that only execs runc plus a Python hook that only reads its
-state (and one that also runs the host's ldconfig).
+    <rt> create --bundle B --pid-file P ID -> <rt> start ID -> wait -> <rt> delete ID
 
-Writes a report to stdout and, with --out, to a file.
+(with `--root R --log L --log-format json` before each subcommand, as the shim
+passes them) of a container running `true`. The bench process is a child
+subreaper (PR_SET_CHILD_SUBREAPER), so the container's init becomes its child
+when `create` exits; "wait" is waitpid() on the pid from the pid file, and the
+exit status must be 0. Each container gets a fresh bundle directory and a fresh
+overlay (lower: the image rootfs on disk, upper on tmpfs) as under a real engine,
+so no run sees what an earlier one wrote into its bundle or rootfs; preparing and
+removing them is not timed. Bundles, runtime state and upper dirs live on a tmpfs.
+
+Cases, interleaved round-robin so drift hits all alike:
+- runc, no GPU: the baseline; overhead = a case's median minus this one's;
+- nvctk-runtime, 1 GPU (default capabilities), 1 GPU with
+  NVIDIA_DRIVER_CAPABILITIES=all, all 8 GPUs;
+- NVIDIA Container Toolkit (../shared/peers/nct) nvidia-container-runtime in
+  `cdi` mode (spec from `nvidia-ctk cdi generate`, once, up front) and in `jit-cdi`
+  mode, 1 GPU; the sim's shared state mount (/run/nvidia-sim), which nvctk adds
+  from its config's extra-mounts, is written into NCT's bundles by hand. Skipped,
+  with a message, when NCT is absent;
+- where nvctk's start goes: `nvctk-runtime create` alone (its low-level runtime
+  /bin/true), and plain runc through the lifecycle on the spec the shim wrote,
+  without and with the hook (the spec is made, untimed, for each run);
+- passthrough: `<rt> list` (one created container in the root) through runc,
+  nvctk-runtime, nvidia-container-runtime, and a bare interpreter start.
+
+Before timing, each case runs once with a validation command (`ls` of the GPU
+device nodes, `nvidia-smi -L`) whose output must show the requested GPUs, so a
+broken case cannot look fast. NCT reads its config from
+NVIDIA_CTK_CONFIG_FILE_PATH (nothing is written to /etc). Reports medians and
+p90s, and the ratios issue 9 names, to stdout and, with --out, to a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import math
 import os
 import platform
 import shutil
@@ -34,6 +55,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,197 +65,476 @@ from nvctk.sim import host as simhost  # noqa: E402
 from nvctk.sim.rootfs import build_rootfs  # noqa: E402
 from nvctk.sim.topology import make_topology  # noqa: E402
 
-VENV_BIN = Path(sys.executable).parent
+VENV_BIN = REPO / ".venv" / "bin"
+NCT_DEFAULT = REPO.parent / "shared" / "peers" / "nct"
+PR_SET_CHILD_SUBREAPER = 36
+GPUS = 8
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None, ok: bool = True) -> float:
-    t0 = time.perf_counter()
-    res = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    dt = time.perf_counter() - t0
-    if ok and res.returncode != 0:
-        raise RuntimeError(f"{argv}: {res.stderr.decode(errors='replace')}")
-    return dt
+def validate_cmd(smi: bool) -> list[str]:
+    """The validation run's command: the GPU device nodes, then nvidia-smi's GPU list."""
+    return ["/bin/sh", "-c", "ls -d /dev/nvidia[0-9]* 2>/dev/null; "
+            + ("nvidia-smi -L" if smi else "true")]
 
 
-def interleave(n: int, cases: dict[str, Callable[[], float]]) -> dict[str, float]:
-    samples: dict[str, list[float]] = {k: [] for k in cases}
-    for fn in cases.values():  # warm-up: page cache, pyc files
-        fn()
-    for _ in range(n):
-        for name, fn in cases.items():
-            samples[name].append(fn())
-    return {k: statistics.median(v) * 1000 for k, v in samples.items()}
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
 
 
-def bundle(path: Path, rootfs: Path, env: list[str], args: list[str]) -> Path:
-    path.mkdir(parents=True)
-    subprocess.run(["runc", "spec", "--bundle", str(path)], check=True)
-    spec = json.loads((path / "config.json").read_text())
-    spec["root"] = {"path": str(rootfs), "readonly": False}
+@dataclass
+class Case:
+    """One timed case: `timed()` makes what it needs untimed and returns seconds taken."""
+
+    label: str
+    timed: Callable[[], float]
+    samples: list[float] = field(default_factory=list)
+
+
+def set_subreaper() -> None:
+    # orphaned container inits (runc create exits, leaving the container's init
+    # behind) are re-parented to us, so we can waitpid() them as a shim does
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def reap_strays() -> None:
+    """Reap re-parented orphans nobody waits for (e.g. a hook's double-forked child)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def pctl(v: list[float], q: float) -> float:
+    s = sorted(v)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+class Bench:
+    def __init__(self, run_dir: Path, lower: Path) -> None:
+        self.run_dir = run_dir
+        self.root = run_dir / "state"  # the runtimes' --root
+        self.log = run_dir / "runtime-log.json"
+        self.lower = lower
+        self.count = 0
+        self.errfile = run_dir / "stderr"
+
+    def _run(self, argv: list[str], env: dict[str, str], what: str) -> None:
+        # never a pipe: the container inherits create's stdio and would hold it open
+        with open(self.errfile, "wb") as err:
+            rc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err).returncode
+        if rc != 0:
+            raise RuntimeError(f"{what}: {' '.join(argv)} exited {rc}: "
+                               f"{self.errfile.read_text(errors='replace').strip()[-2000:]}")
+
+    def rt(self, rt: Runtime, *args: str) -> list[str]:
+        return [*rt.argv, "--root", str(self.root), "--log", str(self.log),
+                "--log-format", "json", *args]
+
+    def new_bundle(self, spec: dict) -> tuple[str, Path]:
+        """A fresh bundle dir and rootfs overlay for one container (untimed)."""
+        self.count += 1
+        cid = f"c{self.count}"
+        b = self.run_dir / "b" / cid
+        for d in ("rootfs", "upper", "work"):
+            (b / d).mkdir(parents=True)
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={self.lower},upperdir={b / 'upper'},workdir={b / 'work'}",
+                        str(b / "rootfs")], check=True)
+        s = json.loads(json.dumps(spec))
+        s["root"] = {"path": str(b / "rootfs"), "readonly": False}
+        (b / "config.json").write_text(json.dumps(s))
+        return cid, b
+
+    def drop_bundle(self, b: Path) -> None:
+        subprocess.run(["umount", str(b / "rootfs")], check=True)
+        shutil.rmtree(b)
+
+    def lifecycle(self, rt: Runtime, cid: str, b: Path, out: Path | None = None) -> float:
+        """create -> start -> waitpid -> delete, all through `rt`; seconds taken."""
+        pid_file = b / "init.pid"
+        t0 = time.perf_counter()
+        if out is None:
+            self._run(self.rt(rt, "create", "--bundle", str(b), "--pid-file", str(pid_file),
+                              cid), rt.env, f"{rt.name} create")
+        else:  # validation: the container's stdout goes to a file
+            with open(out, "wb") as f:
+                rc = subprocess.run(self.rt(rt, "create", "--bundle", str(b), "--pid-file",
+                                            str(pid_file), cid),
+                                    env=rt.env, stdin=subprocess.DEVNULL, stdout=f,
+                                    stderr=subprocess.STDOUT).returncode
+            if rc != 0:
+                raise RuntimeError(f"{rt.name} create exited {rc}: {out.read_text()[-2000:]}")
+        pid = int(pid_file.read_text())
+        try:
+            self._run(self.rt(rt, "start", cid), rt.env, f"{rt.name} start")
+            _, status = os.waitpid(pid, 0)
+        except BaseException:
+            self.force_delete(cid)
+            raise
+        self._run(self.rt(rt, "delete", cid), rt.env, f"{rt.name} delete")
+        dt = time.perf_counter() - t0
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            raise RuntimeError(f"{rt.name}: the container exited {code}")
+        return dt
+
+    def force_delete(self, cid: str) -> None:
+        subprocess.run(["runc", "--root", str(self.root), "delete", "--force", cid],
+                       capture_output=True)
+
+    def cleanup(self) -> None:
+        if self.root.is_dir():
+            ids = subprocess.run(["runc", "--root", str(self.root), "list", "-q"],
+                                 capture_output=True, text=True).stdout.split()
+            for cid in ids:
+                self.force_delete(cid)
+        reap_strays()
+
+
+def plain_spec(env: list[str], args: list[str], mounts: list[dict] | None = None) -> dict:
+    with tempfile.TemporaryDirectory() as d:  # `runc spec` writes <d>/config.json
+        subprocess.run(["runc", "spec", "--bundle", d], check=True)
+        spec = json.loads((Path(d) / "config.json").read_text())
     spec["process"]["terminal"] = False
     spec["process"]["args"] = args
     spec["process"]["env"] = ["PATH=/usr/local/bin:/usr/bin:/bin", *env]
-    (path / "config.json").write_text(json.dumps(spec))
-    return path
+    spec["mounts"] = [*spec["mounts"], *(mounts or [])]
+    return spec
 
 
-def _script(path: Path, text: str) -> Path:
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
+def with_config_line(text: str, key: str, value: str) -> str:
+    """`text` (TOML) with top-level `key` set to `value`: replaced where it is, else put
+    first (a key appended at the end could land in a [table])."""
+    line = f"{key} = {value}"
+    lines = text.splitlines()
+    found = [i for i, ln in enumerate(lines) if ln.split("=")[0].strip() == key]
+    for i in found:
+        lines[i] = line
+    return "\n".join(lines if found else [line, *lines]) + "\n"
 
 
-def _with_runtimes(config_text: str, runtime: str) -> str:
-    lines = [ln for ln in config_text.splitlines() if not ln.startswith("runtimes")]
-    return "\n".join([*lines, f'runtimes = ["{runtime}"]']) + "\n"
+def nct_config(mode: str, sim: str, spec_dir: Path, nct_bin: Path) -> str:
+    return f"""accept-nvidia-visible-devices-envvar-when-unprivileged = true
+supported-driver-capabilities = "compat32,compute,display,graphics,ngx,utility,video"
+[nvidia-container-cli]
+root = "{sim}"
+ldconfig = "@/sbin/ldconfig"
+load-kmods = false
+[nvidia-container-runtime]
+log-level = "info"
+mode = "{mode}"
+runtimes = ["runc"]
+[nvidia-container-runtime.modes.cdi]
+annotation-prefixes = ["cdi.k8s.io/"]
+default-kind = "nvidia.com/gpu"
+spec-dirs = ["{spec_dir}"]
+[nvidia-ctk]
+path = "{nct_bin / 'nvidia-ctk'}"
+"""
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("-n", type=int, default=25)
-    ap.add_argument("--out", type=Path)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("-n", type=int, default=0,
+                    help="container lifecycles per case (default 150; --quick: 25)")
+    ap.add_argument("--quick", action="store_true", help="a run of about a minute")
+    ap.add_argument("--nct", type=Path, default=NCT_DEFAULT,
+                    help=f"NVIDIA Container Toolkit build (default {NCT_DEFAULT})")
+    ap.add_argument("--out", type=Path, help="also write the report here")
     opts = ap.parse_args()
+    n = opts.n or (25 if opts.quick else 150)
+    n_pass = 4 * n  # passthrough runs are cheap and their differences small
     if os.geteuid() != 0:
         print("bench/container_start.py: needs root", file=sys.stderr)
         return 1
-    runtime = str(VENV_BIN / "nvctk-runtime")
-    runc = shutil.which("runc") or "runc"
-    py = str(VENV_BIN / "python3")
+    for exe in ("nvctk-runtime", "nvctk-hook", "python3"):
+        if not os.access(VENV_BIN / exe, os.X_OK):
+            print(f"bench/container_start.py: no {VENV_BIN / exe} (run `make setup`)",
+                  file=sys.stderr)
+            return 1
+    runc = shutil.which("runc")
+    if runc is None:
+        print("bench/container_start.py: runc is not on PATH", file=sys.stderr)
+        return 1
+    nct_bin = opts.nct / "bin"
+    have_nct = all(os.access(nct_bin / x, os.X_OK) for x in
+                   ("nvidia-ctk", "nvidia-container-runtime", "nvidia-cdi-hook"))
+    lines: list[str] = []
+
+    def say(s: str) -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    set_subreaper()
     tmp = Path(tempfile.mkdtemp(prefix="nvctk-bench-"))
-    # bundles and runc's state on a tmpfs, where containerd, Docker and CRI-O keep
-    # them (/run); the rootfs stays on disk, as an image's overlay does
+    # bundles and runtime state on a tmpfs, where containerd, Docker and CRI-O keep
+    # them (/run); the image rootfs on disk, under a per-container overlay
     run_dir = tmp / "run"
     run_dir.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(run_dir)],
                    check=True)
-    root = run_dir / "runc-root"
-    lines: list[str] = []
-
-    def say(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
-
+    bench = Bench(run_dir, tmp / "rootfs")
     try:
-        sim1 = simhost.init(str(tmp / "sim1"), make_topology(gpus=1))
-        sim8 = simhost.init(str(tmp / "sim8"), make_topology(gpus=8))
-        rootfs = Path(build_rootfs(str(tmp / "rootfs"), with_sample=sim1.sample))
-        env1 = {**os.environ, **sim1.env}
-        env8 = {**os.environ, **sim8.env}
-
-        # 1. passthrough on a created (not started) container
-        b = bundle(run_dir / "b-state", rootfs, [], ["/bin/sleep", "60"])
-        subprocess.run([runc, "--root", str(root), "create", "--bundle", str(b), "st"],
-                       check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        try:
-            # passthrough runs are cheap and their differences small: more samples
-            p = interleave(max(opts.n, 100), {
-                "bare": lambda: timed([py, "-I", "-S", "-c", "pass"]),
-                "runc state": lambda: timed([runc, "--root", str(root), "state", "st"]),
-                "nvctk-runtime state": lambda: timed(
-                    [runtime, "--root", str(root), "state", "st"], env=env1),
-            })
-        finally:
-            subprocess.run([runc, "--root", str(root), "delete", "--force", "st"])
-        overhead = p["nvctk-runtime state"] - p["runc state"]
         say(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
             f"kernel {platform.release()}, python {platform.python_version()}")
-        say(f"medians of interleaved runs ({max(opts.n, 100)} each for passthrough, "
-            f"{opts.n} for container starts); times in ms")
-        say()
-        say("passthrough")
-        for k, v in p.items():
-            say(f"  {k:<22} {v:7.2f}")
-        say(f"  overhead = {overhead:.2f} ms = {overhead / p['bare']:.2f} x bare start "
-            f"(goal <= 1.50)")
+        say(f"one simulated host with {GPUS} GPUs; each container gets a fresh bundle dir and "
+            "rootfs overlay (untimed); bundles, runtime state on tmpfs")
+        say("nvctk: the sim's config at log-level info (the default)")
+        if have_nct:
+            say(f"NCT: {opts.nct}, `cdi` mode (spec from `nvidia-ctk cdi generate`, made once) "
+                "and `jit-cdi` mode, log-level info")
+        else:
+            say(f"NVIDIA Container Toolkit not found in {opts.nct}: its cases are skipped")
+        sim = simhost.init(str(tmp / "sim"), make_topology(gpus=GPUS))
+        build_rootfs(str(tmp / "rootfs"), with_sample=sim.sample)
+        base_env = dict(os.environ)
+        # nvctk: the sim's config at the production log level (the sim's is debug)
+        cfg = Path(sim.config_path).with_name("bench.toml")
+        cfg_text = with_config_line(Path(sim.config_path).read_text(), "log-level", '"info"')
+        cfg.write_text(cfg_text)
+        shim_cfg = cfg.with_name("shim-only.toml")
+        shim_cfg.write_text(with_config_line(cfg_text, "runtimes", '["/bin/true"]'))
+        r_runc = Runtime("runc", (runc,), base_env)
+        r_nvctk = Runtime("nvctk-runtime", (str(VENV_BIN / "nvctk-runtime"),),
+                          {**base_env, "NVCTK_CONFIG": str(cfg)})
+        r_shim = Runtime("nvctk-runtime (shim only)", r_nvctk.argv,
+                         {**base_env, "NVCTK_CONFIG": str(shim_cfg)})
+        r_nct: dict[str, Runtime] = {}
+        if have_nct:
+            spec_dir = tmp / "cdi"
+            spec_dir.mkdir()
+            subprocess.run([str(nct_bin / "nvidia-ctk"), "cdi", "generate",
+                            f"--driver-root={sim.root}", f"--dev-root={sim.root}",
+                            f"--nvidia-cdi-hook-path={nct_bin / 'nvidia-cdi-hook'}",
+                            f"--output={spec_dir / 'nvidia.yaml'}"],
+                           check=True, capture_output=True)
+            for mode in ("cdi", "jit-cdi"):
+                p = tmp / f"nct-{mode}.toml"
+                p.write_text(nct_config(mode, sim.root, spec_dir, nct_bin))
+                r_nct[mode] = Runtime(f"nvidia-container-runtime ({mode})",
+                                      (str(nct_bin / "nvidia-container-runtime"),),
+                                      {**base_env, "NVIDIA_CTK_CONFIG_FILE_PATH": str(p)})
 
-        # 2. container starts: run to completion (/bin/true), deleted by runc on exit
-        gpu = bundle(run_dir / "b-gpu", rootfs, ["NVIDIA_VISIBLE_DEVICES=0"], ["/bin/true"])
-        gpu8 = bundle(run_dir / "b-gpu8", rootfs, ["NVIDIA_VISIBLE_DEVICES=all"], ["/bin/true"])
-        plain = bundle(run_dir / "b-plain", rootfs, [], ["/bin/true"])
-        counter = iter(range(10**6))
+        sim_mount = [{"destination": "/run/nvidia-sim", "type": "bind",
+                      "source": sim.state_dir, "options": ["rbind", "rw"]}]
+        gpu1 = ["NVIDIA_VISIBLE_DEVICES=0"]
+        gpu1_all = [*gpu1, "NVIDIA_DRIVER_CAPABILITIES=all"]
+        gpu8 = ["NVIDIA_VISIBLE_DEVICES=all"]
 
-        def run(rt: str, b: Path, env: dict[str, str]) -> Callable[[], float]:
-            return lambda: timed([rt, "--root", str(root), "run", "--bundle", str(b),
-                                  f"c{next(counter)}"], env=env)
+        def spec(env: list[str], args: list[str], nct: bool = False) -> dict:
+            return plain_spec(env, args, sim_mount if nct else None)
 
-        # where the time goes: the shim alone (its low-level runtime is /bin/true), and
-        # plain runc on the spec the shim wrote, with and without nvctk's hook
-        only_shim = Path(sim1.env["NVCTK_CONFIG"]).with_name("shim-only.toml")
-        only_shim.write_text(_with_runtimes(Path(sim1.env["NVCTK_CONFIG"]).read_text(),
-                                            "/bin/true"))
-        env_shim = {**env1, "NVCTK_CONFIG": str(only_shim)}
-        edited = run_dir / "b-edited"
-        shutil.copytree(gpu, edited)
-        subprocess.run([runtime, "create", "--bundle", str(edited), "x"], env=env_shim,
-                       check=True)
-        no_hook = run_dir / "b-no-hook"
-        shutil.copytree(edited, no_hook)
-        spec = json.loads((no_hook / "config.json").read_text())
-        spec.pop("hooks")
-        (no_hook / "config.json").write_text(json.dumps(spec))
-        # the floor of this design: a Python runtime that only execs runc and a Python
-        # prestart hook that only reads its state (then one that also runs the host's
-        # ldconfig in the rootfs), started as nvctk's launchers are (#!python3 -IS)
-        shebang = f"#!{py} -IS\n"
-        null_shim = _script(tmp / "null-shim", shebang + "import os, sys\n"
-                            f"os.execv({runc!r}, [{runc!r}, *sys.argv[1:]])\n")
-        null_hook = _script(tmp / "null-hook", shebang + "import sys\nsys.stdin.buffer.read()\n")
-        ldconfig_hook = _script(tmp / "ldconfig-hook", shebang + (
-            "import os, sys\nsys.stdin.buffer.read()\npid = os.fork()\nif pid == 0:\n"
-            "    os.close(2)\n"
-            f"    os.execv('/sbin/ldconfig', ['ldconfig', '-r', {str(rootfs)!r}])\n"
-            "os.waitpid(pid, 0)\n"))
-        floors = {}
-        for name, hook in (("null", null_hook), ("ldconfig", ldconfig_hook)):
-            floors[name] = run_dir / f"b-floor-{name}"
-            shutil.copytree(no_hook, floors[name])
-            spec["hooks"] = {"prestart": [{"path": str(hook), "args": [str(hook)]}]}
-            (floors[name] / "config.json").write_text(json.dumps(spec))
+        # (label, runtime, env, NCT bundle, GPUs expected, nvidia-smi expected)
+        full: list[tuple[str, Runtime, list[str], bool, int, bool]] = [
+            ("runc, no GPU", r_runc, [], False, 0, False),
+            ("nvctk-runtime, 1 GPU", r_nvctk, gpu1, False, 1, True),
+            ("nvctk-runtime, 1 GPU, caps=all", r_nvctk, gpu1_all, False, 1, True),
+            ("nvctk-runtime, 8 GPUs", r_nvctk, gpu8, False, GPUS, True),
+        ]
+        for mode, r in r_nct.items():
+            full.append((f"NCT {mode}, 1 GPU", r, gpu1, True, 1, True))
 
-        c = interleave(opts.n, {
-            "runc run (no GPU)": run(runc, plain, env1),
-            "nvctk-runtime run, 1 GPU": run(runtime, gpu, env1),
-            "nvctk-runtime run, 8 GPUs": run(runtime, gpu8, env8),
-            "shim alone (create, 1 GPU)": lambda: timed(
-                [runtime, "create", "--bundle", str(gpu), f"s{next(counter)}"], env=env_shim),
-            "runc run, edited, no hook": run(runc, no_hook, env1),
-            "runc run, edited, hook": run(runc, edited, env1),
-            "floor": run(str(null_shim), floors["null"], env1),
-            "floor + ldconfig": run(str(null_shim), floors["ldconfig"], env1),
-        })
-        say()
-        say("container start (create + start + exit + delete)")
-        for k in ("runc run (no GPU)", "nvctk-runtime run, 1 GPU", "nvctk-runtime run, 8 GPUs"):
-            say(f"  {k:<28} {c[k]:7.2f}")
-        r1 = c["nvctk-runtime run, 1 GPU"] / c["runc run (no GPU)"]
-        r8 = c["nvctk-runtime run, 8 GPUs"] / c["nvctk-runtime run, 1 GPU"]
-        say(f"  1 GPU / runc   = {r1:.2f} x (goal <= 2.00)")
-        say(f"  8 GPUs / 1 GPU = {r8:.2f} x (goal <= 1.20)")
-        say()
-        say("where the 1-GPU start goes")
-        say(f"  nvctk-runtime create alone (low-level runtime /bin/true) "
-            f"{c['shim alone (create, 1 GPU)']:7.2f}")
-        say(f"  runc run of the edited spec without the hook            "
-            f"{c['runc run, edited, no hook']:7.2f}")
-        say(f"  the same with nvctk-hook prestart                       "
-            f"{c['runc run, edited, hook']:7.2f}")
-        say(f"  so: shim {c['shim alone (create, 1 GPU)']:.1f}, hook "
-            f"{c['runc run, edited, hook'] - c['runc run, edited, no hook']:.1f}, device "
-            f"nodes {c['runc run, edited, no hook'] - c['runc run (no GPU)']:.1f}, "
-            f"bare interpreter start {p['bare']:.1f} ms")
-        say()
-        say("the floor of the design (a Python runtime that only execs runc, a Python")
-        say("prestart hook that only reads its state; same spec, devices included)")
-        for k in ("floor", "floor + ldconfig"):
-            label = k + (" (the hook also runs the host's ldconfig)" if k != "floor" else "")
-            say(f"  {label:<56} {c[k]:7.2f} = {c[k] / c['runc run (no GPU)']:.2f} x runc")
+        def validate(label: str, rt: Runtime, b_cid: tuple[str, Path], gpus: int,
+                     smi: bool) -> None:
+            cid, b = b_cid
+            out = run_dir / "validate.out"
+            try:
+                bench.lifecycle(rt, cid, b, out)
+            finally:
+                bench.drop_bundle(b)
+            text = out.read_text(errors="replace")
+            nodes = [ln for ln in text.splitlines() if ln.startswith("/dev/nvidia")]
+            listed = [ln for ln in text.splitlines() if ln.startswith("GPU ")]
+            if len(nodes) != gpus or (smi and len(listed) != gpus):
+                raise RuntimeError(f"{label}: validation expected {gpus} GPU(s), got:\n{text}")
+
+        def lifecycle_case(rt: Runtime, s: dict) -> Callable[[], float]:
+            def one() -> float:
+                cid, b = bench.new_bundle(s)
+                try:
+                    return bench.lifecycle(rt, cid, b)
+                finally:
+                    bench.drop_bundle(b)
+            return one
+
+        cases: list[Case] = []
+        for label, rt, env, nct, gpus, smi in full:
+            validate(label, rt, bench.new_bundle(spec(env, validate_cmd(smi), nct)),
+                     gpus, smi)
+            cases.append(Case(label, lifecycle_case(rt, spec(env, ["/bin/true"], nct))))
+
+        # where nvctk's start goes: the shim alone, then runc on the spec it wrote
+        def shim_edited(args: list[str], hook: bool) -> tuple[str, Path]:
+            cid, b = bench.new_bundle(spec(gpu1, args))
+            bench._run(bench.rt(r_shim, "create", "--bundle", str(b), cid), r_shim.env,
+                       "nvctk-runtime create (shim only)")
+            if not hook:
+                s = json.loads((b / "config.json").read_text())
+                s.pop("hooks", None)
+                (b / "config.json").write_text(json.dumps(s))
+            return cid, b
+
+        def shim_alone() -> float:
+            cid, b = bench.new_bundle(spec(gpu1, ["/bin/true"]))
+            try:
+                t0 = time.perf_counter()
+                bench._run(bench.rt(r_shim, "create", "--bundle", str(b), cid), r_shim.env,
+                           "nvctk-runtime create (shim only)")
+                return time.perf_counter() - t0
+            finally:
+                bench.drop_bundle(b)
+
+        def edited_case(hook: bool) -> Callable[[], float]:
+            def one() -> float:
+                cid, b = shim_edited(["/bin/true"], hook)
+                try:
+                    return bench.lifecycle(r_runc, cid, b)
+                finally:
+                    bench.drop_bundle(b)
+            return one
+
+        breakdown_ok = True
+        try:
+            for hook in (False, True):
+                validate(f"runc, edited spec, hook={hook}", r_runc,
+                         shim_edited(validate_cmd(hook), hook), 1, hook)
+        except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+            breakdown_ok = False
+            bench.cleanup()
+            say(f"the breakdown of nvctk's start is skipped: {e}")
+        if breakdown_ok:
+            cases += [Case("shim alone", shim_alone),
+                      Case("runc, edited spec, no hook", edited_case(False)),
+                      Case("runc, edited spec, hook", edited_case(True))]
+
+        # passthrough: `list` of a root holding one created container
+        cid, b = bench.new_bundle(spec([], ["/bin/true"]))
+        bench._run(bench.rt(r_runc, "create", "--bundle", str(b), "--pid-file",
+                            str(b / "init.pid"), cid), r_runc.env, "runc create")
+        held = (cid, b, int((b / "init.pid").read_text()))
+        py = str(VENV_BIN / "python3")
+
+        def timed(argv: list[str], env: dict[str, str]) -> Callable[[], float]:
+            def one() -> float:
+                t0 = time.perf_counter()
+                rc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL).returncode
+                dt = time.perf_counter() - t0
+                if rc != 0:
+                    raise RuntimeError(f"{' '.join(argv)} exited {rc}")
+                return dt
+            return one
+
+        passthrough = [Case("bare interpreter (python3 -I -S -c pass)",
+                            timed([py, "-I", "-S", "-c", "pass"], base_env))]
+        for r in (r_runc, r_nvctk, *r_nct.values()):
+            if r is r_nct.get("jit-cdi"):
+                continue  # the same passthrough as cdi mode
+            argv = bench.rt(r, "list")
+            out = subprocess.run(argv, env=r.env, capture_output=True, text=True)
+            if out.returncode != 0 or cid not in out.stdout:
+                raise RuntimeError(f"{r.name} list: {out.stdout}{out.stderr}")
+            passthrough.append(Case(r.name.split(" (")[0] + " list", timed(argv, r.env)))
+
+        t_start = time.perf_counter()
+        try:
+            interleave(passthrough, n_pass)
+        finally:
+            bench.force_delete(held[0])
+            os.waitpid(held[2], 0)
+            bench.drop_bundle(held[1])
+        interleave(cases, n)
+        elapsed = time.perf_counter() - t_start
+        report(say, cases, passthrough, n, n_pass, elapsed, have_nct, breakdown_ok)
+    except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+        # a case that does not work must stop the bench, not look fast
+        detail = getattr(e, "stderr", None) or ""
+        if isinstance(detail, bytes):
+            detail = detail.decode(errors="replace")
+        print(f"bench/container_start.py: {e}\n{detail}".rstrip(), file=sys.stderr)
+        return 1
     finally:
+        bench.cleanup()
         # tmp itself is no mount point: `umount -R tmp` would leave run_dir mounted
         subprocess.run(["umount", "-R", str(run_dir)], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     if opts.out:
         opts.out.write_text("\n".join(lines) + "\n")
     return 0
+
+
+def interleave(cases: list[Case], n: int) -> None:
+    for c in cases:  # warm-up: page cache, pyc files
+        c.timed()
+    for _ in range(n):
+        for c in cases:
+            c.samples.append(c.timed())
+        reap_strays()
+
+
+def report(say: Callable[[str], None], cases: list[Case], passthrough: list[Case], n: int,
+           n_pass: int, elapsed: float, have_nct: bool, breakdown_ok: bool) -> None:
+    med = {c.label: statistics.median(c.samples) * 1000 for c in [*cases, *passthrough]}
+    p90 = {c.label: pctl(c.samples, 0.9) * 1000 for c in [*cases, *passthrough]}
+    say(f"round-robin interleaved runs: {n} per container case, {n_pass} per passthrough "
+        f"case ({elapsed:.0f} s); times in ms")
+    say("lifecycle: create --bundle --pid-file -> start -> waitpid(init) -> delete, each "
+        "step through the runtime under test; container runs `true`")
+    say("")
+
+    def row(label: str, base: str | None) -> None:
+        extra = f"  overhead {med[label] - med[base]:7.2f}" if base and label != base else ""
+        say(f"  {label:<42} median {med[label]:7.2f}  p90 {p90[label]:7.2f}{extra}")
+
+    say("passthrough (overhead = minus runc list)")
+    for c in passthrough:
+        row(c.label, None if c is passthrough[0] else "runc list")
+    say("")
+    say("container lifecycle (overhead = minus runc, no GPU)")
+    for c in cases[:len(cases) - (3 if breakdown_ok else 0)]:
+        row(c.label, "runc, no GPU")
+    say("")
+
+    def ov(label: str) -> float:
+        return med[label] - med["runc, no GPU"]
+
+    def ratio(text: str, a: float, b: float, goal: str = "") -> None:
+        say(f"  {text:<52} {a / b:5.2f} x{f'  (goal {goal})' if goal else ''}")
+
+    say("ratios (of medians)")
+    if have_nct:
+        ratio("GPU start overhead nvctk / NCT cdi", ov("nvctk-runtime, 1 GPU"),
+              ov("NCT cdi, 1 GPU"), "<= 0.75")
+        ratio("  same, nvctk with caps=all / NCT cdi", ov("nvctk-runtime, 1 GPU, caps=all"),
+              ov("NCT cdi, 1 GPU"), "<= 0.75")
+        ratio("GPU start overhead NCT jit-cdi / NCT cdi", ov("NCT jit-cdi, 1 GPU"),
+              ov("NCT cdi, 1 GPU"))
+        pt = med["nvctk-runtime list"] - med["runc list"]
+        ratio("passthrough overhead nvctk / NCT", pt,
+              med["nvidia-container-runtime list"] - med["runc list"], "<= 1.00")
+    ratio("start nvctk 8 GPUs / 1 GPU", med["nvctk-runtime, 8 GPUs"],
+          med["nvctk-runtime, 1 GPU"], "<= 1.20")
+    ratio("start nvctk 1 GPU / runc", med["nvctk-runtime, 1 GPU"], med["runc, no GPU"])
+    if have_nct:
+        ratio("start NCT cdi 1 GPU / runc", med["NCT cdi, 1 GPU"], med["runc, no GPU"])
+    if breakdown_ok:
+        say("")
+        say("where nvctk's 1-GPU start goes")
+        for c in cases[-3:]:
+            row(c.label, None)
+        hook, no_hook = med["runc, edited spec, hook"], med["runc, edited spec, no hook"]
+        say(f"  so: shim {med['shim alone']:.1f}, hook {hook - no_hook:.1f}, device nodes "
+            f"{no_hook - med['runc, no GPU']:.1f}, bare interpreter start "
+            f"{med[passthrough[0].label]:.1f} ms")
 
 
 if __name__ == "__main__":

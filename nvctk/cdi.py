@@ -20,7 +20,8 @@ import os
 from typing import Any, Literal
 
 from nvctk import driver as nvdriver
-from nvctk import jsonio, oci
+from nvctk import fileio, jsonio, oci
+from nvctk.config import ALL_CAPABILITIES
 from nvctk.errors import NvctkError
 from nvctk.plan import DeviceNode, Mount, Symlink
 from nvctk.planner import (
@@ -38,7 +39,7 @@ from nvctk.request import Request
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.config import Config
-    from nvctk.host import HostInfo
+    from nvctk.inventory import HostInfo
 
 VENDOR = "nvidia.com"
 CLASS = "gpu"
@@ -142,7 +143,7 @@ def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...]) -> H
     if bad or not strategies:
         raise CdiError(f"unknown device name strategy {(bad or [''])[0]!r} "
                        f"(one of {', '.join(STRATEGIES)})")
-    caps = tuple(c for c in nvdriver.CAPABILITIES if c != "compat32")
+    caps = tuple(c for c in ALL_CAPABILITIES if c != "compat32")
     files = nvdriver.discover_files(config.driver_root, host.driver_version, caps)
     cuda = next(iter(files.libraries.get("compute", ())), None)
     lib_dir = _container_path_of_host(files, os.path.dirname(cuda)) if cuda else DEBIAN_LIB_DIR
@@ -284,7 +285,7 @@ def write_spec(path: str, data: bytes) -> None:
                        "left untouched")
     try:
         os.makedirs(d, exist_ok=True)
-        oci.atomic_write(path, data, 0o644)
+        fileio.atomic_write(path, data, 0o644)
     except OSError as e:
         raise CdiError(f"cannot write {path}: {e.strerror or e}")
 
@@ -305,7 +306,7 @@ def load_spec_file(path: str) -> dict[str, Any]:
     one unreadable spec, the others still resolve."""
     import yaml
 
-    from nvctk.runc_argv import read_regular_file
+    from nvctk.fileio import read_regular_file
 
     try:
         text = read_regular_file(path, MAX_SPEC_BYTES)

@@ -11,8 +11,8 @@ import os
 import sys
 
 from nvctk.errors import ConfigError
+from nvctk.fileio import NotRegularFile, read_regular_file_stat
 from nvctk.record import FrozenRecord, fields
-from nvctk.runc_argv import NotRegularFile, check_config, read_regular_file
 from nvctk.toml_subset import loads as _loads_subset
 
 # typing is for the type checker only: importing it costs every container start;
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_PATH = "/etc/nvctk/config.toml"
+# the driver capabilities, in the order nvctk lists and mounts them (one list: the
+# request parser, the config check, driver discovery, CDI and `nvctk info` use it)
 ALL_CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MODES = ("legacy", "cdi")
@@ -258,9 +260,107 @@ def _extra_mount(item: Any, where: str) -> ExtraMount:
     return ExtraMount(host, cont, read_only)
 
 
+# Structure no real config has (it is a few KiB of short lines), refused before any
+# parse: tomllib is quadratic in a key's dotted parts (a 100 KB key took 34 s).
+MAX_LINE = 8192
+MAX_DOTTED_PARTS = 16
+# the scan's own cost is bounded by its lines and strings (C-speed counts check both)
+MAX_LINES = 1024
+MAX_QUOTES = 1024
+
+
+def _string_end(line: str, i: int, quote: str) -> int:
+    """Index just past the one-line string opened at line[i]; -1 if not closed."""
+    j = i + 1
+    while True:
+        j = line.find(quote, j)
+        if j < 0:
+            return -1
+        if quote == "'":
+            return j + 1
+        k = j
+        while line[k - 1] == "\\":
+            k -= 1
+        if (j - k) % 2 == 0:  # an even run of backslashes: this quote closes
+            return j + 1
+        j += 1
+
+
+def _ml_end(line: str, i: int, delim: str) -> int:
+    """Index just past the closing `delim` (\"\"\" or ''') at or after line[i]; -1 if none."""
+    j = i
+    while True:
+        j = line.find(delim, j)
+        if j < 0:
+            return -1
+        if delim == "'''" or j == 0 or line[j - 1] != "\\":
+            end = j + 3
+            while end < len(line) and line[end] == delim[0]:  # \"\"\"\"\" closes at the last three
+                end += 1
+            return end
+        j += 1
+
+
+def precheck(text: str) -> str | None:
+    """Why `text` is refused before any TOML parse, or None: one linear pass.
+
+    It follows strings (one-line, multi-line, escapes), comments and [ ] { } nesting.
+    Refused: a line over MAX_LINE bytes, more than MAX_DOTTED_PARTS dotted parts on a
+    line outside strings (a key, a table header; no config value is a float), more
+    than MAX_LINES lines or MAX_QUOTES quote characters (a real config: ~100 and ~60).
+    """
+    lines = text.count("\n") + 1
+    if lines > MAX_LINES:
+        return f"{lines} lines, more than {MAX_LINES}: not an nvctk config"
+    if text.count('"') + text.count("'") > MAX_QUOTES:
+        return f"more than {MAX_QUOTES} quote characters: not an nvctk config"
+    depth = 0
+    ml = ""  # the open multi-line string's delimiter
+    for n, line in enumerate(text.split("\n"), 1):
+        if len(line) > MAX_LINE:
+            return f"line {n} is longer than {MAX_LINE} bytes: not an nvctk config"
+        i = 0
+        if ml:
+            i = _ml_end(line, 0, ml)
+            if i < 0:
+                continue
+            ml = ""
+        # the parts outside strings and comments, found with str.find/count (C
+        # speed: a character loop in Python costs ~10 ms on a 64 KiB file)
+        dots = 0
+        end = len(line)
+        nxt = {c: line.find(c, i) for c in ('"', "'", "#")}
+        while i < end:
+            for c, at in nxt.items():
+                if 0 <= at < i:
+                    nxt[c] = line.find(c, i)
+            found = [at for at in nxt.values() if at >= 0]
+            stop = min(found) if found else end
+            dots += line.count(".", i, stop)
+            depth += (line.count("[", i, stop) + line.count("{", i, stop)
+                      - line.count("]", i, stop) - line.count("}", i, stop))
+            depth = max(depth, 0)
+            if stop == end or line[stop] == "#":
+                break
+            c = line[stop]
+            if line.startswith(c * 3, stop):
+                i = _ml_end(line, stop + 3, c * 3)
+                if i < 0:
+                    ml = c * 3
+                    break
+            else:
+                i = _string_end(line, stop, c)
+                if i < 0:
+                    break  # unterminated: the parser will say so
+        if dots >= MAX_DOTTED_PARTS:
+            return (f"line {n}: a key or table header with more than "
+                    f"{MAX_DOTTED_PARTS} dotted parts: not an nvctk config")
+    return None
+
+
 def _loads(text: str, where: str) -> dict[str, Any]:
     # linear, before any parse: tomllib is quadratic on some structures
-    error = check_config(text)
+    error = precheck(text)
     if error is not None:
         raise ConfigError(f"{where}: {error}")
     data = _loads_subset(text)
@@ -314,13 +414,18 @@ def load(path: str | None = None) -> Config:
     """The config at path (default: config_path()); a missing file is the defaults.
 
     Never blocks: a FIFO, device or socket is refused unread (see
-    runc_argv.read_regular_file). ConfigError names the file for every failure.
+    fileio.read_regular_file). ConfigError names the file for every failure.
     """
+    return load_stat(path)[0]
+
+
+def load_stat(path: str | None = None) -> tuple[Config, os.stat_result | None]:
+    """load(), and the stat of the file it read (None: no file, the defaults)."""
     path = path or config_path()
     try:
-        data = read_regular_file(path)
+        data, st = read_regular_file_stat(path)
     except FileNotFoundError:
-        return Config()
+        return Config(), None
     except NotRegularFile:
         raise ConfigError(f"{path}: cannot read: not a regular file")
     except ValueError:  # a NUL in the path
@@ -331,4 +436,4 @@ def load(path: str | None = None) -> Config:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 (invalid byte at offset {e.start})")
-    return parse(text, path)
+    return parse(text, path), st

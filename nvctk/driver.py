@@ -12,6 +12,7 @@ import os
 import stat
 
 from nvctk import ldcache
+from nvctk.config import ALL_CAPABILITIES
 from nvctk.errors import DriverError
 from nvctk.record import Record
 
@@ -19,8 +20,6 @@ from nvctk.record import Record
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
-
-CAPABILITIES = ("utility", "compute", "video", "graphics", "display", "ngx", "compat32")
 
 UTILITY_LIBS = ("libnvidia-ml", "libnvidia-cfg", "libnvidia-nscq")
 COMPUTE_LIBS = (
@@ -269,7 +268,7 @@ def discover_files(driver_root: str, driver_version: str,
     libraries of "video" and "display" include those of "compute" and "graphics",
     as in LIBRARIES); None: all. The firmware is always looked for.
     """
-    caps = CAPABILITIES if capabilities is None else tuple(capabilities)
+    caps = ALL_CAPABILITIES if capabilities is None else tuple(capabilities)
     root = os.path.abspath(driver_root)
     wanted = {n for c in caps for n in LIBRARIES.get(c, ())}
     lib_names = [n for n in _LIBRARY_NAMES if n in wanted]

@@ -51,7 +51,7 @@ from __future__ import annotations
 import os
 
 from nvctk import jsonio
-from nvctk.record import FrozenRecord
+from nvctk.inventory import HostInfo
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,127 +61,12 @@ CACHE_FILE = "host-inventory.json"
 CACHE_VERSION = 1
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
-_set = object.__setattr__
-
-
-def _get(d: dict[str, Any], key: str, kind: type) -> Any:
-    """d[key], which must be exactly of type kind (bool is not an int here)."""
-    v = d[key]
-    if type(v) is not kind:
-        raise TypeError(f"{key}: expected {kind.__name__}, got {type(v).__name__}")
-    return v
-
-
-class MigInfo(FrozenRecord):
-    __slots__ = ("index", "uuid", "gpu_instance", "compute_instance", "profile", "memory_mib")  # noqa: RUF023
-    index: int
-    uuid: str
-    gpu_instance: int
-    compute_instance: int
-    profile: str  # e.g. "3g.40gb" ("" when NVML cannot say)
-    memory_mib: int
-
-    def __init__(self, index: int, uuid: str, gpu_instance: int, compute_instance: int,
-                 profile: str, memory_mib: int) -> None:
-        _set(self, "index", index)
-        _set(self, "uuid", uuid)
-        _set(self, "gpu_instance", gpu_instance)
-        _set(self, "compute_instance", compute_instance)
-        _set(self, "profile", profile)
-        _set(self, "memory_mib", memory_mib)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MigInfo:
-        return cls(
-            index=_get(d, "index", int),
-            uuid=_get(d, "uuid", str),
-            gpu_instance=_get(d, "gpu_instance", int),
-            compute_instance=_get(d, "compute_instance", int),
-            profile=_get(d, "profile", str),
-            memory_mib=_get(d, "memory_mib", int),
-        )
-
-
-class GpuInfo(FrozenRecord):
-    __slots__ = ("index", "uuid", "name", "minor", "pci_bus_id", "memory_mib",  # noqa: RUF023
-                 "compute_capability", "brand", "mig_enabled", "mig_devices")
-    index: int
-    uuid: str
-    name: str
-    minor: int
-    pci_bus_id: str  # NVML's form, e.g. 00000000:1B:00.0
-    memory_mib: int
-    compute_capability: str  # "9.0"
-    brand: str  # lower-case, e.g. "nvidia", "tesla"
-    mig_enabled: bool
-    mig_devices: tuple[MigInfo, ...]
-
-    def __init__(self, index: int, uuid: str, name: str, minor: int, pci_bus_id: str,
-                 memory_mib: int, compute_capability: str, brand: str, mig_enabled: bool,
-                 mig_devices: tuple[MigInfo, ...] = ()) -> None:
-        _set(self, "index", index)
-        _set(self, "uuid", uuid)
-        _set(self, "name", name)
-        _set(self, "minor", minor)
-        _set(self, "pci_bus_id", pci_bus_id)
-        _set(self, "memory_mib", memory_mib)
-        _set(self, "compute_capability", compute_capability)
-        _set(self, "brand", brand)
-        _set(self, "mig_enabled", mig_enabled)
-        _set(self, "mig_devices", tuple(mig_devices))
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GpuInfo:
-        return cls(
-            index=_get(d, "index", int),
-            uuid=_get(d, "uuid", str),
-            name=_get(d, "name", str),
-            minor=_get(d, "minor", int),
-            pci_bus_id=_get(d, "pci_bus_id", str),
-            memory_mib=_get(d, "memory_mib", int),
-            compute_capability=_get(d, "compute_capability", str),
-            brand=_get(d, "brand", str),
-            mig_enabled=_get(d, "mig_enabled", bool),
-            mig_devices=tuple(MigInfo.from_dict(m) for m in _get(d, "mig_devices", list)),
-        )
-
-
-class HostInfo(FrozenRecord):
-    __slots__ = ("driver_version", "cuda_version", "gpus")  # noqa: RUF023
-    driver_version: str
-    cuda_version: str  # "12.4"
-    gpus: tuple[GpuInfo, ...]
-
-    def __init__(self, driver_version: str, cuda_version: str,
-                 gpus: tuple[GpuInfo, ...] = ()) -> None:
-        _set(self, "driver_version", driver_version)
-        _set(self, "cuda_version", cuda_version)
-        _set(self, "gpus", tuple(gpus))
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HostInfo:
-        """The inverse of to_dict; KeyError/TypeError when d is not one (extra keys are
-        ignored)."""
-        return cls(
-            driver_version=_get(d, "driver_version", str),
-            cuda_version=_get(d, "cuda_version", str),
-            gpus=tuple(GpuInfo.from_dict(g) for g in _get(d, "gpus", list)),
-        )
-
-    def gpu(self, ident: str) -> GpuInfo | None:
-        """GPU by index, UUID (case-insensitive) or PCI bus id."""
-        for g in self.gpus:
-            if ident == str(g.index) or ident.lower() in (g.uuid.lower(), g.pci_bus_id.lower()):
-                return g
-        return None
-
-
 # --- the stamp ------------------------------------------------------------------------------
 
 
 def _read(path: str) -> str | None:
     """A small file's bytes as latin-1 text (exact and JSON-able); None when unreadable."""
-    from nvctk.runc_argv import read_regular_file  # os and sys only
+    from nvctk.fileio import read_regular_file  # os and sys only
 
     try:
         # never a blocking open: a FIFO put at a driver file must not hang a GPU create
@@ -300,31 +185,14 @@ def _read_cache(path: str, stamp: list[Any]) -> HostInfo | None:
 def _write_cache(state_dir: str, path: str, stamp: list[Any], host: HostInfo) -> None:
     """Atomically replaces the cache file; any failure is ignored (a read-only /run,
     a directory in the way): the create goes on with the host it has."""
-    tmp = None
+    from nvctk.fileio import atomic_write
+
     try:
         text = jsonio.dumps({"version": CACHE_VERSION, "stamp": stamp, "host": host.to_dict()})
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        tmp = os.path.join(state_dir, f".{CACHE_FILE}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        try:
-            os.fchmod(fd, 0o600)  # the umask can only have removed bits; be exact
-            data = text.encode()
-            while data:
-                data = data[os.write(fd, data):]
-            os.fsync(fd)  # the rename must never expose a file whose data is not there
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        tmp = None
+        atomic_write(path, text.encode(), 0o600, sync_dir=False, keep_owner=False)
     except (OSError, ValueError, TypeError):
         pass
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
 
 
 def load_host(driver_root: str, state_dir: str, *, fresh: bool = False) -> tuple[HostInfo, bool]:

@@ -174,7 +174,7 @@ def read(root: str, names: Iterable[str] | None = None) -> list[CacheEntry]:
     """Entries of <root>/etc/ld.so.cache (of the libraries `names`: see parse); paths as
     stored (relative to root for `-r root`)."""
     path = cache_path(root)
-    from nvctk.runc_argv import NotRegularFile, read_regular_file  # os and sys only
+    from nvctk.fileio import NotRegularFile, read_regular_file  # os and sys only
 
     try:
         # never a blocking open: a FIFO put there must not hang a GPU create

@@ -30,7 +30,7 @@ from nvctk.errors import DriverError
 
 # The records live in nvctk.host (the cache's side, which never imports pynvml);
 # re-exported here for the callers that name them nvml.HostInfo & co.
-from nvctk.host import GpuInfo, HostInfo, MigInfo
+from nvctk.inventory import GpuInfo, HostInfo, MigInfo
 
 NVML_SONAME = "libnvidia-ml.so.1"
 MIB = 1024 * 1024

@@ -13,6 +13,7 @@ import os
 
 from nvctk import jsonio
 from nvctk.errors import SpecError, SpecShapeError, shown
+from nvctk.fileio import atomic_write
 from nvctk.record import Record
 
 # typing is for the type checker only: importing it costs every container start
@@ -46,7 +47,7 @@ MAX_SPEC_BYTES = 64 << 20
 def read_spec(bundle: str) -> bytes:
     """The bytes of the bundle's config.json, read without ever blocking (a FIFO,
     device or socket is refused unread); SpecError naming the file when unusable."""
-    from nvctk.runc_argv import NotRegularFile, read_regular_file
+    from nvctk.fileio import NotRegularFile, read_regular_file
 
     path = spec_path(bundle)
     try:
@@ -99,65 +100,6 @@ def parse_spec(data: bytes | str, where: str = SPEC_FILE) -> dict[str, Any]:
     ):
         raise SpecShapeError(f"{where}: process.env must be a list of strings")
     return spec
-
-
-def atomic_write(path: str, data: bytes, mode: int | None = None, *,
-                 sync_dir: bool = True) -> None:
-    """Replace `path` with `data`: temp file in the same dir, fsync, rename, fsync dir.
-
-    A reader (runc, a crashed shim's retry) sees the old file or the new one,
-    never a torn one. Mode and owner follow the file being replaced.
-    sync_dir=False leaves the directory's fsync (the rename's durability) to the
-    caller's next atomic_write in the same directory, which then covers both renames.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    uid = gid = -1
-    try:
-        st = os.stat(path)
-        mode = st.st_mode & 0o7777 if mode is None else mode
-        uid, gid = st.st_uid, st.st_gid
-    except FileNotFoundError:
-        mode = 0o644 if mode is None else mode
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.nvctk-{os.getpid()}.tmp")
-    # O_NONBLOCK: a FIFO planted at the temp name fails (ENXIO) instead of waiting
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-                 | os.O_NONBLOCK | os.O_NOCTTY, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fchmod(fd, mode)
-            if uid >= 0 and (uid, gid) != (os.geteuid(), os.getegid()):
-                try:
-                    os.fchown(fd, uid, gid)
-                except OSError:
-                    pass
-            os.fsync(fd)
-        except OSError as e:
-            if e.filename is not None:
-                raise
-            # write(2) errors (no space, quota) carry no path: name the file written
-            raise OSError(e.errno, e.strerror, path) from e
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if not sync_dir:
-        return
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass  # some filesystems refuse fsync on directories; the rename itself is done
-    finally:
-        os.close(dfd)
 
 
 def dump_spec(spec: dict[str, Any]) -> bytes:

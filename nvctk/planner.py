@@ -13,10 +13,10 @@ import stat
 from nvctk import driver as nvdriver
 from nvctk import oci
 from nvctk.errors import DriverError, RequestError, UnknownDeviceError, ascii_uint, shown
+from nvctk.mount import exists_in_rootfs
 from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
 from nvctk.record import Record
 from nvctk.request import Request, request_from_spec
-from nvctk.rootfs_path import exists_in_rootfs
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any, Literal
 
     from nvctk.config import Config
-    from nvctk.host import GpuInfo, HostInfo, MigInfo
+    from nvctk.inventory import GpuInfo, HostInfo, MigInfo
     from nvctk.requirements import HostFacts
 
 DEBIAN_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
@@ -171,7 +171,7 @@ def load_and_select(request: Request, config: Config) -> tuple[HostInfo, list[Se
 
 
 def _proc_devices_major(driver_root: str, name: str) -> int | None:
-    from nvctk.runc_argv import read_regular_file  # never blocks (a FIFO is refused)
+    from nvctk.fileio import read_regular_file  # never blocks (a FIFO is refused)
 
     try:
         text = read_regular_file(os.path.join(driver_root, "proc/devices"), 1 << 20)
@@ -206,7 +206,7 @@ def _node(dev_dir: str, rel: str, driver_root: str = "", proc_name: str = "",
 
 
 def _cap_minor(access_file: str) -> int:
-    from nvctk.runc_argv import read_regular_file  # never blocks (a FIFO is refused)
+    from nvctk.fileio import read_regular_file  # never blocks (a FIFO is refused)
 
     try:
         text = read_regular_file(access_file, 1 << 16).decode("ascii", "replace")

@@ -54,8 +54,8 @@ class Record:
             return NotImplemented
         return self._values() == other._values()  # type: ignore[attr-defined]
 
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, *self._values()))
+    # a Record's fields can change: unhashable, as a dataclass with eq and not frozen
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={getattr(self, k)!r}" for k in fields(type(self)))
@@ -86,6 +86,9 @@ class FrozenRecord(Record):
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable: cannot delete {name!r}")
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash((type(self).__name__, *self._values()))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # copy and pickle would restore the slots with setattr

@@ -274,6 +274,7 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         if wanted and not privileged:
             raise RequestError(f"{name}=all needs a privileged container (CAP_SYS_ADMIN)")
 
+    check_mps(env)
     all_devices, ids = devices
     return Request(
         devices=ids,
@@ -288,6 +289,37 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         cdi_devices=cdi,
         env=env,
     )
+
+
+MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+
+def check_mps(env: dict[str, str]) -> None:
+    """The MPS share a GPU container asks for (the device plugin's mps-core/mps-memory),
+    checked at create: MPS itself would read a bad value as no limit, or refuse the
+    client only once it runs."""
+    threads = env.get(MPS_THREADS)
+    if threads is not None:
+        t = threads.strip()
+        if not (t.isascii() and t.isdigit() and 1 <= int(t) <= 100):
+            raise RequestError(f"{MPS_THREADS}={shown(threads)}: want a whole percentage "
+                               "from 1 to 100")
+    limits = env.get(MPS_MEMORY)
+    if limits is None:
+        return
+    from nvctk.vgpu import parse_memory
+
+    for item in limits.split(","):
+        dev, sep, size = item.strip().partition("=")
+        try:
+            ok = bool(sep) and ((dev.isascii() and dev.isdigit()) or dev.startswith("GPU-")) \
+                and parse_memory(size) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise RequestError(f"{MPS_MEMORY}={shown(limits)}: want <device>=<size> items "
+                               f"such as 0=8G (bad item {shown(item)})")
 
 
 def parse_bool_all(env: dict[str, str], name: str) -> bool:

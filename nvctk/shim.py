@@ -14,10 +14,9 @@ from __future__ import annotations
 import os
 import sys
 
-from nvctk import oci
+from nvctk import fileio, oci
 from nvctk import runc_argv as ra
-from nvctk.config import Config
-from nvctk.config import load as load_config
+from nvctk.config import Config, config_path, load_stat
 from nvctk.errors import ConfigError, NvctkError, RequestError, SpecError, SpecShapeError, shown
 from nvctk.log import Logger, exit_now, report_error
 from nvctk.record import Record
@@ -159,7 +158,7 @@ def prepare_bundle(
     try:
         # beside the spec: the directory fsync that follows the spec's rename makes
         # both renames durable, the plan's first (a directory fsync costs a journal commit)
-        oci.atomic_write(plan_path, plan.to_json().encode(), 0o644, sync_dir=False)
+        fileio.atomic_write(plan_path, plan.to_json().encode(), 0o644, sync_dir=False)
         try:
             oci.save_spec(bundle, spec)
         except BaseException:
@@ -413,10 +412,16 @@ def os_error_message(e: OSError, bundle: str, config: Config | None) -> str:
 
 
 def _load_config_safely() -> tuple[Config | None, NvctkError | None]:
+    path = config_path()
     try:
-        return load_config(), None
+        config, st = load_stat(path)
     except NvctkError as e:
         return None, e
+    if st is not None:  # the launcher's next start/state/delete then skips Python
+        from nvctk import passthrough
+
+        passthrough.remember(path, st, config.runtimes)
+    return config, None
 
 
 def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
@@ -429,9 +434,8 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
         report_error(msg, runc_log=args.log, runc_log_format=args.log_format, logger=logger)
         return 1
 
-    # a broken config still names its runtimes for a no-GPU create, as on the
-    # passthrough path (the fast reader, or the defaults)
-    runtimes = config.runtimes if config else ra.read_runtimes()[0]
+    # a broken config: the default runtimes for a no-GPU create, as on the passthrough
+    runtimes = config.runtimes if config else Config().runtimes
     runtime = ra.find_runtime(runtimes, exclude=ra.self_paths(argv0))
     if runtime is None:
         return fail(

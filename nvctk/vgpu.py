@@ -14,7 +14,7 @@ import stat
 import struct
 
 from nvctk.errors import RequestError, shown
-from nvctk.oci import atomic_write
+from nvctk.fileio import atomic_write
 from nvctk.record import Record
 
 # typing is for the type checker only: importing it costs every container start

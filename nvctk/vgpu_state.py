@@ -416,7 +416,7 @@ def read_owner(path: str) -> dict[str, Any] | None:
     """A state dir's owner metadata; None if missing or unusable."""
     import json
 
-    from nvctk.runc_argv import read_regular_file
+    from nvctk.fileio import read_regular_file
 
     try:  # larger than _MAX_OWNER, a link, a FIFO...: not one nvctk wrote
         data = read_regular_file(os.path.join(path, OWNER_NAME), _MAX_OWNER, nofollow=True)

@@ -44,6 +44,22 @@ def _need_root() -> None:
         pytest.skip("needs root (the simulated host has device nodes)")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def passthrough_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """nvctk-runtime's passthrough cache (nvctk.passthrough) in a directory of the
+    session's, not the host's /run/nvctk: every test config would leave a file there.
+    Children (the runtime, daemons the tests start) inherit it from the environment."""
+    d = tmp_path_factory.mktemp("passthrough")
+    d.chmod(0o755)  # the launcher trusts no directory that others can write
+    old = os.environ.get("NVCTK_PASSTHROUGH_CACHE")
+    os.environ["NVCTK_PASSTHROUGH_CACHE"] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop("NVCTK_PASSTHROUGH_CACHE", None)
+    else:
+        os.environ["NVCTK_PASSTHROUGH_CACHE"] = old
+
+
 def nvctk_exe() -> list[str]:
     exe = shutil.which("nvctk", path=os.path.dirname(sys.executable))
     return [exe] if exe else [sys.executable, "-m", "nvctk.cli.main"]

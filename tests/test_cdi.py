@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from nvctk import cdi
-from nvctk.host import GpuInfo, MigInfo
+from nvctk.inventory import GpuInfo, MigInfo
 from nvctk.planner import Selected, proc_bus_id
 from nvctk.sim.host import SimHost
 

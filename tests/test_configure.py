@@ -322,6 +322,7 @@ def test_containerd_drop_in_only_runtime_from_2_1(nv: Run, tmp_path: Path,
     di = toml(drop)
     assert di == {"version": 3, "plugins": {"io.containerd.cri.v1.runtime": {"containerd": {
         "runtimes": {"nvidia": {"runtime_type": "io.containerd.runc.v2",
+                                "container_annotations": ["cdi.k8s.io/*"],
                                 "options": {"BinaryName": RUNTIME, "SystemdCgroup": True}}}}}}}
 
 

@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 
 from nvctk import host as nvhost
-from nvctk import jsonio, nvml
+from nvctk import inventory, jsonio, nvml
 from nvctk.errors import DriverError
-from nvctk.host import CACHE_FILE, HostInfo, load_host
+from nvctk.host import CACHE_FILE, load_host
+from nvctk.inventory import HostInfo
 from nvctk.sim import host as simhost
 from nvctk.sim.topology import make_topology
 
@@ -433,8 +434,7 @@ def test_concurrent_cold_creates(sim: simhost.SimHost, state: Path) -> None:
 
 def test_records_round_trip_and_stay_immutable(sim_host_mig: simhost.SimHost) -> None:
     live = nvml.query_host(sim_host_mig.root)
-    assert nvml.HostInfo is HostInfo and nvml.GpuInfo is nvhost.GpuInfo
-    assert nvml.MigInfo is nvhost.MigInfo
+    assert type(live) is HostInfo and type(live.gpus[0]) is inventory.GpuInfo
     back = HostInfo.from_dict(jsonio.loads(jsonio.dumps(live.to_dict())))
     assert back == live and hash(back) == hash(live)
     assert isinstance(back.gpus, tuple) and isinstance(back.gpus[0].mig_devices, tuple)

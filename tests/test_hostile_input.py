@@ -26,15 +26,16 @@ from hypothesis import strategies as st
 from test_shim import NVD, RUNTIME, Env, bundle_maker, create_argv, snapshot
 
 from nvctk import config as nvconfig
+from nvctk import fileio, oci, passthrough, requirements, runc_argv, shim, vgpu
 from nvctk import log as nvlog
-from nvctk import oci, requirements, runc_argv, shim, vgpu
 from nvctk.errors import ConfigError, NvctkError, RequestError, SpecError, UnknownDeviceError
-from nvctk.host import GpuInfo, HostInfo, MigInfo
+from nvctk.inventory import GpuInfo, HostInfo, MigInfo
 from nvctk.plan import PLAN_FILE, DeviceNode
 from nvctk.planner import resolve_device
 from nvctk.request import request_from_spec
 from nvctk.sim.host import SimHost
 
+DEFAULT_RUNTIMES = nvconfig.Config().runtimes
 HUGE = "1" * 5000  # past int()'s 4300-digit limit
 ARABIC_ZERO = "\u0660"
 SUPERSCRIPT_TWO = "\u00b2"
@@ -189,7 +190,7 @@ PATHOLOGICAL = [
     ('s = """x"""\n' + '"a".' * 300 + "b = 1\n", "line 2: a key or table header with more than 16"),
     ("x = {" + ".".join(["a"] * 4000) + " = 1}\n", "line 1: a key or table header with more than 16"),
     ("# " + "x" * 70000 + "\n", "larger than 65536 bytes (a real nvctk config is under 4 KiB)"),
-    ('runtimes = ["crun"]\nruntimes = ["runc"]\n', "line 2: runtimes is set a second time (first on line 1)"),
+    ('runtimes = ["crun"]\nruntimes = ["runc"]\n', "malformed TOML: Cannot overwrite a value (at line 2"),
     ("a.b\n" * 2000, "2001 lines, more than 1024: not an nvctk config"),
     ("x = [" + '"",' * 2000 + "]\n", "more than 1024 quote characters"),
 ]
@@ -201,13 +202,12 @@ def test_pathological_config_slows_nothing_that_asks_for_no_gpu(
         needle: str) -> None:
     """Refused by a linear check before any TOML parse: passthrough and no-GPU
     creates run the default runtimes at once (with a warning), a GPU create fails
-    naming the file and the line. A duplicate `runtimes` is refused likewise (the
-    fast scanner took the first, `crun`, and every passthrough failed)."""
+    naming the file and the line."""
     env.config.write_text(text)
     with pytest.raises(ConfigError, match=re.escape(needle)) as exc:
         nvconfig.load(str(env.config))
     assert str(exc.value).startswith(f"{env.config}: ")
-    assert runc_argv.read_runtimes({"NVCTK_CONFIG": str(env.config)})[0] == runc_argv.DEFAULT_RUNTIMES
+    assert passthrough.runtimes({"NVCTK_CONFIG": str(env.config)})[0] == DEFAULT_RUNTIMES
     root = str(env.tmp / "r")
     b = bundle({})
     for argv in (["--root", root, "state", "x"], ["--root", root, "list"],
@@ -222,33 +222,35 @@ def test_pathological_config_slows_nothing_that_asks_for_no_gpu(
     assert_clean_failure(env, run_rt(create_argv(env, g), path_runc), needle)
 
 
-def test_config_scan_leaves_strings_alone() -> None:
+def test_config_precheck_leaves_strings_alone() -> None:
     """Dots, brackets and `runtimes =` inside strings are no structure."""
     text = ('s = "' + "a." * 100 + '"\nt = \'\'\'\nruntimes = ["evil"]\n[x]\n\'\'\'\n'
             'u = "\\"[[[["\nruntimes = ["crun"]  # a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r\n')
-    assert runc_argv.scan_config(text)[1] is None
-    assert runc_argv.fast_runtimes(text) == ("crun",)
+    assert nvconfig.precheck(text) is None
+    import tomllib
+
+    assert tomllib.loads(text)["runtimes"] == ["crun"]  # valid TOML, let through
 
 
 def test_read_regular_file_refuses_fifo_and_devices(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for p in (str(fifo), "/dev/zero", str(tmp_path)):
-        with pytest.raises(runc_argv.NotRegularFile):
-            runc_argv.read_regular_file(p)
+        with pytest.raises(fileio.NotRegularFile):
+            fileio.read_regular_file(p)
     big = tmp_path / "big"
     big.write_bytes(b"#" * 100)
     with pytest.raises(OSError, match="larger than 10 bytes"):
-        runc_argv.read_regular_file(str(big), 10)
-    runtimes, warning = runc_argv.read_runtimes({"NVCTK_CONFIG": str(fifo)})
-    assert runtimes == runc_argv.DEFAULT_RUNTIMES and warning and "not a regular file" in warning
+        fileio.read_regular_file(str(big), 10)
+    runtimes, warning = passthrough.runtimes({"NVCTK_CONFIG": str(fifo)})
+    assert runtimes == DEFAULT_RUNTIMES and warning and "not a regular file" in warning
     bad = tmp_path / "bad.toml"
     bad.write_bytes(b'runtimes = ["/opt/\xffrunc"]\n# \xfe\n')
-    runtimes, warning = runc_argv.read_runtimes({"NVCTK_CONFIG": str(bad)})
-    assert runtimes == (os.fsdecode(b"/opt/\xffrunc"),) and warning and "not UTF-8" in warning
+    runtimes, warning = passthrough.runtimes({"NVCTK_CONFIG": str(bad)})
+    assert runtimes == DEFAULT_RUNTIMES and warning and "not UTF-8" in warning
     bad.write_text("runtimes = []\n")  # invalid: the defaults, with config.parse's word
-    runtimes, warning = runc_argv.read_runtimes({"NVCTK_CONFIG": str(bad)})
-    assert runtimes == runc_argv.DEFAULT_RUNTIMES and warning and "at least one" in warning
+    runtimes, warning = passthrough.runtimes({"NVCTK_CONFIG": str(bad)})
+    assert runtimes == DEFAULT_RUNTIMES and warning and "at least one" in warning
 
 
 def test_logs_never_block_and_own_log_is_regular_only(tmp_path: Path) -> None:
@@ -507,7 +509,7 @@ def test_create_main_maps_any_bug_to_one_line(env: Env, bundle: Callable[..., Pa
     assert "Traceback" in own_log and "boom" in own_log
     assert env.recorded() is None
 
-    from nvctk.runtime_shim import main as launcher
+    from nvctk.cli import runtime as launcher
 
     def crash(_args: object) -> int:
         raise RuntimeError("crash")
@@ -774,7 +776,7 @@ def test_atomic_write_names_the_file_on_write_errors(tmp_path: Path,
     monkeypatch.setattr(oci.os, "write", full)
     target = tmp_path / "f"
     with pytest.raises(OSError) as exc:
-        oci.atomic_write(str(target), b"x")
+        fileio.atomic_write(str(target), b"x")
     assert exc.value.filename == str(target) and exc.value.errno == 28
     assert os.listdir(tmp_path) == []
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvctk import driver, nvml
+from nvctk.config import ALL_CAPABILITIES
 from nvctk.errors import DriverError
 from nvctk.sim import host
 from nvctk.sim.topology import Topology
@@ -192,7 +193,7 @@ def test_cli_info_json_matches_topology(sim_host_mig: host.SimHost, run_nvctk: R
     t = sim_host_mig.topology
     assert (d["driver_version"], d["cuda_version"]) == (t.driver_version, t.cuda_version)
     assert d["gpus"] == expected_gpus(t)
-    assert set(d["files"]) == set(driver.CAPABILITIES)
+    assert set(d["files"]) == set(ALL_CAPABILITIES)
     assert f"{sim_host_mig.lib_dir}/libnvidia-ml.so.{VER}" in d["files"]["utility"]
     assert f"{sim_host_mig.root}/usr/bin/nvidia-smi" in d["files"]["utility"]
     for paths in d["files"].values():

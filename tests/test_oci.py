@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nvctk import oci
+from nvctk import fileio, oci
 from nvctk.errors import SpecError
 from nvctk.plan import DeviceNode
 
@@ -65,7 +65,7 @@ def test_atomic_write_failure_leaves_original(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(os, "fsync", boom)
     with pytest.raises(OSError):
-        oci.atomic_write(str(p), b"{}")
+        fileio.atomic_write(str(p), b"{}")
     assert p.read_bytes() == before
     assert [f.name for f in tmp_path.iterdir()] == ["config.json"]
 
@@ -209,7 +209,7 @@ def test_atomic_write_directory_sync(tmp_path: Path, monkeypatch: pytest.MonkeyP
         real(fd)
 
     monkeypatch.setattr(os, "fsync", record)
-    oci.atomic_write(str(tmp_path / "nvctk-plan.json"), b"{}", 0o644, sync_dir=False)
-    oci.atomic_write(str(tmp_path / "config.json"), b"{}")
+    fileio.atomic_write(str(tmp_path / "nvctk-plan.json"), b"{}", 0o644, sync_dir=False)
+    fileio.atomic_write(str(tmp_path / "config.json"), b"{}")
     assert synced == ["file", "file", "dir"]
     assert (tmp_path / "nvctk-plan.json").stat().st_mode & 0o777 == 0o644

@@ -1,10 +1,7 @@
-"""Packaging: the wheel, the Debian package, the nvctk-runtime launcher, nvctk.paths.
+"""Packaging: the wheel, the Debian package, nvctk.paths.
 
-The launcher (runtime_shim/nvctk-runtime) is a sh/Python polyglot that runs
-Python with -I -S and finds nvctk and its dependencies by itself; installed as
-nvctk-hook (runtime_shim/nvctk-hook links to it) it runs the hook. It is checked
-in every layout it can be installed in: a wheel's (venv or pip --target), the
-editable venv, a symlink to it, and the .deb's /usr/bin.
+The launchers themselves (runtime_shim/launcher.c) are tested in test_launcher.py;
+here, that the wheel and the .deb carry them and that they run where installed.
 """
 
 from __future__ import annotations
@@ -24,8 +21,6 @@ from nvctk.config import Config
 from nvctk.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
-LAUNCHER = REPO / "runtime_shim" / "nvctk-runtime"
-HOOK_LAUNCHER = REPO / "runtime_shim" / "nvctk-hook"
 VENV_BIN = Path(sys.executable).parent
 SITE_PACKAGES = sysconfig.get_paths()["purelib"]
 # the interpreter the venv was made from: no site-packages of ours, same ABI
@@ -55,11 +50,13 @@ def _fake_runtime(tmp: Path) -> tuple[Path, Path, Path]:
 def _check_passthrough(launcher: Path | str, tmp: Path, env: dict[str, str] | None = None) -> None:
     fake, record, config = _fake_runtime(tmp)
     env = {**(env or os.environ), "NVCTK_CONFIG": str(config)}
-    r = _run([str(launcher), *RUNC_ARGV], env=env, cwd=tmp)
-    assert r.returncode == 0, r.stderr
-    assert record.read_bytes().split(b"\0")[:-1] == [str(fake).encode()] + [
-        a.encode() for a in RUNC_ARGV
-    ]
+    for _ in range(2):  # Python (which leaves the launcher its cache), then the launcher
+        record.unlink(missing_ok=True)
+        r = _run([str(launcher), *RUNC_ARGV], env=env, cwd=tmp)
+        assert r.returncode == 0, r.stderr
+        assert record.read_bytes().split(b"\0")[:-1] == [str(fake).encode()] + [
+            a.encode() for a in RUNC_ARGV
+        ]
 
 
 # --- nvctk.paths ----------------------------------------------------------------
@@ -94,48 +91,6 @@ def test_require_vgpu_library_names_a_missing_configured_file(tmp_path: Path) ->
         paths.require_vgpu_library(cfg)
 
 
-# --- the launcher, fast layouts -------------------------------------------------
-
-
-def test_launcher_is_a_posix_sh_script() -> None:
-    first = LAUNCHER.read_text().splitlines()[0]
-    assert first == "#!/bin/sh"
-    assert os.access(LAUNCHER, os.X_OK)
-    sh_part = LAUNCHER.read_text().split("\n'''\n", 1)[0]  # sh never reads past its exec
-    r = _run(["sh", "-n"], input=sh_part)
-    assert r.returncode == 0, r.stderr
-    assert sh_part.count("exec ") == 2
-
-
-def test_launcher_in_venv_layout_with_editable_finder(tmp_path: Path) -> None:
-    """A venv whose site-packages holds only setuptools' editable finder for nvctk."""
-    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    venv = tmp_path / "venv"
-    site = venv / "lib" / ver / "site-packages"
-    site.mkdir(parents=True)
-    (venv / "bin").mkdir()
-    (venv / "bin" / "python3").symlink_to(BASE_PYTHON)
-    shutil.copy2(LAUNCHER, venv / "bin" / "nvctk-runtime")
-    mapping = {"nvctk": str(REPO / "nvctk"), "nvctk.runtime_shim": str(REPO / "runtime_shim"),
-               "nvctk.cli": str(REPO / "cli"), "nvctk.hooks": str(REPO / "hooks")}
-    (site / "__editable___nvctk_9_9_9_finder.py").write_text(
-        f"MAPPING: dict[str, str] = {mapping!r}\n"
-        "def install():\n    raise SystemExit('the launcher must not import the finder')\n"
-    )
-    _check_passthrough(venv / "bin" / "nvctk-runtime", tmp_path)
-    # and through a symlink elsewhere (readlink -f finds python3 and site-packages)
-    (tmp_path / "elsewhere").mkdir()
-    link = tmp_path / "elsewhere" / "nvctk-runtime"
-    link.symlink_to(venv / "bin" / "nvctk-runtime")
-    _check_passthrough(link, tmp_path)
-    # installed as nvctk-hook, or a link of another name to that, it is the hook
-    shutil.copy2(LAUNCHER, venv / "bin" / "nvctk-hook")
-    (tmp_path / "elsewhere" / "gpu-hook").symlink_to(venv / "bin" / "nvctk-hook")
-    for hook in (venv / "bin" / "nvctk-hook", tmp_path / "elsewhere" / "gpu-hook"):
-        r = _run([str(hook)])
-        assert r.returncode == 2 and r.stderr.startswith("usage: nvctk-hook"), r.stderr
-
-
 def _check_hook(hook: Path | str, env: dict[str, str] | None = None) -> None:
     """The hook starts, imports nvctk.prestart (and nvctk._sys) and rejects a bad state."""
     r = _run([str(hook), "prestart"], input="{}", env=env)
@@ -143,44 +98,7 @@ def _check_hook(hook: Path | str, env: dict[str, str] | None = None) -> None:
     assert r.stderr.startswith("nvctk-hook: ") and "Traceback" not in r.stderr, r.stderr
 
 
-def test_hook_launcher_is_a_link_to_the_launcher() -> None:
-    # script-files installs it as a regular file named nvctk-hook
-    assert HOOK_LAUNCHER.is_symlink() and os.readlink(HOOK_LAUNCHER) == LAUNCHER.name
-
-
-def _dev_launcher(name: str = "nvctk-runtime") -> Path:
-    """The launcher as installed in this venv: sh, or `make venv`'s direct #! line."""
-    exe = VENV_BIN / name
-    first = exe.read_bytes().split(b"\n", 1)[0] if exe.is_file() else b""
-    if first not in (b"#!/bin/sh", f"#!{VENV_BIN}/python3 -IS".encode()):
-        pytest.skip(f"{exe} is not the launcher: re-run `make venv`")
-    return exe
-
-
-def test_make_venv_starts_the_launchers_straight_from_their_interpreter() -> None:
-    """pip writes the sh launcher; `make venv` puts the venv's python3 -IS on the
-    #! line (what the .deb does), so no sh runs on the container-start path."""
-    if not (VENV_BIN.parent / ".installed").exists():
-        pytest.skip("this venv was not made by `make venv`")
-    for name in ("nvctk-runtime", "nvctk-hook"):
-        first = (VENV_BIN / name).read_text().splitlines()[0]
-        assert first == f"#!{VENV_BIN}/python3 -IS", name
-
-
-def test_launcher_in_this_venv(tmp_path: Path) -> None:
-    _check_passthrough(_dev_launcher(), tmp_path)
-
-
-def test_launcher_through_a_symlink_to_this_venv(tmp_path: Path) -> None:
-    link = tmp_path / "bin" / "nvctk-runtime"
-    link.parent.mkdir()
-    link.symlink_to(_dev_launcher())
-    _check_passthrough(link, tmp_path)
-
-
-def test_hook_launcher_in_this_venv() -> None:
-    """Without site: nvctk (nvctk._sys included) comes from the venv's layout."""
-    _check_hook(_dev_launcher("nvctk-hook"))
+LAUNCHERS = ("nvctk", "nvctk-hook", "nvctk-runtime")
 
 
 # --- the wheel ------------------------------------------------------------------
@@ -226,23 +144,17 @@ def test_wheel_contents(wheel: Path) -> None:
     with zipfile.ZipFile(whl) as z:
         names = z.namelist()
         scripts = sorted(n for n in names if ".data/scripts/" in n)
-        assert [n.rsplit("/", 1)[1] for n in scripts] == ["nvctk-hook", "nvctk-runtime"]
-        for script in scripts:  # two regular files, the same launcher
-            assert z.read(script) == LAUNCHER.read_bytes()
+        assert [n.rsplit("/", 1)[1] for n in scripts] == list(LAUNCHERS)
+        for script in scripts:  # the compiled launchers, executable
+            assert z.read(script)[:4] == b"\x7fELF"
             assert z.getinfo(script).external_attr >> 16 & 0o111
-        (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-        entry_points = z.read(ep).decode()
-    assert "nvctk = nvctk.cli.main:main" in entry_points
-    assert "nvctk-hook" not in entry_points  # the launchers, not console scripts
-    assert "nvctk-runtime" not in entry_points
-    for need in ("nvctk/cli/main.py", "nvctk/hooks/main.py", "nvctk/runtime_shim/main.py",
-                 "nvctk/runc_argv.py", "nvctk/py.typed"):
+        assert not [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    for need in ("nvctk/cli/main.py", "nvctk/cli/hook.py", "nvctk/cli/runtime.py",
+                 "nvctk/runc_argv.py", "nvctk/passthrough.py", "nvctk/py.typed"):
         assert need in names
     assert [n for n in names if n.startswith("nvctk/sim/csrc/") and n.endswith(".c")]
     top = {n.split("/", 1)[0] for n in names}
     assert {t for t in top if not t.startswith("nvctk")} == set(), top
-    assert "nvctk/runtime_shim/nvctk-runtime" not in names
-    assert "nvctk/runtime_shim/nvctk-hook" not in names
     assert "nvctk/lib/libvgpu.so" in names
     # the compiled syscall module the hook and the runtime import (nvctk/_sys.c)
     assert [n for n in names if n.startswith("nvctk/_sys.") and n.endswith(".so")], names
@@ -256,28 +168,16 @@ def test_wheel_installed_cli_runs(wheel_target: Path) -> None:
     cwd = wheel_target.parent  # not the repo: its nvctk/ would come first on sys.path
     r = _run([BASE_PYTHON, "-c", "import nvctk.cli; print(nvctk.cli.__file__)"], env=env, cwd=cwd)
     assert r.stdout.startswith(str(wheel_target)), r.stdout + r.stderr
-    r = _run([BASE_PYTHON, str(wheel_target / "bin" / "nvctk"), "config", "default"], env=env,
-             cwd=cwd)
+    r = _run([str(wheel_target / "bin" / "nvctk"), "config", "default"], env=env, cwd=cwd)
     assert r.returncode == 0, r.stderr
     assert "runtimes = " in r.stdout and "vgpu-library" in r.stdout
 
 
 @pytest.mark.slow
-def test_wheel_launcher_passthrough(wheel_target: Path, tmp_path: Path) -> None:
-    launcher = wheel_target / "bin" / "nvctk-runtime"
-    assert launcher.read_bytes().startswith(b"#!/bin/sh\n")
-    # python3 on PATH (a pip --target layout has none beside the script) ...
-    pybin = tmp_path / "pybin"
-    pybin.mkdir()
-    (pybin / "python3").symlink_to(BASE_PYTHON)
-    env = {**os.environ, "PATH": f"{pybin}:/usr/sbin:/usr/bin:/sbin:/bin"}
-    _check_passthrough(launcher, tmp_path, env)
-    # ... and beside it, as in a venv's bin/
-    (wheel_target / "bin" / "python3").symlink_to(BASE_PYTHON)
-    try:
-        _check_passthrough(launcher, tmp_path)
-    finally:
-        (wheel_target / "bin" / "python3").unlink()
+def test_wheel_launchers_run_from_a_target_dir(wheel_target: Path, tmp_path: Path) -> None:
+    """pip --target: bin/ beside the packages, no python3 there (/usr/bin's is used)."""
+    _check_passthrough(wheel_target / "bin" / "nvctk-runtime", tmp_path)
+    _check_hook(wheel_target / "bin" / "nvctk-hook")
 
 
 # --- the Debian package ---------------------------------------------------------
@@ -304,9 +204,9 @@ def test_deb_contents(deb: Path) -> None:
     files = {line.split()[5].removeprefix(".") for line in listing.splitlines()}
     for need in ("/usr/bin/nvctk-runtime", "/usr/bin/nvctk", "/usr/bin/nvctk-hook",
                  "/usr/lib/nvctk/libvgpu.so", "/etc/nvctk/config.toml",
-                 "/usr/lib/nvctk/python/nvctk/runtime_shim/main.py",
+                 "/usr/lib/nvctk/python/nvctk/cli/runtime.py",
                  "/usr/lib/nvctk/python/nvctk/cli/main.py",
-                 "/usr/lib/nvctk/python/nvctk/hooks/main.py",
+                 "/usr/lib/nvctk/python/nvctk/cli/hook.py",
                  "/usr/lib/nvctk/python/nvctk/lib/libvgpu.so",
                  "/usr/lib/nvctk/python/click/__init__.py"):
         assert need in files, need
@@ -334,7 +234,8 @@ def test_deb_extracted_runs(deb: Path, tmp_path: Path) -> None:
     lib_line, rest = r.stdout.split("\n", 1)
     assert lib_line == str(root / "usr" / "lib" / "nvctk" / "libvgpu.so")
     assert "runtimes = " in rest
-    for exe in ("nvctk", "nvctk-hook", "nvctk-runtime"):
-        assert (root / "usr" / "bin" / exe).read_text().startswith("#!/usr/bin/python3 -IS\n")
-    # the runtime as installed: python3 -IS from its #! line, the package in ../lib/nvctk/python
+    for exe in LAUNCHERS:
+        assert (root / "usr" / "bin" / exe).read_bytes()[:4] == b"\x7fELF"
+    # as installed: the package in ../lib/nvctk/python, /usr/bin/python3
     _check_passthrough(root / "usr" / "bin" / "nvctk-runtime", tmp_path)
+    _check_hook(root / "usr" / "bin" / "nvctk-hook")

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from nvctk import ldcache, prestart
 from nvctk.mount import parse_mountinfo
 from nvctk.plan import Mount
 from nvctk.sim.host import SimHost
+from support.launchers import Launchers
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces)")
 
@@ -232,8 +232,9 @@ def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]
     v = sim_host.topology.driver_version
     state = {"ociVersion": "1.0.2", "id": "c1", "status": "creating", "bundle": bundle.path}
     env = {"PATH": HOOK_PATH_ENV.split("=", 1)[1], "NVCTK_CONFIG": bundle.config}
+    hook = Launchers(Path(bundle.path).parent / "launchers", ("-X", "importtime")).bin
     with fake_container() as pid:
-        r = subprocess.run([sys.executable, "-X", "importtime", "-I", "-S", HOOK, "prestart"],
+        r = subprocess.run([str(hook / "nvctk-hook"), "prestart"],
                            input=json.dumps({**state, "pid": pid}), env=env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr[-3000:]

@@ -80,43 +80,23 @@ def test_bundle_dir() -> None:
     assert runc_argv.parse(["create", "-b", "create", "create"]).bundle_dir("/x") == "/x/create"
 
 
-FAST = [
-    ("", ("runc", "crun")),
-    ('driver-root = "/"\n', ("runc", "crun")),
-    ('runtimes = ["crun"]\n', ("crun",)),
-    ("runtimes=['/usr/bin/runc' , \"crun\",]  # c\n", ("/usr/bin/runc", "crun")),
-    ('# runtimes = ["x"]\nruntimes = [\n  "a", # first\n  "b"\n]\n', ("a", "b")),
-    ('"runtimes" = ["q\\"x"]\n', ('q"x',)),
-    ('[table]\nruntimes = ["x"]\n', ("runc", "crun")),  # not top-level
-    ('runtimes = []\n', ()),
-    ('x = """\nruntimes = ["y"]\n"""\n', ("runc", "crun")),  # inside a string: not the key
-    ('s = """x"""\nruntimes = ["crun"]\n', ("crun",)),
-    ("x = [\n  'runtimes = 1',\n]\nruntimes = [\"a\"]\n", ("a",)),
-]
+def test_passthrough_runtimes(tmp_path: Path) -> None:
+    """What the Python passthrough (a launcher cache miss) runs: the config loader's
+    answer, or the defaults with a warning naming the file."""
+    from nvctk import passthrough
 
-
-@pytest.mark.parametrize(("text", "want"), FAST)
-def test_fast_runtimes(text: str, want: tuple[str, ...]) -> None:
-    assert runc_argv.fast_runtimes(text) == want
-
-
-@pytest.mark.parametrize("text", ['runtimes = "runc"\n', 'runtimes = ["a\\n"]\n',
-                                  'runtimes = ["a"]\nruntimes = ["b"]\n', "runtimes = [1]\n"])
-def test_fast_runtimes_gives_up(text: str) -> None:
-    assert runc_argv.fast_runtimes(text) is None
-
-
-def test_read_runtimes(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    env = {"NVCTK_CONFIG": str(cfg)}
-    assert runc_argv.read_runtimes(env) == (("runc", "crun"), None)  # absent: defaults
-    cfg.write_text('runtimes = ["crun"]\nunknown-key = 1\n')
-    assert runc_argv.read_runtimes(env) == (("crun",), None)  # the fast path ignores the rest
-    cfg.write_text("runtimes = [\n")  # broken: defaults and a warning
-    rts, warning = runc_argv.read_runtimes(env)
-    assert rts == ("runc", "crun") and warning and str(cfg) in warning
-    cfg.write_text('runtimes = ["a\\tb"]\n')  # the real parser decides
-    assert runc_argv.read_runtimes(env) == (("a\tb",), None)
+    env = {"NVCTK_CONFIG": str(cfg), "NVCTK_PASSTHROUGH_CACHE": str(tmp_path / "cache")}
+    assert passthrough.runtimes(env) == (("runc", "crun"), None)  # absent: defaults
+    cfg.write_text('runtimes = ["crun"]\n')
+    assert passthrough.runtimes(env) == (("crun",), None)
+    for broken in ("runtimes = [\n", 'runtimes = ["crun"]\nunknown-key = 1\n',
+                   'runtimes = ["a"]\nruntimes = ["b"]\n'):
+        cfg.write_text(broken)  # the loader refuses it: defaults and a warning
+        rts, warning = passthrough.runtimes(env)
+        assert rts == ("runc", "crun") and warning and str(cfg) in warning, broken
+    cfg.write_text('runtimes = ["a\\tb"]\n')
+    assert passthrough.runtimes(env) == (("a\tb",), None)
 
 
 def _exe(p: Path) -> str:
@@ -145,8 +125,9 @@ def test_find_runtime(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("configured", [False, True])
 def test_passthrough_imports_stay_light(tmp_path: Path, configured: bool) -> None:
-    """The passthrough path must not import json/tomllib/dataclasses (milliseconds each),
-    neither without a config nor with one like the simulated host's (extra-mounts)."""
+    """The Python passthrough (a launcher cache miss) must not import
+    json/tomllib/dataclasses (milliseconds each), neither without a config nor with one
+    like the simulated host's (extra-mounts)."""
     import subprocess
     import sys
 
@@ -157,11 +138,12 @@ def test_passthrough_imports_stay_light(tmp_path: Path, configured: bool) -> Non
                                  extra_mounts=(ExtraMount("/a", "/b", True),))))
     want = ("crun",) if configured else ("runc", "crun")
     code = (
-        "import sys; import nvctk.runtime_shim.main as m; from nvctk import runc_argv;"
+        "import sys; import nvctk.cli.runtime as m; from nvctk import runc_argv, passthrough;"
         "runc_argv.parse(['state','x']);"
-        f"rts = runc_argv.read_runtimes({{'NVCTK_CONFIG': {str(cfg if configured else '/nonexistent')!r}}});"
+        f"rts = passthrough.runtimes({{'NVCTK_CONFIG': {str(cfg if configured else '/nonexistent')!r},"
+        f" 'NVCTK_PASSTHROUGH_CACHE': {str(tmp_path / 'cache')!r}}});"
         f"assert rts == ({want!r}, None), rts;"
-        "bad=[n for n in ('json','tomllib','dataclasses','typing','click','nvctk.config') "
+        "bad=[n for n in ('json','tomllib','dataclasses','typing','click','re') "
         "if n in sys.modules]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -131,7 +131,7 @@ def read(path: str) -> bytes | None:
     """The file's bytes, None when it does not exist; a ConfigError for anything but a
     regular file (after a symlink): configure replaces the file it read, and a device
     (/dev/null) or FIFO must never become a regular file, nor a FIFO hang the read."""
-    from nvctk.runc_argv import NotRegularFile, read_regular_file
+    from nvctk.fileio import NotRegularFile, read_regular_file
 
     if os.path.isdir(path):
         raise ConfigError(f"{path}: is a directory, not a config file")

@@ -99,6 +99,9 @@ def _default_name(doc: tomlkit.TOMLDocument, plugin: list[str], path: str) -> st
     return str(name) if isinstance(name, str) and name else "runc"
 
 
+CDI_ANNOTATIONS = "cdi.k8s.io/*"
+
+
 def _source_runtime(doc: tomlkit.TOMLDocument, plugin: list[str], req: Request,
                     path: str) -> dict[str, Any]:
     """The runtime whose settings the new one copies: the default one when it is a
@@ -120,6 +123,14 @@ def _entry(source: dict[str, Any], binary: str) -> dict[str, Any]:
     for k, v in source.items():
         if k not in ("runtime_type", "options") and not isinstance(v, dict):
             entry[k] = v
+    # containerd's CRI hands a Pod's annotations to the runtime only where listed: the
+    # device plugin's cdi-annotations requests (cdi.k8s.io/*) need it, as NVIDIA's
+    # `nvidia-ctk runtime configure` sets it
+    annotations = entry.get("container_annotations")
+    annotations = list(annotations) if isinstance(annotations, list) else []
+    if CDI_ANNOTATIONS not in annotations:
+        annotations.append(CDI_ANNOTATIONS)
+    entry["container_annotations"] = annotations
     opts = source.get("options")
     options: dict[str, Any] = {"BinaryName": binary}
     if isinstance(opts, dict):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build nvctk_<version>_<arch>.deb without debhelper: nvctk and its Python
 # dependencies go to /usr/lib/nvctk/python (so they never clash with Debian's
-# python3-* packages), libvgpu.so to /usr/lib/nvctk/, thin launchers to /usr/bin.
+# python3-* packages), libvgpu.so to /usr/lib/nvctk/, the launchers to /usr/bin.
 #   packaging/deb/build.sh [OUTDIR]      (default: dist/)
 # PYTHON (default /usr/bin/python3) must be the python3 of the Debian release the
 # package is for: the dependencies' compiled extensions are built for it.
@@ -29,6 +29,10 @@ tar -C "$repo" --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./
 mkdir -p "$stage/DEBIAN" "$stage/usr/bin" "$lib" "$stage/etc/nvctk"
 "$python" -m pip install -q --no-compile --no-warn-script-location --target "$lib/python" \
   "$work"/wheel/nvctk-*.whl
+# the wheel's scripts are the compiled launchers (runtime_shim/launcher.c): from
+# /usr/bin they find the package in ../lib/nvctk/python and run /usr/bin/python3
+mv "$lib/python/bin/nvctk" "$lib/python/bin/nvctk-hook" "$lib/python/bin/nvctk-runtime" \
+  "$stage/usr/bin/"
 rm -rf "$lib/python/bin"
 "$python" -m compileall -q -j0 "$lib/python" >/dev/null
 
@@ -42,25 +46,6 @@ mv "$lib/python/nvctk/lib/libvgpu.so" "$lib/libvgpu.so"
 chmod 0644 "$lib/libvgpu.so"
 ln -s ../../../libvgpu.so "$lib/python/nvctk/lib/libvgpu.so"
 
-# nvctk-hook as nvctk: python3 -IS straight from its #! line (no site, no .pth files,
-# no sh hop: what the wheel's sh launcher does for nvctk-hook, for this one layout)
-for exe in nvctk nvctk-hook; do
-  mod=$([ $exe = nvctk ] && echo nvctk.cli.main || echo nvctk.hooks.main)
-  cat > "$stage/usr/bin/$exe" <<SH
-#!/usr/bin/python3 -IS
-import sys
-sys.path.insert(0, "/usr/lib/nvctk/python")
-from $mod import main
-sys.exit(main())
-SH
-  chmod 0755 "$stage/usr/bin/$exe"
-done
-# the runtime: the wheel's launcher with its sh line swapped for the interpreter this
-# layout is known to have (the sh hop costs a process start on every runc call); its
-# Python part finds the package in ../lib/nvctk/python by itself
-{ echo '#!/usr/bin/python3 -IS'; tail -n +2 "$repo/runtime_shim/nvctk-runtime"; } \
-  > "$stage/usr/bin/nvctk-runtime"
-chmod 0755 "$stage/usr/bin/nvctk-runtime"
 cat > "$stage/etc/nvctk/config.toml" <<'TOML'
 # nvctk configuration; `nvctk config default` lists every key with its default.
 vgpu-library = "/usr/lib/nvctk/libvgpu.so"

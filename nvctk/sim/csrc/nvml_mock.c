@@ -16,6 +16,10 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -223,6 +227,7 @@ const char *nvmlErrorString(nvmlReturn_t r)
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
     case 12: return "NVML Shared Library Not Found";
     case 13: return "Function Not Found";
     case 15: return "GPU is lost";
@@ -855,4 +860,175 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
     }
     *count = k;
     return NVML_SUCCESS;
+}
+
+/* ---- event sets (XID critical errors) ----
+ *
+ * The sim has no kernel driver to raise XIDs; `nvctk.sim.events.inject_xid`
+ * appends a record to the events file beside the state file
+ * (<sim-root>/run/nvidia-sim/events on the host, /run/nvidia-sim/events in a
+ * container, $NVSIM_EVENTS if set). An event set remembers the file's size
+ * when it was created, so it reports only XIDs injected after that, as the
+ * real driver reports only events raised while the set exists. The record
+ * layout is fixed (24 bytes, little-endian; nvctk/sim/events.py packs it). */
+
+#define NVML_ERROR_TIMEOUT 10
+#define NVML_EVENT_TYPE_XID 0x8ull
+#define NVSIM_NO_INSTANCE 0xFFFFFFFFu
+#define NVSIM_EVENT_POLL_NS 5000000L /* 5 ms: far below the 1 s health goal */
+
+struct nvsim_event_rec {
+    uint32_t gpu;  /* topology index */
+    uint32_t gi;   /* GPU instance id, NVSIM_NO_INSTANCE for the whole GPU */
+    uint32_t ci;   /* compute instance id, likewise */
+    uint32_t _pad;
+    uint64_t xid;
+};
+_Static_assert(sizeof(struct nvsim_event_rec) == 24, "nvsim_event_rec");
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+#define EVSET_MAGIC 0x4e564553u
+struct nvsim_evset {
+    unsigned magic;
+    pthread_mutex_t lock;
+    off_t offset;                               /* next record to read */
+    unsigned long long types[NVSIM_MAX_GPUS];   /* registered event types per GPU */
+};
+typedef struct nvsim_evset *nvmlEventSet_t;
+
+static const char *events_path(void)
+{
+    static char path[4200];
+    char dir[4096];
+    const char *env = getenv("NVSIM_EVENTS");
+    struct stat sb;
+    if (env && *env)
+        return env;
+    snprintf(dir, sizeof dir, "%s/run/nvidia-sim", nvsim_topo.sim_root);
+    if (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode))
+        snprintf(path, sizeof path, "%s/events", dir);
+    else
+        snprintf(path, sizeof path, "/run/nvidia-sim/events");
+    return path;
+}
+
+static off_t events_size(void)
+{
+    struct stat sb;
+    return stat(events_path(), &sb) == 0 ? sb.st_size : 0;
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    struct nvsim_evset *s;
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    s = calloc(1, sizeof *s);
+    if (!s)
+        return NVML_ERROR_UNKNOWN;
+    s->magic = EVSET_MAGIC;
+    pthread_mutex_init(&s->lock, NULL);
+    /* whole records only: a writer's append in progress is read later */
+    s->offset = events_size() / (off_t)sizeof(struct nvsim_event_rec) *
+                (off_t)sizeof(struct nvsim_event_rec);
+    *set = s;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != EVSET_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    set->magic = 0;
+    pthread_mutex_destroy(&set->lock);
+    free(set);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types)
+{
+    nvmlReturn_t r = check(d, 1);
+    if (r)
+        return r;
+    if (!types)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *types = NVML_EVENT_TYPE_XID;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t set)
+{
+    nvmlReturn_t r = check(d, 1);
+    if (r)
+        return r;
+    if (!set || set->magic != EVSET_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (types & ~NVML_EVENT_TYPE_XID)
+        return NVML_ERROR_NOT_SUPPORTED; /* as NVML does for a type the GPU lacks */
+    pthread_mutex_lock(&set->lock);
+    set->types[d->gpu] |= types;
+    pthread_mutex_unlock(&set->lock);
+    return NVML_SUCCESS;
+}
+
+/* One pass over the records not yet read: 1 and *out filled for the first that
+ * this set registered for, else 0. */
+static int next_event(nvmlEventSet_t set, nvmlEventData_t *out)
+{
+    struct nvsim_event_rec rec;
+    int found = 0;
+    int fd = open(events_path(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    pthread_mutex_lock(&set->lock);
+    while (!found && pread(fd, &rec, sizeof rec, set->offset) == (ssize_t)sizeof rec) {
+        set->offset += (off_t)sizeof rec;
+        if (rec.gpu >= NVSIM_MAX_GPUS || rec.gpu >= nvsim_topo.ngpus ||
+            !(set->types[rec.gpu] & NVML_EVENT_TYPE_XID))
+            continue;
+        *out = (nvmlEventData_t){&g_gpu[rec.gpu], NVML_EVENT_TYPE_XID, rec.xid, rec.gi, rec.ci};
+        found = 1;
+    }
+    pthread_mutex_unlock(&set->lock);
+    close(fd);
+    return found;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeout_ms)
+{
+    struct timespec now, end;
+    const struct timespec poll = {0, NVSIM_EVENT_POLL_NS};
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != EVSET_MAGIC || !data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += timeout_ms / 1000;
+    end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (end.tv_nsec >= 1000000000L) {
+        end.tv_sec++;
+        end.tv_nsec -= 1000000000L;
+    }
+    for (;;) {
+        if (next_event(set, data))
+            return NVML_SUCCESS;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec >= end.tv_nsec))
+            return NVML_ERROR_TIMEOUT;
+        nanosleep(&poll, NULL);
+    }
+}
+
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeout_ms)
+{
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
 }

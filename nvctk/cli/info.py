@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from nvctk import driver, nvml
+from nvctk.config import ALL_CAPABILITIES
 
 
 def info_dict(driver_root: str) -> dict[str, Any]:
@@ -17,7 +18,7 @@ def info_dict(driver_root: str) -> dict[str, Any]:
     files = driver.discover_files(driver_root, host.driver_version)
     out = host.to_dict()
     out["driver_root"] = files.driver_root
-    out["files"] = {cap: files.for_capabilities([cap]) for cap in driver.CAPABILITIES}
+    out["files"] = {cap: files.for_capabilities([cap]) for cap in ALL_CAPABILITIES}
     out["firmware"] = list(files.firmware)
     out["proc_dir"] = files.proc_dir
     out["dev_dir"] = files.dev_dir

@@ -1,9 +1,9 @@
-"""nvctk-runtime: a drop-in for runc.
+"""nvctk-runtime: a drop-in for runc (the Python side of runtime_shim/nvctk-runtime.c).
 
-Thin on purpose. Every state/kill/delete/start of every container on the node
-runs through here, so the passthrough path imports only os, sys and
-nvctk.runc_argv (itself os/sys only) and execs the low-level runtime at once.
-Only `create` and `run` import the library (nvctk.shim) to edit the bundle.
+The launcher passes every subcommand but create/run to the low-level runtime by
+itself; this runs for create/run, and for a passthrough the launcher could not
+serve (the config changed since Python last read it, or it is broken: see
+nvctk.passthrough). Only `create` and `run` import the library (nvctk.shim).
 """
 
 from __future__ import annotations
@@ -47,34 +47,19 @@ def _warn(msg: str) -> None:
         pass
 
 
-def _finds(module: str) -> bool:
-    """Whether a top-level module is importable, without importing it."""
-    # a plain module file on sys.path answers for the import system, which would list
-    # whole directories (site-packages) to say the same
-    if any(os.path.isfile(os.path.join(d, module + ".py")) for d in sys.path if d):
-        return True
-    return any(
-        f.find_spec(module, None) is not None for f in sys.meta_path if hasattr(f, "find_spec")
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = runc_argv.parse(argv)
     if args.creates:
-        if sys.flags.no_site and not _finds("pynvml"):
-            # Started with -S by something other than the launcher (which puts
-            # the dependencies' directory on sys.path itself: site costs 15-35 ms)
-            import site
-
-            site.main()
         try:
             from nvctk.shim import create_main
 
             return create_main(args)
         except Exception as e:  # a bug: one line in runc's log, never a traceback
             return _internal_error(args, e)
-    runtimes, warning = runc_argv.read_runtimes()
+    from nvctk import passthrough
+
+    runtimes, warning = passthrough.runtimes()
     if warning:
         _warn(warning)
     runtime = runc_argv.find_runtime(runtimes)

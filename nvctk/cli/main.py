@@ -11,7 +11,7 @@ import sys
 import click
 
 from nvctk import config as nvconfig
-from nvctk.cli import cdi_cmd, config_cmd, configure, info, sim, vgpu_cmd
+from nvctk.cli import cdi_cmd, config_cmd, configure, device_plugin, info, labels, sim, vgpu_cmd
 from nvctk.errors import NvctkError
 
 
@@ -46,6 +46,8 @@ cli.add_command(configure.configure)
 cli.add_command(sim.sim)
 cli.add_command(vgpu_cmd.vgpu)
 cli.add_command(cdi_cmd.cdi_group)
+cli.add_command(device_plugin.device_plugin)
+cli.add_command(labels.labels)
 
 
 def main(argv: list[str] | None = None) -> None:

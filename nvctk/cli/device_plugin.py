@@ -1,0 +1,54 @@
+"""`nvctk device-plugin`: the kubelet device plugin (logic in nvctk.deviceplugin)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from nvctk.deviceplugin.server import DEFAULT_KUBELET_DIR
+from nvctk.errors import NvctkError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from nvctk.deviceplugin.config import PluginConfig
+    from nvctk.inventory import HostInfo
+
+
+def setup(config_file: str | None) -> tuple[PluginConfig, str, HostInfo]:
+    from nvctk import config as nvconfig
+    from nvctk import nvml
+    from nvctk.deviceplugin import config as dpconfig
+
+    cfg = dpconfig.load(config_file)
+    driver_root = cfg.driver_root or nvconfig.load().driver_root
+    host = nvml.query_host(driver_root)
+    return cfg, driver_root, host
+
+
+@click.command("device-plugin")
+@click.option("--kubelet-dir", default=DEFAULT_KUBELET_DIR, show_default=True, metavar="DIR",
+              help="the kubelet's device-plugins directory (kubelet.sock)")
+@click.option("--config", "config_file", default=None, metavar="FILE",
+              help="the plugin's YAML config (default: whole GPUs, envvar)")
+def device_plugin(kubelet_dir: str, config_file: str | None) -> None:
+    """Kubernetes device plugin (API v1beta1): advertise GPUs, MIG devices and shares."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s nvctk-device-plugin %(levelname)s %(message)s")
+    try:
+        from nvctk.deviceplugin import resources
+        from nvctk.deviceplugin.server import Manager
+
+        cfg, driver_root, host = setup(config_file)
+        res = resources.build(cfg, host)
+        if not res:
+            raise NvctkError("no GPU to advertise on this node")
+        for r in res:
+            click.echo(f"advertising {r.name}: {len(r.devices)} device(s)", err=True)
+        mgr = Manager(res, cfg, driver_root, host, kubelet_dir)
+        mgr.install_signal_handlers()
+        mgr.run()
+    except NvctkError as e:
+        raise click.ClickException(str(e))
+    click.echo("device plugin stopped", err=True)

@@ -1,0 +1,32 @@
+"""`nvctk labels`: GPU Feature Discovery style node labels (nvctk.deviceplugin.labels)."""
+
+from __future__ import annotations
+
+import click
+
+from nvctk.cli.device_plugin import setup
+from nvctk.errors import NvctkError
+
+
+@click.command("labels")
+@click.option("--output", default=None, metavar="FILE",
+              help="write here atomically (e.g. /etc/kubernetes/node-feature-discovery/"
+                   "features.d/nvctk); default: stdout")
+@click.option("--config", "config_file", default=None, metavar="FILE",
+              help="the device plugin's YAML config (sharing and MIG strategy labels)")
+def labels(output: str | None, config_file: str | None) -> None:
+    """GPU Feature Discovery style node labels."""
+    from nvctk.deviceplugin import labels as lb
+
+    try:
+        cfg, _root, host = setup(config_file)
+        out = lb.node_labels(host, cfg)
+    except NvctkError as e:
+        raise click.ClickException(str(e))
+    if output is None:
+        click.echo(lb.format_labels(out), nl=False)
+    else:
+        try:
+            lb.write_labels(output, out)
+        except OSError as e:
+            raise click.ClickException(f"{output}: cannot write: {e.strerror or e}")

@@ -1,0 +1,120 @@
+"""Files nvctk reads and writes: never blocking on a read, never torn on a write.
+
+One reader (read_regular_file) for every file a container start reads, one writer
+(atomic_write) for every file it replaces. os only: both are on the start path.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class NotRegularFile(OSError):
+    """A path nvctk reads at container start is a FIFO, device, socket or directory."""
+
+
+# a real config is under 4 KiB: anything far larger is not one (and would cost time)
+MAX_CONFIG_BYTES = 64 << 10
+
+
+def _why(limit: int) -> str:
+    return " (a real nvctk config is under 4 KiB)" if limit == MAX_CONFIG_BYTES else ""
+
+
+def read_regular_file(path: str, limit: int = MAX_CONFIG_BYTES, *,
+                      nofollow: bool = False) -> bytes:
+    """The bytes of a regular file, read without ever blocking (read_regular_file_stat)."""
+    return read_regular_file_stat(path, limit, nofollow=nofollow)[0]
+
+
+def read_regular_file_stat(path: str, limit: int = MAX_CONFIG_BYTES, *,
+                           nofollow: bool = False) -> tuple[bytes, os.stat_result]:
+    """The bytes of a regular file, read without ever blocking.
+
+    O_NONBLOCK|O_NOCTTY then fstat: a FIFO (which would wait for a writer), a
+    device or a socket is refused with NotRegularFile before anything is read.
+    More than `limit` bytes is an OSError too. FileNotFoundError as open() has it.
+    nofollow: a symlink as the last component is an OSError (ELOOP) too.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+                 | (os.O_NOFOLLOW if nofollow else 0))
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000:
+            raise NotRegularFile(f"not a regular file: {path}")
+        if st.st_size > limit:
+            raise OSError(f"larger than {limit} bytes{_why(limit)}: {path}")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks), st
+            total += len(chunk)
+            if total > limit:
+                raise OSError(f"larger than {limit} bytes{_why(limit)}: {path}")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, mode: int | None = None, *,
+                 sync_dir: bool = True, keep_owner: bool = True) -> None:
+    """Replace `path` with `data`: temp file in the same dir, fsync, rename, fsync dir.
+
+    A reader (runc, a crashed shim's retry) sees the old file or the new one,
+    never a torn one. Mode and owner follow the file being replaced.
+    sync_dir=False leaves the directory's fsync (the rename's durability) to the
+    caller's next atomic_write in the same directory, which then covers both renames.
+    keep_owner=False: the new file is the writer's (a cache must not stay another's).
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    uid = gid = -1
+    try:
+        st = os.stat(path)
+        mode = st.st_mode & 0o7777 if mode is None else mode
+        if keep_owner:
+            uid, gid = st.st_uid, st.st_gid
+    except FileNotFoundError:
+        mode = 0o644 if mode is None else mode
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}."
+                                  f"{os.urandom(4).hex()}.tmp")
+    # O_EXCL|O_NOFOLLOW: never a file or link someone planted at the temp name
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+                 | os.O_NOCTTY, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fchmod(fd, mode)
+            if uid >= 0 and (uid, gid) != (os.geteuid(), os.getegid()):
+                try:
+                    os.fchown(fd, uid, gid)
+                except OSError:
+                    pass
+            os.fsync(fd)
+        except OSError as e:
+            if e.filename is not None:
+                raise
+            # write(2) errors (no space, quota) carry no path: name the file written
+            raise OSError(e.errno, e.strerror, path) from e
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if not sync_dir:
+        return
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the rename itself is done
+    finally:
+        os.close(dfd)

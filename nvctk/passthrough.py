@@ -1,0 +1,99 @@
+"""Which low-level runtime the config names, for the runtime's passthrough.
+
+runtime_shim/nvctk-runtime.c execs runc for every subcommand but create/run
+without starting Python. It learns the config's `runtimes` from a cache that this
+module writes whenever the runtime has loaded the config (a create, or a
+passthrough the launcher could not serve): one file per config path, named by the
+path's FNV-1a 64 hash as the launcher computes it, holding
+
+    nvctk-passthrough 1
+    <config path>
+    <st_dev> <st_ino> <st_size> <mtime s> <mtime ns> <ctime s> <ctime ns>
+    <runtime>...
+
+The stat is the one of the bytes the loader parsed: any write to the config
+changes its ctime, a replaced file its inode, and the launcher then falls back to
+Python, which reads the config afresh. So the launcher reads no TOML, and a file
+the loader rejects is never served from the cache. Only root writes or trusts it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvctk.config import Config, config_path, load_stat
+from nvctk.errors import NvctkError
+from nvctk.fileio import atomic_write, read_regular_file
+
+DEFAULT_CACHE_DIR = "/run/nvctk/passthrough"
+CACHE_VAR = "NVCTK_PASSTHROUGH_CACHE"  # another directory (the tests use their own)
+MAGIC = "nvctk-passthrough 1\n"
+DEFAULT_RUNTIMES = Config().runtimes
+
+
+def cache_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get(CACHE_VAR) or DEFAULT_CACHE_DIR
+
+
+def cache_name(path: str) -> str:
+    """FNV-1a 64 of the config path's bytes, 16 hex digits (nvctk-runtime.c fnv1a64)."""
+    h = 0xCBF29CE484222325
+    for b in os.fsencode(path):
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def entry(path: str, st: os.stat_result, runtimes: tuple[str, ...]) -> bytes | None:
+    """The cache file's bytes, or None where the launcher could not use them."""
+    if not path.startswith("/") or any(not r or "\n" in r or "\0" in r for r in runtimes) \
+            or "\n" in path:
+        return None
+    stamp = (f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns // 10**9} "
+             f"{st.st_mtime_ns % 10**9} {st.st_ctime_ns // 10**9} {st.st_ctime_ns % 10**9}")
+    return os.fsencode(f"{MAGIC}{path}\n{stamp}\n" + "".join(f"{r}\n" for r in runtimes))
+
+
+def remember(path: str, st: os.stat_result, runtimes: tuple[str, ...],
+             environ: dict[str, str] | os._Environ[str] | None = None) -> None:
+    """Leave the launcher what the loader read from `path`; any failure is ignored
+    (not root, a read-only /run): the launcher then asks Python each time."""
+    data = entry(path, st, runtimes)
+    if data is None or os.geteuid() != 0:
+        return
+    directory = cache_dir(environ)
+    file = os.path.join(directory, cache_name(path))
+    try:
+        st_file = os.lstat(file)
+        if st_file.st_uid == 0 and not st_file.st_mode & 0o022 \
+                and read_regular_file(file, nofollow=True) == data:
+            return  # every create finds it written already
+    except OSError:
+        pass
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        dst = os.stat(directory, follow_symlinks=False)
+        if dst.st_uid != 0 or dst.st_mode & 0o022:
+            return  # the launcher would not trust it either
+        atomic_write(file, data, 0o644, sync_dir=False, keep_owner=False)
+    except OSError:
+        pass
+
+
+def runtimes(environ: dict[str, str] | os._Environ[str] | None = None) -> tuple[
+    tuple[str, ...], str | None
+]:
+    """(runtimes, warning) for a passthrough the launcher left to Python.
+
+    Never fails: a broken config (unreadable, a FIFO, not UTF-8, malformed) yields
+    the defaults and a warning, because a broken nvctk config must not stop
+    `runc state/kill/delete` for every container on the node.
+    """
+    path = config_path(dict(environ) if environ is not None else None)
+    try:
+        config, st = load_stat(path)
+    except NvctkError as e:
+        return DEFAULT_RUNTIMES, f"{e}; using runtimes {', '.join(DEFAULT_RUNTIMES)}"
+    if st is not None:
+        remember(path, st, config.runtimes, environ)
+    return config.runtimes, None

@@ -1,0 +1,112 @@
+"""deployments/: well-formed manifests with the fields the kubelet needs, whose resource
+names are ones the device plugin advertises and whose handler is `nvctk configure`'s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nvctk.deviceplugin import config as dpconfig
+from nvctk.deviceplugin import resources
+from nvctk.engines.common import Request as EngineRequest
+from nvctk.sim.topology import MIG_PROFILES, make_topology
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deployments"
+API = {"Pod": "v1", "ConfigMap": "v1", "DaemonSet": "apps/v1", "RuntimeClass": "node.k8s.io/v1"}
+
+
+def docs() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for f in sorted(DEPLOY.glob("*.yaml")):
+        for d in yaml.safe_load_all(f.read_text()):
+            if d is not None:
+                out.append((f.name, d))
+    return out
+
+
+def of_kind(kind: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(f, d) for f, d in docs() if d["kind"] == kind]
+
+
+@pytest.mark.parametrize("name, doc", docs(), ids=[f"{f}:{d.get('kind')}" for f, d in docs()])
+def test_well_formed(name: str, doc: dict[str, Any]) -> None:
+    assert doc["kind"] in API, name
+    assert doc["apiVersion"] == API[doc["kind"]], name
+    assert doc["metadata"]["name"], name
+    if doc["kind"] == "DaemonSet":
+        spec = doc["spec"]
+        assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+        vols = {v["name"] for v in spec["template"]["spec"].get("volumes", [])}
+        for c in spec["template"]["spec"].get("initContainers", []) + \
+                spec["template"]["spec"]["containers"]:
+            assert c["image"]
+            assert {m["name"] for m in c.get("volumeMounts", [])} <= vols, c["name"]
+
+
+def test_runtimeclass_handler_is_configures() -> None:
+    (_, rc), = of_kind("RuntimeClass")
+    assert rc["handler"] == EngineRequest().name == "nvidia"
+    for f, pod in of_kind("Pod"):
+        assert pod["spec"]["runtimeClassName"] == rc["metadata"]["name"], f
+
+
+def plugin_config() -> tuple[dpconfig.PluginConfig, dict[str, Any]]:
+    (_, cm), = of_kind("ConfigMap")
+    return dpconfig.parse(yaml.safe_load(cm["data"]["config.yaml"]), "configmap"), cm
+
+
+def test_device_plugin_daemonset_uses_its_configmap() -> None:
+    _, cm = plugin_config()
+    ds = next(d for f, d in of_kind("DaemonSet") if f == "device-plugin.yaml")
+    pod = ds["spec"]["template"]["spec"]
+    plugin = pod["containers"][0]
+    cmd = plugin["command"]
+    assert cmd[:2] == ["nvctk", "device-plugin"]
+    kdir = cmd[cmd.index("--kubelet-dir") + 1]
+    assert kdir == "/var/lib/kubelet/device-plugins"
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["device-plugins"]["hostPath"]["path"] == kdir == mounts["device-plugins"]
+    conf = cmd[cmd.index("--config") + 1]
+    cm_vol = next(n for n, v in vols.items() if v.get("configMap", {}).get("name")
+                  == cm["metadata"]["name"])
+    assert conf == f"{mounts[cm_vol]}/config.yaml"
+
+
+def test_installer_runs_configure() -> None:
+    from nvctk.cli.configure import configure
+
+    ds = next(d for f, d in of_kind("DaemonSet") if f == "nvctk-installer.yaml")
+    script = ds["spec"]["template"]["spec"]["initContainers"][0]["args"][0]
+    line = next(line for line in script.splitlines() if "nvctk configure" in line)
+    flags = [w for w in line.split() if w.startswith("--")]
+    known = {o for p in configure.params for o in p.opts}
+    assert flags and set(flags) <= known, flags
+
+
+def test_pod_resources_are_advertised() -> None:
+    """Every extended resource a Pod asks for is one some plugin config advertises."""
+    cfg, _ = plugin_config()
+    host_mig = make_topology(gpus=2, mig={0: ["1g.10gb", "1g.10gb"]})
+    from test_deviceplugin import host_of
+
+    names = {r.name for r in resources.build(cfg, host_of(host_mig))}
+    for other in ({}, {"sharing": {"mps": {}}}):  # the default config, and MPS
+        names |= {r.name for r in resources.build(dpconfig.parse(
+            {"version": "v1", **other}), host_of(make_topology(gpus=1)))}
+    assert {"nvidia.com/gpu", "nvidia.com/vgpu", "nvidia.com/mig-1g.10gb",
+            "nvidia.com/mps-core", "nvidia.com/mps-memory"} <= names
+    asked = {}
+    for f, pod in of_kind("Pod"):
+        for c in pod["spec"]["containers"]:
+            for k, v in c.get("resources", {}).get("limits", {}).items():
+                if k.startswith("nvidia.com/"):
+                    asked[k] = (f, v)
+    assert asked, "no example Pod asks for a GPU resource"
+    for k, (f, v) in asked.items():
+        assert k in names or k.removeprefix("nvidia.com/mig-") in MIG_PROFILES, (f, k)
+        assert isinstance(v, int) and v > 0, (f, k)
+    assert asked["nvidia.com/mps-core"][1] == 50 and asked["nvidia.com/mps-memory"][1] == 8

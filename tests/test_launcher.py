@@ -1,0 +1,225 @@
+"""The launchers (runtime_shim/launcher.c): nvctk-runtime's passthrough without
+Python, and the layouts the three executables find nvctk in.
+
+The fast path is checked by what it must not do: each test layout's python3 is a
+wrapper that records every start, so a passthrough that silently fell back to
+Python shows up as a line in that record.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from nvctk import passthrough
+from support.launchers import PYVER, REPO, Launchers, launcher
+
+DEPS = sysconfig.get_paths()["purelib"]
+RUNC_ARGV = ["--root", "/run/x y", "--log-format", "json", "kill", "ctr-1", "SIGKILL"]
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the passthrough cache is root's")
+
+
+class Layout(Launchers):
+    """The launchers with a counting python3, a config, a cache dir, fake runtimes."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.tmp = tmp
+        self.cache = tmp / "cache"
+        self.config = tmp / "config.toml"
+        self.record = tmp / "argv.rec"
+        self.fakes = tmp / "fakes"
+        self.fakes.mkdir()
+
+    def fake(self, name: str) -> Path:
+        """A runtime that records its argv (each in its own file: which one ran)."""
+        fake = self.fakes / name
+        fake.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$0\" \"$@\" > '{self.record}'\n")
+        fake.chmod(0o755)
+        return fake
+
+    def run(self, argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+        self.record.unlink(missing_ok=True)
+        full = {"PATH": f"{self.fakes}:/usr/sbin:/usr/bin:/sbin:/bin",
+                "NVCTK_CONFIG": str(self.config), "NVCTK_PASSTHROUGH_CACHE": str(self.cache),
+                **env}
+        return subprocess.run([str(self.bin / "nvctk-runtime"), *argv], env=full,
+                              capture_output=True, text=True, timeout=60, cwd=self.tmp)
+
+    def ran(self) -> list[str]:
+        return [a.decode() for a in self.record.read_bytes().split(b"\0")[:-1]]
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Layout:
+    return Layout(tmp_path)
+
+
+def test_passthrough_starts_python_once_per_config_version(layout: Layout) -> None:
+    fake = layout.fake("rt-a")
+    layout.config.write_text(f'runtimes = ["{fake}"]\n')
+    for want_starts in (1, 1, 1):
+        r = layout.run(RUNC_ARGV)
+        assert r.returncode == 0, r.stderr
+        assert layout.ran() == [str(fake), *RUNC_ARGV]
+        assert layout.python_starts() == want_starts
+    # any write to the config (same size, mtime put back) is a miss: Python reads it
+    other = layout.fake("rt-b")
+    st = layout.config.stat()
+    layout.config.write_text(f'runtimes = ["{other}"]\n')
+    os.utime(layout.config, ns=(st.st_atime_ns, st.st_mtime_ns))
+    for want_starts in (2, 2):
+        r = layout.run(RUNC_ARGV)
+        assert r.returncode == 0, r.stderr
+        assert layout.ran() == [str(other), *RUNC_ARGV]
+        assert layout.python_starts() == want_starts
+
+
+def test_a_replaced_config_is_a_miss(layout: Layout) -> None:
+    a, b = layout.fake("rt-a"), layout.fake("rt-b")
+    layout.config.write_text(f'runtimes = ["{a}"]\n')
+    layout.run(["state", "x"])
+    new = layout.tmp / "new.toml"
+    new.write_text(f'runtimes = ["{b}"]\n')
+    os.rename(new, layout.config)
+    layout.run(["state", "x"])
+    assert layout.ran()[0] == str(b) and layout.python_starts() == 2
+
+
+@pytest.mark.parametrize("argv, python", [
+    (["create", "--bundle", "b", "id"], True),
+    (["run", "id"], True),
+    (["--root", "/r", "--log", "/l", "create", "id"], True),
+    (["--log=/l", "--debug", "run", "id"], True),
+    (["--root", "create", "list"], False),  # "create" is --root's value
+    (["--log-format", "run", "state", "x"], False),
+    (["--criu", "c", "--rootless", "run", "delete", "x"], False),
+    (["--", "create"], False),
+    (["--version"], False),
+    ([], False),
+    (["start", "create"], False),
+    (["-"], False),
+])
+def test_only_create_and_run_start_python(layout: Layout, argv: list[str], python: bool) -> None:
+    fake = layout.fake("rt")
+    layout.config.write_text(f'runtimes = ["{fake}"]\n')
+    layout.run(["list"])  # writes the cache
+    assert layout.python_starts() == 1
+    layout.run(argv)
+    assert layout.python_starts() == (2 if python else 1), layout.starts.read_text()
+    if not python:
+        assert layout.ran() == [str(fake), *argv]
+
+
+def test_no_config_file_is_the_defaults_without_python(layout: Layout) -> None:
+    layout.fake("runc")
+    r = layout.run(["state", "x"])
+    assert r.returncode == 0, r.stderr
+    assert layout.ran() == [str(layout.fakes / "runc"), "state", "x"]
+    assert layout.python_starts() == 0
+
+
+def test_never_execs_itself(layout: Layout) -> None:
+    """A config naming nvctk-runtime itself first (a loop) skips it, cached or not."""
+    fake = layout.fake("rt")
+    layout.config.write_text(f'runtimes = ["{layout.bin / "nvctk-runtime"}", "{fake}"]\n')
+    for _ in range(2):
+        r = layout.run(["state", "x"])
+        assert r.returncode == 0, r.stderr
+        assert layout.ran()[0] == str(fake)
+    assert layout.python_starts() == 1
+
+
+def test_a_broken_config_is_never_served_from_the_cache(layout: Layout) -> None:
+    """What the loader rejects goes to Python every time: the defaults and a warning."""
+    layout.fake("runc")
+    wanted = layout.fake("rt")
+    layout.config.write_text(f'runtimes = ["{wanted}"]\nno-such-key = 1\n')
+    for n in (1, 2):
+        r = layout.run(["state", "x"])
+        assert r.returncode == 0, r.stderr
+        assert layout.ran()[0] == str(layout.fakes / "runc")
+        assert layout.python_starts() == n
+    assert not layout.cache.exists() or not list(layout.cache.iterdir())
+
+
+@pytest.mark.parametrize("tamper", ["file-mode", "dir-mode", "symlink", "other-config"])
+def test_an_untrusted_cache_is_ignored(layout: Layout, tamper: str) -> None:
+    fake, evil = layout.fake("rt"), layout.fake("evil")
+    layout.config.write_text(f'runtimes = ["{fake}"]\n')
+    layout.run(["list"])
+    entry = layout.cache / passthrough.cache_name(str(layout.config))
+    good = entry.read_bytes()
+    forged = good.replace(str(fake).encode(), str(evil).encode())
+    if tamper == "file-mode":
+        entry.write_bytes(forged)
+        entry.chmod(0o666)
+    elif tamper == "dir-mode":
+        entry.write_bytes(forged)
+        layout.cache.chmod(0o777)
+    elif tamper == "symlink":
+        (layout.tmp / "forged").write_bytes(forged)
+        entry.unlink()
+        entry.symlink_to(layout.tmp / "forged")
+    else:  # an entry stamped for another config at the same name
+        entry.write_bytes(forged.replace(str(layout.config).encode(), b"/etc/other.toml"))
+    r = layout.run(["state", "x"])
+    assert r.returncode == 0, r.stderr
+    assert layout.ran()[0] == str(fake)
+    assert layout.python_starts() == 2
+
+
+def test_cache_entry_matches_the_launchers_hash() -> None:
+    """FNV-1a 64, as nvctk-runtime.c computes it (reference values of the algorithm)."""
+    assert passthrough.cache_name("") == "cbf29ce484222325"
+    assert passthrough.cache_name("a") == "af63dc4c8601ec8c"
+    assert passthrough.cache_name("foobar") == "85944171f73967e8"
+
+
+def test_the_hook_and_the_runtime_find_nvctk_in_every_layout(tmp_path: Path) -> None:
+    """Debian package, venv/wheel, /usr/local dist-packages, pip --target, editable."""
+    hook = launcher("nvctk-hook")
+    pkg = REPO / "nvctk"
+    layouts = {
+        "deb": ("usr/bin", "usr/lib/nvctk/python"),
+        "venv": ("v/bin", f"v/lib/{PYVER}/site-packages"),
+        "local": ("usr/local/bin", f"usr/local/lib/{PYVER}/dist-packages"),
+        "target": ("t/bin", "t"),
+    }
+    for name, (bindir, libdir) in layouts.items():
+        b, lib = tmp_path / name / bindir, tmp_path / name / libdir
+        b.mkdir(parents=True)
+        lib.mkdir(parents=True, exist_ok=True)
+        (lib / "nvctk").symlink_to(pkg)
+        shutil.copy2(hook, b / "nvctk-hook")
+        link = tmp_path / f"{name}-link"  # through a link of another name, too
+        link.symlink_to(b / "nvctk-hook")
+        for exe in (b / "nvctk-hook", link):
+            r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 2 and r.stderr.startswith("usage: nvctk-hook"), \
+                (name, r.stderr)
+    # nothing to find: a clear error, not a traceback
+    lone = tmp_path / "lone" / "bin"
+    lone.mkdir(parents=True)
+    shutil.copy2(hook, lone / "nvctk-hook")
+    r = subprocess.run([str(lone / "nvctk-hook")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr == f"nvctk-hook: cannot find the nvctk Python package near {lone}\n"
+
+
+def test_python_starts_isolated_without_site(layout: Layout) -> None:
+    """-I -S: no site module (its .pth processing costs twice a bare start), no user
+    site, no PYTHON* variables; nvctk's directories come as an argument instead."""
+    r = layout.run(["create", "--bundle", "/nonexistent", "id"], PYTHONPATH="/x")
+    assert r.returncode == 1 and "/nonexistent" in r.stderr, r.stderr
+    args = layout.last_args()
+    assert args[:3] == ["-I", "-S", "-c"]
+    assert args[4:] == [f"{REPO}\n{DEPS}\n{layout.site}", "nvctk.cli.runtime",
+                        str(layout.bin / "nvctk-runtime"), "create", "--bundle", "/nonexistent",
+                        "id"]
