@@ -5,10 +5,11 @@ PYTHON ?= /usr/bin/python3
 VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := gcc make libc6-dev binutils python3-venv python3-dev python3-pip libcap-dev libcap2-bin \
-                runc containerd docker.io busybox-static iproute2 util-linux podman
+                runc containerd docker.io busybox-static iproute2 util-linux podman \
+                dpkg-dev lintian debootstrap umoci
 PYTEST_ARGS ?=
 
-.PHONY: all setup apt venv native test lint unit demo bench clean
+.PHONY: all setup apt venv native test lint unit demo bench clean deb image reliability
 
 all: setup
 
@@ -50,8 +51,22 @@ demo: setup
 	$(PY) -m nvctk.demo
 
 bench: setup
-	$(PY) bench/container_start.py
+	$(PY) bench/container_start.py --out bench/results/container_start.txt
+	$(PY) bench/deviceplugin.py --output bench/results/deviceplugin.txt
 	$(MAKE) -C libvgpu bench
+
+# the reliability suite at full scale (a short version runs in `make test`): writes
+# bench/results/reliability.json and the table in docs/reliability.md
+reliability: setup
+	$(PY) bench/reliability.py
+
+# dist/nvctk_<version>_<arch>.deb (packaging/deb/build.sh; lintian in tests/test_deb.py)
+deb: apt
+	bash packaging/deb/build.sh dist
+
+# dist/nvctk-installer.tar: an OCI image archive, from the .deb on a debootstrap'd Debian 12
+image: deb
+	bash packaging/image/build.sh dist
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

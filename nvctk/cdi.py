@@ -5,7 +5,7 @@ from nvctk.planner's functions (the ones a container's plan is made of), compute
 once for every GPU and MIG device of the host and every capability, then written
 out as CDI containerEdits. Links and the ld.so.cache refresh are `nvctk-hook
 create-symlinks` / `update-ldcache` hooks, which run the prestart hook's hardened
-steps (nvctk.prestart.apply_plan).
+steps (nvctk.hook_worker.apply_plan).
 
 Hooks are `createRuntime` hooks: they run where the prestart hook runs (the
 runtime's namespaces, the container's created but not started), so they take the
@@ -20,7 +20,7 @@ import os
 from typing import Any, Literal
 
 from nvctk import driver as nvdriver
-from nvctk import fileio, jsonio, oci
+from nvctk import fileio, jsonio, oci, spec_edits
 from nvctk.config import ALL_CAPABILITIES
 from nvctk.errors import NvctkError
 from nvctk.plan import DeviceNode, Mount, Symlink
@@ -304,8 +304,7 @@ def load_spec_file(path: str) -> dict[str, Any]:
     """A spec file, parsed and checked against the CDI schema; CdiError says why not.
     Never blocks (a FIFO, /dev/zero) and never raises anything else: a broken file is
     one unreadable spec, the others still resolve."""
-    import yaml
-
+    from nvctk import yamlio
     from nvctk.fileio import read_regular_file
 
     try:
@@ -313,13 +312,10 @@ def load_spec_file(path: str) -> dict[str, Any]:
     except OSError as e:
         raise CdiError(f"{path}: {e.strerror or e}")
     try:
-        # the pure loader: yaml's CSafeLoader segfaults on deep nesting (100000 [)
-        spec = yaml.safe_load(text)  # JSON is YAML
-    except yaml.YAMLError as e:
-        raise CdiError(f"{path}: not YAML/JSON: {str(e).splitlines()[0]}")
-    except RecursionError:
-        raise CdiError(f"{path}: not a CDI spec: nested too deep")
-    except Exception as e:  # the parser's own failures (huge integers: ValueError), any kind
+        spec = yamlio.load(text)  # JSON is YAML
+    except ValueError as e:
+        raise CdiError(f"{path}: not a CDI spec: {e}")
+    except Exception as e:  # the parser's own failures, any kind
         raise CdiError(f"{path}: not a CDI spec: {type(e).__name__}: {str(e)[:200]}")
     try:
         size = len(jsonio.dumps(spec, ensure_ascii=False))
@@ -588,9 +584,9 @@ def _field_of(parent: dict[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-def apply_edits(spec: dict[str, Any], devices: list[Resolved]) -> oci.Edits:
+def apply_edits(spec: dict[str, Any], devices: list[Resolved]) -> spec_edits.Edits:
     """The devices' containerEdits, and once per spec file its common containerEdits,
-    into the OCI spec; returns what was added (for oci.record_edits). Every edit is
+    into the OCI spec; returns what was added (for spec_edits.record_edits). Every edit is
     checked, and every node stat'ed, before the spec is changed."""
     edits: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
@@ -607,14 +603,14 @@ def apply_edits(spec: dict[str, Any], devices: list[Resolved]) -> oci.Edits:
             raise CdiError(f"{where}: {problem}")
         nodes += [_node(n, where) for n in e.get("deviceNodes", ())]
 
-    added = oci.Edits(cdi=True)
+    added = spec_edits.Edits(cdi=True)
     env: dict[str, str] = {}
     for _, e in edits:
         for item in e.get("env", ()):
             k, _, v = item.partition("=")
             env.pop(k, None)  # a later edit's value wins, in its place
             env[k] = v
-    oci.set_env(spec, env)
+    spec_edits.set_env(spec, env)
     added.env = [f"{k}={v}" for k, v in env.items()]
 
     linux = _field_of(spec, "linux", dict, "linux")

@@ -48,6 +48,16 @@ def shown(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit - 3]}...' ({len(str(value))} characters)"
 
 
+def clipped(text: str, limit: int = 300) -> str:
+    """A message from another library (a parser's, a schema validator's), cut to about
+    `limit` characters: they quote the offending input, which may be megabytes. The
+    middle goes, so that a closing "at line L col C" stays."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 30) // 2
+    return f"{text[:half]}...({len(text) - 2 * half} characters)...{text[-half:]}"
+
+
 def ascii_uint(text: str, max_digits: int = 9) -> int | None:
     """A small non-negative decimal integer of ASCII digits, else None.
 

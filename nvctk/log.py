@@ -203,3 +203,19 @@ def exit_now(code: int) -> NoReturn:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+class HookLog(Logger):
+    """nvctk's log, written through an fd opened in the host namespace.
+
+    The worker changes mount namespace and ldconfig chroots into the image: a
+    log that re-opened its path would then write into the container. So the
+    file is opened here, once, and never by path again.
+    """
+
+    def __init__(self, path: str, level: str = "info", prog: str = "nvctk-hook") -> None:
+        super().__init__("", level, prog)
+        if not path:
+            return
+        # never blocks (a FIFO log-file would hang the hook until runc's timeout)
+        self.fd = open_log(path, make_dirs=True)

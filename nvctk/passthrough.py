@@ -8,13 +8,15 @@ path's FNV-1a 64 hash as the launcher computes it, holding
 
     nvctk-passthrough 1
     <config path>
-    <st_dev> <st_ino> <st_size> <mtime s> <mtime ns> <ctime s> <ctime ns>
+    <st_dev> <st_ino> <st_size> <mtime s> <mtime ns> <ctime s> <ctime ns>   or: absent
     <runtime>...
 
 The stat is the one of the bytes the loader parsed: any write to the config
 changes its ctime, a replaced file its inode, and the launcher then falls back to
-Python, which reads the config afresh. So the launcher reads no TOML, and a file
-the loader rejects is never served from the cache. Only root writes or trusts it.
+Python, which reads the config afresh. "absent" is the loader's defaults for a path
+with no file (the launcher serves it while the path stays absent). So the launcher
+reads no TOML and knows no default of its own, and a file the loader rejects is
+never served from the cache. Only root writes or trusts it.
 """
 
 from __future__ import annotations
@@ -44,17 +46,19 @@ def cache_name(path: str) -> str:
     return f"{h:016x}"
 
 
-def entry(path: str, st: os.stat_result, runtimes: tuple[str, ...]) -> bytes | None:
-    """The cache file's bytes, or None where the launcher could not use them."""
+def entry(path: str, st: os.stat_result | None, runtimes: tuple[str, ...]) -> bytes | None:
+    """The cache file's bytes (st None: no file at path), or None where the launcher
+    could not use them."""
     if not path.startswith("/") or any(not r or "\n" in r or "\0" in r for r in runtimes) \
             or "\n" in path:
         return None
-    stamp = (f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns // 10**9} "
-             f"{st.st_mtime_ns % 10**9} {st.st_ctime_ns // 10**9} {st.st_ctime_ns % 10**9}")
+    stamp = "absent" if st is None else (
+        f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns // 10**9} "
+        f"{st.st_mtime_ns % 10**9} {st.st_ctime_ns // 10**9} {st.st_ctime_ns % 10**9}")
     return os.fsencode(f"{MAGIC}{path}\n{stamp}\n" + "".join(f"{r}\n" for r in runtimes))
 
 
-def remember(path: str, st: os.stat_result, runtimes: tuple[str, ...],
+def remember(path: str, st: os.stat_result | None, runtimes: tuple[str, ...],
              environ: dict[str, str] | os._Environ[str] | None = None) -> None:
     """Leave the launcher what the loader read from `path`; any failure is ignored
     (not root, a read-only /run): the launcher then asks Python each time."""
@@ -94,6 +98,5 @@ def runtimes(environ: dict[str, str] | os._Environ[str] | None = None) -> tuple[
         config, st = load_stat(path)
     except NvctkError as e:
         return DEFAULT_RUNTIMES, f"{e}; using runtimes {', '.join(DEFAULT_RUNTIMES)}"
-    if st is not None:
-        remember(path, st, config.runtimes, environ)
+    remember(path, st, config.runtimes, environ)
     return config.runtimes, None

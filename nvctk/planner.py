@@ -1,8 +1,12 @@
-"""request + host -> Plan: the one function both the shim and the hook call.
+"""request + host inventory + image facts -> Plan (nvctk.plan, the one intermediate form).
 
 `make_plan` resolves the requested ids against NVML's view of the host, checks
 the requirements, picks the driver files for the capabilities and lays out
-where everything goes in the container. It never mounts or writes anything.
+where everything goes in the container: devices, mounts (and which are required),
+symlinks, env, hooks, the vGPU mounts. It never mounts or writes anything, and
+never reads the spec: the few facts of the image it needs are gathered once by
+`image_facts`. Each step (plan_devices, plan_mounts, plan_symlinks, plan_vgpu,
+plan_hooks) is a function of plain data.
 """
 
 from __future__ import annotations
@@ -13,14 +17,25 @@ import stat
 from nvctk import driver as nvdriver
 from nvctk import oci
 from nvctk.errors import DriverError, RequestError, UnknownDeviceError, ascii_uint, shown
-from nvctk.mount import exists_in_rootfs
-from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
+from nvctk.plan import (
+    PRELOAD,
+    VGPU_DIRS,
+    DeviceNode,
+    Hook,
+    Mount,
+    Plan,
+    ProcMask,
+    Symlink,
+    VgpuPlan,
+)
 from nvctk.record import Record
-from nvctk.request import Request, request_from_spec
+from nvctk.request import Request
+from nvctk.spec_edits import HOOK_NAME, HOOK_PATH_ENV
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, Literal
 
     from nvctk.config import Config
@@ -36,6 +51,8 @@ DEFAULT_MPS_PIPE_DIR = "/tmp/nvidia-mps"
 
 # every variable nvctk.vgpu reads from a container's env starts with one of these
 VGPU_ENV_PREFIXES = ("CUDA_DEVICE_", "NVCTK_VGPU_")
+# driver libraries a container does not start without: (file name prefix, capability)
+REQUIRED = (("libcuda.so", "compute"), ("libnvidia-ml.so", "utility"))
 
 # (library name prefix, link name, target) made beside the mounted libraries;
 # target None means libGLX_nvidia.so.<driver version>.
@@ -58,9 +75,32 @@ class Selected(Record):
         return self.mig.uuid if self.mig else self.gpu.uuid
 
 
-def container_lib_dirs(rootfs: str | None) -> tuple[str, str]:
-    """(64-bit, 32-bit) lib dirs: Debian layout if the rootfs has /etc/debian_version."""
-    if rootfs is not None and exists_in_rootfs(rootfs, "/etc/debian_version"):
+class ImageFacts(Record):
+    """What the plan needs from the container image, gathered once (image_facts)."""
+
+    __slots__ = ("debian", "root_readonly", "rootfs")
+
+    def __init__(self, rootfs: str | None = None, debian: bool = False,
+                 root_readonly: bool = False) -> None:
+        self.rootfs = rootfs  # None: not known (the vGPU checks of the image are skipped)
+        self.debian = debian  # /etc/debian_version: the Debian lib dir layout
+        self.root_readonly = root_readonly  # the spec's root.readonly
+
+
+def image_facts(spec: dict[str, Any], bundle: str) -> ImageFacts:
+    """The image's facts: its rootfs (the spec's root.path, maybe bundle-relative),
+    whether it is laid out as Debian's (looked up inside the rootfs by the kernel,
+    never following a link out of it) and whether it is mounted read-only."""
+    from nvctk.mount import exists_in_rootfs
+
+    rootfs = oci.root_path(spec, bundle)
+    return ImageFacts(rootfs, exists_in_rootfs(rootfs, "/etc/debian_version"),
+                      (spec.get("root") or {}).get("readonly") is True)
+
+
+def container_lib_dirs(image: ImageFacts) -> tuple[str, str]:
+    """(64-bit, 32-bit) lib dirs: Debian layout if the image has /etc/debian_version."""
+    if image.debian:
         return DEBIAN_LIB_DIR, DEBIAN_LIB32_DIR
     return OTHER_LIB_DIR, OTHER_LIB32_DIR
 
@@ -312,7 +352,8 @@ def plan_mounts(
     out: list[Mount] = []
     for cap in caps:
         for host in files.libraries.get(cap, ()):
-            out.append(Mount(host, f"{lib_dir}/{os.path.basename(host)}"))
+            out.append(Mount(host, f"{lib_dir}/{os.path.basename(host)}",
+                             required=required_for(os.path.basename(host), request) is not None))
     if "compat32" in caps:
         wanted = {n for c in caps for n in nvdriver.LIBRARIES.get(c, ())}
         for host in files.libraries32:
@@ -347,6 +388,14 @@ def plan_mounts(
     for m in out:
         first.setdefault(m.container_path, m)
     return list(first.values())
+
+
+def required_for(name: str, request: Request) -> str | None:
+    """The capability asked for that makes the driver library `name` required, if any."""
+    for prefix, cap in REQUIRED:
+        if name.startswith(prefix) and cap in request.capabilities:
+            return cap
+    return None
 
 
 def plan_symlinks(mounts: list[Mount], lib_dir: str, driver_version: str) -> list[Symlink]:
@@ -386,11 +435,11 @@ def plan_vgpu(
     request: Request,
     selected: list[Selected],
     config: Config,
-    spec: dict[str, Any],
+    image: ImageFacts,
     *,
-    rootfs: str | None = None,
     container_id: str | None = None,
     runtime_root: str | None = None,
+    vgpu_library: Callable[[], str] | None = None,
 ) -> VgpuPlan | None:
     """CUDA_DEVICE_MEMORY_LIMIT[_i] / CUDA_DEVICE_SM_LIMIT[_i] -> VgpuPlan (None: no limit).
 
@@ -420,18 +469,44 @@ def plan_vgpu(
                 f"{name}={env[name]}: above the memory of the container's GPU {i} "
                 f"({dev.name}, {mib} MiB)"
             )
-    if rootfs is not None:
-        vs.check_preloadable(rootfs, _a_limit_variable(env))
-    from nvctk.paths import require_vgpu_library
+    if image.rootfs is not None:
+        vs.check_preloadable(image.rootfs, _a_limit_variable(env))
+    if vgpu_library is None:
+        from nvctk.paths import require_vgpu_library
 
-    library = require_vgpu_library(config)
+        library = require_vgpu_library(config)
+    else:
+        library = vgpu_library()
     cid = container_id or "container"
+    state_dir = vs.state_dir_for(config, runtime_root, cid)  # the shim (re)creates it
     return VgpuPlan(
         library=library,
         container_library=vs.CONTAINER_LIBRARY,
-        state_dir=vs.state_dir_for(config, runtime_root, cid),  # the shim (re)creates it
+        state_dir=state_dir,
         container_state_dir=vgpu.VGPU_DIR,
         limits=limits.values(),
+        root_readonly=image.root_readonly,
+        mounts=vgpu_mounts(library, vs.CONTAINER_LIBRARY, state_dir, vgpu.VGPU_DIR),
+    )
+
+
+def vgpu_mounts(library: str, container_library: str, state_dir: str,
+                container_state_dir: str) -> tuple[Mount, ...]:
+    """The vGPU mounts in their order (docs: the vGPU state layout): ro/ at /run/nvctk,
+    libvgpu.so, rw/ at /run/nvctk/vgpu, ro/limits and rw/cache on their placeholders in
+    it, ro/ld.so.preload over /etc/ld.so.preload. All required: a container that sets
+    a limit never runs uncapped."""
+    top = os.path.dirname(container_state_dir)
+    ro, rw = (os.path.join(state_dir, d) for d in VGPU_DIRS)
+    return (
+        Mount(ro, top, "dir", True, False, True),
+        Mount(library, container_library, "file", True, False, True),
+        Mount(rw, container_state_dir, "dir", False, True, True),
+        Mount(os.path.join(ro, "limits"), os.path.join(container_state_dir, "limits"),
+              "file", True, True, True),
+        Mount(os.path.join(rw, "cache"), os.path.join(container_state_dir, "cache"),
+              "file", False, True, True),
+        Mount(os.path.join(ro, "ld.so.preload"), PRELOAD, "file", True, True, True),
     )
 
 
@@ -458,30 +533,54 @@ def host_facts(host: HostInfo, selected: list[Selected]) -> list[HostFacts]:
     ]
 
 
+def plan_hooks(hook_path: str, config: Config, nvctk_config: str | None, vgpu: bool,
+               runtime_root: str | None = None) -> tuple[Hook, ...]:
+    """nvctk-hook prestart; with a vGPU also `nvctk-hook poststop --runtime-root ROOT`,
+    which removes the vGPU state dir. The root, with the id runc passes in the state,
+    names the dir: runc keeps each container's own copy of its hooks, while the
+    bundle's plan is the last create's (two containers from one bundle)."""
+    env = (HOOK_PATH_ENV, f"NVCTK_CONFIG={nvctk_config}") if nvctk_config else (HOOK_PATH_ENV,)
+    hooks = [Hook("prestart", hook_path, (HOOK_NAME, "prestart"), env, config.hook_timeout)]
+    if vgpu:
+        from nvctk.vgpu_state import DEFAULT_RUNTIME_ROOT
+
+        # absolute: runc resolves a relative --root against its cwd, the hook runs in the bundle
+        root = os.path.normpath(os.path.abspath(runtime_root or DEFAULT_RUNTIME_ROOT))
+        try:
+            root.encode()
+        except UnicodeEncodeError:  # argv's non-UTF-8 bytes, as surrogate escapes
+            shown_root = os.fsencode(root).decode("ascii", "backslashreplace")
+            raise RequestError(f"runc's --root '{shown_root[:200]}' is not UTF-8: a container "
+                               "with a vGPU limit passes it to its poststop hook in "
+                               "config.json, which holds text only") from None
+        hooks.append(Hook("poststop", hook_path, (HOOK_NAME, "poststop", "--runtime-root", root),
+                          env, config.hook_timeout))
+    return tuple(hooks)
+
+
 def make_plan(
-    spec: dict[str, Any],
+    request: Request,
     config: Config,
     host: HostInfo | None = None,
+    image: ImageFacts | None = None,
     *,
-    bundle: str | None = None,
-    request: Request | None = None,
-    rootfs: str | None = None,
+    hook_path: str = HOOK_NAME,
+    nvctk_config: str | None = None,
     container_id: str | None = None,
     runtime_root: str | None = None,
-) -> Plan | None:
-    """The plan for this spec, or None when the container asks for no GPU.
+    vgpu_library: Callable[[], str] | None = None,
+) -> Plan:
+    """The plan for this request.
 
-    bundle: resolves a relative root.path (needed to pick the container's lib dir;
-    without bundle or rootfs the non-Debian default is used, and the vGPU checks
-    of the image are skipped). container_id, runtime_root (runc's --root): key the
-    container's vGPU state dir. host: NVML's view of config.driver_root, loaded
-    when not given (see load_and_select). Raises NvctkError subclasses whose
-    message names the culprit.
+    host: NVML's view of config.driver_root, loaded when not given (see
+    load_and_select). image: the image's facts (image_facts); without them the
+    non-Debian lib dir is used and the vGPU checks of the image are skipped.
+    hook_path, nvctk_config: the hooks' executable and the config they read.
+    container_id, runtime_root (runc's --root): key the container's vGPU state dir.
+    vgpu_library: finds libvgpu.so (default nvctk.paths.require_vgpu_library).
+    Raises NvctkError subclasses whose message names the culprit.
     """
-    if request is None:
-        request = request_from_spec(spec, config)
-    if request is None:
-        return None
+    image = image or ImageFacts()
     if host is None:
         host, selected = load_and_select(request, config)
     else:
@@ -492,19 +591,15 @@ def make_plan(
         check(request.requirements, host_facts(host, selected))
     files = nvdriver.discover_files(config.driver_root, host.driver_version,
                                     _expanded(request.capabilities))
-
-    if rootfs is None and bundle is not None:
-        rootfs = oci.root_path(spec, bundle)
-    lib_dir, lib32_dir = container_lib_dirs(rootfs)
+    lib_dir, lib32_dir = container_lib_dirs(image)
 
     drm = drm_nodes(request, selected, files)
     devices = plan_devices(request, selected, files, drm)
     mounts = plan_mounts(request, files, config, lib_dir, lib32_dir)
     symlinks = plan_symlinks(mounts, lib_dir, host.driver_version) + plan_drm_links(drm)
     gpu_uuids = tuple(dict.fromkeys(s.gpu.uuid for s in selected))
-    vgpu = plan_vgpu(request, selected, config, spec, rootfs=rootfs,
-                     container_id=container_id or (os.path.basename(bundle) if bundle else None),
-                     runtime_root=runtime_root)
+    vgpu = plan_vgpu(request, selected, config, image, container_id=container_id,
+                     runtime_root=runtime_root, vgpu_library=vgpu_library)
     return Plan(
         driver_version=host.driver_version,
         capabilities=request.capabilities,
@@ -519,4 +614,5 @@ def make_plan(
         ldconfig=config.ldconfig,
         env=vgpu_env(vgpu),
         vgpu=vgpu,
+        hooks=plan_hooks(hook_path, config, nvctk_config, vgpu is not None, runtime_root),
     )

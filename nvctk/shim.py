@@ -14,13 +14,15 @@ from __future__ import annotations
 import os
 import sys
 
-from nvctk import fileio, oci
+from nvctk import fileio, oci, spec_edits
 from nvctk import runc_argv as ra
 from nvctk.config import Config, config_path, load_stat
 from nvctk.errors import ConfigError, NvctkError, RequestError, SpecError, SpecShapeError, shown
 from nvctk.log import Logger, exit_now, report_error
+from nvctk.plan import PLAN_FILE
 from nvctk.record import Record
 from nvctk.request import request_from_spec
+from nvctk.spec_edits import HOOK_NAME
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
@@ -31,9 +33,6 @@ if TYPE_CHECKING:
     from nvctk.plan import Plan
     from nvctk.request import Request
 
-HOOK_NAME = "nvctk-hook"
-# nvctk.plan.PLAN_FILE, which a no-GPU create must not import (tests keep them equal)
-PLAN_FILE_NAME = "nvctk-plan.json"
 
 
 class Prepared(Record):
@@ -109,8 +108,7 @@ def prepare_bundle(
     if request.cdi_devices is not None:
         return _prepare_cdi(bundle, spec, data, request, config, logger)
     # only now: most containers on a node ask for no GPU and need none of the planning
-    from nvctk.plan import PLAN_FILE
-    from nvctk.planner import make_plan
+    from nvctk.planner import image_facts, make_plan
 
     where = oci.spec_path(bundle)
     userns = oci.user_namespace(spec)
@@ -120,33 +118,22 @@ def prepare_bundle(
         raise SpecError(f"{where}: {userns}: user namespaces are not supported by nvctk's GPU "
                         "containers (the driver files and device nodes it mounts would not be "
                         "usable in the container); run it without a user namespace")
-    oci.check_editable(spec)  # before any work: a field of the wrong type is the user's error
+    spec_edits.check_editable(spec)  # before any work: a field of the wrong type is the user's error
     oci.check_rewritable(spec, data)
-    rootfs = oci.root_path(spec, bundle)
-    if oci.bundle_in_rootfs(bundle, rootfs):
+    image = image_facts(spec, bundle)
+    if image.rootfs is not None and oci.bundle_in_rootfs(bundle, image.rootfs):
         # the hooks trust <bundle>/nvctk-plan.json (host paths to bind, a dir to delete)
-        raise SpecError(f"{oci.spec_path(bundle)}: root.path {rootfs} contains the bundle; a "
-                        "GPU container's rootfs must not hold its own bundle (it could rewrite "
+        raise SpecError(f"{where}: root.path {image.rootfs} contains the bundle; a GPU "
+                        "container's rootfs must not hold its own bundle (it could rewrite "
                         f"{PLAN_FILE})")
-    plan = make_plan(spec, config, bundle=bundle, request=request, container_id=container_id,
+    plan = make_plan(request, config, image=image, hook_path=find_hook(config, argv0),
+                     nvctk_config=_nvctk_config_env(),
+                     container_id=container_id or os.path.basename(bundle),
                      runtime_root=runtime_root)
-    if plan is None:  # pragma: no cover - request was not None
-        return Prepared(None)
-    hook_path = find_hook(config, argv0)
-
     # nvctk's part of the spec comes from this request only: what an earlier create of
     # this bundle added (other GPUs, a vGPU's env and poststop hook) goes first
     _warn_unverified_record(spec, config, logger)
-    oci.remove_our_edits(spec, config.state_dir)
-    removed = oci.remove_nvidia_hooks(spec)
-    edits = oci.add_devices(spec, plan.devices)
-    oci.set_hook(spec, oci.hook_entry(hook_path, config.hook_timeout, _nvctk_config_env()))
-    oci.set_env(spec, plan.env)
-    edits.env = [f"{k}={v}" for k, v in plan.env.items()]
-    if plan.vgpu is not None:  # no new user namespace: there it could mount over the cap's files
-        oci.block_user_namespaces(spec, edits)
-    oci.record_edits(spec, edits)
-    _set_poststop_hook(spec, hook_path, config, plan.vgpu is not None, runtime_root)
+    removed = spec_edits.apply(spec, plan, config.state_dir)[1]
 
     # The plan and the vGPU state go first: a spec that names our hook must never
     # be visible without what the hook reads.
@@ -191,13 +178,13 @@ def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Reques
         raise RequestError(f"{limits[0]}: vGPU limits are not supported in CDI mode (devices "
                            f"from {request.source}); use plain device ids with mode = "
                            '"legacy" for a limited GPU')
-    oci.check_editable(spec)
+    spec_edits.check_editable(spec)
     oci.check_rewritable(spec, data)
     resolved = cdi.resolve(request.cdi_devices, config.cdi_spec_dirs)
     _warn_unverified_record(spec, config, logger)
-    oci.remove_our_edits(spec, config.state_dir)
-    removed = oci.remove_nvidia_hooks(spec)
-    oci.record_edits(spec, cdi.apply_edits(spec, resolved), config.state_dir)
+    spec_edits.remove_our_edits(spec, config.state_dir)
+    removed = spec_edits.remove_nvidia_hooks(spec)
+    spec_edits.record_edits(spec, cdi.apply_edits(spec, resolved), config.state_dir)
     oci.save_spec(bundle, spec)
     _remove_earlier_plan(bundle, logger)  # an earlier legacy create's: no hook reads it now
     return Prepared(None, removed, cdi_devices=request.cdi_devices)
@@ -275,8 +262,8 @@ def _log_handed_on(logger: Logger | None, error: SpecError) -> None:
 
 
 def _warn_unverified_record(spec: dict[str, Any], config: Config, logger: Logger | None) -> None:
-    """A CDI record without a valid MAC is ignored (oci.remove_our_edits): say so."""
-    problem = oci.cdi_record_problem(spec, config.state_dir)
+    """A CDI record without a valid MAC is ignored (spec_edits.remove_our_edits): say so."""
+    problem = spec_edits.cdi_record_problem(spec, config.state_dir)
     if problem is not None and logger is not None:
         logger.warning(f"{oci.SPEC_FILE}: {problem}")
 
@@ -286,17 +273,17 @@ def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | Non
     """A no-GPU create of a bundle an earlier GPU create edited: take nvctk's hooks,
     devices and env out, and its plan. A spec without them is not rewritten (the
     common case costs a stat of the plan file). A CDI record without a valid MAC
-    (oci.cdi_record_problem) leaves the spec as it is."""
+    (spec_edits.cdi_record_problem) leaves the spec as it is."""
     problem = None
-    if oci.has_our_edits(spec):
-        problem = oci.edits_record_problem(spec) or oci.cdi_record_problem(spec, state_dir)
+    if spec_edits.has_our_edits(spec):
+        problem = spec_edits.edits_record_problem(spec) or spec_edits.cdi_record_problem(spec, state_dir)
     if problem is not None:
         # not what nvctk writes: nvctk leaves the spec as it is, and runc judges it
         if logger is not None:
             logger.warning(f"{bundle}: {problem}; the spec is handed on unchanged")
-    elif oci.has_our_edits(spec):
+    elif spec_edits.has_our_edits(spec):
         # an error here fails the create: the hooks left in would run for this container
-        oci.remove_our_edits(spec, state_dir)
+        spec_edits.remove_our_edits(spec, state_dir)
         oci.save_spec(bundle, spec)
         if logger is not None:
             logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")
@@ -306,7 +293,7 @@ def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | Non
 def _remove_earlier_plan(bundle: str, logger: Logger | None) -> None:
     """An earlier GPU create's plan out: without it the hooks it left in the spec
     know no GPU was asked for this time (prestart.prestart)."""
-    plan_path = os.path.join(bundle, PLAN_FILE_NAME)
+    plan_path = os.path.join(bundle, PLAN_FILE)
     if not os.path.lexists(plan_path):  # one lstat: no write to a (maybe read-only) bundle
         return
     try:
@@ -315,7 +302,7 @@ def _remove_earlier_plan(bundle: str, logger: Logger | None) -> None:
         pass
     except OSError as e:  # no hook of ours reads it any more: not worth failing for
         if logger is not None:
-            logger.warning(f"{bundle}: cannot remove an earlier create's {PLAN_FILE_NAME}: "
+            logger.warning(f"{bundle}: cannot remove an earlier create's {PLAN_FILE}: "
                            f"{e.strerror}")
 
 
@@ -327,33 +314,6 @@ def _remove_vgpu_dir(path: str, config: Config) -> None:
         vgpu_state.remove_state_dir(path, config)
     except (OSError, NvctkError):
         pass
-
-
-def _set_poststop_hook(spec: dict[str, Any], hook_path: str, config: Config, want: bool,
-                       runtime_root: str | None = None) -> None:
-    """`nvctk-hook poststop --runtime-root ROOT` (removes the vGPU state dir) in
-    hooks.poststop, or none of ours. The root, with the id runc passes in the state,
-    names the dir: runc keeps each container's own copy of its hooks, while the
-    bundle's plan is the last create's (two containers from one bundle)."""
-    if want:
-        from nvctk.vgpu_state import DEFAULT_RUNTIME_ROOT
-
-        # absolute: runc resolves a relative --root against its cwd, the hook runs in the bundle
-        root = os.path.normpath(os.path.abspath(runtime_root or DEFAULT_RUNTIME_ROOT))
-        try:
-            root.encode()
-        except UnicodeEncodeError:  # argv's non-UTF-8 bytes, as surrogate escapes
-            shown_root = os.fsencode(root).decode("ascii", "backslashreplace")
-            raise RequestError(f"runc's --root '{shown_root[:200]}' is not UTF-8: a container "
-                               "with a vGPU limit passes it to its poststop hook in "
-                               "config.json, which holds text only") from None
-        entry = oci.hook_entry(hook_path, config.hook_timeout, _nvctk_config_env())
-        entry["args"] = [oci.OUR_HOOK_NAME, "poststop", "--runtime-root", root]
-        oci.set_hook(spec, entry, "poststop")
-        return
-    hooks = spec.get("hooks")
-    if isinstance(hooks, dict) and isinstance(hooks.get("poststop"), list):
-        hooks["poststop"] = [h for h in hooks["poststop"] if not oci.is_our_hook(h, "poststop")]
 
 
 def _install_vgpu(plan: Plan, spec: dict[str, Any], bundle: str, config: Config,
@@ -417,10 +377,9 @@ def _load_config_safely() -> tuple[Config | None, NvctkError | None]:
         config, st = load_stat(path)
     except NvctkError as e:
         return None, e
-    if st is not None:  # the launcher's next start/state/delete then skips Python
-        from nvctk import passthrough
+    from nvctk import passthrough  # the launcher's next start/state/delete skips Python
 
-        passthrough.remember(path, st, config.runtimes)
+    passthrough.remember(path, st, config.runtimes)
     return config, None
 
 

@@ -5,7 +5,8 @@
  * the low-level runtime from here, without starting Python. Which runtime the
  * config names is what Python's config loader last read from that very file:
  * it leaves the answer in a passthrough cache (nvctk/passthrough.py), stamped
- * with the config file's identity (device, inode, size, mtime, ctime). Any
+ * with the config file's identity (device, inode, size, mtime, ctime), or with
+ * "absent" when there is none (the defaults are the loader's, not this file's). Any
  * doubt — no cache, another stamp, a file not root's, not root, no runtime
  * found — and the Python runtime decides (and writes the cache for next time).
  * This file reads no TOML: nvctk has one config loader.
@@ -91,18 +92,30 @@ static char *read_cache(const char *config, char *buf)
     return buf;
 }
 
-/* The runtimes (newline-separated, in place) if the cache holds CONFIG as it is now. */
+/* The runtimes (newline-separated, in place) if the cache holds CONFIG as it is now:
+ * the file's identity, or "absent" when there is no file (the loader's defaults). */
 static char *cached_runtimes(const char *config, char *buf)
 {
     struct stat st;
     char stamp[PATH_MAX + 160];
     size_t magic = sizeof CACHE_MAGIC - 1;
-    if (config[0] != '/' || stat(config, &st) || !S_ISREG(st.st_mode) || !read_cache(config, buf))
+    int n;
+    if (config[0] != '/')
         return NULL;
-    int n = snprintf(stamp, sizeof stamp, "%s\n%llu %llu %lld %lld %ld %lld %ld\n", config,
+    if (stat(config, &st) == 0) {
+        if (!S_ISREG(st.st_mode))
+            return NULL;
+        n = snprintf(stamp, sizeof stamp, "%s\n%llu %llu %lld %lld %ld %lld %ld\n", config,
                      (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
                      (long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
                      (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
+    } else if (errno == ENOENT) {
+        n = snprintf(stamp, sizeof stamp, "%s\nabsent\n", config);
+    } else {
+        return NULL;
+    }
+    if (!read_cache(config, buf))
+        return NULL;
     if (n <= 0 || (size_t)n >= sizeof stamp || strncmp(buf, CACHE_MAGIC, magic) ||
         strncmp(buf + magic, stamp, (size_t)n))
         return NULL;
@@ -151,16 +164,10 @@ int main(int argc, char **argv)
         static char buf[CACHE_MAX];
         char runtime[PATH_MAX];
         const char *config = getenv("NVCTK_CONFIG");
-        struct stat st;
-        char *runtimes = NULL;
+        char *runtimes;
         if (!config || !config[0])
             config = DEFAULT_CONFIG;
-        if (stat(config, &st) && errno == ENOENT) {
-            strcpy(buf, "runc\ncrun\n"); /* no config: the defaults, as the loader says */
-            runtimes = buf;
-        } else {
-            runtimes = cached_runtimes(config, buf);
-        }
+        runtimes = cached_runtimes(config, buf);
         if (runtimes && find_runtime(runtimes, runtime, sizeof runtime)) {
             argv[0] = runtime;
             execv(runtime, argv);

@@ -221,7 +221,7 @@ def test_list(spec_yaml: Path, tmp_path: Path, sim_host: SimHost,
         + [f"nvidia.com/gpu={g.uuid}" for g in gpus])
     warnings = r.stderr.splitlines()
     assert len(warnings) == 3 and all(w.startswith("warning: ") for w in warnings), warnings
-    assert any("broken.yaml: not YAML/JSON" in w for w in warnings)
+    assert any("broken.yaml: not a CDI spec: not valid YAML" in w for w in warnings)
     assert any("nokind.json: missing kind" in w for w in warnings)
     assert any("dup.yaml: device 'a' appears twice" in w for w in warnings)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from test_shim import RUNTIME, Env, create_argv, snapshot
 
-from nvctk import cdi, oci
+from nvctk import cdi, spec_edits
 from nvctk.config import Config, parse
 from nvctk.errors import ConfigError, RequestError
 from nvctk.request import cdi_names, parse_qualified, request_from_spec
@@ -163,7 +163,7 @@ def test_unresolvable_names_say_why(tmp_path: Path) -> None:
     _write(d, "x.json", _cdi("x.io/c", {"0": {}}))
     (d / "bad.yaml").write_text("kind: [\n")
     with pytest.raises(cdi.CdiError, match=r"no spec defines kind nvidia.com/gpu; unreadable "
-                       r"specs: .*bad.yaml: not YAML/JSON"):
+                       r"specs: .*bad.yaml: not a CDI spec: not valid YAML"):
         cdi.resolve(("nvidia.com/gpu=0",), (str(d), str(tmp_path / "missing")))
 
 
@@ -200,7 +200,7 @@ def test_apply_and_remove_edits(tmp_path: Path) -> None:
     }
     before = json.loads(json.dumps(spec))
     state = str(tmp_path / "state")
-    oci.record_edits(spec, cdi.apply_edits(spec, cdi.resolve(("x.io/c=0", "x.io/c=1"),
+    spec_edits.record_edits(spec, cdi.apply_edits(spec, cdi.resolve(("x.io/c=0", "x.io/c=1"),
                                                             (str(d),))), state)
     assert spec["process"]["env"] == ["PATH=/bin", "X_COMMON=1", "X_DEV=0"]
     null = os.stat("/dev/null")
@@ -216,11 +216,11 @@ def test_apply_and_remove_edits(tmp_path: Path) -> None:
                                    "options": ["ro", "rbind"]}]
     assert spec["hooks"]["createRuntime"] == [{"path": "/user/hook"},
                                               {k: v for k, v in HOOK.items() if k != "hookName"}]
-    assert oci.edits_record_problem(spec) is None
-    assert oci.cdi_record_problem(spec, state) is None
-    oci.remove_our_edits(spec, state)
+    assert spec_edits.edits_record_problem(spec) is None
+    assert spec_edits.cdi_record_problem(spec, state) is None
+    spec_edits.remove_our_edits(spec, state)
     before["process"]["env"] = ["PATH=/bin"]  # set_env replaced the user's X_DEV
-    before["annotations"] = {}  # emptied objects stay (oci.remove_our_edits)
+    before["annotations"] = {}  # emptied objects stay (spec_edits.remove_our_edits)
     for stage in ("prestart", "poststop"):
         spec["hooks"].pop(stage, None)
     assert spec == before
@@ -352,7 +352,7 @@ def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path,
     assert s["linux"]["devices"] == []
     assert s["linux"]["resources"] == original["linux"]["resources"]
     assert all(v == [] for v in s["hooks"].values())
-    assert oci.EDITS_ANNOTATION not in s.get("annotations", {})
+    assert spec_edits.EDITS_ANNOTATION not in s.get("annotations", {})
 
     # cdi again, then legacy: the legacy create has none of the CDI edits left
     _set_env(b, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"])
@@ -424,7 +424,7 @@ _FORGED = json.dumps({"cdi": True, "hooks": [["prestart", _USER_HOOK]], "mounts"
 
 def _user_spec(envvars: list[str], record: str | None) -> dict[str, Any]:
     s = _spec(["PATH=/bin", "SECRET_POLICY=strict", *envvars],
-              {oci.EDITS_ANNOTATION: record} if record is not None else None)
+              {spec_edits.EDITS_ANNOTATION: record} if record is not None else None)
     s["mounts"] = [dict(_PROC)]
     s["hooks"] = {"prestart": [dict(_USER_HOOK)]}
     s["linux"] = {"devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}],
@@ -452,24 +452,24 @@ def test_forged_cdi_record_removes_nothing(tmp_path: Path, mac: str | None) -> N
         rec["mac"] = mac
     for key_exists in (False, True):
         if key_exists:
-            oci.edits_key(state, create=True)
+            spec_edits.edits_key(state, create=True)
         s = _user_spec([], json.dumps(rec))
-        assert "ignored" in (oci.cdi_record_problem(s, state) or "")
-        oci.remove_our_edits(s, state)
+        assert "ignored" in (spec_edits.cdi_record_problem(s, state) or "")
+        spec_edits.remove_our_edits(s, state)
         _users_entries_stay(s)
 
 
 def test_record_mac_is_keyed_per_host(tmp_path: Path) -> None:
     """A genuine record made with another host's key is refused; the key file is 0600."""
     s = _spec(["PATH=/bin"])
-    oci.record_edits(s, oci.Edits(env=["A=1"], cdi=True), str(tmp_path / "a"))
-    key = tmp_path / "a" / oci.EDITS_KEY_FILE
+    spec_edits.record_edits(s, spec_edits.Edits(env=["A=1"], cdi=True), str(tmp_path / "a"))
+    key = tmp_path / "a" / spec_edits.EDITS_KEY_FILE
     assert key.stat().st_mode & 0o7777 == 0o600 and key.stat().st_size == 32
-    assert oci.cdi_record_problem(s, str(tmp_path / "a")) is None
-    oci.edits_key(str(tmp_path / "b"), create=True)
-    assert "wrong MAC" in (oci.cdi_record_problem(s, str(tmp_path / "b")) or "")
+    assert spec_edits.cdi_record_problem(s, str(tmp_path / "a")) is None
+    spec_edits.edits_key(str(tmp_path / "b"), create=True)
+    assert "wrong MAC" in (spec_edits.cdi_record_problem(s, str(tmp_path / "b")) or "")
     key.chmod(0o644)
-    assert "0600" in (oci.cdi_record_problem(s, str(tmp_path / "a")) or "")
+    assert "0600" in (spec_edits.cdi_record_problem(s, str(tmp_path / "a")) or "")
 
 
 def _hostile_bundle(env: Env, envvars: list[str], rootfs: str = "") -> Path:
@@ -480,7 +480,7 @@ def _hostile_bundle(env: Env, envvars: list[str], rootfs: str = "") -> Path:
     spec["linux"]["devices"] = [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]
     spec["linux"]["resources"]["devices"].append(
         {"allow": True, "type": "c", "major": 10, "minor": 229, "access": "rwm"})
-    spec["annotations"] = {oci.EDITS_ANNOTATION: _FORGED}
+    spec["annotations"] = {spec_edits.EDITS_ANNOTATION: _FORGED}
     (b / "config.json").write_text(json.dumps(spec))
     return b
 

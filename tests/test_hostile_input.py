@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 from test_shim import NVD, RUNTIME, Env, bundle_maker, create_argv, snapshot
 
 from nvctk import config as nvconfig
-from nvctk import fileio, oci, passthrough, requirements, runc_argv, shim, vgpu
+from nvctk import fileio, oci, passthrough, requirements, runc_argv, shim, spec_edits, vgpu
 from nvctk import log as nvlog
 from nvctk.errors import ConfigError, NvctkError, RequestError, SpecError, UnknownDeviceError
 from nvctk.inventory import GpuInfo, HostInfo, MigInfo
-from nvctk.plan import PLAN_FILE, DeviceNode
+from nvctk.plan import PLAN_FILE, DeviceNode, Hook
 from nvctk.planner import resolve_device
 from nvctk.request import request_from_spec
 from nvctk.sim.host import SimHost
@@ -564,7 +564,7 @@ def test_reused_bundle_gets_only_the_current_request(env: Env, bundle: Callable[
     assert r.returncode == 0, r.stderr
     spec = json.loads((b / "config.json").read_text())
     assert not (b / PLAN_FILE).exists()
-    assert oci.EDITS_ANNOTATION not in (spec.get("annotations") or {})
+    assert spec_edits.EDITS_ANNOTATION not in (spec.get("annotations") or {})
     assert spec["hooks"] == {"prestart": [], "poststop": []}
     assert _nvidia_paths(spec) == _nvidia_paths(original)
     assert spec["linux"]["resources"] == original["linux"]["resources"]
@@ -614,11 +614,11 @@ def test_edit_record_can_only_take_nvidia_access_away() -> None:
         "process": {"env": ["LD_PRELOAD=/x.so", "CUDA_DEVICE_X=1"]},
         "linux": {"devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}],
                   "resources": {"devices": [deny]}},
-        "annotations": {oci.EDITS_ANNOTATION: json.dumps({
+        "annotations": {spec_edits.EDITS_ANNOTATION: json.dumps({
             "devices": [["/dev/fuse", "c", 10, 229]], "rules": [[None, None, None]],
             "env": ["LD_PRELOAD=/x.so", "CUDA_DEVICE_X=1"]})},
     }
-    oci.remove_our_edits(spec)
+    spec_edits.remove_our_edits(spec)
     assert spec["linux"]["devices"][0]["path"] == "/dev/fuse"
     assert spec["linux"]["resources"]["devices"] == [deny]
     assert spec["process"]["env"] == ["LD_PRELOAD=/x.so"]
@@ -731,17 +731,17 @@ def test_wrong_field_types_are_not_repaired(env: Env, bundle: Callable[..., Path
 def test_oci_edits_refuse_wrong_types() -> None:
     node = DeviceNode("/dev/nvidia0", "/dev/nvidia0", 195, 0)
     with pytest.raises(SpecError, match=re.escape("linux.devices must be an array")):
-        oci.add_devices({"linux": {"devices": {}}}, [node])
-    hook = oci.hook_entry("/h", 5, None)
+        spec_edits.add_devices({"linux": {"devices": {}}}, [node])
+    hook = Hook("prestart", "/h", ("nvctk-hook", "prestart"), (), 5).entry()
     with pytest.raises(SpecError, match=re.escape("hooks.prestart must be an array")):
-        oci.set_hook({"hooks": {"prestart": {"path": "/x"}}}, hook)
+        spec_edits.set_hook({"hooks": {"prestart": {"path": "/x"}}}, hook)
     with pytest.raises(SpecError, match="hooks must be an object"):
-        oci.set_hook({"hooks": []}, hook)
+        spec_edits.set_hook({"hooks": []}, hook)
     with pytest.raises(SpecError, match=re.escape("process.env must be an array")):
-        oci.set_env({"process": {"env": "A=1"}}, {"B": "2"})
+        spec_edits.set_env({"process": {"env": "A=1"}}, {"B": "2"})
     spec: dict[str, Any] = {"linux": {"devices": None}, "hooks": {"prestart": None}}
-    oci.add_devices(spec, [node])  # null is absent, as Go reads it
-    oci.set_hook(spec, hook)
+    spec_edits.add_devices(spec, [node])  # null is absent, as Go reads it
+    spec_edits.set_hook(spec, hook)
     assert spec["linux"]["devices"][0]["path"] == "/dev/nvidia0"
 
 
@@ -780,9 +780,6 @@ def test_atomic_write_names_the_file_on_write_errors(tmp_path: Path,
     assert exc.value.filename == str(target) and exc.value.errno == 28
     assert os.listdir(tmp_path) == []
 
-
-def test_plan_file_name_matches() -> None:
-    assert shim.PLAN_FILE_NAME == PLAN_FILE
 
 
 # --- property tests: every parser of container input --------------------------------------
@@ -1000,7 +997,7 @@ def test_malformed_edits_record(env: Env, bundle: Callable[..., Path], record: A
     removed, and runc would refuse that spec); a GPU create: one SpecError naming
     the annotation. Never an internal error."""
     def edit(spec: dict[str, Any]) -> None:
-        spec["annotations"] = {oci.EDITS_ANNOTATION: record}
+        spec["annotations"] = {spec_edits.EDITS_ANNOTATION: record}
 
     b = bundle({}, edit=edit)
     before = snapshot(b / "config.json")
@@ -1012,7 +1009,7 @@ def test_malformed_edits_record(env: Env, bundle: Callable[..., Path], record: A
     env.record.unlink()
     g = bundle({NVD: "0"}, name="gpu", edit=edit)
     assert_clean_failure(env, env.run(*create_argv(env, g)),
-                         f"config.json: annotations['{oci.EDITS_ANNOTATION}']")
+                         f"config.json: annotations['{spec_edits.EDITS_ANNOTATION}']")
 
 
 json_values = st.recursive(
@@ -1029,19 +1026,19 @@ json_values = st.recursive(
                     st.lists(st.one_of(json_values, st.lists(json_values, min_size=3, max_size=4)),
                              max_size=4) | json_values).map(json.dumps)))
 def test_any_edits_record_is_never_an_internal_error(record: Any) -> None:
-    spec = {"annotations": {oci.EDITS_ANNOTATION: record},
+    spec = {"annotations": {spec_edits.EDITS_ANNOTATION: record},
             "linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
                       "resources": {"devices": [{"allow": True, "type": "c", "major": 195,
                                                  "minor": 0, "access": "rwm"}]}},
             "process": {"env": ["CUDA_DEVICE_X=1"]}}
-    problem = oci.edits_record_problem(spec)
+    problem = spec_edits.edits_record_problem(spec)
     if problem is None:
-        oci.remove_our_edits(spec)
+        spec_edits.remove_our_edits(spec)
     else:
-        assert oci.EDITS_ANNOTATION in problem and len(problem) < 400
-        with pytest.raises(SpecError, match=re.escape(oci.EDITS_ANNOTATION)):
-            oci.check_editable(spec)
-    oci.remove_our_edits(spec)  # the second line: never raises either
+        assert spec_edits.EDITS_ANNOTATION in problem and len(problem) < 400
+        with pytest.raises(SpecError, match=re.escape(spec_edits.EDITS_ANNOTATION)):
+            spec_edits.check_editable(spec)
+    spec_edits.remove_our_edits(spec)  # the second line: never raises either
 
 
 # --- issue 8, finding 7: container ids and runc roots that are not UTF-8 ---------------------

@@ -117,12 +117,19 @@ def test_only_create_and_run_start_python(layout: Layout, argv: list[str], pytho
         assert layout.ran() == [str(fake), *argv]
 
 
-def test_no_config_file_is_the_defaults_without_python(layout: Layout) -> None:
+def test_no_config_file_is_the_loaders_defaults(layout: Layout) -> None:
+    """The defaults are the config loader's (the launcher has none of its own): cached
+    as "absent" while the path has no file; a file appearing there is a miss."""
     layout.fake("runc")
-    r = layout.run(["state", "x"])
-    assert r.returncode == 0, r.stderr
-    assert layout.ran() == [str(layout.fakes / "runc"), "state", "x"]
-    assert layout.python_starts() == 0
+    for _ in range(2):
+        r = layout.run(["state", "x"])
+        assert r.returncode == 0, r.stderr
+        assert layout.ran() == [str(layout.fakes / "runc"), "state", "x"]
+        assert layout.python_starts() == 1
+    other = layout.fake("rt")
+    layout.config.write_text(f'runtimes = ["{other}"]\n')
+    layout.run(["state", "x"])
+    assert layout.ran()[0] == str(other) and layout.python_starts() == 2
 
 
 def test_never_execs_itself(layout: Layout) -> None:

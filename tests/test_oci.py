@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from nvctk import fileio, oci
+from nvctk import fileio, oci, spec_edits
+from nvctk.config import Config
 from nvctk.errors import SpecError
-from nvctk.plan import DeviceNode
+from nvctk.planner import DeviceNode, plan_hooks
+from nvctk.spec_edits import HOOK_PATH_ENV
 
 NODES = (
     DeviceNode("/dev/nvidiactl", "/h/dev/nvidiactl", 195, 255),
@@ -44,7 +46,7 @@ def test_atomic_save_keeps_unknown_fields_and_mode(tmp_path: Path) -> None:
     p = write_bundle(tmp_path, base_spec(), 0o640)
     ino = p.stat().st_ino
     spec = oci.load_spec(str(tmp_path))
-    oci.add_devices(spec, NODES)
+    spec_edits.add_devices(spec, NODES)
     oci.save_spec(str(tmp_path), spec)
     st = p.stat()
     assert st.st_mode & 0o7777 == 0o640
@@ -73,7 +75,7 @@ def test_atomic_write_failure_leaves_original(tmp_path: Path, monkeypatch: pytes
 def test_devices_and_rules_idempotent() -> None:
     spec = base_spec()
     for _ in range(3):
-        oci.add_devices(spec, NODES)
+        spec_edits.add_devices(spec, NODES)
     devs = spec["linux"]["devices"]
     assert [d["path"] for d in devs] == ["/dev/nvidiactl", "/dev/nvidia1", "/dev/nvidia-uvm"]
     assert devs[2] == {"path": "/dev/nvidia-uvm", "type": "c", "major": 508, "minor": 0,
@@ -86,7 +88,7 @@ def test_devices_and_rules_idempotent() -> None:
 
 def test_devices_on_empty_spec() -> None:
     spec: dict[str, Any] = {}
-    oci.add_devices(spec, NODES[:1])
+    spec_edits.add_devices(spec, NODES[:1])
     assert spec["linux"]["devices"][0]["path"] == "/dev/nvidiactl"
     assert len(spec["linux"]["resources"]["devices"]) == 1
 
@@ -101,23 +103,24 @@ def test_hook_replaces_nvidia_and_own() -> None:
     spec["hooks"]["createRuntime"] = [
         {"path": "/usr/bin/nvidia-container-toolkit", "args": ["nvidia-container-toolkit"]}
     ]
-    assert oci.remove_nvidia_hooks(spec) == 2
-    hook = oci.hook_entry("/opt/bin/nvctk-hook", 30, "/etc/x.toml")
-    oci.set_hook(spec, hook)
-    oci.set_hook(spec, hook)
+    assert spec_edits.remove_nvidia_hooks(spec) == 2
+    (hook,) = [h.entry() for h in plan_hooks("/opt/bin/nvctk-hook", Config(hook_timeout=30),
+                                             "/etc/x.toml", False)]
+    spec_edits.set_hook(spec, hook)
+    spec_edits.set_hook(spec, hook)
     pre = spec["hooks"]["prestart"]
     assert [h["path"] for h in pre] == ["/usr/bin/other-hook", "/opt/bin/nvctk-hook"]
     assert pre[1] == {"path": "/opt/bin/nvctk-hook", "args": ["nvctk-hook", "prestart"],
-                      "env": [oci.HOOK_PATH_ENV, "NVCTK_CONFIG=/etc/x.toml"], "timeout": 30}
+                      "env": [HOOK_PATH_ENV, "NVCTK_CONFIG=/etc/x.toml"], "timeout": 30}
     assert spec["hooks"]["createRuntime"] == []
     assert spec["hooks"]["poststart"] == [{"path": "/bin/true"}]
-    assert oci.hook_entry("/h", 5, None)["env"] == [oci.HOOK_PATH_ENV]
+    assert [h.env for h in plan_hooks("/h", Config(), None, False)] == [(HOOK_PATH_ENV,)]
 
 
 def test_set_env_replaces() -> None:
     spec = base_spec()
-    oci.set_env(spec, {"A": "1", "NVIDIA_VISIBLE_DEVICES": "x"})
-    oci.set_env(spec, {"A": "2"})
+    spec_edits.set_env(spec, {"A": "1", "NVIDIA_VISIBLE_DEVICES": "x"})
+    spec_edits.set_env(spec, {"A": "2"})
     assert spec["process"]["env"] == ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=x", "A=2"]
 
 
@@ -172,9 +175,10 @@ def test_bad_state(text: str) -> None:
 def test_set_hook_twice_keeps_one_whatever_the_hook_file_is_called(hook_path: str) -> None:
     other = {"path": "/usr/bin/other", "args": ["other", "prestart"]}
     spec: dict[str, Any] = {"hooks": {"prestart": [other]}}
+    (hook,) = plan_hooks(hook_path, Config(hook_timeout=60), None, False)
     for _ in range(2):
-        oci.set_hook(spec, oci.hook_entry(hook_path, 60, None))
-    assert spec["hooks"]["prestart"] == [other, oci.hook_entry(hook_path, 60, None)]
+        spec_edits.set_hook(spec, hook.entry())
+    assert spec["hooks"]["prestart"] == [other, hook.entry()]
 
 
 def test_dump_spec_is_compact_json_keeping_non_ascii(tmp_path: Path) -> None:

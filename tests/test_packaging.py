@@ -6,11 +6,13 @@ here, that the wheel and the .deb carry them and that they run where installed.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import zipfile
 from pathlib import Path
 
@@ -130,8 +132,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel_target(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pip install --target, dependencies included: the launchers start Python with -I,
+    so PYTHONPATH cannot supply them; what is in the target dir is all they get."""
     target = tmp_path_factory.mktemp("target")
-    r = _run([BASE_PYTHON, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+    r = _run([BASE_PYTHON, "-m", "pip", "install", "-q", "--no-compile",
               "--target", str(target), str(wheel)],
              env={**os.environ, "PYTHONPATH": SITE_PACKAGES, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     assert r.returncode == 0, r.stderr
@@ -168,9 +172,79 @@ def test_wheel_installed_cli_runs(wheel_target: Path) -> None:
     cwd = wheel_target.parent  # not the repo: its nvctk/ would come first on sys.path
     r = _run([BASE_PYTHON, "-c", "import nvctk.cli; print(nvctk.cli.__file__)"], env=env, cwd=cwd)
     assert r.stdout.startswith(str(wheel_target)), r.stdout + r.stderr
-    r = _run([str(wheel_target / "bin" / "nvctk"), "config", "default"], env=env, cwd=cwd)
+    # the launcher ignores PYTHONPATH (-I): click comes from the target dir
+    r = _run([str(wheel_target / "bin" / "nvctk"), "config", "default"],
+             env={"PATH": "/usr/bin:/bin"}, cwd=cwd)
     assert r.returncode == 0, r.stderr
     assert "runtimes = " in r.stdout and "vgpu-library" in r.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv (Debian's python3) with the wheel and its dependencies installed."""
+    venv = tmp_path_factory.mktemp("venv") / "v"
+    assert _run([BASE_PYTHON, "-m", "venv", str(venv)]).returncode == 0
+    r = _run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
+             env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    return venv
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runc"), reason="needs root and runc")
+def test_wheel_in_a_fresh_venv(wheel_venv: Path, tmp_path: Path) -> None:
+    """sim init, info, and a capped GPU container whose hook and libvgpu.so are the
+    venv's: nothing of the development tree is used."""
+    from nvctk.sim.rootfs import build_rootfs
+
+    bin_ = wheel_venv / "bin"
+    env = {"PATH": f"{bin_}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    sim = tmp_path / "sim"
+    r = _run([str(bin_ / "nvctk"), "sim", "init", str(sim), "--gpus", "2"], env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    env["NVCTK_CONFIG"] = str(sim / "config.toml")
+    r = _run([str(bin_ / "nvctk"), "info", "--json"], env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["gpus"]) == 2
+
+    bundle = tmp_path / "bundle"
+    build_rootfs(str(bundle / "rootfs"))
+    assert _run(["runc", "spec"], cwd=bundle).returncode == 0
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["terminal"] = False
+    spec["process"]["args"] = ["sh", "-c", "nvidia-smi -L; cat /etc/ld.so.preload"]
+    spec["process"]["env"] += ["NVIDIA_VISIBLE_DEVICES=0", "CUDA_DEVICE_MEMORY_LIMIT=1g"]
+    (bundle / "config.json").write_text(json.dumps(spec))
+    state = tmp_path / "runc-state"
+    ctr = f"wheel-{os.getpid()}"
+    out = tmp_path / "out.txt"
+    try:
+        # the container keeps create's stdio: a file, not a pipe this test would wait on
+        with open(out, "w") as f:
+            created = subprocess.run([str(bin_ / "nvctk-runtime"), "--root", str(state),
+                                      "create", "--bundle", str(bundle), ctr], env=env,
+                                     cwd=bundle, stdout=f, stderr=subprocess.STDOUT, timeout=120)
+        assert created.returncode == 0, out.read_text()
+        hooks = json.loads((bundle / "config.json").read_text())["hooks"]
+        assert [h["path"] for h in hooks["prestart"]] == [str(bin_ / "nvctk-hook")]
+        site = Path(_run([str(bin_ / "python"), "-c", "import sysconfig; print("
+                          "sysconfig.get_paths()['purelib'])"]).stdout.strip())
+        libvgpu = site / "nvctk" / "lib" / "libvgpu.so"
+        assert libvgpu.is_file()
+        assert str(libvgpu) in (bundle / "nvctk-plan.json").read_text()
+        r = _run(["runc", "--root", str(state), "start", ctr], env=env)
+        assert r.returncode == 0, r.stderr
+        for _ in range(100):
+            status = json.loads(_run(["runc", "--root", str(state), "state", ctr]).stdout)
+            if status["status"] == "stopped":
+                break
+            time.sleep(0.1)
+        text = out.read_text()
+        assert "GPU 0: NVIDIA H100 80GB HBM3" in text and "libvgpu.so" in text, text
+    finally:
+        _run([str(bin_ / "nvctk-runtime"), "--root", str(state), "delete", "--force", ctr],
+             env=env)
+    assert not (state / ctr).exists()
 
 
 @pytest.mark.slow

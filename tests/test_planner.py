@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from nvctk import config as nvconfig
-from nvctk import driver, planner, vgpu
+from nvctk import driver, planner, spec_edits, vgpu
 from nvctk import host as nvhost
 from nvctk.config import ALL_CAPABILITIES
 from nvctk.errors import (
@@ -26,7 +26,8 @@ from nvctk.errors import (
 from nvctk.mount import exists_in_rootfs
 from nvctk.nvml import HostInfo, query_host
 from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
-from nvctk.planner import container_lib_dirs, make_plan, proc_bus_id
+from nvctk.planner import container_lib_dirs, image_facts, make_plan, proc_bus_id
+from nvctk.request import request_from_spec
 from nvctk.sim.host import SimHost
 
 NVD = "NVIDIA_VISIBLE_DEVICES"
@@ -48,8 +49,26 @@ def spec(env: dict[str, str], **extra: Any) -> dict[str, Any]:
     return {"process": proc, "root": {"path": "rootfs"}}
 
 
+def plan_of(s: dict[str, Any], cfg: nvconfig.Config, host: HostInfo | None = None, *,
+            bundle: str | None = None, rootfs: str | None = None, **kw: Any) -> Plan | None:
+    """The shim's way: the request, the image's facts (from a rootfs or a bundle), the plan."""
+    request = request_from_spec(s, cfg)
+    if request is None:
+        return None
+    image = None
+    if rootfs is not None:
+        image = image_facts({"root": {"path": rootfs}}, "/")
+    elif bundle is not None:
+        image = image_facts(s, bundle)
+    return make_plan(request, cfg, host, image, **kw)
+
+
+def lib_dir(rootfs: str) -> str:
+    return container_lib_dirs(image_facts({"root": {"path": rootfs}}, "/"))[0]
+
+
 def plan(cfg: nvconfig.Config, host: HostInfo, env: dict[str, str], **kw: Any) -> Plan:
-    p = make_plan(spec(env), cfg, host, **kw)
+    p = plan_of(spec(env), cfg, host, **kw)
     assert p is not None
     return p
 
@@ -59,8 +78,8 @@ def nodes(p: Plan) -> list[str]:
 
 
 def test_no_gpu(cfg: nvconfig.Config, host: HostInfo) -> None:
-    assert make_plan(spec({}), cfg, host) is None
-    assert make_plan(spec({NVD: "void"}), cfg, host) is None
+    assert plan_of(spec({}), cfg, host) is None
+    assert plan_of(spec({NVD: "void"}), cfg, host) is None
 
 
 @pytest.mark.parametrize("form", ["index", "uuid", "uuid-lower", "pci", "pci-short"])
@@ -198,13 +217,13 @@ def test_requirements(cfg: nvconfig.Config, host: HostInfo) -> None:
 def test_lib_dir_by_distro(cfg: nvconfig.Config, host: HostInfo,
                            rootfs: Callable[..., str]) -> None:
     deb, other = rootfs(debian=True), rootfs(debian=False)
-    assert container_lib_dirs(deb)[0] == "/usr/lib/x86_64-linux-gnu"
-    assert container_lib_dirs(other)[0] == "/usr/lib64"
+    assert lib_dir(deb) == "/usr/lib/x86_64-linux-gnu"
+    assert lib_dir(other) == "/usr/lib64"
     p = plan(cfg, host, {NVD: "0"}, rootfs=other)
     assert p.lib_dir == "/usr/lib64"
     assert all(not m.container_path.startswith("/usr/lib/x86_64") for m in p.mounts)
     with pytest.raises(SpecError, match="rootfs"):  # bundle/x/rootfs does not exist
-        make_plan(spec({NVD: "0"}), cfg, host, bundle=os.path.dirname(deb) + "/x")
+        plan_of(spec({NVD: "0"}), cfg, host, bundle=os.path.dirname(deb) + "/x")
 
 
 @pytest.fixture
@@ -291,10 +310,10 @@ def test_rootfs_lookup_follows_the_kernel_on_link_to_host_debian_version(
     for target in (str(outside / "debian_version"), "../../outside/debian_version",
                    "/proc/self/root" + str(outside / "debian_version")):
         os.symlink(target, root / "etc/debian_version")
-        assert container_lib_dirs(str(root))[0] == "/usr/lib64"
+        assert lib_dir(str(root)) == "/usr/lib64"
         os.unlink(root / "etc/debian_version")
     os.symlink("/usr/dv", root / "etc/debian_version")
-    assert container_lib_dirs(str(root))[0] == "/usr/lib/x86_64-linux-gnu"
+    assert lib_dir(str(root)) == "/usr/lib/x86_64-linux-gnu"
 
 
 def test_rootfs_lookup_closes_its_fds(hostile_root: tuple[Path, Path]) -> None:
@@ -329,7 +348,7 @@ def test_cached_host_is_used(cfg: nvconfig.Config, host: HostInfo,
                              monkeypatch: pytest.MonkeyPatch) -> None:
     load = FakeLoad(host, host)
     monkeypatch.setattr(nvhost, "load_host", load)
-    p = make_plan(spec({NVD: "1"}), cfg)
+    p = plan_of(spec({NVD: "1"}), cfg)
     assert p is not None and p.gpu_uuids == (host.gpus[1].uuid,)
     assert load.calls == [(cfg.driver_root, cfg.state_dir, False)]
 
@@ -342,13 +361,13 @@ def test_device_unknown_to_cache_asks_nvml(cfg: nvconfig.Config, host: HostInfo,
     monkeypatch.setattr(nvhost, "load_host", load)
     for ident in ("1", host.gpus[1].uuid):
         load.calls.clear()
-        p = make_plan(spec({NVD: f"0,{ident}"}), cfg)
+        p = plan_of(spec({NVD: f"0,{ident}"}), cfg)
         assert p is not None and p.gpu_uuids == (host.gpus[0].uuid, host.gpus[1].uuid)
         assert [c[2] for c in load.calls] == [False, True]
     # unknown to NVML too: the error, after one retry
     load.calls.clear()
     with pytest.raises(UnknownDeviceError, match="'7'"):
-        make_plan(spec({NVD: "7"}), cfg)
+        plan_of(spec({NVD: "7"}), cfg)
     assert [c[2] for c in load.calls] == [False, True]
 
 
@@ -357,7 +376,7 @@ def test_no_retry_when_nvml_answered(cfg: nvconfig.Config, host: HostInfo,
     load = FakeLoad(host, host, from_cache=False)
     monkeypatch.setattr(nvhost, "load_host", load)
     with pytest.raises(RequestError, match="unknown device '7'"):
-        make_plan(spec({NVD: "7"}), cfg)
+        plan_of(spec({NVD: "7"}), cfg)
     assert [c[2] for c in load.calls] == [False]
 
 
@@ -366,7 +385,7 @@ def test_other_request_errors_are_not_retried(cfg: nvconfig.Config, host: HostIn
     load = FakeLoad(host, host)
     monkeypatch.setattr(nvhost, "load_host", load)
     with pytest.raises(RequirementError):
-        make_plan(spec({NVD: "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99"}), cfg)
+        plan_of(spec({NVD: "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99"}), cfg)
     assert [c[2] for c in load.calls] == [False]
 
 
@@ -375,10 +394,10 @@ def test_real_host_cache(sim_host: SimHost, tmp_path: Path) -> None:
     second is served from it; both plans are the same."""
     cfg = nvconfig.load(sim_host.config_path).replace(state_dir=str(tmp_path / "state"))
     s = spec({NVD: "all"})
-    first = make_plan(s, cfg)
+    first = plan_of(s, cfg)
     assert os.listdir(tmp_path / "state")  # the cache
     assert nvhost.load_host(cfg.driver_root, cfg.state_dir)[1]  # served from it now
-    assert make_plan(s, cfg) == first
+    assert plan_of(s, cfg) == first
 
 
 # --- driver discovery limited to the request's capabilities ------------------------------
@@ -464,7 +483,7 @@ def test_mig(sim_host_mig: SimHost) -> None:
         assert all(c.major == sim_host_mig.caps_major for c in caps)
         assert "/dev/nvidia0" in nodes(p)  # the parent GPU
         assert p.gpu_uuids == (g0.uuid,)
-    priv = make_plan(
+    priv = plan_of(
         spec({NVD: "0", "NVIDIA_MIG_CONFIG_DEVICES": "all", "NVIDIA_MIG_MONITOR_DEVICES": "all"},
              capabilities={"bounding": ["CAP_SYS_ADMIN"]}), cfg, host)
     assert priv is not None
@@ -532,11 +551,10 @@ def test_drm_nodes_by_capability(cfg: nvconfig.Config, host: HostInfo, sim_host:
 
 def test_drm_nodes_get_cgroup_rules(cfg: nvconfig.Config, host: HostInfo,
                                     sim_host: SimHost) -> None:
-    from nvctk import oci
 
     p = plan(cfg, host, {NVD: "0", "NVIDIA_DRIVER_CAPABILITIES": "graphics"})
     s: dict[str, Any] = {"linux": {}}
-    oci.add_devices(s, p.devices)
+    spec_edits.add_devices(s, p.devices)
     rules = {(r["type"], r["major"], r["minor"], r["access"])
              for r in s["linux"]["resources"]["devices"]}
     minor = sim_host.topology.gpus[0].minor

@@ -28,7 +28,9 @@ from canary.harness import (
     run_hook,
 )
 
-from nvctk import ldcache, prestart
+from nvctk import ldcache
+from nvctk.elf import elf_interpreter
+from nvctk.hook_state import sanitize_environ
 from nvctk.mount import parse_mountinfo
 from nvctk.plan import Mount
 from nvctk.sim.host import SimHost
@@ -334,7 +336,7 @@ def test_poststop_bad_state_and_usage() -> None:
 
 def test_sanitize_environ() -> None:
     env = {"LD_PRELOAD": "/x.so", "LD_LIBRARY_PATH": "/y", "PYTHONPATH": "/z", "PATH": "/bin"}
-    assert sorted(prestart.sanitize_environ(env)) == ["LD_LIBRARY_PATH", "LD_PRELOAD",
+    assert sorted(sanitize_environ(env)) == ["LD_LIBRARY_PATH", "LD_PRELOAD",
                                                      "PYTHONPATH"]
     assert env == {"PATH": "/bin"}
 
@@ -343,28 +345,28 @@ def test_elf_interpreter() -> None:
     ld = shutil.which("ldconfig", path="/sbin:/usr/sbin") or "/sbin/ldconfig"
     fd = os.open(ld, os.O_RDONLY)
     try:
-        assert prestart.elf_interpreter(fd) is None  # Debian's ldconfig is static
+        assert elf_interpreter(fd) is None  # Debian's ldconfig is static
     finally:
         os.close(fd)
     fd = os.open("/bin/ls", os.O_RDONLY)
     try:
-        assert (prestart.elf_interpreter(fd) or "").startswith("/lib")
+        assert (elf_interpreter(fd) or "").startswith("/lib")
     finally:
         os.close(fd)
 
 
-def test_without_a_saved_plan_the_hook_recomputes_the_shims_plan(
+def test_without_a_saved_plan_the_hook_decides_nothing(
         sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path, host_table: None) -> None:
-    """A spec edited by hand (no nvctk-plan.json): the hook plans as the shim would,
-    for this image (its Debian lib dir), from the container's env."""
+    """A spec that names the hook but has no nvctk-plan.json (edited by hand, or a
+    bundle reused for a no-GPU container): the hook never plans by itself; it mounts
+    nothing and says so in nvctk's log."""
     root = rootfs()
     bundle = make_bundle(str(tmp_path / "bundle"), root, None, driver_root=sim_host.root,
                          spec_extra={"process": {"args": ["sh"], "cwd": "/", "env": [
                              "NVIDIA_VISIBLE_DEVICES=1"]}})
-    v = sim_host.topology.driver_version
     with fake_container() as pid:
         r = run_hook(bundle, pid)
-        assert r.returncode == 0, r.stderr
-        mounts = mounts_under(pid, root)
-    assert f"{LIB}/libcuda.so.{v}" in mounts, mounts
-    assert "/usr/bin/nvidia-smi" in mounts
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert mounts_under(pid, root) == {}
+    assert (f"no nvctk-plan.json in {bundle.path}: nvctk-runtime made no plan for this "
+            "container") in bundle.log_text()

@@ -31,12 +31,14 @@ from pathlib import Path
 import pytest
 
 from nvctk import config as nvconfig
-from nvctk import prestart, vgpu, vgpu_state
+from nvctk import hook_worker, ldconfig, vgpu, vgpu_state
 from nvctk.errors import SpecError
-from nvctk.log import Logger
-from nvctk.nvml import HostInfo, query_host
+from nvctk.inventory import HostInfo
+from nvctk.log import HookLog, Logger
+from nvctk.nvml import query_host
 from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
 from nvctk.planner import make_plan
+from nvctk.request import request_from_spec
 from nvctk.shim import prepare_bundle
 from nvctk.sim.host import SimHost
 from nvctk.vgpu import VgpuLimits
@@ -67,7 +69,8 @@ def test_mps_pipe_env_never_picks_the_host_dir(cfg: nvconfig.Config, host: HostI
     os.makedirs(secret, exist_ok=True)
     try:
         for value in ("/review-host-secret", "/tmp/../review-host-secret", "/"):
-            p = make_plan(_spec({NVD: "0", "CUDA_MPS_PIPE_DIRECTORY": value}), cfg, host)
+            p = make_plan(request_from_spec(_spec({NVD: "0", "CUDA_MPS_PIPE_DIRECTORY": value}), cfg),  # type: ignore[arg-type]
+                          cfg, host)
             assert p is not None
             bad = [x for x in p.mounts
                    if os.path.realpath(x.host_path) in (os.path.realpath(secret),
@@ -84,7 +87,7 @@ def test_mps_host_dir_that_is_a_link_is_not_bound(cfg: nvconfig.Config, host: Ho
     link = os.path.join(sim_host.root, "tmp/nvidia-mps")
     os.symlink(str(tmp_path), link)
     try:
-        p = make_plan(_spec({NVD: "0"}), cfg, host)
+        p = make_plan(request_from_spec(_spec({NVD: "0"}), cfg), cfg, host)  # type: ignore[arg-type]
         assert p is not None
         assert all(x.host_path != link for x in p.mounts)
     finally:
@@ -222,8 +225,8 @@ def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.Monkey
         (root / d).mkdir(parents=True)
     fifo = root / "etc/ld.so.conf"
     os.mkfifo(fifo)
-    monkeypatch.setattr(prestart, "LDCONFIG_TIMEOUT", 2.0)
-    log = prestart.HookLog(str(tmp_path / "hook.log"), "debug")
+    monkeypatch.setattr(ldconfig, "LDCONFIG_TIMEOUT", 2.0)
+    log = HookLog(str(tmp_path / "hook.log"), "debug")
     plan = Plan("1", ("compute",), (), ldconfig=ld)
     done = threading.Event()
 
@@ -236,7 +239,7 @@ def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.Monkey
     threading.Thread(target=rescue, daemon=True).start()
     try:
         time.sleep(0.2)
-        prestart.apply_plan(plan, str(root), ns.pid, log)
+        hook_worker.apply_plan(plan, str(root), ns.pid, log)
     finally:
         done.set()
         ns.kill()

@@ -333,23 +333,24 @@ def test_image_preload_never_leaves_the_rootfs(bundles: Bundles, tmp_path: Path)
 def test_hook_refuses_a_state_dir_without_its_tmpfs(bundles: Bundles, config: nvconfig.Config,
                                                     tmp_path: Path) -> None:
     """The hook never binds a directory of the host's file system writable into a container."""
-    from nvctk import prestart
+    from nvctk import hook_worker
     from nvctk.errors import MountError
+    from nvctk.log import HookLog
 
     b = bundles.make({MEM: "256m"})
     plan = prep(b, config, "plain-dir", "/tmp/pd").plan
     assert plan is not None and plan.vgpu is not None
     d = plan.vgpu.state_dir
-    log = prestart.HookLog(str(tmp_path / "hook.log"))
+    log = HookLog(str(tmp_path / "hook.log"))
     try:
-        assert prestart._vgpu_mounts(plan, log)
+        assert hook_worker.check_vgpu_state(plan, log)
         saved = tmp_path / "saved"
         shutil.copytree(d, saved, symlinks=True)
         assert vgpu_state.detach_mounts(d) == 1
         shutil.copytree(saved, d, symlinks=True, dirs_exist_ok=True)  # the same files, on
         # the host's file system
         with pytest.raises(MountError, match="not a tmpfs of its own"):
-            prestart._vgpu_mounts(plan, log)
+            hook_worker.check_vgpu_state(plan, log)
     finally:
         log.close()
         cleanup_state(config, d)

@@ -4,7 +4,7 @@ A capped container's root without CAP_SYS_ADMIN (runc's default spec: no seccomp
 profile) could create a user namespace, and with it CAP_SYS_ADMIN over a mount
 namespace of its own: there it mounted over /etc (so /etc/ld.so.preload, libvgpu,
 was gone) and allocated past the cap. nvctk-runtime now gives a vGPU container
-seccomp rules that make a new user namespace fail (nvctk.oci.block_user_namespaces):
+seccomp rules that make a new user namespace fail (nvctk.nvseccomp.block_user_namespaces):
 unshare/clone with CLONE_NEWUSER -> EPERM, clone3 -> ENOSYS. A profile of the spec's
 own keeps its rules; the ones that would let a new user namespace through are
 narrowed; a later create of the bundle without vGPU takes exactly that back out.
@@ -27,7 +27,8 @@ from test_shim import validate_schema
 from test_vgpu_runtime import MEM, NVD, RUNTIME, Bundles, Runc, _stop, cleanup_state, lines, prep
 
 from nvctk import config as nvconfig
-from nvctk import oci, vgpu_state
+from nvctk import seccomp as nvseccomp
+from nvctk import spec_edits, vgpu_state
 from nvctk.errors import SpecError
 from nvctk.plan import PLAN_FILE
 from nvctk.sim import host
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim, runc
 X86_64 = os.uname().machine == "x86_64"
 OOM = "alloc 600 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY (2)"
 UNCAPPED = "alloc 600 MiB: OK"
-NEWUSER = oci.CLONE_NEWUSER
+NEWUSER = nvseccomp.CLONE_NEWUSER
 ARCHES = ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"]
 
 # The attack, static (no libvgpu in it): a new user namespace (and mount namespace) by
@@ -286,7 +287,7 @@ def test_a_profile_of_the_spec_keeps_its_rules_and_refuses_too(
     validate_schema(spec_of(b))
     assert {k: v for k, v in got.items() if k != "syscalls"} == \
         {k: v for k, v in own.items() if k != "syscalls"}
-    ours = [r for r in oci.userns_rules() if r not in own["syscalls"]]  # Docker's has clone3's
+    ours = [r for r in nvseccomp.userns_rules() if r not in own["syscalls"]]  # Docker's has clone3's
     assert len(ours) == (2 if name == "docker-like" else 3)
     assert got["syscalls"][-len(ours):] == ours
     theirs = got["syscalls"][:-len(ours)]
@@ -381,7 +382,7 @@ def test_gpu_container_without_limit_gets_no_seccomp_change(
     _prep(b, config, tmp_path)
     spec = spec_of(b)
     assert spec["linux"].get("seccomp") == seccomp
-    assert "seccomp" not in json.loads(spec["annotations"][oci.EDITS_ANNOTATION])
+    assert "seccomp" not in json.loads(spec["annotations"][spec_edits.EDITS_ANNOTATION])
 
 
 @pytest.mark.parametrize("own", [None, *PROFILES])
@@ -394,13 +395,13 @@ def test_reused_bundle_takes_exactly_our_rules_out(own: str | None, bundles: Bun
     _prep(b, config, tmp_path)
     first = (b / "config.json").read_bytes()
     capped = spec_of(b)
-    ours = [r for r in oci.userns_rules() if r not in (seccomp or {}).get("syscalls", [])]
+    ours = [r for r in nvseccomp.userns_rules() if r not in (seccomp or {}).get("syscalls", [])]
     assert capped["linux"]["seccomp"]["syscalls"][-len(ours):] == ours
     if own is None:
         assert capped["linux"]["seccomp"] == {"defaultAction": "SCMP_ACT_ALLOW",
                                               "architectures": ARCHES if X86_64 else
                                               capped["linux"]["seccomp"]["architectures"],
-                                              "syscalls": oci.userns_rules()}
+                                              "syscalls": nvseccomp.userns_rules()}
     validate_schema(capped)
     _prep(b, config, tmp_path)  # a second create: the same bytes
     assert (b / "config.json").read_bytes() == first
@@ -417,16 +418,16 @@ def test_reused_bundle_takes_exactly_our_rules_out(own: str | None, bundles: Bun
     spec = spec_of(b)
     assert spec["linux"].get("seccomp") == seccomp
     assert spec["linux"].get("seccomp") == original["linux"].get("seccomp")
-    assert oci.EDITS_ANNOTATION not in spec.get("annotations", {})
+    assert spec_edits.EDITS_ANNOTATION not in spec.get("annotations", {})
 
 
 def test_a_rule_the_user_also_has_is_theirs(bundles: Bundles, attack: Path,
                                             config: nvconfig.Config, tmp_path: Path) -> None:
     own = allow_all()
-    own["syscalls"].append(oci.userns_rules()[0])
+    own["syscalls"].append(nvseccomp.userns_rules()[0])
     b = make(bundles, attack, {MEM: "512m"}, seccomp=copy.deepcopy(own))
     _prep(b, config, tmp_path)
-    assert spec_of(b)["linux"]["seccomp"]["syscalls"] == own["syscalls"] + oci.userns_rules()[1:]
+    assert spec_of(b)["linux"]["seccomp"]["syscalls"] == own["syscalls"] + nvseccomp.userns_rules()[1:]
     _set(b, **{NVD: "void"})
     _prep(b, config, tmp_path)
     assert spec_of(b)["linux"]["seccomp"] == own
@@ -439,13 +440,13 @@ def test_edit_record_can_only_take_our_rules_out() -> None:
     allow = {"names": ["unshare", "getpid"], "action": "SCMP_ACT_ALLOW"}
     spec: dict[str, Any] = {
         "linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ARCHES,
-                              "syscalls": [mine, *oci.userns_rules()]}},
-        "annotations": {oci.EDITS_ANNOTATION: json.dumps({
+                              "syscalls": [mine, *nvseccomp.userns_rules()]}},
+        "annotations": {spec_edits.EDITS_ANNOTATION: json.dumps({
             "devices": [], "rules": [], "env": [],
-            "seccomp": {"created": True, "syscalls": [mine, *oci.userns_rules()],
+            "seccomp": {"created": True, "syscalls": [mine, *nvseccomp.userns_rules()],
                         "replaced": [[0, allow, [mine]], [1, "x", []], "junk"]}})},
     }
-    oci.remove_our_edits(spec)
+    spec_edits.remove_our_edits(spec)
     assert spec["linux"]["seccomp"]["syscalls"] == [mine]
 
 
@@ -471,7 +472,7 @@ def test_edit_record_can_only_take_our_rules_out() -> None:
 def test_a_profile_nvctk_cannot_edit_is_named(seccomp: Any, where: str) -> None:
     spec: dict[str, Any] = {"linux": {"seccomp": seccomp}}
     with pytest.raises(SpecError, match=re.escape(where)):
-        oci.block_user_namespaces(spec, oci.Edits())
+        nvseccomp.block_user_namespaces(spec, spec_edits.Edits())
 
 
 def test_profiles_that_need_no_change_keep_every_byte() -> None:
@@ -484,15 +485,15 @@ def test_profiles_that_need_no_change_keep_every_byte() -> None:
          "args": [{"index": 0, "value": 0x11, "op": "SCMP_CMP_EQ"}]},
     ]
     spec: dict[str, Any] = {"linux": {"seccomp": copy.deepcopy(own)}}
-    edits = oci.Edits()
-    oci.block_user_namespaces(spec, edits)
-    added = oci.userns_rules()[:2]  # Docker's profile has clone3's rule already
+    edits = spec_edits.Edits()
+    nvseccomp.block_user_namespaces(spec, edits)
+    added = nvseccomp.userns_rules()[:2]  # Docker's profile has clone3's rule already
     assert spec["linux"]["seccomp"]["syscalls"] == own["syscalls"] + added
     assert edits.seccomp == {"created": False, "syscalls": added, "replaced": []}
     other_arg = {"names": ["clone", "getpid"], "action": "SCMP_ACT_LOG",
                  "args": [{"index": 1, "value": 0, "op": "SCMP_CMP_EQ"}]}
     spec = {"linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [other_arg]}}}
-    oci.block_user_namespaces(spec, oci.Edits())
+    nvseccomp.block_user_namespaces(spec, spec_edits.Edits())
     assert spec["linux"]["seccomp"]["syscalls"][:2] == [
         {**other_arg, "names": ["getpid"]},
         {**other_arg, "names": ["clone"], "args": [

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from nvctk.deviceplugin.server import DEFAULT_KUBELET_DIR
+from nvctk.deviceplugin import DEFAULT_KUBELET_DIR
 from nvctk.errors import NvctkError
 
 TYPE_CHECKING = False

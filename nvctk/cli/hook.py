@@ -4,7 +4,8 @@
     nvctk-hook poststop [--runtime-root DIR]
                           state JSON on stdin; removes the vGPU accounting state
 
-Thin: the logic lives in nvctk.prestart. Exit 0 on success; 1 with
+Thin: the logic lives in nvctk.prestart, nvctk.hook_worker and nvctk.vgpu_state.
+Exit 0 on success; 1 with
 "nvctk-hook: <message>" on stderr otherwise (runc shows both); 2 on bad usage.
 """
 
@@ -36,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "poststop":
         # removes the container's vGPU state dir; nothing to undo for mounts (they go
         # with the container's mount namespace)
-        from nvctk import prestart, vgpu_state
+        from nvctk import vgpu_state
+        from nvctk.hook_state import sanitize_environ
 
-        prestart.sanitize_environ()
+        sanitize_environ()
         return vgpu_state.poststop_main(sys.stdin.buffer, sys.stderr, args[1:])
     if cmd in ("create-symlinks", "update-ldcache"):
         return _cdi_hook(cmd, args[1:])
@@ -75,31 +77,33 @@ def _cdi_args(cmd: str, args: list[str]) -> tuple[list[tuple[str, str]], str]:
 
 def _cdi_hook(cmd: str, args: list[str]) -> int:
     """A CDI spec's hook: the prestart hook's worker with a plan of only these links, or
-    only the ldconfig run (nvctk.prestart.apply_plan: capabilities limited, paths resolved
+    only the ldconfig run (nvctk.hook_worker.apply_plan: capabilities limited, paths resolved
     inside the rootfs, the host's static ldconfig chrooted)."""
     from nvctk import config as nvconfig
-    from nvctk import prestart
     from nvctk.errors import NvctkError, SpecError
+    from nvctk.hook_state import parse_state, rootfs_path, sanitize_environ
+    from nvctk.hook_worker import apply_plan
+    from nvctk.log import HookLog
     from nvctk.oci import load_spec
     from nvctk.plan import Plan, Symlink
 
-    prestart.sanitize_environ()
+    sanitize_environ()
     try:
         links, folder = _cdi_args(cmd, args)
     except ValueError as e:
         sys.stderr.write(f"nvctk-hook: {cmd}: {e}\n{USAGE}")
         return 2
     try:
-        state = prestart.parse_state(sys.stdin.buffer.read())
+        state = parse_state(sys.stdin.buffer.read())
         if state.pid <= 0:
             raise SpecError(f"hook state on stdin: container {state.id} has no pid")
         config = nvconfig.load()
-        rootfs = prestart.rootfs_path(state, load_spec(state.bundle))
+        rootfs = rootfs_path(state, load_spec(state.bundle))
         plan = Plan("", (), (), symlinks=tuple(Symlink(p, t) for p, t in links),
                     lib_dir=folder or "/", ldconfig=config.ldconfig if folder else "")
-        log = prestart.HookLog(config.log_file, config.log_level)
+        log = HookLog(config.log_file, config.log_level)
         try:
-            prestart.apply_plan(plan, rootfs, state.pid, log, drop_parent_caps=True)
+            apply_plan(plan, rootfs, state.pid, log, drop_parent_caps=True)
             log.info(f"{state.id}: {cmd} done")
         except NvctkError as e:
             log.error(f"{state.id}: {cmd}: {e}")

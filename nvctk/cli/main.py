@@ -16,6 +16,7 @@ from nvctk.errors import NvctkError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="nvctk", prog_name="nvctk", message="%(prog)s %(version)s")
 @click.option(
     "--config",
     "config_path",

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvctk.errors import ConfigError
+from nvctk.errors import ConfigError, clipped
 
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 MIG_STRATEGIES = ("none", "single", "mixed")
@@ -147,7 +147,7 @@ def parse(data: Any, source: str = "config") -> PluginConfig:
             msg = f"unknown field: {msg}"
         elif e.validator == "maxProperties" and list(e.absolute_path) == ["sharing"]:
             msg = "only one of timeSlicing, vgpu, mps may be set"
-        raise ConfigError(f"{source}: {_where(e.absolute_path)}: {msg}")
+        raise ConfigError(f"{source}: {clipped(_where(e.absolute_path))}: {clipped(msg)}")
     flags = data.get("flags", {})
     sharing = data.get("sharing", {})
     strategies = flags.get("deviceListStrategy", "envvar")
@@ -164,7 +164,8 @@ def parse(data: Any, source: str = "config") -> PluginConfig:
         names = [r["name"] for r in ts["resources"]]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup:
-            raise ConfigError(f"{source}: sharing.timeSlicing.resources: {dup} is listed twice")
+            raise ConfigError(f"{source}: sharing.timeSlicing.resources: {clipped(dup, 100)} "
+                              "is listed twice")
         kw.update(sharing="time-slicing", rename_by_default=ts.get("renameByDefault", False),
                   fail_gt_one=ts.get("failRequestsGreaterThanOne", False),
                   time_sliced=tuple(TimeSliced(r["name"], r["replicas"], r.get("rename"))
@@ -188,21 +189,20 @@ def load(path: str | None) -> PluginConfig:
     """The file's config (None: the defaults). ConfigError names the file and field."""
     if path is None:
         return PluginConfig()
-    import yaml
+    from nvctk import yamlio
+    from nvctk.fileio import NotRegularFile, read_regular_file
 
     try:
-        with open(path, "rb") as f:
-            text = f.read((1 << 20) + 1)
+        # never blocks: a FIFO at the path is refused unread, as every nvctk config
+        text = read_regular_file(path, 1 << 20)
+    except NotRegularFile:
+        raise ConfigError(f"{path}: cannot read: not a regular file")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}")
-    if len(text) > 1 << 20:
-        raise ConfigError(f"{path}: larger than 1 MiB")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}".replace("\n", " "))
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply")
+        data = yamlio.load(text)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {clipped(str(e))}".replace("\n", " "))
     if data is None:
         data = {}
     return parse(data, path)

@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
+from nvctk.deviceplugin import DEFAULT_KUBELET_DIR, proto
 from nvctk.deviceplugin import allocate as alloc
-from nvctk.deviceplugin import proto
 from nvctk.deviceplugin.config import PluginConfig
 from nvctk.deviceplugin.health import Health, XidWatcher
 from nvctk.deviceplugin.resources import Resource
@@ -26,7 +26,6 @@ from nvctk.inventory import HostInfo
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 WATCH_INTERVAL = 0.1  # seconds between looks at kubelet.sock
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 

@@ -24,7 +24,7 @@ import tomlkit.exceptions
 from tomlkit.container import Container
 from tomlkit.items import AoT, Comment, Item, Table, Whitespace
 
-from nvctk.errors import ConfigError
+from nvctk.errors import ConfigError, clipped
 
 RUNTIME_BINARY = "nvctk-runtime"
 # the runtime type of containerd's runc shim, which calls options.BinaryName
@@ -157,9 +157,9 @@ def parse_toml(path: str, data: bytes) -> tomlkit.TOMLDocument:
     text = _text(path, data)
     try:
         return tomlkit.parse(text)
-    except tomlkit.exceptions.ParseError as e:
+    except tomlkit.exceptions.TOMLKitError as e:
         # tomlkit's message already ends in "at line L col C"
-        raise ConfigError(f"{path}: invalid TOML: {e}; left untouched")
+        raise ConfigError(f"{path}: invalid TOML: {clipped(str(e))}; left untouched")
 
 
 def _no_constant(name: str) -> Any:
@@ -425,7 +425,7 @@ def _header_keys(line: str) -> list[str] | None:
         return None
     try:
         node: Any = tomlkit.parse(s + "\n").unwrap()
-    except tomlkit.exceptions.ParseError:
+    except tomlkit.exceptions.TOMLKitError:
         return None
     keys = []
     while isinstance(node, dict) and len(node) == 1:
@@ -466,6 +466,6 @@ def remove_table_text(doc: tomlkit.TOMLDocument, keys: list[str], path: str) -> 
     result = "".join(kept)
     try:
         same = tomlkit.parse(result).unwrap() == tomlkit.parse(fallback).unwrap()
-    except tomlkit.exceptions.ParseError:
+    except tomlkit.exceptions.TOMLKitError:
         same = False
     return result if same else fallback

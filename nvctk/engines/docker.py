@@ -32,8 +32,15 @@ def _indent(text: str) -> str | int:
 
 
 def _dump(value: dict[str, Any], like: str) -> bytes:
-    text = json.dumps(value, indent=_indent(like), ensure_ascii=False)
-    return (text + "\n").encode() if like.endswith("\n") or not like.strip() else text.encode()
+    # ensure_ascii for what UTF-8 cannot carry: a JSON \ud800 escape (a lone surrogate)
+    # the file held is written back as that escape, not a traceback
+    try:
+        text = json.dumps(value, indent=_indent(like), ensure_ascii=False)
+        data = text.encode()
+    except UnicodeEncodeError:
+        text = json.dumps(value, indent=_indent(like), ensure_ascii=True)
+        data = text.encode()
+    return data + b"\n" if like.endswith("\n") or not like.strip() else data
 
 
 def _object(parent: dict[str, Any], key: str, path: str) -> dict[str, Any]:

@@ -1,0 +1,91 @@
+#!/bin/sh
+# nvctk-installer's entrypoint: copy nvctk onto the host's file system and wire it
+# into the host's container engine, as the GPU Operator's toolkit container does.
+#
+#   install.sh [--host DIR] [--prefix PATH] [--runtime containerd|docker|crio]
+#              [--engine-config PATH] [--wait] [--uninstall] [-- CONFIGURE-ARGS...]
+#
+# --host: where the host's / is mounted (default /host). --prefix: the install
+# dir as the host sees it (default /usr/local/nvctk): bin/ (nvctk, nvctk-hook,
+# nvctk-runtime and the python3 they start), lib/python3.11 (its stdlib),
+# lib/nvctk/{python,libvgpu.so}. The host needs only glibc >= 2.36: the
+# interpreter comes along, so the host's python3 (or none) does not matter.
+# --engine-config: the engine's config as the host sees it (default: configure's).
+# CONFIGURE-ARGS go to `nvctk configure` (e.g. --set-as-default, --cdi).
+# --wait: stay up (a DaemonSet's container) and undo everything on SIGTERM.
+# --uninstall: undo (configure --remove, then delete the prefix) and exit.
+# The engine is not restarted: the message says to, as `nvctk configure` does.
+set -eu
+host=/host prefix=/usr/local/nvctk runtime=containerd engine_config= wait=0 uninstall=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --host) host=$2; shift 2;;
+    --prefix) prefix=$2; shift 2;;
+    --runtime) runtime=$2; shift 2;;
+    --engine-config) engine_config=$2; shift 2;;
+    --wait) wait=1; shift;;
+    --uninstall) uninstall=1; shift;;
+    --) shift; break;;
+    *) echo "nvctk-installer: unknown argument $1 (see $0)" >&2; exit 2;;
+  esac
+done
+case $prefix in /*) ;; *) echo "nvctk-installer: --prefix must be absolute" >&2; exit 2;; esac
+if [ ! -d "$host" ]; then
+  echo "nvctk-installer: $host is not a directory: mount the host's / there" >&2
+  exit 2
+fi
+dest=$host$prefix
+if [ -z "$engine_config" ]; then
+  case $runtime in
+    containerd) engine_config=/etc/containerd/config.toml;;
+    docker) engine_config=/etc/docker/daemon.json;;
+    crio) engine_config=/etc/crio/crio.conf;;
+    *) echo "nvctk-installer: unknown runtime $runtime" >&2; exit 2;;
+  esac
+fi
+
+configure() {
+  mkdir -p "$(dirname "$host$engine_config")"
+  # configure checks that --runtime-path exists: make the host's path valid in here too
+  if [ ! -e "$prefix" ] && [ -e "$dest" ]; then
+    mkdir -p "$(dirname "$prefix")"
+    ln -s "$dest" "$prefix"
+  fi
+  nvctk configure --runtime "$runtime" --config "$host$engine_config" \
+    --runtime-path "$prefix/bin/nvctk-runtime" "$@"
+}
+
+uninstall() {
+  configure --remove
+  rm -rf "$dest"
+  echo "nvctk-installer: removed $prefix and the $runtime runtime entry"
+}
+
+if [ "$uninstall" = 1 ]; then
+  uninstall
+  exit 0
+fi
+
+# a fresh copy beside the old one, then swapped in: an engine starting a
+# container meanwhile finds the old tree or the new one, never half of one
+pyver=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+new=$dest.new.$$
+rm -rf "$new"
+mkdir -p "$new/bin" "$new/lib/nvctk"
+cp -a /usr/bin/nvctk /usr/bin/nvctk-hook /usr/bin/nvctk-runtime "$new/bin/"
+cp -L "/usr/bin/python$pyver" "$new/bin/python3"
+cp -a "/usr/lib/python$pyver" "$new/lib/"
+cp -a /usr/lib/nvctk/python /usr/lib/nvctk/libvgpu.so "$new/lib/nvctk/"
+if [ -e "$dest" ]; then
+  mv "$dest" "$dest.old.$$"
+fi
+mv "$new" "$dest"
+rm -rf "$dest.old.$$"
+echo "nvctk-installer: installed nvctk $(dpkg-query -W -f '${Version}' nvctk) in $prefix"
+configure "$@"
+
+if [ "$wait" = 1 ]; then
+  trap 'uninstall; exit 0' TERM INT
+  # sleep in the background: a trap runs only between commands
+  while :; do sleep 3600 & wait $! || true; done
+fi
