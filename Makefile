@@ -23,10 +23,11 @@ apt:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# an editable install builds nvctk/_sys.c in place and compiles the launchers into
+# an editable install builds nvctk/_sys.c in place, generates the device plugin's gRPC
+# modules beside their .proto and compiles the launchers into
 # .venv/bin: again when they change
 LAUNCHER_SOURCES := runtime_shim/launcher.c runtime_shim/nvctk-runtime.c hooks/nvctk-hook.c cli/nvctk.c
-$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c $(LAUNCHER_SOURCES)
+$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c $(LAUNCHER_SOURCES) nvctk/deviceplugin/api.proto
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

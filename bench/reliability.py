@@ -30,7 +30,7 @@ SECTIONS = {"fuzz": "Hostile inputs (fuzzing)", "hostile": "Hostile images",
             "fault": "Faults injected", "load": "Load held"}
 HEADLINE = ("inputs", "attempts", "injected", "containers", "process_runs", "rounds")
 LOSSES = ("crashes", "hangs", "escapes", "spec_mixed", "leaks", "leaked_bytes", "over_cap",
-          "wrong_devices", "ledger_end")
+          "wrong_devices", "ledger_end", "lost")
 
 
 def run_suite(full: bool, extra: list[str]) -> tuple[int, list[dict[str, Any]], float]:

@@ -22,6 +22,7 @@ never served from the cache. Only root writes or trusts it.
 from __future__ import annotations
 
 import os
+import time
 
 from nvctk.config import Config, config_path, load_stat
 from nvctk.errors import NvctkError
@@ -30,6 +31,12 @@ from nvctk.fileio import atomic_write, read_regular_file
 DEFAULT_CACHE_DIR = "/run/nvctk/passthrough"
 CACHE_VAR = "NVCTK_PASSTHROUGH_CACHE"  # another directory (the tests use their own)
 MAGIC = "nvctk-passthrough 1\n"
+MAX_ENTRY = 65535  # nvctk-runtime.c reads less than CACHE_MAX (64 KiB)
+# git's "racy" rule: a file changed this recently may change again without a new stamp
+# (timestamps move by the kernel's timer tick, or by whole seconds on coarse file
+# systems), so such a config is not cached yet: Python keeps deciding until it settles
+RACY_NS = 50_000_000
+RACY_COARSE_NS = 2_000_000_000
 DEFAULT_RUNTIMES = Config().runtimes
 
 
@@ -58,12 +65,20 @@ def entry(path: str, st: os.stat_result | None, runtimes: tuple[str, ...]) -> by
     return os.fsencode(f"{MAGIC}{path}\n{stamp}\n" + "".join(f"{r}\n" for r in runtimes))
 
 
+def racy(st: os.stat_result | None, now_ns: int | None = None) -> bool:
+    """Whether the config's stamp is too fresh to vouch for its content."""
+    if st is None:
+        return False
+    window = RACY_NS if st.st_ctime_ns % 1_000_000_000 else RACY_COARSE_NS
+    return (time.time_ns() if now_ns is None else now_ns) - st.st_ctime_ns < window
+
+
 def remember(path: str, st: os.stat_result | None, runtimes: tuple[str, ...],
              environ: dict[str, str] | os._Environ[str] | None = None) -> None:
     """Leave the launcher what the loader read from `path`; any failure is ignored
     (not root, a read-only /run): the launcher then asks Python each time."""
     data = entry(path, st, runtimes)
-    if data is None or os.geteuid() != 0:
+    if data is None or len(data) > MAX_ENTRY or os.geteuid() != 0 or racy(st):
         return
     directory = cache_dir(environ)
     file = os.path.join(directory, cache_name(path))

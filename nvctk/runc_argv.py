@@ -95,9 +95,10 @@ def _parse_flags(
     """Parse flags from argv[start:]; returns (flags, positionals, index where it stopped).
 
     With stop_at_positional (global flags) it stops at the first non-flag token,
-    like Go's flag package; otherwise (subcommand flags, which urfave reorders)
-    it collects positionals and keeps going until `--`, after which everything
-    is positional.
+    like Go's flag package, or just past a `--` (which Go drops: the token after it is
+    then the subcommand); otherwise (subcommand flags, which urfave reorders) it
+    collects positionals and keeps going until `--`, after which everything is
+    positional.
     """
     flags: dict[str, str | bool] = {}
     positionals: list[str] = []
@@ -106,6 +107,8 @@ def _parse_flags(
     while i < n:
         tok = argv[i]
         if tok == "--":
+            if stop_at_positional:
+                return flags, positionals, i + 1
             positionals.extend(argv[i + 1 :])
             return flags, positionals, n
         if len(tok) < 2 or not tok.startswith("-"):
@@ -238,3 +241,19 @@ def find_runtime(
             if _is_executable_file(p) and not _is_self(p, own):
                 return p
     return None
+
+
+# set on the runtime nvctk-runtime execs (runtime_shim/nvctk-runtime.c HOP_VAR), which
+# refuses to start under it: a copy of nvctk-runtime named like the configured runtime
+# (two copies, each first on PATH for the other) must not exec back and forth forever
+HOP_VAR = "NVCTK_RUNTIME_HOP"
+
+
+def exec_runtime(runtime: str, argv: list[str]) -> None:
+    """Replace this process with the low-level runtime (argv without argv[0]);
+    OSError if it cannot be started."""
+    os.environ[HOP_VAR] = "1"
+    try:
+        os.execv(runtime, [runtime, *argv])
+    finally:
+        os.environ.pop(HOP_VAR, None)

@@ -432,7 +432,7 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
         # poststop hook, so this process outlives runc to remove the state it made
         return _create_and_clean_up(runtime, args, prepared.vgpu_dir, config, fail, logger)
     try:
-        os.execv(runtime, [runtime, *args.argv])
+        ra.exec_runtime(runtime, args.argv)
     except OSError as e:
         if prepared.vgpu_dir is not None and config is not None:  # no poststop will run
             _remove_vgpu_dir(prepared.vgpu_dir, config)
@@ -489,7 +489,7 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
             for s, h in old.items():  # as an exec from here would leave them
                 signal.signal(s, signal.SIG_IGN if h == signal.SIG_IGN else signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-            os.execv(runtime, [runtime, *args.argv])
+            ra.exec_runtime(runtime, args.argv)
         except OSError as e:
             code = fail(f"cannot exec {runtime}: {e.strerror}")
         finally:

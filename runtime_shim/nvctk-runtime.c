@@ -21,7 +21,10 @@
 #define DEFAULT_CONFIG "/etc/nvctk/config.toml"
 #define DEFAULT_CACHE_DIR "/run/nvctk/passthrough"
 #define CACHE_MAGIC "nvctk-passthrough 1\n"
-#define CACHE_MAX 4096
+#define CACHE_MAX 65536 /* nvctk/passthrough.py MAX_ENTRY + 1 */
+/* set on the runtime it execs: a copy of nvctk-runtime named like the runtime (two
+ * copies, each first on PATH for the other) must not exec back and forth forever */
+#define HOP_VAR "NVCTK_RUNTIME_HOP"
 
 /* runc's global flags that take a value (nvctk/runc_argv.py GLOBAL_VALUE_FLAGS) */
 static int global_value_flag(const char *tok)
@@ -37,13 +40,16 @@ static int global_value_flag(const char *tok)
 }
 
 /* Whether runc's subcommand is create or run: global flags end at the first
- * token that is not one, as in Go's flag package (nvctk/runc_argv.py parse). */
+ * token that is not one, as in Go's flag package, or after a "--" (which Go drops:
+ * the token after it is the subcommand); nvctk/runc_argv.py parse does the same. */
 static int creates(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         const char *tok = argv[i];
-        if (!strcmp(tok, "--"))
-            return 0;
+        if (!strcmp(tok, "--")) {
+            tok = i + 1 < argc ? argv[i + 1] : "";
+            return !strcmp(tok, "create") || !strcmp(tok, "run");
+        }
         if (strlen(tok) < 2 || tok[0] != '-')
             return !strcmp(tok, "create") || !strcmp(tok, "run");
         if (global_value_flag(tok))
@@ -159,6 +165,14 @@ static int find_runtime(char *runtimes, char *out, size_t size)
 
 int main(int argc, char **argv)
 {
+    if (argc < 1) /* argv[0] is overwritten below: never the NULL that ends argv */
+        return 1;
+    if (getenv(HOP_VAR)) {
+        fprintf(stderr, "nvctk-runtime: started by nvctk-runtime: the low-level runtime it "
+                        "found is a copy of nvctk-runtime (check the config's runtimes and "
+                        "PATH); refusing to run itself in a loop\n");
+        return 1;
+    }
     find_exe_dir();
     if (!creates(argc, argv) && geteuid() == 0) {
         static char buf[CACHE_MAX];
@@ -170,7 +184,9 @@ int main(int argc, char **argv)
         runtimes = cached_runtimes(config, buf);
         if (runtimes && find_runtime(runtimes, runtime, sizeof runtime)) {
             argv[0] = runtime;
+            setenv(HOP_VAR, "1", 1);
             execv(runtime, argv);
+            unsetenv(HOP_VAR);
         }
     }
     return launch_python(argc, argv);

@@ -23,7 +23,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_shim import NVD, RUNTIME, Env, bundle_maker, create_argv, snapshot
+from test_shim import (
+    NVD,
+    RUNTIME,
+    Env,
+    bundle_maker,
+    create_argv,
+    path_with_fake_runc,
+    snapshot,
+)
 
 from nvctk import config as nvconfig
 from nvctk import fileio, oci, passthrough, requirements, runc_argv, shim, spec_edits, vgpu
@@ -75,12 +83,7 @@ def assert_clean_failure(env: Env, r: subprocess.CompletedProcess[str], needle: 
 def path_runc(env: Env) -> dict[str, str]:
     """An environment whose PATH has a recording "runc": where a broken config makes
     nvctk fall back to its default runtimes, the fake one still runs."""
-    d = env.tmp / "pathbin"
-    d.mkdir(exist_ok=True)
-    if not (d / "runc").exists():
-        (d / "runc").symlink_to(env.fake)
-    return {**os.environ, "NVCTK_CONFIG": str(env.config),
-            "PATH": f"{d}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    return path_with_fake_runc(env)
 
 
 def run_rt(argv: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:

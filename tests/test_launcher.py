@@ -12,7 +12,10 @@ import os
 import shutil
 import subprocess
 import sysconfig
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -44,6 +47,14 @@ class Layout(Launchers):
         fake.chmod(0o755)
         return fake
 
+    def write_config(self, text: str, mtime_ns: int | None = None) -> None:
+        """Write the config (mtime_ns: put its mtime back), then let it age past the racy
+        window, after which Python caches what it reads (passthrough.racy)."""
+        self.config.write_text(text)
+        if mtime_ns is not None:
+            os.utime(self.config, ns=(mtime_ns, mtime_ns))
+        time.sleep(passthrough.RACY_NS / 1e9 + 0.01)
+
     def run(self, argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
         self.record.unlink(missing_ok=True)
         full = {"PATH": f"{self.fakes}:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -63,7 +74,7 @@ def layout(tmp_path: Path) -> Layout:
 
 def test_passthrough_starts_python_once_per_config_version(layout: Layout) -> None:
     fake = layout.fake("rt-a")
-    layout.config.write_text(f'runtimes = ["{fake}"]\n')
+    layout.write_config(f'runtimes = ["{fake}"]\n')
     for want_starts in (1, 1, 1):
         r = layout.run(RUNC_ARGV)
         assert r.returncode == 0, r.stderr
@@ -72,8 +83,8 @@ def test_passthrough_starts_python_once_per_config_version(layout: Layout) -> No
     # any write to the config (same size, mtime put back) is a miss: Python reads it
     other = layout.fake("rt-b")
     st = layout.config.stat()
-    layout.config.write_text(f'runtimes = ["{other}"]\n')
-    os.utime(layout.config, ns=(st.st_atime_ns, st.st_mtime_ns))
+    layout.write_config(f'runtimes = ["{other}"]\n', st.st_mtime_ns)
+    assert layout.config.stat().st_size == st.st_size
     for want_starts in (2, 2):
         r = layout.run(RUNC_ARGV)
         assert r.returncode == 0, r.stderr
@@ -83,7 +94,7 @@ def test_passthrough_starts_python_once_per_config_version(layout: Layout) -> No
 
 def test_a_replaced_config_is_a_miss(layout: Layout) -> None:
     a, b = layout.fake("rt-a"), layout.fake("rt-b")
-    layout.config.write_text(f'runtimes = ["{a}"]\n')
+    layout.write_config(f'runtimes = ["{a}"]\n')
     layout.run(["state", "x"])
     new = layout.tmp / "new.toml"
     new.write_text(f'runtimes = ["{b}"]\n')
@@ -100,7 +111,10 @@ def test_a_replaced_config_is_a_miss(layout: Layout) -> None:
     (["--root", "create", "list"], False),  # "create" is --root's value
     (["--log-format", "run", "state", "x"], False),
     (["--criu", "c", "--rootless", "run", "delete", "x"], False),
-    (["--", "create"], False),
+    (["--", "create", "--bundle", "b", "id"], True),  # Go drops the `--`: a create
+    (["--root", "/r", "--", "run", "id"], True),
+    (["--", "state", "x"], False),
+    (["--", "--", "create"], False),
     (["--version"], False),
     ([], False),
     (["start", "create"], False),
@@ -108,7 +122,7 @@ def test_a_replaced_config_is_a_miss(layout: Layout) -> None:
 ])
 def test_only_create_and_run_start_python(layout: Layout, argv: list[str], python: bool) -> None:
     fake = layout.fake("rt")
-    layout.config.write_text(f'runtimes = ["{fake}"]\n')
+    layout.write_config(f'runtimes = ["{fake}"]\n')
     layout.run(["list"])  # writes the cache
     assert layout.python_starts() == 1
     layout.run(argv)
@@ -127,15 +141,34 @@ def test_no_config_file_is_the_loaders_defaults(layout: Layout) -> None:
         assert layout.ran() == [str(layout.fakes / "runc"), "state", "x"]
         assert layout.python_starts() == 1
     other = layout.fake("rt")
-    layout.config.write_text(f'runtimes = ["{other}"]\n')
+    layout.write_config(f'runtimes = ["{other}"]\n')
     layout.run(["state", "x"])
     assert layout.ran()[0] == str(other) and layout.python_starts() == 2
+
+
+def test_two_copies_never_exec_each_other_forever(layout: Layout) -> None:
+    """Two copies of nvctk-runtime, each the first "runc" on PATH for the other: the
+    second refuses to start under the first (NVCTK_RUNTIME_HOP), naming the cause."""
+    a, b = layout.bin, layout.tmp / "venv2" / "bin"  # two installs with their nvctk
+    b.mkdir(parents=True)
+    (b.parent / "lib").symlink_to(layout.site.parent.parent)
+    (b / "python3").symlink_to(layout.bin / "python3")
+    for d in (a, b):
+        shutil.copy2(layout.bin / "nvctk-runtime", d / "runc")
+    layout.write_config('runtimes = ["runc"]\n')
+    for _ in range(2):  # Python, then the cache
+        r = subprocess.run([str(a / "runc"), "list"], capture_output=True, text=True, timeout=30,
+                           env={"PATH": f"{a}:{b}:/usr/bin:/bin",
+                                "NVCTK_CONFIG": str(layout.config),
+                                "NVCTK_PASSTHROUGH_CACHE": str(layout.cache)})
+        assert r.returncode == 1, r.stderr
+        assert "the low-level runtime it found is a copy of nvctk-runtime" in r.stderr
 
 
 def test_never_execs_itself(layout: Layout) -> None:
     """A config naming nvctk-runtime itself first (a loop) skips it, cached or not."""
     fake = layout.fake("rt")
-    layout.config.write_text(f'runtimes = ["{layout.bin / "nvctk-runtime"}", "{fake}"]\n')
+    layout.write_config(f'runtimes = ["{layout.bin / "nvctk-runtime"}", "{fake}"]\n')
     for _ in range(2):
         r = layout.run(["state", "x"])
         assert r.returncode == 0, r.stderr
@@ -147,7 +180,7 @@ def test_a_broken_config_is_never_served_from_the_cache(layout: Layout) -> None:
     """What the loader rejects goes to Python every time: the defaults and a warning."""
     layout.fake("runc")
     wanted = layout.fake("rt")
-    layout.config.write_text(f'runtimes = ["{wanted}"]\nno-such-key = 1\n')
+    layout.write_config(f'runtimes = ["{wanted}"]\nno-such-key = 1\n')
     for n in (1, 2):
         r = layout.run(["state", "x"])
         assert r.returncode == 0, r.stderr
@@ -159,7 +192,7 @@ def test_a_broken_config_is_never_served_from_the_cache(layout: Layout) -> None:
 @pytest.mark.parametrize("tamper", ["file-mode", "dir-mode", "symlink", "other-config"])
 def test_an_untrusted_cache_is_ignored(layout: Layout, tamper: str) -> None:
     fake, evil = layout.fake("rt"), layout.fake("evil")
-    layout.config.write_text(f'runtimes = ["{fake}"]\n')
+    layout.write_config(f'runtimes = ["{fake}"]\n')
     layout.run(["list"])
     entry = layout.cache / passthrough.cache_name(str(layout.config))
     good = entry.read_bytes()
@@ -180,6 +213,36 @@ def test_an_untrusted_cache_is_ignored(layout: Layout, tamper: str) -> None:
     assert r.returncode == 0, r.stderr
     assert layout.ran()[0] == str(fake)
     assert layout.python_starts() == 2
+
+
+def test_a_fresh_config_is_not_cached_yet() -> None:
+    """git's racy rule: a config changed within the timer's resolution of now could
+    change again without a new stamp; whole-second stamps (a coarse file system) wait
+    two seconds."""
+    now = time.time_ns()
+    fine: Any = SimpleNamespace(st_ctime_ns=now - 10_000_000)
+    assert passthrough.racy(fine, now)
+    assert not passthrough.racy(fine, now + passthrough.RACY_NS)
+    whole = now - now % 1_000_000_000 - 1_000_000_000
+    coarse: Any = SimpleNamespace(st_ctime_ns=whole)
+    assert passthrough.racy(coarse, whole + 1_500_000_000)
+    assert not passthrough.racy(coarse, whole + passthrough.RACY_COARSE_NS)
+    assert not passthrough.racy(None, now)  # no file: nothing to race
+
+
+def test_long_runtime_lists_are_served_too(layout: Layout) -> None:
+    """An entry of 50 KiB (the launcher reads up to 64 KiB, more than any config that
+    the loader takes can give), long paths tried and skipped in order."""
+    names = [f"/{'r' * 3990}/{i}" for i in range(12)]
+    fake = layout.fake("rt")
+    layout.write_config("runtimes = [\n" + "".join(f'  "{n}",\n' for n in names)
+                        + f'  "{fake}",\n]\n')
+    for _ in range(2):
+        layout.run(["state", "x"])
+        assert layout.ran()[0] == str(fake)
+    assert layout.python_starts() == 1
+    (entry,) = layout.cache.iterdir()
+    assert entry.stat().st_size > 45_000
 
 
 def test_cache_entry_matches_the_launchers_hash() -> None:

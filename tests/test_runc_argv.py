@@ -47,6 +47,10 @@ CASES: list[tuple[list[str], str | None, str, str | None, str | None]] = [
     (["--debug", "run", "-d", "--bundle", "/b", "id"], "run", "/b", "id", None),
     (["run", "--bundle", "/b", "--detach", "id"], "run", "/b", "id", None),
     (["run", "--", "id"], "run", "", "id", None),
+    # Go's flag package drops a `--` that ends the global flags: the next is the subcommand
+    (["--root", "/r", "--", "create", "--bundle", "/b", "id"], "create", "/b", "id", None),
+    (["--", "--", "create"], "--", "", "create", None),
+    (["--"], None, "", None, None),
     ([], None, "", None, None),
     (["--version"], None, "", None, None),
 ]

@@ -160,7 +160,7 @@ def test_no_gpu_leaves_file_untouched(env: Env, bundle: Callable[..., Path],
     assert not (b / PLAN_FILE).exists()
 
 
-def _runc_is_fake(env: Env) -> dict[str, str]:
+def path_with_fake_runc(env: Env) -> dict[str, str]:
     """PATH with a recording `runc` first: what the default runtimes find."""
     runc_dir = env.tmp / "pathbin"
     runc_dir.mkdir(exist_ok=True)
@@ -176,7 +176,7 @@ def test_no_gpu_with_broken_config_still_runs(env: Env, bundle: Callable[..., Pa
     env.config.write_text(env.config.read_text() + "\nthis is not toml\n")
     argv = create_argv(env, b)
     r = subprocess.run([RUNTIME, *argv], capture_output=True, text=True, timeout=60,
-                       env=_runc_is_fake(env))
+                       env=path_with_fake_runc(env))
     assert r.returncode == 0, r.stderr  # nvctk did not refuse
     assert env.recorded() == argv
 
@@ -303,7 +303,7 @@ def test_passthrough_with_broken_config(env: Env) -> None:
         env.config.write_text(broken)
         env.record.unlink(missing_ok=True)
         r = subprocess.run([RUNTIME, *argv], capture_output=True, text=True, timeout=60,
-                           env=_runc_is_fake(env))
+                           env=path_with_fake_runc(env))
         assert r.returncode == 0 and r.stderr == "", r.stderr
         assert env.recorded() == argv
 

@@ -8,7 +8,6 @@ nvctk.passthrough). Only `create` and `run` import the library (nvctk.shim).
 
 from __future__ import annotations
 
-import os
 import sys
 
 from nvctk import runc_argv
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             "itself is skipped)"
         )
     try:
-        os.execv(runtime, [runtime, *argv])
+        runc_argv.exec_runtime(runtime, argv)
     except OSError as e:
         return _passthrough_error(args, f"cannot exec {runtime}: {e.strerror}")
     return 1  # not reached: execv replaced us

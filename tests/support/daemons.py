@@ -121,7 +121,7 @@ def containerd(workdir: Path, env: dict[str, str] | None = None,
         )
         yield daemon
     finally:
-        _stop(proc, 10)
+        _stop(daemon.proc, 10)  # a test may have restarted it
         _kill_shims(workdir)
         umount_below(workdir)
 
@@ -173,7 +173,7 @@ def dockerd(workdir: Path, ctd: Containerd, runtimes: dict[str, str],
         _wait_for(lambda: daemon.docker("version").returncode == 0, 60, "dockerd", log)
         yield daemon
     finally:
-        _stop(proc, 20)
+        _stop(daemon.proc, 20)  # a test may have restarted it
         umount_below(workdir)
 
 
