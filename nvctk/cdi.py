@@ -22,7 +22,7 @@ from typing import Any, Literal
 from nvctk import driver as nvdriver
 from nvctk import fileio, jsonio, oci, spec_edits
 from nvctk.config import ALL_CAPABILITIES
-from nvctk.errors import NvctkError
+from nvctk.errors import NvctkError, clipped, shown
 from nvctk.plan import DeviceNode, Mount, Symlink
 from nvctk.planner import (
     DEBIAN_LIB_DIR,
@@ -351,7 +351,7 @@ def schema_problem(spec: Any) -> str | None:
         n = d["name"]
         if not all(c.isascii() and (c.isalnum() or c in "_.:-") for c in n) \
                 or not n[0].isalnum() or not n[-1].isalnum():
-            return f"invalid device name {n!r}"
+            return f"invalid device name {shown(n)}"
         if n in names:
             return f"device {n!r} appears twice"
         names.add(n)
@@ -448,11 +448,12 @@ def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...]) -> list[Resolved
         if n not in found:
             kind = n.partition("=")[0]
             known = [q.partition("=")[2] for q in found if q.startswith(kind + "=")]
-            hint = (f"; {kind} has: {', '.join(known[:12])}{', ...' if len(known) > 12 else ''}"
+            hint = (f"; {kind} has: {clipped(', '.join(known[:12]))}"
+                    f"{', ...' if len(known) > 12 else ''}"
                     if known else f"; no spec defines kind {kind}")
             if broken:
-                hint += f"; unreadable specs: {'; '.join(broken[:3])}"
-            raise CdiError(f"unresolvable CDI device {n}: not in the CDI specs of "
+                hint += f"; unreadable specs: {clipped('; '.join(broken[:3]), 900)}"
+            raise CdiError(f"unresolvable CDI device {clipped(n, 200)}: not in the CDI specs of "
                            f"{', '.join(spec_dirs)}{hint}")
         out.append(found[n])
     return out

@@ -244,7 +244,7 @@ def _extra_mount(item: Any, where: str) -> ExtraMount:
         raise ConfigError(f"{where}: extra-mounts entries must be tables, not {_short(item)}")
     unknown = set(item) - {"host-path", "container-path", "read-only"}
     if unknown:
-        raise ConfigError(f"{where}: unknown key extra-mounts.{sorted(unknown)[0]}")
+        raise ConfigError(f"{where}: unknown key extra-mounts.{_short(sorted(unknown)[0])}")
     try:
         host, cont = item["host-path"], item["container-path"]
     except KeyError as e:

@@ -1,6 +1,6 @@
 """nvctk-runtime's create/run: edit the bundle for the GPU request, then exec runc.
 
-The executable (runtime_shim/main.py) parses argv and calls `create_main`;
+The executable (nvctk.cli.runtime) parses argv and calls `create_main`;
 everything else lives here so tests can call `prepare_bundle` in-process.
 
 Failure policy: a container that asks for no GPU is never stopped by nvctk (a

@@ -452,15 +452,18 @@ def runtime_has(runtime_root: str | None, container_id: str) -> bool:
 
 def _is_stale(path: str, grace: float = GC_GRACE_S) -> bool:
     """A state dir nobody will remove: its creator is gone and its runtime has no such
-    container; or it has no readable owner and is empty (an install killed before it
-    wrote one) or older than `grace` (a dir of an nvctk that wrote none). Exact only
-    under StateLock, which every install holds from its mkdir to its owner file."""
+    container; or it has no readable owner and holds nothing else (an install killed
+    before its owner file was whole) or is older than `grace` (a dir of an nvctk that
+    wrote none). Exact only under StateLock, which every install holds from its mkdir
+    to its owner file."""
     owner = read_owner(path)
     if owner is None:
         import time
 
         try:
-            if not os.listdir(path):
+            # nothing, or only an owner file cut short: an install killed before its
+            # owner was whole (under StateLock no live install is half-way there)
+            if os.listdir(path) in ([], [OWNER_NAME]):
                 return True
             age = time.time() - os.lstat(path).st_mtime
         except OSError:

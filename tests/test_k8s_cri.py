@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -302,3 +302,47 @@ def test_allocation_from_a_device_plugin_response() -> None:
         devices=[("/dev/nvidia0", "/dev/nvidia0", "rw")],
         cdi_devices=["nvidia.com/gpu=GPU-a"],
     )
+
+
+def _plugin_allocation(sim: SimHost, config: dict[str, object], resource: str,
+                       pick: Callable[[list[str]], list[str]]) -> Allocation:
+    """What the kubelet would hand the CRI after the device plugin's Allocate: the
+    plugin's resources for this host and config, its answer for the picked ids, as the
+    v1beta1 message and back (the kubelet's mapping)."""
+    from nvctk.deviceplugin import allocate, resources, server
+    from nvctk.deviceplugin import config as dpconfig
+    from nvctk.nvml import query_host
+
+    cfg = dpconfig.parse(config, "test")
+    host = query_host(sim.root)
+    (res,) = [r for r in resources.build(cfg, host) if r.name == resource]
+    ids = pick(sorted(res.devices))
+    return Allocation.from_response(server.to_pb(allocate.allocate(res, cfg, ids, sim.root)))
+
+
+PLUGIN_CASES = [
+    # (plugin config, resource, which ids, script, judge of its output)
+    ({"version": "v1", "flags": {"migStrategy": "mixed"}}, "nvidia.com/mig-2g.20gb",
+     lambda ids: ids[:1], "nvidia-smi -L | grep -c MIG", "1"),
+    ({"version": "v1", "flags": {"migStrategy": "mixed", "deviceListStrategy": ["cdi-annotations"]}},
+     "nvidia.com/gpu", lambda ids: ids[:1], "nvidia-smi -L | grep -c '^GPU'", "1"),
+    ({"version": "v1", "flags": {"migStrategy": "mixed"}, "sharing": {"vgpu": {"replicas": 4}}},
+     "nvidia.com/vgpu", lambda ids: ids[:2],  # two shares of one GPU add up: half of it
+     "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits", "half"),
+]
+
+
+@pytest.mark.parametrize(("config", "resource", "pick", "script", "want"), PLUGIN_CASES,
+                         ids=["mig-envvar", "whole-cdi-annotations", "vgpu-two-shares"])
+def test_pods_get_what_the_device_plugin_allocated(
+        cri: CriClient, work: Path, sim: SimHost, config: dict[str, object], resource: str,
+        pick: Callable[[list[str]], list[str]], script: str, want: str) -> None:
+    try:
+        alloc = _plugin_allocation(sim, config, resource, pick)
+    except ImportError as e:  # the plugin's generated gRPC code is built by `make setup`
+        pytest.skip(f"device plugin not available: {e}")
+    res = run(cri, work, alloc, script)
+    assert res.exit_code == 0, res.logs
+    if want == "half":
+        want = str(sim.topology.gpus[1].memory_mib // 2)
+    assert res.logs.strip() == want, (alloc, res.logs)

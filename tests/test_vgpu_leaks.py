@@ -264,6 +264,9 @@ def test_collect_rules(h: Host, tmp_path: Path) -> None:
         _fake_state(cfg, "0000000000000005-junk", "{not json", age=vgpu_state.GC_GRACE_S + 60),
         # an install killed between its mkdir and its owner file (it holds the lock then)
         _fake_state(cfg, "0000000000000006-killed", None),
+        # ... or while it wrote the owner file: cut short, nothing else yet (found by the
+        # reliability suite's SIGKILL loop, which then left the dir to the grace period)
+        _fake_state(cfg, "0000000000000007-cut", '{"pid": 4'),
     ]
     kept = [
         _fake_state(cfg, "0000000000000011-alive", {**dead, "runtime_root": root, "id": "alive"}),

@@ -24,7 +24,7 @@ import tomlkit.exceptions
 from tomlkit.container import Container
 from tomlkit.items import AoT, Comment, Item, Table, Whitespace
 
-from nvctk.errors import ConfigError, clipped
+from nvctk.errors import ConfigError, clipped, shown
 
 RUNTIME_BINARY = "nvctk-runtime"
 # the runtime type of containerd's runc shim, which calls options.BinaryName
@@ -116,7 +116,8 @@ def is_our_binary(value: object, req: Request) -> bool:
 def not_ours(path: str, req: Request, field: str, binary: object) -> ConfigError:
     """The refusal to remove a runtime entry of that name that runs something else."""
     return ConfigError(
-        f"{path}: runtime {req.name!r} is not nvctk's ({field} {binary!r}); not removing it"
+        f"{path}: runtime {req.name!r} is not nvctk's ({field} {shown(binary, 200)}); not "
+        "removing it"
         + ("" if req.runtime_path else " (give --runtime-path if nvctk-runtime lives there)")
     )
 
