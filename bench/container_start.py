@@ -276,6 +276,12 @@ def main() -> int:
 
     set_subreaper()
     tmp = Path(tempfile.mkdtemp(prefix="nvctk-bench-"))
+    # nvctk-runtime's passthrough cache (nvctk.passthrough) in the bench's own dir, not
+    # the host's /run/nvctk: removed with the rest (children inherit the variable)
+    cache = tmp / "passthrough"
+    cache.mkdir(mode=0o755)
+    cache.chmod(0o755)
+    os.environ["NVCTK_PASSTHROUGH_CACHE"] = str(cache)
     # bundles and runtime state on a tmpfs, where containerd, Docker and CRI-O keep
     # them (/run); the image rootfs on disk, under a per-container overlay
     run_dir = tmp / "run"

@@ -198,7 +198,9 @@ def test_wheel_in_a_fresh_venv(wheel_venv: Path, tmp_path: Path) -> None:
     from nvctk.sim.rootfs import build_rootfs
 
     bin_ = wheel_venv / "bin"
-    env = {"PATH": f"{bin_}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    env = {"PATH": f"{bin_}:/usr/sbin:/usr/bin:/sbin:/bin",
+           # the session's cache dir, not the host's /run/nvctk (conftest.passthrough_cache)
+           "NVCTK_PASSTHROUGH_CACHE": os.environ["NVCTK_PASSTHROUGH_CACHE"]}
     sim = tmp_path / "sim"
     r = _run([str(bin_ / "nvctk"), "sim", "init", str(sim), "--gpus", "2"], env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
