@@ -3,6 +3,7 @@ names are ones the device plugin advertises and whose handler is `nvctk configur
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from nvctk.deviceplugin import resources
 from nvctk.engines.common import Request as EngineRequest
 from nvctk.sim.topology import MIG_PROFILES, make_topology
 
+REPO = Path(__file__).resolve().parent.parent
 DEPLOY = Path(__file__).resolve().parent.parent / "deployments"
 API = {"Pod": "v1", "ConfigMap": "v1", "DaemonSet": "apps/v1", "RuntimeClass": "node.k8s.io/v1"}
 
@@ -76,15 +78,21 @@ def test_device_plugin_daemonset_uses_its_configmap() -> None:
     assert conf == f"{mounts[cm_vol]}/config.yaml"
 
 
-def test_installer_runs_configure() -> None:
-    from nvctk.cli.configure import configure
-
+def test_installer_runs_the_images_entrypoint() -> None:
+    """The installer image's entrypoint (packaging/image/install.sh): only options it
+    knows, the host's / at /host (its default), and --wait (a DaemonSet's container)."""
     ds = next(d for f, d in of_kind("DaemonSet") if f == "nvctk-installer.yaml")
-    script = ds["spec"]["template"]["spec"]["initContainers"][0]["args"][0]
-    line = next(line for line in script.splitlines() if "nvctk configure" in line)
-    flags = [w for w in line.split() if w.startswith("--")]
-    known = {o for p in configure.params for o in p.opts}
-    assert flags and set(flags) <= known, flags
+    spec = ds["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert "command" not in c  # the image's entrypoint runs
+    script = (REPO / "packaging" / "image" / "install.sh").read_text()
+    known = set(re.findall(r"^\s+(--[a-z-]+)\)", script, re.M))
+    flags = [a for a in c["args"] if a.startswith("--")]
+    assert "--wait" in flags and set(flags) <= known, (flags, known)
+    (m,) = c["volumeMounts"]
+    (v,) = [v for v in spec["volumes"] if v["name"] == m["name"]]
+    assert m["mountPath"] == "/host" and v["hostPath"]["path"] == "/"
+    assert c["image"].rsplit(":", 1)[0].endswith("nvctk-installer")
 
 
 def test_pod_resources_are_advertised() -> None:
