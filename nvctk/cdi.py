@@ -365,14 +365,21 @@ def list_devices(spec_dirs: tuple[str, ...]) -> tuple[list[str], list[str]]:
     `resolve` finds them (spec_files, load_spec_file)."""
     found: set[str] = set()
     files, warnings = spec_files(spec_dirs)
-    for path in files:
-        try:
-            spec = load_spec_file(path)
-        except CdiError as e:
-            warnings.append(str(e))
-            continue
+    for _, spec in _loaded(files, warnings):
         found.update(f"{spec['kind']}={dev['name']}" for dev in spec["devices"])
     return sorted(found), warnings
+
+
+def _loaded(files: list[str], broken: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(path, spec) of each file that loads; why the others do not goes to `broken`:
+    a broken file is one unreadable spec, never the end of the others."""
+    out = []
+    for path in files:
+        try:
+            out.append((path, load_spec_file(path)))
+        except CdiError as e:
+            broken.append(str(e))
+    return out
 
 
 # --- nvctk-runtime's CDI mode: the named devices' edits into config.json ------------------
@@ -428,12 +435,7 @@ def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...]) -> list[Resolved
     files, problems = spec_files(spec_dirs)
     if problems:
         raise CdiError(problems[0])
-    for path in files:
-        try:
-            spec = load_spec_file(path)
-        except CdiError as e:
-            broken.append(str(e))
-            continue
+    for path, spec in _loaded(files, broken):
         for dev in spec["devices"]:
             q = f"{spec['kind']}={dev['name']}"
             if q in found:

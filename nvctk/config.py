@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from nvctk.errors import ConfigError
+from nvctk.errors import ConfigError, shown
 from nvctk.fileio import NotRegularFile, read_regular_file_stat
 from nvctk.record import FrozenRecord, fields
 from nvctk.toml_subset import loads as _loads_subset
@@ -187,22 +187,22 @@ def render(config: Config, comments: bool = True) -> str:
 def _check_type(key: str, value: Any, default: Any, where: str) -> Any:
     if isinstance(default, bool):
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: {key} must be true or false, not {_short(value)}")
+            raise ConfigError(f"{where}: {key} must be true or false, not {shown(value)}")
         return value
     if isinstance(default, int):
         low, high = INT_RANGES[key]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ConfigError(
-                f"{where}: {key} must be an integer from {low} to {high}, not {_short(value)}"
+                f"{where}: {key} must be an integer from {low} to {high}, not {shown(value)}"
             )
         return value
     if isinstance(default, str):
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: {key} must be a string, not {_short(value)}")
+            raise ConfigError(f"{where}: {key} must be a string, not {shown(value)}")
         _check_string(key, value, where)
         return value
     if not isinstance(value, list):
-        raise ConfigError(f"{where}: {key} must be a list, not {_short(value)}")
+        raise ConfigError(f"{where}: {key} must be a list, not {shown(value)}")
     if key == "extra-mounts":
         return tuple(_extra_mount(m, where) for m in value)
     if not all(isinstance(v, str) for v in value):
@@ -220,43 +220,37 @@ _ABSOLUTE_OR_EMPTY = frozenset({"hook-path", "log-file", "vgpu-library"})
 _ABSOLUTE = frozenset({"driver-root", "ldconfig", "state-dir", "cdi-spec-dirs"})
 
 
-def _short(value: Any) -> str:
-    """repr() for a message, cut: a value may be a megabyte long (or a 5000-digit int)."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "a huge number"
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def _check_string(key: str, value: str, where: str) -> None:
     """No NUL (no path or name can hold one: os calls would raise ValueError), and
     paths absolute where the key says so."""
     if "\0" in value:
-        raise ConfigError(f"{where}: {key} must not contain a NUL character: {_short(value)}")
+        raise ConfigError(f"{where}: {key} must not contain a NUL character: {shown(value)}")
     if key in _ABSOLUTE and not value.startswith("/"):
-        raise ConfigError(f"{where}: {key} must be an absolute path, not {_short(value)}")
+        raise ConfigError(f"{where}: {key} must be an absolute path, not {shown(value)}")
     if key in _ABSOLUTE_OR_EMPTY and value and not value.startswith("/"):
-        raise ConfigError(f"{where}: {key} must be an absolute path or empty, not {_short(value)}")
+        raise ConfigError(f"{where}: {key} must be an absolute path or empty, not {shown(value)}")
     if key in ("runtimes", "supported-capabilities") and not value:
         raise ConfigError(f"{where}: {key} must not hold an empty string")
 
 
 def _extra_mount(item: Any, where: str) -> ExtraMount:
     if not isinstance(item, dict):
-        raise ConfigError(f"{where}: extra-mounts entries must be tables, not {_short(item)}")
+        raise ConfigError(f"{where}: extra-mounts entries must be tables, not {shown(item)}")
     unknown = set(item) - {"host-path", "container-path", "read-only"}
     if unknown:
-        raise ConfigError(f"{where}: unknown key extra-mounts.{_short(sorted(unknown)[0])}")
+        raise ConfigError(f"{where}: unknown key extra-mounts.{shown(sorted(unknown)[0])}")
     try:
         host, cont = item["host-path"], item["container-path"]
     except KeyError as e:
         raise ConfigError(f"{where}: extra-mounts entry lacks {e.args[0]}")
     if not (isinstance(host, str) and host.startswith("/") and isinstance(cont, str) and cont.startswith("/")):
-        raise ConfigError(f"{where}: extra-mounts paths must be absolute: {_short(item)}")
+        raise ConfigError(f"{where}: extra-mounts paths must be absolute: {shown(item)}")
     if "\0" in host or "\0" in cont:
         raise ConfigError(f"{where}: extra-mounts paths must not contain a NUL character")
     read_only = item.get("read-only", False)
     if not isinstance(read_only, bool):  # "false" as a string would be true
         raise ConfigError(f"{where}: extra-mounts read-only must be true or false, not "
-                          f"{_short(read_only)}")
+                          f"{shown(read_only)}")
     return ExtraMount(host, cont, read_only)
 
 
@@ -388,20 +382,20 @@ def parse(text: str, where: str) -> Config:
     for key, value in data.items():
         name = _NAMES.get(key)
         if name is None:
-            raise ConfigError(f"{where}: unknown key {_short(key)}")
+            raise ConfigError(f"{where}: unknown key {shown(key)}")
         values[name] = _check_type(key, value, _DEFAULTS[name], where)
     cfg = Config(**values, path=where)
     if cfg.log_level not in LOG_LEVELS:
         raise ConfigError(f"{where}: log-level must be one of {', '.join(LOG_LEVELS)}, not "
-                          f"{_short(cfg.log_level)}")
+                          f"{shown(cfg.log_level)}")
     bad = [c for c in cfg.supported_capabilities if c not in ALL_CAPABILITIES]
     if bad:
-        raise ConfigError(f"{where}: unknown capability {_short(bad[0])} in supported-capabilities")
+        raise ConfigError(f"{where}: unknown capability {shown(bad[0])} in supported-capabilities")
     if not cfg.runtimes:
         raise ConfigError(f"{where}: runtimes must name at least one runtime")
     if cfg.mode not in MODES:
         raise ConfigError(f"{where}: mode must be one of {', '.join(MODES)}, not "
-                          f"{_short(cfg.mode)}")
+                          f"{shown(cfg.mode)}")
     return cfg
 
 

@@ -34,6 +34,7 @@ from nvctk.errors import NvctkError
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.topology import make_topology
+from support.procs import run_to_files
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
 
@@ -119,13 +120,7 @@ class Host:
     def create(self, b: Path, cid: str | None = None, sub: str = "create",
                flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
         cid = self.new_id() if cid is None else cid
-        # files, not pipes: a created container's init holds runc's stdio open
-        with open(self.tmp / "out", "w+") as out, open(self.tmp / "err", "w+") as err:
-            r = subprocess.run(self.argv(b, cid, sub, flags), env=self.env(), stdout=out,
-                               stderr=err, text=True, timeout=120, stdin=subprocess.DEVNULL)
-            out.seek(0)
-            err.seek(0)
-            return subprocess.CompletedProcess(r.args, r.returncode, out.read(), err.read())
+        return run_to_files(self.argv(b, cid, sub, flags), self.env(), self.tmp)
 
     def runc(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["runc", "--root", self.root, *args], capture_output=True,

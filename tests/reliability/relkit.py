@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from support.procs import run_to_files
+
 FULL = os.environ.get("NVCTK_RELIABILITY") == "full"
 BIN = os.path.dirname(sys.executable)
 RUNTIME = os.path.join(BIN, "nvctk-runtime")
@@ -198,13 +200,7 @@ class Lab:
     def run(self, b: Path, cid: str | None = None, sub: str = "run", timeout: float = 120
             ) -> subprocess.CompletedProcess[str]:
         cid = self.new_id() if cid is None else cid
-        # files, not pipes: a created container's init holds runc's stdio open
-        with open(b / "out.txt", "w+") as out, open(b / "err.txt", "w+") as err:
-            r = subprocess.run(self.argv(b, cid, sub), env=self.env(), stdout=out, stderr=err,
-                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-            out.seek(0)
-            err.seek(0)
-            return subprocess.CompletedProcess(r.args, r.returncode, out.read(), err.read())
+        return run_to_files(self.argv(b, cid, sub), self.env(), b, timeout)
 
     def runc(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["runc", "--root", self.root, *args], capture_output=True,

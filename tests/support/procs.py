@@ -1,0 +1,19 @@
+"""Running a runtime whose children outlive it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def run_to_files(argv: list[str], env: dict[str, str], out_dir: Path,
+                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """argv with its stdout and stderr in files under out_dir, read back: files, not
+    pipes, because a created container's init holds runc's stdio open (a pipe would
+    never reach EOF)."""
+    with open(out_dir / "out.txt", "w+") as out, open(out_dir / "err.txt", "w+") as err:
+        r = subprocess.run(argv, env=env, stdout=out, stderr=err, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(r.args, r.returncode, out.read(), err.read())
