@@ -273,27 +273,51 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
         assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
 
         # --wait: a DaemonSet's container; installed while it runs, undone on SIGTERM
-        r = ctd.ctr("run", "-d", "--mount", f"type=bind,src={host},dst=/host,options=rbind:rw",
+        log = tmp_path / "wait.log"
+        r = ctd.ctr("run", "-d", "--log-uri", f"file://{log}", "--mount",
+                    f"type=bind,src={host},dst=/host,options=rbind:rw",
                     name, "nvctk-installer-wait", "/usr/lib/nvctk/install.sh", "--wait")
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 0, r.stdout + r.stderr
         config = host / "etc/containerd/config.toml"
         assert _until(lambda: "nvctk-runtime" in config.read_text()), config.read_text()
         assert (prefix / "bin/nvctk-runtime").is_file()
         assert ctd.ctr("task", "kill", "-s", "SIGTERM", "nvctk-installer-wait").returncode == 0
-        assert _until(lambda: "STOPPED" in ctd.ctr("task", "ls").stdout)
+        assert _until(lambda: "STOPPED" in ctd.ctr("task", "ls").stdout), _read(log)
         ctd.ctr("task", "delete", "nvctk-installer-wait")
         ctd.ctr("containers", "delete", "nvctk-installer-wait")
-    assert not prefix.exists()
-    cfg = config.read_text()
-    assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
+        assert not prefix.exists()
+        cfg = config.read_text()
+        assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
+
+        # SIGTERM while it is still copying (a Pod deleted as it starts): the shell is
+        # the container's PID 1, so a signal it has no trap for yet would be dropped
+        log = tmp_path / "early.log"
+        r = ctd.ctr("run", "-d", "--log-uri", f"file://{log}", "--mount",
+                    f"type=bind,src={host},dst=/host,options=rbind:rw",
+                    name, "nvctk-installer-early", "/usr/lib/nvctk/install.sh", "--wait")
+        assert r.returncode == 0, r.stdout + r.stderr
+        parent = prefix.parent
+        assert _until(lambda: any(p.name.startswith("nvctk.new.") for p in parent.iterdir())
+                      if parent.is_dir() else False, step=0.005)
+        assert ctd.ctr("task", "kill", "-s", "SIGTERM", "nvctk-installer-early").returncode == 0
+        assert _until(lambda: "STOPPED" in ctd.ctr("task", "ls").stdout), _read(log)
+        ctd.ctr("task", "delete", "nvctk-installer-early")
+        ctd.ctr("containers", "delete", "nvctk-installer-early")
+        assert sorted(p.name for p in parent.iterdir()) == []
+        cfg = config.read_text()
+        assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
 
 
-def _until(predicate: Callable[[], bool], timeout: float = 30) -> bool:
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else f"{path}: none"
+
+
+def _until(predicate: Callable[[], bool], timeout: float = 30, step: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.1)
+        time.sleep(step)
     return True
 
 

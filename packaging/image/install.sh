@@ -66,10 +66,18 @@ if [ "$uninstall" = 1 ]; then
   exit 0
 fi
 
+new=$dest.new.$$
+if [ "$wait" = 1 ]; then
+  # Trapped before anything is installed: as a container's PID 1 this shell would
+  # otherwise drop a SIGTERM that comes while it installs (init ignores signals it
+  # has no handler for), and stay up with nvctk installed. A trap runs once the
+  # command in progress ends.
+  trap 'rm -rf "$new" "$dest.old.$$"; uninstall; exit 0' TERM INT
+fi
+
 # a fresh copy beside the old one, then swapped in: an engine starting a
 # container meanwhile finds the old tree or the new one, never half of one
 pyver=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-new=$dest.new.$$
 rm -rf "$new"
 mkdir -p "$new/bin" "$new/lib/nvctk"
 cp -a /usr/bin/nvctk /usr/bin/nvctk-hook /usr/bin/nvctk-runtime "$new/bin/"
@@ -85,7 +93,6 @@ echo "nvctk-installer: installed nvctk $(dpkg-query -W -f '${Version}' nvctk) in
 configure "$@"
 
 if [ "$wait" = 1 ]; then
-  trap 'uninstall; exit 0' TERM INT
   # sleep in the background: a trap runs only between commands
   while :; do sleep 3600 & wait $! || true; done
 fi
