@@ -231,7 +231,11 @@ def session(driver_root: str) -> Iterator[str]:
             try:
                 mod.nvmlInit()
             except mod.NVMLError as e:
-                raise DriverError(f"NVML at {lib_path}: init failed: {e}")
+                hint = ""
+                if e.value == mod.NVML_ERROR_DRIVER_NOT_LOADED:
+                    hint = (" (is the nvidia kernel module loaded? NVML needs "
+                            f"{os.path.join(dev_dir or '/dev', 'nvidiactl')})")
+                raise DriverError(f"NVML at {lib_path}: init failed: {e}{hint}")
             try:
                 yield lib_path
             finally:

@@ -433,6 +433,22 @@ def test_smi_list(sim: Sim, state_file: Path) -> None:
     )
 
 
+def test_no_nvidiactl_is_no_driver(sim: Sim, state_file: Path, tmp_path: Path) -> None:
+    """As the real library: without /dev/nvidiactl (the module unloaded) init fails with
+    Driver Not Loaded, and nvidia-smi says it cannot reach the driver."""
+    dev = make_dev(tmp_path / "dev", TOPO, [0, 1])
+    (dev / "nvidiactl").unlink()
+    script = "import pynvml\ntry:\n    pynvml.nvmlInit()\nexcept pynvml.NVMLError as e:\n" \
+             "    print(e.value, e)\n"
+    r = subprocess.run([sys.executable, "-c", script], env=sim.env(state_file, dev),
+                       capture_output=True, text=True, timeout=30)
+    assert r.stdout == "9 Driver Not Loaded\n", r.stdout + r.stderr
+    r = subprocess.run([str(sim.smi), "-L"], env=sim.env(state_file, dev), capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 9 and r.stdout == "", r
+    assert "couldn't communicate with the NVIDIA driver" in r.stderr, r.stderr
+
+
 QUERY = "index,uuid,name,memory.total,memory.used,memory.free"
 
 

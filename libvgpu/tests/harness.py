@@ -65,8 +65,9 @@ def make_driver(root: Path, gpus: int = 2, memory_mib: int = 4096) -> Driver:
 
 def make_devdir(path: Path, minors: list[int]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    for m in minors:
-        os.mknod(path / f"nvidia{m}", stat.S_IFCHR | 0o666, os.makedev(195, m))
+    # nvidiactl: without it the mock NVML, like the real one, says the driver is not loaded
+    for name, m in (("nvidiactl", 255), *((f"nvidia{m}", m) for m in minors)):
+        os.mknod(path / name, stat.S_IFCHR | 0o666, os.makedev(195, m))
     return path
 
 

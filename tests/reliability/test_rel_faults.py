@@ -7,9 +7,10 @@ documented limit): no mount left under the state dir or the bundles, no vGPU sta
 no process working on the test's runc root, the host's mount table as it was; and the
 next container starts.
 
-Clear errors for a missing driver, NVML init failure, a missing runc, a read-only or
-full state dir are tested elsewhere (tests/test_shim.py, test_hostile_input.py,
-test_vgpu_leaks.py); docs/reliability.md lists where.
+NVML init failure and a read-only state dir: test_rel_host_faults.py. Clear errors for
+a missing driver, a missing runc, an unusable or full state dir are tested where the
+code is (tests/test_shim.py, test_hostile_input.py, test_vgpu_concurrency.py);
+docs/reliability.md lists where.
 """
 
 from __future__ import annotations

@@ -78,6 +78,7 @@ def test_symlink_race(sim_host: Any, rootfs: Any, tmp_path: Path, decoy: Path) -
     starts = relkit.n(12, 300)
     stop = threading.Event()
     flips = [0]
+    died: list[str] = []
     with relkit.lab(tmp_path, sim_host.config_path) as la:
         b = la.bundle(None, GPU_ENV, ["/bin/sh", "-c", "true"], base=str(rootfs()))
         root = b / "rootfs"
@@ -86,14 +87,18 @@ def test_symlink_race(sim_host: Any, rootfs: Any, tmp_path: Path, decoy: Path) -
         def flipper(rel: str, target: str, seed: int) -> None:
             rng = random.Random(seed)
             path, aside = root / rel, root / (rel + ".aside")
-            while not stop.is_set():
-                os.rename(path, aside)
-                os.symlink(target, path)
-                flips[0] += 1
-                time.sleep(rng.uniform(0, 0.004))
-                os.unlink(path)
-                os.rename(aside, path)
-                time.sleep(rng.uniform(0, 0.03))
+            try:
+                while not stop.is_set():
+                    os.rename(path, aside)
+                    os.symlink(target, path)
+                    flips[0] += 1
+                    time.sleep(rng.uniform(0, 0.004))
+                    os.unlink(path)
+                    _put_back(aside, path)
+                    time.sleep(rng.uniform(0, 0.03))
+            except BaseException as e:  # a dead flipper would quietly weaken the race
+                died.append(f"{rel}: {e!r}")
+                stop.set()
 
         ck.start(b)
         assert ck.started == 1, "the image does not start even without the race"
@@ -109,12 +114,30 @@ def test_symlink_race(sim_host: Any, rootfs: Any, tmp_path: Path, decoy: Path) -
             stop.set()
             for t in ts:
                 t.join()
+        assert died == [], died
     relkit.record("hostile", "symlink race (lib dir, /etc, /usr/bin flipped to a host dir)",
                   attempts=ck.attempts, started=ck.started, refused=ck.refused,
                   flips=flips[0], escapes=0, refusals=ck.reasons)
 
 
+def _put_back(aside: Path, path: Path) -> None:
+    """The image's own directory back in place. In the gap the hook may have made the
+    path anew (a mount target's parent, inside the rootfs: allowed); that goes first."""
+    for _ in range(100):
+        try:
+            os.rename(aside, path)
+            return
+        except OSError:
+            if not path.is_dir() or path.is_symlink():
+                raise
+            made = path.with_name(path.name + ".made")
+            os.rename(path, made)
+            shutil.rmtree(made)
+    raise AssertionError(f"{path} kept coming back")
+
+
 def _fifo(p: Path) -> None:
+    p.parent.mkdir(exist_ok=True)
     if p.is_symlink() or p.exists():
         p.unlink()
     os.mkfifo(p)
@@ -137,7 +160,7 @@ SPECIAL: dict[str, Callable[[Path], None]] = {
     "libcuda.so.1 FIFO": lambda r: _fifo(_libcuda(r)),
     "libcuda.so.1 /dev/zero node": lambda r: _devnode(_libcuda(r)),
     "nvidia-smi FIFO": lambda r: _fifo(r / "usr/bin/nvidia-smi"),
-    "/run/nvctk FIFO": lambda r: (r / "run").mkdir(exist_ok=True) or _fifo(r / "run/nvctk"),
+    "/run/nvctk FIFO": lambda r: _fifo(r / "run/nvctk"),
 }
 
 

@@ -2,8 +2,8 @@
 (in process start-up, mid allocation, holding the ledger's lock), and load (many
 processes hammering alloc/free, many started at once against one cap).
 
-Judged by an independent reader: the simulated GPU's own count of the memory each live
-process holds (nvctk.sim.state.read_state, live slots only), never libvgpu's ledger;
+Judged by an independent reader: the simulated GPU's own count of the memory in use, as
+its NVML reports it (dead processes reaped), never libvgpu's ledger;
 the ledger (nvctk.vgpu.read_usage) must end at zero. After every kill round a newcomer
 must get the whole cap within a few seconds (no stall, no leaked usage): the failure
 HAMi-core shows when a process dies inside its start-up semaphore (every later process
@@ -58,33 +58,47 @@ def _ledger(d: Path) -> int:
     return sum(u.used for u in vgpu.read_usage(d / "cache").values())
 
 
-class Watch:
-    """Peak GPU memory held by live processes, as the simulated GPU counts it."""
+WATCHER = """
+import select, sys, time, pynvml
+pynvml.nvmlInit()
+gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+peak = samples = 0
+print("ready", flush=True)
+while not select.select([sys.stdin], [], [], 0)[0]:
+    peak = max(peak, pynvml.nvmlDeviceGetMemoryInfo(gpu).used)
+    samples += 1
+    time.sleep(0.001)
+print(peak, samples)
+"""
 
-    def __init__(self, state: Path) -> None:
-        self.state = state
+
+class Watch:
+    """Peak GPU memory in use, as the simulated GPU counts it: NVML's used memory (what
+    nvidia-smi shows), read in a process of its own without libvgpu. Each reading is one
+    instant (the mock reaps dead processes and reads the GPU's counter under its lock);
+    summing the state file's per-process slots instead is not: a read that the kernel
+    interrupts between pages mixes moments, and adds one process's memory from before
+    its free to another's from after the allocation that free made room for."""
+
+    def __init__(self, driver: H.Driver, state: Path) -> None:
         self.peak = 0
         self.samples = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                live = read_state(self.state, live_only=True).procs
-                self.peak = max(self.peak, sum(p.mem_used for p in live))
-                self.samples += 1
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.002)
+        self._p = subprocess.Popen([sys.executable, "-c", WATCHER],
+                                   env=driver.env(state), stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self._p.stdout is not None
+        ready = self._p.stdout.readline()
+        assert ready == "ready\n", (ready, self._p.communicate(timeout=10))
 
     def __enter__(self) -> Watch:
-        self._t.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
+        out, err = self._p.communicate("stop\n", timeout=60)
+        assert self._p.returncode == 0, err
+        peak, samples = out.split()
+        self.peak, self.samples = int(peak), int(samples)
+        assert self.samples > 0
 
 
 def _newcomer_gets_the_cap(env: dict[str, str], cap_mib: int) -> float:
@@ -99,13 +113,24 @@ def _newcomer_gets_the_cap(env: dict[str, str], cap_mib: int) -> float:
     return took
 
 
+def test_the_judge_sees_memory_over_the_cap(driver: H.Driver, tmp_path: Path) -> None:
+    """The judge can fail: a process without libvgpu holding 300 MiB shows as 300 MiB."""
+    env = _env(driver, tmp_path)
+    env.pop("LD_PRELOAD")
+    with Watch(driver, tmp_path / "state") as w:
+        r = H.probe(env, "init", "ctx", "0", "alloc", str(300 * MIB), "sleep", "300",
+                    preload=False, timeout=60)
+        assert r.returncode == 0 and "alloc 0" in r.stdout.splitlines(), r.stdout + r.stderr
+    assert w.peak >= 300 * MIB > CAP_MIB * MIB, w.peak
+
+
 def test_members_killed_at_random_moments(driver: H.Driver, tmp_path: Path) -> None:
     rounds, members = relkit.n(4, 40), relkit.n(4, 16)
     env = _env(driver, tmp_path)
     rng = random.Random(21)
     kills = lockdies = 0
     worst = 0.0
-    with Watch(tmp_path / "state") as w:
+    with Watch(driver, tmp_path / "state") as w:
         for rnd in range(rounds):
             procs = [subprocess.Popen([str(H.STRESS), "churn", "100000000", "16",
                                        str(rnd * 100 + i)], env=env,
@@ -152,7 +177,7 @@ def test_hammer_alloc_free(driver: H.Driver, tmp_path: Path) -> None:
                              int(parts[2]) if len(parts) == 3 else 0))
             k += 1
 
-    with Watch(tmp_path / "state") as w:
+    with Watch(driver, tmp_path / "state") as w:
         ts = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
         for t in ts:
             t.start()
@@ -176,7 +201,7 @@ def test_started_at_once_against_one_cap(driver: H.Driver, tmp_path: Path) -> No
     env.pop("LD_PRELOAD")
     env["LD_PRELOAD"] = str(H.LIB)
     got_max = 0
-    with Watch(tmp_path / "state") as w:
+    with Watch(driver, tmp_path / "state") as w:
         for _ in range(rounds):
             # each fills what it can and holds it until all have tried (sleep at the end)
             ps = [subprocess.Popen([str(H.PROBE), "--proc", "init", "ctx", "0", "fill",

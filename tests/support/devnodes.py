@@ -18,8 +18,10 @@ def make_node(path: Path, minor: int) -> None:
 
 
 def make_dev(path: Path, topo: Topology, gpus: list[int], caps: bool = True) -> Path:
-    """nvidia<minor> for the listed GPU indexes, and (caps) their MIG devices' cap nodes."""
+    """nvidiactl (without it NVML's init fails: no driver), nvidia<minor> for the listed
+    GPU indexes, and (caps) their MIG devices' cap nodes."""
     path.mkdir(parents=True, exist_ok=True)
+    make_node(path / "nvidiactl", 255)
     for g in topo.gpus:
         if g.index in gpus:
             make_node(path / f"nvidia{g.minor}", g.minor)

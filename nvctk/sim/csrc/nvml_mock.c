@@ -17,6 +17,7 @@
 #include <strings.h>
 #include <time.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -29,6 +30,7 @@ enum {
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
@@ -145,6 +147,13 @@ static void enumerate(void)
 
 static nvmlReturn_t do_init(void)
 {
+    char ctl[PATH_MAX];
+    struct stat sb;
+    /* The real library talks to the kernel module through /dev/nvidiactl: without it
+     * (module unloaded, mid driver upgrade) init fails and nothing else works. */
+    snprintf(ctl, sizeof ctl, "%s/nvidiactl", nvsim_dev_dir());
+    if (stat(ctl, &sb) != 0)
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     pthread_mutex_lock(&g_init_lock);
     /* devices are found at the first init, as the real library snapshots them */
     if (g_init++ == 0)
@@ -226,7 +235,7 @@ const char *nvmlErrorString(nvmlReturn_t r)
     case 5: return "Already Initialized";
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-    case 9: return "Driver Not Loaded";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case 10: return "Timeout";
     case 12: return "NVML Shared Library Not Found";
     case 13: return "Function Not Found";
