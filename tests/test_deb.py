@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from support.daemons import containerd
+from support.daemons import Containerd, containerd
 
 pytestmark = [
     pytest.mark.slow,
@@ -273,39 +273,45 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
         assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
 
         # --wait: a DaemonSet's container; installed while it runs, undone on SIGTERM
-        log = tmp_path / "wait.log"
-        r = ctd.ctr("run", "-d", "--log-uri", f"file://{log}", "--mount",
-                    f"type=bind,src={host},dst=/host,options=rbind:rw",
-                    name, "nvctk-installer-wait", "/usr/lib/nvctk/install.sh", "--wait")
-        assert r.returncode == 0, r.stdout + r.stderr
         config = host / "etc/containerd/config.toml"
-        assert _until(lambda: "nvctk-runtime" in config.read_text()), config.read_text()
-        assert (prefix / "bin/nvctk-runtime").is_file()
-        assert ctd.ctr("task", "kill", "-s", "SIGTERM", "nvctk-installer-wait").returncode == 0
-        assert _until(lambda: "STOPPED" in ctd.ctr("task", "ls").stdout), _read(log)
-        ctd.ctr("task", "delete", "nvctk-installer-wait")
-        ctd.ctr("containers", "delete", "nvctk-installer-wait")
+
+        def wired_in() -> bool:
+            return "nvctk-runtime" in config.read_text() and (prefix / "bin/nvctk").is_file()
+
+        _wait_then_sigterm(ctd, name, host, tmp_path, "nvctk-installer-wait", wired_in)
         assert not prefix.exists()
         cfg = config.read_text()
         assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
 
         # SIGTERM while it is still copying (a Pod deleted as it starts): the shell is
         # the container's PID 1, so a signal it has no trap for yet would be dropped
-        log = tmp_path / "early.log"
-        r = ctd.ctr("run", "-d", "--log-uri", f"file://{log}", "--mount",
-                    f"type=bind,src={host},dst=/host,options=rbind:rw",
-                    name, "nvctk-installer-early", "/usr/lib/nvctk/install.sh", "--wait")
-        assert r.returncode == 0, r.stdout + r.stderr
         parent = prefix.parent
-        assert _until(lambda: any(p.name.startswith("nvctk.new.") for p in parent.iterdir())
-                      if parent.is_dir() else False, step=0.005)
-        assert ctd.ctr("task", "kill", "-s", "SIGTERM", "nvctk-installer-early").returncode == 0
-        assert _until(lambda: "STOPPED" in ctd.ctr("task", "ls").stdout), _read(log)
-        ctd.ctr("task", "delete", "nvctk-installer-early")
-        ctd.ctr("containers", "delete", "nvctk-installer-early")
+
+        def copying() -> bool:
+            return parent.is_dir() and any(p.name.startswith("nvctk.new.")
+                                           for p in parent.iterdir())
+
+        _wait_then_sigterm(ctd, name, host, tmp_path, "nvctk-installer-early", copying,
+                           step=0.005)
         assert sorted(p.name for p in parent.iterdir()) == []
         cfg = config.read_text()
         assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
+
+
+def _wait_then_sigterm(ctd: Containerd, image: str, host: Path, tmp_path: Path, cid: str,
+                       ready: Callable[[], bool], step: float = 0.1) -> None:
+    """`install.sh --wait` in a detached container, SIGTERMed once ready() holds; returns
+    when it has stopped (its output, kept in a file, is the failure message)."""
+    log = tmp_path / f"{cid}.log"
+    r = ctd.ctr("run", "-d", "--log-uri", f"file://{log}", "--mount",
+                f"type=bind,src={host},dst=/host,options=rbind:rw",
+                image, cid, "/usr/lib/nvctk/install.sh", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _until(ready, step=step), _read(log)
+    assert ctd.ctr("task", "kill", "-s", "SIGTERM", cid).returncode == 0
+    assert _until(lambda: "STOPPED" in ctd.ctr("task", "ls").stdout), _read(log)
+    ctd.ctr("task", "delete", cid)
+    ctd.ctr("containers", "delete", cid)
 
 
 def _read(path: Path) -> str:

@@ -206,6 +206,18 @@ class Lab:
         return subprocess.run(["runc", "--root", self.root, *args], capture_output=True,
                               text=True, timeout=timeout)
 
+    def start_ok(self, env: list[str], base: str, sees_gpu: bool = True) -> None:
+        """A container with env (a copy of base) runs to exit 0; sees_gpu: and its /dev
+        holds nvidia0. It is deleted after."""
+        b = self.bundle(None, env, base=base,
+                        args=["/bin/sh", "-c", "ls /dev | grep nvidia" if sees_gpu else "true"])
+        cid = self.new_id()
+        r = self.run(b, cid)
+        assert r.returncode == 0, r.stderr + r.stdout
+        if sees_gpu:
+            assert "nvidia0" in r.stdout.split(), r.stdout
+        self.delete(cid)
+
     def delete(self, cid: str) -> None:
         self.runc("delete", "--force", cid)
 

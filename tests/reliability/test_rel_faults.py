@@ -51,21 +51,6 @@ def _assert_clean(la: relkit.Lab, host_mounts: list[str]) -> None:
     assert relkit.procs_mentioning(la.root) == []
 
 
-def _next_start_works(la: relkit.Lab, base: str) -> None:
-    b = la.bundle(None, ["NVIDIA_VISIBLE_DEVICES=0", MEM], base=base,
-                  args=["/bin/sh", "-c", "ls /dev | grep nvidia"])
-    cid = la.new_id()
-    r = la.run(b, cid)
-    assert r.returncode == 0, r.stderr + r.stdout
-    assert "nvidia0" in r.stdout.split(), r.stdout
-    la.delete(cid)
-
-
-@pytest.fixture
-def base(rootfs: Any) -> str:
-    return str(rootfs())
-
-
 def test_runtime_sigkill_loop(sim_host: Any, tmp_path: Path, base: str) -> None:
     rounds = relkit.n(8, 150)
     rng = random.Random(13)
@@ -97,7 +82,7 @@ def test_runtime_sigkill_loop(sim_host: Any, tmp_path: Path, base: str) -> None:
             assert data in (original, new), data[:200]
             outcomes["original" if data == original else "new"] += 1
             _settle(la)
-        _next_start_works(la, base)
+        la.start_ok(["NVIDIA_VISIBLE_DEVICES=0", MEM], base)
         _settle(la)
         _assert_clean(la, host_mounts)
     relkit.record("fault", "nvctk-runtime SIGKILL during create (vGPU)", injected=rounds,
@@ -148,7 +133,7 @@ def test_hook_sigkill_loop(sim_host: Any, tmp_path: Path, base: str) -> None:
             # what the killed hook mounted was in the container's namespace only
             assert relkit.mounts_from(tmp_path, sim_host.root) == host_mounts
         delay.write_text("")
-        _next_start_works(la, base)
+        la.start_ok(["NVIDIA_VISIBLE_DEVICES=0", MEM], base)
         _settle(la)
         _assert_clean(la, host_mounts)
     assert killed > 0, "no kill landed inside the hook: the test proved nothing"

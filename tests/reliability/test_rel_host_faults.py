@@ -53,28 +53,13 @@ def _refused(la: relkit.Lab, env: list[str], base: str, *words: str) -> None:
     assert relkit.mounts_under(str(la.tmp)) == mounts
 
 
-def _starts(la: relkit.Lab, env: list[str], base: str, sees_gpu: bool) -> None:
-    b = la.bundle(None, env, base=base, args=LIST_GPUS if sees_gpu else ["/bin/true"])
-    cid = la.new_id()
-    r = la.run(b, cid)
-    assert r.returncode == 0, r.stderr + _log_errors(b)
-    if sees_gpu:
-        assert "nvidia0" in r.stdout.split(), r.stdout
-    la.delete(cid)
-
-
-@pytest.fixture
-def base(rootfs: Any) -> str:
-    return str(rootfs())
-
-
 def test_nvml_init_failure(make_sim: Any, tmp_path: Path, base: str) -> None:
     rounds = relkit.n(1, 10)
     sim = make_sim(gpus=1)
     ctl = Path(sim.dev_dir) / "nvidiactl"
     aside = tmp_path / "nvidiactl.aside"
     with relkit.lab(tmp_path, sim.config_path) as la:
-        _starts(la, [GPU], base, sees_gpu=True)  # fills the host cache: it must not hide the fault
+        la.start_ok([GPU], base)  # fills the host cache: it must not hide the fault
         for _ in range(rounds):
             os.rename(ctl, aside)
             try:
@@ -85,10 +70,10 @@ def test_nvml_init_failure(make_sim: Any, tmp_path: Path, base: str) -> None:
                 assert relkit.clean_failure(info.stderr), info.stderr
                 _refused(la, [GPU], base, "NVML", "Driver Not Loaded", "nvidiactl")
                 _refused(la, [GPU, CAP], base, "NVML", "Driver Not Loaded")
-                _starts(la, [], base, sees_gpu=False)
+                la.start_ok([], base, sees_gpu=False)
             finally:
                 os.rename(aside, ctl)
-            _starts(la, [GPU, CAP], base, sees_gpu=True)
+            la.start_ok([GPU, CAP], base)
         la.gc()
         assert la.state_entries() == []
     relkit.record("fault", "NVML init fails (driver not loaded: no /dev/nvidiactl)",
@@ -116,10 +101,10 @@ def test_read_only_state_dir(make_sim: Any, tmp_path: Path, base: str) -> None:
                 # only a vGPU cap keeps state there; the host cache there is best effort
                 _refused(la, [GPU, CAP], base, f"vGPU state dir {la.state_dir}",
                          "Read-only file system")
-                _starts(la, [GPU], base, sees_gpu=True)
-                _starts(la, [], base, sees_gpu=False)
+                la.start_ok([GPU], base)
+                la.start_ok([], base, sees_gpu=False)
             assert relkit.mounts_under(la.state_dir) == []
-            _starts(la, [GPU, CAP], base, sees_gpu=True)
+            la.start_ok([GPU, CAP], base)
         la.gc()
         assert la.state_entries() == []
     relkit.record("fault", "vGPU state dir read-only", injected=rounds,

@@ -90,7 +90,11 @@ def test_symlink_race(sim_host: Any, rootfs: Any, tmp_path: Path, decoy: Path) -
             try:
                 while not stop.is_set():
                     os.rename(path, aside)
-                    os.symlink(target, path)
+                    try:
+                        os.symlink(target, path)
+                    except FileExistsError:  # the hook made it anew in the gap: no flip
+                        _put_back(aside, path)
+                        continue
                     flips[0] += 1
                     time.sleep(rng.uniform(0, 0.004))
                     os.unlink(path)
@@ -123,16 +127,16 @@ def test_symlink_race(sim_host: Any, rootfs: Any, tmp_path: Path, decoy: Path) -
 def _put_back(aside: Path, path: Path) -> None:
     """The image's own directory back in place. In the gap the hook may have made the
     path anew (a mount target's parent, inside the rootfs: allowed); that goes first."""
-    for _ in range(100):
+    for i in range(100):
         try:
             os.rename(aside, path)
             return
         except OSError:
             if not path.is_dir() or path.is_symlink():
                 raise
-            made = path.with_name(path.name + ".made")
-            os.rename(path, made)
-            shutil.rmtree(made)
+        made = path.with_name(f"{path.name}.made{i}")
+        os.rename(path, made)  # whole, even if the hook is still filling it
+        shutil.rmtree(made, ignore_errors=True)
     raise AssertionError(f"{path} kept coming back")
 
 
