@@ -117,6 +117,14 @@ def rootfs(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., str]
 
 
 @pytest.fixture
+def base(rootfs: Callable[..., str]) -> str:
+    """A Debian-like rootfs for bundles to copy (the reliability suite's
+    relkit.Lab.bundle(None, ..., base=)). Not in tests/reliability/conftest.py: a
+    second conftest module would shadow this one for `from conftest import ...`."""
+    return str(rootfs())
+
+
+@pytest.fixture
 def run_nvctk() -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
     def run(
         *args: str, env: dict[str, str] | None = None, config: str | None = None
