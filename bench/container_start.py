@@ -61,6 +61,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from nvctk.passthrough import use_cache_dir  # noqa: E402
 from nvctk.sim import host as simhost  # noqa: E402
 from nvctk.sim.rootfs import build_rootfs  # noqa: E402
 from nvctk.sim.topology import make_topology  # noqa: E402
@@ -276,12 +277,8 @@ def main() -> int:
 
     set_subreaper()
     tmp = Path(tempfile.mkdtemp(prefix="nvctk-bench-"))
-    # nvctk-runtime's passthrough cache (nvctk.passthrough) in the bench's own dir, not
-    # the host's /run/nvctk: removed with the rest (children inherit the variable)
-    cache = tmp / "passthrough"
-    cache.mkdir(mode=0o755)
-    cache.chmod(0o755)
-    os.environ["NVCTK_PASSTHROUGH_CACHE"] = str(cache)
+    # nvctk-runtime's passthrough cache in the bench's own dir: removed with the rest
+    use_cache_dir(str(tmp / "passthrough"))
     # bundles and runtime state on a tmpfs, where containerd, Docker and CRI-O keep
     # them (/run); the image rootfs on disk, under a per-container overlay
     run_dir = tmp / "run"

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 
+from nvctk import passthrough
 from nvctk.sim import host
 from nvctk.sim.topology import make_topology
 
@@ -95,11 +96,8 @@ def main() -> int:
         print("nvctk.demo: needs root (the simulated host has device nodes)", file=sys.stderr)
         return 1
     tmp = tempfile.mkdtemp(prefix="nvctk-demo-")
-    # nvctk-runtime's passthrough cache for this throw-away config: in the demo's dir,
-    # removed with it, not in the host's /run/nvctk (nvctk.passthrough)
-    os.makedirs(os.path.join(tmp, "passthrough"), 0o755)
-    os.chmod(os.path.join(tmp, "passthrough"), 0o755)
-    os.environ["NVCTK_PASSTHROUGH_CACHE"] = os.path.join(tmp, "passthrough")
+    # nvctk-runtime's passthrough cache in the demo's dir: removed with it
+    passthrough.use_cache_dir(os.path.join(tmp, "passthrough"))
     try:
         step(f"building a simulated host with 2 GPUs in {tmp}/sim")
         sim = host.init(os.path.join(tmp, "sim"), make_topology(gpus=2))

@@ -45,6 +45,16 @@ def cache_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> str:
     return env.get(CACHE_VAR) or DEFAULT_CACHE_DIR
 
 
+def use_cache_dir(directory: str) -> str:
+    """Make `directory` this process's cache, and its children's (the environment): for
+    a throw-away config (demo, bench, tests), whose entries must not stay in /run/nvctk.
+    Made 0755: the launcher trusts no directory that others can write."""
+    os.makedirs(directory, 0o755, exist_ok=True)
+    os.chmod(directory, 0o755)  # whatever the umask made of it
+    os.environ[CACHE_VAR] = directory
+    return directory
+
+
 def cache_name(path: str) -> str:
     """FNV-1a 64 of the config path's bytes, 16 hex digits (nvctk-runtime.c fnv1a64)."""
     h = 0xCBF29CE484222325

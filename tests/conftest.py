@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from nvctk import passthrough
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.topology import make_topology
@@ -49,15 +50,13 @@ def passthrough_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     """nvctk-runtime's passthrough cache (nvctk.passthrough) in a directory of the
     session's, not the host's /run/nvctk: every test config would leave a file there.
     Children (the runtime, daemons the tests start) inherit it from the environment."""
-    d = tmp_path_factory.mktemp("passthrough")
-    d.chmod(0o755)  # the launcher trusts no directory that others can write
-    old = os.environ.get("NVCTK_PASSTHROUGH_CACHE")
-    os.environ["NVCTK_PASSTHROUGH_CACHE"] = str(d)
+    old = os.environ.get(passthrough.CACHE_VAR)
+    d = Path(passthrough.use_cache_dir(str(tmp_path_factory.mktemp("passthrough"))))
     yield d
     if old is None:
-        os.environ.pop("NVCTK_PASSTHROUGH_CACHE", None)
+        os.environ.pop(passthrough.CACHE_VAR, None)
     else:
-        os.environ["NVCTK_PASSTHROUGH_CACHE"] = old
+        os.environ[passthrough.CACHE_VAR] = old
 
 
 def nvctk_exe() -> list[str]:

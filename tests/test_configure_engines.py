@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 import tomlkit
 
 from nvctk.sim.host import SimHost
-from support.daemons import containerd, dockerd, import_rootfs, private_paths
+from support.daemons import containerd, dockerd, import_rootfs, private_paths, short_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -40,10 +39,8 @@ def _need(*tools: str) -> None:
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    # a short path: containerd's socket paths must fit in sun_path
-    d = Path(tempfile.mkdtemp(prefix="nvctk-c-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with short_dir("nvctk-c-") as d:
+        yield d
 
 
 def user_config(work: Path, text: str) -> Path:

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,7 +41,7 @@ from support.cri import (  # noqa: E402
     pause_rootfs,
     run_pod,
 )
-from support.daemons import Containerd, containerd  # noqa: E402
+from support.daemons import Containerd, containerd, short_dir  # noqa: E402
 
 PAUSE = "nvctk.test/pause:1"
 GPU_IMAGE = "nvctk.test/gpu:1"
@@ -61,10 +60,8 @@ def _need(*tools: str) -> None:
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
     _need("containerd", "ctr", "runc", "containerd-shim-runc-v2")
-    # a short path: containerd's socket paths must fit in sun_path
-    d = Path(tempfile.mkdtemp(prefix="nvctk-k-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with short_dir("nvctk-k-") as d:
+        yield d
 
 
 @pytest.fixture(scope="module")

@@ -129,6 +129,21 @@ def clean_failure(stderr: str) -> bool:
     return "Traceback" not in stderr and "internal error" not in stderr
 
 
+def state_entries(state_dir: str) -> list[str]:
+    """vGPU state dirs: <16 hex of sha256(root, id)>-<id> (docs/decisions.md, vGPU)."""
+    import re
+
+    if not os.path.isdir(state_dir):
+        return []
+    return sorted(x for x in os.listdir(state_dir) if re.match(r"[0-9a-f]{16}-", x))
+
+
+def vgpu_gc(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`nvctk vgpu gc` with env (NVCTK_CONFIG names the state dir)."""
+    return subprocess.run([NVCTK, "vgpu", "gc"], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
 class Lab:
     """Bundles and containers on one runc root, through the real nvctk-runtime.
 
@@ -160,13 +175,7 @@ class Lab:
         return "/run/nvctk"
 
     def state_entries(self) -> list[str]:
-        """vGPU state dirs: <16 hex of sha256(root, id)>-<id> (docs/decisions.md, vGPU)."""
-        import re
-
-        d = self.state_dir
-        if not os.path.isdir(d):
-            return []
-        return sorted(x for x in os.listdir(d) if re.match(r"[0-9a-f]{16}-", x))
+        return state_entries(self.state_dir)
 
     def bundle(self, rootfs: str | None, env: list[str], args: list[str] | None = None,
                edit: Any = None, base: str | None = None) -> Path:
@@ -225,8 +234,7 @@ class Lab:
         return self.runc("list", "-q").stdout.split()
 
     def gc(self) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([NVCTK, "vgpu", "gc"], env=self.env(), capture_output=True,
-                              text=True, timeout=60)
+        return vgpu_gc(self.env())
 
     def cleanup(self) -> None:
         for cid in self.ids:

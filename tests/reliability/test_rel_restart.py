@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +36,7 @@ from support.daemons import (
     dockerd,
     import_rootfs,
     private_paths,
+    short_dir,
     umount_below,
 )
 
@@ -75,10 +75,8 @@ def image_rootfs(tmp_path_factory: pytest.TempPathFactory, sim: SimHost) -> str:
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    # a short path: containerd's socket paths must fit in sun_path
-    d = Path(tempfile.mkdtemp(prefix="nvctk-r-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with short_dir("nvctk-r-") as d:
+        yield d
 
 
 def _nvctk_configure(engine: str, cfg: Path) -> None:
@@ -121,10 +119,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _state_entries(sim: SimHost) -> list[str]:
-    """vGPU state dirs under the sim config's state dir (<16 hex>-<id>)."""
-    d = Path(sim.root) / "run" / "nvctk"
-    return sorted(x.name for x in d.iterdir() if x.name[16:17] == "-") if d.is_dir() else []
+def _state_dir(sim: SimHost) -> str:
+    """nvctk's vGPU state dir in the sim's config (not sim.state_dir, the GPUs' own)."""
+    return os.path.join(sim.root, "run", "nvctk")
 
 
 def _query_line(gpu_uuid: str, mib: int) -> str:
@@ -132,8 +129,7 @@ def _query_line(gpu_uuid: str, mib: int) -> str:
 
 
 def _gc(sim: SimHost) -> None:
-    r = subprocess.run([relkit.NVCTK, "vgpu", "gc"], env={**os.environ, **sim.env},
-                       capture_output=True, text=True, timeout=60)
+    r = relkit.vgpu_gc({**os.environ, **sim.env})
     assert r.returncode == 0 and relkit.clean_failure(r.stderr), r.stderr
 
 
@@ -234,8 +230,8 @@ def _kill_leftovers(pids: dict[str, int]) -> None:
 def _assert_clean(sim: SimHost, work: Path, host_mounts: list[str],
                   pids: dict[str, int]) -> None:
     # the poststop hooks removed the vGPU state: no gc first
-    assert _state_entries(sim) == []
-    assert relkit.mounts_under(str(Path(sim.root) / "run" / "nvctk")) == []
+    assert relkit.state_entries(_state_dir(sim)) == []
+    assert relkit.mounts_under(_state_dir(sim)) == []
     assert relkit.mounts_from(work, sim.root) == host_mounts
     assert not [p for p in pids.values() if _alive(p)]
     assert _ours(str(work)) == []
@@ -264,7 +260,7 @@ def test_containerd_restart_keeps_gpu_containers(sim: SimHost, image_rootfs: str
             assert all(tasks[c][1] == "RUNNING" for c in ids), tasks
             pids = {c: tasks[c][0] for c in ids}
             _check_survivors(pids, pids)
-            state = _state_entries(sim)
+            state = relkit.state_entries(_state_dir(sim))
             assert len(state) == 1 and state[0].endswith("-rst-0"), state
             for r in range(restarts):
                 d.proc = _restart(d.proc, SIGNALS[r % 2], d.dir / "containerd.log", env)
@@ -277,7 +273,7 @@ def test_containerd_restart_keeps_gpu_containers(sim: SimHost, image_rootfs: str
                 # the capped one still capped; its state not collected as an orphan's
                 assert ctr.exec("rst-0", *QUERY) == _query_line(gpus[0].uuid, 512)
                 _gc(sim)
-                assert _state_entries(sim) == state
+                assert relkit.state_entries(_state_dir(sim)) == state
                 g = r % len(gpus)
                 out = ctr.once([f"NVIDIA_VISIBLE_DEVICES={g}", "CUDA_DEVICE_MEMORY_LIMIT=256m"],
                                *QUERY)
@@ -340,7 +336,7 @@ def test_dockerd_live_restore_keeps_gpu_containers(sim: SimHost, image_rootfs: s
             pids = _inspect(dk, ids)
             assert len(pids) == count, pids
             _check_survivors(pids, pids)
-            state = _state_entries(sim)
+            state = relkit.state_entries(_state_dir(sim))
             assert len(state) == 1 and state[0].endswith("-" + ids[0]), state
             for r_ in range(restarts):
                 dk.proc = _restart(dk.proc, SIGNALS[r_ % 2], dk.dir / "dockerd.log",
@@ -353,7 +349,7 @@ def test_dockerd_live_restore_keeps_gpu_containers(sim: SimHost, image_rootfs: s
                 assert q.returncode == 0, q.stderr.decode()
                 assert q.stdout.decode().strip() == _query_line(gpus[0].uuid, 512)
                 _gc(sim)
-                assert _state_entries(sim) == state
+                assert relkit.state_entries(_state_dir(sim)) == state
                 g = r_ % len(gpus)
                 res = run("--rm", "-e", f"NVIDIA_VISIBLE_DEVICES={g}", "-e",
                           "CUDA_DEVICE_MEMORY_LIMIT=256m", image, *QUERY)

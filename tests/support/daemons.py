@@ -12,10 +12,22 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def short_dir(prefix: str) -> Iterator[Path]:
+    """A fresh directory under /tmp, removed after: a daemon's socket paths under it
+    must fit in sun_path (108 bytes), which pytest's tmp_path may not leave room for."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def private_paths(workdir: Path) -> dict[str, object]:
