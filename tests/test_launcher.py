@@ -245,6 +245,31 @@ def test_long_runtime_lists_are_served_too(layout: Layout) -> None:
     assert entry.stat().st_size > 45_000
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root writes the cache")
+def test_entries_not_written_racy_or_too_long(tmp_path: Path) -> None:
+    """A config written this instant is not cached yet (passthrough.racy); nor is an entry
+    over passthrough.MAX_ENTRY, which the launcher would read cut short (the loader's
+    64 KiB limit on the config leaves only a long config path to get there)."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    config = tmp_path / "config.toml"
+    config.write_text("")
+    env = {passthrough.CACHE_VAR: str(cache)}
+    passthrough.remember(str(config), os.stat(config), ("/r",), env)
+    assert list(cache.iterdir()) == []  # just written: racy, not cached yet
+    time.sleep(passthrough.RACY_NS / 1e9 + 0.01)  # from here only the size decides
+    st = os.stat(config)
+    for runtimes, written in (((f"/{'r' * 4000}",) * 16, True),
+                              ((f"/{'r' * 4000}",) * 17, False)):
+        data = passthrough.entry(str(config), st, runtimes)
+        assert data is not None and (len(data) <= passthrough.MAX_ENTRY) == written
+        passthrough.remember(str(config), st, runtimes, env)
+        assert [p.name for p in cache.iterdir()] == ([passthrough.cache_name(str(config))]
+                                                     if written else [])
+        for p in cache.iterdir():
+            p.unlink()
+
+
 def test_cache_entry_matches_the_launchers_hash() -> None:
     """FNV-1a 64, as nvctk-runtime.c computes it (reference values of the algorithm)."""
     assert passthrough.cache_name("") == "cbf29ce484222325"
