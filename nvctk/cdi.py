@@ -17,6 +17,7 @@ the container's mount namespace, where that check cannot tell the two apart.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any, Literal
 
 from nvctk import driver as nvdriver
@@ -587,10 +588,13 @@ def _field_of(parent: dict[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-def apply_edits(spec: dict[str, Any], devices: list[Resolved]) -> spec_edits.Edits:
+def apply_edits(spec: dict[str, Any], devices: list[Resolved],
+                bundle: str | None = None) -> spec_edits.Edits:
     """The devices' containerEdits, and once per spec file its common containerEdits,
     into the OCI spec; returns what was added (for spec_edits.record_edits). Every edit is
-    checked, and every node stat'ed, before the spec is changed."""
+    checked, and every node stat'ed, before the spec is changed; none may make runc or a
+    hook create anything on a host directory bound into the container (check_host_binds;
+    bundle: where a relative mount source is)."""
     edits: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
     for r in devices:
@@ -605,6 +609,7 @@ def apply_edits(spec: dict[str, Any], devices: list[Resolved]) -> spec_edits.Edi
         if problem:
             raise CdiError(f"{where}: {problem}")
         nodes += [_node(n, where) for n in e.get("deviceNodes", ())]
+    check_host_binds(spec, edits, bundle)
 
     added = spec_edits.Edits(cdi=True)
     env: dict[str, str] = {}
@@ -656,3 +661,96 @@ def apply_edits(spec: dict[str, Any], devices: list[Resolved]) -> spec_edits.Edi
                 stage_hooks.append(entry)
                 added.hooks.append([stage, entry])
     return added
+
+
+# --- nothing created on a host directory bound into the container ------------------------
+
+
+def _link_paths(hook: dict[str, Any]) -> list[str]:
+    """The links a create-symlinks hook (nvctk-hook's or nvidia-cdi-hook's) makes:
+    each `--link target::path` (or `--link=...`)."""
+    args = hook.get("args") or []
+    if "create-symlinks" not in args:
+        return []
+    out = []
+    for i, a in enumerate(args):
+        value = args[i + 1] if a == "--link" and i + 1 < len(args) else \
+            a.partition("=")[2] if a.startswith("--link=") else None
+        if value and "::" in value:
+            out.append(value.partition("::")[2])
+    return out
+
+
+def _is_host_bind(m: Any) -> bool:
+    if not isinstance(m, dict):
+        return False
+    opts = m.get("options") if isinstance(m.get("options"), list) else []
+    return m.get("type") == "bind" or bool({"bind", "rbind"} & set(opts))
+
+
+def _covering(mounts: list[Any], path: str) -> tuple[int, dict[str, Any]] | None:
+    """The mount that is on top at path's parent when runc gets to it: the last of the
+    spec's mounts at path or above it (a later one at or above hides an earlier)."""
+    for i in range(len(mounts) - 1, -1, -1):
+        m = mounts[i]
+        dest = m.get("destination") if isinstance(m, dict) else None
+        if not isinstance(dest, str) or not dest.startswith("/"):
+            continue
+        dest = os.path.normpath(dest)
+        if path == dest or path.startswith(dest.rstrip("/") + "/"):
+            return i, m
+    return None
+
+
+def _created_on(source: str, rel: str) -> str | None:
+    """The first path runc or the hook would create under the host directory source for
+    the container path source/rel, or None when all of it is already there. A symlink on
+    the way counts as created: where it leads in the container is not where it leads here."""
+    here = source
+    for part in rel.split("/"):
+        here = os.path.join(here, part)
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return here
+        if stat.S_ISLNK(st.st_mode):
+            return here
+    return None
+
+
+def check_host_binds(spec: dict[str, Any], edits: list[tuple[str, dict[str, Any]]],
+                     bundle: str | None = None) -> None:
+    """CdiError when a device node, mount target or link of the edits lies on a host
+    directory the spec binds into the container, and is not there yet: runc (nodes,
+    mount points, their parents) or the links hook would create it in the host's
+    directory. Legacy mode's hook refuses the same (nvctk.hook_worker)."""
+    mounts = spec.get("mounts")
+    if not isinstance(mounts, list) or not any(_is_host_bind(m) for m in mounts):
+        return  # the common case: nothing of the host's is bound in
+    for where, e in edits:
+        targets = [("deviceNode", n.get("path")) for n in e.get("deviceNodes", ())]
+        targets += [("mount", m.get("containerPath")) for m in e.get("mounts", ())]
+        targets += [("link", p) for h in e.get("hooks", ()) for p in _link_paths(h)]
+        for what, path in targets:
+            if not isinstance(path, str) or not path.startswith("/"):
+                continue
+            path = os.path.normpath(path)
+            found = _covering(mounts, path)
+            if found is None or not _is_host_bind(found[1]):
+                continue
+            i, m = found
+            dest = os.path.normpath(m["destination"])
+            source = m.get("source")
+            if not isinstance(source, str) or path == dest:
+                continue  # mounted over the bind itself: nothing made in it
+            if not source.startswith("/"):
+                source = os.path.join(bundle or ".", source)
+            if not os.path.isdir(source):
+                continue  # a file bound in: nothing can be created below it
+            made = _created_on(source, os.path.relpath(path, dest))
+            if made is not None:
+                raise CdiError(
+                    f"{where}: {what} {path} lies on the host directory {source} that the "
+                    f"spec's mounts[{i}] binds at {dest}: it would create {made} on the "
+                    "host; nvctk creates nothing on a host directory bound into a container "
+                    f"(bind it somewhere other than {dest})")

@@ -184,7 +184,7 @@ def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Reques
     _warn_unverified_record(spec, config, logger)
     spec_edits.remove_our_edits(spec, config.state_dir)
     removed = spec_edits.remove_nvidia_hooks(spec)
-    spec_edits.record_edits(spec, cdi.apply_edits(spec, resolved), config.state_dir)
+    spec_edits.record_edits(spec, cdi.apply_edits(spec, resolved, bundle), config.state_dir)
     oci.save_spec(bundle, spec)
     _remove_earlier_plan(bundle, logger)  # an earlier legacy create's: no hook reads it now
     return Prepared(None, removed, cdi_devices=request.cdi_devices)
@@ -262,8 +262,8 @@ def _log_handed_on(logger: Logger | None, error: SpecError) -> None:
 
 
 def _warn_unverified_record(spec: dict[str, Any], config: Config, logger: Logger | None) -> None:
-    """A CDI record without a valid MAC is ignored (spec_edits.remove_our_edits): say so."""
-    problem = spec_edits.cdi_record_problem(spec, config.state_dir)
+    """A record without a valid MAC is ignored (spec_edits.remove_our_edits): say so."""
+    problem = spec_edits.record_problem(spec, config.state_dir)
     if problem is not None and logger is not None:
         logger.warning(f"{oci.SPEC_FILE}: {problem}")
 

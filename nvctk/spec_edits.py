@@ -50,7 +50,7 @@ def apply(spec: dict[str, Any], plan: Plan, state_dir: str | None = None) -> tup
     edits.env = [f"{k}={v}" for k, v in plan.env.items()]
     if plan.vgpu is not None:  # no new user namespace: there it could mount over the cap's files
         seccomp.block_user_namespaces(spec, edits)
-    record_edits(spec, edits)
+    record_edits(spec, edits, state_dir)
     return edits, removed
 
 
@@ -179,19 +179,22 @@ class Edits(Record):
 
 
 def record_edits(spec: dict[str, Any], edits: Edits, state_dir: str | None = None) -> None:
-    """The record into the annotation; a CDI record (it may remove any entry) carries a
-    MAC keyed by <state_dir>/edits.key, so that no spec's author can forge one."""
+    """The record into the annotation, with a MAC keyed by <state_dir>/edits.key, so that
+    no spec's author can forge one: a record is what the next create removes, and only
+    a record nvctk provably wrote may take out more than NVIDIA access (see
+    remove_our_edits). A record without state_dir (tests, tools) has no MAC."""
     annotations = field(spec, "annotations", dict, "annotations")
     record: dict[str, Any] = {"devices": edits.devices, "rules": edits.rules, "env": edits.env}
     if edits.seccomp is not None:  # vGPU only: other GPU containers' records stay as they were
         record["seccomp"] = edits.seccomp
     if edits.cdi:  # CDI only: legacy records stay as they were
-        if state_dir is None:
-            raise ValueError("a CDI record needs the state dir of its key")
         record.update(cdi=True, mounts=edits.mounts, hooks=edits.hooks)
+    if state_dir is not None:
         key = edits_key(state_dir, create=True)
         assert key is not None  # create: made, or an error
         record["mac"] = _record_mac(record, key)
+    elif edits.cdi or edits.seccomp is not None:
+        raise ValueError("a CDI or vGPU record needs the state dir of its key")
     annotations[EDITS_ANNOTATION] = jsonio.dumps(record)
 
 
@@ -201,10 +204,13 @@ _KEY_BYTES = 32
 
 def _record_mac(record: dict[str, Any], key: bytes) -> str:
     """blake2b keyed MAC of the record's canonical JSON (without its "mac")."""
-    import hashlib  # CDI records only: the legacy create path never needs it
+    try:  # every GPU create signs its record: _blake2 alone imports in a sixth of hashlib's time
+        from _blake2 import blake2b
+    except ImportError:  # pragma: no cover - an interpreter without the module
+        from hashlib import blake2b
 
     body = jsonio.dumps({k: v for k, v in record.items() if k != "mac"}, sort_keys=True)
-    return hashlib.blake2b(body.encode(), key=key, digest_size=32).hexdigest()
+    return blake2b(body.encode(), key=key, digest_size=32).hexdigest()
 
 
 def edits_key(state_dir: str, create: bool = False) -> bytes | None:
@@ -254,10 +260,11 @@ def edits_key(state_dir: str, create: bool = False) -> bytes | None:
     return key
 
 
-def cdi_record_problem(spec: dict[str, Any], state_dir: str | None) -> str | None:
-    """Why the annotation's CDI record is not honoured (None: no CDI record, or one
-    whose MAC is valid): a record nvctk did not write could remove any hook, mount,
-    variable or device of the spec."""
+def record_problem(spec: dict[str, Any], state_dir: str | None) -> str | None:
+    """Why the annotation's record is not honoured in full (None: no record, or one whose
+    MAC is valid). A record nvctk did not write could otherwise remove any CDI hook,
+    mount, variable or device, nvctk's own seccomp rules from a profile that carried
+    them itself, or put back a rule nvctk never narrowed."""
     annotations = spec.get("annotations")
     if not isinstance(annotations, dict) or not isinstance(annotations.get(EDITS_ANNOTATION), str):
         return None
@@ -265,29 +272,45 @@ def cdi_record_problem(spec: dict[str, Any], state_dir: str | None) -> str | Non
         rec = jsonio.loads(annotations[EDITS_ANNOTATION])
     except (ValueError, RecursionError):
         return None  # edits_record_problem says so
-    if not isinstance(rec, dict) or "cdi" not in rec:
+    if not isinstance(rec, dict):
         return None
+    what = "a CDI record" if "cdi" in rec else "a record"
     where = f"annotations[{EDITS_ANNOTATION!r}]"
     mac = rec.get("mac")
     if not isinstance(mac, str):
-        return f"{where}: a CDI record without nvctk's MAC (not written by nvctk); ignored"
+        return f"{where}: {what} without nvctk's MAC (not written by nvctk); ignored"
     if state_dir is None:
-        return f"{where}: a CDI record nvctk cannot check (no config); ignored"
+        return f"{where}: {what} nvctk cannot check (no config); ignored"
     try:
         key = edits_key(state_dir)
     except SpecError as e:
-        return f"{where}: a CDI record nvctk cannot check ({e}); ignored"
+        return f"{where}: {what} nvctk cannot check ({e}); ignored"
     if key is None:
-        return f"{where}: a CDI record nvctk cannot check (no {EDITS_KEY_FILE} in {state_dir}); ignored"
-    import hmac
+        return f"{where}: {what} nvctk cannot check (no {EDITS_KEY_FILE} in {state_dir}); ignored"
+    try:  # hmac's own, without hmac's import of hashlib (every reused bundle's create)
+        from _operator import _compare_digest as compare_digest
+    except ImportError:  # pragma: no cover - an interpreter without it
+        from hmac import compare_digest
 
     try:
         good = _record_mac(rec, key)
     except (ValueError, RecursionError, TypeError):
-        return f"{where}: a CDI record nvctk cannot serialize; ignored"
-    if not hmac.compare_digest(good, mac):
-        return f"{where}: a CDI record with a wrong MAC (not written by nvctk); ignored"
+        return f"{where}: {what} nvctk cannot serialize; ignored"
+    if not compare_digest(good, mac):
+        return f"{where}: {what} with a wrong MAC (not written by nvctk); ignored"
     return None
+
+
+def cdi_record_problem(spec: dict[str, Any], state_dir: str | None) -> str | None:
+    """record_problem of a CDI record (None for any other): an unverified CDI record is
+    ignored whole, another one's NVIDIA nodes and rules still go (remove_our_edits)."""
+    annotations = spec.get("annotations")
+    raw = annotations.get(EDITS_ANNOTATION) if isinstance(annotations, dict) else None
+    try:
+        cdi = isinstance(raw, str) and "cdi" in jsonio.loads(raw)
+    except (ValueError, RecursionError, TypeError):
+        return None  # edits_record_problem says so
+    return record_problem(spec, state_dir) if cdi else None
 
 
 def has_our_edits(spec: dict[str, Any]) -> bool:
@@ -391,14 +414,16 @@ def remove_our_edits(spec: dict[str, Any], state_dir: str | None = None) -> None
     """Take out what an earlier create added: nvctk's prestart/poststop hooks, and the
     device nodes, allow rules and env entries its annotation records (only of the
     shapes nvctk adds: see OUR_ENV_PREFIXES). Everyone else's entries stay in order.
-    A CDI record is acted on only with a valid MAC (cdi_record_problem, keyed in
-    state_dir); any other record with "cdi" is ignored whole."""
+    A record is acted on in full only with a valid MAC (record_problem, keyed in
+    state_dir). Of any other, only what can only take NVIDIA access away is: its
+    /dev/nvidia* nodes and their allow rules, never a variable, a seccomp rule or
+    (a record with "cdi") anything."""
     # emptied lists and objects stay: a GPU create that follows then refills them in
     # place, and writes the same bytes as the first create did
-    unverified = cdi_record_problem(spec, state_dir) is not None
+    unverified = record_problem(spec, state_dir) is not None
     rec = _recorded(spec.get("annotations"))
     if unverified:
-        rec = {}
+        rec = {} if "cdi" in rec else {k: rec[k] for k in ("devices", "rules") if k in rec}
     # a CDI spec's entries are any device, variable or access: removing them still only
     # takes away what the record says this create's request added
     cdi = rec.get("cdi") is True

@@ -501,3 +501,138 @@ def test_forged_cdi_record_in_a_create(env: Env, spec_dir: Path, envvars: list[s
     s = json.loads(after)
     _users_entries_stay(s)
     assert "not written by nvctk" in Path(env.sim.root, "nvctk.log").read_text()
+
+
+# --- nothing created on a host directory bound into the container (issue 17, family 3) ---
+
+_LIB = "/usr/lib/x86_64-linux-gnu"
+
+
+def _bind_host_dir(b: Path, host: Path, at: str, *, ro: bool = False, after: list[Any] | None = None
+                   ) -> None:
+    spec = json.loads((b / "config.json").read_text())
+    opts = ["rbind", "ro" if ro else "rw"]
+    spec["mounts"].append({"destination": at, "type": "bind", "source": str(host), "options": opts})
+    spec["mounts"] += after or []
+    (b / "config.json").write_text(json.dumps(spec))
+
+
+def _host_dir(tmp: Path) -> Path:
+    d = tmp / "host-dir"
+    d.mkdir()
+    (d / "keep").write_text("the host's\n")
+    return d
+
+
+@pytest.mark.parametrize(("at", "what"), [
+    (_LIB, "mount /usr/lib/x86_64-linux-gnu/"),       # the libraries (40 files before)
+    ("/usr", "mount /usr/"),                           # parents too: lib/x86_64-linux-gnu/...
+    ("/usr/bin", "mount /usr/bin/"),                   # the binaries
+    ("/usr/share", "mount /usr/share/"),               # ICD and EGL files
+    ("/run", "mount /run/"),                           # persistenced's and fabricmanager's sockets
+    ("/dev", "deviceNode /dev/nvidia"),                # runc's mknod
+], ids=["lib", "usr", "bin", "share", "run", "dev"])
+@pytest.mark.parametrize("ro", [False, True], ids=["rw", "ro"])
+def test_cdi_create_refuses_to_create_on_a_bound_host_dir(env: Env, spec_dir: Path, at: str,
+                                                          what: str, ro: bool) -> None:
+    """Before: runc made the CDI mounts' mount points (40 empty files at the library
+    dir) in the host's directory; legacy mode's hook refuses the same start."""
+    from test_hostile_input import assert_clean_failure
+    from test_mount import snapshot as tree
+
+    shutil.copytree(spec_dir, env.tmp / "cdi")
+    host = _host_dir(env.tmp)
+    b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"])
+    _bind_host_dir(b, host, at, ro=ro)
+    before, spec_before = tree(host), snapshot(b / "config.json")
+    r = env.run(*create_argv(env, b))
+    assert_clean_failure(env, r, f"lies on the host directory {host}")
+    assert what in r.stderr, r.stderr
+    assert "nvctk creates nothing on a host directory bound into a container" in r.stderr
+    assert tree(host) == before
+    assert snapshot(b / "config.json") == spec_before
+
+
+def test_cdi_create_refuses_a_link_on_a_bound_host_dir(env: Env, spec_dir: Path) -> None:
+    """Every mount target already in the host's directory: the links hook would still
+    create libcuda.so there."""
+    from test_hostile_input import assert_clean_failure
+
+    shutil.copytree(spec_dir, env.tmp / "cdi")
+    host = _host_dir(env.tmp)
+    spec = cdi.load_spec_file(str(spec_dir / "nvidia.yaml"))
+    edits = [spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])]
+    for e in edits:
+        for m in e.get("mounts", ()):
+            if m["containerPath"].startswith(_LIB + "/"):
+                (host / os.path.relpath(m["containerPath"], _LIB)).touch()
+    b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"])
+    _bind_host_dir(b, host, _LIB)
+    r = env.run(*create_argv(env, b))
+    assert_clean_failure(env, r, f"link {_LIB}/libcuda.so lies on the host directory {host}")
+    for e in edits:  # nothing left to create there: the create goes ahead
+        for h in e.get("hooks", ()):
+            for link in cdi._link_paths(h):
+                if link.startswith(_LIB + "/"):
+                    (host / os.path.relpath(link, _LIB)).touch()
+    r = env.run(*create_argv(env, b))
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("cover", ["tmpfs", "bind-of-a-fresh-dir"])
+def test_cdi_create_is_fine_when_something_else_covers_the_bind(env: Env, spec_dir: Path,
+                                                                cover: str) -> None:
+    """A later mount at the same place hides the host's directory: runc creates the
+    mount points on that one."""
+    shutil.copytree(spec_dir, env.tmp / "cdi")
+    host = _host_dir(env.tmp)
+    fresh = env.tmp / "fresh"
+    fresh.mkdir()
+    over: dict[str, Any] = ({"destination": _LIB, "type": "tmpfs", "source": "tmpfs"}
+                            if cover == "tmpfs" else
+                            {"destination": "/usr", "type": "tmpfs", "source": "tmpfs"})
+    b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"])
+    _bind_host_dir(b, host, _LIB, after=[over])
+    r = env.run(*create_argv(env, b))
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(host)) == ["keep"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
+                    reason="needs root and runc")
+@pytest.mark.parametrize("mode", ["cdi", "legacy"])
+def test_real_runc_creates_nothing_on_a_bound_host_dir(sim_host: SimHost, spec_dir: Path,
+                                                       tmp_path: Path, mode: str) -> None:
+    """Both modes, end to end: the start is refused and the host directory holds what
+    it held."""
+    from test_mount import snapshot as tree
+
+    from nvctk.sim.rootfs import build_rootfs
+
+    rootfs = build_rootfs(str(tmp_path / "rootfs"))
+    host = _host_dir(tmp_path)
+    base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
+    (tmp_path / "c.toml").write_text(_with(base, mode=f'"{mode}"'))
+    b = tmp_path / "b"
+    b.mkdir()
+    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+    spec = json.loads((b / "config.json").read_text())
+    spec["root"] = {"path": rootfs, "readonly": False}
+    spec["process"].update(terminal=False, args=["true"],
+                           env=["PATH=/usr/bin:/bin:/sbin", "NVIDIA_VISIBLE_DEVICES=0"])
+    spec["mounts"].append({"destination": _LIB, "type": "bind", "source": str(host),
+                           "options": ["rbind", "rw"]})
+    (b / "config.json").write_text(json.dumps(spec))
+    before = tree(host)
+    cid = "nvctk-cdi-bind-" + uuid.uuid4().hex[:8]
+    root = tmp_path / "runc-root"
+    try:
+        r = subprocess.run([RUNTIME, "--root", str(root), "run", "--bundle", str(b), cid],
+                           env={**os.environ, "NVCTK_CONFIG": str(tmp_path / "c.toml")},
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert r.returncode != 0, r.stdout + r.stderr
+        assert tree(host) == before
+    finally:
+        subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
+                       capture_output=True, timeout=60)

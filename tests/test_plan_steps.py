@@ -9,6 +9,7 @@ the edits they must give.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -193,16 +194,17 @@ def test_apply_puts_exactly_the_plan_into_the_spec() -> None:
     assert edits.env == ["NVCTK_X=1"]
 
 
-def test_apply_twice_is_applying_once_and_a_smaller_plan_takes_the_rest_out() -> None:
+def test_apply_twice_is_applying_once_and_a_smaller_plan_takes_the_rest_out(tmp_path: Path) -> None:
     big = Plan(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE, POST),
                env={"NVCTK_X": "1"})
     once = base_spec()
-    spec_edits.apply(once, big)
+    state = str(tmp_path / "state")  # the key of the record's MAC: an unsigned env entry stays
+    spec_edits.apply(once, big, state)
     twice = json.loads(json.dumps(once))
-    spec_edits.apply(twice, big)
+    spec_edits.apply(twice, big, state)
     assert twice == once
     small = Plan(V, ("utility",), ("GPU-aaaa",), hooks=(PRE,))
-    spec_edits.apply(twice, small)
+    spec_edits.apply(twice, small, state)
     assert twice["process"]["env"] == ["PATH=/bin", "A=1"]
     assert twice["linux"]["devices"] == [] and twice["linux"]["resources"]["devices"] == []
     assert twice["hooks"]["poststop"] == []  # the vGPU's poststop went with the vGPU

@@ -434,20 +434,121 @@ def test_a_rule_the_user_also_has_is_theirs(bundles: Bundles, attack: Path,
 
 
 def test_edit_record_can_only_take_our_rules_out() -> None:
-    """A forged record removes none of the user's rules and puts nothing back that nvctk
-    did not narrow; a profile with more in it than nvctk's own stays."""
+    """A forged record (no MAC) removes no seccomp rule at all, nvctk's included, and
+    puts nothing back; a profile that holds only nvctk's rules stays too."""
     mine = {"names": ["ptrace"], "action": "SCMP_ACT_ERRNO"}
     allow = {"names": ["unshare", "getpid"], "action": "SCMP_ACT_ALLOW"}
+    syscalls = [mine, *nvseccomp.userns_rules()]
     spec: dict[str, Any] = {
         "linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ARCHES,
-                              "syscalls": [mine, *nvseccomp.userns_rules()]}},
+                              "syscalls": copy.deepcopy(syscalls)}},
         "annotations": {spec_edits.EDITS_ANNOTATION: json.dumps({
             "devices": [], "rules": [], "env": [],
             "seccomp": {"created": True, "syscalls": [mine, *nvseccomp.userns_rules()],
                         "replaced": [[0, allow, [mine]], [1, "x", []], "junk"]}})},
     }
     spec_edits.remove_our_edits(spec)
-    assert spec["linux"]["seccomp"]["syscalls"] == [mine]
+    assert spec["linux"]["seccomp"]["syscalls"] == syscalls
+
+
+# --- a forged record (issue 17, family 3): removal takes only what nvctk provably added ---
+
+def _narrowed_unshare() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """An allow rule for unshare, and what nvctk narrows it to."""
+    rule = {"names": ["unshare"], "action": "SCMP_ACT_ALLOW"}
+    new = nvseccomp._narrowed(rule, "", os.uname().machine)
+    assert new is not None
+    return rule, new
+
+
+def _forgeries() -> dict[str, tuple[list[Any], dict[str, Any]]]:
+    """Forged records against a profile that carries its own rules: (the spec's
+    syscalls, the record's seccomp part). Each, if honoured, lets a new user namespace
+    through: nvctk's rules taken out, a narrowed rule widened back, the profile dropped."""
+    ours = nvseccomp.userns_rules()
+    rule, narrowed = _narrowed_unshare()
+    return {
+        "our-rules-out": (copy.deepcopy(ours), {"created": False, "syscalls": ours, "replaced": []}),
+        "one-rule-out": (copy.deepcopy(ours), {"created": False, "syscalls": ours[:1],
+                                               "replaced": []}),
+        "narrowed-widened": ([*copy.deepcopy(narrowed), *copy.deepcopy(ours)],
+                             {"created": False, "syscalls": [],
+                              "replaced": [[0, rule, narrowed]]}),
+        "profile-dropped": (copy.deepcopy(ours), {"created": True, "syscalls": ours,
+                                                  "replaced": []}),
+    }
+
+
+FORGERIES = list(_forgeries())
+
+
+def _forge(b: Path, name: str, mac: str | None = None) -> dict[str, Any]:
+    syscalls, rec = _forgeries()[name]
+    spec = spec_of(b)
+    spec["linux"]["seccomp"] = {"defaultAction": "SCMP_ACT_ALLOW", "architectures":
+                                list(nvseccomp._SECCOMP_ARCHES.get(os.uname().machine, ())),
+                                "syscalls": syscalls}
+    record: dict[str, Any] = {"devices": [], "rules": [], "env": [], "seccomp": rec}
+    if mac is not None:
+        record["mac"] = mac
+    spec.setdefault("annotations", {})[spec_edits.EDITS_ANNOTATION] = json.dumps(record)
+    (b / "config.json").write_text(json.dumps(spec, indent="\t"))
+    return spec["linux"]["seccomp"]
+
+
+@pytest.mark.parametrize("gpu", ["void", "0-no-limit", "0-capped"])
+@pytest.mark.parametrize("name", FORGERIES)
+@pytest.mark.parametrize("mac", [None, "0" * 64])
+def test_a_forged_record_takes_no_seccomp_rule_out(
+        name: str, gpu: str, mac: str | None, bundles: Bundles, attack: Path,
+        config: nvconfig.Config, tmp_path: Path) -> None:
+    """Before: nvctk deleted the rules a spec carried itself when its annotation listed
+    them, in a no-GPU container too; unshare(CLONE_NEWUSER) then succeeded."""
+    env = {NVD: "void"} if gpu == "void" else {MEM: "512m"} if gpu == "0-capped" else {}
+    b = make(bundles, attack, env)
+    if gpu == "0-capped":
+        _prep(b, config, tmp_path)  # the key exists: a wrong MAC is checked, not just absent
+    own = _forge(b, name, mac)
+    _prep(b, config, tmp_path)
+    spec = spec_of(b)
+    kept = spec["linux"]["seccomp"]["syscalls"]
+    for rule in own["syscalls"]:
+        assert rule in kept, (name, rule, kept)
+    assert "SCMP_ACT_ALLOW" not in [r["action"] for r in kept if "unshare" in r["names"]
+                                    and not r.get("args")]
+
+
+def test_our_own_record_still_takes_our_rules_out(bundles: Bundles, attack: Path,
+                                                  config: nvconfig.Config, tmp_path: Path) -> None:
+    """The record nvctk wrote (MAC'd with the state dir's key) is honoured in full."""
+    rule, narrowed = _narrowed_unshare()
+    own = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [rule]}
+    b = make(bundles, attack, {MEM: "512m"}, seccomp=copy.deepcopy(own))
+    _prep(b, config, tmp_path)
+    capped = spec_of(b)
+    assert capped["linux"]["seccomp"]["syscalls"][:len(narrowed)] == narrowed
+    assert "mac" in json.loads(capped["annotations"][spec_edits.EDITS_ANNOTATION])
+    _set(b, **{NVD: "void", MEM: None})
+    _prep(b, config, tmp_path)
+    assert spec_of(b)["linux"]["seccomp"] == own
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gpu", ["void", "0"])
+@pytest.mark.parametrize("name", ["our-rules-out", "narrowed-widened"])
+def test_a_forged_record_does_not_open_user_namespaces(name: str, gpu: str, runc: Runc,
+                                                       bundles: Bundles, attack: Path) -> None:
+    """End to end: a container (no GPU, or a GPU without a limit) whose own profile
+    carries nvctk's rules, with a forged record of them: before, nvctk took the rules
+    out and unshare(CLONE_NEWUSER) succeeded."""
+    script = "\n".join(f"out=$(userns_attack {w} /bin/true); echo \"{w}: $out (rc $?)\""
+                       for w in WAYS) + "\n"
+    b = make(bundles, attack, {NVD: gpu}, script=script)
+    _forge(b, name)
+    r = runc.run(b)
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    assert [x for x in out.splitlines() if x.split(":")[0] in WAYS] == refused_output(), out
 
 
 @pytest.mark.parametrize(("seccomp", "where"), [
