@@ -684,8 +684,8 @@ def _link_paths(hook: dict[str, Any]) -> list[str]:
 def _is_host_bind(m: Any) -> bool:
     if not isinstance(m, dict):
         return False
-    opts = m.get("options") if isinstance(m.get("options"), list) else []
-    return m.get("type") == "bind" or bool({"bind", "rbind"} & set(opts))
+    opts = m.get("options")
+    return m.get("type") == "bind" or (isinstance(opts, list) and bool({"bind", "rbind"} & set(opts)))
 
 
 def _covering(mounts: list[Any], path: str) -> tuple[int, dict[str, Any]] | None:

@@ -290,7 +290,7 @@ def record_problem(spec: dict[str, Any], state_dir: str | None) -> str | None:
     try:  # hmac's own, without hmac's import of hashlib (every reused bundle's create)
         from _operator import _compare_digest as compare_digest
     except ImportError:  # pragma: no cover - an interpreter without it
-        from hmac import compare_digest
+        from hmac import compare_digest  # type: ignore[no-redef]
 
     try:
         good = _record_mac(rec, key)
