@@ -426,6 +426,24 @@ def spec_files(spec_dirs: tuple[str, ...]) -> tuple[list[str], list[str]]:
     return list(files.values()), problems
 
 
+def check_vendors(names: tuple[str, ...], vendors: tuple[str, ...], source: str) -> None:
+    """RequestError for a name whose vendor is not one of vendors (config cdi-vendors):
+    a container's env, annotations or device mounts name devices of those vendors only.
+    Another vendor's spec may bind any host path read-write into the container; the
+    engine (containerd, podman) applies such devices itself, where its operator asked."""
+    from nvctk.errors import RequestError
+    from nvctk.request import parse_qualified
+
+    for n in names:
+        parts = parse_qualified(n)
+        vendor = parts[0] if parts else ""
+        if vendor not in vendors:
+            raise RequestError(
+                f"CDI device {clipped(n, 200)} (from {source}): vendor {shown(vendor)} is not one "
+                f"nvctk applies devices of (cdi-vendors = {list(vendors)} in the nvctk config; "
+                "an operator adds a vendor there)")
+
+
 def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...]) -> list[Resolved]:
     """Each qualified name's device from the specs in spec_dirs (read with
     load_spec_file, as `nvctk cdi list` does). CdiError for a name no readable spec

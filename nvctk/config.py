@@ -62,6 +62,7 @@ class Config(FrozenRecord):
         "extra_mounts",
         "mode",
         "cdi_spec_dirs",
+        "cdi_vendors",
         "path",  # the file this came from ("" = defaults); not part of equality
     )
 
@@ -80,6 +81,7 @@ class Config(FrozenRecord):
     extra_mounts: tuple[ExtraMount, ...]
     mode: str
     cdi_spec_dirs: tuple[str, ...]
+    cdi_vendors: tuple[str, ...]
     path: str
 
     def __init__(
@@ -99,6 +101,7 @@ class Config(FrozenRecord):
         extra_mounts: tuple[ExtraMount, ...] = (),
         mode: str = "legacy",
         cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi"),
+        cdi_vendors: tuple[str, ...] = ("nvidia.com", "nvctk.org"),
         path: str = "",
     ) -> None:
         init = object.__setattr__
@@ -117,6 +120,7 @@ class Config(FrozenRecord):
         init(self, "extra_mounts", extra_mounts)
         init(self, "mode", mode)
         init(self, "cdi_spec_dirs", cdi_spec_dirs)
+        init(self, "cdi_vendors", cdi_vendors)
         init(self, "path", path)
 
     def _values(self) -> tuple[Any, ...]:
@@ -149,6 +153,8 @@ _DOC: dict[str, str] = {
     "mode": "legacy: nvctk's prestart hook mounts the driver; cdi: the devices' edits from the "
             "CDI specs (also chosen by a qualified name such as nvidia.com/gpu=0)",
     "cdi-spec-dirs": "where CDI spec files (*.json, *.yaml) are read from; a file in a later dir replaces one of the same name in an earlier dir",
+    "cdi-vendors": "the CDI vendors whose devices a container may name (env, annotations, device mounts): "
+                   "another vendor's devices, with their host mounts, are the engine's to apply",
 }
 
 
@@ -231,6 +237,15 @@ def _check_string(key: str, value: str, where: str) -> None:
         raise ConfigError(f"{where}: {key} must be an absolute path or empty, not {shown(value)}")
     if key in ("runtimes", "supported-capabilities") and not value:
         raise ConfigError(f"{where}: {key} must not hold an empty string")
+    if key == "cdi-vendors" and not _cdi_vendor_ok(value):
+        raise ConfigError(f"{where}: cdi-vendors entries must be CDI vendor names such as "
+                          f"nvidia.com (ASCII letters, digits and _-.), not {shown(value)}")
+
+
+def _cdi_vendor_ok(text: str) -> bool:
+    # CDI's rule for a vendor (nvctk.request._cdi_part_ok; not imported: config loads first)
+    return bool(text) and all(c.isascii() and (c.isalnum() or c in "_-.") for c in text) \
+        and text[0].isalnum() and text[-1].isalnum()
 
 
 def _extra_mount(item: Any, where: str) -> ExtraMount:

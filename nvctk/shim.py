@@ -180,6 +180,7 @@ def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Reques
                            '"legacy" for a limited GPU')
     spec_edits.check_editable(spec)
     oci.check_rewritable(spec, data)
+    cdi.check_vendors(request.cdi_devices, config.cdi_vendors, request.source)
     resolved = cdi.resolve(request.cdi_devices, config.cdi_spec_dirs)
     _warn_unverified_record(spec, config, logger)
     spec_edits.remove_our_edits(spec, config.state_dir)

@@ -636,3 +636,65 @@ def test_real_runc_creates_nothing_on_a_bound_host_dir(sim_host: SimHost, spec_d
     finally:
         subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
                        capture_output=True, timeout=60)
+
+
+# --- CDI vendors a container may name (issue 17, family 3) ---------------------------------
+
+_NET = {"cdiVersion": "0.5.0", "kind": "example.com/net",
+        "devices": [{"name": "eth", "containerEdits": {"mounts": [
+            {"hostPath": "/", "containerPath": "/host", "options": ["rbind", "rw"]}]}}]}
+
+
+def _net_spec(env: Env, spec_dir: Path) -> None:
+    shutil.copytree(spec_dir, env.tmp / "cdi")
+    (env.tmp / "cdi" / "net.json").write_text(json.dumps(_NET))
+
+
+@pytest.mark.parametrize(("envvars", "annotations", "mounts", "source"), [
+    (["NVIDIA_VISIBLE_DEVICES=example.com/net=eth"], {}, [], "NVIDIA_VISIBLE_DEVICES"),
+    (["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0,example.com/net=eth"], {}, [],
+     "NVIDIA_VISIBLE_DEVICES"),
+    (["NVIDIA_VISIBLE_DEVICES=NVIDIA.COM/gpu=0"], {}, [], "NVIDIA_VISIBLE_DEVICES"),
+    (["NVIDIA_VISIBLE_DEVICES=nvidia.com.example.com/gpu=0"], {}, [], "NVIDIA_VISIBLE_DEVICES"),
+    ([], {"cdi.k8s.io/x": "example.com/net=eth"}, [], "annotation cdi.k8s.io/x"),
+    ([], {}, ["example.com/net=eth"], "/var/run/nvidia-container-devices mounts"),
+], ids=["env", "env-mixed", "env-case", "env-lookalike", "annotation", "device-mount"])
+def test_another_vendors_device_is_refused(env: Env, spec_dir: Path, envvars: list[str],
+                                           annotations: dict[str, str], mounts: list[str],
+                                           source: str) -> None:
+    """Before: example.com/net=eth from the env bound the host's / read-write."""
+    from test_hostile_input import assert_clean_failure
+
+    _net_spec(env, spec_dir)
+    if mounts:
+        env.config.write_text(_with(env.config.read_text(), accept_volume_mount_devices="true"))
+    b = _bundle(env.tmp, envvars)
+    spec = json.loads((b / "config.json").read_text())
+    spec["annotations"] = annotations
+    spec["mounts"] += [{"destination": f"/var/run/nvidia-container-devices/{m}", "type": "bind",
+                        "source": "/dev/null", "options": ["bind"]} for m in mounts]
+    (b / "config.json").write_text(json.dumps(spec))
+    before = snapshot(b / "config.json")
+    r = env.run(*create_argv(env, b))
+    assert_clean_failure(env, r, f"(from {source}): vendor ")
+    assert "is not one nvctk applies devices of (cdi-vendors = ['nvidia.com', 'nvctk.org']" \
+        in r.stderr, r.stderr
+    assert snapshot(b / "config.json") == before
+
+
+def test_an_operator_can_allow_another_vendor(env: Env, spec_dir: Path) -> None:
+    _net_spec(env, spec_dir)
+    env.config.write_text(_with(env.config.read_text(),
+                                cdi_vendors='["nvidia.com", "example.com"]'))
+    b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=example.com/net=eth"])
+    r = env.run(*create_argv(env, b))
+    assert r.returncode == 0, r.stderr
+    mounts = json.loads((b / "config.json").read_text())["mounts"]
+    assert {"destination": "/host", "source": "/", "options": ["rbind", "rw"],
+            "type": "bind"} in mounts
+
+
+@pytest.mark.parametrize("value", ['["nvidia.com/gpu"]', '[""]', '["a b"]', '"nvidia.com"'])
+def test_cdi_vendors_key_is_checked(value: str) -> None:
+    with pytest.raises(ConfigError, match="cdi-vendors"):
+        parse(f"cdi-vendors = {value}\n", "c.toml")
