@@ -267,26 +267,13 @@ def dump(spec: dict[str, Any], fmt: Literal["yaml", "json"]) -> bytes:
 
 
 def write_spec(path: str, data: bytes) -> None:
-    """Atomically, mode 0644 (runtimes read it as any user). Only a regular file (or
-    nothing) is replaced: the rename would otherwise put a file in place of a device
-    node (`--output /dev/null`), a FIFO or a socket; a symlink is not followed."""
-    import stat
-
-    d = os.path.dirname(os.path.abspath(path))
+    """Atomically, mode 0644 (runtimes read it as any user); only a regular file (or
+    nothing) is replaced (fileio.replace_regular_file)."""
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise CdiError(f"cannot write {path}: {e.strerror or e}")
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        what = "a directory" if stat.S_ISDIR(st.st_mode) else (
-            "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a device, FIFO or socket")
-        raise CdiError(f"cannot write {path}: it is {what}, not a regular file; "
-                       "left untouched")
-    try:
-        os.makedirs(d, exist_ok=True)
-        fileio.atomic_write(path, data, 0o644)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fileio.replace_regular_file(path, data, 0o644)
+    except fileio.NotRegularFile as e:
+        raise CdiError(f"cannot write {e}")
     except OSError as e:
         raise CdiError(f"cannot write {path}: {e.strerror or e}")
 

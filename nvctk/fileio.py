@@ -118,3 +118,32 @@ def atomic_write(path: str, data: bytes, mode: int | None = None, *,
         pass  # some filesystems refuse fsync on directories; the rename itself is done
     finally:
         os.close(dfd)
+
+
+def kind_of(mode: int) -> str:
+    """What a file of this st_mode is, for a message ("a directory", "a character device")."""
+    import stat  # operator tools only
+
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def replace_regular_file(path: str, data: bytes, mode: int = 0o644) -> None:
+    """atomic_write for a file an operator named (`--output`, a tool's own file): only a
+    regular file, or nothing, is replaced. The rename would otherwise put a file in
+    place of a device node (`--output /dev/null`), a FIFO, a socket or a directory, or
+    replace a symlink rather than follow it; NotRegularFile says which, and the path is
+    left untouched. The one refusal rule of every nvctk command that writes such a file."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and (st.st_mode & 0o170000) != 0o100000:
+        raise NotRegularFile(f"{path}: it is {kind_of(st.st_mode)}, not a regular file; "
+                             "nvctk replaces only a regular file, and left it untouched")
+    atomic_write(path, data, mode)

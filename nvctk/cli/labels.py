@@ -26,7 +26,11 @@ def labels(output: str | None, config_file: str | None) -> None:
     if output is None:
         click.echo(lb.format_labels(out), nl=False)
     else:
+        from nvctk.fileio import NotRegularFile
+
         try:
             lb.write_labels(output, out)
+        except NotRegularFile as e:
+            raise click.ClickException(f"cannot write {e}")
         except OSError as e:
             raise click.ClickException(f"{output}: cannot write: {e.strerror or e}")

@@ -3,9 +3,7 @@ Node Feature Discovery `features.d` file (`key=value` lines)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-
+from nvctk import fileio
 from nvctk.deviceplugin.config import PluginConfig
 from nvctk.inventory import HostInfo
 
@@ -84,16 +82,6 @@ def format_labels(labels: dict[str, str]) -> str:
 
 
 def write_labels(path: str, labels: dict[str, str]) -> None:
-    """Atomically (NFD may read the file at any time), mode 0644."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".nvctk-labels-", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(format_labels(labels))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Atomically (NFD may read the file at any time), mode 0644; only a regular file
+    (or nothing) is replaced (fileio.replace_regular_file: NotRegularFile otherwise)."""
+    fileio.replace_regular_file(path, format_labels(labels).encode(), 0o644)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -17,11 +18,13 @@ from typing import Any
 
 import grpc
 
+from nvctk import fileio
 from nvctk.deviceplugin import DEFAULT_KUBELET_DIR, proto
 from nvctk.deviceplugin import allocate as alloc
 from nvctk.deviceplugin.config import PluginConfig
 from nvctk.deviceplugin.health import Health, XidWatcher
 from nvctk.deviceplugin.resources import Resource
+from nvctk.errors import NvctkError
 from nvctk.inventory import HostInfo
 
 API_VERSION = "v1beta1"
@@ -118,14 +121,34 @@ class Plugin:
 
     def start(self) -> None:
         self.stopping.clear()
-        if os.path.lexists(self.path):
-            os.unlink(self.path)
+        self._remove_socket()
         # one worker per concurrent stream plus a few for unary calls
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         pb_grpc.add_DevicePluginServicer_to_server(self.servicer, self.server)
-        if not self.server.add_insecure_port("unix://" + self.path):
-            raise OSError(f"cannot listen on {self.path}")
+        try:
+            port = self.server.add_insecure_port("unix://" + self.path)
+        except RuntimeError:  # grpc raises this where it cannot bind the path
+            port = 0
+        if not port:
+            self.server = None
+            raise NvctkError(f"{self.path}: cannot listen there (is {self.kubelet_dir} a "
+                             "writable directory?)")
         self.server.start()
+
+    def _remove_socket(self) -> None:
+        """A socket at the plugin's path goes (an earlier run's, or one the kubelet left);
+        anything else there is not the plugin's to remove: a clear error, left as it is."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise NvctkError(f"{self.path}: {e.strerror}")
+        if not stat.S_ISSOCK(st.st_mode):
+            raise NvctkError(f"{self.path}: it is {fileio.kind_of(st.st_mode)}, not a socket; "
+                             f"the device plugin listens there for {self.res.name} and removes "
+                             "only a socket (move it away)")
+        os.unlink(self.path)
 
     def register(self) -> None:
         sock = os.path.join(self.kubelet_dir, KUBELET_SOCKET)
@@ -143,10 +166,12 @@ class Plugin:
         if self.server is not None:
             self.server.stop(grace=0.5).wait()
             self.server = None
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+            try:
+                st = os.lstat(self.path)
+                if stat.S_ISSOCK(st.st_mode):  # ours; a directory put there since is not
+                    os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
 
 def _sock_id(path: str) -> tuple[int, int] | None:
