@@ -279,3 +279,75 @@ def test_labels() -> None:
     m = labels.node_labels(MIG, cfg(flags={"migStrategy": "mixed"}))
     assert m["nvidia.com/mig-2g.20gb.count"] == "1"
     assert m["nvidia.com/gpu.sharing-strategy"] == "none"
+
+
+# --- colliding resource names (issue 17, family 5) --------------------------------------------
+
+_MIXED = {"migStrategy": "mixed"}
+_TS = "sharing.timeSlicing.resources"
+
+
+@pytest.mark.parametrize(("flags", "sharing", "fields"), [
+    # a vGPU resource named like a MIG one: the MIG devices were never advertised
+    (_MIXED, {"vgpu": {"replicas": 2, "resourceName": "nvidia.com/mig-1g.10gb"}},
+     ["sharing.vgpu.resourceName", "MIG resource"]),
+    ({}, {"vgpu": {"replicas": 2, "resourceName": "nvidia.com/mig-3g.40gb"}},
+     ["sharing.vgpu.resourceName", "MIG resource"]),
+    (_MIXED, {"mps": {"coreResource": "nvidia.com/mig-2g.20gb"}},
+     ["sharing.mps.coreResource", "MIG resource"]),
+    (_MIXED, {"mps": {"memoryResource": "nvidia.com/mig-1g.10gb"}},
+     ["sharing.mps.memoryResource", "MIG resource"]),
+    # two renames to one name
+    (_MIXED, {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 2, "rename": "example.com/shared"},
+        {"name": "nvidia.com/mig-1g.10gb", "replicas": 2, "rename": "example.com/shared"}]}},
+     [f"{_TS}[1].rename", f"{_TS}[0].rename"]),
+    # a rename onto another entry that keeps its name
+    (_MIXED, {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/mig-1g.10gb", "replicas": 2},
+        {"name": "nvidia.com/mig-2g.20gb", "replicas": 2, "rename": "nvidia.com/mig-1g.10gb"}]}},
+     [f"{_TS}[1].rename", f"{_TS}[0].name"]),
+    # time-slicing names colliding with mig-*
+    (_MIXED, {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 2, "rename": "nvidia.com/mig-3g.40gb"}]}},
+     [f"{_TS}[0].rename", "MIG resource"]),
+    # onto the whole GPUs, which keep their name
+    (_MIXED, {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/mig-1g.10gb", "replicas": 2, "rename": "nvidia.com/gpu"}]}},
+     [f"{_TS}[0].rename", "whole GPUs"]),
+    # renameByDefault's name taken by an explicit rename
+    (_MIXED, {"timeSlicing": {"renameByDefault": True, "resources": [
+        {"name": "nvidia.com/gpu", "replicas": 2},
+        {"name": "nvidia.com/mig-1g.10gb", "replicas": 2, "rename": "nvidia.com/gpu.shared"}]}},
+     [f"{_TS}[1].rename", f"{_TS}[0].name (renameByDefault"]),
+], ids=["vgpu-as-mig-mixed", "vgpu-as-mig-none", "mps-core-as-mig", "mps-memory-as-mig",
+        "two-renames", "rename-onto-kept", "ts-as-mig", "ts-onto-gpu", "ts-onto-default"])
+def test_colliding_resource_names_are_refused_at_load(tmp_path: Path, flags: dict[str, Any],
+                                                      sharing: dict[str, Any],
+                                                      fields: list[str]) -> None:
+    """Before: accepted, and one of the two resources' devices was never advertised."""
+    import yaml
+
+    p = tmp_path / "dp.yaml"
+    p.write_text(yaml.safe_dump({"version": "v1", "flags": flags, "sharing": sharing}))
+    with pytest.raises(ConfigError) as e:
+        dpconfig.load(str(p))
+    assert str(e.value).startswith(f"{p}: "), e.value
+    for f in fields:
+        assert f in str(e.value), e.value
+
+
+@pytest.mark.parametrize("sharing", [
+    {"vgpu": {"replicas": 2, "resourceName": "nvidia.com/gpu"}},
+    {"mps": {"coreResource": "nvidia.com/gpu"}},
+    {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 2, "rename": "nvidia.com/gpu2"},
+        {"name": "nvidia.com/mig-1g.10gb", "replicas": 2, "rename": "nvidia.com/gpu"}]}},
+    {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/mig-1g.10gb", "replicas": 2,
+         "rename": "nvidia.com/mig-1g.10gb.shared"}]}},
+], ids=["vgpu-takes-gpu", "mps-takes-gpu", "swap", "mig-shared"])
+def test_names_that_replace_what_they_share_are_fine(sharing: dict[str, Any]) -> None:
+    c = cfg(flags=_MIXED, sharing=sharing)
+    names = [r.name for r in resources.build(c, MIG)]
+    assert len(names) == len(set(names)), names

@@ -182,7 +182,58 @@ def parse(data: Any, source: str = "config") -> PluginConfig:
         if kw["mps_core_resource"] == kw["mps_memory_resource"]:
             raise ConfigError(f"{source}: sharing.mps: coreResource and memoryResource "
                               "must differ")
+    _check_names(kw, source)
     return PluginConfig(**kw)
+
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"  # + a MIG profile: a MIG resource under migStrategy mixed
+
+
+def _check_names(kw: dict[str, Any], source: str) -> None:
+    """ConfigError naming both fields when two resources the config makes share a name,
+    or one takes a name the host's own resources have (nvidia.com/gpu where nothing
+    replaces it, nvidia.com/mig-*): the kubelet would then get one name from two plugins,
+    and one resource's devices would never be advertised."""
+    made: list[tuple[str, str, str]] = []  # (name, field, the resource it replaces or "")
+    sharing = kw.get("sharing", "none")
+    if sharing == "time-slicing":
+        for i, t in enumerate(kw["time_sliced"]):
+            at = f"sharing.timeSlicing.resources[{i}]"
+            if t.rename:
+                made.append((t.rename, f"{at}.rename", t.name))
+            elif kw["rename_by_default"]:
+                made.append((f"{t.name}.shared", f"{at}.name (renameByDefault: {t.name}.shared)",
+                             t.name))
+            else:
+                made.append((t.name, f"{at}.name", t.name))
+        replaced = {t.name for t in kw["time_sliced"]}
+    elif sharing == "vgpu":
+        made.append((kw["vgpu_resource"], "sharing.vgpu.resourceName", GPU_RESOURCE))
+        replaced = {GPU_RESOURCE}
+    elif sharing == "mps":
+        made.append((kw["mps_core_resource"], "sharing.mps.coreResource", GPU_RESOURCE))
+        made.append((kw["mps_memory_resource"], "sharing.mps.memoryResource", GPU_RESOURCE))
+        replaced = {GPU_RESOURCE}
+    else:
+        return
+    seen: dict[str, str] = {}
+    for name, where, own in made:
+        if name in seen:
+            raise ConfigError(f"{source}: {where}: {clipped(name, 100)} is also the name of "
+                              f"{seen[name]}; two resources cannot share one name (one of them "
+                              "would never be advertised)")
+        seen[name] = where
+        if name in (own, f"{own}.shared"):
+            continue  # the resource itself, shared (kept, or renamed the default way)
+        if name.startswith(MIG_PREFIX):
+            raise ConfigError(f"{source}: {where}: {clipped(name, 100)} is the name of a MIG "
+                              f"resource ({MIG_PREFIX}<profile> under migStrategy mixed); name "
+                              "this resource otherwise")
+        if name == GPU_RESOURCE and GPU_RESOURCE not in replaced:
+            raise ConfigError(f"{source}: {where}: {GPU_RESOURCE} is the name of the host's "
+                              "whole GPUs, which this config does not rename; name this "
+                              "resource otherwise")
 
 
 def load(path: str | None) -> PluginConfig:

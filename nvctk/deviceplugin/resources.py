@@ -157,7 +157,14 @@ def build(cfg: PluginConfig, host: HostInfo) -> list[Resource]:
                 res.add(u, None)
             out.append(res)
     # a resource with no device is not advertised (a kubelet would show capacity 0)
-    return [r for r in out if r.devices]
+    out = [r for r in out if r.devices]
+    names = [r.name for r in out]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:  # parse refuses the configs that make one; this host's names too
+        kinds = " and ".join(r.kind for r in out if r.name == twice)
+        raise ConfigError(f"resource {twice} would be advertised twice on this host ({kinds}): "
+                          "rename one in the device plugin's config")
+    return out
 
 
 def vgpu_share(unit: Unit, replicas: int) -> tuple[int, int]:
