@@ -428,9 +428,10 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
     if prepared.cdi_devices is not None:
         logger.info(f"{args.subcommand} {args.container_id}: CDI devices "
                     f"{','.join(prepared.cdi_devices) or 'none'}")
-    if prepared.vgpu_dir is not None and config is not None and args.subcommand == "create":
-        # runc may still fail before the container exists: then nothing runs the
-        # poststop hook, so this process outlives runc to remove the state it made
+    if prepared.vgpu_dir is not None and config is not None:
+        # runc may still fail before the container exists (create and run alike): then
+        # nothing runs the poststop hook, so this process outlives runc to remove the
+        # state it made
         return _create_and_clean_up(runtime, args, prepared.vgpu_dir, config, fail, logger)
     try:
         ra.exec_runtime(runtime, args.argv)
@@ -448,8 +449,9 @@ _PR_SET_PDEATHSIG = 1
 
 def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config: Config,
                          fail: Callable[[str], int], logger: Logger) -> int:
-    """Run `runtime create` as a child, not by exec, and remove the vGPU state this
-    create made when it fails; exit with its status (128+N: killed by signal N).
+    """Run `runtime create` (or `run`) as a child, not by exec, and remove the vGPU state
+    this create made when it fails (a run: when no container is left); exit with its
+    status (128+N: killed by signal N).
     Returns only when the child cannot be started.
 
     runc gets everything an exec would give it (argv, environment, stdio and the
@@ -501,8 +503,16 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         code = 128 - code
-    if code != 0:
+    if code != 0 and args.subcommand != "run":
         _remove_own_vgpu_dir(vgpu_dir, config, logger)
+    elif args.subcommand == "run":
+        # `run` exits with the container's status, and a failed run leaves no container;
+        # a container that is still there (--detach, --keep) keeps its state for the
+        # poststop of its delete
+        from nvctk.vgpu_state import runtime_has
+
+        if args.container_id is None or not runtime_has(args.root, args.container_id):
+            _remove_own_vgpu_dir(vgpu_dir, config, logger)
     # like the exec it stands for, this ends the process: the interpreter's teardown
     # would add 7 ms to every vGPU create (the log is written unbuffered)
     exit_now(code)

@@ -61,6 +61,7 @@ LIBRARY_NAME = "libvgpu.so"
 VGPU_NAME = "vgpu"
 OWNER_NAME = "owner"  # at the tmpfs root: who made the dir (garbage collection)
 LOCK_NAME = ".vgpu-state.lock"  # in state-dir: install, removal and collection take it
+_MARK = ".installing"  # .<key>-<id>.installing in state-dir: marker_path
 DEFAULT_RUNTIME_ROOT = "/run/runc"
 # where a runtime started without --root keeps its containers (runc's and crun's)
 DEFAULT_RUNTIME_ROOTS = ("/run/runc", "/run/crun")
@@ -231,17 +232,87 @@ def _under_state_dir(path: str, config: Config) -> bool:
     return parent == top and _is_key_dir(os.path.basename(path))
 
 
-def remove_state_dir(path: str, config: Config) -> bool:
+class NotOurs(NvctkError):
+    """Something at a state dir's path that nvctk cannot prove it made."""
+
+
+def _our_tmpfs_mounts() -> set[str]:
+    """The mount points of nvctk's state tmpfs (fstype tmpfs, source TMPFS_OPTIONS'):
+    only root mounts, and nothing else mounts with that source."""
+    from nvctk.mount import _unescape, read_bytes
+
+    out = set()
+    for line in read_bytes("/proc/self/mountinfo").decode("utf-8", "surrogateescape").splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, sb = left.split(), right.split()
+        if sep and len(fields) >= 5 and len(sb) >= 2 and sb[0] == "tmpfs" \
+                and sb[1] == TMPFS_OPTIONS["source"]:
+            out.add(_unescape(fields[4]))
+    return out
+
+
+def marker_path(path: str) -> str:
+    """<state-dir>/.<key>-<id>.installing: an install's note, written before its mkdir
+    and removed once the dir's tmpfs and owner are there (what proves an empty dir of
+    an install killed in between is nvctk's)."""
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.installing")
+
+
+def _unlink_marker(path: str) -> None:
+    try:
+        os.unlink(marker_path(path))
+    except FileNotFoundError:
+        pass
+
+
+def _marker_owner(path: str) -> dict[str, Any] | None:
+    return read_owner(os.path.dirname(marker_path(path)), os.path.basename(marker_path(path)))
+
+
+def provably_ours(path: str, st: os.stat_result | None = None,
+                  ours: set[str] | None = None) -> bool:
+    """Whether nvctk made what is at the state dir path: a tmpfs of nvctk's is mounted on
+    it; or it is an empty directory, no mount point, with an install's marker
+    (marker_path) whose creator is gone. (Also a non-directory: a state dir's path holds
+    nothing else of anyone's.) An operator's directory that merely looks like one, with
+    or without an owner file, is none of these."""
+    try:
+        st = st or os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    real = os.path.realpath(path)
+    if real in (_our_tmpfs_mounts() if ours is None else ours):
+        return True
+    owner = _marker_owner(path)
+    if owner is None or creator_alive(owner):
+        return False
+    try:
+        parent = os.lstat(os.path.dirname(real))
+        return parent.st_dev == st.st_dev and os.listdir(path) == []
+    except OSError:
+        return False
+
+
+def remove_state_dir(path: str, config: Config, *, only_ours: bool = True) -> bool:
     """Detach every mount at or below a container's state dir (its tmpfs, stale ones,
     anything bound below it) and remove the dir without ever leaving its own file
-    system; only a <key>-<id> dir directly under state-dir. Raises NvctkError, leaving
-    the dir, when a mount cannot be detached or something else is mounted in it."""
+    system; only a <key>-<id> dir directly under state-dir, and (only_ours) only one
+    nvctk provably made (provably_ours): anything else there is NotOurs, left as it
+    is. Raises NvctkError, leaving the dir, when a mount cannot be detached or
+    something else is mounted in it."""
     if not _under_state_dir(path, config):
         raise SpecError(f"refusing to remove {path}: not a vGPU state dir under {config.state_dir}")
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
+    if only_ours and not provably_ours(path, st):
+        raise NotOurs(f"vGPU state dir {path}: left in place: not one nvctk made (no tmpfs "
+                      f"of nvctk's is mounted on it, and it is not an empty directory of an "
+                      "install that was cut short); move it away")
+    _unlink_marker(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
         return True
@@ -412,14 +483,15 @@ def owner_text(runtime_root: str | None, container_id: str, pid: int | None = No
                        "start": proc_start_time(pid), "created": time.time()}) + "\n"
 
 
-def read_owner(path: str) -> dict[str, Any] | None:
-    """A state dir's owner metadata; None if missing or unusable."""
+def read_owner(path: str, name: str = OWNER_NAME) -> dict[str, Any] | None:
+    """A state dir's owner metadata (or an install's marker's: path its dir, name the
+    marker's); None if missing or unusable."""
     import json
 
     from nvctk.fileio import read_regular_file
 
     try:  # larger than _MAX_OWNER, a link, a FIFO...: not one nvctk wrote
-        data = read_regular_file(os.path.join(path, OWNER_NAME), _MAX_OWNER, nofollow=True)
+        data = read_regular_file(os.path.join(path, name), _MAX_OWNER, nofollow=True)
     except OSError:
         return None
     try:
@@ -479,21 +551,36 @@ def collect(config: Config, keep: str | None = None, grace: float = GC_GRACE_S,
     one was left goes to `errors`)."""
     top = os.path.abspath(config.state_dir)
     try:
-        names = [n for n in os.listdir(top) if _is_key_dir(n)]
+        listed = os.listdir(top)
     except OSError:
         return []
+    names = [n for n in listed if _is_key_dir(n)]
+    # an install's marker without its dir: one killed before its mkdir
+    markers = [os.path.join(top, n[1:-len(_MARK)]) for n in listed
+               if n.startswith(".") and n.endswith(_MARK) and _is_key_dir(n[1:-len(_MARK)])
+               and n[1:-len(_MARK)] not in names]
     # first without the lock (the common case: nothing stale, no lock taken) ...
     stale = [p for p in (os.path.join(top, n) for n in names)
              if p != keep and _is_stale(p, grace)]
-    if not stale:
+    if not stale and not markers:
         return []
     removed = []
     with StateLock(config):
+        for p in markers:
+            owner = _marker_owner(p)
+            if not os.path.lexists(p) and owner is not None and not creator_alive(owner):
+                _unlink_marker(p)
+        ours = _our_tmpfs_mounts() if stale else set()
         for p in stale:
             try:
                 # ... then exactly: no install is half-way now, and one may have made
-                # the dir anew meanwhile
-                if _is_stale(p, grace) and remove_state_dir(p, config):
+                # the dir anew meanwhile; and only what nvctk provably made
+                if not _is_stale(p, grace):
+                    continue
+                if not provably_ours(p, ours=ours):
+                    raise NotOurs(f"{p}: not one nvctk made (no tmpfs of nvctk's on it); "
+                                  "nvctk removes only its own state dirs")
+                if remove_state_dir(p, config, only_ours=False):
                     removed.append(p)
             except (OSError, NvctkError) as e:
                 if errors is not None:
@@ -536,19 +623,36 @@ def install(vgpu: VgpuPlan, rootfs: str | None, config: Config, *,
     _collect_quietly(config, keep=d)
     cid = container_id or os.path.basename(d)[17:]
     with StateLock(config):
-        remove_state_dir(d, config)  # a restarted container is a new set of processes
-        os.mkdir(d, 0o700)
         try:
+            remove_state_dir(d, config)  # a restarted container is a new set of processes
+        except NotOurs:
+            # an empty dir at this container's own path (a state-dir that outlived a
+            # reboot keeps the mount points) holds nothing: it is taken over; anything
+            # else is someone's, and the create fails naming it
+            try:
+                os.rmdir(d)
+            except OSError:
+                raise NotOurs(f"vGPU state dir {d}: something that is not nvctk's is in "
+                              "the way (not a tmpfs of nvctk's, not empty); move it away")
+        owner = owner_text(runtime_root, cid)
+        # before the mkdir: an install killed before its tmpfs is mounted leaves an
+        # empty dir that this note proves nvctk's (provably_ours)
+        _unlink_marker(d)
+        _write(marker_path(d), owner, 0o600)
+        try:
+            os.mkdir(d, 0o700)
             # every file goes onto the bounded tmpfs (its root is 0755, TMPFS_OPTIONS)
             _mount_tmpfs(d)
             # first: a shim killed from here on leaves a dir the collector can place
-            _write(os.path.join(d, OWNER_NAME), owner_text(runtime_root, cid), 0o600)
+            _write(os.path.join(d, OWNER_NAME), owner, 0o600)
             _populate(d, vgpu, entries)
+            _unlink_marker(d)
         except BaseException:
             try:
-                remove_state_dir(d, config)
+                remove_state_dir(d, config, only_ours=False)  # what this install made
             except (OSError, NvctkError):
                 pass
+            _unlink_marker(d)
             raise
 
 
@@ -599,7 +703,9 @@ def poststop(stdin_text: str | bytes, config: Config | None = None,
         d = _plan_state_dir(state.bundle)
     if d is not None:
         with StateLock(cfg):
-            remove_state_dir(d, cfg)
+            # the container's own path, where its create mounted nvctk's tmpfs: whatever
+            # is there now goes (never followed), as gc removes only what it can prove
+            remove_state_dir(d, cfg, only_ours=False)
     _collect_quietly(cfg)
     return d
 

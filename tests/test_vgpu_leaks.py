@@ -168,7 +168,7 @@ def h(tmp_path: Path, sim: host.SimHost, base_rootfs: str) -> Iterator[Host]:
     cfg = nvconfig.load(sim.config_path)
     for name in hh.key_dirs():  # whatever a failing test left, not to spill into the next
         with contextlib.suppress(OSError, NvctkError):
-            vgpu_state.remove_state_dir(os.path.join(cfg.state_dir, name), cfg)
+            vgpu_state.remove_state_dir(os.path.join(cfg.state_dir, name), cfg, only_ours=False)
 
 
 def _relative_cwd(spec: dict[str, Any]) -> None:
@@ -215,21 +215,49 @@ def test_absurd_hook_timeout_leaves_nothing(h: Host) -> None:
     h.assert_clean()
 
 
-def test_failed_run_is_collected_by_the_next_create(h: Host) -> None:
-    """`run` still execs runc (a foreground container's runtime stays one process): what
-    a failed run leaves is collected by the next vGPU create."""
-    r = h.create(h.bundle(edit=_relative_cwd), sub="run")
+@pytest.mark.parametrize("edit", [_relative_cwd, _hostname_without_uts, _non_object_mount],
+                         ids=["relative-cwd", "hostname-without-uts", "non-object-mount"])
+@pytest.mark.parametrize("flags", [(), ("--detach",)], ids=["foreground", "detach"])
+def test_failed_run_leaves_nothing(h: Host, edit: Any, flags: tuple[str, ...]) -> None:
+    """`run` on a spec runc refuses, after nvctk prepared a vGPU container: before, the
+    state stayed until the next vGPU create (create cleaned up at once, run did not)."""
+    b = h.bundle(edit=edit)
+    cid = h.new_id()
+    r = run_to_files([*h.argv(b, cid, "run")[:-1], *flags, cid], h.env(), h.tmp)
     assert r.returncode != 0
-    assert len(h.key_dirs()) == 1  # left: nothing outlived runc to remove it
-    h.a_vgpu_create()
+    assert r.stderr.strip(), "the failure is reported"
+    h.assert_clean()  # at once
+
+
+def test_run_that_succeeds_leaves_nothing_and_keeps_the_exit_status(h: Host) -> None:
+    def edit(spec: dict[str, Any]) -> None:
+        spec["process"]["args"] = ["/bin/sh", "-c", "test -s /run/nvctk/limits && exit 3"]
+
+    r = h.create(h.bundle(edit=edit), sub="run")
+    assert r.returncode == 3, r.stderr  # the container's own status, passed on
+    h.assert_clean()
+
+
+def test_detached_run_keeps_its_state_until_delete(h: Host) -> None:
+    cid = h.new_id()
+    b = h.bundle()
+    r = run_to_files([*h.argv(b, cid, "run")[:-1], "--detach", cid], h.env(), h.tmp)
+    assert r.returncode == 0, r.stderr
+    assert os.path.isdir(h.state_dir(cid))
+    assert h.runc("delete", "--force", cid).returncode == 0
     h.assert_clean()
 
 
 # --- the collector ---------------------------------------------------------------------------
 def _fake_state(cfg: nvconfig.Config, name: str, owner: dict[str, Any] | str | None,
-                age: float = 0) -> str:
+                age: float = 0, ours: bool = True) -> str:
+    """A state dir as nvctk makes one (ours: its tmpfs mounted on it, the proof that it
+    is nvctk's), or a directory that only looks like one."""
     d = os.path.join(cfg.state_dir, name)
     os.makedirs(d, 0o700)
+    if ours:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m",
+                        vgpu_state.TMPFS_OPTIONS["source"], d], check=True)
     if owner is not None:
         Path(d, "owner").write_text(owner if isinstance(owner, str) else json.dumps(owner))
     if age:
@@ -622,4 +650,137 @@ def test_deep_owner_does_not_break_poststop_or_create(h: Host) -> None:
     os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
     d = _fake_state(cfg, "0123456789abcdef-deep", "[" * 8000, age=vgpu_state.GC_GRACE_S + 60)
     vgpu_state._collect_quietly(cfg)  # what every vGPU create and poststop runs
+    assert not os.path.exists(d)
+
+
+# --- gc removes only what it can prove is its own (issue 17, family 4) -------------------------
+
+_DEAD_OWNER = {"runtime_root": "/nonexistent", "id": "gone", "pid": 999999, "start": 1}
+
+
+def _lookalikes(cfg: nvconfig.Config, tmp_path: Path) -> tuple[dict[str, str], list[str]]:
+    """Things in the state dir named like nvctk's state dirs that nvctk did not make
+    (name -> path), and the mounts to undo afterwards."""
+    old = vgpu_state.GC_GRACE_S + 60
+    made: dict[str, str] = {}
+    mounts: list[str] = []
+    d = _fake_state(cfg, "00000000000000a1-files", None, ours=False)
+    Path(d, "precious").write_text("the operator's")
+    made["ownerless-with-files"] = d
+    made["ownerless-empty"] = _fake_state(cfg, "00000000000000a2-empty", None, age=old, ours=False)
+    d = _fake_state(cfg, "00000000000000a3-forged", _DEAD_OWNER, ours=False)
+    Path(d, "precious").write_text("the operator's")
+    made["forged-owner"] = d
+    d = os.path.join(cfg.state_dir, "00000000000000a4-tmpfs")
+    os.makedirs(d)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "other", d], check=True)
+    Path(d, "owner").write_text(json.dumps(_DEAD_OWNER))
+    mounts.append(d)
+    made["another-tmpfs"] = d
+    host_dir = tmp_path / "host-dir"
+    host_dir.mkdir()
+    (host_dir / "precious").write_text("the host's")
+    (host_dir / "owner").write_text(json.dumps(_DEAD_OWNER))
+    d = os.path.join(cfg.state_dir, "00000000000000a5-bind")
+    os.makedirs(d)
+    subprocess.run(["mount", "--bind", str(host_dir), d], check=True)
+    mounts.append(d)
+    made["host-bind"] = d
+    (tmp_path / "target").mkdir()
+    d = os.path.join(cfg.state_dir, "00000000000000a6-link")
+    os.symlink(tmp_path / "target", d)
+    made["symlink"] = d
+    d = os.path.join(cfg.state_dir, "00000000000000a7-file")
+    Path(d).write_text("the operator's")
+    made["file"] = d
+    for p in made.values():
+        if not os.path.islink(p):
+            os.utime(p, (time.time() - old, time.time() - old))
+    return made, mounts
+
+
+def _tree(path: str) -> list[tuple[str, bytes]]:
+    if os.path.islink(path) or not os.path.isdir(path):
+        return [(path, os.readlink(path).encode() if os.path.islink(path) else
+                 Path(path).read_bytes())]
+    return sorted((os.path.join(r, f), Path(r, f).read_bytes()) for r, _, fs in os.walk(path)
+                  for f in fs)
+
+
+def test_gc_removes_only_what_it_can_prove_is_its_own(h: Host, tmp_path: Path) -> None:
+    """Before: `nvctk vgpu gc` removed any ownerless dir whose name looked like nvctk's
+    (and one with a forged owner whose pid is gone), with the files in it."""
+    cfg = h.config
+    os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
+    made, mounts = _lookalikes(cfg, tmp_path)
+    before = {k: _tree(p) for k, p in made.items()}
+    real = _fake_state(cfg, "00000000000000b1-real", _DEAD_OWNER)  # nvctk's: goes
+    try:
+        r = subprocess.run([NVCTK, "vgpu", "gc", "--grace", "0"], env=h.env(),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+        assert r.stdout.splitlines() == [f"removed {real}",
+                                         f"1 stale vGPU state dir(s) removed from {cfg.state_dir}"]
+        for k, p in made.items():
+            assert os.path.lexists(p), k
+            assert _tree(p) == before[k], k
+        assert "nvctk removes only its own state dirs" in r.stderr, r.stderr
+        # nor the collection every vGPU create and poststop runs
+        vgpu_state._collect_quietly(cfg)
+        assert {k: _tree(p) for k, p in made.items()} == before
+    finally:
+        for m in mounts:
+            mount.umount2(m, mount.MNT_DETACH)
+        for p in made.values():
+            if os.path.islink(p) or not os.path.isdir(p):
+                os.unlink(p)
+            else:
+                shutil.rmtree(p)
+
+
+def test_an_install_cut_short_is_still_collected(h: Host) -> None:
+    """What an install killed between its mkdir and its tmpfs leaves (an empty dir and
+    its marker), or before its mkdir (the marker alone), is nvctk's and goes; while
+    the installing process lives, it stays."""
+    cfg = h.config
+    os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
+    dead = json.dumps(_DEAD_OWNER)
+    killed = _fake_state(cfg, "00000000000000c1-killed", None, ours=False)
+    Path(vgpu_state.marker_path(killed)).write_text(dead)
+    alone = os.path.join(cfg.state_dir, "00000000000000c2-alone")
+    Path(vgpu_state.marker_path(alone)).write_text(dead)
+    live = _fake_state(cfg, "00000000000000c3-live", None, ours=False)
+    Path(vgpu_state.marker_path(live)).write_text(vgpu_state.owner_text(None, "live"))
+    try:
+        assert vgpu_state.collect(cfg, grace=0) == [killed]
+        assert not os.path.lexists(killed)
+        assert not os.path.lexists(vgpu_state.marker_path(killed))
+        assert not os.path.lexists(vgpu_state.marker_path(alone))
+        assert os.path.isdir(live) and os.path.exists(vgpu_state.marker_path(live))
+    finally:
+        os.unlink(vgpu_state.marker_path(live))
+        os.rmdir(live)
+
+
+def test_create_never_removes_someone_elses_dir_at_its_path(h: Host) -> None:
+    """A directory that is not nvctk's at the container's own state path: the create
+    fails naming it, and the directory keeps its files; an empty one is taken over."""
+    b = h.bundle()
+    cid = h.new_id()
+    d = h.state_dir(cid)
+    os.makedirs(d)
+    Path(d, "precious").write_text("the operator's")
+    try:
+        r = h.create(b, cid)
+        assert r.returncode != 0
+        assert f"vGPU state dir {d}: something that is not nvctk's is in the way" in r.stderr, \
+            r.stderr
+        assert Path(d, "precious").read_text() == "the operator's"
+        os.unlink(Path(d, "precious"))  # empty now: a create takes it over
+        r = h.create(b, cid)
+        assert r.returncode == 0, r.stderr
+        assert not os.path.exists(vgpu_state.marker_path(d))
+    finally:
+        h.runc("delete", "--force", cid)
     assert not os.path.exists(d)

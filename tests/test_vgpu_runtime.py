@@ -134,7 +134,7 @@ def mounts_under(top: str | Path) -> list[mount.MountInfo]:
 def cleanup_state(config: nvconfig.Config, d: str | Path) -> None:
     """What poststop does (the tmpfs, then the dir), for a test that ran no poststop."""
     with contextlib.suppress(OSError, NvctkError):
-        vgpu_state.remove_state_dir(str(d), config)
+        vgpu_state.remove_state_dir(str(d), config, only_ours=False)
 
 
 # --- validation at create ---------------------------------------------------------------------
