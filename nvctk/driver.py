@@ -71,7 +71,8 @@ BINARIES: dict[str, tuple[str, ...]] = {
 BIN_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
 
 # (searched host paths relative to the root, in order) -> container path
-GRAPHICS_CONFIG_FILES: tuple[tuple[tuple[str, ...], str], ...] = (
+ConfigFiles = tuple[tuple[tuple[str, ...], str], ...]
+GRAPHICS_CONFIG_FILES: ConfigFiles = (
     (
         ("usr/share/glvnd/egl_vendor.d/10_nvidia.json", "etc/glvnd/egl_vendor.d/10_nvidia.json"),
         "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
@@ -80,20 +81,37 @@ GRAPHICS_CONFIG_FILES: tuple[tuple[tuple[str, ...], str], ...] = (
         ("usr/share/vulkan/icd.d/nvidia_icd.json", "etc/vulkan/icd.d/nvidia_icd.json"),
         "/usr/share/vulkan/icd.d/nvidia_icd.json",
     ),
+    # the name some packagings give the ICD (NVIDIA's spec mounts it too; the loader
+    # reads every file in icd.d)
+    (
+        ("usr/share/vulkan/icd.d/nvidia_icd.x86_64.json", "etc/vulkan/icd.d/nvidia_icd.x86_64.json"),
+        "/usr/share/vulkan/icd.d/nvidia_icd.x86_64.json",
+    ),
     (
         ("usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
          "etc/vulkan/implicit_layer.d/nvidia_layers.json"),
         "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
     ),
-    (
-        ("usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",),
-        "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
-    ),
-    (
-        ("usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",),
-        "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
-    ),
+    # EGL external platforms: one per libnvidia-egl-* window-system library
+    *(((f"usr/share/egl/egl_external_platform.d/{n}", f"etc/egl/egl_external_platform.d/{n}"),
+       f"/usr/share/egl/egl_external_platform.d/{n}")
+      for n in ("09_nvidia_wayland2.json", "10_nvidia_wayland.json", "15_nvidia_gbm.json",
+                "20_nvidia_xcb.json", "20_nvidia_xlib.json")),
 )
+# an X server in the container: its configuration snippets for the NVIDIA driver
+DISPLAY_CONFIG_FILES: ConfigFiles = GRAPHICS_CONFIG_FILES + tuple(
+    ((f"usr/share/X11/xorg.conf.d/{n}", f"etc/X11/xorg.conf.d/{n}"), f"/usr/share/X11/xorg.conf.d/{n}")
+    for n in ("10-nvidia.conf", "nvidia-drm-outputclass.conf"))
+# OpenCL's ICD loader finds the driver through this file: without it, no OpenCL platform
+COMPUTE_CONFIG_FILES: ConfigFiles = (
+    (("etc/OpenCL/vendors/nvidia.icd",), "/etc/OpenCL/vendors/nvidia.icd"),
+)
+# capability -> its configuration files (REFERENCE §4 lists the graphics ones)
+CONFIG_FILES: dict[str, ConfigFiles] = {
+    "compute": COMPUTE_CONFIG_FILES,
+    "graphics": GRAPHICS_CONFIG_FILES,
+    "display": DISPLAY_CONFIG_FILES,
+}
 
 SOCKETS: dict[str, tuple[str, ...]] = {
     "utility": (
@@ -291,15 +309,17 @@ def discover_files(driver_root: str, driver_version: str,
             binaries[cap] = tuple(p for p in (_find_binary(root, n) for n in names) if p)
 
     config_files: dict[str, tuple[tuple[str, str], ...]] = {}
-    if "graphics" in caps or "display" in caps:
+    for cap, wanted_files in CONFIG_FILES.items():
+        if cap not in caps:
+            continue
         configs: list[tuple[str, str]] = []
-        for candidates, container_path in GRAPHICS_CONFIG_FILES:
+        for candidates, container_path in wanted_files:
             for rel in candidates:
                 p = os.path.join(root, rel)
                 if os.path.isfile(p):
                     configs.append((p, container_path))
                     break
-        config_files = {c: tuple(configs) for c in ("graphics", "display") if c in caps}
+        config_files[cap] = tuple(configs)
 
     firmware: list[str] = []
     for d in FIRMWARE_DIRS:
