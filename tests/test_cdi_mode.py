@@ -698,3 +698,49 @@ def test_an_operator_can_allow_another_vendor(env: Env, spec_dir: Path) -> None:
 def test_cdi_vendors_key_is_checked(value: str) -> None:
     with pytest.raises(ConfigError, match="cdi-vendors"):
         parse(f"cdi-vendors = {value}\n", "c.toml")
+
+
+# --- the driver's configuration files in both modes (issue 17 §6) ---------------------------
+
+_CONFIG_FILES = ("/etc/OpenCL/vendors/nvidia.icd", "/usr/share/vulkan/icd.d/nvidia_icd.x86_64.json",
+                 "/usr/share/egl/egl_external_platform.d/09_nvidia_wayland2.json",
+                 "/usr/share/egl/egl_external_platform.d/20_nvidia_xcb.json",
+                 "/usr/share/egl/egl_external_platform.d/20_nvidia_xlib.json",
+                 "/usr/share/X11/xorg.conf.d/10-nvidia.conf",
+                 "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
+                    reason="needs root and runc")
+@pytest.mark.parametrize("mode", ["cdi", "legacy"])
+def test_config_files_reach_the_container_in_both_modes(sim_host: SimHost, spec_dir: Path,
+                                                        tmp_path: Path, mode: str) -> None:
+    """NVIDIA's spec mounts these seven; nvctk's did not (OpenCL found no platform)."""
+    from nvctk.sim.rootfs import build_rootfs
+
+    rootfs = build_rootfs(str(tmp_path / "rootfs"))
+    base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
+    (tmp_path / "c.toml").write_text(_with(base, mode=f'"{mode}"'))
+    b = tmp_path / "b"
+    b.mkdir()
+    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+    spec = json.loads((b / "config.json").read_text())
+    spec["root"] = {"path": rootfs, "readonly": False}
+    script = "; ".join(f"test -s {f} && echo present {f}" for f in _CONFIG_FILES) + "; true"
+    spec["process"].update(terminal=False, args=["sh", "-c", script],
+                           env=["PATH=/usr/bin:/bin:/sbin", "NVIDIA_VISIBLE_DEVICES=0",
+                                "NVIDIA_DRIVER_CAPABILITIES=all"])
+    (b / "config.json").write_text(json.dumps(spec))
+    cid = "nvctk-cfg-files-" + uuid.uuid4().hex[:8]
+    root = tmp_path / "runc-root"
+    try:
+        r = subprocess.run([RUNTIME, "--root", str(root), "run", "--bundle", str(b), cid],
+                           env={**os.environ, "NVCTK_CONFIG": str(tmp_path / "c.toml")},
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [x.split()[1] for x in r.stdout.splitlines() if x.startswith("present ")] == \
+        list(_CONFIG_FILES)

@@ -141,7 +141,14 @@ def test_discover_other_files(sim_host: host.SimHost) -> None:
         "/usr/share/glvnd/egl_vendor.d/10_nvidia.json"
     )
     assert cfgs[f"{r}/usr/share/vulkan/icd.d/nvidia_icd.json"] == "/usr/share/vulkan/icd.d/nvidia_icd.json"
-    assert files.config_files["display"] == files.config_files["graphics"]
+    # display: the graphics files and X's configuration snippets
+    assert files.config_files["display"][:len(files.config_files["graphics"])] == \
+        files.config_files["graphics"]
+    assert [c for _, c in files.config_files["display"][len(files.config_files["graphics"]):]] == [
+        "/usr/share/X11/xorg.conf.d/10-nvidia.conf",
+        "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf"]
+    assert files.config_files["compute"] == (
+        (f"{r}/etc/OpenCL/vendors/nvidia.icd", "/etc/OpenCL/vendors/nvidia.icd"),)
     assert files.firmware == tuple(f"{r}/lib/firmware/nvidia/{VER}/{f}" for f in host.FIRMWARE)
     assert files.sockets["utility"] == (
         f"{r}/run/nvidia-persistenced/socket", f"{r}/run/nvidia-fabricmanager/socket",

@@ -609,3 +609,36 @@ def test_runc_graphics_container_sees_its_drm_nodes(sim_host: SimHost, tmp_path:
     assert sorted(nodes_) == sorted(["by-path", card, render])
     assert links == [f"../{card}", f"../{render}"]
     assert "not permitted" not in opened, opened
+
+
+# --- configuration files per capability (issue 17 §6: parity with NVIDIA's CDI spec) -----------
+
+OPENCL_ICD = "/etc/OpenCL/vendors/nvidia.icd"
+VULKAN_X86_64 = "/usr/share/vulkan/icd.d/nvidia_icd.x86_64.json"
+EGL_PLATFORMS = tuple(f"/usr/share/egl/egl_external_platform.d/{n}" for n in (
+    "09_nvidia_wayland2.json", "10_nvidia_wayland.json", "15_nvidia_gbm.json",
+    "20_nvidia_xcb.json", "20_nvidia_xlib.json"))
+X_CONFIGS = ("/usr/share/X11/xorg.conf.d/10-nvidia.conf",
+             "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf")
+
+
+@pytest.mark.parametrize(("caps", "present", "absent"), [
+    ("compute", (OPENCL_ICD,), (VULKAN_X86_64, *EGL_PLATFORMS, *X_CONFIGS)),
+    ("utility", (), (OPENCL_ICD, VULKAN_X86_64, *X_CONFIGS)),
+    ("graphics", (VULKAN_X86_64, *EGL_PLATFORMS), (OPENCL_ICD, *X_CONFIGS)),
+    ("display", (VULKAN_X86_64, *EGL_PLATFORMS, *X_CONFIGS), (OPENCL_ICD,)),
+    ("all", (OPENCL_ICD, VULKAN_X86_64, *EGL_PLATFORMS, *X_CONFIGS), ()),
+])
+def test_config_files_follow_capabilities(cfg: nvconfig.Config, host: HostInfo, sim_host: SimHost,
+                                          caps: str, present: tuple[str, ...],
+                                          absent: tuple[str, ...]) -> None:
+    """Before: no OpenCL ICD (OpenCL in a container found no platform), no .x86_64 Vulkan
+    ICD, two of five EGL platform files and no X configuration."""
+    p = plan(cfg, host, {NVD: "0", "NVIDIA_DRIVER_CAPABILITIES": caps})
+    by = {m.container_path: m for m in p.mounts}
+    for path in present:
+        m = by[path]
+        assert m.host_path == os.path.join(sim_host.root, path.lstrip("/")) and m.read_only
+        assert os.path.isfile(m.host_path)
+    assert [path for path in absent if path in by] == []
+    assert len(p.mounts) == len({m.container_path for m in p.mounts})  # each once
