@@ -189,11 +189,19 @@ def record_edits(spec: dict[str, Any], edits: Edits, state_dir: str | None = Non
         record["seccomp"] = edits.seccomp
     if edits.cdi:  # CDI only: legacy records stay as they were
         record.update(cdi=True, mounts=edits.mounts, hooks=edits.hooks)
+    needs_mac = edits.cdi or edits.seccomp is not None
     if state_dir is not None:
-        key = edits_key(state_dir, create=True)
-        assert key is not None  # create: made, or an error
-        record["mac"] = _record_mac(record, key)
-    elif edits.cdi or edits.seccomp is not None:
+        try:
+            key = edits_key(state_dir, create=True)
+        except (OSError, SpecError):
+            if needs_mac:
+                raise
+            # a plain GPU record unsigned (a read-only state dir must not stop GPU
+            # containers): on reuse only its NVIDIA nodes and rules are taken out
+            key = None
+        if key is not None:
+            record["mac"] = _record_mac(record, key)
+    elif needs_mac:
         raise ValueError("a CDI or vGPU record needs the state dir of its key")
     annotations[EDITS_ANNOTATION] = jsonio.dumps(record)
 

@@ -209,3 +209,21 @@ def test_apply_twice_is_applying_once_and_a_smaller_plan_takes_the_rest_out(tmp_
     assert twice["linux"]["devices"] == [] and twice["linux"]["resources"]["devices"] == []
     assert twice["hooks"]["poststop"] == []  # the vGPU's poststop went with the vGPU
     assert twice["hooks"]["prestart"][-1] == PRE.entry()
+
+
+def test_a_state_dir_without_a_key_leaves_a_plain_gpu_record_unsigned(tmp_path: Path) -> None:
+    """A read-only or broken state dir never stops a GPU container without a cap: its
+    record goes unsigned (on reuse only NVIDIA nodes and rules come out of it); a vGPU
+    or CDI record cannot."""
+    (tmp_path / "file").write_text("")
+    broken = str(tmp_path / "file" / "state")
+    plan = Plan(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE,),
+                env={"NVCTK_X": "1"})
+    spec = base_spec()
+    spec_edits.apply(spec, plan, broken)
+    assert "mac" not in json.loads(spec["annotations"][spec_edits.EDITS_ANNOTATION])
+    with pytest.raises(OSError):
+        spec_edits.record_edits(base_spec(), spec_edits.Edits(seccomp={"created": False}), broken)
+    signed = base_spec()
+    spec_edits.apply(signed, plan, str(tmp_path / "state"))
+    assert "mac" in json.loads(signed["annotations"][spec_edits.EDITS_ANNOTATION])
