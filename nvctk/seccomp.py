@@ -181,7 +181,9 @@ def block_user_namespaces(spec: dict[str, Any], edits: Edits) -> None:
 def remove_userns_rules(spec: dict[str, Any], rec: Any) -> None:
     """Undo block_user_namespaces as recorded, only as far as it is what nvctk does,
     whatever the record says: its own rules out, each narrowed rule back as it was, the
-    profile itself out when nvctk made it and nothing else has been put in it since."""
+    profile itself out when nvctk made it and nothing else has been put in it since.
+    spec_edits.remove_our_edits passes only a record with nvctk's MAC: rules equal to
+    nvctk's in a profile that carried them itself are the profile's (issue 17)."""
     if not isinstance(rec, dict):
         return
     linux = spec.get("linux")
