@@ -145,3 +145,30 @@ def test_device_plugin_leaves_what_is_not_a_socket(sim_host: SimHost, kind: str,
     assert "Traceback" not in r.stderr, r.stderr
     assert f"{at}: it is a" in r.stderr and "not a socket" in r.stderr, r.stderr
     assert _id(at) == before
+
+
+# --- nvctk sim init --force ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entries", [["usr"], ["etc", "lib"], ["run", "config.toml"]])
+def test_sim_init_force_never_clears_what_is_not_a_sim(tmp_path: Path, entries: list[str],
+                                                       run_nvctk: Callable[..., Any]) -> None:
+    """Before: `nvctk sim init DIR --force` deleted DIR/usr, DIR/etc, DIR/lib, ... of any
+    directory (a chroot, /var: its lib/ and run/)."""
+    if os.geteuid() != 0:
+        pytest.skip("nvctk sim init needs root")
+    d = tmp_path / "operator"
+    for e in entries:
+        if e.endswith(".toml"):
+            (d / e).parent.mkdir(parents=True, exist_ok=True)
+            (d / e).write_text("# the operator's\n")
+        else:
+            (d / e).mkdir(parents=True)
+            (d / e / "precious").write_text("the operator's\n")
+    before = sorted((str(p.relative_to(d)), p.read_bytes() if p.is_file() else b"")
+                    for p in d.rglob("*"))
+    r = run_nvctk("sim", "init", str(d), "--force")
+    assert r.returncode == 1, r.stderr
+    assert "is not a simulated host nvctk built" in r.stderr and "Traceback" not in r.stderr
+    assert sorted((str(p.relative_to(d)), p.read_bytes() if p.is_file() else b"")
+                  for p in d.rglob("*")) == before

@@ -636,6 +636,15 @@ def _prepare_dir(root: str, force: bool) -> None:
     present = os.listdir(root)
     if present and not force:
         raise SimError(f"{root} is not empty (use --force to rebuild a simulated host there)")
+    ours = [n for n in SIM_ENTRIES if n in present]
+    if ours:
+        # --force replaces a simulated host's entries, never someone's usr/, etc/, lib/
+        try:
+            load(root)
+        except SimError:
+            raise SimError(f"{root} holds {', '.join(ours)} but is not a simulated host nvctk "
+                           "built (no readable topology.json): --force rebuilds only a "
+                           "simulated host; nothing was removed")
     _clear(root)
 
 
