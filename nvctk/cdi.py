@@ -693,18 +693,42 @@ def _is_host_bind(m: Any) -> bool:
     return m.get("type") == "bind" or (isinstance(opts, list) and bool({"bind", "rbind"} & set(opts)))
 
 
-def _covering(mounts: list[Any], path: str) -> tuple[int, dict[str, Any]] | None:
+def _in_rootfs(rootfs: str | None, path: str) -> str:
+    """path as runc reaches it in the rootfs: its symlinks resolved inside the rootfs
+    (/lib/x86_64-linux-gnu is /usr/lib/x86_64-linux-gnu in a merged-/usr image)."""
+    path = os.path.normpath(path)
+    if rootfs is None:
+        return path
+    try:
+        real = nvdriver.resolve_in_root(rootfs, path)
+    except NvctkError:  # a link loop: runc fails on it anyway
+        return path
+    return "/" if real == rootfs else "/" + os.path.relpath(real, rootfs)
+
+
+def _covering(mounts: list[Any], path: str, rootfs: str | None
+              ) -> tuple[int, dict[str, Any], str] | None:
     """The mount that is on top at path's parent when runc gets to it: the last of the
-    spec's mounts at path or above it (a later one at or above hides an earlier)."""
+    spec's mounts at path or above it (a later one at or above hides an earlier), and
+    its destination as resolved in the rootfs."""
     for i in range(len(mounts) - 1, -1, -1):
         m = mounts[i]
         dest = m.get("destination") if isinstance(m, dict) else None
         if not isinstance(dest, str) or not dest.startswith("/"):
             continue
-        dest = os.path.normpath(dest)
+        dest = _in_rootfs(rootfs, dest)
         if path == dest or path.startswith(dest.rstrip("/") + "/"):
-            return i, m
+            return i, m, dest
     return None
+
+
+def _rootfs_of(spec: dict[str, Any], bundle: str | None) -> str | None:
+    root = spec.get("root")
+    path = root.get("path") if isinstance(root, dict) else None
+    if not isinstance(path, str) or not path:
+        return None
+    path = os.path.join(bundle or ".", path) if not path.startswith("/") else path
+    return os.path.abspath(path) if os.path.isdir(path) else None
 
 
 def _created_on(source: str, rel: str) -> str | None:
@@ -732,6 +756,7 @@ def check_host_binds(spec: dict[str, Any], edits: list[tuple[str, dict[str, Any]
     mounts = spec.get("mounts")
     if not isinstance(mounts, list) or not any(_is_host_bind(m) for m in mounts):
         return  # the common case: nothing of the host's is bound in
+    rootfs = _rootfs_of(spec, bundle)
     for where, e in edits:
         targets = [("deviceNode", n.get("path")) for n in e.get("deviceNodes", ())]
         targets += [("mount", m.get("containerPath")) for m in e.get("mounts", ())]
@@ -739,12 +764,11 @@ def check_host_binds(spec: dict[str, Any], edits: list[tuple[str, dict[str, Any]
         for what, path in targets:
             if not isinstance(path, str) or not path.startswith("/"):
                 continue
-            path = os.path.normpath(path)
-            found = _covering(mounts, path)
+            path = _in_rootfs(rootfs, path)
+            found = _covering(mounts, path, rootfs)
             if found is None or not _is_host_bind(found[1]):
                 continue
-            i, m = found
-            dest = os.path.normpath(m["destination"])
+            i, m, dest = found
             source = m.get("source")
             if not isinstance(source, str) or path == dest:
                 continue  # mounted over the bind itself: nothing made in it
@@ -756,6 +780,6 @@ def check_host_binds(spec: dict[str, Any], edits: list[tuple[str, dict[str, Any]
             if made is not None:
                 raise CdiError(
                     f"{where}: {what} {path} lies on the host directory {source} that the "
-                    f"spec's mounts[{i}] binds at {dest}: it would create {made} on the "
+                    f"spec's mounts[{i}] binds at {m['destination']}: it would create {made} on the "
                     "host; nvctk creates nothing on a host directory bound into a container "
-                    f"(bind it somewhere other than {dest})")
+                    f"(bind it somewhere other than {m['destination']})")

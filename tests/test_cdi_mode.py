@@ -579,6 +579,26 @@ def test_cdi_create_refuses_a_link_on_a_bound_host_dir(env: Env, spec_dir: Path)
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("at", ["/lib/x86_64-linux-gnu", "/lib", "/usr/../usr/lib//x86_64-linux-gnu/"])
+def test_a_bind_reached_through_the_images_links_is_found(env: Env, spec_dir: Path,
+                                                          rootfs: Callable[..., str],
+                                                          at: str) -> None:
+    """A merged-/usr image: /lib is a link to usr/lib, so a bind at /lib/x86_64-linux-gnu
+    is where runc puts the CDI mounts of /usr/lib/x86_64-linux-gnu."""
+    from test_hostile_input import assert_clean_failure
+    from test_mount import snapshot as tree
+
+    shutil.copytree(spec_dir, env.tmp / "cdi")
+    host = _host_dir(env.tmp)
+    b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"], rootfs=rootfs())
+    assert os.path.islink(b / "rootfs/lib")
+    _bind_host_dir(b, host, at)
+    before = tree(host)
+    r = env.run(*create_argv(env, b))
+    assert_clean_failure(env, r, f"lies on the host directory {host}")
+    assert tree(host) == before
+
+
 @pytest.mark.parametrize("cover", ["tmpfs", "bind-of-a-fresh-dir"])
 def test_cdi_create_is_fine_when_something_else_covers_the_bind(env: Env, spec_dir: Path,
                                                                 cover: str) -> None:

@@ -106,7 +106,7 @@ def _cdi_dir(sim_host: SimHost, tmp_path: Path, decoy: Path) -> Path:
     return d
 
 
-BIND_AT = [LIB, "/usr", "/usr/bin", "/usr/share", "/usr/share/vulkan", "/etc", "/run", "/dev",
+BIND_AT = [LIB, "/lib/x86_64-linux-gnu", "/usr", "/usr/bin", "/usr/share", "/usr/share/vulkan", "/etc", "/run", "/dev",
            "/lib/firmware"]
 
 
