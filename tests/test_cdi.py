@@ -397,3 +397,14 @@ def test_hostile_spec_file_is_one_unreadable_spec(tmp_path: Path, case: str) -> 
         assert [r.name for r in cdi.resolve(("x.io/c=a",), (str(d),))] == ["x.io/c=a"]
     finally:
         signal.alarm(0)
+
+
+def test_generate_for_a_vendor_nvctk_does_not_apply_says_so(sim_host: SimHost, tmp_path: Path,
+                                                            run_nvctk: Callable[..., Any]) -> None:
+    r = run_nvctk("cdi", "generate", "--output", str(tmp_path / "s.yaml"), "--vendor",
+                  "example.com", config=sim_host.config_path)
+    assert r.returncode == 0, r.stderr
+    assert "add example.com there for containers to name example.com/gpu devices" in r.stderr
+    r = run_nvctk("cdi", "generate", "--output", str(tmp_path / "n.yaml"),
+                  config=sim_host.config_path)
+    assert r.returncode == 0 and "note:" not in r.stderr, r.stderr

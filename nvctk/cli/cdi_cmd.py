@@ -53,6 +53,10 @@ def generate(ctx: click.Context, output: str | None, fmt: str | None,
     n = len(spec["devices"])
     click.echo(f"wrote {output}: {spec['kind']}, {n} device name(s), cdiVersion "
                f"{spec['cdiVersion']}", err=True)
+    if vendor not in cfg.cdi_vendors:
+        click.echo(f"note: nvctk-runtime applies devices of cdi-vendors {list(cfg.cdi_vendors)} "
+                   f"only: add {vendor} there for containers to name {spec['kind']} devices "
+                   "(CDI engines read the spec themselves)", err=True)
 
 
 @cdi_group.command("list")
