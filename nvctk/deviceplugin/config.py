@@ -125,6 +125,9 @@ class PluginConfig:
     vgpu_resource: str = "nvidia.com/vgpu"
     mps_core_resource: str = "nvidia.com/mps-core"
     mps_memory_resource: str = "nvidia.com/mps-memory"
+    # nvctk's config authority-key (set by `nvctk device-plugin`, not by this file): the
+    # key of the vGPU share annotations (nvctk.authority); None: env only, no annotation
+    authority_key: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
