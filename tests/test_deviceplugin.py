@@ -279,3 +279,49 @@ def test_labels() -> None:
     m = labels.node_labels(MIG, cfg(flags={"migStrategy": "mixed"}))
     assert m["nvidia.com/mig-2g.20gb.count"] == "1"
     assert m["nvidia.com/gpu.sharing-strategy"] == "none"
+
+
+@pytest.mark.parametrize("strategies", [["envvar"], ["volume-mounts"], ["envvar", "volume-mounts"],
+                                        ["cdi-annotations"], ["cdi-cri"]])
+def test_vgpu_share_travels_in_a_verifiable_annotation(tmp_path: Path,
+                                                       strategies: list[str]) -> None:
+    """Every strategy carries the share in nvctk.io/vgpu.<name> as well as in the env
+    (unchanged); the runtime's check (nvctk.authority.shares) reads back exactly the
+    share, per GPU uuid, with the node's key, and nothing with another key."""
+    import dataclasses
+
+    from nvctk import authority
+    from nvctk.errors import RequestError
+
+    key_path = str(tmp_path / "keys" / "authority.key")
+    c = dataclasses.replace(cfg(flags={"deviceListStrategy": strategies},
+                                sharing={"vgpu": {"replicas": 4}}), authority_key=key_path)
+    r = res_of(TWO, c)["nvidia.com/vgpu"]
+    a = alloc.allocate(r, c, [f"{G1}::0", f"{G0}::2", f"{G1}::3"], "/")
+    assert a.envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "40960m"  # the env as before
+    (name,) = [k for k in a.annotations if k.startswith(authority.PREFIX)]
+    assert name == "nvctk.io/vgpu.vgpu"
+    assert os.stat(key_path).st_mode & 0o777 == 0o600  # made by the first Allocate
+    key = authority.load_key(key_path)
+    got = authority.shares({name: a.annotations[name]}, key, key_path)
+    assert got == {G0: (20480 << 20, 25), G1: (40960 << 20, 50)}
+    with pytest.raises(RequestError, match="MAC does not verify"):
+        authority.shares({name: a.annotations[name]}, os.urandom(32), key_path)
+    # without a key configured (PluginConfig's default): the env only, as before
+    plain = alloc.allocate(r, dataclasses.replace(c, authority_key=None), [f"{G0}::1"], "/")
+    assert not any(k.startswith(authority.PREFIX) for k in plain.annotations)
+
+
+def test_vgpu_allocate_refuses_a_bad_key_file(tmp_path: Path) -> None:
+    """A key file another user could have written is no key: Allocate fails with
+    FAILED_PRECONDITION rather than hand out a share anyone could forge."""
+    import dataclasses
+
+    key_path = tmp_path / "authority.key"
+    key_path.write_bytes(os.urandom(32))
+    key_path.chmod(0o666)
+    c = dataclasses.replace(cfg(sharing={"vgpu": {"replicas": 4}}), authority_key=str(key_path))
+    r = res_of(TWO, c)["nvidia.com/vgpu"]
+    with pytest.raises(alloc.AllocateError, match="refuses it") as e:
+        alloc.allocate(r, c, [f"{G0}::1"], "/")
+    assert e.value.code == "FAILED_PRECONDITION"

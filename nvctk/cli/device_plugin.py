@@ -17,13 +17,12 @@ if TYPE_CHECKING:
 
 
 def setup(config_file: str | None) -> tuple[PluginConfig, str, HostInfo]:
-    from nvctk import config as nvconfig
-    from nvctk import nvml
-    from nvctk.deviceplugin import config as dpconfig
-
     import dataclasses
 
+    from nvctk import config as nvconfig
+    from nvctk import nvml
     from nvctk.authority import load_key
+    from nvctk.deviceplugin import config as dpconfig
 
     cfg = dpconfig.load(config_file)
     nv = nvconfig.load()
