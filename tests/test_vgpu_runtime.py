@@ -868,3 +868,26 @@ def test_cdi_routes_cannot_drop_the_share(bundles: Bundles, sim: host.SimHost,
     del spec["annotations"][k]
     (b / "config.json").write_text(json.dumps(spec))
     assert prep(b, config, "cid", str(tmp_path / "runc-root")).plan is None
+
+
+def test_forged_share_fails_the_create_in_runcs_log(bundles: Bundles, sim: host.SimHost,
+                                                    config: nvconfig.Config,
+                                                    tmp_path: Path) -> None:
+    """Through nvctk-runtime: the refusal is an error in runc's log naming the annotation,
+    config.json is untouched and no state is made."""
+    g0 = sim.topology.gpus[0].uuid
+    k, v = _grant(config, [(g0, 512 * MIB, 25)], key=os.urandom(32))
+    b = bundles.make({MEM: "0"})
+    _annotate(b, {k: v})
+    before = (b / "config.json").read_bytes()
+    log = tmp_path / "runc-log.json"
+    r = subprocess.run(
+        [RUNTIME, "--root", str(tmp_path / "runc-root"), "--log", str(log), "--log-format",
+         "json", "create", "--bundle", str(b), "cid"],
+        env={**os.environ, **sim.env}, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert any(k in e["msg"] and "MAC does not verify" in e["msg"] and e["level"] == "error"
+               for e in entries), entries
+    assert (b / "config.json").read_bytes() == before
+    assert not os.path.exists(vgpu_state.state_dir_for(config, str(tmp_path / "runc-root"), "cid"))
