@@ -64,9 +64,8 @@ def present(annotations: object) -> dict[str, object]:
 
 
 def _bad(name: str, why: str) -> RequestError:
-    return RequestError(f"annotation {shown(name)}: {why}; the container is refused, since the "
-                        "vGPU share the node set for it cannot be read (a Pod or image cannot "
-                        "set this annotation: see README, GPU sharing)")
+    return RequestError(f"annotation {shown(name)}: {why}; refused: the node's vGPU share "
+                        "for this container cannot be read")
 
 
 def shares(annotations: Mapping[str, object], key: bytes | None,

@@ -876,6 +876,7 @@ def test_forged_share_fails_the_create_in_runcs_log(bundles: Bundles, sim: host.
     """Through nvctk-runtime: the refusal is an error in runc's log naming the annotation,
     config.json is untouched and no state is made."""
     g0 = sim.topology.gpus[0].uuid
+    _grant(config, [])  # the node has its key (the device plugin made it)
     k, v = _grant(config, [(g0, 512 * MIB, 25)], key=os.urandom(32))
     b = bundles.make({MEM: "0"})
     _annotate(b, {k: v})
