@@ -49,7 +49,8 @@ SHARE_MIB = GPU_MIB // REPLICAS
 PLUGIN = {"version": "v1", "sharing": {"vgpu": {"replicas": REPLICAS}}}
 PODANN = "nvidia-podann"  # a runtime whose operator let Pod annotations through
 SCRIPT = (f"nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits; "
-          f"cuda-vectoradd --alloc-mib {SHARE_MIB + 64}; cuda-vectoradd --alloc-mib {SHARE_MIB // 2}; true")
+          f"cuda-vectoradd --alloc-mib {SHARE_MIB + 64}; cuda-vectoradd --alloc-mib {SHARE_MIB // 2}; "
+          "grep -h '^CUDA_DEVICE_SM' /run/nvctk/vgpu/limits 2>/dev/null; true")
 
 
 def _need(*tools: str) -> None:
@@ -198,7 +199,9 @@ def _capped_at_the_share(logs: str) -> None:
     lines = logs.splitlines()
     assert lines[0] == str(SHARE_MIB), logs
     assert lines[1].endswith(f"alloc {SHARE_MIB + 64} MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY (2)"), logs
-    assert lines[-1].endswith(f"alloc {SHARE_MIB // 2} MiB: OK"), logs
+    assert lines[2].endswith(f"alloc {SHARE_MIB // 2} MiB: OK"), logs
+    # the SM share too: the image's CUDA_DEVICE_SM_LIMIT_0=100 does not lift 100/REPLICAS
+    assert lines[3:] == [f"CUDA_DEVICE_SM_LIMIT_0={100 // REPLICAS}"], logs
 
 
 @pytest.mark.parametrize("pod_env", [
