@@ -173,7 +173,8 @@ def test_containerd_replaces_a_foreign_runtime_and_says_so(nv: Run, tmp_path: Pa
     assert res.returncode == 0, res.stderr
     assert "nvidia-container-runtime" in res.stdout and "now runs" in res.stdout
     rt = cri_runtime(toml(cfg))
-    assert rt == {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": RUNTIME}}
+    assert rt == {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": RUNTIME},
+                  "container_annotations": ["cdi.k8s.io/*", "nvctk.io/*"]}
     assert "# old toolkit" in cfg.read_text()
 
 
@@ -322,7 +323,7 @@ def test_containerd_drop_in_only_runtime_from_2_1(nv: Run, tmp_path: Path,
     di = toml(drop)
     assert di == {"version": 3, "plugins": {"io.containerd.cri.v1.runtime": {"containerd": {
         "runtimes": {"nvidia": {"runtime_type": "io.containerd.runc.v2",
-                                "container_annotations": ["cdi.k8s.io/*"],
+                                "container_annotations": ["cdi.k8s.io/*", "nvctk.io/*"],
                                 "options": {"BinaryName": RUNTIME, "SystemdCgroup": True}}}}}}}
 
 

@@ -15,7 +15,9 @@ file, and each combination of --set-as-default/--cdi) gives exactly the current
 bytes, nobody has edited the files since, and the backups are the original bytes:
 remove puts them back. Otherwise (edited since, or no backup) remove takes out what
 it can recognise as nvctk's (`strip`): the runtime entry if its binary is
-nvctk-runtime, a default naming it; it never removes a same-named entry that runs
+nvctk-runtime; a default naming it, and a CDI switch configure turned on, go back to
+what they were (configure notes a replaced value in a `# nvctk: was ...` comment on
+the line; else the .bak's value); it never removes a same-named entry that runs
 something else.
 """
 
@@ -57,11 +59,11 @@ def plan_remove(engine: str, req: Request) -> Plan:
     plan = Plan(service=engine)
     binary = req.runtime_path or mod.binary_in(req, old)
     base = old
+    # files the engine only reads (CRI-O's crio.conf) have no backup: as they are
+    readonly = set(getattr(mod, "readonly_paths", lambda r: [])(req))
+    baks = {p: old[p] if p in readonly else common.read(common.target(p) + ".bak")
+            for p in paths}
     if binary and common.is_our_binary(binary, req):
-        # files the engine only reads (CRI-O's crio.conf) have no backup: as they are
-        readonly = set(getattr(mod, "readonly_paths", lambda r: [])(req))
-        baks = {p: old[p] if p in readonly else common.read(common.target(p) + ".bak")
-                for p in paths}
         for set_default, cdi in itertools.product((False, True), repeat=2):
             trial = replace(req, runtime_path=binary, set_as_default=set_default, cdi=cdi)
             try:
@@ -74,7 +76,7 @@ def plan_remove(engine: str, req: Request) -> Plan:
                                   "previous versions (.bak)")
                 break
     try:
-        stripped, notes = mod.strip(req, base)
+        stripped, notes = mod.strip(req, base, baks)
     except common.ConfigError:
         if base is old:
             raise

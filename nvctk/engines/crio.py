@@ -16,15 +16,20 @@ import tomlkit
 from tomlkit.items import Table
 
 from nvctk.engines.common import (
+    MISSING,
+    UNSET,
     ConfigError,
     Request,
     get_table,
     insert_table_text,
     is_our_binary,
+    mark_previous,
     not_ours,
     parse_toml,
+    previous_value,
     read,
     remove_table_text,
+    restore_key,
     set_key,
 )
 
@@ -91,7 +96,11 @@ def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
         if rt.is_super_table():
             get_table(doc, ["crio"], path)["runtime"] = tomlkit.table()
             rt = get_table(doc, ["crio", "runtime"], path)
-        set_key(rt, "default_runtime", req.name)
+        prev = rt.get("default_runtime")
+        if prev != req.name:
+            set_key(rt, "default_runtime", req.name)
+            if prev is not None:
+                mark_previous(rt, "default_runtime", str(prev))
     tables = get_table(doc, RUNTIMES, path)
     cur = tables.get(req.name) if tables is not None else None
     if cur is None:
@@ -123,7 +132,7 @@ def _has_values(value: Any) -> bool:
     return True
 
 
-def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
+def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
     _, path = paths(req)
     if not old[path]:
         return None, []
@@ -137,7 +146,10 @@ def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
         raise not_ours(path, req, "runtime_path", binary)
     rt = get_table(doc, ["crio", "runtime"], path)
     if rt is not None and rt.get("default_runtime") == req.name:
-        del rt["default_runtime"]
+        # back to what configure replaced in this file (noted on the line), else unset:
+        # crio.conf's or another drop-in's default applies again
+        was = previous_value(rt, "default_runtime")
+        restore_key(rt, "default_runtime", UNSET if was is MISSING else was)
     doc = tomlkit.parse(remove_table_text(doc, [*RUNTIMES, req.name], path))
     # nvctk's drop-in: gone when nothing else is left in it
     keep = _has_values(doc.unwrap())
