@@ -174,12 +174,36 @@ def _entry(source: dict[str, Any], binary: str) -> dict[str, Any]:
     return entry
 
 
-def _block(runtimes_keys: list[str], name: str, entry: dict[str, Any]) -> str:
-    head = dotted([*runtimes_keys, name])
+def _literal_style(text: str) -> bool:
+    """Whether the file writes strings '...' (containerd 2.x's `config default` does)."""
+    return len(re.findall(r"= '", text)) > len(re.findall(r'= "', text))
+
+
+def _styled(value: Any, literal: bool) -> Any:
+    """value with its strings written the file's way."""
+    if literal and isinstance(value, str) and "'" not in value and "\n" not in value:
+        return tomlkit.string(value, literal=True)
+    if literal and isinstance(value, list):
+        arr = tomlkit.array()
+        arr.extend(_styled(v, literal) for v in value)
+        return arr
+    return value
+
+
+def _dotted_styled(keys: list[str], literal: bool) -> str:
+    if not literal:
+        return dotted(keys)
+    return ".".join(k if re.fullmatch(r"[A-Za-z0-9_-]+", k) or "'" in k else f"'{k}'"
+                    for k in keys)
+
+
+def _block(runtimes_keys: list[str], name: str, entry: dict[str, Any], literal: bool) -> str:
+    head = _dotted_styled([*runtimes_keys, name], literal)
     lines = [f"[{head}]"]
-    lines += [tomlkit.dumps({k: v}).strip() for k, v in entry.items() if k != "options"]
+    lines += [tomlkit.dumps({k: _styled(v, literal)}).strip()
+              for k, v in entry.items() if k != "options"]
     lines += ["", f"[{head}.options]"]
-    lines += [tomlkit.dumps({k: v}).strip() for k, v in entry["options"].items()]
+    lines += [tomlkit.dumps({k: _styled(v, literal)}).strip() for k, v in entry["options"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -209,11 +233,12 @@ def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: Request,
           source: dict[str, Any], notes: list[str], need_runc: bool, edits: Edits) -> str:
     plugin = PLUGIN[version]
     runtimes_keys = [*plugin, "containerd", "runtimes"]
+    lit = _literal_style(tomlkit.dumps(doc))
     if req.set_as_default:
         ctd = _ensure_table(doc, [*plugin, "containerd"], path)
         prev = ctd.get("default_runtime_name")
         if prev != req.name:
-            set_key(ctd, "default_runtime_name", req.name, _header_indent(ctd))
+            set_key(ctd, "default_runtime_name", _styled(req.name, lit), _header_indent(ctd))
             if prev is not None and prev != "runc":  # remove's fallback is runc
                 mark_previous(ctd, "default_runtime_name", _plain(prev))
         edits[(*plugin, "containerd", "default_runtime_name")] = req.name
@@ -229,12 +254,13 @@ def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: Request,
     if existing is None:
         entry = _entry(source, req.runtime_path)
         edits[tuple([*runtimes_keys, req.name])] = entry
-        block = _block(runtimes_keys, req.name, entry)
+        block = _block(runtimes_keys, req.name, entry, lit)
         if need_runc:
             # containerd's built-in "runc" runtime exists only while the file names no
             # runtime at all; once it names one, a missing default runtime makes the CRI
             # plugin fail to load ("no corresponding runtime configured")
-            runc = f"[{dotted([*runtimes_keys, 'runc'])}]\nruntime_type = \"{RUNC_SHIM}\"\n"
+            runc = (f"[{_dotted_styled([*runtimes_keys, 'runc'], lit)}]\n"
+                    f"{tomlkit.dumps({'runtime_type': _styled(RUNC_SHIM, lit)})}")
             block = runc + "\n" + block
             edits[tuple([*runtimes_keys, "runc"])] = {"runtime_type": RUNC_SHIM}
             notes.append(f"{path} named no runtime: added runc too (containerd's built-in "
@@ -249,25 +275,25 @@ def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: Request,
         was = opts.get("BinaryName") if isinstance(opts, dict) else None
         notes.append(f"runtime {req.name!r} existed in {path} (BinaryName {was!r}): "
                      f"now runs {req.runtime_path}")
-        set_key(existing, "runtime_type", RUNC_SHIM, _header_indent(existing))
+        set_key(existing, "runtime_type", _styled(RUNC_SHIM, lit), _header_indent(existing))
         if not isinstance(opts, Table):
             existing["options"] = tomlkit.table()
             opts = existing["options"]
-        set_key(opts, "BinaryName", req.runtime_path, _header_indent(opts))
+        set_key(opts, "BinaryName", _styled(req.runtime_path, lit), _header_indent(opts))
     edits[(*here, "runtime_type")] = RUNC_SHIM
     edits[(*here, "options", "BinaryName")] = req.runtime_path
     # an entry of an older nvctk (or someone else's): the annotations it needs too
     current = _plain(existing.get("container_annotations"))
     wanted = _annotations(current)
     if wanted != current:
-        set_key(existing, "container_annotations", wanted, _header_indent(existing))
+        set_key(existing, "container_annotations", _styled(wanted, lit), _header_indent(existing))
     edits[(*here, "container_annotations")] = wanted
     pods = _plain(existing.get("pod_annotations"))
     if isinstance(pods, list) and not all(_pod_ok(a) for a in pods):
         kept = [a for a in pods if _pod_ok(a)]
         notes.append(f"runtime {req.name!r}: pod_annotations no longer passes nvctk.io/ "
                      f"(a Pod's author must not set the node's limits): {pods} -> {kept}")
-        set_key(existing, "pod_annotations", kept, _header_indent(existing))
+        set_key(existing, "pod_annotations", _styled(kept, lit), _header_indent(existing))
         pods = kept
     if isinstance(pods, list):
         edits[(*here, "pod_annotations")] = pods
@@ -291,7 +317,7 @@ def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
     need_runc = main_runtimes is None or len(main_runtimes) == 0
     if req.cdi:
         v = containerd_version()
-        if v is not None and v < (1, 7):
+        if v is not None and v < (1, 7) and version <= 2:
             notes.append(f"containerd {v[0]}.{v[1]} ignores enable_cdi (CDI came in 1.7)")
     if not req.drop_in:
         return {main_path: _add(main_doc, main_path, version, req, source, notes, need_runc).encode()}, notes

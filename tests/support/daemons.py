@@ -93,22 +93,26 @@ class Containerd:
     dir: Path
     socket: Path
     proc: subprocess.Popen
+    bin_dir: Path | None = None
 
     def ctr(self, *args: str, timeout: float = 60, check: bool = False,
             namespace: str = "nvctk-test") -> subprocess.CompletedProcess[str]:
+        ctr = str(self.bin_dir / "ctr") if self.bin_dir else "ctr"
         return subprocess.run(
-            ["ctr", "-a", str(self.socket), "-n", namespace, *args],
+            [ctr, "-a", str(self.socket), "-n", namespace, *args],
             capture_output=True, text=True, timeout=timeout, check=check,
         )
 
 
 @contextlib.contextmanager
 def containerd(workdir: Path, env: dict[str, str] | None = None,
-               config: Path | None = None) -> Iterator[Containerd]:
+               config: Path | None = None, bin_dir: Path | None = None) -> Iterator[Containerd]:
     """containerd with its own root/state/socket; `env` is what its shims (and
     so the runtimes they call) inherit, e.g. NVCTK_CONFIG for a simulated host.
     `config`: a config file of the caller's, which must put root, state and the
-    sockets under workdir (see private_paths); else one without the CRI plugin."""
+    sockets under workdir (see private_paths); else one without the CRI plugin.
+    `bin_dir`: another containerd's binaries (e.g. 2.3.4's), first on its PATH so that
+    it starts its own shim."""
     workdir.mkdir(parents=True, exist_ok=True)
     sock = workdir / "containerd.sock"
     cfg = config or workdir / "config.toml"
@@ -120,13 +124,14 @@ def containerd(workdir: Path, env: dict[str, str] | None = None,
             '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
         )
     log = workdir / "containerd.log"
+    exe = str(bin_dir / "containerd") if bin_dir else "containerd"
+    full_env = peer_env(bin_dir, env) if bin_dir else {**os.environ, **(env or {})}
     with open(log, "w") as logf:
         proc = subprocess.Popen(
-            ["containerd", "--config", str(cfg)],
-            stdout=logf, stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            [exe, "--config", str(cfg)],
+            stdout=logf, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
         )
-    daemon = Containerd(workdir, sock, proc)
+    daemon = Containerd(workdir, sock, proc, bin_dir)
     try:
         _wait_for(
             lambda: sock.exists() and daemon.ctr("version").returncode == 0, 30, "containerd", log
@@ -195,3 +200,27 @@ def import_rootfs(daemon: Dockerd, rootfs: Path, tag: str) -> None:
     res = daemon.docker("import", "-", tag, input=tar.stdout)
     if res.returncode != 0:
         raise RuntimeError(f"docker import failed: {res.stderr.decode()}")
+
+
+# --- the peers in ../shared: containerd 2.3.4 and CRI-O 1.36.3 -----------------------
+
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+CONTAINERD_2_TAR = SHARED / "peers" / "containerd" / "containerd-2.3.4-linux-amd64.tar.xz"
+CRIO_TAR = SHARED / "peers" / "crio" / "crio-1.36.3-linux-amd64.tar.xz"
+
+
+def unpack_peer(tarball: Path, dest: Path) -> Path | None:
+    """The peer's binaries unpacked into dest (a test's own dir), None when ../shared
+    lacks it (the caller skips, saying so)."""
+    if not tarball.is_file():
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-C", str(dest), "-xJf", str(tarball)], check=True)
+    return dest
+
+
+def peer_env(bin_dir: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment with bin_dir first on PATH: containerd 2.3.4 must find its own
+    shim, not Debian's."""
+    base = {**os.environ, **(env or {})}
+    return {**base, "PATH": f"{bin_dir}:{base.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
