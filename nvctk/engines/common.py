@@ -327,7 +327,8 @@ def guarded(path: str, fn: Any, *args: Any) -> Any:
         return fn(*args)
     except ConfigError:
         raise
-    except (ValueError, KeyError, TypeError, tomlkit.exceptions.TOMLKitError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError,
+            tomlkit.exceptions.TOMLKitError) as e:
         raise ConfigError(f"{path}: nvctk cannot edit this layout ({clipped(str(e))}); "
                           "left untouched: edit it by hand or use --drop-in")
 
@@ -358,7 +359,9 @@ def set_key(tbl: Any, key: str, value: Any, header_indent: str = "") -> None:
         return
     indent = _key_indent(tbl)
     tbl[key] = value
-    item: Any = tbl.value.item(key) if isinstance(tbl, Table) else tbl.item(key)
+    item: Any = _item(tbl, key)
+    if item is None:  # a table split across the file (a proxy): tomlkit's placement
+        return
     if indent is None:
         indent = header_indent + "  " if header_indent else ""
     item.trivia.indent = indent
@@ -576,8 +579,8 @@ def remove_table_text(doc: tomlkit.TOMLDocument, keys: list[str], path: str) -> 
             continue
         j = heads[n + 1][0] if n + 1 < len(heads) else len(lines)
         end = j
-        while j < len(lines) and end > i + 1 and lines[end - 1].lstrip().startswith("#"):
-            end -= 1  # comments right above the next header stay with it
+        while end > i + 1 and lines[end - 1].lstrip().startswith("#"):
+            end -= 1  # comments right above the next header (or ending the file) stay
         drop.update(range(i, end))
     kept = [line for i, line in enumerate(lines) if i not in drop]
     # the blank line configure put before a table that ends the file
