@@ -263,6 +263,15 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
         prefix = host / "usr/local/nvctk"
         installed = (host / "etc/containerd/config.toml").read_text()
         _check_installed(prefix, installed, tmp_path)
+        assert (prefix / ".nvctk-installer").is_file()
+        # a prefix it did not make (the host's /usr/local) is refused, in the image too
+        (host / "usr/local/bin").mkdir(exist_ok=True)
+        (host / "usr/local/bin/site-tool").write_text("kept\n")
+        r = ctd.ctr("run", "--rm", "--mount", f"type=bind,src={host},dst=/host,options=rbind:rw",
+                    name, "nvctk-installer-test", "/usr/lib/nvctk/install.sh", "--prefix",
+                    "/usr/local", "--uninstall", timeout=300)
+        assert r.returncode == 2 and "not made by nvctk-installer" in r.stderr, r.stdout + r.stderr
+        assert (host / "usr/local/bin/site-tool").read_text() == "kept\n"
         # --uninstall (what --wait does on SIGTERM) takes back the runtime and the files
         r = ctd.ctr("run", "--rm", "--mount", f"type=bind,src={host},dst=/host,options=rbind:rw",
                     name, "nvctk-installer-test", "/usr/lib/nvctk/install.sh", "--uninstall",
@@ -339,3 +348,48 @@ def _check_installed(prefix: Path, cfg: str, tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "NVCTK_CONFIG": str(tmp_path / "none.toml")}
     r = _run([str(prefix / "bin/nvctk"), "config", "default"], env=env)
     assert r.returncode == 0 and "runtimes = " in r.stdout, r.stderr
+
+
+# --- the installer owns only what it made (issue 17 §4) -------------------------------------
+# install.sh run directly against a scratch host dir (--host): each refusal comes before
+# anything is read or written, so a wrong answer could only touch that scratch dir.
+
+
+def _host_tree(host: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(host)): (p.read_bytes() if p.is_file() else b"")
+            for p in sorted(host.rglob("*"))}
+
+
+@pytest.mark.parametrize("prefix,args,why", [
+    ("/", [], "is the host's root"),
+    ("/usr/local", [], "exists and was not made by nvctk-installer"),
+    ("/usr/local", ["--uninstall"], "exists and was not made by nvctk-installer"),
+    ("/usr", ["--uninstall"], "exists and was not made by nvctk-installer"),
+    ("/usr/local/", [], "must be a plain path"),
+    ("/usr/local/nvctk/..", ["--uninstall"], "must be a plain path"),
+    ("//usr/local", [], "must be a plain path"),
+    ("/usr/./local", [], "must be a plain path"),
+    ("usr/local/nvctk", [], "must be absolute"),
+    ("/srv/link", [], "is a symbolic link on the host"),
+    ("/srv/file", ["--uninstall"], "exists and was not made by nvctk-installer"),
+    ("/srv/fake", ["--uninstall"], "exists and was not made by nvctk-installer"),
+])
+def test_installer_refuses_prefixes_it_did_not_make(tmp_path: Path, prefix: str, args: list[str],
+                                                   why: str) -> None:
+    host = tmp_path / "host"
+    for d in ("usr/local/bin", "usr/bin", "etc/containerd", "srv"):
+        (host / d).mkdir(parents=True)
+    (host / "usr/local/bin/site-tool").write_text("#!/bin/sh\n")
+    (host / "usr/bin/ls").write_text("binary\n")
+    (host / "etc/containerd/config.toml").write_text("version = 2\n")
+    (host / "srv/file").write_text("data\n")
+    (host / "srv/link").symlink_to("/usr/local")
+    # a mark that is a link is no mark
+    (host / "srv/fake").mkdir()
+    (host / "srv/fake/.nvctk-installer").symlink_to("/etc/hostname")
+    before = _host_tree(host)
+    r = _run(["sh", str(REPO / "packaging/image/install.sh"), "--host", str(host),
+              "--prefix", prefix, *args])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert why in r.stderr and "nothing changed" in r.stderr, r.stderr
+    assert _host_tree(host) == before
