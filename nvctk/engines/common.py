@@ -50,6 +50,7 @@ class Change:
     path: str
     old: bytes | None
     new: bytes | None
+    bak: str = ""  # where the replaced file is kept ("": <file>.bak beside it)
 
     @property
     def changed(self) -> bool:
@@ -483,6 +484,10 @@ def target(path: str) -> str:
     return os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path)
 
 
+def backup_path(path: str) -> str:
+    return target(path) + ".bak"
+
+
 def apply(plan: Plan) -> list[str]:
     """Write every changed file of the plan, or none. Returns lines saying what was done."""
     todo = [c for c in plan.changes if c.changed]
@@ -492,7 +497,7 @@ def apply(plan: Plan) -> list[str]:
     try:
         for c in todo:
             path = target(c.path)
-            bak = path + ".bak"
+            bak = c.bak or backup_path(c.path)
             _check_writable(path)
             if c.old is not None:
                 _check_writable(bak)
@@ -524,11 +529,11 @@ def apply(plan: Plan) -> list[str]:
                 raise ConfigError(f"cannot remove {path}: {e.strerror}")
         for c in todo:
             if c.new is None:
-                done.append(f"removed {c.path} (kept as {target(c.path)}.bak)")
+                done.append(f"removed {c.path} (kept as {c.bak or backup_path(c.path)})")
             elif c.old is None:
                 done.append(f"created {c.path}")
             else:
-                done.append(f"updated {c.path} (previous version: {target(c.path)}.bak)")
+                done.append(f"updated {c.path} (previous version: {c.bak or backup_path(c.path)})")
         for d in {os.path.dirname(target(c.path)) for c in todo}:
             with contextlib.suppress(OSError):
                 fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)

@@ -179,7 +179,7 @@ def _container_config(pb: Any, name: str, image: str, command: Sequence[str],
                       alloc: Allocation) -> Any:
     return pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name),
-        image=pb.ImageSpec(image=image),
+        image=pb.ImageSpec(image=image, user_specified_image=image),
         command=list(command),
         envs=[pb.KeyValue(key=k, value=v) for k, v in alloc.envs.items()],
         mounts=[pb.Mount(container_path=c, host_path=h, readonly=ro) for c, h, ro in alloc.mounts],

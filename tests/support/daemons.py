@@ -224,3 +224,71 @@ def peer_env(bin_dir: Path, env: dict[str, str] | None = None) -> dict[str, str]
     shim, not Debian's."""
     base = {**os.environ, **(env or {})}
     return {**base, "PATH": f"{bin_dir}:{base.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
+
+
+CRIO_EXAMPLE = SHARED / "peers" / "crio" / "crio.conf.example"
+
+
+def crio_config(workdir: Path, pause_image: str, bin_dir: Path) -> Path:
+    """../shared's private CRI-O config for workdir (its socket, storage, state there),
+    with an empty conf.d beside it."""
+    text = (CRIO_EXAMPLE.read_text().replace("@DIR@", str(workdir))
+            .replace("@PAUSE_IMAGE@", pause_image)
+            # "": the pause image's own entrypoint
+            .replace("@PAUSE_COMMAND@", ""))
+    text = text.replace(f'pinns_path = "{workdir}/bin/pinns"', f'pinns_path = "{bin_dir}/pinns"')
+    (workdir / "conf.d").mkdir(parents=True, exist_ok=True)
+    (workdir / "policy.json").write_text('{"default":[{"type":"insecureAcceptAnything"}]}\n')
+    cfg = workdir / "crio.conf"
+    cfg.write_text(text)
+    return cfg
+
+
+def crio_dump(bin_dir: Path, workdir: Path) -> subprocess.CompletedProcess[str]:
+    """`crio config`: CRI-O's reading of crio.conf and conf.d, as TOML."""
+    return subprocess.run([str(bin_dir / "crio"), "--config", str(workdir / "crio.conf"),
+                           "--config-dir", str(workdir / "conf.d"), "config"],
+                          capture_output=True, text=True, timeout=60, env=peer_env(bin_dir))
+
+
+@dataclass
+class Crio:
+    dir: Path
+    socket: Path
+    proc: subprocess.Popen
+
+
+@contextlib.contextmanager
+def crio(workdir: Path, bin_dir: Path) -> Iterator[Crio]:
+    """CRI-O 1.36.3 on crio_config's private paths (write it, and load images, first)."""
+    sock = workdir / "crio.sock"
+    log = workdir / "crio.log"
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            [str(bin_dir / "crio"), "--config", str(workdir / "crio.conf"),
+             "--config-dir", str(workdir / "conf.d")],
+            stdout=logf, stderr=subprocess.STDOUT, env=peer_env(bin_dir), start_new_session=True)
+    daemon = Crio(workdir, sock, proc)
+    try:
+        _wait_for(lambda: sock.exists() or proc.poll() is not None, 60, "crio", log)
+        if proc.poll() is not None:
+            raise RuntimeError(f"crio exited {proc.returncode}: {log.read_text()[-2000:]}")
+        yield daemon
+    finally:
+        _stop(proc, 20)
+        _kill_conmons(workdir)
+        umount_below(workdir)
+
+
+def _kill_conmons(root: Path) -> None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline and cmdline[0].endswith(b"conmon") and any(
+                str(root).encode() in arg for arg in cmdline):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
