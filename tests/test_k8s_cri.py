@@ -340,7 +340,7 @@ def test_unknown_cdi_device_fails_clearly_and_leaves_nothing(cri: CriClient, wor
     """A CDI device no spec dir knows: the engine (or nvctk, where the engine ignores
     the field) says which, and no container of it is left."""
     if not node.applies_cdi_devices:
-        pytest.skip(f"{node.engine} ignores the CRI's CDI devices (see test_cri_cdi_devices)")
+        pytest.skip(f"{node.engine} ignores the CRI's CDI devices (see test_cri_cdi_devices_from_the_plugins_cdi_cri_answer)")
     with pytest.raises(CriError) as e:
         run(cri, work, Allocation(cdi_devices=["nvidia.com/gpu=GPU-not-there"]), "true")
     assert e.value.call in ("CreateContainer", "StartContainer"), e.value
@@ -510,6 +510,6 @@ def test_a_vgpu_share_cannot_ride_cdi_strategies_alone(strategies: list[str]) ->
     from nvctk.deviceplugin import config as dpconfig
     from nvctk.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="sharing.vgpu needs deviceListStrategy envvar"):
+    with pytest.raises(ConfigError, match=r"sharing\.vgpu needs deviceListStrategy envvar"):
         dpconfig.parse({"version": "v1", "flags": {"deviceListStrategy": strategies},
                         "sharing": {"vgpu": {"replicas": 4}}}, "test")
