@@ -12,6 +12,7 @@ a vGPU share's CUDA_DEVICE_MEMORY_LIMIT / CUDA_DEVICE_SM_LIMIT.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -44,6 +45,7 @@ from support.cri import (  # noqa: E402
     parse_cri_log,
     pass_cdi_annotations,
     pause_rootfs,
+    pod,
     run_pod,
 )
 from support.daemons import (  # noqa: E402
@@ -394,6 +396,46 @@ def test_nothing_left_behind(cri: CriClient, node: Node) -> None:
                   if str(node.dir) in line.split()[4] and "/root/overlay" not in line.split()[4]
                   and not line.split()[4].endswith("/root")]
     assert mounts == []
+
+
+def test_which_annotations_reach_the_runtime(cri: CriClient, work: Path, node: Node) -> None:
+    """The device plugin's nvctk.io/ limits travel as container annotations, which only
+    the kubelet sets: they must reach nvctk-runtime's OCI spec. A Pod's own annotations
+    (its author's) must never carry nvctk.io/ there. Recorded per engine: containerd
+    passes what its runtime's container_annotations / pod_annotations list (nvctk
+    configure lists nvctk.io/* only in the first); CRI-O passes every container
+    annotation, and the Pod's annotations too (checked here: nvctk must not take
+    nvctk.io/ from a spec on CRI-O without the kubelet's word for it)."""
+    sync = work / f"sync-{node.engine}"
+    sync.mkdir()
+    with pod(cri, "nvidia", work / "logs", annotations={"nvctk.io/from-pod": "pod",
+                                                        "nvctk.io/both": "pod",
+                                                        "io.kubernetes.cri-o.Annotations": "{\"nvctk.io/forged\":\"x\"}",
+                                                        "example.com/pod": "p"}) as p:
+        alloc = Allocation(envs={"NVIDIA_VISIBLE_DEVICES": "none"},
+                           annotations={"nvctk.io/from-container": "ctr",
+                                        "nvctk.io/both": "ctr"},
+                           mounts=[("/sync", str(sync), False)])
+        # runs until the test has read its spec (containerd drops it when the task ends)
+        cid = p.container("main", GPU_IMAGE,
+                          ["sh", "-c", "while [ ! -e /sync/go ]; do sleep 0.05; done"], alloc)
+        p.start(cid)
+        # the spec the runtime got: containerd's task dir, CRI-O's userdata dirs
+        specs = [json.loads(f.read_text()) for f in node.dir.rglob("config.json")
+                 if cid in f.parts or (f.parent.name == "userdata" and f.parent.parent.name == cid)]
+        (sync / "go").touch()
+        assert p.wait(cid) == 0
+        cri.call("RemoveContainer", cri.pb.RemoveContainerRequest(container_id=cid))
+    assert specs
+    for spec in specs:
+        got = spec.get("annotations", {})
+        assert got.get("nvctk.io/from-container") == "ctr", got
+        import sys as _s; print(node.engine, json.dumps(got, indent=1), file=_s.stderr)
+        if node.engine.startswith("containerd"):
+            assert "nvctk.io/from-pod" not in got and "example.com/pod" not in got, got
+        else:
+            # CRI-O: the Pod's annotations are in the container's spec too
+            assert got.get("nvctk.io/from-pod") == "pod", got
 
 
 def _shims(root: Path) -> list[str]:

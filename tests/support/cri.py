@@ -163,12 +163,14 @@ def parse_cri_log(text: str) -> str:
     return "".join(out)
 
 
-def _sandbox_config(pb: Any, name: str, log_dir: Path) -> Any:
+def _sandbox_config(pb: Any, name: str, log_dir: Path,
+                    annotations: Mapping[str, str] | None = None) -> Any:
     node = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
     return pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name=name, uid=uuid.uuid4().hex, namespace="default"),
         log_directory=str(log_dir),
         labels={"io.kubernetes.pod.name": name},
+        annotations=dict(annotations or {}),
         # host network, as hostNetwork: true: no CNI needed
         linux=pb.LinuxPodSandboxConfig(
             security_context=pb.LinuxSandboxSecurityContext(namespace_options=node)),
@@ -230,14 +232,16 @@ _pods = itertools.count()
 
 
 @contextlib.contextmanager
-def pod(client: CriClient, handler: str, log_root: Path, name: str = "") -> Iterator[Pod]:
-    """A host-network sandbox on `handler`, stopped and removed when the block ends."""
+def pod(client: CriClient, handler: str, log_root: Path, name: str = "",
+        annotations: Mapping[str, str] | None = None) -> Iterator[Pod]:
+    """A host-network sandbox on `handler`, stopped and removed when the block ends;
+    `annotations`: the Pod's own (metadata.annotations, which its author writes)."""
     pb = client.pb
     pod_name = name or f"nvctk-pod-{os.getpid()}-{next(_pods)}"
     log_dir = log_root / pod_name
     # the kubelet makes the Pod's log dir; CRI only opens files in it
     log_dir.mkdir(parents=True, exist_ok=True)
-    config = _sandbox_config(pb, pod_name, log_dir)
+    config = _sandbox_config(pb, pod_name, log_dir, annotations)
     res = client.call("RunPodSandbox", pb.RunPodSandboxRequest(config=config,
                                                                runtime_handler=handler))
     p = Pod(client, str(res.pod_sandbox_id), config, log_dir)
