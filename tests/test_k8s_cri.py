@@ -404,8 +404,9 @@ def test_which_annotations_reach_the_runtime(cri: CriClient, work: Path, node: N
     (its author's) must never carry nvctk.io/ there. Recorded per engine: containerd
     passes what its runtime's container_annotations / pod_annotations list (nvctk
     configure lists nvctk.io/* only in the first); CRI-O passes every container
-    annotation, and the Pod's annotations too (checked here: nvctk must not take
-    nvctk.io/ from a spec on CRI-O without the kubelet's word for it)."""
+    annotation and the Pod's annotations too, so on CRI-O an nvctk.io/ key counts only
+    where `io.kubernetes.cri-o.Annotations` (CRI-O's JSON of the container's own
+    annotations, which a Pod annotation of that name does not replace) lists it."""
     sync = work / f"sync-{node.engine}"
     sync.mkdir()
     with pod(cri, "nvidia", work / "logs", annotations={"nvctk.io/from-pod": "pod",
@@ -430,12 +431,16 @@ def test_which_annotations_reach_the_runtime(cri: CriClient, work: Path, node: N
     for spec in specs:
         got = spec.get("annotations", {})
         assert got.get("nvctk.io/from-container") == "ctr", got
-        import sys as _s; print(node.engine, json.dumps(got, indent=1), file=_s.stderr)
         if node.engine.startswith("containerd"):
             assert "nvctk.io/from-pod" not in got and "example.com/pod" not in got, got
         else:
-            # CRI-O: the Pod's annotations are in the container's spec too
+            # CRI-O: the Pod's annotations are in the container's spec too (the
+            # container's win a clash); only CRI-O's own record of the container's
+            # annotations tells them apart, and a Pod cannot forge that record
             assert got.get("nvctk.io/from-pod") == "pod", got
+            assert got["nvctk.io/both"] == "ctr", got
+            assert json.loads(got["io.kubernetes.cri-o.Annotations"]) == {
+                "nvctk.io/from-container": "ctr", "nvctk.io/both": "ctr"}, got
 
 
 def _shims(root: Path) -> list[str]:
