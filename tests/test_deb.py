@@ -393,3 +393,46 @@ def test_installer_refuses_prefixes_it_did_not_make(tmp_path: Path, prefix: str,
     assert r.returncode == 2, r.stdout + r.stderr
     assert why in r.stderr and "nothing changed" in r.stderr, r.stderr
     assert _host_tree(host) == before
+
+
+def test_image_configures_a_containerd_2_3_host(image: Path, tmp_path: Path) -> None:
+    """A host running containerd 2.3: its config is 2.3.4's own `config default`
+    (version 4). The installer wires nvctk in the same way, 2.3.4 loads the result
+    with the runtime, and --uninstall gives back the file byte for byte."""
+    from support.daemons import CONTAINERD_2_TAR, peer_env, unpack_peer
+
+    if not shutil.which("ctr"):
+        pytest.skip("needs containerd")
+    bin2 = unpack_peer(CONTAINERD_2_TAR, tmp_path / "bin2")
+    if bin2 is None:
+        pytest.skip(f"{CONTAINERD_2_TAR} is absent (../shared/peers/containerd)")
+    default = subprocess.run([str(bin2 / "containerd"), "config", "default"], capture_output=True,
+                             text=True, check=True).stdout
+    host = tmp_path / "host"
+    (host / "etc/containerd").mkdir(parents=True)
+    config = host / "etc/containerd/config.toml"
+    config.write_text(default)
+    name = f"localhost/nvctk-installer:{VERSION}"
+    mount = f"type=bind,src={host},dst=/host,options=rbind:rw"
+    with containerd(tmp_path / "ctd") as ctd:
+        r = ctd.ctr("images", "import", str(image), timeout=300)
+        assert r.returncode == 0, r.stderr
+        # (through sh: ctr would take a bare "--" for itself)
+        r = ctd.ctr("run", "--rm", "--mount", mount, name, "nvctk-installer-v4", "sh", "-c",
+                    "exec /usr/lib/nvctk/install.sh -- --set-as-default", timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        dump = subprocess.run([str(bin2 / "containerd"), "--config", str(config), "config", "dump"],
+                              capture_output=True, text=True, timeout=60, env=peer_env(bin2))
+        assert dump.returncode == 0, dump.stderr
+        import tomllib
+
+        cri = tomllib.loads(dump.stdout)["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
+        assert cri["default_runtime_name"] == "nvidia"
+        rt = cri["runtimes"]["nvidia"]
+        assert rt["options"]["BinaryName"] == "/usr/local/nvctk/bin/nvctk-runtime"
+        assert {"cdi.k8s.io/*", "nvctk.io/*"} <= set(rt["container_annotations"])
+        r = ctd.ctr("run", "--rm", "--mount", mount, name, "nvctk-installer-v4u",
+                    "/usr/lib/nvctk/install.sh", "--uninstall", timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert config.read_text() == default
+    assert not (host / "usr/local/nvctk").exists()
