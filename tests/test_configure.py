@@ -808,3 +808,33 @@ def test_containerd_annotations_for_the_node_never_as_pod_annotations(nv: Run, t
     assert res.returncode == 0 and "no longer passes nvctk.io/" in res.stdout, res.stdout
     rt = cri_runtime(toml(cfg))
     assert rt["pod_annotations"] == [] and "nvctk.io/*" in rt["container_annotations"]
+
+
+@pytest.mark.parametrize("engine", ["containerd", "docker"])
+def test_remove_after_edit_restores_the_foreign_runtime_configure_replaced(
+        nv: Run, tmp_path: Path, engine: str) -> None:
+    """As above, but the file was edited by hand since: the .bak no longer matches, and
+    the runtime configure replaced still comes back (not deleted with nvctk's)."""
+    if engine == "containerd":
+        cfg = tmp_path / "config.toml"
+        text = (f'version = 2\n[{V2}.containerd.runtimes.nvidia]\n'
+                '  runtime_type = "io.containerd.runc.v2"\n'
+                f'[{V2}.containerd.runtimes.nvidia.options]\n'
+                '  BinaryName = "/usr/bin/nvidia-container-runtime"\n')
+        parse = tomllib.loads
+    else:
+        cfg = tmp_path / "daemon.json"
+        text = '{"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}}}\n'
+        parse = json.loads
+    cfg.write_text(text)
+    assert nv("--runtime", engine, "--config", str(cfg)).returncode == 0
+    edited = cfg.read_text().replace("{", '{"debug": true, ', 1) if engine == "docker" \
+        else cfg.read_text() + "# edited\n"
+    cfg.write_text(edited)
+    res = nv("--runtime", engine, "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    assert "back to the one configure replaced" in res.stdout, res.stdout
+    want = parse(text)
+    if engine == "docker":
+        want = {"debug": True, **want}
+    assert parse(cfg.read_text()) == want

@@ -399,6 +399,23 @@ def _bak_value(bak: bytes | None, keys: list[str], key: str, req: Request) -> An
     return MISSING if value == req.name else value
 
 
+def _replaced_runtime(bak: bytes | None, runtimes_keys: list[str], req: Request) -> Any:
+    """The runtime table of req.name in the .bak when it is someone else's (configure
+    replaced it), else None."""
+    if bak is None:
+        return None
+    try:
+        rts = get_table(tomlkit.parse(bak.decode()), runtimes_keys, "")
+    except Exception:
+        return None
+    rt = rts.get(req.name) if rts is not None else None
+    if not isinstance(rt, Table):
+        return None
+    opts = rt.get("options")
+    binary = opts.get("BinaryName") if isinstance(opts, dict) else None
+    return None if is_our_binary(binary, req) else rt
+
+
 def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
     """Structural removal: nvctk's runtime (refused when the table of that name is
     someone else's); a default_runtime_name naming it and an enable_cdi configure set
@@ -452,10 +469,20 @@ def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | 
             edits[(*plugin, "enable_cdi")] = MISSING if was is UNSET else was
             notes.append(f"{path}: enable_cdi back to " + ("unset" if was is UNSET else str(was).lower()))
     before = tomlkit.dumps(parse_toml(path, old[path] or b""))
-    text = guarded(path, remove_table_text, doc, [*runtimes_keys, req.name], path)
-    doc = tomlkit.parse(text)
-    _drop_empty_super(doc, runtimes_keys)
-    text = tomlkit.dumps(doc)
+    replaced = _replaced_runtime(bak, runtimes_keys, req)
+    if replaced is not None:
+        # configure had replaced someone else's runtime of that name: it comes back
+        rts = get_table(doc, runtimes_keys, path)
+        rts[req.name] = replaced
+        edits[tuple([*runtimes_keys, req.name])] = _plain(replaced)
+        notes.append(f"{path}: runtime {req.name!r} back to the one configure replaced "
+                     f"(from {path}'s backup)")
+        text = tomlkit.dumps(doc)
+    else:
+        text = guarded(path, remove_table_text, doc, [*runtimes_keys, req.name], path)
+        doc = tomlkit.parse(text)
+        _drop_empty_super(doc, runtimes_keys)
+        text = tomlkit.dumps(doc)
     check_edit(path, before.encode(), text.encode(), edits)
     out: Files = {}
     if path != main_path:

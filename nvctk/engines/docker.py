@@ -92,6 +92,20 @@ def _bak_default(bak: bytes | None, req: Request) -> str | None:
     return value if isinstance(value, str) and value != req.name else None
 
 
+def _bak_runtime(bak: bytes | None, req: Request) -> Any:
+    """daemon.json.bak's runtime of req.name when it is someone else's, else None."""
+    if bak is None:
+        return None
+    try:
+        rts = json.loads(bak).get("runtimes")
+    except (ValueError, AttributeError):
+        return None
+    entry = rts.get(req.name) if isinstance(rts, dict) else None
+    if not isinstance(entry, dict) or is_our_binary(entry.get("path"), req):
+        return None
+    return entry
+
+
 def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
     path = paths(req)[0]
     if old[path] is None:
@@ -107,7 +121,13 @@ def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | 
         raise not_ours(path, req, "path", binary)
     notes: list[str] = []
     assert isinstance(runtimes, dict)
-    del runtimes[req.name]
+    was = _bak_runtime((baks or {}).get(path), req)
+    if was is not None:
+        # configure had replaced someone else's runtime of that name: it comes back
+        runtimes[req.name] = was
+        notes.append(f"{path}: runtime {req.name!r} back to the one configure replaced")
+    else:
+        del runtimes[req.name]
     if not runtimes:
         del cfg["runtimes"]
     if cfg.get("default-runtime") == req.name:
