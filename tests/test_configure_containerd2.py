@@ -226,3 +226,32 @@ def test_containerd_2_3_daemon_starts_its_cri_with_the_configured_v4_file(
         assert rows[("io.containerd.cri.v1", "runtime")] == "ok", res.stdout
         log = (work / "containerd.log").read_text()
         assert "nvidia" not in log or "error" not in log.lower().split("nvidia")[0][-200:]
+
+
+def test_v4_drop_in_where_its_imports_already_look(run_nvctk: Run, bin2: Path,
+                                                   tmp_path: Path) -> None:
+    """2.3's config default imports conf.d/*.toml already: the drop-in goes there, the
+    main file is not touched, a site's own drop-in beside it keeps working, and remove
+    takes away nvctk's file alone."""
+    confd = tmp_path / "conf.d"
+    confd.mkdir()
+    text = default_config(bin2 / "containerd").replace("/etc/containerd/conf.d", str(confd))
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(text)
+    site = confd / "10-site.toml"
+    site.write_text(f'version = 4\n[plugins."{RT}".containerd.runtimes.runc.options]\n'
+                    "  SystemdCgroup = true\n")
+    drop = confd / "99-nvctk.toml"
+    args = ["configure", "--runtime", "containerd", "--config", str(cfg), "--drop-in", str(drop)]
+    res = run_nvctk(*args, env=peer_env(bin2))
+    assert res.returncode == 0, res.stderr
+    assert cfg.read_text() == text and not (tmp_path / "config.toml.bak").exists()
+    doc = dump(bin2, cfg)
+    check_nvidia(doc)
+    assert runtimes(doc)["runc"]["options"]["SystemdCgroup"] is True
+    res = run_nvctk(*args, "--remove", env=peer_env(bin2))
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in confd.iterdir()) == ["10-site.toml", "99-nvctk.toml.bak"]
+    assert cfg.read_text() == text
+    doc = dump(bin2, cfg)
+    assert "nvidia" not in runtimes(doc) and runtimes(doc)["runc"]["options"]["SystemdCgroup"]
