@@ -175,6 +175,14 @@ def parse(data: Any, source: str = "config") -> PluginConfig:
                                     for r in ts["resources"]))
     elif "vgpu" in sharing:
         v = sharing["vgpu"]
+        if not {"envvar", "volume-mounts"} & set(kw["strategies"]):
+            # cdi-cri: containerd 2.x and CRI-O inject the GPU from the CDI spec, and
+            # nvctk-runtime (which sets up the cap) never hears of it: a whole GPU.
+            # cdi-annotations: nvctk-runtime refuses vGPU limits on CDI devices.
+            raise ConfigError(
+                f"{source}: sharing.vgpu needs deviceListStrategy envvar or volume-mounts: "
+                f"with only {', '.join(kw['strategies'])} the engine applies the GPU from its "
+                "CDI spec, where nvctk-runtime cannot cap it")
         kw.update(sharing="vgpu", vgpu_replicas=v["replicas"],
                   vgpu_resource=v.get("resourceName", "nvidia.com/vgpu"))
     elif "mps" in sharing:
