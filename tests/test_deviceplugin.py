@@ -282,7 +282,7 @@ def test_labels() -> None:
 
 
 @pytest.mark.parametrize("strategies", [["envvar"], ["volume-mounts"], ["envvar", "volume-mounts"],
-                                        ["cdi-annotations"], ["cdi-cri"]])
+                                        ["envvar", "cdi-annotations"], ["envvar", "cdi-cri"]])
 def test_vgpu_share_travels_in_a_verifiable_annotation(tmp_path: Path,
                                                        strategies: list[str]) -> None:
     """Every strategy carries the share in nvctk.io/vgpu.<name> as well as in the env
