@@ -1,0 +1,212 @@
+"""The monitor (issue 21) on a simulated host, with containers run through nvctk-runtime and
+real runc: its snapshot, `nvctk top --once --json`, bad input. Every figure is judged
+against the simulated GPU's own counters (its per-process memory and busy time in the
+shared state file), never against libvgpu's bookkeeping.
+
+The Prometheus server and browser tests live in tests/test_monitor_e2e.py, the CRI Pods
+in tests/test_monitor_cri.py; the node is tests/support/monitor.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvctk.monitor.collect import Collector
+from nvctk.monitor.containers import Discovery, load_container
+from support.monitor import MIB, Node, sim_counts, standard_containers
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
+                                reason="needs root (sim device nodes) and runc")
+
+BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    n = Node(tmp_path_factory.mktemp("monitor"))
+    try:
+        standard_containers(n)
+        yield n
+    finally:
+        n.cleanup()
+
+
+def _devices(snap, cid):  # type: ignore[no-untyped-def]
+    c = next((c for c in snap.containers if c.id == cid), None)
+    assert c is not None, f"{cid} not in the snapshot: {[x.id for x in snap.containers]}"
+    return c
+
+
+@pytest.mark.slow
+def test_snapshot_matches_the_simulated_gpu(node: Node) -> None:
+    """Memory within 1 MiB and SM share within 5 points of the sim's counters, for
+    several capped containers on one GPU (one idle), a whole GPU and a MIG device."""
+    col = Collector(node.sim.root, [node.runc_root])
+    try:
+        col.collect()
+        a = sim_counts(node)
+        snap = node.collect_after(col, 3.0)
+        b = sim_counts(node)
+    finally:
+        col.close()
+    span = b.time - a.time
+    for cid, want in node.expect.items():
+        c = _devices(snap, cid)
+        assert c.kind == want["kind"], (cid, c.kind)
+        assert len(c.devices) == 1
+        d = c.devices[0]
+        assert d.device_uuid == want["device"]
+        mem = b.mem[cid]
+        assert abs(d.memory_used - mem) <= MIB, (cid, d.memory_used, mem)
+        assert mem >= want["min_mem"]
+        busy = (b.busy[cid] - a.busy[cid]) / (span * 1e9)
+        assert abs(d.sm_utilization - busy) <= 0.05, (cid, d.sm_utilization, busy)
+        assert d.memory_limit == want.get("mem_cap")
+        assert d.sm_limit == want.get("sm_cap")
+        assert len(d.processes) == b.procs[cid]
+        if want["busy"]:
+            assert d.sm_utilization > 0.05 and d.last_kernel_seconds is not None
+        else:
+            assert d.sm_utilization == 0.0  # idle: 0, not nothing
+    # host pids: every container's process is its own entry (not all "pid 1")
+    pids = [p for c in snap.containers for d in c.devices for p in d.processes]
+    assert len(pids) == len(set(pids)) >= len(node.expect)
+    assert all(p != 1 for p in pids)
+    g0 = snap.gpus[0]
+    capped = [w for w in node.expect.values() if w["device"] == g0.uuid]
+    assert g0.shares == len(capped)
+    assert g0.memory_promised == sum(w["mem_cap"] for w in capped)
+    # a share without an SM limit may use every SM
+    assert abs(g0.sm_promised - sum(w["sm_cap"] or 1.0 for w in capped)) < 1e-9
+
+
+@pytest.mark.slow
+def test_top_json_matches_the_simulated_gpu(node: Node) -> None:
+    r = subprocess.run([os.path.join(BIN, "nvctk"), "top", "--json", "--runtime-root",
+                        node.runc_root], env={**os.environ, **node.sim.env},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout)
+    counts = sim_counts(node)
+    by_id = {c["id"]: c for c in snap["containers"]}
+    for cid in node.expect:
+        d = by_id[cid]["devices"][0]
+        assert abs(d["memory_used"] - counts.mem[cid]) <= MIB
+    assert [g["uuid"] for g in snap["gpus"]] == [g.uuid for g in node.sim.topology.gpus]
+    # the terminal view renders the same snapshot
+    r = subprocess.run([os.path.join(BIN, "nvctk"), "top", "--once", "--runtime-root",
+                        node.runc_root], env={**os.environ, **node.sim.env, "COLUMNS": "160"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for cid in node.expect:
+        assert cid[:24] in r.stdout
+
+
+@pytest.mark.slow
+def test_ended_container_disappears_within_one_interval(node: Node) -> None:
+    col = Collector(node.sim.root, [node.runc_root])
+    try:
+        cid = node.start({"CUDA_DEVICE_MEMORY_LIMIT": "1g"}, "vgpu_probe init ctx 0 alloc "
+                         f"{64 * MIB} sleep 600000", gpu="0", wait_mem=64 * MIB)
+        assert any(c.id == cid for c in col.collect().containers)
+        node.kill(cid)
+        # runc keeps a stopped container's state until delete: it has ended all the same
+        assert not any(c.id == cid for c in col.collect().containers)
+    finally:
+        col.close()
+
+
+@pytest.mark.slow
+def test_garbage_from_a_container_changes_no_other_number(node: Node) -> None:
+    """A capped container overwrites what it can write (its accounting file) with garbage
+    and a huge claim: the monitor does not read it, the others' numbers stay exact and
+    its own stay the sim's."""
+    cid = node.start({"CUDA_DEVICE_MEMORY_LIMIT": "1g"},
+                     f"vgpu_probe init ctx 0 alloc {32 * MIB} sleep 600000", gpu="0",
+                     wait_mem=32 * MIB)
+    garbage = ("head -c 400000 /dev/urandom > /run/nvctk/vgpu/cache && "
+               "printf 'GPU-%s' $(head -c 60 /dev/zero | tr '\\0' f) >> /run/nvctk/vgpu/cache && "
+               "echo done")
+    r = subprocess.run(["runc", "--root", node.runc_root, "exec", cid, "/bin/sh", "-c", garbage],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "done", r.stderr
+    col = Collector(node.sim.root, [node.runc_root])
+    try:
+        snap = col.collect()
+    finally:
+        col.close()
+        counts = sim_counts(node)
+        node.kill(cid)
+    assert not snap.problems, snap.problems
+    for c in snap.containers:
+        want = counts.mem.get(c.id)
+        if want is not None:
+            assert abs(c.devices[0].memory_used - want) <= MIB, c.id
+    mine = _devices(snap, cid).devices[0]
+    assert mine.memory_used < 1 << 30
+
+
+def test_bad_runtime_state_is_logged_once_and_the_rest_goes_on(
+        node: Node, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A corrupt state.json, a bundle whose config.json is unreadable, a container dir
+    that vanishes: left out, each logged once; the real containers are all there."""
+    root = tmp_path / "root"
+    shutil.copytree(node.runc_root, root, symlinks=True,
+                    ignore=shutil.ignore_patterns("*.sock", "exec.fifo"))
+    (root / "corrupt").mkdir()
+    (root / "corrupt" / "state.json").write_text('{"init_process_pid": 1, "config": ')
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "nvctk-plan.json").write_text("{not json")
+    (bundle / "config.json").write_text("{}")
+    (root / "badplan").mkdir()
+    (root / "badplan" / "state.json").write_text(json.dumps(
+        {"init_process_pid": os.getpid(), "config": {"labels": [f"bundle={bundle}"]}}))
+    col = Collector(node.sim.root, [str(root), str(tmp_path / "absent")])
+    try:
+        with caplog.at_level(logging.WARNING, logger="nvctk.monitor"):
+            s1 = col.collect()
+            s2 = col.collect()
+    finally:
+        col.close()
+    for snap in (s1, s2):
+        assert {c.id for c in snap.containers} >= set(node.expect)
+        assert len(snap.problems) == 2, snap.problems
+    warned = [r.getMessage() for r in caplog.records]
+    assert sum("corrupt" in m for m in warned) == 1
+    assert sum("badplan" in m or "nvctk-plan" in m for m in warned) == 1
+
+
+def test_container_state_vanishing_mid_read(node: Node, tmp_path: Path) -> None:
+    """The state file goes between the listing and the read: that container is skipped
+    quietly (it has ended), the others stay."""
+    d = Discovery([node.runc_root])
+    calls = []
+    real = load_container
+
+    def vanish(root: str, cid: str, path: str, host):  # type: ignore[no-untyped-def]
+        calls.append(cid)
+        if len(calls) == 1:
+            raise FileNotFoundError(path)
+        return real(root, cid, path, host)
+
+    import nvctk.monitor.containers as mod
+
+    problems: list[str] = []
+    orig = mod.load_container
+    mod.load_container = vanish
+    try:
+        got = d.scan(node.host, lambda cause, msg: problems.append(cause))
+    finally:
+        mod.load_container = orig
+    assert len(got) == len(node.live_ids()) - 1
+    assert len(problems) == 1
