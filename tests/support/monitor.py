@@ -93,10 +93,10 @@ class Node:
         return int(st["pid"]) if st.get("status") == "running" else None
 
     def start(self, env: dict[str, str], script: str, gpu: str, wait_mem: int = 0,
-              **expect: Any) -> str:
+              annotations: dict[str, str] | None = None, **expect: Any) -> str:
         """Runs a container; returns once its processes hold wait_mem bytes on the sim."""
         cid = "mon-" + uuid.uuid4().hex[:10]
-        b = self.bundle(env, script, gpu)
+        b = self.bundle(env, script, gpu, annotations)
         p = subprocess.Popen([RUNTIME, "--root", self.runc_root, "run", "--bundle", str(b), cid],
                              env={**os.environ, **self.sim.env}, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
