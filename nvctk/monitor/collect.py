@@ -174,14 +174,18 @@ class Collector:
 
     # --- pid -> container ------------------------------------------------------------------
     def _container_cgroups(self, containers: list[Container]) -> dict[str, Container]:
+        """cgroup line -> container, from each container's init process. Lines the host's
+        init or the monitor itself share (a hierarchy the runtime did not split) say
+        nothing about who owns a process and are left out."""
         out: dict[str, Container] = {}
         keep = set()
+        common = set(cgroup_paths(1)) | set(cgroup_paths(os.getpid()))
         for c in containers:
             key = (c.init_pid, c.init_start)
             keep.add(key)
             lines = self._cg_cache.get(key)
             if lines is None:
-                lines = [ln for ln in cgroup_paths(c.init_pid) if _parents(ln)]
+                lines = [ln for ln in cgroup_paths(c.init_pid) if _parents(ln) and ln not in common]
                 if lines:
                     self._cg_cache[key] = lines
             for ln in lines:
