@@ -168,6 +168,10 @@ def test_bad_runtime_state_is_logged_once_and_the_rest_goes_on(
     bundle.mkdir()
     (bundle / "nvctk-plan.json").write_text("{not json")
     (bundle / "config.json").write_text("{}")
+    (root / "fifo").mkdir()
+    os.mkfifo(root / "fifo" / "state.json")  # would block a plain open() for ever
+    (root / "deep").mkdir()
+    (root / "deep" / "state.json").write_text("[" * 100000)
     (root / "badplan").mkdir()
     (root / "badplan" / "state.json").write_text(json.dumps(
         {"init_process_pid": os.getpid(), "config": {"labels": [f"bundle={bundle}"]}}))
@@ -180,9 +184,10 @@ def test_bad_runtime_state_is_logged_once_and_the_rest_goes_on(
         col.close()
     for snap in (s1, s2):
         assert {c.id for c in snap.containers} >= set(node.expect)
-        assert len(snap.problems) == 2, snap.problems
+        assert len(snap.problems) == 4, snap.problems
     warned = [r.getMessage() for r in caplog.records]
-    assert sum("corrupt" in m for m in warned) == 1
+    for name in ("corrupt", "fifo", "deep"):
+        assert sum(f"/{name}/" in m for m in warned) == 1, (name, warned)
     assert sum("badplan" in m or "nvctk-plan" in m for m in warned) == 1
 
 
@@ -210,3 +215,57 @@ def test_container_state_vanishing_mid_read(node: Node, tmp_path: Path) -> None:
         mod.load_container = orig
     assert len(got) == len(node.live_ids()) - 1
     assert len(problems) == 1
+
+
+def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
+    """A collection that hangs (here: its container discovery blocked) leaves /metrics
+    answering from the last snapshot, its age growing, well within a second."""
+    import threading
+    import time
+    import urllib.request
+
+    from nvctk.monitor.server import Monitor, make_server
+
+    col = Collector(node.sim.root, [node.runc_root])
+    mon = Monitor(col, 0.2)
+    release = threading.Event()
+    stuck = threading.Event()
+    real_scan = col.discovery.scan
+    calls = []
+
+    def scan(host, problem):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) > 1:
+            stuck.set()
+            release.wait(60)
+        return real_scan(host, problem)
+
+    col.discovery.scan = scan  # type: ignore[method-assign]
+    srv = make_server(mon, "127.0.0.1", 0)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        mon.start()
+        assert mon.wait_first(60)
+        assert stuck.wait(60)
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        for path in ("/metrics", "/api/snapshot", "/"):
+            t0 = time.monotonic()
+            with urllib.request.urlopen(url + path, timeout=1) as r:
+                body = r.read()
+            assert r.status == 200 and time.monotonic() - t0 < 1.0, path
+        text = body if path == "/" else b""
+        assert b"<title>nvctk GPU shares</title>" in text
+        with urllib.request.urlopen(url + "/metrics", timeout=1) as r:
+            metrics = r.read().decode()
+        for cid in node.expect:
+            assert f'container_id="{cid}"' in metrics
+        assert "nvctk_monitor_snapshot_age_seconds" in metrics
+    finally:
+        release.set()
+        mon.stop.set()
+        if mon.thread is not None:
+            mon.thread.join(30)
+        srv.shutdown()
+        srv.server_close()
+        col.close()

@@ -21,6 +21,7 @@ import glob
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass
 
 from nvctk.inventory import HostInfo
@@ -90,11 +91,24 @@ def expand_roots(patterns: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
+def _read_regular(path: str, limit: int = MAX_JSON) -> bytes:
+    """The file's bytes, only if it is a regular file: a FIFO or device in its place
+    must not block the collection (O_NONBLOCK, then checked)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{path}: larger than {limit} bytes")
+    return data
+
+
 def _read_json(path: str) -> object:
-    with open(path, "rb") as f:
-        data = f.read(MAX_JSON + 1)
-    if len(data) > MAX_JSON:
-        raise ValueError(f"{path}: larger than {MAX_JSON} bytes")
+    data = _read_regular(path)
     return json.loads(data)
 
 
@@ -181,8 +195,7 @@ def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo
     OSError/ValueError for state nvctk cannot read."""
     bundle, pid, start = _runtime_state(state_file)
     try:
-        with open(os.path.join(bundle, PLAN_FILE), "rb") as f:
-            plan = Plan.from_json(f.read(MAX_JSON))
+        plan = Plan.from_json(_read_regular(os.path.join(bundle, PLAN_FILE)))
     except FileNotFoundError:
         return None  # not a GPU container of nvctk's
     spec = _read_json(os.path.join(bundle, "config.json"))
@@ -243,7 +256,7 @@ class Discovery:
                     else:
                         try:
                             c = load_container(root, cid, path, host)
-                        except (OSError, ValueError, KeyError, TypeError) as e:
+                        except Exception as e:  # any unreadable state: skip that container
                             problem(f"container-state:{path}", f"{path}: {e}")  # type: ignore[operator]
                             continue
                         self._cache[path] = (key, c)
