@@ -23,9 +23,9 @@ def render(snap: Snapshot) -> Group:
         f"{len(snap.containers)} container(s) · SM shares over {snap.interval:.1f} s",
         style="bold")]
     for g in snap.gpus:
-        title = (f"GPU {g.index} {g.name} {g.uuid} · mem {g.memory_used // MIB}/{g.memory_total // MIB} MiB"
-                 f" · util {g.utilization * 100:.0f}% · {g.shares} share(s), promised "
-                 f"{g.memory_promised // MIB} MiB / SM {g.sm_promised * 100:.0f}%"
+        title = (f"GPU {g.index} · {g.name} · {g.uuid[:12]}… · mem {g.memory_used // MIB}/"
+                 f"{g.memory_total // MIB} MiB · util {g.utilization * 100:.0f}% · {g.shares} share(s):"
+                 f" {g.memory_promised // MIB} MiB, SM {g.sm_promised * 100:.0f}% promised"
                  + ("" if g.healthy else f" · UNHEALTHY (XID {g.last_xid})"))
         t = Table(title=title, title_justify="left", expand=False)
         for col, just in (("container", "left"), ("kind", "left"), ("device", "left"),
@@ -41,7 +41,7 @@ def render(snap: Snapshot) -> Group:
                 who = f"{c.namespace}/{c.pod}/{c.container}" if c.pod else c.name
                 cap = d.memory_limit if d.memory_limit is not None else d.memory_total
                 t.add_row(
-                    who, c.kind, d.device_uuid[:12] if d.device_uuid != g.uuid else "whole",
+                    who, c.kind, d.device_uuid[:12] if d.device_uuid != g.uuid else f"GPU {g.index}",
                     f"{d.memory_used // MIB}/{d.memory_limit // MIB}" if d.memory_limit is not None
                     else f"{d.memory_used // MIB}/-",
                     _bar(d.memory_used, cap),
