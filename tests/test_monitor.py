@@ -269,3 +269,32 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
         srv.shutdown()
         srv.server_close()
         col.close()
+
+
+@pytest.mark.slow
+def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:
+    """Two more containers on the whole GPU 1 (time-sliced replicas: all three are
+    `shared`), an MPS share on GPU 0 (its thread percentage is its SM limit)."""
+    g0, g1, _ = node.sim.topology.gpus
+    hold = "vgpu_probe init ctx 0 alloc {} sleep 600000"
+    started = [node.start({}, hold.format(50 * MIB), gpu=g1.uuid, wait_mem=50 * MIB)
+               for _ in range(2)]
+    started.append(node.start({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}, hold.format(70 * MIB),
+                              gpu=g0.uuid, wait_mem=70 * MIB))
+    col = Collector(node.sim.root, [node.runc_root])
+    try:
+        snap = col.collect()
+        counts = sim_counts(node)
+    finally:
+        col.close()
+        for cid in started:
+            node.kill(cid)
+    by_id = {c.id: c for c in snap.containers}
+    on_g1 = [c for c in snap.containers if c.devices[0].gpu_uuid == g1.uuid]
+    assert len(on_g1) == 3 and {c.kind for c in on_g1} == {"shared"}
+    mps = by_id[started[2]]
+    assert mps.kind == "mps" and mps.devices[0].sm_limit == 0.5
+    for cid in started:
+        assert abs(by_id[cid].devices[0].memory_used - counts.mem[cid]) <= MIB
+    g = next(x for x in snap.gpus if x.uuid == g1.uuid)
+    assert g.shares == 3
