@@ -140,6 +140,7 @@ def test_monitor_daemonset_service_and_servicemonitor() -> None:
     assert all("hostPath" in vols[m["name"]] for m in mounts)
     paths = [m["mountPath"] for m in mounts]
     roots = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--runtime-root"]
+    roots.append(cmd[cmd.index("--pod-resources-socket") + 1])
     assert roots and all(any(r == p or r.startswith(p + "/") for p in paths) for r in roots)
     (_, svc), = of_kind("Service")
     assert svc["spec"]["selector"].items() <= pod_labels(ds).items()

@@ -298,3 +298,89 @@ def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:
         assert abs(by_id[cid].devices[0].memory_used - counts.mem[cid]) <= MIB
     g = next(x for x in snap.gpus if x.uuid == g1.uuid)
     assert g.shares == 3
+
+
+class FakePodResources:
+    """The kubelet's pod-resources service (v1.PodResourcesLister/List) on a unix socket,
+    built from the monitor's own descriptor: the answers a kubelet gives."""
+
+    def __init__(self, sock: Path, pods: list[dict[str, object]]) -> None:
+        from concurrent import futures
+
+        import grpc
+        from google.protobuf import json_format
+
+        from nvctk.monitor.podresources import messages
+
+        req, resp = messages()
+        answer = json_format.ParseDict({"pod_resources": pods}, resp())
+        self.calls = 0
+
+        def list_(request: object, context: object) -> object:
+            self.calls += 1
+            return answer
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "v1.PodResourcesLister", {"List": grpc.unary_unary_rpc_method_handler(
+                list_, request_deserializer=req.FromString,
+                response_serializer=resp.SerializeToString)}),))
+        self.server.add_insecure_port(f"unix://{sock}")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(None)
+
+
+def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
+        node: Node, caplog: pytest.LogCaptureFixture) -> None:
+    """The kubelet's pod-resources answer names the resource a Pod's container got; a
+    socket that is absent or hangs loses only that name, logged once per cause."""
+    import socket
+
+    from support.daemons import short_dir
+
+    g0 = node.sim.topology.gpus[0]
+    ann = {"io.kubernetes.cri.sandbox-namespace": "ml", "io.kubernetes.cri.sandbox-name": "job-1",
+           "io.kubernetes.cri.container-name": "train"}
+    cid = node.start({"CUDA_DEVICE_MEMORY_LIMIT": "1g"}, f"vgpu_probe init ctx 0 alloc {20 * MIB} "
+                     "sleep 600000", gpu=g0.uuid, wait_mem=20 * MIB, annotations=ann)
+    try:
+        with short_dir("nvctk-pr-") as d:
+            sock = d / "kubelet.sock"
+            kubelet = FakePodResources(sock, [{"name": "job-1", "namespace": "ml", "containers": [
+                {"name": "train", "devices": [{"resource_name": "nvidia.com/vgpu",
+                                               "device_ids": [f"{g0.uuid}::3"]}]}]}])
+            col = Collector(node.sim.root, [node.runc_root], pod_resources=str(sock))
+            try:
+                snap = col.collect()
+                assert kubelet.calls == 1
+                by_id = {c.id: c for c in snap.containers}
+                assert by_id[cid].resource == "nvidia.com/vgpu"
+                assert (by_id[cid].namespace, by_id[cid].pod, by_id[cid].container) == (
+                    "ml", "job-1", "train")
+                assert all(by_id[c].resource == "" for c in node.expect)  # not Pods
+                assert not snap.problems
+                kubelet.stop()
+                # a listening socket that never answers: the deadline, then the rest
+                sock.unlink(missing_ok=True)  # (gRPC removes its socket itself)
+                hang = socket.socket(socket.AF_UNIX)
+                hang.bind(str(sock))
+                hang.listen(16)
+                with caplog.at_level(logging.WARNING, logger="nvctk.monitor"):
+                    hung = [col.collect() for _ in range(2)]
+                    hang.close()
+                    sock.unlink()
+                    absent = [col.collect() for _ in range(2)]
+            finally:
+                col.close()
+    finally:
+        node.kill(cid)
+    for s in hung + absent:
+        assert len(s.problems) == 1 and "pod-resources" in s.problems[0], s.problems
+        ids = {c.id for c in s.containers}
+        assert ids >= {cid, *node.expect}
+        assert next(c for c in s.containers if c.id == cid).resource == ""
+    warned = [r.getMessage() for r in caplog.records if "pod-resources" in r.getMessage()]
+    assert len(warned) == 2, warned  # the hang once, the absence once
+    assert "no kubelet pod-resources socket" in warned[1]

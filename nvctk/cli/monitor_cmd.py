@@ -8,13 +8,17 @@ ROOTS_HELP = ("runtime state dir to look for containers in (repeatable; globs al
               "/run/runc, /run/crun, /run/containerd/runc/*, /run/docker/runtime-runc/*)")
 
 
-def _collector(ctx: click.Context, roots: tuple[str, ...]):  # type: ignore[no-untyped-def]
+PODRES_HELP = ("the kubelet's pod-resources socket, to name the resource each Pod's container "
+               "got (e.g. /var/lib/kubelet/pod-resources/kubelet.sock; default: not read)")
+
+
+def _collector(ctx: click.Context, roots: tuple[str, ...], podres: str | None = None):  # type: ignore[no-untyped-def]
     from nvctk.cli.main import load_config
     from nvctk.monitor.collect import Collector
     from nvctk.monitor.containers import DEFAULT_RUNTIME_ROOTS
 
     cfg = load_config(ctx)
-    return Collector(cfg.driver_root, roots or DEFAULT_RUNTIME_ROOTS)
+    return Collector(cfg.driver_root, roots or DEFAULT_RUNTIME_ROOTS, pod_resources=podres)
 
 
 @click.command()
@@ -23,8 +27,10 @@ def _collector(ctx: click.Context, roots: tuple[str, ...]):  # type: ignore[no-u
 @click.option("--interval", type=click.FloatRange(min=0.2, max=10), default=2.0, show_default=True,
               metavar="SECONDS", help="refresh period; SM shares are averaged over it")
 @click.option("--runtime-root", "roots", multiple=True, metavar="DIR", help=ROOTS_HELP)
+@click.option("--pod-resources-socket", "podres", metavar="PATH", default=None, help=PODRES_HELP)
 @click.pass_context
-def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: tuple[str, ...]) -> None:
+def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: tuple[str, ...],
+        podres: str | None) -> None:
     """This node's GPUs and the containers on them: memory used vs cap, SM share vs limit."""
     import json
     import time
@@ -34,7 +40,7 @@ def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: t
 
     from nvctk.monitor.top import render
 
-    col = _collector(ctx, roots)
+    col = _collector(ctx, roots, podres)
     try:
         if once or as_json:
             snap = col.collect()
@@ -59,8 +65,10 @@ def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: t
 @click.option("--interval", type=click.FloatRange(min=0.2, max=10), default=5.0, show_default=True,
               metavar="SECONDS", help="how often a snapshot is taken")
 @click.option("--runtime-root", "roots", multiple=True, metavar="DIR", help=ROOTS_HELP)
+@click.option("--pod-resources-socket", "podres", metavar="PATH", default=None, help=PODRES_HELP)
 @click.pass_context
-def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, ...]) -> None:
+def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, ...],
+            podres: str | None) -> None:
     """Serve per-container GPU metrics (Prometheus) and a dashboard page."""
     import logging
     import signal
@@ -73,7 +81,7 @@ def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, 
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
         raise NvctkError(f"--listen {listen}: not HOST:PORT")
-    mon = Monitor(_collector(ctx, roots), interval)
+    mon = Monitor(_collector(ctx, roots, podres), interval)
     srv = make_server(mon, host.strip("[]") or "0.0.0.0", int(port))
     mon.start()
     done = threading.Event()

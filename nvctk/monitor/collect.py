@@ -65,7 +65,7 @@ class Collector:
     """Holds NVML open for the monitor's life and takes snapshots."""
 
     def __init__(self, driver_root: str, runtime_roots: tuple[str, ...] | list[str] = DEFAULT_RUNTIME_ROOTS,
-                 host: HostInfo | None = None) -> None:
+                 host: HostInfo | None = None, pod_resources: str | None = None) -> None:
         from nvctk import nvml
 
         self.driver_root = driver_root
@@ -90,6 +90,11 @@ class Collector:
         self._problems: dict[str, str] = {}
         self.errors_total: dict[str, int] = {}  # cause kind -> count (a counter)
         self._events = self._open_events()
+        self.podres: Any = None
+        if pod_resources:
+            from nvctk.monitor.podresources import PodResources
+
+            self.podres = PodResources(pod_resources)
 
     # --- problems: logged once per cause, counted every time -----------------------------
     def problem(self, cause: str, message: str) -> None:
@@ -224,6 +229,16 @@ class Collector:
             except Exception as e:
                 self.problem(f"nvml:{index}", f"GPU {index}: {e}")
         containers = self.discovery.scan(self.host, self.problem)
+        resources: dict[tuple[str, str, str], list[tuple[str, list[str]]]] = {}
+        if self.podres is not None:
+            try:
+                resources = self.podres.list()
+            except Exception as e:  # absent, hanging (deadline), refusing: names only are lost
+                code = getattr(e, "code", None)
+                why = (code().name if callable(code) else
+                       "absent" if isinstance(e, FileNotFoundError) else type(e).__name__)
+                self.problem(f"pod-resources:{why}", f"kubelet pod-resources {self.podres.socket}: "
+                             f"{getattr(e, 'details', lambda: None)() or e}")
         by_cgroup = self._container_cgroups(containers)
         # (container id, GPU index) -> its processes there
         owned: dict[tuple[str, int], list[int]] = {}
@@ -244,7 +259,9 @@ class Collector:
                 kind = "shared"  # a whole GPU in several containers: time-sliced replicas
             cs = ContainerSample(id=c.id, name=c.name, kind=kind, runtime_root=c.runtime_root,
                                  namespace=c.namespace, pod=c.pod, container=c.k8s_container,
-                                 pod_uid=c.pod_uid)
+                                 pod_uid=c.pod_uid,
+                                 resource=",".join(sorted({r for r, _ in resources.get(
+                                     (c.namespace, c.pod, c.k8s_container), [])})))
             used_gpu: set[int] = set()
             for i, d in enumerate(c.devices):
                 # a container's processes on a GPU count once, on its first device there
@@ -292,6 +309,8 @@ class Collector:
 
     def close(self) -> None:
         nv = self.nv
+        if self.podres is not None:
+            self.podres.close()
         try:
             if self._events is not None:
                 nv.nvmlEventSetFree(self._events)

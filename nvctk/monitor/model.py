@@ -53,6 +53,7 @@ class ContainerSample:
     pod: str = ""
     container: str = ""  # the Kubernetes container name
     pod_uid: str = ""
+    resource: str = ""  # the extended resource(s) the kubelet gave it (pod-resources), if read
     devices: list[DeviceUse] = field(default_factory=list)
 
 

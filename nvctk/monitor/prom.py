@@ -4,7 +4,8 @@ renders one snapshot (every series of a scrape from the same moment).
 Labels: per GPU `gpu` (NVML index), `UUID`, `modelName`, `Hostname` (dcgm-exporter's
 names, so dashboards join); per container also `namespace`, `pod`, `container` (the
 Kubernetes guideline's), `container_id`, `container_name`, `kind`, and `device_uuid`
-(the MIG device's UUID for a MIG slice, else the GPU's).
+(the MIG device's UUID for a MIG slice, else the GPU's), `resource` (the extended resource
+the kubelet gave the container, where the pod-resources socket is read).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from nvctk.monitor.model import Snapshot
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
 CTR_LABELS = ["gpu", "UUID", "device_uuid", "modelName", "Hostname", "namespace", "pod",
-              "container", "container_id", "container_name", "kind"]
+              "container", "container_id", "container_name", "kind", "resource"]
 
 # name -> help: the table in the README is this one
 METRICS: dict[str, str] = {
@@ -92,7 +93,7 @@ def render(snap: Snapshot, now: float, errors: dict[str, int]) -> Iterator[Metri
     for c in snap.containers:
         for d in c.devices:
             lv = [str(d.gpu_index), d.gpu_uuid, d.device_uuid, models.get(d.gpu_index, ""),
-                  snap.hostname, c.namespace, c.pod, c.container, c.id, c.name, c.kind]
+                  snap.hostname, c.namespace, c.pod, c.container, c.id, c.name, c.kind, c.resource]
             cm["nvctk_container_memory_used_bytes"].add_metric(lv, float(d.memory_used))
             cm["nvctk_container_memory_total_bytes"].add_metric(lv, float(d.memory_total))
             cm["nvctk_container_sm_utilization_ratio"].add_metric(lv, d.sm_utilization)
