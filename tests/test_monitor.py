@@ -384,3 +384,21 @@ def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
     warned = [r.getMessage() for r in caplog.records if "pod-resources" in r.getMessage()]
     assert len(warned) == 2, warned  # the hang once, the absence once
     assert "no kubelet pod-resources socket" in warned[1]
+
+
+def test_cli_without_containers_and_with_a_bad_listen(tmp_path: Path) -> None:
+    from nvctk.sim import host
+    from nvctk.sim.topology import make_topology
+
+    sim = host.init(str(tmp_path / "host"), make_topology(gpus=2, seed="monitor-cli"))
+    env = {**os.environ, **sim.env}
+    r = subprocess.run([os.path.join(BIN, "nvctk"), "top", "--json", "--runtime-root",
+                        str(tmp_path / "none")], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout)
+    assert snap["containers"] == [] and snap["problems"] == []
+    assert [(g["uuid"], g["shares"], g["memory_used"]) for g in snap["gpus"]] == [
+        (g.uuid, 0, 0) for g in sim.topology.gpus]
+    r = subprocess.run([os.path.join(BIN, "nvctk"), "monitor", "--listen", "nowhere"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == "nvctk: --listen nowhere: not HOST:PORT"
