@@ -175,7 +175,16 @@ def test_bad_runtime_state_is_logged_once_and_the_rest_goes_on(
     (root / "badplan").mkdir()
     (root / "badplan" / "state.json").write_text(json.dumps(
         {"init_process_pid": os.getpid(), "config": {"labels": [f"bundle={bundle}"]}}))
-    col = Collector(node.sim.root, [str(root), str(tmp_path / "absent")])
+    # crun's state (<root>/<id>/status) of one of the running containers, under another id
+    some = next(iter(node.expect))
+    st = json.loads((Path(node.runc_root) / some / "state.json").read_text())
+    bundle_of = next(lb[7:] for lb in st["config"]["labels"] if lb.startswith("bundle="))
+    crun = tmp_path / "crun"
+    (crun / "crunctr").mkdir(parents=True)
+    (crun / "crunctr" / "status").write_text(json.dumps({
+        "pid": st["init_process_pid"], "process-start-time": st["init_process_start"],
+        "cgroup-path": "", "rootfs": "rootfs", "bundle": bundle_of, "created": "now"}))
+    col = Collector(node.sim.root, [str(root), str(tmp_path / "absent"), str(crun)])
     try:
         with caplog.at_level(logging.WARNING, logger="nvctk.monitor"):
             s1 = col.collect()
@@ -183,7 +192,11 @@ def test_bad_runtime_state_is_logged_once_and_the_rest_goes_on(
     finally:
         col.close()
     for snap in (s1, s2):
-        assert {c.id for c in snap.containers} >= set(node.expect)
+        assert {c.id for c in snap.containers} >= {*node.expect, "crunctr"}
+        twin = {c.id: c for c in snap.containers}
+        # (one cgroup, two records: its processes count for one of them)
+        assert [(d.device_uuid, d.memory_limit, d.sm_limit) for d in twin["crunctr"].devices] == \
+            [(d.device_uuid, d.memory_limit, d.sm_limit) for d in twin[some].devices]
         assert len(snap.problems) == 4, snap.problems
     warned = [r.getMessage() for r in caplog.records]
     for name in ("corrupt", "fifo", "deep"):

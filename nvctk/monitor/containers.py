@@ -146,7 +146,8 @@ def _runtime_state(path: str) -> tuple[str, int, int | None]:
         raise ValueError(f"{path}: no bundle or init pid")
     if isinstance(start, str) and start.isdigit():
         start = int(start)
-    return bundle, pid, start if type(start) is int else None
+    # crun writes 0 where it could not read the start time
+    return bundle, pid, start if type(start) is int and start > 0 else None
 
 
 def _devices(spec: dict[str, object], plan: Plan, host: HostInfo) -> list[Device]:
