@@ -154,20 +154,19 @@ class Collector:
         since = self._last_seen.get(index, 0)
         if since and since < now_us - MAX_SAMPLE_AGE_US:
             since = now_us - MAX_SAMPLE_AGE_US
-        samples: dict[int, tuple[int, int]] = {}
+        acc: dict[int, tuple[int, int, int]] = {}  # pid -> (sum of smUtil, samples, last ts)
         seen = 0
         try:
             for s in nv.nvmlDeviceGetProcessUtilization(h, since):
                 ts = int(s.timeStamp)
-                if s.pid in samples:  # several samples: their mean over the span
-                    u, t = samples[s.pid]
-                    samples[s.pid] = (u + int(s.smUtil), max(t, ts))
-                else:
-                    samples[s.pid] = (int(s.smUtil), ts)
+                # the real driver may answer one sample per sample period: their mean
+                u, n, t = acc.get(s.pid, (0, 0, 0))
+                acc[s.pid] = (u + int(s.smUtil), n + 1, max(t, ts))
                 seen = max(seen, ts)
         except nv.NVMLError as e:
             if e.value != nv.NVML_ERROR_NOT_FOUND:  # NOT_FOUND: no kernel since `since`
                 self.problem(f"nvml-utilization:{index}", f"GPU {index}: process utilization: {e}")
+        samples = {pid: (round(u / n), t) for pid, (u, n, t) in acc.items()}
         # the next samples start where these end; with none, nothing ran until now
         self._last_seen[index] = seen or now_us
         count, last = self._xids.get(index, (0, 0))
