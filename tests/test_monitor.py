@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_snapshot_matches_the_simulated_gpu(node: Node) -> None:
     try:
         col.collect()
         a = sim_counts(node)
-        snap = node.collect_after(col, 3.0)
+        snap = node.collect_after(col, 4.0)
         b = sim_counts(node)
     finally:
         col.close()
@@ -353,6 +354,8 @@ def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
 
     from support.daemons import short_dir
 
+    hung: list[Any] = []
+    absent: list[Any] = []
     g0 = node.sim.topology.gpus[0]
     ann = {"io.kubernetes.cri.sandbox-namespace": "ml", "io.kubernetes.cri.sandbox-name": "job-1",
            "io.kubernetes.cri.container-name": "train"}
@@ -368,25 +371,29 @@ def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
             try:
                 snap = col.collect()
                 assert kubelet.calls == 1
-                by_id = {c.id: c for c in snap.containers}
-                assert by_id[cid].resource == "nvidia.com/vgpu"
-                assert (by_id[cid].namespace, by_id[cid].pod, by_id[cid].container) == (
-                    "ml", "job-1", "train")
-                assert all(by_id[c].resource == "" for c in node.expect)  # not Pods
-                assert not snap.problems
-                kubelet.stop()
-                # a listening socket that never answers: the deadline, then the rest
-                sock.unlink(missing_ok=True)  # (gRPC removes its socket itself)
-                hang = socket.socket(socket.AF_UNIX)
-                hang.bind(str(sock))
-                hang.listen(16)
-                with caplog.at_level(logging.WARNING, logger="nvctk.monitor"):
-                    hung = [col.collect() for _ in range(2)]
-                    hang.close()
-                    sock.unlink()
-                    absent = [col.collect() for _ in range(2)]
             finally:
                 col.close()
+                kubelet.stop()
+            by_id = {c.id: c for c in snap.containers}
+            assert by_id[cid].resource == "nvidia.com/vgpu"
+            assert (by_id[cid].namespace, by_id[cid].pod, by_id[cid].container) == (
+                "ml", "job-1", "train")
+            assert all(by_id[c].resource == "" for c in node.expect)  # not Pods
+            assert not snap.problems
+            # a listening socket that never answers: the deadline, then the rest
+            hang_path = d / "hang.sock"
+            hang = socket.socket(socket.AF_UNIX)
+            hang.bind(str(hang_path))
+            hang.listen(16)
+            with caplog.at_level(logging.WARNING, logger="nvctk.monitor"):
+                for path in (hang_path, d / "absent.sock"):
+                    col = Collector(node.sim.root, [node.runc_root], pod_resources=str(path))
+                    try:
+                        (hung if path == hang_path else absent).extend(
+                            col.collect() for _ in range(2))
+                    finally:
+                        col.close()
+            hang.close()
     finally:
         node.kill(cid)
     for s in hung + absent:
@@ -396,7 +403,7 @@ def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
         assert next(c for c in s.containers if c.id == cid).resource == ""
     warned = [r.getMessage() for r in caplog.records if "pod-resources" in r.getMessage()]
     assert len(warned) == 2, warned  # the hang once, the absence once
-    assert "no kubelet pod-resources socket" in warned[1]
+    assert "Deadline Exceeded" in warned[0] and "no kubelet pod-resources socket" in warned[1]
 
 
 def test_cli_without_containers_and_with_a_bad_listen(tmp_path: Path) -> None:

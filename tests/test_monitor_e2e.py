@@ -157,12 +157,12 @@ def test_prometheus_series_match_the_simulated_gpu(node: Node, prometheus: Prome
                        prometheus.query("nvctk_container_sm_utilization_ratio[6s]")),
                90, "6 s of every container's series in Prometheus")
     a = sim_counts(node)
-    time.sleep(4)  # the span the SM shares are compared over (a measurement, not a wait)
+    time.sleep(6)  # the span the SM shares are compared over (a measurement, not a wait)
     b = sim_counts(node)
     mem = {s["metric"]["container_id"]: float(s["value"][1])
            for s in prometheus.query("nvctk_container_memory_used_bytes")}
     sm = {s["metric"]["container_id"]: float(s["value"][1]) for s in prometheus.query(
-        "avg_over_time(nvctk_container_sm_utilization_ratio[4s])")}
+        "avg_over_time(nvctk_container_sm_utilization_ratio[6s])")}
     labels = {s["metric"]["container_id"]: s["metric"]
               for s in prometheus.query("nvctk_container_memory_used_bytes")}
     for cid, want in node.expect.items():
