@@ -25,8 +25,11 @@ from nvctk.monitor.collect import Collector
 from nvctk.monitor.containers import Discovery, load_container
 from support.monitor import MIB, Node, sim_counts, standard_containers
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
-                                reason="needs root (sim device nodes) and runc")
+# every test here shares a node of real runc containers (seconds to start): all slow;
+# tests/test_monitor_unit.py has the quick ones
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
+                                 reason="needs root (sim device nodes) and runc")]
 
 BIN = os.path.dirname(sys.executable)
 
@@ -47,7 +50,6 @@ def _devices(snap, cid):  # type: ignore[no-untyped-def]
     return c
 
 
-@pytest.mark.slow
 def test_snapshot_matches_the_simulated_gpu(node: Node) -> None:
     """Memory within 1 MiB and SM share within 5 points of the sim's counters, for
     several capped containers on one GPU (one idle), a whole GPU and a MIG device."""
@@ -90,7 +92,6 @@ def test_snapshot_matches_the_simulated_gpu(node: Node) -> None:
     assert abs(g0.sm_promised - sum(w["sm_cap"] or 1.0 for w in capped)) < 1e-9
 
 
-@pytest.mark.slow
 def test_top_json_matches_the_simulated_gpu(node: Node) -> None:
     r = subprocess.run([os.path.join(BIN, "nvctk"), "top", "--json", "--runtime-root",
                         node.runc_root], env={**os.environ, **node.sim.env},
@@ -112,7 +113,6 @@ def test_top_json_matches_the_simulated_gpu(node: Node) -> None:
         assert cid[:24] in r.stdout
 
 
-@pytest.mark.slow
 def test_ended_container_disappears_within_one_interval(node: Node) -> None:
     col = Collector(node.sim.root, [node.runc_root])
     try:
@@ -126,7 +126,6 @@ def test_ended_container_disappears_within_one_interval(node: Node) -> None:
         col.close()
 
 
-@pytest.mark.slow
 def test_garbage_from_a_container_changes_no_other_number(node: Node) -> None:
     """A capped container overwrites what it can write (its accounting file) with garbage
     and a huge claim: the monitor does not read it, the others' numbers stay exact and
@@ -285,7 +284,6 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
         col.close()
 
 
-@pytest.mark.slow
 def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:
     """Two more containers on the whole GPU 1 (time-sliced replicas: all three are
     `shared`), an MPS share on GPU 0 (its thread percentage is its SM limit)."""

@@ -20,8 +20,9 @@ from nvctk.sim.state import read_state, state_path
 from nvctk.sim.topology import make_topology
 from support.monitor import MIB, PROBE, REPO, wait_until
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                                reason="needs root (sim device nodes, pid namespaces)")
+pytestmark = [pytest.mark.slow,  # builds a sim, runs kernels for seconds
+              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                 reason="needs root (sim device nodes, pid namespaces)")]
 
 
 @pytest.fixture(scope="module")
