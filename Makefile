@@ -6,7 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := gcc make libc6-dev binutils python3-venv python3-dev python3-pip libcap-dev libcap2-bin \
                 runc containerd docker.io busybox-static iproute2 util-linux podman \
-                dpkg-dev lintian debootstrap umoci
+                dpkg-dev lintian debootstrap umoci conmon libgpgme11 libseccomp2 libsqlite3-0 \
+                prometheus chromium chromium-driver
 PYTEST_ARGS ?=
 
 .PHONY: all setup apt venv native test lint unit demo bench clean deb image reliability

@@ -59,6 +59,7 @@ class Config(FrozenRecord):
         "supported_capabilities",
         "vgpu_library",
         "state_dir",
+        "authority_key",
         "extra_mounts",
         "mode",
         "cdi_spec_dirs",
@@ -78,6 +79,7 @@ class Config(FrozenRecord):
     supported_capabilities: tuple[str, ...]
     vgpu_library: str
     state_dir: str
+    authority_key: str
     extra_mounts: tuple[ExtraMount, ...]
     mode: str
     cdi_spec_dirs: tuple[str, ...]
@@ -98,6 +100,7 @@ class Config(FrozenRecord):
         supported_capabilities: tuple[str, ...] = ALL_CAPABILITIES,
         vgpu_library: str = "",
         state_dir: str = "/run/nvctk",
+        authority_key: str = "/var/lib/nvctk/authority.key",
         extra_mounts: tuple[ExtraMount, ...] = (),
         mode: str = "legacy",
         cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi"),
@@ -117,6 +120,7 @@ class Config(FrozenRecord):
         init(self, "supported_capabilities", supported_capabilities)
         init(self, "vgpu_library", vgpu_library)
         init(self, "state_dir", state_dir)
+        init(self, "authority_key", authority_key)
         init(self, "extra_mounts", extra_mounts)
         init(self, "mode", mode)
         init(self, "cdi_spec_dirs", cdi_spec_dirs)
@@ -149,6 +153,8 @@ _DOC: dict[str, str] = {
     "supported-capabilities": "driver capabilities this host allows containers to ask for",
     "vgpu-library": "host path of libvgpu.so (empty: the one installed with nvctk)",
     "state-dir": "per-container vGPU accounting directories live here",
+    "authority-key": "root-only key of the device plugin's vGPU share annotations (nvctk.io/vgpu.*); "
+                     "kept across reboots: a restarted Pod keeps its annotation",
     "extra-mounts": "extra host paths bound into every GPU container: [{host-path, container-path, read-only}]",
     "mode": "legacy: nvctk's prestart hook mounts the driver; cdi: the devices' edits from the "
             "CDI specs (also chosen by a qualified name such as nvidia.com/gpu=0)",
@@ -223,7 +229,7 @@ def _check_type(key: str, value: Any, default: Any, where: str) -> Any:
 INT_RANGES = {"hook-timeout": (1, 86400)}
 # path keys: "" allowed (means: the default place, or no log), else absolute
 _ABSOLUTE_OR_EMPTY = frozenset({"hook-path", "log-file", "vgpu-library"})
-_ABSOLUTE = frozenset({"driver-root", "ldconfig", "state-dir", "cdi-spec-dirs"})
+_ABSOLUTE = frozenset({"driver-root", "ldconfig", "state-dir", "authority-key", "cdi-spec-dirs"})
 
 
 def _check_string(key: str, value: str, where: str) -> None:

@@ -431,6 +431,26 @@ def _a_limit_variable(env: dict[str, str]) -> str:
     return vgpu.MEMORY_VAR
 
 
+def _authority_shares(request: Request, config: Config,
+                      devs: list[Selected]) -> list[tuple[int, int]]:
+    """(memory bytes, SM percent) per GPU of the container, as the node granted them in
+    verified nvctk.io/vgpu.* annotations (nvctk.authority). A GPU the container gets
+    but no annotation names is refused: its share would not hold there."""
+    from nvctk import authority
+
+    annotations = dict(request.vgpu_authority)
+    key = authority.load_key(config.authority_key)
+    shares = authority.shares(annotations, key, config.authority_key)
+    uuids = [d.mig.uuid if d.mig is not None else d.gpu.uuid for d in devs]
+    missing = [u for u in uuids if u not in shares]
+    if missing:
+        raise RequestError(
+            f"annotation {', '.join(sorted(annotations))}: the node granted a vGPU share of "
+            f"{', '.join(sorted(shares)) or 'no device'}, but the container also gets "
+            f"{', '.join(missing)} (from {request.source}); refused: the share would not hold there")
+    return [shares[u] for u in uuids]
+
+
 def plan_vgpu(
     request: Request,
     selected: list[Selected],
@@ -447,13 +467,21 @@ def plan_vgpu(
     an index beyond the container's GPUs, a memory cap above the GPU's memory, and
     an image whose loader would ignore /etc/ld.so.preload (musl, no glibc loader).
     """
-    if not any(k.startswith(VGPU_ENV_PREFIXES) for k in request.env):
+    if not request.vgpu_authority and not any(k.startswith(VGPU_ENV_PREFIXES)
+                                              for k in request.env):
         return None  # no variable nvctk.vgpu reads: not even worth importing it
     from nvctk import vgpu
 
     env = {k: v for k, v in request.env.items() if k != vgpu.CACHE_VAR}  # nvctk sets that one
     devs = vgpu_devices(selected)
     limits = vgpu.limits_from_env(env, len(devs))
+    granted = _authority_shares(request, config, devs) if request.vgpu_authority else None
+    if granted is not None:
+        # the env can only tighten what the node granted (docs/decisions.md)
+        limits = vgpu.VgpuLimits(
+            memory=tuple(vgpu.stricter(m, g[0]) for m, g in zip(limits.memory, granted, strict=True)),
+            sm=tuple(vgpu.stricter(p, g[1]) for p, g in zip(limits.sm, granted, strict=True)),
+            shared_cache=limits.shared_cache, context_reserve=limits.context_reserve)
     if not limits.any:
         return None
     # only now: it brings nvctk.mount (ctypes), re and more to the create path
@@ -462,11 +490,13 @@ def plan_vgpu(
     for i, (cap, dev) in enumerate(zip(limits.memory, devs, strict=True)):
         mib = dev.mig.memory_mib if dev.mig is not None else dev.gpu.memory_mib
         if cap and mib and cap > mib << 20:
-            name = f"{vgpu.MEMORY_VAR}_{i}"
-            if name not in env:
-                name = vgpu.MEMORY_VAR
+            if granted is not None and granted[i][0] == cap:
+                what = f"the node's vGPU share ({cap >> 20} MiB)"
+            else:
+                name = vgpu.limit_source(env, vgpu.MEMORY_VAR, i, cap)
+                what = f"{name}={env[name]}"
             raise RequestError(
-                f"{name}={env[name]}: above the memory of the container's GPU {i} "
+                f"{what}: above the memory of the container's GPU {i} "
                 f"({dev.name}, {mib} MiB)"
             )
     if image.rootfs is not None:

@@ -39,7 +39,7 @@ class Request(Record):
 
     __slots__ = ("devices", "all_devices", "capabilities", "requirements",  # noqa: RUF023
                  "disable_require", "mig_config", "mig_monitor", "privileged", "source", "cdi_devices",
-                 "env")
+                 "vgpu_authority", "env")
 
     def __init__(
         self,
@@ -53,6 +53,7 @@ class Request(Record):
         privileged: bool = False,
         source: str = VISIBLE_DEVICES,
         cdi_devices: tuple[str, ...] | None = None,
+        vgpu_authority: tuple[tuple[str, str | None], ...] = (),
         env: dict[str, str] | None = None,
     ) -> None:
         self.devices = devices
@@ -68,6 +69,9 @@ class Request(Record):
         # CDI mode: the qualified device names (vendor/class=name) whose edits the
         # container gets (() for `none`); None: legacy mode
         self.cdi_devices = cdi_devices
+        # the node's vGPU shares (nvctk.io/vgpu.* annotations, not yet verified: the
+        # planner does, nvctk.authority); None: a value that is not a string
+        self.vgpu_authority = vgpu_authority
         self.env: dict[str, str] = {} if env is None else env
 
     # env is the container's whole environment: no part of equality (a dict is not
@@ -231,6 +235,17 @@ def cdi_names(tokens: list[str]) -> tuple[str, ...] | None:
     return () if "none" in tokens else None
 
 
+def _vgpu_authority(spec: dict[str, Any]) -> tuple[tuple[str, str | None], ...]:
+    annotations = spec.get("annotations")
+    if not isinstance(annotations, dict) or not any(
+            isinstance(k, str) and k.startswith("nvctk.io/") for k in annotations):
+        return ()  # the common case: nothing to import
+    from nvctk.authority import present
+
+    return tuple(sorted((k, v if isinstance(v, str) else None)
+                        for k, v in present(annotations).items()))
+
+
 def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
     """The container's GPU request, or None when it is not a GPU container."""
     env = spec_env(spec)
@@ -287,6 +302,7 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         privileged=privileged,
         source=source,
         cdi_devices=cdi,
+        vgpu_authority=_vgpu_authority(spec),
         env=env,
     )
 

@@ -96,6 +96,7 @@ def prepare_bundle(
     spec, data = read
     request = request_from_spec(spec, config or Config())
     if request is None:
+        _check_uncapped_share(spec)
         if config_error is not None and logger is not None:
             logger.warning(f"ignoring a broken nvctk config for a non-GPU container: {config_error}")
         _undo_earlier_create(bundle, spec, logger, config.state_dir if config else None)
@@ -165,6 +166,27 @@ def prepare_bundle(
 _VGPU_LIMIT_VARS = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
 
 
+def _check_uncapped_share(spec: dict[str, Any]) -> None:
+    """A container the node gave a vGPU share (nvctk.io/vgpu.* annotation) that asks
+    nvctk for no GPU yet holds GPU device nodes got them by another route (CDI devices
+    the engine applied: the plugin's cdi-cri strategy), where nvctk cannot cap them:
+    refused rather than run uncapped."""
+    annotations = spec.get("annotations")
+    if not isinstance(annotations, dict) or not any(
+            isinstance(k, str) and k.startswith("nvctk.io/vgpu.") for k in annotations):
+        return
+    linux = spec.get("linux")
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    nodes = [d.get("path") for d in (devices if isinstance(devices, list) else ())
+             if isinstance(d, dict)
+             and isinstance(d.get("path"), str) and d["path"].startswith("/dev/nvidia")
+             and d["path"][len("/dev/nvidia"):].isdigit()]
+    if nodes:
+        raise RequestError(f"{nodes[0]}: the node gave this container a vGPU share, but its GPU "
+                           "came by a route nvctk cannot cap (CDI devices the engine applied); "
+                           "use the device plugin's envvar or volume-mounts strategy for vGPU")
+
+
 def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Request,
                  config: Config, logger: Logger | None) -> Prepared:
     """CDI mode: the named devices' containerEdits from the spec dirs into config.json,
@@ -174,6 +196,7 @@ def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Reques
 
     assert request.cdi_devices is not None
     limits = sorted(k for k, v in request.env.items() if k.startswith(_VGPU_LIMIT_VARS) and v)
+    limits += [f"annotation {k}" for k, _ in request.vgpu_authority]  # the node's share
     if limits:
         raise RequestError(f"{limits[0]}: vGPU limits are not supported in CDI mode (devices "
                            f"from {request.source}); use plain device ids with mode = "

@@ -137,9 +137,26 @@ def _index(name: str, prefix: str, gpu_count: int) -> int | None:
     return i
 
 
-def limits_from_env(env: Mapping[str, str], gpu_count: int) -> VgpuLimits:
+def stricter(a: int, b: int) -> int:
+    """The stricter of two limits where 0 is none: a 0 never lifts the other's limit."""
+    if not a:
+        return b
+    if not b:
+        return a
+    return min(a, b)
+
+
+def limits_from_env(env: Mapping[str, str], gpu_count: int,
+                    reserve_floor: int = DEFAULT_RESERVE) -> VgpuLimits:
     """The container's vGPU limits from its environment; RequestError names the
-    variable that is malformed. `<VAR>_<i>` overrides `<VAR>` for GPU i."""
+    variable that is malformed.
+
+    Strictest wins (docs/decisions.md): the limit of GPU i is the stricter of
+    `<VAR>` and `<VAR>_<i>`, and 0 ("no limit") never removes the other's. nvctk sees
+    only the merged env (an image's ENV, `docker run -e`, a Pod's env and a device
+    plugin's share all land in one list), so no variable may loosen another. HAMi lets
+    `<VAR>_<i>` override `<VAR>`; here it can only tighten. The context reserve can
+    only be raised above `reserve_floor`."""
     mem_all = sm_all = 0
     mem: dict[int, int] = {}
     sm: dict[int, int] = {}
@@ -174,15 +191,27 @@ def limits_from_env(env: Mapping[str, str], gpu_count: int) -> VgpuLimits:
     reserve = None
     if RESERVE_VAR in env:
         try:
-            reserve = parse_memory(env[RESERVE_VAR])
+            reserve = max(reserve_floor, parse_memory(env[RESERVE_VAR]))
         except ValueError:
             raise RequestError(f"{RESERVE_VAR}={shown(env[RESERVE_VAR])}: not a memory size")
     return VgpuLimits(
-        memory=tuple(mem.get(i, mem_all) for i in range(gpu_count)),
-        sm=tuple(sm.get(i, sm_all) for i in range(gpu_count)),
+        memory=tuple(stricter(mem.get(i, 0), mem_all) for i in range(gpu_count)),
+        sm=tuple(stricter(sm.get(i, 0), sm_all) for i in range(gpu_count)),
         shared_cache=cache,
         context_reserve=reserve,
     )
+
+
+def limit_source(env: Mapping[str, str], var: str, i: int, value: int) -> str:
+    """Which of `<var>_<i>` and `<var>` gave GPU i its limit `value` (for messages)."""
+    name = f"{var}_{i}"
+    parse = parse_memory if var == MEMORY_VAR else parse_sm
+    try:
+        if name in env and parse(env[name]) == value:
+            return name
+    except ValueError:
+        pass
+    return var
 
 
 def format_limits(values: Mapping[str, str], cache: str | None = CACHE_FILE) -> str:

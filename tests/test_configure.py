@@ -173,7 +173,8 @@ def test_containerd_replaces_a_foreign_runtime_and_says_so(nv: Run, tmp_path: Pa
     assert res.returncode == 0, res.stderr
     assert "nvidia-container-runtime" in res.stdout and "now runs" in res.stdout
     rt = cri_runtime(toml(cfg))
-    assert rt == {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": RUNTIME}}
+    assert rt == {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": RUNTIME},
+                  "container_annotations": ["cdi.k8s.io/*", "nvctk.io/*"]}
     assert "# old toolkit" in cfg.read_text()
 
 
@@ -322,7 +323,7 @@ def test_containerd_drop_in_only_runtime_from_2_1(nv: Run, tmp_path: Path,
     di = toml(drop)
     assert di == {"version": 3, "plugins": {"io.containerd.cri.v1.runtime": {"containerd": {
         "runtimes": {"nvidia": {"runtime_type": "io.containerd.runc.v2",
-                                "container_annotations": ["cdi.k8s.io/*"],
+                                "container_annotations": ["cdi.k8s.io/*", "nvctk.io/*"],
                                 "options": {"BinaryName": RUNTIME, "SystemdCgroup": True}}}}}}}
 
 
@@ -665,3 +666,175 @@ def test_remove_restores_the_foreign_runtime_configure_replaced(nv: Run, tmp_pat
     res = nv("--runtime", engine, "--config", str(cfg), "--remove")
     assert res.returncode == 0, res.stderr
     assert cfg.read_text() == text
+
+
+# --- remove puts back what configure replaced, even after a hand edit (issue 17 §4) -------
+
+
+def _edit_by_hand(cfg: Path, line: str) -> None:
+    text = cfg.read_text()
+    cfg.write_text(text + line if not text.rstrip().endswith("}") else text)
+
+
+@pytest.mark.parametrize("cdi", [False, True])
+def test_containerd_remove_after_edit_restores_the_previous_default(nv: Run, tmp_path: Path,
+                                                                    cdi: bool) -> None:
+    cfg = tmp_path / "config.toml"
+    text = (f'version = 2\n[{V2}]\n  enable_cdi = false\n[{V2}.containerd]\n'
+            '  default_runtime_name = "crun"\n'
+            f'[{V2}.containerd.runtimes.crun]\n  runtime_type = "io.containerd.runc.v2"\n'
+            f'[{V2}.containerd.runtimes.crun.options]\n  BinaryName = "/usr/bin/crun"\n')
+    cfg.write_text(text)
+    args = ["--runtime", "containerd", "--config", str(cfg), "--set-as-default"]
+    assert nv(*args, *(["--cdi"] if cdi else [])).returncode == 0
+    doc = toml(cfg)
+    assert doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"] == "nvidia"
+    assert doc["plugins"]["io.containerd.grpc.v1.cri"]["enable_cdi"] is cdi
+    # a hand edit: the .bak no longer matches, and a later configure run overwrote it
+    cfg.write_text(cfg.read_text() + "# edited by hand\n")
+    assert nv(*args, "--cdi").returncode == 0
+    res = nv("--runtime", "containerd", "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    assert "set back to 'crun'" in res.stdout, res.stdout
+    # every key configure changed is as it was: only the hand edit remains
+    assert toml(cfg) == tomllib.loads(text)
+    assert cfg.read_text().endswith("# edited by hand\n")
+
+
+def test_docker_remove_after_edit_restores_the_previous_default(nv: Run, tmp_path: Path) -> None:
+    cfg = tmp_path / "daemon.json"
+    orig = {"default-runtime": "crun", "runtimes": {"crun": {"path": "/usr/bin/crun"}}}
+    cfg.write_text(json.dumps(orig, indent=2) + "\n")
+    assert nv("--runtime", "docker", "--config", str(cfg), "--set-as-default").returncode == 0
+    assert json.loads(cfg.read_text())["default-runtime"] == "nvidia"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "debug": True}, indent=2) + "\n")
+    res = nv("--runtime", "docker", "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(cfg.read_text()) == {**orig, "debug": True}
+
+
+def test_crio_remove_restores_a_default_it_replaced_in_the_drop_in(nv: Run, tmp_path: Path) -> None:
+    main = tmp_path / "crio.conf"
+    main.write_text("[crio.runtime]\ndefault_runtime = \"runc\"\n")
+    drop = tmp_path / "crio.conf.d" / "50-site.toml"
+    drop.parent.mkdir()
+    text = '[crio.runtime]\ndefault_runtime = "kata"\n[crio.runtime.runtimes.kata]\n' \
+           'runtime_path = "/usr/bin/kata-runtime"\n'
+    drop.write_text(text)
+    args = ["--runtime", "crio", "--config", str(main), "--drop-in", str(drop)]
+    assert nv(*args, "--set-as-default").returncode == 0
+    assert tomllib.loads(drop.read_text())["crio"]["runtime"]["default_runtime"] == "nvidia"
+    drop.write_text(drop.read_text() + "# edited\n")
+    res = nv(*args, "--remove")
+    assert res.returncode == 0, res.stderr
+    assert tomllib.loads(drop.read_text()) == tomllib.loads(text)
+
+
+# --- every TOML shape: handled or refused clearly, never a traceback (issue 17 §5) -------
+
+
+@pytest.mark.parametrize("text,why", [
+    ('version = 2\nplugins = {"io.containerd.grpc.v1.cri" = {sandbox_image = "x"}}\n',
+     "plugins is an inline table"),
+    (f'version = 2\n[{V2}]\ncontainerd = {{default_runtime_name = "runc"}}\n',
+     "containerd is an inline table"),
+    (f'version = 2\n[{V2}.containerd]\nruntimes = {{runc = {{runtime_type = "io.containerd.runc.v2"}}}}\n',
+     "runtimes is an inline table"),
+    ('version = 2\n[[plugins]]\nx = 1\n', "plugins is an array of tables"),
+    (f'version = 2\n[{V2}.containerd]\n[[{V2}.containerd.runtimes]]\nx = 1\n',
+     "runtimes is an array of tables"),
+    # one table's parts split by another table: tomlkit cannot place a new one there
+    (f'version = 2\n[{V2}.containerd.runtimes.runc]\nruntime_type = "io.containerd.runc.v2"\n'
+     f'[metrics]\naddress = ""\n[{V2}.containerd.runtimes.runc.options]\nSystemdCgroup = true\n',
+     "cannot edit this layout"),
+    # top-level dotted keys: the runtime's new table is fine (checked), but the default
+    # would land in that table: refused, not written
+    (f'version = 2\n{V2}.containerd.runtimes.runc.runtime_type = "io.containerd.runc.v2"\n',
+     "cannot edit this layout safely"),
+])
+def test_containerd_unusual_toml_shapes_are_refused_clearly(nv: Run, tmp_path: Path, text: str,
+                                                            why: str) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(text)
+    for extra in ([] if "safely" in why else [[]]) + [["--set-as-default", "--cdi"]]:
+        res = nv("--runtime", "containerd", "--config", str(cfg), *extra)
+        assert res.returncode == 1, res.stdout
+        assert why in res.stderr and str(cfg) in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+        assert cfg.read_text() == text and os.listdir(tmp_path) == ["config.toml"]
+
+
+@pytest.mark.parametrize("text", [
+    # dotted keys inside a table, a runtime as an inline table
+    f'version = 2\n[{V2}.containerd.runtimes]\nrunc.runtime_type = "io.containerd.runc.v2"\n'
+    'runc.options.SystemdCgroup = true\n',
+    f'version = 2\n[{V2}.containerd.runtimes]\nrunc = {{runtime_type = "io.containerd.runc.v2", '
+    'options = {SystemdCgroup = true}}\n',
+])
+def test_containerd_other_shapes_are_handled(nv: Run, tmp_path: Path, text: str) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(text)
+    args = ["--runtime", "containerd", "--config", str(cfg), "--set-as-default", "--cdi"]
+    res = nv(*args)
+    assert res.returncode == 0, res.stderr
+    doc = toml(cfg)
+    assert cri_runtime(doc)["options"] == {"BinaryName": RUNTIME, "SystemdCgroup": True}
+    assert nv(*args).stdout.count("nothing written") == 1
+    cfg.write_text(cfg.read_text() + "# edited\n")  # remove without the .bak's help
+    res = nv("--runtime", "containerd", "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    assert toml(cfg) == tomllib.loads(text)
+
+
+def test_containerd_annotations_for_the_node_never_as_pod_annotations(nv: Run, tmp_path: Path) -> None:
+    """The device plugin's nvctk.io/ limits travel as container annotations (only the
+    kubelet sets those); a Pod's author writes Pod annotations, so no pattern that lets
+    nvctk.io/ through is copied into nvctk's runtime, nor kept on an existing entry."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'version = 2\n[{V2}.containerd.runtimes.runc]\n'
+                   '  runtime_type = "io.containerd.runc.v2"\n'
+                   '  pod_annotations = ["nvctk.io/*", "*/*", "example.com/*", "*"]\n'
+                   '  container_annotations = ["example.com/x"]\n')
+    assert nv("--runtime", "containerd", "--config", str(cfg)).returncode == 0
+    rt = cri_runtime(toml(cfg))
+    assert rt["pod_annotations"] == ["example.com/*", "*"]  # Go's path.Match: * stops at /
+    assert rt["container_annotations"] == ["example.com/x", "cdi.k8s.io/*", "nvctk.io/*"]
+    # an existing entry (an older nvctk's, or edited) gets the same
+    text = cfg.read_text().replace('container_annotations = ["example.com/x", "cdi.k8s.io/*", '
+                                   '"nvctk.io/*"]', 'pod_annotations = ["nvctk.io/*"]', 1)
+    text = text.replace('pod_annotations = ["example.com/*", "*"]\n', "", 1)
+    cfg.write_text(text)
+    res = nv("--runtime", "containerd", "--config", str(cfg))
+    assert res.returncode == 0 and "no longer passes nvctk.io/" in res.stdout, res.stdout
+    rt = cri_runtime(toml(cfg))
+    assert rt["pod_annotations"] == [] and "nvctk.io/*" in rt["container_annotations"]
+
+
+@pytest.mark.parametrize("engine", ["containerd", "docker"])
+def test_remove_after_edit_restores_the_foreign_runtime_configure_replaced(
+        nv: Run, tmp_path: Path, engine: str) -> None:
+    """As above, but the file was edited by hand since: the .bak no longer matches, and
+    the runtime configure replaced still comes back (not deleted with nvctk's)."""
+    if engine == "containerd":
+        cfg = tmp_path / "config.toml"
+        text = (f'version = 2\n[{V2}.containerd.runtimes.nvidia]\n'
+                '  runtime_type = "io.containerd.runc.v2"\n'
+                f'[{V2}.containerd.runtimes.nvidia.options]\n'
+                '  BinaryName = "/usr/bin/nvidia-container-runtime"\n')
+        parse = tomllib.loads
+    else:
+        cfg = tmp_path / "daemon.json"
+        text = '{"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}}}\n'
+        parse = json.loads
+    cfg.write_text(text)
+    assert nv("--runtime", engine, "--config", str(cfg)).returncode == 0
+    edited = cfg.read_text().replace("{", '{"debug": true, ', 1) if engine == "docker" \
+        else cfg.read_text() + "# edited\n"
+    cfg.write_text(edited)
+    res = nv("--runtime", engine, "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    assert "back to the one configure replaced" in res.stdout, res.stdout
+    want = parse(text)
+    if engine == "docker":
+        want = {"debug": True, **want}
+    assert parse(cfg.read_text()) == want

@@ -1,9 +1,9 @@
 """`nvctk configure`'s output loaded into the real containerd (Debian's 1.6) and dockerd,
 started by the tests on private sockets and state dirs.
 
-containerd 1.6 cannot load a version-3 config: test_configure.py checks the v3 output
-against containerd 2.x's documented keys instead. CRI-O is not in Debian 12: its
-drop-in is checked against the documented format there too.
+containerd 1.6 cannot load a version-3 or -4 config: test_configure_containerd2.py
+loads those into the real containerd 2.3.4, and test_configure_crio.py CRI-O's drop-in
+into the real CRI-O 1.36.3 (both from ../shared/peers).
 """
 
 from __future__ import annotations

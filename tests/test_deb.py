@@ -263,6 +263,15 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
         prefix = host / "usr/local/nvctk"
         installed = (host / "etc/containerd/config.toml").read_text()
         _check_installed(prefix, installed, tmp_path)
+        assert (prefix / ".nvctk-installer").is_file()
+        # a prefix it did not make (the host's /usr/local) is refused, in the image too
+        (host / "usr/local/bin").mkdir(exist_ok=True)
+        (host / "usr/local/bin/site-tool").write_text("kept\n")
+        r = ctd.ctr("run", "--rm", "--mount", f"type=bind,src={host},dst=/host,options=rbind:rw",
+                    name, "nvctk-installer-test", "/usr/lib/nvctk/install.sh", "--prefix",
+                    "/usr/local", "--uninstall", timeout=300)
+        assert r.returncode == 2 and "not made by nvctk-installer" in r.stderr, r.stdout + r.stderr
+        assert (host / "usr/local/bin/site-tool").read_text() == "kept\n"
         # --uninstall (what --wait does on SIGTERM) takes back the runtime and the files
         r = ctd.ctr("run", "--rm", "--mount", f"type=bind,src={host},dst=/host,options=rbind:rw",
                     name, "nvctk-installer-test", "/usr/lib/nvctk/install.sh", "--uninstall",
@@ -293,7 +302,7 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
 
         _wait_then_sigterm(ctd, name, host, tmp_path, "nvctk-installer-early", copying,
                            step=0.005)
-        assert sorted(p.name for p in parent.iterdir()) == []
+        assert sorted(p.name for p in parent.iterdir()) == ["bin"]  # the host's own
         cfg = config.read_text()
         assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
 
@@ -339,3 +348,91 @@ def _check_installed(prefix: Path, cfg: str, tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "NVCTK_CONFIG": str(tmp_path / "none.toml")}
     r = _run([str(prefix / "bin/nvctk"), "config", "default"], env=env)
     assert r.returncode == 0 and "runtimes = " in r.stdout, r.stderr
+
+
+# --- the installer owns only what it made (issue 17 §4) -------------------------------------
+# install.sh run directly against a scratch host dir (--host): each refusal comes before
+# anything is read or written, so a wrong answer could only touch that scratch dir.
+
+
+def _host_tree(host: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(host)): (p.read_bytes() if p.is_file() else b"")
+            for p in sorted(host.rglob("*"))}
+
+
+@pytest.mark.parametrize("prefix,args,why", [
+    ("/", [], "is the host's root"),
+    ("/usr/local", [], "exists and was not made by nvctk-installer"),
+    ("/usr/local", ["--uninstall"], "exists and was not made by nvctk-installer"),
+    ("/usr", ["--uninstall"], "exists and was not made by nvctk-installer"),
+    ("/usr/local/", [], "must be a plain path"),
+    ("/usr/local/nvctk/..", ["--uninstall"], "must be a plain path"),
+    ("//usr/local", [], "must be a plain path"),
+    ("/usr/./local", [], "must be a plain path"),
+    ("usr/local/nvctk", [], "must be absolute"),
+    ("/srv/link", [], "is a symbolic link on the host"),
+    ("/srv/file", ["--uninstall"], "exists and was not made by nvctk-installer"),
+    ("/srv/fake", ["--uninstall"], "exists and was not made by nvctk-installer"),
+])
+def test_installer_refuses_prefixes_it_did_not_make(tmp_path: Path, prefix: str, args: list[str],
+                                                   why: str) -> None:
+    host = tmp_path / "host"
+    for d in ("usr/local/bin", "usr/bin", "etc/containerd", "srv"):
+        (host / d).mkdir(parents=True)
+    (host / "usr/local/bin/site-tool").write_text("#!/bin/sh\n")
+    (host / "usr/bin/ls").write_text("binary\n")
+    (host / "etc/containerd/config.toml").write_text("version = 2\n")
+    (host / "srv/file").write_text("data\n")
+    (host / "srv/link").symlink_to("/usr/local")
+    # a mark that is a link is no mark
+    (host / "srv/fake").mkdir()
+    (host / "srv/fake/.nvctk-installer").symlink_to("/etc/hostname")
+    before = _host_tree(host)
+    r = _run(["sh", str(REPO / "packaging/image/install.sh"), "--host", str(host),
+              "--prefix", prefix, *args])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert why in r.stderr and "nothing changed" in r.stderr, r.stderr
+    assert _host_tree(host) == before
+
+
+def test_image_configures_a_containerd_2_3_host(image: Path, tmp_path: Path) -> None:
+    """A host running containerd 2.3: its config is 2.3.4's own `config default`
+    (version 4). The installer wires nvctk in the same way, 2.3.4 loads the result
+    with the runtime, and --uninstall gives back the file byte for byte."""
+    from support.daemons import CONTAINERD_2_TAR, peer_env, unpack_peer
+
+    if not shutil.which("ctr"):
+        pytest.skip("needs containerd")
+    bin2 = unpack_peer(CONTAINERD_2_TAR, tmp_path / "bin2")
+    if bin2 is None:
+        pytest.skip(f"{CONTAINERD_2_TAR} is absent (../shared/peers/containerd)")
+    default = subprocess.run([str(bin2 / "containerd"), "config", "default"], capture_output=True,
+                             text=True, check=True).stdout
+    host = tmp_path / "host"
+    (host / "etc/containerd").mkdir(parents=True)
+    config = host / "etc/containerd/config.toml"
+    config.write_text(default)
+    name = f"localhost/nvctk-installer:{VERSION}"
+    mount = f"type=bind,src={host},dst=/host,options=rbind:rw"
+    with containerd(tmp_path / "ctd") as ctd:
+        r = ctd.ctr("images", "import", str(image), timeout=300)
+        assert r.returncode == 0, r.stderr
+        # (through sh: ctr would take a bare "--" for itself)
+        r = ctd.ctr("run", "--rm", "--mount", mount, name, "nvctk-installer-v4", "sh", "-c",
+                    "exec /usr/lib/nvctk/install.sh -- --set-as-default", timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        dump = subprocess.run([str(bin2 / "containerd"), "--config", str(config), "config", "dump"],
+                              capture_output=True, text=True, timeout=60, env=peer_env(bin2))
+        assert dump.returncode == 0, dump.stderr
+        import tomllib
+
+        cri = tomllib.loads(dump.stdout)["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
+        assert cri["default_runtime_name"] == "nvidia"
+        rt = cri["runtimes"]["nvidia"]
+        assert rt["options"]["BinaryName"] == "/usr/local/nvctk/bin/nvctk-runtime"
+        assert {"cdi.k8s.io/*", "nvctk.io/*"} <= set(rt["container_annotations"])
+        r = ctd.ctr("run", "--rm", "--mount", mount, name, "nvctk-installer-v4u",
+                    "/usr/lib/nvctk/install.sh", "--uninstall", timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert config.read_text() == default
+    assert not (host / "usr/local/nvctk").exists()

@@ -17,7 +17,8 @@ from nvctk.sim.topology import MIG_PROFILES, make_topology
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = Path(__file__).resolve().parent.parent / "deployments"
-API = {"Pod": "v1", "ConfigMap": "v1", "DaemonSet": "apps/v1", "RuntimeClass": "node.k8s.io/v1"}
+API = {"Pod": "v1", "ConfigMap": "v1", "DaemonSet": "apps/v1", "RuntimeClass": "node.k8s.io/v1",
+       "Service": "v1", "ServiceMonitor": "monitoring.coreos.com/v1"}
 
 
 def docs() -> list[tuple[str, dict[str, Any]]]:
@@ -56,7 +57,7 @@ def test_runtimeclass_handler_is_configures() -> None:
 
 
 def plugin_config() -> tuple[dpconfig.PluginConfig, dict[str, Any]]:
-    (_, cm), = of_kind("ConfigMap")
+    (_, cm), = [(f, d) for f, d in of_kind("ConfigMap") if f == "device-plugin.yaml"]
     return dpconfig.parse(yaml.safe_load(cm["data"]["config.yaml"]), "configmap"), cm
 
 
@@ -118,3 +119,57 @@ def test_pod_resources_are_advertised() -> None:
         assert k in names or k.removeprefix("nvidia.com/mig-") in MIG_PROFILES, (f, k)
         assert isinstance(v, int) and v > 0, (f, k)
     assert asked["nvidia.com/mps-core"][1] == 50 and asked["nvidia.com/mps-memory"][1] == 8
+
+
+def test_monitor_daemonset_service_and_servicemonitor() -> None:
+    """The monitor's port is the Service's target and the ServiceMonitor's endpoint; every
+    host path it mounts is read-only and covers the runtime roots it is told to read."""
+    ds = next(d for f, d in of_kind("DaemonSet") if f == "monitor.yaml")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    cmd = c["command"]
+    assert cmd[:2] == ["nvctk", "monitor"]
+    port = int(cmd[cmd.index("--listen") + 1].rsplit(":", 1)[1])
+    (cport,) = c["ports"]
+    assert cport["containerPort"] == port
+    assert pod["hostPID"] is True  # NVML's host pids must be this Pod's pids
+    assert pod["runtimeClassName"] == of_kind("RuntimeClass")[0][1]["metadata"]["name"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = c["volumeMounts"]
+    assert mounts and all(m.get("readOnly") is True for m in mounts), mounts
+    assert all("hostPath" in vols[m["name"]] for m in mounts)
+    paths = [m["mountPath"] for m in mounts]
+    roots = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--runtime-root"]
+    roots.append(cmd[cmd.index("--pod-resources-socket") + 1])
+    assert roots and all(any(r == p or r.startswith(p + "/") for p in paths) for r in roots)
+    (_, svc), = of_kind("Service")
+    assert svc["spec"]["selector"].items() <= pod_labels(ds).items()
+    (sport,) = svc["spec"]["ports"]
+    assert sport["targetPort"] in (cport["name"], port)
+    (_, sm), = of_kind("ServiceMonitor")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == [sport["name"]]
+    assert svc["metadata"]["namespace"] in sm["spec"]["namespaceSelector"]["matchNames"]
+
+
+def pod_labels(ds: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = ds["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def grafana_queries() -> list[str]:
+    import json
+
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    return [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+
+
+def test_grafana_dashboard_uses_only_the_monitors_metrics() -> None:
+    from nvctk.monitor.prom import METRICS
+
+    known = set(METRICS) | {"nvctk_gpu_xid_errors_total", "nvctk_monitor_errors_total"}
+    queries = grafana_queries()
+    assert len(queries) >= 10
+    for q in queries:
+        names = set(re.findall(r"\b(nvctk_[a-z_]+)\b", q))
+        assert names and names <= known, q

@@ -281,6 +281,75 @@ def test_labels() -> None:
     assert m["nvidia.com/gpu.sharing-strategy"] == "none"
 
 
+@pytest.mark.parametrize("strategies", [["envvar"], ["volume-mounts"], ["envvar", "volume-mounts"],
+                                        ["envvar", "cdi-annotations"], ["envvar", "cdi-cri"]])
+def test_vgpu_share_travels_in_a_verifiable_annotation(tmp_path: Path,
+                                                       strategies: list[str]) -> None:
+    """Every strategy carries the share in nvctk.io/vgpu.<name> as well as in the env
+    (unchanged); the runtime's check (nvctk.authority.shares) reads back exactly the
+    share, per GPU uuid, with the node's key, and nothing with another key."""
+    import dataclasses
+
+    from nvctk import authority
+    from nvctk.errors import RequestError
+
+    key_path = str(tmp_path / "keys" / "authority.key")
+    c = dataclasses.replace(cfg(flags={"deviceListStrategy": strategies},
+                                sharing={"vgpu": {"replicas": 4}}), authority_key=key_path)
+    r = res_of(TWO, c)["nvidia.com/vgpu"]
+    a = alloc.allocate(r, c, [f"{G1}::0", f"{G0}::2", f"{G1}::3"], "/")
+    assert a.envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "40960m"  # the env as before
+    (name,) = [k for k in a.annotations if k.startswith(authority.PREFIX)]
+    assert name == "nvctk.io/vgpu.vgpu"
+    assert os.stat(key_path).st_mode & 0o777 == 0o600  # made by the first Allocate
+    key = authority.load_key(key_path)
+    got = authority.shares({name: a.annotations[name]}, key, key_path)
+    assert got == {G0: (20480 << 20, 25), G1: (40960 << 20, 50)}
+    with pytest.raises(RequestError, match="MAC does not verify"):
+        authority.shares({name: a.annotations[name]}, os.urandom(32), key_path)
+    # without a key configured (PluginConfig's default): the env only, as before
+    plain = alloc.allocate(r, dataclasses.replace(c, authority_key=None), [f"{G0}::1"], "/")
+    assert not any(k.startswith(authority.PREFIX) for k in plain.annotations)
+
+
+def test_vgpu_allocate_refuses_a_bad_key_file(tmp_path: Path) -> None:
+    """A key file another user could have written is no key: Allocate fails with
+    FAILED_PRECONDITION rather than hand out a share anyone could forge."""
+    import dataclasses
+
+    key_path = tmp_path / "authority.key"
+    key_path.write_bytes(os.urandom(32))
+    key_path.chmod(0o666)
+    c = dataclasses.replace(cfg(sharing={"vgpu": {"replicas": 4}}), authority_key=str(key_path))
+    r = res_of(TWO, c)["nvidia.com/vgpu"]
+    with pytest.raises(alloc.AllocateError, match="refuses it") as e:
+        alloc.allocate(r, c, [f"{G0}::1"], "/")
+    assert e.value.code == "FAILED_PRECONDITION"
+
+
+def test_plugin_start_makes_the_node_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`nvctk device-plugin` with vGPU sharing makes the node's authority key (nvctk's
+    config authority-key, root-only) before the first Allocate, and hands its path to
+    Allocate; without vGPU sharing it makes none."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the simulated host has device nodes)")
+    from nvctk.cli import device_plugin as dpcli
+    from nvctk.sim import host
+
+    sim = host.init(str(tmp_path / "h"), make_topology(gpus=1))
+    monkeypatch.setenv("NVCTK_CONFIG", sim.config_path)
+    key = Path(sim.root) / "etc/nvctk-authority.key"
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("version: v1\n")
+    c, _, _ = dpcli.setup(str(plain))
+    assert c.authority_key == str(key) and not key.exists()
+    shared = tmp_path / "vgpu.yaml"
+    shared.write_text("version: v1\nsharing: {vgpu: {replicas: 2}}\n")
+    c, _, _ = dpcli.setup(str(shared))
+    assert c.authority_key == str(key)
+    assert key.stat().st_mode & 0o7777 == 0o600 and key.stat().st_size == 32
+
+
 # --- colliding resource names (issue 17, family 5) --------------------------------------------
 
 _MIXED = {"migStrategy": "mixed"}

@@ -86,9 +86,53 @@ def test_limits_from_env() -> None:
     lim = vgpu.limits_from_env(
         {"CUDA_DEVICE_MEMORY_LIMIT": "1g", "CUDA_DEVICE_MEMORY_LIMIT_1": "2g", "CUDA_DEVICE_SM_LIMIT": "30", "PATH": "/bin"}, 3
     )
-    assert lim.memory == (G, 2 * G, G) and lim.sm == (30, 30, 30) and lim.any
+    # strictest wins: GPU 1's own 2g cannot lift the 1g every GPU has
+    assert lim.memory == (G, G, G) and lim.sm == (30, 30, 30) and lim.any
     assert not vgpu.limits_from_env({}, 2).any
     assert not vgpu.limits_from_env({"CUDA_DEVICE_MEMORY_LIMIT": "0"}, 2).any
+
+
+M = 1 << 20
+
+
+@pytest.mark.parametrize(("env", "memory", "sm"), [
+    # a per-device "no limit" never lifts the global limit (issue 17 §2's example)
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "20480m", "CUDA_DEVICE_MEMORY_LIMIT_0": "0"}, (20480 * M, 20480 * M), (0, 0)),
+    # a per-device value larger than the global one does not loosen it
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "512m", "CUDA_DEVICE_MEMORY_LIMIT_1": "4g"}, (512 * M, 512 * M), (0, 0)),
+    # smaller per-device values tighten their device only
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "4g", "CUDA_DEVICE_MEMORY_LIMIT_1": "1g"}, (4 * G, G), (0, 0)),
+    # a global "no limit" does not remove a device's own limit
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "0", "CUDA_DEVICE_MEMORY_LIMIT_1": "1g"}, (0, G), (0, 0)),
+    ({"CUDA_DEVICE_SM_LIMIT": "0", "CUDA_DEVICE_SM_LIMIT_0": "30"}, (0, 0), (30, 0)),
+    # the SM share follows the same rule
+    ({"CUDA_DEVICE_SM_LIMIT": "25", "CUDA_DEVICE_SM_LIMIT_0": "100"}, (0, 0), (25, 25)),
+    ({"CUDA_DEVICE_SM_LIMIT": "25", "CUDA_DEVICE_SM_LIMIT_1": "0"}, (0, 0), (25, 25)),
+    ({"CUDA_DEVICE_SM_LIMIT": "50", "CUDA_DEVICE_SM_LIMIT_1": "10"}, (0, 0), (50, 10)),
+], ids=["mem-dev0-zero", "mem-dev-larger", "mem-dev-smaller", "mem-global-zero",
+        "sm-global-zero", "sm-dev-100", "sm-dev-zero", "sm-dev-smaller"])
+def test_strictest_limit_wins(env: dict[str, str], memory: tuple[int, ...], sm: tuple[int, ...]) -> None:
+    """Every variable that applies to a GPU can only tighten its limit: the merged env
+    (image ENV + `docker run -e` + a Pod's env + a device plugin's share) holds no
+    order nvctk could trust, so no variable may loosen another."""
+    lim = vgpu.limits_from_env(env, 2)
+    assert (lim.memory, lim.sm) == (memory, sm)
+    # the limits file says the same per GPU, so libvgpu (stricter of file and env) agrees
+    values = lim.values()
+    assert [int(values[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"]) for i in range(2)] == list(memory)
+    assert [int(values[f"CUDA_DEVICE_SM_LIMIT_{i}"]) for i in range(2)] == list(sm)
+
+
+@pytest.mark.parametrize(("value", "want"), [
+    ("0", vgpu.DEFAULT_RESERVE), ("1m", vgpu.DEFAULT_RESERVE), ("63m", vgpu.DEFAULT_RESERVE),
+    ("64m", vgpu.DEFAULT_RESERVE), ("128m", 128 * M), ("1g", G)])
+def test_context_reserve_only_rises_above_the_floor(value: str, want: int) -> None:
+    """NVCTK_VGPU_CONTEXT_RESERVE from the container's env can raise the charge for a
+    context's own memory, never lower it below the node's floor (0 would leave every
+    context's real memory uncharged): the value nvctk writes to the limits file."""
+    lim = vgpu.limits_from_env({"CUDA_DEVICE_MEMORY_LIMIT": "1g", vgpu.RESERVE_VAR: value}, 1)
+    assert lim.context_reserve == want
+    assert int(lim.values()[vgpu.RESERVE_VAR]) == want
 
 
 @pytest.mark.parametrize(

@@ -17,13 +17,23 @@ if TYPE_CHECKING:
 
 
 def setup(config_file: str | None) -> tuple[PluginConfig, str, HostInfo]:
+    import dataclasses
+
     from nvctk import config as nvconfig
     from nvctk import nvml
+    from nvctk.authority import load_key
     from nvctk.deviceplugin import config as dpconfig
 
     cfg = dpconfig.load(config_file)
-    driver_root = cfg.driver_root or nvconfig.load().driver_root
+    nv = nvconfig.load()
+    driver_root = cfg.driver_root or nv.driver_root
     host = nvml.query_host(driver_root)
+    cfg = dataclasses.replace(cfg, authority_key=nv.authority_key)
+    if cfg.sharing == "vgpu":
+        try:  # made now, so the runtime can check the first share's annotation
+            load_key(nv.authority_key, create=True)
+        except OSError as e:
+            raise NvctkError(f"{nv.authority_key}: cannot make nvctk's authority key: {e.strerror}")
     return cfg, driver_root, host
 
 

@@ -11,7 +11,17 @@ import sys
 import click
 
 from nvctk import config as nvconfig
-from nvctk.cli import cdi_cmd, config_cmd, configure, device_plugin, info, labels, sim, vgpu_cmd
+from nvctk.cli import (
+    cdi_cmd,
+    config_cmd,
+    configure,
+    device_plugin,
+    info,
+    labels,
+    monitor_cmd,
+    sim,
+    vgpu_cmd,
+)
 from nvctk.errors import NvctkError
 
 
@@ -49,6 +59,8 @@ cli.add_command(vgpu_cmd.vgpu)
 cli.add_command(cdi_cmd.cdi_group)
 cli.add_command(device_plugin.device_plugin)
 cli.add_command(labels.labels)
+cli.add_command(monitor_cmd.top)
+cli.add_command(monitor_cmd.monitor)
 
 
 def main(argv: list[str] | None = None) -> None:

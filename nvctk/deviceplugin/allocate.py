@@ -8,6 +8,10 @@ Device list strategies (flags.deviceListStrategy, several may be combined):
   (with NVIDIA_VISIBLE_DEVICES pointing there, so an image's own `all` is overridden);
 - cdi-annotations: `cdi.k8s.io/nvctk-device-plugin_<resource>` = CDI names;
 - cdi-cri: the response's cdi_devices.
+A vGPU share goes in the env (CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_SM_LIMIT, as
+HAMi's) and, with every strategy, in a MAC'd `nvctk.io/vgpu.<name>` annotation
+(nvctk.authority) that neither the Pod nor the image can write: the runtime takes the
+stricter of the two, so the container's env can only tighten its share.
 CDI names are `<kind>=<uuid>` (nvctk cdi generate names every device by uuid).
 With neither envvar nor volume-mounts, NVIDIA_VISIBLE_DEVICES=void, so that an
 image's baked-in `all` cannot widen a CDI request in legacy mode.
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 
 from nvctk.deviceplugin.config import PluginConfig
 from nvctk.deviceplugin.resources import Device, Resource, Unit, vgpu_share
-from nvctk.errors import NvctkError
+from nvctk.errors import NvctkError, RequestError
 
 DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
@@ -119,11 +123,15 @@ def allocate(res: Resource, cfg: PluginConfig, ids: list[str], driver_root: str,
     _device_list(out, res, cfg, units)
     if res.kind == "vgpu":
         many = len(units) > 1
+        granted = []
         for i, (u, k) in enumerate(shares.items()):
             mib, sm = vgpu_share(u, res.replicas)
             suffix = f"_{i}" if many else ""
             out.envs[f"CUDA_DEVICE_MEMORY_LIMIT{suffix}"] = f"{mib * k}m"
             out.envs[f"CUDA_DEVICE_SM_LIMIT{suffix}"] = str(min(100, sm * k))
+            granted.append((u.uuid, (mib * k) << 20, min(100, sm * k)))
+        if cfg.authority_key is not None:
+            out.annotations.update([_share_annotation(res.name, granted, cfg.authority_key)])
     elif res.kind == "mps-core":
         counts = set(shares.values())
         if len(counts) > 1:
@@ -137,6 +145,21 @@ def allocate(res: Resource, cfg: PluginConfig, ids: list[str], driver_root: str,
         out.envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_CONTAINER
         out.mounts.append((MPS_PIPE_IN_CONTAINER, pipe, False))
     return out
+
+
+def _share_annotation(resource: str, granted: list[tuple[str, int, int]],
+                      key_path: str) -> tuple[str, str]:
+    from nvctk import authority
+
+    try:
+        key = authority.load_key(key_path, create=True)
+    except OSError as e:
+        raise AllocateError("FAILED_PRECONDITION",
+                            f"{key_path}: cannot make nvctk's authority key: {e.strerror}")
+    except RequestError as e:
+        raise AllocateError("FAILED_PRECONDITION", str(e))
+    assert key is not None  # create: made, or an error
+    return authority.make(resource, granted, key)
 
 
 def _device_list(out: Allocation, res: Resource, cfg: PluginConfig, units: list[Unit]) -> None:

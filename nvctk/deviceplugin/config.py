@@ -125,6 +125,9 @@ class PluginConfig:
     vgpu_resource: str = "nvidia.com/vgpu"
     mps_core_resource: str = "nvidia.com/mps-core"
     mps_memory_resource: str = "nvidia.com/mps-memory"
+    # nvctk's config authority-key (set by `nvctk device-plugin`, not by this file): the
+    # key of the vGPU share annotations (nvctk.authority); None: env only, no annotation
+    authority_key: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -172,6 +175,14 @@ def parse(data: Any, source: str = "config") -> PluginConfig:
                                     for r in ts["resources"]))
     elif "vgpu" in sharing:
         v = sharing["vgpu"]
+        if not {"envvar", "volume-mounts"} & set(kw["strategies"]):
+            # cdi-cri: containerd 2.x and CRI-O inject the GPU from the CDI spec, and
+            # nvctk-runtime (which sets up the cap) never hears of it: a whole GPU.
+            # cdi-annotations: nvctk-runtime refuses vGPU limits on CDI devices.
+            raise ConfigError(
+                f"{source}: sharing.vgpu needs deviceListStrategy envvar or volume-mounts: "
+                f"with only {', '.join(kw['strategies'])} the engine applies the GPU from its "
+                "CDI spec, where nvctk-runtime cannot cap it")
         kw.update(sharing="vgpu", vgpu_replicas=v["replicas"],
                   vgpu_resource=v.get("resourceName", "nvidia.com/vgpu"))
     elif "mps" in sharing:

@@ -15,7 +15,9 @@ file, and each combination of --set-as-default/--cdi) gives exactly the current
 bytes, nobody has edited the files since, and the backups are the original bytes:
 remove puts them back. Otherwise (edited since, or no backup) remove takes out what
 it can recognise as nvctk's (`strip`): the runtime entry if its binary is
-nvctk-runtime, a default naming it; it never removes a same-named entry that runs
+nvctk-runtime; a default naming it, and a CDI switch configure turned on, go back to
+what they were (configure notes a replaced value in a `# nvctk: was ...` comment on
+the line; else the .bak's value); it never removes a same-named entry that runs
 something else.
 """
 
@@ -41,13 +43,26 @@ def _read_all(paths: list[str]) -> dict[str, bytes | None]:
     return {p: common.read(p) for p in paths}
 
 
+def _bak(mod: ModuleType, path: str) -> str:
+    """Where path's previous version is kept: the engine may say (CRI-O reads every
+    file in its drop-in dir, a .bak there included), else <file>.bak."""
+    return str(getattr(mod, "backup_path", common.backup_path)(path))
+
+
 def plan_configure(engine: str, req: Request) -> Plan:
     mod = ENGINES[engine]
     old = _read_all(mod.paths(req))
     new, notes = mod.configure(req, old)
     plan = Plan(service=engine, notes=notes)
-    plan.changes = [Change(p, old[p], new.get(p, old[p])) for p in old]
+    plan.changes = [Change(p, old[p], new.get(p, old[p]), _bak(mod, p)) for p in old]
+    _validate(mod, req, plan)
     return plan
+
+
+def _validate(mod: ModuleType, req: Request, plan: Plan) -> None:
+    """The engine's own check of the result, where it has one (CRI-O: `crio config`)."""
+    if plan.changed and hasattr(mod, "validate"):
+        mod.validate(req, {c.path: c.new for c in plan.changes})
 
 
 def plan_remove(engine: str, req: Request) -> Plan:
@@ -57,11 +72,11 @@ def plan_remove(engine: str, req: Request) -> Plan:
     plan = Plan(service=engine)
     binary = req.runtime_path or mod.binary_in(req, old)
     base = old
+    # files the engine only reads (CRI-O's crio.conf) have no backup: as they are
+    readonly = set(getattr(mod, "readonly_paths", lambda r: [])(req))
+    baks = {p: old[p] if p in readonly else common.read(_bak(mod, p))
+            for p in paths}
     if binary and common.is_our_binary(binary, req):
-        # files the engine only reads (CRI-O's crio.conf) have no backup: as they are
-        readonly = set(getattr(mod, "readonly_paths", lambda r: [])(req))
-        baks = {p: old[p] if p in readonly else common.read(common.target(p) + ".bak")
-                for p in paths}
         for set_default, cdi in itertools.product((False, True), repeat=2):
             trial = replace(req, runtime_path=binary, set_as_default=set_default, cdi=cdi)
             try:
@@ -74,7 +89,7 @@ def plan_remove(engine: str, req: Request) -> Plan:
                                   "previous versions (.bak)")
                 break
     try:
-        stripped, notes = mod.strip(req, base)
+        stripped, notes = mod.strip(req, base, baks)
     except common.ConfigError:
         if base is old:
             raise
@@ -86,7 +101,8 @@ def plan_remove(engine: str, req: Request) -> Plan:
     new = base if stripped is None else {**base, **stripped}
     if stripped is None and base is old:
         plan.notes.append(f"no runtime {req.name!r} of nvctk's in {', '.join(paths)}: nothing to remove")
-    plan.changes = [Change(p, old[p], new[p]) for p in paths]
+    plan.changes = [Change(p, old[p], new[p], _bak(mod, p)) for p in paths]
+    _validate(mod, req, plan)
     return plan
 
 

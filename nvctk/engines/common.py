@@ -22,7 +22,7 @@ from typing import Any
 import tomlkit
 import tomlkit.exceptions
 from tomlkit.container import Container
-from tomlkit.items import AoT, Comment, Item, Table, Whitespace
+from tomlkit.items import AoT, Comment, InlineTable, Item, Table, Whitespace
 
 from nvctk.errors import ConfigError, clipped, shown
 
@@ -50,6 +50,7 @@ class Change:
     path: str
     old: bytes | None
     new: bytes | None
+    bak: str = ""  # where the replaced file is kept ("": <file>.bak beside it)
 
     @property
     def changed(self) -> bool:
@@ -205,12 +206,132 @@ def get_table(doc: Container | Table, keys: list[str], path: str, create: bool =
                 return None
             cur[k] = tomlkit.table(is_super_table=True)
         nxt = cur[k]
-        if not isinstance(nxt, (Table, dict)) or isinstance(nxt, AoT):
+        if isinstance(nxt, InlineTable):
+            # an inline table cannot take a sub-table, and editing it in place would
+            # rewrite the user's one-line layout: refused, with the way out
+            raise ConfigError(
+                f"{path}: {dotted(keys[: i + 1])} is an inline table ({{...}}); nvctk edits "
+                "only [table] sections: write it as [table] sections, or use --drop-in; "
+                "left untouched"
+            )
+        if isinstance(nxt, AoT):
+            raise ConfigError(
+                f"{path}: {dotted(keys[: i + 1])} is an array of tables ([[...]]), not a "
+                "table; left untouched"
+            )
+        if not isinstance(nxt, (Table, dict)):
             raise ConfigError(
                 f"{path}: {dotted(keys[: i + 1])} is a {type(nxt).__name__}, not a table; left untouched"
             )
         cur = nxt
     return cur
+
+
+# --- checking an edit with an independent parser -----------------------------
+
+
+MISSING = object()
+Edits = dict[tuple[str, ...], Any]
+
+
+def _pop(d: Any, keys: tuple[str, ...]) -> Any:
+    for k in keys[:-1]:
+        if not isinstance(d, dict) or k not in d:
+            return MISSING
+        d = d[k]
+    return d.pop(keys[-1], MISSING) if isinstance(d, dict) else MISSING
+
+
+def _pruned(d: Any) -> Any:
+    """d without empty tables (a super table that only held what was edited)."""
+    if not isinstance(d, dict):
+        return d
+    out = {k: _pruned(v) for k, v in d.items()}
+    return {k: v for k, v in out.items() if v != {} or not isinstance(d[k], dict)}
+
+
+def check_edit(path: str, old: bytes, new: bytes, edits: Edits) -> None:
+    """The edit did exactly what was meant, read back by another parser (tomllib):
+    each key path in `edits` holds its value (MISSING: is gone) and nothing else
+    changed. tomlkit places new lines by its own rules, which dotted keys and unusual
+    layouts can defeat (a key landing in the wrong table): refused, not written."""
+    import tomllib
+
+    try:
+        before = tomllib.loads(old.decode("utf-8")) if old.strip() else {}
+        after = tomllib.loads(new.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: nvctk's edit of this layout is not valid TOML ({e}); "
+                          "left untouched: edit it by hand or use --drop-in")
+    wrong = []
+    for keys, want in edits.items():
+        _pop(before, keys)
+        got = _pop(after, keys)
+        if got != want:
+            wrong.append(dotted(list(keys)))
+    if wrong or _pruned(before) != _pruned(after):
+        where = ", ".join(wrong) or "other keys"
+        raise ConfigError(f"{path}: nvctk cannot edit this layout safely ({where} would not "
+                          "come out as meant: dotted keys or tables split across the file?); "
+                          "left untouched: edit it by hand or use --drop-in")
+
+
+# A key configure changed carries a comment with its previous value, so that
+# --remove can put that back even after the file was edited by hand (its .bak then
+# no longer matches): `default_runtime_name = "nvidia"  # nvctk: was "crun"`.
+UNSET = object()
+_WAS = re.compile(r'#\s*nvctk: was (unset|true|false|"(?:[^"\\]|\\.)*")\s*$')
+
+
+def _item(tbl: Any, key: str) -> Any:
+    try:
+        return tbl.value.item(key) if isinstance(tbl, Table) else tbl.item(key)
+    except Exception:  # a proxy of a table split across the file: no comment to use
+        return None
+
+
+def mark_previous(tbl: Any, key: str, previous: Any) -> None:
+    """Note `previous` (None: the key was unset) in a comment on tbl[key]."""
+    item = _item(tbl, key)
+    if item is None or not hasattr(item, "comment"):
+        return
+    was = "unset" if previous is None else json.dumps(previous)
+    item.comment(f"nvctk: was {was}")
+
+
+def previous_value(tbl: Any, key: str) -> Any:
+    """What mark_previous noted on tbl[key]: the value, UNSET, or MISSING (no note)."""
+    item = _item(tbl, key)
+    comment = str(getattr(getattr(item, "trivia", None), "comment", "") or "")
+    m = _WAS.search(comment)
+    if m is None:
+        return MISSING
+    return UNSET if m.group(1) == "unset" else json.loads(m.group(1))
+
+
+def restore_key(tbl: Any, key: str, value: Any) -> None:
+    """tbl[key] back to value (UNSET: deleted), without nvctk's note."""
+    if value is UNSET:
+        del tbl[key]
+        return
+    tbl[key] = value
+    item = _item(tbl, key)
+    if item is not None and _WAS.search(str(item.trivia.comment or "")):
+        item.trivia.comment = ""
+        item.trivia.comment_ws = ""
+
+
+def guarded(path: str, fn: Any, *args: Any) -> Any:
+    """fn(*args), with tomlkit's own refusals of an edit (ValueError, TOMLKitError:
+    e.g. a table inside an inline table) as a ConfigError naming the file."""
+    try:
+        return fn(*args)
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError,
+            tomlkit.exceptions.TOMLKitError) as e:
+        raise ConfigError(f"{path}: nvctk cannot edit this layout ({clipped(str(e))}); "
+                          "left untouched: edit it by hand or use --drop-in")
 
 
 def _body(tbl: Any) -> list[tuple[Any, Item]]:
@@ -239,7 +360,9 @@ def set_key(tbl: Any, key: str, value: Any, header_indent: str = "") -> None:
         return
     indent = _key_indent(tbl)
     tbl[key] = value
-    item: Any = tbl.value.item(key) if isinstance(tbl, Table) else tbl.item(key)
+    item: Any = _item(tbl, key)
+    if item is None:  # a table split across the file (a proxy): tomlkit's placement
+        return
     if indent is None:
         indent = header_indent + "  " if header_indent else ""
     item.trivia.indent = indent
@@ -361,6 +484,10 @@ def target(path: str) -> str:
     return os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path)
 
 
+def backup_path(path: str) -> str:
+    return target(path) + ".bak"
+
+
 def apply(plan: Plan) -> list[str]:
     """Write every changed file of the plan, or none. Returns lines saying what was done."""
     todo = [c for c in plan.changes if c.changed]
@@ -370,7 +497,7 @@ def apply(plan: Plan) -> list[str]:
     try:
         for c in todo:
             path = target(c.path)
-            bak = path + ".bak"
+            bak = c.bak or backup_path(c.path)
             _check_writable(path)
             if c.old is not None:
                 _check_writable(bak)
@@ -402,11 +529,11 @@ def apply(plan: Plan) -> list[str]:
                 raise ConfigError(f"cannot remove {path}: {e.strerror}")
         for c in todo:
             if c.new is None:
-                done.append(f"removed {c.path} (kept as {target(c.path)}.bak)")
+                done.append(f"removed {c.path} (kept as {c.bak or backup_path(c.path)})")
             elif c.old is None:
                 done.append(f"created {c.path}")
             else:
-                done.append(f"updated {c.path} (previous version: {target(c.path)}.bak)")
+                done.append(f"updated {c.path} (previous version: {c.bak or backup_path(c.path)})")
         for d in {os.path.dirname(target(c.path)) for c in todo}:
             with contextlib.suppress(OSError):
                 fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
@@ -457,8 +584,8 @@ def remove_table_text(doc: tomlkit.TOMLDocument, keys: list[str], path: str) -> 
             continue
         j = heads[n + 1][0] if n + 1 < len(heads) else len(lines)
         end = j
-        while j < len(lines) and end > i + 1 and lines[end - 1].lstrip().startswith("#"):
-            end -= 1  # comments right above the next header stay with it
+        while end > i + 1 and lines[end - 1].lstrip().startswith("#"):
+            end -= 1  # comments right above the next header (or ending the file) stay
         drop.update(range(i, end))
     kept = [line for i, line in enumerate(lines) if i not in drop]
     # the blank line configure put before a table that ends the file

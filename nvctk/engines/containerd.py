@@ -1,8 +1,10 @@
 """containerd: a runtime table whose runc shim calls nvctk-runtime.
 
 Config versions: no `version` key = 1 (plugin "cri"), 2 = containerd 1.x
-("io.containerd.grpc.v1.cri"), 3 = containerd 2.x ("io.containerd.cri.v1.runtime").
-An empty or missing file gets version 2, or 3 when `containerd --version` says 2.x.
+("io.containerd.grpc.v1.cri"), 3 = containerd 2.0-2.2 ("io.containerd.cri.v1.runtime"),
+4 = containerd 2.3 (the runtime plugin as in 3; the server's own settings moved into
+plugins, which nvctk does not touch). An empty or missing file gets the version the
+installed containerd writes: 2 before 2.0, 3 before 2.3, else 4.
 
 --drop-in: the runtime goes into the drop-in file and an `imports` glob for its
 directory into the main file. Before containerd 2.1 an imported file's plugin table
@@ -25,16 +27,24 @@ import tomlkit
 from tomlkit.items import Table
 
 from nvctk.engines.common import (
+    MISSING,
     RUNC_SHIM,
+    UNSET,
     ConfigError,
+    Edits,
     Request,
+    check_edit,
     dotted,
     get_table,
+    guarded,
     insert_table_text,
     is_our_binary,
+    mark_previous,
     not_ours,
     parse_toml,
+    previous_value,
     remove_table_text,
+    restore_key,
     set_key,
     table_indent,
 )
@@ -45,7 +55,9 @@ PLUGIN = {
     1: ["plugins", "cri"],
     2: ["plugins", "io.containerd.grpc.v1.cri"],
     3: ["plugins", "io.containerd.cri.v1.runtime"],
+    4: ["plugins", "io.containerd.cri.v1.runtime"],
 }
+KNOWN = ", ".join(map(str, list(PLUGIN)[:-1])) + f" and {list(PLUGIN)[-1]}"
 
 Files = dict[str, "bytes | None"]
 
@@ -77,13 +89,15 @@ def _is_empty(doc: tomlkit.TOMLDocument) -> bool:
 def _version(doc: tomlkit.TOMLDocument, path: str) -> int:
     if _is_empty(doc):
         v = containerd_version()
-        return 3 if v is not None and v[0] >= 2 else 2
+        if v is None or v < (2, 0):
+            return 2
+        return 3 if v < (2, 3) else 4
     ver = doc.get("version")
     if ver is None:
         return 1
     if isinstance(ver, bool) or not isinstance(ver, int) or ver not in PLUGIN:
         raise ConfigError(
-            f"{path}: unknown containerd config version {ver!r} (nvctk knows 1, 2 and 3); "
+            f"{path}: unknown containerd config version {ver!r} (nvctk knows {KNOWN}); "
             "left untouched"
         )
     return int(ver)
@@ -100,6 +114,27 @@ def _default_name(doc: tomlkit.TOMLDocument, plugin: list[str], path: str) -> st
 
 
 CDI_ANNOTATIONS = "cdi.k8s.io/*"
+# the device plugin's own container annotations (the node's vGPU limits): passed to
+# the runtime as container annotations, which only the kubelet sets; never as Pod
+# annotations, which a Pod's author writes
+NVCTK_ANNOTATIONS = "nvctk.io/*"
+CONTAINER_ANNOTATIONS = [CDI_ANNOTATIONS, NVCTK_ANNOTATIONS]
+
+
+def _glob_match(pattern: str, key: str) -> bool:
+    """containerd's annotation patterns are Go's path.Match: `*` stops at `/`."""
+    rx = re.escape(pattern).replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+    return re.fullmatch(rx, key) is not None
+
+
+def _pod_ok(pattern: object) -> bool:
+    """A pod_annotations pattern that lets no nvctk.io/ annotation through."""
+    return not (isinstance(pattern, str) and _glob_match(pattern, "nvctk.io/x"))
+
+
+def _annotations(current: object) -> list[Any]:
+    annotations = list(current) if isinstance(current, list) else []
+    return annotations + [a for a in CONTAINER_ANNOTATIONS if a not in annotations]
 
 
 def _source_runtime(doc: tomlkit.TOMLDocument, plugin: list[str], req: Request,
@@ -126,11 +161,9 @@ def _entry(source: dict[str, Any], binary: str) -> dict[str, Any]:
     # containerd's CRI hands a Pod's annotations to the runtime only where listed: the
     # device plugin's cdi-annotations requests (cdi.k8s.io/*) need it, as NVIDIA's
     # `nvidia-ctk runtime configure` sets it
-    annotations = entry.get("container_annotations")
-    annotations = list(annotations) if isinstance(annotations, list) else []
-    if CDI_ANNOTATIONS not in annotations:
-        annotations.append(CDI_ANNOTATIONS)
-    entry["container_annotations"] = annotations
+    entry["container_annotations"] = _annotations(entry.get("container_annotations"))
+    if isinstance(entry.get("pod_annotations"), list):
+        entry["pod_annotations"] = [a for a in entry["pod_annotations"] if _pod_ok(a)]
     opts = source.get("options")
     options: dict[str, Any] = {"BinaryName": binary}
     if isinstance(opts, dict):
@@ -141,12 +174,36 @@ def _entry(source: dict[str, Any], binary: str) -> dict[str, Any]:
     return entry
 
 
-def _block(runtimes_keys: list[str], name: str, entry: dict[str, Any]) -> str:
-    head = dotted([*runtimes_keys, name])
+def _literal_style(text: str) -> bool:
+    """Whether the file writes strings '...' (containerd 2.x's `config default` does)."""
+    return len(re.findall(r"= '", text)) > len(re.findall(r'= "', text))
+
+
+def _styled(value: Any, literal: bool) -> Any:
+    """value with its strings written the file's way."""
+    if literal and isinstance(value, str) and "'" not in value and "\n" not in value:
+        return tomlkit.string(value, literal=True)
+    if literal and isinstance(value, list):
+        arr = tomlkit.array()
+        arr.extend(_styled(v, literal) for v in value)
+        return arr
+    return value
+
+
+def _dotted_styled(keys: list[str], literal: bool) -> str:
+    if not literal:
+        return dotted(keys)
+    return ".".join(k if re.fullmatch(r"[A-Za-z0-9_-]+", k) or "'" in k else f"'{k}'"
+                    for k in keys)
+
+
+def _block(runtimes_keys: list[str], name: str, entry: dict[str, Any], literal: bool) -> str:
+    head = _dotted_styled([*runtimes_keys, name], literal)
     lines = [f"[{head}]"]
-    lines += [tomlkit.dumps({k: v}).strip() for k, v in entry.items() if k != "options"]
+    lines += [tomlkit.dumps({k: _styled(v, literal)}).strip()
+              for k, v in entry.items() if k != "options"]
     lines += ["", f"[{head}.options]"]
-    lines += [tomlkit.dumps({k: v}).strip() for k, v in entry["options"].items()]
+    lines += [tomlkit.dumps({k: _styled(v, literal)}).strip() for k, v in entry["options"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -164,41 +221,82 @@ def _ensure_table(doc: Any, keys: list[str], path: str) -> Any:
 
 def _add(doc: tomlkit.TOMLDocument, path: str, version: int, req: Request,
          source: dict[str, Any], notes: list[str], need_runc: bool) -> str:
-    """The text of `doc` with nvctk's runtime (and default/CDI) in it."""
+    """The text of `doc` with nvctk's runtime (and default/CDI) in it, checked."""
+    before = tomlkit.dumps(doc)
+    edits: Edits = {}
+    text = guarded(path, _edit, doc, path, version, req, source, notes, need_runc, edits)
+    check_edit(path, before.encode(), text.encode(), edits)
+    return text
+
+
+def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: Request,
+          source: dict[str, Any], notes: list[str], need_runc: bool, edits: Edits) -> str:
     plugin = PLUGIN[version]
     runtimes_keys = [*plugin, "containerd", "runtimes"]
+    lit = _literal_style(tomlkit.dumps(doc))
     if req.set_as_default:
         ctd = _ensure_table(doc, [*plugin, "containerd"], path)
-        set_key(ctd, "default_runtime_name", req.name, _header_indent(ctd))
+        prev = ctd.get("default_runtime_name")
+        if prev != req.name:
+            set_key(ctd, "default_runtime_name", _styled(req.name, lit), _header_indent(ctd))
+            if prev is not None and prev != "runc":  # remove's fallback is runc
+                mark_previous(ctd, "default_runtime_name", _plain(prev))
+        edits[(*plugin, "containerd", "default_runtime_name")] = req.name
     if req.cdi:
         cri = _ensure_table(doc, plugin, path)
-        set_key(cri, "enable_cdi", True, _header_indent(cri))
+        prev = cri.get("enable_cdi")
+        if prev is not True:
+            set_key(cri, "enable_cdi", True, _header_indent(cri))
+            mark_previous(cri, "enable_cdi", _plain(prev))
+        edits[(*plugin, "enable_cdi")] = True
     runtimes = get_table(doc, runtimes_keys, path)
     existing = runtimes.get(req.name) if runtimes is not None else None
     if existing is None:
-        block = _block(runtimes_keys, req.name, _entry(source, req.runtime_path))
+        entry = _entry(source, req.runtime_path)
+        edits[tuple([*runtimes_keys, req.name])] = entry
+        block = _block(runtimes_keys, req.name, entry, lit)
         if need_runc:
             # containerd's built-in "runc" runtime exists only while the file names no
             # runtime at all; once it names one, a missing default runtime makes the CRI
             # plugin fail to load ("no corresponding runtime configured")
-            runc = f"[{dotted([*runtimes_keys, 'runc'])}]\nruntime_type = \"{RUNC_SHIM}\"\n"
+            runc = (f"[{_dotted_styled([*runtimes_keys, 'runc'], lit)}]\n"
+                    f"{tomlkit.dumps({'runtime_type': _styled(RUNC_SHIM, lit)})}")
             block = runc + "\n" + block
+            edits[tuple([*runtimes_keys, "runc"])] = {"runtime_type": RUNC_SHIM}
             notes.append(f"{path} named no runtime: added runc too (containerd's built-in "
                          "one goes once the file names any)")
         return insert_table_text(doc, runtimes_keys, req.name, block, path)
     if not isinstance(existing, Table):
         raise ConfigError(f"{path}: {dotted([*runtimes_keys, req.name])} is not a table; left untouched")
+    here = tuple([*runtimes_keys, req.name])
     opts = existing.get("options")
     if existing.get("runtime_type") != RUNC_SHIM or not isinstance(opts, dict) \
             or opts.get("BinaryName") != req.runtime_path:
         was = opts.get("BinaryName") if isinstance(opts, dict) else None
         notes.append(f"runtime {req.name!r} existed in {path} (BinaryName {was!r}): "
                      f"now runs {req.runtime_path}")
-        set_key(existing, "runtime_type", RUNC_SHIM, _header_indent(existing))
+        set_key(existing, "runtime_type", _styled(RUNC_SHIM, lit), _header_indent(existing))
         if not isinstance(opts, Table):
             existing["options"] = tomlkit.table()
             opts = existing["options"]
-        set_key(opts, "BinaryName", req.runtime_path, _header_indent(opts))
+        set_key(opts, "BinaryName", _styled(req.runtime_path, lit), _header_indent(opts))
+    edits[(*here, "runtime_type")] = RUNC_SHIM
+    edits[(*here, "options", "BinaryName")] = req.runtime_path
+    # an entry of an older nvctk (or someone else's): the annotations it needs too
+    current = _plain(existing.get("container_annotations"))
+    wanted = _annotations(current)
+    if wanted != current:
+        set_key(existing, "container_annotations", _styled(wanted, lit), _header_indent(existing))
+    edits[(*here, "container_annotations")] = wanted
+    pods = _plain(existing.get("pod_annotations"))
+    if isinstance(pods, list) and not all(_pod_ok(a) for a in pods):
+        kept = [a for a in pods if _pod_ok(a)]
+        notes.append(f"runtime {req.name!r}: pod_annotations no longer passes nvctk.io/ "
+                     f"(a Pod's author must not set the node's limits): {pods} -> {kept}")
+        set_key(existing, "pod_annotations", _styled(kept, lit), _header_indent(existing))
+        pods = kept
+    if isinstance(pods, list):
+        edits[(*here, "pod_annotations")] = pods
     return tomlkit.dumps(doc)
 
 
@@ -219,7 +317,7 @@ def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
     need_runc = main_runtimes is None or len(main_runtimes) == 0
     if req.cdi:
         v = containerd_version()
-        if v is not None and v < (1, 7):
+        if v is not None and v < (1, 7) and version <= 2:
             notes.append(f"containerd {v[0]}.{v[1]} ignores enable_cdi (CDI came in 1.7)")
     if not req.drop_in:
         return {main_path: _add(main_doc, main_path, version, req, source, notes, need_runc).encode()}, notes
@@ -250,7 +348,12 @@ def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
         raise ConfigError(f"{main_path}: imports is not an array; left untouched")
     elif not any(isinstance(p, str) and fnmatch.fnmatch(os.path.abspath(di_path), p) for p in imports):
         imports.append(glob)
-    return {main_path: tomlkit.dumps(main_doc).encode(), di_path: di_text.encode()}, notes
+    main_text = tomlkit.dumps(main_doc).encode()
+    edits: Edits = {("imports",): _plain(main_doc["imports"])}
+    if _is_empty(parse_toml(main_path, old[main_path] or b"")):
+        edits[("version",)] = version
+    check_edit(main_path, old[main_path] or b"", main_text, edits)
+    return {main_path: main_text, di_path: di_text.encode()}, notes
 
 
 def binary_in(req: Request, old: Files) -> str | None:
@@ -280,10 +383,44 @@ def _drop_empty_super(doc: Any, keys: list[str]) -> None:
             return
 
 
-def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
+def _bak_value(bak: bytes | None, keys: list[str], key: str, req: Request) -> Any:
+    """The value of key in the table at keys of the file's .bak: what was there before
+    nvctk last wrote the file (MISSING when unknown: no .bak, or it says nvctk's name)."""
+    if bak is None:
+        return MISSING
+    try:
+        tbl = get_table(tomlkit.parse(bak.decode()), keys, "")
+    except Exception:
+        return MISSING
+    value = tbl.get(key) if tbl is not None else None
+    if value is None:
+        return UNSET
+    value = _plain(value)
+    return MISSING if value == req.name else value
+
+
+def _replaced_runtime(bak: bytes | None, runtimes_keys: list[str], req: Request) -> Any:
+    """The runtime table of req.name in the .bak when it is someone else's (configure
+    replaced it), else None."""
+    if bak is None:
+        return None
+    try:
+        rts = get_table(tomlkit.parse(bak.decode()), runtimes_keys, "")
+    except Exception:
+        return None
+    rt = rts.get(req.name) if rts is not None else None
+    if not isinstance(rt, Table):
+        return None
+    opts = rt.get("options")
+    binary = opts.get("BinaryName") if isinstance(opts, dict) else None
+    return None if is_our_binary(binary, req) else rt
+
+
+def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
     """Structural removal: nvctk's runtime (refused when the table of that name is
-    someone else's), a default_runtime_name naming it (back to "runc"), the imports
-    glob of a drop-in that was nvctk's alone. None: nothing of nvctk's found."""
+    someone else's); a default_runtime_name naming it and an enable_cdi configure set
+    back to what they were (noted on the line, else the .bak's, else "runc" and left);
+    the imports glob of a drop-in that was nvctk's alone. None: nothing of nvctk's."""
     notes: list[str] = []
     main_path = paths(req)[0]
     path = paths(req)[-1]
@@ -304,18 +441,50 @@ def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
     binary = opts.get("BinaryName") if isinstance(opts, dict) else None
     if not isinstance(rt, dict) or rt.get("runtime_type") != RUNC_SHIM or not is_our_binary(binary, req):
         raise not_ours(path, req, "BinaryName", binary)
+    bak = (baks or {}).get(path)
+    edits: Edits = {tuple([*runtimes_keys, req.name]): MISSING}
     ctd = get_table(doc, [*plugin, "containerd"], path)
     if ctd is not None and ctd.get("default_runtime_name") == req.name:
-        ctd["default_runtime_name"] = "runc"
-        notes.append(f"{path}: default_runtime_name set back to \"runc\"")
-    text = remove_table_text(doc, [*runtimes_keys, req.name], path)
-    doc = tomlkit.parse(text)
-    _drop_empty_super(doc, runtimes_keys)
+        was = previous_value(ctd, "default_runtime_name")
+        if was is MISSING:
+            was = _bak_value(bak, [*plugin, "containerd"], "default_runtime_name", req)
+        if was is MISSING:
+            was = "runc"
+        restore_key(ctd, "default_runtime_name", was)
+        edits[(*plugin, "containerd", "default_runtime_name")] = MISSING if was is UNSET else was
+        notes.append(f"{path}: default_runtime_name " + (
+            "removed (containerd's default, runc, applies)" if was is UNSET
+            else f"set back to {was!r}"))
     cri = get_table(doc, plugin, path)
     if cri is not None and cri.get("enable_cdi") is True:
-        notes.append(f"{path}: enable_cdi left as it is (nvctk cannot tell who set it)")
+        was = previous_value(cri, "enable_cdi")
+        if was is MISSING:
+            notes.append(f"{path}: enable_cdi left as it is (not set by nvctk configure)")
+        else:
+            restore_key(cri, "enable_cdi", was)
+            if was is UNSET and isinstance(cri, Table) and len(cri) > 0 \
+                    and all(isinstance(v, Table) for v in cri.values()):
+                # the header configure gave the table for enable_cdi goes with it
+                cri._is_super_table = True
+            edits[(*plugin, "enable_cdi")] = MISSING if was is UNSET else was
+            notes.append(f"{path}: enable_cdi back to " + ("unset" if was is UNSET else str(was).lower()))
+    before = tomlkit.dumps(parse_toml(path, old[path] or b""))
+    replaced = _replaced_runtime(bak, runtimes_keys, req)
+    if replaced is not None:
+        # configure had replaced someone else's runtime of that name: it comes back
+        rts = get_table(doc, runtimes_keys, path)
+        rts[req.name] = replaced
+        edits[tuple([*runtimes_keys, req.name])] = _plain(replaced)
+        notes.append(f"{path}: runtime {req.name!r} back to the one configure replaced "
+                     f"(from {path}'s backup)")
+        text = tomlkit.dumps(doc)
+    else:
+        text = guarded(path, remove_table_text, doc, [*runtimes_keys, req.name], path)
+        doc = tomlkit.parse(text)
+        _drop_empty_super(doc, runtimes_keys)
+        text = tomlkit.dumps(doc)
+    check_edit(path, before.encode(), text.encode(), edits)
     out: Files = {}
-    text = tomlkit.dumps(doc)
     if path != main_path:
         # the drop-in is nvctk's file: it goes, and the imports glob with it when no
         # other file uses that directory

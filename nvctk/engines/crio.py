@@ -10,23 +10,33 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
+import subprocess
+import tempfile
 from typing import Any
 
 import tomlkit
 from tomlkit.items import Table
 
 from nvctk.engines.common import (
+    MISSING,
+    UNSET,
     ConfigError,
     Request,
     get_table,
     insert_table_text,
     is_our_binary,
+    mark_previous,
     not_ours,
     parse_toml,
+    previous_value,
     read,
     remove_table_text,
+    restore_key,
     set_key,
+    target,
 )
+from nvctk.errors import clipped
 
 SERVICE = "crio"
 DEFAULT_CONFIG = "/etc/crio/crio.conf"
@@ -40,6 +50,14 @@ Files = dict[str, "bytes | None"]
 
 def paths(req: Request) -> list[str]:
     return [req.config or DEFAULT_CONFIG, req.drop_in or DEFAULT_DROP_IN]
+
+
+def backup_path(path: str) -> str:
+    """A drop-in's previous version is kept beside its directory, not in it: CRI-O
+    reads every file there (99-nvctk.toml.bak would still define the runtime)."""
+    full = target(path)
+    d = os.path.dirname(full)
+    return f"{d}-{os.path.basename(full)}.bak"
 
 
 def readonly_paths(req: Request) -> list[str]:
@@ -91,7 +109,11 @@ def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
         if rt.is_super_table():
             get_table(doc, ["crio"], path)["runtime"] = tomlkit.table()
             rt = get_table(doc, ["crio", "runtime"], path)
-        set_key(rt, "default_runtime", req.name)
+        prev = rt.get("default_runtime")
+        if prev != req.name:
+            set_key(rt, "default_runtime", req.name)
+            if prev is not None:
+                mark_previous(rt, "default_runtime", str(prev))
     tables = get_table(doc, RUNTIMES, path)
     cur = tables.get(req.name) if tables is not None else None
     if cur is None:
@@ -123,7 +145,7 @@ def _has_values(value: Any) -> bool:
     return True
 
 
-def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
+def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
     _, path = paths(req)
     if not old[path]:
         return None, []
@@ -137,8 +159,47 @@ def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
         raise not_ours(path, req, "runtime_path", binary)
     rt = get_table(doc, ["crio", "runtime"], path)
     if rt is not None and rt.get("default_runtime") == req.name:
-        del rt["default_runtime"]
+        # back to what configure replaced in this file (noted on the line), else unset:
+        # crio.conf's or another drop-in's default applies again
+        was = previous_value(rt, "default_runtime")
+        restore_key(rt, "default_runtime", UNSET if was is MISSING else was)
     doc = tomlkit.parse(remove_table_text(doc, [*RUNTIMES, req.name], path))
     # nvctk's drop-in: gone when nothing else is left in it
     keep = _has_values(doc.unwrap())
     return {path: tomlkit.dumps(doc).encode() if keep else None}, []
+
+
+def validate(req: Request, new: Files) -> None:
+    """CRI-O's own reading of the files as they would be (`crio config` over a copy of
+    the drop-in dir with the new drop-in): a drop-in CRI-O would refuse at its next
+    start is never written. Skipped where no `crio` is installed."""
+    exe = shutil.which("crio")
+    if exe is None:
+        return
+    main, drop = paths(req)
+    src = os.path.dirname(os.path.abspath(drop))
+    with tempfile.TemporaryDirectory(prefix="nvctk-crio-") as d:
+        confd = os.path.join(d, "conf.d")
+        os.mkdir(confd)
+        for f in glob.glob(os.path.join(src, "*.toml")):
+            if os.path.abspath(f) != os.path.abspath(drop):
+                data = read(f)
+                if data is not None:
+                    with open(os.path.join(confd, os.path.basename(f)), "wb") as out:
+                        out.write(data)
+        if new.get(drop) is not None:
+            with open(os.path.join(confd, os.path.basename(drop)), "wb") as out:
+                out.write(new[drop] or b"")
+        conf = main if os.path.isfile(main) else os.path.join(d, "crio.conf")
+        if conf != main:
+            open(conf, "wb").close()
+        try:
+            res = subprocess.run([exe, "--config", conf, "--config-dir", confd, "config"],
+                                 capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise ConfigError(f"{drop}: cannot check the result with {exe}: {e}; left untouched")
+    if res.returncode != 0:
+        lines = [li for li in res.stderr.splitlines() if li.strip()]
+        why = lines[-1] if lines else f"exit {res.returncode}"
+        raise ConfigError(f"{drop}: CRI-O ({exe}) would refuse the result: "
+                          f"{clipped(why.replace(d, os.path.dirname(drop)))}; left untouched")

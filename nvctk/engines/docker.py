@@ -80,7 +80,33 @@ def binary_in(req: Request, old: Files) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
+def _bak_default(bak: bytes | None, req: Request) -> str | None:
+    """daemon.json.bak's default-runtime when it is not nvctk's: what configure
+    replaced (JSON keeps no comment to note it in), None when unknown or unset."""
+    if bak is None:
+        return None
+    try:
+        value = json.loads(bak).get("default-runtime")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value != req.name else None
+
+
+def _bak_runtime(bak: bytes | None, req: Request) -> Any:
+    """daemon.json.bak's runtime of req.name when it is someone else's, else None."""
+    if bak is None:
+        return None
+    try:
+        rts = json.loads(bak).get("runtimes")
+    except (ValueError, AttributeError):
+        return None
+    entry = rts.get(req.name) if isinstance(rts, dict) else None
+    if not isinstance(entry, dict) or is_our_binary(entry.get("path"), req):
+        return None
+    return entry
+
+
+def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
     path = paths(req)[0]
     if old[path] is None:
         return None, []
@@ -95,12 +121,23 @@ def strip(req: Request, old: Files) -> tuple[Files | None, list[str]]:
         raise not_ours(path, req, "path", binary)
     notes: list[str] = []
     assert isinstance(runtimes, dict)
-    del runtimes[req.name]
+    was = _bak_runtime((baks or {}).get(path), req)
+    if was is not None:
+        # configure had replaced someone else's runtime of that name: it comes back
+        runtimes[req.name] = was
+        notes.append(f"{path}: runtime {req.name!r} back to the one configure replaced")
+    else:
+        del runtimes[req.name]
     if not runtimes:
         del cfg["runtimes"]
     if cfg.get("default-runtime") == req.name:
-        del cfg["default-runtime"]
-        notes.append(f"{path}: default-runtime removed (Docker's default, runc, applies)")
+        was = _bak_default((baks or {}).get(path), req)
+        if was is None:
+            del cfg["default-runtime"]
+            notes.append(f"{path}: default-runtime removed (Docker's default, runc, applies)")
+        else:
+            cfg["default-runtime"] = was
+            notes.append(f"{path}: default-runtime set back to {was!r}")
     features = cfg.get("features")
     if isinstance(features, dict) and features.get("cdi") is True:
         notes.append(f"{path}: features.cdi left as it is (nvctk cannot tell who set it)")

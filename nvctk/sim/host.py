@@ -623,6 +623,7 @@ def sim_config(root: str, ldconfig: str = HOST_LDCONFIG) -> nvconfig.Config:
         log_file=os.path.join(root, "nvctk.log"),
         log_level="debug",
         state_dir=os.path.join(root, "run/nvctk"),
+        authority_key=os.path.join(root, "etc/nvctk-authority.key"),
         extra_mounts=(nvconfig.ExtraMount(os.path.join(root, "run/nvidia-sim"), "/run/nvidia-sim"),),
     )
 

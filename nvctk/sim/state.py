@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = 0x4E565349
-VERSION = 2
+VERSION = 3
 MAX_GPUS = 16
 MAX_PROCS = 512
 STATE_REL = "run/nvidia-sim/state"  # under the sim dir
@@ -32,9 +32,15 @@ _GPU = struct.Struct(f"<{MUTEX_SIZE}x7Q2I")
 # pid, gpu, start_time, mem_used, busy_ns, kernels, host_pid, _pad, pidns
 _PROC = struct.Struct("<iI4QiIQ")
 
+# per-process utilization history (struct nvsim_hist): last, period[HIST], busy[HIST]
+HIST = 128
+HIST_PERIOD_NS = 100_000_000
+_HIST_SIZE = 8 + 2 * 8 * HIST
+
 GPUS_OFFSET = _HEADER.size
 PROCS_OFFSET = GPUS_OFFSET + MAX_GPUS * _GPU.size
-STATE_SIZE = PROCS_OFFSET + MAX_PROCS * _PROC.size
+HIST_OFFSET = PROCS_OFFSET + MAX_PROCS * _PROC.size
+STATE_SIZE = HIST_OFFSET + MAX_PROCS * _HIST_SIZE
 
 # offsetof() of the C fields, for the layout test
 OFFSETS: dict[str, int] = {
@@ -44,6 +50,8 @@ OFFSETS: dict[str, int] = {
     "nvsim_state.lock": 16,
     "nvsim_state.gpus": GPUS_OFFSET,
     "nvsim_state.procs": PROCS_OFFSET,
+    "nvsim_state.hist": HIST_OFFSET,
+    "sizeof(struct nvsim_hist)": _HIST_SIZE,
     "nvsim_gpu.mem_total": MUTEX_SIZE,
     "nvsim_gpu.mem_used": MUTEX_SIZE + 8,
     "nvsim_gpu.busy_ns": MUTEX_SIZE + 16,

@@ -14,6 +14,9 @@
 # CONFIGURE-ARGS go to `nvctk configure` (e.g. --set-as-default, --cdi).
 # --wait: stay up (a DaemonSet's container) and undo everything on SIGTERM.
 # --uninstall: undo (configure --remove, then delete the prefix) and exit.
+# The installer owns only the directory it created (it holds .nvctk-installer): a
+# prefix that exists without that mark (/, /usr/local, anyone's directory) is
+# refused, for install and uninstall alike, and nothing is touched.
 # The engine is not restarted: the message says to, as `nvctk configure` does.
 set -eu
 host=/host prefix=/usr/local/nvctk runtime=containerd engine_config= wait=0 uninstall=0
@@ -29,12 +32,26 @@ while [ $# -gt 0 ]; do
     *) echo "nvctk-installer: unknown argument $1 (see $0)" >&2; exit 2;;
   esac
 done
-case $prefix in /*) ;; *) echo "nvctk-installer: --prefix must be absolute" >&2; exit 2;; esac
+refuse() { echo "nvctk-installer: --prefix $prefix: $*; nothing changed" >&2; exit 2; }
+case $prefix in /*) ;; *) refuse "must be absolute";; esac
+# one spelling per directory: no //, /./, /../, trailing / (and so never / itself)
+case $prefix in
+  /) refuse "is the host's root";;
+  */|*//*|*/./*|*/.|*/../*|*/..) refuse "must be a plain path (no '.', '..', '//' or trailing '/')";;
+esac
 if [ ! -d "$host" ]; then
   echo "nvctk-installer: $host is not a directory: mount the host's / there" >&2
   exit 2
 fi
 dest=$host$prefix
+mark=.nvctk-installer
+if [ -L "$dest" ]; then
+  refuse "is a symbolic link on the host"
+elif [ -e "$dest" ] && { [ ! -d "$dest" ] || [ ! -f "$dest/$mark" ] || [ -L "$dest/$mark" ]; }; then
+  # never replace or delete what this installer did not make: moving /usr/local aside
+  # and deleting it is what an unchecked prefix does
+  refuse "exists and was not made by nvctk-installer (no $mark in it): choose a new directory, e.g. /usr/local/nvctk"
+fi
 if [ -z "$engine_config" ]; then
   case $runtime in
     containerd) engine_config=/etc/containerd/config.toml;;
@@ -57,7 +74,10 @@ configure() {
 
 uninstall() {
   configure --remove
-  rm -rf "$dest"
+  # checked again: the tree is deleted only while it carries the installer's mark
+  if [ -f "$dest/$mark" ] && [ ! -L "$dest" ]; then
+    rm -rf --one-file-system "$dest"
+  fi
   echo "nvctk-installer: removed $prefix and the $runtime runtime entry"
 }
 
@@ -66,29 +86,33 @@ if [ "$uninstall" = 1 ]; then
   exit 0
 fi
 
-new=$dest.new.$$
+new=
 if [ "$wait" = 1 ]; then
   # Trapped before anything is installed: as a container's PID 1 this shell would
   # otherwise drop a SIGTERM that comes while it installs (init ignores signals it
   # has no handler for), and stay up with nvctk installed. A trap runs once the
   # command in progress ends.
-  trap 'rm -rf "$new" "$dest.old.$$"; uninstall; exit 0' TERM INT
+  trap '[ -z "$new" ] || rm -rf "$new" "$new.old"; uninstall; exit 0' TERM INT
 fi
 
 # a fresh copy beside the old one, then swapped in: an engine starting a
 # container meanwhile finds the old tree or the new one, never half of one
 pyver=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-rm -rf "$new"
+mkdir -p "$(dirname "$dest")"
+# a name of its own beside the target (nothing of the host's is ever reused)
+new=$(mktemp -d "$dest.new.XXXXXX")
+chmod 0755 "$new"
 mkdir -p "$new/bin" "$new/lib/nvctk"
 cp -a /usr/bin/nvctk /usr/bin/nvctk-hook /usr/bin/nvctk-runtime "$new/bin/"
 cp -L "/usr/bin/python$pyver" "$new/bin/python3"
 cp -a "/usr/lib/python$pyver" "$new/lib/"
 cp -a /usr/lib/nvctk/python /usr/lib/nvctk/libvgpu.so "$new/lib/nvctk/"
+echo "made by nvctk-installer: its --uninstall deletes this directory" > "$new/$mark"
 if [ -e "$dest" ]; then
-  mv "$dest" "$dest.old.$$"
+  mv "$dest" "$new.old"
 fi
 mv "$new" "$dest"
-rm -rf "$dest.old.$$"
+rm -rf "$new.old"
 echo "nvctk-installer: installed nvctk $(dpkg-query -W -f '${Version}' nvctk) in $prefix"
 configure "$@"
 

@@ -163,12 +163,14 @@ def parse_cri_log(text: str) -> str:
     return "".join(out)
 
 
-def _sandbox_config(pb: Any, name: str, log_dir: Path) -> Any:
+def _sandbox_config(pb: Any, name: str, log_dir: Path,
+                    annotations: Mapping[str, str] | None = None) -> Any:
     node = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
     return pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name=name, uid=uuid.uuid4().hex, namespace="default"),
         log_directory=str(log_dir),
         labels={"io.kubernetes.pod.name": name},
+        annotations=dict(annotations or {}),
         # host network, as hostNetwork: true: no CNI needed
         linux=pb.LinuxPodSandboxConfig(
             security_context=pb.LinuxSandboxSecurityContext(namespace_options=node)),
@@ -179,7 +181,7 @@ def _container_config(pb: Any, name: str, image: str, command: Sequence[str],
                       alloc: Allocation) -> Any:
     return pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name),
-        image=pb.ImageSpec(image=image),
+        image=pb.ImageSpec(image=image, user_specified_image=image),
         command=list(command),
         envs=[pb.KeyValue(key=k, value=v) for k, v in alloc.envs.items()],
         mounts=[pb.Mount(container_path=c, host_path=h, readonly=ro) for c, h, ro in alloc.mounts],
@@ -230,14 +232,16 @@ _pods = itertools.count()
 
 
 @contextlib.contextmanager
-def pod(client: CriClient, handler: str, log_root: Path, name: str = "") -> Iterator[Pod]:
-    """A host-network sandbox on `handler`, stopped and removed when the block ends."""
+def pod(client: CriClient, handler: str, log_root: Path, name: str = "",
+        annotations: Mapping[str, str] | None = None) -> Iterator[Pod]:
+    """A host-network sandbox on `handler`, stopped and removed when the block ends;
+    `annotations`: the Pod's own (metadata.annotations, which its author writes)."""
     pb = client.pb
     pod_name = name or f"nvctk-pod-{os.getpid()}-{next(_pods)}"
     log_dir = log_root / pod_name
     # the kubelet makes the Pod's log dir; CRI only opens files in it
     log_dir.mkdir(parents=True, exist_ok=True)
-    config = _sandbox_config(pb, pod_name, log_dir)
+    config = _sandbox_config(pb, pod_name, log_dir, annotations)
     res = client.call("RunPodSandbox", pb.RunPodSandboxRequest(config=config,
                                                                runtime_handler=handler))
     p = Pod(client, str(res.pod_sandbox_id), config, log_dir)
@@ -361,10 +365,46 @@ def pass_cdi_annotations(cfg: Path, runtime: str = "nvidia") -> bool:
     import tomlkit
 
     doc = tomlkit.parse(cfg.read_text())
-    rt = doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"][runtime]  # type: ignore[index]
+    plugins: Any = doc["plugins"]
+    # version 3 and 4 configs (containerd 2.x) keep the runtimes in the runtime plugin
+    plugin = plugins.get("io.containerd.cri.v1.runtime") or plugins["io.containerd.grpc.v1.cri"]
+    rt = plugin["containerd"]["runtimes"][runtime]
     have = list(rt.get("container_annotations", []))  # type: ignore[union-attr]
     if "cdi.k8s.io/*" in have:
         return False
     rt["container_annotations"] = [*have, "cdi.k8s.io/*"]  # type: ignore[index]
     cfg.write_text(tomlkit.dumps(doc))
     return True
+
+
+def containerd2_cri_config(work: Path, sandbox_image: str, default_text: str,
+                           cdi_dirs: Sequence[Path] = ()) -> str:
+    """containerd 2.3's own `config default` (version 4) turned into the private CRI
+    node containerd_cri_config makes for 1.x: the same facts, at version 4's places
+    (the server's addresses are plugins now), and CDI from `cdi_dirs`."""
+    import tomlkit
+
+    doc: Any = tomlkit.parse(default_text)
+    sock = work / "containerd.sock"
+    doc["root"], doc["state"], doc["imports"] = f"{work}/root", f"{work}/state", []
+    p = doc["plugins"]
+    p["io.containerd.server.v1.grpc"]["address"] = str(sock)
+    p["io.containerd.server.v1.ttrpc"]["address"] = f"{sock}.ttrpc"
+    p["io.containerd.server.v1.debug"]["address"] = ""
+    p["io.containerd.server.v1.metrics"]["address"] = ""
+    p["io.containerd.nri.v1.nri"]["disable"] = True
+    p["io.containerd.internal.v1.opt"]["path"] = f"{work}/opt"
+    images = p["io.containerd.cri.v1.images"]
+    images["snapshotter"] = "overlayfs"
+    images["pinned_images"]["sandbox"] = sandbox_image
+    rt = p["io.containerd.cri.v1.runtime"]
+    rt["restrict_oom_score_adj"] = True
+    rt["disable_apparmor"] = True
+    rt["enable_cdi"] = True
+    rt["cdi_spec_dirs"] = [str(d) for d in cdi_dirs]
+    rt["containerd"]["runtimes"]["runc"]["options"]["Root"] = f"{work}/runc"
+    rt["cni"]["bin_dirs"] = [f"{work}/cni/bin"]
+    rt["cni"]["conf_dir"] = f"{work}/cni/net.d"
+    p["io.containerd.grpc.v1.cri"]["stream_server_address"] = "127.0.0.1"
+    p["io.containerd.grpc.v1.cri"]["stream_server_port"] = "0"
+    return tomlkit.dumps(doc)

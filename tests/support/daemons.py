@@ -93,22 +93,26 @@ class Containerd:
     dir: Path
     socket: Path
     proc: subprocess.Popen
+    bin_dir: Path | None = None
 
     def ctr(self, *args: str, timeout: float = 60, check: bool = False,
             namespace: str = "nvctk-test") -> subprocess.CompletedProcess[str]:
+        ctr = str(self.bin_dir / "ctr") if self.bin_dir else "ctr"
         return subprocess.run(
-            ["ctr", "-a", str(self.socket), "-n", namespace, *args],
+            [ctr, "-a", str(self.socket), "-n", namespace, *args],
             capture_output=True, text=True, timeout=timeout, check=check,
         )
 
 
 @contextlib.contextmanager
 def containerd(workdir: Path, env: dict[str, str] | None = None,
-               config: Path | None = None) -> Iterator[Containerd]:
+               config: Path | None = None, bin_dir: Path | None = None) -> Iterator[Containerd]:
     """containerd with its own root/state/socket; `env` is what its shims (and
     so the runtimes they call) inherit, e.g. NVCTK_CONFIG for a simulated host.
     `config`: a config file of the caller's, which must put root, state and the
-    sockets under workdir (see private_paths); else one without the CRI plugin."""
+    sockets under workdir (see private_paths); else one without the CRI plugin.
+    `bin_dir`: another containerd's binaries (e.g. 2.3.4's), first on its PATH so that
+    it starts its own shim."""
     workdir.mkdir(parents=True, exist_ok=True)
     sock = workdir / "containerd.sock"
     cfg = config or workdir / "config.toml"
@@ -120,13 +124,14 @@ def containerd(workdir: Path, env: dict[str, str] | None = None,
             '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
         )
     log = workdir / "containerd.log"
+    exe = str(bin_dir / "containerd") if bin_dir else "containerd"
+    full_env = peer_env(bin_dir, env) if bin_dir else {**os.environ, **(env or {})}
     with open(log, "w") as logf:
         proc = subprocess.Popen(
-            ["containerd", "--config", str(cfg)],
-            stdout=logf, stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            [exe, "--config", str(cfg)],
+            stdout=logf, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
         )
-    daemon = Containerd(workdir, sock, proc)
+    daemon = Containerd(workdir, sock, proc, bin_dir)
     try:
         _wait_for(
             lambda: sock.exists() and daemon.ctr("version").returncode == 0, 30, "containerd", log
@@ -195,3 +200,95 @@ def import_rootfs(daemon: Dockerd, rootfs: Path, tag: str) -> None:
     res = daemon.docker("import", "-", tag, input=tar.stdout)
     if res.returncode != 0:
         raise RuntimeError(f"docker import failed: {res.stderr.decode()}")
+
+
+# --- the peers in ../shared: containerd 2.3.4 and CRI-O 1.36.3 -----------------------
+
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+CONTAINERD_2_TAR = SHARED / "peers" / "containerd" / "containerd-2.3.4-linux-amd64.tar.xz"
+CRIO_TAR = SHARED / "peers" / "crio" / "crio-1.36.3-linux-amd64.tar.xz"
+
+
+def unpack_peer(tarball: Path, dest: Path) -> Path | None:
+    """The peer's binaries unpacked into dest (a test's own dir), None when ../shared
+    lacks it (the caller skips, saying so)."""
+    if not tarball.is_file():
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-C", str(dest), "-xJf", str(tarball)], check=True)
+    return dest
+
+
+def peer_env(bin_dir: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment with bin_dir first on PATH: containerd 2.3.4 must find its own
+    shim, not Debian's."""
+    base = {**os.environ, **(env or {})}
+    return {**base, "PATH": f"{bin_dir}:{base.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
+
+
+CRIO_EXAMPLE = SHARED / "peers" / "crio" / "crio.conf.example"
+
+
+def crio_config(workdir: Path, pause_image: str, bin_dir: Path) -> Path:
+    """../shared's private CRI-O config for workdir (its socket, storage, state there),
+    with an empty conf.d beside it."""
+    text = (CRIO_EXAMPLE.read_text().replace("@DIR@", str(workdir))
+            .replace("@PAUSE_IMAGE@", pause_image)
+            # "": the pause image's own entrypoint
+            .replace("@PAUSE_COMMAND@", ""))
+    text = text.replace(f'pinns_path = "{workdir}/bin/pinns"', f'pinns_path = "{bin_dir}/pinns"')
+    (workdir / "conf.d").mkdir(parents=True, exist_ok=True)
+    (workdir / "policy.json").write_text('{"default":[{"type":"insecureAcceptAnything"}]}\n')
+    cfg = workdir / "crio.conf"
+    cfg.write_text(text)
+    return cfg
+
+
+def crio_dump(bin_dir: Path, workdir: Path) -> subprocess.CompletedProcess[str]:
+    """`crio config`: CRI-O's reading of crio.conf and conf.d, as TOML."""
+    return subprocess.run([str(bin_dir / "crio"), "--config", str(workdir / "crio.conf"),
+                           "--config-dir", str(workdir / "conf.d"), "config"],
+                          capture_output=True, text=True, timeout=60, env=peer_env(bin_dir))
+
+
+@dataclass
+class Crio:
+    dir: Path
+    socket: Path
+    proc: subprocess.Popen
+
+
+@contextlib.contextmanager
+def crio(workdir: Path, bin_dir: Path) -> Iterator[Crio]:
+    """CRI-O 1.36.3 on crio_config's private paths (write it, and load images, first)."""
+    sock = workdir / "crio.sock"
+    log = workdir / "crio.log"
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            [str(bin_dir / "crio"), "--config", str(workdir / "crio.conf"),
+             "--config-dir", str(workdir / "conf.d")],
+            stdout=logf, stderr=subprocess.STDOUT, env=peer_env(bin_dir), start_new_session=True)
+    daemon = Crio(workdir, sock, proc)
+    try:
+        _wait_for(lambda: sock.exists() or proc.poll() is not None, 60, "crio", log)
+        if proc.poll() is not None:
+            raise RuntimeError(f"crio exited {proc.returncode}: {log.read_text()[-2000:]}")
+        yield daemon
+    finally:
+        _stop(proc, 20)
+        _kill_conmons(workdir)
+        umount_below(workdir)
+
+
+def _kill_conmons(root: Path) -> None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline and cmdline[0].endswith(b"conmon") and any(
+                str(root).encode() in arg for arg in cmdline):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)

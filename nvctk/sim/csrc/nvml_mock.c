@@ -11,6 +11,8 @@
 #define _GNU_SOURCE
 #include "nvsim_state.h"
 
+#include <dirent.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -717,8 +719,9 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *ut
     return NVML_SUCCESS;
 }
 
-/* Visits the live slots on d's GPU; returns how many. */
-static unsigned live_procs(nvmlDevice_t d, struct nvsim_proc *out, unsigned max)
+/* Visits the live slots on d's GPU; returns how many. idx (may be NULL) gets
+ * their slot numbers. */
+static unsigned live_procs(nvmlDevice_t d, struct nvsim_proc *out, unsigned *idx, unsigned max)
 {
     struct nvsim_state *st = nvsim_state_open();
     unsigned n = 0;
@@ -730,8 +733,11 @@ static unsigned live_procs(nvmlDevice_t d, struct nvsim_proc *out, unsigned max)
     for (unsigned i = 0; i < NVSIM_MAX_PROCS; i++) {
         const struct nvsim_proc *p = &st->procs[i];
         if (p->pid && p->gpu == d->gpu) {
-            if (n < max)
+            if (n < max) {
                 out[n] = *p;
+                if (idx)
+                    idx[n] = i;
+            }
             n++;
         }
     }
@@ -739,25 +745,177 @@ static unsigned live_procs(nvmlDevice_t d, struct nvsim_proc *out, unsigned max)
     return n;
 }
 
+/* ---- the pid NVML reports ----
+ *
+ * The real driver reports every process by its pid in the initial pid
+ * namespace, the kernel module's view, also for processes inside containers.
+ * A slot records its owner's pid in the owner's namespace, that namespace's
+ * inode and its start time (nvsim_state.c): the mock finds the process in the
+ * caller's /proc (the namespace inode of /proc/N/ns/pid, the last NSpid entry
+ * and the start time must all match) and reports N, which is the host pid for
+ * a caller on the host, as the real driver's. A caller in a container cannot
+ * see other containers' processes: those keep their recorded pid (the real
+ * driver would still give the host pid). Resolved pids are cached per process;
+ * one /proc scan resolves every new slot of a call. */
+
+#define PID_CACHE 1024
+struct pid_map {
+    int32_t pid;
+    uint64_t pidns, start;
+    int32_t seen; /* the pid in this process's /proc, -1: not visible here */
+};
+static struct pid_map g_pids[PID_CACHE];
+static unsigned g_npids;
+static pid_t g_pids_owner;
+static pthread_mutex_t g_pids_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t self_pidns(void)
+{
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+/* NSpid's last entry and the start time of /proc/<n>; 0 when unreadable */
+static int proc_facts(const char *n, int32_t *nspid, uint64_t *start)
+{
+    char path[300], buf[4096];
+    ssize_t len;
+    int fd;
+    char *p;
+
+    snprintf(path, sizeof path, "/proc/%s/status", n);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return 0;
+    len = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (len <= 0)
+        return 0;
+    buf[len] = 0;
+    if (!(p = strstr(buf, "\nNSpid:")))
+        return 0;
+    p += 7;
+    for (;;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        *nspid = (int32_t)v;
+        p = end;
+    }
+    snprintf(path, sizeof path, "/proc/%s/stat", n);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return 0;
+    len = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (len <= 0)
+        return 0;
+    buf[len] = 0;
+    if (!(p = strrchr(buf, ')')))
+        return 0;
+    for (int field = 2; p && field < 22; field++) /* to field 22 */
+        p = strchr(p + 1, ' ');
+    if (!p)
+        return 0;
+    *start = strtoull(p + 1, NULL, 10);
+    return 1;
+}
+
+static struct pid_map *pid_cached(const struct nvsim_proc *p)
+{
+    for (unsigned i = 0; i < g_npids; i++)
+        if (g_pids[i].pid == p->pid && g_pids[i].pidns == p->pidns && g_pids[i].start == p->start_time)
+            return &g_pids[i];
+    return NULL;
+}
+
+static void pid_remember(const struct nvsim_proc *p, int32_t seen)
+{
+    /* full: start over (the entries of dead processes go with it) */
+    if (g_npids == PID_CACHE)
+        g_npids = 0;
+    g_pids[g_npids++] = (struct pid_map){p->pid, p->pidns, p->start_time, seen};
+}
+
+/* out[i]: the pid to report for procs[i] */
+static void report_pids(const struct nvsim_proc *procs, unsigned n, unsigned *out)
+{
+    uint64_t mine = self_pidns();
+    unsigned todo = 0;
+    DIR *dir;
+    struct dirent *e;
+
+    pthread_mutex_lock(&g_pids_lock);
+    if (g_pids_owner != getpid()) { /* a forked child has its own view */
+        g_npids = 0;
+        g_pids_owner = getpid();
+    }
+    for (unsigned i = 0; i < n; i++) {
+        const struct pid_map *m;
+        out[i] = 0;
+        if (!procs[i].pidns || procs[i].pidns == mine)
+            out[i] = (unsigned)procs[i].pid; /* the caller's own namespace */
+        else if ((m = pid_cached(&procs[i])))
+            out[i] = m->seen > 0 ? (unsigned)m->seen
+                                 : (unsigned)(procs[i].host_pid ? procs[i].host_pid : procs[i].pid);
+        else
+            todo++;
+    }
+    if (todo && (dir = opendir("/proc"))) {
+        while (todo && (e = readdir(dir))) {
+            char path[300];
+            struct stat sb;
+            int32_t nspid = 0;
+            uint64_t start = 0;
+            int facts = 0;
+            if (e->d_name[0] < '1' || e->d_name[0] > '9')
+                continue;
+            snprintf(path, sizeof path, "/proc/%s/ns/pid", e->d_name);
+            if (stat(path, &sb) != 0 || (uint64_t)sb.st_ino == mine)
+                continue;
+            for (unsigned i = 0; i < n; i++) {
+                if (out[i] || procs[i].pidns != (uint64_t)sb.st_ino)
+                    continue;
+                if (!facts && !(facts = proc_facts(e->d_name, &nspid, &start)))
+                    break;
+                if (nspid == procs[i].pid && start == procs[i].start_time) {
+                    out[i] = (unsigned)strtoul(e->d_name, NULL, 10);
+                    pid_remember(&procs[i], (int32_t)out[i]);
+                    todo--;
+                }
+            }
+        }
+        closedir(dir);
+    }
+    for (unsigned i = 0; i < n; i++) {
+        if (!out[i]) {
+            pid_remember(&procs[i], -1);
+            out[i] = (unsigned)(procs[i].host_pid ? procs[i].host_pid : procs[i].pid);
+        }
+    }
+    pthread_mutex_unlock(&g_pids_lock);
+}
+
 /* NVML's two-call protocol: a short (or NULL) array gets the needed count and
  * INSUFFICIENT_SIZE; no processes is success with count 0. */
 static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned *count, void *infos, int v1)
 {
     struct nvsim_proc procs[NVSIM_MAX_PROCS];
+    unsigned pids[NVSIM_MAX_PROCS];
     unsigned n;
     nvmlReturn_t r = check(d, 0);
     if (r)
         return r;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    n = live_procs(d, procs, NVSIM_MAX_PROCS);
+    n = live_procs(d, procs, NULL, NVSIM_MAX_PROCS);
     if (n > *count || (n && !infos)) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     *count = n;
+    report_pids(procs, n, pids);
     for (unsigned i = 0; i < n; i++) {
-        unsigned pid = (unsigned)(procs[i].host_pid ? procs[i].host_pid : procs[i].pid);
+        unsigned pid = pids[i];
         if (v1) {
             nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + i;
             o->pid = pid;
@@ -826,45 +984,57 @@ nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned
     return no_procs(d, c);
 }
 
-/* One sample per process that ran kernels: its share of the device's kernel
- * time applied to the current utilization (the sim keeps no per-process
- * windows). No samples is NOT_FOUND, as real NVML answers. */
+/* Samples since last_seen (microseconds, CLOCK_REALTIME; 0: the last second),
+ * as the real driver keeps them: per process, from its busy-time history
+ * (nvsim_state.h: struct nvsim_hist), over the whole sample periods between
+ * last_seen and now. One sample per process that ran kernels in them, its
+ * smUtil the percentage of that span its kernels took and its timeStamp the
+ * span's end; nothing new is NOT_FOUND, as real NVML answers. */
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
                                              nvmlProcessUtilizationSample_t *samples,
                                              unsigned *count, unsigned long long last_seen)
 {
     struct nvsim_proc procs[NVSIM_MAX_PROCS]; /* 28 KiB of stack, no TLS or heap */
+    unsigned idx[NVSIM_MAX_PROCS], pids[NVSIM_MAX_PROCS], util[NVSIM_MAX_PROCS];
     struct nvsim_state *st;
-    struct timespec ts;
-    unsigned n, k = 0, util;
-    uint64_t total = 0;
+    unsigned n, k = 0;
+    uint64_t now_q, start_q, span;
     nvmlReturn_t r = check(d, 1);
-    (void)last_seen;
     if (r)
         return r;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    n = live_procs(d, procs, NVSIM_MAX_PROCS);
-    for (unsigned i = 0; i < n; i++)
-        if (procs[i].kernels) {
-            procs[k++] = procs[i];
-            total += procs[i].busy_ns;
-        }
+    st = nvsim_state_open();
+    now_q = nvsim_realtime_ns() / NVSIM_HIST_PERIOD_NS; /* the current, incomplete period */
+    start_q = last_seen ? (last_seen * 1000ull + NVSIM_HIST_PERIOD_NS - 1) / NVSIM_HIST_PERIOD_NS
+                        : now_q - 1000000000ull / NVSIM_HIST_PERIOD_NS;
+    if (start_q + NVSIM_HIST - 1 < now_q)
+        start_q = now_q - (NVSIM_HIST - 1); /* older than the history: what it holds */
+    n = st && start_q < now_q ? live_procs(d, procs, idx, NVSIM_MAX_PROCS) : 0;
+    span = (now_q - start_q) * NVSIM_HIST_PERIOD_NS;
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t cur = __atomic_load_n(&st->procs[idx[i]].busy_ns, __ATOMIC_RELAXED);
+        uint64_t b0 = nvsim_busy_at(st, idx[i], start_q, now_q, cur);
+        uint64_t b1 = nvsim_busy_at(st, idx[i], now_q, now_q, cur);
+        uint64_t pct;
+        if (b1 <= b0)
+            continue;
+        pct = ((b1 - b0) * 100 + span / 2) / span;
+        procs[k] = procs[i];
+        util[k++] = (unsigned)(pct > 100 ? 100 : pct);
+    }
     if (k == 0)
         return NVML_ERROR_NOT_FOUND;
     if (!samples || *count < k) {
         *count = k;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    st = nvsim_state_open();
-    util = nvsim_gpu_util(st, d->gpu);
-    clock_gettime(CLOCK_REALTIME, &ts);
+    report_pids(procs, k, pids);
     for (unsigned i = 0; i < k; i++) {
         samples[i] = (nvmlProcessUtilizationSample_t){
-            .pid = (unsigned)(procs[i].host_pid ? procs[i].host_pid : procs[i].pid),
-            .timeStamp = (unsigned long long)ts.tv_sec * 1000000ull +
-                         (unsigned long long)ts.tv_nsec / 1000,
-            .smUtil = total ? (unsigned)(util * procs[i].busy_ns / total) : 0,
+            .pid = pids[i],
+            .timeStamp = (unsigned long long)(now_q * NVSIM_HIST_PERIOD_NS / 1000ull),
+            .smUtil = util[i],
         };
     }
     *count = k;

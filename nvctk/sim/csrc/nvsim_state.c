@@ -383,6 +383,7 @@ int nvsim_proc_alive(struct nvsim_state *st, const struct nvsim_proc *p)
 
 static void free_slot(struct nvsim_state *st, struct nvsim_proc *p)
 {
+    memset(&st->hist[p - st->procs], 0, sizeof st->hist[0]);
     if (p->gpu < st->ngpus) {
         struct nvsim_gpu *g = &st->gpus[p->gpu];
         g->mem_used = g->mem_used > p->mem_used ? g->mem_used - p->mem_used : 0;
@@ -432,6 +433,7 @@ static struct nvsim_proc *slot_locked(struct nvsim_state *st, unsigned gpu)
             p->pidns = id->pidns;
             p->host_pid = id->host_pid;
             p->mem_used = p->busy_ns = p->kernels = 0;
+            memset(&st->hist[i], 0, sizeof st->hist[i]);
             p->pid = id->pid;
             return p;
         }
@@ -512,9 +514,50 @@ static void count_kernel_locked(struct nvsim_gpu *g, uint64_t t0, uint64_t t1, u
     }
 }
 
-static void count_proc(struct nvsim_proc *p, uint64_t ns)
+uint64_t nvsim_realtime_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The first kernel a slot counts in a period records the busy time before it:
+ * NVML's per-process samples are differences of these (nvsim_busy_at). Only
+ * the slot's owner writes its history; threads of one process racing here
+ * at most record one kernel in the neighbouring period. */
+static void record_period(struct nvsim_state *st, struct nvsim_proc *p)
+{
+    struct nvsim_hist *h = &st->hist[p - st->procs];
+    uint64_t q = nvsim_realtime_ns() / NVSIM_HIST_PERIOD_NS;
+    uint64_t last = __atomic_load_n(&h->last, __ATOMIC_RELAXED);
+    unsigned k = (unsigned)(q % NVSIM_HIST);
+
+    if (last == q || !__atomic_compare_exchange_n(&h->last, &last, q, 0, __ATOMIC_RELAXED,
+                                                  __ATOMIC_RELAXED))
+        return;
+    __atomic_store_n(&h->period[k], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->busy[k], __atomic_load_n(&p->busy_ns, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+    __atomic_store_n(&h->period[k], q, __ATOMIC_RELEASE);
+}
+
+uint64_t nvsim_busy_at(const struct nvsim_state *st, unsigned i, uint64_t q, uint64_t cur_q,
+                       uint64_t cur_busy)
+{
+    const struct nvsim_hist *h = &st->hist[i];
+    for (uint64_t r = q; r <= cur_q && r + NVSIM_HIST > cur_q; r++) {
+        unsigned k = (unsigned)(r % NVSIM_HIST);
+        if (__atomic_load_n(&h->period[k], __ATOMIC_ACQUIRE) == r) {
+            uint64_t b = __atomic_load_n(&h->busy[k], __ATOMIC_RELAXED);
+            return b < cur_busy ? b : cur_busy;
+        }
+    }
+    return cur_busy; /* no kernel since q */
+}
+
+static void count_proc(struct nvsim_state *st, struct nvsim_proc *p, uint64_t ns)
 {
     if (p) {
+        record_period(st, p);
         __atomic_add_fetch(&p->busy_ns, ns, __ATOMIC_RELAXED);
         __atomic_add_fetch(&p->kernels, 1, __ATOMIC_RELAXED);
     }
@@ -553,7 +596,7 @@ void nvsim_run_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns)
     count_kernel_locked(g, t0, t1, ns);
     __atomic_store_n(&g->last_busy_end_ns, t1, __ATOMIC_RELAXED);
     nvsim_unlock(&g->run_lock);
-    count_proc(p, ns);
+    count_proc(st, p, ns);
 }
 
 uint64_t nvsim_queue_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns, uint64_t not_before)
@@ -580,7 +623,7 @@ uint64_t nvsim_queue_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns, u
     count_kernel_locked(g, now, now, ns);
     __atomic_store_n(&g->last_busy_end_ns, end, __ATOMIC_RELAXED);
     nvsim_unlock(&g->run_lock);
-    count_proc(p, ns);
+    count_proc(st, p, ns);
     return end;
 }
 

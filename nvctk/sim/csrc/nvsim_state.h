@@ -26,13 +26,17 @@
 #pragma GCC visibility push(hidden)
 
 #define NVSIM_STATE_MAGIC 0x4e565349u /* "NVSI" */
-#define NVSIM_STATE_VERSION 2u
+#define NVSIM_STATE_VERSION 3u /* 3: per-process utilization history */
 #define NVSIM_MAX_GPUS 16
 #define NVSIM_MAX_PROCS 512
 #define NVSIM_STATE_REL "run/nvidia-sim/state"
 #define NVSIM_STATE_CONTAINER "/run/nvidia-sim/state"
 /* NVML's utilization sample period: busy time is averaged over windows this long */
 #define NVSIM_UTIL_WINDOW_NS 100000000ull
+/* nvmlDeviceGetProcessUtilization's sample period (CLOCK_REALTIME, as NVML's
+ * timestamps) and how many periods each process's history keeps */
+#define NVSIM_HIST_PERIOD_NS 100000000ull
+#define NVSIM_HIST 128
 
 /* A process's use of one GPU. pid + start_time (field 22 of /proc/pid/stat,
  * clock ticks since boot) + pid namespace identify the process. Its owner holds
@@ -67,6 +71,18 @@ struct nvsim_gpu {
     uint32_t _pad;
 };
 
+/* A slot's busy time at the start of each period it ran kernels in: ring entry
+ * q % NVSIM_HIST holds period q (CLOCK_REALTIME / NVSIM_HIST_PERIOD_NS) when
+ * period[] says so. Written by the slot's owner when it counts its first
+ * kernel of a period; a period without an entry had no kernel, so the busy
+ * time at any period boundary is that of the next entry (or the current
+ * count). Cleared with the slot. */
+struct nvsim_hist {
+    uint64_t last;            /* the last period recorded */
+    uint64_t period[NVSIM_HIST];
+    uint64_t busy[NVSIM_HIST];
+};
+
 struct nvsim_state {
     uint32_t magic;
     uint32_t version;
@@ -75,6 +91,7 @@ struct nvsim_state {
     pthread_mutex_t lock;     /* robust, process-shared: guards mem and slots */
     struct nvsim_gpu gpus[NVSIM_MAX_GPUS];
     struct nvsim_proc procs[NVSIM_MAX_PROCS];
+    struct nvsim_hist hist[NVSIM_MAX_PROCS]; /* per slot, after the slots: their offsets stay */
 };
 
 /* ---- topology compiled into each mock (generated nvsim_topology.h) ---- */
@@ -170,6 +187,12 @@ void nvsim_run_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns);
 uint64_t nvsim_queue_kernel(struct nvsim_state *st, unsigned gpu, uint64_t ns, uint64_t not_before);
 /* GPU utilization in percent over the last NVSIM_UTIL_WINDOW_NS window. */
 unsigned nvsim_gpu_util(struct nvsim_state *st, unsigned gpu);
+/* The busy time of slot i at the start of period q, cur_q being the current
+ * period and cur_busy the slot's busy_ns read before this call; q must lie in
+ * (cur_q - NVSIM_HIST, cur_q]. */
+uint64_t nvsim_busy_at(const struct nvsim_state *st, unsigned i, uint64_t q, uint64_t cur_q,
+                       uint64_t cur_busy);
+uint64_t nvsim_realtime_ns(void); /* CLOCK_REALTIME */
 /* Is the slot's owner alive (it holds its slot's lock)? */
 int nvsim_proc_alive(struct nvsim_state *st, const struct nvsim_proc *p);
 uint64_t nvsim_now_ns(void); /* CLOCK_MONOTONIC */

@@ -1,0 +1,102 @@
+"""`nvctk top` and `nvctk monitor`: who uses which GPU, how much, against which cap."""
+
+from __future__ import annotations
+
+import click
+
+ROOTS_HELP = ("runtime state dir to look for containers in (repeatable; globs allowed; default: "
+              "/run/runc, /run/crun, /run/containerd/runc/*, /run/docker/runtime-runc/*)")
+
+
+PODRES_HELP = ("the kubelet's pod-resources socket, to name the resource each Pod's container "
+               "got (e.g. /var/lib/kubelet/pod-resources/kubelet.sock; default: not read)")
+
+
+def _collector(ctx: click.Context, roots: tuple[str, ...], podres: str | None = None):  # type: ignore[no-untyped-def]
+    from nvctk.cli.main import load_config
+    from nvctk.monitor.collect import Collector
+    from nvctk.monitor.containers import DEFAULT_RUNTIME_ROOTS
+
+    cfg = load_config(ctx)
+    return Collector(cfg.driver_root, roots or DEFAULT_RUNTIME_ROOTS, pod_resources=podres)
+
+
+@click.command()
+@click.option("--once", is_flag=True, help="print one snapshot and exit")
+@click.option("--json", "as_json", is_flag=True, help="one snapshot as JSON (implies --once)")
+@click.option("--interval", type=click.FloatRange(min=0.2, max=10), default=2.0, show_default=True,
+              metavar="SECONDS", help="refresh period; SM shares are averaged over it")
+@click.option("--runtime-root", "roots", multiple=True, metavar="DIR", help=ROOTS_HELP)
+@click.option("--pod-resources-socket", "podres", metavar="PATH", default=None, help=PODRES_HELP)
+@click.pass_context
+def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: tuple[str, ...],
+        podres: str | None) -> None:
+    """This node's GPUs and the containers on them: memory used vs cap, SM share vs limit."""
+    import json
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from nvctk.monitor.top import render
+
+    col = _collector(ctx, roots, podres)
+    try:
+        if once or as_json:
+            snap = col.collect()
+            if as_json:
+                click.echo(json.dumps(snap.to_dict(), indent=2))
+            else:
+                Console().print(render(snap))
+            return
+        with Live(render(col.collect()), refresh_per_second=4, screen=False) as live:
+            while True:
+                time.sleep(interval)  # the refresh period itself, not a synchronisation
+                live.update(render(col.collect()))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        col.close()
+
+
+@click.command()
+@click.option("--listen", default="0.0.0.0:9400", show_default=True, metavar="HOST:PORT",
+              help="where to serve /metrics, /api/snapshot and the dashboard (/)")
+@click.option("--interval", type=click.FloatRange(min=0.2, max=10), default=5.0, show_default=True,
+              metavar="SECONDS", help="how often a snapshot is taken")
+@click.option("--runtime-root", "roots", multiple=True, metavar="DIR", help=ROOTS_HELP)
+@click.option("--pod-resources-socket", "podres", metavar="PATH", default=None, help=PODRES_HELP)
+@click.pass_context
+def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, ...],
+            podres: str | None) -> None:
+    """Serve per-container GPU metrics (Prometheus) and a dashboard page."""
+    import logging
+    import signal
+    import threading
+
+    from nvctk.errors import NvctkError
+    from nvctk.monitor.server import Monitor, make_server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise NvctkError(f"--listen {listen}: not HOST:PORT")
+    mon = Monitor(_collector(ctx, roots, podres), interval)
+    srv = make_server(mon, host.strip("[]") or "0.0.0.0", int(port))
+    mon.start()
+    done = threading.Event()
+
+    def stop(*_: object) -> None:
+        done.set()
+        threading.Thread(target=srv.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    click.echo(f"nvctk monitor: serving http://{host or '0.0.0.0'}:{srv.server_address[1]}/ "
+               f"(snapshot every {interval:g} s)", err=True)
+    try:
+        srv.serve_forever(poll_interval=0.2)
+    finally:
+        mon.stop.set()
+        srv.server_close()
+        mon.collector.close()

@@ -1,0 +1,271 @@
+"""nvctk's GPU containers on this node, from host-side sources only.
+
+A container is found in its runtime's state (runc: <root>/<id>/state.json; crun:
+<root>/<id>/status), which names its bundle; it is one of nvctk's when the bundle
+holds nvctk-plan.json (written by nvctk-runtime at create). What it got comes from
+the bundle's config.json as the engine wrote it (its device request, resolved on
+this host's GPUs as nvctk-runtime resolved it) and the plan's validated vGPU
+limits; its Kubernetes identity from the OCI annotations the CRI puts there
+(containerd: io.kubernetes.cri.*, CRI-O: io.kubernetes.*). All of these are
+written by the runtime, the engine or nvctk on the host: nothing a container can
+write is read here. A container whose init process is gone has ended (runc keeps a
+stopped container's state until delete) and is left out.
+
+Parsing is cached per state file (inode, size, mtime): a scrape of a node with
+many containers stats their state files and reads nothing else.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import stat
+from dataclasses import dataclass
+
+from nvctk.inventory import HostInfo
+from nvctk.plan import PLAN_FILE, Plan
+
+log = logging.getLogger("nvctk.monitor")
+
+# runc (plain, containerd's per namespace, Docker's), crun
+DEFAULT_RUNTIME_ROOTS = ("/run/runc", "/run/crun", "/run/containerd/runc/*",
+                         "/run/docker/runtime-runc/*")
+MAX_JSON = 8 << 20  # a state.json or config.json larger than this is not one we read
+
+# OCI annotations: containerd's CRI, then CRI-O's (the CRI's labels)
+_NS_KEYS = ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace")
+_POD_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name")
+_CTR_KEYS = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
+_UID_KEYS = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid")
+_TYPE_KEY = "io.kubernetes.cri.container-type"  # "sandbox" for a Pod's pause container
+
+
+@dataclass(frozen=True)
+class Device:
+    gpu_index: int
+    gpu_uuid: str
+    device_uuid: str
+    memory_total: int  # bytes
+    mig: bool
+
+
+@dataclass(frozen=True)
+class Container:
+    id: str
+    runtime_root: str
+    bundle: str
+    init_pid: int
+    init_start: int | None  # clock ticks since boot; None: not recorded
+    devices: tuple[Device, ...]  # container order (libvgpu's: NVML order inside it)
+    memory_limits: tuple[int, ...]  # per device, bytes, 0 = none
+    sm_limits: tuple[int, ...]  # per device, percent, 0 = none
+    mps_percent: int | None
+    namespace: str
+    pod: str
+    k8s_container: str
+    pod_uid: str
+    vgpu_state_dir: str | None  # host path of its vGPU state dir (libvgpu's accounting)
+
+    @property
+    def name(self) -> str:
+        return self.k8s_container or self.id[:24]
+
+    @property
+    def base_kind(self) -> str:
+        if any(self.memory_limits) or any(self.sm_limits):
+            return "vgpu"
+        if self.mps_percent is not None:
+            return "mps"
+        if any(d.mig for d in self.devices):
+            return "mig"
+        return "gpu"
+
+
+def expand_roots(patterns: tuple[str, ...] | list[str]) -> list[str]:
+    out: list[str] = []
+    for p in patterns:
+        found = sorted(glob.glob(p)) if glob.has_magic(p) else [p]
+        out += [r for r in found if os.path.isdir(r) and r not in out]
+    return out
+
+
+def _read_regular(path: str, limit: int = MAX_JSON) -> bytes:
+    """The file's bytes, only if it is a regular file: a FIFO or device in its place
+    must not block the collection (O_NONBLOCK, then checked)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{path}: larger than {limit} bytes")
+    return data
+
+
+def _read_json(path: str) -> object:
+    data = _read_regular(path)
+    return json.loads(data)
+
+
+def proc_start(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _first(d: dict[str, object], keys: tuple[str, ...]) -> str:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, str) and v:
+            return v
+    return ""
+
+
+def _runtime_state(path: str) -> tuple[str, int, int | None]:
+    """(bundle, init pid, init start) from runc's state.json or crun's status."""
+    d = _read_json(path)
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    if os.path.basename(path) == "status":  # crun
+        bundle, pid = d.get("bundle"), d.get("pid")
+        start = d.get("process-start-time")
+    else:
+        labels = (d.get("config") or {}).get("labels") or []
+        bundle = next((lb[7:] for lb in labels if isinstance(lb, str) and lb.startswith("bundle=")),
+                      None)
+        pid, start = d.get("init_process_pid"), d.get("init_process_start")
+    if not isinstance(bundle, str) or not bundle or type(pid) is not int or pid <= 0:
+        raise ValueError(f"{path}: no bundle or init pid")
+    if isinstance(start, str) and start.isdigit():
+        start = int(start)
+    # crun writes 0 where it could not read the start time
+    return bundle, pid, start if type(start) is int and start > 0 else None
+
+
+def _devices(spec: dict[str, object], plan: Plan, host: HostInfo) -> list[Device]:
+    """The container's devices as nvctk-runtime resolved them: its request on this host,
+    ordered as libvgpu indexes them; the plan's GPUs (whole) when that fails."""
+    from nvctk import config as nvconfig
+    from nvctk.planner import select_devices, vgpu_devices
+    from nvctk.request import request_from_spec
+
+    try:
+        req = request_from_spec(spec, nvconfig.Config(accept_volume_mount_devices=True))
+        if req is not None and req.cdi_devices is None:
+            sel = vgpu_devices(select_devices(req, host))
+            out = []
+            for s in sel:
+                if s.mig is not None:
+                    out.append(Device(s.gpu.index, s.gpu.uuid, s.mig.uuid, s.mig.memory_mib << 20,
+                                      True))
+                elif not s.gpu.mig_devices or not any(
+                        x.mig is not None and x.gpu.uuid == s.gpu.uuid for x in sel):
+                    out.append(Device(s.gpu.index, s.gpu.uuid, s.gpu.uuid,
+                                      s.gpu.memory_mib << 20, False))
+            if out:
+                return out
+    except Exception as e:
+        log.debug("request of %s not resolved: %s", spec.get("annotations"), e)
+    by_uuid = {g.uuid: g for g in host.gpus}
+    return [Device(by_uuid[u].index, u, u, by_uuid[u].memory_mib << 20, False)
+            for u in plan.gpu_uuids if u in by_uuid]
+
+
+def _limits(plan: Plan, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    from nvctk.vgpu import limits_from_env
+
+    if plan.vgpu is None or not plan.vgpu.limits or n == 0:
+        return (0,) * n, (0,) * n
+    env = {k: v for k, v in plan.vgpu.limits.items()
+           if k.startswith(("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"))}
+    lim = limits_from_env(env, n)
+    return lim.memory, lim.sm
+
+
+def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo
+                   ) -> Container | None:
+    """The container if it is one of nvctk's GPU containers, else None. Raises
+    OSError/ValueError for state nvctk cannot read."""
+    bundle, pid, start = _runtime_state(state_file)
+    try:
+        plan = Plan.from_json(_read_regular(os.path.join(bundle, PLAN_FILE)))
+    except FileNotFoundError:
+        return None  # not a GPU container of nvctk's
+    spec = _read_json(os.path.join(bundle, "config.json"))
+    if not isinstance(spec, dict):
+        raise ValueError(f"{bundle}/config.json: not a JSON object")
+    ann = spec.get("annotations") or {}
+    if not isinstance(ann, dict):
+        ann = {}
+    devices = _devices(spec, plan, host)
+    mem, sm = _limits(plan, len(devices))
+    env = {}
+    proc = spec.get("process")
+    for item in (proc.get("env") or []) if isinstance(proc, dict) else []:
+        if isinstance(item, str) and "=" in item:
+            k, _, v = item.partition("=")
+            env[k] = v
+    mps = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    return Container(
+        id=cid, runtime_root=runtime_root, bundle=bundle, init_pid=pid, init_start=start,
+        devices=tuple(devices), memory_limits=mem, sm_limits=sm,
+        mps_percent=int(mps) if mps is not None and mps.isdigit() else None,
+        namespace=_first(ann, _NS_KEYS), pod=_first(ann, _POD_KEYS),
+        k8s_container=_first(ann, _CTR_KEYS), pod_uid=_first(ann, _UID_KEYS),
+        vgpu_state_dir=plan.vgpu.state_dir if plan.vgpu is not None else None,
+    )
+
+
+class Discovery:
+    """Lists the live GPU containers of nvctk's under the runtime roots, caching each
+    container's parse by its state file's identity."""
+
+    def __init__(self, roots: tuple[str, ...] | list[str] = DEFAULT_RUNTIME_ROOTS) -> None:
+        self.patterns = tuple(roots)
+        self._cache: dict[str, tuple[tuple[int, int, int], Container | None]] = {}
+
+    def scan(self, host: HostInfo, problem: object) -> list[Container]:
+        """problem(cause, message) is told what could not be read (the rest goes on)."""
+        out: list[Container] = []
+        seen: set[str] = set()
+        for root in expand_roots(self.patterns):
+            try:
+                names = os.listdir(root)
+            except OSError as e:
+                problem(f"runtime-root:{root}", f"cannot list {root}: {e}")  # type: ignore[operator]
+                continue
+            for cid in names:
+                for fname in ("state.json", "status"):
+                    path = os.path.join(root, cid, fname)
+                    try:
+                        st = os.stat(path)
+                    except OSError:
+                        continue
+                    seen.add(path)
+                    key = (st.st_ino, st.st_size, st.st_mtime_ns)
+                    hit = self._cache.get(path)
+                    if hit is not None and hit[0] == key:
+                        c = hit[1]
+                    else:
+                        try:
+                            c = load_container(root, cid, path, host)
+                        except Exception as e:  # any unreadable state: skip that container
+                            problem(f"container-state:{path}", f"{path}: {e}")  # type: ignore[operator]
+                            continue
+                        self._cache[path] = (key, c)
+                    if c is not None and ((c.init_start is None and os.path.exists(f"/proc/{c.init_pid}"))
+                                          or (c.init_start is not None
+                                          and proc_start(c.init_pid) == c.init_start)):
+                        out.append(c)
+                    break
+        for path in set(self._cache) - seen:
+            del self._cache[path]
+        return out

@@ -1,0 +1,149 @@
+"""The monitor's parts without a node: the Prometheus rendering of a snapshot (names,
+units, labels, what an idle or uncapped container gets), the runtimes' state formats,
+non-blocking reads, cgroup ancestry, the pod-resources messages on the wire."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from nvctk.monitor import containers
+from nvctk.monitor.collect import _parents, last_kernel_seconds
+from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
+from nvctk.monitor.prom import CTR_LABELS, GPU_LABELS, METRICS, render
+
+GIB = 1 << 30
+
+
+def snapshot() -> Snapshot:
+    g = GpuSample(index=0, uuid="GPU-a", name="H100", memory_total=80 * GIB, memory_used=3 * GIB,
+                  utilization=0.5, shares=2, memory_promised=81 * GIB, sm_promised=1.3,
+                  xid_errors=2, last_xid=79, healthy=False)
+    capped = ContainerSample(id="c1", name="worker", kind="vgpu", runtime_root="/run/runc",
+                             namespace="ns", pod="p", container="worker", resource="nvidia.com/vgpu",
+                             devices=[DeviceUse(0, "GPU-a", "GPU-a", 2 * GIB, 80 * GIB, GIB * 1,
+                                                0.25, 0.3, [101, 102], 1.5)])
+    idle = ContainerSample(id="c2", name="c2", kind="gpu", runtime_root="/run/runc",
+                           devices=[DeviceUse(0, "GPU-a", "GPU-a", 0, 80 * GIB, None, 0.0, None)])
+    return Snapshot(time=100.0, interval=5.0, hostname="node1", driver_version="550",
+                    gpus=[g], containers=[capped, idle], collect_seconds=0.01)
+
+
+def samples(snap: Snapshot) -> dict[tuple[str, str], tuple[dict[str, str], float]]:
+    out = {}
+    for m in render(snap, 103.0, {"nvml": 3}):
+        for s in m.samples:
+            out[(s.name, s.labels.get("container_id", s.labels.get("cause", "")))] = (s.labels, s.value)
+    return out
+
+
+def test_names_units_and_labels() -> None:
+    got = samples(snapshot())
+    names = {n for n, _ in got}
+    # base units in the names, _ratio for fractions, _total on counters
+    for n in names:
+        assert n.startswith("nvctk_")
+        assert not n.endswith("_mib") and "percent" not in n
+    assert {"nvctk_gpu_xid_errors_total", "nvctk_monitor_errors_total"} <= names
+    labels, v = got[("nvctk_container_memory_used_bytes", "c1")]
+    assert v == 2 * GIB
+    assert set(labels) == set(CTR_LABELS)
+    assert (labels["namespace"], labels["pod"], labels["container"], labels["UUID"], labels["gpu"],
+            labels["resource"], labels["modelName"], labels["Hostname"]) == (
+        "ns", "p", "worker", "GPU-a", "0", "nvidia.com/vgpu", "H100", "node1")
+    assert got[("nvctk_container_sm_utilization_ratio", "c1")][1] == 0.25
+    assert got[("nvctk_container_sm_limit_ratio", "c1")][1] == 0.3
+    assert got[("nvctk_container_processes", "c1")][1] == 2
+    assert got[("nvctk_container_last_kernel_seconds", "c1")][1] == 1.5
+    gl, gv = got[("nvctk_gpu_healthy", "")]
+    assert set(gl) == set(GPU_LABELS) and gv == 0
+    assert got[("nvctk_gpu_last_xid", "")][1] == 79
+    assert got[("nvctk_monitor_snapshot_age_seconds", "")][1] == 3.0
+    assert got[("nvctk_monitor_errors_total", "nvml")][1] == 3
+
+
+def test_an_idle_uncapped_container_reports_zero_and_no_cap() -> None:
+    got = samples(snapshot())
+    assert got[("nvctk_container_memory_used_bytes", "c2")][1] == 0
+    assert got[("nvctk_container_sm_utilization_ratio", "c2")][1] == 0
+    assert ("nvctk_container_memory_limit_bytes", "c2") not in got
+    assert ("nvctk_container_sm_limit_ratio", "c2") not in got
+    assert ("nvctk_container_last_kernel_seconds", "c2") not in got
+
+
+def test_every_metric_has_help() -> None:
+    for m in render(snapshot(), 100.0, {}):
+        assert m.documentation == METRICS[m.name], m.name
+
+
+def test_runtime_state_formats(tmp_path: Path) -> None:
+    runc = tmp_path / "state.json"
+    runc.write_text(json.dumps({"init_process_pid": 42, "init_process_start": 777,
+                                "config": {"labels": ["a=b", "bundle=/b/one"]}}))
+    assert containers._runtime_state(str(runc)) == ("/b/one", 42, 777)
+    crun = tmp_path / "status"
+    crun.write_text(json.dumps({"pid": 43, "process-start-time": 0, "bundle": "/b/two"}))
+    assert containers._runtime_state(str(crun)) == ("/b/two", 43, None)  # 0: unknown
+    for bad in ({"init_process_pid": 42, "config": {"labels": []}},
+                {"init_process_pid": "42", "config": {"labels": ["bundle=/x"]}},
+                {"init_process_pid": 0, "config": {"labels": ["bundle=/x"]}}):
+        runc.write_text(json.dumps(bad))
+        with pytest.raises(ValueError):
+            containers._runtime_state(str(runc))
+
+
+def test_a_fifo_or_oversized_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def read() -> None:
+        with pytest.raises(ValueError, match="not a regular file"):
+            containers._read_regular(str(fifo))
+        done.set()
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(10)
+    assert done.is_set()
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 101)
+    with pytest.raises(ValueError, match="larger than"):
+        containers._read_regular(str(big), limit=100)
+
+
+def test_cgroup_ancestry() -> None:
+    assert _parents("4:cpu:/kubepods/pod1/ctr") == [
+        "4:cpu:/kubepods/pod1/ctr", "4:cpu:/kubepods/pod1", "4:cpu:/kubepods"]
+    assert _parents("0::/") == []  # the root says nothing about ownership
+    assert _parents("garbage") == []
+
+
+def test_last_kernel_seconds() -> None:
+    assert last_kernel_seconds(5_000_000, None) is None
+    assert last_kernel_seconds(5_000_000, 3_000_000) == 2.0
+    assert last_kernel_seconds(5_000_000, 6_000_000) == 0.0  # a sample stamped ahead: never < 0
+
+
+def test_pod_resources_messages_decode_the_kubelets_wire_format() -> None:
+    """Bytes as the kubelet sends them (hand-encoded protobuf: field numbers of v1's
+    api.proto, unknown fields such as cpu_ids included) decode to what is read."""
+    from nvctk.monitor.podresources import messages
+
+    def ld(field: int, data: bytes) -> bytes:  # a length-delimited field
+        return bytes([field << 3 | 2, len(data)]) + data
+
+    dev = ld(1, b"nvidia.com/vgpu") + ld(2, b"GPU-a::1") + ld(2, b"GPU-a::2")
+    ctr = ld(1, b"train") + ld(2, dev) + bytes([3 << 3 | 0, 7])  # + cpu_ids = 7 (unknown here)
+    pod = ld(1, b"job") + ld(2, b"ml") + ld(3, ctr)
+    _, resp = messages()
+    msg = resp.FromString(ld(1, pod))
+    (p,) = msg.pod_resources
+    (c,) = p.containers
+    (d,) = c.devices
+    assert (p.name, p.namespace, c.name, d.resource_name, list(d.device_ids)) == (
+        "job", "ml", "train", "nvidia.com/vgpu", ["GPU-a::1", "GPU-a::2"])
