@@ -28,7 +28,7 @@ apt:
 # modules beside their .proto and compiles the launchers into
 # .venv/bin: again when they change
 LAUNCHER_SOURCES := runtime_shim/launcher.c runtime_shim/nvctk-runtime.c hooks/nvctk-hook.c cli/nvctk.c
-$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c $(LAUNCHER_SOURCES) nvctk/deviceplugin/api.proto
+$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c $(LAUNCHER_SOURCES) nvctk/k8s/api.proto
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
@@ -50,7 +50,7 @@ test: setup lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) -m nvctk.demo
+	$(PY) -m nvctk.sim.demo
 
 bench: setup
 	$(PY) bench/container_start.py --out bench/results/container_start.txt

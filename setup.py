@@ -1,11 +1,11 @@
 """Build hook only; the project's metadata is in pyproject.toml.
 
 build_py first generates the device plugin's gRPC modules from
-nvctk/deviceplugin/api.proto (grpcio-tools, a build requirement).
+nvctk/k8s/api.proto (grpcio-tools, a build requirement).
 
 A wheel (and the Debian package, built from one) carries libvgpu.so as
 nvctk/lib/libvgpu.so: build_py runs `make -C libvgpu` and copies the library in.
-Editable installs skip this: nvctk.paths finds libvgpu/build/libvgpu.so in the tree.
+Editable installs skip this: nvctk.host.paths finds libvgpu/build/libvgpu.so in the tree.
 NVCTK_SKIP_LIBVGPU=1 builds a wheel without the library (nvctk then refuses
 containers that ask for GPU limits, saying why).
 
@@ -41,7 +41,7 @@ class BuildPyWithLibvgpu(build_py):
 
     def run(self) -> None:
         # the device plugin's gRPC modules, generated beside their .proto (not committed)
-        gen = os.path.join(HERE, "nvctk", "deviceplugin", "gen.py")
+        gen = os.path.join(HERE, "nvctk", "k8s", "gen.py")
         try:
             subprocess.run([sys.executable, gen], check=True)
         except (OSError, subprocess.CalledProcessError) as e:

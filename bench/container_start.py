@@ -61,7 +61,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from nvctk.passthrough import use_cache_dir  # noqa: E402
+from nvctk.runtime.passthrough import use_cache_dir  # noqa: E402
 from nvctk.sim import host as simhost  # noqa: E402
 from nvctk.sim.rootfs import build_rootfs  # noqa: E402
 from nvctk.sim.topology import make_topology  # noqa: E402

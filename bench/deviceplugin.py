@@ -26,14 +26,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from nvctk.deviceplugin import gen  # noqa: E402
+from nvctk.k8s import gen  # noqa: E402
 
 gen.ensure()
 
-from nvctk import nvml  # noqa: E402
-from nvctk.deviceplugin import config as dpconfig  # noqa: E402
-from nvctk.deviceplugin import resources  # noqa: E402
-from nvctk.deviceplugin.server import Manager  # noqa: E402
+from nvctk.host import nvml  # noqa: E402
+from nvctk.k8s import config as dpconfig  # noqa: E402
+from nvctk.k8s import resources  # noqa: E402
+from nvctk.k8s.server import Manager  # noqa: E402
 from nvctk.sim import events, host  # noqa: E402
 from nvctk.sim.topology import make_topology  # noqa: E402
 from support.kubelet import FakeKubelet, pb  # noqa: E402

@@ -57,7 +57,7 @@ def proc_start(pid: int) -> int:
 
 
 def build_node(tmp: Path, cg_base: Path, procs: list[subprocess.Popen[bytes]]) -> tuple[object, str]:
-    from nvctk.plan import Plan, VgpuPlan
+    from nvctk.edits import Plan, VgpuPlan
     from nvctk.sim import host
     from nvctk.sim.topology import make_topology
 

@@ -4,7 +4,7 @@
  * container on the node, so everything but `create` and `run` is exec'd into
  * the low-level runtime from here, without starting Python. Which runtime the
  * config names is what Python's config loader last read from that very file:
- * it leaves the answer in a passthrough cache (nvctk/passthrough.py), stamped
+ * it leaves the answer in a passthrough cache (nvctk/runtime/passthrough.py), stamped
  * with the config file's identity (device, inode, size, mtime, ctime), or with
  * "absent" when there is none (the defaults are the loader's, not this file's). Any
  * doubt — no cache, another stamp, a file not root's, not root, no runtime
@@ -21,12 +21,12 @@
 #define DEFAULT_CONFIG "/etc/nvctk/config.toml"
 #define DEFAULT_CACHE_DIR "/run/nvctk/passthrough"
 #define CACHE_MAGIC "nvctk-passthrough 1\n"
-#define CACHE_MAX 65536 /* nvctk/passthrough.py MAX_ENTRY + 1 */
+#define CACHE_MAX 65536 /* nvctk/runtime/passthrough.py MAX_ENTRY + 1 */
 /* set on the runtime it execs: a copy of nvctk-runtime named like the runtime (two
  * copies, each first on PATH for the other) must not exec back and forth forever */
 #define HOP_VAR "NVCTK_RUNTIME_HOP"
 
-/* runc's global flags that take a value (nvctk/runc_argv.py GLOBAL_VALUE_FLAGS) */
+/* runc's global flags that take a value (nvctk/oci/runc_argv.py GLOBAL_VALUE_FLAGS) */
 static int global_value_flag(const char *tok)
 {
     static const char *const names[] = {"log", "log-format", "root", "criu", "rootless"};
@@ -41,7 +41,7 @@ static int global_value_flag(const char *tok)
 
 /* Whether runc's subcommand is create or run: global flags end at the first
  * token that is not one, as in Go's flag package, or after a "--" (which Go drops:
- * the token after it is the subcommand); nvctk/runc_argv.py parse does the same. */
+ * the token after it is the subcommand); nvctk/oci/runc_argv.py parse does the same. */
 static int creates(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {

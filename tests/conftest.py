@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from nvctk import passthrough
+from nvctk.runtime import passthrough
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.topology import make_topology
@@ -47,7 +47,7 @@ def _need_root() -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def passthrough_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """nvctk-runtime's passthrough cache (nvctk.passthrough) in a directory of the
+    """nvctk-runtime's passthrough cache (nvctk.runtime.passthrough) in a directory of the
     session's, not the host's /run/nvctk: every test config would leave a file there.
     Children (the runtime, daemons the tests start) inherit it from the environment."""
     old = os.environ.get(passthrough.CACHE_VAR)

@@ -1,4 +1,4 @@
-"""nvctk.caps under the bounding sets runtimes really start hooks with."""
+"""nvctk.hook.caps under the bounding sets runtimes really start hooks with."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import caps
+from nvctk.hook import caps
 
 REPO = Path(__file__).resolve().parent.parent
 KEEP = sorted(caps.needed(caps.STEP_CAPS))
@@ -33,7 +33,7 @@ def test_restrict_within_an_already_reduced_bounding_set() -> None:
     """containerd run with CapabilityBoundingSet=: no CAP_SETPCAP, nothing left to drop;
     restricting to what is already there must not fail."""
     assert "setpcap" not in KEEP
-    code = (f"from nvctk import caps; caps.restrict({KEEP!r}); "
+    code = (f"from nvctk.hook import caps; caps.restrict({KEEP!r}); "
             "print(','.join(caps.current(caps.CAP_PERMITTED)))")
     r = _in_bounding_set(KEEP, code)
     assert r.returncode == 0, r.stderr
@@ -41,7 +41,7 @@ def test_restrict_within_an_already_reduced_bounding_set() -> None:
 
 
 def test_restrict_cannot_keep_more_than_the_bounding_set_allows() -> None:
-    code = (f"from nvctk import caps; caps.restrict({KEEP!r}); "
+    code = (f"from nvctk.hook import caps; caps.restrict({KEEP!r}); "
             "print(','.join(caps.current(caps.CAP_PERMITTED)))")
     r = _in_bounding_set(KEEP[:-1], code)  # one of them is not there to keep
     assert r.returncode == 0, r.stderr
@@ -62,9 +62,9 @@ def _status(text: str, field: str) -> str:
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (capabilities to give up)")
 def test_restrict_then_steps_then_limit_as_the_kernel_sees_it() -> None:
     """restrict, enter_step, limit_to and drop_all leave exactly the sets they promise,
-    read back from /proc/self/status (not from nvctk.caps itself)."""
+    read back from /proc/self/status (not from nvctk.hook.caps itself)."""
     code = """
-from nvctk import caps
+from nvctk.hook import caps
 class Log:
     lines = []
     def debug(self, msg): self.lines.append(msg)
@@ -125,7 +125,7 @@ def test_die_with_parent() -> None:
     """The child of a process that exits is SIGKILLed (PR_SET_PDEATHSIG)."""
     code = """
 import os, time
-from nvctk import caps
+from nvctk.hook import caps
 r, w = os.pipe()
 mid = os.fork()
 if mid == 0:

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from nvctk import cdi
-from nvctk.inventory import GpuInfo, MigInfo
-from nvctk.planner import Selected, proc_bus_id
+from nvctk.cdi import cdi
+from nvctk.host.inventory import GpuInfo, MigInfo
+from nvctk.plan.planner import Selected, proc_bus_id
 from nvctk.sim.host import SimHost
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

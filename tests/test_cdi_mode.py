@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from test_shim import RUNTIME, Env, create_argv, snapshot
 
-from nvctk import cdi, spec_edits
-from nvctk.config import Config, parse
-from nvctk.errors import ConfigError, RequestError
-from nvctk.request import cdi_names, parse_qualified, request_from_spec
+from nvctk.base.config import Config, parse
+from nvctk.base.errors import ConfigError, RequestError
+from nvctk.cdi import cdi
+from nvctk.request.parse import cdi_names, parse_qualified, request_from_spec
 from nvctk.sim.host import SimHost
+from nvctk.spec import apply as spec_edits
 
 
 def _with(text: str, **keys: str) -> str:

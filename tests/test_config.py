@@ -1,4 +1,4 @@
-"""nvctk.config file handling (pyfakefs) and `nvctk config default|show`."""
+"""nvctk.base.config file handling (pyfakefs) and `nvctk config default|show`."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 from pyfakefs.fake_filesystem import FakeFilesystem
 
-from nvctk import config as nvconfig
+from nvctk.base import config as nvconfig
+from nvctk.base.errors import ConfigError
+from nvctk.base.record import fields
 from nvctk.cli.main import cli
-from nvctk.errors import ConfigError
-from nvctk.record import fields
 from nvctk.sim import host
 
 if sys.version_info >= (3, 11):
@@ -179,7 +179,7 @@ def _sim_config_file(tmp_path: Path) -> Path:
 
 
 def test_shipped_formats_take_the_fast_path(tmp_path: Path) -> None:
-    from nvctk import toml_subset
+    from nvctk.base import toml_subset
 
     _, default_out, _ = _invoke(["config", "default"])
     for text in (default_out, _sim_config_file(tmp_path).read_text()):
@@ -191,7 +191,7 @@ def test_loading_the_sim_config_imports_nothing_slow(tmp_path: Path) -> None:
     dataclasses, typing, re, json, enum or inspect (milliseconds each)."""
     p = _sim_config_file(tmp_path)
     code = (
-        f"import sys; sys.path.insert(0, {str(REPO)!r}); from nvctk import config; "
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); from nvctk.base import config; "
         f"cfg = config.load({str(p)!r}); "
         "assert cfg.extra_mounts and cfg.log_level == 'debug', cfg; print(sorted(sys.modules))"
     )

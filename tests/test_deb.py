@@ -168,7 +168,7 @@ def test_deb_in_a_clean_debian(deb: Path, debian_root: Path, tmp_path: Path) -> 
     assert (root / "usr/lib/nvctk/libvgpu.so").is_file()
     assert 'vgpu-library = "/usr/lib/nvctk/libvgpu.so"' in (root / "etc/nvctk/config.toml").read_text()
     # bytecode from postinst: the first container start does not compile nvctk
-    assert list((root / "usr/lib/nvctk/python/nvctk/__pycache__").glob("shim.cpython-*.pyc"))
+    assert list((root / "usr/lib/nvctk/python/nvctk/runtime/__pycache__").glob("create.cpython-*.pyc"))
 
     assert ok(root, "nvctk --version").strip() == f"nvctk {VERSION}"
     ok(root, "nvctk sim init /sim --gpus 2")

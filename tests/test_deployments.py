@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from nvctk.deviceplugin import config as dpconfig
-from nvctk.deviceplugin import resources
 from nvctk.engines.common import Request as EngineRequest
+from nvctk.k8s import config as dpconfig
+from nvctk.k8s import resources
 from nvctk.sim.topology import MIG_PROFILES, make_topology
 
 REPO = Path(__file__).resolve().parent.parent

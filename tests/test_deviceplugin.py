@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from nvctk import vgpu
-from nvctk.deviceplugin import allocate as alloc
-from nvctk.deviceplugin import config as dpconfig
-from nvctk.deviceplugin import labels, resources
-from nvctk.errors import ConfigError
-from nvctk.inventory import GpuInfo, HostInfo, MigInfo
+from nvctk.base.errors import ConfigError
+from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
+from nvctk.k8s import allocate as alloc
+from nvctk.k8s import config as dpconfig
+from nvctk.k8s import labels, resources
 from nvctk.sim.topology import Topology, make_topology
+from nvctk.vgpu import limits as vgpu
 
 
 def host_of(topo: Topology) -> HostInfo:
@@ -286,12 +286,12 @@ def test_labels() -> None:
 def test_vgpu_share_travels_in_a_verifiable_annotation(tmp_path: Path,
                                                        strategies: list[str]) -> None:
     """Every strategy carries the share in nvctk.io/vgpu.<name> as well as in the env
-    (unchanged); the runtime's check (nvctk.authority.shares) reads back exactly the
+    (unchanged); the runtime's check (nvctk.vgpu.authority.shares) reads back exactly the
     share, per GPU uuid, with the node's key, and nothing with another key."""
     import dataclasses
 
-    from nvctk import authority
-    from nvctk.errors import RequestError
+    from nvctk.base.errors import RequestError
+    from nvctk.vgpu import authority
 
     key_path = str(tmp_path / "keys" / "authority.key")
     c = dataclasses.replace(cfg(flags={"deviceListStrategy": strategies},

@@ -18,9 +18,9 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
-from nvctk import nvml
-from nvctk.deviceplugin import config as dpconfig
-from nvctk.deviceplugin import gen, resources
+from nvctk.host import nvml
+from nvctk.k8s import config as dpconfig
+from nvctk.k8s import gen, resources
 from nvctk.sim import events, host
 from nvctk.sim.host import SimHost
 from nvctk.sim.topology import make_topology
@@ -29,7 +29,7 @@ gen.ensure()  # the build's generator step, for a checkout that has not run it
 
 from nvctk.cli import device_plugin as dpcli  # noqa: E402
 from nvctk.cli import labels as lbcli  # noqa: E402
-from nvctk.deviceplugin.server import Manager  # noqa: E402
+from nvctk.k8s.server import Manager  # noqa: E402
 from support.kubelet import FakeKubelet, pb  # noqa: E402
 
 pytestmark = pytest.mark.slow

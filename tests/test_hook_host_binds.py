@@ -24,7 +24,7 @@ import pytest
 from canary.harness import cpath, fake_container, make_bundle, make_plan, run_hook
 from test_mount import snapshot
 
-from nvctk.plan import Mount, Symlink
+from nvctk.edits import Mount, Symlink
 from nvctk.sim.host import SimHost
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces)")

@@ -1,4 +1,4 @@
-"""nvctk.host: the host inventory cache that spares a GPU create pynvml and NVML.
+"""nvctk.host.cache: the host inventory cache that spares a GPU create pynvml and NVML.
 
 Real pynvml over the simulated NVML. Most tests share one module-scoped 2-GPU sim
 and each gets its own state dir; the tests that change the sim undo the change
@@ -22,17 +22,18 @@ from typing import Any
 
 import pytest
 
-from nvctk import host as nvhost
-from nvctk import inventory, jsonio, nvml
-from nvctk.errors import DriverError
-from nvctk.host import CACHE_FILE, load_host
-from nvctk.inventory import HostInfo
+from nvctk.base import jsonio
+from nvctk.base.errors import DriverError
+from nvctk.host import cache as nvhost
+from nvctk.host import inventory, nvml
+from nvctk.host.cache import CACHE_FILE, load_host
+from nvctk.host.inventory import HostInfo
 from nvctk.sim import host as simhost
 from nvctk.sim.topology import make_topology
 
 REPO = Path(__file__).resolve().parents[1]
 # what the cache-hit path must not import (the create's start-up budget)
-FORBIDDEN = ("pynvml", "nvctk.nvml", "ctypes", "dataclasses", "typing", "re", "json",
+FORBIDDEN = ("pynvml", "nvctk.host.nvml", "ctypes", "dataclasses", "typing", "re", "json",
              "collections", "functools", "contextlib", "hashlib", "tempfile", "enum")
 
 
@@ -76,8 +77,8 @@ def test_miss_then_hit(sim: simhost.SimHost, state: Path) -> None:
 CHILD = """
 import sys
 sys.path[:0] = [{repo!r}, {site!r}]
-from nvctk.host import load_host
-from nvctk import jsonio
+from nvctk.host.cache import load_host
+from nvctk.base import jsonio
 host, hit = load_host({root!r}, {state!r})
 bad = sorted(m for m in {forbidden!r} if m in sys.modules)
 sys.stdout.write(jsonio.dumps({{"hit": hit, "imported": bad, "host": host.to_dict()}}))
@@ -415,8 +416,8 @@ def test_concurrent_cold_creates(sim: simhost.SimHost, state: Path) -> None:
     code = textwrap.dedent(f"""
         import sys
         sys.path[:0] = [{str(REPO)!r}, {sysconfig.get_paths()["purelib"]!r}]
-        from nvctk.host import load_host
-        from nvctk import jsonio
+        from nvctk.host.cache import load_host
+        from nvctk.base import jsonio
         sys.stdout.write(jsonio.dumps(load_host({sim.root!r}, {str(state)!r})[0].to_dict()))
     """)
     procs = [subprocess.Popen([sys.executable, "-I", "-S", "-c", code], stdout=subprocess.PIPE)

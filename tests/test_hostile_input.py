@@ -33,15 +33,22 @@ from test_shim import (
     snapshot,
 )
 
-from nvctk import config as nvconfig
-from nvctk import fileio, oci, passthrough, requirements, runc_argv, shim, spec_edits, vgpu
-from nvctk import log as nvlog
-from nvctk.errors import ConfigError, NvctkError, RequestError, SpecError, UnknownDeviceError
-from nvctk.inventory import GpuInfo, HostInfo, MigInfo
-from nvctk.plan import PLAN_FILE, DeviceNode, Hook
-from nvctk.planner import resolve_device
-from nvctk.request import request_from_spec
+from nvctk.base import config as nvconfig
+from nvctk.base import fileio
+from nvctk.base import log as nvlog
+from nvctk.base.errors import ConfigError, NvctkError, RequestError, SpecError, UnknownDeviceError
+from nvctk.edits import PLAN_FILE, DeviceNode, Hook
+from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
+from nvctk.oci import runc_argv
+from nvctk.oci import spec as oci
+from nvctk.plan.planner import resolve_device
+from nvctk.request import requirements
+from nvctk.request.parse import request_from_spec
+from nvctk.runtime import create as shim
+from nvctk.runtime import passthrough
 from nvctk.sim.host import SimHost
+from nvctk.spec import apply as spec_edits
+from nvctk.vgpu import limits as vgpu
 
 DEFAULT_RUNTIMES = nvconfig.Config().runtimes
 HUGE = "1" * 5000  # past int()'s 4300-digit limit
@@ -1076,7 +1083,7 @@ def test_no_gpu_create_leaves_the_id_to_runc(env: Env, bundle: Callable[..., Pat
 
 
 def test_runc_root_that_is_not_utf8(env: Env, bundle: Callable[..., Path]) -> None:
-    from nvctk import vgpu_state
+    from nvctk.vgpu import state as vgpu_state
 
     assert vgpu_state.state_key("/tmp/x\udcffroot", "c1") != vgpu_state.state_key("/tmp/x", "c1")
     root = str(env.tmp / "x\udcffroot")

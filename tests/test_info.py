@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import driver, nvml
-from nvctk.config import ALL_CAPABILITIES
-from nvctk.errors import DriverError
+from nvctk.base.config import ALL_CAPABILITIES
+from nvctk.base.errors import DriverError
+from nvctk.host import driver, nvml
 from nvctk.sim import host
 from nvctk.sim.topology import Topology
 

@@ -1,4 +1,4 @@
-"""nvctk.jsonio must agree with the json package: same values, same errors."""
+"""nvctk.base.jsonio must agree with the json package: same values, same errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvctk import jsonio
+from nvctk.base import jsonio
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,7 +76,7 @@ def test_constants_as_json_reads_them() -> None:
 
 def test_importing_it_does_not_import_json_or_re() -> None:
     code = (
-        f"import sys; sys.path.insert(0, {str(REPO)!r}); from nvctk import jsonio; "
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); from nvctk.base import jsonio; "
         "jsonio.dumps(jsonio.loads('{\"a\": [1, 2.5, null]}')); "
         "print(sorted({'json', 're'} & set(sys.modules)))"
     )

@@ -288,7 +288,7 @@ def test_mig_device(cri: CriClient, work: Path, sim: SimHost) -> None:
 def test_vgpu_share_sees_its_caps(cri: CriClient, work: Path, sim: SimHost) -> None:
     """One of 4 vGPU shares of GPU 1: a quarter of its memory and of its SMs,
     enforced by libvgpu from the read-only limits file nvctk put in the container."""
-    from nvctk import vgpu
+    from nvctk.vgpu import limits as vgpu
 
     gpu1 = sim.topology.gpus[1]
     share_mib = gpu1.memory_mib // 4
@@ -471,7 +471,7 @@ def test_allocation_from_a_device_plugin_response() -> None:
     """The kubelet's mapping of a v1beta1 ContainerAllocateResponse, on the device
     plugin's own generated message class."""
     try:
-        from nvctk.deviceplugin import proto
+        from nvctk.k8s import proto
         pb, _ = proto.load()
     except Exception as e:  # the plugin's generated code is built by `make setup`
         pytest.skip(f"device plugin proto not available: {e}")
@@ -499,9 +499,9 @@ def _plugin_allocation(sim: SimHost, config: dict[str, object], resource: str,
     """What the kubelet would hand the CRI after the device plugin's Allocate: the
     plugin's resources for this host and config, its answer for the picked ids, as the
     v1beta1 message and back (the kubelet's mapping)."""
-    from nvctk.deviceplugin import allocate, resources, server
-    from nvctk.deviceplugin import config as dpconfig
-    from nvctk.nvml import query_host
+    from nvctk.host.nvml import query_host
+    from nvctk.k8s import allocate, resources, server
+    from nvctk.k8s import config as dpconfig
 
     cfg = dpconfig.parse(config, "test")
     host = query_host(sim.root)
@@ -554,8 +554,8 @@ def test_a_vgpu_share_cannot_ride_cdi_strategies_alone(strategies: list[str]) ->
     """With only CDI strategies the engine (containerd 2.x, CRI-O) injects the GPU from
     its CDI spec and nvctk-runtime never sets up the cap: a Pod of a 1/4 share got the
     whole 80 GiB on containerd 2.3.4 and CRI-O 1.36.3. The plugin refuses the config."""
-    from nvctk.deviceplugin import config as dpconfig
-    from nvctk.errors import ConfigError
+    from nvctk.base.errors import ConfigError
+    from nvctk.k8s import config as dpconfig
 
     with pytest.raises(ConfigError, match=r"sharing\.vgpu needs deviceListStrategy envvar"):
         dpconfig.parse({"version": "v1", "flags": {"deviceListStrategy": strategies},

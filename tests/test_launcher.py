@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from nvctk import passthrough
+from nvctk.runtime import passthrough
 from support.launchers import PYVER, REPO, Launchers, launcher
 
 DEPS = sysconfig.get_paths()["purelib"]

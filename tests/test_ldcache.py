@@ -1,4 +1,4 @@
-"""nvctk.ldcache against caches the real ldconfig writes in each format, and bad input."""
+"""nvctk.host.ldcache against caches the real ldconfig writes in each format, and bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvctk import ldcache
+from nvctk.host import ldcache
 from nvctk.sim.host import elf_stub
 
 LDCONFIG = "/sbin/ldconfig"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import nvml
+from nvctk.host import nvml
 from nvctk.sim import host
 from nvctk.sim.state import read_state, state_path
 from nvctk.sim.topology import make_topology

@@ -1,4 +1,4 @@
-"""nvctk.mount: resolution inside a rootfs, fd-based mounts, masks, undo.
+"""nvctk.hook.mount: resolution inside a rootfs, fd-based mounts, masks, undo.
 
 Mounting tests run in a forked child with its own private mount namespace;
 the test process's mount table is compared before and after.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import mount as m
+from nvctk.hook import mount as m
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces)")
 

@@ -1,4 +1,4 @@
-"""nvctk.nvml uses pynvml through its public names only (issue 9 §3): it neither
+"""nvctk.host.nvml uses pynvml through its public names only (issue 9 §3): it neither
 stands a fake ctypes.util into sys.modules nor clears pynvml's private cache, and a
 process can still ask several driver roots (each library gets its own pynvml)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import nvml
+from nvctk.host import nvml
 from nvctk.sim import host
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,8 +42,8 @@ def test_private_function_cache_is_never_cleared(
 
 def test_import_leaves_sys_modules_alone() -> None:
     """pynvml got the real ctypes.util (the old stand-in saved its import on a cache miss)."""
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import nvctk.nvml, ctypes.util; "
-            "print(ctypes.util.__file__, nvctk.nvml.pynvml.find_library is "
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import nvctk.host.nvml, ctypes.util; "
+            "print(ctypes.util.__file__, nvctk.host.nvml.pynvml.find_library is "
             "ctypes.util.find_library)")
     r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
                        timeout=60)

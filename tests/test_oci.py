@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
-from nvctk import fileio, oci, spec_edits
-from nvctk.config import Config
-from nvctk.errors import SpecError
-from nvctk.planner import DeviceNode, plan_hooks
-from nvctk.spec_edits import HOOK_PATH_ENV
+from nvctk.base import fileio
+from nvctk.base.config import Config
+from nvctk.base.errors import SpecError
+from nvctk.oci import spec as oci
+from nvctk.plan.planner import DeviceNode, plan_hooks
+from nvctk.spec import apply as spec_edits
+from nvctk.spec.apply import HOOK_PATH_ENV
 
 NODES = (
     DeviceNode("/dev/nvidiactl", "/h/dev/nvidiactl", 195, 255),

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from nvctk import fileio
+from nvctk.base import fileio
 from nvctk.sim.host import SimHost
 
 KINDS = ["chardev", "blockdev", "fifo", "dir", "symlink", "socket"]
@@ -120,10 +120,10 @@ def test_device_plugin_leaves_what_is_not_a_socket(sim_host: SimHost, kind: str,
                                                    ) -> None:
     """Before: a directory at the plugin's socket path was a traceback (unlink at start,
     again at stop); a file or device node there was removed."""
-    from nvctk.deviceplugin import gen
+    from nvctk.k8s import gen
 
     gen.ensure()
-    from nvctk.deviceplugin.server import socket_name
+    from nvctk.k8s.server import socket_name
     from support.kubelet import FakeKubelet
 
     kdir = tmp_path_factory.mktemp("kl")  # short: unix socket paths are limited

@@ -1,4 +1,4 @@
-"""Packaging: the wheel, the Debian package, nvctk.paths.
+"""Packaging: the wheel, the Debian package, nvctk.host.paths.
 
 The launchers themselves (runtime_shim/launcher.c) are tested in test_launcher.py;
 here, that the wheel and the .deb carry them and that they run where installed.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import paths
-from nvctk.config import Config
-from nvctk.errors import ConfigError
+from nvctk.base.config import Config
+from nvctk.base.errors import ConfigError
+from nvctk.host import paths
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -61,7 +61,7 @@ def _check_passthrough(launcher: Path | str, tmp: Path, env: dict[str, str] | No
         ]
 
 
-# --- nvctk.paths ----------------------------------------------------------------
+# --- nvctk.host.paths ----------------------------------------------------------------
 
 
 def test_vgpu_library_config_wins(tmp_path: Path) -> None:
@@ -94,7 +94,7 @@ def test_require_vgpu_library_names_a_missing_configured_file(tmp_path: Path) ->
 
 
 def _check_hook(hook: Path | str, env: dict[str, str] | None = None) -> None:
-    """The hook starts, imports nvctk.prestart (and nvctk._sys) and rejects a bad state."""
+    """The hook starts, imports nvctk.hook.prestart (and nvctk._sys) and rejects a bad state."""
     r = _run([str(hook), "prestart"], input="{}", env=env)
     assert r.returncode == 1, r.stderr
     assert r.stderr.startswith("nvctk-hook: ") and "Traceback" not in r.stderr, r.stderr
@@ -154,7 +154,7 @@ def test_wheel_contents(wheel: Path) -> None:
             assert z.getinfo(script).external_attr >> 16 & 0o111
         assert not [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     for need in ("nvctk/cli/main.py", "nvctk/cli/hook.py", "nvctk/cli/runtime.py",
-                 "nvctk/runc_argv.py", "nvctk/passthrough.py", "nvctk/py.typed"):
+                 "nvctk/oci/runc_argv.py", "nvctk/runtime/passthrough.py", "nvctk/py.typed"):
         assert need in names
     assert [n for n in names if n.startswith("nvctk/sim/csrc/") and n.endswith(".c")]
     top = {n.split("/", 1)[0] for n in names}
@@ -302,8 +302,8 @@ def test_deb_extracted_runs(deb: Path, tmp_path: Path) -> None:
     root = tmp_path / "root"
     assert _run(["dpkg", "-x", str(deb), str(root)]).returncode == 0
     pydir = root / "usr" / "lib" / "nvctk" / "python"
-    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import nvctk.paths, nvctk._sys;"
-            "print(nvctk.paths.vgpu_library()); from nvctk.cli.main import main;"
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import nvctk.host.paths, nvctk._sys;"
+            "print(nvctk.host.paths.vgpu_library()); from nvctk.cli.main import main;"
             "sys.argv[0] = 'nvctk'; sys.exit(main())")
     r = _run(["/usr/bin/python3", "-I", "-S", "-c", code, str(pydir), "config", "default"])
     assert r.returncode == 0, r.stderr

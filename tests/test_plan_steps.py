@@ -1,8 +1,8 @@
 """The planning steps and the spec edits on plain data: no root, no simulated host.
 
-Each step of nvctk.planner is a function of the request, the host inventory
+Each step of nvctk.plan.planner is a function of the request, the host inventory
 (records), the driver's files (a DriverFiles record) and the image's facts; and
-nvctk.spec_edits.apply is the one place a plan meets a spec. Tables of inputs and
+nvctk.spec.apply.apply is the one place a plan meets a spec. Tables of inputs and
 the edits they must give.
 """
 
@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 
-from nvctk import planner, spec_edits
-from nvctk.config import Config
-from nvctk.driver import DriverFiles
-from nvctk.errors import RequestError
-from nvctk.inventory import GpuInfo
-from nvctk.plan import PRELOAD, DeviceNode, Hook, Mount, Plan
-from nvctk.planner import ImageFacts, Selected
-from nvctk.request import Request
+from nvctk.base.config import Config
+from nvctk.base.errors import RequestError
+from nvctk.edits import PRELOAD, DeviceNode, Hook, Mount, Plan
+from nvctk.host.driver import DriverFiles
+from nvctk.host.inventory import GpuInfo
+from nvctk.plan import planner
+from nvctk.plan.planner import ImageFacts, Selected
+from nvctk.request.parse import Request
+from nvctk.spec import apply as spec_edits
 
 V = "550.54.15"
 ROOT = "/nonexistent-driver-root"  # no MPS pipe dir there: nothing probed exists

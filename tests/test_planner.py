@@ -12,23 +12,26 @@ from typing import Any
 
 import pytest
 
-from nvctk import config as nvconfig
-from nvctk import driver, planner, spec_edits, vgpu
-from nvctk import host as nvhost
-from nvctk.config import ALL_CAPABILITIES
-from nvctk.errors import (
+from nvctk.base import config as nvconfig
+from nvctk.base.config import ALL_CAPABILITIES
+from nvctk.base.errors import (
     DriverError,
     RequestError,
     RequirementError,
     SpecError,
     UnknownDeviceError,
 )
-from nvctk.mount import exists_in_rootfs
-from nvctk.nvml import HostInfo, query_host
-from nvctk.plan import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
-from nvctk.planner import container_lib_dirs, image_facts, make_plan, proc_bus_id
-from nvctk.request import request_from_spec
+from nvctk.edits import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
+from nvctk.hook.mount import exists_in_rootfs
+from nvctk.host import cache as nvhost
+from nvctk.host import driver
+from nvctk.host.nvml import HostInfo, query_host
+from nvctk.plan import planner
+from nvctk.plan.planner import container_lib_dirs, image_facts, make_plan, proc_bus_id
+from nvctk.request.parse import request_from_spec
 from nvctk.sim.host import SimHost
+from nvctk.spec import apply as spec_edits
+from nvctk.vgpu import limits as vgpu
 
 NVD = "NVIDIA_VISIBLE_DEVICES"
 
@@ -330,7 +333,7 @@ def test_rootfs_lookup_closes_its_fds(hostile_root: tuple[Path, Path]) -> None:
 
 
 class FakeLoad:
-    """nvctk.host.load_host serving `cached` (as from the cache) unless fresh=True."""
+    """nvctk.host.cache.load_host serving `cached` (as from the cache) unless fresh=True."""
 
     def __init__(self, cached: HostInfo, fresh: HostInfo, from_cache: bool = True) -> None:
         self.cached, self.fresh, self.from_cache = cached, fresh, from_cache
@@ -390,7 +393,7 @@ def test_other_request_errors_are_not_retried(cfg: nvconfig.Config, host: HostIn
 
 
 def test_real_host_cache(sim_host: SimHost, tmp_path: Path) -> None:
-    """make_plan through nvctk.host: the first plan fills the cache under state-dir, the
+    """make_plan through nvctk.host.cache: the first plan fills the cache under state-dir, the
     second is served from it; both plans are the same."""
     cfg = nvconfig.load(sim_host.config_path).replace(state_dir=str(tmp_path / "state"))
     s = spec({NVD: "all"})
@@ -463,7 +466,7 @@ def test_plan_json_round_trip() -> None:
 
 
 def test_vgpu_env_prefixes_cover_vgpu_variables() -> None:
-    """plan_vgpu skips nvctk.vgpu when no variable starts with these prefixes."""
+    """plan_vgpu skips nvctk.vgpu.limits when no variable starts with these prefixes."""
     for name in (vgpu.MEMORY_VAR, vgpu.SM_VAR, vgpu.CACHE_VAR, vgpu.RESERVE_VAR):
         assert name.startswith(planner.VGPU_ENV_PREFIXES), name
 

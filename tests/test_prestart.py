@@ -28,11 +28,11 @@ from canary.harness import (
     run_hook,
 )
 
-from nvctk import ldcache
-from nvctk.elf import elf_interpreter
-from nvctk.hook_state import sanitize_environ
-from nvctk.mount import parse_mountinfo
-from nvctk.plan import Mount
+from nvctk.edits import Mount
+from nvctk.hook.elf import elf_interpreter
+from nvctk.hook.inputs import sanitize_environ
+from nvctk.hook.mount import parse_mountinfo
+from nvctk.host import ldcache
 from nvctk.sim.host import SimHost
 from support.launchers import Launchers
 
@@ -244,7 +244,7 @@ def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]
     assert "ldconfig refreshed" in bundle.log_text()
     imports = _imports(r.stderr)
     names = {n for _, n in imports}
-    assert "nvctk.prestart" in names and "nvctk.mount" in names, r.stderr[-3000:]
+    assert "nvctk.hook.prestart" in names and "nvctk.hook.mount" in names, r.stderr[-3000:]
     slow = [" <- ".join(_importer_chain(imports, i)) for i, (_, n) in enumerate(imports)
             if n.partition(".")[0] in SLOW_MODULES]
     assert not slow, "slow imports on the hook's path (module <- importer ...):\n" + \

@@ -1,4 +1,4 @@
-"""nvctk.record.Record: value semantics driven by __slots__."""
+"""nvctk.base.record.Record: value semantics driven by __slots__."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from nvctk.record import FrozenRecord, Record, fields
+from nvctk.base.record import FrozenRecord, Record, fields
 
 
 class Point(Record):

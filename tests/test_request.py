@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from nvctk.config import ALL_CAPABILITIES, Config
-from nvctk.errors import RequestError
-from nvctk.request import Request, request_from_spec
+from nvctk.base.config import ALL_CAPABILITIES, Config
+from nvctk.base.errors import RequestError
+from nvctk.request.parse import Request, request_from_spec
 
 PRIV = {"bounding": ["CAP_CHOWN", "CAP_SYS_ADMIN"]}
 UNPRIV = {"bounding": ["CAP_CHOWN", "CAP_KILL"]}

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvctk import requirements
-from nvctk.errors import RequestError, RequirementError
-from nvctk.requirements import HostFacts, check, compare_versions, parse_expression
+from nvctk.base.errors import RequestError, RequirementError
+from nvctk.request import requirements
+from nvctk.request.requirements import HostFacts, check, compare_versions, parse_expression
 
 H100 = HostFacts(cuda="12.4", driver="550.54.15", arch="9.0", brand="nvidia", gpu="GPU 0")
 T4 = HostFacts(cuda="12.4", driver="550.54.15", arch="7.5", brand="tesla", gpu="GPU 1")

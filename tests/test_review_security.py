@@ -30,18 +30,21 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import config as nvconfig
-from nvctk import hook_worker, ldconfig, vgpu, vgpu_state
-from nvctk.errors import SpecError
-from nvctk.inventory import HostInfo
-from nvctk.log import HookLog, Logger
-from nvctk.nvml import query_host
-from nvctk.plan import PLAN_FILE, Plan, VgpuPlan
-from nvctk.planner import make_plan
-from nvctk.request import request_from_spec
-from nvctk.shim import prepare_bundle
+from nvctk.base import config as nvconfig
+from nvctk.base.errors import SpecError
+from nvctk.base.log import HookLog, Logger
+from nvctk.edits import PLAN_FILE, Plan, VgpuPlan
+from nvctk.hook import ldconfig
+from nvctk.hook import worker as hook_worker
+from nvctk.host.inventory import HostInfo
+from nvctk.host.nvml import query_host
+from nvctk.plan.planner import make_plan
+from nvctk.request.parse import request_from_spec
+from nvctk.runtime.create import prepare_bundle
 from nvctk.sim.host import SimHost
-from nvctk.vgpu import VgpuLimits
+from nvctk.vgpu import limits as vgpu
+from nvctk.vgpu import state as vgpu_state
+from nvctk.vgpu.limits import VgpuLimits
 
 NVD = "NVIDIA_VISIBLE_DEVICES"
 BIN = os.path.dirname(sys.executable)
@@ -206,7 +209,7 @@ def test_shim_refuses_rootfs_holding_the_bundle(root_path: str, cfg: nvconfig.Co
 
 
 def test_bundle_in_rootfs() -> None:
-    from nvctk.oci import bundle_in_rootfs
+    from nvctk.oci.spec import bundle_in_rootfs
 
     assert bundle_in_rootfs("/b", "/b") and bundle_in_rootfs("/a/b", "/a")
     assert bundle_in_rootfs("/a/b", "/")

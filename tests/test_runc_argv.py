@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import runc_argv
+from nvctk.oci import runc_argv
 
 CTR = ["--root", "/run/containerd/runc/k8s.io", "--log", "/b/log.json", "--log-format", "json"]
 
@@ -87,7 +87,7 @@ def test_bundle_dir() -> None:
 def test_passthrough_runtimes(tmp_path: Path) -> None:
     """What the Python passthrough (a launcher cache miss) runs: the config loader's
     answer, or the defaults with a warning naming the file."""
-    from nvctk import passthrough
+    from nvctk.runtime import passthrough
 
     cfg = tmp_path / "c.toml"
     env = {"NVCTK_CONFIG": str(cfg), "NVCTK_PASSTHROUGH_CACHE": str(tmp_path / "cache")}
@@ -135,14 +135,14 @@ def test_passthrough_imports_stay_light(tmp_path: Path, configured: bool) -> Non
     import subprocess
     import sys
 
-    from nvctk.config import Config, ExtraMount, render
+    from nvctk.base.config import Config, ExtraMount, render
 
     cfg = tmp_path / "config.toml"
     cfg.write_text(render(Config(runtimes=("crun",),
                                  extra_mounts=(ExtraMount("/a", "/b", True),))))
     want = ("crun",) if configured else ("runc", "crun")
     code = (
-        "import sys; import nvctk.cli.runtime as m; from nvctk import runc_argv, passthrough;"
+        "import sys; import nvctk.cli.runtime as m; from nvctk.oci import runc_argv; from nvctk.runtime import passthrough;"
         "runc_argv.parse(['state','x']);"
         f"rts = passthrough.runtimes({{'NVCTK_CONFIG': {str(cfg if configured else '/nonexistent')!r},"
         f" 'NVCTK_PASSTHROUGH_CACHE': {str(tmp_path / 'cache')!r}}});"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import ldcache
-from nvctk.mount import parse_mountinfo
+from nvctk.hook.mount import parse_mountinfo
+from nvctk.host import ldcache
 from nvctk.sim.host import SimHost
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nvctk.plan import PLAN_FILE, Plan
+from nvctk.edits import PLAN_FILE, Plan
 from nvctk.sim.host import SimHost
 from support.launchers import Launchers
 
@@ -326,9 +326,9 @@ HEAVY = ("dataclasses", "typing", "re", "json", "tomllib", "enum", "inspect", "s
          "tempfile", "shutil", "hashlib", "pynvml", "ctypes", "collections", "functools",
          "contextlib")
 # nvctk's own modules that bring those in, or NVML: only for vGPU or a host-cache miss
-# (nvctk.mount is no longer among them: its syscalls are nvctk._sys, and the create
+# (nvctk.hook.mount is no longer among them: its syscalls are nvctk._sys, and the create
 # resolves the image's /etc/debian_version with it, inside the rootfs by the kernel)
-HEAVY_NVCTK = ("nvctk.nvml", "nvctk.vgpu_state", "nvctk.prestart")
+HEAVY_NVCTK = ("nvctk.host.nvml", "nvctk.vgpu.state", "nvctk.hook.prestart")
 
 
 def imported_modules(importtime_stderr: str) -> set[str]:
@@ -364,7 +364,7 @@ def test_gpu_create_imports_nothing_heavy(env: Env, bundle: Callable[..., Path],
                                           tmp_path: Path) -> None:
     b = bundle({NVD: "0"})
     imported = _importtime_create(env, b, tmp_path)
-    assert "nvctk.shim" in imported and "nvctk.planner" in imported  # the GPU create ran
+    assert "nvctk.runtime.create" in imported and "nvctk.plan.planner" in imported  # the GPU create ran
     assert sorted(n for n in imported if n.split(".")[0] in HEAVY) == []
     assert sorted(n for n in imported if n in HEAVY_NVCTK) == []
     plan = Plan.from_json((b / PLAN_FILE).read_text())
@@ -375,11 +375,11 @@ def test_no_gpu_create_imports_no_planning(env: Env, bundle: Callable[..., Path]
                                            tmp_path: Path) -> None:
     b = bundle({})
     imported = _importtime_create(env, b, tmp_path)
-    assert "nvctk.shim" in imported and "nvctk.request" in imported
+    assert "nvctk.runtime.create" in imported and "nvctk.request.parse" in imported
     assert sorted(n for n in imported if n.split(".")[0] in HEAVY) == []
-    # (nvctk.plan is data on modules the create has loaded anyway: ~0.2 ms)
-    planning = {"nvctk.planner", "nvctk.driver", "nvctk.ldcache", "nvctk.host",
-                "nvctk.mount", *HEAVY_NVCTK}
+    # (nvctk.edits is data on modules the create has loaded anyway: ~0.2 ms)
+    planning = {"nvctk.plan.planner", "nvctk.host.driver", "nvctk.host.ldcache", "nvctk.host.cache",
+                "nvctk.hook.mount", *HEAVY_NVCTK}
     assert sorted(imported & planning) == []
     assert not (b / PLAN_FILE).exists()
 

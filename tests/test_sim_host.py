@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import config as nvconfig
-from nvctk import ldcache
+from nvctk.base import config as nvconfig
+from nvctk.host import ldcache
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs, container_lib_dir
 from nvctk.sim.topology import MIG_PROFILES, Topology, make_topology

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from nvctk import _sys, mount
+from nvctk import _sys
+from nvctk.hook import mount
 
 REPO = Path(__file__).resolve().parent.parent
 ROOT = os.geteuid() == 0
@@ -61,7 +62,7 @@ def test_start_path_imports_neither_ctypes_nor_prctl() -> None:
     """The hook's and the create path's modules reach the
     kernel through nvctk._sys only: no ctypes, no python-prctl."""
     out = _child("""
-        import nvctk.caps, nvctk.mount, nvctk.prestart, nvctk.shim
+        import nvctk.hook.caps, nvctk.hook.mount, nvctk.hook.prestart, nvctk.runtime.create
         out["mods"] = sorted(sys.modules)
     """)
     mods = set(out["mods"])  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""nvctk.toml_subset: a dict it returns is always tomllib's; None hands over to tomllib.
+"""nvctk.base.toml_subset: a dict it returns is always tomllib's; None hands over to tomllib.
 
 The generators below build documents from TOML's grammar and know whether each
 is inside the subset, so the tests check both directions: the subset is always
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvctk import config as nvconfig
-from nvctk.toml_subset import loads
+from nvctk.base import config as nvconfig
+from nvctk.base.toml_subset import loads
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -2,7 +2,7 @@
 containerd CRI (Debian's 1.6) and nvctk-runtime, judged by the cap libvgpu enforces in
 the container (the memory total it reports, what it lets the container allocate).
 
-The device plugin's Allocate answer is the real one (nvctk.deviceplugin.allocate with
+The device plugin's Allocate answer is the real one (nvctk.k8s.allocate with
 the node's authority key); the kubelet's part is played as it does it: the plugin's
 envs first, the Pod's own env after them (CRI applies them in order, so a Pod's value
 replaces the plugin's), the plugin's annotations on the container, the Pod's
@@ -136,10 +136,10 @@ def cri(ctd: Containerd) -> Iterator[CriClient]:
 def _plugin(sim: SimHost, shares: int = 1, gpu: int = 1) -> Allocation:
     """The device plugin's answer for `shares` shares of GPU `gpu`, with the node's key
     (nvctk's config authority-key, as `nvctk device-plugin` sets it)."""
-    from nvctk import config as nvconfig
-    from nvctk.deviceplugin import allocate, resources, server
-    from nvctk.deviceplugin import config as dpconfig
-    from nvctk.nvml import query_host
+    from nvctk.base import config as nvconfig
+    from nvctk.host.nvml import query_host
+    from nvctk.k8s import allocate, resources, server
+    from nvctk.k8s import config as dpconfig
 
     cfg = dataclasses.replace(dpconfig.parse(PLUGIN, "test"),
                               authority_key=nvconfig.load(sim.config_path).authority_key)
@@ -232,7 +232,7 @@ def test_pod_annotation_is_no_authority(cri: CriClient, work: Path, sim: SimHost
     operator lets it through, a forged one fails the MAC and the container is refused;
     a genuine but looser one copied from a two-share Pod loses to the container's own
     (containerd applies Pod annotations first, the container's after)."""
-    from nvctk import authority
+    from nvctk.vgpu import authority
 
     gpu1 = sim.topology.gpus[1].uuid
     forged = {authority.annotation_key("nvidia.com/vgpu"):

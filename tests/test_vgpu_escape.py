@@ -6,8 +6,8 @@ libvgpu read: writes onto the read-only binds, renames of the directories that
 hold them (/etc, /run, /run/nvctk), unlinking or renaming the mount points in the
 accounting dir. Every attempt fails, and a process started afterwards without
 the limit in its env still gets no more than the cap. The layout:
-/work/brief/vgpu_layout.md; the host side nvctk.vgpu_state, the container side
-nvctk.planner.vgpu_mounts, nvctk.hook_worker and nvctk.mount.Root.pin.
+/work/brief/vgpu_layout.md; the host side nvctk.vgpu.state, the container side
+nvctk.plan.planner.vgpu_mounts, nvctk.hook.worker and nvctk.hook.mount.Root.pin.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import test_vgpu_runtime as tv
 from test_mount import snapshot
 from test_vgpu_runtime import MEM, MIB, Bundles, Runc, lines
 
-from nvctk import config as nvconfig
-from nvctk import ldcache, vgpu_state
+from nvctk.base import config as nvconfig
+from nvctk.host import ldcache
 from nvctk.sim import host
+from nvctk.vgpu import state as vgpu_state
 
 # test_vgpu_runtime's fixtures: a simulated host, capped bundles, nvctk-runtime + runc
 sim, config, base_rootfs, bundles, runc = tv.sim, tv.config, tv.base_rootfs, tv.bundles, tv.runc

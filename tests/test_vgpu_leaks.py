@@ -28,12 +28,13 @@ from typing import Any
 
 import pytest
 
-from nvctk import config as nvconfig
-from nvctk import mount, vgpu_state
-from nvctk.errors import NvctkError
+from nvctk.base import config as nvconfig
+from nvctk.base.errors import NvctkError
+from nvctk.hook import mount
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.topology import make_topology
+from nvctk.vgpu import state as vgpu_state
 from support.procs import run_to_files
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")

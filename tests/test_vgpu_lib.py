@@ -14,8 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libvgpu" / "tests"))
 import harness as H
 
-from nvctk import vgpu
 from nvctk.sim.state import read_state
+from nvctk.vgpu import limits as vgpu
 
 MIB = H.MIB
 RESERVE = 64 * MIB  # the mock's and libvgpu's default per-context reserve

@@ -1,4 +1,4 @@
-"""The limit grammar: nvctk.vgpu (Python, at create time) and libvgpu's C parser
+"""The limit grammar: nvctk.vgpu.limits (Python, at create time) and libvgpu's C parser
 must agree on every input; limits_from_env and the limits file."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libvgpu" / "tests"))
 import harness as H
 
-from nvctk import vgpu
-from nvctk.errors import RequestError
+from nvctk.base.errors import RequestError
+from nvctk.vgpu import limits as vgpu
 
 G = 1 << 30
 

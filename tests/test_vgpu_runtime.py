@@ -26,15 +26,18 @@ from typing import Any
 
 import pytest
 
-from nvctk import config as nvconfig
-from nvctk import mount, oci, vgpu, vgpu_state
-from nvctk.errors import NvctkError, RequestError
-from nvctk.plan import PLAN_FILE, Plan
-from nvctk.shim import Prepared, prepare_bundle
+from nvctk.base import config as nvconfig
+from nvctk.base.errors import NvctkError, RequestError
+from nvctk.edits import PLAN_FILE, Plan
+from nvctk.hook import mount
+from nvctk.oci import spec as oci
+from nvctk.runtime.create import Prepared, prepare_bundle
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
 from nvctk.sim.topology import make_topology
+from nvctk.vgpu import limits as vgpu
+from nvctk.vgpu import state as vgpu_state
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
 
@@ -333,9 +336,9 @@ def test_image_preload_never_leaves_the_rootfs(bundles: Bundles, tmp_path: Path)
 def test_hook_refuses_a_state_dir_without_its_tmpfs(bundles: Bundles, config: nvconfig.Config,
                                                     tmp_path: Path) -> None:
     """The hook never binds a directory of the host's file system writable into a container."""
-    from nvctk import hook_worker
-    from nvctk.errors import MountError
-    from nvctk.log import HookLog
+    from nvctk.base.errors import MountError
+    from nvctk.base.log import HookLog
+    from nvctk.hook import worker as hook_worker
 
     b = bundles.make({MEM: "256m"})
     plan = prep(b, config, "plain-dir", "/tmp/pd").plan
@@ -758,7 +761,7 @@ def _annotate(b: Path, annotations: dict[str, object]) -> None:
 
 def _grant(config: nvconfig.Config, devices: list[tuple[str, int, int]], key: bytes | None = None,
            resource: str = "nvidia.com/vgpu") -> tuple[str, str]:
-    from nvctk import authority
+    from nvctk.vgpu import authority
 
     if key is None:
         key = authority.load_key(config.authority_key, create=True)

@@ -26,12 +26,13 @@ import test_vgpu_runtime as tv
 from test_shim import validate_schema
 from test_vgpu_runtime import MEM, NVD, RUNTIME, Bundles, Runc, _stop, cleanup_state, lines, prep
 
-from nvctk import config as nvconfig
-from nvctk import seccomp as nvseccomp
-from nvctk import spec_edits, vgpu_state
-from nvctk.errors import SpecError
-from nvctk.plan import PLAN_FILE
+from nvctk.base import config as nvconfig
+from nvctk.base.errors import SpecError
+from nvctk.edits import PLAN_FILE
 from nvctk.sim import host
+from nvctk.spec import apply as spec_edits
+from nvctk.spec import seccomp as nvseccomp
+from nvctk.vgpu import state as vgpu_state
 
 # test_vgpu_runtime's fixtures: a simulated host, capped bundles, nvctk-runtime + runc
 sim, config, base_rootfs, bundles, runc = tv.sim, tv.config, tv.base_rootfs, tv.bundles, tv.runc

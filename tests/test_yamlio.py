@@ -1,4 +1,4 @@
-"""nvctk.yamlio: the depth guards in front of PyYAML's C loader, which segfaults on deep
+"""nvctk.base.yamlio: the depth guards in front of PyYAML's C loader, which segfaults on deep
 nesting (each hostile case runs in a child process: a missing guard kills that child,
 not the suite)."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nvctk import yamlio
+from nvctk.base import yamlio
 
 
 def _nested(depth: int) -> dict[str, object]:
@@ -47,7 +47,7 @@ HOSTILE = [
 
 @pytest.mark.parametrize(("data", "message"), HOSTILE)
 def test_hostile_documents_are_a_value_error_never_a_crash(data: bytes, message: str) -> None:
-    code = ("import sys\nfrom nvctk import yamlio\ntry:\n"
+    code = ("import sys\nfrom nvctk.base import yamlio\ntry:\n"
             "    yamlio.load(sys.stdin.buffer.read())\n    print('loaded')\n"
             "except ValueError as e:\n    print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True,

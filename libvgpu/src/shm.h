@@ -1,6 +1,6 @@
 /* The container's shared state: the accounting file's layout (read and
  * written with pread/pwrite, never mapped) and the lock ledger's geometry.
- * nvctk/vgpu.py reads both: keep the offsets and constants in step. */
+ * nvctk/vgpu/limits.py reads both: keep the offsets and constants in step. */
 #ifndef VGPU_SHM_H
 #define VGPU_SHM_H
 

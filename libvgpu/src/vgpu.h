@@ -17,7 +17,7 @@
 
 /* ---- config.c ---- */
 
-/* The value grammar shared with nvctk/vgpu.py (see libvgpu/README.md).
+/* The value grammar shared with nvctk/vgpu/limits.py (see libvgpu/README.md).
  * 0 on success, -1 if malformed. */
 int vgpu_parse_memory(const char *s, uint64_t *out);
 int vgpu_parse_sm(const char *s, unsigned *out);

@@ -1,5 +1,5 @@
 /* Unit driver for libvgpu's value grammar: reads "mem VALUE" / "sm VALUE" lines
- * on stdin, prints "ok N" or "err" per line (compared with nvctk/vgpu.py). With
+ * on stdin, prints "ok N" or "err" per line (compared with nvctk/vgpu/limits.py). With
  * argument "config", loads the config from the environment and prints it. */
 #include <stdio.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-"""`nvctk cdi generate|list`: CDI specs for this host's GPUs (logic in nvctk.cdi)."""
+"""`nvctk cdi generate|list`: CDI specs for this host's GPUs (logic in nvctk.cdi.cdi)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from nvctk import cdi
+from nvctk.cdi import cdi
 
 
 @click.group()
@@ -29,9 +29,9 @@ def cdi_group() -> None:
 def generate(ctx: click.Context, output: str | None, fmt: str | None,
              strategies: tuple[str, ...], vendor: str, cls: str) -> None:
     """A spec with one device per GPU and per MIG device, plus `all`."""
-    from nvctk import nvml
     from nvctk.cli.main import load_config
-    from nvctk.shim import find_hook
+    from nvctk.host import nvml
+    from nvctk.runtime.create import find_hook
 
     for what, value in (("vendor", vendor), ("class", cls)):
         if not value or "/" in value or "=" in value:

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from nvctk import config as nvconfig
+from nvctk.base import config as nvconfig
 
 
 @click.group()

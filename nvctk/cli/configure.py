@@ -6,6 +6,7 @@ import os
 
 import click
 
+from nvctk.base.errors import ConfigError
 from nvctk.engines import (
     RESTART,
     Request,
@@ -16,7 +17,6 @@ from nvctk.engines import (
     plan_configure,
     plan_remove,
 )
-from nvctk.errors import ConfigError
 
 
 @click.command()

@@ -1,4 +1,4 @@
-"""`nvctk device-plugin`: the kubelet device plugin (logic in nvctk.deviceplugin)."""
+"""`nvctk device-plugin`: the kubelet device plugin (logic in nvctk.k8s)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,22 @@ import sys
 
 import click
 
-from nvctk.deviceplugin import DEFAULT_KUBELET_DIR
-from nvctk.errors import NvctkError
+from nvctk.base.errors import NvctkError
+from nvctk.k8s import DEFAULT_KUBELET_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from nvctk.deviceplugin.config import PluginConfig
-    from nvctk.inventory import HostInfo
+    from nvctk.host.inventory import HostInfo
+    from nvctk.k8s.config import PluginConfig
 
 
 def setup(config_file: str | None) -> tuple[PluginConfig, str, HostInfo]:
     import dataclasses
 
-    from nvctk import config as nvconfig
-    from nvctk import nvml
-    from nvctk.authority import load_key
-    from nvctk.deviceplugin import config as dpconfig
+    from nvctk.base import config as nvconfig
+    from nvctk.host import nvml
+    from nvctk.k8s import config as dpconfig
+    from nvctk.vgpu.authority import load_key
 
     cfg = dpconfig.load(config_file)
     nv = nvconfig.load()
@@ -47,8 +47,8 @@ def device_plugin(kubelet_dir: str, config_file: str | None) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s nvctk-device-plugin %(levelname)s %(message)s")
     try:
-        from nvctk.deviceplugin import resources
-        from nvctk.deviceplugin.server import Manager
+        from nvctk.k8s import resources
+        from nvctk.k8s.server import Manager
 
         cfg, driver_root, host = setup(config_file)
         res = resources.build(cfg, host)

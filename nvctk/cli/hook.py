@@ -4,7 +4,7 @@
     nvctk-hook poststop [--runtime-root DIR]
                           state JSON on stdin; removes the vGPU accounting state
 
-Thin: the logic lives in nvctk.prestart, nvctk.hook_worker and nvctk.vgpu_state.
+Thin: the logic lives in nvctk.hook.prestart, nvctk.hook.worker and nvctk.vgpu.state.
 Exit 0 on success; 1 with
 "nvctk-hook: <message>" on stderr otherwise (runc shows both); 2 on bad usage.
 """
@@ -25,20 +25,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     cmd = args[0]
     if cmd == "prestart":
-        from nvctk import prestart
+        from nvctk.hook import prestart
 
         code = prestart.main()
         if argv is None:
             # nothing left to clean up: files closed, the worker reaped
-            from nvctk.log import exit_now
+            from nvctk.base.log import exit_now
 
             exit_now(code)
         return code
     if cmd == "poststop":
         # removes the container's vGPU state dir; nothing to undo for mounts (they go
         # with the container's mount namespace)
-        from nvctk import vgpu_state
-        from nvctk.hook_state import sanitize_environ
+        from nvctk.hook.inputs import sanitize_environ
+        from nvctk.vgpu import state as vgpu_state
 
         sanitize_environ()
         return vgpu_state.poststop_main(sys.stdin.buffer, sys.stderr, args[1:])
@@ -77,15 +77,15 @@ def _cdi_args(cmd: str, args: list[str]) -> tuple[list[tuple[str, str]], str]:
 
 def _cdi_hook(cmd: str, args: list[str]) -> int:
     """A CDI spec's hook: the prestart hook's worker with a plan of only these links, or
-    only the ldconfig run (nvctk.hook_worker.apply_plan: capabilities limited, paths resolved
+    only the ldconfig run (nvctk.hook.worker.apply_plan: capabilities limited, paths resolved
     inside the rootfs, the host's static ldconfig chrooted)."""
-    from nvctk import config as nvconfig
-    from nvctk.errors import NvctkError, SpecError
-    from nvctk.hook_state import parse_state, rootfs_path, sanitize_environ
-    from nvctk.hook_worker import apply_plan
-    from nvctk.log import HookLog
-    from nvctk.oci import load_spec
-    from nvctk.plan import Plan, Symlink
+    from nvctk.base import config as nvconfig
+    from nvctk.base.errors import NvctkError, SpecError
+    from nvctk.base.log import HookLog
+    from nvctk.edits import Plan, Symlink
+    from nvctk.hook.inputs import parse_state, rootfs_path, sanitize_environ
+    from nvctk.hook.worker import apply_plan
+    from nvctk.oci.spec import load_spec
 
     sanitize_environ()
     try:

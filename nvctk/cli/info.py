@@ -7,12 +7,12 @@ from typing import Any
 
 import click
 
-from nvctk import driver, nvml
-from nvctk.config import ALL_CAPABILITIES
+from nvctk.base.config import ALL_CAPABILITIES
+from nvctk.host import driver, nvml
 
 
 def info_dict(driver_root: str) -> dict[str, Any]:
-    # Live NVML, never nvctk.host's inventory cache: `nvctk info` is the diagnostic
+    # Live NVML, never nvctk.host.cache's inventory cache: `nvctk info` is the diagnostic
     # that shows what the driver says now, also when the cache would be stale.
     host = nvml.query_host(driver_root)
     files = driver.discover_files(driver_root, host.driver_version)

@@ -1,11 +1,11 @@
-"""`nvctk labels`: GPU Feature Discovery style node labels (nvctk.deviceplugin.labels)."""
+"""`nvctk labels`: GPU Feature Discovery style node labels (nvctk.k8s.labels)."""
 
 from __future__ import annotations
 
 import click
 
+from nvctk.base.errors import NvctkError
 from nvctk.cli.device_plugin import setup
-from nvctk.errors import NvctkError
 
 
 @click.command("labels")
@@ -16,7 +16,7 @@ from nvctk.errors import NvctkError
               help="the device plugin's YAML config (sharing and MIG strategy labels)")
 def labels(output: str | None, config_file: str | None) -> None:
     """GPU Feature Discovery style node labels."""
-    from nvctk.deviceplugin import labels as lb
+    from nvctk.k8s import labels as lb
 
     try:
         cfg, _root, host = setup(config_file)
@@ -26,7 +26,7 @@ def labels(output: str | None, config_file: str | None) -> None:
     if output is None:
         click.echo(lb.format_labels(out), nl=False)
     else:
-        from nvctk.fileio import NotRegularFile
+        from nvctk.base.fileio import NotRegularFile
 
         try:
             lb.write_labels(output, out)

@@ -10,7 +10,8 @@ import sys
 
 import click
 
-from nvctk import config as nvconfig
+from nvctk.base import config as nvconfig
+from nvctk.base.errors import NvctkError
 from nvctk.cli import (
     cdi_cmd,
     config_cmd,
@@ -22,7 +23,6 @@ from nvctk.cli import (
     sim,
     vgpu_cmd,
 )
-from nvctk.errors import NvctkError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

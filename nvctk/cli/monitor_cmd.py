@@ -74,7 +74,7 @@ def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, 
     import signal
     import threading
 
-    from nvctk.errors import NvctkError
+    from nvctk.base.errors import NvctkError
     from nvctk.monitor.server import Monitor, make_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -3,18 +3,18 @@
 The launcher passes every subcommand but create/run to the low-level runtime by
 itself; this runs for create/run, and for a passthrough the launcher could not
 serve (the config changed since Python last read it, or it is broken: see
-nvctk.passthrough). Only `create` and `run` import the library (nvctk.shim).
+nvctk.runtime.passthrough). Only `create` and `run` import the library (nvctk.runtime.create).
 """
 
 from __future__ import annotations
 
 import sys
 
-from nvctk import runc_argv
+from nvctk.oci import runc_argv
 
 
 def _passthrough_error(args: runc_argv.RuncArgs, msg: str) -> int:
-    from nvctk.log import report_error
+    from nvctk.base.log import report_error
 
     report_error(msg, runc_log=args.log, runc_log_format=args.log_format)
     return 1
@@ -22,7 +22,7 @@ def _passthrough_error(args: runc_argv.RuncArgs, msg: str) -> int:
 
 def _internal_error(args: runc_argv.RuncArgs, e: Exception) -> int:
     try:
-        from nvctk.shim import internal_error
+        from nvctk.runtime.create import internal_error
 
         msg = internal_error(e, None)
     except Exception:
@@ -37,8 +37,8 @@ def _warn(msg: str) -> None:
     so a stray warning on stderr would break its JSON parsing.
     """
     try:
-        from nvctk.config import Config
-        from nvctk.log import Logger
+        from nvctk.base.config import Config
+        from nvctk.base.log import Logger
 
         # the config is what is broken, so its log-file key cannot be trusted
         Logger(Config().log_file, "warning", "nvctk-runtime").warning(msg)
@@ -51,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     args = runc_argv.parse(argv)
     if args.creates:
         try:
-            from nvctk.shim import create_main
+            from nvctk.runtime.create import create_main
 
             return create_main(args)
         except Exception as e:  # a bug: one line in runc's log, never a traceback
             return _internal_error(args, e)
-    from nvctk import passthrough
+    from nvctk.runtime import passthrough
 
     runtimes, warning = passthrough.runtimes()
     if warning:

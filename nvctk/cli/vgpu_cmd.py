@@ -21,8 +21,8 @@ def gc(ctx: click.Context, grace: float | None) -> None:
     nvctk-runtime does this at every vGPU create and nvctk-hook in every poststop;
     this command is for a host where neither runs any more.
     """
-    from nvctk import vgpu_state
     from nvctk.cli.main import load_config
+    from nvctk.vgpu import state as vgpu_state
 
     cfg = load_config(ctx)
     errors: list[str] = []

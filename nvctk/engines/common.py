@@ -24,7 +24,7 @@ import tomlkit.exceptions
 from tomlkit.container import Container
 from tomlkit.items import AoT, Comment, InlineTable, Item, Table, Whitespace
 
-from nvctk.errors import ConfigError, clipped, shown
+from nvctk.base.errors import ConfigError, clipped, shown
 
 RUNTIME_BINARY = "nvctk-runtime"
 # the runtime type of containerd's runc shim, which calls options.BinaryName
@@ -133,7 +133,7 @@ def read(path: str) -> bytes | None:
     """The file's bytes, None when it does not exist; a ConfigError for anything but a
     regular file (after a symlink): configure replaces the file it read, and a device
     (/dev/null) or FIFO must never become a regular file, nor a FIFO hang the read."""
-    from nvctk.fileio import NotRegularFile, read_regular_file
+    from nvctk.base.fileio import NotRegularFile, read_regular_file
 
     if os.path.isdir(path):
         raise ConfigError(f"{path}: is a directory, not a config file")

@@ -18,6 +18,7 @@ from typing import Any
 import tomlkit
 from tomlkit.items import Table
 
+from nvctk.base.errors import clipped
 from nvctk.engines.common import (
     MISSING,
     UNSET,
@@ -36,7 +37,6 @@ from nvctk.engines.common import (
     set_key,
     target,
 )
-from nvctk.errors import clipped
 
 SERVICE = "crio"
 DEFAULT_CONFIG = "/etc/crio/crio.conf"

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nvctk.inventory import HostInfo
+from nvctk.host.inventory import HostInfo
 from nvctk.monitor.containers import DEFAULT_RUNTIME_ROOTS, Container, Discovery, proc_start
 from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
 
@@ -66,7 +66,7 @@ class Collector:
 
     def __init__(self, driver_root: str, runtime_roots: tuple[str, ...] | list[str] = DEFAULT_RUNTIME_ROOTS,
                  host: HostInfo | None = None, pod_resources: str | None = None) -> None:
-        from nvctk import nvml
+        from nvctk.host import nvml
 
         self.driver_root = driver_root
         self.host = host if host is not None else nvml.query_host(driver_root)

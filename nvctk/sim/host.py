@@ -37,8 +37,8 @@ import subprocess
 from dataclasses import dataclass
 from types import ModuleType
 
-from nvctk import config as nvconfig
-from nvctk.errors import NvctkError
+from nvctk.base import config as nvconfig
+from nvctk.base.errors import NvctkError
 from nvctk.sim.topology import Topology
 
 LIB64 = "usr/lib/x86_64-linux-gnu"
@@ -49,7 +49,7 @@ NVIDIA_MAJOR = 195
 HOST_LDCONFIG = "/sbin/ldconfig"
 
 # The driver's libraries other than the two mocks, with their SONAMEs ("{v}" = the
-# driver version). Mirrors nvctk.driver's capability lists.
+# driver version). Mirrors nvctk.host.driver's capability lists.
 STUB_LIBRARIES: dict[str, str] = {
     # utility
     "libnvidia-cfg": "libnvidia-cfg.so.1",

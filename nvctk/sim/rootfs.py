@@ -23,7 +23,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 
-from nvctk.errors import NvctkError
+from nvctk.base.errors import NvctkError
 
 BUSYBOX = "/bin/busybox"
 HOST_LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64")

@@ -45,7 +45,7 @@ rm -rf "$lib/python/bin"
 find "$lib/python" -depth -type d -name __pycache__ -exec rm -rf {} +
 
 # one copy of the library, where the config below names it; the package's own
-# nvctk/lib/libvgpu.so (what nvctk.paths looks for) points at it
+# nvctk/lib/libvgpu.so (what nvctk.host.paths looks for) points at it
 if [ ! -f "$lib/python/nvctk/lib/libvgpu.so" ]; then
   echo "build.sh: the wheel lacks nvctk/lib/libvgpu.so" >&2
   exit 1

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from nvctk.mount import parse_mountinfo
-from nvctk.plan import Mount, Plan, ProcMask, Symlink
+from nvctk.edits import Mount, Plan, ProcMask, Symlink
+from nvctk.hook.mount import parse_mountinfo
 from nvctk.sim.host import SimHost
 
 HOOK = shutil.which("nvctk-hook", path=os.path.dirname(sys.executable)) or "nvctk-hook"
@@ -85,7 +85,7 @@ def make_plan(
         libs += [f"libnvidia-ml.so.{v}", f"libnvidia-cfg.so.{v}"]
     if "compute" in capabilities:
         libs += [f"libcuda.so.{v}", f"libnvidia-ptxjitcompiler.so.{v}", f"libnvidia-nvvm.so.{v}"]
-    # required as the planner marks them (nvctk.planner.REQUIRED)
+    # required as the planner marks them (nvctk.plan.planner.REQUIRED)
     mounts = [Mount(os.path.join(sim.lib_dir, n), f"{lib_dir}/{n}",
                     required=n.startswith(("libcuda.so", "libnvidia-ml.so"))) for n in libs]
     if "utility" in capabilities:

@@ -27,13 +27,17 @@ import relkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvctk import cdi, ldcache, oci, requirements, vgpu
-from nvctk import config as nvconfig
-from nvctk.deviceplugin import config as dpconfig
+from nvctk.base import config as nvconfig
+from nvctk.base.errors import NvctkError
+from nvctk.cdi import cdi
 from nvctk.engines import common as engines_common
 from nvctk.engines import plan_configure, plan_remove
-from nvctk.errors import NvctkError
-from nvctk.request import request_from_spec
+from nvctk.host import ldcache
+from nvctk.k8s import config as dpconfig
+from nvctk.oci import spec as oci
+from nvctk.request import requirements
+from nvctk.request.parse import request_from_spec
+from nvctk.vgpu import limits as vgpu
 
 EXAMPLES = relkit.n(60, 3000)
 # a parse of a few KiB taking this long is a hang for our purposes (2 shared cores)
@@ -361,7 +365,7 @@ def test_deviceplugin_config_fifo_never_blocks(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import sys\nfrom nvctk.deviceplugin import config\n"
+    code = ("import sys\nfrom nvctk.k8s import config\n"
             "try:\n    config.load(sys.argv[1])\nexcept Exception as e:\n    print(e)\n")
     try:
         r = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True,

@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 import relkit
 
-from nvctk import seccomp as nvseccomp
-from nvctk import spec_edits
 from nvctk.sim.host import SimHost
+from nvctk.spec import apply as spec_edits
+from nvctk.spec import seccomp as nvseccomp
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runc, device nodes)")]

@@ -4,7 +4,7 @@ processes hammering alloc/free, many started at once against one cap).
 
 Judged by an independent reader: the simulated GPU's own count of the memory in use, as
 its NVML reports it (dead processes reaped), never libvgpu's ledger;
-the ledger (nvctk.vgpu.read_usage) must end at zero. After every kill round a newcomer
+the ledger (nvctk.vgpu.limits.read_usage) must end at zero. After every kill round a newcomer
 must get the whole cap within a few seconds (no stall, no leaked usage): the failure
 HAMi-core shows when a process dies inside its start-up semaphore (every later process
 waits 330 s).
@@ -27,8 +27,8 @@ import relkit
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"))
 import harness as H
 
-from nvctk import vgpu
 from nvctk.sim.state import read_state
+from nvctk.vgpu import limits as vgpu
 
 pytestmark = pytest.mark.slow  # seconds of load each
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import grpc
 
-from nvctk.deviceplugin import gen
+from nvctk.k8s import gen
 
 gen.ensure()  # the build's generator step, for a checkout that has not run it
 
-from nvctk.deviceplugin import proto  # noqa: E402
+from nvctk.k8s import proto  # noqa: E402
 
 pb, pb_grpc = proto.load()
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nvctk import nvml
-from nvctk.inventory import HostInfo
+from nvctk.host import nvml
+from nvctk.host.inventory import HostInfo
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path

@@ -1,0 +1,89 @@
+"""What a hook is given: its OCI state on stdin, the bundle, and the plan in it.
+
+The inputs of every nvctk hook (prestart, poststop, the CDI hooks), read the same way:
+the environment cleaned of what could steer Python or the loader, the state parsed,
+the rootfs found, the plan read back as nvctk-runtime saved it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvctk.base import jsonio
+from nvctk.base.errors import MountError, SpecError
+from nvctk.base.fileio import read_regular_file
+from nvctk.base.record import Record
+from nvctk.edits import PLAN_FILE, Plan
+from nvctk.oci.spec import load_state
+
+# typing is for the type checker only (the hook starts in every GPU container)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+    from typing import Any
+
+# a plan is a few KiB (8 GPUs with every capability: ~60 KiB)
+MAX_PLAN_BYTES = 4 << 20
+
+
+def sanitize_environ(env: MutableMapping[str, str] | None = None) -> list[str]:
+    """Drop LD_* and PYTHON* from our own environment; returns the names dropped."""
+    env = os.environ if env is None else env
+    bad = [k for k in env if k.startswith(("LD_", "PYTHON"))]
+    for k in bad:
+        del env[k]
+    return bad
+
+
+class HookState(Record):
+    # field order is the record's order (repr, to_dict): the OCI state's
+    __slots__ = ("id", "pid", "bundle", "root", "annotations")  # noqa: RUF023
+
+    def __init__(self, id: str, pid: int, bundle: str, root: str | None = None,
+                 annotations: dict[str, str] | None = None) -> None:
+        self.id = id
+        self.pid = pid
+        self.bundle = bundle
+        self.root = root  # crun passes the rootfs; runc does not
+        self.annotations = {} if annotations is None else annotations
+
+
+def parse_state(text: str | bytes) -> HookState:
+    st = load_state(text)
+    root: Any = st.root
+    if root is None:  # crun may send root as {"path": ...}; be lenient
+        try:
+            raw = jsonio.loads(text).get("root")
+        except (ValueError, AttributeError):
+            raw = None
+        if isinstance(raw, dict) and isinstance(raw.get("path"), str):
+            root = raw["path"]
+    return HookState(st.id, st.pid, st.bundle, root or None, dict(st.annotations))
+
+
+def rootfs_path(state: HookState, spec: dict[str, Any]) -> str:
+    """The rootfs: crun's state.root, else the spec's root.path (maybe bundle-relative)."""
+    path = state.root or (spec.get("root") or {}).get("path")
+    if not isinstance(path, str) or not path:
+        raise SpecError(f"{state.bundle}/config.json: root.path is missing")
+    return os.path.normpath(os.path.join(state.bundle, path))
+
+
+def load_plan(bundle: str) -> Plan | None:
+    """<bundle>/nvctk-plan.json, as nvctk-runtime wrote it at create: the one plan
+    loader of the hooks. Never recomputed here: the hook does what the plan says.
+
+    None when there is none: nvctk-runtime removes it from a bundle whose container
+    asks for no GPU, and such a container must start even when an earlier create's
+    hook is still in a spec nvctk would not rewrite (one it cannot read)."""
+    path = os.path.join(bundle, PLAN_FILE)
+    try:
+        data = read_regular_file(path, MAX_PLAN_BYTES, nofollow=True)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise MountError(f"step plan: {path}: {e.strerror or e}")
+    try:
+        return Plan.from_json(data.decode("utf-8"))
+    except (ValueError, KeyError, TypeError) as e:
+        raise MountError(f"step plan: {path}: unusable plan: {e}")

@@ -1,0 +1,123 @@
+"""The host's ldconfig, run for the container: sandboxed, bounded in time.
+
+The worker (nvctk.hook.worker), once its mounts are in, becomes the host's static
+ldconfig chrooted into the rootfs: in a private mount namespace, the rootfs's procfs
+detached (no magic links to the host), every host directory bound into the rootfs
+read-only there, only CAP_DAC_OVERRIDE, an empty environment. The hook's process
+collects its output and kills it past LDCONFIG_TIMEOUT; a failing ldconfig is a
+warning, never the hook's failure (the libraries are mounted all the same).
+"""
+
+from __future__ import annotations
+
+import _signal
+import os
+import select
+import time
+
+from nvctk.hook import caps
+from nvctk.hook import mount as m
+
+# typing is for the type checker only (the hook starts in every GPU container)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from nvctk.base.log import HookLog, Logger
+    from nvctk.edits import Plan
+
+LDCONFIG_TIMEOUT = 30.0
+
+
+def detach_procfs_under(top: str, infos: list[m.MountInfo], log: HookLog) -> None:
+    """In a private mount ns: detach every procfs mounted below the rootfs `top`."""
+    for info in sorted(infos, key=lambda i: len(i.mount_point)):
+        if info.fstype != "proc" or not (info.mount_point + "/").startswith(top + "/"):
+            continue
+        try:
+            fd = m.openat2(m.AT_FDCWD, info.mount_point, os.O_PATH | os.O_DIRECTORY,
+                           m.RESOLVE_NO_SYMLINKS | m.RESOLVE_NO_MAGICLINKS)
+        except OSError:
+            continue  # gone with an earlier detach
+        try:
+            if m.fstatfs_type(fd) == m.PROC_SUPER_MAGIC:
+                m.umount2(f"/proc/self/fd/{fd}", m.MNT_DETACH)
+                log.debug(f"ldconfig: detached procfs at {info.mount_point} (private ns)")
+        finally:
+            os.close(fd)
+
+
+def become_ldconfig(plan: Plan, rootfs: str, root_st: os.stat_result, ldfd: int, devnull: int,
+                    out_w: int, log: HookLog) -> None:
+    """Become the host's ldconfig run chrooted into the rootfs: never returns."""
+    try:
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        caps.enter_step("ldconfig-setup", log)
+        m.unshare(m.CLONE_NEWNS)
+        m.mount_propagation("/", m.MS_REC | m.MS_PRIVATE)
+        top = os.path.realpath(rootfs)
+        infos = m.read_mountinfo()
+        detach_procfs_under(top, infos, log)
+        # re-open the rootfs in this namespace (an fd from the old one would walk its mounts)
+        rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        st = os.fstat(rfd)
+        if (st.st_dev, st.st_ino) != (root_st.st_dev, root_st.st_ino):
+            raise OSError(f"{rootfs} changed under the hook")
+        # ldconfig writes its cache and links where the image's ld.so.conf says: never
+        # through a host directory bound into the container (a volume, the MPS pipe dir)
+        ro = m.readonly_foreign(infos, top, m.mount_id(rfd))
+        if ro:
+            log.debug("ldconfig: read-only in its namespace (not the container's rootfs): "
+                      + ", ".join(p[len(top):] for p in ro))
+        os.fchdir(rfd)
+        os.chroot(".")
+        os.chdir("/")
+        os.close(rfd)
+        caps.limit_to(caps.STEP_CAPS["ldconfig"])
+        log.debug(f"caps step=ldconfig effective={','.join(caps.current()) or '-'}")
+        os.execve(ldfd, ["ldconfig", plan.lib_dir], {})
+    except BaseException as e:
+        try:
+            os.write(2, f"ldconfig setup: {e}\n".encode())
+        finally:
+            os._exit(127)
+
+
+def wait_ldconfig(plan: Plan, pid: int, out_r: int, log: Logger) -> None:
+    """Collect ldconfig's output (closes out_r), kill it past LDCONFIG_TIMEOUT, reap
+    it and log how it went: a failing ldconfig is a warning, never the hook's failure."""
+    chunks = []
+    deadline = time.monotonic() + LDCONFIG_TIMEOUT
+    timed_out = False
+    try:
+        # never wait on the image for ever: an /etc/ld.so.conf that is a FIFO (or
+        # names one) blocks ldconfig without a byte of output
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([out_r], [], [], left)[0]:
+                timed_out = True
+                break
+            chunk = os.read(out_r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(out_r)
+    if timed_out:
+        try:
+            os.kill(pid, _signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _, status = os.waitpid(pid, 0)
+    out = b"".join(chunks).decode("utf-8", "replace").strip()
+    code = os.waitstatus_to_exitcode(status)
+    if timed_out:
+        out = f"killed after {LDCONFIG_TIMEOUT:g}s" + (f"; {out}" if out else "")
+    if code != 0:
+        # a read-only rootfs, or an image without a writable /etc: the libraries are
+        # mounted all the same; programs that dlopen by SONAME may not find them
+        log.warning(f"step ldconfig: {plan.lib_dir}: ldconfig exited {code}: {out or '-'}")
+    else:
+        log.info(f"ldconfig refreshed the container's cache ({plan.lib_dir})")
+        if out:
+            log.debug(f"ldconfig: {out}")

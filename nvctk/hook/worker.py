@@ -1,0 +1,462 @@
+"""The prestart hook's worker: a plan's mounts, links and mask, then ldconfig.
+
+The work happens in a process forked from the hook's, so that the hook itself
+stays in the host's mount namespace:
+
+    open       (host ns)  clone every source as a detached, already
+                          read-only/nosuid/nodev bind mount; build the
+                          /proc/driver/nvidia mask (a detached tmpfs); open the
+                          host's ldconfig and the container's mount namespace
+    setns      enter the container's mount namespace (state.pid)
+    propagation  never let a mount under the rootfs propagate to the host
+    mount      (vGPU: pin /etc and /run first, recursive self-binds, so that
+               renaming them cannot carry nvctk's mounts away) resolve each
+               destination inside the rootfs (openat2 RESOLVE_IN_ROOT), create
+               it, move_mount the clone onto its fd; vGPU's destinations with no
+               symlink on the way
+    symlink    libcuda.so -> libcuda.so.1 and friends (symlinkat on a parent fd)
+    proc-mask  tmpfs over /proc/driver/nvidia where the container has it
+    ldconfig   the worker, its answer sent, becomes the host's ldconfig
+               (nvctk.hook.ldconfig). The hook's process bounds it in time.
+
+It does what the plan says and decides nothing else: which mounts may be missing
+(skipped, logged) and which may not (the hook fails) is each Mount's `required`.
+Nothing is created anywhere but on the rootfs's own mounts (nvctk.hook.mount.Root): a
+target below a host directory bound read-write into the container (a volume,
+extra-mounts, the MPS pipe dir) is skipped, or refused when required. The worker
+dies with the hook's process (PR_SET_PDEATHSIG): runc's hook timeout kills only the
+hook, and nothing the hook starts may outlive it.
+
+Each step runs with exactly its capabilities effective (nvctk.hook.caps) and logs
+them at debug level. On any failure the worker detaches what it mounted and
+the hook exits 1 with "nvctk-hook: step <name>: <path>: <why>" on stderr.
+
+The worker imports nothing once it is in the container's mount namespace (a lazy
+import would be looked up through the container's view of the file system).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from nvctk.base.errors import MountError, NvctkError
+from nvctk.base.record import Record
+from nvctk.edits import VGPU_DIRS, VGPU_FILES, Mount, Plan
+from nvctk.hook import caps
+from nvctk.hook import mount as m
+from nvctk.hook.elf import elf_interpreter
+from nvctk.hook.ldconfig import become_ldconfig, wait_ldconfig
+
+# typing is for the type checker only (the hook starts in every GPU container)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from nvctk.base.log import HookLog
+
+PROC_DRIVER = "/proc/driver/nvidia"
+ALL_STEPS = ("open", "setns", "propagation", "mount", "symlink", "proc-mask", "ldconfig-setup",
+             "ldconfig", "undo", "done")
+# the directories below the rootfs that hold the vGPU mounts: pinned (rename fails)
+VGPU_PINNED = ("etc", "run")
+
+# the worker's answer on its pipe: _OK, or _FAILED followed by the message
+_OK = b"ok"
+_FAILED = b"error\n"
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()
+
+
+class _Prepared(Record):
+    """The fds the host-namespace step opens for the rest."""
+
+    __slots__ = ("sources", "mask", "ldconfig", "ns", "devnull", "vgpu_from")  # noqa: RUF023
+
+    def __init__(self, sources: list[tuple[Mount, int]] | None = None, mask: int = -1,
+                 ldconfig: int = -1, ns: int = -1, devnull: int = -1,
+                 vgpu_from: int = -1) -> None:
+        self.sources = [] if sources is None else sources
+        self.vgpu_from = vgpu_from  # sources[vgpu_from:] are the vGPU mounts (-1: none)
+        self.mask = mask
+        self.ldconfig = ldconfig
+        self.ns = ns
+        self.devnull = devnull
+
+    def fds(self) -> list[int]:
+        out = [fd for _, fd in self.sources]
+        return out + [fd for fd in (self.mask, self.ldconfig, self.ns, self.devnull) if fd >= 0]
+
+
+# the host side of a vGPU container's state (nvctk.vgpu.state), below its own tmpfs:
+# ro/ is mounted read-only at /run/nvctk, rw/ (the accounting dir) read-write over its
+# placeholder ro/vgpu; the other names are files, or placeholders (mount points) for
+# the files bound over them. Nothing the container can write backs a read-only bind.
+
+
+def _is_own_tmpfs(path: str, st: os.stat_result) -> bool:
+    """path (lstat st) is the root of a tmpfs: a file system apart from its parent's."""
+    if os.lstat(os.path.dirname(path)).st_dev == st.st_dev:
+        return False
+    fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return m.fstatfs_type(fd) == m.TMPFS_MAGIC
+    finally:
+        os.close(fd)
+
+
+def check_vgpu_state(plan: Plan, log: HookLog) -> tuple[Mount, ...]:
+    """The plan's vGPU mounts, once their sources are what nvctk-runtime made at create
+    (nvctk.vgpu.state): the state dir a tmpfs of its own holding ro/ and rw/ and the
+    files the mounts take. A missing piece fails the hook: a container that sets a
+    limit never runs uncapped."""
+    v = plan.vgpu
+    if v is None:
+        return ()
+    top = os.path.dirname(v.container_state_dir)
+    if (os.path.dirname(v.container_library) != top or top.count("/") != 2
+            or not top.startswith("/run/")):
+        raise MountError(f"step open: {v.container_state_dir}: the vGPU state must be mounted "
+                         f"in a directory of its own below /run, with {v.container_library}")
+    ro, rw = (os.path.join(v.state_dir, d) for d in VGPU_DIRS)
+    lib_name = os.path.basename(v.container_library)
+    dir_name = os.path.basename(v.container_state_dir)
+    try:
+        st = os.lstat(v.state_dir)
+        if not stat.S_ISDIR(st.st_mode):
+            raise MountError(f"step open: {v.state_dir}: the vGPU state dir is not a directory")
+        if not _is_own_tmpfs(v.state_dir, st):
+            # the container writes there: never a directory of the host's file system
+            raise MountError(f"step open: {v.state_dir}: the vGPU state dir is not a tmpfs of "
+                             "its own (nvctk-runtime mounts one at create)")
+        for d in (ro, rw, os.path.join(ro, dir_name)):
+            if not stat.S_ISDIR(os.lstat(d).st_mode):
+                raise MountError(f"step open: {d}: not a directory")
+        for name in (*VGPU_FILES, f"ro/{lib_name}"):
+            if not stat.S_ISREG(os.lstat(os.path.join(v.state_dir, name)).st_mode):
+                raise MountError(f"step open: {v.state_dir}/{name}: not a regular file")
+        if not os.path.isfile(v.library):
+            raise MountError(f"step open: {v.library}: libvgpu.so is missing on the host")
+    except FileNotFoundError as e:
+        raise MountError(f"step open: {e.filename}: missing (the container sets GPU limits; "
+                         "its vGPU state is made by nvctk-runtime at create)")
+    except OSError as e:
+        raise MountError(f"step open: {e.filename or v.state_dir}: {e.strerror}")
+    if not v.mounts or not all(mnt.required for mnt in v.mounts):
+        raise MountError(f"step plan: the vGPU state {v.state_dir} has no mounts, or optional "
+                         "ones, in the plan (a container that sets a limit never runs uncapped)")
+    log.debug(f"vgpu: {len(v.mounts)} mounts for {v.library}, state {v.state_dir}")
+    return v.mounts
+
+
+def _prepare(plan: Plan, pid: int, log: HookLog) -> _Prepared:
+    """Host-namespace work: clones of the sources, the mask, ldconfig and ns fds."""
+    caps.enter_step("open", log)
+    p = _Prepared()
+    try:
+        vgpu = check_vgpu_state(plan, log)
+        for i, mnt in enumerate((*plan.mounts, *vgpu)):
+            if i == len(plan.mounts):
+                p.vgpu_from = len(p.sources)
+            try:
+                fd = m.clone_source(mnt.host_path, m.attrs_for(mnt.read_only, mnt.noexec))
+            except OSError as e:
+                # open_tree first, lstat only when it failed: one syscall per file
+                if os.path.lexists(mnt.host_path) or i >= len(plan.mounts):
+                    raise m.step_error("open", mnt.host_path, e)
+                if mnt.required:
+                    raise MountError(
+                        f"step open: {mnt.host_path}: required, and missing on the host "
+                        f"({os.path.basename(mnt.host_path)}; the container's capabilities: "
+                        f"{', '.join(plan.capabilities)})"
+                    )
+                log.info(f"skip {mnt.container_path}: {mnt.host_path} is missing on the host")
+                continue
+            p.sources.append((mnt, fd))
+        pm = plan.proc_mask
+        if pm is not None:
+            if os.path.isdir(pm.host_dir):
+                try:
+                    p.mask = m.make_proc_mask(pm.host_dir, pm.gpu_bus_ids)
+                except OSError as e:
+                    raise m.step_error("open", pm.host_dir, e)
+            else:
+                log.info(f"skip the {PROC_DRIVER} mask: {pm.host_dir} is missing on the host")
+        if plan.ldconfig:
+            what = f"{plan.ldconfig} (nvctk's ldconfig setting)"
+            try:
+                # O_NONBLOCK: a FIFO would block open() until runc's hook timeout
+                p.ldconfig = os.open(plan.ldconfig, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+                                     | os.O_CLOEXEC)
+                if not stat.S_ISREG(os.fstat(p.ldconfig).st_mode):
+                    raise m.step_error("open", what, "not a regular file")
+                interp = elf_interpreter(p.ldconfig)
+            except OSError as e:
+                raise m.step_error("open", what, e)
+            except ValueError as e:
+                raise m.step_error("open", what, str(e))
+            if interp is not None:
+                raise m.step_error(
+                    "open", what,
+                    f"ldconfig is dynamically linked ({interp}); run chrooted it would load the "
+                    "image's loader",
+                )
+        p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        nspath = f"/proc/{pid}/ns/mnt"
+        try:
+            p.ns = os.open(nspath, os.O_RDONLY | os.O_CLOEXEC)
+            if os.fstat(p.ns).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+                raise m.step_error("setns", nspath, "the container shares the host's mount "
+                                   "namespace; refusing to mount into it")
+        except OSError as e:
+            raise m.step_error("setns", nspath, e)
+        return p
+    except BaseException:
+        fds = p.fds()
+        _close_all(fds)
+        raise
+
+
+def _pin(root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
+    """Pin /etc and /run, which hold the vGPU mounts: renaming either (or a directory
+    on the way to a vGPU mount) would take nvctk's mounts away from the paths
+    ld.so and libvgpu read (the layout's step 1)."""
+    for name in VGPU_PINNED:
+        try:
+            if root.pin(name, mounter):
+                log.debug(f"pinned /{name} (a recursive bind onto itself)")
+            else:
+                log.debug(f"/{name} is a mount point already")
+        except OSError as e:
+            raise m.step_error("mount", f"/{name}", e)
+
+
+def _mount_steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter,
+                 log: HookLog) -> m.Root:
+    """setns to proc-mask; returns the rootfs (open, for ldconfig) once all are in."""
+    caps.enter_step("setns", log)
+    try:
+        m.setns(prep.ns, m.CLONE_NEWNS)
+    except OSError as e:
+        raise m.step_error("setns", f"/proc/<pid>/ns/mnt ({rootfs})", e)
+    os.chdir("/")
+
+    try:
+        root = m.Root(rootfs)
+    except OSError as e:
+        raise m.step_error("setns", rootfs, e)
+    try:
+        caps.enter_step("propagation", log)
+        try:
+            if m.ensure_not_shared(root):
+                log.info(f"rootfs {rootfs} was on a shared mount: made it a recursive slave so "
+                         "nothing mounted under it reaches the host")
+        except OSError as e:
+            raise m.step_error("propagation", rootfs, e)
+
+        caps.enter_step("mount", log)
+        if prep.vgpu_from >= 0:
+            _pin(root, mounter, log)
+        debug = log.enabled("debug")
+        for i, (mnt, src) in enumerate(prep.sources):
+            kind = "dir" if mnt.kind == "dir" else "file"
+            vgpu = 0 <= prep.vgpu_from <= i
+            try:
+                # vGPU's mounts sit at exactly their paths: no link the container could
+                # replace leads to them
+                dest = (root.ensure_exact if vgpu else root.ensure)(mnt.container_path, kind)
+            except m.NotOnRootfs as e:
+                if vgpu or mnt.required:
+                    raise m.step_error("mount", mnt.container_path, e)
+                log.info(f"skip {mnt.container_path}: {e.strerror}")
+                continue
+            except OSError as e:
+                raise m.step_error("mount", mnt.container_path, e)
+            try:
+                mounter.attach(src, dest, mnt.container_path)
+            except OSError as e:
+                raise m.step_error("mount", mnt.container_path, e)
+            finally:
+                os.close(dest)
+            if debug:
+                log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
+        if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
+            try:
+                root.seal_pins()
+            except OSError as e:
+                raise m.step_error("mount", "/etc, /run", e)
+
+        caps.enter_step("symlink", log)
+        for link in plan.symlinks:
+            try:
+                if not root.symlink(link.container_path, link.target):
+                    log.info(f"skip link {link.container_path}: the image has a file there")
+            except m.NotOnRootfs as e:
+                log.info(f"skip link {link.container_path}: {e.strerror}")
+            except OSError as e:
+                raise m.step_error("symlink", link.container_path, e)
+
+        if prep.mask >= 0:
+            caps.enter_step("proc-mask", log)
+            try:
+                dest = root.open(PROC_DRIVER, os.O_PATH | os.O_DIRECTORY)
+            except FileNotFoundError:
+                dest = -1
+                log.info(f"skip the {PROC_DRIVER} mask: the container has no {PROC_DRIVER}")
+            except OSError as e:
+                raise m.step_error("proc-mask", PROC_DRIVER, e)
+            if dest >= 0:
+                try:
+                    mounter.attach(prep.mask, dest, PROC_DRIVER)
+                except OSError as e:
+                    raise m.step_error("proc-mask", PROC_DRIVER, e)
+                finally:
+                    os.close(dest)
+                log.debug(f"masked {PROC_DRIVER}")
+        return root
+    except BaseException:
+        root.close()
+        raise
+
+
+def _traceback_text(e: BaseException) -> str:
+    """A traceback without importing traceback (the worker may be in the container's
+    mount namespace, where an import would read the container's view of the files)."""
+    lines = ["Traceback (most recent call last):"]
+    tb = e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        lines.append(f"  {code.co_filename}:{tb.tb_lineno} in {code.co_name}")
+        tb = tb.tb_next
+    lines.append(repr(e))
+    return "\n".join(lines)
+
+
+def _failed(e: BaseException, mounter: m.Mounter, log: HookLog) -> str:
+    """The message for a failed step, after undoing the mounts made."""
+    if isinstance(e, NvctkError):
+        msg = str(e)
+    elif isinstance(e, OSError):
+        msg = f"step unknown: {e.filename or '-'}: {e.strerror or e}"
+    else:
+        msg = f"internal error: {e!r}"
+        log.debug(_traceback_text(e))
+    if mounter.attached:
+        try:
+            caps.enter_step("undo", log)
+        except OSError:
+            pass
+        left = mounter.undo()
+        if left:
+            msg += "; undo failed for " + ", ".join(left)
+        else:
+            log.info("undid the mounts made before the failure")
+    log.error(msg)
+    return msg
+
+
+def _answer(fd: int, err: str | None) -> None:
+    """The worker's answer to the hook's process; closes fd."""
+    try:
+        data = _OK if err is None else _FAILED + err.encode("utf-8", "replace")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def worker(plan: Plan, rootfs: str, pid: int, log: HookLog, answer: int,
+           ldconfig_out: int) -> int:
+    """The forked worker: every step, then its answer on `answer` (closed then).
+
+    Once the mounts are in and answered for, a worker with ldconfig to run
+    becomes that ldconfig (its output on ldconfig_out), so this returns only
+    on failure or without ldconfig: the exit code.
+    """
+    mounter = m.Mounter()
+    prep: _Prepared | None = None
+    root: m.Root | None = None
+    try:
+        try:
+            caps.restrict(caps.needed(ALL_STEPS), log)
+            prep = _prepare(plan, pid, log)
+            root = _mount_steps(plan, rootfs, prep, mounter, log)
+            mounter.forget()
+        except BaseException as e:
+            _answer(answer, _failed(e, mounter, log))
+            return 1
+        if prep.ldconfig < 0:
+            caps.enter_step("done", log)
+            _answer(answer, None)
+            return 0
+        root_st = os.fstat(root.fd)
+        _answer(answer, None)
+        # nothing below can undo the mounts: ldconfig failing is a warning
+        become_ldconfig(plan, root.path, root_st, prep.ldconfig, prep.devnull, ldconfig_out,
+                        log)
+        return 127  # not reached: become_ldconfig execs or exits
+    finally:
+        if root is not None:
+            root.close()
+        if prep is not None:
+            _close_all(prep.fds())
+
+
+def apply_plan(plan: Plan, rootfs: str, pid: int, log: HookLog,
+               drop_parent_caps: bool = False) -> None:
+    """Run the worker in a forked child; MountError with its message on failure.
+
+    drop_parent_caps: the calling process gives up every capability once the
+    worker is forked (the hook's main process needs none afterwards).
+    """
+    caps.warm_up()
+    r, w = os.pipe()
+    out_r, out_w = os.pipe() if plan.ldconfig else (-1, -1)
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            # nothing the hook starts outlives it: killed (runc's hook timeout) or not,
+            # its worker and the ldconfig it becomes go with it
+            caps.die_with_parent(parent)
+            os.close(r)
+            if out_r >= 0:
+                os.close(out_r)
+            code = worker(plan, rootfs, pid, log, w, out_w)
+        finally:
+            os._exit(code)
+    os.close(w)
+    if out_w >= 0:
+        os.close(out_w)
+    if drop_parent_caps:
+        caps.drop_all()
+    try:
+        data = m.read_fd(r)
+    finally:
+        os.close(r)
+    if data == _OK:
+        err = None
+    elif data.startswith(_FAILED):
+        err = data[len(_FAILED):].decode("utf-8", "replace")
+    else:
+        err = "worker gave a garbled answer" if data else "worker gave no answer"
+    if err is None and out_r >= 0:
+        wait_ldconfig(plan, child, out_r, log)  # the worker is ldconfig now
+        # the worker's caps went with its exec: what is left of the hook is this process
+        log.debug(f"caps step=done effective={','.join(caps.current()) or '-'}")
+        return
+    if out_r >= 0:
+        os.close(out_r)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0 and err is None:
+        err = f"worker exited {code}"
+    if err is not None:
+        raise MountError(err)

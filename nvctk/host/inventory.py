@@ -1,0 +1,125 @@
+"""The host's GPUs as plain records: what NVML said (nvctk.host.nvml) or the cache kept
+(nvctk.host.cache). Data only, so that both read it without importing each other."""
+
+from __future__ import annotations
+
+from nvctk.base.record import FrozenRecord
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+_set = object.__setattr__
+
+
+def _get(d: dict[str, Any], key: str, kind: type) -> Any:
+    """d[key], which must be exactly of type kind (bool is not an int here)."""
+    v = d[key]
+    if type(v) is not kind:
+        raise TypeError(f"{key}: expected {kind.__name__}, got {type(v).__name__}")
+    return v
+
+
+class MigInfo(FrozenRecord):
+    __slots__ = ("index", "uuid", "gpu_instance", "compute_instance", "profile", "memory_mib")  # noqa: RUF023
+    index: int
+    uuid: str
+    gpu_instance: int
+    compute_instance: int
+    profile: str  # e.g. "3g.40gb" ("" when NVML cannot say)
+    memory_mib: int
+
+    def __init__(self, index: int, uuid: str, gpu_instance: int, compute_instance: int,
+                 profile: str, memory_mib: int) -> None:
+        _set(self, "index", index)
+        _set(self, "uuid", uuid)
+        _set(self, "gpu_instance", gpu_instance)
+        _set(self, "compute_instance", compute_instance)
+        _set(self, "profile", profile)
+        _set(self, "memory_mib", memory_mib)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MigInfo:
+        return cls(
+            index=_get(d, "index", int),
+            uuid=_get(d, "uuid", str),
+            gpu_instance=_get(d, "gpu_instance", int),
+            compute_instance=_get(d, "compute_instance", int),
+            profile=_get(d, "profile", str),
+            memory_mib=_get(d, "memory_mib", int),
+        )
+
+
+class GpuInfo(FrozenRecord):
+    __slots__ = ("index", "uuid", "name", "minor", "pci_bus_id", "memory_mib",  # noqa: RUF023
+                 "compute_capability", "brand", "mig_enabled", "mig_devices")
+    index: int
+    uuid: str
+    name: str
+    minor: int
+    pci_bus_id: str  # NVML's form, e.g. 00000000:1B:00.0
+    memory_mib: int
+    compute_capability: str  # "9.0"
+    brand: str  # lower-case, e.g. "nvidia", "tesla"
+    mig_enabled: bool
+    mig_devices: tuple[MigInfo, ...]
+
+    def __init__(self, index: int, uuid: str, name: str, minor: int, pci_bus_id: str,
+                 memory_mib: int, compute_capability: str, brand: str, mig_enabled: bool,
+                 mig_devices: tuple[MigInfo, ...] = ()) -> None:
+        _set(self, "index", index)
+        _set(self, "uuid", uuid)
+        _set(self, "name", name)
+        _set(self, "minor", minor)
+        _set(self, "pci_bus_id", pci_bus_id)
+        _set(self, "memory_mib", memory_mib)
+        _set(self, "compute_capability", compute_capability)
+        _set(self, "brand", brand)
+        _set(self, "mig_enabled", mig_enabled)
+        _set(self, "mig_devices", tuple(mig_devices))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GpuInfo:
+        return cls(
+            index=_get(d, "index", int),
+            uuid=_get(d, "uuid", str),
+            name=_get(d, "name", str),
+            minor=_get(d, "minor", int),
+            pci_bus_id=_get(d, "pci_bus_id", str),
+            memory_mib=_get(d, "memory_mib", int),
+            compute_capability=_get(d, "compute_capability", str),
+            brand=_get(d, "brand", str),
+            mig_enabled=_get(d, "mig_enabled", bool),
+            mig_devices=tuple(MigInfo.from_dict(m) for m in _get(d, "mig_devices", list)),
+        )
+
+
+class HostInfo(FrozenRecord):
+    __slots__ = ("driver_version", "cuda_version", "gpus")  # noqa: RUF023
+    driver_version: str
+    cuda_version: str  # "12.4"
+    gpus: tuple[GpuInfo, ...]
+
+    def __init__(self, driver_version: str, cuda_version: str,
+                 gpus: tuple[GpuInfo, ...] = ()) -> None:
+        _set(self, "driver_version", driver_version)
+        _set(self, "cuda_version", cuda_version)
+        _set(self, "gpus", tuple(gpus))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HostInfo:
+        """The inverse of to_dict; KeyError/TypeError when d is not one (extra keys are
+        ignored)."""
+        return cls(
+            driver_version=_get(d, "driver_version", str),
+            cuda_version=_get(d, "cuda_version", str),
+            gpus=tuple(GpuInfo.from_dict(g) for g in _get(d, "gpus", list)),
+        )
+
+    def gpu(self, ident: str) -> GpuInfo | None:
+        """GPU by index, UUID (case-insensitive) or PCI bus id."""
+        for g in self.gpus:
+            if ident == str(g.index) or ident.lower() in (g.uuid.lower(), g.pci_bus_id.lower()):
+                return g
+        return None

@@ -1,0 +1,60 @@
+"""Where nvctk's installed artefacts are: libvgpu.so.
+
+libvgpu.so is found, in order, at
+  1. the config's vgpu-library (the Debian package's config names /usr/lib/nvctk/libvgpu.so),
+  2. <nvctk package>/lib/libvgpu.so (a wheel: setup.py's build_py puts it there),
+  3. <repo>/libvgpu/build/libvgpu.so (an editable install of the development tree),
+and is "" when none exists: callers that need it use `require_vgpu_library`, which
+fails with a message saying how to get one. (nvctk-hook is found by nvctk.runtime.create.find_hook.)
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvctk.base.errors import ConfigError
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from nvctk.base.config import Config
+
+LIBVGPU = "libvgpu.so"
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def vgpu_library_candidates() -> tuple[str, ...]:
+    """Where an install puts libvgpu.so when the config does not say (in search order)."""
+    return (
+        os.path.join(PACKAGE_DIR, "lib", LIBVGPU),
+        os.path.join(os.path.dirname(PACKAGE_DIR), "libvgpu", "build", LIBVGPU),
+    )
+
+
+def vgpu_library(config: Config | None = None) -> str:
+    """Host path of libvgpu.so: config.vgpu_library if set, else the installed one, else ""."""
+    if config is not None and config.vgpu_library:
+        return config.vgpu_library
+    for path in vgpu_library_candidates():
+        if os.path.isfile(path):
+            return os.path.realpath(path)
+    return ""
+
+
+def require_vgpu_library(config: Config | None = None) -> str:
+    """vgpu_library(config), or a ConfigError naming what was tried and how to fix it."""
+    path = vgpu_library(config)
+    if config is not None and config.vgpu_library:
+        if not os.path.isfile(path):
+            where = config.path or "the nvctk config"
+            # a FIFO, /dev/zero, a directory: there, but not a library
+            why = "not a regular file" if os.path.lexists(path) else "no such file"
+            raise ConfigError(f"{where}: vgpu-library {path}: {why}")
+        return path
+    if not path:
+        raise ConfigError(
+            "GPU limits need libvgpu.so, which this nvctk install lacks (looked at "
+            + ", ".join(vgpu_library_candidates())
+            + "): build it with `make -C libvgpu` or set vgpu-library in the nvctk config"
+        )
+    return path

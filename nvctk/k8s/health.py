@@ -1,0 +1,153 @@
+"""Device health from NVML XID critical-error events (pynvml on the driver root's
+own libnvidia-ml, as nvctk.host.nvml loads it).
+
+XIDs that report an application's fault, not the GPU's (13 graphics engine
+exception, 31 MMU fault, 43 channel stopped, 45 preemptive cleanup, 68 video
+processor exception, 109 context switch timeout) are ignored, as in NVIDIA's
+plugin. Any other XID marks the device Unhealthy: the MIG device named by the
+event's GPU/compute instance ids, else the GPU and all its MIG devices.
+Listeners (the ListAndWatch streams) are woken at once, and the wait is at most
+WAIT_MS, so an update reaches the kubelet well within a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from nvctk.host.inventory import HostInfo
+
+IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+NO_INSTANCE = 0xFFFFFFFF
+WAIT_MS = 200  # how long a wait blocks; bounds only how fast stop() takes effect
+
+log = logging.getLogger("nvctk.k8s")
+
+
+class Health:
+    """The set of unhealthy device uuids, shared by every resource of the plugin."""
+
+    def __init__(self) -> None:
+        self.unhealthy: set[str] = set()
+        self.changed = threading.Condition()
+        self.generation = 0  # bumped on each change; streams resend when it moves
+        self.last_change: float = 0.0  # time.monotonic() of the last change (bench)
+
+    def mark(self, uuids: set[str], reason: str) -> None:
+        import time
+
+        with self.changed:
+            new = uuids - self.unhealthy
+            if not new:
+                return
+            self.unhealthy |= new
+            self.generation += 1
+            self.last_change = time.monotonic()
+            self.changed.notify_all()
+        log.warning("marking %s Unhealthy: %s", ", ".join(sorted(new)), reason)
+
+    def wake(self) -> None:
+        """Wake waiting streams without a change (shutdown)."""
+        with self.changed:
+            self.generation += 1
+            self.changed.notify_all()
+
+
+def affected(host: HostInfo, gpu_uuid: str, gi: int, ci: int) -> set[str]:
+    """Which uuids an XID on gpu_uuid (instance gi/ci, NO_INSTANCE: none) takes down."""
+    for g in host.gpus:
+        if g.uuid != gpu_uuid:
+            continue
+        if gi != NO_INSTANCE:
+            hit = {m.uuid for m in g.mig_devices if m.gpu_instance == gi
+                   and (ci == NO_INSTANCE or m.compute_instance == ci)}
+            if hit:
+                return hit
+        return {g.uuid, *(m.uuid for m in g.mig_devices)}
+    return set()
+
+
+class XidWatcher(threading.Thread):
+    """Waits for XID events on every GPU of the host and marks Health."""
+
+    def __init__(self, driver_root: str, host: HostInfo, health: Health,
+                 on_error: Callable[[str], None] | None = None) -> None:
+        super().__init__(name="nvctk-xid-watch", daemon=True)
+        self.driver_root = driver_root
+        self.host = host
+        self.health = health
+        self.stopping = threading.Event()
+        self.ready = threading.Event()
+        self.on_error = on_error
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _init(self) -> Any:
+        from nvctk.host import nvml
+
+        lib = nvml.find_library(self.driver_root)
+        root = os.path.abspath(self.driver_root)
+        # NVML init is reference-counted: this thread's init outlives other sessions'
+        # shutdowns; the module lock is held only while the (simulated) NVML enumerates
+        with nvml._lock, nvml._env("NVSIM_DEV_DIR", None if root == "/" else f"{root}/dev"):
+            mod, _ = nvml._pynvml_for(lib)
+            mod.nvmlInit()
+        return mod
+
+    def run(self) -> None:
+        try:
+            mod = self._init()
+        except Exception as e:  # health is best effort: the devices stay advertised
+            self._fail(f"cannot watch XID events: {e}")
+            return
+        evset = None
+        try:
+            evset = mod.nvmlEventSetCreate()
+            for g in self.host.gpus:
+                h = mod.nvmlDeviceGetHandleByUUID(g.uuid)
+                try:
+                    mod.nvmlDeviceRegisterEvents(h, XID_EVENT, evset)
+                except mod.NVMLError as e:
+                    # NVIDIA's plugin marks a GPU it cannot watch Unhealthy: a fault there
+                    # would go unseen
+                    self.health.mark(affected(self.host, g.uuid, NO_INSTANCE, NO_INSTANCE),
+                                     f"cannot register XID events: {e}")
+            self.ready.set()
+            while not self.stopping.is_set():
+                try:
+                    data = mod.nvmlEventSetWait_v2(evset, WAIT_MS)
+                except mod.NVMLError as e:
+                    if e.value == mod.NVML_ERROR_TIMEOUT:
+                        continue
+                    raise
+                if data.eventType != XID_EVENT:
+                    continue
+                xid = int(data.eventData)
+                if xid in IGNORED_XIDS:
+                    log.info("ignoring XID %d (an application error, not the GPU's)", xid)
+                    continue
+                uuid = mod.nvmlDeviceGetUUID(data.device)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+                self.health.mark(affected(self.host, uuid, data.gpuInstanceId,
+                                          data.computeInstanceId), f"XID {xid}")
+        except Exception as e:
+            self._fail(f"XID watch failed: {e}")
+        finally:
+            self.ready.set()
+            try:
+                if evset is not None:
+                    mod.nvmlEventSetFree(evset)
+                mod.nvmlShutdown()
+            except Exception:
+                pass
+
+    def _fail(self, msg: str) -> None:
+        log.error("%s", msg)
+        self.ready.set()
+        if self.on_error:
+            self.on_error(msg)

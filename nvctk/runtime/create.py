@@ -1,0 +1,561 @@
+"""nvctk-runtime's create/run: edit the bundle for the GPU request, then exec runc.
+
+The executable (nvctk.cli.runtime) parses argv and calls `create_main`;
+everything else lives here so tests can call `prepare_bundle` in-process.
+
+Failure policy: a container that asks for no GPU is never stopped by nvctk (a
+broken config or a missing driver is only logged); a GPU container whose plan
+cannot be made fails before runc starts, with one message naming the culprit,
+and its config.json is left byte for byte as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from nvctk.base import fileio
+from nvctk.base.config import Config, config_path, load_stat
+from nvctk.base.errors import (
+    ConfigError,
+    NvctkError,
+    RequestError,
+    SpecError,
+    SpecShapeError,
+    shown,
+)
+from nvctk.base.log import Logger, exit_now, report_error
+from nvctk.base.record import Record
+from nvctk.edits import PLAN_FILE
+from nvctk.oci import runc_argv as ra
+from nvctk.oci import spec as oci
+from nvctk.request.parse import request_from_spec
+from nvctk.spec import apply as spec_edits
+from nvctk.spec.apply import HOOK_NAME
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from nvctk.edits import Plan
+    from nvctk.request.parse import Request
+
+
+
+class Prepared(Record):
+    """What prepare_bundle did: plan None = no GPU asked, the bundle was not touched."""
+
+    __slots__ = ("plan", "docker_hooks_removed", "vgpu_dir", "cdi_devices")  # noqa: RUF023
+
+    def __init__(self, plan: Plan | None, docker_hooks_removed: int = 0,
+                 vgpu_dir: str | None = None, cdi_devices: tuple[str, ...] | None = None) -> None:
+        self.plan = plan
+        self.docker_hooks_removed = docker_hooks_removed
+        self.vgpu_dir = vgpu_dir  # the vGPU state dir this create made (None: none)
+        self.cdi_devices = cdi_devices  # CDI mode: the devices whose edits were applied
+
+
+def find_hook(config: Config, argv0: str | None = None) -> str:
+    """config hook-path, else nvctk-hook beside this executable, else on PATH."""
+    if config.hook_path:
+        if not os.path.isabs(config.hook_path):
+            raise ConfigError(f"{config.path or 'config'}: hook-path must be absolute")
+        return config.hook_path
+    exe = argv0 if argv0 is not None else sys.argv[0]
+    if exe:
+        beside = os.path.join(os.path.dirname(os.path.realpath(exe)), HOOK_NAME)
+        if os.access(beside, os.X_OK):
+            return beside
+    import shutil  # rarely needed: it costs 3-9 ms to import (bz2, lzma, fnmatch)
+
+    found = shutil.which(HOOK_NAME)
+    if found:
+        return os.path.abspath(found)
+    raise ConfigError(f"cannot find {HOOK_NAME} (set hook-path in the nvctk config)")
+
+
+def _nvctk_config_env() -> str | None:
+    value = os.environ.get("NVCTK_CONFIG")
+    # the hook runs with the bundle as its cwd: pass an absolute path on
+    return os.path.abspath(value) if value else None
+
+
+def prepare_bundle(
+    bundle: str,
+    config: Config | None,
+    config_error: NvctkError | None = None,
+    *,
+    argv0: str | None = None,
+    logger: Logger | None = None,
+    container_id: str | None = None,
+    runtime_root: str | None = None,
+) -> Prepared:
+    """Edit <bundle>/config.json for the container's GPU request (if any).
+
+    config None means nvctk's config could not be loaded (config_error says why):
+    a no-GPU container still goes ahead, a GPU container fails with that error.
+    container_id, runtime_root (runc's --root): key the container's vGPU state dir,
+    which is (re)created here when the container sets a limit.
+    """
+    read = _read_spec(bundle, config, logger)
+    if read is None:  # a spec nvctk cannot read, and no sign of a GPU: runc decides
+        return Prepared(None)
+    spec, data = read
+    request = request_from_spec(spec, config or Config())
+    if request is None:
+        _check_uncapped_share(spec)
+        if config_error is not None and logger is not None:
+            logger.warning(f"ignoring a broken nvctk config for a non-GPU container: {config_error}")
+        _undo_earlier_create(bundle, spec, logger, config.state_dir if config else None)
+        return Prepared(None)
+    if config is None:
+        raise config_error or ConfigError("nvctk config unavailable")
+    if container_id is not None:
+        # before any state is keyed or made by it (runc would refuse it only after)
+        check_container_id(container_id)
+    if request.cdi_devices is not None:
+        return _prepare_cdi(bundle, spec, data, request, config, logger)
+    # only now: most containers on a node ask for no GPU and need none of the planning
+    from nvctk.plan.planner import image_facts, make_plan
+
+    where = oci.spec_path(bundle)
+    userns = oci.user_namespace(spec)
+    if userns is not None:
+        # the hook's bind mounts and device nodes would reach the container owned by
+        # the overflow uid, and runc's own mounts of them fail: no usable driver
+        raise SpecError(f"{where}: {userns}: user namespaces are not supported by nvctk's GPU "
+                        "containers (the driver files and device nodes it mounts would not be "
+                        "usable in the container); run it without a user namespace")
+    spec_edits.check_editable(spec)  # before any work: a field of the wrong type is the user's error
+    oci.check_rewritable(spec, data)
+    image = image_facts(spec, bundle)
+    if image.rootfs is not None and oci.bundle_in_rootfs(bundle, image.rootfs):
+        # the hooks trust <bundle>/nvctk-plan.json (host paths to bind, a dir to delete)
+        raise SpecError(f"{where}: root.path {image.rootfs} contains the bundle; a GPU "
+                        "container's rootfs must not hold its own bundle (it could rewrite "
+                        f"{PLAN_FILE})")
+    plan = make_plan(request, config, image=image, hook_path=find_hook(config, argv0),
+                     nvctk_config=_nvctk_config_env(),
+                     container_id=container_id or os.path.basename(bundle),
+                     runtime_root=runtime_root)
+    # nvctk's part of the spec comes from this request only: what an earlier create of
+    # this bundle added (other GPUs, a vGPU's env and poststop hook) goes first
+    _warn_unverified_record(spec, config, logger)
+    removed = spec_edits.apply(spec, plan, config.state_dir)[1]
+
+    # The plan and the vGPU state go first: a spec that names our hook must never
+    # be visible without what the hook reads.
+    vgpu_dir = None
+    if plan.vgpu is not None and _install_vgpu(plan, spec, bundle, config, container_id,
+                                               runtime_root, logger):
+        vgpu_dir = plan.vgpu.state_dir
+    plan_path = os.path.join(bundle, PLAN_FILE)
+    try:
+        # beside the spec: the directory fsync that follows the spec's rename makes
+        # both renames durable, the plan's first (a directory fsync costs a journal commit)
+        fileio.atomic_write(plan_path, plan.to_json().encode(), 0o644, sync_dir=False)
+        try:
+            oci.save_spec(bundle, spec)
+        except BaseException:
+            try:
+                os.unlink(plan_path)
+            except OSError:
+                pass
+            raise
+    except BaseException:
+        if vgpu_dir is not None:
+            _remove_vgpu_dir(vgpu_dir, config)
+        raise
+    return Prepared(plan, removed, vgpu_dir)
+
+
+# the variables that set vGPU limits (nvctk.vgpu.limits), which CDI mode does not apply
+_VGPU_LIMIT_VARS = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
+
+
+def _check_uncapped_share(spec: dict[str, Any]) -> None:
+    """A container the node gave a vGPU share (nvctk.io/vgpu.* annotation) that asks
+    nvctk for no GPU yet holds GPU device nodes got them by another route (CDI devices
+    the engine applied: the plugin's cdi-cri strategy), where nvctk cannot cap them:
+    refused rather than run uncapped."""
+    annotations = spec.get("annotations")
+    if not isinstance(annotations, dict) or not any(
+            isinstance(k, str) and k.startswith("nvctk.io/vgpu.") for k in annotations):
+        return
+    linux = spec.get("linux")
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    nodes = [d.get("path") for d in (devices if isinstance(devices, list) else ())
+             if isinstance(d, dict)
+             and isinstance(d.get("path"), str) and d["path"].startswith("/dev/nvidia")
+             and d["path"][len("/dev/nvidia"):].isdigit()]
+    if nodes:
+        raise RequestError(f"{nodes[0]}: the node gave this container a vGPU share, but its GPU "
+                           "came by a route nvctk cannot cap (CDI devices the engine applied); "
+                           "use the device plugin's envvar or volume-mounts strategy for vGPU")
+
+
+def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Request,
+                 config: Config, logger: Logger | None) -> Prepared:
+    """CDI mode: the named devices' containerEdits from the spec dirs into config.json,
+    recorded for the next create to remove. No prestart hook and no plan: runc makes
+    the nodes and mounts, the spec's own hooks do the rest."""
+    from nvctk.cdi import cdi  # CDI mode only: it brings yaml and the planner
+
+    assert request.cdi_devices is not None
+    limits = sorted(k for k, v in request.env.items() if k.startswith(_VGPU_LIMIT_VARS) and v)
+    limits += [f"annotation {k}" for k, _ in request.vgpu_authority]  # the node's share
+    if limits:
+        raise RequestError(f"{limits[0]}: vGPU limits are not supported in CDI mode (devices "
+                           f"from {request.source}); use plain device ids with mode = "
+                           '"legacy" for a limited GPU')
+    spec_edits.check_editable(spec)
+    oci.check_rewritable(spec, data)
+    cdi.check_vendors(request.cdi_devices, config.cdi_vendors, request.source)
+    resolved = cdi.resolve(request.cdi_devices, config.cdi_spec_dirs)
+    _warn_unverified_record(spec, config, logger)
+    spec_edits.remove_our_edits(spec, config.state_dir)
+    removed = spec_edits.remove_nvidia_hooks(spec)
+    spec_edits.record_edits(spec, cdi.apply_edits(spec, resolved, bundle), config.state_dir)
+    oci.save_spec(bundle, spec)
+    _remove_earlier_plan(bundle, logger)  # an earlier legacy create's: no hook reads it now
+    return Prepared(None, removed, cdi_devices=request.cdi_devices)
+
+
+_ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
+
+
+def check_container_id(container_id: str) -> None:
+    """A GPU container's id must be one runc takes (runc's validateID: ASCII letters,
+    digits and _+-., not "." or ".."): it names nvctk's state dir and keys it."""
+    if container_id and set(container_id) <= _ID_OK and container_id not in (".", ".."):
+        return
+    try:  # argv's own bytes (surrogateescape), escaped: a\xff, not a\udcff
+        name = os.fsencode(container_id).decode("ascii", "backslashreplace")
+    except UnicodeError:
+        name = shown(container_id)[1:-1]
+    raise RequestError(f"invalid container id '{name[:80]}': runc takes only ASCII letters, "
+                       "digits and _+-. (and not '.' or '..')")
+
+
+def _read_spec(bundle: str, config: Config | None,
+               logger: Logger | None) -> tuple[dict[str, Any], bytes] | None:
+    """(spec, its bytes), or None for a spec nvctk cannot read that shows no sign of
+    asking for a GPU: runc runs what it accepts (JSON nested deeper than Python
+    parses, bytes that are not UTF-8) and words its own errors. A spec that cannot
+    be read and may ask for a GPU is a SpecError."""
+    try:
+        data = oci.read_spec(bundle)
+    except SpecError as e:
+        # a missing file, a FIFO (reading it would take what runc is to read): runc decides
+        _log_handed_on(logger, e)
+        return None
+    where = oci.spec_path(bundle)
+    try:
+        return oci.parse_spec(data, where), data
+    except SpecError as e:
+        error = e
+    try:
+        # runc (Go) reads each byte that is not UTF-8 as U+FFFD: read it so too, to
+        # know exactly whether a GPU is asked for
+        lenient = oci.parse_spec(data.decode("utf-8", "replace"), where)
+    except SpecError:
+        lenient = None
+    if lenient is not None:
+        try:
+            asked = request_from_spec(lenient, config or Config())
+        except NvctkError:  # e.g. CUDA_VERSION made of bytes that are not UTF-8
+            raise SpecError(f"{error}: nvctk rewrites a GPU container's spec and will not "
+                            "replace bytes it cannot read")
+        if asked is None:
+            _log_handed_on(logger, error)
+            # the spec stays as it is (nvctk will not rewrite bytes it cannot read):
+            # an earlier create's hooks in it find no plan and do nothing
+            _remove_earlier_plan(bundle, logger)
+            return None
+        raise SpecError(f"{error}: nvctk rewrites a GPU container's spec and will not replace "
+                        "bytes it cannot read")
+    marker = oci.gpu_marker(data)
+    if marker is None:
+        _log_handed_on(logger, error)
+        _remove_earlier_plan(bundle, logger)
+        return None
+    if isinstance(error, SpecShapeError):  # valid JSON: the field's type is the problem
+        raise SpecError(f"{error} (the spec mentions {marker}, so it may ask for a GPU, and "
+                        "nvctk cannot read a GPU request from a spec of the wrong shape)")
+    raise SpecError(f"{error}; it mentions {marker}, so it may ask for a GPU, which nvctk "
+                    "cannot tell without reading it")
+
+
+def _log_handed_on(logger: Logger | None, error: SpecError) -> None:
+    if logger is not None:
+        logger.warning(f"{error}; no GPU asked for as far as nvctk can see: handed to the "
+                       "runtime unchanged")
+
+
+def _warn_unverified_record(spec: dict[str, Any], config: Config, logger: Logger | None) -> None:
+    """A record without a valid MAC is ignored (spec_edits.remove_our_edits): say so."""
+    problem = spec_edits.record_problem(spec, config.state_dir)
+    if problem is not None and logger is not None:
+        logger.warning(f"{oci.SPEC_FILE}: {problem}")
+
+
+def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | None,
+                         state_dir: str | None = None) -> None:
+    """A no-GPU create of a bundle an earlier GPU create edited: take nvctk's hooks,
+    devices and env out, and its plan. A spec without them is not rewritten (the
+    common case costs a stat of the plan file). A CDI record without a valid MAC
+    (spec_edits.cdi_record_problem) leaves the spec as it is."""
+    problem = None
+    if spec_edits.has_our_edits(spec):
+        problem = spec_edits.edits_record_problem(spec) or spec_edits.cdi_record_problem(spec, state_dir)
+    if problem is not None:
+        # not what nvctk writes: nvctk leaves the spec as it is, and runc judges it
+        if logger is not None:
+            logger.warning(f"{bundle}: {problem}; the spec is handed on unchanged")
+    elif spec_edits.has_our_edits(spec):
+        # an error here fails the create: the hooks left in would run for this container
+        spec_edits.remove_our_edits(spec, state_dir)
+        oci.save_spec(bundle, spec)
+        if logger is not None:
+            logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")
+    _remove_earlier_plan(bundle, logger)
+
+
+def _remove_earlier_plan(bundle: str, logger: Logger | None) -> None:
+    """An earlier GPU create's plan out: without it the hooks it left in the spec
+    know no GPU was asked for this time (prestart.prestart)."""
+    plan_path = os.path.join(bundle, PLAN_FILE)
+    if not os.path.lexists(plan_path):  # one lstat: no write to a (maybe read-only) bundle
+        return
+    try:
+        os.unlink(plan_path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # no hook of ours reads it any more: not worth failing for
+        if logger is not None:
+            logger.warning(f"{bundle}: cannot remove an earlier create's {PLAN_FILE}: "
+                           f"{e.strerror}")
+
+
+def _remove_vgpu_dir(path: str, config: Config) -> None:
+    """Best effort, on a failure path: the failure itself is what gets reported."""
+    from nvctk.vgpu import state as vgpu_state
+
+    try:
+        vgpu_state.remove_state_dir(path, config)
+    except (OSError, NvctkError):
+        pass
+
+
+def _install_vgpu(plan: Plan, spec: dict[str, Any], bundle: str, config: Config,
+                  container_id: str | None, runtime_root: str | None,
+                  logger: Logger | None) -> bool:
+    """(Re)create the container's vGPU state dir; False if left alone because the
+    runtime already has a container of this id (runc then refuses the create)."""
+    from nvctk.vgpu import state as vgpu_state  # only for vGPU: it brings nvctk.hook.mount, re, ...
+
+    assert plan.vgpu is not None
+    if container_id and os.path.isdir(
+        os.path.join(runtime_root or vgpu_state.DEFAULT_RUNTIME_ROOT, container_id)
+    ):
+        if logger is not None:
+            logger.warning(f"{container_id}: the runtime already has this container; "
+                           f"its vGPU state {plan.vgpu.state_dir} is left as it is")
+        return False
+    # it also reclaims the state of containers that are gone (vgpu_state.collect)
+    vgpu_state.install(plan.vgpu, oci.root_path(spec, bundle), config,
+                       runtime_root=runtime_root, container_id=container_id)
+    return True
+
+
+INTERNAL_ERROR = "internal error"
+
+
+def internal_error(e: BaseException, logger: Logger | None) -> str:
+    """The one-line message for an unexpected exception; its traceback goes to
+    nvctk's own log. Tests assert that no input ever produces it."""
+    if logger is not None:
+        try:
+            import traceback
+
+            logger.error("".join(traceback.format_exception(e)))
+        except Exception:
+            pass
+    text = str(e)
+    if len(text) > 200:
+        text = text[:197] + "..."
+    return (f"{INTERNAL_ERROR}: {type(e).__name__}: {text} (a bug in nvctk: the traceback is "
+            "in nvctk's log)")
+
+
+def os_error_message(e: OSError, bundle: str, config: Config | None) -> str:
+    """Which part failed: the vGPU state dir, the bundle, or another path by name."""
+    reason = e.strerror or str(e)
+    path = os.fsdecode(e.filename) if isinstance(e.filename, (str, bytes)) else ""
+    if not path:
+        return f"bundle {bundle}: {reason}"
+    state_dir = config.state_dir if config is not None else ""
+    if state_dir and (path == state_dir or path.startswith(state_dir.rstrip("/") + "/")):
+        return f"vGPU state dir {state_dir}: {reason}: {path}"
+    if path == bundle or path.startswith(bundle.rstrip("/") + "/"):
+        return f"bundle {bundle}: {reason}: {path}"
+    return f"{path}: {reason}"
+
+
+def _load_config_safely() -> tuple[Config | None, NvctkError | None]:
+    path = config_path()
+    try:
+        config, st = load_stat(path)
+    except NvctkError as e:
+        return None, e
+    from nvctk.runtime import passthrough  # the launcher's next start/state/delete skips Python
+
+    passthrough.remember(path, st, config.runtimes)
+    return config, None
+
+
+def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
+    """`nvctk-runtime [global] create|run ...`: prepare the bundle, then exec the runtime."""
+    config, config_error = _load_config_safely()
+    logger = Logger(config.log_file, config.log_level, "nvctk-runtime") if config else \
+        Logger(Config().log_file, "warning", "nvctk-runtime")
+
+    def fail(msg: str) -> int:
+        report_error(msg, runc_log=args.log, runc_log_format=args.log_format, logger=logger)
+        return 1
+
+    # a broken config: the default runtimes for a no-GPU create, as on the passthrough
+    runtimes = config.runtimes if config else Config().runtimes
+    runtime = ra.find_runtime(runtimes, exclude=ra.self_paths(argv0))
+    if runtime is None:
+        return fail(
+            f"no low-level runtime found (tried {', '.join(runtimes)}; nvctk-runtime itself "
+            "is skipped)"
+        )
+    bundle = args.bundle
+    try:
+        bundle = args.bundle_dir()
+        prepared = prepare_bundle(bundle, config, config_error, argv0=argv0, logger=logger,
+                                  container_id=args.container_id, runtime_root=args.root)
+    except NvctkError as e:
+        return fail(str(e))
+    except OSError as e:
+        return fail(os_error_message(e, bundle, config))
+    except Exception as e:
+        # a bug in nvctk: one line in runc's log (so the engine shows something
+        # useful), the traceback in nvctk's own log
+        return fail(internal_error(e, logger))
+    if prepared.plan is not None:
+        p = prepared.plan
+        logger.info(
+            f"{args.subcommand} {args.container_id}: GPUs {','.join(p.gpu_uuids) or 'none'}, "
+            f"capabilities {','.join(p.capabilities)}, {len(p.devices)} devices, "
+            f"{len(p.mounts)} mounts"
+            + (f", vGPU state {p.vgpu.state_dir}" if p.vgpu else "")
+            + (f", replaced {prepared.docker_hooks_removed} NVIDIA hook(s)"
+               if prepared.docker_hooks_removed else "")
+        )
+    if prepared.cdi_devices is not None:
+        logger.info(f"{args.subcommand} {args.container_id}: CDI devices "
+                    f"{','.join(prepared.cdi_devices) or 'none'}")
+    if prepared.vgpu_dir is not None and config is not None:
+        # runc may still fail before the container exists (create and run alike): then
+        # nothing runs the poststop hook, so this process outlives runc to remove the
+        # state it made
+        return _create_and_clean_up(runtime, args, prepared.vgpu_dir, config, fail, logger)
+    try:
+        ra.exec_runtime(runtime, args.argv)
+    except OSError as e:
+        if prepared.vgpu_dir is not None and config is not None:  # no poststop will run
+            _remove_vgpu_dir(prepared.vgpu_dir, config)
+        return fail(f"cannot exec {runtime}: {e.strerror}")
+    return 1  # not reached
+
+
+# what a supervisor sends its runtime to stop or tell it something: passed on to runc
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+_PR_SET_PDEATHSIG = 1
+
+
+def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config: Config,
+                         fail: Callable[[str], int], logger: Logger) -> int:
+    """Run `runtime create` (or `run`) as a child, not by exec, and remove the vGPU state
+    this create made when it fails (a run: when no container is left); exit with its
+    status (128+N: killed by signal N).
+    Returns only when the child cannot be started.
+
+    runc gets everything an exec would give it (argv, environment, stdio and the
+    --preserve-fds descriptors: every inheritable fd), and dies with this process
+    (PR_SET_PDEATHSIG): a supervisor that kills the runtime kills runc. What a
+    SIGKILL of this process leaves is reclaimed by vgpu_state.collect.
+    """
+    import signal
+
+    from nvctk import _sys
+
+    sigs = [getattr(signal, n) for n in FORWARDED_SIGNALS]
+    parent = os.getpid()
+    child = 0
+
+    def forward(signum: int, _frame: object) -> None:
+        if child > 0:
+            try:
+                os.kill(child, signum)
+            except ProcessLookupError:
+                pass
+
+    # blocked until the child's pid is known: a signal in between is forwarded, not lost
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    old = {s: signal.signal(s, forward) for s in sigs}
+    try:
+        pid = os.fork()
+    except OSError as e:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        _remove_own_vgpu_dir(vgpu_dir, config, logger)
+        return fail(f"cannot start {runtime}: {e.strerror}")
+    if pid == 0:  # the child: never returns into the caller's code
+        code = 127
+        try:
+            _sys.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(128 + signal.SIGKILL)
+            for s, h in old.items():  # as an exec from here would leave them
+                signal.signal(s, signal.SIG_IGN if h == signal.SIG_IGN else signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            ra.exec_runtime(runtime, args.argv)
+        except OSError as e:
+            code = fail(f"cannot exec {runtime}: {e.strerror}")
+        finally:
+            os._exit(code)
+    child = pid
+    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # pending ones are forwarded now
+    _, status = os.waitpid(pid, 0)  # a forwarded signal interrupts it; Python resumes it
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        code = 128 - code
+    if code != 0 and args.subcommand != "run":
+        _remove_own_vgpu_dir(vgpu_dir, config, logger)
+    elif args.subcommand == "run":
+        # `run` exits with the container's status, and a failed run leaves no container;
+        # a container that is still there (--detach, --keep) keeps its state for the
+        # poststop of its delete
+        from nvctk.vgpu.state import runtime_has
+
+        if args.container_id is None or not runtime_has(args.root, args.container_id):
+            _remove_own_vgpu_dir(vgpu_dir, config, logger)
+    # like the exec it stands for, this ends the process: the interpreter's teardown
+    # would add 7 ms to every vGPU create (the log is written unbuffered)
+    exit_now(code)
+
+
+def _remove_own_vgpu_dir(path: str, config: Config, logger: Logger) -> None:
+    """A failed create's clean-up; the runtime's failure is what gets reported."""
+    from nvctk.vgpu import state as vgpu_state
+
+    try:
+        vgpu_state.remove_if_owner(path, config)
+    except (OSError, NvctkError) as e:
+        logger.warning(f"vGPU state {path}: not removed after the failed create ({e}); "
+                       "the next vGPU create or `nvctk vgpu gc` reclaims it")

@@ -1,0 +1,151 @@
+"""The node's authority over a container's vGPU share (issue 17 §2, docs/decisions.md).
+
+A share the node gives (the device plugin's Allocate) travels in a container
+annotation under `nvctk.io/`, not only in the env: a Pod's env comes after the
+plugin's in the CRI config and replaces it, and an image's ENV reaches the same
+merged list. A Pod author cannot set container annotations (Pod annotations go to
+the sandbox, and into a container's spec only where the engine's `pod_annotations`
+lists them), and the value carries a MAC keyed by a root-only node key
+(config `authority-key`), so that no engine's annotation pass-through can forge
+one. The runtime applies the strictest of the annotation and the env per GPU.
+
+    nvctk.io/vgpu.<resource name> = {"v": 1, "devices": [[uuid, bytes, percent], ...],
+                                     "mac": <hex>}
+
+The MAC (blake2b, 32 bytes, keyed) covers the annotation's key and its canonical
+JSON without "mac": a value moved to another key, edited, made on another node or
+with an older key does not verify, and the container is refused (a share that
+cannot be read must never become no share).
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvctk.base import jsonio
+from nvctk.base.errors import RequestError, shown
+
+# typing is for the type checker only: importing it costs every container start
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+PREFIX = "nvctk.io/"
+VGPU_PREFIX = PREFIX + "vgpu."
+VERSION = 1
+KEY_BYTES = 32
+MAX_VALUE = 16384  # bytes of one annotation's value: 16 devices need under 2 KiB
+
+
+def annotation_key(resource: str) -> str:
+    """`nvctk.io/vgpu.<name>` for resource `<domain>/<name>`."""
+    return VGPU_PREFIX + resource.split("/", 1)[-1]
+
+
+def _mac(key_name: str, body: dict[str, object], key: bytes) -> str:
+    import hashlib
+
+    text = key_name + "\n" + jsonio.dumps(body, sort_keys=True)
+    return hashlib.blake2b(text.encode(), key=key, digest_size=32).hexdigest()
+
+
+def make(resource: str, devices: list[tuple[str, int, int]], key: bytes) -> tuple[str, str]:
+    """The annotation (key, value) granting `devices`: (uuid, memory bytes, SM percent)."""
+    name = annotation_key(resource)
+    body: dict[str, object] = {"v": VERSION, "devices": [list(d) for d in devices]}
+    return name, jsonio.dumps({**body, "mac": _mac(name, body, key)}, sort_keys=True)
+
+
+def present(annotations: object) -> dict[str, object]:
+    """The spec's `nvctk.io/vgpu.*` annotations, as they are (not yet checked)."""
+    if not isinstance(annotations, dict):
+        return {}
+    return {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(VGPU_PREFIX)}
+
+
+def _bad(name: str, why: str) -> RequestError:
+    return RequestError(f"annotation {shown(name)}: {why}; refused: the node's vGPU share "
+                        "for this container cannot be read")
+
+
+def shares(annotations: Mapping[str, object], key: bytes | None,
+           key_path: str) -> dict[str, tuple[int, int]]:
+    """uuid -> (memory bytes, SM percent), the strictest over all the annotations
+    (0: no limit). RequestError when any annotation fails to verify."""
+    from nvctk.vgpu.limits import stricter
+
+    out: dict[str, tuple[int, int]] = {}
+    for name in sorted(annotations):
+        raw = annotations[name]
+        if not isinstance(raw, str) or len(raw) > MAX_VALUE:
+            raise _bad(name, "not a string of nvctk's format")
+        if key is None:
+            raise _bad(name, f"this node has no authority key ({key_path}) to check it with")
+        try:
+            rec = jsonio.loads(raw)
+        except (ValueError, RecursionError):
+            raise _bad(name, "not JSON")
+        if not isinstance(rec, dict) or set(rec) != {"v", "devices", "mac"} \
+                or rec["v"] != VERSION or not isinstance(rec["mac"], str):
+            raise _bad(name, "not nvctk's format (v, devices, mac)")
+        import hmac
+
+        body = {k: v for k, v in rec.items() if k != "mac"}
+        if not hmac.compare_digest(_mac(name, body, key), rec["mac"]):
+            raise _bad(name, "its MAC does not verify with this node's authority key (forged, "
+                       "edited, from another node, or made with an older key)")
+        devs = rec["devices"]
+        if not isinstance(devs, list):
+            raise _bad(name, "devices is not a list")
+        for d in devs:
+            ok = (isinstance(d, list) and len(d) == 3 and isinstance(d[0], str)
+                  and all(type(x) is int and x >= 0 for x in d[1:]) and d[2] <= 100)
+            if not ok:
+                raise _bad(name, f"bad device entry {shown(d)}")
+            mem, sm = out.get(d[0], (0, 0))
+            out[d[0]] = (stricter(mem, d[1]), stricter(sm, d[2]))
+    return out
+
+
+def load_key(path: str, create: bool = False) -> bytes | None:
+    """The node's authority key: KEY_BYTES random bytes in a regular 0600 file owned
+    by this uid (root on a node). create: make it when missing (O_EXCL via link(), so
+    a racing create never reads half a key). None when missing and not create. A file
+    anyone else could have written is refused (RequestError): it could forge shares."""
+    if create and not os.path.lexists(path):
+        os.makedirs(os.path.dirname(path) or ".", 0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            os.write(fd, os.urandom(KEY_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: its key is the key
+        finally:
+            os.unlink(tmp)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except OSError as e:
+        raise RequestError(f"{path}: {e.strerror} (nvctk's authority key)")
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_mode & 0o7777 != 0o600 \
+                or st.st_uid != os.geteuid() or st.st_size != KEY_BYTES:
+            raise RequestError(f"{path}: not a regular 0600 file of {KEY_BYTES} bytes owned by "
+                               f"uid {os.geteuid()}; nvctk refuses it as its authority key "
+                               "(remove it: the device plugin makes a new one at its start)")
+        key = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(key) != KEY_BYTES:
+        raise RequestError(f"{path}: a short key file; remove it")
+    return key
