@@ -116,7 +116,7 @@ def prepare_bundle(
         # before any state is keyed or made by it (runc would refuse it only after)
         check_container_id(container_id)
     if request.cdi_devices is not None:
-        return _prepare_cdi(bundle, spec, data, request, config, logger)
+        return _prepare_cdi(bundle, spec, data, request, config, logger, argv0)
     # only now: most containers on a node ask for no GPU and need none of the planning
     from nvctk.plan.planner import image_facts, make_plan
 
@@ -197,30 +197,16 @@ def _check_uncapped_share(spec: dict[str, Any]) -> None:
 
 
 def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Request,
-                 config: Config, logger: Logger | None) -> Prepared:
-    """CDI mode: the named devices' containerEdits from the spec dirs into config.json,
-    recorded for the next create to remove. No prestart hook and no plan: runc makes
-    the nodes and mounts, the spec's own hooks do the rest."""
-    from nvctk.cdi import cdi  # CDI mode only: it brings yaml and the planner
+                 config: Config, logger: Logger | None, argv0: str | None = None) -> Prepared:
+    """CDI mode (nvctk.runtime.create_cdi): the devices' edits form applied as legacy
+    mode's is."""
+    from nvctk.runtime import create_cdi  # CDI mode only
 
     assert request.cdi_devices is not None
-    limits = sorted(k for k, v in request.env.items() if k.startswith(_VGPU_LIMIT_VARS) and v)
-    limits += [f"annotation {k}" for k, _ in request.vgpu_authority]  # the node's share
-    if limits:
-        raise RequestError(f"{limits[0]}: vGPU limits are not supported in CDI mode (devices "
-                           f"from {request.source}); use plain device ids with mode = "
-                           '"legacy" for a limited GPU')
-    spec_edits.check_editable(spec)
-    oci.check_rewritable(spec, data)
-    cdi.check_vendors(request.cdi_devices, config.cdi_vendors, request.source)
-    resolved = cdi.resolve(request.cdi_devices, config.cdi_spec_dirs)
-    _warn_unverified_record(spec, config, logger)
-    spec_edits.remove_our_edits(spec, config.state_dir)
-    removed = spec_edits.remove_nvidia_hooks(spec)
-    spec_edits.record_edits(spec, cdi.apply_edits(spec, resolved, bundle), config.state_dir)
-    oci.save_spec(bundle, spec)
-    _remove_earlier_plan(bundle, logger)  # an earlier legacy create's: no hook reads it now
-    return Prepared(None, removed, cdi_devices=request.cdi_devices)
+    edits, removed = create_cdi.prepare(bundle, spec, data, request, config, logger,
+                                        find_hook(config, argv0), _nvctk_config_env())
+    return Prepared(edits if edits.has_hook_work() else None, removed,
+                    cdi_devices=request.cdi_devices)
 
 
 _ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
