@@ -129,7 +129,8 @@ def test_spec_devices_and_edits(sim_host_mig: SimHost, tmp_path: Path,
     assert set(paths["all"]) == {p for n, ps in paths.items() if n != "all" for p in ps}
     node = devs["gpu1"]["deviceNodes"][0]
     assert node == {"path": "/dev/nvidia1", "hostPath": f"{sim_host_mig.root}/dev/nvidia1",
-                    "type": "c", "major": 195, "minor": 1, "permissions": "rwm"}
+                    "type": "c", "major": 195, "minor": 1, "fileMode": 0o666,
+                    "permissions": "rwm"}
     common = spec["containerEdits"]
     assert [d["path"] for d in common["deviceNodes"]] == [
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]

@@ -34,6 +34,7 @@ from nvctk.cdi.load import (  # noqa: F401
     Resolved,
     _edit_problem,
     _link_paths,
+    bind_options,
     check_host_binds,
     check_vendors,
     list_devices,
@@ -165,15 +166,19 @@ def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...]
 
 
 def _node_entry(d: DeviceNode) -> dict[str, Any]:
-    return {"path": d.path, "hostPath": d.host_path, "type": d.type, "major": d.major,
-            "minor": d.minor, "permissions": "rwm"}
+    # fileMode too: the form's mode (0660 for DRM nodes, as the driver makes them), not
+    # the host node's, whatever that is
+    out: dict[str, Any] = {"path": d.path, "hostPath": d.host_path, "type": d.type,
+                           "major": d.major, "minor": d.minor}
+    if d.file_mode is not None:
+        out["fileMode"] = d.file_mode
+    out["permissions"] = d.permissions
+    return out
 
 
 def _mount_entry(m: Mount) -> dict[str, Any]:
-    opts: tuple[str, ...] = FILE_OPTIONS if m.read_only else IPC_OPTIONS
-    if m.read_only and m.noexec:
-        opts = (*FILE_OPTIONS, "noexec")
-    return {"hostPath": m.host_path, "containerPath": m.container_path, "options": list(opts)}
+    return {"hostPath": m.host_path, "containerPath": m.container_path,
+            "options": list(bind_options(m.read_only, m.noexec))}
 
 
 def _edits_hook(hook_path: str, links: list[Symlink], folder: str | None,

@@ -26,6 +26,16 @@ FILE_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 IPC_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
 
 
+def bind_options(read_only: bool, noexec: bool) -> tuple[str, ...]:
+    """The options of a bind mount nvctk's form makes (FILE_OPTIONS, IPC_OPTIONS, ...)."""
+    base = ("nosuid", "nodev", "rbind", "rprivate")
+    return (*(("ro",) if read_only else ()), *base, *(("noexec",) if noexec else ()))
+
+
+# the other way: (read_only, noexec) of the options `nvctk cdi generate` writes
+BIND_FLAGS = {bind_options(r, x): (r, x) for r in (True, False) for x in (True, False)}
+
+
 class CdiError(NvctkError):
     pass
 

@@ -17,8 +17,7 @@ import os
 import stat
 
 from nvctk.cdi.load import (
-    FILE_OPTIONS,
-    IPC_OPTIONS,
+    BIND_FLAGS,
     CdiError,
     Resolved,
     _edit_problem,
@@ -39,12 +38,6 @@ from nvctk.edits import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal
-
-# the options `nvctk cdi generate` writes for a read-only file, a writable IPC path
-# (socket, MPS dir) and a read-only noexec file: (read_only, noexec) of each
-_OWN_OPTIONS = {FILE_OPTIONS: (True, False), IPC_OPTIONS: (False, True),
-                (*FILE_OPTIONS, "noexec"): (True, True)}
-
 
 def _own_hook(h: dict[str, Any]) -> tuple[tuple[Symlink, ...], str | None] | None:
     """Links and folder of an nvctk-hook CDI hook, None for any other hook."""
@@ -96,7 +89,7 @@ def _kind(host: str) -> Literal["file", "dir", "socket"]:
 
 def _mount(m: dict[str, Any], own: bool) -> Mount:
     opts = tuple(m.get("options", ()))
-    flags = _OWN_OPTIONS.get(opts) if own and not m.get("type") else None
+    flags = BIND_FLAGS.get(opts) if own and not m.get("type") else None
     if flags is None:  # verbatim: runc mounts it as the spec says
         return Mount(m["hostPath"], m["containerPath"], options=opts, fs_type=m.get("type"))
     kind = _kind(m["hostPath"])
