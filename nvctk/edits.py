@@ -229,8 +229,9 @@ class Edits(Record):
 
     def has_hook_work(self) -> bool:
         """Whether the prestart hook has anything to do in the container."""
-        return bool(self.mounts or self.symlinks or self.proc_mask is not None
-                    or self.ldconfig or self.vgpu is not None)
+        # a mount with options is a CDI spec's own, made by runc: not the hook's
+        return bool(any(m.options is None for m in self.mounts) or self.symlinks
+                    or self.proc_mask is not None or self.ldconfig or self.vgpu is not None)
 
     def to_json(self) -> str:
         return jsonio.dumps(self.to_dict(), sort_keys=True)
