@@ -148,7 +148,7 @@ def test_spec_devices_and_edits(sim_host_mig: SimHost, tmp_path: Path,
     # runs one hook (the common links, the device's own and ldconfig)
     assert "hooks" not in common
     bus = proc_bus_id(g1.pci_bus_id)
-    for name, e in devs.items():
+    for e in devs.values():
         (hook,) = e["hooks"]
         assert hook["hookName"] == "createRuntime" and hook["path"] == HOOK
         assert hook["env"] == [f"NVCTK_CONFIG={sim_host_mig.config_path}"]

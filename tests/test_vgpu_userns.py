@@ -31,8 +31,8 @@ from nvctk.base.errors import SpecError
 from nvctk.edits import PLAN_FILE
 from nvctk.sim import host
 from nvctk.spec import apply as spec_edits
-from nvctk.spec.record import AppliedRecord
 from nvctk.spec import seccomp as nvseccomp
+from nvctk.spec.record import AppliedRecord
 from nvctk.vgpu import state as vgpu_state
 
 # test_vgpu_runtime's fixtures: a simulated host, capped bundles, nvctk-runtime + runc
