@@ -42,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
         sanitize_environ()
         return vgpu_state.poststop_main(sys.stdin.buffer, sys.stderr, args[1:])
-    if cmd in ("create-symlinks", "update-ldcache"):
-        return _cdi_hook(cmd, args[1:])
+    if cmd in ("cdi-edits", "create-symlinks", "update-ldcache"):
+        from nvctk.hook import cdi_hooks
+
+        return cdi_hooks.main(cmd, args[1:])
     sys.stderr.write(f"nvctk-hook: unknown command {cmd!r}\n{USAGE}")
     return 2
 
