@@ -166,3 +166,37 @@ def test_an_unreadable_preload_file_is_kept_as_the_error(tmp_path: Path) -> None
     got = image_facts({"root": {"path": "rootfs"}}, str(tmp_path), vgpu=True)
     assert isinstance(got.preload_entries, SpecError)
     assert "is not a regular file" in str(got.preload_entries)
+
+
+# --- nvctk-hook's path ------------------------------------------------------------------------
+
+
+def _exe(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_find_hook_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvctk.host.paths import find_hook
+
+    runtime = _exe(tmp_path / "bin/nvctk-runtime")
+    on_path = _exe(tmp_path / "path/nvctk-hook")
+    (tmp_path / "dir-first/nvctk-hook").mkdir(parents=True)  # a directory is no executable
+    _exe(tmp_path / "noexec/nvctk-hook").chmod(0o644)
+    monkeypatch.setenv("PATH", f"{tmp_path}/noexec:{tmp_path}/dir-first:{tmp_path}/path")
+    assert find_hook(Config(hook_path="/opt/h")) == "/opt/h"  # the config first
+    assert find_hook(Config(), str(runtime)) == str(on_path)  # none beside: PATH's
+    beside = _exe(tmp_path / "bin/nvctk-hook")
+    assert find_hook(Config(), str(runtime)) == str(beside)
+
+
+def test_find_hook_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvctk.host.paths import find_hook
+
+    with pytest.raises(ConfigError, match="hook-path must be absolute"):
+        find_hook(Config(hook_path="rel/h"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match="cannot find nvctk-hook"):
+        find_hook(Config(), str(tmp_path / "nvctk-runtime"))

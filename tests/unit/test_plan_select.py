@@ -7,7 +7,7 @@ import pytest
 from nvctk.base.errors import UnknownDeviceError
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo, proc_bus_id
 from nvctk.plan.select import requirement_facts, resolve_device, select_devices, vgpu_devices
-from nvctk.request.parse import Request
+from nvctk.request.parse import Request, asks_for_vgpu, expanded_capabilities
 
 MIG_A = MigInfo(0, "MIG-aaaa", 1, 0, "3g.40gb", 40000)
 MIG_B = MigInfo(1, "MIG-bbbb", 2, 0, "3g.40gb", 40000)
@@ -76,3 +76,22 @@ def test_requirement_facts_per_device() -> None:
                                              ("0001:AF:00.1", "0001:af:00.1")])
 def test_proc_bus_id(nvml: str, proc: str) -> None:
     assert proc_bus_id(nvml) == proc
+
+
+@pytest.mark.parametrize(("request_", "asks"), [
+    (Request(), False),
+    (Request(env={"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"}), False),
+    (Request(env={"CUDA_DEVICE_MEMORY_LIMIT": "0"}), True),  # read: whether it limits is the plan's
+    (Request(env={"NVCTK_VGPU_X": ""}), True),
+    (Request(vgpu_authority=(("nvctk.io/vgpu.gpu", None),)), True),
+])
+def test_asks_for_vgpu(request_: Request, asks: bool) -> None:
+    """What makes discovery read the vGPU facts (the image's libc, the key, libvgpu)."""
+    assert asks_for_vgpu(request_) is asks
+
+
+@pytest.mark.parametrize(("caps", "want"), [
+    (("utility",), ["utility"]), (("video",), ["video", "compute"]),
+    (("display",), ["display", "graphics"]), (("video", "compute"), ["video", "compute"])])
+def test_expanded_capabilities(caps: tuple[str, ...], want: list[str]) -> None:
+    assert expanded_capabilities(caps) == want
