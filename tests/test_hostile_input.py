@@ -192,17 +192,17 @@ def test_config_values_are_validated(env: Env, bundle: Callable[..., Path],
 
 
 # each took tomllib seconds (quadratic in a key's dotted parts), on every passthrough
-# where the fast scanner gave up (a triple quote anywhere) and on every no-GPU create
+# and on every no-GPU create, before config._bounds
 PATHOLOGICAL = [
     ('s = """x"""\n' + ".".join(["a"] * 30000) + " = 1\n", "line 2 is longer than 8192 bytes"),
     (".".join(["a"] * 6000) + " = 1\n", "line 1 is longer than 8192 bytes"),
-    ("[" + ".".join(["a"] * 3000) + "]\n", "line 1: a key or table header with more than 16 dotted"),
-    ('s = """x"""\n' + '"a".' * 300 + "b = 1\n", "line 2: a key or table header with more than 16"),
-    ("x = {" + ".".join(["a"] * 4000) + " = 1}\n", "line 1: a key or table header with more than 16"),
+    ("[" + ".".join(["a"] * 3000) + "]\n", "more than 1024 '.' characters"),
+    ('s = """x"""\n' + '"a".' * 300 + "b = 1\n", "unknown key"),
+    ("x = {" + ".".join(["a"] * 4000) + " = 1}\n", "more than 1024 '.' characters"),
     ("# " + "x" * 70000 + "\n", "larger than 65536 bytes (a real nvctk config is under 4 KiB)"),
     ('runtimes = ["crun"]\nruntimes = ["runc"]\n', "malformed TOML: Cannot overwrite a value (at line 2"),
-    ("a.b\n" * 2000, "2001 lines, more than 1024: not an nvctk config"),
-    ("x = [" + '"",' * 2000 + "]\n", "more than 1024 quote characters"),
+    ("a.b\n" * 2000, "more than 1024 '.' characters"),
+    ("x = [" + '"",' * 2000 + "]\n", "unknown key"),
 ]
 
 
@@ -210,7 +210,7 @@ PATHOLOGICAL = [
 def test_pathological_config_slows_nothing_that_asks_for_no_gpu(
         env: Env, bundle: Callable[..., Path], path_runc: dict[str, str], text: str,
         needle: str) -> None:
-    """Refused by a linear check before any TOML parse: passthrough and no-GPU
+    """Refused by linear checks before the TOML parse: passthrough and no-GPU
     creates run the default runtimes at once (with a warning), a GPU create fails
     naming the file and the line."""
     env.config.write_text(text)
@@ -230,16 +230,6 @@ def test_pathological_config_slows_nothing_that_asks_for_no_gpu(
         env.record.unlink()
     g = bundle({NVD: "0"}, name="gpu")
     assert_clean_failure(env, run_rt(create_argv(env, g), path_runc), needle)
-
-
-def test_config_precheck_leaves_strings_alone() -> None:
-    """Dots, brackets and `runtimes =` inside strings are no structure."""
-    text = ('s = "' + "a." * 100 + '"\nt = \'\'\'\nruntimes = ["evil"]\n[x]\n\'\'\'\n'
-            'u = "\\"[[[["\nruntimes = ["crun"]  # a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r\n')
-    assert nvconfig.precheck(text) is None
-    import tomllib
-
-    assert tomllib.loads(text)["runtimes"] == ["crun"]  # valid TOML, let through
 
 
 def test_read_regular_file_refuses_fifo_and_devices(tmp_path: Path) -> None:

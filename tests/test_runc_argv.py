@@ -131,15 +131,20 @@ def test_find_runtime(tmp_path: Path) -> None:
 def test_passthrough_imports_stay_light(tmp_path: Path, configured: bool) -> None:
     """The Python passthrough (a launcher cache miss) must not import
     json/tomllib/dataclasses (milliseconds each), neither without a config nor with one
-    like the simulated host's (extra-mounts)."""
+    like the simulated host's (extra-mounts) that the config loader has parsed before
+    (its parsed-config cache)."""
     import subprocess
     import sys
 
+    from nvctk.base import config as nvconfig
     from nvctk.base.config import Config, ExtraMount, render
 
     cfg = tmp_path / "config.toml"
     cfg.write_text(render(Config(runtimes=("crun",),
                                  extra_mounts=(ExtraMount("/a", "/b", True),))))
+    with pytest.MonkeyPatch.context() as m:  # settled: the cache is written at once
+        m.setattr(nvconfig, "RACY_NS", -(10**12))
+        nvconfig.load_stat(str(cfg), {nvconfig.CACHE_VAR: str(tmp_path / "cache")})
     want = ("crun",) if configured else ("runc", "crun")
     code = (
         "import sys; import nvctk.cli.runtime as m; from nvctk.oci import runc_argv; from nvctk.runtime import passthrough;"

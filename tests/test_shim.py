@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from nvctk.base import config as nvconfig
 from nvctk.edits import PLAN_FILE, Plan
 from nvctk.sim.host import SimHost
 from support.launchers import Launchers
@@ -350,6 +351,11 @@ def _importtime_create(env: Env, b: Path, tmp_path: Path) -> set[str]:
     text = re.sub(r"(?m)^state-dir = .*\n", "", text) + f'state-dir = "{tmp_path / "state"}"\n'
     config = tmp_path / "true.toml"
     config.write_text(text)
+    # settled, as a node's config is: the first create leaves the parsed-config cache
+    # (written here, in-process: a config written this instant is racy, not cached yet)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(nvconfig, "RACY_NS", -(10**12))
+        nvconfig.load(str(config))
     # the launcher, its python3 adding -X importtime
     launchers = Launchers(tmp_path / "launchers", ("-X", "importtime"))
     cmd = [str(launchers.bin / "nvctk-runtime"), "create", "--bundle", str(b), "c-imports"]
