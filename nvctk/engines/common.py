@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ import tomlkit.exceptions
 from tomlkit.container import Container
 from tomlkit.items import AoT, Comment, InlineTable, Item, Table, Whitespace
 
+from nvctk.base import fileio
 from nvctk.base.errors import ConfigError, clipped, shown
 
 RUNTIME_BINARY = "nvctk-runtime"
@@ -133,15 +133,13 @@ def read(path: str) -> bytes | None:
     """The file's bytes, None when it does not exist; a ConfigError for anything but a
     regular file (after a symlink): configure replaces the file it read, and a device
     (/dev/null) or FIFO must never become a regular file, nor a FIFO hang the read."""
-    from nvctk.base.fileio import NotRegularFile, read_regular_file
-
     if os.path.isdir(path):
         raise ConfigError(f"{path}: is a directory, not a config file")
     try:
-        return read_regular_file(path, MAX_FILE_BYTES)
+        return fileio.read_regular_file(path, MAX_FILE_BYTES)
     except FileNotFoundError:
         return None
-    except NotRegularFile:
+    except fileio.NotRegularFile:
         raise ConfigError(f"{path}: not a regular file (a device, FIFO or socket); "
                           "left untouched")
     except OSError as e:
@@ -456,28 +454,6 @@ def _check_writable(path: str) -> None:
             raise ConfigError(f"cannot write {path}: {e.strerror}; left untouched")
 
 
-def _tmp_with(path: str, data: bytes, like: str | None) -> str:
-    d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".nvctk-tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            mode = 0o644
-            if like is not None:
-                st = os.stat(like)
-                mode = st.st_mode & 0o7777
-                if os.geteuid() == 0:
-                    os.fchown(f.fileno(), st.st_uid, st.st_gid)
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return tmp
-
-
 def target(path: str) -> str:
     """Where a write to `path` goes: through a symlink to its file (a rename would
     replace the link with a file)."""
@@ -508,10 +484,11 @@ def apply(plan: Plan) -> list[str]:
                 except OSError as e:
                     raise ConfigError(f"cannot create {d}: {e.strerror}")
             try:
+                # the backup keeps the mode and owner of the file it backs up
                 if c.old is not None and c.new is not None:
-                    staged.append((_tmp_with(bak, c.old, path), bak))
+                    staged.append((fileio.write_temp(bak, c.old, like=path), bak))
                 if c.new is not None:
-                    staged.append((_tmp_with(path, c.new, path if c.old is not None else None), path))
+                    staged.append((fileio.write_temp(path, c.new), path))
                 else:
                     deletes.append((path, bak))
             except OSError as e:
@@ -536,14 +513,11 @@ def apply(plan: Plan) -> list[str]:
                 done.append(f"updated {c.path} (previous version: {c.bak or backup_path(c.path)})")
         for d in {os.path.dirname(target(c.path)) for c in todo}:
             with contextlib.suppress(OSError):
-                fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-                os.fsync(fd)
-                os.close(fd)
+                fileio.sync_directory(d)
         return done
     finally:
         for tmp, _ in staged:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            fileio.unlink_quietly(tmp)
 
 
 def _header_keys(line: str) -> list[str] | None:
