@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nvctk.engines.common import Request as EngineRequest
+from nvctk.engines.common import EngineRequest
 from nvctk.k8s import config as dpconfig
 from nvctk.k8s import resources
 from nvctk.sim.topology import MIG_PROFILES, make_topology

@@ -32,7 +32,7 @@ RUNC_SHIM = "io.containerd.runc.v2"
 
 
 @dataclass
-class Request:
+class EngineRequest:
     """One `nvctk configure` invocation, engine-neutral."""
 
     name: str = "nvidia"
@@ -58,7 +58,7 @@ class Change:
 
 
 @dataclass
-class Plan:
+class ConfigChanges:
     """What configure or remove would do: the file changes and lines for the user."""
 
     service: str
@@ -104,7 +104,7 @@ def check_runtime_path(path: str) -> str:
     return path
 
 
-def is_our_binary(value: object, req: Request) -> bool:
+def is_our_binary(value: object, req: EngineRequest) -> bool:
     """Whether a runtime entry's binary is nvctk's: the --runtime-path given, else any
     absolute path ending in /nvctk-runtime (nvctk may have moved since configure)."""
     if not isinstance(value, str):
@@ -114,7 +114,7 @@ def is_our_binary(value: object, req: Request) -> bool:
     return os.path.isabs(value) and os.path.basename(value) == RUNTIME_BINARY
 
 
-def not_ours(path: str, req: Request, field: str, binary: object) -> ConfigError:
+def not_ours(path: str, req: EngineRequest, field: str, binary: object) -> ConfigError:
     """The refusal to remove a runtime entry of that name that runs something else."""
     return ConfigError(
         f"{path}: runtime {req.name!r} is not nvctk's ({field} {shown(binary, 200)}); not "
@@ -464,7 +464,7 @@ def backup_path(path: str) -> str:
     return target(path) + ".bak"
 
 
-def apply(plan: Plan) -> list[str]:
+def apply(plan: ConfigChanges) -> list[str]:
     """Write every changed file of the plan, or none. Returns lines saying what was done."""
     todo = [c for c in plan.changes if c.changed]
     staged: list[tuple[str, str]] = []  # (tmp, final)
