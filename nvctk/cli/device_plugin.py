@@ -8,7 +8,7 @@ import sys
 import click
 
 from nvctk.base.errors import NvctkError
-from nvctk.k8s import DEFAULT_KUBELET_DIR
+from nvctk.k8s.kubelet import DEFAULT_KUBELET_DIR
 
 
 @click.command("device-plugin")
