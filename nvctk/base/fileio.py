@@ -7,6 +7,7 @@ One reader (read_regular_file) for every file a container start reads, one write
 from __future__ import annotations
 
 import os
+import stat
 
 
 class NotRegularFile(OSError):
@@ -147,8 +148,6 @@ def atomic_write(path: str, data: bytes, mode: int | None = None, *,
 
 def kind_of(mode: int) -> str:
     """What a file of this st_mode is, for a message ("a directory", "a character device")."""
-    import stat  # operator tools only
-
     for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),

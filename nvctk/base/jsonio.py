@@ -78,7 +78,7 @@ def loads(data: str | bytes | bytearray) -> Any:
 
 
 def _slow_loads(data: str | bytes | bytearray) -> Any:
-    import json
+    import json  # start time: json (+ re) only for what _json leaves to it
 
     return json.loads(data)
 
@@ -90,7 +90,7 @@ def _unserializable(o: object) -> Any:
 def dumps(obj: Any, *, sort_keys: bool = False, ensure_ascii: bool = True) -> str:
     """json.dumps(obj, separators=(",", ":"), sort_keys=..., ensure_ascii=...)."""
     if _json is None:
-        import json
+        import json  # start time: only without the accelerator
 
         return json.dumps(obj, separators=(",", ":"), sort_keys=sort_keys,
                           ensure_ascii=ensure_ascii)

@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from nvctk.base import jsonio
+
 # typing is for the type checker only (this module is on every start path)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -106,8 +108,6 @@ def runc_log_line(msg: str, level: str = "error", log_format: str | None = "json
     when = _now_rfc3339()
     if log_format == "text":
         return f"time={_logfmt_quote(when)} level={level} msg={_logfmt_quote(msg)}"
-    from nvctk.base import jsonio
-
     return jsonio.dumps({"level": level, "msg": msg, "time": when})
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import tomlkit
 import tomlkit.exceptions
+import tomllib
 from tomlkit.container import Container
 from tomlkit.items import AoT, Comment, InlineTable, Item, Table, Whitespace
 
@@ -253,8 +254,6 @@ def check_edit(path: str, old: bytes, new: bytes, edits: Edits) -> None:
     each key path in `edits` holds its value (MISSING: is gone) and nothing else
     changed. tomlkit places new lines by its own rules, which dotted keys and unusual
     layouts can defeat (a key landing in the wrong table): refused, not written."""
-    import tomllib
-
     try:
         before = tomllib.loads(old.decode("utf-8")) if old.strip() else {}
         after = tomllib.loads(new.decode("utf-8"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import glob as globmod
 import os
 import re
 import shutil
@@ -503,8 +504,6 @@ def strip(req: EngineRequest, old: Files, baks: Files | None = None) -> tuple[Fi
 
 
 def _glob_files(pattern: str) -> list[str]:
-    import glob as globmod
-
     return globmod.glob(pattern)
 
 
