@@ -21,7 +21,6 @@ import time
 
 from nvctk.base import jsonio
 
-# typing is for the type checker only (this module is on every start path)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NoReturn
@@ -195,7 +194,7 @@ def report_error(
 
 def exit_now(code: int) -> NoReturn:
     """End the process without the interpreter's teardown (module and object
-    cleanup: 1-7 ms of a container start), as the exec it often stands for would.
+    cleanup, a part of a container start), as the exec it often stands for would.
     For callers with nothing left to clean up: only stdio is flushed."""
     for f in (sys.stdout, sys.stderr):
         try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import re
 
-# typing is for the type checker only
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
