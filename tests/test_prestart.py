@@ -28,6 +28,7 @@ from canary.harness import (
     run_hook,
 )
 
+from nvctk.base import config as nvconfig
 from nvctk.edits import Mount
 from nvctk.hook.elf import elf_interpreter
 from nvctk.hook.inputs import sanitize_environ
@@ -233,7 +234,12 @@ def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]
     bundle, root = setup()
     v = sim_host.topology.driver_version
     state = {"ociVersion": "1.0.2", "id": "c1", "status": "creating", "bundle": bundle.path}
-    env = {"PATH": HOOK_PATH_ENV.split("=", 1)[1], "NVCTK_CONFIG": bundle.config}
+    env = {"PATH": HOOK_PATH_ENV.split("=", 1)[1], "NVCTK_CONFIG": bundle.config,
+           nvconfig.CACHE_VAR: os.environ[nvconfig.CACHE_VAR]}
+    # settled, as a node's config is: the runtime's create has parsed and cached it
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(nvconfig, "RACY_NS", -(10**12))
+        nvconfig.load(bundle.config)
     hook = Launchers(Path(bundle.path).parent / "launchers", ("-X", "importtime")).bin
     with fake_container() as pid:
         r = subprocess.run([str(hook / "nvctk-hook"), "prestart"],
