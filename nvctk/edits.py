@@ -14,7 +14,6 @@ from __future__ import annotations
 from nvctk.base import jsonio
 from nvctk.base.record import Record
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal
