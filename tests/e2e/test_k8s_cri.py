@@ -100,10 +100,9 @@ def work() -> Iterator[Path]:
 def sim(work: Path) -> SimHost:
     """A sim of its own (the Pods' processes share its state file): GPU 0 split into
     MIG devices, GPU 1 whole; its config names a CDI spec dir with a generated spec."""
-    from conftest import nvctk_exe
-
     from nvctk.sim import host
     from nvctk.sim.topology import make_topology
+    from support.exe import nvctk_exe
 
     s = host.init(str(work / "sim"), make_topology(gpus=2, mig=MIG_LAYOUT))
     cdi = work / "cdi"
@@ -133,7 +132,7 @@ def images(work: Path, sim: SimHost) -> dict[str, Path]:
 
 
 def _configure(*args: str, env: dict[str, str] | None = None) -> None:
-    from conftest import nvctk_exe
+    from support.exe import nvctk_exe
 
     r = subprocess.run([*nvctk_exe(), "configure", *args], capture_output=True, text=True,
                        timeout=60, env=env)

@@ -62,9 +62,8 @@ def sim(work: Path) -> SimHost:
 
 @pytest.fixture(scope="module")
 def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
-    from conftest import nvctk_exe
-
     from nvctk.sim.rootfs import build_rootfs
+    from support.exe import nvctk_exe
 
     cd = work / "ctd"
     cd.mkdir()

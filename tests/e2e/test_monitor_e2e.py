@@ -182,7 +182,7 @@ def test_prometheus_series_match_the_simulated_gpu(node: Node, prometheus: Prome
 
 
 def test_every_grafana_query_returns_data(node: Node, prometheus: Prometheus) -> None:
-    from test_deployments import grafana_queries
+    from support.deployments import grafana_queries
 
     wait_until(lambda: [len(s["values"]) >= 3 for s in
                         prometheus.query("nvctk_gpu_xid_errors_total[20s]")][:1] == [True],

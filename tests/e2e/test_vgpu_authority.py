@@ -99,9 +99,8 @@ def _runtimes_table(cfg: Path) -> None:
 
 @pytest.fixture(scope="module")
 def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
-    from conftest import nvctk_exe
-
     from nvctk.sim.rootfs import build_rootfs
+    from support.exe import nvctk_exe
 
     cd = work / "ctd"
     cd.mkdir()

@@ -75,7 +75,7 @@ def _generate(run_nvctk: Callable[..., Any], sim: SimHost, out: Path, *args: str
 
 @pytest.fixture(scope="module")
 def spec_yaml(sim_host: SimHost, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import nvctk_exe
+    from support.exe import nvctk_exe
 
     out = tmp_path_factory.mktemp("cdi") / "nvidia.yaml"
     r = subprocess.run([*nvctk_exe(), "cdi", "generate", "--output", str(out)],

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_runtime_create import RUNTIME, Env, create_argv, snapshot
 
 from nvctk.base.config import Config, parse
 from nvctk.base.errors import ConfigError, RequestError
@@ -22,6 +21,7 @@ from nvctk.cdi import cdi
 from nvctk.request.parse import cdi_names, parse_qualified, request_from_spec
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
+from support.runtime import RUNTIME, Env, create_argv, snapshot
 
 
 def _with(text: str, **keys: str) -> str:
@@ -276,7 +276,7 @@ def env(tmp_path: Path, sim_host: SimHost) -> Env:
 
 @pytest.fixture(scope="module")
 def spec_dir(sim_host: SimHost, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import nvctk_exe
+    from support.exe import nvctk_exe
 
     d = tmp_path_factory.mktemp("cdi-mode")
     r = subprocess.run([*nvctk_exe(), "cdi", "generate", "--output", str(d / "nvidia.yaml")],
@@ -309,7 +309,7 @@ def test_unresolvable_name_fails_cleanly(env: Env, spec_dir: Path) -> None:
     b = _bundle(env.tmp, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=7"])
     before = snapshot(b / "config.json")
     r = env.run(*create_argv(env, b))
-    from test_runtime_bad_input import assert_clean_failure
+    from support.runtime import assert_clean_failure
 
     assert_clean_failure(env, r, "unresolvable CDI device nvidia.com/gpu=7: not in the CDI specs "
                          f"of {env.tmp / 'cdi'}; nvidia.com/gpu has: 0, GPU-")
@@ -322,7 +322,7 @@ def test_vgpu_limit_is_refused_in_cdi_mode(env: Env, spec_dir: Path) -> None:
                           "CUDA_DEVICE_MEMORY_LIMIT=1g"])
     before = snapshot(b / "config.json")
     r = env.run(*create_argv(env, b))
-    from test_runtime_bad_input import assert_clean_failure
+    from support.runtime import assert_clean_failure
 
     assert_clean_failure(env, r, "CUDA_DEVICE_MEMORY_LIMIT: vGPU limits are not supported in "
                          "CDI mode")
@@ -538,8 +538,8 @@ def test_cdi_create_refuses_to_create_on_a_bound_host_dir(env: Env, spec_dir: Pa
                                                           what: str, ro: bool) -> None:
     """Before: runc made the CDI mounts' mount points (40 empty files at the library
     dir) in the host's directory; legacy mode's hook refuses the same start."""
-    from test_runtime_bad_input import assert_clean_failure
-    from test_hook_mount import snapshot as tree
+    from support.fs import snapshot as tree
+    from support.runtime import assert_clean_failure
 
     shutil.copytree(spec_dir, env.tmp / "cdi")
     host = _host_dir(env.tmp)
@@ -557,7 +557,7 @@ def test_cdi_create_refuses_to_create_on_a_bound_host_dir(env: Env, spec_dir: Pa
 def test_cdi_create_refuses_a_link_on_a_bound_host_dir(env: Env, spec_dir: Path) -> None:
     """Every mount target already in the host's directory: the links hook would still
     create libcuda.so there."""
-    from test_runtime_bad_input import assert_clean_failure
+    from support.runtime import assert_clean_failure
 
     shutil.copytree(spec_dir, env.tmp / "cdi")
     host = _host_dir(env.tmp)
@@ -586,8 +586,8 @@ def test_a_bind_reached_through_the_images_links_is_found(env: Env, spec_dir: Pa
                                                           at: str) -> None:
     """A merged-/usr image: /lib is a link to usr/lib, so a bind at /lib/x86_64-linux-gnu
     is where runc puts the CDI mounts of /usr/lib/x86_64-linux-gnu."""
-    from test_runtime_bad_input import assert_clean_failure
-    from test_hook_mount import snapshot as tree
+    from support.fs import snapshot as tree
+    from support.runtime import assert_clean_failure
 
     shutil.copytree(spec_dir, env.tmp / "cdi")
     host = _host_dir(env.tmp)
@@ -627,9 +627,8 @@ def test_real_runc_creates_nothing_on_a_bound_host_dir(sim_host: SimHost, spec_d
                                                        tmp_path: Path, mode: str) -> None:
     """Both modes, end to end: the start is refused and the host directory holds what
     it held."""
-    from test_hook_mount import snapshot as tree
-
     from nvctk.sim.rootfs import build_rootfs
+    from support.fs import snapshot as tree
 
     rootfs = build_rootfs(str(tmp_path / "rootfs"))
     host = _host_dir(tmp_path)
@@ -684,7 +683,7 @@ def test_another_vendors_device_is_refused(env: Env, spec_dir: Path, envvars: li
                                            annotations: dict[str, str], mounts: list[str],
                                            source: str) -> None:
     """Before: example.com/net=eth from the env bound the host's / read-write."""
-    from test_runtime_bad_input import assert_clean_failure
+    from support.runtime import assert_clean_failure
 
     _net_spec(env, spec_dir)
     if mounts:

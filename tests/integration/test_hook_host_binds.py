@@ -21,11 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from canary.harness import cpath, fake_container, make_bundle, make_plan, run_hook
-from test_hook_mount import snapshot
 
 from nvctk.edits import Mount, Symlink
 from nvctk.sim.host import SimHost
+from support.canary.harness import cpath, fake_container, make_bundle, make_plan, run_hook
+from support.fs import snapshot
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces)")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,24 +15,9 @@ from pathlib import Path
 import pytest
 
 from nvctk.hook import mount as m
+from support.fs import snapshot
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces)")
-
-
-def snapshot(path: Path) -> dict[str, tuple[bytes | str, int]]:
-    """Bytes (or link targets) and mtimes of everything under path."""
-    out: dict[str, tuple[bytes | str, int]] = {str(path): ("", os.lstat(path).st_mtime_ns)}
-    for dirpath, dirs, files in os.walk(path):
-        for name in dirs + files:
-            p = os.path.join(dirpath, name)
-            st = os.lstat(p)
-            if stat.S_ISLNK(st.st_mode):
-                out[p] = (os.readlink(p), st.st_mtime_ns)
-            elif stat.S_ISREG(st.st_mode):
-                out[p] = (Path(p).read_bytes(), st.st_mtime_ns)
-            else:
-                out[p] = ("dir", st.st_mtime_ns)
-    return out
 
 
 @pytest.fixture

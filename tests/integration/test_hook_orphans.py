@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import test_image_hostile as th
-from canary.harness import HOOK, HOOK_PATH_ENV, fake_container, make_bundle, make_plan
 
+import support.runc as th
 from nvctk.sim.host import SimHost
+from support.canary.harness import HOOK, HOOK_PATH_ENV, fake_container, make_bundle, make_plan
 
 runc = th.runc  # the fixture: real runc, containers deleted afterwards
 
@@ -130,7 +130,7 @@ def test_runc_hook_timeout_leaves_no_ldconfig(sim_host: SimHost, fifo_rootfs: st
                                               runc: Callable[[Path], subprocess.CompletedProcess[str]]
                                               ) -> None:
     root = Path(fifo_rootfs)
-    bundle = th._runc_bundle(tmp_path, root, sim_host, ["/bin/true"], [])
+    bundle = th.runc_bundle(tmp_path, root, sim_host, ["/bin/true"], [])
     spec = json.loads((bundle / "config.json").read_text())
     spec["hooks"]["prestart"][0]["timeout"] = 2
     (bundle / "config.json").write_text(json.dumps(spec))

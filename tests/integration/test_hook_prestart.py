@@ -1,7 +1,7 @@
 """nvctk-hook prestart against a simulated host and a fake container.
 
 The "container" is `unshare -m --propagation private sleep` (see
-canary/harness.py); the hook runs as the real executable with runc's hook
+support/canary/harness.py); the hook runs as the real executable with runc's hook
 environment, and everything is checked through /proc/<pid>/{root,mountinfo}.
 """
 
@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from canary.harness import (
+
+from nvctk.edits import Mount
+from nvctk.hook.elf import elf_interpreter
+from nvctk.hook.inputs import sanitize_environ
+from nvctk.hook.mount import parse_mountinfo
+from nvctk.host import ldcache
+from nvctk.sim.host import SimHost
+from support.canary.harness import (
     HOOK,
     HOOK_PATH_ENV,
     Bundle,
@@ -27,13 +34,6 @@ from canary.harness import (
     mountinfo,
     run_hook,
 )
-
-from nvctk.edits import Mount
-from nvctk.hook.elf import elf_interpreter
-from nvctk.hook.inputs import sanitize_environ
-from nvctk.hook.mount import parse_mountinfo
-from nvctk.host import ldcache
-from nvctk.sim.host import SimHost
 from support.launchers import Launchers
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces)")

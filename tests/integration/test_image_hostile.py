@@ -16,19 +16,22 @@ import json
 import os
 import shutil
 import subprocess
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from canary.harness import HOOK, fake_container, make_bundle, make_plan, mountinfo, run_hook
-from test_hook_mount import snapshot
 
+import support.runc as _runc
 from nvctk.sim.host import SimHost
+from support.canary.harness import fake_container, make_bundle, make_plan, mountinfo, run_hook
+from support.fs import snapshot
+from support.runc import runc_bundle
+
+runc = _runc.runc  # fixtures
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, runc)")
 
-CANARY_SRC = Path(__file__).parents[1] / "canary" / "canary.c"
+CANARY_SRC = Path(__file__).parents[1] / "support" / "canary" / "canary.c"
 LIB = "usr/lib/x86_64-linux-gnu"
 
 
@@ -166,49 +169,6 @@ def test_hostile_links_stay_inside(case: str, sim_host: SimHost, rootfs: Callabl
     assert not os.path.exists(log), Path(log).read_text()  # nothing on the host loaded it
 
 
-# --- through real runc --------------------------------------------------------------
-def _runc_bundle(tmp: Path, root: Path, sim: SimHost, args: list[str], env: list[str],
-                 extra: dict | None = None) -> Path:
-    bundle = tmp / "rbundle"
-    bundle.mkdir()
-    plan = make_plan(sim)
-    (bundle / "nvctk-plan.json").write_text(plan.to_json())
-    cfg = bundle / "config.toml"
-    cfg.write_text(f'log-file = "{bundle}/nvctk.log"\nlog-level = "debug"\n')
-    subprocess.run(["runc", "spec", "--bundle", str(bundle)], check=True)
-    spec = json.loads((bundle / "config.json").read_text())
-    spec["root"] = {"path": os.path.relpath(root, bundle), "readonly": False}
-    spec["process"].update(terminal=False, args=args, env=["PATH=/usr/bin:/bin", *env])
-    spec["hooks"] = {"prestart": [{
-        "path": HOOK, "args": ["nvctk-hook", "prestart"],
-        "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                f"NVCTK_CONFIG={cfg}"],
-        "timeout": 60,
-    }]}
-    spec.update(extra or {})
-    (bundle / "config.json").write_text(json.dumps(spec))
-    return bundle
-
-
-@pytest.fixture
-def runc(tmp_path: Path) -> Iterator[Callable[[Path], subprocess.CompletedProcess[str]]]:
-    if shutil.which("runc") is None:
-        pytest.skip("needs runc")
-    state = tmp_path / "runc-root"
-    ids: list[str] = []
-
-    def run(bundle: Path) -> subprocess.CompletedProcess[str]:
-        cid = "nvctk-hostile-" + uuid.uuid4().hex[:8]
-        ids.append(cid)
-        return subprocess.run(["runc", "--root", str(state), "run", "--bundle", str(bundle), cid],
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-
-    yield run
-    for cid in ids:
-        subprocess.run(["runc", "--root", str(state), "delete", "--force", cid],
-                       capture_output=True)
-
-
 def _dynamic_true(root: Path) -> str:
     """A dynamically linked program in the image (busybox is static: no preload)."""
     shutil.copy("/usr/bin/true", root / "usr/bin/dyn-true")
@@ -226,7 +186,7 @@ def test_runc_ld_preload_runs_only_inside(sim_host: SimHost, rootfs: Callable[..
     inside_log = root / log.lstrip("/")
     inside_log.parent.mkdir(parents=True)
     prog = _dynamic_true(root)
-    bundle = _runc_bundle(tmp_path, root, sim_host, [prog], ["LD_PRELOAD=/canary.so"])
+    bundle = runc_bundle(tmp_path, root, sim_host, [prog], ["LD_PRELOAD=/canary.so"])
     r = runc(bundle)
     assert r.returncode == 0, r.stderr + (bundle / "nvctk.log").read_text()
     assert "prestart done" in (bundle / "nvctk.log").read_text()
@@ -251,7 +211,7 @@ def test_runc_hostile_rshared(case: str, sim_host: SimHost, rootfs: Callable[...
     shutil.copy(so, root / "canary.so")
     (root / "etc/ld.so.preload").write_text("/canary.so\n")
     CASES[case][0](root, canary)
-    bundle = _runc_bundle(tmp_path, root, sim_host, ["/usr/bin/busybox", "true"],
+    bundle = runc_bundle(tmp_path, root, sim_host, ["/usr/bin/busybox", "true"],
                           ["LD_PRELOAD=/canary.so"])
     spec = json.loads((bundle / "config.json").read_text())
     spec["linux"]["rootfsPropagation"] = "rshared"

@@ -591,7 +591,7 @@ def test_runc_graphics_container_sees_its_drm_nodes(sim_host: SimHost, tmp_path:
     """A real runc container with NVIDIA_DRIVER_CAPABILITIES=graphics: its GPU's card and
     render nodes, the by-path links to them, and the device cgroup lets it open them
     (ENXIO from the simulated major, never EPERM from the cgroup)."""
-    from test_runtime_runc import Runc
+    from support.runc import Runc
 
     g1 = sim_host.topology.gpus[1]
     bus = proc_bus_id(g1.pci_bus_id)

@@ -23,16 +23,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_runtime_create import (
-    NVD,
-    RUNTIME,
-    Env,
-    bundle_maker,
-    create_argv,
-    path_with_fake_runc,
-    snapshot,
-)
 
+import support.runtime as _runtime
 from nvctk.base import config as nvconfig
 from nvctk.base import fileio
 from nvctk.base import log as nvlog
@@ -49,6 +41,19 @@ from nvctk.runtime import passthrough
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
 from nvctk.vgpu import limits as vgpu
+from support.runtime import (
+    NVD,
+    RUNTIME,
+    Env,
+    assert_clean_failure,
+    bundle_maker,
+    create_argv,
+    path_with_fake_runc,
+    runc_log_errors,
+    snapshot,
+)
+
+env = _runtime.env  # fixtures
 
 DEFAULT_RUNTIMES = nvconfig.Config().runtimes
 HUGE = "1" * 5000  # past int()'s 4300-digit limit
@@ -57,30 +62,8 @@ SUPERSCRIPT_TWO = "\u00b2"
 
 
 @pytest.fixture
-def env(tmp_path: Path, sim_host: SimHost) -> Env:
-    return Env(tmp_path, sim_host)
-
-
-@pytest.fixture
 def bundle(tmp_path: Path, rootfs: Callable[..., str]) -> Callable[..., Path]:
     return bundle_maker(tmp_path, rootfs, ["sh", "-c", "echo container-ran"])
-
-
-def runc_log_errors(env: Env) -> list[str]:
-    lines = [json.loads(x) for x in env.log.read_text().splitlines() if x.strip()]
-    return [str(x["msg"]) for x in lines if x.get("level") == "error"]
-
-
-def assert_clean_failure(env: Env, r: subprocess.CompletedProcess[str], needle: str) -> None:
-    """Exit 1, one message with the needle on stderr and in runc's --log, no traceback,
-    no internal error, runc never started."""
-    assert r.returncode == 1, (r.returncode, r.stderr)
-    assert "Traceback" not in r.stderr, r.stderr
-    assert shim.INTERNAL_ERROR not in r.stderr, r.stderr
-    assert needle in r.stderr, r.stderr
-    errors = runc_log_errors(env)
-    assert errors and needle in errors[-1] and errors[-1].startswith("nvctk: "), errors
-    assert env.recorded() is None
 
 
 # --- family 3: a broken config never stops or slows what asks for no GPU ------------------
@@ -793,7 +776,6 @@ def test_atomic_write_names_the_file_on_write_errors(tmp_path: Path,
     assert os.listdir(tmp_path) == []
 
 
-
 # --- property tests: every parser of container input --------------------------------------
 
 # any text: every plane, controls, lone surrogates, other scripts' digits
@@ -1108,7 +1090,7 @@ def test_runc_root_that_is_not_utf8(env: Env, bundle: Callable[..., Path]) -> No
 
 def test_ldconfig_fifo_fails_at_once_naming_the_setting(
         sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path) -> None:
-    from canary.harness import fake_container, make_bundle, make_plan, run_hook
+    from support.canary.harness import fake_container, make_bundle, make_plan, run_hook
 
     root = rootfs()
     os.makedirs(os.path.join(root, "proc/driver/nvidia"))

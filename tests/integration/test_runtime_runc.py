@@ -16,10 +16,8 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,16 +27,15 @@ from nvctk.host import ldcache
 from nvctk.sim.host import SimHost
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
+from support.runc import Runc
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runc, device nodes)"),
     pytest.mark.skipif(shutil.which("runc") is None, reason="needs runc"),
 ]
 
-RUNTIME = os.path.join(os.path.dirname(sys.executable), "nvctk-runtime")
 LIB = "/usr/lib/x86_64-linux-gnu"
-PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-CANARY_SRC = Path(__file__).parents[1] / "canary" / "canary.c"
+CANARY_SRC = Path(__file__).parents[1] / "support" / "canary" / "canary.c"
 SECTIONS = ("dev", "smi", "mounts", "libs", "cache", "sample")
 # One shell script, one section per fact; sections are read back by _sections().
 PROBE = """
@@ -56,86 +53,6 @@ echo '== end'
 def probe(sample: bool = False) -> list[str]:
     script = PROBE.format(lib=LIB, sample="cuda-vectoradd 2>&1" if sample else "true")
     return ["sh", "-c", script]
-
-
-def _sections(stdout: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in stdout.splitlines():
-        m = re.fullmatch(r"== (\w+)", line)
-        if m:
-            current = out.setdefault(m.group(1), [])
-        elif current is not None:
-            current.append(line)
-    assert "end" in out, f"the probe did not finish:\n{stdout}"
-    return out
-
-
-@dataclass
-class Result:
-    proc: subprocess.CompletedProcess[str]
-    bundle: Path
-    spec_before: bytes
-
-    @property
-    def out(self) -> dict[str, list[str]]:
-        assert self.proc.returncode == 0, self.proc.stderr
-        return _sections(self.proc.stdout)
-
-    def spec_untouched(self) -> bool:
-        return (self.bundle / "config.json").read_bytes() == self.spec_before
-
-
-@dataclass
-class Runc:
-    """Bundles and containers of one test; every container id is force-deleted after."""
-
-    sim: SimHost
-    tmp: Path
-    root: Path
-    ids: list[str] = field(default_factory=list)
-
-    def bundle(self, rootfs: str | None, args: list[str], env: list[str], *,
-               readonly: bool = False, name: str = "bundle") -> Path:
-        """rootfs None: build one at <bundle>/rootfs and use the relative root.path."""
-        b = self.tmp / f"{name}-{len(self.ids)}-{uuid.uuid4().hex[:6]}"
-        b.mkdir()
-        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-        if rootfs is None:
-            build_rootfs(str(b / "rootfs"), with_sample=self.sim.sample)
-            root_path = "rootfs"
-        else:
-            root_path = rootfs
-        spec = json.loads((b / "config.json").read_text())
-        spec["root"] = {"path": root_path, "readonly": readonly}
-        spec["process"].update(terminal=False, args=args, env=[PATH_ENV, *env])
-        (b / "config.json").write_text(json.dumps(spec, indent=2))
-        return b
-
-    def run(self, bundle: Path, *, bundle_flag: bool = True) -> Result:
-        """bundle_flag False: no --bundle, the bundle is the working directory."""
-        cid = "nvctk-e2e-" + uuid.uuid4().hex[:10]
-        self.ids.append(cid)
-        before = (bundle / "config.json").read_bytes()
-        env = {**os.environ, "NVCTK_CONFIG": self.sim.config_path}
-        where = ["--bundle", str(bundle)] if bundle_flag else []
-        proc = subprocess.run(
-            [RUNTIME, "--root", str(self.root), "--log", str(bundle / "runc-log.json"),
-             "--log-format", "json", "run", *where, cid],
-            env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-            cwd=bundle,
-        )
-        return Result(proc, bundle, before)
-
-    def listed(self) -> list[str]:
-        r = subprocess.run(["runc", "--root", str(self.root), "list", "-q"],
-                           capture_output=True, text=True, timeout=30)
-        return r.stdout.split()
-
-    def cleanup(self) -> None:
-        for cid in self.ids:
-            subprocess.run(["runc", "--root", str(self.root), "delete", "--force", cid],
-                           capture_output=True, timeout=60)
 
 
 def _watched_mounts(prefixes: tuple[str, ...]) -> list[str]:

@@ -19,16 +19,17 @@ import time
 from pathlib import Path
 
 import pytest
-import test_vgpu_runtime as tv
-from test_hook_mount import snapshot
-from test_vgpu_runtime import MEM, MIB, Bundles, Runc, lines
 
+import support.vgpu as tv
 from nvctk.base import config as nvconfig
 from nvctk.host import ldcache
 from nvctk.sim import host
+from nvctk.sim.state import state_path
 from nvctk.vgpu import state as vgpu_state
+from support.fs import snapshot
+from support.vgpu import MEM, MIB, Bundles, Runc, lines
 
-# test_vgpu_runtime's fixtures: a simulated host, capped bundles, nvctk-runtime + runc
+# support.vgpu's fixtures: a simulated host, capped bundles, nvctk-runtime + runc
 sim, config, base_rootfs, bundles, runc = tv.sim, tv.config, tv.base_rootfs, tv.bundles, tv.runc
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim, runc)"),
@@ -244,7 +245,7 @@ def test_context_reserve_0_in_the_env_gets_no_more_memory(runc: Runc, bundles: B
     script = ("for i in 1 2 3 4 5 6 7 8; do env NVCTK_VGPU_CONTEXT_RESERVE=0 vgpu_probe init ctx 0 "
               "alloc 67108864 sleep 4000 > /tmp/o$i 2>&1 & done; wait; cat /tmp/o*")
     def used() -> int:  # the simulated GPU's own count (no state file before its first use)
-        return tv._used_on_gpu1(sim) if os.path.exists(tv.state_path(sim.root)) else 0
+        return tv.used_on_gpu1(sim) if os.path.exists(state_path(sim.root)) else 0
 
     base = used()
     b = bundles.make({MEM: "512m"}, script, gpu="1")

@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_vgpu_runtime as tv
-from test_runtime_create import validate_schema
-from test_vgpu_runtime import MEM, NVD, RUNTIME, Bundles, Runc, _stop, cleanup_state, lines, prep
 
+import support.vgpu as tv
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
 from nvctk.edits import PLAN_FILE
@@ -33,8 +31,10 @@ from nvctk.sim import host
 from nvctk.spec import apply as spec_edits
 from nvctk.spec import seccomp as nvseccomp
 from nvctk.vgpu import state as vgpu_state
+from support.runtime import validate_schema
+from support.vgpu import MEM, NVD, RUNTIME, Bundles, Runc, cleanup_state, lines, prep, stop
 
-# test_vgpu_runtime's fixtures: a simulated host, capped bundles, nvctk-runtime + runc
+# support.vgpu's fixtures: a simulated host, capped bundles, nvctk-runtime + runc
 sim, config, base_rootfs, bundles, runc = tv.sim, tv.config, tv.base_rootfs, tv.bundles, tv.runc
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim, runc)")
@@ -267,7 +267,7 @@ def test_runc_exec_gets_the_rules_too(runc: Runc, bundles: Bundles, attack: Path
                            capture_output=True, text=True, timeout=60)
         assert r.stdout.splitlines() == ["unshare: Operation not permitted"], r.stdout + r.stderr
     finally:
-        _stop(runc, cid, p)
+        stop(runc, cid, p)
 
 
 @pytest.mark.slow

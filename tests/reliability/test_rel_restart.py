@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import relkit
 import tomlkit
 
 from nvctk.sim.host import SimHost
+from support import reliability as relkit
 from support.daemons import (
     Containerd,
     Dockerd,

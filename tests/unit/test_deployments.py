@@ -14,9 +14,9 @@ from nvctk.engines.common import Request as EngineRequest
 from nvctk.k8s import config as dpconfig
 from nvctk.k8s import resources
 from nvctk.sim.topology import MIG_PROFILES, make_topology
+from support.deployments import DEPLOY, grafana_queries
 
 REPO = Path(__file__).resolve().parents[2]
-DEPLOY = Path(__file__).resolve().parents[2] / "deployments"
 API = {"Pod": "v1", "ConfigMap": "v1", "DaemonSet": "apps/v1", "RuntimeClass": "node.k8s.io/v1",
        "Service": "v1", "ServiceMonitor": "monitoring.coreos.com/v1"}
 
@@ -100,7 +100,7 @@ def test_pod_resources_are_advertised() -> None:
     """Every extended resource a Pod asks for is one some plugin config advertises."""
     cfg, _ = plugin_config()
     host_mig = make_topology(gpus=2, mig={0: ["1g.10gb", "1g.10gb"]})
-    from test_k8s_allocate import host_of
+    from support.k8s import host_of
 
     names = {r.name for r in resources.build(cfg, host_of(host_mig))}
     for other in ({}, {"sharing": {"mps": {}}}):  # the default config, and MPS
@@ -155,13 +155,6 @@ def test_monitor_daemonset_service_and_servicemonitor() -> None:
 def pod_labels(ds: dict[str, Any]) -> dict[str, str]:
     labels: dict[str, str] = ds["spec"]["template"]["metadata"]["labels"]
     return labels
-
-
-def grafana_queries() -> list[str]:
-    import json
-
-    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
-    return [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
 
 
 def test_grafana_dashboard_uses_only_the_monitors_metrics() -> None:

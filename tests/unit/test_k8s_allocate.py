@@ -11,24 +11,13 @@ from typing import Any
 import pytest
 
 from nvctk.base.errors import ConfigError
-from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
+from nvctk.host.inventory import HostInfo
 from nvctk.k8s import allocate as alloc
 from nvctk.k8s import config as dpconfig
 from nvctk.k8s import labels, resources
-from nvctk.sim.topology import Topology, make_topology
+from nvctk.sim.topology import make_topology
 from nvctk.vgpu import limits as vgpu
-
-
-def host_of(topo: Topology) -> HostInfo:
-    """What nvml.query_host answers for a sim of this topology (no NVML needed)."""
-    gpus = tuple(
-        GpuInfo(g.index, g.uuid, g.name, g.minor, g.pci_bus_id, g.memory_mib,
-                "{}.{}".format(*g.compute_capability), g.brand, g.mig_enabled,
-                tuple(MigInfo(m.index, m.uuid, m.gpu_instance, m.compute_instance, m.profile,
-                              m.memory_mib) for m in g.mig_devices))
-        for g in topo.gpus)
-    return HostInfo(driver_version=topo.driver_version, cuda_version=topo.cuda_version, gpus=gpus)
-
+from support.k8s import host_of
 
 TWO = host_of(make_topology(gpus=2))
 MIG = host_of(make_topology(gpus=2, mig={0: ["3g.40gb", "2g.20gb", "1g.10gb"]}))
@@ -325,29 +314,6 @@ def test_vgpu_allocate_refuses_a_bad_key_file(tmp_path: Path) -> None:
     with pytest.raises(alloc.AllocateError, match="refuses it") as e:
         alloc.allocate(r, c, [f"{G0}::1"], "/")
     assert e.value.code == "FAILED_PRECONDITION"
-
-
-def test_plugin_start_makes_the_node_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`nvctk device-plugin` with vGPU sharing makes the node's authority key (nvctk's
-    config authority-key, root-only) before the first Allocate, and hands its path to
-    Allocate; without vGPU sharing it makes none."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (the simulated host has device nodes)")
-    from nvctk.cli import device_plugin as dpcli
-    from nvctk.sim import host
-
-    sim = host.init(str(tmp_path / "h"), make_topology(gpus=1))
-    monkeypatch.setenv("NVCTK_CONFIG", sim.config_path)
-    key = Path(sim.root) / "etc/nvctk-authority.key"
-    plain = tmp_path / "plain.yaml"
-    plain.write_text("version: v1\n")
-    c, _, _ = dpcli.setup(str(plain))
-    assert c.authority_key == str(key) and not key.exists()
-    shared = tmp_path / "vgpu.yaml"
-    shared.write_text("version: v1\nsharing: {vgpu: {replicas: 2}}\n")
-    c, _, _ = dpcli.setup(str(shared))
-    assert c.authority_key == str(key)
-    assert key.stat().st_mode & 0o7777 == 0o600 and key.stat().st_size == 32
 
 
 # --- colliding resource names (issue 17, family 5) --------------------------------------------

@@ -414,7 +414,7 @@ def test_unwritable_directory_as_user() -> None:
         pytest.skip("needs root to switch to an unprivileged user")
     import tempfile
 
-    from conftest import nvctk_exe
+    from support.exe import nvctk_exe
 
     # pytest's tmp dirs are root-only (0700): a directory the user can read, not write
     d = Path(tempfile.mkdtemp(prefix="nvctk-cfg-", dir="/tmp"))

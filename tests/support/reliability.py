@@ -261,3 +261,33 @@ def wait_until(pred: Any, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+class Checked:
+    """Runs starts and checks the host after each; counts attempts and escapes."""
+
+    def __init__(self, la: Lab, decoy: Path, sim_root: str) -> None:
+        self.la = la
+        self.decoy = decoy
+        self.digest = tree_digest(decoy)
+        self.ours = (la.tmp, decoy, sim_root)
+        self.mounts = mounts_from(*self.ours)
+        self.attempts = self.started = self.refused = 0
+        self.reasons: dict[str, int] = {}
+
+    def start(self, b: Path, timeout: float = 60) -> str:
+        cid = self.la.new_id()
+        r = self.la.run(b, cid, timeout=timeout)  # TimeoutExpired: a hang fails the test
+        self.attempts += 1
+        assert clean_failure(r.stderr), r.stderr[-3000:]
+        if r.returncode == 0:
+            self.started += 1
+        else:
+            self.refused += 1
+            line = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "?"
+            key = line[-110:]
+            self.reasons[key] = self.reasons.get(key, 0) + 1
+        self.la.delete(cid)
+        assert tree_digest(self.decoy) == self.digest, "ESCAPE: the decoy changed"
+        assert mounts_from(*self.ours) == self.mounts, "a host mount was left or made"
+        return r.stderr
