@@ -17,12 +17,12 @@ import os
 import shutil
 import subprocess
 import tarfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from support import wait
 from support.daemons import Containerd, containerd
 
 pytestmark = [
@@ -301,14 +301,14 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
                                            for p in parent.iterdir())
 
         _wait_then_sigterm(ctd, name, host, tmp_path, "nvctk-installer-early", copying,
-                           step=0.005)
+                           poll=0.005)
         assert sorted(p.name for p in parent.iterdir()) == ["bin"]  # the host's own
         cfg = config.read_text()
         assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
 
 
 def _wait_then_sigterm(ctd: Containerd, image: str, host: Path, tmp_path: Path, cid: str,
-                       ready: Callable[[], bool], step: float = 0.1) -> None:
+                       ready: Callable[[], bool], poll: float = 0.05) -> None:
     """`install.sh --wait` in a detached container, SIGTERMed once ready() holds; returns
     when it has stopped (its output, kept in a file, is the failure message)."""
     log = tmp_path / f"{cid}.log"
@@ -316,7 +316,7 @@ def _wait_then_sigterm(ctd: Containerd, image: str, host: Path, tmp_path: Path, 
                 f"type=bind,src={host},dst=/host,options=rbind:rw",
                 image, cid, "/usr/lib/nvctk/install.sh", "--wait")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert _until(ready, step=step), _read(log)
+    assert _until(ready, poll=poll), _read(log)
     assert ctd.ctr("task", "kill", "-s", "SIGTERM", cid).returncode == 0
     assert _until(lambda: "STOPPED" in ctd.ctr("task", "ls").stdout), _read(log)
     ctd.ctr("task", "delete", cid)
@@ -327,13 +327,11 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else f"{path}: none"
 
 
-def _until(predicate: Callable[[], bool], timeout: float = 30, step: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
-    return True
+def _until(predicate: Callable[[], bool], timeout: float = 30, poll: float = 0.05) -> bool:
+    try:
+        return bool(wait.until(predicate, timeout, "the condition", poll=poll))
+    except AssertionError:
+        return False
 
 
 def _check_installed(prefix: Path, cfg: str, tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
 
+from support import wait  # noqa: E402
 from support.cri import (  # noqa: E402
     PAUSE_CMD,
     Allocation,
@@ -385,11 +385,8 @@ def test_nothing_left_behind(cri: CriClient, node: Node) -> None:
     pb = cri.pb
     assert list(cri.call("ListContainers", pb.ListContainersRequest()).containers) == []
     assert node.leftovers() == []
-    deadline = time.monotonic() + 10
     # a shim (conmon) exits on its own shortly after its last container is deleted
-    while (shims := _shims(node.dir)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert shims == []
+    wait.until(lambda: not _shims(node.dir), 10, f"the shims to exit: {_shims(node.dir)}")
     with open("/proc/self/mountinfo") as f:
         mounts = [line.split()[4] for line in f
                   if str(node.dir) in line.split()[4] and "/root/overlay" not in line.split()[4]

@@ -33,7 +33,8 @@ from support.cri import (  # noqa: E402
     pod,
 )
 from support.daemons import Containerd, containerd, short_dir  # noqa: E402
-from support.monitor import MIB, PROBE, REPO, pidns, wait_until  # noqa: E402
+from support.monitor import MIB, PROBE, REPO, pidns  # noqa: E402
+from support.wait import until as wait_until  # noqa: E402
 
 PAUSE = "nvctk.test/pause:1"
 GPU_IMAGE = "nvctk.test/gpu-monitor:1"

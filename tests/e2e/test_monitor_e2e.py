@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from support.monitor import MIB, Node, sim_counts, standard_containers, wait_until
+from support.monitor import MIB, Node, sim_counts, standard_containers
+from support.wait import until as wait_until
 
 pytestmark = [
     pytest.mark.slow,

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import time
 import zipfile
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from nvctk.base.config import Config
 from nvctk.base.errors import ConfigError
 from nvctk.host import paths
+from support import wait
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -236,11 +236,8 @@ def test_wheel_in_a_fresh_venv(wheel_venv: Path, tmp_path: Path) -> None:
         assert str(libvgpu) in (bundle / "nvctk-plan.json").read_text()
         r = _run(["runc", "--root", str(state), "start", ctr], env=env)
         assert r.returncode == 0, r.stderr
-        for _ in range(100):
-            status = json.loads(_run(["runc", "--root", str(state), "state", ctr]).stdout)
-            if status["status"] == "stopped":
-                break
-            time.sleep(0.1)
+        wait.until(lambda: json.loads(_run(["runc", "--root", str(state), "state", ctr]).stdout)
+                   ["status"] == "stopped", 10, "the container to stop")
         text = out.read_text()
         assert "GPU 0: NVIDIA H100 80GB HBM3" in text and "libvgpu.so" in text, text
     finally:

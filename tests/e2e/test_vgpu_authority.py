@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
 
+from support import wait  # noqa: E402
 from support.cri import (  # noqa: E402
     PAUSE_CMD,
     Allocation,
@@ -179,12 +180,8 @@ def _run(cri: CriClient, work: Path, alloc: Allocation, *, pod_env: dict[str, st
             pod_sandbox_id=sid, sandbox_config=sandbox, config=config)).container_id
         try:
             cri.call("StartContainer", pb.StartContainerRequest(container_id=cid))
-            import time
-
-            deadline = time.monotonic() + 60
-            while (st := cri.container_state(cid)).state != pb.CONTAINER_EXITED:
-                assert time.monotonic() < deadline, "the container did not exit"
-                time.sleep(0.05)
+            st = wait.until(lambda: (s := cri.container_state(cid)).state == pb.CONTAINER_EXITED
+                            and s, 60, "the container to exit")
             return int(st.exit_code), parse_cri_log((log_dir / "main.log").read_text())
         finally:
             cri.call("RemoveContainer", pb.RemoveContainerRequest(container_id=cid))

@@ -124,9 +124,10 @@ def test_names_match_the_kernels_numbering() -> None:
 def test_die_with_parent() -> None:
     """The child of a process that exits is SIGKILLed (PR_SET_PDEATHSIG)."""
     code = """
-import os, time
+import os, select, time
 from nvctk.hook import caps
 r, w = os.pipe()
+armed_r, armed_w = os.pipe()
 mid = os.fork()
 if mid == 0:
     parent = os.getpid()
@@ -134,23 +135,21 @@ if mid == 0:
     if pid == 0:
         caps.die_with_parent(parent)
         os.write(w, str(os.getpid()).encode())
+        os.write(armed_w, b"1")
         time.sleep(30)
         os._exit(0)
-    time.sleep(0.3)
+    os.read(armed_r, 1)  # exit only once the child's death signal is armed
     os._exit(0)
 os.waitpid(mid, 0)
 pid = int(os.read(r, 20))
-for _ in range(100):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        print("gone"); break
-    with open(f"/proc/{pid}/stat") as f:
-        if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-            print("gone"); break
-    time.sleep(0.05)
-else:
-    print("alive"); os.kill(pid, 9)
+try:
+    fd = os.pidfd_open(pid)
+except ProcessLookupError:
+    print("gone")
+else:  # readable once the process has ended
+    print("gone" if select.select([fd], [], [], 5)[0] else "alive")
+    if not select.select([fd], [], [], 0)[0]:
+        os.kill(pid, 9)
 """
     r = _child(code)
     assert r.returncode == 0, r.stderr

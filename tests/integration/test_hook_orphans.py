@@ -9,6 +9,7 @@ of the container's ~40 mounts: the worker sets PR_SET_PDEATHSIG(SIGKILL).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ import pytest
 
 import support.runc as th
 from nvctk.sim.host import SimHost
+from support import wait
 from support.canary.harness import HOOK, HOOK_PATH_ENV, fake_container, make_bundle, make_plan
 
 runc = th.runc  # the fixture: real runc, containers deleted afterwards
@@ -59,22 +61,13 @@ def _root(pid: int) -> str:
 
 
 def _wait_for(find: Callable[[], list[int]], what: str, timeout: float = 20.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = find()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"never saw {what}")
+    return wait.until(find, timeout, what)
 
 
 def _gone_within(pids: list[int], seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _stat(p) is not None]
-        if not left:
-            return []
-        time.sleep(0.02)
+    """The pids still alive after waiting up to `seconds` for all of them to end."""
+    with contextlib.suppress(AssertionError):
+        wait.until(lambda: all(_stat(p) is None for p in pids), seconds, "the processes to end")
     return [p for p in pids if _stat(p) is not None]
 
 

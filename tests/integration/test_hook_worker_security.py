@@ -45,6 +45,7 @@ from nvctk.sim.host import SimHost
 from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
 from nvctk.vgpu.limits import VgpuLimits
+from support import wait
 
 NVD = "NVIDIA_VISIBLE_DEVICES"
 BIN = os.path.dirname(sys.executable)
@@ -96,6 +97,14 @@ def test_mps_host_dir_that_is_a_link_is_not_bound(cfg: nvconfig.Config, host: Ho
     finally:
         os.unlink(link)
 
+
+
+def _execed(pid: int, prog: str) -> bool:
+    """Whether pid runs prog now: unshare(1) has set up its namespace and exec'd."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")) == prog
+    except OSError:
+        return False
 
 def _opens_for_reading(fifo: str, call: Callable[[], object]) -> bool:
     """Run call() and tell whether it opened the FIFO for reading.
@@ -241,7 +250,7 @@ def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.Monkey
     ns = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "60"])
     threading.Thread(target=rescue, daemon=True).start()
     try:
-        time.sleep(0.2)
+        wait.until(lambda: _execed(ns.pid, "sleep"), 10, "unshare to exec sleep in its namespace")
         hook_worker.apply_plan(plan, str(root), ns.pid, log)
     finally:
         done.set()

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ gen.ensure()  # the build's generator step, for a checkout that has not run it
 from nvctk.cli import device_plugin as dpcli  # noqa: E402
 from nvctk.cli import labels as lbcli  # noqa: E402
 from nvctk.k8s.server import Manager  # noqa: E402
+from support import wait  # noqa: E402
 from support.kubelet import FakeKubelet, pb  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -179,7 +179,10 @@ def test_mps_missing_pipe_is_an_error(start: Start, sim_own: SimHost) -> None:
     assert r.container_responses[0].envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8G"
 
 
-def test_xid_marks_unhealthy_within_a_second(start: Start, sim_own: SimHost) -> None:
+def test_fatal_xids_mark_unhealthy_application_ones_do_not(start: Start, sim_own: SimHost
+                                                          ) -> None:
+    """How fast an XID reaches the kubelet is bench/deviceplugin.py's figure (goal < 1 s);
+    here: which XIDs take which devices down."""
     sim = sim_own
     kl, _ = start(sim, {"flags": {"migStrategy": "mixed"},
                         "sharing": {"vgpu": {"replicas": 2}}}, health=True)
@@ -188,33 +191,29 @@ def test_xid_marks_unhealthy_within_a_second(start: Start, sim_own: SimHost) -> 
     v.wait_list()
     for xid in sorted({13, 31, 43, 45, 68, 109}):  # application errors: ignored
         events.inject_xid(sim.root, 1, xid)
-    time.sleep(0.5)
+    # an XID on one MIG instance takes down that MIG device only; the events file is read
+    # in order, so once it is down the application XIDs above have been handled too
+    m = g0.mig_devices[1]
+    events.inject_xid(sim.root, 0, 48, m.gpu_instance, m.compute_instance)
+    p = kl.plugins["nvidia.com/mig-1g.10gb"]
+    p.wait_list(lambda d: d[m.uuid] == "Unhealthy", timeout=10)
+    assert kl.plugins["nvidia.com/mig-3g.40gb"].wait_list() == {
+        g0.mig_devices[0].uuid: "Healthy"}
     assert set(v.wait_list().values()) == {"Healthy"}
-    t0 = time.monotonic()
     events.inject_xid(sim.root, 1, 79)  # fallen off the bus
-    got = v.wait_list(lambda d: d[f"{g1.uuid}::0"] == "Unhealthy", timeout=2)
-    assert time.monotonic() - t0 < 1.0
+    got = v.wait_list(lambda d: d[f"{g1.uuid}::0"] == "Unhealthy", timeout=10)
     assert got == {f"{g1.uuid}::0": "Unhealthy", f"{g1.uuid}::1": "Unhealthy"}
     with pytest.raises(grpc.RpcError) as e:
         v.stub.Allocate(pb.AllocateRequest(container_requests=[
             pb.ContainerAllocateRequest(devices_ids=[f"{g1.uuid}::0"])]))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    # an XID on one MIG instance takes down that MIG device only
-    m = g0.mig_devices[1]
-    events.inject_xid(sim.root, 0, 48, m.gpu_instance, m.compute_instance)
-    p = kl.plugins["nvidia.com/mig-1g.10gb"]
-    p.wait_list(lambda d: d[m.uuid] == "Unhealthy", timeout=2)
-    assert kl.plugins["nvidia.com/mig-3g.40gb"].wait_list() == {
-        g0.mig_devices[0].uuid: "Healthy"}
 
 
 def test_kubelet_restart_reregisters(start: Start, sim_host: SimHost) -> None:
     kl, mgr = start(sim_host, {})
     kl.restart()
     kl.wait_for(["nvidia.com/gpu"], count=2)
-    end = time.monotonic() + 5
-    while mgr.registrations < 2 and time.monotonic() < end:
-        time.sleep(0.05)
+    wait.until(lambda: mgr.registrations >= 2, 5, "the plugin to register again")
     assert mgr.registrations == 2
     p = kl.plugins["nvidia.com/gpu"]
     assert len(p.wait_list()) == 2

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from nvctk.runtime import passthrough
+from support import wait
 from support.launchers import PYVER, REPO, Launchers, launcher
 
 DEPS = sysconfig.get_paths()["purelib"]
@@ -53,7 +54,8 @@ class Layout(Launchers):
         self.config.write_text(text)
         if mtime_ns is not None:
             os.utime(self.config, ns=(mtime_ns, mtime_ns))
-        time.sleep(passthrough.RACY_NS / 1e9 + 0.01)
+        config = self.config
+        wait.until(lambda: not passthrough.racy(os.stat(config)), 10, "the config to age")
 
     def run(self, argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
         self.record.unlink(missing_ok=True)
@@ -257,7 +259,8 @@ def test_entries_not_written_racy_or_too_long(tmp_path: Path) -> None:
     env = {passthrough.CACHE_VAR: str(cache)}
     passthrough.remember(str(config), os.stat(config), ("/r",), env)
     assert list(cache.iterdir()) == []  # just written: racy, not cached yet
-    time.sleep(passthrough.RACY_NS / 1e9 + 0.01)  # from here only the size decides
+    # from here only the size decides
+    wait.until(lambda: not passthrough.racy(os.stat(config)), 10, "the config to age")
     st = os.stat(config)
     for runtimes, written in (((f"/{'r' * 4000}",) * 16, True),
                               ((f"/{'r' * 4000}",) * 17, False)):

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -114,11 +113,9 @@ def test_config_fifo_blocks_nothing(env: Env, bundle: Callable[..., Path],
     state = ["--root", str(env.tmp / "r"), "state", "x"]
     for argv in (state, ["--root", str(env.tmp / "r"), "list"],
                  ["--root", str(env.tmp / "r"), "kill", "x", "KILL"]):
-        started = time.monotonic()
         r = run_rt(argv, path_runc)  # timeout=20 would raise on a hang
         assert r.returncode == 0 and r.stderr == "", r.stderr
         assert env.recorded() == argv
-        assert time.monotonic() - started < 5
     b = bundle({})
     argv = create_argv(env, b)
     r = run_rt(argv, path_runc)
@@ -205,9 +202,9 @@ def test_pathological_config_slows_nothing_that_asks_for_no_gpu(
     b = bundle({})
     for argv in (["--root", root, "state", "x"], ["--root", root, "list"],
                  ["--root", root, "kill", "x", "KILL"], create_argv(env, b)):
-        started = time.monotonic()
+        # the linear check above refused the file before any parse (it took tomllib
+        # seconds to minutes); the runtime's cost per start is bench/'s
         r = run_rt(argv, path_runc)
-        assert time.monotonic() - started < 2, argv  # seconds to minutes before
         assert r.returncode == 0, r.stderr
         assert env.recorded() == argv
         env.record.unlink()
@@ -363,13 +360,14 @@ def real_runc(tmp_path: Path, sim_host: SimHost) -> Iterator[Callable[..., subpr
     root = tmp_path / "runc-root"
     ids: list[str] = []
 
-    def run(b: Path, cid: str, config: str | None = None) -> subprocess.CompletedProcess[str]:
+    def run(b: Path, cid: str, config: str | None = None, timeout: float = 120
+            ) -> subprocess.CompletedProcess[str]:
         ids.append(cid)
         return subprocess.run(
             [RUNTIME, "--root", str(root), "--log", str(b / "runc-log.json"), "--log-format",
              "json", "run", "--bundle", str(b), cid],
             env={**os.environ, "NVCTK_CONFIG": config or sim_host.config_path},
-            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
     yield run
     for cid in ids:
@@ -387,11 +385,10 @@ def test_real_runc_gpu_container_with_fifo_log_file(
     config = tmp_path / "fifo-log.toml"
     config.write_text(text + f'log-file = "{fifo}"\nhook-timeout = 30\n')
     b = bundle({NVD: "0"})
-    started = time.monotonic()
-    r = real_runc(b, "nvctk-hostile-fifo-log", str(config))
+    # a wait for the FIFO's reader would run into the timeout (TimeoutExpired)
+    r = real_runc(b, "nvctk-hostile-fifo-log", str(config), timeout=20)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "container-ran"
-    assert time.monotonic() - started < 20
 
 
 @pytest.mark.parametrize("kind", ["deep", "utf8"])
@@ -1101,10 +1098,8 @@ def test_ldconfig_fifo_fails_at_once_naming_the_setting(
     d = json.loads(Path(plan_path).read_text())
     d["ldconfig"] = str(fifo)
     Path(plan_path).write_text(json.dumps(d))
-    started = time.monotonic()
     with fake_container() as pid:
-        r = run_hook(b, pid)  # blocked in open() until its 60 s timeout before
-    assert time.monotonic() - started < 20
+        r = run_hook(b, pid, timeout=20)  # blocked in open() until its 60 s timeout before
     assert r.returncode != 0
     assert f"{fifo} (nvctk's ldconfig setting): not a regular file" in r.stderr, r.stderr
 
@@ -1123,9 +1118,7 @@ def test_driver_file_fifo_hangs_no_gpu_create(env: Env, bundle: Callable[..., Pa
     cfg.write_text(re.sub(r"(?m)^runtimes = .*$", f'runtimes = ["{env.fake}"]',
                           Path(sim.config_path).read_text()))
     b = bundle({NVD: "0"})
-    started = time.monotonic()
-    r = env.run(*create_argv(env, b), config=str(cfg))  # env.run: timeout=60
-    assert time.monotonic() - started < 20
+    r = env.run(*create_argv(env, b), config=str(cfg), timeout=20)  # a wait: TimeoutExpired
     assert "Traceback" not in r.stderr and shim.INTERNAL_ERROR not in r.stderr, r.stderr
     if r.returncode != 0:
         assert rel.split("/")[-1] in r.stderr and "not a regular file" in r.stderr, r.stderr

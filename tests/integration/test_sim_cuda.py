@@ -864,26 +864,24 @@ def test_capture_refuses_uncapturable_work(sim: Sim, state_file: Path) -> None:
     assert out == [900, 1, 900, 900]
 
 
-def test_zero_time_kernels_are_cheap_and_counted(sim: Sim, state_file: Path) -> None:
+def test_zero_time_kernels_are_counted_with_no_busy_time(sim: Sim, state_file: Path) -> None:
+    """NVSIM_KERNEL_US=0: launches are counted and take no simulated time (what a launch
+    costs is bench/'s)."""
     out = run_cuda(
         sim,
         """
-        import time
         ok("cuInit", 0); ctx(0)
         mod = C.c_void_p(); ok("cuModuleLoadData", C.byref(mod), b"any image")
         fn = C.c_void_p(); ok("cuModuleGetFunction", C.byref(fn), mod, b"busy")
-        t = time.monotonic()
         for _ in range(2000):
             ok("cuLaunchKernel", fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
-        per_launch_us = (time.monotonic() - t) / 2000 * 1e6
         p = S.read_state(os.environ["NVSIM_STATE"]).proc(os.getpid(), 0)
-        out = [per_launch_us, p.kernels, p.busy_ns]
+        out = [p.kernels, p.busy_ns]
         """,
         state_file,
         env={"NVSIM_KERNEL_US": "0"},
     )
-    assert out[1:] == [2000, 0]
-    assert out[0] < 50, out  # no sleep (it cost ~100 us on a VM)
+    assert out == [2000, 0]
 
 
 def test_async_launches_complete_later(sim: Sim, state_file: Path) -> None:

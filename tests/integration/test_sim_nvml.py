@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 from nvctk.sim import apilist, build, state
 from nvctk.sim.topology import make_topology
+from support import wait
 from support.devnodes import make_dev
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
@@ -652,7 +652,9 @@ def test_kernels_counted_and_utilization(sim: Sim, state_file: Path, helpers: li
     n = 800
     h = Helper(sim, state_file, "kernels", 1, n, wait=False)
     helpers.append(h)
-    time.sleep(0.15)
+    # sampled once 150 of them (150 ms of busy time) are done
+    wait.until(lambda: state.read_state(state_file).gpus[1].kernels >= 150, 30,
+               "the helper's first 150 kernels")
     out = run_py(sim, UTIL, state_file)
     assert out["util"] >= 60
     assert [pid for pid, _ in out["samples"]] == [h.pid]
@@ -663,8 +665,7 @@ def test_kernels_counted_and_utilization(sim: Sim, state_file: Path, helpers: li
     assert slot is not None and (slot.kernels, slot.busy_ns) == (n, n * 1_000_000)
     assert s.gpus[0].kernels == 0
     # idle: the window decays towards zero
-    time.sleep(0.3)
-    assert run_py(sim, UTIL, state_file)["util"] <= 40
+    wait.until(lambda: run_py(sim, UTIL, state_file)["util"] <= 40, 30, "utilization to decay")
 
 
 # ---- building ----
@@ -672,10 +673,8 @@ def test_kernels_counted_and_utilization(sim: Sim, state_file: Path, helpers: li
 
 def test_stub_libraries(tmp_path: Path) -> None:
     names = [f"libnvidia-stub{i}.so.1" for i in range(40)]
-    start = time.monotonic()
     for n in names:
         build.build_stub_library(str(tmp_path / n.replace(".so.1", ".so.550.54.15")), n)
-    assert time.monotonic() - start < 5
     for n in (names[0], names[-1]):
         r = subprocess.run(
             ["readelf", "-d", str(tmp_path / n.replace(".so.1", ".so.550.54.15"))],

@@ -35,6 +35,7 @@ from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.topology import make_topology
 from nvctk.vgpu import state as vgpu_state
+from support import wait
 from support.procs import run_to_files
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
@@ -365,11 +366,11 @@ def _fake_runtime(h: Host) -> Path:
 
 
 def _wait_for(path: Path, p: subprocess.Popen[Any], timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+    def there() -> bool:
         assert p.poll() is None, f"nvctk-runtime exited {p.returncode} before the runtime ran"
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
+        return path.exists()
+
+    wait.until(there, timeout, f"{path} to appear")
     return path.read_text()
 
 
@@ -413,10 +414,7 @@ def test_sigkill_of_the_runtime_takes_runc_with_it(h: Host) -> None:
     child = int(_wait_for(out, p).split()[1])
     p.kill()
     p.wait()
-    deadline = time.monotonic() + 10
-    while _alive(child):
-        assert time.monotonic() < deadline, "the runtime outlived nvctk-runtime"
-        time.sleep(0.02)
+    wait.until(lambda: not _alive(child), 10, "the runtime to end with nvctk-runtime")
     assert len(h.key_dirs()) == 1  # a SIGKILL cleans nothing up ...
     h.config_path = h.sim.config_path
     h.a_vgpu_create()  # ... the next vGPU create does
@@ -507,13 +505,11 @@ def _init_pids(h: Host, ids: list[str]) -> list[int]:
 
 
 def _find_hook(h: Host, what: str, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        for pid, argv, _ in _procs():
-            if what.encode() in argv and h.root.encode() in argv:
-                return pid
-        assert time.monotonic() < deadline, f"no {what} hook ran"
-        time.sleep(0.02)
+    def found() -> int:
+        return next((pid for pid, argv, _ in _procs()
+                     if what.encode() in argv and h.root.encode() in argv), 0)
+
+    return wait.until(found, timeout, f"a {what} hook to run")
 
 
 @pytest.mark.slow

@@ -16,7 +16,6 @@ import os
 import shutil
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from nvctk.oci import spec as oci
 from nvctk.sim import host
 from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
+from support import wait
 from support.vgpu import (
     GPU_MIB,
     HOOK,
@@ -534,9 +534,11 @@ def test_neighbours_on_one_gpu(runc: Runc, bundles: Bundles, sim: host.SimHost) 
     # capped at 1 GiB it cannot take more than its cap, and the neighbour gets its memory
     cid, p = _hold(runc, bundles, sim, {MEM: "1g"}, 600)  # the second 600 MiB is refused
     try:
-        wait_used(sim, base + 600 * MIB, p)
-        time.sleep(0.3)
-        assert used_on_gpu1(sim) <= base + 1024 * MIB
+        assert p.stdout is not None
+        # the probe answers each alloc: the first granted, the second refused at the cap
+        out = wait.line(p.stdout, "alloc ", 60) + wait.line(p.stdout, "alloc ", 60)
+        assert [x for x in out if x.startswith("alloc ")] == ["alloc 0", "alloc 2"], out
+        assert base + 600 * MIB <= used_on_gpu1(sim) <= base + 1024 * MIB
         r = runc.run(victim)
         assert r.returncode == 0 and "alloc 1500 MiB: OK" in r.stdout, r.stdout
     finally:

@@ -18,7 +18,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -253,14 +252,6 @@ def lab(tmp: Path, config_path: str, **replace: str) -> Iterator[Lab]:
         yield la
     finally:
         la.cleanup()
-
-
-def wait_until(pred: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class Checked:

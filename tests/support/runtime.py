@@ -41,11 +41,11 @@ class Env:
         )
         self.log = tmp / "log.json"
 
-    def run(self, *argv: str, config: str | None = None, cwd: str | None = None
-            ) -> subprocess.CompletedProcess[str]:
+    def run(self, *argv: str, config: str | None = None, cwd: str | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "NVCTK_CONFIG": config or str(self.config)}
         return subprocess.run([RUNTIME, *argv], env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=60)
+                              timeout=timeout)
 
     def recorded(self) -> list[str] | None:
         if not self.record.exists():

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
 from nvctk.sim.topology import make_topology
 from nvctk.vgpu import state as vgpu_state
+from support import wait
 
 BIN = os.path.dirname(sys.executable)
 RUNTIME = os.path.join(BIN, "nvctk-runtime")
@@ -182,11 +182,12 @@ def used_on_gpu1(sim: host.SimHost) -> int:
 
 
 def wait_used(sim: host.SimHost, at_least: int, p: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
-    while used_on_gpu1(sim) < at_least:
+    """Until GPU 1 holds at_least bytes; the holder p must not exit meanwhile."""
+    def holds() -> bool:
         assert p.poll() is None, p.communicate()[0]
-        assert time.monotonic() < deadline, "the holder never allocated"
-        time.sleep(0.05)
+        return used_on_gpu1(sim) >= at_least
+
+    wait.until(holds, 30, f"the holder to allocate ({at_least} bytes on GPU 1)")
 
 
 def stop(runc: Runc, cid: str, p: subprocess.Popen[str]) -> None:

@@ -151,11 +151,12 @@ def make_bundle(tmp: str, rootfs: str, plan: Plan | None, spec_extra: dict | Non
 
 
 def run_hook(bundle: Bundle, pid: int, cid: str = "c1", extra_env: Sequence[str] = (),
-             state_extra: dict | None = None) -> subprocess.CompletedProcess[str]:
+             state_extra: dict | None = None, timeout: float = 60
+             ) -> subprocess.CompletedProcess[str]:
     state = {"ociVersion": "1.0.2", "id": cid, "status": "creating", "pid": pid,
              "bundle": bundle.path}
     state.update(state_extra or {})
     env = dict(e.split("=", 1) for e in [HOOK_PATH_ENV, f"NVCTK_CONFIG={bundle.config}",
                                          *extra_env])
     return subprocess.run([HOOK, "prestart"], input=json.dumps(state), env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=timeout)
