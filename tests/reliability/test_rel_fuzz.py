@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import relkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +37,7 @@ from nvctk.oci import spec as oci
 from nvctk.request import requirements
 from nvctk.request.parse import request_from_spec
 from nvctk.vgpu import limits as vgpu
+from support import reliability as relkit
 
 EXAMPLES = relkit.n(60, 3000)
 # a parse of a few KiB taking this long is a hang for our purposes (2 shared cores)
