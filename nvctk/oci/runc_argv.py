@@ -2,8 +2,8 @@
 
 This module is on the passthrough path (`nvctk-runtime state|kill|delete|start ...`
 runs it for every container operation), so it imports nothing but os and sys:
-no dataclasses, typing, json, re or tomllib (the passthrough's start time,
-docs/decisions.md). Keep it that way.
+no dataclasses, typing, json, re or tomllib (each costs milliseconds, see the
+shim's speed goal in the issue). Keep it that way.
 
 Parsing follows runc (urfave/cli v1 on top of Go's flag package): global flags,
 then the subcommand, then its flags and positional arguments in any order
