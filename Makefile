@@ -10,7 +10,7 @@ APT_PACKAGES := gcc make libc6-dev binutils python3-venv python3-dev python3-pip
                 prometheus chromium chromium-driver
 PYTEST_ARGS ?=
 
-.PHONY: all setup apt venv native test lint unit demo bench clean deb image reliability
+.PHONY: all setup apt venv native test lint unit integration e2e demo bench clean deb image reliability
 
 all: setup
 
@@ -43,8 +43,17 @@ lint: setup
 	$(VENV)/bin/ruff check nvctk tests bench
 	$(VENV)/bin/mypy
 
+# tests by kind (tests/README.md): unit = plain data, no root, no nvctk process (under a
+# minute); integration = root, the simulated host, nvctk's executables, real runc;
+# e2e = real engines and packages; `-m "not slow"` leaves out the cases of seconds
 unit: setup
-	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+integration: setup
+	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+
+e2e: setup
+	$(VENV)/bin/pytest tests/e2e $(PYTEST_ARGS)
 
 test: setup lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
@@ -62,7 +71,7 @@ bench: setup
 reliability: setup
 	$(PY) bench/reliability.py
 
-# dist/nvctk_<version>_<arch>.deb (packaging/deb/build.sh; lintian in tests/test_deb.py)
+# dist/nvctk_<version>_<arch>.deb (packaging/deb/build.sh; lintian in tests/e2e/test_deb.py)
 deb: apt
 	bash packaging/deb/build.sh dist
 

@@ -23,7 +23,6 @@ import posixpath
 from nvctk.base import jsonio
 from nvctk.base.record import Record
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal

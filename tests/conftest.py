@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from nvctk.runtime import passthrough
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.topology import make_topology
+from support.exe import nvctk_exe
 
 MIG_LAYOUT = {0: ["3g.40gb", "2g.20gb", "1g.10gb"]}
 
@@ -57,11 +56,6 @@ def passthrough_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ.pop(passthrough.CACHE_VAR, None)
     else:
         os.environ[passthrough.CACHE_VAR] = old
-
-
-def nvctk_exe() -> list[str]:
-    exe = shutil.which("nvctk", path=os.path.dirname(sys.executable))
-    return [exe] if exe else [sys.executable, "-m", "nvctk.cli.main"]
 
 
 @pytest.fixture(scope="session")
@@ -118,8 +112,7 @@ def rootfs(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., str]
 @pytest.fixture
 def base(rootfs: Callable[..., str]) -> str:
     """A Debian-like rootfs for bundles to copy (the reliability suite's
-    relkit.Lab.bundle(None, ..., base=)). Not in tests/reliability/conftest.py: a
-    second conftest module would shadow this one for `from conftest import ...`."""
+    support.reliability.Lab.bundle(None, ..., base=))."""
     return str(rootfs())
 
 

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
+from nvctk.base import jsonio
 from nvctk.base.errors import ConfigError, shown
-from nvctk.base.fileio import NotRegularFile, read_regular_file_stat
+from nvctk.base.fileio import NotRegularFile, atomic_write, read_regular_file_stat
 from nvctk.base.record import FrozenRecord, fields
-from nvctk.base.toml_subset import loads as _loads_subset
 
-# typing is for the type checker only: importing it costs every container start;
-# so do dataclasses (~27 ms: inspect, ast, enum, re) and tomllib (~28 ms), which
-# parse() imports only for a file outside toml_subset's subset
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 DEFAULT_PATH = "/etc/nvctk/config.toml"
@@ -275,113 +274,25 @@ def _extra_mount(item: Any, where: str) -> ExtraMount:
     return ExtraMount(host, cont, read_only)
 
 
-# Structure no real config has (it is a few KiB of short lines), refused before any
-# parse: tomllib is quadratic in a key's dotted parts (a 100 KB key took 34 s).
+# Structure no real config has (a few KiB of short lines), refused before the parse:
+# tomllib is quadratic in a key's dotted parts (a 60 KB key takes seconds). Two
+# C-speed counts bound it; no TOML lexer of nvctk's own.
 MAX_LINE = 8192
-MAX_DOTTED_PARTS = 16
-# the scan's own cost is bounded by its lines and strings (C-speed counts check both)
-MAX_LINES = 1024
-MAX_QUOTES = 1024
+MAX_DOTS = 1024
 
 
-def _string_end(line: str, i: int, quote: str) -> int:
-    """Index just past the one-line string opened at line[i]; -1 if not closed."""
-    j = i + 1
-    while True:
-        j = line.find(quote, j)
-        if j < 0:
-            return -1
-        if quote == "'":
-            return j + 1
-        k = j
-        while line[k - 1] == "\\":
-            k -= 1
-        if (j - k) % 2 == 0:  # an even run of backslashes: this quote closes
-            return j + 1
-        j += 1
-
-
-def _ml_end(line: str, i: int, delim: str) -> int:
-    """Index just past the closing `delim` (\"\"\" or ''') at or after line[i]; -1 if none."""
-    j = i
-    while True:
-        j = line.find(delim, j)
-        if j < 0:
-            return -1
-        if delim == "'''" or j == 0 or line[j - 1] != "\\":
-            end = j + 3
-            while end < len(line) and line[end] == delim[0]:  # \"\"\"\"\" closes at the last three
-                end += 1
-            return end
-        j += 1
-
-
-def precheck(text: str) -> str | None:
-    """Why `text` is refused before any TOML parse, or None: one linear pass.
-
-    It follows strings (one-line, multi-line, escapes), comments and [ ] { } nesting.
-    Refused: a line over MAX_LINE bytes, more than MAX_DOTTED_PARTS dotted parts on a
-    line outside strings (a key, a table header; no config value is a float), more
-    than MAX_LINES lines or MAX_QUOTES quote characters (a real config: ~100 and ~60).
-    """
-    lines = text.count("\n") + 1
-    if lines > MAX_LINES:
-        return f"{lines} lines, more than {MAX_LINES}: not an nvctk config"
-    if text.count('"') + text.count("'") > MAX_QUOTES:
-        return f"more than {MAX_QUOTES} quote characters: not an nvctk config"
-    depth = 0
-    ml = ""  # the open multi-line string's delimiter
-    for n, line in enumerate(text.split("\n"), 1):
-        if len(line) > MAX_LINE:
-            return f"line {n} is longer than {MAX_LINE} bytes: not an nvctk config"
-        i = 0
-        if ml:
-            i = _ml_end(line, 0, ml)
-            if i < 0:
-                continue
-            ml = ""
-        # the parts outside strings and comments, found with str.find/count (C
-        # speed: a character loop in Python costs ~10 ms on a 64 KiB file)
-        dots = 0
-        end = len(line)
-        nxt = {c: line.find(c, i) for c in ('"', "'", "#")}
-        while i < end:
-            for c, at in nxt.items():
-                if 0 <= at < i:
-                    nxt[c] = line.find(c, i)
-            found = [at for at in nxt.values() if at >= 0]
-            stop = min(found) if found else end
-            dots += line.count(".", i, stop)
-            depth += (line.count("[", i, stop) + line.count("{", i, stop)
-                      - line.count("]", i, stop) - line.count("}", i, stop))
-            depth = max(depth, 0)
-            if stop == end or line[stop] == "#":
-                break
-            c = line[stop]
-            if line.startswith(c * 3, stop):
-                i = _ml_end(line, stop + 3, c * 3)
-                if i < 0:
-                    ml = c * 3
-                    break
-            else:
-                i = _string_end(line, stop, c)
-                if i < 0:
-                    break  # unterminated: the parser will say so
-        if dots >= MAX_DOTTED_PARTS:
-            return (f"line {n}: a key or table header with more than "
-                    f"{MAX_DOTTED_PARTS} dotted parts: not an nvctk config")
-    return None
+def _bounds(text: str, where: str) -> None:
+    longest = max(map(len, text.split("\n")))
+    if longest > MAX_LINE:
+        n = next(i for i, line in enumerate(text.split("\n"), 1) if len(line) == longest)
+        raise ConfigError(f"{where}: line {n} is longer than {MAX_LINE} bytes: not an nvctk config")
+    if text.count(".") > MAX_DOTS:
+        raise ConfigError(f"{where}: more than {MAX_DOTS} '.' characters: not an nvctk config")
 
 
 def _loads(text: str, where: str) -> dict[str, Any]:
-    # linear, before any parse: tomllib is quadratic on some structures
-    error = precheck(text)
-    if error is not None:
-        raise ConfigError(f"{where}: {error}")
-    data = _loads_subset(text)
-    if data is not None:
-        return data
-    # outside the subset nvctk writes (or not TOML at all): the full parser decides
+    _bounds(text, where)
+    # start time: tomllib (re, datetime, string ...) only where the parsed-config cache misses
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
@@ -398,7 +309,11 @@ def _loads(text: str, where: str) -> dict[str, Any]:
 
 
 def parse(text: str, where: str) -> Config:
-    data = _loads(text, where)
+    return checked(_loads(text, where), where)
+
+
+def checked(data: dict[str, Any], where: str) -> Config:
+    """The Config of a parsed TOML document, every key and value checked."""
     values: dict[str, Any] = {}
     for key, value in data.items():
         name = _NAMES.get(key)
@@ -434,8 +349,10 @@ def load(path: str | None = None) -> Config:
     return load_stat(path)[0]
 
 
-def load_stat(path: str | None = None) -> tuple[Config, os.stat_result | None]:
-    """load(), and the stat of the file it read (None: no file, the defaults)."""
+def load_stat(path: str | None = None, environ: Mapping[str, str] | None = None
+              ) -> tuple[Config, os.stat_result | None]:
+    """load(), and the stat of the file it read (None: no file, the defaults);
+    environ: where the parsed-config cache is (cache_dir)."""
     path = path or config_path()
     try:
         data, st = read_regular_file_stat(path)
@@ -447,8 +364,99 @@ def load_stat(path: str | None = None) -> tuple[Config, os.stat_result | None]:
         raise ConfigError(f"{path!r}: cannot read: the path holds a NUL character")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}")
+    cache = parsed_cache_path(path, environ)
+    config = _cached(cache, path, st)
+    if config is not None:
+        return config, st
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 (invalid byte at offset {e.start})")
-    return parse(text, path), st
+    parsed = _loads(text, path)
+    config = checked(parsed, path)
+    _remember(cache, path, st, parsed)
+    return config, st
+
+
+# The parsed-config cache: every GPU container start loads the config in the runtime,
+# and tomllib's imports cost more than the rest of the load (docs/decisions.md). So
+# the TOML document of a config that passed the checks is kept as JSON beside the
+# passthrough launcher's stamps, keyed by the file's stamp, and a hit runs only the
+# checks on it. Same trust rules as those stamps: only root writes it, and only a
+# root-owned 0600 file in a root-owned directory others cannot write is read.
+CACHE_VAR = "NVCTK_PASSTHROUGH_CACHE"  # another directory (the tests use their own)
+DEFAULT_CACHE_DIR = "/run/nvctk/passthrough"
+CACHE_MAGIC = "nvctk-config 1"
+# git's "racy" rule: a file changed this recently may change again without a new stamp
+# (timestamps move by the kernel's timer tick, or by whole seconds on coarse file
+# systems), so such a config is not cached yet: the loader keeps parsing until it settles
+RACY_NS = 50_000_000
+RACY_COARSE_NS = 2_000_000_000
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get(CACHE_VAR) or DEFAULT_CACHE_DIR
+
+
+def cache_name(path: str) -> str:
+    """FNV-1a 64 of the config path's bytes, 16 hex digits (nvctk-runtime.c fnv1a64)."""
+    h = 0xCBF29CE484222325
+    for b in os.fsencode(path):
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def racy(st: os.stat_result | None, now_ns: int | None = None) -> bool:
+    """Whether the config's stamp is too fresh to vouch for its content."""
+    if st is None:
+        return False
+    window = RACY_NS if st.st_ctime_ns % 1_000_000_000 else RACY_COARSE_NS
+    return (time.time_ns() if now_ns is None else now_ns) - st.st_ctime_ns < window
+
+
+def parsed_cache_path(path: str, environ: Mapping[str, str] | None = None) -> str:
+    return os.path.join(cache_dir(environ), f"config-{cache_name(path)}.json")
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _trusted_dir(directory: str) -> bool:
+    st = os.stat(directory, follow_symlinks=False)
+    return st.st_uid == 0 and (st.st_mode & 0o170000) == 0o040000 and not st.st_mode & 0o022
+
+
+def _cached(file: str, path: str, st: os.stat_result) -> Config | None:
+    """The checked Config the cache `file` holds for this stamp of `path`, or None (a
+    miss: no entry, another stamp, an entry not root's alone, or anything malformed)."""
+    try:
+        raw, fst = read_regular_file_stat(file, nofollow=True)
+        if fst.st_uid != 0 or fst.st_mode & 0o077 or not _trusted_dir(os.path.dirname(file)):
+            return None
+        entry = jsonio.loads(raw)
+        if not (isinstance(entry, dict) and entry.get("magic") == CACHE_MAGIC
+                and entry.get("path") == path and entry.get("stamp") == _stamp(st)
+                and isinstance(entry.get("data"), dict)):
+            return None
+        return checked(entry["data"], path)
+    except (OSError, ValueError, ConfigError):
+        return None
+
+
+def _remember(file: str, path: str, st: os.stat_result, parsed: dict[str, Any]) -> None:
+    """Keep a parsed config in `file` for the next load; any failure is ignored (not
+    root, a read-only /run): the next load then parses again."""
+    if os.geteuid() != 0 or racy(st):
+        return
+    try:
+        data = jsonio.dumps({"magic": CACHE_MAGIC, "path": path, "stamp": _stamp(st),
+                             "data": parsed}).encode()
+        directory = os.path.dirname(file)
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        if not _trusted_dir(directory):
+            return  # no load would trust it either
+        atomic_write(file, data, 0o600, sync_dir=False, keep_owner=False)
+    except (OSError, TypeError, ValueError):
+        pass

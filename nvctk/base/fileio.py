@@ -7,6 +7,7 @@ One reader (read_regular_file) for every file a container start reads, one write
 from __future__ import annotations
 
 import os
+import stat
 
 
 class NotRegularFile(OSError):
@@ -58,20 +59,19 @@ def read_regular_file_stat(path: str, limit: int = MAX_CONFIG_BYTES, *,
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, mode: int | None = None, *,
-                 sync_dir: bool = True, keep_owner: bool = True) -> None:
-    """Replace `path` with `data`: temp file in the same dir, fsync, rename, fsync dir.
+def write_temp(path: str, data: bytes, mode: int | None = None, *,
+               like: str | None = None, keep_owner: bool = True) -> str:
+    """A new temp file beside `path` holding `data`, fsynced: the caller renames it over
+    `path` (atomic_write) or, to replace several files all or none, renames them all once
+    every one is written (engines.common.apply), and unlinks it on failure.
 
-    A reader (runc, a crashed shim's retry) sees the old file or the new one,
-    never a torn one. Mode and owner follow the file being replaced.
-    sync_dir=False leaves the directory's fsync (the rename's durability) to the
-    caller's next atomic_write in the same directory, which then covers both renames.
-    keep_owner=False: the new file is the writer's (a cache must not stay another's).
+    Mode and owner follow `like` (default: `path`) where it exists, else mode 0644 and
+    the writer's owner; an explicit mode wins. keep_owner=False: always the writer's.
     """
     directory = os.path.dirname(os.path.abspath(path))
     uid = gid = -1
     try:
-        st = os.stat(path)
+        st = os.stat(path if like is None else like)
         mode = st.st_mode & 0o7777 if mode is None else mode
         if keep_owner:
             uid, gid = st.st_uid, st.st_gid
@@ -102,15 +102,21 @@ def atomic_write(path: str, data: bytes, mode: int | None = None, *,
             raise OSError(e.errno, e.strerror, path) from e
         finally:
             os.close(fd)
-        os.rename(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        unlink_quietly(tmp)
         raise
-    if not sync_dir:
-        return
+    return tmp
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def sync_directory(directory: str) -> None:
+    """fsync a directory: the renames in it are durable."""
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dfd)
@@ -120,10 +126,28 @@ def atomic_write(path: str, data: bytes, mode: int | None = None, *,
         os.close(dfd)
 
 
+def atomic_write(path: str, data: bytes, mode: int | None = None, *,
+                 sync_dir: bool = True, keep_owner: bool = True) -> None:
+    """Replace `path` with `data`: temp file in the same dir, fsync, rename, fsync dir.
+
+    A reader (runc, a crashed runtime's retry) sees the old file or the new one,
+    never a torn one. Mode and owner follow the file being replaced (write_temp).
+    sync_dir=False leaves the directory's fsync (the rename's durability) to the
+    caller's next atomic_write in the same directory, which then covers both renames.
+    keep_owner=False: the new file is the writer's (a cache must not stay another's).
+    """
+    tmp = write_temp(path, data, mode, keep_owner=keep_owner)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+    if sync_dir:
+        sync_directory(os.path.dirname(os.path.abspath(path)))
+
+
 def kind_of(mode: int) -> str:
     """What a file of this st_mode is, for a message ("a directory", "a character device")."""
-    import stat  # operator tools only
-
     for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),

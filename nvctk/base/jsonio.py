@@ -1,8 +1,8 @@
 """JSON for the container-start path, without importing the json package.
 
 `import json` pulls in `re` (json.decoder and json.scanner compile patterns at
-import), which costs several milliseconds of every GPU container's start, twice
-(shim and hook). The C accelerator `_json` that json itself uses does the real
+import), which costs every GPU container's start, twice (runtime and hook;
+figures in docs/decisions.md). The C accelerator `_json` that json itself uses does the real
 work and needs none of that, so this module drives it directly. Results are the
 same as json.loads/json.dumps (a test compares them on generated documents);
 any error, and any input outside the common case (UTF-16/32 bytes, a BOM), goes
@@ -78,7 +78,7 @@ def loads(data: str | bytes | bytearray) -> Any:
 
 
 def _slow_loads(data: str | bytes | bytearray) -> Any:
-    import json
+    import json  # start time: json (+ re) only for what _json leaves to it
 
     return json.loads(data)
 
@@ -90,7 +90,7 @@ def _unserializable(o: object) -> Any:
 def dumps(obj: Any, *, sort_keys: bool = False, ensure_ascii: bool = True) -> str:
     """json.dumps(obj, separators=(",", ":"), sort_keys=..., ensure_ascii=...)."""
     if _json is None:
-        import json
+        import json  # start time: only without the accelerator
 
         return json.dumps(obj, separators=(",", ":"), sort_keys=sort_keys,
                           ensure_ascii=ensure_ascii)

@@ -19,7 +19,8 @@ import os
 import sys
 import time
 
-# typing is for the type checker only (this module is on every start path)
+from nvctk.base import jsonio
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NoReturn
@@ -106,8 +107,6 @@ def runc_log_line(msg: str, level: str = "error", log_format: str | None = "json
     when = _now_rfc3339()
     if log_format == "text":
         return f"time={_logfmt_quote(when)} level={level} msg={_logfmt_quote(msg)}"
-    from nvctk.base import jsonio
-
     return jsonio.dumps({"level": level, "msg": msg, "time": when})
 
 
@@ -195,7 +194,7 @@ def report_error(
 
 def exit_now(code: int) -> NoReturn:
     """End the process without the interpreter's teardown (module and object
-    cleanup: 1-7 ms of a container start), as the exec it often stands for would.
+    cleanup, a part of a container start), as the exec it often stands for would.
     For callers with nothing left to clean up: only stdio is flushed."""
     for f in (sys.stdout, sys.stderr):
         try:

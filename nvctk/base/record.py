@@ -1,8 +1,8 @@
 """Record: the base of the small value classes on the container-start path.
 
 Those classes were dataclasses; `import dataclasses` pulls in inspect, ast, dis,
-enum and re (about 25 ms on a 2-core VM) and every decorated class runs generated
-code, in both the shim and the hook of every GPU container's start. A Record
+enum and re and every decorated class runs generated code, in both the runtime and
+the hook of every GPU container's start (docs/decisions.md has the figures). A Record
 subclass lists its fields in `__slots__` and writes its own typed `__init__`;
 this base gives it value equality, hashing, a readable repr, `replace` and
 `to_dict`, all driven by the slots.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import re
 
-# typing is for the type checker only
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -43,7 +42,7 @@ def load(data: bytes) -> Any:
     if _DEEP_INDENT.search(data) or _COMPACT.search(data):
         raise ValueError(f"nested too deeply (a line indented more than {MAX_INDENT} columns, "
                          f"or over {MAX_FLOW_DEPTH} sequences opened on one line)")
-    import yaml
+    import yaml  # start time: yaml (+ typing) only for a YAML document
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:

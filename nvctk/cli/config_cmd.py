@@ -7,6 +7,7 @@ import os
 import click
 
 from nvctk.base import config as nvconfig
+from nvctk.cli.common import load_config
 
 
 @click.group()
@@ -25,8 +26,6 @@ def default() -> None:
 @click.pass_context
 def show(ctx: click.Context) -> None:
     """The effective configuration (file values over defaults)."""
-    from nvctk.cli.main import load_config
-
     cfg = load_config(ctx)
     path = (ctx.find_root().obj or {}).get("config_path") or nvconfig.config_path()
     if cfg.path:

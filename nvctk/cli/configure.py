@@ -7,16 +7,9 @@ import os
 import click
 
 from nvctk.base.errors import ConfigError
-from nvctk.engines import (
-    RESTART,
-    Request,
-    common,
-    containerd,
-    crio,
-    docker,
-    plan_configure,
-    plan_remove,
-)
+from nvctk.engines import common, containerd, crio, docker
+from nvctk.engines.changes import RESTART, plan_configure, plan_remove
+from nvctk.engines.common import EngineRequest
 
 
 @click.command()
@@ -55,7 +48,7 @@ def configure(engine: str, config_file: str, drop_in: str, name: str, runtime_pa
         path = common.check_runtime_path(runtime_path)
     else:
         path = common.default_runtime_path()
-    req = Request(name=name, runtime_path=path or "", set_as_default=set_as_default, cdi=cdi,
+    req = EngineRequest(name=name, runtime_path=path or "", set_as_default=set_as_default, cdi=cdi,
                   config=config_file, drop_in=drop_in)
     plan = plan_remove(engine, req) if remove else plan_configure(engine, req)
     # with --dry-run stdout is the file(s) alone; what nvctk says goes to stderr

@@ -8,33 +8,7 @@ import sys
 import click
 
 from nvctk.base.errors import NvctkError
-from nvctk.k8s import DEFAULT_KUBELET_DIR
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from nvctk.host.inventory import HostInfo
-    from nvctk.k8s.config import PluginConfig
-
-
-def setup(config_file: str | None) -> tuple[PluginConfig, str, HostInfo]:
-    import dataclasses
-
-    from nvctk.base import config as nvconfig
-    from nvctk.host import nvml
-    from nvctk.k8s import config as dpconfig
-    from nvctk.vgpu.authority import load_key
-
-    cfg = dpconfig.load(config_file)
-    nv = nvconfig.load()
-    driver_root = cfg.driver_root or nv.driver_root
-    host = nvml.query_host(driver_root)
-    cfg = dataclasses.replace(cfg, authority_key=nv.authority_key)
-    if cfg.sharing == "vgpu":
-        try:  # made now, so the runtime can check the first share's annotation
-            load_key(nv.authority_key, create=True)
-        except OSError as e:
-            raise NvctkError(f"{nv.authority_key}: cannot make nvctk's authority key: {e.strerror}")
-    return cfg, driver_root, host
+from nvctk.k8s.kubelet import DEFAULT_KUBELET_DIR
 
 
 @click.command("device-plugin")
@@ -47,7 +21,9 @@ def device_plugin(kubelet_dir: str, config_file: str | None) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s nvctk-device-plugin %(levelname)s %(message)s")
     try:
+        # start time: grpc and NVML, for this command only (not `nvctk --help` or others)
         from nvctk.k8s import resources
+        from nvctk.k8s.node import setup
         from nvctk.k8s.server import Manager
 
         cfg, driver_root, host = setup(config_file)

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from nvctk.base.config import ALL_CAPABILITIES
+from nvctk.cli.common import load_config
 from nvctk.host import driver, nvml
 
 
@@ -58,8 +59,6 @@ def _human(d: dict[str, Any], list_files: bool) -> str:
 @click.pass_context
 def info(ctx: click.Context, as_json: bool, list_files: bool) -> None:
     """Show the host's NVIDIA driver, GPUs, MIG devices and driver files."""
-    from nvctk.cli.main import load_config
-
     cfg = load_config(ctx)
     d = info_dict(cfg.driver_root)
     click.echo(json.dumps(d, indent=2) if as_json else _human(d, list_files))

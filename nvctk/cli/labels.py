@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from nvctk.base.errors import NvctkError
-from nvctk.cli.device_plugin import setup
+from nvctk.base.fileio import NotRegularFile
 
 
 @click.command("labels")
@@ -16,7 +16,9 @@ from nvctk.cli.device_plugin import setup
               help="the device plugin's YAML config (sharing and MIG strategy labels)")
 def labels(output: str | None, config_file: str | None) -> None:
     """GPU Feature Discovery style node labels."""
+    # start time: NVML and the plugin's config, for this command only
     from nvctk.k8s import labels as lb
+    from nvctk.k8s.node import setup
 
     try:
         cfg, _root, host = setup(config_file)
@@ -26,8 +28,6 @@ def labels(output: str | None, config_file: str | None) -> None:
     if output is None:
         click.echo(lb.format_labels(out), nl=False)
     else:
-        from nvctk.base.fileio import NotRegularFile
-
         try:
             lb.write_labels(output, out)
         except NotRegularFile as e:

@@ -10,7 +10,6 @@ import sys
 
 import click
 
-from nvctk.base import config as nvconfig
 from nvctk.base.errors import NvctkError
 from nvctk.cli import (
     cdi_cmd,
@@ -23,6 +22,7 @@ from nvctk.cli import (
     sim,
     vgpu_cmd,
 )
+from nvctk.cli.common import load_config  # noqa: F401 (cdi_cmd and vgpu_cmd import it from here)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,17 +38,6 @@ from nvctk.cli import (
 def cli(ctx: click.Context, config_path: str | None) -> None:
     """nvctk: give containers NVIDIA GPUs, whole or in shares."""
     ctx.obj = {"config_path": config_path}
-
-
-def load_config(ctx: click.Context) -> nvconfig.Config:
-    """The effective config for this invocation (--config, NVCTK_CONFIG, default path)."""
-    root = ctx.find_root()
-    obj = root.obj if isinstance(root.obj, dict) else {}
-    if "config" not in obj:
-        obj["config"] = nvconfig.load(obj.get("config_path"))
-        root.obj = obj
-    cfg: nvconfig.Config = obj["config"]
-    return cfg
 
 
 cli.add_command(info.info)

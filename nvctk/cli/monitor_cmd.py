@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import signal
+import threading
+import time
+
 import click
+
+from nvctk.base.errors import NvctkError
+from nvctk.cli.common import load_config
 
 ROOTS_HELP = ("runtime state dir to look for containers in (repeatable; globs allowed; default: "
               "/run/runc, /run/crun, /run/containerd/runc/*, /run/docker/runtime-runc/*)")
@@ -13,7 +22,7 @@ PODRES_HELP = ("the kubelet's pod-resources socket, to name the resource each Po
 
 
 def _collector(ctx: click.Context, roots: tuple[str, ...], podres: str | None = None):  # type: ignore[no-untyped-def]
-    from nvctk.cli.main import load_config
+    # start time: the monitor's modules (NVML, the pod-resources client), for these commands only
     from nvctk.monitor.collect import Collector
     from nvctk.monitor.containers import DEFAULT_RUNTIME_ROOTS
 
@@ -32,9 +41,7 @@ def _collector(ctx: click.Context, roots: tuple[str, ...], podres: str | None = 
 def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: tuple[str, ...],
         podres: str | None) -> None:
     """This node's GPUs and the containers on them: memory used vs cap, SM share vs limit."""
-    import json
-    import time
-
+    # start time: rich, for this command only
     from rich.console import Console
     from rich.live import Live
 
@@ -70,11 +77,7 @@ def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: t
 def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, ...],
             podres: str | None) -> None:
     """Serve per-container GPU metrics (Prometheus) and a dashboard page."""
-    import logging
-    import signal
-    import threading
-
-    from nvctk.base.errors import NvctkError
+    # start time: the HTTP server and its metrics, for this command only
     from nvctk.monitor.server import Monitor, make_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

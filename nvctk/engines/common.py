@@ -15,15 +15,16 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import tomlkit
 import tomlkit.exceptions
+import tomllib
 from tomlkit.container import Container
 from tomlkit.items import AoT, Comment, InlineTable, Item, Table, Whitespace
 
+from nvctk.base import fileio
 from nvctk.base.errors import ConfigError, clipped, shown
 
 RUNTIME_BINARY = "nvctk-runtime"
@@ -32,7 +33,7 @@ RUNC_SHIM = "io.containerd.runc.v2"
 
 
 @dataclass
-class Request:
+class EngineRequest:
     """One `nvctk configure` invocation, engine-neutral."""
 
     name: str = "nvidia"
@@ -58,7 +59,7 @@ class Change:
 
 
 @dataclass
-class Plan:
+class ConfigChanges:
     """What configure or remove would do: the file changes and lines for the user."""
 
     service: str
@@ -104,7 +105,7 @@ def check_runtime_path(path: str) -> str:
     return path
 
 
-def is_our_binary(value: object, req: Request) -> bool:
+def is_our_binary(value: object, req: EngineRequest) -> bool:
     """Whether a runtime entry's binary is nvctk's: the --runtime-path given, else any
     absolute path ending in /nvctk-runtime (nvctk may have moved since configure)."""
     if not isinstance(value, str):
@@ -114,7 +115,7 @@ def is_our_binary(value: object, req: Request) -> bool:
     return os.path.isabs(value) and os.path.basename(value) == RUNTIME_BINARY
 
 
-def not_ours(path: str, req: Request, field: str, binary: object) -> ConfigError:
+def not_ours(path: str, req: EngineRequest, field: str, binary: object) -> ConfigError:
     """The refusal to remove a runtime entry of that name that runs something else."""
     return ConfigError(
         f"{path}: runtime {req.name!r} is not nvctk's ({field} {shown(binary, 200)}); not "
@@ -133,15 +134,13 @@ def read(path: str) -> bytes | None:
     """The file's bytes, None when it does not exist; a ConfigError for anything but a
     regular file (after a symlink): configure replaces the file it read, and a device
     (/dev/null) or FIFO must never become a regular file, nor a FIFO hang the read."""
-    from nvctk.base.fileio import NotRegularFile, read_regular_file
-
     if os.path.isdir(path):
         raise ConfigError(f"{path}: is a directory, not a config file")
     try:
-        return read_regular_file(path, MAX_FILE_BYTES)
+        return fileio.read_regular_file(path, MAX_FILE_BYTES)
     except FileNotFoundError:
         return None
-    except NotRegularFile:
+    except fileio.NotRegularFile:
         raise ConfigError(f"{path}: not a regular file (a device, FIFO or socket); "
                           "left untouched")
     except OSError as e:
@@ -255,8 +254,6 @@ def check_edit(path: str, old: bytes, new: bytes, edits: Edits) -> None:
     each key path in `edits` holds its value (MISSING: is gone) and nothing else
     changed. tomlkit places new lines by its own rules, which dotted keys and unusual
     layouts can defeat (a key landing in the wrong table): refused, not written."""
-    import tomllib
-
     try:
         before = tomllib.loads(old.decode("utf-8")) if old.strip() else {}
         after = tomllib.loads(new.decode("utf-8"))
@@ -456,28 +453,6 @@ def _check_writable(path: str) -> None:
             raise ConfigError(f"cannot write {path}: {e.strerror}; left untouched")
 
 
-def _tmp_with(path: str, data: bytes, like: str | None) -> str:
-    d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".nvctk-tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            mode = 0o644
-            if like is not None:
-                st = os.stat(like)
-                mode = st.st_mode & 0o7777
-                if os.geteuid() == 0:
-                    os.fchown(f.fileno(), st.st_uid, st.st_gid)
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return tmp
-
-
 def target(path: str) -> str:
     """Where a write to `path` goes: through a symlink to its file (a rename would
     replace the link with a file)."""
@@ -488,7 +463,7 @@ def backup_path(path: str) -> str:
     return target(path) + ".bak"
 
 
-def apply(plan: Plan) -> list[str]:
+def apply(plan: ConfigChanges) -> list[str]:
     """Write every changed file of the plan, or none. Returns lines saying what was done."""
     todo = [c for c in plan.changes if c.changed]
     staged: list[tuple[str, str]] = []  # (tmp, final)
@@ -508,10 +483,11 @@ def apply(plan: Plan) -> list[str]:
                 except OSError as e:
                     raise ConfigError(f"cannot create {d}: {e.strerror}")
             try:
+                # the backup keeps the mode and owner of the file it backs up
                 if c.old is not None and c.new is not None:
-                    staged.append((_tmp_with(bak, c.old, path), bak))
+                    staged.append((fileio.write_temp(bak, c.old, like=path), bak))
                 if c.new is not None:
-                    staged.append((_tmp_with(path, c.new, path if c.old is not None else None), path))
+                    staged.append((fileio.write_temp(path, c.new), path))
                 else:
                     deletes.append((path, bak))
             except OSError as e:
@@ -536,14 +512,11 @@ def apply(plan: Plan) -> list[str]:
                 done.append(f"updated {c.path} (previous version: {c.bak or backup_path(c.path)})")
         for d in {os.path.dirname(target(c.path)) for c in todo}:
             with contextlib.suppress(OSError):
-                fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-                os.fsync(fd)
-                os.close(fd)
+                fileio.sync_directory(d)
         return done
     finally:
         for tmp, _ in staged:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            fileio.unlink_quietly(tmp)
 
 
 def _header_keys(line: str) -> list[str] | None:

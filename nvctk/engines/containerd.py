@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import glob as globmod
 import os
 import re
 import shutil
@@ -32,7 +33,7 @@ from nvctk.engines.common import (
     UNSET,
     ConfigError,
     Edits,
-    Request,
+    EngineRequest,
     check_edit,
     dotted,
     get_table,
@@ -77,7 +78,7 @@ def containerd_version() -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def paths(req: Request) -> list[str]:
+def paths(req: EngineRequest) -> list[str]:
     main = req.config or DEFAULT_CONFIG
     return [main, req.drop_in] if req.drop_in else [main]
 
@@ -137,7 +138,7 @@ def _annotations(current: object) -> list[Any]:
     return annotations + [a for a in CONTAINER_ANNOTATIONS if a not in annotations]
 
 
-def _source_runtime(doc: tomlkit.TOMLDocument, plugin: list[str], req: Request,
+def _source_runtime(doc: tomlkit.TOMLDocument, plugin: list[str], req: EngineRequest,
                     path: str) -> dict[str, Any]:
     """The runtime whose settings the new one copies: the default one when it is a
     runc-shim runtime other than ours, else "runc"; {} when neither is in the file."""
@@ -219,7 +220,7 @@ def _ensure_table(doc: Any, keys: list[str], path: str) -> Any:
     return get_table(doc, keys, path)
 
 
-def _add(doc: tomlkit.TOMLDocument, path: str, version: int, req: Request,
+def _add(doc: tomlkit.TOMLDocument, path: str, version: int, req: EngineRequest,
          source: dict[str, Any], notes: list[str], need_runc: bool) -> str:
     """The text of `doc` with nvctk's runtime (and default/CDI) in it, checked."""
     before = tomlkit.dumps(doc)
@@ -229,7 +230,7 @@ def _add(doc: tomlkit.TOMLDocument, path: str, version: int, req: Request,
     return text
 
 
-def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: Request,
+def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: EngineRequest,
           source: dict[str, Any], notes: list[str], need_runc: bool, edits: Edits) -> str:
     plugin = PLUGIN[version]
     runtimes_keys = [*plugin, "containerd", "runtimes"]
@@ -304,7 +305,7 @@ def _imports_glob(drop_in: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(drop_in)), "*.toml")
 
 
-def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
+def configure(req: EngineRequest, old: Files) -> tuple[Files, list[str]]:
     notes: list[str] = []
     main_path = paths(req)[0]
     main_doc = parse_toml(main_path, old[main_path] or b"")
@@ -356,7 +357,7 @@ def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
     return {main_path: main_text, di_path: di_text.encode()}, notes
 
 
-def binary_in(req: Request, old: Files) -> str | None:
+def binary_in(req: EngineRequest, old: Files) -> str | None:
     """The BinaryName of runtime req.name in the file that holds it (None: no such runtime)."""
     path = paths(req)[-1]
     if old[path] is None:
@@ -383,7 +384,7 @@ def _drop_empty_super(doc: Any, keys: list[str]) -> None:
             return
 
 
-def _bak_value(bak: bytes | None, keys: list[str], key: str, req: Request) -> Any:
+def _bak_value(bak: bytes | None, keys: list[str], key: str, req: EngineRequest) -> Any:
     """The value of key in the table at keys of the file's .bak: what was there before
     nvctk last wrote the file (MISSING when unknown: no .bak, or it says nvctk's name)."""
     if bak is None:
@@ -399,7 +400,7 @@ def _bak_value(bak: bytes | None, keys: list[str], key: str, req: Request) -> An
     return MISSING if value == req.name else value
 
 
-def _replaced_runtime(bak: bytes | None, runtimes_keys: list[str], req: Request) -> Any:
+def _replaced_runtime(bak: bytes | None, runtimes_keys: list[str], req: EngineRequest) -> Any:
     """The runtime table of req.name in the .bak when it is someone else's (configure
     replaced it), else None."""
     if bak is None:
@@ -416,7 +417,7 @@ def _replaced_runtime(bak: bytes | None, runtimes_keys: list[str], req: Request)
     return None if is_our_binary(binary, req) else rt
 
 
-def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
+def strip(req: EngineRequest, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
     """Structural removal: nvctk's runtime (refused when the table of that name is
     someone else's); a default_runtime_name naming it and an enable_cdi configure set
     back to what they were (noted on the line, else the .bak's, else "runc" and left);
@@ -503,8 +504,6 @@ def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | 
 
 
 def _glob_files(pattern: str) -> list[str]:
-    import glob as globmod
-
     return globmod.glob(pattern)
 
 

@@ -23,7 +23,7 @@ from nvctk.engines.common import (
     MISSING,
     UNSET,
     ConfigError,
-    Request,
+    EngineRequest,
     get_table,
     insert_table_text,
     is_our_binary,
@@ -48,7 +48,7 @@ NOT_COPIED = {"runtime_path", "runtime_type", "runtime_root"}
 Files = dict[str, "bytes | None"]
 
 
-def paths(req: Request) -> list[str]:
+def paths(req: EngineRequest) -> list[str]:
     return [req.config or DEFAULT_CONFIG, req.drop_in or DEFAULT_DROP_IN]
 
 
@@ -60,11 +60,11 @@ def backup_path(path: str) -> str:
     return f"{d}-{os.path.basename(full)}.bak"
 
 
-def readonly_paths(req: Request) -> list[str]:
+def readonly_paths(req: EngineRequest) -> list[str]:
     return paths(req)[:1]
 
 
-def _effective(req: Request, old: Files) -> tuple[str, dict[str, Any]]:
+def _effective(req: EngineRequest, old: Files) -> tuple[str, dict[str, Any]]:
     """The default runtime's name and settings over crio.conf and the other drop-ins."""
     main, drop_in = paths(req)
     sources = [(main, old[main])]
@@ -97,7 +97,7 @@ def _block(name: str, binary: str, source: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
+def configure(req: EngineRequest, old: Files) -> tuple[Files, list[str]]:
     _, path = paths(req)
     notes: list[str] = []
     doc = parse_toml(path, old[path] or b"")
@@ -129,7 +129,7 @@ def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
     return {path: tomlkit.dumps(doc).encode()}, notes
 
 
-def binary_in(req: Request, old: Files) -> str | None:
+def binary_in(req: EngineRequest, old: Files) -> str | None:
     _, path = paths(req)
     if not old[path]:
         return None
@@ -145,7 +145,7 @@ def _has_values(value: Any) -> bool:
     return True
 
 
-def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
+def strip(req: EngineRequest, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
     _, path = paths(req)
     if not old[path]:
         return None, []
@@ -169,7 +169,7 @@ def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | 
     return {path: tomlkit.dumps(doc).encode() if keep else None}, []
 
 
-def validate(req: Request, new: Files) -> None:
+def validate(req: EngineRequest, new: Files) -> None:
     """CRI-O's own reading of the files as they would be (`crio config` over a copy of
     the drop-in dir with the new drop-in): a drop-in CRI-O would refuse at its next
     start is never written. Skipped where no `crio` is installed."""

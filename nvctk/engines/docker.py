@@ -12,7 +12,13 @@ import json
 import re
 from typing import Any
 
-from nvctk.engines.common import ConfigError, Request, is_our_binary, not_ours, parse_json_object
+from nvctk.engines.common import (
+    ConfigError,
+    EngineRequest,
+    is_our_binary,
+    not_ours,
+    parse_json_object,
+)
 
 SERVICE = "docker"
 DEFAULT_CONFIG = "/etc/docker/daemon.json"
@@ -20,7 +26,7 @@ DEFAULT_CONFIG = "/etc/docker/daemon.json"
 Files = dict[str, "bytes | None"]
 
 
-def paths(req: Request) -> list[str]:
+def paths(req: EngineRequest) -> list[str]:
     if req.drop_in:
         raise ConfigError("Docker has no drop-in files: --drop-in is for containerd and CRI-O")
     return [req.config or DEFAULT_CONFIG]
@@ -50,7 +56,7 @@ def _object(parent: dict[str, Any], key: str, path: str) -> dict[str, Any]:
     return value
 
 
-def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
+def configure(req: EngineRequest, old: Files) -> tuple[Files, list[str]]:
     path = paths(req)[0]
     raw = old[path] or b""
     cfg = parse_json_object(path, raw)
@@ -70,7 +76,7 @@ def configure(req: Request, old: Files) -> tuple[Files, list[str]]:
     return {path: _dump(cfg, raw.decode("utf-8", "replace"))}, notes
 
 
-def binary_in(req: Request, old: Files) -> str | None:
+def binary_in(req: EngineRequest, old: Files) -> str | None:
     path = paths(req)[0]
     if old[path] is None:
         return None
@@ -80,7 +86,7 @@ def binary_in(req: Request, old: Files) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _bak_default(bak: bytes | None, req: Request) -> str | None:
+def _bak_default(bak: bytes | None, req: EngineRequest) -> str | None:
     """daemon.json.bak's default-runtime when it is not nvctk's: what configure
     replaced (JSON keeps no comment to note it in), None when unknown or unset."""
     if bak is None:
@@ -92,7 +98,7 @@ def _bak_default(bak: bytes | None, req: Request) -> str | None:
     return value if isinstance(value, str) and value != req.name else None
 
 
-def _bak_runtime(bak: bytes | None, req: Request) -> Any:
+def _bak_runtime(bak: bytes | None, req: EngineRequest) -> Any:
     """daemon.json.bak's runtime of req.name when it is someone else's, else None."""
     if bak is None:
         return None
@@ -106,7 +112,7 @@ def _bak_runtime(bak: bytes | None, req: Request) -> Any:
     return entry
 
 
-def strip(req: Request, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
+def strip(req: EngineRequest, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
     path = paths(req)[0]
     if old[path] is None:
         return None, []

@@ -18,7 +18,6 @@ import os
 
 from nvctk import _sys
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable

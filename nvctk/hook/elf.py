@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-# typing is for the type checker only (the hook starts in every GPU container)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal

@@ -16,7 +16,6 @@ from nvctk.base.record import Record
 from nvctk.edits import PLAN_FILE, Plan
 from nvctk.oci.spec import load_state
 
-# typing is for the type checker only (the hook starts in every GPU container)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import MutableMapping

@@ -18,7 +18,6 @@ import time
 from nvctk.hook import caps
 from nvctk.hook import mount as m
 
-# typing is for the type checker only (the hook starts in every GPU container)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.log import HookLog, Logger

@@ -32,8 +32,7 @@ from nvctk import _sys
 from nvctk.base.errors import MountError, SpecError
 from nvctk.base.record import Record
 
-# typing is for the type checker only, and the syscalls come from the compiled
-# nvctk._sys, not ctypes (~4 ms to import): this module is on every GPU container's start
+# the syscalls come from the compiled nvctk._sys, not ctypes: start time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -48,7 +48,6 @@ from nvctk.hook import mount as m
 from nvctk.hook.elf import elf_interpreter
 from nvctk.hook.ldconfig import become_ldconfig, wait_ldconfig
 
-# typing is for the type checker only (the hook starts in every GPU container)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.log import HookLog

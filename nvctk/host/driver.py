@@ -16,7 +16,6 @@ from nvctk.base.errors import DriverError
 from nvctk.base.record import Record
 from nvctk.host import ldcache
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -26,7 +26,6 @@ import sys
 from nvctk.base.errors import DriverError
 from nvctk.base.record import Record
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Container, Iterable

@@ -28,7 +28,7 @@ from nvctk.base.errors import DriverError
 from nvctk.host import ldcache
 from nvctk.host.driver import resolve_in_root
 
-# The records live in nvctk.host.cache (the cache's side, which never imports pynvml);
+# The records live in nvctk.host.inventory (which never imports pynvml);
 # re-exported here for the callers that name them nvml.HostInfo & co.
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from nvctk.base.errors import NvctkError, RequestError
 from nvctk.k8s.config import PluginConfig
 from nvctk.k8s.resources import Device, Resource, Unit, vgpu_share
+from nvctk.vgpu import authority
 
 DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
@@ -149,8 +150,6 @@ def allocate(res: Resource, cfg: PluginConfig, ids: list[str], driver_root: str,
 
 def _share_annotation(resource: str, granted: list[tuple[str, int, int]],
                       key_path: str) -> tuple[str, str]:
-    from nvctk.vgpu import authority
-
     try:
         key = authority.load_key(key_path, create=True)
     except OSError as e:

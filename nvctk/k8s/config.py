@@ -21,7 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonschema
+
+from nvctk.base import yamlio
 from nvctk.base.errors import ConfigError, clipped
+from nvctk.base.fileio import NotRegularFile, read_regular_file
 
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 MIG_STRATEGIES = ("none", "single", "mixed")
@@ -139,7 +143,6 @@ def _where(path: Any) -> str:
 
 
 def parse(data: Any, source: str = "config") -> PluginConfig:
-    import jsonschema
 
     validator = jsonschema.Draft202012Validator(SCHEMA)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
@@ -251,9 +254,6 @@ def load(path: str | None) -> PluginConfig:
     """The file's config (None: the defaults). ConfigError names the file and field."""
     if path is None:
         return PluginConfig()
-    from nvctk.base import yamlio
-    from nvctk.base.fileio import NotRegularFile, read_regular_file
-
     try:
         # never blocks: a FIFO at the path is refused unread, as every nvctk config
         text = read_regular_file(path, 1 << 20)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
 
 IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
@@ -38,8 +40,6 @@ class Health:
         self.last_change: float = 0.0  # time.monotonic() of the last change (bench)
 
     def mark(self, uuids: set[str], reason: str) -> None:
-        import time
-
         with self.changed:
             new = uuids - self.unhealthy
             if not new:
@@ -88,8 +88,6 @@ class XidWatcher(threading.Thread):
         self.stopping.set()
 
     def _init(self) -> Any:
-        from nvctk.host import nvml
-
         lib = nvml.find_library(self.driver_root)
         root = os.path.abspath(self.driver_root)
         # NVML init is reference-counted: this thread's init outlives other sessions'

@@ -13,7 +13,7 @@ class ProtoMissing(NvctkError):
 
 def load() -> tuple[Any, Any]:
     """(api_pb2, api_pb2_grpc)."""
-    try:
+    try:  # generated at build time: its absence is a clear error, not an ImportError at import
         from nvctk.k8s import api_pb2, api_pb2_grpc
     except ImportError as e:
         raise ProtoMissing(

@@ -21,10 +21,11 @@ import grpc
 from nvctk.base import fileio
 from nvctk.base.errors import NvctkError
 from nvctk.host.inventory import HostInfo
-from nvctk.k8s import DEFAULT_KUBELET_DIR, proto
 from nvctk.k8s import allocate as alloc
+from nvctk.k8s import proto
 from nvctk.k8s.config import PluginConfig
 from nvctk.k8s.health import Health, XidWatcher
+from nvctk.k8s.kubelet import DEFAULT_KUBELET_DIR
 from nvctk.k8s.resources import Resource
 
 API_VERSION = "v1beta1"

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
 from nvctk.monitor.containers import DEFAULT_RUNTIME_ROOTS, Container, Discovery, proc_start
 from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
@@ -66,8 +67,6 @@ class Collector:
 
     def __init__(self, driver_root: str, runtime_roots: tuple[str, ...] | list[str] = DEFAULT_RUNTIME_ROOTS,
                  host: HostInfo | None = None, pod_resources: str | None = None) -> None:
-        from nvctk.host import nvml
-
         self.driver_root = driver_root
         self.host = host if host is not None else nvml.query_host(driver_root)
         lib = nvml.find_library(driver_root)
@@ -92,6 +91,7 @@ class Collector:
         self._events = self._open_events()
         self.podres: Any = None
         if pod_resources:
+            # start time: grpc only with --pod-resources-socket
             from nvctk.monitor.podresources import PodResources
 
             self.podres = PodResources(pod_resources)

@@ -24,8 +24,12 @@ import os
 import stat
 from dataclasses import dataclass
 
+from nvctk.base import config as nvconfig
 from nvctk.edits import PLAN_FILE, Plan
 from nvctk.host.inventory import HostInfo
+from nvctk.plan.planner import select_devices, vgpu_devices
+from nvctk.request.parse import request_from_spec
+from nvctk.vgpu.limits import limits_from_env
 
 log = logging.getLogger("nvctk.monitor")
 
@@ -153,10 +157,6 @@ def _runtime_state(path: str) -> tuple[str, int, int | None]:
 def _devices(spec: dict[str, object], plan: Plan, host: HostInfo) -> list[Device]:
     """The container's devices as nvctk-runtime resolved them: its request on this host,
     ordered as libvgpu indexes them; the plan's GPUs (whole) when that fails."""
-    from nvctk.base import config as nvconfig
-    from nvctk.plan.planner import select_devices, vgpu_devices
-    from nvctk.request.parse import request_from_spec
-
     try:
         req = request_from_spec(spec, nvconfig.Config(accept_volume_mount_devices=True))
         if req is not None and req.cdi_devices is None:
@@ -180,8 +180,6 @@ def _devices(spec: dict[str, object], plan: Plan, host: HostInfo) -> list[Device
 
 
 def _limits(plan: Plan, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    from nvctk.vgpu.limits import limits_from_env
-
     if plan.vgpu is None or not plan.vgpu.limits or n == 0:
         return (0,) * n, (0,) * n
     env = {k: v for k, v in plan.vgpu.limits.items()

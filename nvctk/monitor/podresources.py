@@ -16,6 +16,9 @@ import functools
 import os
 from typing import Any
 
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
 TIMEOUT_S = 0.5  # a hanging kubelet costs a collection this much, never a scrape
@@ -24,8 +27,6 @@ TIMEOUT_S = 0.5  # a hanging kubelet costs a collection this much, never a scrap
 @functools.cache
 def messages() -> tuple[Any, Any]:
     """(ListPodResourcesRequest, ListPodResourcesResponse) classes."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
     F = descriptor_pb2.FieldDescriptorProto
     fd = descriptor_pb2.FileDescriptorProto(name="nvctk/podresources_v1.proto", package="v1",
                                             syntax="proto3")
@@ -57,8 +58,6 @@ class PodResources:
     """A client of the kubelet's pod-resources socket, one channel for its life."""
 
     def __init__(self, socket: str = DEFAULT_SOCKET, timeout: float = TIMEOUT_S) -> None:
-        import grpc
-
         self.socket = socket
         self.timeout = timeout
         self.channel = grpc.insecure_channel(f"unix://{os.path.abspath(socket)}")

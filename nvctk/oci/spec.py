@@ -16,7 +16,6 @@ from nvctk.base.errors import SpecError, SpecShapeError, shown
 from nvctk.base.fileio import atomic_write
 from nvctk.base.record import Record
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

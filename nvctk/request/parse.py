@@ -12,7 +12,6 @@ from nvctk.base.errors import RequestError, shown
 from nvctk.base.record import Record, fields
 from nvctk.oci.spec import is_privileged, spec_env, spec_mounts
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

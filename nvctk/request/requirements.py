@@ -14,7 +14,6 @@ from __future__ import annotations
 from nvctk.base.errors import RequestError, RequirementError, shown
 from nvctk.base.record import Record
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence

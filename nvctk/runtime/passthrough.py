@@ -22,27 +22,26 @@ never served from the cache. Only root writes or trusts it.
 from __future__ import annotations
 
 import os
-import time
 
-from nvctk.base.config import Config, config_path, load_stat
+# the stamp's rules and the cache dir are the config loader's too (its parsed-config cache)
+from nvctk.base.config import (
+    CACHE_VAR,
+    DEFAULT_CACHE_DIR,  # noqa: F401 (this module's names since before)
+    RACY_COARSE_NS,  # noqa: F401
+    RACY_NS,  # noqa: F401
+    Config,
+    cache_dir,
+    cache_name,
+    config_path,
+    load_stat,
+    racy,
+)
 from nvctk.base.errors import NvctkError
 from nvctk.base.fileio import atomic_write, read_regular_file
 
-DEFAULT_CACHE_DIR = "/run/nvctk/passthrough"
-CACHE_VAR = "NVCTK_PASSTHROUGH_CACHE"  # another directory (the tests use their own)
 MAGIC = "nvctk-passthrough 1\n"
 MAX_ENTRY = 65535  # nvctk-runtime.c reads less than CACHE_MAX (64 KiB)
-# git's "racy" rule: a file changed this recently may change again without a new stamp
-# (timestamps move by the kernel's timer tick, or by whole seconds on coarse file
-# systems), so such a config is not cached yet: Python keeps deciding until it settles
-RACY_NS = 50_000_000
-RACY_COARSE_NS = 2_000_000_000
 DEFAULT_RUNTIMES = Config().runtimes
-
-
-def cache_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> str:
-    env = os.environ if environ is None else environ
-    return env.get(CACHE_VAR) or DEFAULT_CACHE_DIR
 
 
 def use_cache_dir(directory: str) -> str:
@@ -55,14 +54,6 @@ def use_cache_dir(directory: str) -> str:
     return directory
 
 
-def cache_name(path: str) -> str:
-    """FNV-1a 64 of the config path's bytes, 16 hex digits (nvctk-runtime.c fnv1a64)."""
-    h = 0xCBF29CE484222325
-    for b in os.fsencode(path):
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
-
-
 def entry(path: str, st: os.stat_result | None, runtimes: tuple[str, ...]) -> bytes | None:
     """The cache file's bytes (st None: no file at path), or None where the launcher
     could not use them."""
@@ -73,14 +64,6 @@ def entry(path: str, st: os.stat_result | None, runtimes: tuple[str, ...]) -> by
         f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns // 10**9} "
         f"{st.st_mtime_ns % 10**9} {st.st_ctime_ns // 10**9} {st.st_ctime_ns % 10**9}")
     return os.fsencode(f"{MAGIC}{path}\n{stamp}\n" + "".join(f"{r}\n" for r in runtimes))
-
-
-def racy(st: os.stat_result | None, now_ns: int | None = None) -> bool:
-    """Whether the config's stamp is too fresh to vouch for its content."""
-    if st is None:
-        return False
-    window = RACY_NS if st.st_ctime_ns % 1_000_000_000 else RACY_COARSE_NS
-    return (time.time_ns() if now_ns is None else now_ns) - st.st_ctime_ns < window
 
 
 def remember(path: str, st: os.stat_result | None, runtimes: tuple[str, ...],
@@ -120,7 +103,7 @@ def runtimes(environ: dict[str, str] | os._Environ[str] | None = None) -> tuple[
     """
     path = config_path(dict(environ) if environ is not None else None)
     try:
-        config, st = load_stat(path)
+        config, st = load_stat(path, environ)
     except NvctkError as e:
         return DEFAULT_RUNTIMES, f"{e}; using runtimes {', '.join(DEFAULT_RUNTIMES)}"
     remember(path, st, config.runtimes, environ)

@@ -14,6 +14,7 @@ import tempfile
 
 from nvctk.runtime import passthrough
 from nvctk.sim import host
+from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.topology import make_topology
 
 
@@ -61,8 +62,6 @@ def _bundle(path: str, rootfs: str, env: list[str], args: list[str]) -> str:
 
 
 def run_gpu_containers(sim: host.SimHost, tmp: str) -> int:
-    from nvctk.sim.rootfs import build_rootfs
-
     rootfs = build_rootfs(os.path.join(tmp, "rootfs"), with_sample=sim.sample)
     root = os.path.join(tmp, "runc-root")
     gpu1 = sim.topology.gpus[1]

@@ -14,7 +14,6 @@ from nvctk.base import jsonio
 from nvctk.base.errors import SpecError
 from nvctk.oci.spec import SPEC_FILE, field, is_privileged, linux_of
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

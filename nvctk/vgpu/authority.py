@@ -25,7 +25,6 @@ import os
 from nvctk.base import jsonio
 from nvctk.base.errors import RequestError, shown
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping

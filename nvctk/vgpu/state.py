@@ -126,7 +126,7 @@ def _is_key_dir(name: str) -> bool:
 # --- naming --------------------------------------------------------------------------------
 def state_key(runtime_root: str | None, container_id: str) -> str:
     """16 hex digits from (runtime root, container id)."""
-    import hashlib  # not at the top: loading OpenSSL costs every create 3-5 ms
+    import hashlib  # start time: OpenSSL, only for vGPU state dirs
 
     root = os.path.normpath(os.path.abspath(runtime_root or DEFAULT_RUNTIME_ROOT))
     # fsencode: runc's --root is any bytes (argv gives them back as surrogate escapes)

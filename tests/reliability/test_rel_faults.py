@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import relkit
+
+from support import reliability as relkit
+from support import wait
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runc, device nodes)")]
@@ -37,7 +39,7 @@ def _settle(la: relkit.Lab) -> None:
     """Every container of the lab deleted, then nothing of runc's left on its root."""
     for cid in la.listed():
         la.delete(cid)
-    relkit.wait_until(lambda: not relkit.procs_mentioning(la.root), 20,
+    wait.until(lambda: not relkit.procs_mentioning(la.root), 20,
                       "runc processes of the lab to end")
 
 

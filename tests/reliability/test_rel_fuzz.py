@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import relkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,13 +30,14 @@ from nvctk.base import config as nvconfig
 from nvctk.base.errors import NvctkError
 from nvctk.cdi import cdi
 from nvctk.engines import common as engines_common
-from nvctk.engines import plan_configure, plan_remove
+from nvctk.engines.changes import plan_configure, plan_remove
 from nvctk.host import ldcache
 from nvctk.k8s import config as dpconfig
 from nvctk.oci import spec as oci
 from nvctk.request import requirements
 from nvctk.request.parse import request_from_spec
 from nvctk.vgpu import limits as vgpu
+from support import reliability as relkit
 
 EXAMPLES = relkit.n(60, 3000)
 # a parse of a few KiB taking this long is a hang for our purposes (2 shared cores)
@@ -298,7 +298,7 @@ ENGINE_BASES = {
 def test_fuzz_engine_config(engine: str, tmp_path: Path) -> None:
     path = _file_target(tmp_path, f"{engine}/config")
     drop = tmp_path / f"{engine}/drop-in.toml"
-    req = engines_common.Request(runtime_path="/usr/bin/nvctk-runtime", config=str(path),
+    req = engines_common.EngineRequest(runtime_path="/usr/bin/nvctk-runtime", config=str(path),
                                  drop_in=str(drop) if engine == "crio" else "")
 
     def prop(raw: bytes) -> str:
@@ -378,7 +378,7 @@ def test_deviceplugin_config_fifo_never_blocks(tmp_path: Path) -> None:
 def test_docker_config_with_a_lone_surrogate_escape(tmp_path: Path) -> None:
     path = tmp_path / "daemon.json"
     path.write_bytes(b'{"log-level": "\\ud800"}')
-    req = engines_common.Request(runtime_path="/usr/bin/nvctk-runtime", config=str(path))
+    req = engines_common.EngineRequest(runtime_path="/usr/bin/nvctk-runtime", config=str(path))
     try:
         plan_configure("docker", req)
     except NvctkError as e:

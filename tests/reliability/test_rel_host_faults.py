@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import relkit
+
+from support import reliability as relkit
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runc, mounts)")]

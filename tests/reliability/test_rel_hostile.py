@@ -27,46 +27,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import relkit
+
+from support import reliability as relkit
+from support.reliability import Checked
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runc, device nodes)")]
 
 LIB = "usr/lib/x86_64-linux-gnu"
 GPU_ENV = ["NVIDIA_VISIBLE_DEVICES=0", "CUDA_DEVICE_MEMORY_LIMIT=512m"]
-
-
-class Checked:
-    """Runs starts and checks the host after each; counts attempts and escapes."""
-
-    def __init__(self, la: relkit.Lab, decoy: Path, sim_root: str) -> None:
-        self.la = la
-        self.decoy = decoy
-        self.digest = relkit.tree_digest(decoy)
-        self.ours = (la.tmp, decoy, sim_root)
-        self.mounts = relkit.mounts_from(*self.ours)
-        self.attempts = self.started = self.refused = 0
-        self.reasons: dict[str, int] = {}
-
-    def start(self, b: Path, timeout: float = 60) -> str:
-        cid = self.la.new_id()
-        t0 = time.monotonic()
-        r = self.la.run(b, cid, timeout=timeout)  # TimeoutExpired: a hang fails the test
-        self.attempts += 1
-        took = time.monotonic() - t0
-        assert relkit.clean_failure(r.stderr), r.stderr[-3000:]
-        if r.returncode == 0:
-            self.started += 1
-        else:
-            self.refused += 1
-            line = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "?"
-            key = line[-110:]
-            self.reasons[key] = self.reasons.get(key, 0) + 1
-        self.la.delete(cid)
-        assert relkit.tree_digest(self.decoy) == self.digest, "ESCAPE: the decoy changed"
-        assert relkit.mounts_from(*self.ours) == self.mounts, "a host mount was left or made"
-        assert took < timeout
-        return r.stderr
 
 
 @pytest.fixture

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import relkit
 
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
 from nvctk.spec import seccomp as nvseccomp
+from support import reliability as relkit
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runc, device nodes)")]
@@ -112,7 +112,7 @@ BIND_AT = [LIB, "/lib/x86_64-linux-gnu", "/usr", "/usr/bin", "/usr/share", "/usr
 
 def test_cdi_and_legacy_with_host_dirs_bound(sim_host: SimHost, rootfs: Any,
                                              tmp_path: Path) -> None:
-    from test_rel_hostile import Checked
+    from support.reliability import Checked
 
     base = str(rootfs())
     decoy = relkit.make_decoy(tmp_path / "decoy")
@@ -143,7 +143,7 @@ def test_cdi_and_legacy_with_host_dirs_bound(sim_host: SimHost, rootfs: Any,
 
 
 def test_foreign_cdi_vendor(sim_host: SimHost, rootfs: Any, tmp_path: Path) -> None:
-    from test_rel_hostile import Checked
+    from support.reliability import Checked
 
     base = str(rootfs())
     decoy = relkit.make_decoy(tmp_path / "decoy")

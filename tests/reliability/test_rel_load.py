@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import relkit
+
+from support import reliability as relkit
+from support import wait
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runc, device nodes)")]
@@ -82,7 +84,7 @@ def test_concurrent_gpu_containers(make_sim: Any, rootfs: Any, tmp_path: Path) -
             assert all(r.stdout.split() == [] for r in results)
             for cid in la.listed():
                 la.delete(cid)
-            relkit.wait_until(lambda: not relkit.procs_mentioning(la.root), 30, "runc to end")
+            wait.until(lambda: not relkit.procs_mentioning(la.root), 30, "runc to end")
             assert la.state_entries() == []
             assert relkit.mounts_under(la.state_dir) == []
             assert relkit.mounts_under(str(tmp_path)) == []

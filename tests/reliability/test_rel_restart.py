@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import relkit
 import tomlkit
 
 from nvctk.sim.host import SimHost
+from support import reliability as relkit
+from support import wait
 from support.daemons import (
     Containerd,
     Dockerd,
@@ -100,7 +101,7 @@ def _restart(proc: subprocess.Popen[bytes], sig: int, log: Path, env: dict[str, 
 def _wait_up(check: Callable[[], bool], what: str, log: Path) -> float:
     t0 = time.monotonic()
     try:
-        relkit.wait_until(check, 60, what)
+        wait.until(check, 60, what)
     except AssertionError:
         raise AssertionError(f"{what}; log tail:\n{log.read_text(errors='replace')[-2000:]}")
     return time.monotonic() - t0
@@ -204,7 +205,7 @@ class Ctr:
 
     def remove(self, cid: str) -> None:
         self.d.ctr("task", "kill", "-s", "SIGKILL", cid)
-        relkit.wait_until(lambda: self.tasks().get(cid, (0, "STOPPED"))[1] == "STOPPED", 30,
+        wait.until(lambda: self.tasks().get(cid, (0, "STOPPED"))[1] == "STOPPED", 30,
                           f"task {cid} to stop")
         self.d.ctr("task", "delete", cid)
         self.d.ctr("container", "delete", cid)
@@ -285,7 +286,7 @@ def test_containerd_restart_keeps_gpu_containers(sim: SimHost, image_rootfs: str
                     ctr.remove(cid)
             _kill_leftovers(pids)
         assert ctr.tasks() == {}
-        relkit.wait_until(lambda: not _ours(str(work), d.proc.pid), 30, "the shims to exit")
+        wait.until(lambda: not _ours(str(work), d.proc.pid), 30, "the shims to exit")
     _assert_clean(sim, work, host_mounts, pids)
     relkit.record("fault", "containerd restarted under running GPU containers",
                   injected=restarts, containers=count, survived=survived,
@@ -361,7 +362,7 @@ def test_dockerd_live_restore_keeps_gpu_containers(sim: SimHost, image_rootfs: s
                 dk.docker("rm", "-f", *ids)
             _kill_leftovers(pids)
         assert dk.docker("ps", "-aq").stdout.decode().split() == []
-        relkit.wait_until(lambda: not _ours(str(work), ctd.proc.pid, dk.proc.pid), 30,
+        wait.until(lambda: not _ours(str(work), ctd.proc.pid, dk.proc.pid), 30,
                           "the shims to exit")
     _assert_clean(sim, work, host_mounts, pids)
     relkit.record("fault", "dockerd restarted (live-restore) under running GPU containers",

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-import relkit
+
+from support import reliability as relkit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"))
 import harness as H

@@ -29,12 +29,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from support import wait
 
 PROTO = Path(__file__).with_name("cri.proto")
 RPC_TIMEOUT = 60.0
@@ -214,14 +215,10 @@ class Pod:
 
     def wait(self, cid: str, timeout: float = 60) -> int:
         """The container's exit code once it has exited."""
-        deadline = time.monotonic() + timeout
-        while True:
-            st = self.client.container_state(cid)
-            if st.state == self.client.pb.CONTAINER_EXITED:
-                return int(st.exit_code)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"container {cid} still {st.state} after {timeout}s")
-            time.sleep(0.05)
+        exited = self.client.pb.CONTAINER_EXITED
+        st = wait.until(lambda: (s := self.client.container_state(cid)).state == exited and s,
+                        timeout, f"container {cid} to exit")
+        return int(st.exit_code)
 
     def logs(self, name: str) -> str:
         path = self.log_dir / f"{name}.log"

@@ -13,10 +13,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from support import wait
 
 
 @contextlib.contextmanager
@@ -41,13 +42,11 @@ def private_paths(workdir: Path) -> dict[str, object]:
 
 
 def _wait_for(predicate, timeout: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-    raise TimeoutError(f"{what} did not come up in {timeout}s; log tail:\n{tail}")
+    try:
+        wait.until(predicate, timeout, f"{what} to come up")
+    except AssertionError as e:
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise TimeoutError(f"{e}; log tail:\n{tail}") from None
 
 
 def umount_below(path: Path) -> None:

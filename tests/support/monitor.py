@@ -21,6 +21,7 @@ from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
 from nvctk.sim.topology import make_topology
+from support.wait import until as wait_until
 
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]
@@ -28,14 +29,6 @@ BIN = os.path.dirname(sys.executable)
 RUNTIME = os.path.join(BIN, "nvctk-runtime")
 PROBE = REPO / "libvgpu" / "build" / "vgpu_probe"
 MIG = {2: ["1g.10gb", "2g.20gb"]}
-
-
-def wait_until(pred: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def pidns(pid: int) -> int | None:

@@ -1,0 +1,28 @@
+"""This node as the device plugin and `nvctk labels` see it: the plugin's config, the
+driver root, the GPUs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from nvctk.base import config as nvconfig
+from nvctk.base.errors import NvctkError
+from nvctk.host import nvml
+from nvctk.host.inventory import HostInfo
+from nvctk.k8s import config as dpconfig
+from nvctk.k8s.config import PluginConfig
+from nvctk.vgpu.authority import load_key
+
+
+def setup(config_file: str | None) -> tuple[PluginConfig, str, HostInfo]:
+    cfg = dpconfig.load(config_file)
+    nv = nvconfig.load()
+    driver_root = cfg.driver_root or nv.driver_root
+    host = nvml.query_host(driver_root)
+    cfg = dataclasses.replace(cfg, authority_key=nv.authority_key)
+    if cfg.sharing == "vgpu":
+        try:  # made now, so the runtime can check the first share's annotation
+            load_key(nv.authority_key, create=True)
+        except OSError as e:
+            raise NvctkError(f"{nv.authority_key}: cannot make nvctk's authority key: {e.strerror}")
+    return cfg, driver_root, host

@@ -1,0 +1,558 @@
+"""Pods the way the kubelet runs them (issue 11 §2): the real containerd (Debian's 1.6)
+with its CRI plugin, configured by `nvctk configure --runtime containerd`, a CRI
+client (tests/support/cri.py) doing RunPodSandbox with the `nvidia` runtime handler
+(host network, so no CNI), CreateContainer with what a device plugin's Allocate
+returns, StartContainer, and the container's CRI log read back.
+
+Until the device plugin lands, the Allocate answers are built here in the shapes it
+returns (support.cri.Allocation): NVIDIA_VISIBLE_DEVICES, `cdi.k8s.io/` annotations,
+a vGPU share's CUDA_DEVICE_MEMORY_LIMIT / CUDA_DEVICE_SM_LIMIT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from nvctk.sim.host import SimHost
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+pytest.importorskip("grpc")
+pytest.importorskip("grpc_tools")
+
+from support import wait  # noqa: E402
+from support.cri import (  # noqa: E402
+    PAUSE_CMD,
+    Allocation,
+    CriClient,
+    CriError,
+    PodResult,
+    containerd2_cri_config,
+    containerd_cri_config,
+    image_archive,
+    parse_cri_log,
+    pass_cdi_annotations,
+    pause_rootfs,
+    pod,
+    run_pod,
+)
+from support.daemons import (  # noqa: E402
+    CONTAINERD_2_TAR,
+    CRIO_TAR,
+    containerd,
+    crio,
+    crio_config,
+    peer_env,
+    short_dir,
+    unpack_peer,
+)
+
+PAUSE = "nvctk.test/pause:1"
+GPU_IMAGE = "nvctk.test/gpu:1"
+MIG_LAYOUT = {0: ["3g.40gb", "2g.20gb", "1g.10gb"]}
+CDI_KEY = "cdi.k8s.io/nvctk-device-plugin_main"
+
+
+def _need(*tools: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts containerd")
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
+
+
+ENGINES = ["containerd-1.6", "containerd-2.3", "crio-1.36"]
+
+
+@dataclass
+class Node:
+    """One engine serving the CRI on a private socket."""
+
+    engine: str
+    socket: Path
+    dir: Path
+    applies_cdi_devices: bool  # the CRI's CDI_devices field (containerd 1.6 drops it)
+    leftovers: Callable[[], list[str]]  # its containers or tasks still there
+
+
+@pytest.fixture(scope="module")
+def work() -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts container engines")
+    _need("runc")
+    with short_dir("nvctk-k-") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def sim(work: Path) -> SimHost:
+    """A sim of its own (the Pods' processes share its state file): GPU 0 split into
+    MIG devices, GPU 1 whole; its config names a CDI spec dir with a generated spec."""
+    from nvctk.sim import host
+    from nvctk.sim.topology import make_topology
+    from support.exe import nvctk_exe
+
+    s = host.init(str(work / "sim"), make_topology(gpus=2, mig=MIG_LAYOUT))
+    cdi = work / "cdi"
+    cdi.mkdir()
+    r = subprocess.run([*nvctk_exe(), "cdi", "generate", "--output", str(cdi / "nvidia.yaml")],
+                       env={**os.environ, **s.env}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    cfg = Path(s.config_path)
+    text = re.sub(r"(?m)^cdi-spec-dirs = .*\n", "", cfg.read_text())
+    cfg.write_text(text + f'cdi-spec-dirs = ["{cdi}"]\n')
+    return s
+
+
+@pytest.fixture(scope="module")
+def images(work: Path, sim: SimHost) -> dict[str, Path]:
+    """The images as a node has them after the kubelet pulled them (no registry here)."""
+    from nvctk.sim.rootfs import build_rootfs
+
+    pause = image_archive(pause_rootfs(work / "pause"), PAUSE, work / "pause.tar",
+                          entrypoint=PAUSE_CMD)
+    gpu = image_archive(Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample)),
+                        GPU_IMAGE, work / "gpu.tar",
+                        # as CUDA base images do: the Allocate answer must override it
+                        env={"PATH": "/usr/local/bin:/usr/bin:/bin",
+                             "NVIDIA_VISIBLE_DEVICES": "all"})
+    return {PAUSE: pause, GPU_IMAGE: gpu}
+
+
+def _configure(*args: str, env: dict[str, str] | None = None) -> None:
+    from support.exe import nvctk_exe
+
+    r = subprocess.run([*nvctk_exe(), "configure", *args], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+
+
+@contextlib.contextmanager
+def _containerd_node(d: Path, sim: SimHost, images: dict[str, Path],
+                     bin_dir: Path | None) -> Iterator[Node]:
+    d.mkdir()
+    cfg = d / "config.toml"
+    if bin_dir is None:  # Debian's 1.6: a version 2 config
+        cfg.write_text(containerd_cri_config(d, PAUSE))
+    else:  # 2.3.4: its own `config default`, version 4, with CDI from the sim's spec dir
+        default = subprocess.run([str(bin_dir / "containerd"), "config", "default"],
+                                 capture_output=True, text=True, check=True).stdout
+        cfg.write_text(containerd2_cri_config(d, PAUSE, default, [d.parent / "cdi"]))
+    _configure("--runtime", "containerd", "--config", str(cfg),
+               env=peer_env(bin_dir) if bin_dir else None)
+    # containerd's CRI passes a container's annotations to the runtime only when its
+    # runtime table lists them: without it the cdi-annotations strategy gives no
+    # device, silently (the image's own NVIDIA_VISIBLE_DEVICES=all then wins)
+    assert not pass_cdi_annotations(cfg), "nvctk configure must list cdi.k8s.io/*"
+    with containerd(d, env=sim.env, config=cfg, bin_dir=bin_dir) as daemon:
+        for tar in images.values():
+            res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
+            assert res.returncode == 0, res.stderr
+
+        def leftovers() -> list[str]:
+            return (daemon.ctr("tasks", "ls", "-q", namespace="k8s.io").stdout.split()
+                    + daemon.ctr("containers", "ls", "-q", namespace="k8s.io").stdout.split())
+
+        yield Node("containerd-1.6" if bin_dir is None else "containerd-2.3", daemon.socket, d,
+                   bin_dir is not None, leftovers)
+
+
+@contextlib.contextmanager
+def _crio_node(d: Path, sim: SimHost, images: dict[str, Path], bin_dir: Path) -> Iterator[Node]:
+    from nvctk.engines.common import RUNTIME_BINARY
+
+    d.mkdir()
+    cfg = crio_config(d, PAUSE, bin_dir)
+    # CDI from the sim's spec dir
+    cfg.write_text(cfg.read_text().replace(
+        "[crio.runtime]\n", f'[crio.runtime]\ncdi_spec_dirs = ["{d.parent / "cdi"}"]\n', 1))
+    # CRI-O gives a handler none of its own env: a wrapper sets the sim's
+    wrap = d / "wrap" / RUNTIME_BINARY
+    wrap.parent.mkdir()
+    runtime = Path(sys.executable).with_name(RUNTIME_BINARY)
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sim.env.items())
+    wrap.write_text(f'#!/bin/sh\nexec env {env} {runtime} "$@"\n')
+    wrap.chmod(0o755)
+    drop = d / "conf.d" / "99-nvctk.toml"
+    _configure("--runtime", "crio", "--config", str(cfg), "--drop-in", str(drop),
+               "--runtime-path", str(wrap), env=peer_env(bin_dir))
+    # runc's state for the handler under d, as crio.conf does for runc's
+    drop.write_text(drop.read_text() + f'runtime_root = "{d}/nvidia-runc"\n')
+    for tar in images.values():
+        r = subprocess.run(["podman", "--root", f"{d}/root", "--runroot", f"{d}/runroot",
+                            "--storage-driver", "overlay", "load", "-i", str(tar)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    with crio(d, bin_dir) as daemon:
+        def leftovers() -> list[str]:
+            out = []
+            for root in (d / "runc", d / "nvidia-runc"):
+                r = subprocess.run(["runc", "--root", str(root), "list", "-q"],
+                                   capture_output=True, text=True)
+                out += r.stdout.split()
+            return out
+
+        yield Node("crio-1.36", daemon.socket, d, True, leftovers)
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def node(request: pytest.FixtureRequest, work: Path, sim: SimHost,
+         images: dict[str, Path]) -> Iterator[Node]:
+    engine = request.param
+    d = work / engine
+    if engine == "containerd-1.6":
+        _need("containerd", "ctr", "containerd-shim-runc-v2")
+        with _containerd_node(d, sim, images, None) as n:
+            yield n
+        return
+    tar = CONTAINERD_2_TAR if engine == "containerd-2.3" else CRIO_TAR
+    bin_dir = unpack_peer(tar, work / f"bin-{engine}")
+    if bin_dir is None:
+        pytest.skip(f"{tar} is absent (../shared/peers): {engine} not tried")
+    if engine == "containerd-2.3":
+        with _containerd_node(d, sim, images, bin_dir) as n:
+            yield n
+    else:
+        _need("conmon", "podman")
+        with _crio_node(d, sim, images, bin_dir) as n:
+            yield n
+
+
+@pytest.fixture(scope="module")
+def cri(node: Node) -> Iterator[CriClient]:
+    client = CriClient(node.socket)
+    assert client.version().runtime_name == ("cri-o" if node.engine.startswith("crio")
+                                             else "containerd")
+    for ref in (PAUSE, GPU_IMAGE):
+        assert client.image_id(ref), f"CRI does not see {ref}"
+    yield client
+    client.close()
+
+
+def run(cri: CriClient, work: Path, alloc: Allocation, script: str,
+        handler: str = "nvidia") -> PodResult:
+    """A Pod whose one container runs `script` in the GPU image, with `alloc`."""
+    return run_pod(cri, handler, alloc, image=GPU_IMAGE, command=["sh", "-c", script],
+                   log_root=work / "logs")
+
+
+def test_whole_gpu_by_index(cri: CriClient, work: Path, sim: SimHost) -> None:
+    gpu1 = sim.topology.gpus[1]
+    res = run(cri, work, Allocation(envs={"NVIDIA_VISIBLE_DEVICES": "1"}), "nvidia-smi -L")
+    assert res.exit_code == 0, res.logs
+    assert res.logs.splitlines() == [f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})"]
+
+
+def test_whole_gpu_by_uuid_through_cdi_annotation(cri: CriClient, work: Path, sim: SimHost) -> None:
+    """The cdi-annotations strategy: the device is named only in a `cdi.k8s.io/`
+    annotation, which containerd passes through to the OCI spec; the image's
+    NVIDIA_VISIBLE_DEVICES=all must not widen it."""
+    gpu1 = sim.topology.gpus[1]
+    alloc = Allocation(annotations={CDI_KEY: f"nvidia.com/gpu={gpu1.uuid}"})
+    res = run(cri, work, alloc, "nvidia-smi -L")
+    assert res.exit_code == 0, res.logs
+    assert res.logs.splitlines() == [f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})"]
+
+
+def test_mig_device(cri: CriClient, work: Path, sim: SimHost) -> None:
+    gpu0 = sim.topology.gpus[0]
+    mig = gpu0.mig_devices[1]
+    res = run(cri, work, Allocation(envs={"NVIDIA_VISIBLE_DEVICES": mig.uuid}),
+              "nvidia-smi -L; echo '== caps'; ls /dev/nvidia-caps; "
+              "echo '== sample'; cuda-vectoradd | grep Test")
+    assert res.exit_code == 0, res.logs
+    smi, rest = res.logs.split("== caps\n")
+    caps, sample = rest.split("== sample\n")
+    assert smi.splitlines() == [
+        f"GPU 0: {gpu0.name} (UUID: {gpu0.uuid})",
+        f"  MIG {mig.profile:<11} Device  0: (UUID: {mig.uuid})",
+    ]
+    assert sorted(caps.split()) == sorted(
+        [f"nvidia-cap{mig.gi_cap_minor}", f"nvidia-cap{mig.ci_cap_minor}"])
+    assert sample.strip() == "Test PASSED"
+
+
+def test_vgpu_share_sees_its_caps(cri: CriClient, work: Path, sim: SimHost) -> None:
+    """One of 4 vGPU shares of GPU 1: a quarter of its memory and of its SMs,
+    enforced by libvgpu from the read-only limits file nvctk put in the container."""
+    from nvctk.vgpu import limits as vgpu
+
+    gpu1 = sim.topology.gpus[1]
+    share_mib = gpu1.memory_mib // 4
+    alloc = Allocation(envs={"NVIDIA_VISIBLE_DEVICES": gpu1.uuid,
+                             "CUDA_DEVICE_MEMORY_LIMIT": f"{share_mib}m",
+                             "CUDA_DEVICE_SM_LIMIT": "25"})
+    res = run(cri, work, alloc,
+              "nvidia-smi --query-gpu=uuid,memory.total --format=csv,noheader,nounits; "
+              "echo '== limits'; grep '^CUDA_DEVICE_' /run/nvctk/limits; "
+              "echo '== sample'; cuda-vectoradd | grep Test")
+    assert res.exit_code == 0, res.logs
+    smi, rest = res.logs.split("== limits\n")
+    limits, sample = rest.split("== sample\n")
+    assert smi.splitlines() == [f"{gpu1.uuid}, {share_mib}"]
+    env = dict(line.split("=", 1) for line in limits.splitlines())
+    got = vgpu.limits_from_env(env, 1)
+    assert (got.memory, got.sm) == ((share_mib << 20,), (25,)), limits
+    assert sample.strip() == "Test PASSED"
+
+
+def test_cri_cdi_devices_from_the_plugins_cdi_cri_answer(cri: CriClient, work: Path,
+                                                          sim: SimHost, node: Node) -> None:
+    """The device plugin's cdi-cri strategy: its answer names the GPU only in the
+    CRI's CDI_devices field (the kubelet's route for cdi_devices), with
+    NVIDIA_VISIBLE_DEVICES=void so the image's own `all` cannot widen it. containerd 2.3
+    and CRI-O apply the device from the spec dirs they are configured with: the
+    container sees exactly that GPU. containerd 1.6 drops the field without a word
+    (checked, so the limit is not forgotten): the container gets no GPU at all, so on
+    1.6 a device plugin must name devices by env or `cdi.k8s.io/` annotation."""
+    gpu1 = sim.topology.gpus[1]
+    config = {"version": "v1", "flags": {"migStrategy": "mixed",
+                                         "deviceListStrategy": ["cdi-cri"]}}
+    try:
+        alloc = _plugin_allocation(sim, config, "nvidia.com/gpu",
+                                   lambda ids: [i for i in ids if i == gpu1.uuid])
+    except ImportError as e:  # the plugin's generated gRPC code is built by `make setup`
+        pytest.skip(f"device plugin not available: {e}")
+    assert alloc.cdi_devices == [f"nvidia.com/gpu={gpu1.uuid}"], alloc
+    res = run(cri, work, alloc, "nvidia-smi -L || true; ls /dev | grep -c '^nvidia[0-9]' || true")
+    assert res.exit_code == 0, res.logs
+    gpus = [li for li in res.logs.splitlines() if li.startswith("GPU ")]
+    if node.applies_cdi_devices:
+        assert gpus == [f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})"], res.logs
+        assert res.logs.splitlines()[-1] == "1", res.logs  # that GPU's device node alone
+    else:
+        assert gpus == [] and res.logs.splitlines()[-1] == "0", res.logs
+
+
+def test_unknown_cdi_device_fails_clearly_and_leaves_nothing(cri: CriClient, work: Path,
+                                                             node: Node) -> None:
+    """A CDI device no spec dir knows: the engine (or nvctk, where the engine ignores
+    the field) says which, and no container of it is left."""
+    if not node.applies_cdi_devices:
+        pytest.skip(f"{node.engine} ignores the CRI's CDI devices (see test_cri_cdi_devices_from_the_plugins_cdi_cri_answer)")
+    with pytest.raises(CriError) as e:
+        run(cri, work, Allocation(cdi_devices=["nvidia.com/gpu=GPU-not-there"]), "true")
+    assert e.value.call in ("CreateContainer", "StartContainer"), e.value
+    assert "nvidia.com/gpu=GPU-not-there" in e.value.details, e.value
+    assert node.leftovers() == []
+
+
+def test_unknown_runtime_handler_fails_clearly(cri: CriClient, work: Path) -> None:
+    with pytest.raises(CriError) as e:
+        run(cri, work, Allocation(envs={"NVIDIA_VISIBLE_DEVICES": "1"}), "true",
+            handler="nvidia-missing")
+    assert e.value.call == "RunPodSandbox"
+    assert "nvidia-missing" in e.value.details, e.value
+
+
+@pytest.mark.parametrize("alloc, culprit", [
+    (Allocation(envs={"NVIDIA_VISIBLE_DEVICES": "GPU-does-not-exist"}),
+     "unknown device 'GPU-does-not-exist'"),
+    (Allocation(annotations={CDI_KEY: "nvidia.com/gpu=7"}), "nvidia.com/gpu=7"),
+    (Allocation(envs={"NVIDIA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_SM_LIMIT": "150"}),
+     "CUDA_DEVICE_SM_LIMIT='150': not a percentage"),
+], ids=["unknown-uuid", "unknown-cdi-device", "bad-sm-cap"])
+def test_bad_allocation_fails_clearly(cri: CriClient, work: Path, node: Node,
+                                      alloc: Allocation, culprit: str) -> None:
+    """The runtime's own message reaches the kubelet through the failing call's error
+    (containerd creates the task at StartContainer, CRI-O at CreateContainer), and
+    nothing of the failed container is left running."""
+    with pytest.raises(CriError) as e:
+        run(cri, work, alloc, "true")
+    assert e.value.call in ("CreateContainer", "StartContainer"), e.value
+    # a `cdi.k8s.io/` device is resolved by containerd 2.3 and CRI-O themselves (their
+    # words), by nvctk on containerd 1.6
+    assert culprit in e.value.details, e.value
+    assert "nvctk" in e.value.details or "CDI device injection failed" in e.value.details, e.value
+    assert node.leftovers() == []
+
+
+def test_nothing_left_behind(cri: CriClient, node: Node) -> None:
+    """After the Pods above went (stopped and removed as the kubelet does): no
+    container, task, shim or mount of theirs is left while the engine still runs."""
+    pb = cri.pb
+    assert list(cri.call("ListContainers", pb.ListContainersRequest()).containers) == []
+    assert node.leftovers() == []
+    # a shim (conmon) exits on its own shortly after its last container is deleted
+    wait.until(lambda: not _shims(node.dir), 10, f"the shims to exit: {_shims(node.dir)}")
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split()[4] for line in f
+                  if str(node.dir) in line.split()[4] and "/root/overlay" not in line.split()[4]
+                  and not line.split()[4].endswith("/root")]
+    assert mounts == []
+
+
+def test_which_annotations_reach_the_runtime(cri: CriClient, work: Path, node: Node) -> None:
+    """The device plugin's nvctk.io/ limits travel as container annotations, which only
+    the kubelet sets: they must reach nvctk-runtime's OCI spec. A Pod's own annotations
+    (its author's) must never carry nvctk.io/ there. Recorded per engine: containerd
+    passes what its runtime's container_annotations / pod_annotations list (nvctk
+    configure lists nvctk.io/* only in the first); CRI-O passes every container
+    annotation and the Pod's annotations too, so on CRI-O an nvctk.io/ key counts only
+    where `io.kubernetes.cri-o.Annotations` (CRI-O's JSON of the container's own
+    annotations, which a Pod annotation of that name does not replace) lists it."""
+    sync = work / f"sync-{node.engine}"
+    sync.mkdir()
+    with pod(cri, "nvidia", work / "logs", annotations={"nvctk.io/from-pod": "pod",
+                                                        "nvctk.io/both": "pod",
+                                                        "io.kubernetes.cri-o.Annotations": "{\"nvctk.io/forged\":\"x\"}",
+                                                        "example.com/pod": "p"}) as p:
+        alloc = Allocation(envs={"NVIDIA_VISIBLE_DEVICES": "none"},
+                           annotations={"nvctk.io/from-container": "ctr",
+                                        "nvctk.io/both": "ctr"},
+                           mounts=[("/sync", str(sync), False)])
+        # runs until the test has read its spec (containerd drops it when the task ends)
+        cid = p.container("main", GPU_IMAGE,
+                          ["sh", "-c", "while [ ! -e /sync/go ]; do sleep 0.05; done"], alloc)
+        p.start(cid)
+        # the spec the runtime got: containerd's task dir, CRI-O's userdata dirs
+        specs = [json.loads(f.read_text()) for f in node.dir.rglob("config.json")
+                 if cid in f.parts or (f.parent.name == "userdata" and f.parent.parent.name == cid)]
+        (sync / "go").touch()
+        assert p.wait(cid) == 0
+        cri.call("RemoveContainer", cri.pb.RemoveContainerRequest(container_id=cid))
+    assert specs
+    for spec in specs:
+        got = spec.get("annotations", {})
+        assert got.get("nvctk.io/from-container") == "ctr", got
+        if node.engine.startswith("containerd"):
+            assert "nvctk.io/from-pod" not in got and "example.com/pod" not in got, got
+        else:
+            # CRI-O: the Pod's annotations are in the container's spec too (the
+            # container's win a clash); only CRI-O's own record of the container's
+            # annotations tells them apart, and a Pod cannot forge that record
+            assert got.get("nvctk.io/from-pod") == "pod", got
+            assert got["nvctk.io/both"] == "ctr", got
+            assert json.loads(got["io.kubernetes.cri-o.Annotations"]) == {
+                "nvctk.io/from-container": "ctr", "nvctk.io/both": "ctr"}, got
+
+
+def _shims(root: Path) -> list[str]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (b"containerd-shim" in argv[0] or argv[0].endswith(b"conmon")) \
+                and any(str(root).encode() in a for a in argv):
+            out.append(pid)
+    return out
+
+
+# --- the client's pieces, without a daemon ------------------------------------------------------
+
+
+def test_parse_cri_log_joins_partial_lines() -> None:
+    text = ("2026-01-01T00:00:00.000000001Z stdout P abc\n"
+            "2026-01-01T00:00:00.000000002Z stdout F def\n"
+            "2026-01-01T00:00:00.000000003Z stderr F \n"
+            "2026-01-01T00:00:00.000000004Z stdout F x y  z\n")
+    assert parse_cri_log(text) == "abcdef\n\nx y  z\n"
+
+
+def test_allocation_from_a_device_plugin_response() -> None:
+    """The kubelet's mapping of a v1beta1 ContainerAllocateResponse, on the device
+    plugin's own generated message class."""
+    try:
+        from nvctk.k8s import proto
+        pb, _ = proto.load()
+    except Exception as e:  # the plugin's generated code is built by `make setup`
+        pytest.skip(f"device plugin proto not available: {e}")
+    resp = pb.ContainerAllocateResponse(
+        envs={"NVIDIA_VISIBLE_DEVICES": "GPU-a", "CUDA_DEVICE_SM_LIMIT": "25"},
+        mounts=[pb.Mount(container_path="/var/run/nvidia-container-devices/GPU-a",
+                         host_path="/dev/null", read_only=True)],
+        devices=[pb.DeviceSpec(container_path="/dev/nvidia0", host_path="/dev/nvidia0",
+                               permissions="rw")],
+        annotations={CDI_KEY: "nvidia.com/gpu=GPU-a"},
+        cdi_devices=[pb.CDIDevice(name="nvidia.com/gpu=GPU-a")],
+    )
+    a = Allocation.from_response(resp)
+    assert a == Allocation(
+        envs={"NVIDIA_VISIBLE_DEVICES": "GPU-a", "CUDA_DEVICE_SM_LIMIT": "25"},
+        annotations={CDI_KEY: "nvidia.com/gpu=GPU-a"},
+        mounts=[("/var/run/nvidia-container-devices/GPU-a", "/dev/null", True)],
+        devices=[("/dev/nvidia0", "/dev/nvidia0", "rw")],
+        cdi_devices=["nvidia.com/gpu=GPU-a"],
+    )
+
+
+def _plugin_allocation(sim: SimHost, config: dict[str, object], resource: str,
+                       pick: Callable[[list[str]], list[str]]) -> Allocation:
+    """What the kubelet would hand the CRI after the device plugin's Allocate: the
+    plugin's resources for this host and config, its answer for the picked ids, as the
+    v1beta1 message and back (the kubelet's mapping)."""
+    from nvctk.host.nvml import query_host
+    from nvctk.k8s import allocate, resources, server
+    from nvctk.k8s import config as dpconfig
+
+    cfg = dpconfig.parse(config, "test")
+    host = query_host(sim.root)
+    (res,) = [r for r in resources.build(cfg, host) if r.name == resource]
+    ids = pick(sorted(res.devices))
+    return Allocation.from_response(server.to_pb(allocate.allocate(res, cfg, ids, sim.root)))
+
+
+PLUGIN_CASES = [
+    # (plugin config, resource, which ids, script, judge of its output)
+    ({"version": "v1", "flags": {"migStrategy": "mixed"}}, "nvidia.com/mig-2g.20gb",
+     lambda ids: ids[:1], "nvidia-smi -L | grep -c MIG", "1"),
+    ({"version": "v1", "flags": {"migStrategy": "mixed", "deviceListStrategy": ["cdi-annotations"]}},
+     "nvidia.com/gpu", lambda ids: ids[:1], "nvidia-smi -L | grep -c '^GPU'", "1"),
+    ({"version": "v1", "flags": {"migStrategy": "mixed"}, "sharing": {"vgpu": {"replicas": 4}}},
+     "nvidia.com/vgpu", lambda ids: ids[:2],  # two shares of one GPU add up: half of it
+     "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits", "half"),
+    # a share with the cdi-cri strategy beside envvar: the engine injects the CDI device,
+    # nvctk-runtime caps it from the env
+    ({"version": "v1", "flags": {"migStrategy": "mixed",
+                                 "deviceListStrategy": ["envvar", "cdi-cri"]},
+      "sharing": {"vgpu": {"replicas": 4}}},
+     "nvidia.com/vgpu", lambda ids: ids[:1],
+     "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits", "quarter"),
+]
+
+
+@pytest.mark.parametrize(("config", "resource", "pick", "script", "want"), PLUGIN_CASES,
+                         ids=["mig-envvar", "whole-cdi-annotations", "vgpu-two-shares",
+                              "vgpu-envvar-and-cdi-cri"])
+def test_pods_get_what_the_device_plugin_allocated(
+        cri: CriClient, work: Path, sim: SimHost, config: dict[str, object], resource: str,
+        pick: Callable[[list[str]], list[str]], script: str, want: str) -> None:
+    try:
+        alloc = _plugin_allocation(sim, config, resource, pick)
+    except ImportError as e:  # the plugin's generated gRPC code is built by `make setup`
+        pytest.skip(f"device plugin not available: {e}")
+    res = run(cri, work, alloc, script)
+    assert res.exit_code == 0, res.logs
+    if want == "half":
+        want = str(sim.topology.gpus[1].memory_mib // 2)
+    if want == "quarter":
+        want = str(sim.topology.gpus[1].memory_mib // 4)
+    assert res.logs.strip() == want, (alloc, res.logs)
+
+
+@pytest.mark.parametrize("strategies", [["cdi-cri"], ["cdi-annotations"],
+                                        ["cdi-annotations", "cdi-cri"]])
+def test_a_vgpu_share_cannot_ride_cdi_strategies_alone(strategies: list[str]) -> None:
+    """With only CDI strategies the engine (containerd 2.x, CRI-O) injects the GPU from
+    its CDI spec and nvctk-runtime never sets up the cap: a Pod of a 1/4 share got the
+    whole 80 GiB on containerd 2.3.4 and CRI-O 1.36.3. The plugin refuses the config."""
+    from nvctk.base.errors import ConfigError
+    from nvctk.k8s import config as dpconfig
+
+    with pytest.raises(ConfigError, match=r"sharing\.vgpu needs deviceListStrategy envvar"):
+        dpconfig.parse({"version": "v1", "flags": {"deviceListStrategy": strategies},
+                        "sharing": {"vgpu": {"replicas": 4}}}, "test")

@@ -1,0 +1,158 @@
+"""The monitor with Pods the way the kubelet runs them: the real containerd (Debian's 1.6) and
+its CRI plugin, configured by `nvctk configure`, Pods on the `nvidia` handler (as in
+tests/test_k8s_cri.py, whose daemon set-up this repeats). The monitor finds their
+containers in containerd's runc state and labels their series with the Pod's namespace,
+name and container name from the annotations containerd's CRI puts in the OCI spec; their
+memory is the simulated GPU's own count.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvctk.sim.host import SimHost
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+pytest.importorskip("grpc")
+pytest.importorskip("grpc_tools")
+
+from support.cri import (  # noqa: E402
+    PAUSE_CMD,
+    Allocation,
+    CriClient,
+    containerd_cri_config,
+    image_archive,
+    pause_rootfs,
+    pod,
+)
+from support.daemons import Containerd, containerd, short_dir  # noqa: E402
+from support.monitor import MIB, PROBE, REPO, pidns  # noqa: E402
+from support.wait import until as wait_until  # noqa: E402
+
+PAUSE = "nvctk.test/pause:1"
+GPU_IMAGE = "nvctk.test/gpu-monitor:1"
+
+
+@pytest.fixture(scope="module")
+def work() -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts containerd")
+    missing = [t for t in ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
+               if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
+    with short_dir("nvctk-m-") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def sim(work: Path) -> SimHost:
+    from nvctk.sim import host
+    from nvctk.sim.topology import make_topology
+
+    return host.init(str(work / "sim"), make_topology(gpus=3, mig={2: ["3g.40gb"]},
+                                                       seed="monitor-cri"))
+
+
+@pytest.fixture(scope="module")
+def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
+    from nvctk.sim.rootfs import build_rootfs
+    from support.exe import nvctk_exe
+
+    cd = work / "ctd"
+    cd.mkdir()
+    cfg = cd / "config.toml"
+    cfg.write_text(containerd_cri_config(cd, PAUSE))
+    r = subprocess.run([*nvctk_exe(), "configure", "--runtime", "containerd", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    subprocess.run(["make", "-s", "-C", str(REPO / "libvgpu")], check=True, capture_output=True)
+    with containerd(cd, env=sim.env, config=cfg) as daemon:
+        pause = image_archive(pause_rootfs(work / "pause"), PAUSE, work / "pause.tar",
+                              entrypoint=PAUSE_CMD)
+        root = Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample))
+        shutil.copy(PROBE, root / "usr/local/bin/vgpu_probe")
+        gpu = image_archive(root, GPU_IMAGE, work / "gpu.tar",
+                            env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+        for tar in (pause, gpu):
+            res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
+            assert res.returncode == 0, res.stderr
+        yield daemon
+
+
+@pytest.fixture(scope="module")
+def cri(ctd: Containerd) -> Iterator[CriClient]:
+    client = CriClient(ctd.socket)
+    yield client
+    client.close()
+
+
+def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path,
+                                                        sim: SimHost) -> None:
+    from nvctk.monitor.collect import Collector
+    from nvctk.monitor.prom import render
+    from nvctk.sim.state import read_state, state_path
+
+    g0, g1, g2 = sim.topology.gpus
+    mig = g2.mig_devices[0]
+    hold = "vgpu_probe init ctx 0 alloc {} sleep 600000"
+    col = Collector(sim.root, [str(work / "ctd" / "runc" / "*")])
+    try:
+        with pod(cri, "nvidia", work / "logs", name="trainer-a") as pa, \
+                pod(cri, "nvidia", work / "logs", name="trainer-b") as pb_:
+            want = {}
+            for p, cname, env, mem in (
+                (pa, "share", {"NVIDIA_VISIBLE_DEVICES": g0.uuid,
+                               "CUDA_DEVICE_MEMORY_LIMIT": "2g", "CUDA_DEVICE_SM_LIMIT": "25"}, 300),
+                (pa, "whole", {"NVIDIA_VISIBLE_DEVICES": g1.uuid}, 200),
+                (pb_, "slice", {"NVIDIA_VISIBLE_DEVICES": mig.uuid}, 100),
+            ):
+                cid = p.container(cname, GPU_IMAGE, ["sh", "-c", hold.format(mem * MIB)],
+                                  Allocation(envs=env))
+                p.start(cid)
+                want[cid] = (p.config.metadata.name, cname, mem * MIB)
+
+            def all_hold() -> bool:
+                snap = col.collect()
+                got = {c.id: c.devices[0].memory_used for c in snap.containers if c.devices}
+                return all(got.get(cid, 0) >= m for cid, (_, _, m) in want.items())
+
+            wait_until(all_hold, 90, "the Pods' processes to hold their memory")
+            snap = col.collect()
+            st = read_state(state_path(sim.root), live_only=True)
+            # the sim's own count for each container's processes (its pid namespace)
+            sim_mem = {}
+            for c in snap.containers:
+                ns = {pidns(p) for p in c.devices[0].processes}
+                sim_mem[c.id] = sum(s.mem_used for s in st.procs if s.pidns in ns)
+            metrics = "".join(
+                f"{s.name}{s.labels} {s.value}\n" for m in render(snap, snap.time, {})
+                for s in m.samples)
+    finally:
+        col.close()
+    by_id = {c.id: c for c in snap.containers}
+    assert set(by_id) == set(want), "the pause containers (no GPU) are not listed"
+    for cid, (pod_name, cname, mem) in want.items():
+        c = by_id[cid]
+        assert (c.namespace, c.pod, c.container) == ("default", pod_name, cname)
+        assert c.pod_uid
+        d = c.devices[0]
+        assert d.processes
+        assert abs(d.memory_used - sim_mem[cid]) <= MIB and sim_mem[cid] >= mem
+        assert f"'pod': '{pod_name}'" in metrics and f"'container': '{cname}'" in metrics
+    kinds = {by_id[c].container: by_id[c].kind for c in want}
+    assert kinds == {"share": "vgpu", "whole": "gpu", "slice": "mig"}
+    assert by_id[next(c for c in want if want[c][1] == "slice")].devices[0].device_uuid == mig.uuid
+    # once the Pods are gone, so are their containers
+    col2 = Collector(sim.root, [str(work / "ctd" / "runc" / "*")])
+    try:
+        assert col2.collect().containers == []
+    finally:
+        col2.close()

@@ -1,0 +1,253 @@
+"""`nvctk monitor` with the real parts: a real Prometheus server (Debian's package) scraping it
+while capped, whole-GPU and MIG containers run on the simulated host; every PromQL query of
+the Grafana dashboard answered by that Prometheus; the dashboard page in headless chromium
+(selenium + chromedriver), its numbers read from the rendered page. All checked against the
+simulated GPU's own counters.
+
+Set NVCTK_DOCS_SCREENSHOT=1 to write the page's screenshot to docs/monitor-dashboard.png
+(the README's); it always goes to the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.monitor import MIB, Node, sim_counts, standard_containers
+from support.wait import until as wait_until
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
+                       reason="needs root (sim device nodes) and runc"),
+]
+
+BIN = os.path.dirname(sys.executable)
+REPO = Path(__file__).resolve().parents[2]
+PROMETHEUS = shutil.which("prometheus")
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+K8S = {"io.kubernetes.cri.sandbox-namespace": "team-a", "io.kubernetes.cri.sandbox-name": "trainer-0",
+       "io.kubernetes.cri.container-name": "worker", "io.kubernetes.cri.sandbox-uid": "1234-5678"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str, timeout: float = 5) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        data: bytes = r.read()
+        return data
+
+
+class Monitor:
+    def __init__(self, node: Node, tmp: Path) -> None:
+        self.log = tmp / "monitor.log"
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN, "nvctk"), "monitor", "--listen", "127.0.0.1:0", "--interval", "1",
+             "--runtime-root", node.runc_root],
+            env={**os.environ, **node.sim.env}, stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "w"))  # noqa: SIM115 - the child keeps it
+        self.port = 0
+
+        def listening() -> bool:
+            assert self.proc.poll() is None, self.log.read_text()
+            m = re.search(r"serving http://127\.0\.0\.1:(\d+)/", self.log.read_text())
+            self.port = int(m.group(1)) if m else 0
+            return bool(self.port)
+
+        wait_until(listening, 60, "the monitor to listen")
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_until(lambda: b"nvctk_container" in get(self.url + "/metrics"), 60,
+                   "the monitor's first snapshot")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    n = Node(tmp_path_factory.mktemp("monitor-e2e"))
+    try:
+        standard_containers(n)
+        g0 = n.sim.topology.gpus[0]
+        # a container as containerd's CRI makes them: its Pod's identity in the annotations
+        n.start({"CUDA_DEVICE_MEMORY_LIMIT": "3g", "CUDA_DEVICE_SM_LIMIT": "25"},
+                f"vgpu_probe init ctx 0 alloc {700 * MIB} launchfor 100000", gpu="0",
+                wait_mem=700 * MIB, annotations=K8S, kind="vgpu", device=g0.uuid,
+                mem_cap=3 << 30, sm_cap=0.25, min_mem=700 * MIB, busy=True)
+        yield n
+    finally:
+        n.cleanup()
+
+
+@pytest.fixture(scope="module")
+def monitor(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitor]:
+    m = Monitor(node, tmp_path_factory.mktemp("monitor-proc"))
+    yield m
+    m.stop()
+
+
+class Prometheus:
+    def __init__(self, target: str, tmp: Path) -> None:
+        assert PROMETHEUS
+        cfg = tmp / "prometheus.yml"
+        cfg.write_text(json.dumps({  # YAML is a superset of JSON
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "nvctk", "static_configs": [{"targets": [target]}]}],
+        }))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "w"))  # noqa: SIM115
+
+        def ready() -> bool:
+            assert self.proc.poll() is None, (tmp / "prometheus.log").read_text()
+            try:
+                return get(self.url + "/-/ready", 1).startswith(b"Prometheus")
+            except OSError:
+                return False
+
+        wait_until(ready, 60, "prometheus to be ready")
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        body = json.loads(get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})))
+        assert body["status"] == "success", body
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def prometheus(monitor: Monitor, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    if PROMETHEUS is None:
+        pytest.skip("needs Debian's prometheus package (make setup installs it)")
+    p = Prometheus(f"127.0.0.1:{monitor.port}", tmp_path_factory.mktemp("prometheus"))
+    yield p
+    p.stop()
+
+
+def test_prometheus_series_match_the_simulated_gpu(node: Node, prometheus: Prometheus) -> None:
+    n = len(node.expect)
+    wait_until(lambda: len(prometheus.query("nvctk_container_memory_used_bytes")) == n
+               and len(prometheus.query("nvctk_container_sm_utilization_ratio[6s]")) == n
+               and all(len(s["values"]) >= 5 for s in
+                       prometheus.query("nvctk_container_sm_utilization_ratio[6s]")),
+               90, "6 s of every container's series in Prometheus")
+    a = sim_counts(node)
+    time.sleep(6)  # the span the SM shares are compared over (a measurement, not a wait)
+    b = sim_counts(node)
+    mem = {s["metric"]["container_id"]: float(s["value"][1])
+           for s in prometheus.query("nvctk_container_memory_used_bytes")}
+    sm = {s["metric"]["container_id"]: float(s["value"][1]) for s in prometheus.query(
+        "avg_over_time(nvctk_container_sm_utilization_ratio[6s])")}
+    labels = {s["metric"]["container_id"]: s["metric"]
+              for s in prometheus.query("nvctk_container_memory_used_bytes")}
+    for cid, want in node.expect.items():
+        assert abs(mem[cid] - b.mem[cid]) <= MIB, cid
+        busy = (b.busy[cid] - a.busy[cid]) / ((b.time - a.time) * 1e9)
+        assert abs(sm[cid] - busy) <= 0.05, (cid, sm[cid], busy)
+        lb = labels[cid]
+        assert lb["device_uuid"] == want["device"] and lb["kind"] == want["kind"]
+        assert lb["UUID"] in {g.uuid for g in node.sim.topology.gpus}
+    pod = next(lb for lb in labels.values() if lb.get("pod"))
+    assert (pod["namespace"], pod["pod"], pod["container"]) == ("team-a", "trainer-0", "worker")
+    caps = {s["metric"]["container_id"]: float(s["value"][1])
+            for s in prometheus.query("nvctk_container_memory_limit_bytes")}
+    assert caps == {cid: w["mem_cap"] for cid, w in node.expect.items() if w.get("mem_cap")}
+    gpus = prometheus.query("nvctk_gpu_memory_used_bytes")
+    assert {s["metric"]["UUID"] for s in gpus} == {g.uuid for g in node.sim.topology.gpus}
+
+
+def test_every_grafana_query_returns_data(node: Node, prometheus: Prometheus) -> None:
+    from support.deployments import grafana_queries
+
+    wait_until(lambda: [len(s["values"]) >= 3 for s in
+                        prometheus.query("nvctk_gpu_xid_errors_total[20s]")][:1] == [True],
+               90, "a few scrapes")
+    for q in grafana_queries():
+        expr = q.replace("$Hostname", ".*").replace("$__rate_interval", "1m")
+        assert prometheus.query(expr), q
+
+
+def chrome(tmp: Path) -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    assert CHROMIUM
+    opts.binary_location = CHROMIUM
+    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--disable-dev-shm-usage", f"--user-data-dir={tmp / 'profile'}",
+              "--window-size=1500,1300"):
+        opts.add_argument(a)
+    return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+
+
+def test_dashboard_page_shows_the_simulated_gpu(node: Node, monitor: Monitor, tmp_path: Path) -> None:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (make setup installs them)")
+    pytest.importorskip("selenium")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    drv = chrome(tmp_path)
+    try:
+        drv.get(monitor.url + "/")
+        n = len(node.expect)
+        WebDriverWait(drv, 60).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-container]")) == n)
+        first = drv.find_element(By.TAG_NAME, "body").get_attribute("data-updated")
+        # it refreshes itself
+        WebDriverWait(drv, 30).until(
+            lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-updated") != first)
+        counts = sim_counts(node)
+        rows = drv.find_elements(By.CSS_SELECTOR, "tr[data-container]")
+        for row in rows:
+            cid = row.get_attribute("data-container")
+            want = node.expect[cid]
+            assert row.get_attribute("data-device") == want["device"]
+            shown = row.find_element(By.CSS_SELECTOR, "td[data-field=memory]").text
+            used_mib = int(shown.split("/")[0])
+            assert abs(used_mib * MIB - counts.mem[cid]) <= MIB, (cid, shown)
+            if want.get("mem_cap"):
+                assert shown.split("/")[1].strip() == str(want["mem_cap"] // MIB)
+            sm_text = row.find_element(By.CSS_SELECTOR, "td[data-field=sm]").text
+            if want.get("sm_cap"):
+                assert sm_text.endswith(f"/ {want['sm_cap'] * 100:.1f} %"), sm_text
+            if not want["busy"]:
+                assert sm_text.startswith("0.0 "), sm_text
+        assert "team-a/trainer-0/worker" in drv.find_element(By.ID, "gpus").text
+        cards = drv.find_elements(By.CSS_SELECTOR, "div.gpu")
+        assert [c.get_attribute("data-uuid") for c in cards] == [g.uuid for g in node.sim.topology.gpus]
+        shot = tmp_path / "monitor-dashboard.png"
+        drv.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        if os.environ.get("NVCTK_DOCS_SCREENSHOT") == "1":
+            shutil.copy(shot, REPO / "docs" / "monitor-dashboard.png")
+    finally:
+        drv.quit()

@@ -1,0 +1,157 @@
+"""Nothing nvctk-hook starts outlives it (issue 8, family 7).
+
+An image whose /etc/ld.so.conf is a FIFO blocks the chrooted ldconfig without a
+byte of output. When the hook itself is killed (SIGKILL, or runc's hook timeout,
+which is a SIGKILL to the hook), its worker (which becomes that ldconfig) must
+die with it instead of living on as an orphan holding a private mount namespace
+of the container's ~40 mounts: the worker sets PR_SET_PDEATHSIG(SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import support.runc as th
+from nvctk.sim.host import SimHost
+from support import wait
+from support.canary.harness import HOOK, HOOK_PATH_ENV, fake_container, make_bundle, make_plan
+
+runc = th.runc  # the fixture: real runc, containers deleted afterwards
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, runc)")
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a live process, None when it is gone (or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return None if rest[0] in ("Z", "X") else (rest[0], int(rest[1]))
+
+
+def _pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _root(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/root")
+    except OSError:
+        return ""
+
+
+def _wait_for(find: Callable[[], list[int]], what: str, timeout: float = 20.0) -> list[int]:
+    return wait.until(find, timeout, what)
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    """The pids still alive after waiting up to `seconds` for all of them to end."""
+    with contextlib.suppress(AssertionError):
+        wait.until(lambda: all(_stat(p) is None for p in pids), seconds, "the processes to end")
+    return [p for p in pids if _stat(p) is not None]
+
+
+@pytest.fixture
+def fifo_rootfs(rootfs: Callable[..., str]) -> Iterator[str]:
+    """A rootfs whose /etc/ld.so.conf is a FIFO; afterwards, whatever still blocks on
+    it (a leftover of a failing test) is released."""
+    root = rootfs()
+    conf = os.path.join(root, "etc/ld.so.conf")
+    os.unlink(conf)
+    os.mkfifo(conf)
+    yield root
+    try:
+        os.close(os.open(conf, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def test_sigkilled_hook_takes_its_ldconfig_along(sim_host: SimHost, fifo_rootfs: str,
+                                                 tmp_path: Path) -> None:
+    bundle = make_bundle(str(tmp_path / "bundle"), fifo_rootfs, make_plan(sim_host))
+    env = dict(e.split("=", 1) for e in [HOOK_PATH_ENV, f"NVCTK_CONFIG={bundle.config}"])
+    leftovers: list[int] = []
+    with fake_container() as pid:
+        state = {"ociVersion": "1.0.2", "id": "c1", "status": "creating", "pid": pid,
+                 "bundle": bundle.path}
+        hook = subprocess.Popen([HOOK, "prestart"], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        try:
+            assert hook.stdin is not None
+            hook.stdin.write(json.dumps(state).encode())
+            hook.stdin.close()
+            # its worker, exec'd into ldconfig chrooted in the rootfs, blocked on the FIFO
+            workers = _wait_for(
+                lambda: [p for p in _pids() if (_stat(p) or ("", 0))[1] == hook.pid
+                         and _comm(p) == "ldconfig"], "the hook's ldconfig")
+            assert _root(workers[0]) == os.path.realpath(fifo_rootfs)
+            hook.send_signal(signal.SIGKILL)
+            hook.wait()
+            leftovers = _gone_within(workers, 1.0)
+            assert leftovers == [], f"ldconfig outlived the hook: {leftovers}"
+        finally:
+            for p in leftovers:  # the hook's own descendants, found above
+                os.kill(p, signal.SIGKILL)
+            if hook.poll() is None:
+                hook.kill()
+                hook.wait()
+
+
+@pytest.mark.slow
+def test_runc_hook_timeout_leaves_no_ldconfig(sim_host: SimHost, fifo_rootfs: str,
+                                              tmp_path: Path,
+                                              runc: Callable[[Path], subprocess.CompletedProcess[str]]
+                                              ) -> None:
+    root = Path(fifo_rootfs)
+    bundle = th.runc_bundle(tmp_path, root, sim_host, ["/bin/true"], [])
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["hooks"]["prestart"][0]["timeout"] = 2
+    (bundle / "config.json").write_text(json.dumps(spec))
+    real = os.path.realpath(root)
+    seen: list[int] = []
+
+    def ours() -> list[int]:
+        return [p for p in _pids() if _comm(p) == "ldconfig" and _root(p) == real]
+
+    def watch() -> None:  # while runc runs: the chrooted ldconfig blocked on the FIFO
+        try:
+            seen.extend(_wait_for(ours, "the hook's ldconfig", 10))
+        except AssertionError:
+            pass
+
+    t = threading.Thread(target=watch)
+    t.start()
+    start = time.monotonic()
+    r = runc(bundle)
+    took = time.monotonic() - start
+    t.join()
+    assert r.returncode != 0 and "timeout" in r.stderr, r.stderr
+    assert took < 30, took
+    assert seen, "the hook's ldconfig never ran"
+    left = _gone_within(seen, 1.0)
+    try:
+        assert left == [], f"ldconfig outlived the killed hook: {left}"
+        assert ours() == []
+    finally:
+        for p in left:
+            os.kill(p, signal.SIGKILL)

@@ -1,0 +1,514 @@
+"""One cap shared by many processes: concurrency and faults (SIGKILL mid
+allocation, death while holding the accounting lock)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"))
+import harness as H
+
+from nvctk.sim.state import read_state
+from nvctk.vgpu import limits as vgpu
+from support import wait
+
+MIB = H.MIB
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> H.Driver:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (device nodes)")
+    H.build()
+    return H.make_driver(tmp_path_factory.mktemp("vgpu-conc"), gpus=1, memory_mib=8192)
+
+
+def churn_env(driver: H.Driver, tmp_path: Path, cap: str = "256m") -> dict[str, str]:
+    return {
+        **driver.env(tmp_path / "state", NVSIM_CONTEXT_RESERVE_MIB="1"),
+        "NVCTK_VGPU_CONTEXT_RESERVE": "1m",
+        "CUDA_DEVICE_MEMORY_LIMIT": cap,
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "cache"),
+        "LD_PRELOAD": str(H.LIB),
+    }
+
+
+def container_used(tmp_path: Path) -> int:
+    return sum(u.used for u in vgpu.read_usage(tmp_path / "cache").values())
+
+
+def test_32_processes_x_1000_never_exceed_the_cap(driver: H.Driver, tmp_path: Path) -> None:
+    env = churn_env(driver, tmp_path)
+    cap = 256 * MIB
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        # the GPU memory the container's live processes hold, as the mock counts
+        # it (an exited process's context stays charged until the mock reaps it)
+        while not stop.is_set():
+            try:
+                live = read_state(tmp_path / "state", live_only=True).procs
+                peak[0] = max(peak[0], sum(p.mem_used for p in live))
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.001)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    procs = [
+        subprocess.Popen([str(H.STRESS), "churn", "1000", "16", str(i)], env=env, stdout=subprocess.PIPE, text=True)
+        for i in range(32)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    stop.set()
+    t.join()
+    assert [p.returncode for p in procs] == [0] * 32, outs
+    refused = sum(int(o.split()[2]) for o in outs)
+    assert refused > 0, "the cap was never reached: the test proves nothing"
+    assert 0 < peak[0] <= cap
+    assert container_used(tmp_path) == 0
+    assert sum(p.mem_used for p in read_state(tmp_path / "state", live_only=True).procs) == 0
+
+
+
+def _wait_in_state(tmp_path: Path, procs: list[subprocess.Popen[Any]]) -> None:
+    """Until the simulated driver has seen each of procs (a slot in its state: the
+    process got as far as a context)."""
+    seen: set[int] = set()
+
+    def all_seen() -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            seen.update(p.pid for p in read_state(tmp_path / "state").procs)
+        for p in procs:
+            assert p.poll() is None, f"{p.args} exited {p.returncode}"
+        return seen >= {p.pid for p in procs}
+
+    wait.until(all_seen, 30, "every process to get a context")
+
+def test_sigkill_mid_allocation_leaks_nothing(driver: H.Driver, tmp_path: Path) -> None:
+    env = churn_env(driver, tmp_path)
+    rnd = random.Random(7)
+    procs = [
+        subprocess.Popen([str(H.STRESS), "churn", "100000000", "16", str(i)], env=env, stdout=subprocess.DEVNULL)
+        for i in range(8)
+    ]
+    _wait_in_state(tmp_path, procs)  # every churner has a context: the kills land mid-run
+    for p in procs:
+        time.sleep(rnd.random() * 0.05)  # the kill's jitter: the test's (seeded) input
+        p.send_signal(signal.SIGKILL)
+    for p in procs:
+        p.wait(timeout=30)
+    # the dead members' usage is reclaimed: a newcomer gets the whole cap
+    env.pop("LD_PRELOAD")
+    r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB)).stdout)
+    assert int(r["fill"][0][1]) == 255 * MIB
+    assert container_used(tmp_path) == 0
+
+
+def test_death_holding_the_lock_hangs_nobody(driver: H.Driver, tmp_path: Path) -> None:
+    env = churn_env(driver, tmp_path)
+    env.pop("LD_PRELOAD")
+    assert H.probe(env, "init").returncode == 0  # creates the accounting file
+    holder = subprocess.Popen([str(H.STRESS), "churn", "100000000", "16", "1"], env={**env, "LD_PRELOAD": str(H.LIB)},
+                              stdout=subprocess.DEVNULL)
+    _wait_in_state(tmp_path, [holder])  # churning: it takes the lock over and over
+    out = subprocess.run([str(H.STRESS), "lockdie", str(tmp_path / "cache")], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "locked" and out.returncode == -signal.SIGKILL
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    # a hang on the dead holder's lock fails here: the probe's own timeout
+    r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB), timeout=20).stdout)
+    assert int(r["fill"][0][1]) == 255 * MIB
+
+
+def _start_time(pid: int) -> int:
+    """/proc/<pid>/stat field 22, as libvgpu keys its slots."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        data = f.read()
+    return int(data[data.rindex(")") + 2 :].split()[19])
+
+
+def _plant_slot(cache: Path, uuid: str, slot: int, pid: int, start: int, pidns: int, used: int,
+                mem_cap: int) -> None:
+    """Writes a process slot claiming `used` bytes and a cap of `mem_cap` on `uuid`
+    into an accounting file nobody has open (its lock untouched)."""
+    fd = os.open(cache, os.O_RDWR)
+    try:
+        data = os.pread(fd, vgpu.SHM_SIZE, 0)
+        for e in range(vgpu.MAX_DEV):
+            off = vgpu.DEVS_OFFSET + e * vgpu._DEV.size
+            dev = list(vgpu._DEV.unpack_from(data, off))
+            if dev[0].split(b"\0", 1)[0].decode() == uuid:
+                break
+        else:
+            raise AssertionError(f"{uuid} not in {cache}")
+        off_s = vgpu.SLOTS_OFFSET + slot * vgpu._SLOT.size
+        assert struct.unpack_from("<i", data, off_s)[0] == 0, "slot taken"
+        used_v = [0] * vgpu.MAX_DEV
+        cap_v = [0] * vgpu.MAX_DEV
+        used_v[e] = used
+        cap_v[e] = mem_cap
+        os.pwrite(fd, vgpu._SLOT.pack(pid, 0, start, pidns, *used_v, *cap_v, *([0] * vgpu.MAX_DEV), pid), off_s)
+        dev[1] += used
+        dev[2] = mem_cap
+        os.pwrite(fd, vgpu._DEV.pack(*dev), off)
+    finally:
+        os.close(fd)
+
+
+def _ofd_lock(fd: int, byte: int) -> None:
+    """An open-file-description write lock on one byte, as a slot's owner holds."""
+    f_ofd_setlk = getattr(fcntl, "F_OFD_SETLK", 37)
+    fcntl.fcntl(fd, f_ofd_setlk, struct.pack("hhxxxxqqixxxx", fcntl.F_WRLCK, os.SEEK_SET, byte, 1, 0))
+
+
+@pytest.mark.parametrize(
+    "owner,reclaimed",
+    [
+        ("pid-reused", True),  # a live process has the pid now: another start time
+        ("dead", True),
+        ("live", False),  # the slot's own process, alive
+        ("other-pidns", False),  # a pid of another namespace cannot be checked here
+    ],
+)
+def test_slots_are_keyed_by_pid_and_start_time(driver: H.Driver, tmp_path: Path, owner: str, reclaimed: bool) -> None:
+    """A slot is its process's by pid *and* start time: a slot left by a dead
+    process whose pid a live process has taken since is reclaimed (its stricter
+    cap goes with it), not adopted; a live owner's slot is kept and its cap holds.
+    The slot's lock byte is held throughout (as when the dead owner's accounting
+    file descriptor lives on in a forked child), so pid and start time decide.
+    The bytes a slot claims are never counted: usage lives in the lock ledger."""
+    env = churn_env(driver, tmp_path, cap="1g")
+    env.pop("LD_PRELOAD")
+    cache = tmp_path / "cache"
+    cap, strict = 1024 * MIB, 300 * MIB
+    assert H.probe(env, "init").returncode == 0  # creates the accounting file (device entry included)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    holder_fd = os.open(cache, os.O_RDWR)
+    try:
+        pid, start = sleeper.pid, _start_time(sleeper.pid)
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+        if owner == "pid-reused":
+            start += 1
+        elif owner == "dead":
+            sleeper.kill()
+            sleeper.wait()
+        elif owner == "other-pidns":
+            start, pidns = start + 1, pidns + 1
+        _plant_slot(cache, driver.uuids[0], 0, pid, start, pidns, 600 * MIB, strict)
+        _ofd_lock(holder_fd, (1 << 30) + 0)  # VGPU_SLOT_LOCKBASE + slot
+        assert container_used(tmp_path) == 0  # what the file claims is no usage
+        r = H.parse(H.probe(env, "init", "ctx", "0", "meminfo", "fill", str(MIB)).stdout)
+        limit = cap if reclaimed else strict  # libvgpu reaps when a process attaches
+        assert int(r["meminfo"][0][2]) == limit
+        assert int(r["fill"][0][1]) == limit - MIB  # the planted 600 MiB took nothing
+        data = os.pread(holder_fd, vgpu.SHM_SIZE, 0)
+        assert vgpu._SLOT.unpack_from(data, vgpu.SLOTS_OFFSET)[0] == (0 if reclaimed else pid)
+    finally:
+        os.close(holder_fd)
+        sleeper.kill()
+        sleeper.wait()
+
+
+# ---- a hostile container: nothing done to files gets more memory or crashes anyone ----
+
+RESERVE = 64 * MIB  # libvgpu's default per-context reserve, the mock's too
+
+
+def limits_env(driver: H.Driver, d: Path, cap: str = "512m", reserve: str | None = None) -> dict[str, str]:
+    """A container's layout outside a container: the limits file (the ledger's
+    file) and the accounting file beside it, in d."""
+    values = {"CUDA_DEVICE_MEMORY_LIMIT_0": str(vgpu.parse_memory(cap))}
+    if reserve is not None:
+        values[vgpu.RESERVE_VAR] = str(vgpu.parse_memory(reserve))
+    vgpu.write_limits_file(d / "limits", values, cache=str(d / "cache"))
+    return {**driver.env(d / "state"), "NVCTK_VGPU_LIMITS_FILE": str(d / "limits"), "LD_PRELOAD": str(H.LIB)}
+
+
+def _start_holder(env: dict[str, str], nbytes: int, after: list[str]) -> subprocess.Popen[str]:
+    p = subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "alloc", str(nbytes), "wait", *after], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    while line and "ready" not in line:
+        line = p.stdout.readline()
+    assert line, "the holder exited before holding its memory"
+    return p
+
+
+def _attack(cache: Path, how: str, uid: int) -> None:
+    """What any process of the container can do to its accounting file."""
+    code = {
+        "zero": f"import os; fd = os.open({str(cache)!r}, os.O_WRONLY); os.pwrite(fd, bytes({vgpu.SHM_SIZE}), 0)",
+        "garbage": f"import os; fd = os.open({str(cache)!r}, os.O_WRONLY); os.pwrite(fd, os.urandom({vgpu.SHM_SIZE}), 0)",
+        "truncate": f"import os; os.truncate({str(cache)!r}, 0)",
+        "replace": f"import os; open({str(cache) + '.new'!r}, 'wb').close(); os.rename({str(cache) + '.new'!r}, {str(cache)!r})",
+    }[how]
+    pre = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid else []
+    subprocess.run([*pre, sys.executable, "-c", code], check=True, timeout=30)
+
+
+@pytest.mark.parametrize("uid", [0, 1000])
+@pytest.mark.parametrize("how", ["zero", "garbage", "truncate", "replace"])
+def test_tampered_accounting_file_gets_no_memory_and_crashes_nobody(driver: H.Driver, how: str, uid: int) -> None:
+    """A holds 300 MiB under a 512m cap; another process of the container (root,
+    or uid 1000) zeroes, scribbles over, truncates or replaces the accounting
+    file. B still gets only cap - 300 MiB - both contexts' reserves, and neither
+    A nor B dies of a signal (the file was mmapped: truncation SIGBUSed them)."""
+    d = Path(tempfile.mkdtemp(prefix="vgpu-tamper-"))
+    try:
+        d.chmod(0o777)  # uid 1000 may write and rename here, as in the container's accounting dir
+        env = limits_env(driver, d)
+        holder = _start_holder(env, 300 * MIB, ["alloc", str(MIB), "free", "meminfo"])
+        try:
+            _attack(d / "cache", how, uid)
+            cp = H.probe(env, "init", "ctx", "0", "fill", str(MIB), "meminfo")
+            assert cp.returncode == 0, cp.stderr
+            r = H.parse(cp.stdout)
+            assert int(r["fill"][0][1]) == 512 * MIB - 300 * MIB - 2 * RESERVE
+            out, err = holder.communicate("\n", timeout=30)
+            assert holder.returncode == 0, err  # not killed by SIGBUS
+            rh = H.parse(out)
+            assert rh["alloc"][0][0] == "0"  # A goes on allocating within the cap (B has gone)
+        finally:
+            holder.kill()
+            holder.wait()
+        # and the ledger shows nothing left once both are gone
+        assert sum(vgpu.read_ledger(d / "limits")) == 0
+    finally:
+        shutil.rmtree(d)
+
+
+def test_usage_is_read_from_the_ledger_not_the_file(driver: H.Driver, tmp_path: Path) -> None:
+    env = limits_env(driver, tmp_path)
+    holder = _start_holder(env, 100 * MIB, [])
+    try:
+        _attack(tmp_path / "cache", "zero", 0)
+        usage = vgpu.read_usage(tmp_path / "cache", tmp_path / "limits")
+        assert [u.used for u in usage.values()] == [RESERVE + 100 * MIB]  # "window-0": the UUIDs went
+        assert vgpu.read_ledger(tmp_path / "limits")[0] == RESERVE + 100 * MIB
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_full_tmpfs_fails_closed_without_sigbus(driver: H.Driver, tmp_path: Path, short: bool) -> None:
+    """The accounting file on a full tmpfs (new, or short: not preallocated):
+    cuInit fails with a CUDA error and a message naming the file, no SIGBUS."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
+    try:
+        cache = mnt / "cache"
+        if short:
+            cache.write_bytes(b"\0" * 100)
+        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"x" * 4096)
+        os.close(fd)
+        env = {**driver.env(tmp_path / "state"), "CUDA_DEVICE_MEMORY_LIMIT": "512m",
+               "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache)}
+        cp = H.probe(env, "init", "ctx", "0", "alloc", str(MIB))
+        assert cp.returncode == 0, cp.stderr  # no signal
+        r = H.parse(cp.stdout)
+        assert r["init"][0][0] != "0" and r["ctx"][0][0] != "0" and r["alloc"][0][0] != "0"
+        assert str(cache) in cp.stderr and "cannot allocate" in cp.stderr
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_killed_holder_lease_vanishes_at_once(driver: H.Driver, tmp_path: Path) -> None:
+    env = limits_env(driver, tmp_path)
+    holder = _start_holder(env, 300 * MIB, [])
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    t0 = time.monotonic()
+    r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB), timeout=20).stdout)
+    assert time.monotonic() - t0 < 5
+    assert int(r["fill"][0][1]) == 512 * MIB - RESERVE
+
+
+def test_cap_exact_under_concurrency_with_a_limits_file(driver: H.Driver, tmp_path: Path) -> None:
+    """The churn of test_32_processes_x_1000_never_exceed_the_cap, 16 processes,
+    leases on a limits file: refusals happen and the driver never holds more than
+    the cap; a newcomer then gets exactly the whole cap."""
+    env = {**limits_env(driver, tmp_path, "256m", reserve="1m"), "NVSIM_CONTEXT_RESERVE_MIB": "1"}
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                live = read_state(tmp_path / "state", live_only=True).procs
+                peak[0] = max(peak[0], sum(p.mem_used for p in live))
+            time.sleep(0.001)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    procs = [subprocess.Popen([str(H.STRESS), "churn", "500", "16", str(i)], env=env, stdout=subprocess.PIPE,
+                              text=True) for i in range(16)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    stop.set()
+    t.join()
+    assert [p.returncode for p in procs] == [0] * 16, outs
+    assert sum(int(o.split()[2]) for o in outs) > 0, "the cap was never reached"
+    assert 0 < peak[0] <= 256 * MIB
+    r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB)).stdout)
+    assert int(r["fill"][0][1]) == 255 * MIB
+    assert sum(vgpu.read_ledger(tmp_path / "limits")) == 0
+
+
+def _in_container_paths(tmp_path: Path, limits: Path | None, *probe: str) -> subprocess.CompletedProcess[str]:
+    """Runs the probe with libvgpu preloaded from /run/nvctk/libvgpu.so, in a
+    mount namespace of its own where /run/nvctk is a fresh tmpfs (the limits
+    file copied to /run/nvctk/vgpu/limits if given)."""
+    script = (
+        "set -e; mount --make-rprivate /; mount -t tmpfs tmpfs /run/nvctk; mkdir /run/nvctk/vgpu; "
+        'touch /run/nvctk/libvgpu.so; mount --bind "$LIB" /run/nvctk/libvgpu.so; '
+        + ('cp "$LIMITS" /run/nvctk/vgpu/limits; ' if limits else "")
+        + 'LD_PRELOAD=/run/nvctk/libvgpu.so exec "$@"'
+    )
+    return subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(H.PROBE), *probe], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "LIB": str(H.LIB), "LIMITS": str(limits or "")})
+
+
+def test_hidden_limits_file_fails_closed(driver: H.Driver, tmp_path: Path) -> None:
+    """Loaded from nvctk's container path without its limits file (hidden: a
+    mount over it), libvgpu refuses to run rather than run uncapped; with the
+    file in place the cap holds (the same setup works)."""
+    os.makedirs("/run/nvctk", exist_ok=True)
+    env = {k: v for k, v in driver.env(tmp_path / "state").items()}
+    vgpu.write_limits_file(tmp_path / "limits", {"CUDA_DEVICE_MEMORY_LIMIT_0": str(256 * MIB)})
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        cp = _in_container_paths(tmp_path, tmp_path / "limits", "init", "ctx", "0", "fill", str(MIB))
+        assert cp.returncode == 0, cp.stderr
+        assert int(H.parse(cp.stdout)["fill"][0][1]) == 256 * MIB - RESERVE
+        cp = _in_container_paths(tmp_path, None, "init", "ctx", "0", "alloc", str(MIB))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert cp.returncode == 0, cp.stderr
+    r = H.parse(cp.stdout)
+    assert r["init"][0][0] != "0" and r["alloc"][0][0] != "0"
+    assert "/run/nvctk/vgpu/limits is missing" in cp.stderr
+
+
+@pytest.mark.slow
+def test_ledger_lock_held_forever_fails_closed(driver: H.Driver, tmp_path: Path) -> None:
+    """A container process holding the ledger's flock forever (it can: flock
+    works on its read-only descriptor) only makes its own container's CUDA
+    calls fail, after 10 s, with a message; nothing hangs or runs uncapped."""
+    env = limits_env(driver, tmp_path)
+    locker = subprocess.Popen([str(H.STRESS), "lockhold", str(tmp_path / "limits")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+        t0 = time.monotonic()
+        cp = H.probe(env, "init", "ctx", "0", "alloc", str(MIB), timeout=60)
+        assert 9 < time.monotonic() - t0 < 30
+        assert cp.returncode == 0, cp.stderr
+        r = H.parse(cp.stdout)
+        assert r["init"][0][0] != "0" and r["alloc"][0][0] != "0"
+        assert "held by another process" in cp.stderr
+    finally:
+        locker.kill()
+        locker.wait()
+
+
+def _file_syscalls(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Runs the probe under strace; returns it and its pread64/pwrite64 calls."""
+    if not shutil.which("strace"):
+        pytest.skip("needs strace")
+    log = Path(tempfile.mkdtemp(prefix="vgpu-strace-")) / "log"
+    try:
+        cp = subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=pread64,pwrite64", "-o", str(log), str(H.PROBE),
+                             *args], env=env, capture_output=True, text=True, timeout=120)
+        calls = [ln for ln in log.read_text().splitlines() if "pread64(" in ln or "pwrite64(" in ln]
+    finally:
+        shutil.rmtree(log.parent)
+    return cp, calls
+
+
+def test_gated_launches_rarely_touch_the_accounting_file(driver: H.Driver, tmp_path: Path) -> None:
+    """Under an SM limit a launch is gated on this process's slice of the token
+    bucket: the file is read and written at most every 2 ms or when the slice runs
+    out, not on every launch (each one took its lock, a read and a write: +5.5 us)."""
+    env = {**driver.env(tmp_path / "state", NVSIM_KERNEL_US="0"), "CUDA_DEVICE_SM_LIMIT": "50",
+           "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "cache"), "LD_PRELOAD": str(H.LIB)}
+    cp, calls = _file_syscalls(env, "init", "ctx", "0", "launch", "20000")
+    assert cp.returncode == 0, cp.stderr
+    assert H.parse(cp.stdout)["launch"][0] == ["0", "20000"]
+    syncs = [c for c in calls if "pread64(" in c and c.endswith(", 2176, 0) = 2176")]  # header + devices
+    assert 0 < len(syncs) < 2000, f"{len(syncs)} reads of the token bucket for 20000 launches"
+
+
+def test_first_cuinit_reads_only_the_live_slots(driver: H.Driver, tmp_path: Path) -> None:
+    """cuInit reads the header, the device entries and the slots below the high-
+    water mark, not the whole 354 KiB file (twice: 64 processes starting together
+    queued behind those reads); a forged low mark hides no live slot's lock."""
+    env = {**driver.env(tmp_path / "state"), "CUDA_DEVICE_MEMORY_LIMIT": "256m",
+           "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "cache"), "LD_PRELOAD": str(H.LIB)}
+    holder = _start_holder(env, MIB, [])
+    try:
+        cp, calls = _file_syscalls(env, "init")
+        assert cp.returncode == 0, cp.stderr
+        sizes = [int(c.rsplit("=", 1)[1]) for c in calls if "pread64(" in c]
+        assert sizes and max(sizes) < 16384, sizes
+        # a container process forges the mark down to 0: the holder keeps its slot
+        # (its lock guards it), and a newcomer still attaches beside it
+        fd = os.open(tmp_path / "cache", os.O_WRONLY)
+        os.pwrite(fd, struct.pack("<I", 0), 16)
+        os.close(fd)
+        r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB)).stdout)
+        assert int(r["fill"][0][1]) == 256 * MIB - MIB - 2 * 64 * MIB
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("how", ["zero", "garbage", "truncate"])
+def test_tampered_file_stops_gated_launches_within_the_sync_interval(driver: H.Driver, tmp_path: Path,
+                                                                     how: str) -> None:
+    """A process holding a slice of the bucket still meets the file every 2 ms:
+    once the file is overwritten or truncated its gated launches are refused
+    (CUDA_ERROR_NOT_PERMITTED), and nobody crashes."""
+    env = {**driver.env(tmp_path / "state", NVSIM_KERNEL_US="0"), "CUDA_DEVICE_SM_LIMIT": "50",
+           "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "cache"), "LD_PRELOAD": str(H.LIB)}
+    p = subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "launch", "100", "wait", "launchfor", "5"], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        while line and "ready" not in line:
+            line = p.stdout.readline()
+        assert line, "the launcher exited early"
+        _attack(tmp_path / "cache", how, 0)
+        t0 = time.monotonic()
+        out, err = p.communicate("\n", timeout=30)
+        assert p.returncode == 0, err
+        rc, _n = H.parse(out)["launchfor"][0]
+        assert rc == "800" and time.monotonic() - t0 < 4, (out, err)
+        assert "launches under the SM limit are refused" in err
+    finally:
+        p.kill()
+        p.wait()

@@ -1,0 +1,54 @@
+"""Waiting for an event, the one way tests do it: `until` polls a predicate with a
+deadline (short steps, backing off), `line` reads a child's pipe until a line says the
+child got where the test waits for. Never a fixed sleep: a slow machine only waits
+longer, a fast one not at all."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from collections.abc import Callable
+from typing import IO, TypeVar
+
+T = TypeVar("T")
+
+
+def until(pred: Callable[[], T], timeout: float, what: str, poll: float = 0.05) -> T:
+    """pred()'s first truthy value; AssertionError naming `what` after `timeout` s.
+    `poll`: the longest step between checks (smaller for a state that lasts briefly)."""
+    deadline = time.monotonic() + timeout
+    step = 0.001
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(step)
+        step = min(step * 2, poll)
+
+
+def line(stream: IO[str], want: str, timeout: float, what: str = "") -> list[str]:
+    """Lines read from `stream` (a text pipe) up to and including the first that starts
+    with `want`; AssertionError at EOF or after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    fd = stream.fileno()
+    buf = b""
+    while True:
+        while b"\n" in buf:
+            raw, buf = buf.split(b"\n", 1)
+            text = raw.decode(errors="replace")
+            seen.append(text)
+            if text.startswith(want):
+                return seen
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out waiting for {what or want!r}; read {seen}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"EOF before {what or want!r}; read {seen}")
+            buf += chunk
