@@ -47,7 +47,10 @@ def make_edits(bundle: str, spec: dict[str, Any], request: Request, config: Conf
                            f"from {request.source}); use plain device ids with mode = "
                            '"legacy" for a limited GPU')
     load.check_vendors(request.cdi_devices, config.cdi_vendors, request.source)
-    resolved = load.resolve(request.cdi_devices, config.cdi_spec_dirs)
+    from nvctk.runtime.passthrough import cache_dir
+
+    # the parsed specs are kept beside the passthrough cache (root's, /run/nvctk)
+    resolved = load.resolve(request.cdi_devices, config.cdi_spec_dirs, cache_dir())
     edits = resolve.to_edits(resolved, ldconfig=config.ldconfig, bundle=bundle, spec=spec)
     if edits.has_hook_work():
         # nvctk's own spec: one prestart hook does its links, ldconfig and mounts
