@@ -63,12 +63,7 @@ def load_spec_file(path: str) -> dict[str, Any]:
     try:
         # JSON is YAML, but PyYAML parses it ~50x slower than jsonio (and the CDI
         # create path would import yaml): a JSON document goes to jsonio
-        if text.lstrip()[:1] == b"{":
-            spec = jsonio.loads(text)
-        else:
-            from nvctk.base import yamlio  # YAML specs only: yaml costs ~10 ms to import
-
-            spec = yamlio.load(text)
+        spec = _parse(text)
     except ValueError as e:
         raise CdiError(f"{path}: not a CDI spec: {e}")
     except Exception as e:  # the parser's own failures, any kind
@@ -84,6 +79,19 @@ def load_spec_file(path: str) -> dict[str, Any]:
     if problem:
         raise CdiError(f"{path}: {problem}")
     return spec  # type: ignore[no-any-return]
+
+
+def _parse(text: bytes) -> Any:
+    """JSON through jsonio, anything else (YAML, or a flow-style YAML mapping that
+    looks like JSON) through yamlio."""
+    if text.lstrip()[:1] == b"{":
+        try:
+            return jsonio.loads(text)
+        except (ValueError, RecursionError):
+            pass  # maybe YAML's flow style ({kind: x}): YAML says
+    from nvctk.base import yamlio  # YAML specs only: yaml costs ~10 ms to import
+
+    return yamlio.load(text)
 
 
 def schema_problem(spec: Any) -> str | None:
