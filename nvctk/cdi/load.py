@@ -12,7 +12,6 @@ import stat
 
 from nvctk.base import jsonio
 from nvctk.base.errors import NvctkError, clipped, shown
-from nvctk.host import driver as nvdriver
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -453,7 +452,10 @@ def _in_rootfs(rootfs: str | None, path: str) -> str:
     if rootfs is None:
         return path
     try:
-        real = nvdriver.resolve_in_root(rootfs, path)
+        # only for a spec that binds host dirs in (check_host_binds): not every create's
+        from nvctk.host.driver import resolve_in_root
+
+        real = resolve_in_root(rootfs, path)
     except NvctkError:  # a link loop: runc fails on it anyway
         return path
     return "/" if real == rootfs else "/" + os.path.relpath(real, rootfs)
