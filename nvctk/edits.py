@@ -274,6 +274,13 @@ def _mount(x: dict[str, Any]) -> Mount:
 
 Plan = Edits  # the old name
 
+
+def prestart_hook(hook_path: str, nvctk_config: str | None, timeout: int = 0) -> Hook:
+    """`nvctk-hook prestart`, with the env it runs with: built from scratch, never the
+    container's; NVCTK_CONFIG passed on when the runtime was given one."""
+    env = (HOOK_PATH_ENV, f"NVCTK_CONFIG={nvctk_config}") if nvctk_config else (HOOK_PATH_ENV,)
+    return Hook("prestart", hook_path, (HOOK_NAME, "prestart"), env, timeout)
+
 # nvctk-hook's CDI hook commands (`nvctk cdi generate` writes cdi-edits; specs written
 # before it have create-symlinks and update-ldcache) and the flags each takes
 CDI_HOOK_FLAGS = {"create-symlinks": ("--link",), "update-ldcache": ("--folder",),

@@ -1,17 +1,20 @@
-"""CDI specs (REFERENCE §7): `nvctk cdi generate` and `nvctk cdi list`.
+"""`nvctk cdi generate`: the host's edits forms written out as a CDI spec (REFERENCE §7).
 
-The spec is a thin writer of plan data: the device nodes, mounts and links come
-from nvctk.plan.planner's functions (the ones a container's plan is made of), computed
-once for every GPU and MIG device of the host and every capability, then written
-out as CDI containerEdits. Links and the ld.so.cache refresh are `nvctk-hook
-create-symlinks` / `update-ldcache` hooks, which run the prestart hook's hardened
-steps (nvctk.hook.worker.apply_plan).
+The spec is a thin writer of the edits form (nvctk.edits): the device nodes, mounts
+and links come from nvctk.plan.planner's functions (the ones a container's form is made
+of), computed once for every GPU and MIG device of the host and every capability, then
+written out as CDI containerEdits. Each device's links (the common ones and its own) and
+the ld.so.cache refresh are one `nvctk-hook cdi-edits` createRuntime hook, which runs
+the prestart hook's hardened steps (nvctk.hook.worker.apply_plan); nvctk-runtime's CDI
+mode decodes it back into the form (nvctk.cdi.resolve) and runs none of it.
 
 Hooks are `createRuntime` hooks: they run where the prestart hook runs (the
 runtime's namespaces, the container's created but not started), so they take the
 same path: setns into the container's mount namespace from the host, refusing a
 container that shares the host's. A `createContainer` hook already runs inside
 the container's mount namespace, where that check cannot tell the two apart.
+
+Reading specs (list, load, check, resolve) is nvctk.cdi.load, re-exported here.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ import stat
 
 from nvctk.base import jsonio
 from nvctk.base.errors import NvctkError, clipped, shown
-from nvctk.host import driver as nvdriver
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,12 +62,7 @@ def load_spec_file(path: str) -> dict[str, Any]:
     try:
         # JSON is YAML, but PyYAML parses it ~50x slower than jsonio (and the CDI
         # create path would import yaml): a JSON document goes to jsonio
-        if text.lstrip()[:1] == b"{":
-            spec = jsonio.loads(text)
-        else:
-            from nvctk.base import yamlio  # YAML specs only: yaml costs ~10 ms to import
-
-            spec = yamlio.load(text)
+        spec = _parse(text)
     except ValueError as e:
         raise CdiError(f"{path}: not a CDI spec: {e}")
     except Exception as e:  # the parser's own failures, any kind
@@ -84,6 +78,19 @@ def load_spec_file(path: str) -> dict[str, Any]:
     if problem:
         raise CdiError(f"{path}: {problem}")
     return spec  # type: ignore[no-any-return]
+
+
+def _parse(text: bytes) -> Any:
+    """JSON through jsonio, anything else (YAML, or a flow-style YAML mapping that
+    looks like JSON) through yamlio."""
+    if text.lstrip()[:1] == b"{":
+        try:
+            return jsonio.loads(text)
+        except (ValueError, RecursionError):
+            pass  # maybe YAML's flow style ({kind: x}): YAML says
+    from nvctk.base import yamlio  # YAML specs only: yaml costs ~10 ms to import
+
+    return yamlio.load(text)
 
 
 def schema_problem(spec: Any) -> str | None:
@@ -126,16 +133,105 @@ def list_devices(spec_dirs: tuple[str, ...]) -> tuple[list[str], list[str]]:
     return sorted(found), warnings
 
 
-def _loaded(files: list[str], broken: list[str]) -> list[tuple[str, dict[str, Any]]]:
+def _loaded(files: list[str], broken: list[str], cache_dir: str | None = None
+            ) -> list[tuple[str, dict[str, Any]]]:
     """(path, spec) of each file that loads; why the others do not goes to `broken`:
-    a broken file is one unreadable spec, never the end of the others."""
+    a broken file is one unreadable spec, never the end of the others. cache_dir: where
+    the parsed and checked specs are kept, keyed by each file's stat (SpecCache)."""
+    cache = SpecCache(cache_dir) if cache_dir else None
     out = []
     for path in files:
         try:
-            out.append((path, load_spec_file(path)))
+            if cache is None:
+                out.append((path, load_spec_file(path)))
+                continue
+            st = _stat(path)
+            spec = cache.get(path, st)
+            if spec is None:
+                spec = load_spec_file(path)
+                if st is not None and st == _stat(path):  # unchanged while it was read
+                    cache.put(path, st, spec)
+            out.append((path, spec))
         except CdiError as e:
             broken.append(str(e))
+    if cache is not None:
+        cache.save()
     return out
+
+
+# --- the parsed-spec cache ---------------------------------------------------------------
+
+SPEC_CACHE_FILE = "cdi-specs.json"
+_CACHE_VERSION = 1
+# git's "racy" rule (as nvctk.runtime.passthrough's): a file changed this recently may
+# change again without a new stamp, so it is not cached yet
+_RACY_NS = 2_000_000_000
+
+
+def _stat(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+class SpecCache:
+    """The specs CDI mode read before, parsed and checked (load_spec_file), keyed by
+    their files' stat (dev, inode, size, mtime, ctime): a create whose specs did not
+    change parses one JSON file, not YAML (PyYAML: ~10 ms import, ~1 ms per 10 KB).
+    Kept in a root-owned directory no one else can write (nvctk-runtime's passthrough
+    cache dir), itself root's and written atomically; anything else there is ignored.
+    A file changed in the last 2 s is not cached (its stamp may not show a change yet)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, SPEC_CACHE_FILE)
+        self.entries: dict[str, list[Any]] = {}
+        self.changed = False
+        try:
+            st = os.lstat(self.path)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022:
+                from nvctk.base.fileio import read_regular_file
+
+                data = jsonio.loads(read_regular_file(self.path, MAX_LOADED_BYTES,
+                                                      nofollow=True))
+                if isinstance(data, dict) and data.get("version") == _CACHE_VERSION \
+                        and isinstance(data.get("files"), dict):
+                    self.entries = data["files"]
+        except (OSError, ValueError, RecursionError):
+            pass  # no cache, or not one to trust: the specs are read
+
+    def get(self, path: str, st: list[int] | None) -> dict[str, Any] | None:
+        e = self.entries.get(path)
+        if st is None or not isinstance(e, list) or len(e) != 2 or e[0] != st \
+                or schema_problem(e[1]) is not None:
+            return None
+        return e[1]  # type: ignore[no-any-return]
+
+    def put(self, path: str, st: list[int], spec: dict[str, Any]) -> None:
+        import time
+
+        if time.time_ns() - st[4] >= _RACY_NS:
+            self.entries[path] = [st, spec]
+            self.changed = True
+
+    def save(self) -> None:
+        if not self.changed or os.geteuid() != 0:
+            return
+        from nvctk.base.fileio import atomic_write
+
+        try:
+            os.makedirs(self.directory, mode=0o755, exist_ok=True)
+            dst = os.stat(self.directory, follow_symlinks=False)
+            if dst.st_uid != 0 or dst.st_mode & 0o022:
+                return  # a directory others can write: no cache
+            data = jsonio.dumps({"version": _CACHE_VERSION, "files": self.entries})
+            if len(data) <= MAX_LOADED_BYTES:
+                atomic_write(self.path, data.encode(), 0o644, sync_dir=False,
+                             keep_owner=False)
+        except (OSError, ValueError):
+            pass  # no cache this time: the next create reads the specs again
 
 
 # --- nvctk-runtime's CDI mode: the named devices (nvctk.cdi.resolve makes them the form) ---
@@ -199,17 +295,19 @@ def check_vendors(names: tuple[str, ...], vendors: tuple[str, ...], source: str)
                 "an operator adds a vendor there)")
 
 
-def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...]) -> list[Resolved]:
+def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...],
+            cache_dir: str | None = None) -> list[Resolved]:
     """Each qualified name's device from the specs in spec_dirs (read with
-    load_spec_file, as `nvctk cdi list` does). CdiError for a name no readable spec
-    defines (naming the unreadable ones), or one that two spec files define."""
+    load_spec_file, as `nvctk cdi list` does; cache_dir: SpecCache's dir). CdiError for
+    a name no readable spec defines (naming the unreadable ones), or one that two spec
+    files define."""
     found: dict[str, Resolved] = {}
     twice: dict[str, list[str]] = {}
     broken: list[str] = []
     files, problems = spec_files(spec_dirs)
     if problems:
         raise CdiError(problems[0])
-    for path, spec in _loaded(files, broken):
+    for path, spec in _loaded(files, broken, cache_dir):
         for dev in spec["devices"]:
             q = f"{spec['kind']}={dev['name']}"
             if q in found:
@@ -354,7 +452,10 @@ def _in_rootfs(rootfs: str | None, path: str) -> str:
     if rootfs is None:
         return path
     try:
-        real = nvdriver.resolve_in_root(rootfs, path)
+        # only for a spec that binds host dirs in (check_host_binds): not every create's
+        from nvctk.host.driver import resolve_in_root
+
+        real = resolve_in_root(rootfs, path)
     except NvctkError:  # a link loop: runc fails on it anyway
         return path
     return "/" if real == rootfs else "/" + os.path.relpath(real, rootfs)

@@ -15,7 +15,7 @@ import os
 
 from nvctk.base import fileio
 from nvctk.base.errors import RequestError, SpecError
-from nvctk.edits import HOOK_NAME, PLAN_FILE, LogSettings
+from nvctk.edits import HOOK_NAME, PLAN_FILE, LogSettings, prestart_hook
 from nvctk.oci import spec as oci
 from nvctk.spec import apply as spec_edits
 
@@ -37,7 +37,6 @@ def make_edits(bundle: str, spec: dict[str, Any], request: Request, config: Conf
                hook_path: str, nvctk_config: str | None) -> Edits:
     """The form of the request's CDI devices (checked: vendors, specs, host binds)."""
     from nvctk.cdi import load, resolve
-    from nvctk.plan.planner import plan_hooks
 
     assert request.cdi_devices is not None
     limits = sorted(k for k, v in request.env.items() if k.startswith(VGPU_LIMIT_VARS) and v)
@@ -47,12 +46,16 @@ def make_edits(bundle: str, spec: dict[str, Any], request: Request, config: Conf
                            f"from {request.source}); use plain device ids with mode = "
                            '"legacy" for a limited GPU')
     load.check_vendors(request.cdi_devices, config.cdi_vendors, request.source)
-    resolved = load.resolve(request.cdi_devices, config.cdi_spec_dirs)
+    from nvctk.runtime.passthrough import cache_dir
+
+    # the parsed specs are kept beside the passthrough cache (root's, /run/nvctk)
+    resolved = load.resolve(request.cdi_devices, config.cdi_spec_dirs, cache_dir())
     edits = resolve.to_edits(resolved, ldconfig=config.ldconfig, bundle=bundle, spec=spec)
     if edits.has_hook_work():
         # nvctk's own spec: one prestart hook does its links, ldconfig and mounts
-        hooks = plan_hooks(hook_path, config, nvctk_config, False)
-        edits = edits.replace(hooks=(*hooks, *edits.hooks))
+        # (the planner's plan_hooks makes the same; its module is not needed here)
+        hook = prestart_hook(hook_path, nvctk_config, config.hook_timeout)
+        edits = edits.replace(hooks=(hook, *edits.hooks))
     return edits.replace(log=LogSettings(config.log_file, config.log_level))
 
 

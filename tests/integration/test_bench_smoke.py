@@ -7,6 +7,7 @@ message when absent (and measured when present), and no temp dir or mount remain
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,8 +50,10 @@ def test_bench_runs_and_skips_an_absent_nct(tmp_path: Path) -> None:
     assert f"NVIDIA Container Toolkit not found in {tmp_path / 'no-such-nct'}" in report
     for label in ("runc list", "nvctk-runtime list", "runc, no GPU", "nvctk-runtime, 1 GPU",
                   "nvctk-runtime, 1 GPU, caps=all", "nvctk-runtime, 8 GPUs",
-                  "start nvctk 8 GPUs / 1 GPU"):
+                  "nvctk-runtime cdi mode, 1 GPU", "start nvctk 8 GPUs / 1 GPU"):
         assert label in report
+    if shutil.which("podman"):
+        assert "podman run, nvctk's CDI spec, 1 GPU" in report
     assert "NCT" not in report and "nvidia-container-runtime" not in report
 
 
@@ -59,6 +62,9 @@ def test_bench_runs_and_skips_an_absent_nct(tmp_path: Path) -> None:
 def test_bench_measures_nct(tmp_path: Path) -> None:
     _, report = _bench(tmp_path, "--nct", str(NCT))
     for label in ("nvidia-container-runtime list", "NCT cdi, 1 GPU", "NCT jit-cdi, 1 GPU",
-                  "GPU start overhead nvctk / NCT cdi", "passthrough overhead nvctk / NCT"):
+                  "GPU start overhead nvctk / NCT cdi", "passthrough overhead nvctk / NCT",
+                  "GPU start overhead nvctk cdi mode / NCT cdi"):
         assert label in report
     assert "not found" not in report
+    if shutil.which("podman"):
+        assert "podman run with nvctk spec / with NCT spec" in report

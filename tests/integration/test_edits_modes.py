@@ -16,6 +16,7 @@ The legitimate differences are encoded, not hidden:
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -163,3 +164,44 @@ def test_applying_either_gives_one_config(setup: tuple[Any, Any, Path, Edits], t
         s["linux"]["devices"].sort(key=repr)
         s["linux"]["resources"]["devices"].sort(key=repr)
     assert a == b
+
+
+@pytest.mark.parametrize("visible", ["1", "0:0", "all"])
+def test_a_create_in_either_mode_writes_one_config(setup: tuple[Any, Any, Path, Edits],
+                                                   tmp_path: Path, visible: str) -> None:
+    """Through nvctk-runtime's create (in-process): legacy mode with a CDI device's
+    capabilities, and CDI mode with nvctk's own spec, write the same config.json, hooks
+    included (one `nvctk-hook prestart`), and the hook reads the same mounts, links and
+    ldconfig step from the form beside it."""
+    from nvctk.runtime import create
+
+    cfg, _, d, _ = setup
+    cfg = cfg.replace(hook_path=HOOK, state_dir=str(tmp_path / "state"))
+    out = {}
+    for mode in ("legacy", "cdi"):
+        b = tmp_path / mode
+        (b / "rootfs" / "etc").mkdir(parents=True)
+        (b / "rootfs" / "etc" / "debian_version").write_text("12\n")
+        env = [f"NVIDIA_VISIBLE_DEVICES={visible}"]
+        if mode == "legacy":
+            env.append(f"NVIDIA_DRIVER_CAPABILITIES={CDI_CAPS}")
+        spec = {**_base_spec(), "process": {"env": ["PATH=/bin", *env], "args": ["true"]}}
+        (b / "config.json").write_text(json.dumps(spec))
+        c = cfg if mode == "legacy" else cfg.replace(mode="cdi", cdi_spec_dirs=(str(d),))
+        create.prepare_bundle(str(b), c, container_id=f"c-{mode}")
+        s = json.loads((b / "config.json").read_text())
+        s.pop("annotations")
+        s["process"]["env"] = [e for e in s["process"]["env"]
+                               if not e.startswith("NVIDIA_DRIVER_CAPABILITIES=")]
+        s["linux"]["devices"].sort(key=repr)
+        s["linux"]["resources"]["devices"].sort(key=repr)
+        out[mode] = (s, Edits.from_json((b / "nvctk-plan.json").read_bytes()))
+    (legacy, lform), (cdi_spec, cform) = out["legacy"], out["cdi"]
+    assert cdi_spec == legacy
+    assert [h["args"] for h in legacy["hooks"]["prestart"]] == [["nvctk-hook", "prestart"]]
+    extras = {m.container_path for m in cform.mounts} - {m.container_path for m in lform.mounts}
+    assert {_mount_key(m) for m in lform.mounts} <= {_mount_key(m) for m in cform.mounts}
+    assert extras <= _extra_paths(cfg, setup[1], setup[3])
+    assert {(x.container_path, x.target) for x in lform.symlinks} == \
+        {(x.container_path, x.target) for x in cform.symlinks}
+    assert (cform.ldconfig, cform.lib_dir) == (lform.ldconfig, lform.lib_dir)

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import NvctkError
-from nvctk.cdi import cdi
+from nvctk.cdi import cdi, resolve
 from nvctk.engines import common as engines_common
 from nvctk.engines.changes import plan_configure, plan_remove
 from nvctk.host import ldcache
@@ -329,12 +329,14 @@ def test_fuzz_cdi_spec(tmp_path: Path) -> None:
         path.write_bytes(raw)
         try:
             cdi.load_spec_file(str(path))
-            cdi.resolve(("nvidia.com/gpu=0",), (str(path.parent),))
+            # and into the edits form, as CDI mode decodes it
+            resolve.to_edits(cdi.resolve(("nvidia.com/gpu=0",), (str(path.parent),)),
+                             ldconfig="/sbin/ldconfig")
         except NvctkError as e:
             return _clear(e, limit=4000)
         return "ok"
 
-    fuzz("cdi.load_spec_file + resolve (CDI specs)",
+    fuzz("cdi.load_spec_file + resolve + to_edits (CDI specs)",
          st.one_of(_json_mutations(base), _json_mutations(yaml_base)), prop)
 
 

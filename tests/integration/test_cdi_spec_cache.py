@@ -1,0 +1,96 @@
+"""CDI mode's cache of parsed and checked specs (nvctk.cdi.load.SpecCache): used while a
+spec file's stat is unchanged, never when it changed or when the cache is not root's
+alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from nvctk.cdi import load
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the cache is root's only")
+
+
+def _spec(name: str) -> str:
+    return ("cdiVersion: 0.5.0\nkind: x.io/c\ndevices:\n"
+            f"- name: '{name}'\n  containerEdits: {{env: [A={name}]}}\n")
+
+
+def _settled(p: Path) -> None:
+    """Set the file's times 10 s back: past the racy window (ctime follows the change)."""
+    t = time.time() - 10
+    os.utime(p, (t, t))
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    specs, cache = tmp_path / "specs", tmp_path / "cache"
+    specs.mkdir()
+    cache.mkdir(mode=0o755)
+    return specs, cache
+
+
+def _names(specs: Path, cache: Path, name: str) -> list[str]:
+    return [r.device["containerEdits"]["env"][0]
+            for r in load.resolve((f"x.io/c={name}",), (str(specs),), str(cache))]
+
+
+def _forge(cache: Path, value: str) -> None:
+    """Rewrite the cached spec's content, keeping its stamp: a create that uses the
+    cache sees this value."""
+    f = cache / load.SPEC_CACHE_FILE
+    data = json.loads(f.read_text())
+    for entry in data["files"].values():
+        entry[1]["devices"][0]["containerEdits"]["env"] = [value]
+    f.write_text(json.dumps(data))
+
+
+def test_a_fresh_spec_is_not_cached(dirs: tuple[Path, Path]) -> None:
+    specs, cache = dirs
+    p = specs / "x.yaml"
+    p.write_text(_spec("0"))
+    assert _names(specs, cache, "0") == ["A=0"]
+    # ctime is now: the file is too fresh to cache
+    assert not (cache / load.SPEC_CACHE_FILE).exists()
+
+
+def test_a_settled_spec_is_cached_and_a_changed_one_read_again(dirs: tuple[Path, Path],
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    specs, cache = dirs
+    p = specs / "x.yaml"
+    p.write_text(_spec("0"))
+    # the file's ctime cannot be set back: move "now" 10 s ahead instead
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 10 * 10**9)
+    assert _names(specs, cache, "0") == ["A=0"]
+    assert (cache / load.SPEC_CACHE_FILE).exists()
+    _forge(cache, "A=cached")
+    assert _names(specs, cache, "0") == ["A=cached"]  # parsed once, then the cache
+    p.write_text(_spec("0").replace("A=0", "A=1"))  # a new stamp: read again
+    assert _names(specs, cache, "0") == ["A=1"]
+
+
+@pytest.mark.parametrize("how", ["group-writable", "not-root", "symlink"])
+def test_a_cache_others_could_write_is_ignored(dirs: tuple[Path, Path], how: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    specs, cache = dirs
+    (specs / "x.yaml").write_text(_spec("0"))
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 10 * 10**9)
+    _names(specs, cache, "0")
+    _forge(cache, "A=forged")
+    f = cache / load.SPEC_CACHE_FILE
+    if how == "group-writable":
+        f.chmod(0o664)
+    elif how == "not-root":
+        os.chown(f, 1000, 1000)
+    else:
+        f.rename(cache / "elsewhere.json")
+        f.symlink_to(cache / "elsewhere.json")
+    assert _names(specs, cache, "0") == ["A=0"]
