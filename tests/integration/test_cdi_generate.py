@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from nvctk.cdi import cdi
-from nvctk.host.inventory import GpuInfo, MigInfo
-from nvctk.plan.planner import Selected, proc_bus_id
+from nvctk.host.inventory import GpuInfo, MigInfo, proc_bus_id
+from nvctk.plan.select import Selected
 from nvctk.sim.host import SimHost
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"

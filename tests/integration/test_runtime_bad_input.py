@@ -32,7 +32,7 @@ from nvctk.edits import PLAN_FILE, DeviceNode, Hook
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
 from nvctk.oci import runc_argv
 from nvctk.oci import spec as oci
-from nvctk.plan.planner import resolve_device
+from nvctk.plan.select import resolve_device
 from nvctk.request import requirements
 from nvctk.request.parse import request_from_spec
 from nvctk.runtime import create as shim

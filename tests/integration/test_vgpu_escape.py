@@ -7,7 +7,7 @@ hold them (/etc, /run, /run/nvctk), unlinking or renaming the mount points in th
 accounting dir. Every attempt fails, and a process started afterwards without
 the limit in its env still gets no more than the cap. The layout:
 /work/brief/vgpu_layout.md; the host side nvctk.vgpu.state, the container side
-nvctk.plan.planner.vgpu_mounts, nvctk.hook.worker and nvctk.hook.mount.Root.pin.
+nvctk.plan.vgpu.vgpu_mounts, nvctk.hook.worker and nvctk.hook.mount.Root.pin.
 """
 
 from __future__ import annotations

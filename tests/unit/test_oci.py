@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from nvctk.base import fileio
-from nvctk.base.config import Config
 from nvctk.base.errors import SpecError
+from nvctk.edits import DeviceNode
 from nvctk.oci import spec as oci
-from nvctk.plan.planner import DeviceNode, plan_hooks
+from nvctk.plan.hooks import plan_hooks
 from nvctk.spec import apply as spec_edits
 from nvctk.spec.apply import HOOK_PATH_ENV
 
@@ -106,8 +106,8 @@ def test_hook_replaces_nvidia_and_own() -> None:
         {"path": "/usr/bin/nvidia-container-toolkit", "args": ["nvidia-container-toolkit"]}
     ]
     assert spec_edits.remove_nvidia_hooks(spec) == 2
-    (hook,) = [h.entry() for h in plan_hooks("/opt/bin/nvctk-hook", Config(hook_timeout=30),
-                                             "/etc/x.toml", False)]
+    (hook,) = [h.entry() for h in plan_hooks("/opt/bin/nvctk-hook", 30, "/etc/x.toml",
+                                                        False, "/run/runc")]
     spec_edits.set_hook(spec, hook)
     spec_edits.set_hook(spec, hook)
     pre = spec["hooks"]["prestart"]
@@ -116,7 +116,7 @@ def test_hook_replaces_nvidia_and_own() -> None:
                       "env": [HOOK_PATH_ENV, "NVCTK_CONFIG=/etc/x.toml"], "timeout": 30}
     assert spec["hooks"]["createRuntime"] == []
     assert spec["hooks"]["poststart"] == [{"path": "/bin/true"}]
-    assert [h.env for h in plan_hooks("/h", Config(), None, False)] == [(HOOK_PATH_ENV,)]
+    assert [h.env for h in plan_hooks("/h", 60, None, False, "/run/runc")] == [(HOOK_PATH_ENV,)]
 
 
 def test_set_env_replaces() -> None:
@@ -177,7 +177,7 @@ def test_bad_state(text: str) -> None:
 def test_set_hook_twice_keeps_one_whatever_the_hook_file_is_called(hook_path: str) -> None:
     other = {"path": "/usr/bin/other", "args": ["other", "prestart"]}
     spec: dict[str, Any] = {"hooks": {"prestart": [other]}}
-    (hook,) = plan_hooks(hook_path, Config(hook_timeout=60), None, False)
+    (hook,) = plan_hooks(hook_path, 60, None, False, "/run/runc")
     for _ in range(2):
         spec_edits.set_hook(spec, hook.entry())
     assert spec["hooks"]["prestart"] == [other, hook.entry()]

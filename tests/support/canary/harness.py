@@ -85,7 +85,7 @@ def make_plan(
         libs += [f"libnvidia-ml.so.{v}", f"libnvidia-cfg.so.{v}"]
     if "compute" in capabilities:
         libs += [f"libcuda.so.{v}", f"libnvidia-ptxjitcompiler.so.{v}", f"libnvidia-nvvm.so.{v}"]
-    # required as the planner marks them (nvctk.plan.planner.REQUIRED)
+    # required as the planner marks them (nvctk.plan.mounts.REQUIRED)
     mounts = [Mount(os.path.join(sim.lib_dir, n), f"{lib_dir}/{n}",
                     required=n.startswith(("libcuda.so", "libnvidia-ml.so"))) for n in libs]
     if "utility" in capabilities:
