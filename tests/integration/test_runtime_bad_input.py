@@ -35,8 +35,7 @@ from nvctk.oci import spec as oci
 from nvctk.plan.select import resolve_device
 from nvctk.request import requirements
 from nvctk.request.parse import request_from_spec
-from nvctk.runtime import create as shim
-from nvctk.runtime import passthrough
+from nvctk.runtime import create, passthrough
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
 from nvctk.vgpu import limits as vgpu
@@ -479,9 +478,9 @@ def test_create_main_maps_any_bug_to_one_line(env: Env, bundle: Callable[..., Pa
     def boom(*args: object, **kwargs: object) -> None:
         raise KeyError("boom")
 
-    monkeypatch.setattr(shim, "prepare_bundle", boom)
+    monkeypatch.setattr(create, "prepare_bundle", boom)
     args = runc_argv.parse(create_argv(env, b))
-    assert shim.create_main(args) == 1
+    assert create.create_main(args) == 1
     err = capsys.readouterr().err
     assert err.startswith("nvctk-runtime: internal error: KeyError: 'boom'") and err[-1] == "\n"
     assert runc_log_errors(env)[-1].startswith("nvctk: internal error: KeyError")
@@ -494,7 +493,7 @@ def test_create_main_maps_any_bug_to_one_line(env: Env, bundle: Callable[..., Pa
     def crash(_args: object) -> int:
         raise RuntimeError("crash")
 
-    monkeypatch.setattr(shim, "create_main", crash)
+    monkeypatch.setattr(create, "create_main", crash)
     assert launcher.main(create_argv(env, b)) == 1
     assert "internal error: RuntimeError: crash" in runc_log_errors(env)[-1]
 
@@ -741,12 +740,12 @@ def test_state_dir_problems_name_the_state_dir(env: Env, bundle: Callable[..., P
 
 def test_os_error_message_names_the_part() -> None:
     cfg = nvconfig.Config(state_dir="/run/nvctk")
-    assert shim.os_error_message(OSError(28, "No space left on device", "/run/nvctk/c/limits"),
+    assert create.os_error_message(OSError(28, "No space left on device", "/run/nvctk/c/limits"),
                                  "/b", cfg) == ("vGPU state dir /run/nvctk: No space left on "
                                                 "device: /run/nvctk/c/limits")
-    assert shim.os_error_message(OSError(13, "Permission denied", "/b/config.json"), "/b",
+    assert create.os_error_message(OSError(13, "Permission denied", "/b/config.json"), "/b",
                                  cfg) == "bundle /b: Permission denied: /b/config.json"
-    assert shim.os_error_message(OSError(2, "No such file", "/etc/x"), "/b", cfg) == \
+    assert create.os_error_message(OSError(2, "No such file", "/etc/x"), "/b", cfg) == \
         "/etc/x: No such file"
 
 
@@ -951,7 +950,7 @@ def test_prepare_bundle_never_crashes(environ: dict[str, str], gpu_bundle_dir: P
             "linux": {"namespaces": [{"type": "mount"}]}}
     (b / "config.json").write_text(json.dumps(spec))
     try:
-        shim.prepare_bundle(str(b), cfg, container_id="pb", runtime_root=str(b / "runc"),
+        create.prepare_bundle(str(b), cfg, container_id="pb", runtime_root=str(b / "runc"),
                             argv0=RUNTIME)
     except NvctkError as e:
         assert len(str(e)) < 2000
@@ -1109,7 +1108,7 @@ def test_driver_file_fifo_hangs_no_gpu_create(env: Env, bundle: Callable[..., Pa
                           Path(sim.config_path).read_text()))
     b = bundle({NVD: "0"})
     r = env.run(*create_argv(env, b), config=str(cfg), timeout=20)  # a wait: TimeoutExpired
-    assert "Traceback" not in r.stderr and shim.INTERNAL_ERROR not in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and create.INTERNAL_ERROR not in r.stderr, r.stderr
     if r.returncode != 0:
         assert rel.split("/")[-1] in r.stderr and "not a regular file" in r.stderr, r.stderr
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from nvctk.runtime import create as shim
+from nvctk.runtime import create
 from nvctk.sim.host import SimHost
 
 BIN = os.path.dirname(sys.executable)
@@ -134,7 +134,7 @@ def assert_clean_failure(env: Env, r: subprocess.CompletedProcess[str], needle: 
     no internal error, runc never started."""
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr, r.stderr
-    assert shim.INTERNAL_ERROR not in r.stderr, r.stderr
+    assert create.INTERNAL_ERROR not in r.stderr, r.stderr
     assert needle in r.stderr, r.stderr
     errors = runc_log_errors(env)
     assert errors and needle in errors[-1] and errors[-1].startswith("nvctk: "), errors
