@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from nvctk.request.parse import Request
 
 
-
 class Created(Record):
     """What prepare_bundle did: edits None = no GPU asked, the bundle was not touched."""
 
