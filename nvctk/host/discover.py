@@ -15,9 +15,11 @@ from nvctk.base.errors import NvctkError, UnknownDeviceError
 from nvctk.base.fileio import read_regular_file
 from nvctk.base.record import Record
 from nvctk.host import driver as nvdriver
+from nvctk.host.cache import load_host
 from nvctk.host.inventory import proc_bus_id
 from nvctk.host.paths import find_hook, hook_config_path, require_vgpu_library
 from nvctk.request.parse import asks_for_vgpu, expanded_capabilities
+from nvctk.vgpu import authority
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
@@ -100,8 +102,6 @@ def load_and_select(request: Request, config: Config,
     made since it was written (a new MIG device): NVML itself is asked before that
     is an error. (select is nvctk.plan.select.select_devices: passed in, as discovery
     sits below planning.)"""
-    from nvctk.host.cache import load_host
-
     host, cached = load_host(config.driver_root, config.state_dir)
     try:
         return host, select(request, host)
@@ -244,8 +244,6 @@ def discover(request: Request, config: Config, host: HostInfo,
     vgpu = asks_for_vgpu(request)
     key: bytes | NvctkError | None = None
     if vgpu and request.vgpu_authority:
-        from nvctk.vgpu import authority  # hashlib/hmac: vGPU annotations only
-
         key = or_error(lambda: authority.load_key(config.authority_key))
     return Facts(
         host, files, devices, image,
