@@ -14,8 +14,8 @@ import stat
 from nvctk.base.errors import NvctkError, UnknownDeviceError
 from nvctk.base.fileio import read_regular_file
 from nvctk.base.record import Record
+from nvctk.host import cache as host_cache
 from nvctk.host import driver as nvdriver
-from nvctk.host.cache import load_host
 from nvctk.host.inventory import proc_bus_id
 from nvctk.host.paths import find_hook, hook_config_path, require_vgpu_library
 from nvctk.request.parse import asks_for_vgpu, expanded_capabilities
@@ -102,13 +102,13 @@ def load_and_select(request: Request, config: Config,
     made since it was written (a new MIG device): NVML itself is asked before that
     is an error. (select is nvctk.plan.select.select_devices: passed in, as discovery
     sits below planning.)"""
-    host, cached = load_host(config.driver_root, config.state_dir)
+    host, cached = host_cache.load_host(config.driver_root, config.state_dir)
     try:
         return host, select(request, host)
     except UnknownDeviceError:
         if not cached:
             raise
-    host, _ = load_host(config.driver_root, config.state_dir, fresh=True)
+    host, _ = host_cache.load_host(config.driver_root, config.state_dir, fresh=True)
     return host, select(request, host)
 
 
