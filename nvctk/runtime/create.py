@@ -203,9 +203,10 @@ def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Reques
     from nvctk.runtime import create_cdi  # CDI mode only
 
     assert request.cdi_devices is not None
-    removed = create_cdi.prepare(bundle, spec, data, request, config, logger,
-                                 find_hook(config, argv0), _nvctk_config_env())[1]
-    return Prepared(None, removed, cdi_devices=request.cdi_devices)
+    edits, removed = create_cdi.prepare(bundle, spec, data, request, config, logger,
+                                        find_hook(config, argv0), _nvctk_config_env())
+    return Prepared(edits if edits.has_hook_work() else None, removed,
+                    cdi_devices=request.cdi_devices)
 
 
 _ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
