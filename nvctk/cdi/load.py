@@ -2,7 +2,7 @@
 
 What nvctk-runtime's CDI mode reads (nvctk.cdi.resolve turns the devices into the
 edits form) and `nvctk cdi list` lists. No planner here: `nvctk cdi generate`
-(nvctk.cdi.cdi) is the part that plans.
+(nvctk.cdi.generate) is the part that plans.
 """
 
 from __future__ import annotations

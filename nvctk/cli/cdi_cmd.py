@@ -1,4 +1,5 @@
-"""`nvctk cdi generate|list`: CDI specs for this host's GPUs (logic in nvctk.cdi.cdi)."""
+"""`nvctk cdi generate|list`: CDI specs for this host's GPUs (logic in nvctk.cdi.generate,
+nvctk.cdi.load)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import sys
 
 import click
 
-from nvctk.cdi import cdi
+from nvctk.cdi import generate as cdi_generate
+from nvctk.cdi import load
 
 
 @click.group()
@@ -21,10 +23,10 @@ def cdi_group() -> None:
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="default: from FILE's extension, else yaml")
 @click.option("--device-name-strategy", "strategies", multiple=True,
-              type=click.Choice(list(cdi.STRATEGIES)),
+              type=click.Choice(list(cdi_generate.STRATEGIES)),
               help="repeatable; default: index and uuid (as NVIDIA's toolkit)")
-@click.option("--vendor", default=cdi.VENDOR, show_default=True)
-@click.option("--class", "cls", default=cdi.CLASS, show_default=True)
+@click.option("--vendor", default=load.VENDOR, show_default=True)
+@click.option("--class", "cls", default=load.CLASS, show_default=True)
 @click.pass_context
 def generate(ctx: click.Context, output: str | None, fmt: str | None,
              strategies: tuple[str, ...], vendor: str, cls: str) -> None:
@@ -40,16 +42,17 @@ def generate(ctx: click.Context, output: str | None, fmt: str | None,
         fmt = "json" if output and output.endswith(".json") else "yaml"
     cfg = load_config(ctx)
     host = nvml.query_host(cfg.driver_root)
-    common, devices = cdi.host_edits(cfg, host, strategies or ("index", "uuid"))
+    common, devices = cdi_generate.host_edits(cfg, host, strategies or ("index", "uuid"))
     root = ctx.find_root().obj or {}
     config_path = root.get("config_path") or os.environ.get("NVCTK_CONFIG")
     env = [f"NVCTK_CONFIG={os.path.abspath(config_path)}"] if config_path else []
-    spec = cdi.make_spec(common, devices, find_hook(cfg), vendor=vendor, cls=cls, hook_env=env)
-    data = cdi.dump(spec, "json" if fmt == "json" else "yaml")
+    spec = cdi_generate.make_spec(common, devices, find_hook(cfg), vendor=vendor, cls=cls,
+                                  hook_env=env)
+    data = cdi_generate.dump(spec, "json" if fmt == "json" else "yaml")
     if output is None:
         sys.stdout.buffer.write(data)
         return
-    cdi.write_spec(output, data)
+    cdi_generate.write_spec(output, data)
     n = len(spec["devices"])
     click.echo(f"wrote {output}: {spec['kind']}, {n} device name(s), cdiVersion "
                f"{spec['cdiVersion']}", err=True)
@@ -61,10 +64,10 @@ def generate(ctx: click.Context, output: str | None, fmt: str | None,
 
 @cdi_group.command("list")
 @click.option("--spec-dir", "spec_dirs", multiple=True, metavar="DIR",
-              help=f"repeatable; default: {' and '.join(cdi.SPEC_DIRS)}")
+              help=f"repeatable; default: {' and '.join(load.SPEC_DIRS)}")
 def list_cmd(spec_dirs: tuple[str, ...]) -> None:
     """The qualified device names (vendor/class=name) the specs define."""
-    names, warnings = cdi.list_devices(spec_dirs or cdi.SPEC_DIRS)
+    names, warnings = load.list_devices(spec_dirs or load.SPEC_DIRS)
     for w in warnings:
         click.echo(f"warning: {w}", err=True)
     for n in names:

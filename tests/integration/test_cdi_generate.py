@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nvctk.cdi import cdi
+from nvctk.cdi import generate, load
 from nvctk.host.inventory import GpuInfo, MigInfo, proc_bus_id
 from nvctk.plan.select import Selected
 from nvctk.sim.host import SimHost
@@ -37,12 +37,12 @@ GPU = GpuInfo(3, "GPU-aaaa", "H100", 3, "00000000:1B:00.0", 81920, "9.0", "nvidi
 ])
 def test_device_names(strategy: str, mig: bool, want: str) -> None:
     sel = Selected(GPU, GPU.mig_devices[0] if mig else None)
-    assert cdi.device_names(sel, strategy) == want
+    assert generate.device_names(sel, strategy) == want
 
 
 def test_unknown_strategy_is_an_error() -> None:
-    with pytest.raises(cdi.CdiError, match="unknown device name strategy 'name'"):
-        cdi.device_names(Selected(GPU), "name")
+    with pytest.raises(load.CdiError, match="unknown device name strategy 'name'"):
+        generate.device_names(Selected(GPU), "name")
 
 
 def _spec(names: list[str], **edits: Any) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def _spec(names: list[str], **edits: Any) -> dict[str, Any]:
     ({**_spec(["gpu0"]), "annotations": {"a": "b"}}, "0.6.0"),
 ])
 def test_min_version(spec: dict[str, Any], want: str) -> None:
-    assert cdi.min_version(spec) == want
+    assert generate.min_version(spec) == want
 
 
 # --- generate on the simulated host ------------------------------------------------------------
@@ -400,11 +400,11 @@ def test_hostile_spec_file_is_one_unreadable_spec(tmp_path: Path, case: str) -> 
     _hostile_files(d)[case](d / "x.yaml")
     signal.alarm(20)  # a hang fails the test instead of the suite
     try:
-        with pytest.raises(cdi.CdiError, match=r"x\.yaml: "):
-            cdi.load_spec_file(str(d / "x.yaml"))
-        names, warnings = cdi.list_devices((str(d),))
+        with pytest.raises(load.CdiError, match=r"x\.yaml: "):
+            load.load_spec_file(str(d / "x.yaml"))
+        names, warnings = load.list_devices((str(d),))
         assert names == ["x.io/c=a"] and len(warnings) == 1 and "x.yaml" in warnings[0]
-        assert [r.name for r in cdi.resolve(("x.io/c=a",), (str(d),))] == ["x.io/c=a"]
+        assert [r.name for r in load.resolve(("x.io/c=a",), (str(d),))] == ["x.io/c=a"]
     finally:
         signal.alarm(0)
 

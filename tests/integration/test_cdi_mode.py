@@ -17,7 +17,7 @@ import pytest
 
 from nvctk.base.config import Config, parse
 from nvctk.base.errors import ConfigError, RequestError
-from nvctk.cdi import cdi, resolve
+from nvctk.cdi import load, resolve
 from nvctk.edits import Edits
 from nvctk.request.parse import cdi_names, parse_qualified, request_from_spec
 from nvctk.sim.host import SimHost
@@ -150,34 +150,34 @@ def test_resolve(tmp_path: Path) -> None:
     _write(a, "y.json", _cdi("y.io/c", {"0": {}}))
     (a / "y.yaml").write_text("kind: y.io/d\ncdiVersion: 0.5.0\ndevices:\n- name: '9'\n"
                               "  containerEdits: {env: [Y=9]}\n")
-    r = cdi.resolve(("x.io/c=1", "y.io/d=9", "x.io/c=0"), (str(a), str(b)))
+    r = load.resolve(("x.io/c=1", "y.io/d=9", "x.io/c=0"), (str(a), str(b)))
     assert [(x.name, x.path) for x in r] == [("x.io/c=1", str(a / "x.json")),
                                              ("y.io/d=9", str(a / "y.yaml")),
                                              ("x.io/c=0", str(a / "x.json"))]
     # a later dir's file of the same name replaces the earlier one
     _write(b, "x.json", _cdi("x.io/c", {"5": {}}))
-    with pytest.raises(cdi.CdiError, match=r"unresolvable CDI device x.io/c=0: not in the CDI "
+    with pytest.raises(load.CdiError, match=r"unresolvable CDI device x.io/c=0: not in the CDI "
                        r"specs of .*; x.io/c has: 5"):
-        cdi.resolve(("x.io/c=0",), (str(a), str(b)))
+        load.resolve(("x.io/c=0",), (str(a), str(b)))
 
 
 def test_unresolvable_names_say_why(tmp_path: Path) -> None:
     d = tmp_path / "d"
     _write(d, "x.json", _cdi("x.io/c", {"0": {}}))
     (d / "bad.yaml").write_text("kind: [\n")
-    with pytest.raises(cdi.CdiError, match=r"no spec defines kind nvidia.com/gpu; unreadable "
+    with pytest.raises(load.CdiError, match=r"no spec defines kind nvidia.com/gpu; unreadable "
                        r"specs: .*bad.yaml: not a CDI spec: not valid YAML"):
-        cdi.resolve(("nvidia.com/gpu=0",), (str(d), str(tmp_path / "missing")))
+        load.resolve(("nvidia.com/gpu=0",), (str(d), str(tmp_path / "missing")))
 
 
 def test_duplicate_name_in_two_files_names_both(tmp_path: Path) -> None:
     d = tmp_path / "d"
     one = _write(d, "one.json", _cdi("x.io/c", {"0": {}, "1": {}}))
     two = _write(d, "two.json", _cdi("x.io/c", {"0": {}}))
-    assert [x.path for x in cdi.resolve(("x.io/c=1",), (str(d),))] == [str(one)]
-    with pytest.raises(cdi.CdiError, match=f"x.io/c=0 is defined by more than one spec file: "
+    assert [x.path for x in load.resolve(("x.io/c=1",), (str(d),))] == [str(one)]
+    with pytest.raises(load.CdiError, match=f"x.io/c=0 is defined by more than one spec file: "
                        f"{one} and {two}"):
-        cdi.resolve(("x.io/c=0",), (str(d),))
+        load.resolve(("x.io/c=0",), (str(d),))
 
 
 HOOK = {"hookName": "createRuntime", "path": "/usr/bin/h", "args": ["h", "x"], "env": ["P=1"]}
@@ -186,7 +186,7 @@ HOOK = {"hookName": "createRuntime", "path": "/usr/bin/h", "args": ["h", "x"], "
 def _apply(spec: dict[str, Any], names: tuple[str, ...], d: Path, state: str) -> None:
     """CDI mode's edits: the devices as the form (nvctk.cdi.resolve), applied by
     nvctk.spec.apply as legacy mode's form is."""
-    edits = resolve.to_edits(cdi.resolve(names, (str(d),)), ldconfig="/sbin/ldconfig",
+    edits = resolve.to_edits(load.resolve(names, (str(d),)), ldconfig="/sbin/ldconfig",
                              spec=spec)
     spec_edits.apply(spec, edits, state, cdi=True)
 
@@ -257,7 +257,7 @@ def test_bad_edits_are_clear_errors(tmp_path: Path, edits: dict[str, Any], msg: 
     d = tmp_path / "d"
     p = _write(d, "x.json", _cdi("x.io/c", {"0": edits}))
     spec: dict[str, Any] = {"process": {"env": []}}
-    with pytest.raises(cdi.CdiError, match=f"{p}: device 0: .*{msg}"):
+    with pytest.raises(load.CdiError, match=f"{p}: device 0: .*{msg}"):
         _apply(spec, ("x.io/c=0",), d, str(tmp_path / "state"))
     assert spec == {"process": {"env": []}}
 
@@ -576,7 +576,7 @@ def test_cdi_create_refuses_a_link_on_a_bound_host_dir(env: Env, spec_dir: Path)
 
     shutil.copytree(spec_dir, env.tmp / "cdi")
     host = _host_dir(env.tmp)
-    spec = cdi.load_spec_file(str(spec_dir / "nvidia.yaml"))
+    spec = load.load_spec_file(str(spec_dir / "nvidia.yaml"))
     edits = [spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])]
     for e in edits:
         for m in e.get("mounts", ()):
@@ -588,7 +588,7 @@ def test_cdi_create_refuses_a_link_on_a_bound_host_dir(env: Env, spec_dir: Path)
     assert_clean_failure(env, r, f"link {_LIB}/libcuda.so lies on the host directory {host}")
     for e in edits:  # nothing left to create there: the create goes ahead
         for h in e.get("hooks", ()):
-            for link in cdi._link_paths(h):
+            for link in load._link_paths(h):
                 if link.startswith(_LIB + "/"):
                     (host / os.path.relpath(link, _LIB)).touch()
     r = env.run(*create_argv(env, b))

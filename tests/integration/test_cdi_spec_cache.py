@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from nvctk.cdi import load
+from nvctk.sim.host import SimHost
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the cache is root's only")
 
@@ -94,3 +97,45 @@ def test_a_cache_others_could_write_is_ignored(dirs: tuple[Path, Path], how: str
         f.rename(cache / "elsewhere.json")
         f.symlink_to(cache / "elsewhere.json")
     assert _names(specs, cache, "0") == ["A=0"]
+
+
+CREATE = """
+import json, sys, time
+from nvctk.base import config as nvconfig
+from nvctk.runtime import create
+cfg = nvconfig.load(sys.argv[1]).replace(mode="cdi", cdi_spec_dirs=(sys.argv[2],),
+                                         hook_path="/usr/bin/nvctk-hook",
+                                         state_dir=sys.argv[4])
+if sys.argv[5] == "later":  # as if the spec were written long ago: cacheable
+    real = time.time_ns
+    time.time_ns = lambda: real() + 10 * 10**9
+create.prepare_bundle(sys.argv[3], cfg, container_id="c1")
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_cdi_create_of_a_cached_yaml_spec_imports_no_yaml_or_planner(
+        sim_host: SimHost, tmp_path: Path) -> None:
+    """The second create of a YAML spec (in a process of its own, as nvctk-runtime's)
+    reads the cache: no yaml, no planner, no NVML."""
+    specs = tmp_path / "specs"
+    exe = Path(sys.executable).with_name("nvctk")
+    r = subprocess.run([str(exe), "cdi", "generate", "--output", str(specs / "nvidia.yaml")],
+                       env={**os.environ, "NVCTK_CONFIG": sim_host.config_path},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    seen = []
+    for when in ("later", "now"):
+        b = tmp_path / f"b-{when}"
+        (b / "rootfs").mkdir(parents=True)
+        (b / "config.json").write_text(json.dumps({
+            "ociVersion": "1.0.2", "root": {"path": "rootfs"},
+            "process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"], "args": ["true"]}}))
+        r = subprocess.run([sys.executable, "-I", "-c", CREATE, sim_host.config_path,
+                            str(specs), str(b), str(tmp_path / "state"), when],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        seen.append(json.loads(r.stdout.splitlines()[-1]))
+    assert "yaml" in seen[0]  # the first create parsed the YAML spec and cached it
+    assert "yaml" not in seen[1]
+    assert not [m for m in seen[1] if m.startswith(("nvctk.plan", "nvctk.host.nvml"))]

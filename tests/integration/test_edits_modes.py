@@ -7,7 +7,7 @@ The legitimate differences are encoded, not hidden:
 - provenance (driver version, capabilities, GPU uuids) and the hooks are not compared;
 - a CDI device carries every capability but compat32 (a spec names no image): its
   mounts, links and DRM nodes are those of legacy mode with those capabilities, plus
-  the extra NVIDIA files NVIDIA's spec also mounts (cdi.EXTRA_*); a row asking for
+  the extra NVIDIA files NVIDIA's spec also mounts (generate.EXTRA_*); a row asking for
   fewer capabilities gets a subset;
 - `required` (the container does not start without the file) is legacy's only: a CDI
   spec cannot say it; the /proc/driver/nvidia mask is legacy's only (it needs the
@@ -25,7 +25,7 @@ import pytest
 
 from nvctk.base import config as nvconfig
 from nvctk.base.config import ALL_CAPABILITIES
-from nvctk.cdi import cdi, resolve
+from nvctk.cdi import generate, load, resolve
 from nvctk.edits import Edits, Mount
 from nvctk.host.nvml import query_host
 from nvctk.plan.planner import ImageFacts, make_plan
@@ -55,10 +55,10 @@ def setup(sim_host_mig: SimHost, tmp_path_factory: pytest.TempPathFactory
           ) -> tuple[Any, Any, Path, Edits]:
     cfg = nvconfig.load(sim_host_mig.config_path)
     host = query_host(sim_host_mig.root)
-    common, devices = cdi.host_edits(cfg, host, ("index", "uuid"))
+    common, devices = generate.host_edits(cfg, host, ("index", "uuid"))
     d = tmp_path_factory.mktemp("edits-modes")
-    spec = cdi.make_spec(common, devices, HOOK)
-    cdi.write_spec(str(d / "nvidia.yaml"), cdi.dump(spec, "yaml"))
+    spec = generate.make_spec(common, devices, HOOK)
+    generate.write_spec(str(d / "nvidia.yaml"), generate.dump(spec, "yaml"))
     return cfg, host, d, common
 
 
@@ -72,7 +72,7 @@ def _legacy(cfg: Any, host: Any, visible: str, caps: str | None) -> Edits:
 
 
 def _cdi_form(cfg: Any, d: Path, names: list[str]) -> Edits:
-    return resolve.to_edits(cdi.resolve(tuple(names), (str(d),)), ldconfig=cfg.ldconfig)
+    return resolve.to_edits(load.resolve(tuple(names), (str(d),)), ldconfig=cfg.ldconfig)
 
 
 def _mount_key(m: Mount) -> tuple[Any, ...]:
@@ -83,7 +83,7 @@ def _extra_paths(cfg: Any, host: Any, common: Edits) -> set[str]:
     from nvctk.host import driver as nvdriver
 
     files = nvdriver.discover_files(cfg.driver_root, host.driver_version, ())
-    return {m.container_path for m in cdi._extra_mounts(files, common.lib_dir)}
+    return {m.container_path for m in generate._extra_mounts(files, common.lib_dir)}
 
 
 @pytest.mark.parametrize(("row", "visible", "caps", "names"), ROWS, ids=[r[0] for r in ROWS])
@@ -131,7 +131,7 @@ def test_generate_read_back_gives_the_form(setup: tuple[Any, Any, Path, Edits],
     """`cdi generate`'s forms, written and read back, are the forms again: per device the
     common edits and the device's own."""
     cfg, host, d, common = setup
-    _, devices = cdi.host_edits(cfg, host, ("index", "uuid"))
+    _, devices = generate.host_edits(cfg, host, ("index", "uuid"))
     for names, dev in devices:
         back = _cdi_form(cfg, d, [f"nvidia.com/gpu={names[0]}"])
         assert _union([back]) == _union([common, dev])

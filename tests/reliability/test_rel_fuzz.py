@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import NvctkError
-from nvctk.cdi import cdi, resolve
+from nvctk.cdi import load, resolve
 from nvctk.engines import common as engines_common
 from nvctk.engines.changes import plan_configure, plan_remove
 from nvctk.host import ldcache
@@ -328,9 +328,9 @@ def test_fuzz_cdi_spec(tmp_path: Path) -> None:
     def prop(raw: bytes) -> str:
         path.write_bytes(raw)
         try:
-            cdi.load_spec_file(str(path))
+            load.load_spec_file(str(path))
             # and into the edits form, as CDI mode decodes it
-            resolve.to_edits(cdi.resolve(("nvidia.com/gpu=0",), (str(path.parent),)),
+            resolve.to_edits(load.resolve(("nvidia.com/gpu=0",), (str(path.parent),)),
                              ldconfig="/sbin/ldconfig")
         except NvctkError as e:
             return _clear(e, limit=4000)

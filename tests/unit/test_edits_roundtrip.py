@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvctk.cdi import cdi, load, resolve
+from nvctk.cdi import generate, load, resolve
 from nvctk.edits import (
     NVIDIA_HOOK_NAMES,
     VGPU_PINS,
@@ -69,10 +69,10 @@ def test_cdi_spec_round_trip(tmp_path: Path) -> None:
     """generate's spec, as JSON and read back by CDI mode, is the form again: per device
     the common edits and the device's own; one nvctk-hook createRuntime hook each."""
     common, devices = _form(tmp_path)
-    spec = cdi.make_spec(common, devices, HOOK)
+    spec = generate.make_spec(common, devices, HOOK)
     d = tmp_path / "specs"
     d.mkdir()
-    (d / "nvctk.json").write_bytes(cdi.dump(spec, "json"))
+    (d / "nvctk.json").write_bytes(generate.dump(spec, "json"))
     assert json.loads((d / "nvctk.json").read_text()) == spec
     for name in ("0", "GPU-a", "all"):
         back = resolve.to_edits(load.resolve((f"nvidia.com/gpu={name}",), (str(d),)),

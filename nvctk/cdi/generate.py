@@ -14,7 +14,7 @@ same path: setns into the container's mount namespace from the host, refusing a
 container that shares the host's. A `createContainer` hook already runs inside
 the container's mount namespace, where that check cannot tell the two apart.
 
-Reading specs (list, load, check, resolve) is nvctk.cdi.load, re-exported here.
+Reading specs (list, load, check, resolve) is nvctk.cdi.load.
 """
 
 from __future__ import annotations
@@ -24,28 +24,7 @@ from typing import Any, Literal
 
 from nvctk.base import fileio
 from nvctk.base.config import ALL_CAPABILITIES
-
-# what nvctk-runtime's CDI mode and `nvctk cdi list` use lives in nvctk.cdi.load (no
-# planner there: the CDI create path imports only that); re-exported for callers here
-from nvctk.cdi.load import (  # noqa: F401
-    CLASS,
-    FILE_OPTIONS,
-    IPC_OPTIONS,
-    SPEC_DIRS,
-    VENDOR,
-    CdiError,
-    Resolved,
-    _edit_problem,
-    _link_paths,
-    bind_options,
-    check_host_binds,
-    check_vendors,
-    list_devices,
-    load_spec_file,
-    resolve,
-    schema_problem,
-    spec_files,
-)
+from nvctk.cdi.load import CLASS, VENDOR, CdiError, bind_options
 from nvctk.edits import DeviceNode, Edits, Mount, Symlink, container_path_of_host
 from nvctk.host import driver as nvdriver
 from nvctk.plan.planner import (
