@@ -1,12 +1,19 @@
-"""The plan: every edit a GPU container gets, computed once from request + host.
+"""The edits form: every edit a GPU container gets, in one record (Edits).
 
 nvctk's one intermediate form, as NVIDIA's toolkit turns discovery into CDI
 container edits: device nodes (with their cgroup rules), mounts (each saying
-whether the container may start without it), symlinks, env, hooks and the vGPU
-mounts. nvctk.plan.planner makes it; nvctk.edits applies it to the spec and the shim
-saves it beside the spec; the prestart hook reads it back (nvctk.hook.inputs) and
-performs its mounts, deciding nothing the plan does not say; nvctk.cdi.cdi writes the
-same records out as a CDI spec.
+whether the container may start without it), symlinks, env, the ldconfig step,
+the /proc mask, the vGPU mounts, hooks, and the decisions the writers only
+execute (NVIDIA hooks to remove, the user-namespace seccomp rule, the rootfs dirs
+the hook pins, where the hook logs). All three paths use it: legacy mode
+(nvctk.plan makes it from the request and host), CDI mode (nvctk.cdi.resolve
+decodes CDI devices into it) and `nvctk cdi generate` (nvctk.cdi.generate writes it
+out as a CDI spec). nvctk.spec.apply is the one module that applies it to
+config.json; the runtime saves it beside the spec and the prestart hook reads it
+back (nvctk.hook.inputs), deciding nothing the form does not say.
+
+`Plan` and `VgpuPlan` are the old names of Edits and Vgpu, kept as aliases while
+the planner and hook sides move to the new ones.
 """
 
 from __future__ import annotations
@@ -28,27 +35,44 @@ VGPU_DIRS = ("ro", "rw")
 VGPU_FILES = ("ro/limits", "ro/ld.so.preload", "rw/cache", "rw/limits")
 PRELOAD = "/etc/ld.so.preload"
 
+HOOK_NAME = "nvctk-hook"  # args[0] of nvctk's hooks (how a later create finds them)
+# the hooks' PATH: built from scratch, never the container's (CVE-2025-23266: a
+# container's LD_PRELOAD reaching a host-side hook)
+HOOK_PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Hooks that Docker's --gpus (and NVIDIA's own runtime) put into specs: we replace them.
+NVIDIA_HOOK_NAMES = ("nvidia-container-runtime-hook", "nvidia-container-toolkit")
+# rootfs dirs the prestart hook pins (binds onto themselves) before a vGPU's mounts,
+# so no link the image planted on the way can redirect them
+VGPU_PINS = ("etc", "run")
+
 
 class DeviceNode(Record):
-    __slots__ = ("path", "host_path", "major", "minor", "type", "file_mode")  # noqa: RUF023
+    __slots__ = ("path", "host_path", "major", "minor", "type", "file_mode",  # noqa: RUF023
+                 "uid", "gid", "permissions")
 
     def __init__(self, path: str, host_path: str, major: int, minor: int,
-                 type: Literal["c", "b"] = "c", file_mode: int = 0o666) -> None:
+                 type: Literal["c", "b", "u", "p"] = "c", file_mode: int | None = 0o666,
+                 uid: int | None = 0, gid: int | None = 0,
+                 permissions: str = "rwm") -> None:
         self.path = path  # path inside the container, e.g. /dev/nvidia0
         self.host_path = host_path  # node on the host (under the driver root's dev dir)
         self.major = major
         self.minor = minor
         self.type = type
-        self.file_mode = file_mode
+        self.file_mode = file_mode  # None: not set in the spec (a CDI spec's own choice)
+        self.uid = uid
+        self.gid = gid
+        self.permissions = permissions  # the cgroup rule's access
 
 
 class Mount(Record):
     __slots__ = ("host_path", "container_path", "kind", "read_only", "noexec",  # noqa: RUF023
-                 "required")
+                 "required", "options", "fs_type")
 
     def __init__(self, host_path: str, container_path: str,
                  kind: Literal["file", "dir", "socket"] = "file", read_only: bool = True,
-                 noexec: bool = False, required: bool = False) -> None:
+                 noexec: bool = False, required: bool = False,
+                 options: tuple[str, ...] | None = None, fs_type: str | None = None) -> None:
         self.host_path = host_path
         self.container_path = container_path
         self.kind = kind
@@ -57,6 +81,10 @@ class Mount(Record):
         # the container does not start without it (a missing source, or a destination
         # off the rootfs's own mounts); else the hook skips it, saying so in the log
         self.required = required
+        # a foreign CDI spec's mount, verbatim: its options and type go into the spec as
+        # they are (None: nvctk's own, bind options from kind/read_only/noexec)
+        self.options = options
+        self.fs_type = fs_type
 
 
 class Hook(Record):
@@ -101,13 +129,27 @@ class ProcMask(Record):
         self.gpu_bus_ids = gpu_bus_ids
 
 
-class VgpuPlan(Record):
+class LogSettings(Record):
+    """Where and how the hook logs: the runtime puts its config's values here, so the
+    hook loads no config."""
+
+    __slots__ = ("file", "level", "format")  # noqa: RUF023
+
+    def __init__(self, file: str, level: str = "info", format: str = "text") -> None:
+        self.file = file
+        self.level = level
+        self.format = format
+
+
+class Vgpu(Record):
     __slots__ = ("library", "container_library", "state_dir",  # noqa: RUF023
-                 "container_state_dir", "limits", "root_readonly", "mounts")
+                 "container_state_dir", "limits", "root_readonly", "mounts",
+                 "preload_entries")
 
     def __init__(self, library: str, container_library: str, state_dir: str,
                  container_state_dir: str, limits: dict[str, str] | None = None,
-                 root_readonly: bool = False, mounts: tuple[Mount, ...] = ()) -> None:
+                 root_readonly: bool = False, mounts: tuple[Mount, ...] = (),
+                 preload_entries: tuple[str, ...] = ()) -> None:
         self.library = library  # host path of libvgpu.so
         self.container_library = container_library  # where it is mounted
         # per-container state on the host: its own tmpfs holding ro/ and rw/
@@ -121,12 +163,18 @@ class VgpuPlan(Record):
         # the state's mounts, in their order, after the hook pins /etc and /run; each
         # lands at exactly its path (no link on the way) and all are required
         self.mounts = mounts
+        # the image's own /etc/ld.so.preload lines to keep after libvgpu's (read by
+        # discovery, decided by the planner; the state's ld.so.preload is built from them)
+        self.preload_entries = preload_entries
 
 
-class Plan(Record):
+VgpuPlan = Vgpu  # the old name
+
+
+class Edits(Record):
     __slots__ = ("driver_version", "capabilities", "gpu_uuids", "devices",  # noqa: RUF023
                  "mounts", "symlinks", "proc_mask", "lib_dir", "ldconfig", "env", "vgpu",
-                 "hooks")
+                 "hooks", "remove_hooks", "seccomp_block_userns", "pins", "log")
 
     def __init__(
         self,
@@ -140,41 +188,86 @@ class Plan(Record):
         lib_dir: str = "/usr/lib/x86_64-linux-gnu",
         ldconfig: str = "/sbin/ldconfig",
         env: dict[str, str] | None = None,
-        vgpu: VgpuPlan | None = None,
+        vgpu: Vgpu | None = None,
         hooks: tuple[Hook, ...] = (),
+        remove_hooks: tuple[str, ...] = NVIDIA_HOOK_NAMES,
+        seccomp_block_userns: bool | None = None,
+        pins: tuple[str, ...] | None = None,
+        log: LogSettings | None = None,
     ) -> None:
+        # provenance (what was asked and found; the writers apply none of it)
         self.driver_version = driver_version
         self.capabilities = capabilities
         # selected GPUs (parents included for MIG), container order
         self.gpu_uuids = gpu_uuids
+        # what goes into config.json (nvctk.spec.apply)
         self.devices = devices
+        self.env: dict[str, str] = {} if env is None else env  # added to process.env
+        # OCI hooks: ours (prestart/poststop; each replaces ours at its stage) and a
+        # CDI spec's foreign ones, verbatim
+        self.hooks = hooks
+        self.remove_hooks = remove_hooks  # hooks (by path basename / args[0]) dropped first
+        # block new user namespaces by seccomp (a vGPU container: in one it could mount
+        # over the cap's files); None: the default decision, vgpu is not None
+        self.seccomp_block_userns = vgpu is not None if seccomp_block_userns is None \
+            else seccomp_block_userns
+        # what the prestart hook does in the container (nvctk.hook.worker)
         self.mounts = mounts
         self.symlinks = symlinks
         self.proc_mask = proc_mask
+        # the ldconfig step: the host's ldconfig (run chrooted in the rootfs) over lib_dir;
+        # ldconfig "" is no step
         self.lib_dir = lib_dir  # container lib dir the libraries land in
-        self.ldconfig = ldconfig  # host ldconfig to run chrooted in the rootfs
-        self.env: dict[str, str] = {} if env is None else env  # added to process.env
+        self.ldconfig = ldconfig
         self.vgpu = vgpu
-        self.hooks = hooks
+        # rootfs dirs the hook pins before its mounts (None: the default decision,
+        # VGPU_PINS for a vGPU container, else none)
+        self.pins = (VGPU_PINS if vgpu is not None else ()) if pins is None else pins
+        self.log = log  # the hook's log settings (None: the hook reads nvctk's config)
+
+    def has_hook_work(self) -> bool:
+        """Whether the prestart hook has anything to do in the container."""
+        return bool(self.mounts or self.symlinks or self.proc_mask is not None
+                    or self.ldconfig or self.vgpu is not None)
 
     def to_json(self) -> str:
         return jsonio.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Plan:
-        d = jsonio.loads(text)
+    def from_json(cls, text: str | bytes) -> Edits:
+        return cls.from_dict(jsonio.loads(text))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Edits:
+        d = dict(d)
         d["capabilities"] = tuple(d["capabilities"])
         d["gpu_uuids"] = tuple(d["gpu_uuids"])
         d["devices"] = tuple(DeviceNode(**x) for x in d["devices"])
-        d["mounts"] = tuple(Mount(**x) for x in d["mounts"])
+        d["mounts"] = tuple(_mount(x) for x in d["mounts"])
         d["symlinks"] = tuple(Symlink(**x) for x in d["symlinks"])
         if d["proc_mask"] is not None:
             pm = d["proc_mask"]
             d["proc_mask"] = ProcMask(pm["host_dir"], tuple(pm["gpu_bus_ids"]))
         if d["vgpu"] is not None:
-            v = d["vgpu"]
-            v["mounts"] = tuple(Mount(**x) for x in v["mounts"])
-            d["vgpu"] = VgpuPlan(**v)
+            v = dict(d["vgpu"])
+            v["mounts"] = tuple(_mount(x) for x in v["mounts"])
+            v["preload_entries"] = tuple(v.get("preload_entries", ()))
+            d["vgpu"] = Vgpu(**v)
         d["hooks"] = tuple(Hook(h["stage"], h["path"], tuple(h["args"]), tuple(h["env"]),
                                 h["timeout"]) for h in d["hooks"])
+        if "remove_hooks" in d:
+            d["remove_hooks"] = tuple(d["remove_hooks"])
+        if d.get("pins") is not None:
+            d["pins"] = tuple(d["pins"])
+        if d.get("log") is not None:
+            d["log"] = LogSettings(**d["log"])
         return cls(**d)
+
+
+def _mount(x: dict[str, Any]) -> Mount:
+    if x.get("options") is not None:
+        x = dict(x, options=tuple(x["options"]))
+    return Mount(**x)
+
+
+Plan = Edits  # the old name

@@ -15,6 +15,7 @@ import os
 from nvctk.base import jsonio
 from nvctk.base.errors import SpecError, shown
 from nvctk.base.record import Record
+from nvctk.edits import HOOK_NAME, HOOK_PATH_ENV, NVIDIA_HOOK_NAMES  # noqa: F401 (re-export)
 from nvctk.oci.spec import SPEC_FILE, field, json_type, linux_of
 from nvctk.spec import seccomp
 
@@ -26,19 +27,12 @@ if TYPE_CHECKING:
 
     from nvctk.edits import DeviceNode, Plan
 
-HOOK_NAME = "nvctk-hook"  # args[0] of nvctk's hooks (how a later create finds them)
-# the hooks' PATH: built from scratch, never the container's (CVE-2025-23266: a
-# container's LD_PRELOAD reaching a host-side hook)
-HOOK_PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Hooks that Docker's --gpus (and NVIDIA's own runtime) put into specs: we replace them.
-NVIDIA_HOOK_NAMES = frozenset({"nvidia-container-runtime-hook", "nvidia-container-toolkit"})
-
 
 def apply(spec: dict[str, Any], plan: Plan, state_dir: str | None = None) -> tuple[Edits, int]:
     """The plan's edits into spec: (what was added, NVIDIA hooks removed). state_dir
     keys the MAC of an earlier CDI create's record (see record_edits)."""
     remove_our_edits(spec, state_dir)
-    removed = remove_nvidia_hooks(spec)
+    removed = remove_nvidia_hooks(spec, plan.remove_hooks)
     edits = add_devices(spec, plan.devices)
     for stage in ("prestart", "poststop"):
         ours = [h for h in plan.hooks if h.stage == stage]
@@ -49,7 +43,7 @@ def apply(spec: dict[str, Any], plan: Plan, state_dir: str | None = None) -> tup
             drop_our_hooks(spec, stage)
     set_env(spec, plan.env)
     edits.env = [f"{k}={v}" for k, v in plan.env.items()]
-    if plan.vgpu is not None:  # no new user namespace: there it could mount over the cap's files
+    if plan.seccomp_block_userns:
         seccomp.block_user_namespaces(spec, edits)
     record_edits(spec, edits, state_dir)
     return edits, removed
@@ -505,7 +499,7 @@ def _hashable(key: tuple[Any, ...]) -> tuple[Any, ...]:
                  for k in key)
 
 
-def is_nvidia_hook(hook: Any) -> bool:
+def is_nvidia_hook(hook: Any, names_gone: Iterable[str] = NVIDIA_HOOK_NAMES) -> bool:
     """Docker's --gpus hook or NVIDIA's runtime hook (by path or args[0] basename)."""
     if not isinstance(hook, dict):
         return False
@@ -513,7 +507,7 @@ def is_nvidia_hook(hook: Any) -> bool:
     args = hook.get("args")
     if isinstance(args, list) and args:
         names.add(os.path.basename(str(args[0])))
-    return bool(names & NVIDIA_HOOK_NAMES)
+    return not names.isdisjoint(names_gone)
 
 
 def is_our_hook(hook: Any, kind: str = "prestart") -> bool:
@@ -526,7 +520,8 @@ def is_our_hook(hook: Any, kind: str = "prestart") -> bool:
     return HOOK_NAME in (os.path.basename(str(hook.get("path", ""))), args[0])
 
 
-def remove_nvidia_hooks(spec: dict[str, Any]) -> int:
+def remove_nvidia_hooks(spec: dict[str, Any],
+                        names: Iterable[str] = NVIDIA_HOOK_NAMES) -> int:
     """Drop NVIDIA's/Docker's GPU hooks from every hook list; returns how many."""
     hooks = spec.get("hooks")
     if not isinstance(hooks, dict):
@@ -534,7 +529,7 @@ def remove_nvidia_hooks(spec: dict[str, Any]) -> int:
     removed = 0
     for name, entries in list(hooks.items()):
         if isinstance(entries, list):
-            kept = [h for h in entries if not is_nvidia_hook(h)]
+            kept = [h for h in entries if not is_nvidia_hook(h, names)]
             removed += len(entries) - len(kept)
             hooks[name] = kept
     return removed
