@@ -265,7 +265,7 @@ def test_missing_required_library_fails_naming_it(setup: Callable[..., tuple[Bun
     with fake_container() as pid:
         r = run_hook(bundle, pid)
         assert r.returncode == 1
-        assert r.stderr.startswith(f"nvctk-hook: step open: /nonexistent/driver/{lib}.so."), \
+        assert r.stderr.startswith(f"nvctk-hook: prestart: step open: /nonexistent/driver/{lib}.so."), \
             r.stderr
         assert cap in r.stderr
         assert mounts_under(pid, root) == {}
@@ -292,7 +292,7 @@ def test_failure_undoes_mounts(setup: Callable[..., tuple[Bundle, str]],
     with fake_container() as pid:
         r = run_hook(bundle, pid)
         assert r.returncode == 1
-        assert r.stderr.startswith("nvctk-hook: step mount: /opt/blocked: ")
+        assert r.stderr.startswith("nvctk-hook: prestart: step mount: /opt/blocked: ")
         assert mounts_under(pid, root) == {}
         assert not os.path.ismount(cpath(pid, root, f"{LIB}/libcuda.so.{v}"))
     assert "undid the mounts" in bundle.log_text()
@@ -323,7 +323,7 @@ def test_bad_state_is_a_clear_error(tmp_path: Path) -> None:
     r = subprocess.run([HOOK, "prestart"], input="{not json", capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "NVCTK_CONFIG": str(tmp_path / "none")})
     assert r.returncode == 1
-    assert r.stderr.startswith("nvctk-hook: hook state on stdin")
+    assert r.stderr.startswith("nvctk-hook: prestart: hook state on stdin")
 
 
 def test_poststop_bad_state_and_usage() -> None:

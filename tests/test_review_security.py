@@ -36,12 +36,16 @@ from nvctk.base.log import HookLog, Logger
 from nvctk.edits import PLAN_FILE, Plan, VgpuPlan
 from nvctk.hook import ldconfig
 from nvctk.hook import worker as hook_worker
+from nvctk.hook.entry import HookRun
+from nvctk.hook.inputs import parse_state
+from nvctk.hook.poststop import poststop
 from nvctk.host.inventory import HostInfo
 from nvctk.host.nvml import query_host
 from nvctk.plan.planner import make_plan
 from nvctk.request.parse import request_from_spec
 from nvctk.runtime.create import prepare_bundle
 from nvctk.sim.host import SimHost
+from nvctk.vgpu import gc as vgpu_gc
 from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
 from nvctk.vgpu.limits import VgpuLimits
@@ -268,7 +272,7 @@ def test_new_state_dir_is_root_only(tmp_path: Path) -> None:
                           ("ro/limits", 0o444), ("ro/ld.so.preload", 0o444)):
             assert stat.S_IMODE(os.stat(os.path.join(d, sub)).st_mode) == mode, sub
     finally:
-        vgpu_state.remove_state_dir(d, cfg)  # its tmpfs too
+        vgpu_gc.remove_state_dir(d, cfg)  # its tmpfs too
 
 
 def test_poststop_never_leaves_state_dir(tmp_path: Path) -> None:
@@ -292,8 +296,9 @@ def test_poststop_never_leaves_state_dir(tmp_path: Path) -> None:
         plan = Plan("1", (), (), vgpu=VgpuPlan("/l", "/c", d, "/v", {}))
         (bundle / PLAN_FILE).write_text(plan.to_json())
         state = json.dumps({"id": "c", "pid": 0, "bundle": str(bundle), "status": "stopped"})
+        hook = HookRun("poststop", None, parse_state(state), HookLog(""))
         try:
-            vgpu_state.poststop(state, cfg)
+            poststop(hook, cfg)
         except SpecError:
             pass
     assert (victim / "keep").read_text() == "x"

@@ -36,6 +36,7 @@ from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
 from nvctk.sim.topology import make_topology
+from nvctk.vgpu import gc as vgpu_gc
 from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
 
@@ -137,7 +138,7 @@ def mounts_under(top: str | Path) -> list[mount.MountInfo]:
 def cleanup_state(config: nvconfig.Config, d: str | Path) -> None:
     """What poststop does (the tmpfs, then the dir), for a test that ran no poststop."""
     with contextlib.suppress(OSError, NvctkError):
-        vgpu_state.remove_state_dir(str(d), config, only_ours=False)
+        vgpu_gc.remove_state_dir(str(d), config, only_ours=False)
 
 
 # --- validation at create ---------------------------------------------------------------------
@@ -258,7 +259,7 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         assert cache.st_blocks * 512 >= vgpu.SHM_SIZE
         owner = json.loads((d / "owner").read_text())
         assert (owner["runtime_root"], owner["id"], owner["pid"]) == ("/tmp/rr", "box", os.getpid())
-        assert owner["start"] == vgpu_state.proc_start_time(os.getpid())
+        assert owner["start"] == vgpu_gc.proc_start_time(os.getpid())
         # the image's own file was never touched
         assert (b / "rootfs/etc/ld.so.preload").read_text() == "/usr/lib/libimage.so\n# x\n"
         # its own small tmpfs: nosuid, nodev, noexec, bounded, private
@@ -349,7 +350,7 @@ def test_hook_refuses_a_state_dir_without_its_tmpfs(bundles: Bundles, config: nv
         assert hook_worker.check_vgpu_state(plan, log)
         saved = tmp_path / "saved"
         shutil.copytree(d, saved, symlinks=True)
-        assert vgpu_state.detach_mounts(d) == 1
+        assert vgpu_gc.detach_mounts(d) == 1
         shutil.copytree(saved, d, symlinks=True, dirs_exist_ok=True)  # the same files, on
         # the host's file system
         with pytest.raises(MountError, match="not a tmpfs of its own"):

@@ -8,7 +8,8 @@
     4. as the command asks (`inputs`): the spec and the rootfs (STATE < ROOTFS < PLAN),
        the plan (nvctk.hook.inputs.load_plan, the one plan loader) read only once the
        rootfs is known not to hold the bundle
-    5. open the log from the plan's log settings (the hook loads no config for it)
+    5. open the log from the plan's log settings (the hook loads no config for it;
+       without a plan, the config's)
     6. the command's body; then exit 0
 
 Errors: an NvctkError is exit 1 with "nvctk-hook: <cmd>: <message>" on stderr (and in
@@ -65,45 +66,44 @@ class HookRun(Record):
 
 
 def log_for(plan: Plan | None) -> HookLog:
-    """The hook's log, as the plan says (file, level)."""
-    if plan is None:
-        return HookLog("")
-    settings = getattr(plan, "log", None)
+    """The hook's log, as the plan says (file, level). Without a plan (a command that
+    reads none, or a container nvctk-runtime made none for) or with one written before
+    the form carried log settings: the config's, read only then."""
+    settings = None if plan is None else plan.log
     if settings is None:
-        # TODO(issue 19, form): a plan without log settings (written before the form
-        # carried them): the config's. Remove once every plan has `log`.
-        from nvctk.base import config as nvconfig
+        from nvctk.base import config as nvconfig  # off the GPU start's path
 
         config = nvconfig.load()
         return HookLog(config.log_file, config.log_level)
     return HookLog(settings.file, settings.level)
 
 
-def _read_inputs(run_: HookRun, inputs: int) -> bool:
-    """Fill run_'s spec, rootfs and plan as `inputs` asks; False: nothing to do."""
+def _read_inputs(run_: HookRun, inputs: int) -> str | None:
+    """Fill run_'s spec, rootfs and plan as `inputs` asks; a str: nothing to do, why."""
     state = run_.state
     if inputs < ROOTFS:
-        return True
+        return None
     if state.pid <= 0:
         raise SpecError(f"hook state on stdin: container {state.id} has no pid")
     try:
         run_.spec = load_spec_as_runc(state.bundle)
-    except SpecError:
+    except SpecError as e:
         if inputs >= PLAN and not os.path.lexists(os.path.join(state.bundle, PLAN_FILE)):
             # the runtime wrapper handed an unreadable spec on: it saw no GPU
-            return False
+            return f"{e}; no {PLAN_FILE}: no GPU asked for, nothing to do"
         raise
     run_.rootfs = rootfs_path(state, run_.spec)
     if inputs < PLAN:
-        return True
+        return None
     if bundle_in_rootfs(state.bundle, run_.rootfs):
         # the container's own files would be the plan naming host paths to mount
         raise SpecError(f"rootfs {run_.rootfs} contains the bundle {state.bundle}: refusing "
                         f"to trust {PLAN_FILE} there")
-    # no plan: nvctk-runtime made none for this container (no GPU asked for, or not
-    # created through it): nothing to do
     run_.plan = load_plan(state.bundle)
-    return run_.plan is not None
+    if run_.plan is None:
+        return (f"no {PLAN_FILE} in {state.bundle}: nvctk-runtime made no plan for this "
+                "container (no GPU asked for, or not created through it); nothing to do")
+    return None
 
 
 def _fail(err: IO[str], text: str) -> None:
@@ -139,12 +139,14 @@ def run(cmd: str, body: Callable[[HookRun], None], argv: list[str], *,
     try:
         state = parse_state((sys.stdin.buffer if stdin is None else stdin).read())
         hook = HookRun(cmd, opts, state, log or HookLog(""))
-        if not _read_inputs(hook, inputs):
-            return 0
+        idle = _read_inputs(hook, inputs)
         if log is None:
             hook.log = log_for(hook.plan)
         hook.log.debug(f"{cmd} id={state.id} pid={state.pid} bundle={state.bundle}")
-        body(hook)
+        if idle is not None:
+            hook.log.warning(f"{state.id}: {idle}")
+        else:
+            body(hook)
     except NvctkError as e:
         msg = str(e)
     except OSError as e:

@@ -136,6 +136,8 @@ def state_dir_for(config: Config, runtime_root: str | None, container_id: str) -
 
 
 # --- looking into the image (never following a link out of the rootfs) --------------------
+# Image facts, not the state dir's: they belong to discovery (nvctk/host/image.py, the
+# planner's part of issue 19) and stay here until it reads them into the form.
 def _list_in_rootfs(rootfs: str, path: str) -> list[str]:
     try:
         fd = mount.open_in_rootfs(rootfs, path, os.O_RDONLY | os.O_DIRECTORY)
@@ -215,7 +217,7 @@ def preload_text(container_library: str, image_entries: list[str]) -> str:
     return "\n".join([container_library, *dict.fromkeys(rest)]) + "\n"
 
 
-# --- create / remove -----------------------------------------------------------------------
+# --- create / remove (removal and its proofs: nvctk.vgpu.gc) --------------------------------
 def _mount_tmpfs(path: str) -> None:
     """Mount the container's own tmpfs on the fresh (empty) dir path, private."""
     try:
@@ -256,7 +258,11 @@ def install(vgpu: VgpuPlan, rootfs: str | None, config: Config, *,
     d = vgpu.state_dir
     if not _under_state_dir(d, config):
         raise SpecError(f"vGPU state dir {d} is not directly under state-dir {config.state_dir}")
-    entries = image_preload(rootfs) if rootfs else []
+    entries = list(vgpu.preload_entries)
+    if not entries and rootfs:
+        # TODO(issue 19, planner): remove once discovery reads the image's preload lines
+        # into the form (Vgpu.preload_entries); until then they are read here
+        entries = image_preload(rootfs)
     # 0700: each container can write (and plant files in) its own dir, and the
     # accounting file is 0666 for the container's users; no host user may reach them
     os.makedirs(os.path.dirname(d), 0o700, exist_ok=True)
