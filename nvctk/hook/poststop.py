@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing import IO
 
     from nvctk.base.config import Config
+    from nvctk.base.log import HookLog
 
 USAGE = "usage: nvctk-hook poststop [--runtime-root DIR]  (OCI state JSON on stdin)"
 
@@ -57,10 +58,10 @@ def poststop(hook: HookRun, config: Config | None = None) -> str | None:
 
 
 def main(argv: list[str], stdin: IO[bytes] | None = None, stderr: IO[str] | None = None,
-         config: Config | None = None) -> int:
+         config: Config | None = None, log: HookLog | None = None) -> int:
     """Exit 0, or 1 with 'nvctk-hook: poststop: <why>' (2: bad usage)."""
     def body(hook: HookRun) -> None:
         poststop(hook, config)
 
     return run("poststop", body, argv, parse=parse_args, inputs=STATE, usage=USAGE,
-               stdin=stdin, stderr=stderr)
+               stdin=stdin, stderr=stderr, log=log)
