@@ -1,8 +1,9 @@
 """The planning steps and the spec edits on plain data: no root, no simulated host.
 
-Each step of nvctk.plan.planner is a function of the request, the host inventory
-(records), the driver's files (a DriverFiles record) and the image's facts; and
-nvctk.spec.apply.apply is the one place a plan meets a spec. Tables of inputs and
+Each planning step (nvctk.plan.{select,devices,mounts,vgpu,hooks,make}) is a function
+of the request, the host inventory (records), the driver's files (a DriverFiles record)
+and discovery's other facts; none reads the host, so no path here needs to exist or
+not. nvctk.spec.apply.apply is the one place a plan meets a spec. Tables of inputs and
 the edits they must give.
 """
 
@@ -18,14 +19,17 @@ from nvctk.base.config import Config
 from nvctk.base.errors import RequestError
 from nvctk.edits import PRELOAD, DeviceNode, Hook, Mount, Plan
 from nvctk.host.driver import DriverFiles
+from nvctk.host.image import ImageFacts
 from nvctk.host.inventory import GpuInfo
-from nvctk.plan import planner
-from nvctk.plan.planner import ImageFacts, Selected
+from nvctk.plan import hooks as plan_hooks
+from nvctk.plan import mounts as plan_mounts
+from nvctk.plan import vgpu as plan_vgpu
+from nvctk.plan.select import Selected
 from nvctk.request.parse import Request
 from nvctk.spec import apply as spec_edits
 
 V = "550.54.15"
-ROOT = "/nonexistent-driver-root"  # no MPS pipe dir there: nothing probed exists
+ROOT = "/driver"  # a plain string: planning never looks at it
 LIB = f"{ROOT}/usr/lib/x86_64-linux-gnu"
 FILES = DriverFiles(
     ROOT, V,
@@ -40,10 +44,10 @@ GPU = GpuInfo(0, "GPU-aaaa", "NVIDIA H100", 0, "00000000:17:00.0", 81559, "9.0",
 GPU1 = GpuInfo(1, "GPU-bbbb", "NVIDIA H100", 1, "00000000:2a:00.0", 81559, "9.0", "nvidia", False)
 
 
-def mounts_of(caps: tuple[str, ...], **req: Any) -> dict[str, Mount]:
+def mounts_of(caps: tuple[str, ...], mps_dir: str | None = None, **req: Any) -> dict[str, Mount]:
     request = Request(devices=("0",), capabilities=caps, **req)
-    return {m.container_path: m for m in planner.plan_mounts(
-        request, FILES, Config(driver_root=ROOT), "/usr/lib/x86_64-linux-gnu", "/usr/lib")}
+    return {m.container_path: m for m in plan_mounts.plan_mounts(
+        request, FILES, "/usr/lib/x86_64-linux-gnu", "/usr/lib", mps_dir=mps_dir)}
 
 
 # capabilities -> (container paths that must be there, the required ones among them)
@@ -75,9 +79,12 @@ def test_plan_mounts_marks_what_a_container_needs(caps: tuple[str, ...], present
 
 def test_plan_mounts_ignores_the_images_mps_pipe_dir_on_the_host_side() -> None:
     """The image's CUDA_MPS_PIPE_DIRECTORY names only the place inside the container;
-    the host side (<driver root>/tmp/nvidia-mps) does not exist here: no mount."""
+    the host side is discovery's (the host's pipe dir, or None: no mount)."""
     got = mounts_of(("compute",), env={"CUDA_MPS_PIPE_DIRECTORY": "/etc"})
     assert "/etc" not in got and not any(m.host_path == "/etc" for m in got.values())
+    got = mounts_of(("compute",), f"{ROOT}/tmp/nvidia-mps", env={"CUDA_MPS_PIPE_DIRECTORY": "/etc"})
+    assert got["/etc"].host_path == f"{ROOT}/tmp/nvidia-mps"  # never the image's /etc
+    assert (got["/etc"].kind, got["/etc"].read_only, got["/etc"].noexec) == ("dir", False, True)
 
 
 @pytest.mark.parametrize(("names", "links"), [
@@ -88,14 +95,14 @@ def test_plan_mounts_ignores_the_images_mps_pipe_dir_on_the_host_side() -> None:
 def test_plan_symlinks(names: list[str], links: dict[str, str]) -> None:
     lib = "/usr/lib64"
     mounts = [Mount(f"/h/{n}", f"{lib}/{n}") for n in names]
-    got = planner.plan_symlinks(mounts, lib, V)
+    got = plan_mounts.plan_symlinks(mounts, lib, V)
     assert {s.container_path.rsplit("/", 1)[1]: s.target for s in got} == links
 
 
 @pytest.mark.parametrize(("debian", "lib"), [(True, "/usr/lib/x86_64-linux-gnu"),
                                               (False, "/usr/lib64")])
 def test_lib_dir_from_image_facts(debian: bool, lib: str) -> None:
-    assert planner.container_lib_dirs(ImageFacts("/r", debian))[0] == lib
+    assert plan_mounts.container_lib_dirs(ImageFacts("/r", debian))[0] == lib
 
 
 VGPU_CASES: list[tuple[dict[str, str], list[Selected], dict[str, str] | str | None]] = [
@@ -118,9 +125,9 @@ def test_plan_vgpu(env: dict[str, str], selected: list[Selected],
     cfg = Config(state_dir="/run/test-nvctk")
 
     def plan() -> Any:
-        return planner.plan_vgpu(request, selected, cfg, ImageFacts(root_readonly=True),
-                                 container_id="c1", runtime_root="/run/runc",
-                                 vgpu_library=lambda: "/opt/nvctk/libvgpu.so")
+        return plan_vgpu.plan_vgpu(request, selected, cfg, ImageFacts(root_readonly=True),
+                                   library="/opt/nvctk/libvgpu.so",
+                                   state_dir="/run/test-nvctk/0123456789abcdef-c1")
 
     if isinstance(want, str):
         with pytest.raises(RequestError, match=want):
@@ -140,26 +147,24 @@ def test_plan_vgpu(env: dict[str, str], selected: list[Selected],
     assert all(m.required for m in v.mounts)
     assert [m.read_only for m in v.mounts] == [True, True, False, True, False, True]
     assert v.mounts[0].host_path == f"{v.state_dir}/ro"
-    assert planner.vgpu_env(v) == {"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/run/nvctk/vgpu/cache"}
+    assert plan_vgpu.vgpu_env(v) == {"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/run/nvctk/vgpu/cache"}
 
 
 @pytest.mark.parametrize(("vgpu", "stages"), [(False, ["prestart"]),
                                                (True, ["prestart", "poststop"])])
 def test_plan_hooks(vgpu: bool, stages: list[str]) -> None:
-    hooks = planner.plan_hooks("/usr/bin/nvctk-hook", Config(hook_timeout=7), "/etc/c.toml",
-                               vgpu, "rel/root")
+    hooks = plan_hooks.plan_hooks("/usr/bin/nvctk-hook", 7, "/etc/c.toml", vgpu, "/b/rel/root")
     assert [h.stage for h in hooks] == stages
     assert hooks[0].entry() == {"path": "/usr/bin/nvctk-hook", "args": ["nvctk-hook", "prestart"],
                                 "env": [spec_edits.HOOK_PATH_ENV, "NVCTK_CONFIG=/etc/c.toml"],
                                 "timeout": 7}
-    if vgpu:  # the runtime root made absolute: the hook runs in the bundle, runc in its cwd
-        assert hooks[1].args[:3] == ("nvctk-hook", "poststop", "--runtime-root")
-        assert hooks[1].args[3].startswith("/") and hooks[1].args[3].endswith("/rel/root")
+    if vgpu:  # the runtime root as discovery made it (absolute)
+        assert hooks[1].args == ("nvctk-hook", "poststop", "--runtime-root", "/b/rel/root")
 
 
 def test_plan_hooks_refuse_a_root_that_is_not_utf8() -> None:
     with pytest.raises(RequestError, match="not UTF-8"):
-        planner.plan_hooks("/h", Config(), None, True, "/run/\udcffx")
+        plan_hooks.plan_hooks("/h", 60, None, True, "/run/\udcffx")
 
 
 # --- applying a plan to a spec ------------------------------------------------------------

@@ -365,7 +365,7 @@ def test_gpu_create_imports_nothing_heavy(env: Env, bundle: Callable[..., Path],
                                           tmp_path: Path) -> None:
     b = bundle({NVD: "0"})
     imported = _importtime_create(env, b, tmp_path)
-    assert "nvctk.runtime.create" in imported and "nvctk.plan.planner" in imported  # the GPU create ran
+    assert "nvctk.runtime.create" in imported and "nvctk.plan.make" in imported  # the GPU create ran
     assert sorted(n for n in imported if n.split(".")[0] in HEAVY) == []
     assert sorted(n for n in imported if n in HEAVY_NVCTK) == []
     plan = Plan.from_json((b / PLAN_FILE).read_text())
@@ -379,7 +379,7 @@ def test_no_gpu_create_imports_no_planning(env: Env, bundle: Callable[..., Path]
     assert "nvctk.runtime.create" in imported and "nvctk.request.parse" in imported
     assert sorted(n for n in imported if n.split(".")[0] in HEAVY) == []
     # (nvctk.edits is data on modules the create has loaded anyway: ~0.2 ms)
-    planning = {"nvctk.plan.planner", "nvctk.host.driver", "nvctk.host.ldcache", "nvctk.host.cache",
+    planning = {"nvctk.plan.make", "nvctk.host.discover", "nvctk.host.driver", "nvctk.host.ldcache", "nvctk.host.cache",
                 "nvctk.hook.mount", *HEAVY_NVCTK}
     assert sorted(imported & planning) == []
     assert not (b / PLAN_FILE).exists()

@@ -31,7 +31,7 @@ from nvctk.base.errors import NvctkError, RequestError
 from nvctk.edits import PLAN_FILE, Plan
 from nvctk.hook import mount
 from nvctk.oci import spec as oci
-from nvctk.runtime.create import Prepared, prepare_bundle
+from nvctk.runtime.create import Created, prepare_bundle
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
@@ -113,7 +113,7 @@ def bundles(tmp_path: Path, base_rootfs: str) -> Bundles:
     return Bundles(tmp_path, base_rootfs)
 
 
-def prep(b: Path, config: nvconfig.Config, cid: str, root: str) -> Prepared:
+def prep(b: Path, config: nvconfig.Config, cid: str, root: str) -> Created:
     """The shim's create, in-process."""
     return prepare_bundle(str(b), config, argv0=RUNTIME, container_id=cid, runtime_root=root)
 
@@ -175,7 +175,7 @@ def test_no_limit_installs_nothing(bundles: Bundles, config: nvconfig.Config) ->
     for env in ({}, {MEM: "0", "CUDA_DEVICE_SM_LIMIT": "0"},
                 {vgpu.CACHE_VAR: "relative/ignored/without/limits"}):
         b = bundles.make(env)
-        plan = prep(b, config, "plain", "/r").plan
+        plan = prep(b, config, "plain", "/r").edits
         assert plan is not None and plan.vgpu is None and plan.env == {}
         spec = spec_of(b)
         assert not spec["hooks"].get("poststop")
@@ -205,7 +205,7 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
     (b / "rootfs/etc/ld.so.preload").write_text("/usr/lib/libimage.so\n# x\n")
     d = Path(vgpu_state.state_dir_for(config, "/tmp/rr", "box"))
     try:
-        p1 = prep(b, config, "box", "/tmp/rr").plan
+        p1 = prep(b, config, "box", "/tmp/rr").edits
         assert p1 is not None and p1.vgpu is not None
         assert p1.vgpu.state_dir == str(d)
         first = spec_of(b)
@@ -213,7 +213,7 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         assert len(mounts_at(d)) == 1
         # a second create without poststop (a crashed container): the stale tmpfs is
         # detached, a fresh one mounted
-        p2 = prep(b, config, "box", "/tmp/rr").plan
+        p2 = prep(b, config, "box", "/tmp/rr").edits
         assert [i.fstype for i in mounts_at(d)] == ["tmpfs"]
         assert p2 == p1
         spec = spec_of(b)
@@ -342,7 +342,7 @@ def test_hook_refuses_a_state_dir_without_its_tmpfs(bundles: Bundles, config: nv
     from nvctk.hook import worker as hook_worker
 
     b = bundles.make({MEM: "256m"})
-    plan = prep(b, config, "plain-dir", "/tmp/pd").plan
+    plan = prep(b, config, "plain-dir", "/tmp/pd").edits
     assert plan is not None and plan.vgpu is not None
     d = plan.vgpu.state_dir
     log = HookLog(str(tmp_path / "hook.log"))
@@ -370,7 +370,7 @@ def _poststop(b: Path, sim: host.SimHost, cid: str = "box") -> subprocess.Comple
 def test_poststop_removes_only_the_state_dir(bundles: Bundles, sim: host.SimHost,
                                              config: nvconfig.Config, tmp_path: Path) -> None:
     b = bundles.make({MEM: "1g"})
-    plan = prep(b, config, "box", "/tmp/pp").plan
+    plan = prep(b, config, "box", "/tmp/pp").edits
     assert plan is not None and plan.vgpu is not None
     d = Path(plan.vgpu.state_dir)
     assert (d / "ro/limits").exists() and len(mounts_at(d)) == 1
@@ -419,7 +419,7 @@ def test_non_glibc_rootfs_with_limits_fails(musl: bool, why: str, bundles: Bundl
     spec = spec_of(b)
     spec["process"]["env"] = [e for e in spec["process"]["env"] if "SM_LIMIT" not in e]
     (b / "config.json").write_text(json.dumps(spec))
-    plan = prep(b, config, "alp", "/tmp/aa").plan
+    plan = prep(b, config, "alp", "/tmp/aa").edits
     assert plan is not None and plan.vgpu is None
 
 
@@ -871,7 +871,7 @@ def test_cdi_routes_cannot_drop_the_share(bundles: Bundles, sim: host.SimHost,
     spec = spec_of(b)
     del spec["annotations"][k]
     (b / "config.json").write_text(json.dumps(spec))
-    assert prep(b, config, "cid", str(tmp_path / "runc-root")).plan is None
+    assert prep(b, config, "cid", str(tmp_path / "runc-root")).edits is None
 
 
 def test_forged_share_fails_the_create_in_runcs_log(bundles: Bundles, sim: host.SimHost,

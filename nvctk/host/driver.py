@@ -125,7 +125,8 @@ FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 
 class DriverFiles(Record):
     __slots__ = ("driver_root", "driver_version", "libraries", "libraries32",  # noqa: RUF023
-                 "binaries", "config_files", "firmware", "sockets", "proc_dir", "dev_dir")
+                 "binaries", "config_files", "firmware", "sockets", "proc_dir", "dev_dir",
+                 "library_names")
 
     def __init__(
         self,
@@ -139,6 +140,7 @@ class DriverFiles(Record):
         sockets: dict[str, tuple[str, ...]] | None = None,
         proc_dir: str = "/proc/driver/nvidia",
         dev_dir: str = "/dev",
+        library_names: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.driver_root = driver_root
         self.driver_version = driver_version
@@ -153,6 +155,8 @@ class DriverFiles(Record):
         self.sockets: dict[str, tuple[str, ...]] = {} if sockets is None else sockets
         self.proc_dir = proc_dir
         self.dev_dir = dev_dir
+        # capability -> its library names (LIBRARIES): the planner picks by it, no I/O
+        self.library_names = LIBRARIES if library_names is None else library_names
 
     def for_capabilities(self, capabilities: Iterable[str]) -> list[str]:
         """Every host path (libraries, binaries, config files, sockets) of these capabilities,

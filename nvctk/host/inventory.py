@@ -123,3 +123,9 @@ class HostInfo(FrozenRecord):
             if ident == str(g.index) or ident.lower() in (g.uuid.lower(), g.pci_bus_id.lower()):
                 return g
         return None
+
+
+def proc_bus_id(pci_bus_id: str) -> str:
+    """NVML's 00000000:1B:00.0 -> procfs's and sysfs's directory name 0000:1b:00.0."""
+    domain, _, rest = pci_bus_id.partition(":")
+    return f"{int(domain, 16):04x}:{rest.lower()}"

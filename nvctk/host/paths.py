@@ -5,7 +5,7 @@ libvgpu.so is found, in order, at
   2. <nvctk package>/lib/libvgpu.so (a wheel: setup.py's build_py puts it there),
   3. <repo>/libvgpu/build/libvgpu.so (an editable install of the development tree),
 and is "" when none exists: callers that need it use `require_vgpu_library`, which
-fails with a message saying how to get one. (nvctk-hook is found by nvctk.runtime.create.find_hook.)
+fails with a message saying how to get one. nvctk-hook is found by `find_hook`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from nvctk.base.errors import ConfigError
+from nvctk.edits import HOOK_NAME
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
     from nvctk.base.config import Config
 
 LIBVGPU = "libvgpu.so"
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# the nvctk package dir (this file is nvctk/host/paths.py)
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def vgpu_library_candidates() -> tuple[str, ...]:
@@ -58,3 +60,26 @@ def require_vgpu_library(config: Config | None = None) -> str:
             + "): build it with `make -C libvgpu` or set vgpu-library in the nvctk config"
         )
     return path
+
+
+def find_hook(config: Config, argv0: str | None = None) -> str:
+    """config hook-path, else nvctk-hook beside this executable (argv0, else
+    sys.argv[0]), else on PATH."""
+    if config.hook_path:
+        if not os.path.isabs(config.hook_path):
+            raise ConfigError(f"{config.path or 'config'}: hook-path must be absolute")
+        return config.hook_path
+    if argv0 is None:
+        import sys  # already loaded: a dict lookup
+
+        argv0 = sys.argv[0]
+    if argv0:
+        beside = os.path.join(os.path.dirname(os.path.realpath(argv0)), HOOK_NAME)
+        if os.access(beside, os.X_OK):
+            return beside
+    # shutil.which, without importing shutil (3-9 ms: bz2, lzma, fnmatch)
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(d or ".", HOOK_NAME)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return os.path.abspath(candidate)
+    raise ConfigError(f"cannot find {HOOK_NAME} (set hook-path in the nvctk config)")

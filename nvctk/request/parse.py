@@ -347,3 +347,25 @@ def parse_bool_all(env: dict[str, str], name: str) -> bool:
     if tokens == ["all"]:
         return True
     raise RequestError(f"{name}={shown(value)}: only 'all' is supported")
+
+
+# every variable nvctk.vgpu.limits reads from a container's env starts with one of these
+VGPU_ENV_PREFIXES = ("CUDA_DEVICE_", "NVCTK_VGPU_")
+
+
+def asks_for_vgpu(request: Request) -> bool:
+    """Whether the request may set a vGPU limit: the node's share annotations, or a
+    variable nvctk.vgpu.limits reads (whether it sets a limit is the planner's call)."""
+    return bool(request.vgpu_authority) or any(k.startswith(VGPU_ENV_PREFIXES)
+                                               for k in request.env)
+
+
+def expanded_capabilities(capabilities: tuple[str, ...]) -> list[str]:
+    """The capabilities with the ones they include: video needs compute's files,
+    display graphics'."""
+    caps = list(capabilities)
+    if "video" in caps and "compute" not in caps:
+        caps.append("compute")
+    if "display" in caps and "graphics" not in caps:
+        caps.append("graphics")
+    return caps

@@ -1,7 +1,10 @@
 """nvctk-runtime's create/run: edit the bundle for the GPU request, then exec runc.
 
 The executable (nvctk.cli.runtime) parses argv and calls `create_main`;
-everything else lives here so tests can call `prepare_bundle` in-process.
+everything else lives here so tests can call `prepare_bundle` in-process. A legacy
+GPU create reads as its data flow: read the spec -> the request in it -> discover
+(nvctk.host.discover: every host and image fact, once) -> plan (nvctk.plan: no I/O)
+-> apply (nvctk.spec.apply) -> save (vGPU state, the form, the spec).
 
 Failure policy: a container that asks for no GPU is never stopped by nvctk (a
 broken config or a missing driver is only logged); a GPU container whose plan
@@ -12,7 +15,6 @@ and its config.json is left byte for byte as it was.
 from __future__ import annotations
 
 import os
-import sys
 
 from nvctk.base import fileio
 from nvctk.base.config import Config, config_path, load_stat
@@ -27,11 +29,11 @@ from nvctk.base.errors import (
 from nvctk.base.log import Logger, exit_now, report_error
 from nvctk.base.record import Record
 from nvctk.edits import PLAN_FILE
+from nvctk.host.paths import find_hook  # noqa: F401 (nvctk.cli.cdi_cmd's import; moves there)
 from nvctk.oci import runc_argv as ra
 from nvctk.oci import spec as oci
-from nvctk.request.parse import request_from_spec
+from nvctk.request.parse import asks_for_vgpu, request_from_spec
 from nvctk.spec import apply as spec_edits
-from nvctk.spec.apply import HOOK_NAME
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
@@ -39,47 +41,23 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from nvctk.edits import Plan
+    from nvctk.edits import Edits
+    from nvctk.host.image import ImageFacts
     from nvctk.request.parse import Request
 
 
 
-class Prepared(Record):
-    """What prepare_bundle did: plan None = no GPU asked, the bundle was not touched."""
+class Created(Record):
+    """What prepare_bundle did: edits None = no GPU asked, the bundle was not touched."""
 
-    __slots__ = ("plan", "docker_hooks_removed", "vgpu_dir", "cdi_devices")  # noqa: RUF023
+    __slots__ = ("edits", "docker_hooks_removed", "vgpu_dir", "cdi_devices")  # noqa: RUF023
 
-    def __init__(self, plan: Plan | None, docker_hooks_removed: int = 0,
+    def __init__(self, edits: Edits | None, docker_hooks_removed: int = 0,
                  vgpu_dir: str | None = None, cdi_devices: tuple[str, ...] | None = None) -> None:
-        self.plan = plan
+        self.edits = edits
         self.docker_hooks_removed = docker_hooks_removed
         self.vgpu_dir = vgpu_dir  # the vGPU state dir this create made (None: none)
         self.cdi_devices = cdi_devices  # CDI mode: the devices whose edits were applied
-
-
-def find_hook(config: Config, argv0: str | None = None) -> str:
-    """config hook-path, else nvctk-hook beside this executable, else on PATH."""
-    if config.hook_path:
-        if not os.path.isabs(config.hook_path):
-            raise ConfigError(f"{config.path or 'config'}: hook-path must be absolute")
-        return config.hook_path
-    exe = argv0 if argv0 is not None else sys.argv[0]
-    if exe:
-        beside = os.path.join(os.path.dirname(os.path.realpath(exe)), HOOK_NAME)
-        if os.access(beside, os.X_OK):
-            return beside
-    import shutil  # rarely needed: it costs 3-9 ms to import (bz2, lzma, fnmatch)
-
-    found = shutil.which(HOOK_NAME)
-    if found:
-        return os.path.abspath(found)
-    raise ConfigError(f"cannot find {HOOK_NAME} (set hook-path in the nvctk config)")
-
-
-def _nvctk_config_env() -> str | None:
-    value = os.environ.get("NVCTK_CONFIG")
-    # the hook runs with the bundle as its cwd: pass an absolute path on
-    return os.path.abspath(value) if value else None
 
 
 def prepare_bundle(
@@ -91,8 +69,10 @@ def prepare_bundle(
     logger: Logger | None = None,
     container_id: str | None = None,
     runtime_root: str | None = None,
-) -> Prepared:
-    """Edit <bundle>/config.json for the container's GPU request (if any).
+) -> Created:
+    """Edit <bundle>/config.json for the container's GPU request (if any): read the
+    spec, the request in it, then the mode's own steps (legacy: discover, plan, apply,
+    save).
 
     config None means nvctk's config could not be loaded (config_error says why):
     a no-GPU container still goes ahead, a GPU container fails with that error.
@@ -101,15 +81,12 @@ def prepare_bundle(
     """
     read = _read_spec(bundle, config, logger)
     if read is None:  # a spec nvctk cannot read, and no sign of a GPU: runc decides
-        return Prepared(None)
+        return Created(None)
     spec, data = read
     request = request_from_spec(spec, config or Config())
     if request is None:
-        _check_uncapped_share(spec)
-        if config_error is not None and logger is not None:
-            logger.warning(f"ignoring a broken nvctk config for a non-GPU container: {config_error}")
-        _undo_earlier_create(bundle, spec, logger, config.state_dir if config else None)
-        return Prepared(None)
+        _no_gpu(bundle, spec, config, config_error, logger)
+        return Created(None)
     if config is None:
         raise config_error or ConfigError("nvctk config unavailable")
     if container_id is not None:
@@ -117,8 +94,50 @@ def prepare_bundle(
         check_container_id(container_id)
     if request.cdi_devices is not None:
         return _prepare_cdi(bundle, spec, data, request, config, logger)
-    # only now: most containers on a node ask for no GPU and need none of the planning
-    from nvctk.plan.planner import image_facts, make_plan
+    return _create_legacy(bundle, spec, data, request, config, logger, argv0=argv0,
+                          container_id=container_id, runtime_root=runtime_root)
+
+
+def _no_gpu(bundle: str, spec: dict[str, Any], config: Config | None,
+            config_error: NvctkError | None, logger: Logger | None) -> None:
+    """A create that asks for no GPU: refused only when the node gave it a vGPU share it
+    holds by another route; what an earlier GPU create of this bundle added comes out."""
+    _check_uncapped_share(spec)
+    if config_error is not None and logger is not None:
+        logger.warning(f"ignoring a broken nvctk config for a non-GPU container: {config_error}")
+    _undo_earlier_create(bundle, spec, logger, config.state_dir if config else None)
+
+
+def _create_legacy(bundle: str, spec: dict[str, Any], data: bytes, request: Request,
+                   config: Config, logger: Logger | None, *, argv0: str | None,
+                   container_id: str | None, runtime_root: str | None) -> Created:
+    """Legacy mode: discover -> plan -> apply -> save."""
+    # start time: planning and discovery load ~20 modules (driver files, ldcache, the
+    # host cache); most containers on a node ask for no GPU and need none of them
+    from nvctk.host import discover
+    from nvctk.plan.make import check_requirements, make_edits
+    from nvctk.plan.select import select_devices
+
+    image = _check_legacy_spec(bundle, spec, data, asks_for_vgpu(request))
+    host, selected = discover.load_and_select(request, config, select_devices)
+    check_requirements(request, host, selected)
+    facts = discover.discover(request, config, host, [(s.gpu, s.mig) for s in selected], image,
+                              argv0=argv0, runtime_root=runtime_root,
+                              vgpu_state_dir=_vgpu_state_dir(
+                                  request, config, runtime_root,
+                                  container_id or os.path.basename(bundle)))
+    edits = make_edits(request, config, facts, selected)
+    removed = _apply(spec, edits, config, logger)
+    vgpu_dir = _save(bundle, spec, edits, config, container_id, runtime_root, logger)
+    return Created(edits, removed, vgpu_dir)
+
+
+def _check_legacy_spec(bundle: str, spec: dict[str, Any], data: bytes,
+                       vgpu: bool) -> ImageFacts:
+    """What makes a spec one nvctk can give a GPU (no user namespace, fields of the
+    right types, bytes it can rewrite, a rootfs without the bundle in it), checked
+    before any work; and the image's facts."""
+    from nvctk.host.image import image_facts
 
     where = oci.spec_path(bundle)
     userns = oci.user_namespace(spec)
@@ -128,34 +147,50 @@ def prepare_bundle(
         raise SpecError(f"{where}: {userns}: user namespaces are not supported by nvctk's GPU "
                         "containers (the driver files and device nodes it mounts would not be "
                         "usable in the container); run it without a user namespace")
-    spec_edits.check_editable(spec)  # before any work: a field of the wrong type is the user's error
+    spec_edits.check_editable(spec)  # a field of the wrong type is the user's error
     oci.check_rewritable(spec, data)
-    image = image_facts(spec, bundle)
+    image = image_facts(spec, bundle, vgpu=vgpu)
     if image.rootfs is not None and oci.bundle_in_rootfs(bundle, image.rootfs):
         # the hooks trust <bundle>/nvctk-plan.json (host paths to bind, a dir to delete)
         raise SpecError(f"{where}: root.path {image.rootfs} contains the bundle; a GPU "
                         "container's rootfs must not hold its own bundle (it could rewrite "
                         f"{PLAN_FILE})")
-    plan = make_plan(request, config, image=image, hook_path=find_hook(config, argv0),
-                     nvctk_config=_nvctk_config_env(),
-                     container_id=container_id or os.path.basename(bundle),
-                     runtime_root=runtime_root)
-    # nvctk's part of the spec comes from this request only: what an earlier create of
-    # this bundle added (other GPUs, a vGPU's env and poststop hook) goes first
-    _warn_unverified_record(spec, config, logger)
-    removed = spec_edits.apply(spec, plan, config.state_dir)[1]
+    return image
 
-    # The plan and the vGPU state go first: a spec that names our hook must never
-    # be visible without what the hook reads.
+
+def _vgpu_state_dir(request: Request, config: Config, runtime_root: str | None,
+                    container_id: str) -> str:
+    """The container's vGPU state dir, keyed by runc's root and the id ("" when the
+    request can set no limit)."""
+    if not asks_for_vgpu(request):
+        return ""
+    from nvctk.vgpu.state import state_dir_for  # start time: vGPU only (hashlib, mount)
+
+    return state_dir_for(config, runtime_root, container_id)
+
+
+def _apply(spec: dict[str, Any], edits: Edits, config: Config, logger: Logger | None) -> int:
+    """The form into the spec (in memory); the number of NVIDIA hooks it removed.
+    nvctk's part of the spec comes from this request only: what an earlier create of
+    this bundle added (other GPUs, a vGPU's env and poststop hook) goes first."""
+    _warn_unverified_record(spec, config, logger)
+    return spec_edits.apply(spec, edits, config.state_dir)[1]
+
+
+def _save(bundle: str, spec: dict[str, Any], edits: Edits, config: Config,
+          container_id: str | None, runtime_root: str | None, logger: Logger | None) -> str | None:
+    """The vGPU state, the form beside the spec, then the spec: a spec that names our
+    hook must never be visible without what the hook reads. Returns the vGPU state dir
+    this create made (None: none); a failure leaves none of the three."""
     vgpu_dir = None
-    if plan.vgpu is not None and _install_vgpu(plan, spec, bundle, config, container_id,
-                                               runtime_root, logger):
-        vgpu_dir = plan.vgpu.state_dir
+    if edits.vgpu is not None and _install_vgpu(edits, spec, bundle, config, container_id,
+                                                runtime_root, logger):
+        vgpu_dir = edits.vgpu.state_dir
     plan_path = os.path.join(bundle, PLAN_FILE)
     try:
         # beside the spec: the directory fsync that follows the spec's rename makes
-        # both renames durable, the plan's first (a directory fsync costs a journal commit)
-        fileio.atomic_write(plan_path, plan.to_json().encode(), 0o644, sync_dir=False)
+        # both renames durable, the form's first (a directory fsync costs a journal commit)
+        fileio.atomic_write(plan_path, edits.to_json().encode(), 0o644, sync_dir=False)
         try:
             oci.save_spec(bundle, spec)
         except BaseException:
@@ -168,7 +203,7 @@ def prepare_bundle(
         if vgpu_dir is not None:
             _remove_vgpu_dir(vgpu_dir, config)
         raise
-    return Prepared(plan, removed, vgpu_dir)
+    return vgpu_dir
 
 
 # the variables that set vGPU limits (nvctk.vgpu.limits), which CDI mode does not apply
@@ -197,7 +232,7 @@ def _check_uncapped_share(spec: dict[str, Any]) -> None:
 
 
 def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Request,
-                 config: Config, logger: Logger | None) -> Prepared:
+                 config: Config, logger: Logger | None) -> Created:
     """CDI mode: the named devices' containerEdits from the spec dirs into config.json,
     recorded for the next create to remove. No prestart hook and no plan: runc makes
     the nodes and mounts, the spec's own hooks do the rest."""
@@ -220,7 +255,7 @@ def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Reques
     spec_edits.record_edits(spec, cdi.apply_edits(spec, resolved, bundle), config.state_dir)
     oci.save_spec(bundle, spec)
     _remove_earlier_plan(bundle, logger)  # an earlier legacy create's: no hook reads it now
-    return Prepared(None, removed, cdi_devices=request.cdi_devices)
+    return Created(None, removed, cdi_devices=request.cdi_devices)
 
 
 _ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
@@ -349,23 +384,23 @@ def _remove_vgpu_dir(path: str, config: Config) -> None:
         pass
 
 
-def _install_vgpu(plan: Plan, spec: dict[str, Any], bundle: str, config: Config,
+def _install_vgpu(edits: Edits, spec: dict[str, Any], bundle: str, config: Config,
                   container_id: str | None, runtime_root: str | None,
                   logger: Logger | None) -> bool:
     """(Re)create the container's vGPU state dir; False if left alone because the
     runtime already has a container of this id (runc then refuses the create)."""
     from nvctk.vgpu import state as vgpu_state  # only for vGPU: it brings nvctk.hook.mount, re, ...
 
-    assert plan.vgpu is not None
+    assert edits.vgpu is not None
     if container_id and os.path.isdir(
         os.path.join(runtime_root or vgpu_state.DEFAULT_RUNTIME_ROOT, container_id)
     ):
         if logger is not None:
             logger.warning(f"{container_id}: the runtime already has this container; "
-                           f"its vGPU state {plan.vgpu.state_dir} is left as it is")
+                           f"its vGPU state {edits.vgpu.state_dir} is left as it is")
         return False
     # it also reclaims the state of containers that are gone (vgpu_state.collect)
-    vgpu_state.install(plan.vgpu, oci.root_path(spec, bundle), config,
+    vgpu_state.install(edits.vgpu, oci.root_path(spec, bundle), config,
                        runtime_root=runtime_root, container_id=container_id)
     return True
 
@@ -447,8 +482,8 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
         # a bug in nvctk: one line in runc's log (so the engine shows something
         # useful), the traceback in nvctk's own log
         return fail(internal_error(e, logger))
-    if prepared.plan is not None:
-        p = prepared.plan
+    if prepared.edits is not None:
+        p = prepared.edits
         logger.info(
             f"{args.subcommand} {args.container_id}: GPUs {','.join(p.gpu_uuids) or 'none'}, "
             f"capabilities {','.join(p.capabilities)}, {len(p.devices)} devices, "

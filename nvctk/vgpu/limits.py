@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 # inside the container (libvgpu's compiled-in VGPU_LIMITS_FILE)
 VGPU_DIR = "/run/nvctk/vgpu"
+CONTAINER_LIBRARY = "/run/nvctk/libvgpu.so"  # where libvgpu.so is mounted inside
 LIMITS_FILE = f"{VGPU_DIR}/limits"
 CACHE_FILE = f"{VGPU_DIR}/cache"
 

@@ -1,0 +1,200 @@
+"""nvctk's import layering (plan19 §1): imports go only downward, nvctk has no import
+cycle, and every package __init__.py is empty (an eager import there would put the
+whole package on the create path). AST only: nothing of nvctk is imported.
+
+    base (+ _sys) <- oci <- edits (the form) <- request <- host <- plan
+        <- spec, cdi, vgpu (beside each other) <- hook, runtime
+        <- engines, k8s, sim, monitor (beside: each on the layers below it) <- cli
+
+nvctk.vgpu.limits and nvctk.vgpu.authority read what a container asks for (its limit
+variables, the node's share annotations) and sit with request.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import nvctk
+
+PKG = Path(nvctk.__file__).parent
+LAYERS: dict[str, int] = {
+    "base": 0, "_sys": 0, "oci": 1, "edits": 2, "request": 3, "host": 4, "plan": 5,
+    "spec": 6, "cdi": 6, "vgpu": 6, "hook": 7, "runtime": 7,
+    "engines": 8, "k8s": 8, "sim": 8, "monitor": 8, "cli": 9,
+}
+# packages of one layer that may import each other (the cycle test still holds them)
+SIBLINGS = frozenset({"spec", "cdi", "vgpu"})
+MODULE_LAYER = {"nvctk.vgpu.limits": "request", "nvctk.vgpu.authority": "request"}
+# Upward imports that other parts of issue 19 remove (importer, imported): why / who.
+# An edge listed here may go; an edge not listed fails the test.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    ("nvctk.host.image", "nvctk.hook.mount"):
+        "rootfs lookups (exists_in_rootfs, open_in_rootfs) move to nvctk/base/rootfs.py (base)",
+    ("nvctk.vgpu.state", "nvctk.hook.mount"):
+        "the state dir's tmpfs and rootfs lookups: nvctk/base/rootfs.py (base, hookside)",
+    ("nvctk.plan.planner", "nvctk.vgpu.state"):
+        "the transitional discover+plan facade; goes when cdi/cdi.py and monitor use the steps",
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+PACKAGES = {module_name(p) for p in PKG.rglob("__init__.py")}
+KNOWN = set(MODULES) | {"nvctk._sys"}
+
+
+def layer_of(module: str) -> str:
+    if module in MODULE_LAYER:
+        return MODULE_LAYER[module]
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+            and node.test.id == "TYPE_CHECKING")
+
+
+def nvctk_imports(tree: ast.AST, top_only: bool) -> list[tuple[int, str]]:
+    """(line, module) of the nvctk modules this one imports; `if TYPE_CHECKING:`
+    blocks aside (no run-time edge), function bodies aside with top_only. A package
+    (its __init__ is empty) is no edge: `from nvctk.vgpu import limits` is on limits."""
+    out: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking(node):
+            return
+        if top_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+            out.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return [(line, m) for line, m in out if m in KNOWN and m not in PACKAGES]
+
+
+def upward(importer: str, imported: str) -> bool:
+    a, b = layer_of(importer), layer_of(imported)
+    if a == b or (a in SIBLINGS and b in SIBLINGS):
+        return False
+    return LAYERS.get(b, 99) > LAYERS.get(a, 99) or LAYERS[a] == LAYERS.get(b)
+
+
+def upward_edges() -> set[tuple[str, str]]:
+    out = set()
+    for name, path in MODULES.items():
+        for _, dep in nvctk_imports(ast.parse(path.read_text()), top_only=False):
+            if upward(name, dep):
+                out.add((name, dep))
+    return out
+
+
+def test_every_module_has_a_layer() -> None:
+    assert sorted(m for m in MODULES if m != "nvctk" and layer_of(m) not in LAYERS) == []
+
+
+def test_imports_go_only_downward() -> None:
+    new = {f"{a} -> {b}" for a, b in upward_edges() - set(KNOWN_UPWARD)}
+    assert sorted(new) == []
+
+
+def top_level_graph() -> dict[str, set[str]]:
+    return {name: {d for _, d in nvctk_imports(ast.parse(path.read_text()), top_only=True)}
+            for name, path in MODULES.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1 or v in graph.get(v, ()):
+                out.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+    return out
+
+
+def test_nvctk_has_no_import_cycle() -> None:
+    assert cycles(top_level_graph()) == []
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_a_package_init_is_empty(name: str) -> None:
+    """No statement but a docstring: importing nvctk.x.y runs nvctk/x/__init__.py."""
+    path = PKG.parent.joinpath(*name.split("."), "__init__.py")
+    body = ast.parse(path.read_text()).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    assert body == []
+
+
+# --- the checks themselves can fail --------------------------------------------------------
+
+
+@pytest.mark.parametrize(("importer", "imported", "up"), [
+    ("nvctk.plan.make", "nvctk.host.discover", False),  # downward
+    ("nvctk.host.discover", "nvctk.plan.select", True),
+    ("nvctk.base.config", "nvctk.oci.spec", True),
+    ("nvctk.spec.apply", "nvctk.vgpu.state", False),  # siblings
+    ("nvctk.hook.worker", "nvctk.runtime.create", True),  # same layer, other package
+    ("nvctk.request.parse", "nvctk.vgpu.limits", False),  # limits sits with request
+    ("nvctk.monitor.containers", "nvctk.k8s.server", True),  # beside: not each other
+    ("nvctk.cli.main", "nvctk.monitor.server", False),
+])
+def test_upward_is_what_the_layers_say(importer: str, imported: str, up: bool) -> None:
+    assert upward(importer, imported) is up
+
+
+def test_cycles_are_found() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_are_read_at_every_level_but_type_checking() -> None:
+    src = ("import nvctk.base.errors\nTYPE_CHECKING = False\nif TYPE_CHECKING:\n"
+           "    from nvctk.host import discover\n"
+           "def f():\n    from nvctk.plan import make\n")
+    tree = ast.parse(src)
+    assert [m for _, m in nvctk_imports(tree, top_only=False)] == ["nvctk.base.errors",
+                                                                   "nvctk.plan.make"]
+    assert [m for _, m in nvctk_imports(tree, top_only=True)] == ["nvctk.base.errors"]

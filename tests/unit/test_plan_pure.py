@@ -1,0 +1,114 @@
+"""Planning does no I/O: no module of nvctk/plan/ imports what reads the host.
+
+The steps (select, devices, mounts, vgpu, hooks, make) decide from plain records that
+discovery (nvctk.host.discover, nvctk.host.image) filled; an AST scan of their
+imports, at every level (top, function, TYPE_CHECKING aside), and of their calls.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import nvctk
+
+PLAN_DIR = Path(nvctk.__file__).parent / "plan"
+# what reads files, directories, processes or the environment
+FORBIDDEN = ("os", "io", "pathlib", "subprocess", "shutil", "glob", "stat", "socket",
+             "ctypes", "nvctk._sys", "nvctk.host", "nvctk.base.fileio", "nvctk.base.config",
+             "nvctk.hook", "nvctk.vgpu.state", "nvctk.oci.spec")
+# records only, no I/O: the inventory's GpuInfo/MigInfo and proc_bus_id (a string function)
+ALLOWED = ("nvctk.host.inventory",)
+FORBIDDEN_CALLS = ("open", "exec", "eval", "__import__", "input")
+# discover + plan in one call, for the callers that have not moved to the steps yet
+# (nvctk/cdi/cdi.py, nvctk/monitor/containers.py): not a planning step, reads the host
+NOT_PLANNING = ("planner.py",)
+
+
+def planning_modules() -> list[Path]:
+    return sorted(p for p in PLAN_DIR.glob("*.py") if p.name not in NOT_PLANNING)
+
+
+def _type_checking_block(node: ast.AST) -> bool:
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+            and node.test.id == "TYPE_CHECKING")
+
+
+def imports_of(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) of every import outside `if TYPE_CHECKING:` (types cost nothing)."""
+    out: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking_block(node):
+            return
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+            # `from nvctk import _sys`, `from nvctk.base import fileio`
+            out.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def _matches(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == n or module.startswith(n + ".") for n in names)
+
+
+def io_imports(source: str) -> list[str]:
+    return [f"line {line}: {m}" for line, m in imports_of(ast.parse(source))
+            if _matches(m, FORBIDDEN) and not _matches(m, ALLOWED)]
+
+
+def io_calls(source: str) -> list[str]:
+    return [f"line {n.lineno}: {n.func.id}()" for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id in FORBIDDEN_CALLS]
+
+
+def test_the_planning_steps_are_there() -> None:
+    names = {p.stem for p in planning_modules()}
+    assert {"select", "devices", "mounts", "vgpu", "hooks", "make"} <= names
+
+
+@pytest.mark.parametrize("path", planning_modules(), ids=lambda p: p.name)
+def test_a_planning_module_imports_nothing_that_reads_the_host(path: Path) -> None:
+    assert io_imports(path.read_text()) == []
+
+
+@pytest.mark.parametrize("path", planning_modules(), ids=lambda p: p.name)
+def test_a_planning_module_calls_no_open(path: Path) -> None:
+    assert io_calls(path.read_text()) == []
+
+
+def test_the_allowed_record_module_reads_nothing() -> None:
+    """What planning may import from nvctk.host is records only."""
+    for name in ALLOWED:
+        path = Path(nvctk.__file__).parent.joinpath(*name.split(".")[1:]).with_suffix(".py")
+        assert io_imports(path.read_text()) == [] and io_calls(path.read_text()) == []
+
+
+@pytest.mark.parametrize(("source", "found"), [
+    ("import os", ["line 1: os"]),
+    ("import os.path as p", ["line 1: os.path"]),
+    ("from os import path", ["line 1: os", "line 1: os.path"]),
+    ("def f():\n    from nvctk.base import fileio", ["line 2: nvctk.base.fileio"]),
+    ("from nvctk.host.driver import LIBRARIES", ["line 1: nvctk.host.driver",
+                                                 "line 1: nvctk.host.driver.LIBRARIES"]),
+    ("from nvctk import _sys", ["line 1: nvctk._sys"]),
+    ("from nvctk.host.inventory import GpuInfo", []),
+    ("TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from nvctk.host.discover import Facts", []),
+    ("import posixpath\nfrom nvctk.edits import Mount", []),
+])
+def test_the_scan_finds_io_imports(source: str, found: list[str]) -> None:
+    """The scan itself: it would catch each of these (a test that cannot fail is none)."""
+    assert io_imports(source) == found
+
+
+def test_the_scan_finds_open_calls() -> None:
+    assert io_calls("def f(p):\n    return open(p).read()") == ["line 2: open()"]
