@@ -39,6 +39,7 @@ from nvctk.hook import worker as hook_worker
 from nvctk.hook.entry import HookRun
 from nvctk.hook.inputs import parse_state
 from nvctk.hook.poststop import poststop
+from nvctk.host import image as host_image
 from nvctk.host.inventory import HostInfo
 from nvctk.host.nvml import query_host
 from nvctk.plan.planner import make_plan
@@ -135,7 +136,7 @@ def test_a_fifo_planted_by_the_container_is_never_opened(where: str, tmp_path: P
     (root / "etc").mkdir(parents=True)
     if where == "image ld.so.preload":
         fifo, error, read = root / "etc/ld.so.preload", SpecError, \
-            lambda: vgpu_state.image_preload(str(root))
+            lambda: host_image.image_preload(str(root))
     else:
         fifo, error, read = tmp_path / "cache", ValueError, lambda: vgpu.read_usage(fifo)
     os.mkfifo(fifo)
@@ -154,16 +155,16 @@ def test_image_preload_still_reads_a_file_and_a_link_inside(tmp_path: Path) -> N
     (root / "opt").mkdir()
     (root / "opt/preload").write_text("/usr/lib/libfoo.so # comment\n/lib/libbar.so:/x.so\n")
     os.symlink("/opt/preload", root / "etc/ld.so.preload")  # absolute: resolved in the rootfs
-    assert vgpu_state.image_preload(str(root)) == ["/usr/lib/libfoo.so", "/lib/libbar.so",
+    assert host_image.image_preload(str(root)) == ["/usr/lib/libfoo.so", "/lib/libbar.so",
                                                    "/x.so"]
 
 
 def test_image_preload_size_bound(tmp_path: Path) -> None:
     root = tmp_path / "rootfs"
     (root / "etc").mkdir(parents=True)
-    (root / "etc/ld.so.preload").write_bytes(b"a" * (vgpu_state.MAX_PRELOAD_BYTES + 10))
+    (root / "etc/ld.so.preload").write_bytes(b"a" * (host_image.MAX_PRELOAD_BYTES + 10))
     with pytest.raises(SpecError, match="larger than"):
-        vgpu_state.image_preload(str(root))
+        host_image.image_preload(str(root))
 
 
 # --- read_usage on a container-writable dir ------------------------------------------------------

@@ -30,6 +30,7 @@ from nvctk.base import config as nvconfig
 from nvctk.base.errors import NvctkError, RequestError
 from nvctk.edits import PLAN_FILE, Plan
 from nvctk.hook import mount
+from nvctk.host import image as host_image
 from nvctk.oci import spec as oci
 from nvctk.runtime.create import Created, prepare_bundle
 from nvctk.sim import host
@@ -328,10 +329,10 @@ def test_image_preload_never_leaves_the_rootfs(bundles: Bundles, tmp_path: Path)
     secret.write_text("/host/only.so\n")
     b = bundles.make({})
     (b / "rootfs/etc/ld.so.preload").symlink_to(str(secret))  # absolute: resolves inside
-    assert vgpu_state.image_preload(str(b / "rootfs")) == []
+    assert host_image.image_preload(str(b / "rootfs")) == []
     (b / "rootfs/etc/ld.so.preload").unlink()
     (b / "rootfs/etc/ld.so.preload").symlink_to("../../../../../../.." + str(secret))
-    assert vgpu_state.image_preload(str(b / "rootfs")) == []
+    assert host_image.image_preload(str(b / "rootfs")) == []
 
 
 def test_hook_refuses_a_state_dir_without_its_tmpfs(bundles: Bundles, config: nvconfig.Config,
@@ -424,10 +425,10 @@ def test_non_glibc_rootfs_with_limits_fails(musl: bool, why: str, bundles: Bundl
 
 
 def test_glibc_detection_follows_links_inside_only(tmp_path: Path, base_rootfs: str) -> None:
-    assert vgpu_state.libc_kind(base_rootfs) == "glibc"  # /lib64 -> usr/lib64 -> ... (links)
+    assert host_image.libc_kind(base_rootfs) == "glibc"  # /lib64 -> usr/lib64 -> ... (links)
     root = Path(_libcless_rootfs(tmp_path / "r", musl=False))
     (root / "lib64").symlink_to("/lib/x86_64-linux-gnu")  # exists on the host, not inside
-    assert vgpu_state.libc_kind(str(root)) == "none"
+    assert host_image.libc_kind(str(root)) == "none"
 
 
 # --- through nvctk-runtime + runc ---------------------------------------------------------------

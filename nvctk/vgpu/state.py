@@ -30,15 +30,13 @@ no peer of it, so nothing mounted on the clone inside the container comes back.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 
-from nvctk.base.errors import NvctkError, RequestError, SpecError
+from nvctk.base.errors import NvctkError, SpecError
 from nvctk.hook import mount
+from nvctk.host.image import MAX_PRELOAD_BYTES
 from nvctk.vgpu.gc import (
     _ID_CHARS,
-    _WORD,
     DEFAULT_RUNTIME_ROOT,
     OWNER_NAME,
     TMPFS_SOURCE,
@@ -62,7 +60,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
 
     from nvctk.base.config import Config
-    from nvctk.edits import VgpuPlan
+    from nvctk.edits import Vgpu
 
 CONTAINER_LIBRARY = "/run/nvctk/libvgpu.so"  # where libvgpu.so is mounted inside
 RO_DIR = "ro"  # the tmpfs's read-only half: mounted at /run/nvctk
@@ -72,7 +70,6 @@ LIMITS_NAME = "limits"
 CACHE_NAME = "cache"
 LIBRARY_NAME = "libvgpu.so"
 VGPU_NAME = "vgpu"
-MAX_PRELOAD_BYTES = 64 * 1024
 
 # The per-container tmpfs: the accounting file (libvgpu sizes it to SHM_SIZE), the
 # limits and preload files, with headroom; a few inodes (each costs kernel memory).
@@ -84,33 +81,7 @@ TMPFS_INODES = 64
 TMPFS_OPTIONS = {"source": TMPFS_SOURCE, "size": str(TMPFS_SIZE),
                  "nr_inodes": str(TMPFS_INODES), "mode": "0755"}
 TMPFS_ATTRS = mount.MOUNT_ATTR_NOSUID | mount.MOUNT_ATTR_NODEV | mount.MOUNT_ATTR_NOEXEC
-GLIBC_LOADERS = ("/lib64/ld-linux-x86-64.so.2",)  # plus /lib/ld-linux-*.so*
 
-_DIGITS = frozenset("0123456789")
-
-
-def _is_glibc_loader(name: str) -> bool:
-    """name matches ld-linux(-[A-Za-z0-9_-]+)?\\.so(\\.[0-9]+)*"""
-    if not name.startswith("ld-linux"):
-        return False
-    arch, sep, version = name[len("ld-linux"):].partition(".so")
-    if not sep:
-        return False
-    if arch and (arch[0] != "-" or len(arch) < 2 or not set(arch[1:]) <= _WORD | {"-"}):
-        return False
-    if not version:
-        return True
-    first, *parts = version.split(".")
-    return first == "" and all(p and set(p) <= _DIGITS for p in parts)
-
-
-def _is_musl_loader(name: str) -> bool:
-    """name matches ld-musl-[A-Za-z0-9_]+\\.so\\.1"""
-    prefix, suffix = "ld-musl-", ".so.1"
-    if not (name.startswith(prefix) and name.endswith(suffix)):
-        return False
-    arch = name[len(prefix):-len(suffix)]
-    return bool(arch) and set(arch) <= _WORD
 
 
 # --- naming --------------------------------------------------------------------------------
@@ -135,86 +106,10 @@ def state_dir_for(config: Config, runtime_root: str | None, container_id: str) -
     return os.path.join(os.path.abspath(config.state_dir), name)
 
 
-# --- looking into the image (never following a link out of the rootfs) --------------------
-# Image facts, not the state dir's: they belong to discovery (nvctk/host/image.py, the
-# planner's part of issue 19) and stay here until it reads them into the form.
-def _list_in_rootfs(rootfs: str, path: str) -> list[str]:
-    try:
-        fd = mount.open_in_rootfs(rootfs, path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return []
-    try:
-        return os.listdir(fd)
-    finally:
-        os.close(fd)
-
-
-def libc_kind(rootfs: str) -> str:
-    """'musl' if the image has musl's loader, 'glibc' if it has glibc's, else 'none'."""
-    lib = _list_in_rootfs(rootfs, "/lib")
-    if any(_is_musl_loader(n) for n in lib):
-        return "musl"
-    loaders = [*GLIBC_LOADERS, *(f"/lib/{n}" for n in lib if _is_glibc_loader(n))]
-    if any(mount.exists_in_rootfs(rootfs, p) for p in loaders):
-        return "glibc"
-    return "none"
-
-
-def check_preloadable(rootfs: str, variable: str) -> None:
-    """RequestError unless the image's loader honours /etc/ld.so.preload (glibc)."""
-    kind = libc_kind(rootfs)
-    if kind == "glibc":
-        return
-    why = ("the image uses musl (/lib/ld-musl-*.so.1), which ignores /etc/ld.so.preload"
-           if kind == "musl" else
-           "the image has no glibc dynamic loader (/lib64/ld-linux-x86-64.so.2 or "
-           "/lib/ld-linux-*.so*), so nothing would load /etc/ld.so.preload")
-    raise RequestError(
-        f"{variable} is set but GPU limits cannot be enforced in this container: {why}; "
-        "libvgpu.so needs a glibc-based image (unset the limit or use a glibc image)"
-    )
-
-
-def image_preload(rootfs: str) -> list[str]:
-    """The entries of the image's own /etc/ld.so.preload ([] if it has none)."""
-    # O_PATH first: opening the image's file for reading before knowing what it is
-    # would block on a FIFO (the create hangs) or open a device node the image
-    # ships (its major/minor are the host's drivers).
-    try:
-        pfd = mount.open_in_rootfs(rootfs, "/etc/ld.so.preload", os.O_PATH)
-    except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            return []
-        raise SpecError(f"{rootfs}: /etc/ld.so.preload: {e.strerror}")
-    try:
-        if not stat.S_ISREG(os.fstat(pfd).st_mode):
-            raise SpecError(f"{rootfs}: /etc/ld.so.preload is not a regular file")
-        try:
-            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
-        except OSError as e:
-            raise SpecError(f"{rootfs}: /etc/ld.so.preload: {e.strerror}")
-    finally:
-        os.close(pfd)
-    try:
-        data = b""
-        while len(data) <= MAX_PRELOAD_BYTES:
-            chunk = os.read(fd, MAX_PRELOAD_BYTES + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(fd)
-    if len(data) > MAX_PRELOAD_BYTES:
-        raise SpecError(f"{rootfs}: /etc/ld.so.preload is larger than {MAX_PRELOAD_BYTES} bytes")
-    # as ld.so reads it: names separated by white space or ':', '#' starts a comment
-    text = "\n".join(line.partition("#")[0] for line in data.decode("utf-8", "replace").split("\n"))
-    return text.replace(":", " ").split()
-
-
-def preload_text(container_library: str, image_entries: list[str]) -> str:
-    """libvgpu first (its cu* symbols win), then the image's own entries."""
-    rest = [e for e in image_entries if e != container_library]
-    return "\n".join([container_library, *dict.fromkeys(rest)]) + "\n"
+def preload_text(container_library: str, entries: tuple[str, ...]) -> str:
+    """The container's /etc/ld.so.preload: libvgpu first (its cu* symbols win), then the
+    image's entries the plan keeps (nvctk.plan.vgpu.kept_preload_entries decides which)."""
+    return "\n".join([container_library, *entries]) + "\n"
 
 
 # --- create / remove (removal and its proofs: nvctk.vgpu.gc) --------------------------------
@@ -251,18 +146,15 @@ def remove_if_owner(path: str, config: Config, pid: int | None = None) -> bool:
 
 
 # --- install --------------------------------------------------------------------------------
-def install(vgpu: VgpuPlan, rootfs: str | None, config: Config, *,
+def install(vgpu: Vgpu, rootfs: str | None, config: Config, *,
             runtime_root: str | None = None, container_id: str | None = None) -> None:
     """(Re)create the container's state dir, a tmpfs of its own (the layout above),
-    owned by this process; first reclaim what containers that are gone left."""
+    owned by this process; first reclaim what containers that are gone left. Its files
+    say what the form says (limits, preload entries): nothing is read from the image
+    here (rootfs is unused, kept for the runtime's call)."""
     d = vgpu.state_dir
     if not _under_state_dir(d, config):
         raise SpecError(f"vGPU state dir {d} is not directly under state-dir {config.state_dir}")
-    entries = list(vgpu.preload_entries)
-    if not entries and rootfs:
-        # TODO(issue 19, planner): remove once discovery reads the image's preload lines
-        # into the form (Vgpu.preload_entries); until then they are read here
-        entries = image_preload(rootfs)
     # 0700: each container can write (and plant files in) its own dir, and the
     # accounting file is 0666 for the container's users; no host user may reach them
     os.makedirs(os.path.dirname(d), 0o700, exist_ok=True)
@@ -291,7 +183,7 @@ def install(vgpu: VgpuPlan, rootfs: str | None, config: Config, *,
             _mount_tmpfs(d)
             # first: a shim killed from here on leaves a dir the collector can place
             _write(os.path.join(d, OWNER_NAME), owner, 0o600)
-            _populate(d, vgpu, entries)
+            _populate(d, vgpu)
             _unlink_marker(d)
         except BaseException:
             try:
@@ -302,14 +194,14 @@ def install(vgpu: VgpuPlan, rootfs: str | None, config: Config, *,
             raise
 
 
-def _populate(d: str, vgpu: VgpuPlan, image_entries: list[str]) -> None:
+def _populate(d: str, vgpu: Vgpu) -> None:
     ro, rw = os.path.join(d, RO_DIR), os.path.join(d, RW_DIR)
     for sub in (ro, rw):
         os.mkdir(sub, 0o755)
         os.chmod(sub, 0o755)  # whatever the umask
     write_limits_file(os.path.join(ro, LIMITS_NAME), vgpu.limits,
                       os.path.join(vgpu.container_state_dir, CACHE_NAME))
-    _write(os.path.join(ro, PRELOAD_NAME), preload_text(vgpu.container_library, image_entries),
+    _write(os.path.join(ro, PRELOAD_NAME), preload_text(vgpu.container_library, vgpu.preload_entries),
            0o444)
     _write(os.path.join(ro, LIBRARY_NAME), "", 0o444)  # mount points
     os.mkdir(os.path.join(ro, VGPU_NAME), 0o755)
