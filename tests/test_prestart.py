@@ -228,8 +228,8 @@ def _importer_chain(imports: list[tuple[int, str]], i: int) -> list[str]:
 
 def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]],
                                          sim_host: SimHost, host_table: None) -> None:
-    """The whole prestart path (state, config, plan, mounts, mask, ldconfig) run by the
-    real executable under -X importtime imports none of the slow modules."""
+    """The whole prestart path (state, plan, mounts, mask, ldconfig) run by the real
+    executable under -X importtime imports none of the slow modules, nor the config."""
     bundle, root = setup()
     v = sim_host.topology.driver_version
     state = {"ociVersion": "1.0.2", "id": "c1", "status": "creating", "bundle": bundle.path}
@@ -245,6 +245,8 @@ def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]
     imports = _imports(r.stderr)
     names = {n for _, n in imports}
     assert "nvctk.hook.prestart" in names and "nvctk.hook.mount" in names, r.stderr[-3000:]
+    # the log's file and level come in the plan: the hook reads no config
+    assert "nvctk.base.config" not in names, r.stderr[-3000:]
     slow = [" <- ".join(_importer_chain(imports, i)) for i, (_, n) in enumerate(imports)
             if n.partition(".")[0] in SLOW_MODULES]
     assert not slow, "slow imports on the hook's path (module <- importer ...):\n" + \
