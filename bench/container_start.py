@@ -21,7 +21,8 @@ removing them is not timed. Bundles, runtime state and upper dirs live on a tmpf
 Cases, interleaved round-robin so drift hits all alike:
 - runc, no GPU: the baseline; overhead = a case's median minus this one's;
 - nvctk-runtime, 1 GPU (default capabilities), 1 GPU with
-  NVIDIA_DRIVER_CAPABILITIES=all, all 8 GPUs;
+  NVIDIA_DRIVER_CAPABILITIES=all, all 8 GPUs; and in CDI mode (mode = "cdi", the spec
+  from `nvctk cdi generate`, made once, up front), 1 GPU;
 - NVIDIA Container Toolkit (../shared/peers/nct) nvidia-container-runtime in
   `cdi` mode (spec from `nvidia-ctk cdi generate`, once, up front) and in `jit-cdi`
   mode, 1 GPU; the sim's shared state mount (/run/nvidia-sim), which nvctk adds
@@ -242,6 +243,127 @@ spec-dirs = ["{spec_dir}"]
 path = "{nct_bin / 'nvidia-ctk'}"
 """
 
+# podman: private storage and config (as tests/test_cdi_podman.py); the CDI specs go to
+# /var/run/cdi (podman 4.3 reads no other dir) under vendors of the bench's own
+PODMAN_CONTAINERS_CONF = """\
+[containers]
+default_ulimits = []
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "none"
+runtime = "runc"
+[network]
+network_config_dir = "{net}"
+"""
+PODMAN_STORAGE_CONF = """\
+[storage]
+driver = "vfs"
+graphroot = "{root}"
+runroot = "{runroot}"
+"""
+PODMAN_SPEC_DIR = Path("/var/run/cdi")
+
+
+class Podman:
+    """`podman run --rm --device KIND=0 IMAGE true` with private storage, one image
+    imported from the bench's rootfs; close() removes all of it and the specs."""
+
+    def __init__(self, exe: str, rootfs: Path) -> None:
+        self.work = Path(tempfile.mkdtemp(prefix="nvctk-bp-", dir="/tmp"))  # short: runroot
+        dirs = {k: self.work / k for k in ("root", "runroot", "tmp", "net", "varlib")}
+        for d in dirs.values():
+            d.mkdir()
+        (self.work / "containers.conf").write_text(PODMAN_CONTAINERS_CONF.format(net=dirs["net"]))
+        (self.work / "storage.conf").write_text(PODMAN_STORAGE_CONF.format(
+            root=dirs["root"], runroot=dirs["runroot"]))
+        (self.work / "registries.conf").write_text("")
+        self.env = {**os.environ, "CONTAINERS_CONF": str(self.work / "containers.conf"),
+                    "CONTAINERS_STORAGE_CONF": str(self.work / "storage.conf"),
+                    "CONTAINERS_REGISTRIES_CONF": str(self.work / "registries.conf")}
+        self.base = [exe, "--root", str(dirs["root"]), "--runroot", str(dirs["runroot"]),
+                     "--tmpdir", str(dirs["tmp"]), "--storage-driver", "vfs",
+                     "--cgroup-manager", "cgroupfs", "--events-backend", "none",
+                     "--runtime", "runc"]
+        self.specs: list[Path] = []
+        self.image = "localhost/nvctk-bench:latest"
+        tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True,
+                             check=True).stdout
+        # the import caches blob digests under /var/lib/containers: a /var/lib of its own
+        subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+                        'mount --bind "$0" /var/lib; exec "$@"', str(dirs["varlib"]),
+                        *self.base, "import", "-", self.image], input=tar, env=self.env,
+                       capture_output=True, check=True)
+
+    def add_spec(self, data: bytes, name: str) -> None:
+        PODMAN_SPEC_DIR.mkdir(parents=True, exist_ok=True)
+        p = PODMAN_SPEC_DIR / name
+        p.write_bytes(data)
+        self.specs.append(p)
+
+    def run(self, kind: str, args: list[str]) -> str:
+        r = subprocess.run([*self.base, "run", "--rm", "--network", "none", "--device",
+                            f"{kind}=0", self.image, *args], env=self.env,
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"podman run --device {kind}=0 exited {r.returncode}: "
+                               f"{r.stderr[-2000:]}")
+        return r.stdout
+
+    def close(self) -> None:
+        for p in self.specs:
+            p.unlink(missing_ok=True)
+        for what in (["rm", "--all", "--force"], ["rmi", "--all", "--force"]):
+            subprocess.run([*self.base, *what], env=self.env, capture_output=True, timeout=120)
+        mounts = []
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                mp = line.split()[4]
+                if mp.startswith(str(self.work) + "/"):
+                    mounts.append(mp)
+        for mp in sorted(mounts, key=len, reverse=True):
+            subprocess.run(["umount", "-l", mp], capture_output=True)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def podman_cases(tmp: Path, cfg: Path, sim_root: str, nct_bin: Path | None,
+                 say: Callable[[str], None]) -> tuple[list[Case], Podman | None]:
+    """`podman run --device K=0 IMAGE true` with nvctk's spec and with NCT's (same
+    host, same image), for the bench's podman rows; none when podman is absent."""
+    exe = shutil.which("podman")
+    if exe is None:
+        say("podman not found: its rows are skipped")
+        return [], None
+    pm = Podman(exe, tmp / "rootfs")
+    tag = os.urandom(4).hex()
+    kinds = {"nvctk": f"b{tag}.nvctk.bench/gpu"}
+    out = subprocess.run([str(VENV_BIN / "nvctk"), "cdi", "generate", "--vendor",
+                          f"b{tag}.nvctk.bench", "--class", "gpu"],
+                         env={**os.environ, "NVCTK_CONFIG": str(cfg)}, check=True,
+                         capture_output=True).stdout
+    pm.add_spec(out, f"nvctk-bench-{tag}.yaml")
+    if nct_bin is not None:
+        kinds["NCT"] = f"b{tag}.nct.bench/gpu"
+        nct_out = tmp / "nct-podman.yaml"
+        subprocess.run([str(nct_bin / "nvidia-ctk"), "cdi", "generate",
+                        f"--driver-root={sim_root}", f"--dev-root={sim_root}",
+                        f"--nvidia-cdi-hook-path={nct_bin / 'nvidia-cdi-hook'}",
+                        f"--vendor=b{tag}.nct.bench", "--class=gpu", f"--output={nct_out}"],
+                       check=True, capture_output=True)
+        pm.add_spec(nct_out.read_bytes(), f"nct-bench-{tag}.yaml")
+    cases = []
+    for who, kind in kinds.items():
+        listed = pm.run(kind, ["sh", "-c", "ls -d /dev/nvidia[0-9]*"]).split()
+        if listed != ["/dev/nvidia0"]:
+            raise RuntimeError(f"podman with {who}'s spec: expected /dev/nvidia0, got {listed}")
+
+        def one(kind: str = kind) -> float:
+            t0 = time.perf_counter()
+            pm.run(kind, ["true"])
+            return time.perf_counter() - t0
+        cases.append(Case(f"podman run, {who}'s CDI spec, 1 GPU", one))
+    return cases, pm
+
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -254,6 +376,7 @@ def main() -> int:
     opts = ap.parse_args()
     n = opts.n or (25 if opts.quick else 150)
     n_pass = 4 * n  # passthrough runs are cheap and their differences small
+    n_podman = max(6, n // 10)
     if os.geteuid() != 0:
         print("bench/container_start.py: needs root", file=sys.stderr)
         return 1
@@ -311,6 +434,17 @@ def main() -> int:
                           {**base_env, "NVCTK_CONFIG": str(cfg)})
         r_shim = Runtime("nvctk-runtime (shim only)", r_nvctk.argv,
                          {**base_env, "NVCTK_CONFIG": str(shim_cfg)})
+        # nvctk in CDI mode: the spec from `nvctk cdi generate`, made once, up front
+        nvctk_spec_dir = tmp / "nvctk-cdi"
+        subprocess.run([str(VENV_BIN / "nvctk"), "cdi", "generate", "--output",
+                        str(nvctk_spec_dir / "nvidia.json")],
+                       env={**base_env, "NVCTK_CONFIG": str(cfg)}, check=True,
+                       capture_output=True)
+        cdi_cfg = cfg.with_name("cdi.toml")
+        cdi_cfg.write_text(with_config_line(with_config_line(cfg_text, "mode", '"cdi"'),
+                                            "cdi-spec-dirs", f'["{nvctk_spec_dir}"]'))
+        r_nvctk_cdi = Runtime("nvctk-runtime (cdi)", r_nvctk.argv,
+                              {**base_env, "NVCTK_CONFIG": str(cdi_cfg)})
         r_nct: dict[str, Runtime] = {}
         if have_nct:
             spec_dir = tmp / "cdi"
@@ -342,6 +476,7 @@ def main() -> int:
             ("nvctk-runtime, 1 GPU", r_nvctk, gpu1, False, 1, True),
             ("nvctk-runtime, 1 GPU, caps=all", r_nvctk, gpu1_all, False, 1, True),
             ("nvctk-runtime, 8 GPUs", r_nvctk, gpu8, False, GPUS, True),
+            ("nvctk-runtime cdi mode, 1 GPU", r_nvctk_cdi, gpu1, False, 1, True),
         ]
         for mode, r in r_nct.items():
             full.append((f"NCT {mode}, 1 GPU", r, gpu1, True, 1, True))
@@ -458,6 +593,14 @@ def main() -> int:
         interleave(cases, n)
         elapsed = time.perf_counter() - t_start
         report(say, cases, passthrough, n, n_pass, elapsed, have_nct, breakdown_ok)
+        # podman: each `podman run` takes ~0.5 s, so fewer runs, interleaved as the rest
+        pcases, pm = podman_cases(tmp, cfg, sim.root, nct_bin if have_nct else None, say)
+        if pm is not None:
+            try:
+                interleave(pcases, n_podman)
+            finally:
+                pm.close()
+            report_podman(say, pcases, n_podman)
     except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
         # a case that does not work must stop the bench, not look fast
         detail = getattr(e, "stderr", None) or ""
@@ -473,6 +616,19 @@ def main() -> int:
     if opts.out:
         opts.out.write_text("\n".join(lines) + "\n")
     return 0
+
+
+def report_podman(say: Callable[[str], None], cases: list[Case], n: int) -> None:
+    med = {c.label: statistics.median(c.samples) * 1000 for c in cases}
+    say("")
+    say(f"podman run --rm --network none --device KIND=0 IMAGE true ({n} interleaved runs "
+        "each; the spec in /var/run/cdi)")
+    for c in cases:
+        say(f"  {c.label:<42} median {med[c.label]:7.2f}  p90 "
+            f"{pctl(c.samples, 0.9) * 1000:7.2f}")
+    if len(cases) == 2:
+        a, b = (med[c.label] for c in cases)
+        say(f"  {'podman run with nvctk spec / with NCT spec':<52} {a / b:5.2f} x  (goal <= 1.00)")
 
 
 def interleave(cases: list[Case], n: int) -> None:
@@ -519,6 +675,8 @@ def report(say: Callable[[str], None], cases: list[Case], passthrough: list[Case
               ov("NCT cdi, 1 GPU"), "<= 0.75")
         ratio("  same, nvctk with caps=all / NCT cdi", ov("nvctk-runtime, 1 GPU, caps=all"),
               ov("NCT cdi, 1 GPU"), "<= 0.75")
+        ratio("GPU start overhead nvctk cdi mode / NCT cdi", ov("nvctk-runtime cdi mode, 1 GPU"),
+              ov("NCT cdi, 1 GPU"), "<= 0.60")
         ratio("GPU start overhead NCT jit-cdi / NCT cdi", ov("NCT jit-cdi, 1 GPU"),
               ov("NCT cdi, 1 GPU"))
         pt = med["nvctk-runtime list"] - med["runc list"]

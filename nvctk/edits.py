@@ -18,6 +18,8 @@ the planner and hook sides move to the new ones.
 
 from __future__ import annotations
 
+import posixpath
+
 from nvctk.base import jsonio
 from nvctk.base.record import Record
 
@@ -227,8 +229,9 @@ class Edits(Record):
 
     def has_hook_work(self) -> bool:
         """Whether the prestart hook has anything to do in the container."""
-        return bool(self.mounts or self.symlinks or self.proc_mask is not None
-                    or self.ldconfig or self.vgpu is not None)
+        # a mount with options is a CDI spec's own, made by runc: not the hook's
+        return bool(any(m.options is None for m in self.mounts) or self.symlinks
+                    or self.proc_mask is not None or self.ldconfig or self.vgpu is not None)
 
     def to_json(self) -> str:
         return jsonio.dumps(self.to_dict(), sort_keys=True)
@@ -271,3 +274,47 @@ def _mount(x: dict[str, Any]) -> Mount:
 
 
 Plan = Edits  # the old name
+
+# nvctk-hook's CDI hook commands (`nvctk cdi generate` writes cdi-edits; specs written
+# before it have create-symlinks and update-ldcache) and the flags each takes
+CDI_HOOK_FLAGS = {"create-symlinks": ("--link",), "update-ldcache": ("--folder",),
+                  "cdi-edits": ("--link", "--folder")}
+
+
+def cdi_hook_args(cmd: str, args: list[str] | tuple[str, ...]
+                  ) -> tuple[tuple[Symlink, ...], str | None]:
+    """(links, ldconfig folder) of an nvctk-hook CDI hook's arguments after the command:
+    what it adds to the form. ValueError says what is wrong with them."""
+    flags = CDI_HOOK_FLAGS[cmd]
+    links: list[Symlink] = []
+    folder: str | None = None
+    it = iter(args)
+    for a in it:
+        if a not in flags:
+            raise ValueError(f"unexpected argument {a!r} (want {' or '.join(flags)})")
+        value = next(it, None)
+        if not value or "\0" in value:
+            raise ValueError(f"{a} needs a value")
+        if a == "--link":
+            target, sep, path = value.partition("::")
+            if not sep or not target or not path.startswith("/"):
+                raise ValueError(f"--link {value!r}: want TARGET::/ABSOLUTE/PATH")
+            links.append(Symlink(path, target))
+        else:
+            if folder is not None or not value.startswith("/"):
+                raise ValueError(f"--folder {value!r}: want one absolute container path")
+            folder = value
+    if not links and folder is None:
+        raise ValueError(f"{' or '.join(flags)} is required")
+    return tuple(links), folder
+
+
+def container_path_of_host(driver_root: str, host: str) -> str:
+    """A host path under the driver root as the same path inside the container
+    (<root>/var/run/x is /run/x: /var/run is a link to /run)."""
+    rel = posixpath.relpath(host, driver_root)
+    if rel.startswith(".."):
+        return host
+    if rel.startswith("var/run/"):
+        rel = rel[len("var/") :]
+    return "/" + rel

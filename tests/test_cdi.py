@@ -129,12 +129,8 @@ def test_spec_devices_and_edits(sim_host_mig: SimHost, tmp_path: Path,
     assert set(paths["all"]) == {p for n, ps in paths.items() if n != "all" for p in ps}
     node = devs["gpu1"]["deviceNodes"][0]
     assert node == {"path": "/dev/nvidia1", "hostPath": f"{sim_host_mig.root}/dev/nvidia1",
-                    "type": "c", "major": 195, "minor": 1, "permissions": "rwm"}
-    bus = proc_bus_id(g1.pci_bus_id)
-    assert devs["gpu1"]["hooks"][0]["args"][1:] == [
-        "create-symlinks", "--link", f"../card{g1.minor}::/dev/dri/by-path/pci-{bus}-card",
-        "--link", f"../renderD{128 + g1.minor}::/dev/dri/by-path/pci-{bus}-render"]
-
+                    "type": "c", "major": 195, "minor": 1, "fileMode": 0o666,
+                    "permissions": "rwm"}
     common = spec["containerEdits"]
     assert [d["path"] for d in common["deviceNodes"]] == [
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
@@ -148,11 +144,22 @@ def test_spec_devices_and_edits(sim_host_mig: SimHost, tmp_path: Path,
     assert mounts["/run/nvidia-persistenced/socket"]["options"] == [
         "nosuid", "nodev", "rbind", "rprivate", "noexec"]
     assert "/usr/bin/nvidia-smi" in mounts
-    hooks = common["hooks"]
-    assert all(h["hookName"] == "createRuntime" and h["path"] == HOOK for h in hooks)
-    assert hooks[-1]["args"] == ["nvctk-hook", "update-ldcache", "--folder", lib]
-    assert f"libcuda.so.1::{lib}/libcuda.so" in hooks[0]["args"]
-    assert all(h["env"] == [f"NVCTK_CONFIG={sim_host_mig.config_path}"] for h in hooks)
+    # one createRuntime hook per device, none in the common edits: a one-device container
+    # runs one hook (the common links, the device's own and ldconfig)
+    assert "hooks" not in common
+    bus = proc_bus_id(g1.pci_bus_id)
+    for e in devs.values():
+        (hook,) = e["hooks"]
+        assert hook["hookName"] == "createRuntime" and hook["path"] == HOOK
+        assert hook["env"] == [f"NVCTK_CONFIG={sim_host_mig.config_path}"]
+        assert hook["args"][:2] == ["nvctk-hook", "cdi-edits"]
+        assert hook["args"][-2:] == ["--folder", lib]
+        assert f"libcuda.so.1::{lib}/libcuda.so" in hook["args"]
+    drm = ["--link", f"../card{g1.minor}::/dev/dri/by-path/pci-{bus}-card",
+           "--link", f"../renderD{128 + g1.minor}::/dev/dri/by-path/pci-{bus}-render"]
+    args = devs["gpu1"]["hooks"][0]["args"]
+    assert any(args[i:i + 4] == drm for i in range(len(args)))
+    assert not any(f"pci-{bus}-card" in a for a in devs["gpu0"]["hooks"][0]["args"])
 
 
 def test_generate_to_stdout_and_bad_vendor(sim_host: SimHost,
@@ -237,6 +244,9 @@ def test_list(spec_yaml: Path, tmp_path: Path, sim_host: SimHost,
     (["create-symlinks", "--folder", "/x"], "unexpected argument '--folder'"),
     (["update-ldcache", "--folder", "lib"], "want one absolute container path"),
     (["update-ldcache", "--folder", "/a", "--folder", "/b"], "want one absolute"),
+    (["cdi-edits"], "--link or --folder is required"),
+    (["cdi-edits", "--link", "a::/x", "--folder", "/a", "--folder", "/b"], "want one absolute"),
+    (["cdi-edits", "--mount", "/x"], "unexpected argument '--mount'"),
 ])
 def test_hook_bad_arguments(args: list[str], msg: str) -> None:
     r = subprocess.run([HOOK, *args], input=b"", capture_output=True, timeout=30)
@@ -276,8 +286,8 @@ def _apply_cdi(spec: dict[str, Any], names: list[str], oci_spec: dict[str, Any])
                     reason="needs root and runc")
 def test_runc_container_from_the_cdi_spec(sim_host: SimHost, spec_yaml: Path,
                                           tmp_path: Path) -> None:
-    """The spec's edits in a plain runc bundle: nvctk-hook create-symlinks and
-    update-ldcache run as createRuntime hooks; the container finds libcuda through
+    """The spec's edits in a plain runc bundle: one nvctk-hook cdi-edits runs as a
+    createRuntime hook (links and ldconfig); the container finds libcuda through
     its ld.so.cache, its DRM by-path links, and nvidia-smi works."""
     from nvctk.sim.rootfs import build_rootfs
 

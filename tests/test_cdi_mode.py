@@ -18,10 +18,12 @@ from test_shim import RUNTIME, Env, create_argv, snapshot
 
 from nvctk.base.config import Config, parse
 from nvctk.base.errors import ConfigError, RequestError
-from nvctk.cdi import cdi
+from nvctk.cdi import cdi, resolve
+from nvctk.edits import Edits
 from nvctk.request.parse import cdi_names, parse_qualified, request_from_spec
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
+from nvctk.spec.record import AppliedRecord
 
 
 def _with(text: str, **keys: str) -> str:
@@ -181,6 +183,14 @@ def test_duplicate_name_in_two_files_names_both(tmp_path: Path) -> None:
 HOOK = {"hookName": "createRuntime", "path": "/usr/bin/h", "args": ["h", "x"], "env": ["P=1"]}
 
 
+def _apply(spec: dict[str, Any], names: tuple[str, ...], d: Path, state: str) -> None:
+    """CDI mode's edits: the devices as the form (nvctk.cdi.resolve), applied by
+    nvctk.spec.apply as legacy mode's form is."""
+    edits = resolve.to_edits(cdi.resolve(names, (str(d),)), ldconfig="/sbin/ldconfig",
+                             spec=spec)
+    spec_edits.apply(spec, edits, state, cdi=True)
+
+
 def test_apply_and_remove_edits(tmp_path: Path) -> None:
     """Every kind of edit goes in, is recorded, and the next create's removal takes
     exactly it out again (the user's own entries stay)."""
@@ -201,8 +211,7 @@ def test_apply_and_remove_edits(tmp_path: Path) -> None:
     }
     before = json.loads(json.dumps(spec))
     state = str(tmp_path / "state")
-    spec_edits.record_edits(spec, cdi.apply_edits(spec, cdi.resolve(("x.io/c=0", "x.io/c=1"),
-                                                            (str(d),))), state)
+    _apply(spec, ("x.io/c=0", "x.io/c=1"), d, state)
     assert spec["process"]["env"] == ["PATH=/bin", "X_COMMON=1", "X_DEV=0"]
     null = os.stat("/dev/null")
     assert spec["linux"]["devices"] == [
@@ -249,7 +258,7 @@ def test_bad_edits_are_clear_errors(tmp_path: Path, edits: dict[str, Any], msg: 
     p = _write(d, "x.json", _cdi("x.io/c", {"0": edits}))
     spec: dict[str, Any] = {"process": {"env": []}}
     with pytest.raises(cdi.CdiError, match=f"{p}: device 0: .*{msg}"):
-        cdi.apply_edits(spec, cdi.resolve(("x.io/c=0",), (str(d),)))
+        _apply(spec, ("x.io/c=0",), d, str(tmp_path / "state"))
     assert spec == {"process": {"env": []}}
 
 
@@ -259,7 +268,7 @@ def test_unbuffered_char_device_gets_a_c_rule(tmp_path: Path) -> None:
     _write(d, "x.json", _cdi("x.io/c", {"0": {"deviceNodes": [
         {"path": "/dev/x", "type": "u", "major": 1, "minor": 3}]}}))
     spec: dict[str, Any] = {"process": {"env": []}}
-    cdi.apply_edits(spec, cdi.resolve(("x.io/c=0",), (str(d),)))
+    _apply(spec, ("x.io/c=0",), d, str(tmp_path / "state"))
     assert spec["linux"]["devices"][0]["type"] == "u"
     assert [r["type"] for r in spec["linux"]["resources"]["devices"]] == ["c"]
 
@@ -338,12 +347,17 @@ def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path,
     r = env.run(*create_argv(env, b))
     assert r.returncode == 0, r.stderr
     s = json.loads((b / "config.json").read_text())
-    assert len(s["mounts"]) > len(original["mounts"])
+    # nvctk's own spec becomes the form legacy mode makes: its mounts, links and
+    # ldconfig are the one prestart hook's (the form beside the spec), not runc's
+    assert s["mounts"] == original["mounts"]
     assert any(d["path"] == "/dev/nvidia1" for d in s["linux"]["devices"])
     assert not any(d["path"] == "/dev/nvidia0" for d in s["linux"]["devices"])
-    assert [h["args"][1] for h in s["hooks"]["createRuntime"]].count("update-ldcache") == 1
-    assert s["hooks"].get("prestart", []) == []  # never the legacy hook in CDI mode
-    assert not (b / "nvctk-plan.json").exists()
+    assert s["hooks"].get("createRuntime", []) == []
+    assert [h["args"] for h in s["hooks"]["prestart"]] == [["nvctk-hook", "prestart"]]
+    form = Edits.from_json((b / "nvctk-plan.json").read_bytes())
+    assert any(m.container_path.endswith("/libcuda.so.1") or "libcuda.so." in m.container_path
+               for m in form.mounts)
+    assert form.ldconfig and any(x.container_path.endswith("/libcuda.so") for x in form.symlinks)
 
     _set_env(b, ["NVIDIA_VISIBLE_DEVICES=void"])
     r = env.run(*create_argv(env, b))
@@ -354,6 +368,7 @@ def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path,
     assert s["linux"]["resources"] == original["linux"]["resources"]
     assert all(v == [] for v in s["hooks"].values())
     assert spec_edits.EDITS_ANNOTATION not in s.get("annotations", {})
+    assert not (b / "nvctk-plan.json").exists()
 
     # cdi again, then legacy: the legacy create has none of the CDI edits left
     _set_env(b, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"])
@@ -363,7 +378,7 @@ def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path,
     assert r.returncode == 0, r.stderr
     s = json.loads((b / "config.json").read_text())
     assert s["mounts"] == original["mounts"]
-    assert s["hooks"]["createRuntime"] == []
+    assert s["hooks"].get("createRuntime", []) == []
     assert [d["path"] for d in s["linux"]["devices"] if d["path"] == "/dev/nvidia1"] == []
     assert len(s["hooks"]["prestart"]) == 1
     assert (b / "nvctk-plan.json").exists()
@@ -463,7 +478,7 @@ def test_forged_cdi_record_removes_nothing(tmp_path: Path, mac: str | None) -> N
 def test_record_mac_is_keyed_per_host(tmp_path: Path) -> None:
     """A genuine record made with another host's key is refused; the key file is 0600."""
     s = _spec(["PATH=/bin"])
-    spec_edits.record_edits(s, spec_edits.Edits(env=["A=1"], cdi=True), str(tmp_path / "a"))
+    spec_edits.record_edits(s, AppliedRecord(env=["A=1"], cdi=True), str(tmp_path / "a"))
     key = tmp_path / "a" / spec_edits.EDITS_KEY_FILE
     assert key.stat().st_mode & 0o7777 == 0o600 and key.stat().st_size == 32
     assert spec_edits.cdi_record_problem(s, str(tmp_path / "a")) is None

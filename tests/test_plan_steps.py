@@ -27,6 +27,7 @@ from nvctk.plan import vgpu as plan_vgpu
 from nvctk.plan.select import Selected
 from nvctk.request.parse import Request
 from nvctk.spec import apply as spec_edits
+from nvctk.spec.record import AppliedRecord
 
 V = "550.54.15"
 ROOT = "/driver"  # a plain string: planning never looks at it
@@ -229,7 +230,7 @@ def test_a_state_dir_without_a_key_leaves_a_plain_gpu_record_unsigned(tmp_path: 
     spec_edits.apply(spec, plan, broken)
     assert "mac" not in json.loads(spec["annotations"][spec_edits.EDITS_ANNOTATION])
     with pytest.raises(OSError):
-        spec_edits.record_edits(base_spec(), spec_edits.Edits(seccomp={"created": False}), broken)
+        spec_edits.record_edits(base_spec(), AppliedRecord(seccomp={"created": False}), broken)
     signed = base_spec()
     spec_edits.apply(signed, plan, str(tmp_path / "state"))
     assert "mac" in json.loads(signed["annotations"][spec_edits.EDITS_ANNOTATION])

@@ -32,6 +32,7 @@ from nvctk.edits import PLAN_FILE
 from nvctk.sim import host
 from nvctk.spec import apply as spec_edits
 from nvctk.spec import seccomp as nvseccomp
+from nvctk.spec.record import AppliedRecord
 from nvctk.vgpu import state as vgpu_state
 
 # test_vgpu_runtime's fixtures: a simulated host, capped bundles, nvctk-runtime + runc
@@ -574,7 +575,7 @@ def test_a_forged_record_does_not_open_user_namespaces(name: str, gpu: str, runc
 def test_a_profile_nvctk_cannot_edit_is_named(seccomp: Any, where: str) -> None:
     spec: dict[str, Any] = {"linux": {"seccomp": seccomp}}
     with pytest.raises(SpecError, match=re.escape(where)):
-        nvseccomp.block_user_namespaces(spec, spec_edits.Edits())
+        nvseccomp.block_user_namespaces(spec, AppliedRecord())
 
 
 def test_profiles_that_need_no_change_keep_every_byte() -> None:
@@ -587,7 +588,7 @@ def test_profiles_that_need_no_change_keep_every_byte() -> None:
          "args": [{"index": 0, "value": 0x11, "op": "SCMP_CMP_EQ"}]},
     ]
     spec: dict[str, Any] = {"linux": {"seccomp": copy.deepcopy(own)}}
-    edits = spec_edits.Edits()
+    edits = AppliedRecord()
     nvseccomp.block_user_namespaces(spec, edits)
     added = nvseccomp.userns_rules()[:2]  # Docker's profile has clone3's rule already
     assert spec["linux"]["seccomp"]["syscalls"] == own["syscalls"] + added
@@ -595,7 +596,7 @@ def test_profiles_that_need_no_change_keep_every_byte() -> None:
     other_arg = {"names": ["clone", "getpid"], "action": "SCMP_ACT_LOG",
                  "args": [{"index": 1, "value": 0, "op": "SCMP_CMP_EQ"}]}
     spec = {"linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [other_arg]}}}
-    nvseccomp.block_user_namespaces(spec, spec_edits.Edits())
+    nvseccomp.block_user_namespaces(spec, AppliedRecord())
     assert spec["linux"]["seccomp"]["syscalls"][:2] == [
         {**other_arg, "names": ["getpid"]},
         {**other_arg, "names": ["clone"], "args": [

@@ -17,19 +17,37 @@ the container's mount namespace, where that check cannot tell the two apart.
 from __future__ import annotations
 
 import os
-import stat
 from typing import Any, Literal
 
-from nvctk.base import fileio, jsonio
+from nvctk.base import fileio
 from nvctk.base.config import ALL_CAPABILITIES
-from nvctk.base.errors import NvctkError, clipped, shown
-from nvctk.edits import DeviceNode, Mount, Symlink
+
+# what nvctk-runtime's CDI mode and `nvctk cdi list` use lives in nvctk.cdi.load (no
+# planner there: the CDI create path imports only that); re-exported for callers here
+from nvctk.cdi.load import (  # noqa: F401
+    CLASS,
+    FILE_OPTIONS,
+    IPC_OPTIONS,
+    SPEC_DIRS,
+    VENDOR,
+    CdiError,
+    Resolved,
+    _edit_problem,
+    _link_paths,
+    bind_options,
+    check_host_binds,
+    check_vendors,
+    list_devices,
+    load_spec_file,
+    resolve,
+    schema_problem,
+    spec_files,
+)
+from nvctk.edits import DeviceNode, Edits, Mount, Symlink, container_path_of_host
 from nvctk.host import driver as nvdriver
-from nvctk.oci import spec as oci
 from nvctk.plan.planner import (
     DEBIAN_LIB_DIR,
     Selected,
-    _container_path_of_host,
     drm_nodes,
     plan_devices,
     plan_drm_links,
@@ -37,19 +55,13 @@ from nvctk.plan.planner import (
     plan_symlinks,
 )
 from nvctk.request.parse import Request
-from nvctk.spec import apply as spec_edits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.config import Config
     from nvctk.host.inventory import HostInfo
 
-VENDOR = "nvidia.com"
-CLASS = "gpu"
-SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 STRATEGIES = ("index", "uuid", "type-index")
-FILE_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
-IPC_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
 HOOK_STAGE = "createRuntime"
 
 # Driver files NVIDIA's CDI spec mounts beyond the per-capability lists of
@@ -68,10 +80,6 @@ EXTRA_FILES = (
 )
 
 
-class CdiError(NvctkError):
-    pass
-
-
 # --- the host's plan data --------------------------------------------------------------------
 
 
@@ -85,30 +93,6 @@ def device_names(sel: Selected, strategy: str) -> str:
     if strategy == "type-index":
         return f"gpu{g.index}" if m is None else f"mig{g.index}:{m.index}"
     raise CdiError(f"unknown device name strategy {strategy!r} (one of {', '.join(STRATEGIES)})")
-
-
-class DeviceEdits:
-    """One CDI device: its names and the plan pieces only it adds."""
-
-    def __init__(self, names: list[str], devices: list[DeviceNode],
-                 symlinks: list[Symlink]) -> None:
-        self.names = names
-        self.devices = devices
-        self.symlinks = symlinks
-
-
-class HostEdits:
-    """Plan data for every device of the host: what each device adds, and what all share."""
-
-    def __init__(self, devices: list[DeviceEdits], common_devices: list[DeviceNode],
-                 mounts: list[Mount], symlinks: list[Symlink], lib_dir: str,
-                 driver_version: str) -> None:
-        self.devices = devices
-        self.common_devices = common_devices
-        self.mounts = mounts
-        self.symlinks = symlinks
-        self.lib_dir = lib_dir
-        self.driver_version = driver_version
 
 
 def _extra_mounts(files: nvdriver.DriverFiles, lib_dir: str) -> list[Mount]:
@@ -135,13 +119,15 @@ def _extra_mounts(files: nvdriver.DriverFiles, lib_dir: str) -> list[Mount]:
     for rel in EXTRA_FILES:
         p = os.path.join(root, rel.format(v=files.driver_version))
         if os.path.isfile(p):
-            out.append(Mount(p, _container_path_of_host(files, p)))
+            out.append(Mount(p, container_path_of_host(files.driver_root, p)))
     return out
 
 
-def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...]) -> HostEdits:
-    """Every GPU and MIG device of `host` (NVML order) with every capability but compat32
-    (a CDI spec names no image, so it cannot place 32-bit libraries)."""
+def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...]
+               ) -> tuple[Edits, list[tuple[list[str], Edits]]]:
+    """The forms of every GPU and MIG device of `host` (NVML order) with every capability
+    but compat32 (a CDI spec names no image, so it cannot place 32-bit libraries):
+    (what every container gets whatever its devices, [(names, what the device adds)])."""
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad or not strategies:
         raise CdiError(f"unknown device name strategy {(bad or [''])[0]!r} "
@@ -149,7 +135,8 @@ def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...]) -> H
     caps = tuple(c for c in ALL_CAPABILITIES if c != "compat32")
     files = nvdriver.discover_files(config.driver_root, host.driver_version, caps)
     cuda = next(iter(files.libraries.get("compute", ())), None)
-    lib_dir = _container_path_of_host(files, os.path.dirname(cuda)) if cuda else DEBIAN_LIB_DIR
+    lib_dir = container_path_of_host(files.driver_root, os.path.dirname(cuda)) if cuda \
+        else DEBIAN_LIB_DIR
 
     request = Request(all_devices=True, capabilities=caps)
     # what every container gets whatever its devices: nvidiactl, uvm, modeset
@@ -167,38 +154,45 @@ def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...]) -> H
         drm = drm_nodes(request, [sel], files)
         nodes = [d for d in plan_devices(request, [sel], files, drm) if d.path not in common_paths]
         names = list(dict.fromkeys(device_names(sel, s) for s in strategies))
-        devices.append(DeviceEdits(names, nodes, plan_drm_links(drm)))
-    return HostEdits(devices, common, mounts, symlinks, lib_dir, host.driver_version)
+        devices.append((names, Edits(host.driver_version, caps, (sel.gpu.uuid,),
+                                     devices=tuple(nodes), symlinks=tuple(plan_drm_links(drm)),
+                                     ldconfig="")))
+    return (Edits(host.driver_version, caps, (), devices=tuple(common), mounts=tuple(mounts),
+                  symlinks=tuple(symlinks), lib_dir=lib_dir, ldconfig=config.ldconfig),
+            devices)
 
 
 # --- the CDI spec ----------------------------------------------------------------------------
 
 
 def _node_entry(d: DeviceNode) -> dict[str, Any]:
-    return {"path": d.path, "hostPath": d.host_path, "type": d.type, "major": d.major,
-            "minor": d.minor, "permissions": "rwm"}
+    # fileMode too: the form's mode (0660 for DRM nodes, as the driver makes them), not
+    # the host node's, whatever that is
+    out: dict[str, Any] = {"path": d.path, "hostPath": d.host_path, "type": d.type,
+                           "major": d.major, "minor": d.minor}
+    if d.file_mode is not None:
+        out["fileMode"] = d.file_mode
+    out["permissions"] = d.permissions
+    return out
 
 
 def _mount_entry(m: Mount) -> dict[str, Any]:
-    opts: tuple[str, ...] = FILE_OPTIONS if m.read_only else IPC_OPTIONS
-    if m.read_only and m.noexec:
-        opts = (*FILE_OPTIONS, "noexec")
-    return {"hostPath": m.host_path, "containerPath": m.container_path, "options": list(opts)}
+    return {"hostPath": m.host_path, "containerPath": m.container_path,
+            "options": list(bind_options(m.read_only, m.noexec))}
 
 
-def _hook(hook_path: str, args: list[str], env: list[str]) -> dict[str, Any]:
-    h: dict[str, Any] = {"hookName": HOOK_STAGE, "path": hook_path,
-                         "args": [os.path.basename(hook_path), *args]}
+def _edits_hook(hook_path: str, links: list[Symlink], folder: str | None,
+                env: list[str]) -> dict[str, Any]:
+    """One `nvctk-hook cdi-edits` hook: the links, then ldconfig over folder."""
+    args = [os.path.basename(hook_path), "cdi-edits"]
+    for s in links:
+        args += ["--link", f"{s.target}::{s.container_path}"]
+    if folder:
+        args += ["--folder", folder]
+    h: dict[str, Any] = {"hookName": HOOK_STAGE, "path": hook_path, "args": args}
     if env:
         h["env"] = env
     return h
-
-
-def _links_hook(hook_path: str, links: list[Symlink], env: list[str]) -> dict[str, Any]:
-    args = ["create-symlinks"]
-    for s in links:
-        args += ["--link", f"{s.target}::{s.container_path}"]
-    return _hook(hook_path, args, env)
 
 
 def min_version(spec: dict[str, Any]) -> str:
@@ -215,40 +209,47 @@ def min_version(spec: dict[str, Any]) -> str:
     return "0.3.0"
 
 
-def make_spec(edits: HostEdits, hook_path: str, *, vendor: str = VENDOR, cls: str = CLASS,
+def make_spec(common: Edits, devices: list[tuple[list[str], Edits]], hook_path: str, *,
+              vendor: str = VENDOR, cls: str = CLASS,
               hook_env: list[str] | None = None) -> dict[str, Any]:
+    """The forms as a CDI spec. A device's links and the common ones, and the ldconfig
+    step, are one `nvctk-hook cdi-edits` createRuntime hook in each device's edits (a
+    spec's common edits cannot know the device's links): a one-device container runs
+    one hook. Two devices run it twice: the links and ldconfig are idempotent."""
     env = hook_env or []
-    devices: list[dict[str, Any]] = []
+    folder = common.lib_dir if common.ldconfig else None
+    out: list[dict[str, Any]] = []
     all_nodes: dict[str, DeviceNode] = {}
     all_links: list[Symlink] = []
-    for d in edits.devices:
-        ce: dict[str, Any] = {"deviceNodes": [_node_entry(n) for n in d.devices]}
-        if d.symlinks:
-            ce["hooks"] = [_links_hook(hook_path, d.symlinks, env)]
-        for name in d.names:
-            devices.append({"name": name, "containerEdits": ce})
+
+    def edits_of(nodes: list[DeviceNode], links: list[Symlink]) -> dict[str, Any]:
+        ce: dict[str, Any] = {"deviceNodes": [_node_entry(n) for n in nodes]}
+        links = [*common.symlinks, *(s for s in links if s not in common.symlinks)]
+        if links or folder:
+            ce["hooks"] = [_edits_hook(hook_path, links, folder, env)]
+        return ce
+
+    for names, d in devices:
+        ce = edits_of(list(d.devices), list(d.symlinks))
+        for name in names:
+            out.append({"name": name, "containerEdits": ce})
         for n in d.devices:
             all_nodes.setdefault(n.path, n)
         all_links += [s for s in d.symlinks if s not in all_links]
-    if edits.devices:
-        ce = {"deviceNodes": [_node_entry(n) for n in all_nodes.values()]}
-        if all_links:
-            ce["hooks"] = [_links_hook(hook_path, all_links, env)]
-        devices.append({"name": "all", "containerEdits": ce})
-    hooks = []
-    if edits.symlinks:
-        hooks.append(_links_hook(hook_path, edits.symlinks, env))
-    hooks.append(_hook(hook_path, ["update-ldcache", "--folder", edits.lib_dir], env))
+    if devices:
+        out.append({"name": "all", "containerEdits": edits_of(list(all_nodes.values()),
+                                                              all_links)})
     spec: dict[str, Any] = {
         "cdiVersion": "",
         "kind": f"{vendor}/{cls}",
-        "devices": devices,
+        "devices": out,
         "containerEdits": {
-            "deviceNodes": [_node_entry(n) for n in edits.common_devices],
-            "mounts": [_mount_entry(m) for m in edits.mounts],
-            "hooks": hooks,
+            "deviceNodes": [_node_entry(n) for n in common.devices],
+            "mounts": [_mount_entry(m) for m in common.mounts],
         },
     }
+    if common.env:
+        spec["containerEdits"]["env"] = [f"{k}={v}" for k, v in common.env.items()]
     spec["cdiVersion"] = min_version(spec)
     return spec
 
@@ -280,508 +281,3 @@ def write_spec(path: str, data: bytes) -> None:
         raise CdiError(f"cannot write {path}: {e.strerror or e}")
 
 
-# --- nvctk cdi list --------------------------------------------------------------------------
-
-
-# A spec file larger than this is refused unread: NVIDIA's spec for 8 GPUs with MIG is
-# well under 100 KiB. The loaded document's JSON size is bounded too (YAML aliases can
-# make a 1 MB file load as gigabytes: each *alias is a copy in config.json).
-MAX_SPEC_BYTES = 4 << 20
-MAX_LOADED_BYTES = 16 << 20
-
-
-def load_spec_file(path: str) -> dict[str, Any]:
-    """A spec file, parsed and checked against the CDI schema; CdiError says why not.
-    Never blocks (a FIFO, /dev/zero) and never raises anything else: a broken file is
-    one unreadable spec, the others still resolve."""
-    from nvctk.base import yamlio
-    from nvctk.base.fileio import read_regular_file
-
-    try:
-        text = read_regular_file(path, MAX_SPEC_BYTES)
-    except OSError as e:
-        raise CdiError(f"{path}: {e.strerror or e}")
-    try:
-        spec = yamlio.load(text)  # JSON is YAML
-    except ValueError as e:
-        raise CdiError(f"{path}: not a CDI spec: {e}")
-    except Exception as e:  # the parser's own failures, any kind
-        raise CdiError(f"{path}: not a CDI spec: {type(e).__name__}: {str(e)[:200]}")
-    try:
-        size = len(jsonio.dumps(spec, ensure_ascii=False))
-    except (RecursionError, ValueError, TypeError) as e:
-        raise CdiError(f"{path}: not a CDI spec: {type(e).__name__} ({str(e)[:200]})")
-    if size > MAX_LOADED_BYTES:
-        raise CdiError(f"{path}: loads as more than {MAX_LOADED_BYTES >> 20} MiB of JSON "
-                       "(YAML aliases?); refused")
-    problem = schema_problem(spec)
-    if problem:
-        raise CdiError(f"{path}: {problem}")
-    return spec  # type: ignore[no-any-return]
-
-
-def schema_problem(spec: Any) -> str | None:
-    """Why spec is no valid CDI spec (None: it is): the structural checks CDI runtimes
-    make (kind vendor/class, device names, unique names)."""
-    if not isinstance(spec, dict):
-        return "not a CDI spec (no mapping at the top)"
-    for key in ("cdiVersion", "kind", "devices"):
-        if key not in spec:
-            return f"missing {key}"
-    kind = spec["kind"]
-    if not isinstance(kind, str) or kind.count("/") != 1 or not all(kind.split("/")):
-        return f"kind {kind!r} is not vendor/class"
-    devs = spec["devices"]
-    if not isinstance(devs, list) or not devs:
-        return "devices must be a non-empty list"
-    names: set[str] = set()
-    for d in devs:
-        if not isinstance(d, dict) or not isinstance(d.get("name"), str) or not d["name"]:
-            return "a device without a name"
-        n = d["name"]
-        if not all(c.isascii() and (c.isalnum() or c in "_.:-") for c in n) \
-                or not n[0].isalnum() or not n[-1].isalnum():
-            return f"invalid device name {shown(n)}"
-        if n in names:
-            return f"device {n!r} appears twice"
-        names.add(n)
-        if not isinstance(d.get("containerEdits"), dict):
-            return f"device {n!r} has no containerEdits"
-    return None
-
-
-def list_devices(spec_dirs: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(qualified names, warnings) of the *.json|*.yaml specs in spec_dirs, found as
-    `resolve` finds them (spec_files, load_spec_file)."""
-    found: set[str] = set()
-    files, warnings = spec_files(spec_dirs)
-    for _, spec in _loaded(files, warnings):
-        found.update(f"{spec['kind']}={dev['name']}" for dev in spec["devices"])
-    return sorted(found), warnings
-
-
-def _loaded(files: list[str], broken: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    """(path, spec) of each file that loads; why the others do not goes to `broken`:
-    a broken file is one unreadable spec, never the end of the others."""
-    out = []
-    for path in files:
-        try:
-            out.append((path, load_spec_file(path)))
-        except CdiError as e:
-            broken.append(str(e))
-    return out
-
-
-# --- nvctk-runtime's CDI mode: the named devices' edits into config.json ------------------
-
-HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart",
-               "poststop")
-# containerEdits fields nvctk applies; any other (intelRdt, additionalGIDs, netDevices) is
-# refused by name rather than dropped: the container would lack what its spec promises
-_EDIT_FIELDS = frozenset({"env", "deviceNodes", "mounts", "hooks"})
-_NODE_FIELDS = frozenset({"path", "hostPath", "type", "major", "minor", "fileMode",
-                          "permissions", "uid", "gid"})
-_MOUNT_FIELDS = frozenset({"hostPath", "containerPath", "options", "type"})
-_HOOK_FIELDS = frozenset({"hookName", "path", "args", "env", "timeout"})
-
-
-class Resolved:
-    """One requested device: the spec file it is in, the spec, and its entry."""
-
-    def __init__(self, name: str, path: str, spec: dict[str, Any], device: dict[str, Any]) -> None:
-        self.name = name
-        self.path = path
-        self.spec = spec
-        self.device = device
-
-
-def spec_files(spec_dirs: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(the *.json|*.yaml files of spec_dirs, the dirs that could not be listed); a
-    later dir's file replaces an earlier dir's file of the same name (CDI's priority
-    rule). A missing dir is no problem."""
-    files: dict[str, str] = {}
-    problems: list[str] = []
-    for d in spec_dirs:
-        try:
-            entries = sorted(os.listdir(d))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError as e:
-            problems.append(f"CDI spec dir {d}: {e.strerror}")
-            continue
-        for name in entries:
-            if name.endswith((".json", ".yaml")):
-                files[name] = os.path.join(d, name)
-    return list(files.values()), problems
-
-
-def check_vendors(names: tuple[str, ...], vendors: tuple[str, ...], source: str) -> None:
-    """RequestError for a name whose vendor is not one of vendors (config cdi-vendors):
-    a container's env, annotations or device mounts name devices of those vendors only.
-    Another vendor's spec may bind any host path read-write into the container; the
-    engine (containerd, podman) applies such devices itself, where its operator asked."""
-    from nvctk.base.errors import RequestError
-    from nvctk.request.parse import parse_qualified
-
-    for n in names:
-        parts = parse_qualified(n)
-        vendor = parts[0] if parts else ""
-        if vendor not in vendors:
-            raise RequestError(
-                f"CDI device {clipped(n, 200)} (from {source}): vendor {shown(vendor)} is not one "
-                f"nvctk applies devices of (cdi-vendors = {list(vendors)} in the nvctk config; "
-                "an operator adds a vendor there)")
-
-
-def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...]) -> list[Resolved]:
-    """Each qualified name's device from the specs in spec_dirs (read with
-    load_spec_file, as `nvctk cdi list` does). CdiError for a name no readable spec
-    defines (naming the unreadable ones), or one that two spec files define."""
-    found: dict[str, Resolved] = {}
-    twice: dict[str, list[str]] = {}
-    broken: list[str] = []
-    files, problems = spec_files(spec_dirs)
-    if problems:
-        raise CdiError(problems[0])
-    for path, spec in _loaded(files, broken):
-        for dev in spec["devices"]:
-            q = f"{spec['kind']}={dev['name']}"
-            if q in found:
-                twice.setdefault(q, [found[q].path]).append(path)
-            else:
-                found[q] = Resolved(q, path, spec, dev)
-    out = []
-    for n in names:
-        if n in twice:
-            raise CdiError(f"CDI device {n} is defined by more than one spec file: "
-                           f"{' and '.join(twice[n])} (remove one)")
-        if n not in found:
-            kind = n.partition("=")[0]
-            known = [q.partition("=")[2] for q in found if q.startswith(kind + "=")]
-            hint = (f"; {kind} has: {clipped(', '.join(known[:12]))}"
-                    f"{', ...' if len(known) > 12 else ''}"
-                    if known else f"; no spec defines kind {kind}")
-            if broken:
-                hint += f"; unreadable specs: {clipped('; '.join(broken[:3]), 900)}"
-            raise CdiError(f"unresolvable CDI device {clipped(n, 200)}: not in the CDI specs of "
-                           f"{', '.join(spec_dirs)}{hint}")
-        out.append(found[n])
-    return out
-
-
-# device numbers, mode and owner as the kernel and runc (Go int64/uint32) take them
-_NODE_LIMITS = {"major": 2**32 - 1, "minor": 2**32 - 1, "fileMode": 0o7777,
-                "uid": 2**32 - 2, "gid": 2**32 - 2}
-
-
-def _strings(value: Any) -> list[str]:
-    """Every string in a loaded JSON/YAML value (keys included)."""
-    out: list[str] = []
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            out.append(v)
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return out
-
-
-def _edit_problem(edits: Any) -> str | None:
-    """Why a containerEdits object is not one nvctk can apply (None: it is)."""
-    if not isinstance(edits, dict):
-        return "containerEdits must be an object"
-    for key, value in edits.items():
-        if key not in _EDIT_FIELDS:
-            return f"containerEdits.{key} is not supported by nvctk"
-        if not isinstance(value, list):
-            return f"containerEdits.{key} must be a list"
-    for e in edits.get("env", ()):
-        if not isinstance(e, str) or "=" not in e or e.startswith("="):
-            return f"env entry {e!r} is not NAME=VALUE"
-        if "\0" in e:
-            return f"env entry {e.partition('=')[0][:40]!r} contains a NUL byte"
-    for n in edits.get("deviceNodes", ()):
-        if not isinstance(n, dict) or set(n) - _NODE_FIELDS:
-            return f"deviceNode {n!r}: unknown field or not an object"
-        for k in ("path", "hostPath"):
-            if k in n and not (isinstance(n[k], str) and n[k].startswith("/")):
-                return f"deviceNode {k} {n.get(k)!r} must be an absolute path"
-        if "path" not in n:
-            return "a deviceNode without a path"
-        if n.get("type", "c") not in ("c", "b", "u"):
-            return f"deviceNode {n['path']}: type {n['type']!r} is not c, b or u"
-        for k in ("major", "minor", "fileMode", "uid", "gid"):
-            if k in n and (not isinstance(n[k], int) or isinstance(n[k], bool) or n[k] < 0):
-                return f"deviceNode {n['path']}: {k} must be a non-negative integer"
-            if k in n and n[k] > _NODE_LIMITS[k]:  # what runc (Go) and the kernel take
-                return f"deviceNode {n['path']}: {k} is larger than {_NODE_LIMITS[k]:#o}" \
-                    if k == "fileMode" else \
-                    f"deviceNode {n['path']}: {k} is larger than {_NODE_LIMITS[k]}"
-        perms = n.get("permissions", "rwm")
-        if not isinstance(perms, str) or not perms or set(perms) - set("rwm"):
-            return f"deviceNode {n['path']}: permissions {perms!r} is not made of r, w, m"
-    for m in edits.get("mounts", ()):
-        if not isinstance(m, dict) or set(m) - _MOUNT_FIELDS:
-            return f"mount {m!r}: unknown field or not an object"
-        for k in ("hostPath", "containerPath"):
-            if not (isinstance(m.get(k), str) and m[k].startswith("/")):
-                return f"mount {k} {m.get(k)!r} must be an absolute path"
-        opts = m.get("options", [])
-        if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
-            return f"mount {m['containerPath']}: options must be a list of strings"
-        if not isinstance(m.get("type", ""), str):
-            return f"mount {m['containerPath']}: type must be a string"
-    for h in edits.get("hooks", ()):
-        if not isinstance(h, dict) or set(h) - _HOOK_FIELDS:
-            return f"hook {h!r}: unknown field or not an object"
-        if h.get("hookName") not in HOOK_STAGES:
-            return f"hook hookName {h.get('hookName')!r} is not one of {', '.join(HOOK_STAGES)}"
-        if not (isinstance(h.get("path"), str) and h["path"].startswith("/")):
-            return f"hook path {h.get('path')!r} must be an absolute path"
-        for k in ("args", "env"):
-            if k in h and not (isinstance(h[k], list) and all(isinstance(a, str) for a in h[k])):
-                return f"hook {h['path']}: {k} must be a list of strings"
-        t = h.get("timeout")
-        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not
-                              1 <= t <= 2**31 - 1):
-            return f"hook {h['path']}: timeout must be an integer from 1 to {2**31 - 1}"
-    for text in _strings(edits):
-        if "\0" in text:
-            return f"a string contains a NUL byte ({text.partition(chr(0))[0][:40]!r}...)"
-    return None
-
-
-def _node(n: dict[str, Any], where: str) -> tuple[dict[str, Any], str]:
-    """(linux.devices entry, cgroup access) for a CDI deviceNode: type, major and
-    minor from the spec, else from a stat of hostPath (path when none is given)."""
-    import stat
-
-    entry: dict[str, Any] = {"path": n["path"]}
-    host = n.get("hostPath", n["path"])
-    kind, major, minor, mode = n.get("type"), n.get("major"), n.get("minor"), n.get("fileMode")
-    if kind is None or major is None or minor is None or mode is None:
-        try:
-            st = os.stat(host)
-        except OSError as e:
-            if kind is not None and major is not None and minor is not None:
-                st = None  # the spec says all runc needs to make the node
-            else:
-                raise CdiError(f"{where}: deviceNode {n['path']}: cannot stat {host}: "
-                               f"{e.strerror}")
-        if st is not None:
-            if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
-                raise CdiError(f"{where}: deviceNode {n['path']}: {host} is not a device node")
-            if kind is None:
-                kind = "b" if stat.S_ISBLK(st.st_mode) else "c"
-            if major is None or minor is None:
-                major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-            if mode is None:
-                mode = stat.S_IMODE(st.st_mode)
-    entry.update(type=kind, major=major, minor=minor, fileMode=0o666 if mode is None else mode,
-                 uid=n.get("uid", 0), gid=n.get("gid", 0))
-    return entry, n.get("permissions", "rwm")
-
-
-def _field_of(parent: dict[str, Any], key: str, kind: type, where: str) -> Any:
-    value = parent.setdefault(key, kind())
-    if not isinstance(value, kind):
-        from nvctk.base.errors import SpecError
-
-        raise SpecError(f"{oci.SPEC_FILE}: {where} must be {'a list' if kind is list else 'an object'}")
-    return value
-
-
-def apply_edits(spec: dict[str, Any], devices: list[Resolved],
-                bundle: str | None = None) -> spec_edits.Edits:
-    """The devices' containerEdits, and once per spec file its common containerEdits,
-    into the OCI spec; returns what was added (for spec_edits.record_edits). Every edit is
-    checked, and every node stat'ed, before the spec is changed; none may make runc or a
-    hook create anything on a host directory bound into the container (check_host_binds;
-    bundle: where a relative mount source is)."""
-    edits: list[tuple[str, dict[str, Any]]] = []
-    seen: set[str] = set()
-    for r in devices:
-        if r.path not in seen:
-            seen.add(r.path)
-            if "containerEdits" in r.spec:
-                edits.append((f"{r.path}: containerEdits", r.spec["containerEdits"]))
-        edits.append((f"{r.path}: device {r.device['name']}", r.device["containerEdits"]))
-    nodes: list[tuple[dict[str, Any], str]] = []
-    for where, e in edits:
-        problem = _edit_problem(e)
-        if problem:
-            raise CdiError(f"{where}: {problem}")
-        nodes += [_node(n, where) for n in e.get("deviceNodes", ())]
-    check_host_binds(spec, edits, bundle)
-
-    added = spec_edits.Edits(cdi=True)
-    env: dict[str, str] = {}
-    for _, e in edits:
-        for item in e.get("env", ()):
-            k, _, v = item.partition("=")
-            env.pop(k, None)  # a later edit's value wins, in its place
-            env[k] = v
-    spec_edits.set_env(spec, env)
-    added.env = [f"{k}={v}" for k, v in env.items()]
-
-    linux = _field_of(spec, "linux", dict, "linux")
-    devs = _field_of(linux, "devices", list, "linux.devices")
-    rules = _field_of(_field_of(linux, "resources", dict, "linux.resources"), "devices", list,
-                      "linux.resources.devices")
-    for entry, access in nodes:
-        if entry not in devs:
-            devs[:] = [d for d in devs if not (isinstance(d, dict) and d.get("path") == entry["path"])]
-            devs.append(entry)
-            added.devices.append([entry["path"], entry["type"], entry["major"], entry["minor"]])
-        # a cgroup rule knows c and b only: an unbuffered char device ("u") is a "c"
-        rule = {"allow": True, "type": "c" if entry["type"] == "u" else entry["type"],
-                "major": entry["major"],
-                "minor": entry["minor"], "access": access}
-        if rule not in rules:
-            rules.append(rule)
-            added.rules.append([entry["type"], entry["major"], entry["minor"]])
-
-    mounts = _field_of(spec, "mounts", list, "mounts")
-    for _, e in edits:
-        for m in e.get("mounts", ()):
-            opts = list(m.get("options", []))
-            mount: dict[str, Any] = {"destination": m["containerPath"], "source": m["hostPath"]}
-            kind = m.get("type") or ("bind" if {"bind", "rbind"} & set(opts) else "")
-            if kind:
-                mount["type"] = kind
-            mount["options"] = opts
-            if mount not in mounts:
-                mounts.append(mount)
-                added.mounts.append(mount)
-
-    hooks = _field_of(spec, "hooks", dict, "hooks")
-    for _, e in edits:
-        for h in e.get("hooks", ()):
-            stage = h["hookName"]
-            entry = {k: h[k] for k in ("path", "args", "env", "timeout") if k in h}
-            stage_hooks = _field_of(hooks, stage, list, f"hooks.{stage}")
-            if entry not in stage_hooks:
-                stage_hooks.append(entry)
-                added.hooks.append([stage, entry])
-    return added
-
-
-# --- nothing created on a host directory bound into the container ------------------------
-
-
-def _link_paths(hook: dict[str, Any]) -> list[str]:
-    """The links a create-symlinks hook (nvctk-hook's or nvidia-cdi-hook's) makes:
-    each `--link target::path` (or `--link=...`)."""
-    args = hook.get("args") or []
-    if "create-symlinks" not in args:
-        return []
-    out = []
-    for i, a in enumerate(args):
-        value = args[i + 1] if a == "--link" and i + 1 < len(args) else \
-            a.partition("=")[2] if a.startswith("--link=") else None
-        if value and "::" in value:
-            out.append(value.partition("::")[2])
-    return out
-
-
-def _is_host_bind(m: Any) -> bool:
-    if not isinstance(m, dict):
-        return False
-    opts = m.get("options")
-    return m.get("type") == "bind" or (isinstance(opts, list) and bool({"bind", "rbind"} & set(opts)))
-
-
-def _in_rootfs(rootfs: str | None, path: str) -> str:
-    """path as runc reaches it in the rootfs: its symlinks resolved inside the rootfs
-    (/lib/x86_64-linux-gnu is /usr/lib/x86_64-linux-gnu in a merged-/usr image)."""
-    path = os.path.normpath(path)
-    if rootfs is None:
-        return path
-    try:
-        real = nvdriver.resolve_in_root(rootfs, path)
-    except NvctkError:  # a link loop: runc fails on it anyway
-        return path
-    return "/" if real == rootfs else "/" + os.path.relpath(real, rootfs)
-
-
-def _covering(mounts: list[Any], path: str, rootfs: str | None
-              ) -> tuple[int, dict[str, Any], str] | None:
-    """The mount that is on top at path's parent when runc gets to it: the last of the
-    spec's mounts at path or above it (a later one at or above hides an earlier), and
-    its destination as resolved in the rootfs."""
-    for i in range(len(mounts) - 1, -1, -1):
-        m = mounts[i]
-        dest = m.get("destination") if isinstance(m, dict) else None
-        if not isinstance(dest, str) or not dest.startswith("/"):
-            continue
-        dest = _in_rootfs(rootfs, dest)
-        if path == dest or path.startswith(dest.rstrip("/") + "/"):
-            return i, m, dest
-    return None
-
-
-def _rootfs_of(spec: dict[str, Any], bundle: str | None) -> str | None:
-    root = spec.get("root")
-    path = root.get("path") if isinstance(root, dict) else None
-    if not isinstance(path, str) or not path:
-        return None
-    path = os.path.join(bundle or ".", path) if not path.startswith("/") else path
-    return os.path.abspath(path) if os.path.isdir(path) else None
-
-
-def _created_on(source: str, rel: str) -> str | None:
-    """The first path runc or the hook would create under the host directory source for
-    the container path source/rel, or None when all of it is already there. A symlink on
-    the way counts as created: where it leads in the container is not where it leads here."""
-    here = source
-    for part in rel.split("/"):
-        here = os.path.join(here, part)
-        try:
-            st = os.lstat(here)
-        except OSError:
-            return here
-        if stat.S_ISLNK(st.st_mode):
-            return here
-    return None
-
-
-def check_host_binds(spec: dict[str, Any], edits: list[tuple[str, dict[str, Any]]],
-                     bundle: str | None = None) -> None:
-    """CdiError when a device node, mount target or link of the edits lies on a host
-    directory the spec binds into the container, and is not there yet: runc (nodes,
-    mount points, their parents) or the links hook would create it in the host's
-    directory. Legacy mode's hook refuses the same (nvctk.hook.worker)."""
-    mounts = spec.get("mounts")
-    if not isinstance(mounts, list) or not any(_is_host_bind(m) for m in mounts):
-        return  # the common case: nothing of the host's is bound in
-    rootfs = _rootfs_of(spec, bundle)
-    for where, e in edits:
-        targets = [("deviceNode", n.get("path")) for n in e.get("deviceNodes", ())]
-        targets += [("mount", m.get("containerPath")) for m in e.get("mounts", ())]
-        targets += [("link", p) for h in e.get("hooks", ()) for p in _link_paths(h)]
-        for what, path in targets:
-            if not isinstance(path, str) or not path.startswith("/"):
-                continue
-            path = _in_rootfs(rootfs, path)
-            found = _covering(mounts, path, rootfs)
-            if found is None or not _is_host_bind(found[1]):
-                continue
-            i, m, dest = found
-            source = m.get("source")
-            if not isinstance(source, str) or path == dest:
-                continue  # mounted over the bind itself: nothing made in it
-            if not source.startswith("/"):
-                source = os.path.join(bundle or ".", source)
-            if not os.path.isdir(source):
-                continue  # a file bound in: nothing can be created below it
-            made = _created_on(source, os.path.relpath(path, dest))
-            if made is not None:
-                raise CdiError(
-                    f"{where}: {what} {path} lies on the host directory {source} that the "
-                    f"spec's mounts[{i}] binds at {m['destination']}: it would create {made} on the "
-                    "host; nvctk creates nothing on a host directory bound into a container "
-                    f"(bind it somewhere other than {m['destination']})")

@@ -16,7 +16,7 @@ from nvctk.base.fileio import read_regular_file
 from nvctk.base.record import Record
 from nvctk.host import driver as nvdriver
 from nvctk.host.inventory import proc_bus_id
-from nvctk.host.paths import find_hook, require_vgpu_library
+from nvctk.host.paths import find_hook, hook_config_path, require_vgpu_library
 from nvctk.request.parse import asks_for_vgpu, expanded_capabilities
 
 # typing is for the type checker only: importing it costs every container start
@@ -247,7 +247,6 @@ def discover(request: Request, config: Config, host: HostInfo,
         from nvctk.vgpu import authority  # hashlib/hmac: vGPU annotations only
 
         key = or_error(lambda: authority.load_key(config.authority_key))
-    nvctk_config = os.environ.get("NVCTK_CONFIG")
     return Facts(
         host, files, devices, image,
         mps_dir=mps_dir(files.driver_root) if "compute" in caps else None,
@@ -255,8 +254,7 @@ def discover(request: Request, config: Config, host: HostInfo,
         authority_key=key,
         vgpu_library=or_error(lambda: require_vgpu_library(config)) if vgpu else "",
         hook_path=hook_path or find_hook(config, argv0),
-        # the hook runs with the bundle as its cwd: absolute paths only
-        nvctk_config=os.path.abspath(nvctk_config) if nvctk_config else None,
+        nvctk_config=hook_config_path(),
         runtime_root=absolute_runtime_root(runtime_root),
         vgpu_state_dir=vgpu_state_dir,
     )

@@ -83,3 +83,10 @@ def find_hook(config: Config, argv0: str | None = None) -> str:
         if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
             return os.path.abspath(candidate)
     raise ConfigError(f"cannot find {HOOK_NAME} (set hook-path in the nvctk config)")
+
+
+def hook_config_path() -> str | None:
+    """NVCTK_CONFIG as the hooks get it: absolute (they run with the bundle as their cwd);
+    None when unset."""
+    value = os.environ.get("NVCTK_CONFIG")
+    return os.path.abspath(value) if value else None

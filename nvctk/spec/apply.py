@@ -1,4 +1,4 @@
-"""The spec edits of a GPU container: one plan (nvctk.edits) applied to a spec.
+"""The spec edits of a GPU container: the edits form (nvctk.edits) applied to a spec.
 
 `apply` is the whole of it: what an earlier create of the bundle added goes first
 (its record in the annotation org.nvctk.edits), then NVIDIA's own hooks, then the
@@ -14,10 +14,10 @@ import os
 
 from nvctk.base import jsonio
 from nvctk.base.errors import SpecError, shown
-from nvctk.base.record import Record
 from nvctk.edits import HOOK_NAME, HOOK_PATH_ENV, NVIDIA_HOOK_NAMES  # noqa: F401 (re-export)
 from nvctk.oci.spec import SPEC_FILE, field, json_type, linux_of
 from nvctk.spec import seccomp
+from nvctk.spec.record import AppliedRecord
 
 # typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
@@ -25,28 +25,77 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from typing import Any
 
-    from nvctk.edits import DeviceNode, Plan
+    from nvctk.edits import DeviceNode, Edits, Hook
 
 
-def apply(spec: dict[str, Any], plan: Plan, state_dir: str | None = None) -> tuple[Edits, int]:
-    """The plan's edits into spec: (what was added, NVIDIA hooks removed). state_dir
-    keys the MAC of an earlier CDI create's record (see record_edits)."""
+def apply(spec: dict[str, Any], edits: Edits, state_dir: str | None = None,
+          cdi: bool = False) -> tuple[AppliedRecord, int]:
+    """The edits form into spec: (what was added, hooks removed). Executes what the form
+    says, deciding nothing: what an earlier create added goes (its record, verified by
+    the MAC keyed in state_dir), then the hooks edits.remove_hooks names, then device
+    nodes with their cgroup rules, a CDI spec's own mounts and hooks (verbatim), ours
+    per stage, env and the seccomp rule; the record last. cdi: the edits came from CDI
+    specs (their entries may be any device, variable or mount: the record says so)."""
     remove_our_edits(spec, state_dir)
-    removed = remove_nvidia_hooks(spec, plan.remove_hooks)
-    edits = add_devices(spec, plan.devices)
+    removed = remove_nvidia_hooks(spec, edits.remove_hooks)
+    added = add_devices(spec, edits.devices)
+    added.cdi = cdi
+    _add_foreign_mounts(spec, edits, added)
     for stage in ("prestart", "poststop"):
-        ours = [h for h in plan.hooks if h.stage == stage]
+        ours = [h for h in edits.hooks if h.stage == stage and _is_ours(h)]
         if ours:
             for hook in ours:
                 set_hook(spec, hook.entry(), stage)
         else:
             drop_our_hooks(spec, stage)
-    set_env(spec, plan.env)
-    edits.env = [f"{k}={v}" for k, v in plan.env.items()]
-    if plan.seccomp_block_userns:
-        seccomp.block_user_namespaces(spec, edits)
-    record_edits(spec, edits, state_dir)
-    return edits, removed
+    _add_foreign_hooks(spec, edits, added)
+    set_env(spec, edits.env)
+    added.env = [f"{k}={v}" for k, v in edits.env.items()]
+    if edits.seccomp_block_userns:
+        seccomp.block_user_namespaces(spec, added)
+    record_edits(spec, added, state_dir)
+    return added, removed
+
+
+def _is_ours(hook: Hook) -> bool:
+    return bool(hook.args) and hook.args[0] == HOOK_NAME
+
+
+def _add_foreign_mounts(spec: dict[str, Any], edits: Edits, added: AppliedRecord) -> None:
+    """A CDI spec's own mounts (options given: not ones nvctk's hook makes) into
+    spec.mounts, as the spec words them; runc makes them."""
+    foreign = [m for m in edits.mounts if m.options is not None]
+    if not foreign:
+        return
+    mounts = field(spec, "mounts", list, "mounts")
+    for m in foreign:
+        opts = list(m.options or ())
+        entry: dict[str, Any] = {"destination": m.container_path, "source": m.host_path}
+        kind = m.fs_type or ("bind" if {"bind", "rbind"} & set(opts) else "")
+        if kind:
+            entry["type"] = kind
+        entry["options"] = opts
+        if entry not in mounts:
+            mounts.append(entry)
+            added.mounts.append(entry)
+
+
+def _add_foreign_hooks(spec: dict[str, Any], edits: Edits, added: AppliedRecord) -> None:
+    """A CDI spec's own hooks (not nvctk-hook's), verbatim, at their stages."""
+    foreign = [h for h in edits.hooks if not _is_ours(h)]
+    if not foreign:
+        return
+    hooks = field(spec, "hooks", dict, "hooks")
+    for h in foreign:
+        entry: dict[str, Any] = {"path": h.path, "args": list(h.args)}
+        if h.env:
+            entry["env"] = list(h.env)
+        if h.timeout:
+            entry["timeout"] = h.timeout
+        stage_hooks = field(hooks, h.stage, list, f"hooks.{h.stage}")
+        if entry not in stage_hooks:
+            stage_hooks.append(entry)
+            added.hooks.append([h.stage, entry])
 
 
 def drop_our_hooks(spec: dict[str, Any], stage: str) -> None:
@@ -65,19 +114,20 @@ def device_entry(node: DeviceNode) -> dict[str, Any]:
         "type": node.type,
         "major": node.major,
         "minor": node.minor,
-        "fileMode": node.file_mode,
-        "uid": 0,
-        "gid": 0,
+        **({"fileMode": node.file_mode} if node.file_mode is not None else {}),
+        **({"uid": node.uid} if node.uid is not None else {}),
+        **({"gid": node.gid} if node.gid is not None else {}),
     }
 
 
 def cgroup_rule(node: DeviceNode) -> dict[str, Any]:
     return {
         "allow": True,
-        "type": node.type,
+        # a cgroup rule knows c and b only: an unbuffered char device ("u") is a "c"
+        "type": "c" if node.type == "u" else node.type,
         "major": node.major,
         "minor": node.minor,
-        "access": "rwm",
+        "access": node.permissions,
     }
 
 
@@ -108,7 +158,7 @@ def _check_kind(parent: dict[str, Any], key: str, kind: type, where: str) -> Any
     return value
 
 
-def add_devices(spec: dict[str, Any], nodes: Iterable[DeviceNode]) -> Edits:
+def add_devices(spec: dict[str, Any], nodes: Iterable[DeviceNode]) -> AppliedRecord:
     """linux.devices (runc creates the nodes) + linux.resources.devices allow rules.
 
     An entry for the same container path is replaced, an identical rule is not
@@ -119,7 +169,7 @@ def add_devices(spec: dict[str, Any], nodes: Iterable[DeviceNode]) -> Edits:
     devices = field(linux, "devices", list, "linux.devices")
     resources = field(linux, "resources", dict, "linux.resources")
     rules = field(resources, "devices", list, "linux.resources.devices")
-    added = Edits()
+    added = AppliedRecord()
     for node in nodes:
         entry = device_entry(node)
         for i, d in enumerate(devices):
@@ -135,7 +185,7 @@ def add_devices(spec: dict[str, Any], nodes: Iterable[DeviceNode]) -> Edits:
         rule = cgroup_rule(node)
         if rule not in rules:
             rules.append(rule)
-            added.rules.append([node.type, node.major, node.minor])
+            added.rules.append([rule["type"], node.major, node.minor])
     return added
 
 
@@ -150,30 +200,7 @@ _OUR_DEVICE_PREFIX = "/dev/nvidia"
 OUR_ENV_PREFIXES = ("CUDA_DEVICE_", "NVCTK_")
 
 
-class Edits(Record):
-    """The entries one create added: device nodes and allow rules as
-    [path, type, major, minor] / [type, major, minor], env entries as "K=V"; in CDI
-    mode (cdi True) also spec mounts as the entries added, hooks as [stage, entry]."""
-
-    __slots__ = ("devices", "rules", "env", "seccomp", "mounts", "hooks", "cdi")  # noqa: RUF023
-
-    def __init__(self, devices: list[list[Any]] | None = None,
-                 rules: list[list[Any]] | None = None, env: list[str] | None = None,
-                 seccomp: dict[str, Any] | None = None,
-                 mounts: list[dict[str, Any]] | None = None,
-                 hooks: list[list[Any]] | None = None, cdi: bool = False) -> None:
-        self.devices: list[list[Any]] = [] if devices is None else devices
-        self.rules: list[list[Any]] = [] if rules is None else rules
-        self.env: list[str] = [] if env is None else env
-        # block_user_namespaces: {"created": bool, "syscalls": [rules added]}, or None
-        self.seccomp = seccomp
-        self.mounts: list[dict[str, Any]] = [] if mounts is None else mounts
-        self.hooks: list[list[Any]] = [] if hooks is None else hooks
-        # the entries came from CDI specs: any device path, env name, rule access
-        self.cdi = cdi
-
-
-def record_edits(spec: dict[str, Any], edits: Edits, state_dir: str | None = None) -> None:
+def record_edits(spec: dict[str, Any], edits: AppliedRecord, state_dir: str | None = None) -> None:
     """The record into the annotation, with a MAC keyed by <state_dir>/edits.key, so that
     no spec's author can forge one: a record is what the next create removes, and only
     a record nvctk provably wrote may take out more than NVIDIA access (see

@@ -19,7 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from nvctk.spec.apply import Edits
+    from nvctk.spec.record import AppliedRecord
 
 CLONE_NEWUSER = 0x10000000
 _EPERM = 1
@@ -143,7 +143,7 @@ def _narrowed(rule: Any, where: str, machine: str) -> list[Any] | None:
     return out
 
 
-def block_user_namespaces(spec: dict[str, Any], edits: Edits) -> None:
+def block_user_namespaces(spec: dict[str, Any], edits: AppliedRecord) -> None:
     """A vGPU container's seccomp profile refuses new user namespaces: userns_rules
     appended to linux.seccomp.syscalls (a profile that allows everything else is made
     when the spec has none), the profile's own rules that would let one through

@@ -1,0 +1,137 @@
+"""plan.mounts and plan.make on plain records: a whole form from discovery's facts,
+with no host behind them (every path here is a string nothing looks at)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvctk.base.config import Config, ExtraMount
+from nvctk.base.errors import DriverError
+from nvctk.edits import HOOK_PATH_ENV, NVIDIA_HOOK_NAMES, Edits
+from nvctk.host.discover import DeviceFacts, Facts
+from nvctk.host.driver import DriverFiles
+from nvctk.host.image import ImageFacts
+from nvctk.host.inventory import GpuInfo, HostInfo
+from nvctk.plan.make import make_edits
+from nvctk.plan.mounts import plan_mounts
+from nvctk.plan.select import select_devices
+from nvctk.request.parse import Request
+
+V = "550.54.15"
+ROOT = "/drv"
+LIB = f"{ROOT}/usr/lib/x86_64-linux-gnu"
+FILES = DriverFiles(
+    ROOT, V,
+    libraries={"utility": (f"{LIB}/libnvidia-ml.so.{V}",), "compute": (f"{LIB}/libcuda.so.{V}",),
+               "graphics": (f"{LIB}/libGLX_nvidia.so.{V}",)},
+    libraries32=(f"{ROOT}/usr/lib/i386-linux-gnu/libcuda.so.{V}",
+                 f"{ROOT}/usr/lib/i386-linux-gnu/libGLX_nvidia.so.{V}"),
+    binaries={"utility": (f"{ROOT}/usr/bin/nvidia-smi",)},
+    sockets={"utility": (f"{ROOT}/var/run/nvidia-persistenced/socket",)},
+    proc_dir=f"{ROOT}/proc/driver/nvidia", dev_dir=f"{ROOT}/dev",
+)
+GPU = GpuInfo(0, "GPU-0000", "NVIDIA H100", 0, "00000000:1B:00.0", 81559, "9.0", "nvidia", False)
+HOST = HostInfo(V, "12.4", (GPU,))
+NODES: dict[str, tuple[int, int] | str | None] = {
+    "nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (510, 0),
+    "nvidia-uvm-tools": (510, 1), "nvidia-modeset": None}
+EXTRA = (ExtraMount("/etc/hosts.nv", "/etc/nv/hosts"), ExtraMount("/opt/nv", "/opt/nv", True),
+         ExtraMount("/x/libcuda", f"/usr/lib64/libcuda.so.{V}"))  # a driver file's path: it loses
+
+
+def mounts(caps: tuple[str, ...], *, mps_dir: str | None = None, env: dict[str, str] | None = None,
+           kinds: dict[str, str] | None = None) -> dict[str, tuple[str, str, bool]]:
+    got = plan_mounts(Request(capabilities=caps, env=env or {}), FILES, "/usr/lib64", "/usr/lib",
+                      mps_dir=mps_dir, extra_mounts=EXTRA, extra_mount_kinds=kinds)
+    return {m.container_path: (m.host_path, m.kind, m.read_only) for m in got}
+
+
+@pytest.mark.parametrize(("caps", "mps_dir", "env", "mps_at"), [
+    (("utility",), f"{ROOT}/tmp/nvidia-mps", {}, None),  # no compute: no MPS
+    (("compute",), None, {}, None),  # the host has no pipe dir
+    (("compute",), f"{ROOT}/tmp/nvidia-mps", {}, "/tmp/nvidia-mps"),
+    (("video",), f"{ROOT}/tmp/nvidia-mps", {"CUDA_MPS_PIPE_DIRECTORY": "/mps"}, "/mps"),
+    (("compute",), f"{ROOT}/tmp/nvidia-mps", {"CUDA_MPS_PIPE_DIRECTORY": "/"}, None),
+    (("compute",), f"{ROOT}/tmp/nvidia-mps", {"CUDA_MPS_PIPE_DIRECTORY": "rel"}, None),
+])
+def test_mps_mount(caps: tuple[str, ...], mps_dir: str | None, env: dict[str, str],
+                   mps_at: str | None) -> None:
+    got = {p: v for p, v in mounts(caps, mps_dir=mps_dir, env=env).items() if v[1] == "dir"
+           and v[0] == mps_dir}
+    assert got == ({} if mps_at is None else {mps_at: (mps_dir, "dir", False)})
+
+
+def test_extra_mounts_take_their_kind_from_discovery_and_driver_files_win() -> None:
+    got = mounts(("compute",), kinds={"/etc/hosts.nv": "file", "/opt/nv": "dir"})
+    assert got["/etc/nv/hosts"] == ("/etc/hosts.nv", "file", False)
+    assert got["/opt/nv"] == ("/opt/nv", "dir", True)
+    assert got[f"/usr/lib64/libcuda.so.{V}"][0] == f"{LIB}/libcuda.so.{V}"  # first wins
+    # a path discovery did not see (missing): a dir, as before
+    assert mounts(("compute",))["/etc/nv/hosts"][1] == "dir"
+
+
+@pytest.mark.parametrize(("caps", "want32"), [
+    (("compute",), set()),
+    (("compute", "compat32"), {f"/usr/lib/libcuda.so.{V}"}),
+    (("compute", "graphics", "compat32"), {f"/usr/lib/libcuda.so.{V}",
+                                           f"/usr/lib/libGLX_nvidia.so.{V}"}),
+])
+def test_32bit_libraries_of_the_capabilities(caps: tuple[str, ...], want32: set[str]) -> None:
+    assert {p for p in mounts(caps) if p.startswith("/usr/lib/")} == want32
+
+
+DEBIAN = ImageFacts("/rootfs", True)
+
+
+def facts(image: ImageFacts = DEBIAN, **kw: object) -> Facts:
+    return Facts(HOST, FILES, DeviceFacts(f"{ROOT}/dev", NODES), image,
+                 hook_path="/usr/bin/nvctk-hook", runtime_root="/run/runc", **kw)  # type: ignore[arg-type]
+
+
+def make(env: dict[str, str] | None = None, f: Facts | None = None,
+         caps: tuple[str, ...] = ("compute", "utility")) -> Edits:
+    request = Request(devices=("0",), capabilities=caps, env=env or {})
+    cfg = Config(driver_root=ROOT, hook_timeout=9, log_file="/var/log/nvctk.log", log_level="debug")
+    return make_edits(request, cfg, f or facts(), select_devices(request, HOST))
+
+
+def test_a_plain_gpu_form() -> None:
+    e = make()
+    assert [d.path for d in e.devices] == ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm",
+                                           "/dev/nvidia-uvm-tools"]
+    assert e.lib_dir == "/usr/lib/x86_64-linux-gnu"  # a Debian image
+    assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.{V}" in {m.container_path for m in e.mounts}
+    assert [(s.container_path, s.target) for s in e.symlinks] == [
+        ("/usr/lib/x86_64-linux-gnu/libcuda.so", "libcuda.so.1")]
+    assert e.proc_mask is not None and e.proc_mask.gpu_bus_ids == ("0000:1b:00.0",)
+    assert [h.entry() for h in e.hooks] == [{"path": "/usr/bin/nvctk-hook",
+                                             "args": ["nvctk-hook", "prestart"],
+                                             "env": [HOOK_PATH_ENV], "timeout": 9}]
+    # the decisions the writers only execute
+    assert e.remove_hooks == tuple(NVIDIA_HOOK_NAMES)
+    assert e.seccomp_block_userns is False and e.pins == () and e.vgpu is None and e.env == {}
+    assert e.log is not None and (e.log.file, e.log.level) == ("/var/log/nvctk.log", "debug")
+    assert Edits.from_json(e.to_json()) == e  # what the hook reads back
+
+
+def test_a_vgpu_form() -> None:
+    f = facts(ImageFacts("/rootfs", False, True, "glibc", ("/usr/lib/libfoo.so",)),
+              vgpu_library="/opt/libvgpu.so", vgpu_state_dir="/run/nvctk/abc-c1",
+              nvctk_config="/etc/nvctk/config.toml")
+    e = make({"CUDA_DEVICE_MEMORY_LIMIT": "1g"}, f)
+    assert e.vgpu is not None and e.vgpu.state_dir == "/run/nvctk/abc-c1"
+    assert e.vgpu.preload_entries == ("/usr/lib/libfoo.so",) and e.vgpu.root_readonly
+    assert e.lib_dir == "/usr/lib64"  # not Debian
+    assert e.env == {"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/run/nvctk/vgpu/cache"}
+    assert e.seccomp_block_userns is True and e.pins == ("etc", "run")
+    assert [h.args for h in e.hooks] == [("nvctk-hook", "prestart"),
+                                         ("nvctk-hook", "poststop", "--runtime-root", "/run/runc")]
+    assert all(h.env == (HOOK_PATH_ENV, "NVCTK_CONFIG=/etc/nvctk/config.toml") for h in e.hooks)
+    assert Edits.from_json(e.to_json()) == e
+
+
+def test_a_node_only_display_needs_is_not_needed_without_it() -> None:
+    """nvidia-modeset is missing on this host: only a display request fails for it."""
+    make(caps=("compute",))
+    with pytest.raises(DriverError, match="nvidia-modeset is missing"):
+        make(caps=("display",))
