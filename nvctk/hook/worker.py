@@ -158,67 +158,89 @@ def _prepare(plan: Plan, pid: int, log: HookLog) -> WorkerFds:
     caps.enter_step("open", log)
     p = WorkerFds()
     try:
-        vgpu = check_vgpu_state(plan, log)
-        for i, mnt in enumerate((*plan.mounts, *vgpu)):
-            if i == len(plan.mounts):
-                p.vgpu_from = len(p.sources)
-            try:
-                fd = m.clone_source(mnt.host_path, m.attrs_for(mnt.read_only, mnt.noexec))
-            except OSError as e:
-                # open_tree first, lstat only when it failed: one syscall per file
-                if os.path.lexists(mnt.host_path) or i >= len(plan.mounts):
-                    raise m.step_error("open", mnt.host_path, e)
-                if mnt.required:
-                    raise MountError(
-                        f"step open: {mnt.host_path}: required, and missing on the host "
-                        f"({os.path.basename(mnt.host_path)}; the container's capabilities: "
-                        f"{', '.join(plan.capabilities)})"
-                    )
-                log.info(f"skip {mnt.container_path}: {mnt.host_path} is missing on the host")
-                continue
-            p.sources.append((mnt, fd))
-        pm = plan.proc_mask
-        if pm is not None:
-            if os.path.isdir(pm.host_dir):
-                try:
-                    p.mask = m.make_proc_mask(pm.host_dir, pm.gpu_bus_ids)
-                except OSError as e:
-                    raise m.step_error("open", pm.host_dir, e)
-            else:
-                log.info(f"skip the {PROC_DRIVER} mask: {pm.host_dir} is missing on the host")
+        _clone_sources(plan, p, log)
+        _make_mask(plan, p, log)
         if plan.ldconfig:
-            what = f"{plan.ldconfig} (nvctk's ldconfig setting)"
-            try:
-                # O_NONBLOCK: a FIFO would block open() until runc's hook timeout
-                p.ldconfig = os.open(plan.ldconfig, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
-                                     | os.O_CLOEXEC)
-                if not stat.S_ISREG(os.fstat(p.ldconfig).st_mode):
-                    raise m.step_error("open", what, "not a regular file")
-                interp = elf_interpreter(p.ldconfig)
-            except OSError as e:
-                raise m.step_error("open", what, e)
-            except ValueError as e:
-                raise m.step_error("open", what, str(e))
-            if interp is not None:
-                raise m.step_error(
-                    "open", what,
-                    f"ldconfig is dynamically linked ({interp}); run chrooted it would load the "
-                    "image's loader",
-                )
+            _open_ldconfig(plan.ldconfig, p)
         p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        nspath = f"/proc/{pid}/ns/mnt"
-        try:
-            p.ns = os.open(nspath, os.O_RDONLY | os.O_CLOEXEC)
-            if os.fstat(p.ns).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
-                raise m.step_error("setns", nspath, "the container shares the host's mount "
-                                   "namespace; refusing to mount into it")
-        except OSError as e:
-            raise m.step_error("setns", nspath, e)
+        _open_ns(pid, p)
         return p
     except BaseException:
         fds = p.fds()
         _close_all(fds)
         raise
+
+
+def _clone_sources(plan: Plan, p: WorkerFds, log: HookLog) -> None:
+    """Every mount's source cloned (detached, already read-only/nosuid/nodev), the vGPU
+    state's last; a missing optional one skipped, a missing required one an error."""
+    vgpu = check_vgpu_state(plan, log)
+    for i, mnt in enumerate((*plan.mounts, *vgpu)):
+        if i == len(plan.mounts):
+            p.vgpu_from = len(p.sources)
+        try:
+            fd = m.clone_source(mnt.host_path, m.attrs_for(mnt.read_only, mnt.noexec))
+        except OSError as e:
+            # open_tree first, lstat only when it failed: one syscall per file
+            if os.path.lexists(mnt.host_path) or i >= len(plan.mounts):
+                raise m.step_error("open", mnt.host_path, e)
+            if mnt.required:
+                raise MountError(
+                    f"step open: {mnt.host_path}: required, and missing on the host "
+                    f"({os.path.basename(mnt.host_path)}; the container's capabilities: "
+                    f"{', '.join(plan.capabilities)})"
+                )
+            log.info(f"skip {mnt.container_path}: {mnt.host_path} is missing on the host")
+            continue
+        p.sources.append((mnt, fd))
+
+
+def _make_mask(plan: Plan, p: WorkerFds, log: HookLog) -> None:
+    """The /proc/driver/nvidia mask: a detached tmpfs with the selected GPUs' files."""
+    pm = plan.proc_mask
+    if pm is None:
+        return
+    if not os.path.isdir(pm.host_dir):
+        log.info(f"skip the {PROC_DRIVER} mask: {pm.host_dir} is missing on the host")
+        return
+    try:
+        p.mask = m.make_proc_mask(pm.host_dir, pm.gpu_bus_ids)
+    except OSError as e:
+        raise m.step_error("open", pm.host_dir, e)
+
+
+def _open_ldconfig(ldconfig: str, p: WorkerFds) -> None:
+    """The host's ldconfig, opened here: a regular, statically linked file (run chrooted,
+    a dynamic one would load the image's loader)."""
+    what = f"{ldconfig} (nvctk's ldconfig setting)"
+    try:
+        # O_NONBLOCK: a FIFO would block open() until runc's hook timeout
+        p.ldconfig = os.open(ldconfig, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(p.ldconfig).st_mode):
+            raise m.step_error("open", what, "not a regular file")
+        interp = elf_interpreter(p.ldconfig)
+    except OSError as e:
+        raise m.step_error("open", what, e)
+    except ValueError as e:
+        raise m.step_error("open", what, str(e))
+    if interp is not None:
+        raise m.step_error(
+            "open", what,
+            f"ldconfig is dynamically linked ({interp}); run chrooted it would load the "
+            "image's loader",
+        )
+
+
+def _open_ns(pid: int, p: WorkerFds) -> None:
+    """The container's mount namespace; never the host's own."""
+    nspath = f"/proc/{pid}/ns/mnt"
+    try:
+        p.ns = os.open(nspath, os.O_RDONLY | os.O_CLOEXEC)
+        if os.fstat(p.ns).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            raise m.step_error("setns", nspath, "the container shares the host's mount "
+                               "namespace; refusing to mount into it")
+    except OSError as e:
+        raise m.step_error("setns", nspath, e)
 
 
 def _pin(plan: Plan, root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
