@@ -297,9 +297,9 @@ def test_poststop_never_leaves_state_dir(tmp_path: Path) -> None:
         plan = Plan("1", (), (), vgpu=VgpuPlan("/l", "/c", d, "/v", {}))
         (bundle / PLAN_FILE).write_text(plan.to_json())
         state = json.dumps({"id": "c", "pid": 0, "bundle": str(bundle), "status": "stopped"})
-        hook = HookRun("poststop", None, parse_state(state), HookLog(""))
+        hook = HookRun("poststop", None, parse_state(state), HookLog(""), config=cfg)
         try:
-            poststop(hook, cfg)
+            poststop(hook)
         except SpecError:
             pass
     assert (victim / "keep").read_text() == "x"

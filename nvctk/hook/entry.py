@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import IO, Any
 
+    from nvctk.base.config import Config
     from nvctk.edits import Plan
     from nvctk.hook.inputs import HookState
 
@@ -51,11 +52,12 @@ class UsageError(ValueError):
 class HookRun(Record):
     """What a command's body is given: its inputs, read by `run`, and the open log."""
 
-    __slots__ = ("cmd", "opts", "state", "spec", "rootfs", "plan", "log")  # noqa: RUF023
+    __slots__ = ("cmd", "opts", "state", "spec", "rootfs", "plan", "log",  # noqa: RUF023
+                 "_config")
 
     def __init__(self, cmd: str, opts: Any, state: HookState, log: HookLog,
                  spec: dict[str, Any] | None = None, rootfs: str | None = None,
-                 plan: Plan | None = None) -> None:
+                 plan: Plan | None = None, config: Config | None = None) -> None:
         self.cmd = cmd
         self.opts = opts  # what `parse` made of the arguments
         self.state = state
@@ -63,17 +65,25 @@ class HookRun(Record):
         self.rootfs = rootfs
         self.plan = plan
         self.log = log  # nowhere until the plan names the log (or the body opens one)
+        self._config = config
+
+    def config(self) -> Config:
+        """nvctk's config, read at the first call: only for what the plan does not carry
+        (poststop's state dir; the log when there is no plan)."""
+        if self._config is None:
+            from nvctk.base import config as nvconfig  # off the GPU start's path
+
+            self._config = nvconfig.load()
+        return self._config
 
 
-def log_for(plan: Plan | None) -> HookLog:
+def log_for(hook: HookRun) -> HookLog:
     """The hook's log, as the plan says (file, level). Without a plan (a command that
     reads none, or a container nvctk-runtime made none for) or with one written before
     the form carried log settings: the config's, read only then."""
-    settings = None if plan is None else plan.log
+    settings = None if hook.plan is None else hook.plan.log
     if settings is None:
-        from nvctk.base import config as nvconfig  # off the GPU start's path
-
-        config = nvconfig.load()
+        config = hook.config()
         return HookLog(config.log_file, config.log_level)
     return HookLog(settings.file, settings.level)
 
@@ -117,11 +127,12 @@ def _fail(err: IO[str], text: str) -> None:
 def run(cmd: str, body: Callable[[HookRun], None], argv: list[str], *,
         parse: Callable[[list[str]], Any] | None = None, inputs: int = STATE,
         usage: str = "", stdin: IO[bytes] | None = None, stderr: IO[str] | None = None,
-        log: HookLog | None = None) -> int:
+        log: HookLog | None = None, config: Config | None = None) -> int:
     """Run one hook command (module docstring); returns its exit code.
 
     parse: the arguments -> the body's opts (UsageError when wrong); None: no arguments.
-    log: a log to use instead of the plan's (tests); it is not closed here."""
+    log: a log to use instead of the plan's (tests); it is not closed here.
+    config: the config to use instead of reading nvctk's (tests)."""
     sanitize_environ()
     err = sys.stderr if stderr is None else stderr
     try:
@@ -138,10 +149,10 @@ def run(cmd: str, body: Callable[[HookRun], None], argv: list[str], *,
     msg = None
     try:
         state = parse_state((sys.stdin.buffer if stdin is None else stdin).read())
-        hook = HookRun(cmd, opts, state, log or HookLog(""))
+        hook = HookRun(cmd, opts, state, log or HookLog(""), config=config)
         idle = _read_inputs(hook, inputs)
         if log is None:
-            hook.log = log_for(hook.plan)
+            hook.log = log_for(hook)
         hook.log.debug(f"{cmd} id={state.id} pid={state.pid} bundle={state.bundle}")
         if idle is not None:
             hook.log.warning(f"{state.id}: {idle}")

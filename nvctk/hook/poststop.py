@@ -10,7 +10,6 @@ is collected (nvctk.vgpu.gc).
 
 from __future__ import annotations
 
-from nvctk.base import config as nvconfig
 from nvctk.hook.entry import STATE, HookRun, UsageError, run
 from nvctk.hook.inputs import load_plan
 from nvctk.vgpu.gc import StateLock, _collect_quietly, remove_state_dir
@@ -36,11 +35,11 @@ def parse_args(args: list[str]) -> str | None:
     raise UsageError(f"unexpected arguments {args!r}")
 
 
-def poststop(hook: HookRun, config: Config | None = None) -> str | None:
+def poststop(hook: HookRun) -> str | None:
     """Remove the container's vGPU state dir, then collect; returns the dir (None:
     nothing to do)."""
     # the state dir's parent (and what gc may touch) is the node's setting
-    cfg = config or nvconfig.load()
+    cfg = hook.config()
     runtime_root = hook.opts
     if runtime_root is not None:
         d: str | None = state_dir_for(cfg, runtime_root, hook.state.id)
@@ -61,7 +60,7 @@ def main(argv: list[str], stdin: IO[bytes] | None = None, stderr: IO[str] | None
          config: Config | None = None, log: HookLog | None = None) -> int:
     """Exit 0, or 1 with 'nvctk-hook: poststop: <why>' (2: bad usage)."""
     def body(hook: HookRun) -> None:
-        poststop(hook, config)
+        poststop(hook)
 
     return run("poststop", body, argv, parse=parse_args, inputs=STATE, usage=USAGE,
-               stdin=stdin, stderr=stderr, log=log)
+               stdin=stdin, stderr=stderr, log=log, config=config)

@@ -17,7 +17,7 @@ import pytest
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import MountError, SpecError
 from nvctk.base.log import HookLog
-from nvctk.edits import PLAN_FILE, Edits, Mount, Vgpu
+from nvctk.edits import PLAN_FILE, Edits, LogSettings, Mount, Vgpu
 from nvctk.hook import entry, poststop, worker
 from nvctk.hook.inputs import MAX_PLAN_BYTES, load_plan
 
@@ -163,3 +163,41 @@ def test_the_worker_pins_only_top_level_dirs_the_plan_lists(tmp_path: Path, pin:
     plan = Edits("", (), (), pins=(pin,))
     with pytest.raises(MountError, match="step plan: pin"):
         worker._pin(plan, None, None, HookLog(""))  # type: ignore[arg-type]
+
+
+def test_without_a_plan_the_log_is_the_configs(tmp_path: Path) -> None:
+    cfg = nvconfig.Config(log_file=str(tmp_path / "hook.log"), log_level="debug")
+
+    def body(hook: entry.HookRun) -> None:
+        hook.log.info("did it")
+
+    with mock.patch.dict(os.environ):
+        assert entry.run("x", body, [], stdin=_state(tmp_path), config=cfg) == 0
+    text = (tmp_path / "hook.log").read_text()
+    assert "x id=c1" in text and "INFO: did it" in text, text
+
+
+def test_with_a_plan_the_log_is_the_plans_and_no_config_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_config(*args: object) -> None:
+        raise AssertionError("the config was read")
+
+    monkeypatch.setattr(nvconfig, "load", no_config)
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "root": {"path": "rootfs"}}')
+    plan = Edits("1", (), (), log=LogSettings(str(tmp_path / "plan.log"), "debug"))
+    (bundle / PLAN_FILE).write_text(plan.to_json())
+    seen: list[entry.HookRun] = []
+
+    def body(hook: entry.HookRun) -> None:
+        seen.append(hook)
+        raise SpecError("it went wrong")
+
+    err = io.StringIO()
+    with mock.patch.dict(os.environ):
+        code = entry.run("x", body, [], inputs=entry.PLAN, stdin=_state(bundle, pid=1),
+                         stderr=err)
+    assert (code, err.getvalue()) == (1, "nvctk-hook: x: it went wrong\n")
+    assert seen[0].plan == plan and seen[0].rootfs == str(bundle / "rootfs")
+    assert "ERROR: c1: x: it went wrong" in (tmp_path / "plan.log").read_text()
