@@ -22,12 +22,12 @@ def gc(ctx: click.Context, grace: float | None) -> None:
     this command is for a host where neither runs any more.
     """
     from nvctk.cli.main import load_config
-    from nvctk.vgpu import state as vgpu_state
+    from nvctk.vgpu import gc as vgpu_gc
 
     cfg = load_config(ctx)
     errors: list[str] = []
-    removed = vgpu_state.collect(cfg, grace=vgpu_state.GC_GRACE_S if grace is None else grace,
-                                 errors=errors)
+    removed = vgpu_gc.collect(cfg, grace=vgpu_gc.GC_GRACE_S if grace is None else grace,
+                              errors=errors)
     for message in errors:
         click.echo(f"nvctk: left in place: {message}", err=True)
     for path in removed:

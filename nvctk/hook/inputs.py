@@ -7,11 +7,12 @@ the rootfs found, the plan read back as nvctk-runtime saved it.
 
 from __future__ import annotations
 
+import errno
 import os
 
 from nvctk.base import jsonio
 from nvctk.base.errors import MountError, SpecError
-from nvctk.base.fileio import read_regular_file
+from nvctk.base.fileio import NotRegularFile, read_regular_file
 from nvctk.base.record import Record
 from nvctk.edits import PLAN_FILE, Plan
 from nvctk.oci.spec import load_state
@@ -70,8 +71,11 @@ def rootfs_path(state: HookState, spec: dict[str, Any]) -> str:
 
 def load_plan(bundle: str) -> Plan | None:
     """<bundle>/nvctk-plan.json, as nvctk-runtime wrote it at create: the one plan
-    loader of the hooks. Never recomputed here: the hook does what the plan says.
+    loader of the hooks (prestart, poststop). Never recomputed here: the hook does
+    what the plan says.
 
+    Read without ever blocking or leaving the bundle: a FIFO, a device, a symlink or
+    a file larger than MAX_PLAN_BYTES at the plan's path is a MountError naming it.
     None when there is none: nvctk-runtime removes it from a bundle whose container
     asks for no GPU, and such a container must start even when an earlier create's
     hook is still in a spec nvctk would not rewrite (one it cannot read)."""
@@ -80,9 +84,16 @@ def load_plan(bundle: str) -> Plan | None:
         data = read_regular_file(path, MAX_PLAN_BYTES, nofollow=True)
     except FileNotFoundError:
         return None
+    except NotRegularFile:
+        raise MountError(f"step plan: {path}: not a regular file (nvctk-runtime writes one)")
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise MountError(f"step plan: {path}: a symbolic link (never followed; "
+                             "nvctk-runtime writes a regular file)")
+        if e.errno is None:  # read_regular_file's own: larger than the limit
+            raise MountError(f"step plan: {path}: larger than {MAX_PLAN_BYTES} bytes")
         raise MountError(f"step plan: {path}: {e.strerror or e}")
     try:
         return Plan.from_json(data.decode("utf-8"))
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise MountError(f"step plan: {path}: unusable plan: {e}")

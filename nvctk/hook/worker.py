@@ -9,8 +9,8 @@ stays in the host's mount namespace:
                           host's ldconfig and the container's mount namespace
     setns      enter the container's mount namespace (state.pid)
     propagation  never let a mount under the rootfs propagate to the host
-    mount      (vGPU: pin /etc and /run first, recursive self-binds, so that
-               renaming them cannot carry nvctk's mounts away) resolve each
+    mount      (the plan's pins first, a vGPU's /etc and /run: recursive self-binds,
+               so that renaming them cannot carry nvctk's mounts away) resolve each
                destination inside the rootfs (openat2 RESOLVE_IN_ROOT), create
                it, move_mount the clone onto its fd; vGPU's destinations with no
                symlink on the way
@@ -55,8 +55,6 @@ if TYPE_CHECKING:
 PROC_DRIVER = "/proc/driver/nvidia"
 ALL_STEPS = ("open", "setns", "propagation", "mount", "symlink", "proc-mask", "ldconfig-setup",
              "ldconfig", "undo", "done")
-# the directories below the rootfs that hold the vGPU mounts: pinned (rename fails)
-VGPU_PINNED = ("etc", "run")
 
 # the worker's answer on its pipe: _OK, or _FAILED followed by the message
 _OK = b"ok"
@@ -72,8 +70,9 @@ def _close_all(fds: list[int]) -> None:
     fds.clear()
 
 
-class _Prepared(Record):
-    """The fds the host-namespace step opens for the rest."""
+class WorkerFds(Record):
+    """The fds the host-namespace step (open) opens for the steps in the container.
+    (nvctk.runtime's Prepared is something else: a bundle the runtime made ready.)"""
 
     __slots__ = ("sources", "mask", "ldconfig", "ns", "devnull", "vgpu_from")  # noqa: RUF023
 
@@ -153,67 +152,17 @@ def check_vgpu_state(plan: Plan, log: HookLog) -> tuple[Mount, ...]:
     return v.mounts
 
 
-def _prepare(plan: Plan, pid: int, log: HookLog) -> _Prepared:
+def _prepare(plan: Plan, pid: int, log: HookLog) -> WorkerFds:
     """Host-namespace work: clones of the sources, the mask, ldconfig and ns fds."""
     caps.enter_step("open", log)
-    p = _Prepared()
+    p = WorkerFds()
     try:
-        vgpu = check_vgpu_state(plan, log)
-        for i, mnt in enumerate((*plan.mounts, *vgpu)):
-            if i == len(plan.mounts):
-                p.vgpu_from = len(p.sources)
-            try:
-                fd = m.clone_source(mnt.host_path, m.attrs_for(mnt.read_only, mnt.noexec))
-            except OSError as e:
-                # open_tree first, lstat only when it failed: one syscall per file
-                if os.path.lexists(mnt.host_path) or i >= len(plan.mounts):
-                    raise m.step_error("open", mnt.host_path, e)
-                if mnt.required:
-                    raise MountError(
-                        f"step open: {mnt.host_path}: required, and missing on the host "
-                        f"({os.path.basename(mnt.host_path)}; the container's capabilities: "
-                        f"{', '.join(plan.capabilities)})"
-                    )
-                log.info(f"skip {mnt.container_path}: {mnt.host_path} is missing on the host")
-                continue
-            p.sources.append((mnt, fd))
-        pm = plan.proc_mask
-        if pm is not None:
-            if os.path.isdir(pm.host_dir):
-                try:
-                    p.mask = m.make_proc_mask(pm.host_dir, pm.gpu_bus_ids)
-                except OSError as e:
-                    raise m.step_error("open", pm.host_dir, e)
-            else:
-                log.info(f"skip the {PROC_DRIVER} mask: {pm.host_dir} is missing on the host")
+        _clone_sources(plan, p, log)
+        _make_mask(plan, p, log)
         if plan.ldconfig:
-            what = f"{plan.ldconfig} (nvctk's ldconfig setting)"
-            try:
-                # O_NONBLOCK: a FIFO would block open() until runc's hook timeout
-                p.ldconfig = os.open(plan.ldconfig, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
-                                     | os.O_CLOEXEC)
-                if not stat.S_ISREG(os.fstat(p.ldconfig).st_mode):
-                    raise m.step_error("open", what, "not a regular file")
-                interp = elf_interpreter(p.ldconfig)
-            except OSError as e:
-                raise m.step_error("open", what, e)
-            except ValueError as e:
-                raise m.step_error("open", what, str(e))
-            if interp is not None:
-                raise m.step_error(
-                    "open", what,
-                    f"ldconfig is dynamically linked ({interp}); run chrooted it would load the "
-                    "image's loader",
-                )
+            _open_ldconfig(plan.ldconfig, p)
         p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        nspath = f"/proc/{pid}/ns/mnt"
-        try:
-            p.ns = os.open(nspath, os.O_RDONLY | os.O_CLOEXEC)
-            if os.fstat(p.ns).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
-                raise m.step_error("setns", nspath, "the container shares the host's mount "
-                                   "namespace; refusing to mount into it")
-        except OSError as e:
-            raise m.step_error("setns", nspath, e)
+        _open_ns(pid, p)
         return p
     except BaseException:
         fds = p.fds()
@@ -221,11 +170,86 @@ def _prepare(plan: Plan, pid: int, log: HookLog) -> _Prepared:
         raise
 
 
-def _pin(root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
-    """Pin /etc and /run, which hold the vGPU mounts: renaming either (or a directory
-    on the way to a vGPU mount) would take nvctk's mounts away from the paths
-    ld.so and libvgpu read (the layout's step 1)."""
-    for name in VGPU_PINNED:
+def _clone_sources(plan: Plan, p: WorkerFds, log: HookLog) -> None:
+    """Every mount's source cloned (detached, already read-only/nosuid/nodev), the vGPU
+    state's last; a missing optional one skipped, a missing required one an error."""
+    vgpu = check_vgpu_state(plan, log)
+    for i, mnt in enumerate((*plan.mounts, *vgpu)):
+        if i == len(plan.mounts):
+            p.vgpu_from = len(p.sources)
+        try:
+            fd = m.clone_source(mnt.host_path, m.attrs_for(mnt.read_only, mnt.noexec))
+        except OSError as e:
+            # open_tree first, lstat only when it failed: one syscall per file
+            if os.path.lexists(mnt.host_path) or i >= len(plan.mounts):
+                raise m.step_error("open", mnt.host_path, e)
+            if mnt.required:
+                raise MountError(
+                    f"step open: {mnt.host_path}: required, and missing on the host "
+                    f"({os.path.basename(mnt.host_path)}; the container's capabilities: "
+                    f"{', '.join(plan.capabilities)})"
+                )
+            log.info(f"skip {mnt.container_path}: {mnt.host_path} is missing on the host")
+            continue
+        p.sources.append((mnt, fd))
+
+
+def _make_mask(plan: Plan, p: WorkerFds, log: HookLog) -> None:
+    """The /proc/driver/nvidia mask: a detached tmpfs with the selected GPUs' files."""
+    pm = plan.proc_mask
+    if pm is None:
+        return
+    if not os.path.isdir(pm.host_dir):
+        log.info(f"skip the {PROC_DRIVER} mask: {pm.host_dir} is missing on the host")
+        return
+    try:
+        p.mask = m.make_proc_mask(pm.host_dir, pm.gpu_bus_ids)
+    except OSError as e:
+        raise m.step_error("open", pm.host_dir, e)
+
+
+def _open_ldconfig(ldconfig: str, p: WorkerFds) -> None:
+    """The host's ldconfig, opened here: a regular, statically linked file (run chrooted,
+    a dynamic one would load the image's loader)."""
+    what = f"{ldconfig} (nvctk's ldconfig setting)"
+    try:
+        # O_NONBLOCK: a FIFO would block open() until runc's hook timeout
+        p.ldconfig = os.open(ldconfig, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(p.ldconfig).st_mode):
+            raise m.step_error("open", what, "not a regular file")
+        interp = elf_interpreter(p.ldconfig)
+    except OSError as e:
+        raise m.step_error("open", what, e)
+    except ValueError as e:
+        raise m.step_error("open", what, str(e))
+    if interp is not None:
+        raise m.step_error(
+            "open", what,
+            f"ldconfig is dynamically linked ({interp}); run chrooted it would load the "
+            "image's loader",
+        )
+
+
+def _open_ns(pid: int, p: WorkerFds) -> None:
+    """The container's mount namespace; never the host's own."""
+    nspath = f"/proc/{pid}/ns/mnt"
+    try:
+        p.ns = os.open(nspath, os.O_RDONLY | os.O_CLOEXEC)
+        if os.fstat(p.ns).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            raise m.step_error("setns", nspath, "the container shares the host's mount "
+                               "namespace; refusing to mount into it")
+    except OSError as e:
+        raise m.step_error("setns", nspath, e)
+
+
+def _pin(plan: Plan, root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
+    """Pin the rootfs dirs the plan lists (a vGPU's: /etc and /run, which hold its
+    mounts): renaming one (or a directory on the way to a vGPU mount) would take
+    nvctk's mounts away from the paths ld.so and libvgpu read (the layout's step 1)."""
+    for name in plan.pins:
+        if not name or "/" in name or name in (".", ".."):
+            raise MountError(f"step plan: pin {name!r}: want a directory name at the "
+                             "rootfs's top")
         try:
             if root.pin(name, mounter):
                 log.debug(f"pinned /{name} (a recursive bind onto itself)")
@@ -235,16 +259,15 @@ def _pin(root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
             raise m.step_error("mount", f"/{name}", e)
 
 
-def _mount_steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter,
-                 log: HookLog) -> m.Root:
-    """setns to proc-mask; returns the rootfs (open, for ldconfig) once all are in."""
+def _enter(rootfs: str, prep: WorkerFds, log: HookLog) -> m.Root:
+    """setns into the container's mount namespace; the rootfs, opened there, made so
+    that nothing mounted under it propagates to the host."""
     caps.enter_step("setns", log)
     try:
         m.setns(prep.ns, m.CLONE_NEWNS)
     except OSError as e:
         raise m.step_error("setns", f"/proc/<pid>/ns/mnt ({rootfs})", e)
     os.chdir("/")
-
     try:
         root = m.Root(rootfs)
     except OSError as e:
@@ -257,66 +280,90 @@ def _mount_steps(plan: Plan, rootfs: str, prep: _Prepared, mounter: m.Mounter,
                          "nothing mounted under it reaches the host")
         except OSError as e:
             raise m.step_error("propagation", rootfs, e)
+    except BaseException:
+        root.close()
+        raise
+    return root
 
-        caps.enter_step("mount", log)
-        if prep.vgpu_from >= 0:
-            _pin(root, mounter, log)
-        debug = log.enabled("debug")
-        for i, (mnt, src) in enumerate(prep.sources):
-            kind = "dir" if mnt.kind == "dir" else "file"
-            vgpu = 0 <= prep.vgpu_from <= i
-            try:
-                # vGPU's mounts sit at exactly their paths: no link the container could
-                # replace leads to them
-                dest = (root.ensure_exact if vgpu else root.ensure)(mnt.container_path, kind)
-            except m.NotOnRootfs as e:
-                if vgpu or mnt.required:
-                    raise m.step_error("mount", mnt.container_path, e)
-                log.info(f"skip {mnt.container_path}: {e.strerror}")
-                continue
-            except OSError as e:
+
+def _mount_sources(plan: Plan, root: m.Root, prep: WorkerFds, mounter: m.Mounter,
+                   log: HookLog) -> None:
+    """The pins, then every cloned source at its destination in the rootfs; the pins
+    sealed read-only for a read-only root."""
+    caps.enter_step("mount", log)
+    _pin(plan, root, mounter, log)
+    debug = log.enabled("debug")
+    for i, (mnt, src) in enumerate(prep.sources):
+        kind = "dir" if mnt.kind == "dir" else "file"
+        vgpu = 0 <= prep.vgpu_from <= i
+        try:
+            # vGPU's mounts sit at exactly their paths: no link the container could
+            # replace leads to them
+            dest = (root.ensure_exact if vgpu else root.ensure)(mnt.container_path, kind)
+        except m.NotOnRootfs as e:
+            if vgpu or mnt.required:
                 raise m.step_error("mount", mnt.container_path, e)
-            try:
-                mounter.attach(src, dest, mnt.container_path)
-            except OSError as e:
-                raise m.step_error("mount", mnt.container_path, e)
-            finally:
-                os.close(dest)
-            if debug:
-                log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
-        if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
-            try:
-                root.seal_pins()
-            except OSError as e:
-                raise m.step_error("mount", "/etc, /run", e)
+            log.info(f"skip {mnt.container_path}: {e.strerror}")
+            continue
+        except OSError as e:
+            raise m.step_error("mount", mnt.container_path, e)
+        try:
+            mounter.attach(src, dest, mnt.container_path)
+        except OSError as e:
+            raise m.step_error("mount", mnt.container_path, e)
+        finally:
+            os.close(dest)
+        if debug:
+            log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
+    if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
+        try:
+            root.seal_pins()
+        except OSError as e:
+            raise m.step_error("mount", ", ".join(f"/{p}" for p in plan.pins), e)
 
-        caps.enter_step("symlink", log)
-        for link in plan.symlinks:
-            try:
-                if not root.symlink(link.container_path, link.target):
-                    log.info(f"skip link {link.container_path}: the image has a file there")
-            except m.NotOnRootfs as e:
-                log.info(f"skip link {link.container_path}: {e.strerror}")
-            except OSError as e:
-                raise m.step_error("symlink", link.container_path, e)
 
+def _make_links(plan: Plan, root: m.Root, log: HookLog) -> None:
+    """The plan's symlinks; one where the image has a file, or off the rootfs, is skipped."""
+    caps.enter_step("symlink", log)
+    for link in plan.symlinks:
+        try:
+            if not root.symlink(link.container_path, link.target):
+                log.info(f"skip link {link.container_path}: the image has a file there")
+        except m.NotOnRootfs as e:
+            log.info(f"skip link {link.container_path}: {e.strerror}")
+        except OSError as e:
+            raise m.step_error("symlink", link.container_path, e)
+
+
+def _mask_proc(root: m.Root, mask: int, mounter: m.Mounter, log: HookLog) -> None:
+    """The /proc/driver/nvidia mask (a tmpfs made in the host namespace) where the
+    container has that dir."""
+    caps.enter_step("proc-mask", log)
+    try:
+        dest = root.open(PROC_DRIVER, os.O_PATH | os.O_DIRECTORY)
+    except FileNotFoundError:
+        log.info(f"skip the {PROC_DRIVER} mask: the container has no {PROC_DRIVER}")
+        return
+    except OSError as e:
+        raise m.step_error("proc-mask", PROC_DRIVER, e)
+    try:
+        mounter.attach(mask, dest, PROC_DRIVER)
+    except OSError as e:
+        raise m.step_error("proc-mask", PROC_DRIVER, e)
+    finally:
+        os.close(dest)
+    log.debug(f"masked {PROC_DRIVER}")
+
+
+def _mount_steps(plan: Plan, rootfs: str, prep: WorkerFds, mounter: m.Mounter,
+                 log: HookLog) -> m.Root:
+    """setns to proc-mask; returns the rootfs (open, for ldconfig) once all are in."""
+    root = _enter(rootfs, prep, log)
+    try:
+        _mount_sources(plan, root, prep, mounter, log)
+        _make_links(plan, root, log)
         if prep.mask >= 0:
-            caps.enter_step("proc-mask", log)
-            try:
-                dest = root.open(PROC_DRIVER, os.O_PATH | os.O_DIRECTORY)
-            except FileNotFoundError:
-                dest = -1
-                log.info(f"skip the {PROC_DRIVER} mask: the container has no {PROC_DRIVER}")
-            except OSError as e:
-                raise m.step_error("proc-mask", PROC_DRIVER, e)
-            if dest >= 0:
-                try:
-                    mounter.attach(prep.mask, dest, PROC_DRIVER)
-                except OSError as e:
-                    raise m.step_error("proc-mask", PROC_DRIVER, e)
-                finally:
-                    os.close(dest)
-                log.debug(f"masked {PROC_DRIVER}")
+            _mask_proc(root, prep.mask, mounter, log)
         return root
     except BaseException:
         root.close()
@@ -379,7 +426,7 @@ def worker(plan: Plan, rootfs: str, pid: int, log: HookLog, answer: int,
     on failure or without ldconfig: the exit code.
     """
     mounter = m.Mounter()
-    prep: _Prepared | None = None
+    prep: WorkerFds | None = None
     root: m.Root | None = None
     try:
         try:

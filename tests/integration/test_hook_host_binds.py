@@ -86,7 +86,7 @@ def test_host_dir_at_the_lib_dir_refuses_required_libraries(
     with fake_container(pre=_bind(host_dir, root, LIB)) as pid:
         r = run_hook(bundle, pid)
     assert r.returncode == 1
-    assert r.stderr.startswith(f"nvctk-hook: step mount: {LIB}/libnvidia-ml.so."), r.stderr
+    assert r.stderr.startswith(f"nvctk-hook: prestart: step mount: {LIB}/libnvidia-ml.so."), r.stderr
     assert f"not created: its directory is on {root}{LIB} (" in r.stderr, r.stderr
     assert snapshot(host_dir) == before
 

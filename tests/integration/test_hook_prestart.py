@@ -229,8 +229,8 @@ def _importer_chain(imports: list[tuple[int, str]], i: int) -> list[str]:
 
 def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]],
                                          sim_host: SimHost, host_table: None) -> None:
-    """The whole prestart path (state, config, plan, mounts, mask, ldconfig) run by the
-    real executable under -X importtime imports none of the slow modules."""
+    """The whole prestart path (state, plan, mounts, mask, ldconfig) run by the real
+    executable under -X importtime imports none of the slow modules, nor the config."""
     bundle, root = setup()
     v = sim_host.topology.driver_version
     state = {"ociVersion": "1.0.2", "id": "c1", "status": "creating", "bundle": bundle.path}
@@ -251,6 +251,8 @@ def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]
     imports = _imports(r.stderr)
     names = {n for _, n in imports}
     assert "nvctk.hook.prestart" in names and "nvctk.hook.mount" in names, r.stderr[-3000:]
+    # the log's file and level come in the plan: the hook reads no config
+    assert "nvctk.base.config" not in names, r.stderr[-3000:]
     slow = [" <- ".join(_importer_chain(imports, i)) for i, (_, n) in enumerate(imports)
             if n.partition(".")[0] in SLOW_MODULES]
     assert not slow, "slow imports on the hook's path (module <- importer ...):\n" + \
@@ -271,7 +273,7 @@ def test_missing_required_library_fails_naming_it(setup: Callable[..., tuple[Bun
     with fake_container() as pid:
         r = run_hook(bundle, pid)
         assert r.returncode == 1
-        assert r.stderr.startswith(f"nvctk-hook: step open: /nonexistent/driver/{lib}.so."), \
+        assert r.stderr.startswith(f"nvctk-hook: prestart: step open: /nonexistent/driver/{lib}.so."), \
             r.stderr
         assert cap in r.stderr
         assert mounts_under(pid, root) == {}
@@ -298,7 +300,7 @@ def test_failure_undoes_mounts(setup: Callable[..., tuple[Bundle, str]],
     with fake_container() as pid:
         r = run_hook(bundle, pid)
         assert r.returncode == 1
-        assert r.stderr.startswith("nvctk-hook: step mount: /opt/blocked: ")
+        assert r.stderr.startswith("nvctk-hook: prestart: step mount: /opt/blocked: ")
         assert mounts_under(pid, root) == {}
         assert not os.path.ismount(cpath(pid, root, f"{LIB}/libcuda.so.{v}"))
     assert "undid the mounts" in bundle.log_text()
@@ -329,7 +331,7 @@ def test_bad_state_is_a_clear_error(tmp_path: Path) -> None:
     r = subprocess.run([HOOK, "prestart"], input="{not json", capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "NVCTK_CONFIG": str(tmp_path / "none")})
     assert r.returncode == 1
-    assert r.stderr.startswith("nvctk-hook: hook state on stdin")
+    assert r.stderr.startswith("nvctk-hook: prestart: hook state on stdin")
 
 
 def test_poststop_bad_state_and_usage() -> None:

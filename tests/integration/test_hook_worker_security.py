@@ -36,12 +36,17 @@ from nvctk.base.log import HookLog, Logger
 from nvctk.edits import PLAN_FILE, Plan, VgpuPlan
 from nvctk.hook import ldconfig
 from nvctk.hook import worker as hook_worker
+from nvctk.hook.entry import HookRun
+from nvctk.hook.inputs import parse_state
+from nvctk.hook.poststop import poststop
+from nvctk.host import image as host_image
 from nvctk.host.inventory import HostInfo
 from nvctk.host.nvml import query_host
 from nvctk.plan.planner import make_plan
 from nvctk.request.parse import request_from_spec
 from nvctk.runtime.create import prepare_bundle
 from nvctk.sim.host import SimHost
+from nvctk.vgpu import gc as vgpu_gc
 from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
 from nvctk.vgpu.limits import VgpuLimits
@@ -140,7 +145,7 @@ def test_a_fifo_planted_by_the_container_is_never_opened(where: str, tmp_path: P
     (root / "etc").mkdir(parents=True)
     if where == "image ld.so.preload":
         fifo, error, read = root / "etc/ld.so.preload", SpecError, \
-            lambda: vgpu_state.image_preload(str(root))
+            lambda: host_image.image_preload(str(root))
     else:
         fifo, error, read = tmp_path / "cache", ValueError, lambda: vgpu.read_usage(fifo)
     os.mkfifo(fifo)
@@ -159,16 +164,16 @@ def test_image_preload_still_reads_a_file_and_a_link_inside(tmp_path: Path) -> N
     (root / "opt").mkdir()
     (root / "opt/preload").write_text("/usr/lib/libfoo.so # comment\n/lib/libbar.so:/x.so\n")
     os.symlink("/opt/preload", root / "etc/ld.so.preload")  # absolute: resolved in the rootfs
-    assert vgpu_state.image_preload(str(root)) == ["/usr/lib/libfoo.so", "/lib/libbar.so",
+    assert host_image.image_preload(str(root)) == ["/usr/lib/libfoo.so", "/lib/libbar.so",
                                                    "/x.so"]
 
 
 def test_image_preload_size_bound(tmp_path: Path) -> None:
     root = tmp_path / "rootfs"
     (root / "etc").mkdir(parents=True)
-    (root / "etc/ld.so.preload").write_bytes(b"a" * (vgpu_state.MAX_PRELOAD_BYTES + 10))
+    (root / "etc/ld.so.preload").write_bytes(b"a" * (host_image.MAX_PRELOAD_BYTES + 10))
     with pytest.raises(SpecError, match="larger than"):
-        vgpu_state.image_preload(str(root))
+        host_image.image_preload(str(root))
 
 
 # --- read_usage on a container-writable dir ------------------------------------------------------
@@ -277,7 +282,7 @@ def test_new_state_dir_is_root_only(tmp_path: Path) -> None:
                           ("ro/limits", 0o444), ("ro/ld.so.preload", 0o444)):
             assert stat.S_IMODE(os.stat(os.path.join(d, sub)).st_mode) == mode, sub
     finally:
-        vgpu_state.remove_state_dir(d, cfg)  # its tmpfs too
+        vgpu_gc.remove_state_dir(d, cfg)  # its tmpfs too
 
 
 def test_poststop_never_leaves_state_dir(tmp_path: Path) -> None:
@@ -301,8 +306,9 @@ def test_poststop_never_leaves_state_dir(tmp_path: Path) -> None:
         plan = Plan("1", (), (), vgpu=VgpuPlan("/l", "/c", d, "/v", {}))
         (bundle / PLAN_FILE).write_text(plan.to_json())
         state = json.dumps({"id": "c", "pid": 0, "bundle": str(bundle), "status": "stopped"})
+        hook = HookRun("poststop", None, parse_state(state), HookLog(""), config=cfg)
         try:
-            vgpu_state.poststop(state, cfg)
+            poststop(hook)
         except SpecError:
             pass
     assert (victim / "keep").read_text() == "x"

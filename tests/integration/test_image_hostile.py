@@ -162,7 +162,7 @@ def test_hostile_links_stay_inside(case: str, sim_host: SimHost, rootfs: Callabl
     if r.returncode != 0:
         # refusing is fine, but only because of the poisoned path (a hook that failed
         # for any other reason would make the canary checks below prove nothing)
-        assert r.returncode == 1 and r.stderr.startswith("nvctk-hook: step "), r.stderr
+        assert r.returncode == 1 and r.stderr.startswith("nvctk-hook: prestart: step "), r.stderr
         assert _poisoned(case) in r.stderr, r.stderr
     else:
         assert "prestart done" in bundle.log_text(), bundle.log_text()
@@ -220,7 +220,7 @@ def test_runc_hostile_rshared(case: str, sim_host: SimHost, rootfs: Callable[...
     hook_log = (bundle / "nvctk.log").read_text()
     print(case, r.returncode, r.stderr.strip()[-300:])
     if r.returncode != 0:
-        assert "nvctk-hook: step " in r.stderr, r.stderr + hook_log
+        assert "nvctk-hook: prestart: step " in r.stderr, r.stderr + hook_log
         assert _poisoned(case) in r.stderr, r.stderr + hook_log
     else:
         assert "prestart done" in hook_log, hook_log

@@ -238,7 +238,8 @@ HEAVY = ("dataclasses", "typing", "re", "json", "tomllib", "enum", "inspect", "s
 # nvctk's own modules that bring those in, or NVML: only for vGPU or a host-cache miss
 # (nvctk.hook.mount is no longer among them: its syscalls are nvctk._sys, and the create
 # resolves the image's /etc/debian_version with it, inside the rootfs by the kernel)
-HEAVY_NVCTK = ("nvctk.host.nvml", "nvctk.vgpu.state", "nvctk.hook.prestart")
+HEAVY_NVCTK = ("nvctk.host.nvml", "nvctk.vgpu.state", "nvctk.vgpu.gc", "nvctk.hook.prestart",
+               "nvctk.hook.poststop")
 
 
 def imported_modules(importtime_stderr: str) -> set[str]:

@@ -34,6 +34,7 @@ from nvctk.hook import mount
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.topology import make_topology
+from nvctk.vgpu import gc as vgpu_gc
 from nvctk.vgpu import state as vgpu_state
 from support import wait
 from support.procs import run_to_files
@@ -135,7 +136,7 @@ class Host:
         top = self.config.state_dir
         if not os.path.isdir(top):
             return []
-        return sorted(n for n in os.listdir(top) if vgpu_state._is_key_dir(n))
+        return sorted(n for n in os.listdir(top) if vgpu_gc._is_key_dir(n))
 
     def mounts_under_state_dir(self) -> list[str]:
         top = os.path.abspath(self.config.state_dir)
@@ -170,7 +171,7 @@ def h(tmp_path: Path, sim: host.SimHost, base_rootfs: str) -> Iterator[Host]:
     cfg = nvconfig.load(sim.config_path)
     for name in hh.key_dirs():  # whatever a failing test left, not to spill into the next
         with contextlib.suppress(OSError, NvctkError):
-            vgpu_state.remove_state_dir(os.path.join(cfg.state_dir, name), cfg, only_ours=False)
+            vgpu_gc.remove_state_dir(os.path.join(cfg.state_dir, name), cfg, only_ours=False)
 
 
 def _relative_cwd(spec: dict[str, Any]) -> None:
@@ -274,7 +275,7 @@ def test_collect_rules(h: Host, tmp_path: Path) -> None:
     root = str(tmp_path / "rt")
     gone = subprocess.Popen(["true"])
     gone.wait()
-    me = {"pid": os.getpid(), "start": vgpu_state.proc_start_time(os.getpid())}
+    me = {"pid": os.getpid(), "start": vgpu_gc.proc_start_time(os.getpid())}
     dead = {"pid": gone.pid, "start": 1}
     os.makedirs(f"{root}/alive", 0o700)
     Path(f"{root}/alive/state.json").write_text("{}")
@@ -282,11 +283,11 @@ def test_collect_rules(h: Host, tmp_path: Path) -> None:
     stale = [
         _fake_state(cfg, "0000000000000001-gone", {**dead, "runtime_root": root, "id": "gone"}),
         _fake_state(cfg, "0000000000000002-half", {**dead, "runtime_root": root, "id": "half"}),
-        _fake_state(cfg, "0000000000000003-old", None, age=vgpu_state.GC_GRACE_S + 60),
+        _fake_state(cfg, "0000000000000003-old", None, age=vgpu_gc.GC_GRACE_S + 60),
         # a reused pid is not the creator
         _fake_state(cfg, "0000000000000004-reuse", {"pid": os.getpid(), "start": -1,
                                                      "runtime_root": root, "id": "reuse"}),
-        _fake_state(cfg, "0000000000000005-junk", "{not json", age=vgpu_state.GC_GRACE_S + 60),
+        _fake_state(cfg, "0000000000000005-junk", "{not json", age=vgpu_gc.GC_GRACE_S + 60),
         # an install killed between its mkdir and its owner file (it holds the lock then)
         _fake_state(cfg, "0000000000000006-killed", None),
         # ... or while it wrote the owner file: cut short, nothing else yet (found by the
@@ -306,12 +307,12 @@ def test_collect_rules(h: Host, tmp_path: Path) -> None:
         os.makedirs(o)
         os.utime(o, (0, 0))
     try:
-        assert sorted(vgpu_state.collect(cfg)) == sorted(stale)
+        assert sorted(vgpu_gc.collect(cfg)) == sorted(stale)
         for d in stale:
             assert not os.path.exists(d)
         for d in kept + others:
             assert os.path.isdir(d)
-        assert vgpu_state.collect(cfg) == []
+        assert vgpu_gc.collect(cfg) == []
         # the CLI: a shorter grace takes the young one too
         r = subprocess.run([NVCTK, "vgpu", "gc", "--grace", "1"], env=h.env(),
                            capture_output=True, text=True, timeout=60)
@@ -327,7 +328,7 @@ def test_failed_create_keeps_a_dir_made_anew_by_another(h: Host) -> None:
     """A create's clean-up removes only the dir it made (same id, created again meanwhile)."""
     cfg = h.config
     d = _fake_state(cfg, "0000000000000021-again", {
-        "pid": os.getpid(), "start": vgpu_state.proc_start_time(os.getpid()),
+        "pid": os.getpid(), "start": vgpu_gc.proc_start_time(os.getpid()),
         "runtime_root": h.root, "id": "again"})
     other = subprocess.Popen(["sleep", "30"])
     try:
@@ -431,7 +432,7 @@ def test_successful_create_exits_zero_and_keeps_the_state(h: Host, tmp_path: Pat
     assert r.returncode == 0, r.stderr
     d = h.state_dir(cid)
     assert os.path.isdir(d) and [m for m in h.mounts_under_state_dir() if m == d]
-    vgpu_state.remove_state_dir(d, h.config)
+    vgpu_gc.remove_state_dir(d, h.config)
 
 
 # --- through real runc ------------------------------------------------------------------------
@@ -479,7 +480,7 @@ def test_sigkill_during_create(h: Host) -> None:
         p.kill()
         p.wait()
         killed.append(cid)
-    existing = [c for c in killed if vgpu_state.runtime_has(h.root, c)]
+    existing = [c for c in killed if vgpu_gc.runtime_has(h.root, c)]
     deadline = time.monotonic() + 10
     # the only processes left: the inits of containers created before their kill
     while set(_runc_procs(h)) - set(_init_pids(h, existing)):
@@ -519,14 +520,14 @@ def test_killed_poststop_is_collected_by_the_next_create(h: Host) -> None:
     assert r.returncode == 0, r.stderr
     d = h.state_dir(cid)
     assert os.path.isdir(d)
-    with vgpu_state.StateLock(h.config):  # the poststop blocks on it, and is killed there
+    with vgpu_gc.StateLock(h.config):  # the poststop blocks on it, and is killed there
         delete = subprocess.Popen(["runc", "--root", h.root, "delete", "--force", cid],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         hook = _find_hook(h, "poststop")
         os.kill(hook, signal.SIGKILL)
         delete.communicate(timeout=60)
     assert os.path.isdir(d) and h.mounts_under_state_dir() == [d]  # the leak, as it was
-    assert not vgpu_state.runtime_has(h.root, cid)
+    assert not vgpu_gc.runtime_has(h.root, cid)
     h.a_vgpu_create()
     h.assert_clean()
 
@@ -551,7 +552,7 @@ def test_two_containers_from_one_bundle(h: Host) -> None:
 def _describe(d: str) -> str:
     """What a leftover state dir holds (for a failure message)."""
     try:
-        return f"{sorted(os.listdir(d))} owner={vgpu_state.read_owner(d)} mounted={os.path.ismount(d)}"
+        return f"{sorted(os.listdir(d))} owner={vgpu_gc.read_owner(d)} mounted={os.path.ismount(d)}"
     except OSError as e:
         return str(e)
 
@@ -598,13 +599,13 @@ def test_remove_tree_never_enters_another_mount(h: Host, tmp_path: Path) -> None
     subprocess.run(["mount", "--bind", str(victim), str(sub)], check=True)
     try:
         with pytest.raises(NvctkError, match="another file system"):
-            vgpu_state._remove_tree(d)
+            vgpu_gc._remove_tree(d)
         assert (victim / "precious").read_text() == "keep me"
         assert os.path.isdir(sub) and not os.path.exists(Path(d, "a", "file"))
         assert not os.path.lexists(Path(d, "link"))
     finally:
         mount.umount2(str(sub), mount.MNT_DETACH)
-    vgpu_state.remove_state_dir(d, cfg)
+    vgpu_gc.remove_state_dir(d, cfg)
     assert not os.path.exists(d) and (victim / "precious").exists()
 
 
@@ -622,8 +623,8 @@ def test_odd_owner_is_no_owner(h: Host, owner: str) -> None:
     collection every create runs fails on it."""
     cfg = h.config
     os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
-    d = _fake_state(cfg, "0123456789abcdef-odd", owner, age=vgpu_state.GC_GRACE_S + 60)
-    assert vgpu_state.read_owner(d) is None
+    d = _fake_state(cfg, "0123456789abcdef-odd", owner, age=vgpu_gc.GC_GRACE_S + 60)
+    assert vgpu_gc.read_owner(d) is None
     r = subprocess.run([NVCTK, "vgpu", "gc"], env=h.env(), capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
@@ -637,16 +638,16 @@ def test_owner_that_is_a_fifo_is_no_owner(h: Host) -> None:
     d = _fake_state(cfg, "0123456789abcdef-fifo", None)
     os.mkfifo(os.path.join(d, "owner"))
     try:
-        assert vgpu_state.read_owner(d) is None
+        assert vgpu_gc.read_owner(d) is None
     finally:
-        vgpu_state.remove_state_dir(d, cfg)
+        vgpu_gc.remove_state_dir(d, cfg)
 
 
 def test_deep_owner_does_not_break_poststop_or_create(h: Host) -> None:
     cfg = h.config
     os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
-    d = _fake_state(cfg, "0123456789abcdef-deep", "[" * 8000, age=vgpu_state.GC_GRACE_S + 60)
-    vgpu_state._collect_quietly(cfg)  # what every vGPU create and poststop runs
+    d = _fake_state(cfg, "0123456789abcdef-deep", "[" * 8000, age=vgpu_gc.GC_GRACE_S + 60)
+    vgpu_gc._collect_quietly(cfg)  # what every vGPU create and poststop runs
     assert not os.path.exists(d)
 
 
@@ -658,7 +659,7 @@ _DEAD_OWNER = {"runtime_root": "/nonexistent", "id": "gone", "pid": 999999, "sta
 def _lookalikes(cfg: nvconfig.Config, tmp_path: Path) -> tuple[dict[str, str], list[str]]:
     """Things in the state dir named like nvctk's state dirs that nvctk did not make
     (name -> path), and the mounts to undo afterwards."""
-    old = vgpu_state.GC_GRACE_S + 60
+    old = vgpu_gc.GC_GRACE_S + 60
     made: dict[str, str] = {}
     mounts: list[str] = []
     d = _fake_state(cfg, "00000000000000a1-files", None, ours=False)
@@ -724,7 +725,7 @@ def test_gc_removes_only_what_it_can_prove_is_its_own(h: Host, tmp_path: Path) -
             assert _tree(p) == before[k], k
         assert "nvctk removes only its own state dirs" in r.stderr, r.stderr
         # nor the collection every vGPU create and poststop runs
-        vgpu_state._collect_quietly(cfg)
+        vgpu_gc._collect_quietly(cfg)
         assert {k: _tree(p) for k, p in made.items()} == before
     finally:
         for m in mounts:
@@ -744,19 +745,19 @@ def test_an_install_cut_short_is_still_collected(h: Host) -> None:
     os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
     dead = json.dumps(_DEAD_OWNER)
     killed = _fake_state(cfg, "00000000000000c1-killed", None, ours=False)
-    Path(vgpu_state.marker_path(killed)).write_text(dead)
+    Path(vgpu_gc.marker_path(killed)).write_text(dead)
     alone = os.path.join(cfg.state_dir, "00000000000000c2-alone")
-    Path(vgpu_state.marker_path(alone)).write_text(dead)
+    Path(vgpu_gc.marker_path(alone)).write_text(dead)
     live = _fake_state(cfg, "00000000000000c3-live", None, ours=False)
-    Path(vgpu_state.marker_path(live)).write_text(vgpu_state.owner_text(None, "live"))
+    Path(vgpu_gc.marker_path(live)).write_text(vgpu_gc.owner_text(None, "live"))
     try:
-        assert vgpu_state.collect(cfg, grace=0) == [killed]
+        assert vgpu_gc.collect(cfg, grace=0) == [killed]
         assert not os.path.lexists(killed)
-        assert not os.path.lexists(vgpu_state.marker_path(killed))
-        assert not os.path.lexists(vgpu_state.marker_path(alone))
-        assert os.path.isdir(live) and os.path.exists(vgpu_state.marker_path(live))
+        assert not os.path.lexists(vgpu_gc.marker_path(killed))
+        assert not os.path.lexists(vgpu_gc.marker_path(alone))
+        assert os.path.isdir(live) and os.path.exists(vgpu_gc.marker_path(live))
     finally:
-        os.unlink(vgpu_state.marker_path(live))
+        os.unlink(vgpu_gc.marker_path(live))
         os.rmdir(live)
 
 
@@ -777,7 +778,7 @@ def test_create_never_removes_someone_elses_dir_at_its_path(h: Host) -> None:
         os.unlink(Path(d, "precious"))  # empty now: a create takes it over
         r = h.create(b, cid)
         assert r.returncode == 0, r.stderr
-        assert not os.path.exists(vgpu_state.marker_path(d))
+        assert not os.path.exists(vgpu_gc.marker_path(d))
     finally:
         h.runc("delete", "--force", cid)
     assert not os.path.exists(d)

@@ -24,8 +24,14 @@ import support.vgpu as _vgpu
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import RequestError
 from nvctk.edits import PLAN_FILE, Plan
+from nvctk.hook import mount
+from nvctk.host import image as host_image
 from nvctk.oci import spec as oci
 from nvctk.sim import host
+from nvctk.sim.rootfs import build_rootfs
+from nvctk.sim.state import read_state, state_path
+from nvctk.sim.topology import make_topology
+from nvctk.vgpu import gc as vgpu_gc
 from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
 from support import wait
@@ -172,7 +178,7 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         assert cache.st_blocks * 512 >= vgpu.SHM_SIZE
         owner = json.loads((d / "owner").read_text())
         assert (owner["runtime_root"], owner["id"], owner["pid"]) == ("/tmp/rr", "box", os.getpid())
-        assert owner["start"] == vgpu_state.proc_start_time(os.getpid())
+        assert owner["start"] == vgpu_gc.proc_start_time(os.getpid())
         # the image's own file was never touched
         assert (b / "rootfs/etc/ld.so.preload").read_text() == "/usr/lib/libimage.so\n# x\n"
         # its own small tmpfs: nosuid, nodev, noexec, bounded, private
@@ -241,10 +247,10 @@ def test_image_preload_never_leaves_the_rootfs(bundles: Bundles, tmp_path: Path)
     secret.write_text("/host/only.so\n")
     b = bundles.make({})
     (b / "rootfs/etc/ld.so.preload").symlink_to(str(secret))  # absolute: resolves inside
-    assert vgpu_state.image_preload(str(b / "rootfs")) == []
+    assert host_image.image_preload(str(b / "rootfs")) == []
     (b / "rootfs/etc/ld.so.preload").unlink()
     (b / "rootfs/etc/ld.so.preload").symlink_to("../../../../../../.." + str(secret))
-    assert vgpu_state.image_preload(str(b / "rootfs")) == []
+    assert host_image.image_preload(str(b / "rootfs")) == []
 
 
 def test_hook_refuses_a_state_dir_without_its_tmpfs(bundles: Bundles, config: nvconfig.Config,
@@ -263,7 +269,7 @@ def test_hook_refuses_a_state_dir_without_its_tmpfs(bundles: Bundles, config: nv
         assert hook_worker.check_vgpu_state(plan, log)
         saved = tmp_path / "saved"
         shutil.copytree(d, saved, symlinks=True)
-        assert vgpu_state.detach_mounts(d) == 1
+        assert vgpu_gc.detach_mounts(d) == 1
         shutil.copytree(saved, d, symlinks=True, dirs_exist_ok=True)  # the same files, on
         # the host's file system
         with pytest.raises(MountError, match="not a tmpfs of its own"):
@@ -337,10 +343,10 @@ def test_non_glibc_rootfs_with_limits_fails(musl: bool, why: str, bundles: Bundl
 
 
 def test_glibc_detection_follows_links_inside_only(tmp_path: Path, base_rootfs: str) -> None:
-    assert vgpu_state.libc_kind(base_rootfs) == "glibc"  # /lib64 -> usr/lib64 -> ... (links)
+    assert host_image.libc_kind(base_rootfs) == "glibc"  # /lib64 -> usr/lib64 -> ... (links)
     root = Path(_libcless_rootfs(tmp_path / "r", musl=False))
     (root / "lib64").symlink_to("/lib/x86_64-linux-gnu")  # exists on the host, not inside
-    assert vgpu_state.libc_kind(str(root)) == "none"
+    assert host_image.libc_kind(str(root)) == "none"
 
 
 WAIT_USED = """

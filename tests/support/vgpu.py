@@ -25,6 +25,7 @@ from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
 from nvctk.sim.topology import make_topology
+from nvctk.vgpu import gc as vgpu_gc
 from nvctk.vgpu import state as vgpu_state
 from support import wait
 
@@ -124,7 +125,7 @@ def mounts_under(top: str | Path) -> list[mount.MountInfo]:
 def cleanup_state(config: nvconfig.Config, d: str | Path) -> None:
     """What poststop does (the tmpfs, then the dir), for a test that ran no poststop."""
     with contextlib.suppress(OSError, NvctkError):
-        vgpu_state.remove_state_dir(str(d), config, only_ours=False)
+        vgpu_gc.remove_state_dir(str(d), config, only_ours=False)
 
 
 # --- through nvctk-runtime + runc ---------------------------------------------------------------

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from nvctk.edits import Mount, Plan, ProcMask, Symlink
+from nvctk.edits import LogSettings, Mount, Plan, ProcMask, Symlink
 from nvctk.hook.mount import parse_mountinfo
 from nvctk.sim.host import SimHost
 
@@ -145,6 +145,8 @@ def make_bundle(tmp: str, rootfs: str, plan: Plan | None, spec_extra: dict | Non
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(spec, f)
     if plan is not None:
+        if plan.log is None:  # as nvctk-runtime saves it: the config's log settings in it
+            plan = plan.replace(log=LogSettings(log, "debug"))
         with open(os.path.join(tmp, "nvctk-plan.json"), "w") as f:
             f.write(plan.to_json())
     return Bundle(tmp, rootfs, cfg, log)

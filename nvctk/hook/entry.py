@@ -1,0 +1,175 @@
+"""The one way into every nvctk-hook command: inputs read, errors mapped, the same way.
+
+    run(cmd, body, argv, parse=..., inputs=...)
+
+    1. sanitize the environment (nothing steers Python or the loader from here on)
+    2. parse the arguments: UsageError -> exit 2, "nvctk-hook: <cmd>: <why>" + usage
+    3. read and parse the OCI state on stdin
+    4. as the command asks (`inputs`): the spec and the rootfs (STATE < ROOTFS < PLAN),
+       the plan (nvctk.hook.inputs.load_plan, the one plan loader) read only once the
+       rootfs is known not to hold the bundle
+    5. open the log from the plan's log settings (the hook loads no config for it;
+       without a plan, the config's)
+    6. the command's body; then exit 0
+
+Errors: an NvctkError is exit 1 with "nvctk-hook: <cmd>: <message>" on stderr (and in
+the log); an OSError the same, naming its file; anything else is a bug: exit 1 with
+"nvctk-hook: <cmd>: internal error: <repr>". runc shows the hook's stderr when it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from nvctk.base.errors import NvctkError, SpecError
+from nvctk.base.log import HookLog
+from nvctk.base.record import Record
+from nvctk.edits import PLAN_FILE
+from nvctk.hook.inputs import load_plan, parse_state, rootfs_path, sanitize_environ
+from nvctk.oci.spec import bundle_in_rootfs, load_spec_as_runc
+
+# typing is for the type checker only (the hook starts in every GPU container)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import IO, Any
+
+    from nvctk.base.config import Config
+    from nvctk.edits import Plan
+    from nvctk.hook.inputs import HookState
+
+# what a command needs read before its body runs (each includes the ones before it)
+STATE = 0  # the OCI state on stdin
+ROOTFS = 1  # + the spec (as runc reads it) and the rootfs; the container has a pid
+PLAN = 2  # + the plan nvctk-runtime saved in the bundle; no plan: nothing to do
+
+
+class UsageError(ValueError):
+    """Bad arguments to a hook command: exit 2 with the usage."""
+
+
+class HookRun(Record):
+    """What a command's body is given: its inputs, read by `run`, and the open log."""
+
+    __slots__ = ("cmd", "opts", "state", "spec", "rootfs", "plan", "log",  # noqa: RUF023
+                 "_config")
+
+    def __init__(self, cmd: str, opts: Any, state: HookState, log: HookLog,
+                 spec: dict[str, Any] | None = None, rootfs: str | None = None,
+                 plan: Plan | None = None, config: Config | None = None) -> None:
+        self.cmd = cmd
+        self.opts = opts  # what `parse` made of the arguments
+        self.state = state
+        self.spec = spec
+        self.rootfs = rootfs
+        self.plan = plan
+        self.log = log  # nowhere until the plan names the log (or the body opens one)
+        self._config = config
+
+    def config(self) -> Config:
+        """nvctk's config, read at the first call: only for what the plan does not carry
+        (poststop's state dir; the log when there is no plan)."""
+        if self._config is None:
+            from nvctk.base import config as nvconfig  # off the GPU start's path
+
+            self._config = nvconfig.load()
+        return self._config
+
+
+def log_for(hook: HookRun) -> HookLog:
+    """The hook's log, as the plan says (file, level). Without a plan (a command that
+    reads none, or a container nvctk-runtime made none for) or with one written before
+    the form carried log settings: the config's, read only then."""
+    settings = None if hook.plan is None else hook.plan.log
+    if settings is None:
+        config = hook.config()
+        return HookLog(config.log_file, config.log_level)
+    return HookLog(settings.file, settings.level)
+
+
+def _read_inputs(run_: HookRun, inputs: int) -> str | None:
+    """Fill run_'s spec, rootfs and plan as `inputs` asks; a str: nothing to do, why."""
+    state = run_.state
+    if inputs < ROOTFS:
+        return None
+    if state.pid <= 0:
+        raise SpecError(f"hook state on stdin: container {state.id} has no pid")
+    try:
+        run_.spec = load_spec_as_runc(state.bundle)
+    except SpecError as e:
+        if inputs >= PLAN and not os.path.lexists(os.path.join(state.bundle, PLAN_FILE)):
+            # the runtime wrapper handed an unreadable spec on: it saw no GPU
+            return f"{e}; no {PLAN_FILE}: no GPU asked for, nothing to do"
+        raise
+    run_.rootfs = rootfs_path(state, run_.spec)
+    if inputs < PLAN:
+        return None
+    if bundle_in_rootfs(state.bundle, run_.rootfs):
+        # the container's own files would be the plan naming host paths to mount
+        raise SpecError(f"rootfs {run_.rootfs} contains the bundle {state.bundle}: refusing "
+                        f"to trust {PLAN_FILE} there")
+    run_.plan = load_plan(state.bundle)
+    if run_.plan is None:
+        return (f"no {PLAN_FILE} in {state.bundle}: nvctk-runtime made no plan for this "
+                "container (no GPU asked for, or not created through it); nothing to do")
+    return None
+
+
+def _fail(err: IO[str], text: str) -> None:
+    try:
+        err.write(text)
+        err.flush()
+    except (OSError, ValueError):  # a closed or strict stderr: the exit code still says it
+        pass
+
+
+def run(cmd: str, body: Callable[[HookRun], None], argv: list[str], *,
+        parse: Callable[[list[str]], Any] | None = None, inputs: int = STATE,
+        usage: str = "", stdin: IO[bytes] | None = None, stderr: IO[str] | None = None,
+        log: HookLog | None = None, config: Config | None = None) -> int:
+    """Run one hook command (module docstring); returns its exit code.
+
+    parse: the arguments -> the body's opts (UsageError when wrong); None: no arguments.
+    log: a log to use instead of the plan's (tests); it is not closed here.
+    config: the config to use instead of reading nvctk's (tests)."""
+    sanitize_environ()
+    err = sys.stderr if stderr is None else stderr
+    try:
+        if parse is not None:
+            opts = parse(argv)
+        elif argv:
+            raise UsageError(f"unexpected arguments {argv!r}")
+        else:
+            opts = None
+    except UsageError as e:
+        _fail(err, f"nvctk-hook: {cmd}: {e}\n{usage}" + ("\n" if usage[-1:] != "\n" else ""))
+        return 2
+    hook: HookRun | None = None
+    msg = None
+    try:
+        state = parse_state((sys.stdin.buffer if stdin is None else stdin).read())
+        hook = HookRun(cmd, opts, state, log or HookLog(""), config=config)
+        idle = _read_inputs(hook, inputs)
+        if log is None:
+            hook.log = log_for(hook)
+        hook.log.debug(f"{cmd} id={state.id} pid={state.pid} bundle={state.bundle}")
+        if idle is not None:
+            hook.log.warning(f"{state.id}: {idle}")
+        else:
+            body(hook)
+    except NvctkError as e:
+        msg = str(e)
+    except OSError as e:
+        msg = f"{e.filename or '-'}: {e.strerror or e}"
+    except Exception as e:  # a bug: still a clear, non-zero failure
+        msg = f"internal error: {e!r}"
+    if hook is not None:
+        if msg is not None:
+            hook.log.error(f"{hook.state.id}: {cmd}: {msg}")
+        if hook.log is not log:
+            hook.log.close()
+    if msg is None:
+        return 0
+    _fail(err, f"nvctk-hook: {cmd}: {msg}\n")
+    return 1
