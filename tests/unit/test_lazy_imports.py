@@ -10,7 +10,7 @@ from pathlib import Path
 NVCTK = Path(__file__).resolve().parents[2] / "nvctk"
 CHECKED = ["base", "engines", "k8s", "monitor", "sim/*.py", "cli/common.py",
            "cli/config_cmd.py", "cli/configure.py", "cli/device_plugin.py", "cli/info.py",
-           "cli/labels.py", "cli/main.py", "cli/monitor_cmd.py", "cli/sim.py"]
+           "cli/labels.py", "cli/main.py", "cli/monitor_cmd.py", "cli/runtime.py", "cli/sim.py"]
 # module -> why its function-level imports are not about start time
 OTHER_REASONS = {
     "k8s/gen.py": "grpc_tools is a build dependency: `python -m nvctk.k8s.gen` only",
