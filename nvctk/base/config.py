@@ -292,11 +292,10 @@ def _bounds(text: str, where: str) -> None:
 
 def _loads(text: str, where: str) -> dict[str, Any]:
     _bounds(text, where)
-    # start time: tomllib (re, datetime, string ...) only where the parsed-config cache misses
     if sys.version_info >= (3, 11):
-        import tomllib
+        import tomllib  # start time: tomllib (re, datetime, ...) only when the cache misses
     else:  # pragma: no cover
-        import tomli as tomllib
+        import tomli as tomllib  # start time: as tomllib
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

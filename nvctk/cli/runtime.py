@@ -14,7 +14,7 @@ from nvctk.oci import runc_argv
 
 
 def _passthrough_error(args: runc_argv.RuncArgs, msg: str) -> int:
-    from nvctk.base.log import report_error
+    from nvctk.base.log import report_error  # start time: error paths only
 
     report_error(msg, runc_log=args.log, runc_log_format=args.log_format)
     return 1
@@ -22,7 +22,7 @@ def _passthrough_error(args: runc_argv.RuncArgs, msg: str) -> int:
 
 def _internal_error(args: runc_argv.RuncArgs, e: Exception) -> int:
     try:
-        from nvctk.runtime.create import internal_error
+        from nvctk.runtime.create import internal_error  # start time: error paths only
 
         msg = internal_error(e, None)
     except Exception:
@@ -37,6 +37,7 @@ def _warn(msg: str) -> None:
     so a stray warning on stderr would break its JSON parsing.
     """
     try:
+        # start time: a warning's path only
         from nvctk.base.config import Config
         from nvctk.base.log import Logger
 
@@ -51,12 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     args = runc_argv.parse(argv)
     if args.creates:
         try:
+            # start time: the create path only (the passthrough imports none of it)
             from nvctk.runtime.create import create_main
 
             return create_main(args)
         except Exception as e:  # a bug: one line in runc's log, never a traceback
             return _internal_error(args, e)
-    from nvctk.runtime import passthrough
+    from nvctk.runtime import passthrough  # start time: the passthrough only
 
     runtimes, warning = passthrough.runtimes()
     if warning:

@@ -586,7 +586,7 @@ def _write_stubs(root: str, topo: Topology) -> None:
 
 
 def _builder() -> ModuleType:
-    try:
+    try:  # start time: the mock builder (hashlib, apilist) only where a sim is built
         from nvctk.sim import build
     except ImportError as e:
         raise SimError(f"the mock driver builder (nvctk.sim.build) is not available: {e}")
