@@ -24,13 +24,9 @@ import support.vgpu as _vgpu
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import RequestError
 from nvctk.edits import PLAN_FILE, Plan
-from nvctk.hook import mount
 from nvctk.host import image as host_image
 from nvctk.oci import spec as oci
 from nvctk.sim import host
-from nvctk.sim.rootfs import build_rootfs
-from nvctk.sim.state import read_state, state_path
-from nvctk.sim.topology import make_topology
 from nvctk.vgpu import gc as vgpu_gc
 from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
