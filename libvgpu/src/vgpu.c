@@ -34,6 +34,12 @@ __asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
 /* the names libvgpu wraps (exact; anything else passes through)       */
 
 #define CUDA_HOOKS(X)                                                                     \
+    X(cuMemMap) X(cuMemUnmap) X(cuMemAddressFree) X(cuMemRetainAllocationHandle)          \
+    X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) \
+    X(cuGraphExecDestroy) X(cuModuleUnload) X(cuGraphExecUpdate)   \
+    X(cuGraphExecUpdate_v2) X(cuGraphExecKernelNodeSetParams) X(cuGraphExecKernelNodeSetParams_v2) \
+    X(cuGraphExecNodeSetParams) X(cuGraphExecChildGraphNodeSetParams) X(cuGraphNodeSetEnabled) \
+    X(cuLibraryUnload)                                                                     \
     X(cuInit) X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemAlloc_v2)                 \
     X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) \
     X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemFree_v2)            \
@@ -53,7 +59,7 @@ __asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
 #define CUDA_HELPERS(X)                                                                         \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetUuid) X(cuCtxGetDevice) X(cuCtxGetCurrent)    \
     X(cuStreamIsCapturing) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) \
-    X(cuEventElapsedTime) X(cuEventDestroy_v2)
+    X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)
 #define NVML_HELPERS(X) \
     X(nvmlDeviceGetCount_v2) X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetUUID)
 
@@ -213,7 +219,7 @@ static void resolve_cuda(void) {
 
 static int nvml_ok;
 static unsigned n_nvml;
-static char nvml_uuid[VGPU_MAX_DEV][96];
+static char nvml_uuid[VGPU_LDEV_MAX][96];
 
 static void resolve_nvml(void) {
     resolve_dlsym();
@@ -230,7 +236,7 @@ static void resolve_nvml(void) {
     if (REAL(nvmlInit_v2)() != NVML_SUCCESS) return;
     unsigned n = 0;
     if (HELP(nvmlDeviceGetCount_v2, count_t)(&n) != NVML_SUCCESS) return;
-    if (n > VGPU_MAX_DEV) n = VGPU_MAX_DEV;
+    if (n > VGPU_LDEV_MAX) n = VGPU_LDEV_MAX;
     for (unsigned i = 0; i < n; i++) {
         nvmlDevice_t d;
         nvml_uuid[i][0] = 0;
@@ -740,13 +746,14 @@ struct ldev {
     CUcontext prim_ctx; /* the primary context's handle (from a retain) */
     char uuid[64];
 };
-static struct ldev ldevs[VGPU_MAX_DEV];
+static struct ldev ldevs[VGPU_LDEV_MAX];
 static int nldev;
+static int n_cuda; /* devices the driver reports (nldev is at most VGPU_LDEV_MAX of them) */
 static int any_sm;
 /* the container's strictest cap / SM share per ldev as last read from the
  * accounting file (advisory: it can only tighten this process's own) */
-static uint64_t adv_cap[VGPU_MAX_DEV];
-static unsigned adv_sm[VGPU_MAX_DEV];
+static uint64_t adv_cap[VGPU_LDEV_MAX];
+static unsigned adv_sm[VGPU_LDEV_MAX];
 
 static int win_of(int idx) { return idx >= 0 && idx < LEDGER_NWIN ? idx : LEDGER_NWIN - 1; }
 
@@ -789,12 +796,31 @@ static struct ldev *ldev_of(CUdevice dev) {
     return NULL;
 }
 
+/* A device the driver reports that libvgpu has no entry for (past
+ * VGPU_LDEV_MAX): calls that would hold memory on it are refused, never
+ * passed through uncharged. */
+#define LD_REFUSE ((struct ldev *)(uintptr_t)1)
+
+/* dev's entry; LD_REFUSE for a device libvgpu cannot account for; NULL for
+ * no device at all (the real call fails on its own). */
+static struct ldev *ldev_for(CUdevice dev) {
+    struct ldev *ld = ldev_of(dev);
+    if (ld) return ld;
+    return dev >= 0 && dev < n_cuda ? LD_REFUSE : NULL;
+}
+
+static CUresult refuse_dev(const char *what) {
+    vgpu_log(VGPU_LOG_ERROR, "%s refused: the device is beyond the %d libvgpu can account for", what, VGPU_LDEV_MAX);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The current context's device (see ldev_for); NULL with no context. */
 static struct ldev *cur_ldev(void) {
-    if (nldev == 1) return &ldevs[0];
+    if (nldev == 1 && n_cuda == 1) return &ldevs[0];
     CUdevice d;
     typedef CUresult (*getdev_t)(CUdevice *);
     if (!real_x[X_cuCtxGetDevice] || HELP(cuCtxGetDevice, getdev_t)(&d) != CUDA_SUCCESS) return NULL;
-    return ldev_of(d);
+    return ldev_for(d);
 }
 
 /* Refreshes adv_cap/adv_sm from the accounting file's device entries (a
@@ -807,6 +833,7 @@ static void adv_refresh(void) {
     data_unlock();
     if (!ok) return;
     for (int i = 0; i < nldev; i++) {
+        if (ldevs[i].ce < 0) continue;
         __atomic_store_n(&adv_cap[i], devs[ldevs[i].ce].mem_cap, __ATOMIC_RELAXED);
         __atomic_store_n(&adv_sm[i], devs[ldevs[i].ce].sm_pct, __ATOMIC_RELAXED);
     }
@@ -852,7 +879,7 @@ static int slot_fill(struct vgpu_shm *img, int slot, int n, uint64_t my_start, i
     for (int i = 0; i < n; i++) {
         struct ldev *ld = &ldevs[i];
         ld->ce = shm_dev(img, ld->uuid, 1);
-        if (ld->ce < 0) return -1;
+        if (ld->ce < 0) continue; /* no entry left: capped by its ledger window; SM launches refused */
         struct vgpu_shm_dev *d = &img->devs[ld->ce];
         dev_merge(d, ld);
         if (tighten) {
@@ -925,7 +952,12 @@ static int attach(void) {
     pthread_once(&nvml_once, resolve_nvml);
     int n = 0;
     if (HELP(cuDeviceGetCount, count_t)(&n) != CUDA_SUCCESS) n = 0;
-    if (n > VGPU_MAX_DEV) n = VGPU_MAX_DEV;
+    n_cuda = n;
+    if (n > VGPU_LDEV_MAX) {
+        vgpu_log(VGPU_LOG_WARN, "the driver reports %d devices; devices %d and up are refused (libvgpu accounts for %d)",
+                 n, VGPU_LDEV_MAX, VGPU_LDEV_MAX);
+        n = VGPU_LDEV_MAX;
+    }
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     for (int i = 0; i < n; i++) {
         struct ldev *ld = &ldevs[i];
@@ -941,10 +973,12 @@ static int attach(void) {
             ld->cap = cfg.mem[ld->idx];
             ld->sm = cfg.sm[ld->idx];
         } else {
-            /* cannot tell which of the container's GPUs this is: fail closed */
+            /* cannot tell which of the container's GPUs this is, or it has no
+             * variables of its own: fail closed */
             ld->cap = cfg.mem_any;
             ld->sm = cfg.sm_any;
-            vgpu_log(VGPU_LOG_WARN, "device %d (%s) not found in NVML; applying the strictest limits", i, ld->uuid);
+            vgpu_log(VGPU_LOG_WARN, "device %d (%s): container GPU %d has no limits of its own; applying the strictest",
+                     i, ld->uuid, ld->idx);
         }
         ld->e = win_of(ld->idx); /* unknown devices share one window: they can only lose */
         vgpu_log(VGPU_LOG_DEBUG, "cuda device %d = %s = container GPU %d: memory cap %llu, sm %u%%", i, ld->uuid,
@@ -1016,6 +1050,7 @@ static int attach(void) {
     }
 done:
     for (int i = 0; i < n; i++) {
+        if (ldevs[i].ce < 0) continue;
         adv_cap[i] = img->devs[ldevs[i].ce].mem_cap;
         adv_sm[i] = img->devs[ldevs[i].ce].sm_pct;
         if (adv_sm[i]) any_sm = 1;
@@ -1317,6 +1352,102 @@ static void pm_drop_ctx(uint64_t ctx) {
 }
 
 /* ------------------------------------------------------------------ */
+/* VMM: the charge follows the driver's lifetime of physical memory      */
+/* A handle's memory lives until its last reference (cuMemCreate, each   */
+/* cuMemRetainAllocationHandle) is released AND its last mapping is      */
+/* unmapped: cuMemCreate charges, and the bytes come back only when both */
+/* counts reach zero (a release while mapped, as PyTorch's expandable    */
+/* segments do, keeps the charge until the unmap).                       */
+
+struct vmm_h {
+    uint64_t h, size;
+    int e, refs, maps;
+};
+struct vmm_m {
+    uint64_t va, len, h;
+};
+static struct vmm_h *vmm_hs;
+static struct vmm_m *vmm_ms;
+static size_t vmm_nh, vmm_ch, vmm_nm, vmm_cm;
+static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int grow(void **p, size_t *cap, size_t n, size_t esz) {
+    if (n < *cap) return 0;
+    size_t nc = *cap ? *cap * 2 : 64;
+    void *np = realloc(*p, nc * esz);
+    if (!np) return -1;
+    *p = np;
+    *cap = nc;
+    return 0;
+}
+
+/* the oldest entry for h (a handle value the driver reused comes later) */
+static long vmm_find(uint64_t h) {
+    for (size_t i = 0; i < vmm_nh; i++)
+        if (vmm_hs[i].h == h) return (long)i;
+    return -1;
+}
+
+/* Credits and forgets handle i once nothing holds its memory. vmm_mu held. */
+static void vmm_settle(long i) {
+    struct vmm_h *v = &vmm_hs[i];
+    if (v->refs > 0 || v->maps > 0) return;
+    credit(v->e, v->size);
+    memmove(v, v + 1, (vmm_nh - (size_t)i - 1) * sizeof *v);
+    vmm_nh--;
+}
+
+static void vmm_add(uint64_t h, uint64_t size, int e) {
+    pthread_mutex_lock(&vmm_mu);
+    if (grow((void **)&vmm_hs, &vmm_ch, vmm_nh, sizeof *vmm_hs) == 0)
+        vmm_hs[vmm_nh++] = (struct vmm_h){h, size, e, 1, 0};
+    /* else: never credited (the process only loses) */
+    pthread_mutex_unlock(&vmm_mu);
+}
+
+/* One reference more (retain) or less (release) that the driver accepted. */
+static void vmm_ref(uint64_t h, int delta) {
+    pthread_mutex_lock(&vmm_mu);
+    long i = vmm_find(h);
+    if (i >= 0) {
+        vmm_hs[i].refs += delta;
+        vmm_settle(i);
+    }
+    pthread_mutex_unlock(&vmm_mu);
+}
+
+static void vmm_mapped(uint64_t va, uint64_t len, uint64_t h) {
+    pthread_mutex_lock(&vmm_mu);
+    long i = vmm_find(h);
+    if (i >= 0 && grow((void **)&vmm_ms, &vmm_cm, vmm_nm, sizeof *vmm_ms) == 0) {
+        vmm_hs[i].maps++;
+        vmm_ms[vmm_nm++] = (struct vmm_m){va, len, h};
+    } else if (i >= 0) {
+        vmm_hs[i].refs = 1 << 30; /* cannot follow its mappings: never credited */
+    }
+    pthread_mutex_unlock(&vmm_mu);
+}
+
+/* The mappings that start in [va, va + len) are gone. */
+static void vmm_unmapped(uint64_t va, uint64_t len) {
+    pthread_mutex_lock(&vmm_mu);
+    for (size_t k = 0; k < vmm_nm;) {
+        struct vmm_m m = vmm_ms[k];
+        if (m.va < va || m.va - va >= len) {
+            k++;
+            continue;
+        }
+        vmm_ms[k] = vmm_ms[--vmm_nm];
+        long i = vmm_find(m.h);
+        if (i >= 0) {
+            vmm_hs[i].maps--;
+            vmm_settle(i);
+        }
+    }
+    pthread_mutex_unlock(&vmm_mu);
+}
+
+/* ------------------------------------------------------------------ */
 /* CUDA wrappers                                                       */
 
 /* A driver whose exported functions call each other through the PLT (the
@@ -1349,6 +1480,7 @@ EXPORT CUresult cuInit(unsigned int flags) {
     do {                                                                  \
         struct ldev *ld = cur_ldev();                                     \
         if (!ld) return realcall;                                         \
+        if (ld == LD_REFUSE) return refuse_dev("an allocation");          \
         uint64_t sz_ = (uint64_t)(size);                                  \
         if (charge(ld, sz_) < 0) return CUDA_ERROR_OUT_OF_MEMORY;         \
         CUresult r_ = NESTED(realcall);                                   \
@@ -1387,28 +1519,165 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
     ALLOC_BODY(REAL(cuMemAllocManaged)(dptr, bytesize, flags), *dptr, bytesize, MAP_PTR);
 }
 
+/* ---- stream-ordered allocation: charged to the device and the lifetime
+ * that own the memory. The pool's device (cuMemAllocAsync: the device of the
+ * stream's context, whose current pool serves it), not the current context's;
+ * recorded against the stream's context, whose destruction frees it (the
+ * current context may be a throw-away one). */
+
+struct pool_ent {
+    uint64_t pool;
+    CUdevice dev;
+};
+static struct pool_ent *pools_t;
+static size_t pools_n, pools_c;
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void pool_note(CUmemoryPool pool, CUdevice dev) {
+    pthread_mutex_lock(&pool_mu);
+    size_t i = 0;
+    while (i < pools_n && pools_t[i].pool != (uint64_t)(uintptr_t)pool) i++;
+    if (i < pools_n || grow((void **)&pools_t, &pools_c, pools_n, sizeof *pools_t) == 0) {
+        pools_t[i] = (struct pool_ent){(uint64_t)(uintptr_t)pool, dev};
+        if (i == pools_n) pools_n++;
+    }
+    pthread_mutex_unlock(&pool_mu);
+}
+
+static void pool_forget(CUmemoryPool pool) {
+    pthread_mutex_lock(&pool_mu);
+    for (size_t i = 0; i < pools_n; i++)
+        if (pools_t[i].pool == (uint64_t)(uintptr_t)pool) {
+            pools_t[i] = pools_t[--pools_n];
+            break;
+        }
+    pthread_mutex_unlock(&pool_mu);
+}
+
+/* 0 with the pool's device, or -1: a pool libvgpu never saw made */
+static int pool_dev(CUmemoryPool pool, CUdevice *dev) {
+    int rc = -1;
+    pthread_mutex_lock(&pool_mu);
+    for (size_t i = 0; i < pools_n && rc; i++)
+        if (pools_t[i].pool == (uint64_t)(uintptr_t)pool) {
+            *dev = pools_t[i].dev;
+            rc = 0;
+        }
+    pthread_mutex_unlock(&pool_mu);
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    ENTER_OR(REAL(cuMemPoolCreate)(pool, props));
+    CUresult r = NESTED(REAL(cuMemPoolCreate)(pool, props));
+    if (r == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        pool_note(*pool, props->location.id);
+    return r;
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    ENTER_OR(REAL(cuMemPoolDestroy)(pool));
+    CUresult r = NESTED(REAL(cuMemPoolDestroy)(pool));
+    if (r == CUDA_SUCCESS) pool_forget(pool); /* its allocations keep their charges until freed */
+    return r;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    ENTER_OR(REAL(cuDeviceGetDefaultMemPool)(pool, dev));
+    CUresult r = NESTED(REAL(cuDeviceGetDefaultMemPool)(pool, dev));
+    if (r == CUDA_SUCCESS && pool) pool_note(*pool, dev);
+    return r;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    ENTER_OR(REAL(cuDeviceGetMemPool)(pool, dev));
+    CUresult r = NESTED(REAL(cuDeviceGetMemPool)(pool, dev));
+    if (r == CUDA_SUCCESS && pool) pool_note(*pool, dev);
+    return r;
+}
+
+#define CU_STREAM_LEGACY_ ((CUstream)0x1)
+
+/* The context ctx's device (see ldev_for); NULL if the driver cannot say. */
+static struct ldev *ctx_ldev(CUcontext ctx) {
+    typedef CUresult (*push_t)(CUcontext);
+    typedef CUresult (*pop_t)(CUcontext *);
+    typedef CUresult (*getdev_t)(CUdevice *);
+    if ((uint64_t)(uintptr_t)ctx == current_ctx()) return cur_ldev();
+    if (!real_x[X_cuCtxPushCurrent_v2] || !real_x[X_cuCtxPopCurrent_v2] || !real_x[X_cuCtxGetDevice])
+        return LD_REFUSE;
+    if (HELP(cuCtxPushCurrent_v2, push_t)(ctx) != CUDA_SUCCESS) return NULL;
+    CUdevice d;
+    CUresult r = HELP(cuCtxGetDevice, getdev_t)(&d);
+    CUcontext popped;
+    HELP(cuCtxPopCurrent_v2, pop_t)(&popped);
+    return r == CUDA_SUCCESS ? ldev_for(d) : NULL;
+}
+
+/* Who owns a stream-ordered allocation: *ld the device to charge (NULL: let
+ * the driver refuse; LD_REFUSE: refuse), *ctx the context whose destruction
+ * frees it. 0, or the driver's error for the stream. */
+static CUresult async_owner(CUstream s, const CUmemoryPool *pool, struct ldev **ld, uint64_t *ctx) {
+    typedef CUresult (*sctx_t)(CUstream, CUcontext *);
+    CUcontext c = NULL;
+    if (!s || s == CU_STREAM_LEGACY_ || s == CU_STREAM_PER_THREAD) {
+        c = (CUcontext)(uintptr_t)current_ctx();
+    } else if (!real_x[X_cuStreamGetCtx]) {
+        *ld = LD_REFUSE; /* cannot tell: fail closed */
+        return CUDA_SUCCESS;
+    } else {
+        CUresult r = HELP(cuStreamGetCtx, sctx_t)(s, &c);
+        if (r != CUDA_SUCCESS) return r;
+    }
+    *ctx = (uint64_t)(uintptr_t)c;
+    if (pool) {
+        CUdevice d;
+        if (pool_dev(*pool, &d) != 0) {
+            vgpu_log(VGPU_LOG_ERROR, "allocation from a memory pool libvgpu did not see made (imported?) refused");
+            *ld = LD_REFUSE;
+        } else {
+            *ld = ldev_for(d);
+        }
+    } else {
+        *ld = c ? ctx_ldev(c) : NULL;
+    }
+    return CUDA_SUCCESS;
+}
+
+#define ASYNC_BODY(realcall, pool, strm)                                   \
+    do {                                                                  \
+        if (!dptr) return realcall;                                       \
+        struct ldev *ld = NULL;                                           \
+        uint64_t octx = 0;                                                \
+        CUresult o_ = async_owner((strm), (pool), &ld, &octx);            \
+        if (o_ != CUDA_SUCCESS) return o_;                                \
+        if (!ld) return realcall;                                         \
+        if (ld == LD_REFUSE) return refuse_dev("a stream-ordered allocation"); \
+        if (charge(ld, bytesize) < 0) return CUDA_ERROR_OUT_OF_MEMORY;    \
+        CUresult r_ = NESTED(realcall);                                   \
+        if (r_ != CUDA_SUCCESS) credit(ld->e, bytesize);                  \
+        else pm_put_ctx(MAP_PTR, *dptr, bytesize, ld->e, octx);           \
+        return r_;                                                        \
+    } while (0)
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s) {
     ENTER_OR(REAL(cuMemAllocAsync)(dptr, bytesize, s));
-    if (!dptr) return REAL(cuMemAllocAsync)(dptr, bytesize, s);
-    ALLOC_BODY(REAL(cuMemAllocAsync)(dptr, bytesize, s), *dptr, bytesize, MAP_PTR);
+    ASYNC_BODY(REAL(cuMemAllocAsync)(dptr, bytesize, s), NULL, s);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s) {
     ENTER_OR(REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, s));
-    if (!dptr) return REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, s);
-    ALLOC_BODY(REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, s), *dptr, bytesize, MAP_PTR);
+    ASYNC_BODY(REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, s), NULL, s);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
     ENTER_OR(REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, s));
-    if (!dptr) return REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, s);
-    ALLOC_BODY(REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, s), *dptr, bytesize, MAP_PTR);
+    ASYNC_BODY(REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, s), &pool, s);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
     ENTER_OR(REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, s));
-    if (!dptr) return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, s);
-    ALLOC_BODY(REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, s), *dptr, bytesize, MAP_PTR);
+    ASYNC_BODY(REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, s), &pool, s);
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
@@ -1420,7 +1689,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     if (!ld) return r;
     /* the pitch is the driver's choice: charge the real pitch x height */
     unsigned __int128 sz = (unsigned __int128)*pitch * height;
-    if (sz >> 63 || charge(ld, (uint64_t)sz) < 0) {
+    if (ld == LD_REFUSE || sz >> 63 || charge(ld, (uint64_t)sz) < 0) {
         NESTED(REAL(cuMemFree_v2)(*dptr));
         *dptr = 0;
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1454,18 +1723,52 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     /* only device-resident physical memory counts */
     if (!handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return REAL(cuMemCreate)(handle, size, prop, flags);
-    struct ldev *ld = ldev_of(prop->location.id);
+    struct ldev *ld = ldev_for(prop->location.id);
     if (!ld) return REAL(cuMemCreate)(handle, size, prop, flags);
+    if (ld == LD_REFUSE) return refuse_dev("cuMemCreate");
     if (charge(ld, size) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = NESTED(REAL(cuMemCreate)(handle, size, prop, flags));
     if (r != CUDA_SUCCESS) credit(ld->e, size);
-    else pm_put(MAP_VMM, *handle, size, ld->e);
+    else vmm_add(*handle, size, ld->e);
     return r;
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     ENTER_OR(REAL(cuMemRelease)(handle));
-    FREE_BODY(MAP_VMM, handle, REAL(cuMemRelease)(handle));
+    CUresult r = NESTED(REAL(cuMemRelease)(handle));
+    if (r == CUDA_SUCCESS) vmm_ref(handle, -1);
+    return r;
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    ENTER_OR(REAL(cuMemRetainAllocationHandle)(handle, addr));
+    CUresult r = NESTED(REAL(cuMemRetainAllocationHandle)(handle, addr));
+    if (r == CUDA_SUCCESS && handle) vmm_ref(*handle, +1);
+    return r;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags) {
+    ENTER_OR(REAL(cuMemMap)(ptr, size, offset, handle, flags));
+    CUresult r = NESTED(REAL(cuMemMap)(ptr, size, offset, handle, flags));
+    if (r == CUDA_SUCCESS) vmm_mapped(ptr, size, handle);
+    return r;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    ENTER_OR(REAL(cuMemUnmap)(ptr, size));
+    CUresult r = NESTED(REAL(cuMemUnmap)(ptr, size));
+    if (r == CUDA_SUCCESS) vmm_unmapped(ptr, size);
+    return r;
+}
+
+/* A driver may drop the mappings left in a freed reservation (the simulated
+ * one does; a real one refuses): they are unmapped for the charge too. */
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    ENTER_OR(REAL(cuMemAddressFree)(ptr, size));
+    CUresult r = NESTED(REAL(cuMemAddressFree)(ptr, size));
+    if (r == CUDA_SUCCESS) vmm_unmapped(ptr, size);
+    return r;
 }
 
 /* Bytes per element and the channel count a format implies (0: NumChannels). */
@@ -1554,8 +1857,9 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
 /* contexts: memory the driver takes outside allocations, charged as a reserve */
 #define CTX_CREATE_BODY(realcall, dev)                                   \
     do {                                                                 \
-        struct ldev *ld = ldev_of(dev);                                  \
+        struct ldev *ld = ldev_for(dev);                                 \
         if (!ld || !pctx) return realcall;                               \
+        if (ld == LD_REFUSE) return refuse_dev("a context");             \
         if (charge(ld, cfg.reserve) < 0) return CUDA_ERROR_OUT_OF_MEMORY; \
         CUresult r_ = NESTED(realcall);                                  \
         if (r_ != CUDA_SUCCESS) credit(ld->e, cfg.reserve);              \
@@ -1594,8 +1898,9 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     ENTER_OR(REAL(cuDevicePrimaryCtxRetain)(pctx, dev));
-    struct ldev *ld = ldev_of(dev);
+    struct ldev *ld = ldev_for(dev);
     if (!ld) return REAL(cuDevicePrimaryCtxRetain)(pctx, dev);
+    if (ld == LD_REFUSE) return refuse_dev("a primary context");
     pthread_mutex_lock(&init_mu);
     uint64_t charged = 0;
     if (ld->prim == 0) {
@@ -1653,6 +1958,10 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *freep, size_t *totalp) {
     CUresult r = NESTED(REAL(cuMemGetInfo_v2)(freep, totalp));
     struct ldev *ld = cur_ldev();
     if (r != CUDA_SUCCESS || !ld || !freep || !totalp) return r;
+    if (ld == LD_REFUSE) { /* nothing can be allocated there */
+        *freep = 0;
+        return r;
+    }
     adv_refresh();
     uint64_t cap = cap_of(ld), used;
     if (!cap) return r;
@@ -1708,7 +2017,7 @@ struct smloc {
     uint64_t busy_ns, launches; /* charges not yet in the file (statistics) */
     uint64_t sync_ns;          /* the last sync; 0 = none (sync at the next launch) */
 };
-static struct smloc smloc[VGPU_MAX_DEV];
+static struct smloc smloc[VGPU_LDEV_MAX];
 
 static int64_t sat_add64(int64_t a, int64_t b) {
     int64_t r;
@@ -1727,6 +2036,7 @@ static int64_t sm_sync(int li, unsigned pct, uint64_t now, int take) {
         struct vgpu_shm_dev devs[VGPU_MAX_DEV];
     } img;
     L->sync_ns = 0; /* until this one succeeds */
+    if (ld->ce < 0) return SM_BROKEN; /* no bucket for it in the file: fail closed */
     if (data_lock() != 0) return SM_BROKEN;
     if (cache_read(&img, sizeof img, 0) != 0 || !hdr_valid(&img.h)) {
         data_unlock();
@@ -1857,8 +2167,8 @@ struct sm_rec {
 };
 static struct sm_rec ring[SM_RING];   /* oldest at ring_head; sm_mu */
 static unsigned ring_head, ring_n;
-static uint64_t pend_est[VGPU_MAX_DEV];
-static unsigned pend_n[VGPU_MAX_DEV], pend_unknown[VGPU_MAX_DEV]; /* in flight; of which with no estimate */
+static uint64_t pend_est[VGPU_LDEV_MAX];
+static unsigned pend_n[VGPU_LDEV_MAX], pend_unknown[VGPU_LDEV_MAX]; /* in flight; of which with no estimate */
 
 /* spare events per context (created with default flags: timing enabled) */
 static struct evpool {
@@ -1936,7 +2246,7 @@ static void flush_charges(const uint64_t *ch, const uint64_t *cnt) {
 
 /* Waits for the oldest launch in flight and charges it. */
 static void retire_oldest(void) {
-    uint64_t ch[VGPU_MAX_DEV] = {0}, cnt[VGPU_MAX_DEV] = {0};
+    uint64_t ch[VGPU_LDEV_MAX] = {0}, cnt[VGPU_LDEV_MAX] = {0};
     pthread_mutex_lock(&sm_mu);
     if (!ring_n) {
         pthread_mutex_unlock(&sm_mu);
@@ -1961,7 +2271,7 @@ static void retire_oldest(void) {
 static int sm_gate(const struct ldev *ld, unsigned pct) {
     int li = (int)(ld - ldevs);
     for (;;) {
-        uint64_t ch[VGPU_MAX_DEV] = {0}, cnt[VGPU_MAX_DEV] = {0};
+        uint64_t ch[VGPU_LDEV_MAX] = {0}, cnt[VGPU_LDEV_MAX] = {0};
         pthread_mutex_lock(&sm_mu);
         poll_locked(ch, cnt);
         int full = ring_n >= SM_RING;
@@ -2005,12 +2315,14 @@ static int sm_begin(struct sm_launch *L, CUstream s, uintptr_t key) {
     if (vgpu_enter() != ST_ACTIVE) return 0;
     const struct ldev *ld = cur_ldev();
     if (!ld) return 0;
+    if (ld == LD_REFUSE) return cfg.sm_any && cfg.sm_any < 100 ? -1 : 0; /* unaccountable: fail closed */
     unsigned pct = sm_of(ld);
     if (!pct) return 0;
     if (sm_gate(ld, pct) != 0) return -1;
     L->ld = ld;
     L->timed = 0;
     L->t0 = 0;
+    L->rec.key = key;
     if (!events_usable()) {
         L->t0 = now_ns(); /* no events: the call's duration (right for synchronous drivers only) */
         return 1;
@@ -2083,7 +2395,7 @@ static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
  * charged, its spare events destroyed (they die with it). */
 static void sm_forget_ctx(CUcontext ctx) {
     if (!ctx || !any_sm || !events_usable()) return;
-    uint64_t ch[VGPU_MAX_DEV] = {0}, cnt[VGPU_MAX_DEV] = {0};
+    uint64_t ch[VGPU_LDEV_MAX] = {0}, cnt[VGPU_LDEV_MAX] = {0};
     pthread_mutex_lock(&sm_mu);
     unsigned n = ring_n;
     for (unsigned k = 0; k < n; k++) {
@@ -2108,6 +2420,66 @@ static void sm_forget_ctx(CUcontext ctx) {
     sm_return_all();
 }
 
+/* What a floor is kept for: an estimate learnt on one launch prices only
+ * launches of the same work. A kernel's key is its function with the launch's
+ * shape (grid, block, shared memory); a graph's its exec handle. Both include
+ * the epoch, bumped whenever a handle can start to mean other work (a graph
+ * exec destroyed or updated, a node re-parameterised or toggled, a module or
+ * library unloaded: the driver may hand the same handle value out again), so
+ * no floor outlives what it was learnt on; records in flight keep their old
+ * key and charge only it. */
+static uint64_t est_epoch = 1;
+
+static inline uint64_t mix64(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
+static uintptr_t kern_key(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                          unsigned bz, unsigned shm) {
+    uint64_t k = mix64((uint64_t)(uintptr_t)f ^ mix64(__atomic_load_n(&est_epoch, __ATOMIC_RELAXED)));
+    k = mix64(k ^ ((uint64_t)gx << 32 | gy));
+    k = mix64(k ^ ((uint64_t)gz << 32 | bx));
+    k = mix64(k ^ ((uint64_t)by << 32 | bz));
+    return (uintptr_t)mix64(k ^ shm);
+}
+
+static uintptr_t ex_key(CUfunction f, const CUlaunchConfig *c) {
+    if (!c) return kern_key(f, 0, 0, 0, 0, 0, 0, 0);
+    return kern_key(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                    c->sharedMemBytes);
+}
+
+static uintptr_t graph_key(CUgraphExec g) {
+    return (uintptr_t)mix64(mix64((uint64_t)(uintptr_t)g ^ 0x9e3779b97f4a7c15ull) ^
+                            __atomic_load_n(&est_epoch, __ATOMIC_RELAXED));
+}
+
+/* Calls after which a handle may mean other work: the epoch moves first. */
+#define EPOCH_HOOK(name, args, call)                                      \
+    EXPORT CUresult name args {                                         \
+        __atomic_add_fetch(&est_epoch, 1, __ATOMIC_RELAXED);            \
+        if (!REAL(name) && vgpu_enter() != ST_ERROR && !REAL(name))     \
+            return CUDA_ERROR_NOT_FOUND;                                \
+        CUresult r = REAL(name) call;                                   \
+        __atomic_add_fetch(&est_epoch, 1, __ATOMIC_RELAXED);            \
+        return r;                                                       \
+    }
+EPOCH_HOOK(cuGraphExecDestroy, (CUgraphExec g), (g))
+EPOCH_HOOK(cuModuleUnload, (CUmodule m), (m))
+EPOCH_HOOK(cuLibraryUnload, (void *l), (l))
+EPOCH_HOOK(cuGraphExecUpdate, (CUgraphExec g, void *graph, void *node, void *res), (g, graph, node, res))
+EPOCH_HOOK(cuGraphExecUpdate_v2, (CUgraphExec g, void *graph, void *info), (g, graph, info))
+EPOCH_HOOK(cuGraphExecKernelNodeSetParams, (CUgraphExec g, void *node, const void *p), (g, node, p))
+EPOCH_HOOK(cuGraphExecKernelNodeSetParams_v2, (CUgraphExec g, void *node, const void *p), (g, node, p))
+EPOCH_HOOK(cuGraphExecNodeSetParams, (CUgraphExec g, void *node, void *p), (g, node, p))
+EPOCH_HOOK(cuGraphExecChildGraphNodeSetParams, (CUgraphExec g, void *node, void *child), (g, node, child))
+EPOCH_HOOK(cuGraphNodeSetEnabled, (CUgraphExec g, void *node, unsigned on), (g, node, on))
+
 /* The launch wrappers. No SM limit anywhere: a tail call to the driver.
  * `strm` is the stream the launch goes to (for _ptsz variants, NULL means
  * the per-thread default stream). */
@@ -2130,28 +2502,28 @@ static void sm_forget_ctx(CUcontext ctx) {
     }
 
 #define PTSZ(s) ((s) ? (s) : CU_STREAM_PER_THREAD)
-LAUNCH(cuLaunchKernel, f, s,
+LAUNCH(cuLaunchKernel, kern_key(f, gx, gy, gz, bx, by, bz, shm_), s,
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params, void **extra),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params, extra))
-LAUNCH(cuLaunchKernel_ptsz, f, PTSZ(s),
+LAUNCH(cuLaunchKernel_ptsz, kern_key(f, gx, gy, gz, bx, by, bz, shm_), PTSZ(s),
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params, void **extra),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params, extra))
-LAUNCH(cuLaunchKernelEx, f, c ? c->hStream : NULL, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
+LAUNCH(cuLaunchKernelEx, ex_key(f, c), c ? c->hStream : NULL, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
        (c, f, params, extra))
-LAUNCH(cuLaunchKernelEx_ptsz, f, PTSZ(c ? c->hStream : NULL),
+LAUNCH(cuLaunchKernelEx_ptsz, ex_key(f, c), PTSZ(c ? c->hStream : NULL),
        (const CUlaunchConfig *c, CUfunction f, void **params, void **extra), (c, f, params, extra))
-LAUNCH(cuLaunchCooperativeKernel, f, s,
+LAUNCH(cuLaunchCooperativeKernel, kern_key(f, gx, gy, gz, bx, by, bz, shm_), s,
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params))
-LAUNCH(cuLaunchCooperativeKernel_ptsz, f, PTSZ(s),
+LAUNCH(cuLaunchCooperativeKernel_ptsz, kern_key(f, gx, gy, gz, bx, by, bz, shm_), PTSZ(s),
        (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_,
         CUstream s, void **params),
        (f, gx, gy, gz, bx, by, bz, shm_, s, params))
-LAUNCH(cuGraphLaunch, g, s, (CUgraphExec g, CUstream s), (g, s))
-LAUNCH(cuGraphLaunch_ptsz, g, PTSZ(s), (CUgraphExec g, CUstream s), (g, s))
+LAUNCH(cuGraphLaunch, graph_key(g), s, (CUgraphExec g, CUstream s), (g, s))
+LAUNCH(cuGraphLaunch_ptsz, graph_key(g), PTSZ(s), (CUgraphExec g, CUstream s), (g, s))
 
 /* ------------------------------------------------------------------ */
 /* cuGetProcAddress: the path the CUDA runtime uses since 11.3          */

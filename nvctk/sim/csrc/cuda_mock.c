@@ -170,7 +170,7 @@ struct vmm {
     size_t size;
     uint64_t charged;
     struct dev *d; /* NULL for host locations */
-    int released;
+    int refs;  /* cuMemCreate's reference plus each cuMemRetainAllocationHandle's */
     int maps;
 };
 
@@ -233,6 +233,7 @@ struct exec {
     size_t n;
     struct launch *l;
 };
+static struct exec *exec_free; /* destroyed execs, reused (lk); chained through l */
 
 struct stream {
     uint32_t magic;
@@ -873,7 +874,7 @@ static void release_row_locked(size_t i)
         /* back to a reservation, as cuMemUnmap leaves the range */
         mmap((void *)a->base, a->len, PROT_NONE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-        if (--a->h->maps == 0 && a->h->released)
+        if (--a->h->maps == 0 && a->h->refs == 0)
             vmm_destroy_locked(a->h);
         break;
     case K_VMM_RESERVE:
@@ -1460,6 +1461,19 @@ CUAPI CUresult cuStreamDestroy_v2(CUstream hStream)
     return CUDA_SUCCESS;
 }
 
+CUAPI CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    struct ctx *c;
+    struct stream *sp;
+    CUresult r = stream_ctx(hStream, &c, &sp);
+    if (r)
+        return r;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
 CUAPI CUresult cuStreamSynchronize(CUstream hStream)
 {
     struct ctx *c;
@@ -1933,6 +1947,7 @@ CUAPI CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         v->charged = size;
     }
     v->magic = MAGIC_VMM;
+    v->refs = 1;
     v->size = size;
     v->d = d;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
@@ -1944,13 +1959,34 @@ CUAPI CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     NEED_INIT();
     pthread_mutex_lock(&lk);
     struct vmm *v = vmm_get(handle);
-    if (!v || v->released) {
+    if (!v || v->refs == 0) {
         pthread_mutex_unlock(&lk);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    v->released = 1;
-    if (v->maps == 0)
+    /* the memory lives until the last reference is released and the last
+     * mapping unmapped, as on a real GPU */
+    if (--v->refs == 0 && v->maps == 0)
         vmm_destroy_locked(v);
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+/* The handle a mapping at addr was made from, with one more reference (each
+ * needs its own cuMemRelease). */
+CUAPI CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    NEED_INIT();
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    long i = tab_containing((uintptr_t)addr);
+    if (i < 0 || g.tab[i].kind != K_VMM_MAP) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct vmm *v = g.tab[i].h;
+    v->refs++;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
     pthread_mutex_unlock(&lk);
     return CUDA_SUCCESS;
 }
@@ -2036,7 +2072,7 @@ CUAPI CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     pthread_mutex_lock(&lk);
     struct vmm *v = vmm_get(handle);
     CUresult r = CUDA_SUCCESS;
-    if (!v || v->released || offset > v->size || size > v->size - offset)
+    if (!v || v->refs == 0 || offset > v->size || size > v->size - offset)
         r = CUDA_ERROR_INVALID_VALUE;
     if (!r)
         r = map_range_check((uintptr_t)ptr, (uintptr_t)ptr + size);
@@ -2724,9 +2760,18 @@ CUAPI CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGr
     struct graph *gr = (struct graph *)hGraph;
     if (!phGraphExec || !gr || gr->magic != MAGIC_GRAPH)
         return CUDA_ERROR_INVALID_VALUE;
-    struct exec *x = calloc(1, sizeof(*x));
+    /* a destroyed exec's handle value is handed out again (last destroyed
+     * first), as real drivers recycle handles */
+    pthread_mutex_lock(&lk);
+    struct exec *x = exec_free;
+    if (x)
+        exec_free = (struct exec *)x->l;
+    pthread_mutex_unlock(&lk);
+    if (!x)
+        x = malloc(sizeof(*x));
     if (!x)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    memset(x, 0, sizeof(*x));
     x->l = calloc(gr->n ? gr->n : 1, sizeof(*x->l));
     if (!x->l) {
         free(x);
@@ -2772,7 +2817,10 @@ CUAPI CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
         return CUDA_ERROR_INVALID_VALUE;
     x->magic = MAGIC_DEAD;
     free(x->l);
-    free(x);
+    pthread_mutex_lock(&lk);
+    x->l = (struct launch *)exec_free;
+    exec_free = x;
+    pthread_mutex_unlock(&lk);
     return CUDA_SUCCESS;
 }
 
@@ -2905,6 +2953,7 @@ static const struct proc {
     E("cuMemUnmap", 10020, cuMemUnmap),
     E("cuMemSetAccess", 10020, cuMemSetAccess),
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    E("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
     E("cuMemcpy", 4000, cuMemcpy),
     E("cuMemcpyAsync", 4000, cuMemcpyAsync),
     E("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
@@ -2933,6 +2982,7 @@ static const struct proc {
     E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     E("cuStreamSynchronize", 2000, cuStreamSynchronize),
     E("cuStreamQuery", 2000, cuStreamQuery),
+    E("cuStreamGetCtx", 9020, cuStreamGetCtx),
     E("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
     E("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
     E("cuStreamEndCapture", 10000, cuStreamEndCapture),
