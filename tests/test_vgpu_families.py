@@ -242,6 +242,41 @@ def test_pool_lifecycle_stays_exact(driver: H.Driver, work: Path) -> None:
     assert rcs(r, "poolalloc") == ["0", "2", "0"] and rcs(r, "alloc") == ["2", "0"], r
 
 
+POOL_KEEPS = {
+    # a pool of its own that keeps everything freed
+    "created-pool": ["poolnew", "0", "poolthr", "-1", "poolalloc", str(300 * MIB), "freeasync"],
+    # the device's default pool, through cuMemAllocAsync
+    "default-pool": ["defpoolthr", "-1", "async", str(300 * MIB), "freeasync"],
+    # on another context's stream, then that allocation freed on the NULL stream
+    "default-pool-via-stream": ["defpoolthr", "-1", "stream", "asyncs", str(300 * MIB), "freeasync"],
+}
+
+
+@pytest.mark.parametrize("member", sorted(POOL_KEEPS))
+def test_memory_a_pool_keeps_stays_charged(driver: H.Driver, work: Path, held: Held, member: str) -> None:
+    """A pool with a release threshold keeps freed memory on the GPU (and serves
+    its next allocations from it): a free credits only what the pool gave back."""
+    env = capped_env(driver, work)
+    held.start(env, "init", "ctx", "0", *POOL_KEEPS[member], "alloc", str(300 * MIB), "fill", str(16 * MIB))
+    held.ready()
+    assert sim_used(env) <= CAP, f"{member}: {sim_used(env) / MIB} MiB under 512"
+    (r,) = held.finish()
+    assert rcs(r, "alloc") == ["2"], r
+
+
+def test_pool_reuse_trim_and_destroy_give_back_exactly(driver: H.Driver, work: Path) -> None:
+    env = capped_env(driver, work)
+    room = str(CAP - 64 * MIB)
+    cp = H.probe(env, "init", "ctx", "0", "poolnew", "0", "poolthr", "-1",
+                 "poolalloc", room, "freeasync", "poolalloc", room, "freeasync",  # reuse: no second charge
+                 "alloc", "1",  # the pool still holds the room
+                 "pooltrim", "alloc", room, "free",  # trimmed: back
+                 "poolalloc", room, "freeasync", "pooldestroy", "alloc", room)  # destroyed: back
+    r = H.parse(cp.stdout)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert rcs(r, "poolalloc") == ["0", "0", "0"] and rcs(r, "alloc") == ["2", "0", "0"], r
+
+
 # ---- more devices than the table -----------------------------------------------------------
 
 def _many_device_driver(root: Path, gpus: int, mig: int, profile: str = "1g.10gb") -> H.Driver:

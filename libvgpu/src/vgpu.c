@@ -35,7 +35,7 @@ __asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
 
 #define CUDA_HOOKS(X)                                                                     \
     X(cuMemMap) X(cuMemUnmap) X(cuMemAddressFree) X(cuMemRetainAllocationHandle)          \
-    X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) \
+    X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolTrimTo) X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) \
     X(cuGraphExecDestroy) X(cuModuleUnload) X(cuGraphExecUpdate)   \
     X(cuGraphExecUpdate_v2) X(cuGraphExecKernelNodeSetParams) X(cuGraphExecKernelNodeSetParams_v2) \
     X(cuGraphExecNodeSetParams) X(cuGraphExecChildGraphNodeSetParams) X(cuGraphNodeSetEnabled) \
@@ -59,7 +59,8 @@ __asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
 #define CUDA_HELPERS(X)                                                                         \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetUuid) X(cuCtxGetDevice) X(cuCtxGetCurrent)    \
     X(cuStreamIsCapturing) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) \
-    X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)
+    X(cuEventElapsedTime) X(cuEventDestroy_v2) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) \
+    X(cuMemPoolGetAttribute)
 #define NVML_HELPERS(X) \
     X(nvmlDeviceGetCount_v2) X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetUUID)
 
@@ -1236,7 +1237,7 @@ struct pm_ent {
     uint64_t size;
     uint64_t ctx;
     int32_t e;
-    int32_t _pad;
+    uint32_t pool; /* stream-ordered: its pool's entry id (0 = none known) */
 };
 struct ptrmap {
     struct pm_ent *t;
@@ -1268,7 +1269,7 @@ static int pm_grow(struct ptrmap *m) {
     return 0;
 }
 
-static void pm_put_ctx(int which, uint64_t key, uint64_t size, int e, uint64_t ctx) {
+static void pm_put_full(int which, uint64_t key, uint64_t size, int e, uint64_t ctx, uint32_t pool) {
     struct ptrmap *m = &maps[which];
     pthread_mutex_lock(&local_mu);
     if ((m->n + 1) * 2 > m->cap && pm_grow(m) < 0) {
@@ -1282,8 +1283,15 @@ static void pm_put_ctx(int which, uint64_t key, uint64_t size, int e, uint64_t c
     m->t[i].size = size;
     m->t[i].e = e;
     m->t[i].ctx = ctx;
+    m->t[i].pool = pool;
     pthread_mutex_unlock(&local_mu);
 }
+
+static void pm_put_ctx(int which, uint64_t key, uint64_t size, int e, uint64_t ctx) {
+    pm_put_full(which, key, size, e, ctx, 0);
+}
+
+static void ent_credit(const struct pm_ent *ent); /* a freed entry's bytes (through its pool) */
 
 static void pm_put(int which, uint64_t key, uint64_t size, int e) { pm_put_ctx(which, key, size, e, 0); }
 
@@ -1346,7 +1354,7 @@ static void pm_drop_ctx(uint64_t ctx) {
             pthread_mutex_unlock(&local_mu);
             struct pm_ent ent;
             if (!key || !pm_take(kinds[k], key, &ent)) break;
-            credit(ent.e, ent.size);
+            ent_credit(&ent);
         }
     }
 }
@@ -1501,8 +1509,8 @@ EXPORT CUresult cuInit(unsigned int flags) {
         int had_ = pm_take(mapkind, (uint64_t)(uintptr_t)(k), &ent_);    \
         CUresult r_ = NESTED(realcall);                                   \
         if (had_) {                                                       \
-            if (r_ == CUDA_SUCCESS) credit(ent_.e, ent_.size);            \
-            else pm_put_ctx(mapkind, ent_.key, ent_.size, ent_.e, ent_.ctx); \
+            if (r_ == CUDA_SUCCESS) ent_credit(&ent_);                   \
+            else pm_put_full(mapkind, ent_.key, ent_.size, ent_.e, ent_.ctx, ent_.pool); \
         }                                                                 \
         return r_;                                                        \
     } while (0)
@@ -1525,46 +1533,114 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
  * recorded against the stream's context, whose destruction frees it (the
  * current context may be a throw-away one). */
 
+/* A pool's charge is the larger of what it handed out (and libvgpu charged)
+ * and what it reserves on the GPU: a pool keeps freed memory up to its
+ * release threshold, so a free credits only what the pool really gave back,
+ * and cuMemPoolTrimTo / cuMemPoolDestroy the rest. Every adjustment after
+ * the charge made before an allocation is a credit: the cap never needs a
+ * second check. */
 struct pool_ent {
     uint64_t pool;
     CUdevice dev;
+    int e;          /* its device's ledger window; -1: not accountable */
+    uint32_t id;    /* what allocations remember (handles are reused) */
+    uint64_t out;   /* bytes handed out and not freed */
+    uint64_t chg;   /* bytes charged for it: max(out, reserved) as last seen */
 };
 static struct pool_ent *pools_t;
 static size_t pools_n, pools_c;
+static uint32_t pool_ids;
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+
+static long pool_find(uint64_t pool) {
+    for (size_t i = 0; i < pools_n; i++)
+        if (pools_t[i].pool == pool) return (long)i;
+    return -1;
+}
+
+static long pool_find_id(uint32_t id) {
+    for (size_t i = 0; id && i < pools_n; i++)
+        if (pools_t[i].id == id) return (long)i;
+    return -1;
+}
 
 static void pool_note(CUmemoryPool pool, CUdevice dev) {
     pthread_mutex_lock(&pool_mu);
-    size_t i = 0;
-    while (i < pools_n && pools_t[i].pool != (uint64_t)(uintptr_t)pool) i++;
-    if (i < pools_n || grow((void **)&pools_t, &pools_c, pools_n, sizeof *pools_t) == 0) {
-        pools_t[i] = (struct pool_ent){(uint64_t)(uintptr_t)pool, dev};
-        if (i == pools_n) pools_n++;
+    long i = pool_find((uint64_t)(uintptr_t)pool);
+    if (i < 0 && grow((void **)&pools_t, &pools_c, pools_n, sizeof *pools_t) == 0) {
+        struct ldev *ld = ldev_for(dev);
+        pools_t[pools_n] = (struct pool_ent){(uint64_t)(uintptr_t)pool, dev,
+                                             ld && ld != LD_REFUSE ? ld->e : -1, ++pool_ids, 0, 0};
+        pools_n++;
     }
     pthread_mutex_unlock(&pool_mu);
 }
 
+/* Credits what pool i no longer holds: its charge comes down to
+ * max(out, reserved), or to `out` when gone (or the driver cannot say). pool_mu held. */
+static void pool_settle(long i, int gone) {
+    typedef CUresult (*pattr_t)(CUmemoryPool, int, void *);
+    struct pool_ent *p = &pools_t[i];
+    uint64_t target = p->out, res = 0;
+    if (!gone && real_x[X_cuMemPoolGetAttribute] &&
+        NESTED(HELP(cuMemPoolGetAttribute, pattr_t)((CUmemoryPool)(uintptr_t)p->pool,
+                                                    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &res)) == CUDA_SUCCESS &&
+        res > target)
+        target = res;
+    if (p->chg > target && p->e >= 0) {
+        credit(p->e, p->chg - target);
+        p->chg = target;
+    }
+}
+
 static void pool_forget(CUmemoryPool pool) {
     pthread_mutex_lock(&pool_mu);
-    for (size_t i = 0; i < pools_n; i++)
-        if (pools_t[i].pool == (uint64_t)(uintptr_t)pool) {
-            pools_t[i] = pools_t[--pools_n];
-            break;
-        }
+    long i = pool_find((uint64_t)(uintptr_t)pool);
+    if (i >= 0) {
+        pool_settle(i, 1); /* what it kept went with it; its allocations keep their own charges */
+        pools_t[i] = pools_t[--pools_n];
+    }
     pthread_mutex_unlock(&pool_mu);
+}
+
+static void ent_credit(const struct pm_ent *ent) {
+    if (ent->pool) {
+        pthread_mutex_lock(&pool_mu);
+        long i = pool_find_id(ent->pool);
+        if (i >= 0) {
+            struct pool_ent *p = &pools_t[i];
+            uint64_t b = ent->size < p->out ? ent->size : p->out;
+            p->out -= b;
+            pool_settle(i, 0);
+            pthread_mutex_unlock(&pool_mu);
+            return;
+        }
+        pthread_mutex_unlock(&pool_mu);
+    }
+    credit(ent->e, ent->size);
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    ENTER_OR(REAL(cuMemPoolTrimTo)(pool, keep));
+    CUresult r = NESTED(REAL(cuMemPoolTrimTo)(pool, keep));
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&pool_mu);
+        long i = pool_find((uint64_t)(uintptr_t)pool);
+        if (i >= 0) pool_settle(i, 0);
+        pthread_mutex_unlock(&pool_mu);
+    }
+    return r;
 }
 
 /* 0 with the pool's device, or -1: a pool libvgpu never saw made */
 static int pool_dev(CUmemoryPool pool, CUdevice *dev) {
-    int rc = -1;
     pthread_mutex_lock(&pool_mu);
-    for (size_t i = 0; i < pools_n && rc; i++)
-        if (pools_t[i].pool == (uint64_t)(uintptr_t)pool) {
-            *dev = pools_t[i].dev;
-            rc = 0;
-        }
+    long i = pool_find((uint64_t)(uintptr_t)pool);
+    if (i >= 0) *dev = pools_t[i].dev;
     pthread_mutex_unlock(&pool_mu);
-    return rc;
+    return i >= 0 ? 0 : -1;
 }
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
@@ -1644,40 +1720,113 @@ static CUresult async_owner(CUstream s, const CUmemoryPool *pool, struct ldev **
     return CUDA_SUCCESS;
 }
 
-#define ASYNC_BODY(realcall, pool, strm)                                   \
-    do {                                                                  \
-        if (!dptr) return realcall;                                       \
-        struct ldev *ld = NULL;                                           \
-        uint64_t octx = 0;                                                \
-        CUresult o_ = async_owner((strm), (pool), &ld, &octx);            \
-        if (o_ != CUDA_SUCCESS) return o_;                                \
-        if (!ld) return realcall;                                         \
-        if (ld == LD_REFUSE) return refuse_dev("a stream-ordered allocation"); \
-        if (charge(ld, bytesize) < 0) return CUDA_ERROR_OUT_OF_MEMORY;    \
-        CUresult r_ = NESTED(realcall);                                   \
-        if (r_ != CUDA_SUCCESS) credit(ld->e, bytesize);                  \
-        else pm_put_ctx(MAP_PTR, *dptr, bytesize, ld->e, octx);           \
-        return r_;                                                        \
-    } while (0)
+/* The pool serving an allocation: the given one, or the device's current. */
+static CUmemoryPool async_pool(const CUmemoryPool *pool, const struct ldev *ld) {
+    if (pool) return *pool;
+    CUmemoryPool p = NULL;
+    if (!REAL(cuDeviceGetMemPool) || NESTED(REAL(cuDeviceGetMemPool)(&p, ld->dev)) != CUDA_SUCCESS) return NULL;
+    pool_note(p, ld->dev);
+    return p;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s);
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s);
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s);
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s);
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s);
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s);
+
+/* The real stream-ordered calls, by variant: bit 0 _ptsz, bit 1 from a pool. */
+static CUresult async_real(int v, CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s) {
+    switch (v) {
+    case 0: return REAL(cuMemAllocAsync)(d, n, s);
+    case 1: return REAL(cuMemAllocAsync_ptsz)(d, n, s);
+    case 2: return REAL(cuMemAllocFromPoolAsync)(d, n, p, s);
+    default: return REAL(cuMemAllocFromPoolAsync_ptsz)(d, n, p, s);
+    }
+}
+
+static uint64_t pool_reserved(CUmemoryPool pool) {
+    typedef CUresult (*pattr_t)(CUmemoryPool, int, void *);
+    uint64_t res = 0;
+    if (real_x[X_cuMemPoolGetAttribute])
+        NESTED(HELP(cuMemPoolGetAttribute, pattr_t)(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &res));
+    return res;
+}
+
+/* A stream-ordered allocation. What its pool kept from earlier frees (charged
+ * already) serves it first, so only the rest is charged before the call; if
+ * the pool grew by more than that (a real pool may not find a kept block big
+ * enough), the growth is charged after it, and where that is refused the
+ * allocation is freed, the pool trimmed back and the call refused. Pool
+ * bookkeeping is under pool_mu for the whole call. */
+static CUresult async_alloc(int v, CUdeviceptr *dptr, size_t bytes, const CUmemoryPool *pool, CUstream s) {
+    CUmemoryPool pl = pool ? *pool : NULL;
+    if (!dptr) return async_real(v, dptr, bytes, pl, s);
+    struct ldev *ld = NULL;
+    uint64_t octx = 0;
+    CUresult r = async_owner(s, pool, &ld, &octx);
+    if (r != CUDA_SUCCESS) return r;
+    if (!ld) return async_real(v, dptr, bytes, pl, s);
+    if (ld == LD_REFUSE) return refuse_dev("a stream-ordered allocation");
+    CUmemoryPool p = async_pool(pool, ld);
+    pthread_mutex_lock(&pool_mu);
+    long pi = p ? pool_find((uint64_t)(uintptr_t)p) : -1;
+    struct pool_ent *pe = pi >= 0 ? &pools_t[pi] : NULL;
+    uint64_t kept = pe && pe->chg > pe->out ? pe->chg - pe->out : 0;
+    uint64_t need = bytes > kept ? bytes - kept : 0, res0 = pe ? pool_reserved(p) : 0;
+    if (charge(ld, need) < 0) {
+        pthread_mutex_unlock(&pool_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    r = NESTED(async_real(v, dptr, bytes, pl, s));
+    if (r != CUDA_SUCCESS) {
+        credit(ld->e, need);
+        pthread_mutex_unlock(&pool_mu);
+        return r;
+    }
+    uint32_t id = 0;
+    if (pe) {
+        pe->out += bytes;
+        pe->chg += need;
+        uint64_t res = pool_reserved(p);
+        if (res > pe->chg && charge(ld, res - pe->chg) != 0) {
+            NESTED((v & 1 ? REAL(cuMemFreeAsync_ptsz) : REAL(cuMemFreeAsync))(*dptr, s));
+            if (REAL(cuMemPoolTrimTo)) NESTED(REAL(cuMemPoolTrimTo)(p, res0));
+            pe->out -= bytes;
+            pool_settle(pi, 0);
+            pthread_mutex_unlock(&pool_mu);
+            *dptr = 0;
+            vgpu_log(VGPU_LOG_INFO, "%s: the pool grew past the cap: %zu bytes refused", ld->uuid, bytes);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (res > pe->chg) pe->chg = res;
+        pool_settle(pi, 0);
+        id = pe->id;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    pm_put_full(MAP_PTR, *dptr, bytes, ld->e, octx, id);
+    return CUDA_SUCCESS;
+}
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s) {
     ENTER_OR(REAL(cuMemAllocAsync)(dptr, bytesize, s));
-    ASYNC_BODY(REAL(cuMemAllocAsync)(dptr, bytesize, s), NULL, s);
+    return async_alloc(0, dptr, bytesize, NULL, s);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s) {
     ENTER_OR(REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, s));
-    ASYNC_BODY(REAL(cuMemAllocAsync_ptsz)(dptr, bytesize, s), NULL, s);
+    return async_alloc(1, dptr, bytesize, NULL, s);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
     ENTER_OR(REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, s));
-    ASYNC_BODY(REAL(cuMemAllocFromPoolAsync)(dptr, bytesize, pool, s), &pool, s);
+    return async_alloc(2, dptr, bytesize, &pool, s);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
     ENTER_OR(REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, s));
-    ASYNC_BODY(REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytesize, pool, s), &pool, s);
+    return async_alloc(3, dptr, bytesize, &pool, s);
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,

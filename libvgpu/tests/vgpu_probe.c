@@ -117,6 +117,7 @@ int main(int argc, char **argv) {
     F(pcreate, "cuMemPoolCreate", "cuMemPoolCreate", CUmemoryPool *, const CUmemPoolProps *);
     F(ptrim, "cuMemPoolTrimTo", "cuMemPoolTrimTo", CUmemoryPool, size_t);
     F(pdestroy, "cuMemPoolDestroy", "cuMemPoolDestroy", CUmemoryPool);
+    F(psetattr, "cuMemPoolSetAttribute", "cuMemPoolSetAttribute", CUmemoryPool, int, void *);
     F(gcreate, "cuGraphCreate", "cuGraphCreate", void **, unsigned);
     F(gaddk, "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", void **, void *, void *, size_t, const void *);
     F(ginst, "cuGraphInstantiate", "cuGraphInstantiateWithFlags", CUgraphExec *, void *, unsigned long long);
@@ -323,6 +324,14 @@ int main(int argc, char **argv) {
             i++;
             if (!r) ptrs[nptr++] = p;
             printf("poolalloc %d\n", r);
+        } else if (!strcmp(c, "poolthr") || !strcmp(c, "defpoolthr")) {
+            /* poolthr N / defpoolthr N: the release threshold of the new pool / the current device's default */
+            CUmemoryPool pool = newpool;
+            unsigned long long thr = strtoull(a1, NULL, 0);
+            i++;
+            r = !strcmp(c, "poolthr") ? 0 : getpool(&pool, dev);
+            if (!r) r = psetattr(pool, 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */, &thr);
+            printf("%s %d\n", c, r);
         } else if (!strcmp(c, "pooltrim")) {
             r = ptrim(newpool, 0);
             printf("pooltrim %d\n", r);

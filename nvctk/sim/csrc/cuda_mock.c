@@ -145,6 +145,7 @@ struct pool {
     uint32_t magic;
     struct dev *d;
     uint64_t used, used_high;
+    uint64_t idle; /* freed bytes the pool keeps (up to its release threshold), still on the GPU */
     uint64_t release_threshold;
     int reuse[3];
 };
@@ -863,8 +864,20 @@ static void release_row_locked(size_t i)
     switch (a->kind) {
     case K_LINEAR:
         munmap((void *)a->base, a->len);
-        if (a->pool && a->pool->used >= a->charged)
-            a->pool->used -= a->charged;
+        if (a->pool) {
+            struct pool *p = a->pool;
+            p->used = p->used >= a->charged ? p->used - a->charged : 0;
+            /* a pool keeps freed memory until it holds its release threshold,
+             * as a real driver's does: still on the GPU, reused by its next
+             * allocations, given back by cuMemPoolTrimTo */
+            uint64_t held = p->used + p->idle, keep = 0;
+            if (p->release_threshold > held)
+                keep = p->release_threshold - held < a->charged ? p->release_threshold - held : a->charged;
+            p->idle += keep;
+            credit_locked(a->d, a->charged - keep);
+            tab_del(i);
+            return;
+        }
         break;
     case K_ARRAY:
         ((struct array *)a->base)->magic = MAGIC_DEAD;
@@ -1208,9 +1221,10 @@ static size_t page_round(size_t n)
     return (n + pg - 1) & ~(pg - 1);
 }
 
-/* Maps and charges `charged` bytes on d for a `size`-byte allocation. */
-static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, struct dev *d,
-                             struct ctx *c, struct pool *pool)
+/* Maps and charges `charged` bytes on d for a `size`-byte allocation, of
+ * which `prepaid` are already on the device (a pool's kept memory). */
+static CUresult linear_alloc_prepaid(CUdeviceptr *dptr, size_t size, uint64_t charged, uint64_t prepaid,
+                                     struct dev *d, struct ctx *c, struct pool *pool)
 {
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1219,13 +1233,13 @@ static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, s
     size_t len = page_round(size);
     if (len < size)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = charge(d, charged);
+    CUresult r = charge(d, charged - prepaid);
     if (r)
         return r;
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (p == MAP_FAILED) {
-        credit(d, charged);
+        credit(d, charged - prepaid);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct alloc a = {.base = (uintptr_t)p, .len = len, .size = size, .charged = charged,
@@ -1240,11 +1254,17 @@ static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, s
     pthread_mutex_unlock(&lk);
     if (bad) {
         munmap(p, len);
-        credit(d, charged);
+        credit(d, charged - prepaid);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
+}
+
+static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, struct dev *d,
+                             struct ctx *c, struct pool *pool)
+{
+    return linear_alloc_prepaid(dptr, size, charged, 0, d, c, pool);
 }
 
 CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -1524,8 +1544,19 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytesize, struct pool *p, C
         return r;
     if (!p || p->magic != MAGIC_POOL)
         return CUDA_ERROR_INVALID_VALUE;
-    /* the allocation belongs to the pool's device, whichever context asked */
-    return linear_alloc(dptr, bytesize, bytesize, p->d, c, p);
+    /* the allocation belongs to the pool's device, whichever context asked;
+     * what the pool kept from earlier frees serves it first */
+    pthread_mutex_lock(&lk);
+    uint64_t reuse = p->idle < bytesize ? p->idle : bytesize;
+    p->idle -= reuse;
+    pthread_mutex_unlock(&lk);
+    r = linear_alloc_prepaid(dptr, bytesize, bytesize, reuse, p->d, c, p);
+    if (r) {
+        pthread_mutex_lock(&lk);
+        p->idle += reuse;
+        pthread_mutex_unlock(&lk);
+    }
+    return r;
 }
 
 CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
@@ -1585,21 +1616,29 @@ CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool)
             g.tab[i].pool = NULL;
     if (p->d->cur_pool == p)
         p->d->cur_pool = &p->d->default_pool;
+    credit_locked(p->d, p->idle); /* what it kept goes back with it */
+    p->idle = 0;
     p->magic = MAGIC_DEAD;
     pthread_mutex_unlock(&lk);
     free(p);
     return CUDA_SUCCESS;
 }
 
-/* Freed memory goes back at once (release threshold 0), so there is never
- * anything to trim. */
+/* The kept memory beyond minBytesToKeep (of the pool's whole) goes back. */
 CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     NEED_INIT();
-    (void)minBytesToKeep;
     struct pool *p = (struct pool *)pool;
     if (!p || p->magic != MAGIC_POOL)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    uint64_t held = p->used + p->idle;
+    uint64_t give = held > minBytesToKeep ? held - minBytesToKeep : 0;
+    if (give > p->idle)
+        give = p->idle;
+    p->idle -= give;
+    credit_locked(p->d, give);
+    pthread_mutex_unlock(&lk);
     return CUDA_SUCCESS;
 }
 
@@ -1651,7 +1690,9 @@ CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
         *(cuuint64_t *)value = p->release_threshold;
         break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: /* nothing is kept beyond what is used */
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        *(cuuint64_t *)value = p->used + p->idle;
+        break;
     case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
         *(cuuint64_t *)value = p->used;
         break;
