@@ -228,13 +228,39 @@ def read_limits_file(path: str | os.PathLike[str], gpu_count: int) -> VgpuLimits
 
 # ---- the accounting file and the lock ledger (libvgpu/src/shm.h), read-only view ----
 
+# shm.h is the one source of these: tests/test_vgpu_layout.py compiles a program
+# printing its offsetof/sizeof and constants (libvgpu/tests/vgpu_layout.c) and
+# compares them with SHM_LAYOUT below, so any drift fails.
 SHM_MAGIC = 0x55504756
 SHM_VERSION = 2  # 2: memory is in the lock ledger, the file is never mapped
 MAX_DEV = 16
 MAX_SLOTS = 1024
-_DEV = struct.Struct("<64sQQII qQQQQ")  # 128 bytes (the II: sm_pct, win = ledger window + 1)
-_SLOT = struct.Struct(f"<iIQQ{MAX_DEV}Q{MAX_DEV}Q{MAX_DEV}IQ")  # 352 bytes
-DEVS_OFFSET = 128
+SLOT_LOCKBASE = 1 << 30  # a live slot's owner holds an OFD write lock on this byte + slot
+DATA_LOCK = 0  # the file's mutex: an OFD write lock on this byte
+
+# (field, struct format) in C order; padding is unnamed or starts with "_"
+_HDR_FIELDS = (("magic", "I"), ("version", "I"), ("size", "I"), ("nslots", "I"), ("hwm", "I"), ("", "108x"))
+_DEV_FIELDS = (("uuid", "64s"), ("used", "Q"), ("mem_cap", "Q"), ("sm_pct", "I"), ("win", "I"),
+               ("tokens_ns", "q"), ("last_ns", "Q"), ("busy_ns", "Q"), ("launches", "Q"), ("_pad2", "Q"))
+_SLOT_FIELDS = (("pid", "i"), ("flags", "I"), ("start_time", "Q"), ("pidns", "Q"), ("used", f"{MAX_DEV}Q"),
+                ("mem_cap", f"{MAX_DEV}Q"), ("sm", f"{MAX_DEV}I"), ("host_pid", "i"), ("_pad", "I"))
+
+
+def _layout(name: str, fields: tuple[tuple[str, str], ...]) -> tuple[struct.Struct, dict[str, int]]:
+    fmt, offsets = "<", {}
+    for field, f in fields:
+        if field and not field.startswith("_"):  # padding is not in the printed layout
+            offsets[f"{name}.{field}"] = struct.calcsize(fmt)
+        fmt += f
+    st = struct.Struct(fmt)
+    offsets[f"sizeof(struct {name})"] = st.size
+    return st, offsets
+
+
+_HDR, _HDR_OFF = _layout("vgpu_shm_hdr", _HDR_FIELDS)
+_DEV, _DEV_OFF = _layout("vgpu_shm_dev", _DEV_FIELDS)  # 128 bytes (win = ledger window + 1)
+_SLOT, _SLOT_OFF = _layout("vgpu_shm_slot", _SLOT_FIELDS)  # 352 bytes
+DEVS_OFFSET = _HDR.size
 SLOTS_OFFSET = DEVS_OFFSET + MAX_DEV * _DEV.size
 SHM_SIZE = SLOTS_OFFSET + MAX_SLOTS * _SLOT.size
 
@@ -246,6 +272,27 @@ LEDGER_WIN_SHIFT = 40
 LEDGER_LEASE_BASE = 1 << 40
 LEDGER_LEASE_END = LEDGER_LEASE_BASE + (LEDGER_NREG * MAX_DEV << LEDGER_WIN_SHIFT)
 LEDGER_MAX_QUERIES = 4096
+
+# everything above, named as libvgpu/tests/vgpu_layout.c prints it from shm.h
+SHM_LAYOUT: dict[str, int] = {
+    **_HDR_OFF, **_DEV_OFF, **_SLOT_OFF,
+    "sizeof(struct vgpu_shm)": SHM_SIZE,
+    "vgpu_shm.devs": DEVS_OFFSET,
+    "vgpu_shm.slots": SLOTS_OFFSET,
+    "VGPU_SHM_MAGIC": SHM_MAGIC,
+    "VGPU_SHM_VERSION": SHM_VERSION,
+    "VGPU_MAX_DEV": MAX_DEV,
+    "VGPU_MAX_SLOTS": MAX_SLOTS,
+    "VGPU_SLOT_LOCKBASE": SLOT_LOCKBASE,
+    "VGPU_DATA_LOCK": DATA_LOCK,
+    "VGPU_LEDGER_NREG": LEDGER_NREG,
+    "VGPU_LEDGER_MARK_BASE": LEDGER_MARK_BASE,
+    "VGPU_LEDGER_WIN_SHIFT": LEDGER_WIN_SHIFT,
+    "VGPU_LEDGER_LEASE_BASE": LEDGER_LEASE_BASE,
+    "VGPU_LEDGER_LEASE_END": LEDGER_LEASE_END,
+    "VGPU_LEDGER_MAX_QUERIES": LEDGER_MAX_QUERIES,
+    "VGPU_DEFAULT_RESERVE": DEFAULT_RESERVE,
+}
 F_OFD_GETLK = 36  # <fcntl.h>; Python's fcntl module has no name for it before 3.9 on every build
 _FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock (x86-64/aarch64 Linux)
 

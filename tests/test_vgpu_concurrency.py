@@ -148,7 +148,7 @@ def _plant_slot(cache: Path, uuid: str, slot: int, pid: int, start: int, pidns: 
         cap_v = [0] * vgpu.MAX_DEV
         used_v[e] = used
         cap_v[e] = mem_cap
-        os.pwrite(fd, vgpu._SLOT.pack(pid, 0, start, pidns, *used_v, *cap_v, *([0] * vgpu.MAX_DEV), pid), off_s)
+        os.pwrite(fd, vgpu._SLOT.pack(pid, 0, start, pidns, *used_v, *cap_v, *([0] * vgpu.MAX_DEV), pid, 0), off_s)
         dev[1] += used
         dev[2] = mem_cap
         os.pwrite(fd, vgpu._DEV.pack(*dev), off)
