@@ -470,6 +470,30 @@ def test_first_cuinit_reads_only_the_live_slots(driver: H.Driver, tmp_path: Path
         holder.wait()
 
 
+@pytest.mark.parametrize("content", ["zeros", "garbage"])
+def test_initialising_the_file_writes_only_header_and_devices(driver: H.Driver, tmp_path: Path,
+                                                              content: str) -> None:
+    """The first process on a fresh (nvctk preallocates zeros) or overwritten file
+    writes the header and the device entries (2 KiB), not all 354 KiB (0.6 ms of
+    the first cuInit); the slots left as they were are never read as live, and
+    the cap still holds for processes attaching after it."""
+    cache = tmp_path / "cache"
+    cache.write_bytes(bytes(vgpu.SHM_SIZE) if content == "zeros" else os.urandom(vgpu.SHM_SIZE))
+    env = {**driver.env(tmp_path / "state"), "CUDA_DEVICE_MEMORY_LIMIT": "256m",
+           "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache), "LD_PRELOAD": str(H.LIB)}
+    cp, calls = _file_syscalls(env, "init")
+    assert cp.returncode == 0, cp.stderr
+    writes = [int(c.rsplit("=", 1)[1]) for c in calls if "pwrite64(" in c]
+    assert writes and max(writes) <= vgpu.SLOTS_OFFSET, writes
+    holder = _start_holder(env, 100 * MIB, [])
+    try:
+        r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB)).stdout)
+        assert int(r["fill"][0][1]) == 256 * MIB - 100 * MIB - 2 * 64 * MIB
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @pytest.mark.parametrize("how", ["zero", "garbage", "truncate"])
 def test_tampered_file_stops_gated_launches_within_the_sync_interval(driver: H.Driver, tmp_path: Path,
                                                                      how: str) -> None:

@@ -86,6 +86,7 @@ static int attach(void) {
         return -1;
     }
     resolve_nvml_once();
+    TRACE(TR_NVML);
     int n = 0;
     if (HELP(cuDeviceGetCount, count_t)(&n) != CUDA_SUCCESS) n = 0;
     n_cuda = n;
@@ -120,7 +121,13 @@ static int attach(void) {
         vgpu_log(VGPU_LOG_DEBUG, "cuda device %d = %s = container GPU %d: memory cap %llu, sm %u%%", i, ld->uuid,
                  ld->idx, (unsigned long long)ld->cap, ld->sm);
     }
-    if (cache_open(cfg.cache) < 0 || ledger_claim() < 0 || shm_attach(n) < 0) return -1;
+    TRACE(TR_DEVICES);
+    if (cache_open(cfg.cache) < 0) return -1;
+    TRACE(TR_CACHE_OPEN);
+    if (ledger_claim() < 0) return -1;
+    TRACE(TR_LEDGER_CLAIM);
+    if (shm_attach(n) < 0) return -1;
+    TRACE(TR_SLOT);
     nldev = n;
     for (int i = 0; i < n; i++)
         if (ldevs[i].sm || adv_sm_of(i)) any_sm = 1;
@@ -161,13 +168,18 @@ out:
 }
 
 EXPORT CUresult cuInit(unsigned int flags) {
+    TRACE(TR_ENTRY);
     int crc = cfg_status();
+    TRACE(TR_CONFIG);
     resolve_cuda_once();
+    TRACE(TR_DLOPEN_CUDA);
     if (crc < 0) return CUDA_ERROR_INVALID_VALUE; /* fail closed; stderr names the variable */
     if (!REAL(cuInit)) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = REAL(cuInit)(flags);
+    TRACE(TR_REAL_CUINIT);
     if (r != CUDA_SUCCESS) return r;
     int st = vgpu_enter_slow(0);
+    vgpu_trace_print();
     return st == ST_ERROR ? CUDA_ERROR_INVALID_VALUE : r;
 }
 
@@ -301,3 +313,24 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     return r;
 }
 
+
+#ifdef VGPU_TRACE_INIT
+uint64_t vgpu_trace[TR_N];
+
+/* one line on stderr: microseconds per stage of the first cuInit */
+void vgpu_trace_print(void) {
+    static int done;
+    static const char *const names[TR_N] = {"entry", "config", "dlopen_cuda", "real_cuinit", "nvml",
+                                            "devices", "cache_open", "ledger_claim", "slot"};
+    if (done++ || !vgpu_trace[TR_SLOT]) return;
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "vgpu-init-trace");
+    for (int i = 1; i < TR_N; i++)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, " %s=%.1f", names[i],
+                      (double)(vgpu_trace[i] - vgpu_trace[i - 1]) / 1e3);
+    n += snprintf(buf + n, sizeof buf - (size_t)n, " total=%.1f\n",
+                  (double)(vgpu_trace[TR_SLOT] - vgpu_trace[TR_ENTRY]) / 1e3);
+    ssize_t w = write(2, buf, (size_t)n);
+    (void)w;
+}
+#endif

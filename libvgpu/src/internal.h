@@ -99,6 +99,20 @@ uint64_t now_ns(void); /* CLOCK_MONOTONIC */
 void backoff(uint64_t *sleep_ns);
 static inline uint64_t sat_add(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
 
+/* The first cuInit's stages, timed only in the trace build (-DVGPU_TRACE_INIT,
+ * build/libvgpu-trace.so, used by bench/vgpu_overhead.py): nothing in the
+ * normal one. */
+enum { TR_ENTRY, TR_CONFIG, TR_DLOPEN_CUDA, TR_REAL_CUINIT, TR_NVML, TR_DEVICES, TR_CACHE_OPEN,
+       TR_LEDGER_CLAIM, TR_SLOT, TR_N };
+#ifdef VGPU_TRACE_INIT
+extern uint64_t vgpu_trace[TR_N];
+#define TRACE(stage) (vgpu_trace[stage] = now_ns())
+void vgpu_trace_print(void);
+#else
+#define TRACE(stage) ((void)0)
+#define vgpu_trace_print() ((void)0)
+#endif
+
 /* re-entry guard: calls made while this thread is inside a real call pass straight through */
 extern __thread int vgpu_nested __attribute__((tls_model("initial-exec")));
 #define NESTED(expr) ({ vgpu_nested++; __typeof__(expr) r__ = (expr); vgpu_nested--; r__; })

@@ -212,14 +212,18 @@ int cache_open(const char *path) {
     struct vgpu_shm_hdr h;
     int rc = 0;
     if (cache_read(&h, sizeof h, 0) != 0 || !hdr_valid(&h)) {
-        /* fresh (nvctk preallocates zeros) or overwritten: (re)initialised */
-        struct vgpu_shm *z = calloc(1, sizeof *z);
-        if (!z) rc = -1;
-        else {
-            hdr_init(&z->hdr);
-            rc = cache_write(z, sizeof *z, 0);
-            free(z);
-        }
+        /* fresh (nvctk preallocates zeros) or overwritten: (re)initialised.
+         * Only the header and the device entries are written (2 KiB, not the
+         * whole file: that was 0.6 ms of the first cuInit): with the
+         * high-water mark at 0 no slot is read, and a slot is written whole
+         * when taken (its lock, not its bytes, says whether it is live). */
+        struct {
+            struct vgpu_shm_hdr h;
+            struct vgpu_shm_dev d[VGPU_MAX_DEV];
+        } z;
+        memset(&z, 0, sizeof z);
+        hdr_init(&z.h);
+        rc = cache_write(&z, sizeof z, 0);
     }
     data_unlock();
     if (rc == 0) return 0;
@@ -412,10 +416,11 @@ int shm_attach(int n) {
         if (f == 0) goto done;
     }
     if (cache_load(img) != 0) {
-        /* overwritten since cache_open: start it afresh (it holds no memory) */
-        memset(img, 0, sizeof *img);
+        /* overwritten since cache_open: start it afresh (it holds no memory;
+         * header and device entries only, as in cache_open) */
+        memset(img, 0, offsetof(struct vgpu_shm, slots));
         hdr_init(&img->hdr);
-        if (cache_write(img, sizeof *img, 0) != 0) {
+        if (cache_write(img, offsetof(struct vgpu_shm, slots), 0) != 0) {
             snprintf(cfg_err, sizeof cfg_err, "accounting file %s: cannot initialise it", cfg.cache);
             goto unlock;
         }
