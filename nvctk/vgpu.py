@@ -272,6 +272,11 @@ LEDGER_WIN_SHIFT = 40
 LEDGER_LEASE_BASE = 1 << 40
 LEDGER_LEASE_END = LEDGER_LEASE_BASE + (LEDGER_NREG * MAX_DEV << LEDGER_WIN_SHIFT)
 LEDGER_MAX_QUERIES = 4096
+# the SM share's presence markers (shm.h): one 1-byte lock per active process and device
+SM_PRES_BASE = 1 << 58
+SM_PRES_EPOCHS = 4
+SM_PRES_EPOCH_NS = 100_000_000
+SM_PRES_END = SM_PRES_BASE + LEDGER_NREG * MAX_DEV * SM_PRES_EPOCHS
 
 # everything above, named as libvgpu/tests/vgpu_layout.c prints it from shm.h
 SHM_LAYOUT: dict[str, int] = {
@@ -292,6 +297,10 @@ SHM_LAYOUT: dict[str, int] = {
     "VGPU_LEDGER_LEASE_END": LEDGER_LEASE_END,
     "VGPU_LEDGER_MAX_QUERIES": LEDGER_MAX_QUERIES,
     "VGPU_DEFAULT_RESERVE": DEFAULT_RESERVE,
+    "VGPU_SM_PRES_BASE": SM_PRES_BASE,
+    "VGPU_SM_PRES_EPOCHS": SM_PRES_EPOCHS,
+    "VGPU_SM_PRES_EPOCH_NS": SM_PRES_EPOCH_NS,
+    "VGPU_SM_PRES_END": SM_PRES_END,
 }
 F_OFD_GETLK = 36  # <fcntl.h>; Python's fcntl module has no name for it before 3.9 on every build
 _FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock (x86-64/aarch64 Linux)

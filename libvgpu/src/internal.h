@@ -199,6 +199,8 @@ uint64_t cap_of(const struct ldev *ld);
 int charge(const struct ldev *ld, uint64_t bytes);
 void credit(int w, uint64_t bytes);
 int container_used(int w, uint64_t *used);
+int ledger_presence(int w, uint64_t epoch);
+int ledger_presence_census(int w, uint64_t epoch, unsigned *others);
 
 /* ---- memory.c: allocations ---- */
 void pm_drop_ctx(uint64_t ctx);

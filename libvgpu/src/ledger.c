@@ -17,6 +17,7 @@ static int lk_fd = -1;         /* the ledger's file, O_RDONLY; -1 with lk_privat
 static int lk_private;
 static pthread_mutex_t lk_open_mu = PTHREAD_MUTEX_INITIALIZER;
 static int my_region = -1;
+static int64_t pres_pos[LEDGER_NWIN] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
 static int mem_attached;       /* this process may charge (not a forked child) */
 static uint64_t own_used[LEDGER_NWIN], own_lease[LEDGER_NWIN]; /* mem_mu */
 static unsigned char own_tight[LEDGER_NWIN]; /* granted with no slack: frees hand everything back */
@@ -37,6 +38,7 @@ static void atfork_child(void) {
     lk_open_mu = init;
     mem_attached = 0;
     my_region = -1;
+    for (int w = 0; w < LEDGER_NWIN; w++) pres_pos[w] = -1;
     memset(own_used, 0, sizeof own_used);
     memset(own_lease, 0, sizeof own_lease);
     if (lk_fd >= 0) close(lk_fd);
@@ -308,3 +310,76 @@ int container_used(int w, uint64_t *used) {
     return 0;
 }
 
+
+/* ------------------------------------------------------------------ */
+/* the SM share's presence markers (shm.h): the split of a container's  */
+/* share among its launching processes, in the kernel's lock table      */
+
+/* This process is launching on window w in `epoch`: its marker moves to the
+ * epoch's byte (the new one locked before the old one goes). Callers
+ * serialise per process (tok_mu). 0, or -1 (fail closed). */
+int ledger_presence(int w, uint64_t epoch) {
+    if (ledger_open() != 0) return -1;
+    if (lk_fd < 0) return 0; /* private: nobody else */
+    if (my_region < 0) return -1;
+    int64_t pos = VGPU_SM_PRES_BASE + ((int64_t)my_region * VGPU_MAX_DEV + w) * VGPU_SM_PRES_EPOCHS +
+                  (int64_t)(epoch % VGPU_SM_PRES_EPOCHS);
+    if (pres_pos[w] == pos) return 0;
+    struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = pos, .l_len = 1};
+    if (fcntl(lk_fd, F_OFD_SETLK, &fl) != 0) return -1;
+    if (pres_pos[w] >= 0) {
+        fl.l_type = F_UNLCK;
+        fl.l_start = pres_pos[w];
+        fcntl(lk_fd, F_OFD_SETLK, &fl);
+    }
+    pres_pos[w] = pos;
+    return 0;
+}
+
+/* How many other processes of the container launched on window w in this or
+ * the previous epoch: process slots (region, window) with a lock on one of
+ * those two bytes. Our own markers are invisible to our query. Any lock
+ * counts for every slot whose fresh byte it covers (union of overlapping
+ * locks, as the memory census): added locks only add processes. 0, or -1
+ * (fail closed). */
+int ledger_presence_census(int w, uint64_t epoch, unsigned *others) {
+    *others = 0;
+    if (ledger_open() != 0) return -1;
+    if (lk_fd < 0) return 0;
+    enum { NSLOT = VGPU_LEDGER_NREG * VGPU_MAX_DEV };
+    struct win {
+        int64_t a, b;
+    };
+    /* one bit per slot and the split stack, kept (callers hold tok_mu) */
+    static unsigned char *seen;
+    static struct win *st;
+    if (!seen && !(seen = malloc(NSLOT / 8))) return -1;
+    if (!st && !(st = malloc((VGPU_LEDGER_MAX_QUERIES + 2) * sizeof *st))) return -1;
+    memset(seen, 0, NSLOT / 8);
+    size_t n = 0;
+    int q = 0;
+    int64_t e1 = (int64_t)(epoch % VGPU_SM_PRES_EPOCHS), e0 = (int64_t)((epoch + VGPU_SM_PRES_EPOCHS - 1) % VGPU_SM_PRES_EPOCHS);
+    st[n++] = (struct win){VGPU_SM_PRES_BASE, VGPU_SM_PRES_END};
+    while (n) {
+        struct win x = st[--n];
+        if (x.a >= x.b) continue;
+        if (++q > VGPU_LEDGER_MAX_QUERIES) return -1;
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = x.a, .l_len = x.b - x.a};
+        if (fcntl(lk_fd, F_OFD_GETLK, &fl) != 0) return -1;
+        if (fl.l_type == F_UNLCK) continue;
+        int64_t s = fl.l_start, e = fl.l_len > 0 && fl.l_len <= INT64_MAX - fl.l_start ? fl.l_start + fl.l_len : INT64_MAX;
+        if (s < x.a) s = x.a;
+        if (e > x.b) e = x.b;
+        if (s >= e) return -1;
+        for (int64_t k = (s - VGPU_SM_PRES_BASE) / VGPU_SM_PRES_EPOCHS,
+                     kl = (e - 1 - VGPU_SM_PRES_BASE) / VGPU_SM_PRES_EPOCHS; k <= kl && k < NSLOT; k++) {
+            int64_t b0 = VGPU_SM_PRES_BASE + k * VGPU_SM_PRES_EPOCHS;
+            if ((b0 + e0 >= s && b0 + e0 < e) || (b0 + e1 >= s && b0 + e1 < e)) seen[k / 8] |= (unsigned char)(1u << (k % 8));
+        }
+        /* the rest, left then right: depth-first keeps the stack short */
+        st[n++] = (struct win){e, x.b};
+        st[n++] = (struct win){x.a, s};
+    }
+    for (int k = w; k < NSLOT; k += VGPU_MAX_DEV) *others += (seen[k / 8] >> (k % 8)) & 1;
+    return 0;
+}

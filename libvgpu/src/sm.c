@@ -25,22 +25,28 @@ static unsigned sm_of(const struct ldev *ld) {
     return pct >= 100 ? 0 : pct;
 }
 
-#define SM_BROKEN INT64_MIN /* the accounting file is unusable: gated launches are refused */
-#define SM_SYNC_NS 2000000ull /* a process's slice of the bucket meets the file at least this often */
+#define SM_BROKEN INT64_MIN /* the share cannot be established: gated launches are refused */
+#define SM_SYNC_NS 2000000ull /* the split of the share is re-counted at least this often */
+#define SM_STATS_NS 50000000ull /* statistics reach the accounting file at least this often */
 
-/* This process's slice of each device's bucket (tok_mu). A sync (the file's
- * lock, one read, one write) hands the slice and the charges since back to
- * the file's bucket, refills it, and takes all of its positive balance as the
- * new slice; between syncs launches are gated on the slice alone, with no
- * system call. Tokens are conserved (a slice is only ever moved, never
- * copied), so the container's share is as exact as with every launch going
- * to the file; a SIGKILLed process's slice is lost (its container only gets
- * less). Syncs: every SM_SYNC_NS, whenever the slice does not cover what a
- * launch needs, and (returning the slice) at context destruction and exit. */
+/* Each process's bucket is its own (tok_mu): it earns the process's part of
+ * the container's share — the share divided by the container's processes
+ * launching on the device, counted from the presence markers in the kernel's
+ * lock table (ledger.c, shm.h) — holds at most that part of 20 ms, and is
+ * debited with the device time of the process's kernels. Nothing a container
+ * process can write is read to gate a launch: the accounting file only
+ * receives statistics, and a lock anybody adds only counts as one more
+ * process, a smaller part for each. A new process starts with an empty
+ * bucket (it earns before it spends), so starting processes gains nothing.
+ * The count is renewed every SM_SYNC_NS; a process that stops launching stops
+ * counting within two epochs (200 ms). */
 struct smloc {
-    int64_t tokens;            /* slice left: taken minus charged since */
+    int64_t tokens;             /* device time this process may use now */
+    uint64_t last_ns;           /* the last refill; 0 = not started */
+    uint64_t rate_ppm;          /* its part of the GPU, parts per million */
     uint64_t busy_ns, launches; /* charges not yet in the file (statistics) */
-    uint64_t sync_ns;          /* the last sync; 0 = none (sync at the next launch) */
+    uint64_t sync_ns;           /* the last count; 0 = none (count at the next launch) */
+    uint64_t stats_ns;          /* the last statistics update */
 };
 static struct smloc smloc[VGPU_LDEV_MAX];
 
@@ -49,54 +55,60 @@ static int64_t sat_add64(int64_t a, int64_t b) {
     return __builtin_add_overflow(a, b, &r) ? (b > 0 ? INT64_MAX : INT64_MIN + 1) : r;
 }
 
-/* Meets the file's bucket (tok_mu held): returns the slice and the charges,
- * refills, and takes the positive balance when `take`. Returns the
- * container's tokens on the device, or SM_BROKEN when the accounting file
- * cannot be locked or is no longer in the layout (fail closed). */
-static int64_t sm_sync(int li, unsigned pct, uint64_t now, int take) {
+/* Statistics (and the container's advisory SM share) with the accounting
+ * file: best effort, never gating anything. tok_mu held. */
+static void sm_stats(int li, uint64_t now) {
     const struct ldev *ld = &ldevs[li];
     struct smloc *L = &smloc[li];
     struct {
         struct vgpu_shm_hdr h;
         struct vgpu_shm_dev devs[VGPU_MAX_DEV];
     } img;
-    L->sync_ns = 0; /* until this one succeeds */
-    if (ld->ce < 0) return SM_BROKEN; /* no bucket for it in the file: fail closed */
-    if (data_lock() != 0) return SM_BROKEN;
-    if (cache_read(&img, sizeof img, 0) != 0 || !hdr_valid(&img.h)) {
-        data_unlock();
-        return SM_BROKEN;
-    }
-    struct vgpu_shm_dev *d = &img.devs[ld->ce];
-    if (!d->last_ns || now < d->last_ns) {
+    L->stats_ns = now;
+    if (ld->ce < 0 || data_lock() != 0) return;
+    if (cache_read(&img, sizeof img, 0) == 0 && hdr_valid(&img.h)) {
+        struct vgpu_shm_dev *d = &img.devs[ld->ce];
+        d->busy_ns += L->busy_ns;
+        d->launches += L->launches;
         d->last_ns = now;
-        d->tokens_ns = 0;
+        if (cache_write(d, sizeof *d, DEVS_OFF + (size_t)ld->ce * sizeof *d) == 0) L->busy_ns = L->launches = 0;
+        adv_sm_set(li, d->sm_pct); /* only ever tightens (sm_of) */
     }
-    int64_t s = d->tokens_ns;
-    if (pct) s = sat_add64(s, (int64_t)((now - d->last_ns) / 100 * pct));
-    s = sat_add64(s, L->tokens);
-    if (pct && s > SM_BURST_NS * (int64_t)pct / 100) s = SM_BURST_NS * (int64_t)pct / 100;
-    if (s == SM_BROKEN) s++;
-    int64_t slice = take && s > 0 ? s : 0;
-    d->last_ns = now;
-    d->tokens_ns = s - slice;
-    d->busy_ns += L->busy_ns;
-    d->launches += L->launches;
-    int wr = cache_write(d, sizeof *d, DEVS_OFF + (size_t)ld->ce * sizeof *d);
     data_unlock();
-    adv_sm_set(li, d->sm_pct);
-    if (wr != 0) return SM_BROKEN; /* nothing moved: the slice and charges stay ours */
-    L->tokens = slice;
-    L->busy_ns = L->launches = 0;
-    L->sync_ns = now ? now : 1;
-    return s;
 }
 
-/* Debits ns of measured device time (0: none) from this process's slice;
- * returns the tokens a launch may count on, syncing with the file first when
- * the slice is stale or does not cover `need` (the estimated work this
- * process has in flight). SM_BROKEN: see sm_sync. */
+/* Re-counts the container's launching processes on the device (tok_mu
+ * held): this process's marker renewed, the others' counted, its part of the
+ * share set. 0, or SM_BROKEN when the lock table cannot be used (fail closed). */
+static int64_t sm_sync(int li, unsigned pct, uint64_t now) {
+    const struct ldev *ld = &ldevs[li];
+    struct smloc *L = &smloc[li];
+    uint64_t epoch = now / VGPU_SM_PRES_EPOCH_NS;
+    unsigned others = 0;
+    L->sync_ns = 0; /* until this one succeeds */
+    if (ledger_presence(ld->e, epoch) != 0 || ledger_presence_census(ld->e, epoch, &others) != 0) return SM_BROKEN;
+    L->rate_ppm = (uint64_t)pct * 10000 / (others + 1);
+    if (!L->last_ns) L->last_ns = now;
+    if (now - L->stats_ns >= SM_STATS_NS) sm_stats(li, now);
+    L->sync_ns = now ? now : 1;
+    return 0;
+}
+
+/* The bucket earns its part of the wall time since the last refill. */
+static void sm_refill(struct smloc *L, uint64_t now) {
+    if (!L->last_ns || now <= L->last_ns) return;
+    unsigned __int128 add = (unsigned __int128)(now - L->last_ns) * L->rate_ppm / 1000000;
+    int64_t burst = (int64_t)(SM_BURST_NS * L->rate_ppm / 1000000);
+    L->tokens = sat_add64(L->tokens, add > INT64_MAX ? INT64_MAX : (int64_t)add);
+    if (L->tokens > burst) L->tokens = burst;
+    L->last_ns = now;
+}
+
+/* Debits ns of measured device time (0: none) from this process's bucket;
+ * returns the tokens a launch may count on (`need`, the estimated work in
+ * flight, is the caller's to compare). SM_BROKEN: see sm_sync. */
 static int64_t sm_account(const struct ldev *ld, unsigned pct, uint64_t ns, uint64_t nlaunch, int64_t need) {
+    (void)need;
     if (my_slot < 0) return 0;
     int li = (int)(ld - ldevs);
     struct smloc *L = &smloc[li];
@@ -105,18 +117,30 @@ static int64_t sm_account(const struct ldev *ld, unsigned pct, uint64_t ns, uint
     L->busy_ns += ns;
     L->launches += nlaunch;
     uint64_t now = now_ns();
-    int64_t t = L->tokens;
-    if (!L->sync_ns || now - L->sync_ns >= SM_SYNC_NS || t <= 0 || t - need < 0) t = sm_sync(li, pct, now, 1);
+    int64_t t = 0;
+    if (!L->sync_ns || now - L->sync_ns >= SM_SYNC_NS) t = sm_sync(li, pct, now);
+    if (t != SM_BROKEN) {
+        sm_refill(L, now);
+        t = L->tokens;
+    }
     pthread_mutex_unlock(&tok_mu);
     return t;
 }
 
-/* Hands every slice back to the file (context destruction, exit). */
+/* This process's part of the GPU, parts per million (for the gate's sleep). */
+static uint64_t sm_rate(int li) {
+    pthread_mutex_lock(&tok_mu);
+    uint64_t r = smloc[li].rate_ppm;
+    pthread_mutex_unlock(&tok_mu);
+    return r ? r : 1;
+}
+
+/* Statistics to the file (context destruction, exit). */
 void sm_return_all(void) {
     if (my_slot < 0) return;
     pthread_mutex_lock(&tok_mu);
     for (int i = 0; i < nldev; i++)
-        if (smloc[i].sync_ns || smloc[i].launches) sm_sync(i, sm_of(&ldevs[i]), now_ns(), 0);
+        if (smloc[i].busy_ns || smloc[i].launches) sm_stats(i, now_ns());
     pthread_mutex_unlock(&tok_mu);
 }
 
@@ -309,8 +333,8 @@ static int sm_gate(const struct ldev *ld, unsigned pct) {
         if (t == SM_BROKEN) {
             static int told;
             if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
-                vgpu_log(VGPU_LOG_ERROR, "%s: the accounting file %s is locked by another process or was "
-                         "overwritten: launches under the SM limit are refused", ld->uuid, cfg.cache);
+                vgpu_log(VGPU_LOG_ERROR, "%s: the container's share cannot be counted (ledger %s): launches "
+                         "under the SM limit are refused", ld->uuid, cfg.limits_file[0] ? cfg.limits_file : cfg.cache);
             return -1;
         }
         if (full || nu || (np && t - pe < 0)) {
@@ -318,7 +342,7 @@ static int sm_gate(const struct ldev *ld, unsigned pct) {
             continue;
         }
         if (t >= 0) return 0;
-        int64_t wait = (t < -SM_MAX_SLEEP_NS ? SM_MAX_SLEEP_NS : -t) * 100 / (int64_t)pct;
+        int64_t wait = (int64_t)((uint64_t)(t < -SM_MAX_SLEEP_NS ? SM_MAX_SLEEP_NS : -t) * 1000000 / sm_rate(li));
         if (wait > SM_MAX_SLEEP_NS) wait = SM_MAX_SLEEP_NS;
         if (wait < 20000) wait = 20000;
         struct timespec ts = {wait / 1000000000, wait % 1000000000};

@@ -51,5 +51,9 @@ int main(void) {
     K(VGPU_LEDGER_LEASE_END);
     K(VGPU_LEDGER_MAX_QUERIES);
     K(VGPU_DEFAULT_RESERVE);
+    K(VGPU_SM_PRES_BASE);
+    K(VGPU_SM_PRES_EPOCHS);
+    K(VGPU_SM_PRES_EPOCH_NS);
+    K(VGPU_SM_PRES_END);
     return 0;
 }
