@@ -130,6 +130,7 @@ int main(int argc, char **argv) {
     CUstream strm = NULL;
     CUmemoryPool newpool = NULL;
     CUgraphExec gexec = NULL;
+    unsigned gridx = 1;
     void *graph = NULL;
 
     CUdevice dev = 0;
@@ -332,6 +333,10 @@ int main(int argc, char **argv) {
             r = !strcmp(c, "poolthr") ? 0 : getpool(&pool, dev);
             if (!r) r = psetattr(pool, 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */, &thr);
             printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "grid")) { /* grid X: later launches use grid (X, 1, 1) */
+            gridx = (unsigned)strtoul(a1, NULL, 0);
+            i++;
+            printf("grid 0\n");
         } else if (!strcmp(c, "pooltrim")) {
             r = ptrim(newpool, 0);
             printf("pooltrim %d\n", r);
@@ -441,7 +446,7 @@ int main(int argc, char **argv) {
             double end = now() + (max < 0 ? atof(a1) : 1e9);
             i++;
             while ((max < 0 || n < max) && (max >= 0 || now() < end)) {
-                r = launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+                r = launch(fn, gridx, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
                 if (r) break;
                 n++;
             }
