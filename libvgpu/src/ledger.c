@@ -81,7 +81,7 @@ int ledger_open(void) {
 /* flock(LOCK_EX) on the ledger, waited for at most LOCK_WAIT_NS. 0 or -1. */
 static int ledger_lock(void) {
     if (lk_fd < 0) return 0;
-    uint64_t t0 = now_ns(), sl = 50000;
+    uint64_t t0 = now_ns(), sl = 5000;
     while (flock(lk_fd, LOCK_EX | LOCK_NB) != 0) {
         if ((errno != EWOULDBLOCK && errno != EINTR) || now_ns() - t0 > LOCK_WAIT_NS) return -1;
         backoff(&sl);

@@ -17,7 +17,7 @@ uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Backoff for bounded waits: 50 us doubling to 10 ms. */
+/* Backoff for bounded waits: 5 us doubling to 10 ms. */
 void backoff(uint64_t *sleep_ns) {
     struct timespec ts = {0, (long)*sleep_ns};
     nanosleep(&ts, NULL);
@@ -74,7 +74,7 @@ int data_lock(void) {
     pthread_mutex_lock(&data_mu);
     if (cache_fd < 0) return 0;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = VGPU_DATA_LOCK, .l_len = 1};
-    uint64_t t0 = now_ns(), sl = 50000;
+    uint64_t t0 = now_ns(), sl = 5000;
     while (fcntl(cache_fd, F_OFD_SETLK, &fl) != 0) {
         if ((errno != EAGAIN && errno != EACCES && errno != EINTR) || now_ns() - t0 > LOCK_WAIT_NS) {
             pthread_mutex_unlock(&data_mu);
