@@ -316,11 +316,18 @@ def remove_state_dir(path: str, config: Config, *, only_ours: bool = True) -> bo
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
         return True
+    # a remover killed between the unmount and the rmdir leaves an empty dir: this
+    # process's marker (its creator then gone) still proves it nvctk's (provably_ours)
+    try:
+        _write(marker_path(path), owner_text(None, os.path.basename(path)[17:]), 0o600)
+    except OSError:  # another remover's marker: it proves the same
+        pass
     detach_mounts(path)
     try:
         _remove_tree(path)
     except FileNotFoundError:  # removed meanwhile (a poststop and a collector): gone is gone
         pass
+    _unlink_marker(path)
     return True
 
 
