@@ -1,14 +1,22 @@
-"""libvgpu overhead and SM-share accuracy on the simulated driver (`make -C libvgpu bench`).
+"""libvgpu overhead and SM-share accuracy on the simulated driver (`make -C libvgpu bench`
+writes bench/results/vgpu_overhead.txt). Goals: issue 20.
 
 Side by side in one run, direct (no interposer) vs through libvgpu:
-  - ns added per cuLaunchKernel with no SM limit (goal <= 20 ns): valid launches
-    of a 0-us kernel, and launches the driver rejects at once (NULL function);
-    and, for information, the cost of a launch timed with events (SM limit 50 %)
-  - ns added per cuMemAlloc_v2 + cuMemFree_v2 pair with a memory cap (goal <= 250 ns)
-  - the first cuInit with 64 processes of one container starting at once (goal <= 5 ms added)
-  - SM-share accuracy for 25/50/75 % and a 30/70 split of one GPU (goal +-5 points)
+  - ns added per cuLaunchKernel with no SM limit (goal <= 10 ns): valid launches
+    of a 0-us kernel, and launches the driver rejects at once (NULL function)
+  - ns added per cuLaunchKernel under an SM limit of 50 % (goal <= 30 ns)
+  - ns added per cuMemAlloc_v2 + cuMemFree_v2 pair with a memory cap (goal <= 150 ns)
+  - the first cuInit of a single process (goal <= 200 us added), on a fresh
+    accounting file and on one already in use, with the stages of the first
+    (build/libvgpu-trace.so); and with 64 processes of one container starting at
+    once (goal <= 1 ms added at the median)
+  - SM-share accuracy for 25/50/75 %, a 30/70 split of one GPU between two
+    containers, and 50 % at grids 1 ... 1048576, with synchronous and
+    asynchronous launches (goal: within 2 points)
 Runs are interleaved (direct, libvgpu, direct, ...) and pinned to one CPU; the
 figures are medians of the per-pair differences. Needs root (device nodes).
+HAMi-core is not measured here: its source cannot be fetched on this machine
+(the issue's HAMi figures came from a build of commit 8f3a89c6 elsewhere).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ sys.path.insert(0, str(ROOT / "libvgpu" / "tests"))
 import harness as H  # noqa: E402
 
 from nvctk.sim.state import read_state  # noqa: E402
+from nvctk.vgpu.limits import SHM_SIZE  # noqa: E402
 
 BENCH = H.BUILD / "vgpu_overhead"
 
@@ -48,22 +57,44 @@ def paired(direct: dict[str, str], vgpu: dict[str, str], args: list[str], reps: 
     return statistics.median(d), statistics.median(v), statistics.median(diff)
 
 
+def init_single(env: dict[str, str], cache: Path, fresh: bool, trace: bool = False) -> tuple[float, str]:
+    """One process's first cuInit (ns), on a fresh (zero-filled, as nvctk makes it) or a
+    used accounting file; with trace, the stages' line from libvgpu-trace.so."""
+    if fresh and "CUDA_DEVICE_MEMORY_SHARED_CACHE" in env:
+        with open(cache, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, SHM_SIZE)
+    e = {**env, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache)} if "LD_PRELOAD" in env else env
+    if trace:
+        e = {**e, "LD_PRELOAD": str(H.BUILD / "libvgpu-trace.so")}
+    cp = subprocess.run(["taskset", "-c", "1", str(BENCH), "init"], env=e, capture_output=True, text=True, check=True)
+    return float(cp.stdout.split()[0]), cp.stderr.strip()
+
+
 def init_storm(env: dict[str, str], n: int = 64) -> list[float]:
     procs = [subprocess.Popen([str(BENCH), "init"], env=env, stdout=subprocess.PIPE, text=True) for _ in range(n)]
     return [float(p.communicate()[0]) for p in procs]
 
 
+GRIDS = (1, 64, 4096, 65536, 1048576)
+
+
 def sm_accuracy(driver: H.Driver, tmp: Path, window: float = 12.0, tag: str = "",
                 extra: dict[str, str] | None = None) -> dict[str, float]:
-    groups = {"s25": [("25", 25)], "s50": [("50", 50)], "s75": [("75", 75)], "split": [("30", 30), ("70", 70)]}
+    """Each group is a simulated GPU of its own (a state file), so the groups run at once."""
+    groups: dict[str, list[tuple[str, int, int]]] = {
+        "s25": [("25", 25, 1)], "s50": [("50", 50, 1)], "s75": [("75", 75, 1)],
+        "split": [("30", 30, 1), ("70", 70, 1)],
+        **{f"g{g}": [(f"grid{g}", 50, g)] for g in GRIDS[1:]},
+    }
     procs = {}
     for state, members in groups.items():
-        for label, pct in members:
+        for label, pct, grid in members:
             env = driver.env(tmp / f"sm{tag}-{state}", NVSIM_KERNEL_US="2000", CUDA_DEVICE_SM_LIMIT=str(pct),
                              CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"sm{tag}-cache-{label}"), LD_PRELOAD=str(H.LIB),
                              **(extra or {}))
-            procs[label] = (state, subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "launchfor", str(window + 3)],
-                                                    env=env, stdout=subprocess.DEVNULL))
+            procs[label] = (state, subprocess.Popen(
+                [str(H.PROBE), "init", "ctx", "0", "grid", str(grid), "launchfor", str(window + 3)],
+                env=env, stdout=subprocess.DEVNULL))
 
     def busy() -> dict[str, int]:
         res = {}
@@ -87,7 +118,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
     H.build()
-    subprocess.run(["make", "-s", "-C", str(H.LIBVGPU), "build/vgpu_overhead"], check=True)
+    subprocess.run(["make", "-s", "-C", str(H.LIBVGPU), "build/vgpu_overhead", "build/libvgpu-trace.so"], check=True)
     lines: list[str] = []
 
     def say(s: str = "") -> None:
@@ -105,20 +136,33 @@ def main() -> None:
         say()
         say(f"{'measure':58} {'direct':>10} {'libvgpu':>10} {'added':>10} {'goal':>8}")
         d, v, a = paired(base, capped, ["launch", "1000000"], args.reps)
-        say(f"{'cuLaunchKernel, no SM limit, valid 0-us kernel, ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 20':>8}")
+        say(f"{'cuLaunchKernel, no SM limit, valid 0-us kernel, ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 10':>8}")
         d, v, a = paired(base, capped, ["launchnull", "2000000"], args.reps)
-        say(f"{'cuLaunchKernel, no SM limit, rejected (NULL function), ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 20':>8}")
+        say(f"{'cuLaunchKernel, no SM limit, rejected (NULL function), ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 10':>8}")
         limited = {**capped, "CUDA_DEVICE_SM_LIMIT": "50", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "cache-sm")}
         d, v, a = paired(base, limited, ["launch", "300000"], max(3, args.reps // 3))
-        say(f"{'cuLaunchKernel, SM limit 50 %, 0-us kernel (events), ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'':>8}")
+        say(f"{'cuLaunchKernel, SM limit 50 %, 0-us kernel (events), ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 30':>8}")
         d, v, a = paired(base, capped, ["alloc", "200000"], args.reps)
-        say(f"{'cuMemAlloc_v2 + cuMemFree_v2 (4 KiB) with a cap, ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 250':>8}")
+        say(f"{'cuMemAlloc_v2 + cuMemFree_v2 (4 KiB) with a cap, ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 150':>8}")
+        for fresh, what in ((True, "fresh accounting file"), (False, "file in use")):
+            dd, vv = [], []
+            for i in range(args.reps):
+                dd.append(init_single(base, tmp / "single-direct", fresh)[0])
+                vv.append(init_single(capped, tmp / f"single-{i if fresh else 0}", fresh)[0])
+            md, mv = statistics.median(dd) / 1e3, statistics.median(vv) / 1e3
+            say(f"{'first cuInit, one process, ' + what + ', us':58} {md:10.1f} {mv:10.1f} {mv - md:10.1f} {'<= 200':>8}")
+        stages = [init_single(capped, tmp / f"trace-{i}", True, trace=True)[1] for i in range(args.reps)]
+        say("  stages of the first cuInit (fresh file), us, median of "
+            f"{len(stages)} (build/libvgpu-trace.so; 'real_cuinit' is the driver's own):")
+        parsed = [dict(kv.split("=") for kv in line.split()[1:]) for line in stages if line.startswith("vgpu-init-trace")]
+        if parsed:
+            say("   " + "  ".join(f"{k} {statistics.median(float(p[k]) for p in parsed):.1f}" for k in parsed[0]))
         dd, vv = [], []
         for i in range(3):
             dd += init_storm(base)
             vv += init_storm({**capped, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / f"storm{i}")})
         md, mv = statistics.median(dd) / 1e6, statistics.median(vv) / 1e6
-        say(f"{'first cuInit, 64 processes of one container at once, ms':58} {md:10.3f} {mv:10.3f} {mv - md:10.3f} {'<= 5':>8}")
+        say(f"{'first cuInit, 64 processes of one container at once, ms':58} {md:10.3f} {mv:10.3f} {mv - md:10.3f} {'<= 1':>8}")
         say(f"{'  (p90 of the 3x64 processes), ms':58} {sorted(dd)[int(len(dd) * .9)] / 1e6:10.3f} {sorted(vv)[int(len(vv) * .9)] / 1e6:10.3f}")
         for tag, title, extra in (
             ("", "synchronous launches (the mock's default)", {}),
@@ -127,12 +171,16 @@ def main() -> None:
         ):
             say()
             say(f"SM share, {title}:")
-            say("  greedy launch loop, 2 ms kernels, busy time from the mock's counters over 12 s; goal +-5 points")
+            say("  greedy launch loop, 2 ms kernels, busy time from the mock's counters over 12 s; goal +-2 points")
             got = sm_accuracy(driver, tmp, tag=tag, extra=extra)
             say(f"{'limit %':>8} {'measured %':>11} {'error (points)':>15}")
             for k in ("25", "50", "75"):
                 say(f"{k:>8} {got[k]:11.1f} {got[k] - int(k):15.1f}")
             say(f"{'30/70':>8} {got['30']:5.1f}/{got['70']:5.1f} {got['30'] - 30:7.1f}/{got['70'] - 70:5.1f}   (two containers, one GPU)")
+            say("  50 % at grids " + ", ".join(str(g) for g in GRIDS) + " (the simulated kernel's time does not depend on it):")
+            say("   " + "  ".join(f"{g}: {got['50' if g == 1 else f'grid{g}']:.1f}" for g in GRIDS))
+        say()
+        say("HAMi-core: not measured (its source cannot be fetched on this machine); the goals hold without it.")
     if args.out:
         Path(ROOT / args.out if not os.path.isabs(args.out) else args.out).write_text("\n".join(lines) + "\n")
 

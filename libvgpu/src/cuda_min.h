@@ -16,6 +16,7 @@ typedef int CUresult;
 #define CUDA_ERROR_NOT_READY 600
 #define CUDA_ERROR_NOT_FOUND 500
 #define CUDA_ERROR_NOT_PERMITTED 800
+#define CUDA_ERROR_NOT_SUPPORTED 801
 
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
@@ -30,6 +31,7 @@ typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUmod_st *CUmodule;
 typedef struct CUlaunchConfig_st { /* libvgpu reads hStream only */
     unsigned int gridDimX, gridDimY, gridDimZ;
     unsigned int blockDimX, blockDimY, blockDimZ;
@@ -84,6 +86,19 @@ typedef struct {
         unsigned char reserved[4];
     } allocFlags;
 } CUmemAllocationProp;
+
+typedef struct { /* CUmemPoolProps: libvgpu reads the location only */
+    int allocType;
+    int handleTypes;
+    struct {
+        int type;
+        int id;
+    } location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
 
 /* cuGetProcAddress flags */
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2

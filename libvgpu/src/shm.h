@@ -29,6 +29,19 @@
     (VGPU_LEDGER_LEASE_BASE + ((long long)VGPU_LEDGER_NREG * VGPU_MAX_DEV << VGPU_LEDGER_WIN_SHIFT))
 #define VGPU_LEDGER_MAX_QUERIES 4096 /* census: more locks than that => fail closed */
 
+/* The SM share's presence markers, on the same file: a process launching
+ * under an SM limit on device window d holds a 1-byte read lock at
+ * PRES_BASE + (r * VGPU_MAX_DEV + d) * PRES_EPOCHS + (epoch % PRES_EPOCHS),
+ * epoch = CLOCK_MONOTONIC / PRES_EPOCH_NS, renewed while it launches. The
+ * container's share on d is split evenly among the slots with a marker at the
+ * current or the previous epoch; a lock anybody adds only counts as one more
+ * process (a smaller share each), so nothing a container writes raises it. */
+#define VGPU_SM_PRES_BASE (1ll << 58)
+#define VGPU_SM_PRES_EPOCHS 4
+#define VGPU_SM_PRES_EPOCH_NS 100000000ll
+#define VGPU_SM_PRES_END \
+    (VGPU_SM_PRES_BASE + (long long)VGPU_LEDGER_NREG * VGPU_MAX_DEV * VGPU_SM_PRES_EPOCHS)
+
 struct vgpu_shm_hdr {          /* 128 bytes */
     uint32_t magic;
     uint32_t version;
@@ -45,8 +58,8 @@ struct vgpu_shm_dev {          /* 128 bytes */
     uint64_t mem_cap;          /* strictest cap among live processes, 0 = none (advisory: only tightens) */
     uint32_t sm_pct;           /* strictest SM share among live processes, 0 = none */
     uint32_t win;              /* its ledger window + 1 (0 = unknown): statistics */
-    int64_t tokens_ns;         /* SM token bucket: device time the container may use now */
-    uint64_t last_ns;          /* CLOCK_MONOTONIC of the last refill */
+    int64_t tokens_ns;         /* unused since the buckets are per process (presence markers) */
+    uint64_t last_ns;          /* CLOCK_MONOTONIC of the last statistics update */
     uint64_t busy_ns;          /* measured kernel time (statistics) */
     uint64_t launches;
     uint64_t _pad2;

@@ -6,7 +6,11 @@
 
 #pragma GCC visibility push(hidden)
 
-#define VGPU_MAX_DEV 16
+#define VGPU_MAX_DEV 16 /* GPUs with their own limit variables, accounting entries and ledger windows */
+/* CUDA devices one process can account for (MIG: 8 GPUs x 7). Devices beyond
+ * it fail closed; devices past VGPU_MAX_DEV share the last ledger window and
+ * have no accounting-file entry (their SM-limited launches are refused). */
+#define VGPU_LDEV_MAX 64
 #ifndef VGPU_LIMITS_FILE
 #define VGPU_LIMITS_FILE "/run/nvctk/vgpu/limits" /* fixed path inside containers */
 #endif

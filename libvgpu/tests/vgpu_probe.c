@@ -106,6 +106,33 @@ int main(int argc, char **argv) {
     F(launch, "cuLaunchKernel", "cuLaunchKernel", CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
       unsigned, unsigned, CUstream, void **, void **);
 
+    F(areserve, "cuMemAddressReserve", "cuMemAddressReserve", CUdeviceptr *, size_t, size_t, CUdeviceptr,
+      unsigned long long);
+    F(afree, "cuMemAddressFree", "cuMemAddressFree", CUdeviceptr, size_t);
+    F(mmap_, "cuMemMap", "cuMemMap", CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    F(munmap_, "cuMemUnmap", "cuMemUnmap", CUdeviceptr, size_t);
+    F(maccess, "cuMemSetAccess", "cuMemSetAccess", CUdeviceptr, size_t, const void *, size_t);
+    F(mretain, "cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", CUmemGenericAllocationHandle *, void *);
+    F(screate, "cuStreamCreate", "cuStreamCreate", CUstream *, unsigned);
+    F(pcreate, "cuMemPoolCreate", "cuMemPoolCreate", CUmemoryPool *, const CUmemPoolProps *);
+    F(ptrim, "cuMemPoolTrimTo", "cuMemPoolTrimTo", CUmemoryPool, size_t);
+    F(pdestroy, "cuMemPoolDestroy", "cuMemPoolDestroy", CUmemoryPool);
+    F(psetattr, "cuMemPoolSetAttribute", "cuMemPoolSetAttribute", CUmemoryPool, int, void *);
+    F(gcreate, "cuGraphCreate", "cuGraphCreate", void **, unsigned);
+    F(gaddk, "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", void **, void *, void *, size_t, const void *);
+    F(ginst, "cuGraphInstantiate", "cuGraphInstantiateWithFlags", CUgraphExec *, void *, unsigned long long);
+    F(glaunch, "cuGraphLaunch", "cuGraphLaunch", CUgraphExec, CUstream);
+    F(gxdestroy, "cuGraphExecDestroy", "cuGraphExecDestroy", CUgraphExec);
+    F(gdestroy, "cuGraphDestroy", "cuGraphDestroy", void *);
+    static struct { CUdeviceptr va; size_t len; CUmemGenericAllocationHandle h; } maps[1024];
+    static size_t vmm_size[1024];
+    int nmaps = 0;
+    CUstream strm = NULL;
+    CUmemoryPool newpool = NULL;
+    CUgraphExec gexec = NULL;
+    unsigned gridx = 1;
+    void *graph = NULL;
+
     CUdevice dev = 0;
     CUcontext ctx = NULL;
     CUfunction fn = NULL;
@@ -229,9 +256,127 @@ int main(int argc, char **argv) {
             prop.location.id = !strcmp(c, "vmm") ? dev : 0;
             CUmemGenericAllocationHandle hd = 0;
             r = mcreate(&hd, strtoull(a1, NULL, 0), &prop, 0);
+            if (!r) vmm_size[nvmm] = strtoull(a1, NULL, 0);
             i++;
             if (!r) vmms[nvmm++] = hd;
             printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "vmmmap")) { /* maps the last handle whole at a new reservation */
+            CUdeviceptr va = 0;
+            size_t len = nvmm ? vmm_size[nvmm - 1] : 0;
+            r = nvmm ? areserve(&va, len, 0, 0, 0) : -1;
+            if (!r) r = mmap_(va, len, 0, vmms[nvmm - 1], 0);
+            struct { struct { int type, id; } loc; int flags; } acc = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, 3};
+            if (!r) r = maccess(va, len, &acc, 1);
+            if (!r) {
+                maps[nmaps].va = va;
+                maps[nmaps].len = len;
+                maps[nmaps++].h = vmms[nvmm - 1];
+            }
+            printf("vmmmap %d\n", r);
+        } else if (!strcmp(c, "vmmunmap") || !strcmp(c, "vmmaddrfree")) {
+            /* the last mapping: unmapped and its reservation freed, or (vmmaddrfree) only the
+             * reservation freed, the mapping left in it */
+            r = -1;
+            if (nmaps) {
+                nmaps--;
+                r = !strcmp(c, "vmmunmap") ? munmap_(maps[nmaps].va, maps[nmaps].len) : 0;
+                if (!r) r = afree(maps[nmaps].va, maps[nmaps].len);
+            }
+            printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "vmmretain")) { /* retains the handle of the last mapping */
+            CUmemGenericAllocationHandle hd = 0;
+            r = nmaps ? mretain(&hd, (void *)(uintptr_t)maps[nmaps - 1].va) : -1;
+            if (!r) {
+                vmm_size[nvmm] = maps[nmaps - 1].len;
+                vmms[nvmm++] = hd;
+            }
+            printf("vmmretain %d %d\n", r, !r && hd == maps[nmaps - 1].h);
+        } else if (!strcmp(c, "stream")) { /* a stream of the current context */
+            r = screate(&strm, 0);
+            printf("stream %d\n", r);
+        } else if (!strcmp(c, "asyncs")) { /* asyncs N: cuMemAllocAsync on that stream */
+            CUdeviceptr p = 0;
+            r = aasync(&p, strtoull(a1, NULL, 0), strm);
+            i++;
+            if (!r) ptrs[nptr++] = p;
+            printf("asyncs %d\n", r);
+        } else if (!strcmp(c, "pooldev")) { /* pooldev ORDINAL N: from that device's default pool */
+            CUdevice dv;
+            CUmemoryPool pool;
+            CUdeviceptr p = 0;
+            cuDeviceGet_(&dv, atoi(a1));
+            r = getpool(&pool, dv);
+            if (!r) r = apool(&p, strtoull(a2, NULL, 0), pool, NULL);
+            i += 2;
+            if (!r) ptrs[nptr++] = p;
+            printf("pooldev %d\n", r);
+        } else if (!strcmp(c, "poolnew")) { /* poolnew ORDINAL: a new pool on that device */
+            CUmemPoolProps pp;
+            memset(&pp, 0, sizeof pp);
+            pp.allocType = 1;
+            pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            pp.location.id = atoi(a1);
+            i++;
+            r = pcreate(&newpool, &pp);
+            printf("poolnew %d\n", r);
+        } else if (!strcmp(c, "poolalloc")) { /* poolalloc N: from the new pool, on the NULL stream */
+            CUdeviceptr p = 0;
+            r = apool(&p, strtoull(a1, NULL, 0), newpool, NULL);
+            i++;
+            if (!r) ptrs[nptr++] = p;
+            printf("poolalloc %d\n", r);
+        } else if (!strcmp(c, "poolthr") || !strcmp(c, "defpoolthr")) {
+            /* poolthr N / defpoolthr N: the release threshold of the new pool / the current device's default */
+            CUmemoryPool pool = newpool;
+            unsigned long long thr = strtoull(a1, NULL, 0);
+            i++;
+            r = !strcmp(c, "poolthr") ? 0 : getpool(&pool, dev);
+            if (!r) r = psetattr(pool, 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */, &thr);
+            printf("%s %d\n", c, r);
+        } else if (!strcmp(c, "grid")) { /* grid X: later launches use grid (X, 1, 1) */
+            gridx = (unsigned)strtoul(a1, NULL, 0);
+            i++;
+            printf("grid 0\n");
+        } else if (!strcmp(c, "pooltrim")) {
+            r = ptrim(newpool, 0);
+            printf("pooltrim %d\n", r);
+        } else if (!strcmp(c, "pooldestroy")) {
+            r = pdestroy(newpool);
+            printf("pooldestroy %d\n", r);
+        } else if (!strcmp(c, "graph") || !strcmp(c, "regraph")) {
+            /* graph N: an exec of N kernel nodes; regraph N: the graph is built first, then the
+             * old exec destroyed and the new one instantiated (the driver may reuse its handle) */
+            if (!fn) {
+                void *mod;
+                r = modload(&mod, "fake-image");
+                if (!r) r = getfn(&fn, mod, "busy");
+            }
+            struct {
+                CUfunction func;
+                unsigned g[3], b[3], shm;
+                void **kp, **extra;
+                void *kern, *ctx;
+            } kp = {fn, {1, 1, 1}, {1, 1, 1}, 0, NULL, NULL, NULL, NULL};
+            int n = atoi(a1);
+            i++;
+            if (!r) r = gcreate(&graph, 0);
+            for (int k = 0; k < n && !r; k++) {
+                void *node;
+                r = gaddk(&node, graph, NULL, 0, &kp);
+            }
+            if (!r && !strcmp(c, "regraph")) r = gxdestroy(gexec);
+            if (!r) r = ginst(&gexec, graph, 0);
+            printf("%s %d %p\n", c, r, (void *)gexec);
+        } else if (!strcmp(c, "graphlaunchfor")) { /* graphlaunchfor SECONDS */
+            double end = now() + atof(a1);
+            long n = 0;
+            i++;
+            while (now() < end && !(r = glaunch(gexec, NULL))) n++;
+            printf("graphlaunchfor %d %ld\n", r, n);
+        } else if (!strcmp(c, "graphdestroy")) {
+            r = gxdestroy(gexec);
+            if (!r) r = gdestroy(graph);
+            printf("graphdestroy %d\n", r);
         } else if (!strcmp(c, "vmmrelease")) {
             r = nvmm ? mrelease(vmms[--nvmm]) : -1;
             printf("vmmrelease %d\n", r);
@@ -301,7 +446,7 @@ int main(int argc, char **argv) {
             double end = now() + (max < 0 ? atof(a1) : 1e9);
             i++;
             while ((max < 0 || n < max) && (max >= 0 || now() < end)) {
-                r = launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+                r = launch(fn, gridx, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
                 if (r) break;
                 n++;
             }

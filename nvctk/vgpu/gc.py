@@ -93,6 +93,14 @@ def marker_path(path: str) -> str:
     return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.installing")
 
 
+def write_marker(path: str, owner: str) -> None:
+    """The marker of the state dir at path, naming owner (owner_text); a new file only."""
+    fd = os.open(marker_path(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                 | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(owner)
+
+
 def _unlink_marker(path: str) -> None:
     try:
         os.unlink(marker_path(path))
@@ -151,11 +159,18 @@ def remove_state_dir(path: str, config: Config, *, only_ours: bool = True) -> bo
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
         return True
+    # a remover killed between the unmount and the rmdir leaves an empty dir: this
+    # process's marker (its creator then gone) still proves it nvctk's (provably_ours)
+    try:
+        write_marker(path, owner_text(None, os.path.basename(path)[17:]))
+    except OSError:  # another remover's marker: it proves the same
+        pass
     detach_mounts(path)
     try:
         _remove_tree(path)
     except FileNotFoundError:  # removed meanwhile (a poststop and a collector): gone is gone
         pass
+    _unlink_marker(path)
     return True
 
 

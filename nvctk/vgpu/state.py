@@ -35,6 +35,7 @@ import os
 from nvctk.base.errors import NvctkError, SpecError
 from nvctk.hook import mount
 from nvctk.host.image import MAX_PRELOAD_BYTES
+from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu.gc import (
     _ID_CHARS,
     DEFAULT_RUNTIME_ROOT,
@@ -45,11 +46,11 @@ from nvctk.vgpu.gc import (
     _collect_quietly,
     _under_state_dir,
     _unlink_marker,
-    marker_path,
     owner_text,
     proc_start_time,
     read_owner,
     remove_state_dir,
+    write_marker,
 )
 from nvctk.vgpu.gc import runtime_has as runtime_has  # for runtime/create.py: import it from gc
 from nvctk.vgpu.limits import SHM_SIZE, write_limits_file
@@ -176,7 +177,7 @@ def install(vgpu: Vgpu, rootfs: str | None, config: Config, *,
         # before the mkdir: an install killed before its tmpfs is mounted leaves an
         # empty dir that this note proves nvctk's (provably_ours)
         _unlink_marker(d)
-        _write(marker_path(d), owner, 0o600)
+        write_marker(d, owner)
         try:
             os.mkdir(d, 0o700)
             # every file goes onto the bounded tmpfs (its root is 0755, TMPFS_OPTIONS)
@@ -220,3 +221,13 @@ def _write(path: str, text: str, mode: int, size: int = 0) -> None:
         if size:
             os.posix_fallocate(f.fileno(), 0, size)
         os.fchmod(f.fileno(), mode)
+
+
+def read_container_usage(state_dir: str | os.PathLike[str]) -> list[vgpu.UsageRecord]:
+    """A vGPU container's usage, from its host-side state dir (this module's
+    <state-dir>/<key>-<id>): one "device" record per GPU window in use or named
+    by the accounting file, then one "process" record per process and window it
+    holds memory on. See UsageRecord for which fields can be trusted."""
+    ledger = os.path.join(state_dir, RO_DIR, "limits")
+    cache = os.path.join(state_dir, RW_DIR, "cache")
+    return vgpu.usage_records(cache, ledger)

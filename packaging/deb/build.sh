@@ -41,6 +41,9 @@ mkdir -p "$stage/DEBIAN" "$stage/usr/bin" "$lib" "$stage/etc/nvctk" "$doc" \
 mv "$lib/python/bin/nvctk" "$lib/python/bin/nvctk-hook" "$lib/python/bin/nvctk-runtime" \
   "$stage/usr/bin/"
 rm -rf "$lib/python/bin"
+# the bundled modules are imported, never run: their "#!/usr/bin/env python" lines
+# (prometheus_client's) are dropped, as dh_python3 does for private modules
+find "$lib/python" -name '*.py' -exec sed -i '1{/^#!/d}' {} +
 # bytecode is written by postinst (Debian policy: no __pycache__ in a package)
 find "$lib/python" -depth -type d -name __pycache__ -exec rm -rf {} +
 

@@ -761,6 +761,30 @@ def test_an_install_cut_short_is_still_collected(h: Host) -> None:
         os.rmdir(live)
 
 
+def test_a_removal_cut_short_is_still_collected(h: Host) -> None:
+    """A remover killed between the unmount and the rmdir (the reliability suite's SIGKILL
+    loop found it) leaves an empty dir: the marker the remover wrote proves it nvctk's,
+    and the next collection takes it."""
+    cfg = h.config
+    os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
+    d = _fake_state(cfg, "00000000000000c4-cut", None, ours=False)
+    script = (
+        "import sys\n"
+        "from nvctk.base import config\n"
+        "from nvctk.vgpu import gc\n"
+        "cfg = config.load()\n"
+        "def die(path): raise SystemExit(9)  # killed once the mounts are gone\n"
+        "gc._remove_tree = die\n"
+        f"gc.remove_state_dir({d!r}, cfg, only_ours=False)\n")
+    r = subprocess.run([sys.executable, "-c", script], env=h.env(), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 9, r.stderr
+    assert os.path.isdir(d) and os.listdir(d) == []
+    assert vgpu_gc.read_owner(cfg.state_dir, os.path.basename(vgpu_gc.marker_path(d)))
+    assert vgpu_gc.collect(cfg, grace=0) == [d]
+    assert not os.path.lexists(d) and not os.path.lexists(vgpu_gc.marker_path(d))
+
+
 def test_create_never_removes_someone_elses_dir_at_its_path(h: Host) -> None:
     """A directory that is not nvctk's at the container's own state path: the create
     fails naming it, and the directory keeps its files; an empty one is taken over."""

@@ -145,6 +145,7 @@ struct pool {
     uint32_t magic;
     struct dev *d;
     uint64_t used, used_high;
+    uint64_t idle; /* freed bytes the pool keeps (up to its release threshold), still on the GPU */
     uint64_t release_threshold;
     int reuse[3];
 };
@@ -170,7 +171,7 @@ struct vmm {
     size_t size;
     uint64_t charged;
     struct dev *d; /* NULL for host locations */
-    int released;
+    int refs;  /* cuMemCreate's reference plus each cuMemRetainAllocationHandle's */
     int maps;
 };
 
@@ -233,6 +234,7 @@ struct exec {
     size_t n;
     struct launch *l;
 };
+static struct exec *exec_free; /* destroyed execs, reused (lk); chained through l */
 
 struct stream {
     uint32_t magic;
@@ -862,8 +864,20 @@ static void release_row_locked(size_t i)
     switch (a->kind) {
     case K_LINEAR:
         munmap((void *)a->base, a->len);
-        if (a->pool && a->pool->used >= a->charged)
-            a->pool->used -= a->charged;
+        if (a->pool) {
+            struct pool *p = a->pool;
+            p->used = p->used >= a->charged ? p->used - a->charged : 0;
+            /* a pool keeps freed memory until it holds its release threshold,
+             * as a real driver's does: still on the GPU, reused by its next
+             * allocations, given back by cuMemPoolTrimTo */
+            uint64_t held = p->used + p->idle, keep = 0;
+            if (p->release_threshold > held)
+                keep = p->release_threshold - held < a->charged ? p->release_threshold - held : a->charged;
+            p->idle += keep;
+            credit_locked(a->d, a->charged - keep);
+            tab_del(i);
+            return;
+        }
         break;
     case K_ARRAY:
         ((struct array *)a->base)->magic = MAGIC_DEAD;
@@ -873,7 +887,7 @@ static void release_row_locked(size_t i)
         /* back to a reservation, as cuMemUnmap leaves the range */
         mmap((void *)a->base, a->len, PROT_NONE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-        if (--a->h->maps == 0 && a->h->released)
+        if (--a->h->maps == 0 && a->h->refs == 0)
             vmm_destroy_locked(a->h);
         break;
     case K_VMM_RESERVE:
@@ -1207,9 +1221,10 @@ static size_t page_round(size_t n)
     return (n + pg - 1) & ~(pg - 1);
 }
 
-/* Maps and charges `charged` bytes on d for a `size`-byte allocation. */
-static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, struct dev *d,
-                             struct ctx *c, struct pool *pool)
+/* Maps and charges `charged` bytes on d for a `size`-byte allocation, of
+ * which `prepaid` are already on the device (a pool's kept memory). */
+static CUresult linear_alloc_prepaid(CUdeviceptr *dptr, size_t size, uint64_t charged, uint64_t prepaid,
+                                     struct dev *d, struct ctx *c, struct pool *pool)
 {
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1218,13 +1233,13 @@ static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, s
     size_t len = page_round(size);
     if (len < size)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = charge(d, charged);
+    CUresult r = charge(d, charged - prepaid);
     if (r)
         return r;
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (p == MAP_FAILED) {
-        credit(d, charged);
+        credit(d, charged - prepaid);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct alloc a = {.base = (uintptr_t)p, .len = len, .size = size, .charged = charged,
@@ -1239,11 +1254,17 @@ static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, s
     pthread_mutex_unlock(&lk);
     if (bad) {
         munmap(p, len);
-        credit(d, charged);
+        credit(d, charged - prepaid);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
+}
+
+static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, struct dev *d,
+                             struct ctx *c, struct pool *pool)
+{
+    return linear_alloc_prepaid(dptr, size, charged, 0, d, c, pool);
 }
 
 CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -1460,6 +1481,19 @@ CUAPI CUresult cuStreamDestroy_v2(CUstream hStream)
     return CUDA_SUCCESS;
 }
 
+CUAPI CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    struct ctx *c;
+    struct stream *sp;
+    CUresult r = stream_ctx(hStream, &c, &sp);
+    if (r)
+        return r;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
 CUAPI CUresult cuStreamSynchronize(CUstream hStream)
 {
     struct ctx *c;
@@ -1510,8 +1544,19 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytesize, struct pool *p, C
         return r;
     if (!p || p->magic != MAGIC_POOL)
         return CUDA_ERROR_INVALID_VALUE;
-    /* the allocation belongs to the pool's device, whichever context asked */
-    return linear_alloc(dptr, bytesize, bytesize, p->d, c, p);
+    /* the allocation belongs to the pool's device, whichever context asked;
+     * what the pool kept from earlier frees serves it first */
+    pthread_mutex_lock(&lk);
+    uint64_t reuse = p->idle < bytesize ? p->idle : bytesize;
+    p->idle -= reuse;
+    pthread_mutex_unlock(&lk);
+    r = linear_alloc_prepaid(dptr, bytesize, bytesize, reuse, p->d, c, p);
+    if (r) {
+        pthread_mutex_lock(&lk);
+        p->idle += reuse;
+        pthread_mutex_unlock(&lk);
+    }
+    return r;
 }
 
 CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
@@ -1571,21 +1616,29 @@ CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool)
             g.tab[i].pool = NULL;
     if (p->d->cur_pool == p)
         p->d->cur_pool = &p->d->default_pool;
+    credit_locked(p->d, p->idle); /* what it kept goes back with it */
+    p->idle = 0;
     p->magic = MAGIC_DEAD;
     pthread_mutex_unlock(&lk);
     free(p);
     return CUDA_SUCCESS;
 }
 
-/* Freed memory goes back at once (release threshold 0), so there is never
- * anything to trim. */
+/* The kept memory beyond minBytesToKeep (of the pool's whole) goes back. */
 CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     NEED_INIT();
-    (void)minBytesToKeep;
     struct pool *p = (struct pool *)pool;
     if (!p || p->magic != MAGIC_POOL)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    uint64_t held = p->used + p->idle;
+    uint64_t give = held > minBytesToKeep ? held - minBytesToKeep : 0;
+    if (give > p->idle)
+        give = p->idle;
+    p->idle -= give;
+    credit_locked(p->d, give);
+    pthread_mutex_unlock(&lk);
     return CUDA_SUCCESS;
 }
 
@@ -1637,7 +1690,9 @@ CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
         *(cuuint64_t *)value = p->release_threshold;
         break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: /* nothing is kept beyond what is used */
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        *(cuuint64_t *)value = p->used + p->idle;
+        break;
     case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
         *(cuuint64_t *)value = p->used;
         break;
@@ -1933,6 +1988,7 @@ CUAPI CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         v->charged = size;
     }
     v->magic = MAGIC_VMM;
+    v->refs = 1;
     v->size = size;
     v->d = d;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
@@ -1944,13 +2000,34 @@ CUAPI CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     NEED_INIT();
     pthread_mutex_lock(&lk);
     struct vmm *v = vmm_get(handle);
-    if (!v || v->released) {
+    if (!v || v->refs == 0) {
         pthread_mutex_unlock(&lk);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    v->released = 1;
-    if (v->maps == 0)
+    /* the memory lives until the last reference is released and the last
+     * mapping unmapped, as on a real GPU */
+    if (--v->refs == 0 && v->maps == 0)
         vmm_destroy_locked(v);
+    pthread_mutex_unlock(&lk);
+    return CUDA_SUCCESS;
+}
+
+/* The handle a mapping at addr was made from, with one more reference (each
+ * needs its own cuMemRelease). */
+CUAPI CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    NEED_INIT();
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lk);
+    long i = tab_containing((uintptr_t)addr);
+    if (i < 0 || g.tab[i].kind != K_VMM_MAP) {
+        pthread_mutex_unlock(&lk);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct vmm *v = g.tab[i].h;
+    v->refs++;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
     pthread_mutex_unlock(&lk);
     return CUDA_SUCCESS;
 }
@@ -2036,7 +2113,7 @@ CUAPI CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     pthread_mutex_lock(&lk);
     struct vmm *v = vmm_get(handle);
     CUresult r = CUDA_SUCCESS;
-    if (!v || v->released || offset > v->size || size > v->size - offset)
+    if (!v || v->refs == 0 || offset > v->size || size > v->size - offset)
         r = CUDA_ERROR_INVALID_VALUE;
     if (!r)
         r = map_range_check((uintptr_t)ptr, (uintptr_t)ptr + size);
@@ -2724,9 +2801,18 @@ CUAPI CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGr
     struct graph *gr = (struct graph *)hGraph;
     if (!phGraphExec || !gr || gr->magic != MAGIC_GRAPH)
         return CUDA_ERROR_INVALID_VALUE;
-    struct exec *x = calloc(1, sizeof(*x));
+    /* a destroyed exec's handle value is handed out again (last destroyed
+     * first), as real drivers recycle handles */
+    pthread_mutex_lock(&lk);
+    struct exec *x = exec_free;
+    if (x)
+        exec_free = (struct exec *)x->l;
+    pthread_mutex_unlock(&lk);
+    if (!x)
+        x = malloc(sizeof(*x));
     if (!x)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    memset(x, 0, sizeof(*x));
     x->l = calloc(gr->n ? gr->n : 1, sizeof(*x->l));
     if (!x->l) {
         free(x);
@@ -2772,7 +2858,10 @@ CUAPI CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
         return CUDA_ERROR_INVALID_VALUE;
     x->magic = MAGIC_DEAD;
     free(x->l);
-    free(x);
+    pthread_mutex_lock(&lk);
+    x->l = (struct launch *)exec_free;
+    exec_free = x;
+    pthread_mutex_unlock(&lk);
     return CUDA_SUCCESS;
 }
 
@@ -2905,6 +2994,7 @@ static const struct proc {
     E("cuMemUnmap", 10020, cuMemUnmap),
     E("cuMemSetAccess", 10020, cuMemSetAccess),
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    E("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
     E("cuMemcpy", 4000, cuMemcpy),
     E("cuMemcpyAsync", 4000, cuMemcpyAsync),
     E("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
@@ -2933,6 +3023,7 @@ static const struct proc {
     E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     E("cuStreamSynchronize", 2000, cuStreamSynchronize),
     E("cuStreamQuery", 2000, cuStreamQuery),
+    E("cuStreamGetCtx", 9020, cuStreamGetCtx),
     E("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
     E("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
     E("cuStreamEndCapture", 10000, cuStreamEndCapture),
