@@ -88,7 +88,7 @@ def _parse(text: bytes) -> Any:
             return jsonio.loads(text)
         except (ValueError, RecursionError):
             pass  # maybe YAML's flow style ({kind: x}): YAML says
-    from nvctk.base import yamlio  # YAML specs only: yaml costs ~10 ms to import
+    from nvctk.base import yamlio  # start time: YAML specs only (yaml and typing)
 
     return yamlio.load(text)
 

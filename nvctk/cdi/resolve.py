@@ -34,7 +34,6 @@ from nvctk.edits import (
     cdi_hook_args,
 )
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal

@@ -10,6 +10,7 @@ import click
 
 from nvctk.cdi import generate as cdi_generate
 from nvctk.cdi import load
+from nvctk.cli.common import load_config
 
 
 @click.group()
@@ -31,9 +32,8 @@ def cdi_group() -> None:
 def generate(ctx: click.Context, output: str | None, fmt: str | None,
              strategies: tuple[str, ...], vendor: str, cls: str) -> None:
     """A spec with one device per GPU and per MIG device, plus `all`."""
-    from nvctk.cli.main import load_config
     from nvctk.host import nvml
-    from nvctk.runtime.create import find_hook
+    from nvctk.host.paths import find_hook
 
     for what, value in (("vendor", vendor), ("class", cls)):
         if not value or "/" in value or "=" in value:

@@ -22,7 +22,6 @@ from nvctk.cli import (
     sim,
     vgpu_cmd,
 )
-from nvctk.cli.common import load_config  # noqa: F401 (cdi_cmd and vgpu_cmd import it from here)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

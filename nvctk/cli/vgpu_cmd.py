@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from nvctk.cli.common import load_config
+
 
 @click.group()
 def vgpu() -> None:
@@ -21,7 +23,6 @@ def gc(ctx: click.Context, grace: float | None) -> None:
     nvctk-runtime does this at every vGPU create and nvctk-hook in every poststop;
     this command is for a host where neither runs any more.
     """
-    from nvctk.cli.main import load_config
     from nvctk.vgpu import gc as vgpu_gc
 
     cfg = load_config(ctx)

@@ -29,7 +29,6 @@ from nvctk.edits import PLAN_FILE
 from nvctk.hook.inputs import load_plan, parse_state, rootfs_path, sanitize_environ
 from nvctk.oci.spec import bundle_in_rootfs, load_spec_as_runc
 
-# typing is for the type checker only (the hook starts in every GPU container)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -15,7 +15,6 @@ from nvctk.hook.inputs import load_plan
 from nvctk.vgpu.gc import StateLock, _collect_quietly, remove_state_dir
 from nvctk.vgpu.state import state_dir_for
 
-# typing is for the type checker only
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO

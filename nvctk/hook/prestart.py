@@ -13,7 +13,6 @@ from __future__ import annotations
 from nvctk.hook.entry import PLAN, HookRun, run
 from nvctk.hook.worker import apply_plan
 
-# typing is for the type checker only (the hook starts in every GPU container)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO

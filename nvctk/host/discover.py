@@ -21,7 +21,6 @@ from nvctk.host.paths import find_hook, hook_config_path, require_vgpu_library
 from nvctk.request.parse import asks_for_vgpu, expanded_capabilities
 from nvctk.vgpu import authority
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

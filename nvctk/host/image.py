@@ -15,7 +15,6 @@ from nvctk.base.errors import NvctkError, SpecError
 from nvctk.base.record import Record
 from nvctk.oci import spec as oci
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -15,7 +15,6 @@ import os
 from nvctk.base.errors import ConfigError
 from nvctk.edits import HOOK_NAME
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.config import Config
@@ -77,7 +76,7 @@ def find_hook(config: Config, argv0: str | None = None) -> str:
         beside = os.path.join(os.path.dirname(os.path.realpath(argv0)), HOOK_NAME)
         if os.access(beside, os.X_OK):
             return beside
-    # shutil.which, without importing shutil (3-9 ms: bz2, lzma, fnmatch)
+    # shutil.which, without importing shutil (start time: bz2, lzma, fnmatch)
     for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
         candidate = os.path.join(d or ".", HOOK_NAME)
         if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):

@@ -8,7 +8,6 @@ from nvctk.base.errors import DriverError
 from nvctk.edits import DeviceNode, Symlink
 from nvctk.host.inventory import proc_bus_id  # records only: no I/O
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.host.discover import DeviceFacts

@@ -6,7 +6,6 @@ from __future__ import annotations
 from nvctk.base.errors import RequestError
 from nvctk.edits import HOOK_NAME, HOOK_PATH_ENV, NVIDIA_HOOK_NAMES, Hook, LogSettings
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.config import Config

@@ -15,7 +15,6 @@ from nvctk.plan.mounts import container_lib_dirs, plan_mounts, plan_symlinks
 from nvctk.plan.select import requirement_facts
 from nvctk.request.parse import asks_for_vgpu
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.config import Config
@@ -40,7 +39,7 @@ def make_vgpu(request: Request, config: Config, facts: Facts,
               selected: list[Selected]) -> Vgpu | None:
     if not asks_for_vgpu(request):
         return None
-    # start time: plan.vgpu and vgpu.limits/authority are 4 modules, ~0.5-1 ms: vGPU only
+    # start time: plan.vgpu and vgpu.limits/authority: vGPU only
     from nvctk.plan.vgpu import plan_vgpu
 
     return plan_vgpu(request, selected, config, facts.image, authority_key=facts.authority_key,

@@ -12,7 +12,6 @@ import posixpath
 from nvctk.edits import Mount, Symlink
 from nvctk.request.parse import expanded_capabilities
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping

@@ -31,7 +31,6 @@ from nvctk.plan.mounts import plan_mounts as _plan_mounts
 from nvctk.plan.select import Selected, resolve_device, select_devices, vgpu_devices
 from nvctk.request.parse import VGPU_ENV_PREFIXES, asks_for_vgpu
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable

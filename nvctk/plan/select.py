@@ -10,7 +10,6 @@ from __future__ import annotations
 from nvctk.base.errors import UnknownDeviceError, ascii_uint, shown
 from nvctk.base.record import Record
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo

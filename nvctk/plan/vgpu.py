@@ -14,7 +14,6 @@ from nvctk.request.parse import asks_for_vgpu
 from nvctk.vgpu import authority
 from nvctk.vgpu import limits as vgpu
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.config import Config

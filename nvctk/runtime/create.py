@@ -35,7 +35,6 @@ from nvctk.oci import spec as oci
 from nvctk.request.parse import asks_for_vgpu, request_from_spec
 from nvctk.spec import apply as spec_edits
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -111,7 +110,7 @@ def _create_legacy(bundle: str, spec: dict[str, Any], data: bytes, request: Requ
                    config: Config, logger: Logger | None, *, argv0: str | None,
                    container_id: str | None, runtime_root: str | None) -> Created:
     """Legacy mode: discover -> plan -> apply -> save."""
-    # start time: discovery and planning are 17 modules, ~2.5 ms (measured on the dev VM);
+    # start time: discovery and planning (17 modules);
     # most containers on a node ask for no GPU and need none of them
     from nvctk.host import discover
     from nvctk.plan.make import check_requirements, make_edits
@@ -562,7 +561,7 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
         if args.container_id is None or not runtime_has(args.root, args.container_id):
             _remove_own_vgpu_dir(vgpu_dir, config, logger)
     # like the exec it stands for, this ends the process: the interpreter's teardown
-    # would add 7 ms to every vGPU create (the log is written unbuffered)
+    # would slow every vGPU create (the log is written unbuffered)
     exit_now(code)
 
 

@@ -19,7 +19,6 @@ from nvctk.edits import HOOK_NAME, PLAN_FILE, LogSettings, prestart_hook
 from nvctk.oci import spec as oci
 from nvctk.spec import apply as spec_edits
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

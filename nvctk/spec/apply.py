@@ -19,7 +19,6 @@ from nvctk.oci.spec import SPEC_FILE, field, json_type, linux_of
 from nvctk.spec import seccomp
 from nvctk.spec.record import AppliedRecord
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

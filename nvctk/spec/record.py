@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from nvctk.base.record import Record
 
-# typing is for the type checker only: importing it costs every container start
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

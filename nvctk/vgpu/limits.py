@@ -460,7 +460,7 @@ class UsageRecord(Record):
         self.uuid = uuid
         self.mem_cap = mem_cap
         self.sm_pct = sm_pct
-        self.busy_ns = busy_ns  # measured kernel time (lags by <= 2 ms)
+        self.busy_ns = busy_ns  # measured kernel time (lags a little)
         self.launches = launches
         self.claimed = tuple(k for k in self.CLAIMED if getattr(self, k) is not None)
 
