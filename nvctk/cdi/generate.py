@@ -24,10 +24,7 @@ from typing import Any, Literal
 
 from nvctk.base import fileio
 from nvctk.base.config import ALL_CAPABILITIES
-from nvctk.cdi.load import CLASS, VENDOR, CdiError, bind_options
-from nvctk.edits import DeviceNode, Edits, Mount, Symlink, container_path_of_host
-from nvctk.host import driver as nvdriver
-from nvctk.plan.planner import (
+from nvctk.cdi.compose import (
     DEBIAN_LIB_DIR,
     Selected,
     drm_nodes,
@@ -36,6 +33,9 @@ from nvctk.plan.planner import (
     plan_mounts,
     plan_symlinks,
 )
+from nvctk.cdi.load import CLASS, VENDOR, CdiError, bind_options
+from nvctk.edits import DeviceNode, Edits, Mount, Symlink, container_path_of_host
+from nvctk.host import driver as nvdriver
 from nvctk.request.parse import Request
 
 TYPE_CHECKING = False

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from nvctk.base import config as nvconfig
 from nvctk.edits import PLAN_FILE, Plan
 from nvctk.host.inventory import HostInfo
-from nvctk.plan.planner import select_devices, vgpu_devices
+from nvctk.plan.select import select_devices, vgpu_devices
 from nvctk.request.parse import request_from_spec
 from nvctk.vgpu.limits import limits_from_env
 

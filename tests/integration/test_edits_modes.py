@@ -26,9 +26,9 @@ import pytest
 from nvctk.base import config as nvconfig
 from nvctk.base.config import ALL_CAPABILITIES
 from nvctk.cdi import generate, load, resolve
+from nvctk.cdi.compose import ImageFacts, make_plan
 from nvctk.edits import Edits, Mount
 from nvctk.host.nvml import query_host
-from nvctk.plan.planner import ImageFacts, make_plan
 from nvctk.request.parse import request_from_spec
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits

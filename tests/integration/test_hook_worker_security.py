@@ -33,6 +33,7 @@ import pytest
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
 from nvctk.base.log import HookLog, Logger
+from nvctk.cdi.compose import make_plan
 from nvctk.edits import PLAN_FILE, Plan, VgpuPlan
 from nvctk.hook import ldconfig
 from nvctk.hook import worker as hook_worker
@@ -42,7 +43,6 @@ from nvctk.hook.poststop import poststop
 from nvctk.host import image as host_image
 from nvctk.host.inventory import HostInfo
 from nvctk.host.nvml import query_host
-from nvctk.plan.planner import make_plan
 from nvctk.request.parse import request_from_spec
 from nvctk.runtime.create import prepare_bundle
 from nvctk.sim.host import SimHost

@@ -37,8 +37,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
         "the state dir's tmpfs and rootfs lookups: nvctk/base/rootfs.py (base, hookside)",
     ("nvctk.vgpu.gc", "nvctk.hook.mount"):
         "detaching a state dir's mounts (umount2, mountinfo): the mount syscalls to base",
-    ("nvctk.plan.planner", "nvctk.vgpu.state"):
-        "the transitional discover+plan facade; goes when cdi/cdi.py and monitor use the steps",
 }
 
 

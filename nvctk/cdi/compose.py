@@ -1,10 +1,6 @@
-"""discover + plan in one call, with the old names: for callers that have not moved yet.
-
-Not a planning module (it reads the host through nvctk.host.discover): the planning
-steps are nvctk.plan.{select,devices,mounts,vgpu,hooks,make}, which do no I/O. Kept
-while nvctk/cdi/cdi.py, nvctk/monitor/containers.py and tests import these names from
-here; it goes when they import the steps (and discovery) directly.
-"""
+"""Discovery, then planning, in one call: `cdi generate` plans every device of the host
+with it, and tests plan a request on a simulated host. The runtime's create runs the same
+steps itself (nvctk.runtime.create); the planning steps, nvctk.plan.*, do no I/O."""
 
 from __future__ import annotations
 
@@ -49,7 +45,6 @@ __all__ = [
     "select_devices", "vgpu_devices",
 ]
 
-_container_path_of_host = container_path_of_host  # the old private name (nvctk/cdi/cdi.py)
 
 
 def image_facts(spec: dict[str, Any], bundle: str) -> ImageFacts:
