@@ -10,7 +10,9 @@ runs these: it folds them into its one prestart hook.
 
 from __future__ import annotations
 
-import sys
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 USAGE = ("usage: nvctk-hook cdi-edits [--link TARGET::PATH]... [--folder DIR] | "
          "create-symlinks --link TARGET::PATH... | update-ldcache --folder DIR  "
@@ -18,41 +20,22 @@ USAGE = ("usage: nvctk-hook cdi-edits [--link TARGET::PATH]... [--folder DIR] | 
 
 
 def main(cmd: str, args: list[str]) -> int:
-    from nvctk.base import config as nvconfig
-    from nvctk.base.errors import NvctkError, SpecError
-    from nvctk.base.log import HookLog
     from nvctk.edits import Edits, cdi_hook_args
-    from nvctk.hook.inputs import parse_state, rootfs_path, sanitize_environ
+    from nvctk.hook.entry import ROOTFS, HookRun, UsageError, run
     from nvctk.hook.worker import apply_plan
-    from nvctk.oci.spec import load_spec
 
-    sanitize_environ()
-    try:
-        links, folder = cdi_hook_args(cmd, args)
-    except ValueError as e:
-        sys.stderr.write(f"nvctk-hook: {cmd}: {e}\n{USAGE}")
-        return 2
-    try:
-        state = parse_state(sys.stdin.buffer.read())
-        if state.pid <= 0:
-            raise SpecError(f"hook state on stdin: container {state.id} has no pid")
-        config = nvconfig.load()
-        rootfs = rootfs_path(state, load_spec(state.bundle))
-        edits = Edits("", (), (), symlinks=links, lib_dir=folder or "/",
-                      ldconfig=config.ldconfig if folder else "")
-        log = HookLog(config.log_file, config.log_level)
+    def parse(argv: list[str]) -> tuple[Any, str | None]:  # (links, folder)
         try:
-            apply_plan(edits, rootfs, state.pid, log, drop_parent_caps=True)
-            log.info(f"{state.id}: {cmd} done")
-        except NvctkError as e:
-            log.error(f"{state.id}: {cmd}: {e}")
-            raise
-        finally:
-            log.close()
-        return 0
-    except NvctkError as e:
-        sys.stderr.write(f"nvctk-hook: {cmd}: {e}\n")
-        return 1
-    except Exception as e:  # a bug: still a clear, non-zero failure
-        sys.stderr.write(f"nvctk-hook: {cmd}: internal error: {e!r}\n")
-        return 1
+            return cdi_hook_args(cmd, argv)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+    def body(hook: HookRun) -> None:
+        links, folder = hook.opts
+        assert hook.rootfs is not None  # ROOTFS: read by run
+        edits = Edits("", (), (), symlinks=links, lib_dir=folder or "/",
+                      ldconfig=hook.config().ldconfig if folder else "")
+        apply_plan(edits, hook.rootfs, hook.state.pid, hook.log, drop_parent_caps=True)
+        hook.log.info(f"{hook.state.id}: {cmd} done")
+
+    return run(cmd, body, args, parse=parse, inputs=ROOTFS, usage=USAGE)
