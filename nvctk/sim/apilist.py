@@ -23,11 +23,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 DATA = Path(__file__).resolve().parent / "data"
 Kind = Literal["cuda", "nvml"]
 FILES: dict[Kind, str] = {"cuda": "cuda_api.txt", "nvml": "nvml_api.txt"}
+# entry points of one shape, generated into the mock (see getters())
+GETTER_FILES: dict[Kind, str] = {"nvml": "nvml_getters.txt"}
 
 # The status a stub returns: CUDA_ERROR_NOT_SUPPORTED, NVML_ERROR_NOT_SUPPORTED.
 NOT_SUPPORTED: dict[Kind, int] = {"cuda": 801, "nvml": 3}
@@ -70,6 +72,35 @@ def names(kind: Kind) -> tuple[str, ...]:
         return tuple(
             line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")
         )
+
+
+class Getter(NamedTuple):
+    """An entry point `name(handle, type *out)`: the handle checked at `kind` (the
+    mock's check() level), out not NULL, then `*out = expression`."""
+
+    name: str
+    type: str
+    kind: int
+    expression: str
+
+
+def getters(kind: Kind) -> tuple[Getter, ...]:
+    """The generated getters of `kind` (data/<kind>_getters.txt: `name | type | kind |
+    expression` a line), each an entry point of names(kind)."""
+    if kind not in GETTER_FILES:
+        return ()
+    known = set(names(kind))
+    out = []
+    with open(DATA / GETTER_FILES[kind]) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            fields = [x.strip() for x in line.split("|")]
+            if len(fields) != 4 or fields[0] not in known or not fields[2].isdigit():
+                raise ValueError(f"{GETTER_FILES[kind]}:{n}: not `name | type | kind | "
+                                 f"expression` of an entry point in {FILES[kind]}: {line!r}")
+            out.append(Getter(fields[0], fields[1], int(fields[2]), fields[3]))
+    return tuple(out)
 
 
 def _preprocess(header: Path, defines: tuple[str, ...], includes: list[str]) -> str:

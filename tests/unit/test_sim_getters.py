@@ -1,0 +1,41 @@
+"""The simulated NVML's getters generated from nvctk/sim/data/nvml_getters.txt: each is an
+entry point of the API list, defined once, and a bad table line is refused by name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from nvctk.sim import apilist, build
+
+CSRC = Path(apilist.__file__).parent / "csrc"
+
+
+def test_every_getter_is_an_entry_point_defined_once() -> None:
+    got = apilist.getters("nvml")
+    assert got, "the table is empty"
+    names = set(apilist.names("nvml"))
+    src = build.generate_getters("nvml")
+    hand = (CSRC / "nvml_mock.c").read_text()
+    for g in got:
+        assert g.name in names
+        assert len(re.findall(rf"\b{g.name}\(nvmlDevice_t d", src)) == 1, g.name
+        assert not re.search(rf"^nvmlReturn_t {g.name}\(", hand, re.M), f"{g.name} is hand-written too"
+    assert '#include "nvml_getters.inc"' in hand
+
+
+def test_a_bad_line_names_the_file_and_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for text in ("nvmlNoSuchFunction | unsigned | 0 | 1\n", "nvmlDeviceGetMinorNumber | unsigned\n",
+                 "nvmlDeviceGetMinorNumber | unsigned | any | 1\n"):
+        (tmp_path / "nvml_getters.txt").write_text("# a comment\n" + text)
+        for f in ("nvml_api.txt",):
+            (tmp_path / f).write_text((apilist.DATA / f).read_text())
+        monkeypatch.setattr(apilist, "DATA", tmp_path)
+        with pytest.raises(ValueError, match=r"nvml_getters.txt:2: "):
+            apilist.getters("nvml")
+
+
+def test_cuda_has_no_table_yet() -> None:
+    assert apilist.getters("cuda") == ()
