@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -58,6 +57,7 @@ from support.daemons import (  # noqa: E402
     short_dir,
     unpack_peer,
 )
+from support.daemons import need as _need  # noqa: E402
 
 PAUSE = "nvctk.test/pause:1"
 GPU_IMAGE = "nvctk.test/gpu:1"
@@ -65,12 +65,6 @@ MIG_LAYOUT = {0: ["3g.40gb", "2g.20gb", "1g.10gb"]}
 CDI_KEY = "cdi.k8s.io/nvctk-device-plugin_main"
 
 
-def _need(*tools: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts containerd")
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
 
 
 ENGINES = ["containerd-1.6", "containerd-2.3", "crio-1.36"]

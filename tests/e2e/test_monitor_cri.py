@@ -27,12 +27,16 @@ from support.cri import (  # noqa: E402
     PAUSE_CMD,
     Allocation,
     CriClient,
-    containerd_cri_config,
     image_archive,
     pause_rootfs,
     pod,
 )
-from support.daemons import Containerd, containerd, short_dir  # noqa: E402
+from support.daemons import (  # noqa: E402
+    Containerd,
+    configured_containerd,
+    containerd,
+    short_dir,
+)
 from support.monitor import MIB, PROBE, REPO, pidns  # noqa: E402
 from support.wait import until as wait_until  # noqa: E402
 
@@ -64,15 +68,9 @@ def sim(work: Path) -> SimHost:
 @pytest.fixture(scope="module")
 def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
     from nvctk.sim.rootfs import build_rootfs
-    from support.exe import nvctk_exe
 
     cd = work / "ctd"
-    cd.mkdir()
-    cfg = cd / "config.toml"
-    cfg.write_text(containerd_cri_config(cd, PAUSE))
-    r = subprocess.run([*nvctk_exe(), "configure", "--runtime", "containerd", "--config", str(cfg)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    cfg = configured_containerd(cd, PAUSE)
     subprocess.run(["make", "-s", "-C", str(REPO / "libvgpu")], check=True, capture_output=True)
     with containerd(cd, env=sim.env, config=cfg) as daemon:
         pause = image_archive(pause_rootfs(work / "pause"), PAUSE, work / "pause.tar",

@@ -14,8 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,12 +33,17 @@ from support.cri import (  # noqa: E402
     Allocation,
     CriClient,
     CriError,
-    containerd_cri_config,
     image_archive,
     parse_cri_log,
     pause_rootfs,
 )
-from support.daemons import Containerd, containerd, short_dir  # noqa: E402
+from support.daemons import (  # noqa: E402
+    Containerd,
+    configured_containerd,
+    containerd,
+    short_dir,
+)
+from support.daemons import need as _need  # noqa: E402
 
 PAUSE = "nvctk.test/pause:1"
 IMAGE = "nvctk.test/gpu-hostile:1"
@@ -54,12 +57,6 @@ SCRIPT = (f"nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits; "
           "grep -h '^CUDA_DEVICE_SM' /run/nvctk/vgpu/limits 2>/dev/null; true")
 
 
-def _need(*tools: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts containerd")
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
 
 
 @pytest.fixture(scope="module")
@@ -101,15 +98,9 @@ def _runtimes_table(cfg: Path) -> None:
 @pytest.fixture(scope="module")
 def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
     from nvctk.sim.rootfs import build_rootfs
-    from support.exe import nvctk_exe
 
     cd = work / "ctd"
-    cd.mkdir()
-    cfg = cd / "config.toml"
-    cfg.write_text(containerd_cri_config(cd, PAUSE))
-    r = subprocess.run([*nvctk_exe(), "configure", "--runtime", "containerd", "--config", str(cfg)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    cfg = configured_containerd(cd, PAUSE)
     _runtimes_table(cfg)
     with containerd(cd, env=sim.env, config=cfg) as daemon:
         pause = image_archive(pause_rootfs(work / "pause"), PAUSE, work / "pause.tar",

@@ -432,6 +432,15 @@ static CUresult get_dev(CUdevice dev, struct dev **out)
     return CUDA_SUCCESS;
 }
 
+/* `d` = the device of ordinal `dev`, or return get_dev()'s error (the head of every
+ * per-device entry point) */
+#define GET_DEV(dev, d)                                                                            \
+    do {                                                                                           \
+        CUresult r_ = get_dev(dev, &(d));                                                          \
+        if (r_)                                                                                    \
+            return r_;                                                                             \
+    } while (0)
+
 static CUdevice dev_ordinal(const struct dev *d)
 {
     return (CUdevice)(d - g.devs);
@@ -522,9 +531,7 @@ CUAPI CUresult cuDeviceGetCount(int *count)
 CUAPI CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
     struct dev *d;
-    CUresult r = get_dev(ordinal, &d);
-    if (r)
-        return r;
+    GET_DEV(ordinal, d);
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
     *device = ordinal;
@@ -534,9 +541,7 @@ CUAPI CUresult cuDeviceGet(CUdevice *device, int ordinal)
 CUAPI CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (d->mig)
@@ -572,9 +577,7 @@ static void parse_uuid(const char *s, CUuuid *out)
 CUAPI CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
     parse_uuid(d->t->uuid, uuid);
@@ -584,9 +587,7 @@ CUAPI CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 CUAPI CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
     parse_uuid(dev_uuid(d), uuid);
@@ -596,9 +597,7 @@ CUAPI CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 CUAPI CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!bytes)
         return CUDA_ERROR_INVALID_VALUE;
     *bytes = d->total;
@@ -626,9 +625,7 @@ static int sm_count(const struct dev *d)
 CUAPI CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pi)
         return CUDA_ERROR_INVALID_VALUE;
     int hopper = d->t->cc_major >= 9;
@@ -693,9 +690,7 @@ CUAPI CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice
 CUAPI CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!major || !minor)
         return CUDA_ERROR_INVALID_VALUE;
     *major = d->t->cc_major;
@@ -707,9 +702,7 @@ CUAPI CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 CUAPI CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pciBusId || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     snprintf(pciBusId, (size_t)len, "%04X:%02X:%02X.0", d->t->pci_domain, d->t->pci_bus,
@@ -928,15 +921,13 @@ static CUresult ctx_open(struct dev *d)
 CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lk);
     if (d->pctx_refs == 0) {
         pthread_mutex_unlock(&lk);
-        r = ctx_open(d);
+        CUresult r = ctx_open(d);
         if (r)
             return r;
         pthread_mutex_lock(&lk);
@@ -964,9 +955,7 @@ static void primary_destroy_locked(struct dev *d)
 CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     pthread_mutex_lock(&lk);
     if (d->pctx_refs == 0) {
         pthread_mutex_unlock(&lk);
@@ -981,9 +970,7 @@ CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 CUAPI CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     pthread_mutex_lock(&lk);
     if (d->pctx_refs > 0)
         primary_destroy_locked(d);
@@ -995,9 +982,7 @@ CUAPI CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 CUAPI CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (flags & ~(unsigned)CU_CTX_FLAGS_MASK)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lk);
@@ -1010,9 +995,7 @@ CUAPI CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 CUAPI CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!flags || !active)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lk);
@@ -1033,15 +1016,13 @@ static CUresult push(struct ctx *c)
 CUAPI CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pctx || (flags & ~(unsigned)CU_CTX_FLAGS_MASK))
         return CUDA_ERROR_INVALID_VALUE;
     struct ctx *c = calloc(1, sizeof(*c));
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    r = ctx_open(d);
+    CUresult r = ctx_open(d);
     if (r) {
         free(c);
         return r;
@@ -1655,9 +1636,7 @@ CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr
 CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pool_out)
         return CUDA_ERROR_INVALID_VALUE;
     *pool_out = (CUmemoryPool)&d->default_pool;
@@ -1667,9 +1646,7 @@ CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lk);
@@ -1681,9 +1658,7 @@ CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 CUAPI CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     struct pool *p = (struct pool *)pool;
     if (!p || p->magic != MAGIC_POOL || p->d != d)
         return CUDA_ERROR_INVALID_VALUE;
