@@ -3,8 +3,8 @@ real runc: its snapshot, `nvctk top --once --json`, bad input. Every figure is j
 against the simulated GPU's own counters (its per-process memory and busy time in the
 shared state file), never against libvgpu's bookkeeping.
 
-The Prometheus server and browser tests live in tests/test_monitor_e2e.py, the CRI Pods
-in tests/test_monitor_cri.py; the node is tests/support/monitor.py's.
+The Prometheus server and browser tests live in tests/e2e/test_monitor_e2e.py, the CRI Pods
+in tests/e2e/test_monitor_cri.py; the node is tests/support/monitor.py's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from nvctk.monitor.containers import Discovery, load_container
 from support.monitor import MIB, Node, sim_counts, standard_containers
 
 # every test here shares a node of real runc containers (seconds to start): all slow;
-# tests/test_monitor_unit.py has the quick ones
+# tests/unit/test_monitor_parts.py has the quick ones
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
                                  reason="needs root (sim device nodes) and runc")]

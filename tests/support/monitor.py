@@ -1,4 +1,4 @@
-"""A simulated node for the monitor's tests (tests/test_monitor*.py): a sim host with a
+"""A simulated node for the monitor's tests (tests/*/test_monitor*.py): a sim host with a
 capped-share GPU, a whole GPU and a MIG GPU, containers started through nvctk-runtime and
 real runc, and the sim's own per-container counters to judge the monitor against."""
 
