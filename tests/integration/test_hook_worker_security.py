@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+import support.sim as _sim
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
 from nvctk.base.log import HookLog, Logger
@@ -37,7 +38,6 @@ from nvctk.edits import PLAN_FILE, Plan, VgpuPlan
 from nvctk.hook import ldconfig
 from nvctk.hook import worker as hook_worker
 from nvctk.host.inventory import HostInfo
-from nvctk.host.nvml import query_host
 from nvctk.plan.planner import make_plan
 from nvctk.request.parse import request_from_spec
 from nvctk.runtime.create import prepare_bundle
@@ -52,14 +52,7 @@ BIN = os.path.dirname(sys.executable)
 RUNTIME = os.path.join(BIN, "nvctk-runtime")
 
 
-@pytest.fixture(scope="module")
-def cfg(sim_host: SimHost) -> nvconfig.Config:
-    return nvconfig.load(sim_host.config_path)
-
-
-@pytest.fixture(scope="module")
-def host(sim_host: SimHost) -> HostInfo:
-    return query_host(sim_host.root)
+cfg, host = _sim.cfg, _sim.host  # fixtures
 
 
 def _spec(env: dict[str, str]) -> dict[str, object]:

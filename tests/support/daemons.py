@@ -310,3 +310,14 @@ def configured_containerd(cd: Path, pause: str) -> Path:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return cfg
+
+
+@contextlib.contextmanager
+def peer_bin(tarball: Path, prefix: str) -> Iterator[Path]:
+    """The binaries of a peer's release tarball (../shared/peers/...), unpacked into a
+    short temp dir for the with-block; skips, saying which, when the tarball is absent."""
+    with short_dir(prefix) as d:
+        got = unpack_peer(tarball, d / "bin")
+        if got is None:
+            pytest.skip(f"{tarball} is absent (../shared/peers/{tarball.parent.name})")
+        yield got

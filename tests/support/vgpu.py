@@ -193,3 +193,13 @@ def wait_used(sim: host.SimHost, at_least: int, p: subprocess.Popen[str]) -> Non
 def stop(runc: Runc, cid: str, p: subprocess.Popen[str]) -> None:
     runc.kill(cid)
     p.communicate(timeout=60)
+
+
+def create_logged(tmp_path: Path, b: Path, sim: host.SimHost) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`nvctk-runtime create` of bundle b with runc's JSON log: (its result, the log)."""
+    log = tmp_path / "runc-log.json"
+    r = subprocess.run(
+        [RUNTIME, "--root", str(tmp_path / "runc-root"), "--log", str(log), "--log-format",
+         "json", "create", "--bundle", str(b), "cid"],
+        env={**os.environ, **sim.env}, capture_output=True, text=True, timeout=60)
+    return r, log
