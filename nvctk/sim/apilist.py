@@ -30,6 +30,8 @@ Kind = Literal["cuda", "nvml"]
 FILES: dict[Kind, str] = {"cuda": "cuda_api.txt", "nvml": "nvml_api.txt"}
 # entry points of one shape, generated into the mock (see getters())
 GETTER_FILES: dict[Kind, str] = {"nvml": "nvml_getters.txt"}
+# cuGetProcAddress's versioned table (see procs())
+PROCS_FILE = "cuda_procs.txt"
 
 # The status a stub returns: CUDA_ERROR_NOT_SUPPORTED, NVML_ERROR_NOT_SUPPORTED.
 NOT_SUPPORTED: dict[Kind, int] = {"cuda": 801, "nvml": 3}
@@ -100,6 +102,31 @@ def getters(kind: Kind) -> tuple[Getter, ...]:
                 raise ValueError(f"{GETTER_FILES[kind]}:{n}: not `name | type | kind | "
                                  f"expression` of an entry point in {FILES[kind]}: {line!r}")
             out.append(Getter(fields[0], fields[1], int(fields[2]), fields[3]))
+    return tuple(out)
+
+
+class Proc(NamedTuple):
+    """A cuGetProcAddress row: `name` asked for with a CUDA version >= `version` gets
+    `symbol` (the newest such row wins)."""
+
+    name: str
+    version: int
+    symbol: str
+
+
+def procs() -> tuple[Proc, ...]:
+    """The rows of data/cuda_procs.txt (`name | version | symbol`): a symbol is an entry
+    point of names("cuda") or a newer form the mock defines itself (cuCtxCreate_v4)."""
+    out = []
+    with open(DATA / PROCS_FILE) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            fields = [x.strip() for x in line.split("|")]
+            if len(fields) != 3 or not fields[1].isdigit() or not all(
+                    re.fullmatch(r"cu[A-Z]\w*", x) for x in (fields[0], fields[2])):
+                raise ValueError(f"{PROCS_FILE}:{n}: not `name | version | symbol`: {line!r}")
+            out.append(Proc(fields[0], int(fields[1]), fields[2]))
     return tuple(out)
 
 

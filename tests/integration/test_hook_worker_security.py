@@ -1,4 +1,4 @@
-"""Security review regressions: hostile images and containers against the host side.
+"""The host side against hostile images and containers (the hook worker, the state files).
 
 Each test fails on the code before its fix:
 - CUDA_MPS_PIPE_DIRECTORY in the image's env chose the *host* directory bound

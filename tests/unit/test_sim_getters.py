@@ -1,5 +1,6 @@
-"""The simulated NVML's getters generated from nvctk/sim/data/nvml_getters.txt: each is an
-entry point of the API list, defined once, and a bad table line is refused by name."""
+"""What the simulated driver generates from tables: NVML getters (data/nvml_getters.txt),
+each an entry point of the API list defined once; cuGetProcAddress's rows
+(data/cuda_procs.txt); a bad table line is refused by name."""
 
 from __future__ import annotations
 
@@ -39,3 +40,14 @@ def test_a_bad_line_names_the_file_and_line(tmp_path: Path, monkeypatch: pytest.
 
 def test_cuda_has_no_table_yet() -> None:
     assert apilist.getters("cuda") == ()
+
+
+def test_proc_table_rows_are_generated_in_order() -> None:
+    rows = apilist.procs()
+    src = build.generate_procs()
+    assert len(rows) > 100
+    assert [ln for ln in src.splitlines() if ln.startswith("{")] == [
+        f'{{"{p.name}", {p.version}, (fnptr){p.symbol}}},' for p in rows]
+    assert '#include "cuda_procs.inc"' in (CSRC / "cuda_mock.c").read_text()
+    # several versions of one name (the newest one the caller's version allows wins)
+    assert {p.version for p in rows if p.name == "cuGraphInstantiate"} == {11000, 12000}
