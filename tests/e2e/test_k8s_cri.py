@@ -53,6 +53,7 @@ from support.daemons import (  # noqa: E402
     containerd,
     crio,
     crio_config,
+    import_images,
     peer_env,
     short_dir,
     unpack_peer,
@@ -151,9 +152,7 @@ def _containerd_node(d: Path, sim: SimHost, images: dict[str, Path],
     # device, silently (the image's own NVIDIA_VISIBLE_DEVICES=all then wins)
     assert not pass_cdi_annotations(cfg), "nvctk configure must list cdi.k8s.io/*"
     with containerd(d, env=sim.env, config=cfg, bin_dir=bin_dir) as daemon:
-        for tar in images.values():
-            res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
-            assert res.returncode == 0, res.stderr
+        import_images(daemon, *images.values())
 
         def leftovers() -> list[str]:
             return (daemon.ctr("tasks", "ls", "-q", namespace="k8s.io").stdout.split()

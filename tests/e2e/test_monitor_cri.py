@@ -35,6 +35,7 @@ from support.daemons import (  # noqa: E402
     Containerd,
     configured_containerd,
     containerd,
+    import_images,
     short_dir,
 )
 from support.monitor import MIB, PROBE, REPO, pidns  # noqa: E402
@@ -79,17 +80,14 @@ def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
         shutil.copy(PROBE, root / "usr/local/bin/vgpu_probe")
         gpu = image_archive(root, GPU_IMAGE, work / "gpu.tar",
                             env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
-        for tar in (pause, gpu):
-            res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
-            assert res.returncode == 0, res.stderr
+        import_images(daemon, pause, gpu)
         yield daemon
 
 
 @pytest.fixture(scope="module")
 def cri(ctd: Containerd) -> Iterator[CriClient]:
-    client = CriClient(ctd.socket)
-    yield client
-    client.close()
+    with CriClient(ctd.socket) as client:
+        yield client
 
 
 def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path,

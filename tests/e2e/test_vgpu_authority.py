@@ -41,6 +41,7 @@ from support.daemons import (  # noqa: E402
     Containerd,
     configured_containerd,
     containerd,
+    import_images,
     short_dir,
 )
 from support.daemons import need as _need  # noqa: E402
@@ -111,17 +112,14 @@ def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
                             env={"PATH": "/usr/local/bin:/usr/bin:/bin",
                                  "NVIDIA_VISIBLE_DEVICES": "all",
                                  "CUDA_DEVICE_MEMORY_LIMIT_0": "0", "CUDA_DEVICE_SM_LIMIT_0": "100"})
-        for tar in (pause, gpu):
-            res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
-            assert res.returncode == 0, res.stderr
+        import_images(daemon, pause, gpu)
         yield daemon
 
 
 @pytest.fixture(scope="module")
 def cri(ctd: Containerd) -> Iterator[CriClient]:
-    client = CriClient(ctd.socket)
-    yield client
-    client.close()
+    with CriClient(ctd.socket) as client:
+        yield client
 
 
 def _plugin(sim: SimHost, shares: int = 1, gpu: int = 1) -> Allocation:

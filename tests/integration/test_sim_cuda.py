@@ -27,6 +27,7 @@ import pytest
 from nvctk.sim import apilist, build, state
 from nvctk.sim.topology import make_topology
 from support.devnodes import make_dev
+from support.simdriver import build_sim_driver
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
@@ -143,9 +144,7 @@ class Sim:
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Sim:
     tmp = tmp_path_factory.mktemp("simcuda")
-    root = tmp / "sim"
-    lib, bindir = root / "usr/lib/x86_64-linux-gnu", root / "usr/bin"
-    build.build_driver(TOPO, str(root), str(lib), str(bindir))
+    root, lib, bindir = build_sim_driver(tmp, TOPO)
     dev = make_dev(tmp / "dev", TOPO, [0, 1, 2])
     return Sim(root, lib, bindir / "cuda-vectoradd", dev, tmp)
 

@@ -26,6 +26,7 @@ from nvctk.sim import apilist, build, state
 from nvctk.sim.topology import make_topology
 from support import wait
 from support.devnodes import make_dev
+from support.simdriver import build_sim_driver
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
@@ -99,9 +100,7 @@ def _gcc(*args: str) -> None:
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Sim:
     tmp = tmp_path_factory.mktemp("simnvml")
-    root = tmp / "sim"
-    lib, bindir = root / "usr/lib/x86_64-linux-gnu", root / "usr/bin"
-    build.build_driver(TOPO, str(root), str(lib), str(bindir))
+    root, lib, bindir = build_sim_driver(tmp, TOPO)
     inc = tmp / "inc"
     inc.mkdir()
     (inc / "nvsim_topology.h").write_text(build.generate_topology_header(TOPO, str(root)))

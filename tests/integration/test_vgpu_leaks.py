@@ -37,6 +37,7 @@ from nvctk.sim.topology import make_topology
 from nvctk.vgpu import state as vgpu_state
 from support import wait
 from support.procs import run_to_files
+from support.runc import gpu_bundle
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
 
@@ -94,21 +95,8 @@ class Host:
 
     def bundle(self, env: dict[str, str] | None = None, edit: Any = None) -> Path:
         self.n += 1
-        b = self.tmp / f"bundle{self.n}"
-        b.mkdir()
-        shutil.copytree(self.base, b / "rootfs", symlinks=True)
-        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-        spec = json.loads((b / "config.json").read_text())
-        spec["root"] = {"path": "rootfs", "readonly": False}
-        spec["process"].update(
-            terminal=False, args=["/bin/sh", "-c", "sleep 1000"],
-            env=["PATH=/usr/local/bin:/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=0",
-                 *(f"{k}={v}" for k, v in (env if env is not None else {MEM: "512m"}).items())],
-        )
-        if edit is not None:
-            edit(spec)
-        (b / "config.json").write_text(json.dumps(spec, indent="\t"))
-        return b
+        return gpu_bundle(self.tmp / f"bundle{self.n}", self.base, "sleep 1000", "0",
+                          env if env is not None else {MEM: "512m"}, edit)
 
     def new_id(self) -> str:
         cid = "leak-" + uuid.uuid4().hex[:10]

@@ -84,6 +84,12 @@ class CriClient:
     def close(self) -> None:
         self.channel.close()
 
+    def __enter__(self) -> CriClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def call(self, name: str, request: Any, timeout: float = RPC_TIMEOUT) -> Any:
         import grpc
 

@@ -321,3 +321,10 @@ def peer_bin(tarball: Path, prefix: str) -> Iterator[Path]:
         if got is None:
             pytest.skip(f"{tarball} is absent (../shared/peers/{tarball.parent.name})")
         yield got
+
+
+def import_images(daemon: Containerd, *tars: Path) -> None:
+    """Image archives into the CRI's namespace (k8s.io), as a kubelet's images are."""
+    for tar in tars:
+        res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
+        assert res.returncode == 0, res.stderr

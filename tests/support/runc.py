@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,3 +149,25 @@ class Runc:
         for cid in self.ids:
             subprocess.run(["runc", "--root", str(self.root), "delete", "--force", cid],
                            capture_output=True, timeout=60)
+
+
+def gpu_bundle(b: Path, base: str | None, script: str, gpu: str, env: dict[str, str],
+               edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """Bundle dir b (made here) from runc's default spec: a writable copy of rootfs `base`
+    (None: b/rootfs is already there), `sh -c script` with GPU(s) `gpu` and env; edit(spec)
+    last. What the vGPU, leak and monitor tests start their containers from."""
+    b.mkdir(exist_ok=base is None)
+    if base is not None:
+        shutil.copytree(base, b / "rootfs", symlinks=True)
+    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+    spec = json.loads((b / "config.json").read_text())
+    spec["root"] = {"path": "rootfs", "readonly": False}
+    spec["process"].update(
+        terminal=False, args=["/bin/sh", "-c", script],
+        env=["PATH=/usr/local/bin:/usr/bin:/bin", f"NVIDIA_VISIBLE_DEVICES={gpu}",
+             *(f"{k}={v}" for k, v in env.items())],
+    )
+    if edit is not None:
+        edit(spec)
+    (b / "config.json").write_text(json.dumps(spec, indent="\t"))
+    return b

@@ -27,6 +27,7 @@ from nvctk.sim.state import read_state, state_path
 from nvctk.sim.topology import make_topology
 from nvctk.vgpu import state as vgpu_state
 from support import wait
+from support.runc import gpu_bundle
 
 BIN = os.path.dirname(sys.executable)
 RUNTIME = os.path.join(BIN, "nvctk-runtime")
@@ -75,21 +76,10 @@ class Bundles:
              gpu: str = "0") -> Path:
         self.n += 1
         b = self.tmp / f"bundle{self.n}"
-        b.mkdir()
-        if rootfs is None:
-            shutil.copytree(self.base, b / "rootfs", symlinks=True)
-        else:
+        if rootfs is not None:
+            b.mkdir()
             shutil.move(rootfs, b / "rootfs")
-        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-        spec = json.loads((b / "config.json").read_text())
-        spec["root"] = {"path": "rootfs", "readonly": False}
-        spec["process"].update(
-            terminal=False, args=["/bin/sh", "-c", script],
-            env=["PATH=/usr/local/bin:/usr/bin:/bin", f"{NVD}={gpu}",
-                 *(f"{k}={v}" for k, v in env.items())],
-        )
-        (b / "config.json").write_text(json.dumps(spec, indent="\t"))
-        return b
+        return gpu_bundle(b, self.base if rootfs is None else None, script, gpu, env)
 
 
 @pytest.fixture
