@@ -33,11 +33,11 @@ from nvctk.base.errors import NvctkError
 from nvctk.hook import mount
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
-from nvctk.sim.topology import make_topology
 from nvctk.vgpu import state as vgpu_state
 from support import wait
 from support.procs import run_to_files
 from support.runc import gpu_bundle
+from support.sim import own_sim
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
 
@@ -50,10 +50,7 @@ MEM = "CUDA_DEVICE_MEMORY_LIMIT"
 # --- fixtures --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    return host.init(str(tmp_path_factory.mktemp("leaksim") / "host"),
-                     make_topology(gpus=1, memory_mib=4096))
+    return own_sim(tmp_path_factory, "leaksim", gpus=1, memory_mib=4096)
 
 
 @pytest.fixture(scope="module")

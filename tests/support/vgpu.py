@@ -24,10 +24,10 @@ from nvctk.runtime.create import Prepared, prepare_bundle
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
-from nvctk.sim.topology import make_topology
 from nvctk.vgpu import state as vgpu_state
 from support import wait
 from support.runc import gpu_bundle
+from support.sim import own_sim
 
 BIN = os.path.dirname(sys.executable)
 RUNTIME = os.path.join(BIN, "nvctk-runtime")
@@ -44,10 +44,7 @@ MEM = "CUDA_DEVICE_MEMORY_LIMIT"
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
     """A host of its own: 2 GPUs of 4 GiB (so the neighbours test can fill one)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    return host.init(str(tmp_path_factory.mktemp("vgpusim") / "host"),
-                     make_topology(gpus=2, memory_mib=GPU_MIB))
+    return own_sim(tmp_path_factory, "vgpusim", gpus=2, memory_mib=GPU_MIB)
 
 
 @pytest.fixture(scope="module")

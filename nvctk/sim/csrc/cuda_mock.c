@@ -479,13 +479,15 @@ static const struct {
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
-CUAPI CUresult cuGetErrorString(CUresult error, const char **pStr)
+/* errtab's name (want_name) or description of `error` into *pStr; NULL and
+ * CUDA_ERROR_INVALID_VALUE for a code the driver does not know */
+static CUresult error_text(CUresult error, const char **pStr, int want_name)
 {
     if (!pStr)
         return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof(errtab) / sizeof(errtab[0]); i++) {
         if (errtab[i].r == error) {
-            *pStr = errtab[i].str;
+            *pStr = want_name ? errtab[i].name : errtab[i].str;
             return CUDA_SUCCESS;
         }
     }
@@ -493,18 +495,14 @@ CUAPI CUresult cuGetErrorString(CUresult error, const char **pStr)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+CUAPI CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    return error_text(error, pStr, 0);
+}
+
 CUAPI CUresult cuGetErrorName(CUresult error, const char **pStr)
 {
-    if (!pStr)
-        return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < sizeof(errtab) / sizeof(errtab[0]); i++) {
-        if (errtab[i].r == error) {
-            *pStr = errtab[i].name;
-            return CUDA_SUCCESS;
-        }
-    }
-    *pStr = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    return error_text(error, pStr, 1);
 }
 
 /* Works before cuInit, as in the real driver: the runtime asks first. */
