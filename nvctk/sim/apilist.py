@@ -32,6 +32,8 @@ FILES: dict[Kind, str] = {"cuda": "cuda_api.txt", "nvml": "nvml_api.txt"}
 GETTER_FILES: dict[Kind, str] = {"nvml": "nvml_getters.txt"}
 # cuGetProcAddress's versioned table (see procs())
 PROCS_FILE = "cuda_procs.txt"
+# the CUDA enums of csrc/cuda_types.h (see enums())
+ENUMS_FILE = "cuda_enums.txt"
 
 # The status a stub returns: CUDA_ERROR_NOT_SUPPORTED, NVML_ERROR_NOT_SUPPORTED.
 NOT_SUPPORTED: dict[Kind, int] = {"cuda": 801, "nvml": 3}
@@ -128,6 +130,25 @@ def procs() -> tuple[Proc, ...]:
                 raise ValueError(f"{PROCS_FILE}:{n}: not `name | version | symbol`: {line!r}")
             out.append(Proc(fields[0], int(fields[1]), fields[2]))
     return tuple(out)
+
+
+def enums() -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """(tag, typedef name, enumerators) of data/cuda_enums.txt: a line `enum TAG NAME`
+    starts a block, each further line is `NAME = VALUE` or `NAME`."""
+    out: list[tuple[str, str, list[str]]] = []
+    with open(DATA / ENUMS_FILE) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            head = re.fullmatch(r"enum (\w+) (\w+)", line)
+            if head:
+                out.append((head[1], head[2], []))
+            elif out and re.fullmatch(r"[A-Z_][A-Z0-9_]*(?: = [^,]+)?", line):
+                out[-1][2].append(line)
+            else:
+                raise ValueError(f"{ENUMS_FILE}:{n}: not `enum TAG NAME` or an enumerator: {line!r}")
+    return tuple((tag, name, tuple(items)) for tag, name, items in out)
 
 
 def _preprocess(header: Path, defines: tuple[str, ...], includes: list[str]) -> str:

@@ -51,3 +51,14 @@ def test_proc_table_rows_are_generated_in_order() -> None:
     assert '#include "cuda_procs.inc"' in (CSRC / "cuda_mock.c").read_text()
     # several versions of one name (the newest one the caller's version allows wins)
     assert {p.version for p in rows if p.name == "cuGraphInstantiate"} == {11000, 12000}
+
+
+def test_enums_keep_cuda_values() -> None:
+    blocks = {name: items for _, name, items in apilist.enums()}
+    assert blocks["CUresult"][0] == "CUDA_SUCCESS = 0"
+    assert "CUDA_ERROR_OUT_OF_MEMORY = 2" in blocks["CUresult"]
+    assert "CUDA_ERROR_NOT_SUPPORTED = 801" in blocks["CUresult"]
+    header = build.generate_enums()
+    assert "typedef enum cudaError_enum {\n    CUDA_SUCCESS = 0,\n" in header
+    assert "    CUDA_ERROR_UNKNOWN = 999\n} CUresult;" in header  # no comma after the last
+    assert '#include "cuda_enums.h"' in (CSRC / "cuda_types.h").read_text()
