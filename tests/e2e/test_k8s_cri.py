@@ -33,7 +33,6 @@ pytest.importorskip("grpc_tools")
 
 from support import wait  # noqa: E402
 from support.cri import (  # noqa: E402
-    PAUSE_CMD,
     Allocation,
     CriClient,
     CriError,
@@ -43,7 +42,7 @@ from support.cri import (  # noqa: E402
     image_archive,
     parse_cri_log,
     pass_cdi_annotations,
-    pause_rootfs,
+    pause_image,
     pod,
     run_pod,
 )
@@ -116,8 +115,7 @@ def images(work: Path, sim: SimHost) -> dict[str, Path]:
     """The images as a node has them after the kubelet pulled them (no registry here)."""
     from nvctk.sim.rootfs import build_rootfs
 
-    pause = image_archive(pause_rootfs(work / "pause"), PAUSE, work / "pause.tar",
-                          entrypoint=PAUSE_CMD)
+    pause = pause_image(work, PAUSE)
     gpu = image_archive(Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample)),
                         GPU_IMAGE, work / "gpu.tar",
                         # as CUDA base images do: the Allocate answer must override it

@@ -8,7 +8,6 @@ memory is the simulated GPU's own count.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -24,11 +23,10 @@ pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
 
 from support.cri import (  # noqa: E402
-    PAUSE_CMD,
     Allocation,
     CriClient,
     image_archive,
-    pause_rootfs,
+    pause_image,
     pod,
 )
 from support.daemons import (  # noqa: E402
@@ -36,6 +34,7 @@ from support.daemons import (  # noqa: E402
     configured_containerd,
     containerd,
     import_images,
+    need,
     short_dir,
 )
 from support.monitor import MIB, PROBE, REPO, pidns  # noqa: E402
@@ -47,12 +46,7 @@ GPU_IMAGE = "nvctk.test/gpu-monitor:1"
 
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts containerd")
-    missing = [t for t in ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
-               if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
+    need("containerd", "ctr", "runc", "containerd-shim-runc-v2")
     with short_dir("nvctk-m-") as d:
         yield d
 
@@ -74,8 +68,7 @@ def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
     cfg = configured_containerd(cd, PAUSE)
     subprocess.run(["make", "-s", "-C", str(REPO / "libvgpu")], check=True, capture_output=True)
     with containerd(cd, env=sim.env, config=cfg) as daemon:
-        pause = image_archive(pause_rootfs(work / "pause"), PAUSE, work / "pause.tar",
-                              entrypoint=PAUSE_CMD)
+        pause = pause_image(work, PAUSE)
         root = Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample))
         shutil.copy(PROBE, root / "usr/local/bin/vgpu_probe")
         gpu = image_archive(root, GPU_IMAGE, work / "gpu.tar",

@@ -29,14 +29,13 @@ pytest.importorskip("grpc_tools")
 
 from support import wait  # noqa: E402
 from support.cri import (  # noqa: E402
-    PAUSE_CMD,
     Allocation,
     CriClient,
     CriError,
     image_archive,
     parse_cri_log,
-    pause_rootfs,
-)
+    pause_image,
+    )
 from support.daemons import (  # noqa: E402
     Containerd,
     configured_containerd,
@@ -104,8 +103,7 @@ def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
     cfg = configured_containerd(cd, PAUSE)
     _runtimes_table(cfg)
     with containerd(cd, env=sim.env, config=cfg) as daemon:
-        pause = image_archive(pause_rootfs(work / "pause"), PAUSE, work / "pause.tar",
-                              entrypoint=PAUSE_CMD)
+        pause = pause_image(work, PAUSE)
         # a hostile image: it asks for every GPU and lifts the first GPU's limit
         gpu = image_archive(Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample)),
                             IMAGE, work / "gpu.tar",

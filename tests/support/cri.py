@@ -418,3 +418,9 @@ def containerd2_cri_config(work: Path, sandbox_image: str, default_text: str,
     p["io.containerd.grpc.v1.cri"]["stream_server_address"] = "127.0.0.1"
     p["io.containerd.grpc.v1.cri"]["stream_server_port"] = "0"
     return tomlkit.dumps(doc)
+
+
+def pause_image(work: Path, tag: str) -> Path:
+    """work/pause.tar: the Pods' sandbox image (pause_rootfs), tagged `tag`."""
+    return image_archive(pause_rootfs(work / "pause"), tag, work / "pause.tar",
+                         entrypoint=PAUSE_CMD)

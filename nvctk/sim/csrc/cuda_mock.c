@@ -2669,12 +2669,9 @@ CUAPI CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
                                        const CUgraphNode *dependencies, size_t numDependencies,
                                        const CUDA_KERNEL_NODE_PARAMS *p)
 {
-    if (!p)
-        return CUDA_ERROR_INVALID_VALUE;
-    unsigned dims[7] = {p->gridDimX,  p->gridDimY,  p->gridDimZ,     p->blockDimX,
-                        p->blockDimY, p->blockDimZ, p->sharedMemBytes};
-    return add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies, p->func, dims,
-                           p->kernelParams, p->extra);
+    /* v1's fields are its first member; kern and ctx are not simulated */
+    return cuGraphAddKernelNode(phGraphNode, hGraph, dependencies, numDependencies,
+                                p ? &p->v1 : NULL);
 }
 
 CUAPI CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,

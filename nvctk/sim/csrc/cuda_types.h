@@ -191,18 +191,6 @@ typedef struct CUlaunchConfig_st {
 
 /* ---- graphs ---- */
 
-/* What cuGraphAddKernelNode_v2 takes (CUDA_KERNEL_NODE_PARAMS in 12.x) */
-typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
-    CUfunction func;
-    unsigned int gridDimX, gridDimY, gridDimZ;
-    unsigned int blockDimX, blockDimY, blockDimZ;
-    unsigned int sharedMemBytes;
-    void **kernelParams;
-    void **extra;
-    CUkernel kern;
-    CUcontext ctx;
-} CUDA_KERNEL_NODE_PARAMS;
-
 /* What the CUDA 10/11 cuGraphAddKernelNode (no suffix) takes */
 typedef struct CUDA_KERNEL_NODE_PARAMS_v1_st {
     CUfunction func;
@@ -212,6 +200,14 @@ typedef struct CUDA_KERNEL_NODE_PARAMS_v1_st {
     void **kernelParams;
     void **extra;
 } CUDA_KERNEL_NODE_PARAMS_v1;
+
+/* What cuGraphAddKernelNode_v2 takes (CUDA_KERNEL_NODE_PARAMS in 12.x): v1's fields
+ * (the same layout: v1 is the first member), then the kernel and its context */
+typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
+    CUDA_KERNEL_NODE_PARAMS_v1 v1;
+    CUkernel kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS;
 
 /* ---- entry points (the exported, versioned names) ---- */
 
