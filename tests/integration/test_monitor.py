@@ -234,7 +234,6 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
     """A collection that hangs (here: its container discovery blocked) leaves /metrics
     answering from the last snapshot, its age growing, well within a second."""
     import threading
-    import time
     import urllib.request
 
     from nvctk.monitor.server import Monitor, make_server
@@ -263,10 +262,10 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
         assert stuck.wait(60)
         url = f"http://127.0.0.1:{srv.server_address[1]}"
         for path in ("/metrics", "/api/snapshot", "/"):
-            t0 = time.monotonic()
+            # a scan stuck behind a hung runtime must not hold the answer (timeout=1)
             with urllib.request.urlopen(url + path, timeout=1) as r:
                 body = r.read()
-            assert r.status == 200 and time.monotonic() - t0 < 1.0, path
+            assert r.status == 200, path
         text = body if path == "/" else b""
         assert b"<title>nvctk GPU shares</title>" in text
         with urllib.request.urlopen(url + "/metrics", timeout=1) as r:

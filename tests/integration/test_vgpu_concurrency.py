@@ -340,9 +340,8 @@ def test_killed_holder_lease_vanishes_at_once(driver: H.Driver, tmp_path: Path) 
     holder = _start_holder(env, 300 * MIB, [])
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    t0 = time.monotonic()
-    r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB), timeout=20).stdout)
-    assert time.monotonic() - t0 < 5
+    # a wait on the dead holder's lease fails here: the probe's own timeout
+    r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB), timeout=5).stdout)
     assert int(r["fill"][0][1]) == 512 * MIB - RESERVE
 
 

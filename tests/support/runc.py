@@ -49,17 +49,18 @@ def runc_bundle(tmp: Path, root: Path, sim: SimHost, args: list[str], env: list[
 
 
 @pytest.fixture
-def runc(tmp_path: Path) -> Iterator[Callable[[Path], subprocess.CompletedProcess[str]]]:
+def runc(tmp_path: Path) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
     if shutil.which("runc") is None:
         pytest.skip("needs runc")
     state = tmp_path / "runc-root"
     ids: list[str] = []
 
-    def run(bundle: Path) -> subprocess.CompletedProcess[str]:
+    def run(bundle: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         cid = "nvctk-hostile-" + uuid.uuid4().hex[:8]
         ids.append(cid)
         return subprocess.run(["runc", "--root", str(state), "run", "--bundle", str(bundle), cid],
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                              capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
 
     yield run
     for cid in ids:
