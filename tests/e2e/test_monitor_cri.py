@@ -33,9 +33,8 @@ from support.daemons import (  # noqa: E402
     Containerd,
     configured_containerd,
     containerd,
+    containerd_workdir,
     import_images,
-    need,
-    short_dir,
 )
 from support.monitor import MIB, PROBE, REPO, pidns  # noqa: E402
 from support.wait import until as wait_until  # noqa: E402
@@ -46,8 +45,7 @@ GPU_IMAGE = "nvctk.test/gpu-monitor:1"
 
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
-    need("containerd", "ctr", "runc", "containerd-shim-runc-v2")
-    with short_dir("nvctk-m-") as d:
+    with containerd_workdir("nvctk-m-") as d:
         yield d
 
 

@@ -35,15 +35,14 @@ from support.cri import (  # noqa: E402
     image_archive,
     parse_cri_log,
     pause_image,
-    )
+)
 from support.daemons import (  # noqa: E402
     Containerd,
     configured_containerd,
     containerd,
+    containerd_workdir,
     import_images,
-    short_dir,
 )
-from support.daemons import need as _need  # noqa: E402
 
 PAUSE = "nvctk.test/pause:1"
 IMAGE = "nvctk.test/gpu-hostile:1"
@@ -61,8 +60,7 @@ SCRIPT = (f"nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits; "
 
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
-    _need("containerd", "ctr", "runc", "containerd-shim-runc-v2")
-    with short_dir("nvctk-a-") as d:
+    with containerd_workdir("nvctk-a-") as d:
         yield d
 
 

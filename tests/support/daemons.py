@@ -328,3 +328,12 @@ def import_images(daemon: Containerd, *tars: Path) -> None:
     for tar in tars:
         res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
         assert res.returncode == 0, res.stderr
+
+
+@contextlib.contextmanager
+def containerd_workdir(prefix: str) -> Iterator[Path]:
+    """A short work dir for a module's own containerd (sockets have short paths); skips
+    without root or containerd's tools."""
+    need("containerd", "ctr", "runc", "containerd-shim-runc-v2")
+    with short_dir(prefix) as d:
+        yield d

@@ -699,22 +699,32 @@ static uint64_t self_pidns(void)
     return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
 }
 
-/* NSpid's last entry and the start time of /proc/<n>; 0 when unreadable */
-static int proc_facts(const char *n, int32_t *nspid, uint64_t *start)
+/* /proc/<n>/<what> into buf (NUL-terminated, at most size - 1 bytes); 0 when unreadable */
+static int read_proc(const char *n, const char *what, char *buf, size_t size)
 {
-    char path[300], buf[4096];
+    char path[300];
     ssize_t len;
     int fd;
-    char *p;
 
-    snprintf(path, sizeof path, "/proc/%s/status", n);
+    snprintf(path, sizeof path, "/proc/%s/%s", n, what);
     if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         return 0;
-    len = read(fd, buf, sizeof buf - 1);
+    len = read(fd, buf, size - 1);
     close(fd);
     if (len <= 0)
         return 0;
     buf[len] = 0;
+    return 1;
+}
+
+/* NSpid's last entry and the start time of /proc/<n>; 0 when unreadable */
+static int proc_facts(const char *n, int32_t *nspid, uint64_t *start)
+{
+    char buf[4096];
+    char *p;
+
+    if (!read_proc(n, "status", buf, sizeof buf))
+        return 0;
     if (!(p = strstr(buf, "\nNSpid:")))
         return 0;
     p += 7;
@@ -726,14 +736,8 @@ static int proc_facts(const char *n, int32_t *nspid, uint64_t *start)
         *nspid = (int32_t)v;
         p = end;
     }
-    snprintf(path, sizeof path, "/proc/%s/stat", n);
-    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+    if (!read_proc(n, "stat", buf, sizeof buf))
         return 0;
-    len = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (len <= 0)
-        return 0;
-    buf[len] = 0;
     if (!(p = strrchr(buf, ')')))
         return 0;
     for (int field = 2; p && field < 22; field++) /* to field 22 */
