@@ -34,6 +34,8 @@ GETTER_FILES: dict[Kind, str] = {"nvml": "nvml_getters.txt"}
 PROCS_FILE = "cuda_procs.txt"
 # the CUDA enums of csrc/cuda_types.h (see enums())
 ENUMS_FILE = "cuda_enums.txt"
+# cuDeviceGetAttribute's values and cuGetErrorString's texts (see table())
+ATTRIBUTES_FILE, ERRORS_FILE = "cuda_attributes.txt", "cuda_errors.txt"
 
 # The status a stub returns: CUDA_ERROR_NOT_SUPPORTED, NVML_ERROR_NOT_SUPPORTED.
 NOT_SUPPORTED: dict[Kind, int] = {"cuda": 801, "nvml": 3}
@@ -129,6 +131,22 @@ def procs() -> tuple[Proc, ...]:
                     re.fullmatch(r"cu[A-Z]\w*", x) for x in (fields[0], fields[2])):
                 raise ValueError(f"{PROCS_FILE}:{n}: not `name | version | symbol`: {line!r}")
             out.append(Proc(fields[0], int(fields[1]), fields[2]))
+    return tuple(out)
+
+
+def table(file: str, columns: tuple[int, int]) -> tuple[tuple[str, ...], ...]:
+    """The rows of data/<file>: `a | b [| c]` a line (between columns[0] and columns[1]
+    fields), the first a C identifier."""
+    out = []
+    with open(DATA / file) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            fields = tuple(x.strip() for x in line.split("|"))
+            if not columns[0] <= len(fields) <= columns[1] or not re.fullmatch(r"[A-Z_][A-Z0-9_]*",
+                                                                                fields[0]):
+                raise ValueError(f"{file}:{n}: not {columns[0]} to {columns[1]} fields: {line!r}")
+            out.append(fields)
     return tuple(out)
 
 

@@ -204,6 +204,19 @@ def generate_enums() -> str:
     return "\n".join(lines)
 
 
+def generate_attributes() -> str:
+    """The cases of cuDeviceGetAttribute's switch (data/cuda_attributes.txt)."""
+    rows = apilist.table(apilist.ATTRIBUTES_FILE, (2, 3))
+    return "".join(f"    case {r[0]}: v = {r[1]}; break;" + (f" /* {r[2]} */" if len(r) > 2 else "")
+                   + "\n" for r in rows)
+
+
+def generate_errors() -> str:
+    """errtab's rows: name, its text, description (data/cuda_errors.txt)."""
+    rows = apilist.table(apilist.ERRORS_FILE, (2, 2))
+    return "".join(f'    {{{r[0]}, "{r[0]}", "{r[1]}"}},\n' for r in rows)
+
+
 def _start(cmd: Sequence[str]) -> tuple[list[str], subprocess.Popen[str]]:
     return list(cmd), subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -253,6 +266,8 @@ def build_driver(topology: Topology, sim_root: str, libdir: str, bindir: str) ->
         (inc / "nvml_getters.inc").write_text(generate_getters("nvml"))
         (inc / "cuda_procs.inc").write_text(generate_procs())
         (inc / "cuda_enums.h").write_text(generate_enums())
+        (inc / "cuda_attributes.inc").write_text(generate_attributes())
+        (inc / "cuda_errors.inc").write_text(generate_errors())
         # the programs need no stubs: they compile while the stubs do (first run only)
         jobs = [
             _start([CC, *CFLAGS, f"-I{inc}", "-o", str(bin_ / name), str(src), "-ldl"])
@@ -392,7 +407,9 @@ __all__ = [
     "BuildError",
     "build_driver",
     "build_stub_library",
+    "generate_attributes",
     "generate_enums",
+    "generate_errors",
     "generate_getters",
     "generate_procs",
     "generate_stubs",

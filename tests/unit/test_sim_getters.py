@@ -62,3 +62,13 @@ def test_enums_keep_cuda_values() -> None:
     assert "typedef enum cudaError_enum {\n    CUDA_SUCCESS = 0,\n" in header
     assert "    CUDA_ERROR_UNKNOWN = 999\n} CUresult;" in header  # no comma after the last
     assert '#include "cuda_enums.h"' in (CSRC / "cuda_types.h").read_text()
+
+
+def test_attribute_and_error_tables() -> None:
+    attrs = build.generate_attributes()
+    assert "    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;\n" in attrs
+    assert "v = hopper ? 1980000 : 1410000; break; /* kHz */" in attrs
+    errors = build.generate_errors()
+    assert errors.startswith('    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},\n')
+    mock = (CSRC / "cuda_mock.c").read_text()
+    assert '#include "cuda_attributes.inc"' in mock and '#include "cuda_errors.inc"' in mock
