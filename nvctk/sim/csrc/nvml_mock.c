@@ -880,29 +880,17 @@ static nvmlReturn_t no_procs(nvmlDevice_t d, unsigned *count)
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned *c, void *i)
-{
-    (void)i;
-    return no_procs(d, c);
-}
-
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned *c, void *i)
-{
-    (void)i;
-    return no_procs(d, c);
-}
-
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned *c, void *i)
-{
-    (void)i;
-    return no_procs(d, c);
-}
-
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *c, void *i)
-{
-    (void)i;
-    return no_procs(d, c);
-}
+/* graphics and MPS processes: the simulated GPUs run none */
+#define NO_PROCS(name)                                                                             \
+    nvmlReturn_t name(nvmlDevice_t d, unsigned *c, void *i)                                        \
+    {                                                                                              \
+        (void)i;                                                                                   \
+        return no_procs(d, c);                                                                     \
+    }
+NO_PROCS(nvmlDeviceGetGraphicsRunningProcesses_v2)
+NO_PROCS(nvmlDeviceGetGraphicsRunningProcesses_v3)
+NO_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v2)
+NO_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v3)
 
 /* Samples since last_seen (microseconds, CLOCK_REALTIME; 0: the last second),
  * as the real driver keeps them: per process, from its busy-time history
