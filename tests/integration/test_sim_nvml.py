@@ -26,6 +26,7 @@ from nvctk.sim import apilist, build, state
 from nvctk.sim.topology import make_topology
 from support import wait
 from support.devnodes import make_dev
+from support.procs import kill_left
 from support.simdriver import build_sim_driver
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
@@ -190,9 +191,7 @@ class Helper:
 def helpers() -> Iterator[list[Helper]]:
     started: list[Helper] = []
     yield started
-    for h in started:
-        if h.proc.poll() is None:
-            h.kill()
+    kill_left((h.proc for h in started), 10)
 
 
 # ---- pynvml over the mock ----
