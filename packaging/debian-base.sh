@@ -4,7 +4,7 @@
 #   packaging/debian-base.sh base    minbase + apt's package lists (the installer image's base)
 #   packaging/debian-base.sh test    base + gcc, libc6-dev, busybox-static (what `nvctk sim
 #                                    init` and a test container need) and the .debs of
-#                                    python3 and runc downloaded, not installed (tests/test_deb.py)
+#                                    python3 and runc downloaded, not installed (tests/e2e/test_deb.py)
 # The cache is $NVCTK_BASE_CACHE (default /var/cache/nvctk-build), one tarball per
 # suite, architecture, variant and ISO week: a week-old base is rebuilt, older ones
 # are deleted. Mirror: $NVCTK_DEBIAN_MIRROR (default http://deb.debian.org/debian).

@@ -23,11 +23,19 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 DATA = Path(__file__).resolve().parent / "data"
 Kind = Literal["cuda", "nvml"]
 FILES: dict[Kind, str] = {"cuda": "cuda_api.txt", "nvml": "nvml_api.txt"}
+# entry points of one shape, generated into the mock (see getters())
+GETTER_FILES: dict[Kind, str] = {"nvml": "nvml_getters.txt"}
+# cuGetProcAddress's versioned table (see procs())
+PROCS_FILE = "cuda_procs.txt"
+# the CUDA enums of csrc/cuda_types.h (see enums())
+ENUMS_FILE = "cuda_enums.txt"
+# cuDeviceGetAttribute's values and cuGetErrorString's texts (see table())
+ATTRIBUTES_FILE, ERRORS_FILE = "cuda_attributes.txt", "cuda_errors.txt"
 
 # The status a stub returns: CUDA_ERROR_NOT_SUPPORTED, NVML_ERROR_NOT_SUPPORTED.
 NOT_SUPPORTED: dict[Kind, int] = {"cuda": 801, "nvml": 3}
@@ -70,6 +78,95 @@ def names(kind: Kind) -> tuple[str, ...]:
         return tuple(
             line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")
         )
+
+
+class Getter(NamedTuple):
+    """An entry point `name(handle, type *out)`: the handle checked at `kind` (the
+    mock's check() level), out not NULL, then `*out = expression`."""
+
+    name: str
+    type: str
+    kind: int
+    expression: str
+
+
+def getters(kind: Kind) -> tuple[Getter, ...]:
+    """The generated getters of `kind` (data/<kind>_getters.txt: `name | type | kind |
+    expression` a line), each an entry point of names(kind)."""
+    if kind not in GETTER_FILES:
+        return ()
+    known = set(names(kind))
+    out = []
+    with open(DATA / GETTER_FILES[kind]) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            fields = [x.strip() for x in line.split("|")]
+            if len(fields) != 4 or fields[0] not in known or not fields[2].isdigit():
+                raise ValueError(f"{GETTER_FILES[kind]}:{n}: not `name | type | kind | "
+                                 f"expression` of an entry point in {FILES[kind]}: {line!r}")
+            out.append(Getter(fields[0], fields[1], int(fields[2]), fields[3]))
+    return tuple(out)
+
+
+class Proc(NamedTuple):
+    """A cuGetProcAddress row: `name` asked for with a CUDA version >= `version` gets
+    `symbol` (the newest such row wins)."""
+
+    name: str
+    version: int
+    symbol: str
+
+
+def procs() -> tuple[Proc, ...]:
+    """The rows of data/cuda_procs.txt (`name | version | symbol`): a symbol is an entry
+    point of names("cuda") or a newer form the mock defines itself (cuCtxCreate_v4)."""
+    out = []
+    with open(DATA / PROCS_FILE) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            fields = [x.strip() for x in line.split("|")]
+            if len(fields) != 3 or not fields[1].isdigit() or not all(
+                    re.fullmatch(r"cu[A-Z]\w*", x) for x in (fields[0], fields[2])):
+                raise ValueError(f"{PROCS_FILE}:{n}: not `name | version | symbol`: {line!r}")
+            out.append(Proc(fields[0], int(fields[1]), fields[2]))
+    return tuple(out)
+
+
+def table(file: str, columns: tuple[int, int]) -> tuple[tuple[str, ...], ...]:
+    """The rows of data/<file>: `a | b [| c]` a line (between columns[0] and columns[1]
+    fields), the first a C identifier."""
+    out = []
+    with open(DATA / file) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            fields = tuple(x.strip() for x in line.split("|"))
+            if not columns[0] <= len(fields) <= columns[1] or not re.fullmatch(r"[A-Z_][A-Z0-9_]*",
+                                                                                fields[0]):
+                raise ValueError(f"{file}:{n}: not {columns[0]} to {columns[1]} fields: {line!r}")
+            out.append(fields)
+    return tuple(out)
+
+
+def enums() -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """(tag, typedef name, enumerators) of data/cuda_enums.txt: a line `enum TAG NAME`
+    starts a block, each further line is `NAME = VALUE` or `NAME`."""
+    out: list[tuple[str, str, list[str]]] = []
+    with open(DATA / ENUMS_FILE) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            head = re.fullmatch(r"enum (\w+) (\w+)", line)
+            if head:
+                out.append((head[1], head[2], []))
+            elif out and re.fullmatch(r"[A-Z_][A-Z0-9_]*(?: = [^,]+)?", line):
+                out[-1][2].append(line)
+            else:
+                raise ValueError(f"{ENUMS_FILE}:{n}: not `enum TAG NAME` or an enumerator: {line!r}")
+    return tuple((tag, name, tuple(items)) for tag, name, items in out)
 
 
 def _preprocess(header: Path, defines: tuple[str, ...], includes: list[str]) -> str:

@@ -6,7 +6,7 @@
 #   packaging/deb/build.sh [OUTDIR]      (default: dist/)
 # PYTHON (default /usr/bin/python3) must be the python3 of the Debian release the
 # package is for: the dependencies' compiled extensions are built for it.
-# Prints the .deb's path. Checked by lintian in tests/test_deb.py (overrides:
+# Prints the .deb's path. Checked by lintian in tests/e2e/test_deb.py (overrides:
 # packaging/deb/lintian-overrides, each with its reason).
 set -euo pipefail
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from support.daemons import CONTAINERD_2_TAR, containerd, peer_env, short_dir, unpack_peer
+from support.cri import private_v4_paths
+from support.daemons import CONTAINERD_2_TAR, containerd, peer_bin, peer_env, short_dir
 
 pytestmark = [pytest.mark.slow]
 
@@ -45,10 +46,7 @@ V3 = f"""version = 3
 @pytest.fixture(scope="module")
 def bin2() -> Iterator[Path]:
     """containerd 2.3.4's binaries, unpacked for this module."""
-    with short_dir("nvctk-c2-") as d:
-        got = unpack_peer(CONTAINERD_2_TAR, d / "bin")
-        if got is None:
-            pytest.skip(f"{CONTAINERD_2_TAR} is absent (../shared/peers/containerd)")
+    with peer_bin(CONTAINERD_2_TAR, "nvctk-c2-") as got:
         yield got
 
 
@@ -193,16 +191,7 @@ def test_dry_run_of_a_v4_config(run_nvctk: Run, bin2: Path, tmp_path: Path) -> N
 def private_v4(work: Path, text: str) -> Path:
     """A version 4 config with root, state and the server sockets under work."""
     doc = tomlkit.parse(text)
-    doc["root"], doc["state"] = f"{work}/root", f"{work}/state"
-    doc["imports"] = []
-    plugins = doc["plugins"]
-    sock = work / "containerd.sock"
-    plugins["io.containerd.server.v1.grpc"]["address"] = str(sock)
-    plugins["io.containerd.server.v1.ttrpc"]["address"] = f"{sock}.ttrpc"
-    plugins["io.containerd.server.v1.debug"]["address"] = ""
-    plugins["io.containerd.server.v1.metrics"]["address"] = ""
-    plugins["io.containerd.nri.v1.nri"]["disable"] = True
-    plugins["io.containerd.internal.v1.opt"]["path"] = f"{work}/opt"
+    private_v4_paths(doc, work)
     cfg = work / "config.toml"
     cfg.write_text(tomlkit.dumps(doc))
     return cfg

@@ -18,7 +18,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from support.daemons import CRIO_TAR, crio_config, crio_dump, peer_env, short_dir, unpack_peer
+from support.daemons import CRIO_TAR, crio_config, crio_dump, peer_bin, peer_env, short_dir
 
 pytestmark = [pytest.mark.slow]
 
@@ -28,10 +28,7 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture(scope="module")
 def crio_bin() -> Iterator[Path]:
-    with short_dir("nvctk-cb-") as d:
-        got = unpack_peer(CRIO_TAR, d / "bin")
-        if got is None:
-            pytest.skip(f"{CRIO_TAR} is absent (../shared/peers/crio)")
+    with peer_bin(CRIO_TAR, "nvctk-cb-") as got:
         yield got
 
 

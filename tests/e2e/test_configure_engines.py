@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ import pytest
 import tomlkit
 
 from nvctk.sim.host import SimHost
-from support.daemons import containerd, dockerd, import_rootfs, private_paths, short_dir
+from support.daemons import containerd, dockerd, import_rootfs, need, private_paths, short_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -29,12 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
+
 def _need(*tools: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts containerd/dockerd")
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)}")
+    need(*tools, starts="containerd/dockerd")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nvctk.sim.host import SimHost
-from support.daemons import Containerd, Dockerd, containerd, dockerd, import_rootfs
+from support.daemons import Containerd, Dockerd, containerd, dockerd, import_rootfs, need
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -27,12 +27,9 @@ RUNTIME = os.path.join(os.path.dirname(sys.executable), "nvctk-runtime")
 _ids = itertools.count()
 
 
+
 def _need(*tools: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts containerd/dockerd")
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
+    need(*tools, starts="containerd/dockerd")
 
 
 @pytest.fixture(scope="module")

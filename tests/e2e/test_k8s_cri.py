@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -34,7 +33,6 @@ pytest.importorskip("grpc_tools")
 
 from support import wait  # noqa: E402
 from support.cri import (  # noqa: E402
-    PAUSE_CMD,
     Allocation,
     CriClient,
     CriError,
@@ -44,7 +42,7 @@ from support.cri import (  # noqa: E402
     image_archive,
     parse_cri_log,
     pass_cdi_annotations,
-    pause_rootfs,
+    pause_image,
     pod,
     run_pod,
 )
@@ -54,10 +52,12 @@ from support.daemons import (  # noqa: E402
     containerd,
     crio,
     crio_config,
+    import_images,
     peer_env,
     short_dir,
     unpack_peer,
 )
+from support.daemons import need as _need  # noqa: E402
 
 PAUSE = "nvctk.test/pause:1"
 GPU_IMAGE = "nvctk.test/gpu:1"
@@ -65,12 +65,6 @@ MIG_LAYOUT = {0: ["3g.40gb", "2g.20gb", "1g.10gb"]}
 CDI_KEY = "cdi.k8s.io/nvctk-device-plugin_main"
 
 
-def _need(*tools: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts containerd")
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
 
 
 ENGINES = ["containerd-1.6", "containerd-2.3", "crio-1.36"]
@@ -121,8 +115,7 @@ def images(work: Path, sim: SimHost) -> dict[str, Path]:
     """The images as a node has them after the kubelet pulled them (no registry here)."""
     from nvctk.sim.rootfs import build_rootfs
 
-    pause = image_archive(pause_rootfs(work / "pause"), PAUSE, work / "pause.tar",
-                          entrypoint=PAUSE_CMD)
+    pause = pause_image(work, PAUSE)
     gpu = image_archive(Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample)),
                         GPU_IMAGE, work / "gpu.tar",
                         # as CUDA base images do: the Allocate answer must override it
@@ -157,9 +150,7 @@ def _containerd_node(d: Path, sim: SimHost, images: dict[str, Path],
     # device, silently (the image's own NVIDIA_VISIBLE_DEVICES=all then wins)
     assert not pass_cdi_annotations(cfg), "nvctk configure must list cdi.k8s.io/*"
     with containerd(d, env=sim.env, config=cfg, bin_dir=bin_dir) as daemon:
-        for tar in images.values():
-            res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
-            assert res.returncode == 0, res.stderr
+        import_images(daemon, *images.values())
 
         def leftovers() -> list[str]:
             return (daemon.ctr("tasks", "ls", "-q", namespace="k8s.io").stdout.split()

@@ -1,6 +1,6 @@
 """The monitor with Pods the way the kubelet runs them: the real containerd (Debian's 1.6) and
 its CRI plugin, configured by `nvctk configure`, Pods on the `nvidia` handler (as in
-tests/test_k8s_cri.py, whose daemon set-up this repeats). The monitor finds their
+tests/e2e/test_k8s_cri.py, whose daemon set-up this repeats). The monitor finds their
 containers in containerd's runc state and labels their series with the Pod's namespace,
 name and container name from the annotations containerd's CRI puts in the OCI spec; their
 memory is the simulated GPU's own count.
@@ -8,7 +8,6 @@ memory is the simulated GPU's own count.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -24,15 +23,19 @@ pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
 
 from support.cri import (  # noqa: E402
-    PAUSE_CMD,
     Allocation,
     CriClient,
-    containerd_cri_config,
     image_archive,
-    pause_rootfs,
+    pause_image,
     pod,
 )
-from support.daemons import Containerd, containerd, short_dir  # noqa: E402
+from support.daemons import (  # noqa: E402
+    Containerd,
+    configured_containerd,
+    containerd,
+    containerd_workdir,
+    import_images,
+)
 from support.monitor import MIB, PROBE, REPO, pidns  # noqa: E402
 from support.wait import until as wait_until  # noqa: E402
 
@@ -42,13 +45,7 @@ GPU_IMAGE = "nvctk.test/gpu-monitor:1"
 
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts containerd")
-    missing = [t for t in ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
-               if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
-    with short_dir("nvctk-m-") as d:
+    with containerd_workdir("nvctk-m-") as d:
         yield d
 
 
@@ -64,34 +61,24 @@ def sim(work: Path) -> SimHost:
 @pytest.fixture(scope="module")
 def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
     from nvctk.sim.rootfs import build_rootfs
-    from support.exe import nvctk_exe
 
     cd = work / "ctd"
-    cd.mkdir()
-    cfg = cd / "config.toml"
-    cfg.write_text(containerd_cri_config(cd, PAUSE))
-    r = subprocess.run([*nvctk_exe(), "configure", "--runtime", "containerd", "--config", str(cfg)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    cfg = configured_containerd(cd, PAUSE)
     subprocess.run(["make", "-s", "-C", str(REPO / "libvgpu")], check=True, capture_output=True)
     with containerd(cd, env=sim.env, config=cfg) as daemon:
-        pause = image_archive(pause_rootfs(work / "pause"), PAUSE, work / "pause.tar",
-                              entrypoint=PAUSE_CMD)
+        pause = pause_image(work, PAUSE)
         root = Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample))
         shutil.copy(PROBE, root / "usr/local/bin/vgpu_probe")
         gpu = image_archive(root, GPU_IMAGE, work / "gpu.tar",
                             env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
-        for tar in (pause, gpu):
-            res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
-            assert res.returncode == 0, res.stderr
+        import_images(daemon, pause, gpu)
         yield daemon
 
 
 @pytest.fixture(scope="module")
 def cri(ctd: Containerd) -> Iterator[CriClient]:
-    client = CriClient(ctd.socket)
-    yield client
-    client.close()
+    with CriClient(ctd.socket) as client:
+        yield client
 
 
 def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path,

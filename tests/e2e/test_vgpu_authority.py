@@ -14,8 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,16 +29,20 @@ pytest.importorskip("grpc_tools")
 
 from support import wait  # noqa: E402
 from support.cri import (  # noqa: E402
-    PAUSE_CMD,
     Allocation,
     CriClient,
     CriError,
-    containerd_cri_config,
     image_archive,
     parse_cri_log,
-    pause_rootfs,
+    pause_image,
 )
-from support.daemons import Containerd, containerd, short_dir  # noqa: E402
+from support.daemons import (  # noqa: E402
+    Containerd,
+    configured_containerd,
+    containerd,
+    containerd_workdir,
+    import_images,
+)
 
 PAUSE = "nvctk.test/pause:1"
 IMAGE = "nvctk.test/gpu-hostile:1"
@@ -54,18 +56,11 @@ SCRIPT = (f"nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits; "
           "grep -h '^CUDA_DEVICE_SM' /run/nvctk/vgpu/limits 2>/dev/null; true")
 
 
-def _need(*tools: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts containerd")
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
 
 
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
-    _need("containerd", "ctr", "runc", "containerd-shim-runc-v2")
-    with short_dir("nvctk-a-") as d:
+    with containerd_workdir("nvctk-a-") as d:
         yield d
 
 
@@ -101,36 +96,26 @@ def _runtimes_table(cfg: Path) -> None:
 @pytest.fixture(scope="module")
 def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
     from nvctk.sim.rootfs import build_rootfs
-    from support.exe import nvctk_exe
 
     cd = work / "ctd"
-    cd.mkdir()
-    cfg = cd / "config.toml"
-    cfg.write_text(containerd_cri_config(cd, PAUSE))
-    r = subprocess.run([*nvctk_exe(), "configure", "--runtime", "containerd", "--config", str(cfg)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    cfg = configured_containerd(cd, PAUSE)
     _runtimes_table(cfg)
     with containerd(cd, env=sim.env, config=cfg) as daemon:
-        pause = image_archive(pause_rootfs(work / "pause"), PAUSE, work / "pause.tar",
-                              entrypoint=PAUSE_CMD)
+        pause = pause_image(work, PAUSE)
         # a hostile image: it asks for every GPU and lifts the first GPU's limit
         gpu = image_archive(Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample)),
                             IMAGE, work / "gpu.tar",
                             env={"PATH": "/usr/local/bin:/usr/bin:/bin",
                                  "NVIDIA_VISIBLE_DEVICES": "all",
                                  "CUDA_DEVICE_MEMORY_LIMIT_0": "0", "CUDA_DEVICE_SM_LIMIT_0": "100"})
-        for tar in (pause, gpu):
-            res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
-            assert res.returncode == 0, res.stderr
+        import_images(daemon, pause, gpu)
         yield daemon
 
 
 @pytest.fixture(scope="module")
 def cri(ctd: Containerd) -> Iterator[CriClient]:
-    client = CriClient(ctd.socket)
-    yield client
-    client.close()
+    with CriClient(ctd.socket) as client:
+        yield client
 
 
 def _plugin(sim: SimHost, shares: int = 1, gpu: int = 1) -> Allocation:

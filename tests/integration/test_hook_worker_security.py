@@ -1,4 +1,4 @@
-"""Security review regressions: hostile images and containers against the host side.
+"""The host side against hostile images and containers (the hook worker, the state files).
 
 Each test fails on the code before its fix:
 - CUDA_MPS_PIPE_DIRECTORY in the image's env chose the *host* directory bound
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+import support.sim as _sim
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
 from nvctk.base.log import HookLog, Logger
@@ -42,7 +43,6 @@ from nvctk.hook.inputs import parse_state
 from nvctk.hook.poststop import poststop
 from nvctk.host import image as host_image
 from nvctk.host.inventory import HostInfo
-from nvctk.host.nvml import query_host
 from nvctk.request.parse import request_from_spec
 from nvctk.runtime.create import prepare_bundle
 from nvctk.sim.host import SimHost
@@ -57,14 +57,7 @@ BIN = os.path.dirname(sys.executable)
 RUNTIME = os.path.join(BIN, "nvctk-runtime")
 
 
-@pytest.fixture(scope="module")
-def cfg(sim_host: SimHost) -> nvconfig.Config:
-    return nvconfig.load(sim_host.config_path)
-
-
-@pytest.fixture(scope="module")
-def host(sim_host: SimHost) -> HostInfo:
-    return query_host(sim_host.root)
+cfg, host = _sim.cfg, _sim.host  # fixtures
 
 
 def _spec(env: dict[str, str]) -> dict[str, object]:

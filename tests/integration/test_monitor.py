@@ -3,8 +3,8 @@ real runc: its snapshot, `nvctk top --once --json`, bad input. Every figure is j
 against the simulated GPU's own counters (its per-process memory and busy time in the
 shared state file), never against libvgpu's bookkeeping.
 
-The Prometheus server and browser tests live in tests/test_monitor_e2e.py, the CRI Pods
-in tests/test_monitor_cri.py; the node is tests/support/monitor.py's.
+The Prometheus server and browser tests live in tests/e2e/test_monitor_e2e.py, the CRI Pods
+in tests/e2e/test_monitor_cri.py; the node is tests/support/monitor.py's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from nvctk.monitor.containers import Discovery, load_container
 from support.monitor import MIB, Node, sim_counts, standard_containers
 
 # every test here shares a node of real runc containers (seconds to start): all slow;
-# tests/test_monitor_unit.py has the quick ones
+# tests/unit/test_monitor_parts.py has the quick ones
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
                                  reason="needs root (sim device nodes) and runc")]
@@ -234,7 +234,6 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
     """A collection that hangs (here: its container discovery blocked) leaves /metrics
     answering from the last snapshot, its age growing, well within a second."""
     import threading
-    import time
     import urllib.request
 
     from nvctk.monitor.server import Monitor, make_server
@@ -263,10 +262,10 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
         assert stuck.wait(60)
         url = f"http://127.0.0.1:{srv.server_address[1]}"
         for path in ("/metrics", "/api/snapshot", "/"):
-            t0 = time.monotonic()
+            # a scan stuck behind a hung runtime must not hold the answer (timeout=1)
             with urllib.request.urlopen(url + path, timeout=1) as r:
                 body = r.read()
-            assert r.status == 200 and time.monotonic() - t0 < 1.0, path
+            assert r.status == 200, path
         text = body if path == "/" else b""
         assert b"<title>nvctk GPU shares</title>" in text
         with urllib.request.urlopen(url + "/metrics", timeout=1) as r:

@@ -19,6 +19,7 @@ from nvctk.sim import host
 from nvctk.sim.state import read_state, state_path
 from nvctk.sim.topology import make_topology
 from support.monitor import MIB, PROBE, REPO, wait_until
+from support.procs import kill_left
 
 pytestmark = [pytest.mark.slow,  # builds a sim, runs kernels for seconds
               pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -63,10 +64,7 @@ class Probe:
 def probes() -> Iterator[list[Probe]]:
     out: list[Probe] = []
     yield out
-    for p in out:
-        if p.p.poll() is None:
-            p.p.kill()
-            p.p.wait()
+    kill_left(p.p for p in out)
 
 
 def test_processes_in_pid_namespaces_are_listed_by_host_pid(sim: host.SimHost,

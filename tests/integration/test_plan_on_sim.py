@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import support.sim as _sim
 from nvctk.base import config as nvconfig
 from nvctk.base.config import ALL_CAPABILITIES
 from nvctk.base.errors import (
@@ -36,14 +37,7 @@ from nvctk.vgpu import limits as vgpu
 NVD = "NVIDIA_VISIBLE_DEVICES"
 
 
-@pytest.fixture(scope="module")
-def cfg(sim_host: SimHost) -> nvconfig.Config:
-    return nvconfig.load(sim_host.config_path)
-
-
-@pytest.fixture(scope="module")
-def host(sim_host: SimHost) -> HostInfo:
-    return query_host(sim_host.root)
+cfg, host = _sim.cfg, _sim.host  # fixtures
 
 
 def spec(env: dict[str, str], **extra: Any) -> dict[str, Any]:

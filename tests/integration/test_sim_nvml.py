@@ -26,6 +26,8 @@ from nvctk.sim import apilist, build, state
 from nvctk.sim.topology import make_topology
 from support import wait
 from support.devnodes import make_dev
+from support.procs import kill_left
+from support.simdriver import build_sim_driver
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
@@ -99,9 +101,7 @@ def _gcc(*args: str) -> None:
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Sim:
     tmp = tmp_path_factory.mktemp("simnvml")
-    root = tmp / "sim"
-    lib, bindir = root / "usr/lib/x86_64-linux-gnu", root / "usr/bin"
-    build.build_driver(TOPO, str(root), str(lib), str(bindir))
+    root, lib, bindir = build_sim_driver(tmp, TOPO)
     inc = tmp / "inc"
     inc.mkdir()
     (inc / "nvsim_topology.h").write_text(build.generate_topology_header(TOPO, str(root)))
@@ -191,9 +191,7 @@ class Helper:
 def helpers() -> Iterator[list[Helper]]:
     started: list[Helper] = []
     yield started
-    for h in started:
-        if h.proc.poll() is None:
-            h.kill()
+    kill_left((h.proc for h in started), 10)
 
 
 # ---- pynvml over the mock ----
@@ -653,8 +651,13 @@ def test_kernels_counted_and_utilization(sim: Sim, state_file: Path, helpers: li
     h = Helper(sim, state_file, "kernels", 1, n, wait=False)
     helpers.append(h)
     # sampled once 150 of them (150 ms of busy time) are done
-    wait.until(lambda: state.read_state(state_file).gpus[1].kernels >= 150, 30,
-               "the helper's first 150 kernels")
+    def kernels() -> int:  # no state file (or an empty one) before the helper's first call
+        try:
+            return state.read_state(state_file).gpus[1].kernels
+        except (OSError, state.StateError):
+            return 0
+
+    wait.until(lambda: kernels() >= 150, 30, "the helper's first 150 kernels")
     out = run_py(sim, UTIL, state_file)
     assert out["util"] >= 60
     assert [pid for pid, _ in out["samples"]] == [h.pid]

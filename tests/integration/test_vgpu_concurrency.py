@@ -26,16 +26,14 @@ import harness as H
 from nvctk.sim.state import read_state
 from nvctk.vgpu import limits as vgpu
 from support import wait
+from support.libvgpu import driver_of
 
 MIB = H.MIB
 
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> H.Driver:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (device nodes)")
-    H.build()
-    return H.make_driver(tmp_path_factory.mktemp("vgpu-conc"), gpus=1, memory_mib=8192)
+    return driver_of(tmp_path_factory, "vgpu-conc")
 
 
 def churn_env(driver: H.Driver, tmp_path: Path, cap: str = "256m") -> dict[str, str]:
@@ -340,9 +338,8 @@ def test_killed_holder_lease_vanishes_at_once(driver: H.Driver, tmp_path: Path) 
     holder = _start_holder(env, 300 * MIB, [])
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    t0 = time.monotonic()
-    r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB), timeout=20).stdout)
-    assert time.monotonic() - t0 < 5
+    # a wait on the dead holder's lease fails here: the probe's own timeout
+    r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB), timeout=5).stdout)
     assert int(r["fill"][0][1]) == 512 * MIB - RESERVE
 
 

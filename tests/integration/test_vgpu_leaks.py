@@ -33,11 +33,12 @@ from nvctk.base.errors import NvctkError
 from nvctk.hook import mount
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
-from nvctk.sim.topology import make_topology
 from nvctk.vgpu import gc as vgpu_gc
 from nvctk.vgpu import state as vgpu_state
 from support import wait
 from support.procs import run_to_files
+from support.runc import gpu_bundle
+from support.sim import own_sim
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
 
@@ -50,10 +51,7 @@ MEM = "CUDA_DEVICE_MEMORY_LIMIT"
 # --- fixtures --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    return host.init(str(tmp_path_factory.mktemp("leaksim") / "host"),
-                     make_topology(gpus=1, memory_mib=4096))
+    return own_sim(tmp_path_factory, "leaksim", gpus=1, memory_mib=4096)
 
 
 @pytest.fixture(scope="module")
@@ -95,21 +93,8 @@ class Host:
 
     def bundle(self, env: dict[str, str] | None = None, edit: Any = None) -> Path:
         self.n += 1
-        b = self.tmp / f"bundle{self.n}"
-        b.mkdir()
-        shutil.copytree(self.base, b / "rootfs", symlinks=True)
-        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-        spec = json.loads((b / "config.json").read_text())
-        spec["root"] = {"path": "rootfs", "readonly": False}
-        spec["process"].update(
-            terminal=False, args=["/bin/sh", "-c", "sleep 1000"],
-            env=["PATH=/usr/local/bin:/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=0",
-                 *(f"{k}={v}" for k, v in (env if env is not None else {MEM: "512m"}).items())],
-        )
-        if edit is not None:
-            edit(spec)
-        (b / "config.json").write_text(json.dumps(spec, indent="\t"))
-        return b
+        return gpu_bundle(self.tmp / f"bundle{self.n}", self.base, "sleep 1000", "0",
+                          env if env is not None else {MEM: "512m"}, edit)
 
     def new_id(self) -> str:
         cid = "leak-" + uuid.uuid4().hex[:10]

@@ -40,6 +40,7 @@ from support.vgpu import (
     Bundles,
     Runc,
     cleanup_state,
+    create_logged,
     env_of,
     lines,
     mounts_at,
@@ -735,11 +736,7 @@ def test_forged_share_fails_the_create_in_runcs_log(bundles: Bundles, sim: host.
     b = bundles.make({MEM: "0"})
     _annotate(b, {k: v})
     before = (b / "config.json").read_bytes()
-    log = tmp_path / "runc-log.json"
-    r = subprocess.run(
-        [RUNTIME, "--root", str(tmp_path / "runc-root"), "--log", str(log), "--log-format",
-         "json", "create", "--bundle", str(b), "cid"],
-        env={**os.environ, **sim.env}, capture_output=True, text=True, timeout=60)
+    r, log = create_logged(tmp_path, b, sim)
     assert r.returncode != 0
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     assert any(k in e["msg"] and "MAC does not verify" in e["msg"] and e["level"] == "error"

@@ -33,7 +33,17 @@ from nvctk.spec import seccomp as nvseccomp
 from nvctk.spec.record import AppliedRecord
 from nvctk.vgpu import state as vgpu_state
 from support.runtime import validate_schema
-from support.vgpu import MEM, NVD, RUNTIME, Bundles, Runc, cleanup_state, lines, prep, stop
+from support.vgpu import (
+    MEM,
+    NVD,
+    Bundles,
+    Runc,
+    cleanup_state,
+    create_logged,
+    lines,
+    prep,
+    stop,
+)
 
 # support.vgpu's fixtures: a simulated host, capped bundles, nvctk-runtime + runc
 sim, config, base_rootfs, bundles, runc = tv.sim, tv.config, tv.base_rootfs, tv.bundles, tv.runc
@@ -332,11 +342,7 @@ def test_a_profile_nvctk_cannot_judge_fails_the_create(bundles: Bundles, attack:
          "args": [{"index": 0, "value": NEWUSER | 0x20000, "op": "SCMP_CMP_EQ"}]}]}
     b = make(bundles, attack, {MEM: "512m"}, seccomp=own)
     before = (b / "config.json").read_bytes()
-    log = tmp_path / "runc-log.json"
-    r = subprocess.run(
-        [RUNTIME, "--root", str(tmp_path / "runc-root"), "--log", str(log), "--log-format",
-         "json", "create", "--bundle", str(b), "cid"],
-        env={**os.environ, **sim.env}, capture_output=True, text=True, timeout=60)
+    r, log = create_logged(tmp_path, b, sim)
     culprit = ("config.json: linux.seccomp.syscalls[0] lets unshare through on conditions nvctk "
                "cannot combine with its rule against new user namespaces")
     assert r.returncode != 0

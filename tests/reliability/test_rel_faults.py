@@ -9,7 +9,7 @@ next container starts.
 
 NVML init failure and a read-only state dir: test_rel_host_faults.py. Clear errors for
 a missing driver, a missing runc, an unusable or full state dir are tested where the
-code is (tests/test_shim.py, test_hostile_input.py, test_vgpu_concurrency.py);
+code is (tests/integration/test_runtime_create.py, test_hostile_input.py, test_vgpu_concurrency.py);
 docs/reliability.md lists where.
 """
 

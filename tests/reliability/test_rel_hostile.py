@@ -1,4 +1,4 @@
-"""Issue 13 §1, hostile images beyond tests/test_hostile_image.py, through the real
+"""Issue 13 §1, hostile images beyond tests/integration/test_image_hostile.py, through the real
 nvctk-runtime + runc (GPU containers with a vGPU cap: the hook's whole path).
 
 - a symlink race: helper threads flip path components the hook walks (the library dir,

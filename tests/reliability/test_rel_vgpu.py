@@ -12,7 +12,6 @@ waits 330 s).
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -30,6 +29,7 @@ import harness as H
 
 from nvctk.sim.state import read_state
 from nvctk.vgpu import limits as vgpu
+from support.libvgpu import driver_of
 
 pytestmark = pytest.mark.slow  # seconds of load each
 
@@ -39,10 +39,7 @@ CAP_MIB = 256
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> H.Driver:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (device nodes)")
-    H.build()
-    return H.make_driver(tmp_path_factory.mktemp("rel-vgpu"), gpus=1, memory_mib=8192)
+    return driver_of(tmp_path_factory, "rel-vgpu")
 
 
 def _env(driver: H.Driver, d: Path, cap_mib: int = CAP_MIB) -> dict[str, str]:

@@ -84,6 +84,12 @@ class CriClient:
     def close(self) -> None:
         self.channel.close()
 
+    def __enter__(self) -> CriClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def call(self, name: str, request: Any, timeout: float = RPC_TIMEOUT) -> Any:
         import grpc
 
@@ -374,14 +380,9 @@ def pass_cdi_annotations(cfg: Path, runtime: str = "nvidia") -> bool:
     return True
 
 
-def containerd2_cri_config(work: Path, sandbox_image: str, default_text: str,
-                           cdi_dirs: Sequence[Path] = ()) -> str:
-    """containerd 2.3's own `config default` (version 4) turned into the private CRI
-    node containerd_cri_config makes for 1.x: the same facts, at version 4's places
-    (the server's addresses are plugins now), and CDI from `cdi_dirs`."""
-    import tomlkit
-
-    doc: Any = tomlkit.parse(default_text)
+def private_v4_paths(doc: Any, work: Path) -> Any:
+    """Put a containerd 2 (version 4) config's root, state and server sockets under
+    work, no imports, NRI off; returns its plugins table."""
     sock = work / "containerd.sock"
     doc["root"], doc["state"], doc["imports"] = f"{work}/root", f"{work}/state", []
     p = doc["plugins"]
@@ -391,6 +392,18 @@ def containerd2_cri_config(work: Path, sandbox_image: str, default_text: str,
     p["io.containerd.server.v1.metrics"]["address"] = ""
     p["io.containerd.nri.v1.nri"]["disable"] = True
     p["io.containerd.internal.v1.opt"]["path"] = f"{work}/opt"
+    return p
+
+
+def containerd2_cri_config(work: Path, sandbox_image: str, default_text: str,
+                           cdi_dirs: Sequence[Path] = ()) -> str:
+    """containerd 2.3's own `config default` (version 4) turned into the private CRI
+    node containerd_cri_config makes for 1.x: the same facts, at version 4's places
+    (the server's addresses are plugins now), and CDI from `cdi_dirs`."""
+    import tomlkit
+
+    doc: Any = tomlkit.parse(default_text)
+    p = private_v4_paths(doc, work)
     images = p["io.containerd.cri.v1.images"]
     images["snapshotter"] = "overlayfs"
     images["pinned_images"]["sandbox"] = sandbox_image
@@ -405,3 +418,9 @@ def containerd2_cri_config(work: Path, sandbox_image: str, default_text: str,
     p["io.containerd.grpc.v1.cri"]["stream_server_address"] = "127.0.0.1"
     p["io.containerd.grpc.v1.cri"]["stream_server_port"] = "0"
     return tomlkit.dumps(doc)
+
+
+def pause_image(work: Path, tag: str) -> Path:
+    """work/pause.tar: the Pods' sandbox image (pause_rootfs), tagged `tag`."""
+    return image_archive(pause_rootfs(work / "pause"), tag, work / "pause.tar",
+                         entrypoint=PAUSE_CMD)

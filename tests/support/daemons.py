@@ -13,9 +13,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from support import wait
 
@@ -64,6 +66,11 @@ def umount_below(path: Path) -> None:
 
 def _kill_shims(root: Path) -> None:
     """containerd-shim processes outlive containerd; kill those of this root."""
+    _kill_mentioning(root, lambda exe: b"containerd-shim" in exe)
+
+
+def _kill_mentioning(root: Path, is_it: Callable[[bytes], bool]) -> None:
+    """SIGKILL the processes whose executable is_it() and whose argv names root."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -71,9 +78,7 @@ def _kill_shims(root: Path) -> None:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmdline and b"containerd-shim" in cmdline[0] and any(
-            str(root).encode() in arg for arg in cmdline
-        ):
+        if cmdline and is_it(cmdline[0]) and any(str(root).encode() in arg for arg in cmdline):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
 
@@ -280,14 +285,55 @@ def crio(workdir: Path, bin_dir: Path) -> Iterator[Crio]:
 
 
 def _kill_conmons(root: Path) -> None:
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmdline and cmdline[0].endswith(b"conmon") and any(
-                str(root).encode() in arg for arg in cmdline):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+    _kill_mentioning(root, lambda exe: exe.endswith(b"conmon"))
+
+
+def need(*tools: str, starts: str = "containerd") -> None:
+    """Skip, saying why, unless root and every tool is on PATH (make test installs them)."""
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root: starts {starts}")
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (make test installs them)")
+
+
+def configured_containerd(cd: Path, pause: str) -> Path:
+    """cd/config.toml: a CRI config of containerd's (pause image `pause`) with nvctk's
+    runtimes added by `nvctk configure`, as an operator would do it."""
+    from support.cri import containerd_cri_config
+    from support.exe import nvctk_exe
+
+    cd.mkdir()
+    cfg = cd / "config.toml"
+    cfg.write_text(containerd_cri_config(cd, pause))
+    r = subprocess.run([*nvctk_exe(), "configure", "--runtime", "containerd", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return cfg
+
+
+@contextlib.contextmanager
+def peer_bin(tarball: Path, prefix: str) -> Iterator[Path]:
+    """The binaries of a peer's release tarball (../shared/peers/...), unpacked into a
+    short temp dir for the with-block; skips, saying which, when the tarball is absent."""
+    with short_dir(prefix) as d:
+        got = unpack_peer(tarball, d / "bin")
+        if got is None:
+            pytest.skip(f"{tarball} is absent (../shared/peers/{tarball.parent.name})")
+        yield got
+
+
+def import_images(daemon: Containerd, *tars: Path) -> None:
+    """Image archives into the CRI's namespace (k8s.io), as a kubelet's images are."""
+    for tar in tars:
+        res = daemon.ctr("images", "import", str(tar), namespace="k8s.io")
+        assert res.returncode == 0, res.stderr
+
+
+@contextlib.contextmanager
+def containerd_workdir(prefix: str) -> Iterator[Path]:
+    """A short work dir for a module's own containerd (sockets have short paths); skips
+    without root or containerd's tools."""
+    need("containerd", "ctr", "runc", "containerd-shim-runc-v2")
+    with short_dir(prefix) as d:
+        yield d

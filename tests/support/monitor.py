@@ -1,4 +1,4 @@
-"""A simulated node for the monitor's tests (tests/test_monitor*.py): a sim host with a
+"""A simulated node for the monitor's tests (tests/*/test_monitor*.py): a sim host with a
 capped-share GPU, a whole GPU and a MIG GPU, containers started through nvctk-runtime and
 real runc, and the sim's own per-container counters to judge the monitor against."""
 
@@ -21,6 +21,7 @@ from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
 from nvctk.sim.topology import make_topology
+from support.runc import gpu_bundle
 from support.wait import until as wait_until
 
 MIB = 1 << 20
@@ -62,20 +63,12 @@ class Node:
     def bundle(self, env: dict[str, str], script: str, gpu: str,
                annotations: dict[str, str] | None = None) -> Path:
         self.n += 1
-        b = self.tmp / f"bundle{self.n}"
-        b.mkdir()
-        shutil.copytree(self.base, b / "rootfs", symlinks=True)
-        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-        spec = json.loads((b / "config.json").read_text())
-        spec["root"] = {"path": "rootfs", "readonly": False}
-        spec["process"].update(terminal=False, args=["/bin/sh", "-c", script],
-                               env=["PATH=/usr/local/bin:/usr/bin:/bin",
-                                    f"NVIDIA_VISIBLE_DEVICES={gpu}",
-                                    *(f"{k}={v}" for k, v in env.items())])
-        if annotations:
-            spec["annotations"] = annotations
-        (b / "config.json").write_text(json.dumps(spec, indent="\t"))
-        return b
+
+        def annotate(spec: dict[str, Any]) -> None:
+            if annotations:
+                spec["annotations"] = annotations
+
+        return gpu_bundle(self.tmp / f"bundle{self.n}", self.base, script, gpu, env, annotate)
 
     def init_pid(self, cid: str) -> int | None:
         r = subprocess.run(["runc", "--root", self.runc_root, "state", cid],

@@ -1,9 +1,11 @@
-"""Running a runtime whose children outlive it."""
+"""Processes tests start: a runtime whose children outlive it; the ones a test left running."""
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 
 def run_to_files(argv: list[str], env: dict[str, str], out_dir: Path,
@@ -17,3 +19,11 @@ def run_to_files(argv: list[str], env: dict[str, str], out_dir: Path,
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(r.args, r.returncode, out.read(), err.read())
+
+
+def kill_left(procs: Iterable[subprocess.Popen[Any]], timeout: float = 30) -> None:
+    """SIGKILL and reap each of procs that still runs (a fixture's teardown)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout)

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,17 +49,18 @@ def runc_bundle(tmp: Path, root: Path, sim: SimHost, args: list[str], env: list[
 
 
 @pytest.fixture
-def runc(tmp_path: Path) -> Iterator[Callable[[Path], subprocess.CompletedProcess[str]]]:
+def runc(tmp_path: Path) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
     if shutil.which("runc") is None:
         pytest.skip("needs runc")
     state = tmp_path / "runc-root"
     ids: list[str] = []
 
-    def run(bundle: Path) -> subprocess.CompletedProcess[str]:
+    def run(bundle: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         cid = "nvctk-hostile-" + uuid.uuid4().hex[:8]
         ids.append(cid)
         return subprocess.run(["runc", "--root", str(state), "run", "--bundle", str(bundle), cid],
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                              capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
 
     yield run
     for cid in ids:
@@ -148,3 +150,25 @@ class Runc:
         for cid in self.ids:
             subprocess.run(["runc", "--root", str(self.root), "delete", "--force", cid],
                            capture_output=True, timeout=60)
+
+
+def gpu_bundle(b: Path, base: str | None, script: str, gpu: str, env: dict[str, str],
+               edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """Bundle dir b (made here) from runc's default spec: a writable copy of rootfs `base`
+    (None: b/rootfs is already there), `sh -c script` with GPU(s) `gpu` and env; edit(spec)
+    last. What the vGPU, leak and monitor tests start their containers from."""
+    b.mkdir(exist_ok=base is None)
+    if base is not None:
+        shutil.copytree(base, b / "rootfs", symlinks=True)
+    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+    spec = json.loads((b / "config.json").read_text())
+    spec["root"] = {"path": "rootfs", "readonly": False}
+    spec["process"].update(
+        terminal=False, args=["/bin/sh", "-c", script],
+        env=["PATH=/usr/local/bin:/usr/bin:/bin", f"NVIDIA_VISIBLE_DEVICES={gpu}",
+             *(f"{k}={v}" for k, v in env.items())],
+    )
+    if edit is not None:
+        edit(spec)
+    (b / "config.json").write_text(json.dumps(spec, indent="\t"))
+    return b

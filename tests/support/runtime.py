@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from nvctk.edits import PLAN_FILE
 from nvctk.runtime import create
 from nvctk.sim.host import SimHost
 
@@ -139,3 +140,15 @@ def assert_clean_failure(env: Env, r: subprocess.CompletedProcess[str], needle: 
     errors = runc_log_errors(env)
     assert errors and needle in errors[-1] and errors[-1].startswith("nvctk: "), errors
     assert env.recorded() is None
+
+
+def assert_passed_through(env: Env, b: Path) -> None:
+    """A create of bundle b goes to runc as it came: exit 0, runc got the argv, config.json
+    untouched (bytes, inode, mtime), no plan file."""
+    before = snapshot(b / "config.json")
+    argv = create_argv(env, b)
+    r = env.run(*argv)
+    assert r.returncode == 0, r.stderr
+    assert env.recorded() == argv
+    assert snapshot(b / "config.json") == before
+    assert not (b / PLAN_FILE).exists()

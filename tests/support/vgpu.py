@@ -24,10 +24,11 @@ from nvctk.runtime.create import Created, prepare_bundle
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
-from nvctk.sim.topology import make_topology
 from nvctk.vgpu import gc as vgpu_gc
 from nvctk.vgpu import state as vgpu_state
 from support import wait
+from support.runc import gpu_bundle
+from support.sim import own_sim
 
 BIN = os.path.dirname(sys.executable)
 RUNTIME = os.path.join(BIN, "nvctk-runtime")
@@ -44,10 +45,7 @@ MEM = "CUDA_DEVICE_MEMORY_LIMIT"
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
     """A host of its own: 2 GPUs of 4 GiB (so the neighbours test can fill one)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    return host.init(str(tmp_path_factory.mktemp("vgpusim") / "host"),
-                     make_topology(gpus=2, memory_mib=GPU_MIB))
+    return own_sim(tmp_path_factory, "vgpusim", gpus=2, memory_mib=GPU_MIB)
 
 
 @pytest.fixture(scope="module")
@@ -76,21 +74,10 @@ class Bundles:
              gpu: str = "0") -> Path:
         self.n += 1
         b = self.tmp / f"bundle{self.n}"
-        b.mkdir()
-        if rootfs is None:
-            shutil.copytree(self.base, b / "rootfs", symlinks=True)
-        else:
+        if rootfs is not None:
+            b.mkdir()
             shutil.move(rootfs, b / "rootfs")
-        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-        spec = json.loads((b / "config.json").read_text())
-        spec["root"] = {"path": "rootfs", "readonly": False}
-        spec["process"].update(
-            terminal=False, args=["/bin/sh", "-c", script],
-            env=["PATH=/usr/local/bin:/usr/bin:/bin", f"{NVD}={gpu}",
-                 *(f"{k}={v}" for k, v in env.items())],
-        )
-        (b / "config.json").write_text(json.dumps(spec, indent="\t"))
-        return b
+        return gpu_bundle(b, self.base if rootfs is None else None, script, gpu, env)
 
 
 @pytest.fixture
@@ -194,3 +181,13 @@ def wait_used(sim: host.SimHost, at_least: int, p: subprocess.Popen[str]) -> Non
 def stop(runc: Runc, cid: str, p: subprocess.Popen[str]) -> None:
     runc.kill(cid)
     p.communicate(timeout=60)
+
+
+def create_logged(tmp_path: Path, b: Path, sim: host.SimHost) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`nvctk-runtime create` of bundle b with runc's JSON log: (its result, the log)."""
+    log = tmp_path / "runc-log.json"
+    r = subprocess.run(
+        [RUNTIME, "--root", str(tmp_path / "runc-root"), "--log", str(log), "--log-format",
+         "json", "create", "--bundle", str(b), "cid"],
+        env={**os.environ, **sim.env}, capture_output=True, text=True, timeout=60)
+    return r, log

@@ -30,25 +30,28 @@ def until(pred: Callable[[], T], timeout: float, what: str, poll: float = 0.05) 
 
 
 def line(stream: IO[str], want: str, timeout: float, what: str = "") -> list[str]:
-    """Lines read from `stream` (a text pipe) up to and including the first that starts
-    with `want`; AssertionError at EOF or after `timeout` s."""
+    """Lines read from `stream` (a text pipe nothing else has read from yet) up to and
+    including the first that starts with `want`; AssertionError at EOF or after
+    `timeout` s. Reads byte by byte, so what follows stays in the pipe for the next
+    call (or communicate())."""
     deadline = time.monotonic() + timeout
     seen: list[str] = []
     fd = stream.fileno()
-    buf = b""
+    buf = bytearray()
     while True:
-        while b"\n" in buf:
-            raw, buf = buf.split(b"\n", 1)
-            text = raw.decode(errors="replace")
-            seen.append(text)
-            if text.startswith(want):
-                return seen
         left = deadline - time.monotonic()
         if left <= 0:
             raise AssertionError(f"timed out waiting for {what or want!r}; read {seen}")
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise AssertionError(f"EOF before {what or want!r}; read {seen}")
-            buf += chunk
+        if not select.select([fd], [], [], left)[0]:
+            continue
+        byte = os.read(fd, 1)
+        if not byte:
+            raise AssertionError(f"EOF before {what or want!r}; read {seen}")
+        if byte != b"\n":
+            buf += byte
+            continue
+        text = buf.decode(errors="replace")
+        buf.clear()
+        seen.append(text)
+        if text.startswith(want):
+            return seen

@@ -1,6 +1,6 @@
 """The device plugin's logic without gRPC: config validation, resources per mode,
 Allocate per strategy and sharing mode, GetPreferredAllocation. The gRPC side, with
-a fake kubelet, is tests/test_deviceplugin_grpc.py."""
+a fake kubelet, is tests/integration/test_k8s_grpc.py."""
 
 from __future__ import annotations
 

@@ -434,6 +434,15 @@ static CUresult get_dev(CUdevice dev, struct dev **out)
     return CUDA_SUCCESS;
 }
 
+/* `d` = the device of ordinal `dev`, or return get_dev()'s error (the head of every
+ * per-device entry point) */
+#define GET_DEV(dev, d)                                                                            \
+    do {                                                                                           \
+        CUresult r_ = get_dev(dev, &(d));                                                          \
+        if (r_)                                                                                    \
+            return r_;                                                                             \
+    } while (0)
+
 static CUdevice dev_ordinal(const struct dev *d)
 {
     return (CUdevice)(d - g.devs);
@@ -446,39 +455,18 @@ static const struct {
     CUresult r;
     const char *name, *str;
 } errtab[] = {
-    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
-    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
-    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
-    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
-    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
-    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
-    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
-    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
-    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
-    {CUDA_ERROR_ALREADY_MAPPED, "CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"},
-    {CUDA_ERROR_NOT_MAPPED, "CUDA_ERROR_NOT_MAPPED", "resource not mapped"},
-    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
-    {CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"},
-    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
-    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
-    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
-    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
-    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
-    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
-    {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"},
-    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
-    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
-    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
-    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+#include "cuda_errors.inc" /* nvctk/sim/data/cuda_errors.txt */
 };
 
-CUAPI CUresult cuGetErrorString(CUresult error, const char **pStr)
+/* errtab's name (want_name) or description of `error` into *pStr; NULL and
+ * CUDA_ERROR_INVALID_VALUE for a code the driver does not know */
+static CUresult error_text(CUresult error, const char **pStr, int want_name)
 {
     if (!pStr)
         return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof(errtab) / sizeof(errtab[0]); i++) {
         if (errtab[i].r == error) {
-            *pStr = errtab[i].str;
+            *pStr = want_name ? errtab[i].name : errtab[i].str;
             return CUDA_SUCCESS;
         }
     }
@@ -486,18 +474,14 @@ CUAPI CUresult cuGetErrorString(CUresult error, const char **pStr)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+CUAPI CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    return error_text(error, pStr, 0);
+}
+
 CUAPI CUresult cuGetErrorName(CUresult error, const char **pStr)
 {
-    if (!pStr)
-        return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < sizeof(errtab) / sizeof(errtab[0]); i++) {
-        if (errtab[i].r == error) {
-            *pStr = errtab[i].name;
-            return CUDA_SUCCESS;
-        }
-    }
-    *pStr = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    return error_text(error, pStr, 1);
 }
 
 /* Works before cuInit, as in the real driver: the runtime asks first. */
@@ -524,9 +508,7 @@ CUAPI CUresult cuDeviceGetCount(int *count)
 CUAPI CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
     struct dev *d;
-    CUresult r = get_dev(ordinal, &d);
-    if (r)
-        return r;
+    GET_DEV(ordinal, d);
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
     *device = ordinal;
@@ -536,9 +518,7 @@ CUAPI CUresult cuDeviceGet(CUdevice *device, int ordinal)
 CUAPI CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (d->mig)
@@ -574,9 +554,7 @@ static void parse_uuid(const char *s, CUuuid *out)
 CUAPI CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
     parse_uuid(d->t->uuid, uuid);
@@ -586,9 +564,7 @@ CUAPI CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 CUAPI CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
     parse_uuid(dev_uuid(d), uuid);
@@ -598,9 +574,7 @@ CUAPI CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 CUAPI CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!bytes)
         return CUDA_ERROR_INVALID_VALUE;
     *bytes = d->total;
@@ -628,58 +602,13 @@ static int sm_count(const struct dev *d)
 CUAPI CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pi)
         return CUDA_ERROR_INVALID_VALUE;
     int hopper = d->t->cc_major >= 9;
     int v;
     switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: v = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: v = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: v = 64; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: v = 2147483647; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: v = 65535; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: v = 65535; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = 49152; break;
-    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_PITCH: v = 2147483647; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: v = 65536; break;
-    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = hopper ? 1980000 : 1410000; break; /* kHz */
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: v = 512; break;
-    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = sm_count(d); break;
-    case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = 0; break; /* default */
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = (int)d->t->pci_bus; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = (int)d->t->pci_device; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = (int)d->t->pci_domain; break;
-    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: v = hopper ? 2619000 : 1593000; break;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; break;
-    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = hopper ? 52428800 : 41943040; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; break;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = hopper ? 3 : 2; break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = d->t->cc_major; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = d->t->cc_minor; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = hopper ? 233472 : 167936; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = 65536; break;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: v = hopper ? 232448 : 166912; break;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: v = 32; break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; break;
+#include "cuda_attributes.inc" /* nvctk/sim/data/cuda_attributes.txt */
     default:
         /* Attributes the mock has no opinion on are valid but unsupported (0),
          * as a real driver reports features a device lacks; beyond the enum's
@@ -695,9 +624,7 @@ CUAPI CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice
 CUAPI CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!major || !minor)
         return CUDA_ERROR_INVALID_VALUE;
     *major = d->t->cc_major;
@@ -709,9 +636,7 @@ CUAPI CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 CUAPI CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pciBusId || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     snprintf(pciBusId, (size_t)len, "%04X:%02X:%02X.0", d->t->pci_domain, d->t->pci_bus,
@@ -942,15 +867,13 @@ static CUresult ctx_open(struct dev *d)
 CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lk);
     if (d->pctx_refs == 0) {
         pthread_mutex_unlock(&lk);
-        r = ctx_open(d);
+        CUresult r = ctx_open(d);
         if (r)
             return r;
         pthread_mutex_lock(&lk);
@@ -978,9 +901,7 @@ static void primary_destroy_locked(struct dev *d)
 CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     pthread_mutex_lock(&lk);
     if (d->pctx_refs == 0) {
         pthread_mutex_unlock(&lk);
@@ -995,9 +916,7 @@ CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 CUAPI CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     pthread_mutex_lock(&lk);
     if (d->pctx_refs > 0)
         primary_destroy_locked(d);
@@ -1009,9 +928,7 @@ CUAPI CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 CUAPI CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (flags & ~(unsigned)CU_CTX_FLAGS_MASK)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lk);
@@ -1024,9 +941,7 @@ CUAPI CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 CUAPI CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!flags || !active)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lk);
@@ -1047,15 +962,13 @@ static CUresult push(struct ctx *c)
 CUAPI CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pctx || (flags & ~(unsigned)CU_CTX_FLAGS_MASK))
         return CUDA_ERROR_INVALID_VALUE;
     struct ctx *c = calloc(1, sizeof(*c));
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    r = ctx_open(d);
+    CUresult r = ctx_open(d);
     if (r) {
         free(c);
         return r;
@@ -1710,9 +1623,7 @@ CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr
 CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pool_out)
         return CUDA_ERROR_INVALID_VALUE;
     *pool_out = (CUmemoryPool)&d->default_pool;
@@ -1722,9 +1633,7 @@ CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lk);
@@ -1736,9 +1645,7 @@ CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 CUAPI CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
     struct dev *d;
-    CUresult r = get_dev(dev, &d);
-    if (r)
-        return r;
+    GET_DEV(dev, d);
     struct pool *p = (struct pool *)pool;
     if (!p || p->magic != MAGIC_POOL || p->d != d)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2773,12 +2680,9 @@ CUAPI CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
                                        const CUgraphNode *dependencies, size_t numDependencies,
                                        const CUDA_KERNEL_NODE_PARAMS *p)
 {
-    if (!p)
-        return CUDA_ERROR_INVALID_VALUE;
-    unsigned dims[7] = {p->gridDimX,  p->gridDimY,  p->gridDimZ,     p->blockDimX,
-                        p->blockDimY, p->blockDimZ, p->sharedMemBytes};
-    return add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies, p->func, dims,
-                           p->kernelParams, p->extra);
+    /* v1's fields are its first member; kern and ctx are not simulated */
+    return cuGraphAddKernelNode(phGraphNode, hGraph, dependencies, numDependencies,
+                                p ? &p->v1 : NULL);
 }
 
 CUAPI CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
@@ -2916,7 +2820,6 @@ CUAPI CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *capt
 /* cuGetProcAddress                                                    */
 
 typedef void (*fnptr)(void);
-#define E(name, ver, fn) {name, ver, (fnptr)(fn)}
 
 /* generated with the stubs (build.py): the newest form of each base name */
 __attribute__((visibility("hidden"))) fnptr nvsim_cuda_proc_lookup(const char *name);
@@ -2928,121 +2831,8 @@ static const struct proc {
     int version;
     fnptr fn;
 } procs[] = {
-    E("cuGetErrorString", 6000, cuGetErrorString),
-    E("cuGetErrorName", 6000, cuGetErrorName),
-    E("cuInit", 2000, cuInit),
-    E("cuDriverGetVersion", 2020, cuDriverGetVersion),
-    E("cuGetProcAddress", 11030, cuGetProcAddress),
-    E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
-    E("cuDeviceGet", 2000, cuDeviceGet),
-    E("cuDeviceGetCount", 2000, cuDeviceGetCount),
-    E("cuDeviceGetName", 2000, cuDeviceGetName),
-    E("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
-    E("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
-    E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
-    E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
-    E("cuDeviceComputeCapability", 2000, cuDeviceComputeCapability),
-    E("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId),
-    E("cuDeviceGetByPCIBusId", 4010, cuDeviceGetByPCIBusId),
-    E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
-    E("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
-    E("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
-    E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
-    E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
-    E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
-    E("cuDevicePrimaryCtxSetFlags", 11000, cuDevicePrimaryCtxSetFlags_v2),
-    E("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
-    E("cuCtxCreate", 3020, cuCtxCreate_v2),
-    E("cuCtxCreate", 11040, cuCtxCreate_v3),
-    E("cuCtxCreate", 12050, cuCtxCreate_v4),
-    E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
-    E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
-    E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
-    E("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
-    E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
-    E("cuCtxGetDevice", 2000, cuCtxGetDevice),
-    E("cuCtxGetFlags", 7000, cuCtxGetFlags),
-    E("cuCtxGetApiVersion", 3020, cuCtxGetApiVersion),
-    E("cuCtxSynchronize", 2000, cuCtxSynchronize),
-    E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
-    E("cuMemAlloc", 3020, cuMemAlloc_v2),
-    E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
-    E("cuMemAllocManaged", 6000, cuMemAllocManaged),
-    E("cuMemFree", 3020, cuMemFree_v2),
-    E("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
-    E("cuMemAllocHost", 3020, cuMemAllocHost_v2),
-    E("cuMemHostAlloc", 2020, cuMemHostAlloc),
-    E("cuMemFreeHost", 2000, cuMemFreeHost),
-    E("cuMemAllocAsync", 11020, cuMemAllocAsync),
-    E("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
-    E("cuMemFreeAsync", 11020, cuMemFreeAsync),
-    E("cuMemPoolCreate", 11020, cuMemPoolCreate),
-    E("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
-    E("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
-    E("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
-    E("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
-    E("cuArrayCreate", 3020, cuArrayCreate_v2),
-    E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
-    E("cuArrayDestroy", 2000, cuArrayDestroy),
-    E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
-    E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
-    E("cuMemCreate", 10020, cuMemCreate),
-    E("cuMemRelease", 10020, cuMemRelease),
-    E("cuMemAddressReserve", 10020, cuMemAddressReserve),
-    E("cuMemAddressFree", 10020, cuMemAddressFree),
-    E("cuMemMap", 10020, cuMemMap),
-    E("cuMemUnmap", 10020, cuMemUnmap),
-    E("cuMemSetAccess", 10020, cuMemSetAccess),
-    E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
-    E("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
-    E("cuMemcpy", 4000, cuMemcpy),
-    E("cuMemcpyAsync", 4000, cuMemcpyAsync),
-    E("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
-    E("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
-    E("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
-    E("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
-    E("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
-    E("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2),
-    E("cuMemsetD8", 3020, cuMemsetD8_v2),
-    E("cuMemsetD16", 3020, cuMemsetD16_v2),
-    E("cuMemsetD32", 3020, cuMemsetD32_v2),
-    E("cuMemsetD8Async", 3020, cuMemsetD8Async),
-    E("cuMemsetD16Async", 3020, cuMemsetD16Async),
-    E("cuMemsetD32Async", 3020, cuMemsetD32Async),
-    E("cuModuleLoad", 2000, cuModuleLoad),
-    E("cuModuleLoadData", 2000, cuModuleLoadData),
-    E("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx),
-    E("cuModuleLoadFatBinary", 2000, cuModuleLoadFatBinary),
-    E("cuModuleUnload", 2000, cuModuleUnload),
-    E("cuModuleGetFunction", 2000, cuModuleGetFunction),
-    E("cuLaunchKernel", 4000, cuLaunchKernel),
-    E("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
-    E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
-    E("cuStreamCreate", 2000, cuStreamCreate),
-    E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
-    E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
-    E("cuStreamSynchronize", 2000, cuStreamSynchronize),
-    E("cuStreamQuery", 2000, cuStreamQuery),
-    E("cuStreamGetCtx", 9020, cuStreamGetCtx),
-    E("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
-    E("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
-    E("cuStreamEndCapture", 10000, cuStreamEndCapture),
-    E("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
-    E("cuEventCreate", 2000, cuEventCreate),
-    E("cuEventRecord", 2000, cuEventRecord),
-    E("cuEventQuery", 2000, cuEventQuery),
-    E("cuEventSynchronize", 2000, cuEventSynchronize),
-    E("cuEventElapsedTime", 2000, cuEventElapsedTime),
-    E("cuEventDestroy", 4000, cuEventDestroy_v2),
-    E("cuGraphCreate", 10000, cuGraphCreate),
-    E("cuGraphDestroy", 10000, cuGraphDestroy),
-    E("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
-    E("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
-    E("cuGraphInstantiate", 11000, cuGraphInstantiate_v2),
-    E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
-    E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
-    E("cuGraphLaunch", 10000, cuGraphLaunch),
-    E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+/* nvctk/sim/data/cuda_procs.txt, generated by build.py */
+#include "cuda_procs.inc"
 };
 
 CUAPI CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,

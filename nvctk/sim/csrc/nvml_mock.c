@@ -197,6 +197,17 @@ static int mig_capable(const struct nvsim_topo_gpu *t)
     return t->nmig > 0 || cc == 80 || cc == 90;
 }
 
+/* The head of every device query: a valid handle of `kind` (check()), then the
+ * caller's output pointers (`outs`: a condition on them) not NULL. */
+#define DEVICE_QUERY(d, kind, outs)                                                                \
+    do {                                                                                           \
+        nvmlReturn_t r_ = check(d, kind);                                                          \
+        if (r_)                                                                                    \
+            return r_;                                                                             \
+        if (!(outs))                                                                               \
+            return NVML_ERROR_INVALID_ARGUMENT;                                                    \
+    } while (0)
+
 static nvmlReturn_t copy_str(char *dst, unsigned len, const char *src)
 {
     size_t n = strlen(src);
@@ -402,25 +413,10 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned len)
     return copy_str(uuid, len, d->is_mig ? d->mig->uuid : topo(d)->uuid);
 }
 
-nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned *minor)
-{
-    nvmlReturn_t r = check(d, 1);
-    if (r)
-        return r;
-    if (!minor)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *minor = topo(d)->minor;
-    return NVML_SUCCESS;
-}
-
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci)
 {
     const struct nvsim_topo_gpu *t;
-    nvmlReturn_t r = check(d, 0);
-    if (r)
-        return r;
-    if (!pci)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 0, pci);
     t = topo(d); /* a MIG device reports its parent's PCI address */
     memset(pci, 0, sizeof *pci);
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0",
@@ -449,11 +445,7 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *pci)
 
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor)
 {
-    nvmlReturn_t r = check(d, 0);
-    if (r)
-        return r;
-    if (!major || !minor)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 0, major && minor);
     *major = topo(d)->cc_major;
     *minor = topo(d)->cc_minor;
     return NVML_SUCCESS;
@@ -467,11 +459,7 @@ nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, int *brand)
         {"quadro_rtx", 12}, {"nvidia_rtx", 13}, {"nvidia", 14}, {"geforce_rtx", 15},
         {"titan_rtx", 16},
     };
-    nvmlReturn_t r = check(d, 0);
-    if (r)
-        return r;
-    if (!brand)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 0, brand);
     *brand = 0;
     for (size_t i = 0; i < sizeof brands / sizeof brands[0]; i++)
         if (strcasecmp(topo(d)->brand, brands[i].name) == 0)
@@ -483,36 +471,17 @@ nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, int *brand)
 
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned *current, unsigned *pending)
 {
-    nvmlReturn_t r = check(d, 1);
-    if (r)
-        return r;
-    if (!current || !pending)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 1, current && pending);
     if (!mig_capable(topo(d)))
         return NVML_ERROR_NOT_SUPPORTED;
     *current = *pending = topo(d)->nmig > 0;
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned *count)
-{
-    nvmlReturn_t r = check(d, 1);
-    if (r)
-        return r;
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *count = mig_capable(topo(d)) ? 7 : 0;
-    return NVML_SUCCESS;
-}
-
 nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned index,
                                                  nvmlDevice_t *mig)
 {
-    nvmlReturn_t r = check(d, 1);
-    if (r)
-        return r;
-    if (!mig)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 1, mig);
     if (!mig_capable(topo(d)))
         return NVML_ERROR_NOT_SUPPORTED;
     if (topo(d)->nmig == 0)
@@ -520,17 +489,6 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned index,
     if (index >= g_nvis_mig[d->gpu])
         return NVML_ERROR_NOT_FOUND;
     *mig = g_vis_mig[d->gpu][index];
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned *is_mig)
-{
-    nvmlReturn_t r = check(d, 0);
-    if (r)
-        return r;
-    if (!is_mig)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *is_mig = (unsigned)d->is_mig;
     return NVML_SUCCESS;
 }
 
@@ -542,28 +500,6 @@ nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDe
     if (!parent)
         return NVML_ERROR_INVALID_ARGUMENT;
     *parent = d->parent;
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned *id)
-{
-    nvmlReturn_t r = check(d, 2);
-    if (r)
-        return r;
-    if (!id)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *id = d->mig->gi;
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned *id)
-{
-    nvmlReturn_t r = check(d, 2);
-    if (r)
-        return r;
-    if (!id)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *id = d->mig->ci;
     return NVML_SUCCESS;
 }
 
@@ -610,11 +546,7 @@ static void fill_profile(const struct nvsim_topo_profile *p, nvmlGpuInstanceProf
 static nvmlReturn_t profile_info(nvmlDevice_t d, const struct nvsim_topo_profile *p,
                                  nvmlGpuInstanceProfileInfo_v2_t *info)
 {
-    nvmlReturn_t r = check(d, 1);
-    if (r)
-        return r;
-    if (!info)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 1, info);
     if (!mig_capable(topo(d)) || !p)
         return NVML_ERROR_NOT_SUPPORTED;
     if (info->version != NVML_GI_PROFILE_INFO_V2_VERSION)
@@ -679,11 +611,7 @@ static void mem_of(nvmlDevice_t d, unsigned long long *total, unsigned long long
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *mem)
 {
-    nvmlReturn_t r = check(d, 0);
-    if (r)
-        return r;
-    if (!mem)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 0, mem);
     mem_of(d, &mem->total, &mem->used);
     mem->free = mem->total - mem->used;
     return NVML_SUCCESS;
@@ -691,11 +619,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *mem)
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *mem)
 {
-    nvmlReturn_t r = check(d, 0);
-    if (r)
-        return r;
-    if (!mem)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 0, mem);
     if (mem->version != NVML_MEMORY_V2_VERSION)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     mem_of(d, &mem->total, &mem->used);
@@ -775,22 +699,32 @@ static uint64_t self_pidns(void)
     return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
 }
 
-/* NSpid's last entry and the start time of /proc/<n>; 0 when unreadable */
-static int proc_facts(const char *n, int32_t *nspid, uint64_t *start)
+/* /proc/<n>/<what> into buf (NUL-terminated, at most size - 1 bytes); 0 when unreadable */
+static int read_proc(const char *n, const char *what, char *buf, size_t size)
 {
-    char path[300], buf[4096];
+    char path[300];
     ssize_t len;
     int fd;
-    char *p;
 
-    snprintf(path, sizeof path, "/proc/%s/status", n);
+    snprintf(path, sizeof path, "/proc/%s/%s", n, what);
     if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         return 0;
-    len = read(fd, buf, sizeof buf - 1);
+    len = read(fd, buf, size - 1);
     close(fd);
     if (len <= 0)
         return 0;
     buf[len] = 0;
+    return 1;
+}
+
+/* NSpid's last entry and the start time of /proc/<n>; 0 when unreadable */
+static int proc_facts(const char *n, int32_t *nspid, uint64_t *start)
+{
+    char buf[4096];
+    char *p;
+
+    if (!read_proc(n, "status", buf, sizeof buf))
+        return 0;
     if (!(p = strstr(buf, "\nNSpid:")))
         return 0;
     p += 7;
@@ -802,14 +736,8 @@ static int proc_facts(const char *n, int32_t *nspid, uint64_t *start)
         *nspid = (int32_t)v;
         p = end;
     }
-    snprintf(path, sizeof path, "/proc/%s/stat", n);
-    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+    if (!read_proc(n, "stat", buf, sizeof buf))
         return 0;
-    len = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (len <= 0)
-        return 0;
-    buf[len] = 0;
     if (!(p = strrchr(buf, ')')))
         return 0;
     for (int field = 2; p && field < 22; field++) /* to field 22 */
@@ -902,11 +830,7 @@ static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned *count, void *infos, 
     struct nvsim_proc procs[NVSIM_MAX_PROCS];
     unsigned pids[NVSIM_MAX_PROCS];
     unsigned n;
-    nvmlReturn_t r = check(d, 0);
-    if (r)
-        return r;
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 0, count);
     n = live_procs(d, procs, NULL, NVSIM_MAX_PROCS);
     if (n > *count || (n && !infos)) {
         *count = n;
@@ -951,38 +875,22 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *c
 /* The sim runs no graphics or MPS clients: those lists are always empty. */
 static nvmlReturn_t no_procs(nvmlDevice_t d, unsigned *count)
 {
-    nvmlReturn_t r = check(d, 0);
-    if (r)
-        return r;
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 0, count);
     *count = 0;
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned *c, void *i)
-{
-    (void)i;
-    return no_procs(d, c);
-}
-
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned *c, void *i)
-{
-    (void)i;
-    return no_procs(d, c);
-}
-
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned *c, void *i)
-{
-    (void)i;
-    return no_procs(d, c);
-}
-
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *c, void *i)
-{
-    (void)i;
-    return no_procs(d, c);
-}
+/* graphics and MPS processes: the simulated GPUs run none */
+#define NO_PROCS(name)                                                                             \
+    nvmlReturn_t name(nvmlDevice_t d, unsigned *c, void *i)                                        \
+    {                                                                                              \
+        (void)i;                                                                                   \
+        return no_procs(d, c);                                                                     \
+    }
+NO_PROCS(nvmlDeviceGetGraphicsRunningProcesses_v2)
+NO_PROCS(nvmlDeviceGetGraphicsRunningProcesses_v3)
+NO_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v2)
+NO_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v3)
 
 /* Samples since last_seen (microseconds, CLOCK_REALTIME; 0: the last second),
  * as the real driver keeps them: per process, from its busy-time history
@@ -999,11 +907,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
     struct nvsim_state *st;
     unsigned n, k = 0;
     uint64_t now_q, start_q, span;
-    nvmlReturn_t r = check(d, 1);
-    if (r)
-        return r;
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    DEVICE_QUERY(d, 1, count);
     st = nvsim_state_open();
     now_q = nvsim_realtime_ns() / NVSIM_HIST_PERIOD_NS; /* the current, incomplete period */
     start_q = last_seen ? (last_seen * 1000ull + NVSIM_HIST_PERIOD_NS - 1) / NVSIM_HIST_PERIOD_NS
@@ -1133,17 +1037,6 @@ nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types)
-{
-    nvmlReturn_t r = check(d, 1);
-    if (r)
-        return r;
-    if (!types)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *types = NVML_EVENT_TYPE_XID;
-    return NVML_SUCCESS;
-}
-
 nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t set)
 {
     nvmlReturn_t r = check(d, 1);
@@ -1211,3 +1104,6 @@ nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigne
 {
     return nvmlEventSetWait_v2(set, data, timeout_ms);
 }
+
+/* the getters of one shape: nvctk/sim/data/nvml_getters.txt, generated by build.py */
+#include "nvml_getters.inc"

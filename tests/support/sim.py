@@ -1,0 +1,34 @@
+"""Simulated hosts for tests: module-scoped views of the session's (its nvctk config and
+what NVML reports of it, re-bound by the files that use them: `cfg, host = _sim.cfg,
+_sim.host`), and own_sim() for a module that needs a host of its own."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from nvctk.base import config as nvconfig
+from nvctk.host.inventory import HostInfo
+from nvctk.host.nvml import query_host
+from nvctk.sim import host as simhost
+from nvctk.sim.host import SimHost
+from nvctk.sim.topology import make_topology
+
+
+@pytest.fixture(scope="module")
+def cfg(sim_host: SimHost) -> nvconfig.Config:
+    return nvconfig.load(sim_host.config_path)
+
+
+@pytest.fixture(scope="module")
+def host(sim_host: SimHost) -> HostInfo:
+    return query_host(sim_host.root)
+
+
+def own_sim(factory: pytest.TempPathFactory, name: str, **topology: Any) -> SimHost:
+    """A simulated host of a module's own (make_topology(**topology)); skips without root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    return simhost.init(str(factory.mktemp(name) / "host"), make_topology(**topology))
