@@ -109,6 +109,8 @@ none_result(long ret, const char *what)
     Py_RETURN_NONE;
 }
 
+#define OPENAT2_RETRIES 1000
+
 PyDoc_STRVAR(openat2_doc, "openat2(dirfd, path, flags, mode, resolve) -> fd");
 
 static PyObject *
@@ -123,7 +125,14 @@ sys_openat2(PyObject *self, PyObject *args)
     struct nvctk_open_how how = {flags, mode, resolve};
     long ret;
     Py_BEGIN_ALLOW_THREADS
-    ret = syscall(SYS_openat2, dirfd, PyBytes_AS_STRING(path), &how, sizeof how);
+    /* RESOLVE_IN_ROOT/BENEATH fail with EAGAIN when a rename or mount anywhere on the
+     * host raced a ".." step (openat2(2)): the path was not looked at, so look again;
+     * bounded, so a host renaming without pause still gets an answer */
+    for (int tries = 0;; tries++) {
+        ret = syscall(SYS_openat2, dirfd, PyBytes_AS_STRING(path), &how, sizeof how);
+        if (ret >= 0 || errno != EAGAIN || tries == OPENAT2_RETRIES)
+            break;
+    }
     Py_END_ALLOW_THREADS
     Py_DECREF(path);
     return fd_result(ret, "openat2");

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -346,3 +347,30 @@ def test_pin_and_ensure_exact(rootfs: Path, canary: Path, host_table: None) -> N
         assert len(mounter.attached) == 2 and not mounter.undo()
 
     in_private_ns(body)
+
+
+def test_lookups_hold_while_the_host_renames(rootfs: Path, tmp_path: Path) -> None:
+    """openat2's RESOLVE_IN_ROOT answers EAGAIN when a rename anywhere on the host races a
+    ".." step: a busy node (engines renaming their state files) made a present glibc
+    loader look absent, refusing capped containers. Every lookup is answered."""
+    os.makedirs(rootfs / "lib/x86_64-linux-gnu")
+    (rootfs / "lib/x86_64-linux-gnu/ld.so").write_text("")
+    os.makedirs(rootfs / "usr", exist_ok=True)
+    os.symlink("../lib/x86_64-linux-gnu/ld.so", rootfs / "usr/ld.so")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("")
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            os.rename(a, b)
+            os.rename(b, a)
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        misses = sum(not m.exists_in_rootfs(str(rootfs), "/usr/ld.so") for _ in range(5000))
+    finally:
+        stop.set()
+        t.join()
+    assert misses == 0
