@@ -307,6 +307,17 @@ def _bundle(tmp: Path, envvars: list[str], name: str = "bundle", rootfs: str = "
     return b
 
 
+def _rootfs_bundle(b: Path, rootfs: str, args: list[str], env: list[str]) -> dict[str, Any]:
+    """runc's default spec in a new bundle b, on rootfs (writable), running args with
+    PATH and env; returned for the caller to add to and write."""
+    b.mkdir()
+    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+    spec = json.loads((b / "config.json").read_text())
+    spec["root"] = {"path": rootfs, "readonly": False}
+    spec["process"].update(terminal=False, args=args, env=["PATH=/usr/bin:/bin:/sbin", *env])
+    return spec
+
+
 def _set_env(b: Path, envvars: list[str]) -> None:
     spec = json.loads((b / "config.json").read_text())
     spec["process"]["env"] = ["PATH=/bin", *envvars]
@@ -400,12 +411,8 @@ def test_runc_sees_the_same_gpu_in_cdi_and_legacy_mode(sim_host: SimHost, spec_d
 
     def run(name: str, config: str, value: str) -> str:
         b = tmp_path / name
-        b.mkdir()
-        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-        spec = json.loads((b / "config.json").read_text())
-        spec["root"] = {"path": rootfs, "readonly": False}
-        spec["process"].update(terminal=False, args=["sh", "-c", "nvidia-smi -L"],
-                               env=["PATH=/usr/bin:/bin:/sbin", f"NVIDIA_VISIBLE_DEVICES={value}"])
+        spec = _rootfs_bundle(b, rootfs, ["sh", "-c", "nvidia-smi -L"],
+                              [f"NVIDIA_VISIBLE_DEVICES={value}"])
         (b / "config.json").write_text(json.dumps(spec))
         cid = "nvctk-cdi-mode-" + uuid.uuid4().hex[:8]
         ids.append(cid)
@@ -650,12 +657,7 @@ def test_real_runc_creates_nothing_on_a_bound_host_dir(sim_host: SimHost, spec_d
     base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
     (tmp_path / "c.toml").write_text(_with(base, mode=f'"{mode}"'))
     b = tmp_path / "b"
-    b.mkdir()
-    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-    spec = json.loads((b / "config.json").read_text())
-    spec["root"] = {"path": rootfs, "readonly": False}
-    spec["process"].update(terminal=False, args=["true"],
-                           env=["PATH=/usr/bin:/bin:/sbin", "NVIDIA_VISIBLE_DEVICES=0"])
+    spec = _rootfs_bundle(b, rootfs, ["true"], ["NVIDIA_VISIBLE_DEVICES=0"])
     spec["mounts"].append({"destination": _LIB, "type": "bind", "source": str(host),
                            "options": ["rbind", "rw"]})
     (b / "config.json").write_text(json.dumps(spec))
@@ -758,14 +760,9 @@ def test_config_files_reach_the_container_in_both_modes(sim_host: SimHost, spec_
     base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
     (tmp_path / "c.toml").write_text(_with(base, mode=f'"{mode}"'))
     b = tmp_path / "b"
-    b.mkdir()
-    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-    spec = json.loads((b / "config.json").read_text())
-    spec["root"] = {"path": rootfs, "readonly": False}
     script = "; ".join(f"test -s {f} && echo present {f}" for f in _CONFIG_FILES) + "; true"
-    spec["process"].update(terminal=False, args=["sh", "-c", script],
-                           env=["PATH=/usr/bin:/bin:/sbin", "NVIDIA_VISIBLE_DEVICES=0",
-                                "NVIDIA_DRIVER_CAPABILITIES=all"])
+    spec = _rootfs_bundle(b, rootfs, ["sh", "-c", script],
+                          ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all"])
     (b / "config.json").write_text(json.dumps(spec))
     cid = "nvctk-cfg-files-" + uuid.uuid4().hex[:8]
     root = tmp_path / "runc-root"

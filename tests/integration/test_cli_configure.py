@@ -142,17 +142,6 @@ def test_containerd_keeps_comments_and_order(nv: Run, tmp_path: Path) -> None:
     assert cfg.read_text() == COMMENTED
 
 
-def test_containerd_remove_after_user_edit_keeps_the_edit(nv: Run, tmp_path: Path) -> None:
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(COMMENTED)
-    assert nv("--runtime", "containerd", "--config", str(cfg), "--set-as-default").returncode == 0
-    cfg.write_text(cfg.read_text().replace("pause:3.9", "pause:3.10"))
-    res = nv("--runtime", "containerd", "--config", str(cfg), "--remove")
-    assert res.returncode == 0, res.stderr
-    # not byte-exact any more (no .bak matches): nvctk's runtime goes, the edit stays
-    assert cfg.read_text() == COMMENTED.replace("pause:3.9", "pause:3.10")
-
-
 def test_containerd_remove_refuses_a_foreign_runtime_of_that_name(nv: Run, tmp_path: Path) -> None:
     cfg = tmp_path / "config.toml"
     text = COMMENTED + (f'\n[{V2}.containerd.runtimes.nvidia]\n  runtime_type = "io.containerd.runc.v2"\n'
@@ -509,13 +498,21 @@ def test_docker_remove_refuses_foreign_runtime(nv: Run, tmp_path: Path) -> None:
     assert cfg.read_text() == text
 
 
-def test_docker_remove_after_edit(nv: Run, tmp_path: Path) -> None:
-    cfg = tmp_path / "daemon.json"
-    cfg.write_text(DAEMON_JSON)
-    assert nv("--runtime", "docker", "--config", str(cfg), "--set-as-default").returncode == 0
-    cfg.write_text(cfg.read_text().replace("10m", "20m"))
-    assert nv("--runtime", "docker", "--config", str(cfg), "--remove").returncode == 0
-    assert cfg.read_text() == DAEMON_JSON.replace("10m", "20m")
+@pytest.mark.parametrize(("runtime", "name", "old", "edit"), [
+    ("containerd", "config.toml", "pause:3.9", "pause:3.10"),
+    ("docker", "daemon.json", "10m", "20m"),
+])
+def test_remove_after_user_edit_keeps_the_edit(nv: Run, tmp_path: Path, runtime: str, name: str,
+                                               old: str, edit: str) -> None:
+    text = COMMENTED if runtime == "containerd" else DAEMON_JSON
+    cfg = tmp_path / name
+    cfg.write_text(text)
+    assert nv("--runtime", runtime, "--config", str(cfg), "--set-as-default").returncode == 0
+    cfg.write_text(cfg.read_text().replace(old, edit))
+    res = nv("--runtime", runtime, "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    # not byte-exact any more (no .bak matches): nvctk's runtime goes, the edit stays
+    assert cfg.read_text() == text.replace(old, edit)
 
 
 # --- CRI-O --------------------------------------------------------------------------
