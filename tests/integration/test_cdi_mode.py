@@ -307,6 +307,25 @@ def _bundle(tmp: Path, envvars: list[str], name: str = "bundle", rootfs: str = "
     return b
 
 
+def _real_runc_in_both_modes(test: Callable[..., None]) -> Callable[..., None]:
+    """Slow, needs root and runc, once with mode "cdi" and once "legacy"."""
+    test = pytest.mark.parametrize("mode", ["cdi", "legacy"])(test)
+    test = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
+                              reason="needs root and runc")(test)
+    return pytest.mark.slow(test)
+
+
+def _mode_setup(sim_host: SimHost, spec_dir: Path, tmp_path: Path, mode: str) -> str:
+    """A rootfs under tmp_path (its path) and c.toml there: the host's config in
+    `mode`, reading CDI specs from spec_dir."""
+    from nvctk.sim.rootfs import build_rootfs
+
+    rootfs = build_rootfs(str(tmp_path / "rootfs"))
+    base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
+    (tmp_path / "c.toml").write_text(_with(base, mode=f'"{mode}"'))
+    return rootfs
+
+
 def _rootfs_bundle(b: Path, rootfs: str, args: list[str], env: list[str]) -> dict[str, Any]:
     """runc's default spec in a new bundle b, on rootfs (writable), running args with
     PATH and env; returned for the caller to add to and write."""
@@ -641,21 +660,15 @@ def test_cdi_create_is_fine_when_something_else_covers_the_bind(env: Env, spec_d
     assert sorted(os.listdir(host)) == ["keep"]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
-                    reason="needs root and runc")
-@pytest.mark.parametrize("mode", ["cdi", "legacy"])
+@_real_runc_in_both_modes
 def test_real_runc_creates_nothing_on_a_bound_host_dir(sim_host: SimHost, spec_dir: Path,
                                                        tmp_path: Path, mode: str) -> None:
     """Both modes, end to end: the start is refused and the host directory holds what
     it held."""
-    from nvctk.sim.rootfs import build_rootfs
     from support.fs import snapshot as tree
 
-    rootfs = build_rootfs(str(tmp_path / "rootfs"))
+    rootfs = _mode_setup(sim_host, spec_dir, tmp_path, mode)
     host = _host_dir(tmp_path)
-    base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
-    (tmp_path / "c.toml").write_text(_with(base, mode=f'"{mode}"'))
     b = tmp_path / "b"
     spec = _rootfs_bundle(b, rootfs, ["true"], ["NVIDIA_VISIBLE_DEVICES=0"])
     spec["mounts"].append({"destination": _LIB, "type": "bind", "source": str(host),
@@ -747,18 +760,11 @@ _CONFIG_FILES = ("/etc/OpenCL/vendors/nvidia.icd", "/usr/share/vulkan/icd.d/nvid
                  "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
-                    reason="needs root and runc")
-@pytest.mark.parametrize("mode", ["cdi", "legacy"])
+@_real_runc_in_both_modes
 def test_config_files_reach_the_container_in_both_modes(sim_host: SimHost, spec_dir: Path,
                                                         tmp_path: Path, mode: str) -> None:
     """NVIDIA's spec mounts these seven; nvctk's did not (OpenCL found no platform)."""
-    from nvctk.sim.rootfs import build_rootfs
-
-    rootfs = build_rootfs(str(tmp_path / "rootfs"))
-    base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
-    (tmp_path / "c.toml").write_text(_with(base, mode=f'"{mode}"'))
+    rootfs = _mode_setup(sim_host, spec_dir, tmp_path, mode)
     b = tmp_path / "b"
     script = "; ".join(f"test -s {f} && echo present {f}" for f in _CONFIG_FILES) + "; true"
     spec = _rootfs_bundle(b, rootfs, ["sh", "-c", script],

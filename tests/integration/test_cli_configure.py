@@ -644,9 +644,9 @@ def test_containerd_remove_keeps_a_hand_written_file(nv: Run, tmp_path: Path) ->
     assert toml(cfg) == {"version": 2}
 
 
-@pytest.mark.parametrize("engine", ["containerd", "docker"])
-def test_remove_restores_the_foreign_runtime_configure_replaced(nv: Run, tmp_path: Path,
-                                                                 engine: str) -> None:
+def _foreign_nvidia(engine: str, tmp_path: Path) -> tuple[Path, str]:
+    """The engine's config file under tmp_path, written with a runtime "nvidia" of
+    NVIDIA's toolkit (someone else's), and its text."""
     if engine == "containerd":
         cfg = tmp_path / "config.toml"
         text = (f'version = 2\n[{V2}.containerd.runtimes.nvidia]\n'
@@ -657,6 +657,13 @@ def test_remove_restores_the_foreign_runtime_configure_replaced(nv: Run, tmp_pat
         cfg = tmp_path / "daemon.json"
         text = '{"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}}}\n'
     cfg.write_text(text)
+    return cfg, text
+
+
+@pytest.mark.parametrize("engine", ["containerd", "docker"])
+def test_remove_restores_the_foreign_runtime_configure_replaced(nv: Run, tmp_path: Path,
+                                                                 engine: str) -> None:
+    cfg, text = _foreign_nvidia(engine, tmp_path)
     res = nv("--runtime", engine, "--config", str(cfg))
     assert res.returncode == 0, res.stderr
     assert RUNTIME in cfg.read_text()
@@ -812,18 +819,8 @@ def test_remove_after_edit_restores_the_foreign_runtime_configure_replaced(
         nv: Run, tmp_path: Path, engine: str) -> None:
     """As above, but the file was edited by hand since: the .bak no longer matches, and
     the runtime configure replaced still comes back (not deleted with nvctk's)."""
-    if engine == "containerd":
-        cfg = tmp_path / "config.toml"
-        text = (f'version = 2\n[{V2}.containerd.runtimes.nvidia]\n'
-                '  runtime_type = "io.containerd.runc.v2"\n'
-                f'[{V2}.containerd.runtimes.nvidia.options]\n'
-                '  BinaryName = "/usr/bin/nvidia-container-runtime"\n')
-        parse = tomllib.loads
-    else:
-        cfg = tmp_path / "daemon.json"
-        text = '{"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}}}\n'
-        parse = json.loads
-    cfg.write_text(text)
+    cfg, text = _foreign_nvidia(engine, tmp_path)
+    parse = tomllib.loads if engine == "containerd" else json.loads
     assert nv("--runtime", engine, "--config", str(cfg)).returncode == 0
     edited = cfg.read_text().replace("{", '{"debug": true, ', 1) if engine == "docker" \
         else cfg.read_text() + "# edited\n"
