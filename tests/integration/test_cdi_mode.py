@@ -326,6 +326,20 @@ def _mode_setup(sim_host: SimHost, spec_dir: Path, tmp_path: Path, mode: str) ->
     return rootfs
 
 
+def _runc_run(b: Path, config: Path, root: Path) -> subprocess.CompletedProcess[str]:
+    """`runc run` of bundle b through nvctk-runtime with config, its state under root;
+    the container is deleted after, whatever happened."""
+    cid = "nvctk-cdi-mode-" + uuid.uuid4().hex[:8]
+    try:
+        return subprocess.run([RUNTIME, "--root", str(root), "run", "--bundle", str(b), cid],
+                              env={**os.environ, "NVCTK_CONFIG": str(config)},
+                              capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
+                       capture_output=True, timeout=60)
+
+
 def _rootfs_bundle(b: Path, rootfs: str, args: list[str], env: list[str]) -> dict[str, Any]:
     """runc's default spec in a new bundle b, on rootfs (writable), running args with
     PATH and env; returned for the caller to add to and write."""
@@ -675,17 +689,9 @@ def test_real_runc_creates_nothing_on_a_bound_host_dir(sim_host: SimHost, spec_d
                            "options": ["rbind", "rw"]})
     (b / "config.json").write_text(json.dumps(spec))
     before = tree(host)
-    cid = "nvctk-cdi-bind-" + uuid.uuid4().hex[:8]
-    root = tmp_path / "runc-root"
-    try:
-        r = subprocess.run([RUNTIME, "--root", str(root), "run", "--bundle", str(b), cid],
-                           env={**os.environ, "NVCTK_CONFIG": str(tmp_path / "c.toml")},
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-        assert r.returncode != 0, r.stdout + r.stderr
-        assert tree(host) == before
-    finally:
-        subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
-                       capture_output=True, timeout=60)
+    r = _runc_run(b, tmp_path / "c.toml", tmp_path / "runc-root")
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert tree(host) == before
 
 
 # --- CDI vendors a container may name (issue 17, family 3) ---------------------------------
@@ -770,15 +776,7 @@ def test_config_files_reach_the_container_in_both_modes(sim_host: SimHost, spec_
     spec = _rootfs_bundle(b, rootfs, ["sh", "-c", script],
                           ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all"])
     (b / "config.json").write_text(json.dumps(spec))
-    cid = "nvctk-cfg-files-" + uuid.uuid4().hex[:8]
-    root = tmp_path / "runc-root"
-    try:
-        r = subprocess.run([RUNTIME, "--root", str(root), "run", "--bundle", str(b), cid],
-                           env={**os.environ, "NVCTK_CONFIG": str(tmp_path / "c.toml")},
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    finally:
-        subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
-                       capture_output=True, timeout=60)
+    r = _runc_run(b, tmp_path / "c.toml", tmp_path / "runc-root")
     assert r.returncode == 0, r.stdout + r.stderr
     assert [x.split()[1] for x in r.stdout.splitlines() if x.startswith("present ")] == \
         list(_CONFIG_FILES)
