@@ -5,6 +5,7 @@ _sim.host`), and own_sim() for a module that needs a host of its own."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +33,12 @@ def own_sim(factory: pytest.TempPathFactory, name: str, **topology: Any) -> SimH
     if os.geteuid() != 0:
         pytest.skip("needs root")
     return simhost.init(str(factory.mktemp(name) / "host"), make_topology(**topology))
+
+
+def sim_in(work: Path, **topology: Any) -> SimHost:
+    """A simulated host in work/sim (make_topology(**topology)), for a module's own
+    daemons."""
+    return simhost.init(str(work / "sim"), make_topology(**topology))
 
 
 def assert_mig_view(smi: str, caps: str, gpu: Any, mig: Any) -> None:
