@@ -447,6 +447,13 @@ static CUresult get_dev(CUdevice dev, struct dev **out)
             return r_;                                                                             \
     } while (0)
 
+/* struct dev *d of `ordinal`, with the out pointer `out` not NULL: how most device
+   queries open */
+#define DEV_QUERY(ordinal, d, out)                                                                 \
+    struct dev *d;                                                                                 \
+    GET_DEV(ordinal, d);                                                                           \
+    FAIL_IF(!(out), CUDA_ERROR_INVALID_VALUE)
+
 static CUdevice dev_ordinal(const struct dev *d)
 {
     return (CUdevice)(d - g.devs);
@@ -508,9 +515,7 @@ CUAPI CUresult cuDeviceGetCount(int *count)
 
 CUAPI CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
-    struct dev *d;
-    GET_DEV(ordinal, d);
-    FAIL_IF(!device, CUDA_ERROR_INVALID_VALUE);
+    DEV_QUERY(ordinal, d, device);
     *device = ordinal;
     return CUDA_SUCCESS;
 }
@@ -552,27 +557,21 @@ static void parse_uuid(const char *s, CUuuid *out)
 /* v1 gives a MIG device's parent GPU; v2 (CUDA 11.4+) the MIG device itself. */
 CUAPI CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    FAIL_IF(!uuid, CUDA_ERROR_INVALID_VALUE);
+    DEV_QUERY(dev, d, uuid);
     parse_uuid(d->t->uuid, uuid);
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    FAIL_IF(!uuid, CUDA_ERROR_INVALID_VALUE);
+    DEV_QUERY(dev, d, uuid);
     parse_uuid(dev_uuid(d), uuid);
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    FAIL_IF(!bytes, CUDA_ERROR_INVALID_VALUE);
+    DEV_QUERY(dev, d, bytes);
     *bytes = d->total;
     return CUDA_SUCCESS;
 }
@@ -597,9 +596,7 @@ static int sm_count(const struct dev *d)
 
 CUAPI CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    FAIL_IF(!pi, CUDA_ERROR_INVALID_VALUE);
+    DEV_QUERY(dev, d, pi);
     int hopper = d->t->cc_major >= 9;
     int v;
     switch (attrib) {
@@ -841,6 +838,15 @@ static CUresult need_ctx(struct ctx **out)
     return CUDA_SUCCESS;
 }
 
+/* struct ctx *c: the calling thread's current context, or return need_ctx's error */
+#define NEED_CTX(c)                                                                                \
+    struct ctx *c;                                                                                 \
+    do {                                                                                           \
+        CUresult r_ = need_ctx(&(c));                                                              \
+        if (r_)                                                                                    \
+            return r_;                                                                             \
+    } while (0)
+
 static CUresult ctx_open(struct dev *d)
 {
     CUresult r = charge(d, g.ctx_reserve);
@@ -853,9 +859,7 @@ static CUresult ctx_open(struct dev *d)
 
 CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    FAIL_IF(!pctx, CUDA_ERROR_INVALID_VALUE);
+    DEV_QUERY(dev, d, pctx);
     pthread_mutex_lock(&lk);
     if (d->pctx_refs == 0) {
         pthread_mutex_unlock(&lk);
@@ -1052,9 +1056,7 @@ CUAPI CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 
 CUAPI CUresult cuCtxGetDevice(CUdevice *device)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     FAIL_IF(!device, CUDA_ERROR_INVALID_VALUE);
     *device = dev_ordinal(c->d);
     return CUDA_SUCCESS;
@@ -1062,9 +1064,7 @@ CUAPI CUresult cuCtxGetDevice(CUdevice *device)
 
 CUAPI CUresult cuCtxGetFlags(unsigned int *flags)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     FAIL_IF(!flags, CUDA_ERROR_INVALID_VALUE);
     *flags = c->flags;
     return CUDA_SUCCESS;
@@ -1083,9 +1083,7 @@ CUAPI CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 /* Work completes at launch (NVSIM_ASYNC: at the context's tail). */
 CUAPI CUresult cuCtxSynchronize(void)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     sleep_until(__atomic_load_n(&c->tail_all_ns, __ATOMIC_RELAXED));
     return CUDA_SUCCESS;
 }
@@ -1143,25 +1141,21 @@ static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, s
 
 CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     return linear_alloc(dptr, bytesize, bytesize, c->d, c, NULL);
 }
 
 CUAPI CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                                   size_t Height, unsigned int ElementSizeBytes)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     if (!pPitch || WidthInBytes == 0 || Height == 0 ||
         (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
         return CUDA_ERROR_INVALID_VALUE;
     size_t pitch = (WidthInBytes + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
     FAIL_IF(pitch < WidthInBytes || Height > SIZE_MAX / pitch, CUDA_ERROR_OUT_OF_MEMORY);
     size_t bytes = pitch * Height;
-    r = linear_alloc(dptr, bytes, bytes, c->d, c, NULL);
+    CUresult r = linear_alloc(dptr, bytes, bytes, c->d, c, NULL);
     if (r == CUDA_SUCCESS)
         *pPitch = pitch;
     return r;
@@ -1169,43 +1163,40 @@ CUAPI CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Widt
 
 CUAPI CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     FAIL_IF(flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST, CUDA_ERROR_INVALID_VALUE);
     /* Managed memory migrates to the device on use; the simulated device holds
      * it from the start, so the cap sees it whichever side touches it. */
     return linear_alloc(dptr, bytesize, bytesize, c->d, c, NULL);
 }
 
+/* Releases the table row of `base` (of `kind`): `missing` when there is none. */
+static CUresult release_base(uintptr_t base, int kind, CUresult missing)
+{
+    pthread_mutex_lock(&lk);
+    long i = tab_find(base, kind);
+    if (i >= 0)
+        release_row_locked((size_t)i);
+    pthread_mutex_unlock(&lk);
+    return i < 0 ? missing : CUDA_SUCCESS;
+}
+
 static CUresult linear_free(CUdeviceptr dptr)
 {
     if (dptr == 0)
         return CUDA_SUCCESS; /* cuMemFree(0) is a no-op in the real driver */
-    pthread_mutex_lock(&lk);
-    long i = tab_find((uintptr_t)dptr, K_LINEAR);
-    if (i < 0) {
-        pthread_mutex_unlock(&lk);
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    release_row_locked((size_t)i);
-    pthread_mutex_unlock(&lk);
-    return CUDA_SUCCESS;
+    return release_base((uintptr_t)dptr, K_LINEAR, CUDA_ERROR_INVALID_VALUE);
 }
 
 CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     return linear_free(dptr);
 }
 
 CUAPI CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     pthread_mutex_lock(&lk);
     long i = tab_containing((uintptr_t)dptr);
     if (i < 0 || (uintptr_t)dptr - g.tab[i].base >= g.tab[i].size) {
@@ -1222,9 +1213,7 @@ CUAPI CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdevi
 
 CUAPI CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     FAIL_IF(!free_ || !total, CUDA_ERROR_INVALID_VALUE);
     struct dev *d = c->d;
     uint64_t used;
@@ -1244,9 +1233,7 @@ CUAPI CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
 /* Pinned host memory is not device memory: nothing to charge. */
 CUAPI CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     (void)Flags;
     FAIL_IF(!pp || bytesize == 0, CUDA_ERROR_INVALID_VALUE);
     void *p = NULL;
@@ -1262,9 +1249,7 @@ CUAPI CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 
 CUAPI CUresult cuMemFreeHost(void *p)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     free(p);
     return CUDA_SUCCESS;
 }
@@ -1300,11 +1285,28 @@ static CUresult stream_uncapturable(CUstream s, struct ctx **c)
     return CUDA_SUCCESS;
 }
 
+/* struct ctx *c and struct stream *sp of stream handle h, or return stream_ctx's error;
+   UNCAPTURED_: also refused while the stream captures (stream_uncapturable) */
+#define STREAM_CTX(h, c, sp)                                                                       \
+    struct ctx *c;                                                                                 \
+    struct stream *sp;                                                                             \
+    do {                                                                                           \
+        CUresult r_ = stream_ctx(h, &(c), &(sp));                                                  \
+        if (r_)                                                                                    \
+            return r_;                                                                             \
+    } while (0)
+#define UNCAPTURED_STREAM_CTX(h, c, sp)                                                            \
+    struct ctx *c;                                                                                 \
+    struct stream *sp;                                                                             \
+    do {                                                                                           \
+        CUresult r_ = stream_uncapturable(h, &(c));                                                \
+        if (r_ || (r_ = stream_ctx(h, &(c), &(sp))))                                               \
+            return r_;                                                                             \
+    } while (0)
+
 CUAPI CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     FAIL_IF(!phStream || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING), CUDA_ERROR_INVALID_VALUE);
     struct stream *s = calloc(1, sizeof(*s));
     FAIL_IF(!s, CUDA_ERROR_OUT_OF_MEMORY);
@@ -1336,10 +1338,7 @@ CUAPI CUresult cuStreamDestroy_v2(CUstream hStream)
 
 CUAPI CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    FAIL_IF(r, r);
+    STREAM_CTX(hStream, c, sp);
     FAIL_IF(!pctx, CUDA_ERROR_INVALID_VALUE);
     *pctx = (CUcontext)c;
     return CUDA_SUCCESS;
@@ -1347,30 +1346,21 @@ CUAPI CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
 
 CUAPI CUresult cuStreamSynchronize(CUstream hStream)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_uncapturable(hStream, &c);
-    FAIL_IF(r || (r = stream_ctx(hStream, &c, &sp)), r);
+    UNCAPTURED_STREAM_CTX(hStream, c, sp);
     sleep_until(__atomic_load_n(tail_of(c, sp), __ATOMIC_RELAXED));
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuStreamQuery(CUstream hStream)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_uncapturable(hStream, &c);
-    FAIL_IF(r || (r = stream_ctx(hStream, &c, &sp)), r);
+    UNCAPTURED_STREAM_CTX(hStream, c, sp);
     return __atomic_load_n(tail_of(c, sp), __ATOMIC_RELAXED) > nvsim_now_ns() ? CUDA_ERROR_NOT_READY
                                                                              : CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    FAIL_IF(r, r);
+    STREAM_CTX(hStream, c, sp);
     (void)Flags;
     struct event *e = (struct event *)hEvent;
     FAIL_IF(!e || e->magic != MAGIC_EVENT, CUDA_ERROR_INVALID_HANDLE);
@@ -1406,10 +1396,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytesize, struct pool *p, C
 
 CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    FAIL_IF(r, r);
+    STREAM_CTX(hStream, c, sp);
     return pool_alloc(dptr, bytesize, c->d->cur_pool, hStream);
 }
 
@@ -1480,25 +1467,44 @@ CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
     return CUDA_SUCCESS;
 }
 
-CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+/* cuMemPoolSetAttribute (set) and cuMemPoolGetAttribute: one table of what each
+   attribute reads and writes */
+static CUresult pool_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, int set)
 {
     NEED_INIT();
     struct pool *p = (struct pool *)pool;
     FAIL_IF(!p || p->magic != MAGIC_POOL || !value, CUDA_ERROR_INVALID_VALUE);
+    int *flag = value;
+    cuuint64_t *bytes = value;
     pthread_mutex_lock(&lk);
     CUresult r = CUDA_SUCCESS;
     switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        p->reuse[attr - 1] = *(int *)value;
+        if (set)
+            p->reuse[attr - 1] = *flag;
+        else
+            *flag = p->reuse[attr - 1];
         break;
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-        p->release_threshold = *(cuuint64_t *)value;
+        if (set)
+            p->release_threshold = *bytes;
+        else
+            *bytes = p->release_threshold;
+        break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        if (set)
+            r = CUDA_ERROR_INVALID_VALUE; /* read-only */
+        else
+            *bytes = p->used + (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ? p->idle : 0);
         break;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        if (*(cuuint64_t *)value != 0)
+        if (!set)
+            *bytes = p->used_high;
+        else if (*bytes != 0)
             r = CUDA_ERROR_INVALID_VALUE; /* only resettable to zero */
         else
             p->used_high = p->used;
@@ -1510,53 +1516,26 @@ CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr
     return r;
 }
 
+CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    return pool_attribute(pool, attr, value, 1);
+}
+
 CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-    NEED_INIT();
-    struct pool *p = (struct pool *)pool;
-    FAIL_IF(!p || p->magic != MAGIC_POOL || !value, CUDA_ERROR_INVALID_VALUE);
-    pthread_mutex_lock(&lk);
-    CUresult r = CUDA_SUCCESS;
-    switch (attr) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        *(int *)value = p->reuse[attr - 1];
-        break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-        *(cuuint64_t *)value = p->release_threshold;
-        break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-        *(cuuint64_t *)value = p->used + p->idle;
-        break;
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-        *(cuuint64_t *)value = p->used;
-        break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        *(cuuint64_t *)value = p->used_high;
-        break;
-    default:
-        r = CUDA_ERROR_INVALID_VALUE;
-    }
-    pthread_mutex_unlock(&lk);
-    return r;
+    return pool_attribute(pool, attr, value, 0);
 }
 
 CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    FAIL_IF(!pool_out, CUDA_ERROR_INVALID_VALUE);
+    DEV_QUERY(dev, d, pool_out);
     *pool_out = (CUmemoryPool)&d->default_pool;
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    FAIL_IF(!pool, CUDA_ERROR_INVALID_VALUE);
+    DEV_QUERY(dev, d, pool);
     pthread_mutex_lock(&lk);
     *pool = (CUmemoryPool)d->cur_pool;
     pthread_mutex_unlock(&lk);
@@ -1592,18 +1571,13 @@ static int format_bytes(CUarray_format f, unsigned *bytes, unsigned *fixed_chann
     case CU_AD_FORMAT_UNSIGNED_INT32:
     case CU_AD_FORMAT_SIGNED_INT32:
     case CU_AD_FORMAT_FLOAT: *bytes = 4; return 0;
-    case CU_AD_FORMAT_UNORM_INT8X1:
-    case CU_AD_FORMAT_SNORM_INT8X1: *bytes = 1; *fixed_channels = 1; return 0;
-    case CU_AD_FORMAT_UNORM_INT8X2:
-    case CU_AD_FORMAT_SNORM_INT8X2: *bytes = 1; *fixed_channels = 2; return 0;
-    case CU_AD_FORMAT_UNORM_INT8X4:
-    case CU_AD_FORMAT_SNORM_INT8X4: *bytes = 1; *fixed_channels = 4; return 0;
-    case CU_AD_FORMAT_UNORM_INT16X1:
-    case CU_AD_FORMAT_SNORM_INT16X1: *bytes = 2; *fixed_channels = 1; return 0;
-    case CU_AD_FORMAT_UNORM_INT16X2:
-    case CU_AD_FORMAT_SNORM_INT16X2: *bytes = 2; *fixed_channels = 2; return 0;
-    case CU_AD_FORMAT_UNORM_INT16X4:
-    case CU_AD_FORMAT_SNORM_INT16X4: *bytes = 2; *fixed_channels = 4; return 0;
+    case CU_AD_FORMAT_UNORM_INT8X1 ... CU_AD_FORMAT_SNORM_INT16X4: {
+        /* 0xc0-0xc5 UNORM, 0xc6-0xcb SNORM: each INT8X1, X2, X4, then INT16X1, X2, X4 */
+        unsigned k = (unsigned)(f - CU_AD_FORMAT_UNORM_INT8X1) % 6;
+        *bytes = k < 3 ? 1 : 2;
+        *fixed_channels = 1u << (k % 3);
+        return 0;
+    }
     default: return -1;
     }
 }
@@ -1645,15 +1619,13 @@ static uint64_t array_bytes(size_t w, size_t h, size_t depth, CUarray_format f, 
 
 static CUresult array_create(void **out, uint64_t bytes)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     FAIL_IF(!out, CUDA_ERROR_INVALID_VALUE);
     FAIL_IF(bytes == 0, CUDA_ERROR_INVALID_VALUE);
     struct array *a = malloc(sizeof(*a));
     FAIL_IF(!a, CUDA_ERROR_OUT_OF_MEMORY);
     a->magic = MAGIC_ARRAY;
-    r = charge(c->d, bytes);
+    CUresult r = charge(c->d, bytes);
     if (r) {
         free(a);
         return r;
@@ -1676,15 +1648,7 @@ static CUresult array_destroy(void *h)
 {
     NEED_INIT();
     FAIL_IF(!h, CUDA_ERROR_INVALID_HANDLE);
-    pthread_mutex_lock(&lk);
-    long i = tab_find((uintptr_t)h, K_ARRAY);
-    if (i < 0) {
-        pthread_mutex_unlock(&lk);
-        return CUDA_ERROR_INVALID_HANDLE;
-    }
-    release_row_locked((size_t)i);
-    pthread_mutex_unlock(&lk);
-    return CUDA_SUCCESS;
+    return release_base((uintptr_t)h, K_ARRAY, CUDA_ERROR_INVALID_HANDLE);
 }
 
 CUAPI CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
@@ -1909,7 +1873,8 @@ static CUresult map_range_check(uintptr_t lo, uintptr_t hi)
         const struct alloc *a = &g.tab[i];
         if (a->kind == K_VMM_RESERVE && lo >= a->base && hi <= a->base + a->len)
             inside = 1;
-        FAIL_IF(a->kind == K_VMM_MAP && lo < a->base + a->len && a->base < hi, CUDA_ERROR_ALREADY_MAPPED);
+        if (a->kind == K_VMM_MAP && lo < a->base + a->len && a->base < hi)
+            return CUDA_ERROR_ALREADY_MAPPED;
     }
     return inside ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -2026,28 +1991,25 @@ static CUresult copy(void *dst, const void *src, size_t n)
 
 CUAPI CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
-    FAIL_IF((!srcHost && ByteCount) || !dev_range_ok(dstDevice, ByteCount), CUDA_ERROR_INVALID_VALUE);
+    NEED_CTX(c);
+    if ((!srcHost && ByteCount) || !dev_range_ok(dstDevice, ByteCount))
+        return CUDA_ERROR_INVALID_VALUE;
     return copy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
 }
 
 CUAPI CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
-    FAIL_IF((!dstHost && ByteCount) || !dev_range_ok(srcDevice, ByteCount), CUDA_ERROR_INVALID_VALUE);
+    NEED_CTX(c);
+    if ((!dstHost && ByteCount) || !dev_range_ok(srcDevice, ByteCount))
+        return CUDA_ERROR_INVALID_VALUE;
     return copy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
 }
 
 CUAPI CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
-    FAIL_IF(!dev_range_ok(dstDevice, ByteCount) || !dev_range_ok(srcDevice, ByteCount), CUDA_ERROR_INVALID_VALUE);
+    NEED_CTX(c);
+    if (!dev_range_ok(dstDevice, ByteCount) || !dev_range_ok(srcDevice, ByteCount))
+        return CUDA_ERROR_INVALID_VALUE;
     return copy((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
 }
 
@@ -2063,10 +2025,9 @@ static int uva_ok(CUdeviceptr p, size_t n)
 
 CUAPI CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
-    FAIL_IF(ByteCount && (!uva_ok(dst, ByteCount) || !uva_ok(src, ByteCount)), CUDA_ERROR_INVALID_VALUE);
+    NEED_CTX(c);
+    if (ByteCount && (!uva_ok(dst, ByteCount) || !uva_ok(src, ByteCount)))
+        return CUDA_ERROR_INVALID_VALUE;
     return copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, ByteCount);
 }
 
@@ -2103,9 +2064,7 @@ CUAPI CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice
 
 static CUresult memset_n(CUdeviceptr dst, const void *val, unsigned es, size_t n)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     FAIL_IF(dst % es || n > SIZE_MAX / es || !dev_range_ok(dst, n * es), CUDA_ERROR_INVALID_VALUE);
     unsigned char *p = (unsigned char *)(uintptr_t)dst;
     if (es == 1) {
@@ -2159,9 +2118,7 @@ CUAPI CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N
 
 static CUresult module_new(CUmodule *module)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     struct module *m = calloc(1, sizeof(*m));
     FAIL_IF(!m, CUDA_ERROR_OUT_OF_MEMORY);
     *m = (struct module){.magic = MAGIC_MOD, .ctx = c};
@@ -2280,7 +2237,8 @@ static CUresult run(struct ctx *c, struct stream *sp, const struct launch *l)
     if (l->f->kernel == KERNEL_VECTORADD) {
         const struct kargs *a = &l->args;
         size_t bytes = a->n > 0 ? (size_t)a->n * sizeof(float) : 0;
-        FAIL_IF(!dev_range_ok(a->a, bytes) || !dev_range_ok(a->b, bytes) || !dev_range_ok(a->c, bytes), CUDA_ERROR_ILLEGAL_ADDRESS);
+        if (!dev_range_ok(a->a, bytes) || !dev_range_ok(a->b, bytes) || !dev_range_ok(a->c, bytes))
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
     }
     if (g.async) {
         uint64_t *tail = tail_of(c, sp);
@@ -2312,11 +2270,8 @@ static CUresult graph_append(struct graph *gr, const struct launch *l, struct gn
 
 static CUresult launch(const struct launch *l, CUstream hStream)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    FAIL_IF(r, r);
-    r = check_dims(l);
+    STREAM_CTX(hStream, c, sp);
+    CUresult r = check_dims(l);
     FAIL_IF(r, r);
     if (sp && sp->capture)
         return graph_append(sp->capture, l, NULL);
@@ -2352,9 +2307,7 @@ CUAPI CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, un
                                          unsigned int sharedMemBytes, CUstream hStream,
                                          void **kernelParams)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     /* all blocks must be resident at once */
     uint64_t blocks = (uint64_t)gridDimX * gridDimY * gridDimZ;
     FAIL_IF(blocks > (uint64_t)sm_count(c->d) * 32, CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
@@ -2367,9 +2320,7 @@ CUAPI CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, un
 
 CUAPI CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    FAIL_IF(r, r);
+    NEED_CTX(c);
     FAIL_IF(!phEvent || (Flags & ~0xfu), CUDA_ERROR_INVALID_VALUE);
     struct event *e = calloc(1, sizeof(*e));
     FAIL_IF(!e, CUDA_ERROR_OUT_OF_MEMORY);
@@ -2389,10 +2340,7 @@ static struct event *event_get(CUevent h)
  * (always, for synchronous launches); that moment is its timestamp. */
 CUAPI CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_uncapturable(hStream, &c);
-    FAIL_IF(r || (r = stream_ctx(hStream, &c, &sp)), r);
+    UNCAPTURED_STREAM_CTX(hStream, c, sp);
     struct event *e = event_get(hEvent);
     FAIL_IF(!e, CUDA_ERROR_INVALID_HANDLE);
     uint64_t now = nvsim_now_ns(), tail = __atomic_load_n(tail_of(c, sp), __ATOMIC_RELAXED);
@@ -2511,7 +2459,8 @@ static CUresult add_kernel_node(CUgraphNode *phGraphNode, CUgraph hGraph,
 {
     NEED_INIT();
     struct graph *gr = (struct graph *)hGraph;
-    FAIL_IF(!phGraphNode || !gr || gr->magic != MAGIC_GRAPH || (numDependencies && !dependencies), CUDA_ERROR_INVALID_VALUE);
+    if (!phGraphNode || !gr || gr->magic != MAGIC_GRAPH || (numDependencies && !dependencies))
+        return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < numDependencies; i++) {
         const struct gnode *dep = (const struct gnode *)dependencies[i];
         FAIL_IF(!dep || dep->magic != MAGIC_NODE, CUDA_ERROR_INVALID_VALUE);
@@ -2616,10 +2565,7 @@ CUAPI CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
 
 CUAPI CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    FAIL_IF(r, r);
+    STREAM_CTX(hStream, c, sp);
     FAIL_IF((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED, CUDA_ERROR_INVALID_VALUE);
     if (!sp) /* the legacy default stream cannot be captured */
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -2630,10 +2576,7 @@ CUAPI CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mod
 
 CUAPI CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    FAIL_IF(r, r);
+    STREAM_CTX(hStream, c, sp);
     FAIL_IF(!phGraph, CUDA_ERROR_INVALID_VALUE);
     FAIL_IF(!sp || !sp->capture, CUDA_ERROR_ILLEGAL_STATE);
     *phGraph = (CUgraph)sp->capture;
@@ -2643,10 +2586,7 @@ CUAPI CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 
 CUAPI CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    FAIL_IF(r, r);
+    STREAM_CTX(hStream, c, sp);
     FAIL_IF(!captureStatus, CUDA_ERROR_INVALID_VALUE);
     *captureStatus = sp && sp->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE
                                        : CU_STREAM_CAPTURE_STATUS_NONE;
