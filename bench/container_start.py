@@ -61,11 +61,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # support.podman
 
 from nvctk.runtime.passthrough import use_cache_dir  # noqa: E402
 from nvctk.sim import host as simhost  # noqa: E402
 from nvctk.sim.rootfs import build_rootfs  # noqa: E402
 from nvctk.sim.topology import make_topology  # noqa: E402
+from support.podman import private_podman  # noqa: E402
 
 VENV_BIN = REPO / ".venv" / "bin"
 NCT_DEFAULT = REPO.parent / "shared" / "peers" / "nct"
@@ -243,24 +245,8 @@ spec-dirs = ["{spec_dir}"]
 path = "{nct_bin / 'nvidia-ctk'}"
 """
 
-# podman: private storage and config (as tests/test_cdi_podman.py); the CDI specs go to
-# /var/run/cdi (podman 4.3 reads no other dir) under vendors of the bench's own
-PODMAN_CONTAINERS_CONF = """\
-[containers]
-default_ulimits = []
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "none"
-runtime = "runc"
-[network]
-network_config_dir = "{net}"
-"""
-PODMAN_STORAGE_CONF = """\
-[storage]
-driver = "vfs"
-graphroot = "{root}"
-runroot = "{runroot}"
-"""
+# podman: the CDI specs go to /var/run/cdi (podman 4.3 reads no other dir) under vendors
+# of the bench's own
 PODMAN_SPEC_DIR = Path("/var/run/cdi")
 
 
@@ -270,20 +256,7 @@ class Podman:
 
     def __init__(self, exe: str, rootfs: Path) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="nvctk-bp-", dir="/tmp"))  # short: runroot
-        dirs = {k: self.work / k for k in ("root", "runroot", "tmp", "net", "varlib")}
-        for d in dirs.values():
-            d.mkdir()
-        (self.work / "containers.conf").write_text(PODMAN_CONTAINERS_CONF.format(net=dirs["net"]))
-        (self.work / "storage.conf").write_text(PODMAN_STORAGE_CONF.format(
-            root=dirs["root"], runroot=dirs["runroot"]))
-        (self.work / "registries.conf").write_text("")
-        self.env = {**os.environ, "CONTAINERS_CONF": str(self.work / "containers.conf"),
-                    "CONTAINERS_STORAGE_CONF": str(self.work / "storage.conf"),
-                    "CONTAINERS_REGISTRIES_CONF": str(self.work / "registries.conf")}
-        self.base = [exe, "--root", str(dirs["root"]), "--runroot", str(dirs["runroot"]),
-                     "--tmpdir", str(dirs["tmp"]), "--storage-driver", "vfs",
-                     "--cgroup-manager", "cgroupfs", "--events-backend", "none",
-                     "--runtime", "runc"]
+        dirs, self.env, self.base = private_podman(exe, self.work)
         self.specs: list[Path] = []
         self.image = "localhost/nvctk-bench:latest"
         tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True,

@@ -109,12 +109,47 @@ none_result(long ret, const char *what)
     Py_RETURN_NONE;
 }
 
+/* A wrapper's docstring and the head of its sys_<name>(self, args). */
+#define WRAPPER(name, doc)                                                                  \
+    PyDoc_STRVAR(name##_doc, doc);                                                          \
+    static PyObject *sys_##name(PyObject *self, PyObject *args)
+
+/* ret = call with the GIL released: a mount or an open may wait on a slow file system */
+#define WITHOUT_GIL(ret, call)                                                              \
+    do {                                                                                    \
+        Py_BEGIN_ALLOW_THREADS                                                              \
+        (ret) = (call);                                                                     \
+        Py_END_ALLOW_THREADS                                                                \
+    } while (0)
+
+/* syscall nr(dirfd, path, a, b, c) without the GIL, then path's reference dropped (the
+   kernel ignores the arguments a call does not take) */
+static long
+path_syscall(long nr, int dirfd, PyObject *path, long a, long b, long c)
+{
+    long ret;
+    WITHOUT_GIL(ret, syscall(nr, dirfd, PyBytes_AS_STRING(path), a, b, c));
+    Py_DECREF(path);
+    return ret;
+}
+
+/* RESOLVE_IN_ROOT/BENEATH fail with EAGAIN when a rename or mount anywhere on the host
+   raced a ".." step (openat2(2)): the path was not looked at, so look again; bounded,
+   so a host renaming without pause still gets an answer */
 #define OPENAT2_RETRIES 1000
 
-PyDoc_STRVAR(openat2_doc, "openat2(dirfd, path, flags, mode, resolve) -> fd");
+static long
+openat2_resolved(int dirfd, const char *path, struct nvctk_open_how *how)
+{
+    long ret;
+    for (int tries = 0;; tries++) {
+        ret = syscall(SYS_openat2, dirfd, path, how, sizeof *how);
+        if (ret >= 0 || errno != EAGAIN || tries == OPENAT2_RETRIES)
+            return ret;
+    }
+}
 
-static PyObject *
-sys_openat2(PyObject *self, PyObject *args)
+WRAPPER(openat2, "openat2(dirfd, path, flags, mode, resolve) -> fd")
 {
     int dirfd;
     PyObject *path = NULL;
@@ -124,42 +159,22 @@ sys_openat2(PyObject *self, PyObject *args)
         return NULL;
     struct nvctk_open_how how = {flags, mode, resolve};
     long ret;
-    Py_BEGIN_ALLOW_THREADS
-    /* RESOLVE_IN_ROOT/BENEATH fail with EAGAIN when a rename or mount anywhere on the
-     * host raced a ".." step (openat2(2)): the path was not looked at, so look again;
-     * bounded, so a host renaming without pause still gets an answer */
-    for (int tries = 0;; tries++) {
-        ret = syscall(SYS_openat2, dirfd, PyBytes_AS_STRING(path), &how, sizeof how);
-        if (ret >= 0 || errno != EAGAIN || tries == OPENAT2_RETRIES)
-            break;
-    }
-    Py_END_ALLOW_THREADS
+    WITHOUT_GIL(ret, openat2_resolved(dirfd, PyBytes_AS_STRING(path), &how));
     Py_DECREF(path);
     return fd_result(ret, "openat2");
 }
 
-PyDoc_STRVAR(open_tree_doc, "open_tree(dirfd, path, flags) -> fd");
-
-static PyObject *
-sys_open_tree(PyObject *self, PyObject *args)
+WRAPPER(open_tree, "open_tree(dirfd, path, flags) -> fd")
 {
     int dirfd;
     PyObject *path = NULL;
     unsigned int flags;
     if (!PyArg_ParseTuple(args, "iO&I:open_tree", &dirfd, PyUnicode_FSConverter, &path, &flags))
         return NULL;
-    long ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = syscall(SYS_open_tree, dirfd, PyBytes_AS_STRING(path), flags);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(path);
-    return fd_result(ret, "open_tree");
+    return fd_result(path_syscall(SYS_open_tree, dirfd, path, flags, 0, 0), "open_tree");
 }
 
-PyDoc_STRVAR(move_mount_doc, "move_mount(from_dirfd, from_path, to_dirfd, to_path, flags)");
-
-static PyObject *
-sys_move_mount(PyObject *self, PyObject *args)
+WRAPPER(move_mount, "move_mount(from_dirfd, from_path, to_dirfd, to_path, flags)")
 {
     int from_fd, to_fd;
     PyObject *from_path = NULL, *to_path = NULL;
@@ -168,20 +183,15 @@ sys_move_mount(PyObject *self, PyObject *args)
                           &from_path, &to_fd, PyUnicode_FSConverter, &to_path, &flags))
         return NULL;
     long ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = syscall(SYS_move_mount, from_fd, PyBytes_AS_STRING(from_path), to_fd,
-                  PyBytes_AS_STRING(to_path), flags);
-    Py_END_ALLOW_THREADS
+    WITHOUT_GIL(ret, syscall(SYS_move_mount, from_fd, PyBytes_AS_STRING(from_path), to_fd,
+                             PyBytes_AS_STRING(to_path), flags));
     Py_DECREF(from_path);
     Py_DECREF(to_path);
     return none_result(ret, "move_mount");
 }
 
-PyDoc_STRVAR(mount_setattr_doc,
-             "mount_setattr(dirfd, path, flags, attr_set, attr_clr, propagation, userns_fd)");
-
-static PyObject *
-sys_mount_setattr(PyObject *self, PyObject *args)
+WRAPPER(mount_setattr,
+        "mount_setattr(dirfd, path, flags, attr_set, attr_clr, propagation, userns_fd)")
 {
     int dirfd;
     PyObject *path = NULL;
@@ -191,18 +201,11 @@ sys_mount_setattr(PyObject *self, PyObject *args)
                           &flags, &set, &clr, &prop, &userns))
         return NULL;
     struct nvctk_mount_attr attr = {set, clr, prop, userns};
-    long ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = syscall(SYS_mount_setattr, dirfd, PyBytes_AS_STRING(path), flags, &attr, sizeof attr);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(path);
+    long ret = path_syscall(SYS_mount_setattr, dirfd, path, flags, (long)&attr, sizeof attr);
     return none_result(ret, "mount_setattr");
 }
 
-PyDoc_STRVAR(fsopen_doc, "fsopen(fsname, flags) -> fd");
-
-static PyObject *
-sys_fsopen(PyObject *self, PyObject *args)
+WRAPPER(fsopen, "fsopen(fsname, flags) -> fd")
 {
     PyObject *name = NULL;
     unsigned int flags;
@@ -213,10 +216,7 @@ sys_fsopen(PyObject *self, PyObject *args)
     return fd_result(ret, "fsopen");
 }
 
-PyDoc_STRVAR(fsconfig_doc, "fsconfig(fd, cmd, key, value, aux): key and value may be None");
-
-static PyObject *
-sys_fsconfig(PyObject *self, PyObject *args)
+WRAPPER(fsconfig, "fsconfig(fd, cmd, key, value, aux): key and value may be None")
 {
     int fd, aux;
     unsigned int cmd;
@@ -227,34 +227,24 @@ sys_fsconfig(PyObject *self, PyObject *args)
         return NULL;
     }
     long ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = syscall(SYS_fsconfig, fd, cmd, str_or_null(key), str_or_null(value), aux);
-    Py_END_ALLOW_THREADS
+    WITHOUT_GIL(ret, syscall(SYS_fsconfig, fd, cmd, str_or_null(key), str_or_null(value), aux));
     Py_XDECREF(key);
     Py_XDECREF(value);
     return none_result(ret, "fsconfig");
 }
 
-PyDoc_STRVAR(fsmount_doc, "fsmount(fd, flags, attr_flags) -> fd");
-
-static PyObject *
-sys_fsmount(PyObject *self, PyObject *args)
+WRAPPER(fsmount, "fsmount(fd, flags, attr_flags) -> fd")
 {
     int fd;
     unsigned int flags, attrs;
     if (!PyArg_ParseTuple(args, "iII:fsmount", &fd, &flags, &attrs))
         return NULL;
     long ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = syscall(SYS_fsmount, fd, flags, attrs);
-    Py_END_ALLOW_THREADS
+    WITHOUT_GIL(ret, syscall(SYS_fsmount, fd, flags, attrs));
     return fd_result(ret, "fsmount");
 }
 
-PyDoc_STRVAR(mount_doc, "mount(source, target, fstype, flags, data): source, fstype, data may be None");
-
-static PyObject *
-sys_mount(PyObject *self, PyObject *args)
+WRAPPER(mount, "mount(source, target, fstype, flags, data): source, fstype, data may be None")
 {
     PyObject *source = NULL, *target = NULL, *fstype = NULL, *data = NULL;
     unsigned long flags;
@@ -266,10 +256,8 @@ sys_mount(PyObject *self, PyObject *args)
         return NULL;
     }
     int ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = mount(str_or_null(source), PyBytes_AS_STRING(target), str_or_null(fstype), flags,
-                str_or_null(data));
-    Py_END_ALLOW_THREADS
+    WITHOUT_GIL(ret, mount(str_or_null(source), PyBytes_AS_STRING(target),
+                           str_or_null(fstype), flags, str_or_null(data)));
     Py_XDECREF(source);
     Py_DECREF(target);
     Py_XDECREF(fstype);
@@ -277,27 +265,19 @@ sys_mount(PyObject *self, PyObject *args)
     return none_result(ret, "mount");
 }
 
-PyDoc_STRVAR(umount2_doc, "umount2(target, flags)");
-
-static PyObject *
-sys_umount2(PyObject *self, PyObject *args)
+WRAPPER(umount2, "umount2(target, flags)")
 {
     PyObject *target = NULL;
     int flags;
     if (!PyArg_ParseTuple(args, "O&i:umount2", PyUnicode_FSConverter, &target, &flags))
         return NULL;
     int ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = umount2(PyBytes_AS_STRING(target), flags);
-    Py_END_ALLOW_THREADS
+    WITHOUT_GIL(ret, umount2(PyBytes_AS_STRING(target), flags));
     Py_DECREF(target);
     return none_result(ret, "umount2");
 }
 
-PyDoc_STRVAR(setns_doc, "setns(fd, nstype)");
-
-static PyObject *
-sys_setns(PyObject *self, PyObject *args)
+WRAPPER(setns, "setns(fd, nstype)")
 {
     int fd, nstype;
     if (!PyArg_ParseTuple(args, "ii:setns", &fd, &nstype))
@@ -305,10 +285,7 @@ sys_setns(PyObject *self, PyObject *args)
     return none_result(setns(fd, nstype), "setns");
 }
 
-PyDoc_STRVAR(unshare_doc, "unshare(flags)");
-
-static PyObject *
-sys_unshare(PyObject *self, PyObject *args)
+WRAPPER(unshare, "unshare(flags)")
 {
     int flags;
     if (!PyArg_ParseTuple(args, "i:unshare", &flags))
@@ -316,10 +293,7 @@ sys_unshare(PyObject *self, PyObject *args)
     return none_result(unshare(flags), "unshare");
 }
 
-PyDoc_STRVAR(fstatfs_type_doc, "fstatfs_type(fd) -> f_type of the filesystem fd lies on");
-
-static PyObject *
-sys_fstatfs_type(PyObject *self, PyObject *args)
+WRAPPER(fstatfs_type, "fstatfs_type(fd) -> f_type of the filesystem fd lies on")
 {
     int fd;
     if (!PyArg_ParseTuple(args, "i:fstatfs_type", &fd))
@@ -330,10 +304,7 @@ sys_fstatfs_type(PyObject *self, PyObject *args)
     return PyLong_FromLong((long)st.f_type);
 }
 
-PyDoc_STRVAR(prctl_doc, "prctl(option, arg2=0, arg3=0, arg4=0, arg5=0) -> int");
-
-static PyObject *
-sys_prctl(PyObject *self, PyObject *args)
+WRAPPER(prctl, "prctl(option, arg2=0, arg3=0, arg4=0, arg5=0) -> int")
 {
     int option;
     unsigned long a2 = 0, a3 = 0, a4 = 0, a5 = 0;
@@ -363,10 +334,7 @@ sys_capget(PyObject *self, PyObject *noargs)
     return Py_BuildValue("(KKK)", eff, perm, inh);
 }
 
-PyDoc_STRVAR(capset_doc, "capset(effective, permitted, inheritable): bit masks, this thread");
-
-static PyObject *
-sys_capset(PyObject *self, PyObject *args)
+WRAPPER(capset, "capset(effective, permitted, inheritable): bit masks, this thread")
 {
     unsigned long long eff, perm, inh;
     if (!PyArg_ParseTuple(args, "KKK:capset", &eff, &perm, &inh))

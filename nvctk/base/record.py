@@ -46,6 +46,12 @@ def plain(value: Any) -> Any:
 class Record:
     __slots__ = ()
 
+    def _fill(self, *values: Any) -> None:
+        """Set every field, in slot order: a subclass's __init__ whose fields are
+        declared as class annotations in one line, not one assignment a field."""
+        for k, v in zip(fields(type(self)), values, strict=True):
+            object.__setattr__(self, k, v)
+
     def _values(self) -> tuple[Any, ...]:
         return tuple(getattr(self, k) for k in fields(type(self)))
 

@@ -384,14 +384,22 @@ def _drop_empty_super(doc: Any, keys: list[str]) -> None:
             return
 
 
+def _bak_table(bak: bytes | None, keys: list[str]) -> tuple[bool, Any]:
+    """(False, None) when there is no .bak or it does not parse, else (True, its table
+    at keys or None)."""
+    if bak is None:
+        return False, None
+    try:
+        return True, get_table(tomlkit.parse(bak.decode()), keys, "")
+    except Exception:
+        return False, None
+
+
 def _bak_value(bak: bytes | None, keys: list[str], key: str, req: EngineRequest) -> Any:
     """The value of key in the table at keys of the file's .bak: what was there before
     nvctk last wrote the file (MISSING when unknown: no .bak, or it says nvctk's name)."""
-    if bak is None:
-        return MISSING
-    try:
-        tbl = get_table(tomlkit.parse(bak.decode()), keys, "")
-    except Exception:
+    read, tbl = _bak_table(bak, keys)
+    if not read:
         return MISSING
     value = tbl.get(key) if tbl is not None else None
     if value is None:
@@ -403,12 +411,7 @@ def _bak_value(bak: bytes | None, keys: list[str], key: str, req: EngineRequest)
 def _replaced_runtime(bak: bytes | None, runtimes_keys: list[str], req: EngineRequest) -> Any:
     """The runtime table of req.name in the .bak when it is someone else's (configure
     replaced it), else None."""
-    if bak is None:
-        return None
-    try:
-        rts = get_table(tomlkit.parse(bak.decode()), runtimes_keys, "")
-    except Exception:
-        return None
+    rts = _bak_table(bak, runtimes_keys)[1]
     rt = rts.get(req.name) if rts is not None else None
     if not isinstance(rt, Table):
         return None

@@ -19,24 +19,8 @@ import tomlkit
 from tomlkit.items import Table
 
 from nvctk.base.errors import clipped
-from nvctk.engines.common import (
-    MISSING,
-    UNSET,
-    ConfigError,
-    EngineRequest,
-    get_table,
-    insert_table_text,
-    is_our_binary,
-    mark_previous,
-    not_ours,
-    parse_toml,
-    previous_value,
-    read,
-    remove_table_text,
-    restore_key,
-    set_key,
-    target,
-)
+from nvctk.engines import common
+from nvctk.engines.common import ConfigError, EngineRequest, get_table, parse_toml, set_key
 
 SERVICE = "crio"
 DEFAULT_CONFIG = "/etc/crio/crio.conf"
@@ -55,7 +39,7 @@ def paths(req: EngineRequest) -> list[str]:
 def backup_path(path: str) -> str:
     """A drop-in's previous version is kept beside its directory, not in it: CRI-O
     reads every file there (99-nvctk.toml.bak would still define the runtime)."""
-    full = target(path)
+    full = common.target(path)
     d = os.path.dirname(full)
     return f"{d}-{os.path.basename(full)}.bak"
 
@@ -70,7 +54,7 @@ def _effective(req: EngineRequest, old: Files) -> tuple[str, dict[str, Any]]:
     sources = [(main, old[main])]
     for f in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(drop_in)), "*.toml"))):
         if os.path.abspath(f) != os.path.abspath(drop_in):
-            sources.append((f, read(f)))
+            sources.append((f, common.read(f)))
     default = "crun"  # CRI-O's own default since 1.31 (runc before)
     runtimes: dict[str, dict[str, Any]] = {}
     for path, data in sources:
@@ -113,11 +97,11 @@ def configure(req: EngineRequest, old: Files) -> tuple[Files, list[str]]:
         if prev != req.name:
             set_key(rt, "default_runtime", req.name)
             if prev is not None:
-                mark_previous(rt, "default_runtime", str(prev))
+                common.mark_previous(rt, "default_runtime", str(prev))
     tables = get_table(doc, RUNTIMES, path)
     cur = tables.get(req.name) if tables is not None else None
     if cur is None:
-        text = insert_table_text(doc, RUNTIMES, req.name, _block(req.name, req.runtime_path, source), path)
+        text = common.insert_table_text(doc, RUNTIMES, req.name, _block(req.name, req.runtime_path, source), path)
         return {path: text.encode()}, notes
     if not isinstance(cur, Table):
         raise ConfigError(f"{path}: crio.runtime.runtimes.{req.name} is not a table; left untouched")
@@ -155,15 +139,15 @@ def strip(req: EngineRequest, old: Files, baks: Files | None = None) -> tuple[Fi
     if entry is None:
         return None, []
     binary = entry.get("runtime_path") if isinstance(entry, dict) else None
-    if not is_our_binary(binary, req):
-        raise not_ours(path, req, "runtime_path", binary)
+    if not common.is_our_binary(binary, req):
+        raise common.not_ours(path, req, "runtime_path", binary)
     rt = get_table(doc, ["crio", "runtime"], path)
     if rt is not None and rt.get("default_runtime") == req.name:
         # back to what configure replaced in this file (noted on the line), else unset:
         # crio.conf's or another drop-in's default applies again
-        was = previous_value(rt, "default_runtime")
-        restore_key(rt, "default_runtime", UNSET if was is MISSING else was)
-    doc = tomlkit.parse(remove_table_text(doc, [*RUNTIMES, req.name], path))
+        was = common.previous_value(rt, "default_runtime")
+        common.restore_key(rt, "default_runtime", common.UNSET if was is common.MISSING else was)
+    doc = tomlkit.parse(common.remove_table_text(doc, [*RUNTIMES, req.name], path))
     # nvctk's drop-in: gone when nothing else is left in it
     keep = _has_values(doc.unwrap())
     return {path: tomlkit.dumps(doc).encode() if keep else None}, []
@@ -183,7 +167,7 @@ def validate(req: EngineRequest, new: Files) -> None:
         os.mkdir(confd)
         for f in glob.glob(os.path.join(src, "*.toml")):
             if os.path.abspath(f) != os.path.abspath(drop):
-                data = read(f)
+                data = common.read(f)
                 if data is not None:
                     with open(os.path.join(confd, os.path.basename(f)), "wb") as out:
                         out.write(data)

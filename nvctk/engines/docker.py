@@ -86,26 +86,26 @@ def binary_in(req: EngineRequest, old: Files) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _bak_default(bak: bytes | None, req: EngineRequest) -> str | None:
-    """daemon.json.bak's default-runtime when it is not nvctk's: what configure
-    replaced (JSON keeps no comment to note it in), None when unknown or unset."""
+def _bak_key(bak: bytes | None, key: str) -> Any:
+    """daemon.json.bak's value of key; None when there is none or no JSON object."""
     if bak is None:
         return None
     try:
-        value = json.loads(bak).get("default-runtime")
+        return json.loads(bak).get(key)
     except (ValueError, AttributeError):
         return None
+
+
+def _bak_default(bak: bytes | None, req: EngineRequest) -> str | None:
+    """daemon.json.bak's default-runtime when it is not nvctk's: what configure
+    replaced (JSON keeps no comment to note it in), None when unknown or unset."""
+    value = _bak_key(bak, "default-runtime")
     return value if isinstance(value, str) and value != req.name else None
 
 
 def _bak_runtime(bak: bytes | None, req: EngineRequest) -> Any:
     """daemon.json.bak's runtime of req.name when it is someone else's, else None."""
-    if bak is None:
-        return None
-    try:
-        rts = json.loads(bak).get("runtimes")
-    except (ValueError, AttributeError):
-        return None
+    rts = _bak_key(bak, "runtimes")
     entry = rts.get(req.name) if isinstance(rts, dict) else None
     if not isinstance(entry, dict) or is_our_binary(entry.get("path"), req):
         return None

@@ -189,14 +189,7 @@ class MountInfo(Record):
     def __init__(self, mount_id: int, parent_id: int, mount_point: str, fstype: str,
                  optional: tuple[str, ...], dev: str = "", root: str = "/",
                  options: tuple[str, ...] = ()) -> None:
-        self.mount_id = mount_id
-        self.parent_id = parent_id
-        self.mount_point = mount_point
-        self.fstype = fstype
-        self.optional = optional
-        self.dev = dev
-        self.root = root
-        self.options = options
+        self._fill(mount_id, parent_id, mount_point, fstype, optional, dev, root, options)
 
     @property
     def shared(self) -> bool:

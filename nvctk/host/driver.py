@@ -358,15 +358,7 @@ def discover_files(driver_root: str, driver_version: str,
     # for "/" that is the real procfs directory anyway
     proc_dir = proc if os.path.isdir(proc) else "/proc/driver/nvidia"
 
-    return DriverFiles(
-        driver_root=root,
-        driver_version=driver_version,
-        libraries=libraries,
-        libraries32=libraries32,
-        binaries=binaries,
-        config_files=config_files,
-        firmware=tuple(firmware),
-        sockets=sockets,
-        proc_dir=proc_dir,
-        dev_dir=os.path.join(root, "dev"),
-    )
+    return DriverFiles(driver_root=root, driver_version=driver_version, libraries=libraries,
+                       libraries32=libraries32, binaries=binaries, config_files=config_files,
+                       firmware=tuple(firmware), sockets=sockets, proc_dir=proc_dir,
+                       dev_dir=os.path.join(root, "dev"))

@@ -21,6 +21,11 @@ def _get(d: dict[str, Any], key: str, kind: type) -> Any:
     return v
 
 
+def _fields(d: dict[str, Any], kinds: dict[str, type]) -> dict[str, Any]:
+    """_get of each key of kinds, in order (the first wrong one is the error)."""
+    return {key: _get(d, key, kind) for key, kind in kinds.items()}
+
+
 class MigInfo(FrozenRecord):
     __slots__ = ("index", "uuid", "gpu_instance", "compute_instance", "profile", "memory_mib")  # noqa: RUF023
     index: int
@@ -41,14 +46,11 @@ class MigInfo(FrozenRecord):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MigInfo:
-        return cls(
-            index=_get(d, "index", int),
-            uuid=_get(d, "uuid", str),
-            gpu_instance=_get(d, "gpu_instance", int),
-            compute_instance=_get(d, "compute_instance", int),
-            profile=_get(d, "profile", str),
-            memory_mib=_get(d, "memory_mib", int),
-        )
+        return cls(**_fields(d, _MIG_KINDS))
+
+
+_MIG_KINDS = {"index": int, "uuid": str, "gpu_instance": int, "compute_instance": int,
+              "profile": str, "memory_mib": int}
 
 
 class GpuInfo(FrozenRecord):
@@ -81,18 +83,12 @@ class GpuInfo(FrozenRecord):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GpuInfo:
-        return cls(
-            index=_get(d, "index", int),
-            uuid=_get(d, "uuid", str),
-            name=_get(d, "name", str),
-            minor=_get(d, "minor", int),
-            pci_bus_id=_get(d, "pci_bus_id", str),
-            memory_mib=_get(d, "memory_mib", int),
-            compute_capability=_get(d, "compute_capability", str),
-            brand=_get(d, "brand", str),
-            mig_enabled=_get(d, "mig_enabled", bool),
-            mig_devices=tuple(MigInfo.from_dict(m) for m in _get(d, "mig_devices", list)),
-        )
+        return cls(**_fields(d, _GPU_KINDS),
+                   mig_devices=tuple(MigInfo.from_dict(m) for m in _get(d, "mig_devices", list)))
+
+
+_GPU_KINDS = {"index": int, "uuid": str, "name": str, "minor": int, "pci_bus_id": str,
+              "memory_mib": int, "compute_capability": str, "brand": str, "mig_enabled": bool}
 
 
 class HostInfo(FrozenRecord):

@@ -180,10 +180,9 @@ def read(root: str, names: Iterable[str] | None = None) -> list[CacheEntry]:
         data = read_regular_file(path, MAX_CACHE_BYTES)
     except FileNotFoundError:
         raise CacheError(f"no ld.so.cache at {path}")
-    except NotRegularFile:
-        raise CacheError(f"cannot read {path}: not a regular file")
     except OSError as e:
-        raise CacheError(f"cannot read {path}: {e.strerror or e}")
+        why = "not a regular file" if isinstance(e, NotRegularFile) else e.strerror or e
+        raise CacheError(f"cannot read {path}: {why}")
     try:
         return parse(data, names)
     except CacheError as e:

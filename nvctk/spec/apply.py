@@ -248,45 +248,11 @@ def edits_key(state_dir: str, create: bool = False) -> bytes | None:
     key. None when there is none and create is False. A key file that is not a regular
     0600 file of ours, 32 bytes long, is refused (SpecError): anyone else who could
     write it could forge records."""
-    path = os.path.join(state_dir, EDITS_KEY_FILE)
-    if create and not os.path.lexists(path):
-        os.makedirs(state_dir, 0o755, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        try:
-            os.write(fd, os.urandom(_KEY_BYTES))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another create made it first: its key is the key
-        finally:
-            os.unlink(tmp)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-                     | os.O_CLOEXEC)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
-    except OSError as e:
-        raise SpecError(f"{path}: {e.strerror} (nvctk's key of CDI edit records)")
-    try:
-        st = os.fstat(fd)
-        if (st.st_mode & 0o170000) != 0o100000 or st.st_mode & 0o7777 != 0o600 \
-                or st.st_uid != os.geteuid() or st.st_size != _KEY_BYTES:
-            raise SpecError(f"{path}: not a regular 0600 file of {_KEY_BYTES} bytes owned by "
-                            f"uid {os.geteuid()}; nvctk refuses it as the key of its CDI edit "
-                            "records (remove it: the next CDI create makes a new one)")
-        key = os.read(fd, _KEY_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(key) != _KEY_BYTES:
-        raise SpecError(f"{path}: a short key file; remove it")
-    return key
+    from nvctk.base.keyfile import load_key
+
+    return load_key(os.path.join(state_dir, EDITS_KEY_FILE), _KEY_BYTES, create, 0o755,
+                    SpecError, "key of CDI edit records",
+                    "remove it: the next CDI create makes a new one")
 
 
 def record_problem(spec: dict[str, Any], state_dir: str | None) -> str | None:

@@ -20,8 +20,6 @@ cannot be read must never become no share).
 
 from __future__ import annotations
 
-import os
-
 from nvctk.base import jsonio
 from nvctk.base.errors import RequestError, shown
 
@@ -111,40 +109,7 @@ def load_key(path: str, create: bool = False) -> bytes | None:
     by this uid (root on a node). create: make it when missing (O_EXCL via link(), so
     a racing create never reads half a key). None when missing and not create. A file
     anyone else could have written is refused (RequestError): it could forge shares."""
-    if create and not os.path.lexists(path):
-        os.makedirs(os.path.dirname(path) or ".", 0o700, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        try:
-            os.write(fd, os.urandom(KEY_BYTES))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another process made it first: its key is the key
-        finally:
-            os.unlink(tmp)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
-    except OSError as e:
-        raise RequestError(f"{path}: {e.strerror} (nvctk's authority key)")
-    try:
-        st = os.fstat(fd)
-        if (st.st_mode & 0o170000) != 0o100000 or st.st_mode & 0o7777 != 0o600 \
-                or st.st_uid != os.geteuid() or st.st_size != KEY_BYTES:
-            raise RequestError(f"{path}: not a regular 0600 file of {KEY_BYTES} bytes owned by "
-                               f"uid {os.geteuid()}; nvctk refuses it as its authority key "
-                               "(remove it: the device plugin makes a new one at its start)")
-        key = os.read(fd, KEY_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(key) != KEY_BYTES:
-        raise RequestError(f"{path}: a short key file; remove it")
-    return key
+    from nvctk.base.keyfile import load_key
+
+    return load_key(path, KEY_BYTES, create, 0o700, RequestError, "authority key",
+                    "remove it: the device plugin makes a new one at its start")

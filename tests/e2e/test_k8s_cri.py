@@ -58,6 +58,7 @@ from support.daemons import (  # noqa: E402
     unpack_peer,
 )
 from support.daemons import need as _need  # noqa: E402
+from support.sim import assert_mig_view  # noqa: E402
 
 PAUSE = "nvctk.test/pause:1"
 GPU_IMAGE = "nvctk.test/gpu:1"
@@ -266,12 +267,7 @@ def test_mig_device(cri: CriClient, work: Path, sim: SimHost) -> None:
     assert res.exit_code == 0, res.logs
     smi, rest = res.logs.split("== caps\n")
     caps, sample = rest.split("== sample\n")
-    assert smi.splitlines() == [
-        f"GPU 0: {gpu0.name} (UUID: {gpu0.uuid})",
-        f"  MIG {mig.profile:<11} Device  0: (UUID: {mig.uuid})",
-    ]
-    assert sorted(caps.split()) == sorted(
-        [f"nvidia-cap{mig.gi_cap_minor}", f"nvidia-cap{mig.ci_cap_minor}"])
+    assert_mig_view(smi, caps, gpu0, mig)
     assert sample.strip() == "Test PASSED"
 
 

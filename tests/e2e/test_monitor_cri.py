@@ -22,56 +22,30 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
 
-from support.cri import (  # noqa: E402
-    Allocation,
-    CriClient,
-    image_archive,
-    pause_image,
-    pod,
-)
-from support.daemons import (  # noqa: E402
-    Containerd,
-    configured_containerd,
-    containerd,
-    containerd_workdir,
-    import_images,
-)
+from support.cri import Allocation, CriClient, pod  # noqa: E402
+from support.daemons import Containerd, containerd_workdir, gpu_containerd  # noqa: E402
 from support.monitor import MIB, PROBE, REPO, pidns  # noqa: E402
+from support.sim import sim_in  # noqa: E402
 from support.wait import until as wait_until  # noqa: E402
 
 PAUSE = "nvctk.test/pause:1"
 GPU_IMAGE = "nvctk.test/gpu-monitor:1"
 
 
-@pytest.fixture(scope="module")
-def work() -> Iterator[Path]:
-    with containerd_workdir("nvctk-m-") as d:
-        yield d
+work = containerd_workdir("nvctk-m-")
 
 
 @pytest.fixture(scope="module")
 def sim(work: Path) -> SimHost:
-    from nvctk.sim import host
-    from nvctk.sim.topology import make_topology
-
-    return host.init(str(work / "sim"), make_topology(gpus=3, mig={2: ["3g.40gb"]},
-                                                       seed="monitor-cri"))
+    return sim_in(work, gpus=3, mig={2: ["3g.40gb"]}, seed="monitor-cri")
 
 
 @pytest.fixture(scope="module")
 def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
-    from nvctk.sim.rootfs import build_rootfs
-
-    cd = work / "ctd"
-    cfg = configured_containerd(cd, PAUSE)
     subprocess.run(["make", "-s", "-C", str(REPO / "libvgpu")], check=True, capture_output=True)
-    with containerd(cd, env=sim.env, config=cfg) as daemon:
-        pause = pause_image(work, PAUSE)
-        root = Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample))
-        shutil.copy(PROBE, root / "usr/local/bin/vgpu_probe")
-        gpu = image_archive(root, GPU_IMAGE, work / "gpu.tar",
-                            env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
-        import_images(daemon, pause, gpu)
+    with gpu_containerd(work, sim, PAUSE, GPU_IMAGE, {"PATH": "/usr/local/bin:/usr/bin:/bin"},
+                        add_files=lambda root: shutil.copy(PROBE, root / "usr/local/bin/vgpu_probe")
+                        ) as daemon:
         yield daemon
 
 

@@ -23,32 +23,13 @@ import pytest
 
 from nvctk.sim.host import SimHost
 from support.daemons import umount_below
+from support.podman import private_podman
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 SPEC_DIR = Path("/var/run/cdi")
 IMAGE = "localhost/nvctk-cdi-test:latest"
 Podman = Callable[..., subprocess.CompletedProcess[str]]
-
-# root in this VM lacks CAP_SYS_RESOURCE: podman's default RLIMIT_NOFILE/NPROC raise
-# would fail, so no default ulimits; cgroupfs, as there may be no systemd
-CONTAINERS_CONF = """\
-[containers]
-default_ulimits = []
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "none"
-runtime = "runc"
-[network]
-network_config_dir = "{net}"
-"""
-STORAGE_CONF = """\
-[storage]
-driver = "vfs"
-graphroot = "{root}"
-runroot = "{runroot}"
-"""
-
 
 @pytest.fixture
 def podman() -> Iterator[Podman]:
@@ -61,19 +42,7 @@ def podman() -> Iterator[Podman]:
         pytest.skip("podman is not installed (make setup installs it: apt-get install podman)")
     # a short path: podman refuses a runroot longer than 50 characters
     work = Path(tempfile.mkdtemp(prefix="nvctk-p-", dir="/tmp"))
-    dirs = {k: work / k for k in ("root", "runroot", "tmp", "net")}
-    for d in dirs.values():
-        d.mkdir(parents=True)
-    (work / "containers.conf").write_text(CONTAINERS_CONF.format(net=dirs["net"]))
-    (work / "storage.conf").write_text(STORAGE_CONF.format(**{k: str(v) for k, v in dirs.items()}))
-    env = {**os.environ, "CONTAINERS_CONF": str(work / "containers.conf"),
-           "CONTAINERS_STORAGE_CONF": str(work / "storage.conf"),
-           "CONTAINERS_REGISTRIES_CONF": str(work / "registries.conf")}
-    (work / "registries.conf").write_text("")
-    # the flags repeat storage.conf: a podman reading another file still stays here
-    base = [exe, "--root", str(dirs["root"]), "--runroot", str(dirs["runroot"]),
-            "--tmpdir", str(dirs["tmp"]), "--storage-driver", "vfs",
-            "--cgroup-manager", "cgroupfs", "--events-backend", "none", "--runtime", "runc"]
+    _, env, base = private_podman(exe, work)
 
     def run(*args: str, timeout: float = 120, input: bytes | None = None,
             private_var_lib: bool = False) -> subprocess.CompletedProcess[str]:

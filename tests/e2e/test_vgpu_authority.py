@@ -28,21 +28,9 @@ pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
 
 from support import wait  # noqa: E402
-from support.cri import (  # noqa: E402
-    Allocation,
-    CriClient,
-    CriError,
-    image_archive,
-    parse_cri_log,
-    pause_image,
-)
-from support.daemons import (  # noqa: E402
-    Containerd,
-    configured_containerd,
-    containerd,
-    containerd_workdir,
-    import_images,
-)
+from support.cri import Allocation, CriClient, CriError, parse_cri_log  # noqa: E402
+from support.daemons import Containerd, containerd_workdir, gpu_containerd  # noqa: E402
+from support.sim import sim_in  # noqa: E402
 
 PAUSE = "nvctk.test/pause:1"
 IMAGE = "nvctk.test/gpu-hostile:1"
@@ -58,18 +46,12 @@ SCRIPT = (f"nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits; "
 
 
 
-@pytest.fixture(scope="module")
-def work() -> Iterator[Path]:
-    with containerd_workdir("nvctk-a-") as d:
-        yield d
+work = containerd_workdir("nvctk-a-")
 
 
 @pytest.fixture(scope="module")
 def sim(work: Path) -> SimHost:
-    from nvctk.sim import host
-    from nvctk.sim.topology import make_topology
-
-    return host.init(str(work / "sim"), make_topology(gpus=2, memory_mib=GPU_MIB))
+    return sim_in(work, gpus=2, memory_mib=GPU_MIB)
 
 
 def _runtimes_table(cfg: Path) -> None:
@@ -95,20 +77,10 @@ def _runtimes_table(cfg: Path) -> None:
 
 @pytest.fixture(scope="module")
 def ctd(work: Path, sim: SimHost) -> Iterator[Containerd]:
-    from nvctk.sim.rootfs import build_rootfs
-
-    cd = work / "ctd"
-    cfg = configured_containerd(cd, PAUSE)
-    _runtimes_table(cfg)
-    with containerd(cd, env=sim.env, config=cfg) as daemon:
-        pause = pause_image(work, PAUSE)
-        # a hostile image: it asks for every GPU and lifts the first GPU's limit
-        gpu = image_archive(Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample)),
-                            IMAGE, work / "gpu.tar",
-                            env={"PATH": "/usr/local/bin:/usr/bin:/bin",
-                                 "NVIDIA_VISIBLE_DEVICES": "all",
-                                 "CUDA_DEVICE_MEMORY_LIMIT_0": "0", "CUDA_DEVICE_SM_LIMIT_0": "100"})
-        import_images(daemon, pause, gpu)
+    # a hostile image: it asks for every GPU and lifts the first GPU's limit
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES": "all",
+           "CUDA_DEVICE_MEMORY_LIMIT_0": "0", "CUDA_DEVICE_SM_LIMIT_0": "100"}
+    with gpu_containerd(work, sim, PAUSE, IMAGE, env, edit_config=_runtimes_table) as daemon:
         yield daemon
 
 

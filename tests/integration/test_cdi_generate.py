@@ -20,6 +20,7 @@ from nvctk.cdi import generate, load
 from nvctk.host.inventory import GpuInfo, MigInfo, proc_bus_id
 from nvctk.plan.select import Selected
 from nvctk.sim.host import SimHost
+from support.fs import node_id, plant
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 SCHEMA_DIR = SHARED / "schemas" / "cdi"
@@ -184,21 +185,11 @@ def test_generate_never_replaces_what_is_not_a_regular_file(
         sim_host: SimHost, tmp_path: Path, run_nvctk: Callable[..., Any], kind: str) -> None:
     """`--output /dev/null` once replaced the host's /dev/null with a spec file."""
     out = tmp_path / "out.yaml"
-    if kind == "chardev":
-        os.mknod(out, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-    elif kind == "fifo":
-        os.mkfifo(out)
-    elif kind == "dir":
-        out.mkdir()
-    else:
-        (tmp_path / "target.yaml").write_text("")
-        out.symlink_to(tmp_path / "target.yaml")
-    before = os.lstat(out)
+    plant(out, kind)
+    before = node_id(out)
     r = run_nvctk("cdi", "generate", "--output", str(out), config=sim_host.config_path)
     assert r.returncode == 1 and "not a regular file" in r.stderr, r.stderr
-    after = os.lstat(out)
-    assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino,
-                                                             before.st_rdev)
+    assert node_id(out) == before
 
 
 # --- list ----------------------------------------------------------------------------------

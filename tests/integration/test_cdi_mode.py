@@ -307,6 +307,50 @@ def _bundle(tmp: Path, envvars: list[str], name: str = "bundle", rootfs: str = "
     return b
 
 
+def _real_runc_in_both_modes(test: Callable[..., None]) -> Callable[..., None]:
+    """Slow, needs root and runc, once with mode "cdi" and once "legacy"."""
+    test = pytest.mark.parametrize("mode", ["cdi", "legacy"])(test)
+    test = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
+                              reason="needs root and runc")(test)
+    return pytest.mark.slow(test)
+
+
+def _mode_setup(sim_host: SimHost, spec_dir: Path, tmp_path: Path, mode: str) -> str:
+    """A rootfs under tmp_path (its path) and c.toml there: the host's config in
+    `mode`, reading CDI specs from spec_dir."""
+    from nvctk.sim.rootfs import build_rootfs
+
+    rootfs = build_rootfs(str(tmp_path / "rootfs"))
+    base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
+    (tmp_path / "c.toml").write_text(_with(base, mode=f'"{mode}"'))
+    return rootfs
+
+
+def _runc_run(b: Path, config: Path, root: Path) -> subprocess.CompletedProcess[str]:
+    """`runc run` of bundle b through nvctk-runtime with config, its state under root;
+    the container is deleted after, whatever happened."""
+    cid = "nvctk-cdi-mode-" + uuid.uuid4().hex[:8]
+    try:
+        return subprocess.run([RUNTIME, "--root", str(root), "run", "--bundle", str(b), cid],
+                              env={**os.environ, "NVCTK_CONFIG": str(config)},
+                              capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
+                       capture_output=True, timeout=60)
+
+
+def _rootfs_bundle(b: Path, rootfs: str, args: list[str], env: list[str]) -> dict[str, Any]:
+    """runc's default spec in a new bundle b, on rootfs (writable), running args with
+    PATH and env; returned for the caller to add to and write."""
+    b.mkdir()
+    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+    spec = json.loads((b / "config.json").read_text())
+    spec["root"] = {"path": rootfs, "readonly": False}
+    spec["process"].update(terminal=False, args=args, env=["PATH=/usr/bin:/bin:/sbin", *env])
+    return spec
+
+
 def _set_env(b: Path, envvars: list[str]) -> None:
     spec = json.loads((b / "config.json").read_text())
     spec["process"]["env"] = ["PATH=/bin", *envvars]
@@ -400,12 +444,8 @@ def test_runc_sees_the_same_gpu_in_cdi_and_legacy_mode(sim_host: SimHost, spec_d
 
     def run(name: str, config: str, value: str) -> str:
         b = tmp_path / name
-        b.mkdir()
-        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-        spec = json.loads((b / "config.json").read_text())
-        spec["root"] = {"path": rootfs, "readonly": False}
-        spec["process"].update(terminal=False, args=["sh", "-c", "nvidia-smi -L"],
-                               env=["PATH=/usr/bin:/bin:/sbin", f"NVIDIA_VISIBLE_DEVICES={value}"])
+        spec = _rootfs_bundle(b, rootfs, ["sh", "-c", "nvidia-smi -L"],
+                              [f"NVIDIA_VISIBLE_DEVICES={value}"])
         (b / "config.json").write_text(json.dumps(spec))
         cid = "nvctk-cdi-mode-" + uuid.uuid4().hex[:8]
         ids.append(cid)
@@ -634,43 +674,24 @@ def test_cdi_create_is_fine_when_something_else_covers_the_bind(env: Env, spec_d
     assert sorted(os.listdir(host)) == ["keep"]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
-                    reason="needs root and runc")
-@pytest.mark.parametrize("mode", ["cdi", "legacy"])
+@_real_runc_in_both_modes
 def test_real_runc_creates_nothing_on_a_bound_host_dir(sim_host: SimHost, spec_dir: Path,
                                                        tmp_path: Path, mode: str) -> None:
     """Both modes, end to end: the start is refused and the host directory holds what
     it held."""
-    from nvctk.sim.rootfs import build_rootfs
     from support.fs import snapshot as tree
 
-    rootfs = build_rootfs(str(tmp_path / "rootfs"))
+    rootfs = _mode_setup(sim_host, spec_dir, tmp_path, mode)
     host = _host_dir(tmp_path)
-    base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
-    (tmp_path / "c.toml").write_text(_with(base, mode=f'"{mode}"'))
     b = tmp_path / "b"
-    b.mkdir()
-    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-    spec = json.loads((b / "config.json").read_text())
-    spec["root"] = {"path": rootfs, "readonly": False}
-    spec["process"].update(terminal=False, args=["true"],
-                           env=["PATH=/usr/bin:/bin:/sbin", "NVIDIA_VISIBLE_DEVICES=0"])
+    spec = _rootfs_bundle(b, rootfs, ["true"], ["NVIDIA_VISIBLE_DEVICES=0"])
     spec["mounts"].append({"destination": _LIB, "type": "bind", "source": str(host),
                            "options": ["rbind", "rw"]})
     (b / "config.json").write_text(json.dumps(spec))
     before = tree(host)
-    cid = "nvctk-cdi-bind-" + uuid.uuid4().hex[:8]
-    root = tmp_path / "runc-root"
-    try:
-        r = subprocess.run([RUNTIME, "--root", str(root), "run", "--bundle", str(b), cid],
-                           env={**os.environ, "NVCTK_CONFIG": str(tmp_path / "c.toml")},
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-        assert r.returncode != 0, r.stdout + r.stderr
-        assert tree(host) == before
-    finally:
-        subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
-                       capture_output=True, timeout=60)
+    r = _runc_run(b, tmp_path / "c.toml", tmp_path / "runc-root")
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert tree(host) == before
 
 
 # --- CDI vendors a container may name (issue 17, family 3) ---------------------------------
@@ -745,37 +766,17 @@ _CONFIG_FILES = ("/etc/OpenCL/vendors/nvidia.icd", "/usr/share/vulkan/icd.d/nvid
                  "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
-                    reason="needs root and runc")
-@pytest.mark.parametrize("mode", ["cdi", "legacy"])
+@_real_runc_in_both_modes
 def test_config_files_reach_the_container_in_both_modes(sim_host: SimHost, spec_dir: Path,
                                                         tmp_path: Path, mode: str) -> None:
     """NVIDIA's spec mounts these seven; nvctk's did not (OpenCL found no platform)."""
-    from nvctk.sim.rootfs import build_rootfs
-
-    rootfs = build_rootfs(str(tmp_path / "rootfs"))
-    base = _with(Path(sim_host.config_path).read_text(), cdi_spec_dirs=f'["{spec_dir}"]')
-    (tmp_path / "c.toml").write_text(_with(base, mode=f'"{mode}"'))
+    rootfs = _mode_setup(sim_host, spec_dir, tmp_path, mode)
     b = tmp_path / "b"
-    b.mkdir()
-    subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
-    spec = json.loads((b / "config.json").read_text())
-    spec["root"] = {"path": rootfs, "readonly": False}
     script = "; ".join(f"test -s {f} && echo present {f}" for f in _CONFIG_FILES) + "; true"
-    spec["process"].update(terminal=False, args=["sh", "-c", script],
-                           env=["PATH=/usr/bin:/bin:/sbin", "NVIDIA_VISIBLE_DEVICES=0",
-                                "NVIDIA_DRIVER_CAPABILITIES=all"])
+    spec = _rootfs_bundle(b, rootfs, ["sh", "-c", script],
+                          ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all"])
     (b / "config.json").write_text(json.dumps(spec))
-    cid = "nvctk-cfg-files-" + uuid.uuid4().hex[:8]
-    root = tmp_path / "runc-root"
-    try:
-        r = subprocess.run([RUNTIME, "--root", str(root), "run", "--bundle", str(b), cid],
-                           env={**os.environ, "NVCTK_CONFIG": str(tmp_path / "c.toml")},
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    finally:
-        subprocess.run(["runc", "--root", str(root), "delete", "--force", cid],
-                       capture_output=True, timeout=60)
+    r = _runc_run(b, tmp_path / "c.toml", tmp_path / "runc-root")
     assert r.returncode == 0, r.stdout + r.stderr
     assert [x.split()[1] for x in r.stdout.splitlines() if x.startswith("present ")] == \
         list(_CONFIG_FILES)

@@ -142,17 +142,6 @@ def test_containerd_keeps_comments_and_order(nv: Run, tmp_path: Path) -> None:
     assert cfg.read_text() == COMMENTED
 
 
-def test_containerd_remove_after_user_edit_keeps_the_edit(nv: Run, tmp_path: Path) -> None:
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(COMMENTED)
-    assert nv("--runtime", "containerd", "--config", str(cfg), "--set-as-default").returncode == 0
-    cfg.write_text(cfg.read_text().replace("pause:3.9", "pause:3.10"))
-    res = nv("--runtime", "containerd", "--config", str(cfg), "--remove")
-    assert res.returncode == 0, res.stderr
-    # not byte-exact any more (no .bak matches): nvctk's runtime goes, the edit stays
-    assert cfg.read_text() == COMMENTED.replace("pause:3.9", "pause:3.10")
-
-
 def test_containerd_remove_refuses_a_foreign_runtime_of_that_name(nv: Run, tmp_path: Path) -> None:
     cfg = tmp_path / "config.toml"
     text = COMMENTED + (f'\n[{V2}.containerd.runtimes.nvidia]\n  runtime_type = "io.containerd.runc.v2"\n'
@@ -509,13 +498,21 @@ def test_docker_remove_refuses_foreign_runtime(nv: Run, tmp_path: Path) -> None:
     assert cfg.read_text() == text
 
 
-def test_docker_remove_after_edit(nv: Run, tmp_path: Path) -> None:
-    cfg = tmp_path / "daemon.json"
-    cfg.write_text(DAEMON_JSON)
-    assert nv("--runtime", "docker", "--config", str(cfg), "--set-as-default").returncode == 0
-    cfg.write_text(cfg.read_text().replace("10m", "20m"))
-    assert nv("--runtime", "docker", "--config", str(cfg), "--remove").returncode == 0
-    assert cfg.read_text() == DAEMON_JSON.replace("10m", "20m")
+@pytest.mark.parametrize(("runtime", "name", "old", "edit"), [
+    ("containerd", "config.toml", "pause:3.9", "pause:3.10"),
+    ("docker", "daemon.json", "10m", "20m"),
+])
+def test_remove_after_user_edit_keeps_the_edit(nv: Run, tmp_path: Path, runtime: str, name: str,
+                                               old: str, edit: str) -> None:
+    text = COMMENTED if runtime == "containerd" else DAEMON_JSON
+    cfg = tmp_path / name
+    cfg.write_text(text)
+    assert nv("--runtime", runtime, "--config", str(cfg), "--set-as-default").returncode == 0
+    cfg.write_text(cfg.read_text().replace(old, edit))
+    res = nv("--runtime", runtime, "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    # not byte-exact any more (no .bak matches): nvctk's runtime goes, the edit stays
+    assert cfg.read_text() == text.replace(old, edit)
 
 
 # --- CRI-O --------------------------------------------------------------------------
@@ -647,9 +644,9 @@ def test_containerd_remove_keeps_a_hand_written_file(nv: Run, tmp_path: Path) ->
     assert toml(cfg) == {"version": 2}
 
 
-@pytest.mark.parametrize("engine", ["containerd", "docker"])
-def test_remove_restores_the_foreign_runtime_configure_replaced(nv: Run, tmp_path: Path,
-                                                                 engine: str) -> None:
+def _foreign_nvidia(engine: str, tmp_path: Path) -> tuple[Path, str]:
+    """The engine's config file under tmp_path, written with a runtime "nvidia" of
+    NVIDIA's toolkit (someone else's), and its text."""
     if engine == "containerd":
         cfg = tmp_path / "config.toml"
         text = (f'version = 2\n[{V2}.containerd.runtimes.nvidia]\n'
@@ -660,6 +657,13 @@ def test_remove_restores_the_foreign_runtime_configure_replaced(nv: Run, tmp_pat
         cfg = tmp_path / "daemon.json"
         text = '{"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}}}\n'
     cfg.write_text(text)
+    return cfg, text
+
+
+@pytest.mark.parametrize("engine", ["containerd", "docker"])
+def test_remove_restores_the_foreign_runtime_configure_replaced(nv: Run, tmp_path: Path,
+                                                                 engine: str) -> None:
+    cfg, text = _foreign_nvidia(engine, tmp_path)
     res = nv("--runtime", engine, "--config", str(cfg))
     assert res.returncode == 0, res.stderr
     assert RUNTIME in cfg.read_text()
@@ -815,18 +819,8 @@ def test_remove_after_edit_restores_the_foreign_runtime_configure_replaced(
         nv: Run, tmp_path: Path, engine: str) -> None:
     """As above, but the file was edited by hand since: the .bak no longer matches, and
     the runtime configure replaced still comes back (not deleted with nvctk's)."""
-    if engine == "containerd":
-        cfg = tmp_path / "config.toml"
-        text = (f'version = 2\n[{V2}.containerd.runtimes.nvidia]\n'
-                '  runtime_type = "io.containerd.runc.v2"\n'
-                f'[{V2}.containerd.runtimes.nvidia.options]\n'
-                '  BinaryName = "/usr/bin/nvidia-container-runtime"\n')
-        parse = tomllib.loads
-    else:
-        cfg = tmp_path / "daemon.json"
-        text = '{"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}}}\n'
-        parse = json.loads
-    cfg.write_text(text)
+    cfg, text = _foreign_nvidia(engine, tmp_path)
+    parse = tomllib.loads if engine == "containerd" else json.loads
     assert nv("--runtime", engine, "--config", str(cfg)).returncode == 0
     edited = cfg.read_text().replace("{", '{"debug": true, ', 1) if engine == "docker" \
         else cfg.read_text() + "# edited\n"

@@ -11,11 +11,10 @@ where the socket goes) is a clear error, and is left exactly as it was.
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,34 +22,9 @@ import pytest
 
 from nvctk.base import fileio
 from nvctk.sim.host import SimHost
+from support.fs import node_id, plant
 
 KINDS = ["chardev", "blockdev", "fifo", "dir", "symlink", "socket"]
-
-
-def _plant(path: Path, kind: str) -> Iterator[None] | None:
-    if kind == "chardev":
-        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
-    elif kind == "blockdev":
-        os.mknod(path, 0o600 | stat.S_IFBLK, os.makedev(7, 0))
-    elif kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dir":
-        path.mkdir()
-        (path / "keep").write_text("the operator's\n")
-    elif kind == "symlink":
-        (path.parent / "target").write_text("the operator's\n")
-        path.symlink_to(path.parent / "target")
-    else:
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(path))
-        s.close()
-    return None
-
-
-def _id(path: Path) -> tuple[int, int, int, list[str] | None]:
-    st = os.lstat(path)
-    return (st.st_mode, st.st_ino, st.st_rdev,
-            sorted(os.listdir(path)) if stat.S_ISDIR(st.st_mode) else None)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -58,11 +32,11 @@ def test_replace_regular_file_refuses_every_other_kind(tmp_path: Path, kind: str
     if kind.endswith("dev") and os.geteuid() != 0:
         pytest.skip("mknod needs root")
     out = tmp_path / "out"
-    _plant(out, kind)
-    before = _id(out)
+    plant(out, kind)
+    before = node_id(out)
     with pytest.raises(fileio.NotRegularFile, match="not a regular file; nvctk replaces only"):
         fileio.replace_regular_file(str(out), b"x\n")
-    assert _id(out) == before
+    assert node_id(out) == before
     assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
 
 
@@ -87,15 +61,15 @@ def test_no_command_replaces_what_is_not_a_regular_file(
     """Before: `nvctk labels --output /dev/null` replaced the host's /dev/null with a
     regular file (cdi generate already refused)."""
     out = tmp_path / "out"
-    _plant(out, kind)
-    before = _id(out)
+    plant(out, kind)
+    before = node_id(out)
     r = run_nvctk(*WRITERS[command], str(out), env={**os.environ, **sim_host.env},
                   config=sim_host.config_path)
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr, r.stderr
     assert f"cannot write {out}: it is a" in r.stderr, r.stderr
     assert "not a regular file" in r.stderr, r.stderr
-    assert _id(out) == before
+    assert node_id(out) == before
     assert sorted(os.listdir(tmp_path)) == sorted(["out", *(["target"] if kind == "symlink" else [])])
 
 
@@ -131,8 +105,8 @@ def test_device_plugin_leaves_what_is_not_a_socket(sim_host: SimHost, kind: str,
     if kind == "file":
         at.write_text("the operator's\n")
     else:
-        _plant(at, kind)
-    before = _id(at)
+        plant(at, kind)
+    before = node_id(at)
     kl = FakeKubelet(str(kdir)).start()
     try:
         r = subprocess.run(
@@ -144,7 +118,7 @@ def test_device_plugin_leaves_what_is_not_a_socket(sim_host: SimHost, kind: str,
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     assert f"{at}: it is a" in r.stderr and "not a socket" in r.stderr, r.stderr
-    assert _id(at) == before
+    assert node_id(at) == before
 
 
 # --- nvctk sim init --force ----------------------------------------------------------------

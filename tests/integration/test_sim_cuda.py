@@ -175,10 +175,12 @@ def run_cuda(
 
 
 class Holder:
-    """A harness process that runs `code` and then holds what it has."""
+    """A harness process that holds nbytes in a context on device `gpu` (until close,
+    or the end of a with block)."""
 
-    def __init__(self, sim: Sim, state_file: Path, code: str) -> None:
-        script = PRELUDE + textwrap.dedent(code) + "\nhold()\n"
+    def __init__(self, sim: Sim, state_file: Path, gpu: int, nbytes: int) -> None:
+        code = f"ok('cuInit', 0); ctx({gpu}); r, p = alloc({nbytes}); assert r == 0"
+        script = PRELUDE + code + "\nhold()\n"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", script],
             env=sim.env(state_file),
@@ -189,6 +191,12 @@ class Holder:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         assert line == "ready\n", f"holder exited {self.proc.wait()}"
+
+    def __enter__(self) -> Holder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -447,10 +455,7 @@ def test_context_reserve_and_teardown(sim: Sim, state_file: Path) -> None:
 
 
 def test_two_processes_share_one_pool(sim: Sim, state_file: Path) -> None:
-    holder = Holder(
-        sim, state_file, "ok('cuInit', 0); ctx(0); r, p = alloc(512 * MIB); assert r == 0"
-    )
-    try:
+    with Holder(sim, state_file, 0, 512 * MIB) as holder:
         out = run_cuda(
             sim,
             """
@@ -466,18 +471,13 @@ def test_two_processes_share_one_pool(sim: Sim, state_file: Path) -> None:
         assert out == [cap - 2 * RESERVE - 512 * MIB, cap, 2, 0]
         slot = state.read_state(state_file).proc(holder.proc.pid, 0)
         assert slot is not None and slot.mem_used == RESERVE + 512 * MIB
-    finally:
-        holder.close()
     # the holder released everything by exiting
     free = run_cuda(sim, "ok('cuInit', 0); ctx(0); out = meminfo()[0]", state_file)
     assert free == GPU_MIB * MIB - RESERVE
 
 
 def test_nvml_sees_cuda_usage(sim: Sim, state_file: Path) -> None:
-    holder = Holder(
-        sim, state_file, "ok('cuInit', 0); ctx(1); r, p = alloc(100 * MIB); assert r == 0"
-    )
-    try:
+    with Holder(sim, state_file, 1, 100 * MIB) as holder:
         out = run_cuda(
             sim,
             """
@@ -490,16 +490,12 @@ def test_nvml_sees_cuda_usage(sim: Sim, state_file: Path) -> None:
             """,
             state_file,
         )
-    finally:
-        holder.close()
     used = RESERVE + 100 * MIB
     assert out == [used, [[holder.proc.pid, used]]]
 
 
 def test_sigkilled_process_memory_is_reclaimed(sim: Sim, state_file: Path) -> None:
-    holder = Holder(
-        sim, state_file, "ok('cuInit', 0); ctx(1); r, p = alloc(700 * MIB); assert r == 0"
-    )
+    holder = Holder(sim, state_file, 1, 700 * MIB)
     assert state.read_state(state_file).gpus[1].mem_used == RESERVE + 700 * MIB
     holder.kill()
     out = run_cuda(

@@ -27,7 +27,7 @@ ROOT = os.geteuid() == 0
 def _child(code: str) -> dict[str, object]:
     """Run code (which fills `out`) in a fresh python -I -S; returns out."""
     script = (f"import json, os, sys\nsys.path.insert(0, {str(REPO)!r})\n"
-              "from nvctk import _sys, mount\nout = {}\n" + textwrap.dedent(code)
+              "from nvctk import _sys\nfrom nvctk.hook import mount\nout = {}\n" + textwrap.dedent(code)
               + "\nprint(json.dumps(out))\n")
     r = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True,
                        text=True, timeout=60)

@@ -7,6 +7,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -245,24 +247,38 @@ def test_nvidia_smi_shows_cap(env: dict[str, str], driver: H.Driver) -> None:
     assert "4096MiB" not in out.stdout
 
 
-def test_usage_shared_across_processes(env: dict[str, str], tmp_path: Path) -> None:
-    """One cap per container: a second process sees the first one's usage."""
-    env["CUDA_DEVICE_MEMORY_LIMIT"] = "512m"
-    holder = subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "alloc", str(256 * MIB), "wait"],
-                              env={**env, "LD_PRELOAD": str(H.LIB)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+@contextmanager
+def _holding(env: dict[str, str], nbytes: int) -> Iterator[Callable[[], int]]:
+    """A probe under libvgpu holding nbytes on GPU 0, ready when the block starts;
+    the block's finish() tells it to exit and returns its status. Killed on leaving."""
+    holder = subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "alloc", str(nbytes), "wait"],
+                              env={**env, "LD_PRELOAD": str(H.LIB)}, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdin is not None
         while "ready" not in holder.stdout.readline():
             pass
+        stdin = holder.stdin
+
+        def finish() -> int:
+            stdin.write("\n")
+            stdin.flush()
+            return holder.wait(timeout=30)
+
+        yield finish
+    finally:
+        holder.kill()
+
+
+def test_usage_shared_across_processes(env: dict[str, str], tmp_path: Path) -> None:
+    """One cap per container: a second process sees the first one's usage."""
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = "512m"
+    with _holding(env, 256 * MIB) as finish:
         r = ok(H.probe(env, "init", "ctx", "0", "fill", str(MIB)))
         assert int(r["fill"][0][1]) == 512 * MIB - 2 * RESERVE - 256 * MIB
         usage = vgpu.read_usage(tmp_path / "cache")
         assert sum(u.used for u in usage.values()) == 256 * MIB + RESERVE  # the holder only
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        assert holder.wait(timeout=30) == 0
-    finally:
-        holder.kill()
+        assert finish() == 0
     assert sum(u.used for u in vgpu.read_usage(tmp_path / "cache").values()) == 0
 
 
@@ -374,20 +390,10 @@ def test_limits_file_cannot_be_escaped(env: dict[str, str], tmp_path: Path) -> N
     assert [x[0] for x in r["alloc"]] == ["0", "2"]
     # a looser env does not lift it; a private accounting file is ignored
     env.update(CUDA_DEVICE_MEMORY_LIMIT="8g", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "mine"))
-    holder = subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "alloc", str(100 * MIB), "wait"],
-                              env={**env, "LD_PRELOAD": str(H.LIB)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdin is not None
-        while "ready" not in holder.stdout.readline():
-            pass
+    with _holding(env, 100 * MIB) as finish:
         r = ok(H.probe(env, "init", "ctx", "0", "fill", str(MIB)))
         assert int(r["fill"][0][1]) == 256 * MIB - 2 * RESERVE - 100 * MIB
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        holder.wait(timeout=30)
-    finally:
-        holder.kill()
+        finish()
     assert not (tmp_path / "mine").exists()
     # a stricter env still applies
     env["CUDA_DEVICE_MEMORY_LIMIT"] = "128m"

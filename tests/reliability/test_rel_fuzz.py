@@ -96,6 +96,21 @@ def _clear(e: BaseException, needle: str | None = None, limit: int | None = 2000
     return "error"
 
 
+def _file_prop(path: Path, read: Callable[[], object], needle: str | None = None,
+               limit: int | None = 2000) -> Callable[[bytes], str]:
+    """A fuzz property: the bytes written to path, then read() gives "ok" or an
+    NvctkError that passes _clear(needle, limit)."""
+    def prop(raw: bytes) -> str:
+        path.write_bytes(raw)
+        try:
+            read()
+        except NvctkError as e:
+            return _clear(e, needle, limit)
+        return "ok"
+
+    return prop
+
+
 # --- container input: env, requirements, limits, the spec and the state ------------------
 def test_fuzz_request_env() -> None:
     def prop(env: list[tuple[str, str]]) -> str:
@@ -301,14 +316,11 @@ def test_fuzz_engine_config(engine: str, tmp_path: Path) -> None:
     req = engines_common.EngineRequest(runtime_path="/usr/bin/nvctk-runtime", config=str(path),
                                  drop_in=str(drop) if engine == "crio" else "")
 
-    def prop(raw: bytes) -> str:
-        path.write_bytes(raw)
-        try:
-            plan_configure(engine, req)
-            plan_remove(engine, req)
-        except NvctkError as e:
-            return _clear(e, str(path), limit=4000)
-        return "ok"
+    def both() -> None:
+        plan_configure(engine, req)
+        plan_remove(engine, req)
+
+    prop = _file_prop(path, both, str(path), limit=4000)
 
     fuzz(f"engines.{engine} (configure/remove editors)",
          st.one_of(_json_mutations(ENGINE_BASES[engine]), st.binary(max_size=100)), prop)
@@ -325,16 +337,13 @@ def test_fuzz_cdi_spec(tmp_path: Path) -> None:
                  b"anchors: &a [*a]\n")
     path = _file_target(tmp_path, "cdi/nvidia.yaml")
 
-    def prop(raw: bytes) -> str:
-        path.write_bytes(raw)
-        try:
-            load.load_spec_file(str(path))
-            # and into the edits form, as CDI mode decodes it
-            resolve.to_edits(load.resolve(("nvidia.com/gpu=0",), (str(path.parent),)),
-                             ldconfig="/sbin/ldconfig")
-        except NvctkError as e:
-            return _clear(e, limit=4000)
-        return "ok"
+    def read() -> None:
+        load.load_spec_file(str(path))
+        # and into the edits form, as CDI mode decodes it
+        resolve.to_edits(load.resolve(("nvidia.com/gpu=0",), (str(path.parent),)),
+                         ldconfig="/sbin/ldconfig")
+
+    prop = _file_prop(path, read, limit=4000)
 
     fuzz("cdi.load_spec_file + resolve + to_edits (CDI specs)",
          st.one_of(_json_mutations(base), _json_mutations(yaml_base)), prop)
@@ -346,13 +355,7 @@ def test_fuzz_deviceplugin_config(tmp_path: Path) -> None:
             b"      replicas: 4\n")
     path = _file_target(tmp_path, "dp/config.yaml")
 
-    def prop(raw: bytes) -> str:
-        path.write_bytes(raw)
-        try:
-            dpconfig.load(str(path))
-        except NvctkError as e:
-            return _clear(e, str(path))
-        return "ok"
+    prop = _file_prop(path, lambda: dpconfig.load(str(path)), str(path))
 
     fuzz("deviceplugin.config.load", st.one_of(_json_mutations(base), st.binary(max_size=80)),
          prop)

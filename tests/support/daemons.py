@@ -21,6 +21,10 @@ import pytest
 
 from support import wait
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from nvctk.sim.host import SimHost
+
 
 @contextlib.contextmanager
 def short_dir(prefix: str) -> Iterator[Path]:
@@ -330,10 +334,38 @@ def import_images(daemon: Containerd, *tars: Path) -> None:
         assert res.returncode == 0, res.stderr
 
 
+def containerd_workdir(prefix: str) -> Callable[[], Iterator[Path]]:
+    """A module's fixture `work = containerd_workdir(prefix)`: a short work dir for the
+    module's own containerd (sockets have short paths); skips without root or
+    containerd's tools."""
+    @pytest.fixture(scope="module")
+    def work() -> Iterator[Path]:
+        need("containerd", "ctr", "runc", "containerd-shim-runc-v2")
+        with short_dir(prefix) as d:
+            yield d
+
+    return work
+
+
 @contextlib.contextmanager
-def containerd_workdir(prefix: str) -> Iterator[Path]:
-    """A short work dir for a module's own containerd (sockets have short paths); skips
-    without root or containerd's tools."""
-    need("containerd", "ctr", "runc", "containerd-shim-runc-v2")
-    with short_dir(prefix) as d:
-        yield d
+def gpu_containerd(work: Path, sim: SimHost, pause: str, image: str, env: dict[str, str],
+                   edit_config: Callable[[Path], None] | None = None,
+                   add_files: Callable[[Path], None] | None = None) -> Iterator[Containerd]:
+    """containerd in work/ctd, configured by `nvctk configure` for the simulated host
+    sim (edit_config may change its config.toml then), with the Pods' pause image and
+    `image` imported: the sim's rootfs with its CUDA sample (add_files may put more in
+    it) and environment env."""
+    from nvctk.sim.rootfs import build_rootfs
+    from support.cri import image_archive, pause_image
+
+    cd = work / "ctd"
+    cfg = configured_containerd(cd, pause)
+    if edit_config is not None:
+        edit_config(cfg)
+    with containerd(cd, env=sim.env, config=cfg) as daemon:
+        root = Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample))
+        if add_files is not None:
+            add_files(root)
+        import_images(daemon, pause_image(work, pause),
+                      image_archive(root, image, work / "gpu.tar", env=env))
+        yield daemon

@@ -5,6 +5,7 @@ _sim.host`), and own_sim() for a module that needs a host of its own."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,3 +33,20 @@ def own_sim(factory: pytest.TempPathFactory, name: str, **topology: Any) -> SimH
     if os.geteuid() != 0:
         pytest.skip("needs root")
     return simhost.init(str(factory.mktemp(name) / "host"), make_topology(**topology))
+
+
+def sim_in(work: Path, **topology: Any) -> SimHost:
+    """A simulated host in work/sim (make_topology(**topology)), for a module's own
+    daemons."""
+    return simhost.init(str(work / "sim"), make_topology(**topology))
+
+
+def assert_mig_view(smi: str, caps: str, gpu: Any, mig: Any) -> None:
+    """A container given one MIG device: `nvidia-smi -L` lists its GPU and only that
+    device, and /dev/nvidia-caps holds just its GPU and compute instance caps."""
+    assert smi.splitlines() == [
+        f"GPU 0: {gpu.name} (UUID: {gpu.uuid})",
+        f"  MIG {mig.profile:<11} Device  0: (UUID: {mig.uuid})",
+    ]
+    assert sorted(caps.split()) == sorted(
+        [f"nvidia-cap{mig.gi_cap_minor}", f"nvidia-cap{mig.ci_cap_minor}"])

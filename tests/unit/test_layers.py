@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import nvctk
+from support.astimports import imports_of
 
 PKG = Path(nvctk.__file__).parent
 LAYERS: dict[str, int] = {
@@ -60,32 +61,11 @@ def layer_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def _type_checking(node: ast.AST) -> bool:
-    return (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
-            and node.test.id == "TYPE_CHECKING")
-
-
 def nvctk_imports(tree: ast.AST, top_only: bool) -> list[tuple[int, str]]:
     """(line, module) of the nvctk modules this one imports; `if TYPE_CHECKING:`
     blocks aside (no run-time edge), function bodies aside with top_only. A package
     (its __init__ is empty) is no edge: `from nvctk.vgpu import limits` is on limits."""
-    out: list[tuple[int, str]] = []
-
-    def visit(node: ast.AST) -> None:
-        if _type_checking(node):
-            return
-        if top_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            return
-        if isinstance(node, ast.Import):
-            out.extend((node.lineno, a.name) for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.lineno, node.module))
-            out.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return [(line, m) for line, m in out if m in KNOWN and m not in PACKAGES]
+    return [(line, m) for line, m in imports_of(tree, top_only) if m in KNOWN and m not in PACKAGES]
 
 
 def upward(importer: str, imported: str) -> bool:

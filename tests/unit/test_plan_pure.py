@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import nvctk
+from support.astimports import imports_of
 
 PLAN_DIR = Path(nvctk.__file__).parent / "plan"
 # what reads files, directories, processes or the environment
@@ -29,31 +30,6 @@ NOT_PLANNING: tuple[str, ...] = ()
 
 def planning_modules() -> list[Path]:
     return sorted(p for p in PLAN_DIR.glob("*.py") if p.name not in NOT_PLANNING)
-
-
-def _type_checking_block(node: ast.AST) -> bool:
-    return (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
-            and node.test.id == "TYPE_CHECKING")
-
-
-def imports_of(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, module) of every import outside `if TYPE_CHECKING:` (types cost nothing)."""
-    out: list[tuple[int, str]] = []
-
-    def visit(node: ast.AST) -> None:
-        if _type_checking_block(node):
-            return
-        if isinstance(node, ast.Import):
-            out.extend((node.lineno, a.name) for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.lineno, node.module))
-            # `from nvctk import _sys`, `from nvctk.base import fileio`
-            out.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return out
 
 
 def _matches(module: str, names: tuple[str, ...]) -> bool:

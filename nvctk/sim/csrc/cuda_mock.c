@@ -114,6 +114,13 @@
 #define MAX_DEVICES (NVSIM_MAX_GPUS * 8)
 #define CTX_STACK_MAX 64
 
+/* return err when cond holds: the checks that open nearly every entry point, one line each */
+#define FAIL_IF(cond, err)                                                                         \
+    do {                                                                                           \
+        if (cond)                                                                                  \
+            return (err);                                                                          \
+    } while (0)
+
 enum {
     MAGIC_CTX = 0x43545831,
     MAGIC_MOD = 0x4d4f4431,
@@ -412,8 +419,7 @@ static void init_once(void)
 
 CUAPI CUresult cuInit(unsigned int Flags)
 {
-    if (Flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(Flags != 0, CUDA_ERROR_INVALID_VALUE);
     pthread_once(&g.once, init_once);
     return g.init_result;
 }
@@ -426,10 +432,8 @@ CUAPI CUresult cuInit(unsigned int Flags)
 
 static CUresult get_dev(CUdevice dev, struct dev **out)
 {
-    if (!g.initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev < 0 || dev >= g.ndev)
-        return CUDA_ERROR_INVALID_DEVICE;
+    FAIL_IF(!g.initialized, CUDA_ERROR_NOT_INITIALIZED);
+    FAIL_IF(dev < 0 || dev >= g.ndev, CUDA_ERROR_INVALID_DEVICE);
     *out = &g.devs[dev];
     return CUDA_SUCCESS;
 }
@@ -442,6 +446,13 @@ static CUresult get_dev(CUdevice dev, struct dev **out)
         if (r_)                                                                                    \
             return r_;                                                                             \
     } while (0)
+
+/* struct dev *d of `ordinal`, with the out pointer `out` not NULL: how most device
+   queries open */
+#define DEV_QUERY(ordinal, d, out)                                                                 \
+    struct dev *d;                                                                                 \
+    GET_DEV(ordinal, d);                                                                           \
+    FAIL_IF(!(out), CUDA_ERROR_INVALID_VALUE)
 
 static CUdevice dev_ordinal(const struct dev *d)
 {
@@ -462,8 +473,7 @@ static const struct {
  * CUDA_ERROR_INVALID_VALUE for a code the driver does not know */
 static CUresult error_text(CUresult error, const char **pStr, int want_name)
 {
-    if (!pStr)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!pStr, CUDA_ERROR_INVALID_VALUE);
     for (size_t i = 0; i < sizeof(errtab) / sizeof(errtab[0]); i++) {
         if (errtab[i].r == error) {
             *pStr = want_name ? errtab[i].name : errtab[i].str;
@@ -487,8 +497,7 @@ CUAPI CUresult cuGetErrorName(CUresult error, const char **pStr)
 /* Works before cuInit, as in the real driver: the runtime asks first. */
 CUAPI CUresult cuDriverGetVersion(int *driverVersion)
 {
-    if (!driverVersion)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!driverVersion, CUDA_ERROR_INVALID_VALUE);
     *driverVersion = nvsim_topo.cuda_version_int;
     return CUDA_SUCCESS;
 }
@@ -499,18 +508,14 @@ CUAPI CUresult cuDriverGetVersion(int *driverVersion)
 CUAPI CUresult cuDeviceGetCount(int *count)
 {
     NEED_INIT();
-    if (!count)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!count, CUDA_ERROR_INVALID_VALUE);
     *count = g.ndev;
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
-    struct dev *d;
-    GET_DEV(ordinal, d);
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
+    DEV_QUERY(ordinal, d, device);
     *device = ordinal;
     return CUDA_SUCCESS;
 }
@@ -519,8 +524,7 @@ CUAPI CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
     struct dev *d;
     GET_DEV(dev, d);
-    if (!name || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!name || len <= 0, CUDA_ERROR_INVALID_VALUE);
     if (d->mig)
         snprintf(name, (size_t)len, "%s MIG %s", d->t->name, d->mig->profile);
     else
@@ -553,30 +557,21 @@ static void parse_uuid(const char *s, CUuuid *out)
 /* v1 gives a MIG device's parent GPU; v2 (CUDA 11.4+) the MIG device itself. */
 CUAPI CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    if (!uuid)
-        return CUDA_ERROR_INVALID_VALUE;
+    DEV_QUERY(dev, d, uuid);
     parse_uuid(d->t->uuid, uuid);
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    if (!uuid)
-        return CUDA_ERROR_INVALID_VALUE;
+    DEV_QUERY(dev, d, uuid);
     parse_uuid(dev_uuid(d), uuid);
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
+    DEV_QUERY(dev, d, bytes);
     *bytes = d->total;
     return CUDA_SUCCESS;
 }
@@ -601,10 +596,7 @@ static int sm_count(const struct dev *d)
 
 CUAPI CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    if (!pi)
-        return CUDA_ERROR_INVALID_VALUE;
+    DEV_QUERY(dev, d, pi);
     int hopper = d->t->cc_major >= 9;
     int v;
     switch (attrib) {
@@ -613,8 +605,7 @@ CUAPI CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice
         /* Attributes the mock has no opinion on are valid but unsupported (0),
          * as a real driver reports features a device lacks; beyond the enum's
          * end they are invalid. */
-        if ((int)attrib <= 0 || (int)attrib >= 140)
-            return CUDA_ERROR_INVALID_VALUE;
+        FAIL_IF((int)attrib <= 0 || (int)attrib >= 140, CUDA_ERROR_INVALID_VALUE);
         v = 0;
     }
     *pi = v;
@@ -625,8 +616,7 @@ CUAPI CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 {
     struct dev *d;
     GET_DEV(dev, d);
-    if (!major || !minor)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!major || !minor, CUDA_ERROR_INVALID_VALUE);
     *major = d->t->cc_major;
     *minor = d->t->cc_minor;
     return CUDA_SUCCESS;
@@ -637,8 +627,7 @@ CUAPI CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 {
     struct dev *d;
     GET_DEV(dev, d);
-    if (!pciBusId || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!pciBusId || len <= 0, CUDA_ERROR_INVALID_VALUE);
     snprintf(pciBusId, (size_t)len, "%04X:%02X:%02X.0", d->t->pci_domain, d->t->pci_bus,
              d->t->pci_device);
     return CUDA_SUCCESS;
@@ -647,13 +636,11 @@ CUAPI CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 CUAPI CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
 {
     NEED_INIT();
-    if (!dev || !pciBusId)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!dev || !pciBusId, CUDA_ERROR_INVALID_VALUE);
     unsigned dom = 0, bus, devno, fn = 0;
     if (sscanf(pciBusId, "%x:%x:%x.%x", &dom, &bus, &devno, &fn) < 3) {
         dom = 0;
-        if (sscanf(pciBusId, "%x:%x.%x", &bus, &devno, &fn) < 2)
-            return CUDA_ERROR_INVALID_VALUE;
+        FAIL_IF(sscanf(pciBusId, "%x:%x.%x", &bus, &devno, &fn) < 2, CUDA_ERROR_INVALID_VALUE);
     }
     for (int i = 0; i < g.ndev; i++) {
         const struct nvsim_topo_gpu *t = g.devs[i].t;
@@ -844,20 +831,26 @@ static struct ctx *cur_ctx(void)
 
 static CUresult need_ctx(struct ctx **out)
 {
-    if (!g.initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    FAIL_IF(!g.initialized, CUDA_ERROR_NOT_INITIALIZED);
     struct ctx *c = cur_ctx();
-    if (!c || c->magic != MAGIC_CTX || !c->alive)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    FAIL_IF(!c || c->magic != MAGIC_CTX || !c->alive, CUDA_ERROR_INVALID_CONTEXT);
     *out = c;
     return CUDA_SUCCESS;
 }
 
+/* struct ctx *c: the calling thread's current context, or return need_ctx's error */
+#define NEED_CTX(c)                                                                                \
+    struct ctx *c;                                                                                 \
+    do {                                                                                           \
+        CUresult r_ = need_ctx(&(c));                                                              \
+        if (r_)                                                                                    \
+            return r_;                                                                             \
+    } while (0)
+
 static CUresult ctx_open(struct dev *d)
 {
     CUresult r = charge(d, g.ctx_reserve);
-    if (r)
-        return r;
+    FAIL_IF(r, r);
     /* registers this process on the GPU even with a zero reserve, so NVML
      * lists it as soon as it has a context, as with a real GPU */
     nvsim_proc_slot(g.st, d->gpu);
@@ -866,16 +859,12 @@ static CUresult ctx_open(struct dev *d)
 
 CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
+    DEV_QUERY(dev, d, pctx);
     pthread_mutex_lock(&lk);
     if (d->pctx_refs == 0) {
         pthread_mutex_unlock(&lk);
         CUresult r = ctx_open(d);
-        if (r)
-            return r;
+        FAIL_IF(r, r);
         pthread_mutex_lock(&lk);
         if (d->pctx_refs == 0) {
             d->pctx.alive = 1;
@@ -929,8 +918,7 @@ CUAPI CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
     struct dev *d;
     GET_DEV(dev, d);
-    if (flags & ~(unsigned)CU_CTX_FLAGS_MASK)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(flags & ~(unsigned)CU_CTX_FLAGS_MASK, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&lk);
     d->pctx_flags = flags;
     d->pctx.flags = flags;
@@ -942,8 +930,7 @@ CUAPI CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int
 {
     struct dev *d;
     GET_DEV(dev, d);
-    if (!flags || !active)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!flags || !active, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&lk);
     *flags = d->pctx_flags;
     *active = d->pctx_refs > 0;
@@ -953,8 +940,7 @@ CUAPI CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int
 
 static CUresult push(struct ctx *c)
 {
-    if (tls_depth == CTX_STACK_MAX)
-        return CUDA_ERROR_UNKNOWN;
+    FAIL_IF(tls_depth == CTX_STACK_MAX, CUDA_ERROR_UNKNOWN);
     tls_stack[tls_depth++] = c;
     return CUDA_SUCCESS;
 }
@@ -963,11 +949,9 @@ CUAPI CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     struct dev *d;
     GET_DEV(dev, d);
-    if (!pctx || (flags & ~(unsigned)CU_CTX_FLAGS_MASK))
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!pctx || (flags & ~(unsigned)CU_CTX_FLAGS_MASK), CUDA_ERROR_INVALID_VALUE);
     struct ctx *c = calloc(1, sizeof(*c));
-    if (!c)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!c, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = ctx_open(d);
     if (r) {
         free(c);
@@ -989,8 +973,7 @@ CUAPI CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray,
 {
     /* SM-count affinity is accepted and ignored: the simulated GPU runs one
      * kernel at a time whatever its share. */
-    if (numParams < 0 || (numParams > 0 && !paramsArray))
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(numParams < 0 || (numParams > 0 && !paramsArray), CUDA_ERROR_INVALID_VALUE);
     return cuCtxCreate_v2(pctx, flags, dev);
 }
 
@@ -1010,10 +993,8 @@ CUAPI CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     NEED_INIT();
     struct ctx *c = (struct ctx *)ctx;
-    if (!c)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (c->magic != MAGIC_CTX || !c->alive || c->primary)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    FAIL_IF(!c, CUDA_ERROR_INVALID_VALUE);
+    FAIL_IF(c->magic != MAGIC_CTX || !c->alive || c->primary, CUDA_ERROR_INVALID_CONTEXT);
     pthread_mutex_lock(&lk);
     free_ctx_allocs_locked(c);
     credit_locked(c->d, g.ctx_reserve);
@@ -1038,8 +1019,7 @@ CUAPI CUresult cuCtxSetCurrent(CUcontext ctx)
             tls_depth--;
         return CUDA_SUCCESS;
     }
-    if (c->magic != MAGIC_CTX)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    FAIL_IF(c->magic != MAGIC_CTX, CUDA_ERROR_INVALID_CONTEXT);
     if (tls_depth)
         tls_stack[tls_depth - 1] = c;
     else
@@ -1050,8 +1030,7 @@ CUAPI CUresult cuCtxSetCurrent(CUcontext ctx)
 CUAPI CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
     NEED_INIT();
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!pctx, CUDA_ERROR_INVALID_VALUE);
     *pctx = (CUcontext)cur_ctx();
     return CUDA_SUCCESS;
 }
@@ -1060,18 +1039,15 @@ CUAPI CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     NEED_INIT();
     struct ctx *c = (struct ctx *)ctx;
-    if (!c)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (c->magic != MAGIC_CTX)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    FAIL_IF(!c, CUDA_ERROR_INVALID_VALUE);
+    FAIL_IF(c->magic != MAGIC_CTX, CUDA_ERROR_INVALID_CONTEXT);
     return push(c);
 }
 
 CUAPI CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
     NEED_INIT();
-    if (!tls_depth)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    FAIL_IF(!tls_depth, CUDA_ERROR_INVALID_CONTEXT);
     struct ctx *c = tls_stack[--tls_depth];
     if (pctx)
         *pctx = (CUcontext)c;
@@ -1080,24 +1056,16 @@ CUAPI CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 
 CUAPI CUresult cuCtxGetDevice(CUdevice *device)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX(c);
+    FAIL_IF(!device, CUDA_ERROR_INVALID_VALUE);
     *device = dev_ordinal(c->d);
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuCtxGetFlags(unsigned int *flags)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
-    if (!flags)
-        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX(c);
+    FAIL_IF(!flags, CUDA_ERROR_INVALID_VALUE);
     *flags = c->flags;
     return CUDA_SUCCESS;
 }
@@ -1106,10 +1074,8 @@ CUAPI CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 {
     NEED_INIT();
     struct ctx *c = ctx ? (struct ctx *)ctx : cur_ctx();
-    if (!version)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!c || c->magic != MAGIC_CTX || !c->alive)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    FAIL_IF(!version, CUDA_ERROR_INVALID_VALUE);
+    FAIL_IF(!c || c->magic != MAGIC_CTX || !c->alive, CUDA_ERROR_INVALID_CONTEXT);
     *version = 3020;
     return CUDA_SUCCESS;
 }
@@ -1117,10 +1083,7 @@ CUAPI CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 /* Work completes at launch (NVSIM_ASYNC: at the context's tail). */
 CUAPI CUresult cuCtxSynchronize(void)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     sleep_until(__atomic_load_n(&c->tail_all_ns, __ATOMIC_RELAXED));
     return CUDA_SUCCESS;
 }
@@ -1139,16 +1102,12 @@ static size_t page_round(size_t n)
 static CUresult linear_alloc_prepaid(CUdeviceptr *dptr, size_t size, uint64_t charged, uint64_t prepaid,
                                      struct dev *d, struct ctx *c, struct pool *pool)
 {
-    if (!dptr)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!dptr, CUDA_ERROR_INVALID_VALUE);
+    FAIL_IF(size == 0, CUDA_ERROR_INVALID_VALUE);
     size_t len = page_round(size);
-    if (len < size)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(len < size, CUDA_ERROR_OUT_OF_MEMORY);
     CUresult r = charge(d, charged - prepaid);
-    if (r)
-        return r;
+    FAIL_IF(r, r);
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (p == MAP_FAILED) {
@@ -1182,28 +1141,21 @@ static CUresult linear_alloc(CUdeviceptr *dptr, size_t size, uint64_t charged, s
 
 CUAPI CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     return linear_alloc(dptr, bytesize, bytesize, c->d, c, NULL);
 }
 
 CUAPI CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                                   size_t Height, unsigned int ElementSizeBytes)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     if (!pPitch || WidthInBytes == 0 || Height == 0 ||
         (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
         return CUDA_ERROR_INVALID_VALUE;
     size_t pitch = (WidthInBytes + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
-    if (pitch < WidthInBytes || Height > SIZE_MAX / pitch)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(pitch < WidthInBytes || Height > SIZE_MAX / pitch, CUDA_ERROR_OUT_OF_MEMORY);
     size_t bytes = pitch * Height;
-    r = linear_alloc(dptr, bytes, bytes, c->d, c, NULL);
+    CUresult r = linear_alloc(dptr, bytes, bytes, c->d, c, NULL);
     if (r == CUDA_SUCCESS)
         *pPitch = pitch;
     return r;
@@ -1211,47 +1163,40 @@ CUAPI CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Widt
 
 CUAPI CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
-    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
-        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX(c);
+    FAIL_IF(flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST, CUDA_ERROR_INVALID_VALUE);
     /* Managed memory migrates to the device on use; the simulated device holds
      * it from the start, so the cap sees it whichever side touches it. */
     return linear_alloc(dptr, bytesize, bytesize, c->d, c, NULL);
+}
+
+/* Releases the table row of `base` (of `kind`): `missing` when there is none. */
+static CUresult release_base(uintptr_t base, int kind, CUresult missing)
+{
+    pthread_mutex_lock(&lk);
+    long i = tab_find(base, kind);
+    if (i >= 0)
+        release_row_locked((size_t)i);
+    pthread_mutex_unlock(&lk);
+    return i < 0 ? missing : CUDA_SUCCESS;
 }
 
 static CUresult linear_free(CUdeviceptr dptr)
 {
     if (dptr == 0)
         return CUDA_SUCCESS; /* cuMemFree(0) is a no-op in the real driver */
-    pthread_mutex_lock(&lk);
-    long i = tab_find((uintptr_t)dptr, K_LINEAR);
-    if (i < 0) {
-        pthread_mutex_unlock(&lk);
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    release_row_locked((size_t)i);
-    pthread_mutex_unlock(&lk);
-    return CUDA_SUCCESS;
+    return release_base((uintptr_t)dptr, K_LINEAR, CUDA_ERROR_INVALID_VALUE);
 }
 
 CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     return linear_free(dptr);
 }
 
 CUAPI CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     pthread_mutex_lock(&lk);
     long i = tab_containing((uintptr_t)dptr);
     if (i < 0 || (uintptr_t)dptr - g.tab[i].base >= g.tab[i].size) {
@@ -1268,12 +1213,8 @@ CUAPI CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdevi
 
 CUAPI CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
-    if (!free_ || !total)
-        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX(c);
+    FAIL_IF(!free_ || !total, CUDA_ERROR_INVALID_VALUE);
     struct dev *d = c->d;
     uint64_t used;
     if (d->mig) {
@@ -1292,16 +1233,11 @@ CUAPI CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
 /* Pinned host memory is not device memory: nothing to charge. */
 CUAPI CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     (void)Flags;
-    if (!pp || bytesize == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!pp || bytesize == 0, CUDA_ERROR_INVALID_VALUE);
     void *p = NULL;
-    if (posix_memalign(&p, 4096, bytesize))
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(posix_memalign(&p, 4096, bytesize), CUDA_ERROR_OUT_OF_MEMORY);
     *pp = p;
     return CUDA_SUCCESS;
 }
@@ -1313,10 +1249,7 @@ CUAPI CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 
 CUAPI CUresult cuMemFreeHost(void *p)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     free(p);
     return CUDA_SUCCESS;
 }
@@ -1329,16 +1262,13 @@ CUAPI CUresult cuMemFreeHost(void *p)
 static CUresult stream_ctx(CUstream s, struct ctx **c, struct stream **sp)
 {
     CUresult r = need_ctx(c);
-    if (r)
-        return r;
+    FAIL_IF(r, r);
     *sp = NULL;
     if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
         return CUDA_SUCCESS;
     struct stream *st = (struct stream *)s;
-    if (st->magic != MAGIC_STREAM)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!st->ctx->alive)
-        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    FAIL_IF(st->magic != MAGIC_STREAM, CUDA_ERROR_INVALID_HANDLE);
+    FAIL_IF(!st->ctx->alive, CUDA_ERROR_CONTEXT_IS_DESTROYED);
     *c = st->ctx;
     *sp = st;
     return CUDA_SUCCESS;
@@ -1350,24 +1280,36 @@ static CUresult stream_uncapturable(CUstream s, struct ctx **c)
 {
     struct stream *sp;
     CUresult r = stream_ctx(s, c, &sp);
-    if (r)
-        return r;
-    if (sp && sp->capture)
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    FAIL_IF(r, r);
+    FAIL_IF(sp && sp->capture, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     return CUDA_SUCCESS;
 }
 
+/* struct ctx *c and struct stream *sp of stream handle h, or return stream_ctx's error;
+   UNCAPTURED_: also refused while the stream captures (stream_uncapturable) */
+#define STREAM_CTX(h, c, sp)                                                                       \
+    struct ctx *c;                                                                                 \
+    struct stream *sp;                                                                             \
+    do {                                                                                           \
+        CUresult r_ = stream_ctx(h, &(c), &(sp));                                                  \
+        if (r_)                                                                                    \
+            return r_;                                                                             \
+    } while (0)
+#define UNCAPTURED_STREAM_CTX(h, c, sp)                                                            \
+    struct ctx *c;                                                                                 \
+    struct stream *sp;                                                                             \
+    do {                                                                                           \
+        CUresult r_ = stream_uncapturable(h, &(c));                                                \
+        if (r_ || (r_ = stream_ctx(h, &(c), &(sp))))                                               \
+            return r_;                                                                             \
+    } while (0)
+
 CUAPI CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
-    if (!phStream || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
-        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX(c);
+    FAIL_IF(!phStream || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING), CUDA_ERROR_INVALID_VALUE);
     struct stream *s = calloc(1, sizeof(*s));
-    if (!s)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!s, CUDA_ERROR_OUT_OF_MEMORY);
     *s = (struct stream){.magic = MAGIC_STREAM, .ctx = c, .flags = flags, .priority = priority};
     *phStream = (CUstream)s;
     return CUDA_SUCCESS;
@@ -1396,50 +1338,32 @@ CUAPI CUresult cuStreamDestroy_v2(CUstream hStream)
 
 CUAPI CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    if (r)
-        return r;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
+    STREAM_CTX(hStream, c, sp);
+    FAIL_IF(!pctx, CUDA_ERROR_INVALID_VALUE);
     *pctx = (CUcontext)c;
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuStreamSynchronize(CUstream hStream)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_uncapturable(hStream, &c);
-    if (r || (r = stream_ctx(hStream, &c, &sp)))
-        return r;
+    UNCAPTURED_STREAM_CTX(hStream, c, sp);
     sleep_until(__atomic_load_n(tail_of(c, sp), __ATOMIC_RELAXED));
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuStreamQuery(CUstream hStream)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_uncapturable(hStream, &c);
-    if (r || (r = stream_ctx(hStream, &c, &sp)))
-        return r;
+    UNCAPTURED_STREAM_CTX(hStream, c, sp);
     return __atomic_load_n(tail_of(c, sp), __ATOMIC_RELAXED) > nvsim_now_ns() ? CUDA_ERROR_NOT_READY
                                                                              : CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    if (r)
-        return r;
+    STREAM_CTX(hStream, c, sp);
     (void)Flags;
     struct event *e = (struct event *)hEvent;
-    if (!e || e->magic != MAGIC_EVENT)
-        return CUDA_ERROR_INVALID_HANDLE;
+    FAIL_IF(!e || e->magic != MAGIC_EVENT, CUDA_ERROR_INVALID_HANDLE);
     /* later work on the stream starts after the event's work */
     if (e->recorded)
         atomic_max(tail_of(c, sp), e->t_ns);
@@ -1453,10 +1377,8 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytesize, struct pool *p, C
 {
     struct ctx *c;
     CUresult r = stream_uncapturable(hStream, &c);
-    if (r)
-        return r;
-    if (!p || p->magic != MAGIC_POOL)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(r, r);
+    FAIL_IF(!p || p->magic != MAGIC_POOL, CUDA_ERROR_INVALID_VALUE);
     /* the allocation belongs to the pool's device, whichever context asked;
      * what the pool kept from earlier frees serves it first */
     pthread_mutex_lock(&lk);
@@ -1474,11 +1396,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytesize, struct pool *p, C
 
 CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    if (r)
-        return r;
+    STREAM_CTX(hStream, c, sp);
     return pool_alloc(dptr, bytesize, c->d->cur_pool, hStream);
 }
 
@@ -1492,10 +1410,8 @@ CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     struct ctx *c;
     CUresult r = stream_uncapturable(hStream, &c);
-    if (r)
-        return r;
-    if (dptr == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(r, r);
+    FAIL_IF(dptr == 0, CUDA_ERROR_INVALID_VALUE);
     return linear_free(dptr);
 }
 
@@ -1506,11 +1422,9 @@ CUAPI CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolPro
         poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
     struct dev *d;
-    if (get_dev(poolProps->location.id, &d))
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(get_dev(poolProps->location.id, &d), CUDA_ERROR_INVALID_VALUE);
     struct pool *p = calloc(1, sizeof(*p));
-    if (!p)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!p, CUDA_ERROR_OUT_OF_MEMORY);
     *p = (struct pool){.magic = MAGIC_POOL, .d = d};
     *pool = (CUmemoryPool)p;
     return CUDA_SUCCESS;
@@ -1520,8 +1434,7 @@ CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     NEED_INIT();
     struct pool *p = (struct pool *)pool;
-    if (!p || p->magic != MAGIC_POOL || p == &p->d->default_pool)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!p || p->magic != MAGIC_POOL || p == &p->d->default_pool, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&lk);
     /* outstanding allocations stay valid until freed; they just forget the pool */
     for (size_t i = 0; i < g.ntab; i++)
@@ -1542,8 +1455,7 @@ CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     NEED_INIT();
     struct pool *p = (struct pool *)pool;
-    if (!p || p->magic != MAGIC_POOL)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!p || p->magic != MAGIC_POOL, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&lk);
     uint64_t held = p->used + p->idle;
     uint64_t give = held > minBytesToKeep ? held - minBytesToKeep : 0;
@@ -1555,26 +1467,44 @@ CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
     return CUDA_SUCCESS;
 }
 
-CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+/* cuMemPoolSetAttribute (set) and cuMemPoolGetAttribute: one table of what each
+   attribute reads and writes */
+static CUresult pool_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, int set)
 {
     NEED_INIT();
     struct pool *p = (struct pool *)pool;
-    if (!p || p->magic != MAGIC_POOL || !value)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!p || p->magic != MAGIC_POOL || !value, CUDA_ERROR_INVALID_VALUE);
+    int *flag = value;
+    cuuint64_t *bytes = value;
     pthread_mutex_lock(&lk);
     CUresult r = CUDA_SUCCESS;
     switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        p->reuse[attr - 1] = *(int *)value;
+        if (set)
+            p->reuse[attr - 1] = *flag;
+        else
+            *flag = p->reuse[attr - 1];
         break;
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-        p->release_threshold = *(cuuint64_t *)value;
+        if (set)
+            p->release_threshold = *bytes;
+        else
+            *bytes = p->release_threshold;
+        break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        if (set)
+            r = CUDA_ERROR_INVALID_VALUE; /* read-only */
+        else
+            *bytes = p->used + (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ? p->idle : 0);
         break;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        if (*(cuuint64_t *)value != 0)
+        if (!set)
+            *bytes = p->used_high;
+        else if (*bytes != 0)
             r = CUDA_ERROR_INVALID_VALUE; /* only resettable to zero */
         else
             p->used_high = p->used;
@@ -1586,56 +1516,26 @@ CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr
     return r;
 }
 
+CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    return pool_attribute(pool, attr, value, 1);
+}
+
 CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-    NEED_INIT();
-    struct pool *p = (struct pool *)pool;
-    if (!p || p->magic != MAGIC_POOL || !value)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&lk);
-    CUresult r = CUDA_SUCCESS;
-    switch (attr) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        *(int *)value = p->reuse[attr - 1];
-        break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-        *(cuuint64_t *)value = p->release_threshold;
-        break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-        *(cuuint64_t *)value = p->used + p->idle;
-        break;
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-        *(cuuint64_t *)value = p->used;
-        break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        *(cuuint64_t *)value = p->used_high;
-        break;
-    default:
-        r = CUDA_ERROR_INVALID_VALUE;
-    }
-    pthread_mutex_unlock(&lk);
-    return r;
+    return pool_attribute(pool, attr, value, 0);
 }
 
 CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    if (!pool_out)
-        return CUDA_ERROR_INVALID_VALUE;
+    DEV_QUERY(dev, d, pool_out);
     *pool_out = (CUmemoryPool)&d->default_pool;
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    struct dev *d;
-    GET_DEV(dev, d);
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
+    DEV_QUERY(dev, d, pool);
     pthread_mutex_lock(&lk);
     *pool = (CUmemoryPool)d->cur_pool;
     pthread_mutex_unlock(&lk);
@@ -1647,8 +1547,7 @@ CUAPI CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
     struct dev *d;
     GET_DEV(dev, d);
     struct pool *p = (struct pool *)pool;
-    if (!p || p->magic != MAGIC_POOL || p->d != d)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!p || p->magic != MAGIC_POOL || p->d != d, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&lk);
     d->cur_pool = p;
     pthread_mutex_unlock(&lk);
@@ -1672,18 +1571,13 @@ static int format_bytes(CUarray_format f, unsigned *bytes, unsigned *fixed_chann
     case CU_AD_FORMAT_UNSIGNED_INT32:
     case CU_AD_FORMAT_SIGNED_INT32:
     case CU_AD_FORMAT_FLOAT: *bytes = 4; return 0;
-    case CU_AD_FORMAT_UNORM_INT8X1:
-    case CU_AD_FORMAT_SNORM_INT8X1: *bytes = 1; *fixed_channels = 1; return 0;
-    case CU_AD_FORMAT_UNORM_INT8X2:
-    case CU_AD_FORMAT_SNORM_INT8X2: *bytes = 1; *fixed_channels = 2; return 0;
-    case CU_AD_FORMAT_UNORM_INT8X4:
-    case CU_AD_FORMAT_SNORM_INT8X4: *bytes = 1; *fixed_channels = 4; return 0;
-    case CU_AD_FORMAT_UNORM_INT16X1:
-    case CU_AD_FORMAT_SNORM_INT16X1: *bytes = 2; *fixed_channels = 1; return 0;
-    case CU_AD_FORMAT_UNORM_INT16X2:
-    case CU_AD_FORMAT_SNORM_INT16X2: *bytes = 2; *fixed_channels = 2; return 0;
-    case CU_AD_FORMAT_UNORM_INT16X4:
-    case CU_AD_FORMAT_SNORM_INT16X4: *bytes = 2; *fixed_channels = 4; return 0;
+    case CU_AD_FORMAT_UNORM_INT8X1 ... CU_AD_FORMAT_SNORM_INT16X4: {
+        /* 0xc0-0xc5 UNORM, 0xc6-0xcb SNORM: each INT8X1, X2, X4, then INT16X1, X2, X4 */
+        unsigned k = (unsigned)(f - CU_AD_FORMAT_UNORM_INT8X1) % 6;
+        *bytes = k < 3 ? 1 : 2;
+        *fixed_channels = 1u << (k % 3);
+        return 0;
+    }
     default: return -1;
     }
 }
@@ -1725,19 +1619,13 @@ static uint64_t array_bytes(size_t w, size_t h, size_t depth, CUarray_format f, 
 
 static CUresult array_create(void **out, uint64_t bytes)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (bytes == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX(c);
+    FAIL_IF(!out, CUDA_ERROR_INVALID_VALUE);
+    FAIL_IF(bytes == 0, CUDA_ERROR_INVALID_VALUE);
     struct array *a = malloc(sizeof(*a));
-    if (!a)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!a, CUDA_ERROR_OUT_OF_MEMORY);
     a->magic = MAGIC_ARRAY;
-    r = charge(c->d, bytes);
+    CUresult r = charge(c->d, bytes);
     if (r) {
         free(a);
         return r;
@@ -1759,31 +1647,20 @@ static CUresult array_create(void **out, uint64_t bytes)
 static CUresult array_destroy(void *h)
 {
     NEED_INIT();
-    if (!h)
-        return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&lk);
-    long i = tab_find((uintptr_t)h, K_ARRAY);
-    if (i < 0) {
-        pthread_mutex_unlock(&lk);
-        return CUDA_ERROR_INVALID_HANDLE;
-    }
-    release_row_locked((size_t)i);
-    pthread_mutex_unlock(&lk);
-    return CUDA_SUCCESS;
+    FAIL_IF(!h, CUDA_ERROR_INVALID_HANDLE);
+    return release_base((uintptr_t)h, K_ARRAY, CUDA_ERROR_INVALID_HANDLE);
 }
 
 CUAPI CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
 {
-    if (!d)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!d, CUDA_ERROR_INVALID_VALUE);
     uint64_t bytes = array_bytes(d->Width, d->Height, 0, d->Format, d->NumChannels);
     return array_create((void **)pHandle, bytes);
 }
 
 CUAPI CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
-    if (!d)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!d, CUDA_ERROR_INVALID_VALUE);
     if ((d->Flags & CUDA_ARRAY3D_CUBEMAP) &&
         (d->Depth == 0 || d->Depth % 6 || (!(d->Flags & CUDA_ARRAY3D_LAYERED) && d->Depth != 6)))
         return CUDA_ERROR_INVALID_VALUE;
@@ -1801,8 +1678,7 @@ CUAPI CUresult cuArrayDestroy(CUarray hArray)
 CUAPI CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d,
                                       unsigned int numMipmapLevels)
 {
-    if (!d || numMipmapLevels == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!d || numMipmapLevels == 0, CUDA_ERROR_INVALID_VALUE);
     int layered = (d->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
     size_t maxext = d->Width;
     if (d->Height > maxext)
@@ -1812,8 +1688,7 @@ CUAPI CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRA
     unsigned maxlevels = 0;
     for (size_t e = maxext; e; e >>= 1)
         maxlevels++;
-    if (numMipmapLevels > maxlevels)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(numMipmapLevels > maxlevels, CUDA_ERROR_INVALID_VALUE);
     uint64_t total = 0;
     for (unsigned l = 0; l < numMipmapLevels; l++) {
         size_t w = d->Width >> l ? d->Width >> l : 1;
@@ -1822,8 +1697,7 @@ CUAPI CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRA
         if (d->Depth && !layered)
             dep = d->Depth >> l ? d->Depth >> l : 1;
         uint64_t b = array_bytes(w, h, dep, d->Format, d->NumChannels);
-        if (b == 0 || total + b < total)
-            return CUDA_ERROR_INVALID_VALUE;
+        FAIL_IF(b == 0 || total + b < total, CUDA_ERROR_INVALID_VALUE);
         total += b;
     }
     return array_create((void **)pHandle, total);
@@ -1848,8 +1722,7 @@ CUAPI CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAll
 {
     NEED_INIT();
     (void)option;
-    if (!granularity || !prop)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!granularity || !prop, CUDA_ERROR_INVALID_VALUE);
     *granularity = VMM_GRANULARITY;
     return CUDA_SUCCESS;
 }
@@ -1864,8 +1737,7 @@ CUAPI CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     struct dev *d = NULL;
     switch (prop->location.type) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
-        if (get_dev(prop->location.id, &d))
-            return CUDA_ERROR_INVALID_DEVICE;
+        FAIL_IF(get_dev(prop->location.id, &d), CUDA_ERROR_INVALID_DEVICE);
         break;
     case CU_MEM_LOCATION_TYPE_HOST:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
@@ -1875,8 +1747,7 @@ CUAPI CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         return CUDA_ERROR_INVALID_VALUE;
     }
     struct vmm *v = calloc(1, sizeof(*v));
-    if (!v)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!v, CUDA_ERROR_OUT_OF_MEMORY);
     /* a memfd lets one handle back any number of mappings, at any offset */
     v->fd = memfd_create("nvsim-vmm", MFD_CLOEXEC);
     if (v->fd < 0 || ftruncate(v->fd, (off_t)size) != 0) {
@@ -1924,8 +1795,7 @@ CUAPI CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 CUAPI CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     NEED_INIT();
-    if (!handle)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!handle, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&lk);
     long i = tab_containing((uintptr_t)addr);
     if (i < 0 || g.tab[i].kind != K_VMM_MAP) {
@@ -1952,8 +1822,7 @@ CUAPI CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignme
     size_t span = size + align;
     char *p = mmap((void *)(uintptr_t)addr, span, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(p == MAP_FAILED, CUDA_ERROR_OUT_OF_MEMORY);
     uintptr_t start = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
     if (start > (uintptr_t)p)
         munmap(p, start - (uintptr_t)p);
@@ -2050,8 +1919,7 @@ CUAPI CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     NEED_INIT();
     uintptr_t lo = (uintptr_t)ptr, hi = lo + size;
-    if (size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(size == 0, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&lk);
     /* the range must cover whole mappings */
     for (size_t i = 0; i < g.ntab; i++) {
@@ -2076,15 +1944,13 @@ CUAPI CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDes
                               size_t count)
 {
     NEED_INIT();
-    if (!desc || count == 0 || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!desc || count == 0 || size == 0, CUDA_ERROR_INVALID_VALUE);
     int prot = PROT_NONE;
     for (size_t i = 0; i < count; i++) {
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
             continue;
         struct dev *d;
-        if (get_dev(desc[i].location.id, &d))
-            return CUDA_ERROR_INVALID_DEVICE;
+        FAIL_IF(get_dev(desc[i].location.id, &d), CUDA_ERROR_INVALID_DEVICE);
         if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             prot = PROT_READ | PROT_WRITE;
         else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE)
@@ -2125,10 +1991,7 @@ static CUresult copy(void *dst, const void *src, size_t n)
 
 CUAPI CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     if ((!srcHost && ByteCount) || !dev_range_ok(dstDevice, ByteCount))
         return CUDA_ERROR_INVALID_VALUE;
     return copy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
@@ -2136,10 +1999,7 @@ CUAPI CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_
 
 CUAPI CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     if ((!dstHost && ByteCount) || !dev_range_ok(srcDevice, ByteCount))
         return CUDA_ERROR_INVALID_VALUE;
     return copy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
@@ -2147,10 +2007,7 @@ CUAPI CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t Byte
 
 CUAPI CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     if (!dev_range_ok(dstDevice, ByteCount) || !dev_range_ok(srcDevice, ByteCount))
         return CUDA_ERROR_INVALID_VALUE;
     return copy((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
@@ -2168,10 +2025,7 @@ static int uva_ok(CUdeviceptr p, size_t n)
 
 CUAPI CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     if (ByteCount && (!uva_ok(dst, ByteCount) || !uva_ok(src, ByteCount)))
         return CUDA_ERROR_INVALID_VALUE;
     return copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, ByteCount);
@@ -2210,12 +2064,8 @@ CUAPI CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice
 
 static CUresult memset_n(CUdeviceptr dst, const void *val, unsigned es, size_t n)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
-    if (dst % es || n > SIZE_MAX / es || !dev_range_ok(dst, n * es))
-        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX(c);
+    FAIL_IF(dst % es || n > SIZE_MAX / es || !dev_range_ok(dst, n * es), CUDA_ERROR_INVALID_VALUE);
     unsigned char *p = (unsigned char *)(uintptr_t)dst;
     if (es == 1) {
         memset(p, *(const unsigned char *)val, n);
@@ -2268,13 +2118,9 @@ CUAPI CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N
 
 static CUresult module_new(CUmodule *module)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     struct module *m = calloc(1, sizeof(*m));
-    if (!m)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!m, CUDA_ERROR_OUT_OF_MEMORY);
     *m = (struct module){.magic = MAGIC_MOD, .ctx = c};
     *module = (CUmodule)m;
     return CUDA_SUCCESS;
@@ -2282,8 +2128,7 @@ static CUresult module_new(CUmodule *module)
 
 CUAPI CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
-    if (!module || !image)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!module || !image, CUDA_ERROR_INVALID_VALUE);
     return module_new(module);
 }
 
@@ -2302,10 +2147,8 @@ CUAPI CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 CUAPI CUresult cuModuleLoad(CUmodule *module, const char *fname)
 {
     NEED_INIT();
-    if (!module || !fname)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (access(fname, R_OK) != 0)
-        return CUDA_ERROR_FILE_NOT_FOUND;
+    FAIL_IF(!module || !fname, CUDA_ERROR_INVALID_VALUE);
+    FAIL_IF(access(fname, R_OK) != 0, CUDA_ERROR_FILE_NOT_FOUND);
     return module_new(module);
 }
 
@@ -2315,8 +2158,7 @@ CUAPI CUresult cuModuleUnload(CUmodule hmod)
 {
     NEED_INIT();
     struct module *m = (struct module *)hmod;
-    if (!m || m->magic != MAGIC_MOD)
-        return CUDA_ERROR_INVALID_HANDLE;
+    FAIL_IF(!m || m->magic != MAGIC_MOD, CUDA_ERROR_INVALID_HANDLE);
     m->magic = MAGIC_DEAD;
     return CUDA_SUCCESS;
 }
@@ -2325,15 +2167,11 @@ CUAPI CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char 
 {
     NEED_INIT();
     struct module *m = (struct module *)hmod;
-    if (!hfunc || !name)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!m || m->magic != MAGIC_MOD)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (strncmp(name, "missing", 7) == 0)
-        return CUDA_ERROR_NOT_FOUND;
+    FAIL_IF(!hfunc || !name, CUDA_ERROR_INVALID_VALUE);
+    FAIL_IF(!m || m->magic != MAGIC_MOD, CUDA_ERROR_INVALID_HANDLE);
+    FAIL_IF(strncmp(name, "missing", 7) == 0, CUDA_ERROR_NOT_FOUND);
     struct func *f = calloc(1, sizeof(*f));
-    if (!f)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!f, CUDA_ERROR_OUT_OF_MEMORY);
     f->magic = MAGIC_FUNC;
     f->m = m;
     f->kernel = strcmp(name, "vectorAdd") == 0 || strncmp(name, "_Z9vectorAdd", 12) == 0
@@ -2355,8 +2193,7 @@ static CUresult decode_args(const struct func *f, void **params, void **extra, s
     if (f->kernel != KERNEL_VECTORADD)
         return CUDA_SUCCESS;
     if (params) {
-        if (!params[0] || !params[1] || !params[2] || !params[3])
-            return CUDA_ERROR_INVALID_VALUE;
+        FAIL_IF(!params[0] || !params[1] || !params[2] || !params[3], CUDA_ERROR_INVALID_VALUE);
         memcpy(&out->a, params[0], sizeof(CUdeviceptr));
         memcpy(&out->b, params[1], sizeof(CUdeviceptr));
         memcpy(&out->c, params[2], sizeof(CUdeviceptr));
@@ -2373,8 +2210,7 @@ static CUresult decode_args(const struct func *f, void **params, void **extra, s
         else
             return CUDA_ERROR_INVALID_VALUE;
     }
-    if (!buf || size < 3 * sizeof(CUdeviceptr) + sizeof(int))
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!buf || size < 3 * sizeof(CUdeviceptr) + sizeof(int), CUDA_ERROR_INVALID_VALUE);
     memcpy(&out->a, buf, sizeof(CUdeviceptr));
     memcpy(&out->b, buf + 8, sizeof(CUdeviceptr));
     memcpy(&out->c, buf + 16, sizeof(CUdeviceptr));
@@ -2384,11 +2220,9 @@ static CUresult decode_args(const struct func *f, void **params, void **extra, s
 
 static CUresult check_dims(const struct launch *l)
 {
-    if (!l->f || l->f->magic != MAGIC_FUNC)
-        return CUDA_ERROR_INVALID_HANDLE;
+    FAIL_IF(!l->f || l->f->magic != MAGIC_FUNC, CUDA_ERROR_INVALID_HANDLE);
     for (int i = 0; i < 3; i++)
-        if (l->grid[i] == 0 || l->block[i] == 0)
-            return CUDA_ERROR_INVALID_VALUE;
+        FAIL_IF(l->grid[i] == 0 || l->block[i] == 0, CUDA_ERROR_INVALID_VALUE);
     if (l->grid[1] > 65535 || l->grid[2] > 65535 || l->block[0] > 1024 || l->block[1] > 1024 ||
         l->block[2] > 64 || (uint64_t)l->block[0] * l->block[1] * l->block[2] > 1024 ||
         l->shmem > 49152)
@@ -2436,14 +2270,9 @@ static CUresult graph_append(struct graph *gr, const struct launch *l, struct gn
 
 static CUresult launch(const struct launch *l, CUstream hStream)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    if (r)
-        return r;
-    r = check_dims(l);
-    if (r)
-        return r;
+    STREAM_CTX(hStream, c, sp);
+    CUresult r = check_dims(l);
+    FAIL_IF(r, r);
     if (sp && sp->capture)
         return graph_append(sp->capture, l, NULL);
     return run(c, sp, l);
@@ -2456,8 +2285,7 @@ CUAPI CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int 
 {
     NEED_INIT();
     struct func *fn = (struct func *)f;
-    if (!fn || fn->magic != MAGIC_FUNC)
-        return CUDA_ERROR_INVALID_HANDLE;
+    FAIL_IF(!fn || fn->magic != MAGIC_FUNC, CUDA_ERROR_INVALID_HANDLE);
     struct launch l = {.f = fn, .grid = {gridDimX, gridDimY, gridDimZ},
                        .block = {blockDimX, blockDimY, blockDimZ}, .shmem = sharedMemBytes};
     CUresult r = decode_args(fn, kernelParams, extra, &l.args);
@@ -2467,8 +2295,7 @@ CUAPI CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int 
 CUAPI CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                                 void **extra)
 {
-    if (!config)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!config, CUDA_ERROR_INVALID_VALUE);
     return cuLaunchKernel(f, config->gridDimX, config->gridDimY, config->gridDimZ,
                           config->blockDimX, config->blockDimY, config->blockDimZ,
                           config->sharedMemBytes, config->hStream, kernelParams, extra);
@@ -2480,14 +2307,10 @@ CUAPI CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, un
                                          unsigned int sharedMemBytes, CUstream hStream,
                                          void **kernelParams)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
+    NEED_CTX(c);
     /* all blocks must be resident at once */
     uint64_t blocks = (uint64_t)gridDimX * gridDimY * gridDimZ;
-    if (blocks > (uint64_t)sm_count(c->d) * 32)
-        return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    FAIL_IF(blocks > (uint64_t)sm_count(c->d) * 32, CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
     return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
                           sharedMemBytes, hStream, kernelParams, NULL);
 }
@@ -2497,15 +2320,10 @@ CUAPI CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, un
 
 CUAPI CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
-    struct ctx *c;
-    CUresult r = need_ctx(&c);
-    if (r)
-        return r;
-    if (!phEvent || (Flags & ~0xfu))
-        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX(c);
+    FAIL_IF(!phEvent || (Flags & ~0xfu), CUDA_ERROR_INVALID_VALUE);
     struct event *e = calloc(1, sizeof(*e));
-    if (!e)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!e, CUDA_ERROR_OUT_OF_MEMORY);
     *e = (struct event){.magic = MAGIC_EVENT, .flags = Flags};
     *phEvent = (CUevent)e;
     return CUDA_SUCCESS;
@@ -2522,14 +2340,9 @@ static struct event *event_get(CUevent h)
  * (always, for synchronous launches); that moment is its timestamp. */
 CUAPI CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_uncapturable(hStream, &c);
-    if (r || (r = stream_ctx(hStream, &c, &sp)))
-        return r;
+    UNCAPTURED_STREAM_CTX(hStream, c, sp);
     struct event *e = event_get(hEvent);
-    if (!e)
-        return CUDA_ERROR_INVALID_HANDLE;
+    FAIL_IF(!e, CUDA_ERROR_INVALID_HANDLE);
     uint64_t now = nvsim_now_ns(), tail = __atomic_load_n(tail_of(c, sp), __ATOMIC_RELAXED);
     e->t_ns = tail > now ? tail : now;
     e->recorded = 1;
@@ -2541,8 +2354,7 @@ CUAPI CUresult cuEventQuery(CUevent hEvent)
 {
     NEED_INIT();
     struct event *e = event_get(hEvent);
-    if (!e)
-        return CUDA_ERROR_INVALID_HANDLE;
+    FAIL_IF(!e, CUDA_ERROR_INVALID_HANDLE);
     return e->recorded && e->t_ns > nvsim_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
@@ -2550,8 +2362,7 @@ CUAPI CUresult cuEventSynchronize(CUevent hEvent)
 {
     NEED_INIT();
     struct event *e = event_get(hEvent);
-    if (!e)
-        return CUDA_ERROR_INVALID_HANDLE;
+    FAIL_IF(!e, CUDA_ERROR_INVALID_HANDLE);
     if (e->recorded)
         sleep_until(e->t_ns);
     return CUDA_SUCCESS;
@@ -2561,14 +2372,12 @@ CUAPI CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent 
 {
     NEED_INIT();
     struct event *s = event_get(hStart), *e = event_get(hEnd);
-    if (!pMilliseconds)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!pMilliseconds, CUDA_ERROR_INVALID_VALUE);
     if (!s || !e || !s->recorded || !e->recorded || (s->flags & CU_EVENT_DISABLE_TIMING) ||
         (e->flags & CU_EVENT_DISABLE_TIMING))
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = nvsim_now_ns();
-    if (s->t_ns > now || e->t_ns > now)
-        return CUDA_ERROR_NOT_READY;
+    FAIL_IF(s->t_ns > now || e->t_ns > now, CUDA_ERROR_NOT_READY);
     *pMilliseconds = (float)((double)((int64_t)(e->t_ns - s->t_ns)) / 1e6);
     return CUDA_SUCCESS;
 }
@@ -2577,8 +2386,7 @@ CUAPI CUresult cuEventDestroy_v2(CUevent hEvent)
 {
     NEED_INIT();
     struct event *e = event_get(hEvent);
-    if (!e)
-        return CUDA_ERROR_INVALID_HANDLE;
+    FAIL_IF(!e, CUDA_ERROR_INVALID_HANDLE);
     e->magic = MAGIC_DEAD;
     free(e);
     return CUDA_SUCCESS;
@@ -2592,14 +2400,12 @@ static CUresult graph_append(struct graph *gr, const struct launch *l, struct gn
     if (gr->n == gr->cap) {
         size_t cap = gr->cap ? gr->cap * 2 : 8;
         struct gnode **nn = realloc(gr->nodes, cap * sizeof(*nn));
-        if (!nn)
-            return CUDA_ERROR_OUT_OF_MEMORY;
+        FAIL_IF(!nn, CUDA_ERROR_OUT_OF_MEMORY);
         gr->nodes = nn;
         gr->cap = cap;
     }
     struct gnode *node = calloc(1, sizeof(*node));
-    if (!node)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!node, CUDA_ERROR_OUT_OF_MEMORY);
     node->magic = MAGIC_NODE;
     node->l = *l; /* parameters are copied when the node is made, as in CUDA */
     gr->nodes[gr->n++] = node;
@@ -2630,11 +2436,9 @@ static struct graph *graph_new(void)
 CUAPI CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
 {
     NEED_INIT();
-    if (!phGraph || flags)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!phGraph || flags, CUDA_ERROR_INVALID_VALUE);
     struct graph *gr = graph_new();
-    if (!gr)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!gr, CUDA_ERROR_OUT_OF_MEMORY);
     *phGraph = (CUgraph)gr;
     return CUDA_SUCCESS;
 }
@@ -2643,8 +2447,7 @@ CUAPI CUresult cuGraphDestroy(CUgraph hGraph)
 {
     NEED_INIT();
     struct graph *gr = (struct graph *)hGraph;
-    if (!gr || gr->magic != MAGIC_GRAPH)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!gr || gr->magic != MAGIC_GRAPH, CUDA_ERROR_INVALID_VALUE);
     graph_free(gr);
     return CUDA_SUCCESS;
 }
@@ -2660,19 +2463,16 @@ static CUresult add_kernel_node(CUgraphNode *phGraphNode, CUgraph hGraph,
         return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < numDependencies; i++) {
         const struct gnode *dep = (const struct gnode *)dependencies[i];
-        if (!dep || dep->magic != MAGIC_NODE)
-            return CUDA_ERROR_INVALID_VALUE;
+        FAIL_IF(!dep || dep->magic != MAGIC_NODE, CUDA_ERROR_INVALID_VALUE);
     }
     struct func *fn = (struct func *)func;
-    if (!fn || fn->magic != MAGIC_FUNC)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!fn || fn->magic != MAGIC_FUNC, CUDA_ERROR_INVALID_VALUE);
     struct launch l = {.f = fn, .grid = {dims[0], dims[1], dims[2]},
                        .block = {dims[3], dims[4], dims[5]}, .shmem = dims[6]};
     CUresult r = check_dims(&l);
     if (!r)
         r = decode_args(fn, kernelParams, extra, &l.args);
-    if (r)
-        return r;
+    FAIL_IF(r, r);
     return graph_append(gr, &l, (struct gnode **)phGraphNode);
 }
 
@@ -2689,8 +2489,7 @@ CUAPI CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
                                     const CUgraphNode *dependencies, size_t numDependencies,
                                     const CUDA_KERNEL_NODE_PARAMS_v1 *p)
 {
-    if (!p)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!p, CUDA_ERROR_INVALID_VALUE);
     unsigned dims[7] = {p->gridDimX,  p->gridDimY,  p->gridDimZ,     p->blockDimX,
                         p->blockDimY, p->blockDimZ, p->sharedMemBytes};
     return add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies, p->func, dims,
@@ -2703,8 +2502,7 @@ CUAPI CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGr
     NEED_INIT();
     (void)flags;
     struct graph *gr = (struct graph *)hGraph;
-    if (!phGraphExec || !gr || gr->magic != MAGIC_GRAPH)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!phGraphExec || !gr || gr->magic != MAGIC_GRAPH, CUDA_ERROR_INVALID_VALUE);
     /* a destroyed exec's handle value is handed out again (last destroyed
      * first), as real drivers recycle handles */
     pthread_mutex_lock(&lk);
@@ -2714,8 +2512,7 @@ CUAPI CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGr
     pthread_mutex_unlock(&lk);
     if (!x)
         x = malloc(sizeof(*x));
-    if (!x)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    FAIL_IF(!x, CUDA_ERROR_OUT_OF_MEMORY);
     memset(x, 0, sizeof(*x));
     x->l = calloc(gr->n ? gr->n : 1, sizeof(*x->l));
     if (!x->l) {
@@ -2744,12 +2541,10 @@ CUAPI CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 {
     NEED_INIT();
     struct exec *x = (struct exec *)hGraphExec;
-    if (!x || x->magic != MAGIC_EXEC)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!x || x->magic != MAGIC_EXEC, CUDA_ERROR_INVALID_VALUE);
     for (size_t i = 0; i < x->n; i++) {
         CUresult r = launch(&x->l[i], hStream);
-        if (r)
-            return r;
+        FAIL_IF(r, r);
     }
     return CUDA_SUCCESS;
 }
@@ -2758,8 +2553,7 @@ CUAPI CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
 {
     NEED_INIT();
     struct exec *x = (struct exec *)hGraphExec;
-    if (!x || x->magic != MAGIC_EXEC)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!x || x->magic != MAGIC_EXEC, CUDA_ERROR_INVALID_VALUE);
     x->magic = MAGIC_DEAD;
     free(x->l);
     pthread_mutex_lock(&lk);
@@ -2771,32 +2565,20 @@ CUAPI CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
 
 CUAPI CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    if (r)
-        return r;
-    if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
-        return CUDA_ERROR_INVALID_VALUE;
+    STREAM_CTX(hStream, c, sp);
+    FAIL_IF((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED, CUDA_ERROR_INVALID_VALUE);
     if (!sp) /* the legacy default stream cannot be captured */
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    if (sp->capture)
-        return CUDA_ERROR_ILLEGAL_STATE;
+    FAIL_IF(sp->capture, CUDA_ERROR_ILLEGAL_STATE);
     sp->capture = graph_new();
     return sp->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUAPI CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    if (r)
-        return r;
-    if (!phGraph)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!sp || !sp->capture)
-        return CUDA_ERROR_ILLEGAL_STATE;
+    STREAM_CTX(hStream, c, sp);
+    FAIL_IF(!phGraph, CUDA_ERROR_INVALID_VALUE);
+    FAIL_IF(!sp || !sp->capture, CUDA_ERROR_ILLEGAL_STATE);
     *phGraph = (CUgraph)sp->capture;
     sp->capture = NULL;
     return CUDA_SUCCESS;
@@ -2804,13 +2586,8 @@ CUAPI CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 
 CUAPI CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
 {
-    struct ctx *c;
-    struct stream *sp;
-    CUresult r = stream_ctx(hStream, &c, &sp);
-    if (r)
-        return r;
-    if (!captureStatus)
-        return CUDA_ERROR_INVALID_VALUE;
+    STREAM_CTX(hStream, c, sp);
+    FAIL_IF(!captureStatus, CUDA_ERROR_INVALID_VALUE);
     *captureStatus = sp && sp->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE
                                        : CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;
@@ -2839,8 +2616,7 @@ CUAPI CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersi
                                    cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
 {
     (void)flags; /* per-thread-stream variants are the same functions here */
-    if (!symbol || !pfn)
-        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(!symbol || !pfn, CUDA_ERROR_INVALID_VALUE);
     *pfn = NULL;
     const struct proc *best = NULL;
     int known = 0;

@@ -217,23 +217,33 @@ static int bad_field(const char *opt, const char *field)
     return 2;
 }
 
+/* 0 when every name is one of known, else bad_field's status for the first that is not */
+static int check_fields(char *const *names, int nf, const char *const *known, size_t nknown,
+                        const char *opt)
+{
+    for (int k = 0; k < nf; k++) {
+        int ok = 0;
+        for (size_t j = 0; j < nknown; j++)
+            ok |= !strcmp(names[k], known[j]);
+        if (!ok)
+            return bad_field(opt, names[k]);
+    }
+    return 0;
+}
+
 static int query_gpu(char *fields, const struct fmt *f, int only, unsigned n)
 {
     char *names[64];
     int nf = split(fields, names, 64);
-    /* validate against the first device before printing anything */
-    for (int k = 0; k < nf; k++) {
-        static const char *const known[] = {
-            "index", "count", "uuid", "gpu_uuid", "name", "gpu_name", "pci.bus_id",
-            "gpu_bus_id", "driver_version", "compute_cap", "memory.total", "memory.used",
-            "memory.free", "utilization.gpu", "utilization.memory", "mig.mode.current",
-        };
-        int ok = 0;
-        for (size_t j = 0; j < sizeof known / sizeof known[0]; j++)
-            ok |= !strcmp(names[k], known[j]);
-        if (!ok)
-            return bad_field("--query-gpu", names[k]);
-    }
+    static const char *const known[] = {
+        "index", "count", "uuid", "gpu_uuid", "name", "gpu_name", "pci.bus_id",
+        "gpu_bus_id", "driver_version", "compute_cap", "memory.total", "memory.used",
+        "memory.free", "utilization.gpu", "utilization.memory", "mig.mode.current",
+    };
+    /* validate before printing anything */
+    int bad = check_fields(names, nf, known, sizeof known / sizeof known[0], "--query-gpu");
+    if (bad)
+        return bad;
     if (f->header) {
         for (int k = 0; k < nf; k++)
             printf("%s%s", k ? ", " : "", gpu_header(names[k], f));
@@ -273,13 +283,10 @@ static int query_apps(char *fields, const struct fmt *f, int only, unsigned n)
                                         "gpu_bus_id", "used_memory", "used_gpu_memory"};
     char *names[32];
     int nf = split(fields, names, 32);
-    for (int k = 0; k < nf; k++) {
-        int ok = 0;
-        for (size_t j = 0; j < sizeof known / sizeof known[0]; j++)
-            ok |= !strcmp(names[k], known[j]);
-        if (!ok)
-            return bad_field("--query-compute-apps", names[k]);
-    }
+    int bad = check_fields(names, nf, known, sizeof known / sizeof known[0],
+                           "--query-compute-apps");
+    if (bad)
+        return bad;
     if (f->header) {
         for (int k = 0; k < nf; k++) {
             int mem = !strncmp(names[k], "used_", 5);

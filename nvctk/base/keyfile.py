@@ -1,0 +1,52 @@
+"""A node's secret MAC key in a file: made once with O_EXCL via link(), read only when
+it is a regular 0600 file of ours of the right size (anyone else who could write it
+could forge what it signs). Shared by CDI edit records and vGPU authority annotations."""
+
+from __future__ import annotations
+
+import os
+
+from nvctk.base.errors import NvctkError
+
+
+def load_key(path: str, size: int, create: bool, dir_mode: int, error: type[NvctkError],
+             what: str, remedy: str) -> bytes | None:
+    """The `size` bytes of key file `path`; None when missing and not create. create:
+    make it (and its folder with dir_mode) when missing, so that a racing create never
+    reads half a key. error(...) names the file, `what` it is ("authority key") and the `remedy`."""
+    if create and not os.path.lexists(path):
+        os.makedirs(os.path.dirname(path) or ".", dir_mode, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            os.write(fd, os.urandom(size))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: its key is the key
+        finally:
+            os.unlink(tmp)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except OSError as e:
+        raise error(f"{path}: {e.strerror} (nvctk's {what})")
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_mode & 0o7777 != 0o600 \
+                or st.st_uid != os.geteuid() or st.st_size != size:
+            raise error(f"{path}: not a regular 0600 file of {size} bytes owned by "
+                        f"uid {os.geteuid()}; nvctk refuses it as its {what} ({remedy})")
+        key = os.read(fd, size + 1)
+    finally:
+        os.close(fd)
+    if len(key) != size:
+        raise error(f"{path}: a short key file; remove it")
+    return key
