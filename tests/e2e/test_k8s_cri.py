@@ -227,8 +227,8 @@ def cri(node: Node) -> Iterator[CriClient]:
     client = CriClient(node.socket)
     assert client.version().runtime_name == ("cri-o" if node.engine.startswith("crio")
                                              else "containerd")
-    for ref in (PAUSE, GPU_IMAGE):
-        assert client.image_id(ref), f"CRI does not see {ref}"
+    for ref in (PAUSE, GPU_IMAGE):  # containerd 2.x's CRI learns of imports by events
+        wait.until(lambda ref=ref: client.image_id(ref), 60, f"the CRI to see {ref}")
     yield client
     client.close()
 
