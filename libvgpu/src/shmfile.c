@@ -48,15 +48,14 @@ uint64_t proc_start_time(pid_t pid) {
  * /proc/self/status, i.e. its pid in the pid namespace /proc was mounted
  * for (the host's only when that /proc is the host's); 0 if unreadable. */
 static int32_t host_pid_of_self(void) {
-    char buf[4096];
-    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
+    /* /proc/self names this process's pid in the pid namespace of the /proc
+     * mount: the first NSpid entry of /proc/self/status, for one readlink
+     * instead of generating the whole status file (~10 us) */
+    char buf[32];
+    ssize_t n = readlink("/proc/self", buf, sizeof buf - 1);
     if (n <= 0) return 0;
     buf[n] = 0;
-    char *p = strstr(buf, "\nNSpid:");
-    return p ? (int32_t)strtol(p + 7, NULL, 10) : 0;
+    return (int32_t)strtol(buf, NULL, 10);
 }
 
 static uint64_t pidns_inode(void) {
