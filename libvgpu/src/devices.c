@@ -135,7 +135,10 @@ static int attach(void) {
     return 0;
 }
 
-__attribute__((destructor)) static void vgpu_fini(void) { shm_detach(); }
+__attribute__((destructor)) static void vgpu_fini(void) {
+    sm_exit_report();
+    shm_detach();
+}
 
 /* Slow path of every wrapper: loads config, resolves the driver, attaches.
  * Returns ST_PASS, ST_ACTIVE or ST_ERROR. */

@@ -220,6 +220,7 @@ void pm_put(int which, uint64_t key, uint64_t size, int e);
 /* ---- sm.c: the SM limiter ---- */
 void sm_forget_ctx(CUcontext ctx);
 void sm_return_all(void);
+void sm_exit_report(void);
 void sm_atfork_child(void);
 
 /* ---- the wrappers (exported) ---- */

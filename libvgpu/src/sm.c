@@ -262,6 +262,7 @@ struct sm_rec {
     int li;        /* ldevs index */
 };
 static struct sm_rec ring[SM_RING];   /* oldest at ring_head; sm_mu */
+static uint64_t n_timed, n_untimed;   /* launches timed; untimed as of their key's last sample (sm_mu) */
 static unsigned ring_head, ring_n;
 static unsigned pend_n[VGPU_LDEV_MAX], pend_unknown[VGPU_LDEV_MAX]; /* in flight; of which with no estimate */
 
@@ -325,6 +326,7 @@ static void rec_charge(const struct sm_rec *r, CUresult q, int64_t *ch, uint64_t
         uint64_t ns = ms > 0 ? (uint64_t)((double)ms * 1e6) : 0;
         ch[r->li] += (int64_t)device_time(r->key, ns, r->w) - (int64_t)r->est;
         cnt[r->li] += r->w;
+        n_untimed += r->w;
         ev_put(r->ctx, r->start);
         ev_put(r->ctx, r->end);
     }
@@ -438,31 +440,35 @@ static inline uint64_t rng_next(void) {
 static int sm_fast_ok;   /* events usable: launches may go untimed */
 static int sm_capture;   /* a stream capture was begun in this process (sticky) */
 
-/* 1: the launch is charged its key's estimate and goes untimed (no lock, no
- * driver call); 0: the slow path decides (timing it). */
-static inline int sm_fast(const struct ldev *ld, CUstream s, uintptr_t key) {
-    if (!__atomic_load_n(&sm_fast_ok, __ATOMIC_RELAXED)) return 0;
+/* What the fast path decided: SMF_DONE, the launch was charged its key's
+ * estimate and goes untimed (no lock, no driver call); SMF_GATE, it goes
+ * untimed too, but the bucket does not cover it or a re-count is due (the
+ * gate waits, then charges *est); SMF_TIME, it is timed (slow path). */
+enum { SMF_TIME, SMF_DONE, SMF_GATE };
+static inline int sm_fast(const struct ldev *ld, CUstream s, uintptr_t key, int64_t *est) {
+    if (!__atomic_load_n(&sm_fast_ok, __ATOMIC_RELAXED)) return SMF_TIME;
     struct smloc *L = &smloc[ld - ldevs];
-    uint64_t now = coarse_ns(), sy = __atomic_load_n(&L->sync_ns, __ATOMIC_ACQUIRE);
-    if (!sy || (int64_t)(now - sy) >= (int64_t)SM_SYNC_NS) return 0; /* a re-count is due */
+    uint64_t now = coarse_ns();
     struct est *e = &est_cache[est_slot(key)];
     uintptr_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
     uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED), tk = __atomic_load_n(&e->tick, __ATOMIC_RELAXED);
-    if (k != key || !f1 || tk != now || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return 0;
-    if ((rng_next() >> 58) == 0) return 0; /* 1 in 64 */
+    if (k != key || !f1 || tk != now || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return SMF_TIME;
+    if ((rng_next() >> 58) == 0) return SMF_TIME; /* 1 in 64 */
     if (UNLIKELY(__atomic_load_n(&sm_capture, __ATOMIC_RELAXED))) {
         int cap = 0;
         typedef CUresult (*capt_t)(CUstream, int *);
         if (!real_x[X_cuStreamIsCapturing] || HELP(cuStreamIsCapturing, capt_t)(s, &cap) != CUDA_SUCCESS || cap)
-            return 0;
-    }
-    int64_t est = (int64_t)(f1 - 1);
-    if (__atomic_sub_fetch(&L->tokens, est, __ATOMIC_RELAXED) < 0) {
-        tok_add(L, est); /* in debt: the slow path waits */
-        return 0;
+            return SMF_TIME;
     }
     __atomic_store_n(&e->count, __atomic_load_n(&e->count, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
-    return 1;
+    *est = (int64_t)(f1 - 1);
+    uint64_t sy = __atomic_load_n(&L->sync_ns, __ATOMIC_ACQUIRE);
+    if (!sy || (int64_t)(now - sy) >= (int64_t)SM_SYNC_NS) return SMF_GATE; /* a re-count is due */
+    if (__atomic_sub_fetch(&L->tokens, *est, __ATOMIC_RELAXED) < 0) {
+        tok_add(L, *est); /* in debt: the gate waits */
+        return SMF_GATE;
+    }
+    return SMF_DONE;
 }
 
 /* One gated launch in progress. */
@@ -483,8 +489,14 @@ static int sm_begin(struct sm_launch *L, CUstream s, uintptr_t key) {
     if (ld == LD_REFUSE) return cfg.sm_any && cfg.sm_any < 100 ? -1 : 0; /* unaccountable: fail closed */
     unsigned pct = sm_of(ld);
     if (!pct) return 0;
-    if (LIKELY(sm_fast(ld, s, key))) return 0;
+    int64_t est = 0;
+    int f = sm_fast(ld, s, key, &est);
+    if (LIKELY(f == SMF_DONE)) return 0;
     if (sm_gate(ld, pct) != 0) return -1;
+    if (f == SMF_GATE) {
+        tok_add(&smloc[ld - ldevs], -est); /* untimed: charged its estimate */
+        return 0;
+    }
     L->ld = ld;
     L->timed = 0;
     L->t0 = 0;
@@ -510,6 +522,7 @@ static int sm_begin(struct sm_launch *L, CUstream s, uintptr_t key) {
         ok = 0;
     }
     r->est = est_take(key, &r->w, coarse_ns());
+    n_timed++;
     pthread_mutex_unlock(&sm_mu);
     if (!__atomic_load_n(&sm_fast_ok, __ATOMIC_RELAXED)) __atomic_store_n(&sm_fast_ok, 1, __ATOMIC_RELAXED);
     tok_add(&smloc[r->li], -(int64_t)r->est); /* charged its estimate now, corrected when it completes */
@@ -555,6 +568,16 @@ static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
     }
     ring_push(r);
     pthread_mutex_unlock(&sm_mu);
+}
+
+/* At exit (debug log): how many launches were timed. */
+void sm_exit_report(void) {
+    if (!any_sm) return;
+    pthread_mutex_lock(&sm_mu);
+    uint64_t t = n_timed, u = n_untimed;
+    pthread_mutex_unlock(&sm_mu);
+    vgpu_log(VGPU_LOG_DEBUG, "sm: %llu launches timed, %llu charged their estimate", (unsigned long long)t,
+             (unsigned long long)u);
 }
 
 /* Before a context is destroyed: its launches in flight are waited for and
