@@ -157,6 +157,7 @@ extern int my_slot;
 struct ldev *ldev_of(CUdevice dev);
 struct ldev *ldev_for(CUdevice dev);
 struct ldev *cur_ldev(void);
+int gpu_index_of(const char *uuid); /* container GPU index: limits file's UUIDs, else NVML */
 CUresult refuse_dev(const char *what);
 uint64_t adv_cap_of(int li);  /* the container's strictest cap / SM share as last read */
 unsigned adv_sm_of(int li);
