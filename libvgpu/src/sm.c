@@ -12,11 +12,15 @@
 #define SM_POOL 32   /* spare events kept per context */
 #define SM_NCTX 8    /* contexts with a pool */
 
-static pthread_mutex_t tok_mu = PTHREAD_MUTEX_INITIALIZER; /* the slices (smloc) */
+static pthread_mutex_t tok_mu = PTHREAD_MUTEX_INITIALIZER; /* the buckets (smloc) */
+static pthread_mutex_t sm_mu = PTHREAD_MUTEX_INITIALIZER;  /* estimates, the ring, event pools */
+static __thread uint64_t rng_s __attribute__((tls_model("initial-exec"))); /* the sampling draw */
 
 void sm_atfork_child(void) {
     pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
     tok_mu = init;
+    sm_mu = init;
+    rng_s = 0; /* reseeded: a child does not repeat its parent's draws */
 }
 
 static unsigned sm_of(const struct ldev *ld) {
@@ -180,7 +184,6 @@ static struct est {
     uint64_t tick;   /* coarse clock at its last timed launch */
     uint64_t count;  /* untimed launches since (racy: a weight, and statistics) */
 } est_cache[EST_SLOTS];
-static pthread_mutex_t sm_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static unsigned est_slot(uintptr_t key) { return (unsigned)((key >> 4) ^ (key >> 12)) & (EST_SLOTS - 1); }
 
@@ -413,8 +416,9 @@ static int sm_gate(const struct ldev *ld, unsigned pct) {
  * (1-4 ms) per key, and 1 in SM_SAMPLE_EVERY at random — an unpredictable
  * choice (per-thread xorshift seeded from getrandom), so a container cannot
  * arrange that only cheap runs of a shape are timed. */
+#ifndef SM_SAMPLE_EVERY
 #define SM_SAMPLE_EVERY 64
-static __thread uint64_t rng_s __attribute__((tls_model("initial-exec")));
+#endif
 
 static uint64_t rng_seed(void) {
     uint64_t s = 0;
@@ -453,7 +457,7 @@ static inline int sm_fast(const struct ldev *ld, CUstream s, uintptr_t key, int6
     uintptr_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
     uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED), tk = __atomic_load_n(&e->tick, __ATOMIC_RELAXED);
     if (k != key || !f1 || tk != now || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return SMF_TIME;
-    if ((rng_next() >> 58) == 0) return SMF_TIME; /* 1 in 64 */
+    if ((rng_next() >> 32) % SM_SAMPLE_EVERY == 0) return SMF_TIME; /* 1 in 64, unpredictable */
     if (UNLIKELY(__atomic_load_n(&sm_capture, __ATOMIC_RELAXED))) {
         int cap = 0;
         typedef CUresult (*capt_t)(CUstream, int *);
