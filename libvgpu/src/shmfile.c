@@ -17,11 +17,17 @@ uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Backoff for bounded waits: 5 us doubling to 10 ms. */
+/* Backoff for bounded waits: 5 us doubling to 1 ms. (A cap of 10 ms left the
+ * last of 64 processes starting together sleeping long after the lock was
+ * free: p90 of their first cuInit ~10 ms.) */
+#ifndef VGPU_BACKOFF_MAX_NS
+#define VGPU_BACKOFF_MAX_NS 1000000
+#endif
 void backoff(uint64_t *sleep_ns) {
     struct timespec ts = {0, (long)*sleep_ns};
     nanosleep(&ts, NULL);
-    if (*sleep_ns < 10000000) *sleep_ns *= 2;
+    if (*sleep_ns < VGPU_BACKOFF_MAX_NS) *sleep_ns *= 2;
+    if (*sleep_ns > VGPU_BACKOFF_MAX_NS) *sleep_ns = VGPU_BACKOFF_MAX_NS;
 }
 
 uint64_t proc_start_time(pid_t pid) {

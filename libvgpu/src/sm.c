@@ -15,6 +15,10 @@
 static pthread_mutex_t tok_mu = PTHREAD_MUTEX_INITIALIZER; /* the buckets (smloc) */
 static pthread_mutex_t sm_mu = PTHREAD_MUTEX_INITIALIZER;  /* estimates, the ring, event pools */
 static __thread uint64_t rng_s __attribute__((tls_model("initial-exec"))); /* the sampling draw */
+/* Part of every estimate's key (see kern_key): moves when a handle may mean
+ * other work, and starts from a secret random value, so that nobody can
+ * compute two shapes whose keys collide (a small launch pricing a big one). */
+static uint64_t est_epoch = 1;
 
 void sm_atfork_child(void) {
     pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
@@ -528,6 +532,9 @@ static int sm_begin(struct sm_launch *L, CUstream s, uintptr_t key) {
     r->est = est_take(key, &r->w, coarse_ns());
     n_timed++;
     pthread_mutex_unlock(&sm_mu);
+    static int seeded;
+    if (!__atomic_load_n(&seeded, __ATOMIC_RELAXED) && !__atomic_exchange_n(&seeded, 1, __ATOMIC_RELAXED))
+        __atomic_add_fetch(&est_epoch, rng_seed() << 1, __ATOMIC_RELAXED); /* this key stays unknown: timed */
     if (!__atomic_load_n(&sm_fast_ok, __ATOMIC_RELAXED)) __atomic_store_n(&sm_fast_ok, 1, __ATOMIC_RELAXED);
     tok_add(&smloc[r->li], -(int64_t)r->est); /* charged its estimate now, corrected when it completes */
     __atomic_add_fetch(&smloc[r->li].launches, 1, __ATOMIC_RELAXED);
@@ -634,8 +641,6 @@ CAPTURE_HOOK(cuStreamBeginCaptureToGraph_ptsz,
  * library unloaded: the driver may hand the same handle value out again), so
  * no floor outlives what it was learnt on; records in flight keep their old
  * key and charge only it. */
-static uint64_t est_epoch = 1;
-
 static inline uint64_t mix64(uint64_t k) {
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdull;
