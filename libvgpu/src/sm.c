@@ -19,6 +19,8 @@ static __thread uint64_t rng_s __attribute__((tls_model("initial-exec"))); /* th
  * other work, and starts from a secret random value, so that nobody can
  * compute two shapes whose keys collide (a small launch pricing a big one). */
 static uint64_t est_epoch = 1;
+static uint64_t key_mul[5] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull,
+                              0xff51afd7ed558ccdull, 0xc4ceb9fe1a85ec53ull}; /* secret odd multipliers */
 
 void sm_atfork_child(void) {
     pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
@@ -487,16 +489,21 @@ struct sm_launch {
     uint64_t t0;
 };
 
-/* Before the real launch: the fast path, else gating, then the start event
- * on the launch's stream. 0 = go ahead untimed (no SM limit on this device,
- * or charged its estimate), -1 = refused, 1 = call sm_end after it. */
-static int sm_begin(struct sm_launch *L, CUstream s, uintptr_t key) {
-    if (vgpu_enter() != ST_ACTIVE) return 0;
+/* Before the real launch on an SM-limited device: the fast path, else
+ * gating, then the start event on the launch's stream. 0 = go ahead untimed
+ * (charged its estimate), -1 = refused, 1 = call sm_end after it. */
+/* The device a launch goes to if it has an SM limit (its share in *pct);
+ * NULL: ungated; LD_REFUSE: refused (a device libvgpu cannot account for). */
+static const struct ldev *sm_target(unsigned *pct) {
+    if (vgpu_enter() != ST_ACTIVE) return NULL;
     const struct ldev *ld = cur_ldev();
-    if (!ld) return 0;
-    if (ld == LD_REFUSE) return cfg.sm_any && cfg.sm_any < 100 ? -1 : 0; /* unaccountable: fail closed */
-    unsigned pct = sm_of(ld);
-    if (!pct) return 0;
+    if (!ld) return NULL;
+    if (ld == LD_REFUSE) return cfg.sm_any && cfg.sm_any < 100 ? LD_REFUSE : NULL; /* unaccountable: fail closed */
+    *pct = sm_of(ld);
+    return *pct ? ld : NULL;
+}
+
+static int sm_begin(struct sm_launch *L, const struct ldev *ld, unsigned pct, CUstream s, uintptr_t key) {
     int64_t est = 0;
     int f = sm_fast(ld, s, key, &est);
     if (LIKELY(f == SMF_DONE)) return 0;
@@ -533,8 +540,10 @@ static int sm_begin(struct sm_launch *L, CUstream s, uintptr_t key) {
     n_timed++;
     pthread_mutex_unlock(&sm_mu);
     static int seeded;
-    if (!__atomic_load_n(&seeded, __ATOMIC_RELAXED) && !__atomic_exchange_n(&seeded, 1, __ATOMIC_RELAXED))
+    if (!__atomic_load_n(&seeded, __ATOMIC_RELAXED) && !__atomic_exchange_n(&seeded, 1, __ATOMIC_RELAXED)) {
+        for (int i = 0; i < 5; i++) __atomic_store_n(&key_mul[i], rng_seed() | 1, __ATOMIC_RELAXED);
         __atomic_add_fetch(&est_epoch, rng_seed() << 1, __ATOMIC_RELAXED); /* this key stays unknown: timed */
+    }
     if (!__atomic_load_n(&sm_fast_ok, __ATOMIC_RELAXED)) __atomic_store_n(&sm_fast_ok, 1, __ATOMIC_RELAXED);
     tok_add(&smloc[r->li], -(int64_t)r->est); /* charged its estimate now, corrected when it completes */
     __atomic_add_fetch(&smloc[r->li].launches, 1, __ATOMIC_RELAXED);
@@ -650,13 +659,19 @@ static inline uint64_t mix64(uint64_t k) {
     return k;
 }
 
+static inline uint64_t rotl64(uint64_t x, int r) { return x << r | x >> (64 - r); }
+
+/* Each field times its own secret odd multiplier (independent multiplies:
+ * a few ns, this runs on every SM-limited launch), folded, then mixed. */
 static uintptr_t kern_key(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                           unsigned bz, unsigned shm) {
-    uint64_t k = mix64((uint64_t)(uintptr_t)f ^ mix64(__atomic_load_n(&est_epoch, __ATOMIC_RELAXED)));
-    k = mix64(k ^ ((uint64_t)gx << 32 | gy));
-    k = mix64(k ^ ((uint64_t)gz << 32 | bx));
-    k = mix64(k ^ ((uint64_t)by << 32 | bz));
-    return (uintptr_t)mix64(k ^ shm);
+    uint64_t a = ((uint64_t)(uintptr_t)f ^ __atomic_load_n(&est_epoch, __ATOMIC_RELAXED)) *
+                 __atomic_load_n(&key_mul[0], __ATOMIC_RELAXED);
+    uint64_t b = ((uint64_t)gx << 32 | gy) * __atomic_load_n(&key_mul[1], __ATOMIC_RELAXED);
+    uint64_t c = ((uint64_t)gz << 32 | bx) * __atomic_load_n(&key_mul[2], __ATOMIC_RELAXED);
+    uint64_t d = ((uint64_t)by << 32 | bz) * __atomic_load_n(&key_mul[3], __ATOMIC_RELAXED);
+    uint64_t e = ((uint64_t)shm + 1) * __atomic_load_n(&key_mul[4], __ATOMIC_RELAXED);
+    return (uintptr_t)mix64(a ^ rotl64(b, 13) ^ rotl64(c, 29) ^ rotl64(d, 43) ^ rotl64(e, 53));
 }
 
 static uintptr_t ex_key(CUfunction f, const CUlaunchConfig *c) {
@@ -702,9 +717,13 @@ EPOCH_HOOK(cuGraphNodeSetEnabled, (CUgraphExec g, void *node, unsigned on), (g, 
             return CUDA_ERROR_NOT_FOUND;                                \
         if (vgpu_nested) return REAL(name) call;                        \
         if (vgpu_enter() == ST_ERROR) return CUDA_ERROR_NOT_INITIALIZED; \
+        unsigned pct_ = 0;                                              \
+        const struct ldev *ld_ = sm_target(&pct_);                      \
+        if (!ld_) return NESTED(REAL(name) call);                       \
+        if (ld_ == LD_REFUSE) return CUDA_ERROR_NOT_PERMITTED;          \
         struct sm_launch L;                                             \
         CUstream s_ = (strm);                                           \
-        int g_ = sm_begin(&L, s_, (uintptr_t)(key));                   \
+        int g_ = sm_begin(&L, ld_, pct_, s_, (uintptr_t)(key));        \
         if (g_ < 0) return CUDA_ERROR_NOT_PERMITTED;                    \
         if (!g_) return NESTED(REAL(name) call);                        \
         CUresult r = NESTED(REAL(name) call);                           \
