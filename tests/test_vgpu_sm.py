@@ -57,6 +57,7 @@ def measure(driver: H.Driver, tmp_path: Path, groups: dict[str, list[tuple[str, 
         time.sleep(0.02)
         for state in groups if backlog is not None else ():
             queued = (read_state(tmp_path / state).gpus[0].last_busy_end_ns - time.monotonic_ns()) / 1e6
+            assert backlog is not None
             backlog[state] = max(backlog.get(state, 0.0), queued)
     b1, t1 = busy(), time.monotonic()
     for label, (_, p) in procs.items():
