@@ -1,8 +1,15 @@
 /* libvgpu overhead micro-benchmark client (driven by bench/vgpu_overhead.py).
  *   vgpu_overhead launch N   ns per cuLaunchKernel (kernel "busy"; run with NVSIM_KERNEL_US=0)
  *   vgpu_overhead launchnull N  ns per cuLaunchKernel of a NULL function (rejected)
+ *   vgpu_overhead launchgap N   ns per cuLaunchKernel, in blocks of 1000 with 0.5 ms idle
+ *                            (untimed) between them: under an SM limit the share is not
+ *                            binding, so this is the limiter's cost, not its waiting
  *   vgpu_overhead alloc N    ns per cuMemAlloc_v2 + cuMemFree_v2 pair (4 KiB)
  *   vgpu_overhead init       ns of the first cuInit
+ *   vgpu_overhead launch2 N  median over N blocks of 2000 launches of (ns per launch on
+ *                            device 0 - on device 1), blocks interleaved in one process:
+ *                            with an SM limit on device 0 only, the limiter's own cost,
+ *                            robust to load from other work on the machine
  * Entry points come through cuGetProcAddress, as the CUDA runtime gets them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -42,7 +49,7 @@ int main(int argc, char **argv) {
     CUdevice dev;
     CUcontext ctx;
     if (init(0) || get(&dev, 0) || retain(&ctx, dev) || setcur(ctx)) return 4;
-    if (!strcmp(argv[1], "launch") || !strcmp(argv[1], "launchnull")) {
+    if (!strcmp(argv[1], "launch") || !strcmp(argv[1], "launchnull") || !strcmp(argv[1], "launchgap")) {
         CUresult (*load)(void **, const void *), (*getfn)(CUfunction *, void *, const char *);
         CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                            CUstream, void **, void **);
@@ -57,10 +64,65 @@ int main(int argc, char **argv) {
         CUresult want = 0;
         if (!strcmp(argv[1], "launchnull")) f = NULL, want = launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
         for (int i = 0; i < 1000; i++) launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        if (!strcmp(argv[1], "launchgap")) {
+            double sum = 0;
+            for (long i = 0; i < n; i += 1000) {
+                struct timespec gap = {0, 500000};
+                nanosleep(&gap, NULL);
+                double t0 = now_ns();
+                for (int k = 0; k < 1000; k++)
+                    if (launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != want) return 6;
+                sum += now_ns() - t0;
+            }
+            printf("%.2f\n", sum / ((n + 999) / 1000 * 1000));
+            return 0;
+        }
         double t0 = now_ns();
         for (long i = 0; i < n; i++)
             if (launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != want) return 6;
         printf("%.2f\n", (now_ns() - t0) / n);
+        return 0;
+    }
+    if (!strcmp(argv[1], "launch2")) {
+        CUresult (*load)(void **, const void *), (*getfn)(CUfunction *, void *, const char *);
+        CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           CUstream, void **, void **);
+        GET(load, "cuModuleLoadData");
+        GET(getfn, "cuModuleGetFunction");
+        GET(launch, "cuLaunchKernel");
+        CUdevice d1;
+        CUcontext c1;
+        void *m0, *m1;
+        CUfunction f0, f1;
+        if (get(&d1, 1) || retain(&c1, d1)) return 4;
+        if (load(&m0, "x") || getfn(&f0, m0, "busy")) return 5;
+        if (setcur(c1) || load(&m1, "x") || getfn(&f1, m1, "busy") || setcur(ctx)) return 5;
+        enum { B = 2000 };
+        double *diff = malloc(sizeof(double) * (size_t)n);
+        for (int w = 0; w < 3; w++)
+            for (int k = 0; k < B; k++)
+                if (setcur(ctx) || launch(f0, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) || setcur(c1) ||
+                    launch(f1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL))
+                    return 6;
+        for (long i = 0; i < n; i++) {
+            double t[2];
+            for (int j = 0; j < 2; j++) {
+                CUfunction f = (i + j) % 2 ? f1 : f0; /* alternate which device goes first */
+                if (setcur(f == f0 ? ctx : c1)) return 6;
+                double t0 = now_ns();
+                for (int k = 0; k < B; k++)
+                    if (launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)) return 6;
+                t[f == f0 ? 0 : 1] = (now_ns() - t0) / B;
+            }
+            diff[i] = t[0] - t[1];
+        }
+        for (long i = 1; i < n; i++) /* insertion sort: n is small */
+            for (long j = i; j > 0 && diff[j] < diff[j - 1]; j--) {
+                double x = diff[j];
+                diff[j] = diff[j - 1];
+                diff[j - 1] = x;
+            }
+        printf("%.2f\n", diff[n / 2]);
         return 0;
     }
     if (!strcmp(argv[1], "alloc")) {

@@ -117,6 +117,7 @@ static long parse_index(const char *s) {
 #define K_SM "CUDA_DEVICE_SM_LIMIT"
 #define K_CACHE "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 #define K_RESERVE "NVCTK_VGPU_CONTEXT_RESERVE"
+#define K_UUID "NVCTK_VGPU_UUID" /* _<i>: the container's GPU i (limits file only; never read from the env) */
 
 int vgpu_src_set(struct vgpu_src *src, const char *key, const char *value, const char *what,
                  char *err, unsigned errlen) {
@@ -182,6 +183,22 @@ int vgpu_src_set(struct vgpu_src *src, const char *key, const char *value, const
             src->sm_set |= 1u << i;
         } else {
             vgpu_log(VGPU_LOG_WARN, "%s%s: no such GPU index, ignored", what, key);
+        }
+        return 0;
+    }
+    if (strncmp(key, K_UUID, strlen(K_UUID)) == 0 && *what) {
+        long i = parse_index(key + strlen(K_UUID));
+        size_t n = strlen(value), ok = n > 0 && n < sizeof src->uuid[0];
+        for (size_t k = 0; ok && k < n; k++)
+            ok = (value[k] >= '0' && value[k] <= '9') || (value[k] >= 'a' && value[k] <= 'z') ||
+                 (value[k] >= 'A' && value[k] <= 'Z') || value[k] == '-';
+        if (i < 0 || !ok) {
+            snprintf(err, errlen, "%s%s=\"%s\": not NVCTK_VGPU_UUID_<index>=<GPU UUID>", what, key, value);
+            return -1;
+        }
+        if (i < VGPU_MAX_DEV) {
+            strcpy(src->uuid[i], value);
+            src->uuid_set |= 1u << i;
         }
         return 0;
     }
@@ -322,6 +339,8 @@ int vgpu_load_config(struct vgpu_config *cfg, char *err, unsigned errlen) {
         cfg->reserve = env.reserve; /* stricter = larger */
 
     if (have_file) {
+        memcpy(cfg->uuid, file.uuid, sizeof cfg->uuid);
+        cfg->uuid_set = file.uuid_set;
         if (file.cache_set) {
             snprintf(cfg->cache, sizeof cfg->cache, "%s", file.cache);
         } else {

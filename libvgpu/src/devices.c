@@ -49,6 +49,15 @@ CUresult refuse_dev(const char *what) {
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* The container's GPU index of a UUID, -1 unknown: from the limits file's
+ * NVCTK_VGPU_UUID_<i> where it has them, else NVML's order. */
+int gpu_index_of(const char *uuid) {
+    if (!cfg.uuid_set) return nvml_index_of(uuid);
+    for (int i = 0; i < VGPU_MAX_DEV; i++)
+        if ((cfg.uuid_set >> i) & 1 && strcasecmp(cfg.uuid[i], uuid) == 0) return i;
+    return -1;
+}
+
 /* The current context's device (see ldev_for); NULL with no context. */
 struct ldev *cur_ldev(void) {
     if (nldev == 1 && n_cuda == 1) return &ldevs[0];
@@ -85,7 +94,10 @@ static int attach(void) {
         snprintf(cfg_err, sizeof cfg_err, "libcuda lacks cuDeviceGetCount/cuDeviceGet/cuDeviceGetUuid");
         return -1;
     }
-    resolve_nvml_once();
+    /* The limits file nvctk writes names each container GPU's UUID: mapped
+     * from it, NVML is not loaded here (~70 us of the first cuInit); without
+     * it (env-only use), NVML's order is the container's. */
+    if (!cfg.uuid_set) resolve_nvml_once();
     TRACE(TR_NVML);
     int n = 0;
     if (HELP(cuDeviceGetCount, count_t)(&n) != CUDA_SUCCESS) n = 0;
@@ -104,7 +116,7 @@ static int attach(void) {
         if (HELP(cuDeviceGet, get_t)(&ld->dev, i) != CUDA_SUCCESS) ld->dev = i;
         if (HELP(cuDeviceGetUuid, uuid_t_)(&u, ld->dev) == CUDA_SUCCESS) fmt_uuid(&u, ld->uuid, sizeof ld->uuid);
         else snprintf(ld->uuid, sizeof ld->uuid, "cuda-%d", i);
-        if (nvml_ready()) ld->idx = nvml_index_of(ld->uuid);
+        if (cfg.uuid_set || nvml_ready()) ld->idx = gpu_index_of(ld->uuid);
         else if (!cvd) ld->idx = i; /* no NVML: CUDA order is the container's order */
         if (ld->idx >= 0 && ld->idx < VGPU_MAX_DEV) {
             ld->cap = cfg.mem[ld->idx];
@@ -135,7 +147,10 @@ static int attach(void) {
     return 0;
 }
 
-__attribute__((destructor)) static void vgpu_fini(void) { shm_detach(); }
+__attribute__((destructor)) static void vgpu_fini(void) {
+    sm_exit_report();
+    shm_detach();
+}
 
 /* Slow path of every wrapper: loads config, resolves the driver, attaches.
  * Returns ST_PASS, ST_ACTIVE or ST_ERROR. */

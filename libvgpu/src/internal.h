@@ -54,7 +54,8 @@ __asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
     X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2) X(cuLaunchKernel)       \
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                   \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch)       \
-    X(cuGraphLaunch_ptsz)
+    X(cuGraphLaunch_ptsz) X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2)  \
+    X(cuStreamBeginCapture_v2_ptsz) X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz)
 #define NVML_HOOKS(X)                                                                                     \
     X(nvmlInit) X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) \
     X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetComputeRunningProcesses_v2)                     \
@@ -156,6 +157,7 @@ extern int my_slot;
 struct ldev *ldev_of(CUdevice dev);
 struct ldev *ldev_for(CUdevice dev);
 struct ldev *cur_ldev(void);
+int gpu_index_of(const char *uuid); /* container GPU index: limits file's UUIDs, else NVML */
 CUresult refuse_dev(const char *what);
 uint64_t adv_cap_of(int li);  /* the container's strictest cap / SM share as last read */
 unsigned adv_sm_of(int li);
@@ -219,6 +221,7 @@ void pm_put(int which, uint64_t key, uint64_t size, int e);
 /* ---- sm.c: the SM limiter ---- */
 void sm_forget_ctx(CUcontext ctx);
 void sm_return_all(void);
+void sm_exit_report(void);
 void sm_atfork_child(void);
 
 /* ---- the wrappers (exported) ---- */
@@ -274,6 +277,12 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm_, CUstream s, void **params);
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s);
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s);
+EXPORT CUresult cuStreamBeginCapture(CUstream s);
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s);
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode);
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode);
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, void *g, const void *deps, const void *data, size_t n, int mode);
+EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, void *g, const void *deps, const void *data, size_t n, int mode);
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec g);
 EXPORT CUresult cuModuleUnload(CUmodule m);
 EXPORT CUresult cuLibraryUnload(void *l);

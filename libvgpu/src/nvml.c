@@ -54,7 +54,7 @@ static uint64_t nvml_cap(nvmlDevice_t dev, uint64_t *used) {
     char uuid[96];
     if (!real_x[X_nvmlDeviceGetUUID] || HELP(nvmlDeviceGetUUID, uuid_t_)(dev, uuid, sizeof uuid) != NVML_SUCCESS)
         return cfg.mem_any;
-    int i = nvml_index_of(uuid);
+    int i = gpu_index_of(uuid);
     uint64_t cap = i >= 0 ? cfg.mem[i] : cfg.mem_any;
     struct vgpu_shm *img = calloc(1, sizeof *img); /* untouched pages: no faults */
     if (img && data_lock() == 0) {

@@ -12,11 +12,21 @@
 #define SM_POOL 32   /* spare events kept per context */
 #define SM_NCTX 8    /* contexts with a pool */
 
-static pthread_mutex_t tok_mu = PTHREAD_MUTEX_INITIALIZER; /* the slices (smloc) */
+static pthread_mutex_t tok_mu = PTHREAD_MUTEX_INITIALIZER; /* the buckets (smloc) */
+static pthread_mutex_t sm_mu = PTHREAD_MUTEX_INITIALIZER;  /* estimates, the ring, event pools */
+static __thread uint64_t rng_s __attribute__((tls_model("initial-exec"))); /* the sampling draw */
+/* Part of every estimate's key (see kern_key): moves when a handle may mean
+ * other work, and starts from a secret random value, so that nobody can
+ * compute two shapes whose keys collide (a small launch pricing a big one). */
+static uint64_t est_epoch = 1;
+static uint64_t key_mul[5] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull,
+                              0xff51afd7ed558ccdull, 0xc4ceb9fe1a85ec53ull}; /* secret odd multipliers */
 
 void sm_atfork_child(void) {
     pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
     tok_mu = init;
+    sm_mu = init;
+    rng_s = 0; /* reseeded: a child does not repeat its parent's draws */
 }
 
 static unsigned sm_of(const struct ldev *ld) {
@@ -29,8 +39,8 @@ static unsigned sm_of(const struct ldev *ld) {
 #define SM_SYNC_NS 2000000ull /* the split of the share is re-counted at least this often */
 #define SM_STATS_NS 50000000ull /* statistics reach the accounting file at least this often */
 
-/* Each process's bucket is its own (tok_mu): it earns the process's part of
- * the container's share — the share divided by the container's processes
+/* Each process's bucket is its own: it earns the process's part of the
+ * container's share — the share divided by the container's processes
  * launching on the device, counted from the presence markers in the kernel's
  * lock table (ledger.c, shm.h) — holds at most that part of 20 ms, and is
  * debited with the device time of the process's kernels. Nothing a container
@@ -39,21 +49,25 @@ static unsigned sm_of(const struct ldev *ld) {
  * process, a smaller part for each. A new process starts with an empty
  * bucket (it earns before it spends), so starting processes gains nothing.
  * The count is renewed every SM_SYNC_NS; a process that stops launching stops
- * counting within two epochs (200 ms). */
+ * counting within two epochs (200 ms).
+ *
+ * `tokens` is debited without a lock by the fast path (sm_fast: a launch
+ * charged its shape's estimate); everything else (refill, corrections,
+ * counting) happens under tok_mu, with atomic operations on `tokens`. */
 struct smloc {
-    int64_t tokens;             /* device time this process may use now */
+    int64_t tokens;             /* device time this process may use now (atomic) */
     uint64_t last_ns;           /* the last refill; 0 = not started */
     uint64_t rate_ppm;          /* its part of the GPU, parts per million */
-    uint64_t busy_ns, launches; /* charges not yet in the file (statistics) */
-    uint64_t sync_ns;           /* the last count; 0 = none (count at the next launch) */
+    uint64_t sync_ns;           /* the last count (atomic; read by the fast path); 0 = count at the next launch */
     uint64_t stats_ns;          /* the last statistics update */
+    int64_t stats_tokens;       /* tokens at the last statistics update */
+    uint64_t earned;            /* tokens earned since then (busy = stats_tokens + earned - tokens) */
+    uint64_t launches;          /* launches not yet in the file (statistics) */
 };
 static struct smloc smloc[VGPU_LDEV_MAX];
 
-static int64_t sat_add64(int64_t a, int64_t b) {
-    int64_t r;
-    return __builtin_add_overflow(a, b, &r) ? (b > 0 ? INT64_MAX : INT64_MIN + 1) : r;
-}
+static int64_t tok_get(struct smloc *L) { return __atomic_load_n(&L->tokens, __ATOMIC_RELAXED); }
+static void tok_add(struct smloc *L, int64_t d) { __atomic_add_fetch(&L->tokens, d, __ATOMIC_RELAXED); }
 
 /* Statistics (and the container's advisory SM share) with the accounting
  * file: best effort, never gating anything. tok_mu held. */
@@ -65,13 +79,20 @@ static void sm_stats(int li, uint64_t now) {
         struct vgpu_shm_dev devs[VGPU_MAX_DEV];
     } img;
     L->stats_ns = now;
+    int64_t t = tok_get(L), busy = L->stats_tokens + (int64_t)L->earned - t;
     if (ld->ce < 0 || data_lock() != 0) return;
     if (cache_read(&img, sizeof img, 0) == 0 && hdr_valid(&img.h)) {
         struct vgpu_shm_dev *d = &img.devs[ld->ce];
-        d->busy_ns += L->busy_ns;
-        d->launches += L->launches;
+        d->busy_ns += busy > 0 ? (uint64_t)busy : 0;
+        uint64_t n = __atomic_exchange_n(&L->launches, 0, __ATOMIC_RELAXED);
+        d->launches += n;
         d->last_ns = now;
-        if (cache_write(d, sizeof *d, DEVS_OFF + (size_t)ld->ce * sizeof *d) == 0) L->busy_ns = L->launches = 0;
+        if (cache_write(d, sizeof *d, DEVS_OFF + (size_t)ld->ce * sizeof *d) == 0) {
+            L->stats_tokens = t;
+            L->earned = 0;
+        } else {
+            __atomic_add_fetch(&L->launches, n, __ATOMIC_RELAXED);
+        }
         adv_sm_set(li, d->sm_pct); /* only ever tightens (sm_of) */
     }
     data_unlock();
@@ -85,43 +106,49 @@ static int64_t sm_sync(int li, unsigned pct, uint64_t now) {
     struct smloc *L = &smloc[li];
     uint64_t epoch = now / VGPU_SM_PRES_EPOCH_NS;
     unsigned others = 0;
-    L->sync_ns = 0; /* until this one succeeds */
+    __atomic_store_n(&L->sync_ns, 0, __ATOMIC_RELAXED); /* until this one succeeds */
     if (ledger_presence(ld->e, epoch) != 0 || ledger_presence_census(ld->e, epoch, &others) != 0) return SM_BROKEN;
     L->rate_ppm = (uint64_t)pct * 10000 / (others + 1);
     if (!L->last_ns) L->last_ns = now;
     if (now - L->stats_ns >= SM_STATS_NS) sm_stats(li, now);
-    L->sync_ns = now ? now : 1;
+    __atomic_store_n(&L->sync_ns, now ? now : 1, __ATOMIC_RELEASE);
     return 0;
 }
 
-/* The bucket earns its part of the wall time since the last refill. */
+/* The bucket earns its part of the wall time since the last refill, up to
+ * its burst (tok_mu held; the fast path may debit meanwhile). */
 static void sm_refill(struct smloc *L, uint64_t now) {
     if (!L->last_ns || now <= L->last_ns) return;
     unsigned __int128 add = (unsigned __int128)(now - L->last_ns) * L->rate_ppm / 1000000;
     int64_t burst = (int64_t)(SM_BURST_NS * L->rate_ppm / 1000000);
-    L->tokens = sat_add64(L->tokens, add > INT64_MAX ? INT64_MAX : (int64_t)add);
-    if (L->tokens > burst) L->tokens = burst;
+    int64_t a = add > (unsigned __int128)INT64_MAX / 2 ? INT64_MAX / 2 : (int64_t)add;
+    int64_t t = tok_get(L);
+    for (;;) {
+        int64_t n = t > burst - a ? (t > burst ? t : burst) : t + a;
+        if (__atomic_compare_exchange_n(&L->tokens, &t, n, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            L->earned += (uint64_t)(n - t);
+            break;
+        }
+    }
     L->last_ns = now;
 }
 
-/* Debits ns of measured device time (0: none) from this process's bucket;
- * returns the tokens a launch may count on (`need`, the estimated work in
- * flight, is the caller's to compare). SM_BROKEN: see sm_sync. */
-static int64_t sm_account(const struct ldev *ld, unsigned pct, uint64_t ns, uint64_t nlaunch, int64_t need) {
-    (void)need;
+/* Debits `corr` ns of device time (negative: credits an over-estimate),
+ * counts `nlaunch` launches, re-counts the split when due, refills; returns
+ * the tokens. SM_BROKEN: see sm_sync. */
+static int64_t sm_account(const struct ldev *ld, unsigned pct, int64_t corr, uint64_t nlaunch) {
     if (my_slot < 0) return 0;
     int li = (int)(ld - ldevs);
     struct smloc *L = &smloc[li];
     pthread_mutex_lock(&tok_mu);
-    L->tokens = sat_add64(L->tokens, -(int64_t)(ns > (uint64_t)INT64_MAX ? INT64_MAX : ns));
-    L->busy_ns += ns;
-    L->launches += nlaunch;
-    uint64_t now = now_ns();
+    if (corr) tok_add(L, -corr);
+    if (nlaunch) __atomic_add_fetch(&L->launches, nlaunch, __ATOMIC_RELAXED);
+    uint64_t now = now_ns(), sy = __atomic_load_n(&L->sync_ns, __ATOMIC_RELAXED);
     int64_t t = 0;
-    if (!L->sync_ns || now - L->sync_ns >= SM_SYNC_NS) t = sm_sync(li, pct, now);
+    if (!sy || now - sy >= SM_SYNC_NS) t = sm_sync(li, pct, now);
     if (t != SM_BROKEN) {
         sm_refill(L, now);
-        t = L->tokens;
+        t = tok_get(L);
     }
     pthread_mutex_unlock(&tok_mu);
     return t;
@@ -140,50 +167,78 @@ void sm_return_all(void) {
     if (my_slot < 0) return;
     pthread_mutex_lock(&tok_mu);
     for (int i = 0; i < nldev; i++)
-        if (smloc[i].busy_ns || smloc[i].launches) sm_stats(i, now_ns());
+        if (smloc[i].stats_ns || __atomic_load_n(&smloc[i].launches, __ATOMIC_RELAXED)) sm_stats(i, now_ns());
     pthread_mutex_unlock(&tok_mu);
 }
 
-/* The correction for time that is not the kernel's own. Between its events a
- * kernel's elapsed time also contains work of other contexts the GPU ran
- * meanwhile (time-slicing on a real GPU; on the simulated one, waiting for the
- * serialised device) and launch overhead: both only add. So per kernel
- * (function or graph) libvgpu keeps a floor: the smallest elapsed time seen,
- * relaxed upwards on each longer launch (by 1/64 of the excess, at most 1/256
- * of the floor) so that it follows a kernel that really got longer; a launch
- * is charged min(elapsed, floor). The floor is also the
- * estimate of a launch still in flight. Guarded by sm_mu. */
+/* The estimate per launch shape, and the correction for time that is not the
+ * kernel's own. Between its events a kernel's elapsed time also contains work
+ * of other contexts the GPU ran meanwhile (time-slicing on a real GPU; on the
+ * simulated one, waiting for the serialised device) and launch overhead: both
+ * only add. So per key (function and shape, or graph) libvgpu keeps a floor:
+ * the smallest elapsed time seen, relaxed upwards on each longer one (by 1/64
+ * of the excess, at most 1/256 of the floor, per launch the sample stands for)
+ * so that it follows a kernel that really got longer; a timed launch is
+ * charged min(elapsed, floor), and an untimed one the floor.
+ *
+ * Read without a lock by the fast path (key checked before and after, so a
+ * torn entry is never used); written under sm_mu. */
 #define EST_SLOTS 256
-static struct {
+static struct est {
     uintptr_t key;
-    uint64_t floor_ns;
+    uint64_t floor1; /* floor + 1; 0 = none yet */
+    uint64_t tick;   /* coarse clock at its last timed launch */
+    uint64_t count;  /* untimed launches since (racy: a weight, and statistics) */
 } est_cache[EST_SLOTS];
-static pthread_mutex_t sm_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static unsigned est_slot(uintptr_t key) { return (unsigned)((key >> 4) ^ (key >> 12)) & (EST_SLOTS - 1); }
 
-static uint64_t device_time(uintptr_t key, uint64_t ns) {
-    unsigned i = est_slot(key);
-    if (est_cache[i].key != key || !est_cache[i].floor_ns) {
-        est_cache[i].key = key;
-        est_cache[i].floor_ns = ns;
+/* The coarse clock (vDSO, ~4 ns; a tick of 1-4 ms): staleness and "is a
+ * re-count due" on the fast path. It lags CLOCK_MONOTONIC by at most a tick. */
+static inline uint64_t coarse_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A completed timed launch of `key` took ns (sm_mu held): its charge, the
+ * floor updated. w: untimed launches of the key since its previous timed one. */
+static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
+    struct est *e = &est_cache[est_slot(key)];
+    uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED);
+    if (e->key != key || !f1) {
+        __atomic_store_n(&e->key, 0, __ATOMIC_RELEASE); /* readers see no half-written entry */
+        __atomic_store_n(&e->floor1, ns + 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->tick, coarse_ns(), __ATOMIC_RELAXED);
+        __atomic_store_n(&e->key, key, __ATOMIC_RELEASE);
         return ns;
     }
-    uint64_t f = est_cache[i].floor_ns;
+    uint64_t f = f1 - 1;
     if (ns <= f) {
-        est_cache[i].floor_ns = ns;
+        __atomic_store_n(&e->floor1, ns + 1, __ATOMIC_RELAXED);
         return ns;
     }
-    /* creep up by 1/64 of the excess, at most 1/256 of the floor: jitter of
-     * a few us does not lift it, a kernel that got longer is followed */
-    uint64_t up = (ns - f) >> 6;
-    est_cache[i].floor_ns = f + (up < (f >> 8) ? up : (f >> 8)) + 1;
+    /* creep up by 1/64 of the excess, at most 1/256 of the floor, per launch
+     * this sample stands for: jitter of a few us does not lift it, a kernel
+     * that got longer is followed; never past the sample itself */
+    if (w < 1) w = 1;
+    if (w > 256) w = 256;
+    uint64_t ex = ns - f, up = (ex >> 6) * w, lim = (f >> 8) * w;
+    if (up > lim) up = lim;
+    if (up >= ex) up = ex - 1;
+    __atomic_store_n(&e->floor1, f + up + 2, __ATOMIC_RELAXED);
     return f;
 }
 
-static uint64_t est_peek(uintptr_t key) {
-    unsigned i = est_slot(key);
-    return est_cache[i].key == key ? est_cache[i].floor_ns : 0;
+/* The key's floor (0 unknown), and its weight taken (sm_mu held). */
+static uint64_t est_take(uintptr_t key, uint64_t *w, uint64_t tick) {
+    struct est *e = &est_cache[est_slot(key)];
+    if (e->key != key) return *w = 0, 0;
+    *w = __atomic_exchange_n(&e->count, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->tick, tick, __ATOMIC_RELAXED);
+    uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED);
+    return f1 ? f1 - 1 : 0;
 }
 
 /* the real event functions (helpers from libvgpu's own dlopen of libcuda) */
@@ -211,12 +266,13 @@ struct sm_rec {
     CUevent start, end;
     CUcontext ctx;
     uintptr_t key;
-    uint64_t est;  /* its floor when launched (0 unknown) */
+    uint64_t est;  /* what it was charged at launch: its floor then (0 unknown) */
+    uint64_t w;    /* untimed launches of its key it stands for */
     int li;        /* ldevs index */
 };
 static struct sm_rec ring[SM_RING];   /* oldest at ring_head; sm_mu */
+static uint64_t n_timed, n_untimed;   /* launches timed; untimed as of their key's last sample (sm_mu) */
 static unsigned ring_head, ring_n;
-static uint64_t pend_est[VGPU_LDEV_MAX];
 static unsigned pend_n[VGPU_LDEV_MAX], pend_unknown[VGPU_LDEV_MAX]; /* in flight; of which with no estimate */
 
 /* spare events per context (created with default flags: timing enabled) */
@@ -254,32 +310,41 @@ static void ev_put(CUcontext ctx, CUevent e) {
     else EV_DESTROY(e);
 }
 
+static void ring_push(const struct sm_rec *r) {
+    ring[(ring_head + ring_n) % SM_RING] = *r;
+    ring_n++;
+    pend_n[r->li]++;
+    pend_unknown[r->li] += !r->est;
+}
+
 static struct sm_rec ring_pop(void) {
     struct sm_rec r = ring[ring_head];
     ring_head = (ring_head + 1) % SM_RING;
     ring_n--;
     pend_n[r.li]--;
-    pend_est[r.li] -= r.est;
     pend_unknown[r.li] -= !r.est;
     return r;
 }
 
-/* A completed record: its device time into ch[] (sm_mu held). */
-static void rec_charge(const struct sm_rec *r, CUresult q, uint64_t *ch, uint64_t *cnt) {
+/* A completed record: the difference between its device time and what it
+ * was charged at launch into ch[] (sm_mu held). The sample also corrects
+ * the estimate that prices the untimed launches of its key. */
+static void rec_charge(const struct sm_rec *r, CUresult q, int64_t *ch, uint64_t *cnt) {
     float ms = 0;
     if (q == CUDA_SUCCESS && EV_ELAPSED(&ms, r->start, r->end) == CUDA_SUCCESS) {
         uint64_t ns = ms > 0 ? (uint64_t)((double)ms * 1e6) : 0;
-        ch[r->li] += device_time(r->key, ns);
-        cnt[r->li]++;
+        ch[r->li] += (int64_t)device_time(r->key, ns, r->w) - (int64_t)r->est;
+        cnt[r->li] += r->w;
+        n_untimed += r->w;
         ev_put(r->ctx, r->start);
         ev_put(r->ctx, r->end);
     }
-    /* else the events are unusable (context gone?): dropped uncharged */
+    /* else the events are unusable (context gone?): dropped, charged its estimate */
 }
 
 /* Charges completed launches, oldest first, up to the first one still
  * running (non-blocking: one cuEventQuery when nothing completed). sm_mu held. */
-static void poll_locked(uint64_t *ch, uint64_t *cnt) {
+static void poll_locked(int64_t *ch, uint64_t *cnt) {
     while (ring_n) {
         CUresult q = EV_QUERY(ring[ring_head].end);
         if (q == CUDA_ERROR_NOT_READY) break;
@@ -288,14 +353,15 @@ static void poll_locked(uint64_t *ch, uint64_t *cnt) {
     }
 }
 
-static void flush_charges(const uint64_t *ch, const uint64_t *cnt) {
+static void flush_charges(const int64_t *ch, const uint64_t *cnt) {
     for (int i = 0; i < nldev; i++)
-        if (cnt[i]) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i], 0);
+        if (cnt[i] || ch[i]) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i]);
 }
 
 /* Waits for the oldest launch in flight and charges it. */
 static void retire_oldest(void) {
-    uint64_t ch[VGPU_LDEV_MAX] = {0}, cnt[VGPU_LDEV_MAX] = {0};
+    int64_t ch[VGPU_LDEV_MAX] = {0};
+    uint64_t cnt[VGPU_LDEV_MAX] = {0};
     pthread_mutex_lock(&sm_mu);
     if (!ring_n) {
         pthread_mutex_unlock(&sm_mu);
@@ -310,26 +376,26 @@ static void retire_oldest(void) {
     flush_charges(ch, cnt);
 }
 
-/* Before a launch on an SM-limited device: charges completed launches, then
- * waits while the container is in debt. Work in flight is bounded: while the
- * ring is full, or the tokens do not cover the estimated work this process
- * has in flight on the device, or a launch of a kernel with no estimate yet
- * (never seen complete) is in flight, the oldest launch is waited for and
- * charged (so a process cannot queue work ahead of its budget); with nothing
- * in flight and the bucket negative, it sleeps until the bucket refills. */
+/* Before a timed launch on an SM-limited device: charges completed launches,
+ * then waits while the process is in debt. Every launch is charged its
+ * estimate when it is made, so a process can queue at most its bucket's worth
+ * of work ahead of the GPU; while the ring is full, or a launch of a kernel
+ * with no estimate yet (never seen complete) is in flight, or the bucket is
+ * negative with timed launches in flight, the oldest is waited for and charged;
+ * with nothing in flight and the bucket negative, it sleeps until it refills. */
 static int sm_gate(const struct ldev *ld, unsigned pct) {
     int li = (int)(ld - ldevs);
     for (;;) {
-        uint64_t ch[VGPU_LDEV_MAX] = {0}, cnt[VGPU_LDEV_MAX] = {0};
+        int64_t ch[VGPU_LDEV_MAX] = {0};
+        uint64_t cnt[VGPU_LDEV_MAX] = {0};
         pthread_mutex_lock(&sm_mu);
         poll_locked(ch, cnt);
         int full = ring_n >= SM_RING;
         unsigned np = pend_n[li], nu = pend_unknown[li];
-        int64_t pe = (int64_t)pend_est[li];
         pthread_mutex_unlock(&sm_mu);
         for (int i = 0; i < nldev; i++)
-            if (cnt[i] && i != li) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i], 0);
-        int64_t t = sm_account(ld, pct, ch[li], cnt[li], np ? pe : 0);
+            if ((cnt[i] || ch[i]) && i != li) sm_account(&ldevs[i], sm_of(&ldevs[i]), ch[i], cnt[i]);
+        int64_t t = sm_account(ld, pct, ch[li], cnt[li]);
         if (t == SM_BROKEN) {
             static int told;
             if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
@@ -337,7 +403,7 @@ static int sm_gate(const struct ldev *ld, unsigned pct) {
                          "under the SM limit are refused", ld->uuid, cfg.limits_file[0] ? cfg.limits_file : cfg.cache);
             return -1;
         }
-        if (full || nu || (np && t - pe < 0)) {
+        if (full || nu || (np && t < 0)) {
             retire_oldest();
             continue;
         }
@@ -350,6 +416,71 @@ static int sm_gate(const struct ldev *ld, unsigned pct) {
     }
 }
 
+/* ---- the fast path: most launches are charged their shape's estimate ---- */
+
+/* Which launches are timed: the first of a key, the first of each coarse tick
+ * (1-4 ms) per key, and 1 in SM_SAMPLE_EVERY at random — an unpredictable
+ * choice (per-thread xorshift seeded from getrandom), so a container cannot
+ * arrange that only cheap runs of a shape are timed. */
+#ifndef SM_SAMPLE_EVERY
+#define SM_SAMPLE_EVERY 64
+#endif
+
+static uint64_t rng_seed(void) {
+    uint64_t s = 0;
+    if (syscall(SYS_getrandom, &s, sizeof s, 0x1 /* GRND_NONBLOCK */) != (long)sizeof s || !s) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        s = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)syscall(SYS_gettid) << 40) ^
+            (uint64_t)(uintptr_t)&s;
+    }
+    return s | 1;
+}
+
+static inline uint64_t rng_next(void) {
+    uint64_t x = rng_s;
+    if (UNLIKELY(!x)) x = rng_seed();
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_s = x;
+    return x * 0x2545f4914f6cdd1dull;
+}
+
+static int sm_fast_ok;   /* events usable: launches may go untimed */
+static int sm_capture;   /* a stream capture was begun in this process (sticky) */
+
+/* What the fast path decided: SMF_DONE, the launch was charged its key's
+ * estimate and goes untimed (no lock, no driver call); SMF_GATE, it goes
+ * untimed too, but the bucket does not cover it or a re-count is due (the
+ * gate waits, then charges *est); SMF_TIME, it is timed (slow path). */
+enum { SMF_TIME, SMF_DONE, SMF_GATE };
+static inline int sm_fast(const struct ldev *ld, CUstream s, uintptr_t key, int64_t *est) {
+    if (!__atomic_load_n(&sm_fast_ok, __ATOMIC_RELAXED)) return SMF_TIME;
+    struct smloc *L = &smloc[ld - ldevs];
+    uint64_t now = coarse_ns();
+    struct est *e = &est_cache[est_slot(key)];
+    uintptr_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
+    uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED), tk = __atomic_load_n(&e->tick, __ATOMIC_RELAXED);
+    if (k != key || !f1 || tk != now || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return SMF_TIME;
+    if ((rng_next() >> 32) % SM_SAMPLE_EVERY == 0) return SMF_TIME; /* 1 in 64, unpredictable */
+    if (UNLIKELY(__atomic_load_n(&sm_capture, __ATOMIC_RELAXED))) {
+        int cap = 0;
+        typedef CUresult (*capt_t)(CUstream, int *);
+        if (!real_x[X_cuStreamIsCapturing] || HELP(cuStreamIsCapturing, capt_t)(s, &cap) != CUDA_SUCCESS || cap)
+            return SMF_TIME;
+    }
+    __atomic_store_n(&e->count, __atomic_load_n(&e->count, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+    *est = (int64_t)(f1 - 1);
+    uint64_t sy = __atomic_load_n(&L->sync_ns, __ATOMIC_ACQUIRE);
+    if (!sy || (int64_t)(now - sy) >= (int64_t)SM_SYNC_NS) return SMF_GATE; /* a re-count is due */
+    if (__atomic_sub_fetch(&L->tokens, *est, __ATOMIC_RELAXED) < 0) {
+        tok_add(L, *est); /* in debt: the gate waits */
+        return SMF_GATE;
+    }
+    return SMF_DONE;
+}
+
 /* One gated launch in progress. */
 struct sm_launch {
     const struct ldev *ld;
@@ -358,16 +489,29 @@ struct sm_launch {
     uint64_t t0;
 };
 
-/* Before the real launch: gating, then the start event on the launch's
- * stream. 0 = ungated (no SM limit on this device), -1 = refused. */
-static int sm_begin(struct sm_launch *L, CUstream s, uintptr_t key) {
-    if (vgpu_enter() != ST_ACTIVE) return 0;
+/* Before the real launch on an SM-limited device: the fast path, else
+ * gating, then the start event on the launch's stream. 0 = go ahead untimed
+ * (charged its estimate), -1 = refused, 1 = call sm_end after it. */
+/* The device a launch goes to if it has an SM limit (its share in *pct);
+ * NULL: ungated; LD_REFUSE: refused (a device libvgpu cannot account for). */
+static const struct ldev *sm_target(unsigned *pct) {
+    if (vgpu_enter() != ST_ACTIVE) return NULL;
     const struct ldev *ld = cur_ldev();
-    if (!ld) return 0;
-    if (ld == LD_REFUSE) return cfg.sm_any && cfg.sm_any < 100 ? -1 : 0; /* unaccountable: fail closed */
-    unsigned pct = sm_of(ld);
-    if (!pct) return 0;
+    if (!ld) return NULL;
+    if (ld == LD_REFUSE) return cfg.sm_any && cfg.sm_any < 100 ? LD_REFUSE : NULL; /* unaccountable: fail closed */
+    *pct = sm_of(ld);
+    return *pct ? ld : NULL;
+}
+
+static int sm_begin(struct sm_launch *L, const struct ldev *ld, unsigned pct, CUstream s, uintptr_t key) {
+    int64_t est = 0;
+    int f = sm_fast(ld, s, key, &est);
+    if (LIKELY(f == SMF_DONE)) return 0;
     if (sm_gate(ld, pct) != 0) return -1;
+    if (f == SMF_GATE) {
+        tok_add(&smloc[ld - ldevs], -est); /* untimed: charged its estimate */
+        return 0;
+    }
     L->ld = ld;
     L->timed = 0;
     L->t0 = 0;
@@ -392,8 +536,17 @@ static int sm_begin(struct sm_launch *L, CUstream s, uintptr_t key) {
         ev_put(ctx, r->start);
         ok = 0;
     }
-    r->est = est_peek(key);
+    r->est = est_take(key, &r->w, coarse_ns());
+    n_timed++;
     pthread_mutex_unlock(&sm_mu);
+    static int seeded;
+    if (!__atomic_load_n(&seeded, __ATOMIC_RELAXED) && !__atomic_exchange_n(&seeded, 1, __ATOMIC_RELAXED)) {
+        for (int i = 0; i < 5; i++) __atomic_store_n(&key_mul[i], rng_seed() | 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&est_epoch, rng_seed() << 1, __ATOMIC_RELAXED); /* this key stays unknown: timed */
+    }
+    if (!__atomic_load_n(&sm_fast_ok, __ATOMIC_RELAXED)) __atomic_store_n(&sm_fast_ok, 1, __ATOMIC_RELAXED);
+    tok_add(&smloc[r->li], -(int64_t)r->est); /* charged its estimate now, corrected when it completes */
+    __atomic_add_fetch(&smloc[r->li].launches, 1, __ATOMIC_RELAXED);
     if (!ok) return 1;
     if (EV_RECORD(r->start, s) != CUDA_SUCCESS) {
         pthread_mutex_lock(&sm_mu);
@@ -413,13 +566,14 @@ static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
         if (L->t0 && lr == CUDA_SUCCESS) {
             uint64_t ns = now_ns() - L->t0;
             pthread_mutex_lock(&sm_mu);
-            ns = device_time(r->key, ns);
+            ns = device_time(r->key, ns, 1);
             pthread_mutex_unlock(&sm_mu);
-            sm_account(L->ld, sm_of(L->ld), ns, 1, 0);
+            sm_account(L->ld, sm_of(L->ld), (int64_t)ns, 0);
         }
         return;
     }
     if (lr != CUDA_SUCCESS || EV_RECORD(r->end, s) != CUDA_SUCCESS) {
+        if (lr != CUDA_SUCCESS) tok_add(&smloc[r->li], (int64_t)r->est); /* nothing ran */
         pthread_mutex_lock(&sm_mu);
         ev_put(r->ctx, r->start); /* re-recording reuses them */
         ev_put(r->ctx, r->end);
@@ -432,32 +586,32 @@ static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
         pthread_mutex_unlock(&sm_mu);
         retire_oldest(); /* other threads filled it meanwhile */
     }
-    ring[(ring_head + ring_n) % SM_RING] = *r;
-    ring_n++;
-    pend_n[r->li]++;
-    pend_est[r->li] += r->est;
-    pend_unknown[r->li] += !r->est;
+    ring_push(r);
     pthread_mutex_unlock(&sm_mu);
+}
+
+/* At exit (debug log): how many launches were timed. */
+void sm_exit_report(void) {
+    if (!any_sm) return;
+    pthread_mutex_lock(&sm_mu);
+    uint64_t t = n_timed, u = n_untimed;
+    pthread_mutex_unlock(&sm_mu);
+    vgpu_log(VGPU_LOG_DEBUG, "sm: %llu launches timed, %llu charged their estimate", (unsigned long long)t,
+             (unsigned long long)u);
 }
 
 /* Before a context is destroyed: its launches in flight are waited for and
  * charged, its spare events destroyed (they die with it). */
 void sm_forget_ctx(CUcontext ctx) {
     if (!ctx || !any_sm || !events_usable()) return;
-    uint64_t ch[VGPU_LDEV_MAX] = {0}, cnt[VGPU_LDEV_MAX] = {0};
+    int64_t ch[VGPU_LDEV_MAX] = {0};
+    uint64_t cnt[VGPU_LDEV_MAX] = {0};
     pthread_mutex_lock(&sm_mu);
     unsigned n = ring_n;
     for (unsigned k = 0; k < n; k++) {
         struct sm_rec r = ring_pop();
-        if (r.ctx == ctx) {
-            rec_charge(&r, EV_SYNC(r.end), ch, cnt);
-        } else {
-            ring[(ring_head + ring_n) % SM_RING] = r;
-            ring_n++;
-            pend_n[r.li]++;
-            pend_est[r.li] += r.est;
-            pend_unknown[r.li] += !r.est;
-        }
+        if (r.ctx == ctx) rec_charge(&r, EV_SYNC(r.end), ch, cnt);
+        else ring_push(&r);
     }
     struct evpool *p = pool_of(ctx, 0);
     if (p) {
@@ -469,6 +623,25 @@ void sm_forget_ctx(CUcontext ctx) {
     sm_return_all();
 }
 
+/* Stream capture: launches into a capturing stream run nothing (the graph is
+ * charged when launched). Once any capture begins, the fast path asks the
+ * driver about each launch's stream. */
+#define CAPTURE_HOOK(name, args, call)                                  \
+    EXPORT CUresult name args {                                         \
+        __atomic_store_n(&sm_capture, 1, __ATOMIC_RELAXED);             \
+        if (!REAL(name) && vgpu_enter() != ST_ERROR && !REAL(name))     \
+            return CUDA_ERROR_NOT_FOUND;                                \
+        return REAL(name) call;                                         \
+    }
+CAPTURE_HOOK(cuStreamBeginCapture, (CUstream s), (s))
+CAPTURE_HOOK(cuStreamBeginCapture_ptsz, (CUstream s), (s))
+CAPTURE_HOOK(cuStreamBeginCapture_v2, (CUstream s, int mode), (s, mode))
+CAPTURE_HOOK(cuStreamBeginCapture_v2_ptsz, (CUstream s, int mode), (s, mode))
+CAPTURE_HOOK(cuStreamBeginCaptureToGraph, (CUstream s, void *g, const void *deps, const void *data, size_t n, int mode),
+             (s, g, deps, data, n, mode))
+CAPTURE_HOOK(cuStreamBeginCaptureToGraph_ptsz,
+             (CUstream s, void *g, const void *deps, const void *data, size_t n, int mode), (s, g, deps, data, n, mode))
+
 /* What a floor is kept for: an estimate learnt on one launch prices only
  * launches of the same work. A kernel's key is its function with the launch's
  * shape (grid, block, shared memory); a graph's its exec handle. Both include
@@ -477,8 +650,6 @@ void sm_forget_ctx(CUcontext ctx) {
  * library unloaded: the driver may hand the same handle value out again), so
  * no floor outlives what it was learnt on; records in flight keep their old
  * key and charge only it. */
-static uint64_t est_epoch = 1;
-
 static inline uint64_t mix64(uint64_t k) {
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdull;
@@ -488,13 +659,19 @@ static inline uint64_t mix64(uint64_t k) {
     return k;
 }
 
+static inline uint64_t rotl64(uint64_t x, int r) { return x << r | x >> (64 - r); }
+
+/* Each field times its own secret odd multiplier (independent multiplies:
+ * a few ns, this runs on every SM-limited launch), folded, then mixed. */
 static uintptr_t kern_key(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                           unsigned bz, unsigned shm) {
-    uint64_t k = mix64((uint64_t)(uintptr_t)f ^ mix64(__atomic_load_n(&est_epoch, __ATOMIC_RELAXED)));
-    k = mix64(k ^ ((uint64_t)gx << 32 | gy));
-    k = mix64(k ^ ((uint64_t)gz << 32 | bx));
-    k = mix64(k ^ ((uint64_t)by << 32 | bz));
-    return (uintptr_t)mix64(k ^ shm);
+    uint64_t a = ((uint64_t)(uintptr_t)f ^ __atomic_load_n(&est_epoch, __ATOMIC_RELAXED)) *
+                 __atomic_load_n(&key_mul[0], __ATOMIC_RELAXED);
+    uint64_t b = ((uint64_t)gx << 32 | gy) * __atomic_load_n(&key_mul[1], __ATOMIC_RELAXED);
+    uint64_t c = ((uint64_t)gz << 32 | bx) * __atomic_load_n(&key_mul[2], __ATOMIC_RELAXED);
+    uint64_t d = ((uint64_t)by << 32 | bz) * __atomic_load_n(&key_mul[3], __ATOMIC_RELAXED);
+    uint64_t e = ((uint64_t)shm + 1) * __atomic_load_n(&key_mul[4], __ATOMIC_RELAXED);
+    return (uintptr_t)mix64(a ^ rotl64(b, 13) ^ rotl64(c, 29) ^ rotl64(d, 43) ^ rotl64(e, 53));
 }
 
 static uintptr_t ex_key(CUfunction f, const CUlaunchConfig *c) {
@@ -540,9 +717,13 @@ EPOCH_HOOK(cuGraphNodeSetEnabled, (CUgraphExec g, void *node, unsigned on), (g, 
             return CUDA_ERROR_NOT_FOUND;                                \
         if (vgpu_nested) return REAL(name) call;                        \
         if (vgpu_enter() == ST_ERROR) return CUDA_ERROR_NOT_INITIALIZED; \
+        unsigned pct_ = 0;                                              \
+        const struct ldev *ld_ = sm_target(&pct_);                      \
+        if (!ld_) return NESTED(REAL(name) call);                       \
+        if (ld_ == LD_REFUSE) return CUDA_ERROR_NOT_PERMITTED;          \
         struct sm_launch L;                                             \
         CUstream s_ = (strm);                                           \
-        int g_ = sm_begin(&L, s_, (uintptr_t)(key));                   \
+        int g_ = sm_begin(&L, ld_, pct_, s_, (uintptr_t)(key));        \
         if (g_ < 0) return CUDA_ERROR_NOT_PERMITTED;                    \
         if (!g_) return NESTED(REAL(name) call);                        \
         CUresult r = NESTED(REAL(name) call);                           \

@@ -36,6 +36,8 @@ struct vgpu_src {
     int reserve_set;
     char cache[4096];
     int cache_set;
+    char uuid[VGPU_MAX_DEV][64]; /* NVCTK_VGPU_UUID_<i>: the limits file only */
+    uint32_t uuid_set;
 };
 
 struct vgpu_config {
@@ -47,6 +49,8 @@ struct vgpu_config {
     uint64_t reserve;            /* per-context memory charge */
     char cache[4096];            /* accounting file; "" = private (anonymous) */
     char limits_file[4096];      /* the limits file used; "" = none */
+    char uuid[VGPU_MAX_DEV][64]; /* container GPU i's UUID, from the limits file (no NVML needed) */
+    uint32_t uuid_set;           /* bit i: uuid[i] given; 0: map through NVML */
     int log_level;
 };
 
