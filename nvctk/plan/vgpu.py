@@ -117,11 +117,20 @@ def plan_vgpu(request: Request, selected: list[Selected], config: Config, image:
         container_library=vgpu.CONTAINER_LIBRARY,
         state_dir=state_dir,
         container_state_dir=vgpu.VGPU_DIR,
-        limits=limits.values(),
+        limits={**limits.values(), **gpu_uuid_keys(devs)},
         root_readonly=image.root_readonly,
         mounts=vgpu_mounts(library, vgpu.CONTAINER_LIBRARY, state_dir, vgpu.VGPU_DIR),
         preload_entries=kept_preload_entries(vgpu.CONTAINER_LIBRARY, image.preload_entries),
     )
+
+
+def gpu_uuid_keys(devs: list[Selected]) -> dict[str, str]:
+    """NVCTK_VGPU_UUID_<i>: the container's GPU i by UUID, so libvgpu maps CUDA's devices
+    to their limits without loading NVML; only where every device is a whole GPU (a MIG
+    device's CUDA UUID is not the MIG- one NVML names), else libvgpu asks NVML."""
+    if any(d.mig is not None for d in devs):
+        return {}
+    return {f"{vgpu.UUID_VAR}_{i}": d.gpu.uuid for i, d in enumerate(devs)}
 
 
 def kept_preload_entries(container_library: str, image_entries: tuple[str, ...]) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ MEMORY_VAR = "CUDA_DEVICE_MEMORY_LIMIT"
 SM_VAR = "CUDA_DEVICE_SM_LIMIT"
 CACHE_VAR = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 RESERVE_VAR = "NVCTK_VGPU_CONTEXT_RESERVE"
+UUID_VAR = "NVCTK_VGPU_UUID"  # _<i>: the container's GPU i (the limits file only; libvgpu maps by it)
 DEFAULT_RESERVE = 64 << 20  # libvgpu/src/vgpu.h VGPU_DEFAULT_RESERVE
 
 _MEMORY_PATTERN = (
@@ -249,6 +250,8 @@ def read_limits_file(path: str | os.PathLike[str], gpu_count: int) -> VgpuLimits
         key, sep, value = line.partition("=")
         if not sep:
             raise RequestError(f"{path}:{n}: not KEY=VALUE")
+        if key.startswith(UUID_VAR):  # libvgpu's device map, no limit
+            continue
         if not (key.startswith((MEMORY_VAR, SM_VAR)) or key in (CACHE_VAR, RESERVE_VAR)):
             raise RequestError(f"{path}:{n}: unknown key {key}")
         env[key] = value

@@ -601,8 +601,10 @@ def test_env_cannot_loosen_another_variable(runc: Runc, bundles: Bundles) -> Non
     _judge_512(out)
     file = dict(x.split("=", 1) for x in lines(out, "CUDA_DEVICE") + lines(out, "NVCTK"))
     file.pop(vgpu.CACHE_VAR)
+    uuids = {k: file.pop(k) for k in list(file) if k.startswith(vgpu.UUID_VAR)}
     assert file == {f"{MEM}_0": str(512 * MIB), f"{MEM}_1": str(512 * MIB),
                     f"{SM}_0": "25", f"{SM}_1": "25", vgpu.RESERVE_VAR: str(vgpu.DEFAULT_RESERVE)}
+    assert sorted(uuids) == [f"{vgpu.UUID_VAR}_0", f"{vgpu.UUID_VAR}_1"]  # libvgpu's device map
 
 
 def _annotate(b: Path, annotations: dict[str, object]) -> None:

@@ -138,7 +138,11 @@ def test_plan_vgpu(env: dict[str, str], selected: list[Selected],
     if want is None:
         assert v is None
         return
-    assert {k: val for k, val in v.limits.items() if val != "0"} == want  # 0: no limit
+    uuids = {k: val for k, val in v.limits.items() if k.startswith("NVCTK_VGPU_UUID_")}
+    limits = {k: val for k, val in v.limits.items() if k not in uuids}
+    assert {k: val for k, val in limits.items() if val != "0"} == want  # 0: no limit
+    # libvgpu maps CUDA's devices by the UUIDs the file names (no NVML at its cuInit)
+    assert uuids == {f"NVCTK_VGPU_UUID_{i}": s.gpu.uuid for i, s in enumerate(selected)}
     assert v.library == "/opt/nvctk/libvgpu.so" and v.root_readonly is True
     assert v.state_dir.startswith("/run/test-nvctk/")
     # the plan says every vGPU mount, in order, all required, the last over ld.so.preload

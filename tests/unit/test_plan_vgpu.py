@@ -81,7 +81,11 @@ def test_limits(env: dict[str, str], selected: list[Selected],
     if want is None:
         assert v is None
         return
-    assert {k: x for k, x in v.limits.items() if x != "0"} == want
+    uuids = {k: x for k, x in v.limits.items() if k.startswith("NVCTK_VGPU_UUID_")}
+    assert {k: x for k, x in v.limits.items() if x != "0" and k not in uuids} == want
+    # libvgpu's device map by UUID: whole GPUs only (a MIG device: NVML's order)
+    assert uuids == ({} if any(s.mig for s in selected) else
+                     {f"NVCTK_VGPU_UUID_{i}": s.gpu.uuid for i, s in enumerate(selected)})
     assert (v.library, v.state_dir) == (LIB, STATE)
     assert v.mounts[0].host_path == f"{STATE}/ro" and v.mounts[1].host_path == LIB
 
