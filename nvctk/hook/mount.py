@@ -302,9 +302,13 @@ class Root:
         self._infos: list[MountInfo] = []
         self._pinned: set[int] = set()  # mount ids of the pins made (after the learning)
         self._dirs: dict[tuple[int, int], int] = {}  # (dev, ino) of a parent -> mount id
+        # parent directories `ensure` resolved (path -> O_PATH fd): most mounts share a
+        # few lib dirs. Valid only while no directory is mounted over (forget_dirs)
+        self._dir_fds: dict[str, int] = {}
         self.pins: list[int] = []  # fds of the roots of the pins made (for `seal_pins`)
 
     def close(self) -> None:
+        self.forget_dirs()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -392,11 +396,30 @@ class Root:
             raise OSError(errno.EINVAL, "the rootfs itself", cpath)
         return self.mkdirs("/".join(comps[:-1])), comps[-1]
 
+    def _cached_parent(self, cpath: str) -> tuple[int, str]:
+        """_parent, remembered until forget_dirs: the caller must not close the fd."""
+        comps = _components(cpath)
+        if not comps:
+            raise OSError(errno.EINVAL, "the rootfs itself", cpath)
+        key = "/".join(comps[:-1])
+        fd = self._dir_fds.get(key)
+        if fd is None:
+            fd = self._dir_fds[key] = self.mkdirs(key)
+        return fd, comps[-1]
+
+    def forget_dirs(self) -> None:
+        """Drop the parent directories `ensure` remembered: a mount over a directory
+        (or a link replaced) may change what a path resolves to."""
+        for fd in self._dir_fds.values():
+            os.close(fd)
+        self._dir_fds.clear()
+
     def ensure(self, cpath: str, kind: str, mode: int = 0o644) -> int:
-        """O_PATH fd of a mount destination of `kind` (file|dir), created if missing.
+        """An fd of a mount destination of `kind` (file|dir), created if missing.
 
         An existing path is used where it resolves (inside the rootfs); a
-        dangling final symlink is replaced by an empty file.
+        dangling final symlink is replaced by an empty file. The parent directory is
+        remembered for the next call: forget_dirs() after mounting over a directory.
         """
         want_dir = kind == "dir"
         try:
@@ -406,11 +429,8 @@ class Root:
         if fd >= 0:
             _check_kind(fd, want_dir, cpath)
             return fd
-        parent, name = self._parent(cpath)
-        try:
-            return self._create(parent, name, want_dir, mode, cpath)
-        finally:
-            os.close(parent)
+        parent, name = self._cached_parent(cpath)
+        return self._create(parent, name, want_dir, mode, cpath)
 
     def ensure_exact(self, cpath: str, kind: str, mode: int = 0o644) -> int:
         """`ensure` without a symlink anywhere on the path: a mount that must stay where
@@ -448,7 +468,8 @@ class Root:
             os.close(parent)
 
     def _create(self, parent: int, name: str, want_dir: bool, mode: int, cpath: str) -> int:
-        """Create name (a dir, or an empty file) in parent; its O_PATH fd."""
+        """Create name (a dir, or an empty file) in parent; an fd of it (a dir's O_PATH,
+        a file's the O_WRONLY one that created it)."""
         self._may_create(parent, cpath)
         if want_dir:
             try:
@@ -457,14 +478,14 @@ class Root:
                 self._drop_dangling(parent, name)
                 os.mkdir(name, 0o755, dir_fd=parent)
             return openat2(parent, name, os.O_PATH | os.O_DIRECTORY, BENEATH_NOLINKS)
+        # the new empty file's own fd (nothing is written through it): a mount target
+        # as good as an O_PATH one, without a second lookup
         flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
         try:
-            new = openat2(parent, name, flags, BENEATH_NOLINKS, mode)
+            return openat2(parent, name, flags, BENEATH_NOLINKS, mode)
         except FileExistsError:
             self._drop_dangling(parent, name)
-            new = openat2(parent, name, flags, BENEATH_NOLINKS, mode)
-        os.close(new)
-        return openat2(parent, name, os.O_PATH | os.O_NOFOLLOW, BENEATH_NOLINKS)
+            return openat2(parent, name, flags, BENEATH_NOLINKS, mode)
 
     @staticmethod
     def _drop_dangling(parent: int, name: str) -> None:
@@ -504,6 +525,7 @@ class Root:
         container could replace the link); a missing directory is created.
         """
         cpath = "/" + name
+        self.forget_dirs()  # paths below it resolve into the pin from now on
         try:
             st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
         except FileNotFoundError:
