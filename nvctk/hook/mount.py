@@ -29,8 +29,20 @@ import os
 import stat
 
 from nvctk import _sys
-from nvctk.base.errors import MountError, SpecError
+from nvctk.base.errors import MountError
 from nvctk.base.record import Record
+from nvctk.host.rootfs import (  # noqa: F401 (the lookups' home; callers use them from here)
+    IN_ROOT,
+    RESOLVE_BENEATH,
+    RESOLVE_IN_ROOT,
+    RESOLVE_NO_MAGICLINKS,
+    RESOLVE_NO_SYMLINKS,
+    RESOLVE_NO_XDEV,
+    exists_in_rootfs,
+    open_in_rootfs,
+    openat2,
+)
+from nvctk.host.rootfs import components as _components
 
 # the syscalls come from the compiled nvctk._sys, not ctypes: start time
 TYPE_CHECKING = False
@@ -68,25 +80,14 @@ MS_REC = 16384
 MNT_DETACH = 2
 UMOUNT_NOFOLLOW = 8
 
-RESOLVE_NO_XDEV = 0x01
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-RESOLVE_IN_ROOT = 0x10
-
 PROC_SUPER_MAGIC = 0x9FA0
 TMPFS_MAGIC = 0x01021994
 
-# resolution used for every path taken from an image
-IN_ROOT = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
 # a single component below a directory fd we already hold
 BENEATH_NOLINKS = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 
 # --- thin syscall wrappers (raise OSError "<syscall>: <strerror>") -------------
-def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
-    return _sys.openat2(dirfd, path, flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
-                        resolve)
-
+# (openat2 and the in-root lookups are nvctk.host.rootfs's, imported above)
 
 def open_tree(dirfd: int, path: str, flags: int) -> int:
     return _sys.open_tree(dirfd, path, flags)
@@ -282,10 +283,6 @@ class NotOnRootfs(OSError):
 
 
 # --- resolution inside a rootfs -------------------------------------------------
-def _components(path: str) -> list[str]:
-    return [c for c in path.split("/") if c not in ("", ".")]
-
-
 class Root:
     """An O_PATH fd of a rootfs; every path given to it is container-relative.
 
@@ -305,6 +302,7 @@ class Root:
         # parent directories `ensure` resolved (path -> O_PATH fd): most mounts share a
         # few lib dirs. Valid only while no directory is mounted over (forget_dirs)
         self._dir_fds: dict[str, int] = {}
+        self._dir_ok: set[int] = set()  # those of them _may_create passed
         self.pins: list[int] = []  # fds of the roots of the pins made (for `seal_pins`)
 
     def close(self) -> None:
@@ -334,6 +332,8 @@ class Root:
 
     def _may_create(self, parent: int, cpath: str) -> None:
         """NotOnRootfs unless directory fd parent lies on one of the rootfs's own mounts."""
+        if parent in self._dir_ok:
+            return  # a remembered parent that passed (its fd pins its mount)
         st = os.fstat(parent)
         key = (st.st_dev, st.st_ino)
         mid = self._dirs.get(key)
@@ -343,6 +343,8 @@ class Root:
             mid = self._dirs[key] = mount_id(parent)
         assert self._own is not None
         if mid in self._own or mid in self._pinned:
+            if parent in self._dir_fds.values():
+                self._dir_ok.add(parent)
             return
         info = next((i for i in self._infos if i.mount_id == mid), None)
         where = f"{info.mount_point} ({info.fstype})" if info else fd_path(parent)
@@ -413,6 +415,7 @@ class Root:
         for fd in self._dir_fds.values():
             os.close(fd)
         self._dir_fds.clear()
+        self._dir_ok.clear()
 
     def ensure(self, cpath: str, kind: str, mode: int = 0o644) -> int:
         """An fd of a mount destination of `kind` (file|dir), created if missing.
@@ -607,25 +610,6 @@ def readonly_foreign(infos: list[MountInfo], top: str, holder_id: int) -> list[s
         finally:
             os.close(fd)
     return done
-
-
-def open_in_rootfs(rootfs: str, path: str, flags: int = os.O_PATH) -> int:
-    """An fd of `path` inside `rootfs`, resolved as if rootfs were / (never out of it)."""
-    try:
-        root = Root(rootfs)
-    except OSError as e:
-        raise SpecError(f"rootfs {rootfs}: {e.strerror}")
-    with root:
-        return root.open(path, flags)
-
-
-def exists_in_rootfs(rootfs: str, path: str) -> bool:
-    """Whether `path` exists inside `rootfs`, never following a link out of it."""
-    try:
-        os.close(open_in_rootfs(rootfs, path))
-        return True
-    except OSError:
-        return False
 
 
 # --- mounts ---------------------------------------------------------------------
