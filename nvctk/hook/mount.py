@@ -31,7 +31,7 @@ import stat
 from nvctk import _sys
 from nvctk.base.errors import MountError
 from nvctk.base.record import Record
-from nvctk.host.rootfs import (  # noqa: F401 (the lookups' home; callers use them from here)
+from nvctk.oci.rootfs import (  # noqa: F401 (the lookups' home; callers use them from here)
     IN_ROOT,
     RESOLVE_BENEATH,
     RESOLVE_IN_ROOT,
@@ -42,7 +42,7 @@ from nvctk.host.rootfs import (  # noqa: F401 (the lookups' home; callers use th
     open_in_rootfs,
     openat2,
 )
-from nvctk.host.rootfs import components as _components
+from nvctk.oci.rootfs import components as _components
 
 # the syscalls come from the compiled nvctk._sys, not ctypes: start time
 TYPE_CHECKING = False
@@ -87,7 +87,7 @@ TMPFS_MAGIC = 0x01021994
 BENEATH_NOLINKS = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 
 # --- thin syscall wrappers (raise OSError "<syscall>: <strerror>") -------------
-# (openat2 and the in-root lookups are nvctk.host.rootfs's, imported above)
+# (openat2 and the in-root lookups are nvctk.oci.rootfs's, imported above)
 
 def open_tree(dirfd: int, path: str, flags: int) -> int:
     return _sys.open_tree(dirfd, path, flags)

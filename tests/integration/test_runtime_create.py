@@ -232,7 +232,7 @@ HEAVY = ("dataclasses", "typing", "re", "json", "tomllib", "enum", "inspect", "s
          "contextlib")
 # nvctk's own modules that bring those in, or NVML, or the hook's mount code and the
 # vGPU key: only for vGPU or a host-cache miss (the create resolves the image's
-# /etc/debian_version with nvctk.host.rootfs, inside the rootfs by the kernel)
+# /etc/debian_version with nvctk.oci.rootfs, inside the rootfs by the kernel)
 HEAVY_NVCTK = ("nvctk.host.nvml", "nvctk.vgpu.state", "nvctk.vgpu.gc", "nvctk.hook.prestart",
                "nvctk.hook.poststop", "nvctk.hook.mount", "nvctk.vgpu.authority")
 

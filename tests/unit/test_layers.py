@@ -32,7 +32,7 @@ MODULE_LAYER = {"nvctk.vgpu.limits": "request", "nvctk.vgpu.authority": "request
 # An edge listed here may go; an edge not listed fails the test.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("nvctk.vgpu.state", "nvctk.hook.mount"):
-        "the state dir's tmpfs (the rootfs lookups are nvctk/host/rootfs.py's now)",
+        "the state dir's tmpfs (the rootfs lookups are nvctk/oci/rootfs.py's now)",
     ("nvctk.vgpu.gc", "nvctk.hook.mount"):
         "detaching a state dir's mounts (umount2, mountinfo): the mount syscalls to base",
 }
