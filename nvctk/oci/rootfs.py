@@ -23,9 +23,19 @@ RESOLVE_IN_ROOT = 0x10
 IN_ROOT = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
 
 
+# openat2 fails with EAGAIN when a scoped lookup (RESOLVE_IN_ROOT, RESOLVE_BENEATH)
+# meets ".." while a rename or mount happens anywhere on the system; openat2(2): retry
+EAGAIN_TRIES = 64
+
+
 def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
-    return _sys.openat2(dirfd, path, flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
-                        resolve)
+    mode = mode if flags & os.O_CREAT else 0
+    for _ in range(EAGAIN_TRIES - 1):
+        try:
+            return _sys.openat2(dirfd, path, flags | os.O_CLOEXEC, mode, resolve)
+        except BlockingIOError:
+            continue
+    return _sys.openat2(dirfd, path, flags | os.O_CLOEXEC, mode, resolve)
 
 
 def components(path: str) -> list[str]:

@@ -346,3 +346,33 @@ def test_pin_and_ensure_exact(rootfs: Path, canary: Path, host_table: None) -> N
         assert len(mounter.attached) == 2 and not mounter.undo()
 
     in_private_ns(body)
+
+
+def test_openat2_retries_a_scoped_lookup_that_raced(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A RESOLVE_IN_ROOT lookup through ".." fails with EAGAIN while any mount or rename
+    happens on the host (a busy node mounts all the time): openat2(2) says retry."""
+    from nvctk import _sys
+    from nvctk.oci import rootfs
+
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "f").write_text("x")
+    real = _sys.openat2
+    raced = []
+
+    def racing(*a: object) -> int:
+        if len(raced) < 3:
+            raced.append(a)
+            raise BlockingIOError(errno.EAGAIN, "openat2: Resource temporarily unavailable")
+        return real(*a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_sys, "openat2", racing)
+    fd = rootfs.open_in_rootfs(str(tmp_path), "/etc/../etc/f", os.O_RDONLY)
+    try:
+        assert os.read(fd, 1) == b"x" and len(raced) == 3
+    finally:
+        os.close(fd)
+    raced.clear()
+    monkeypatch.setattr(rootfs, "EAGAIN_TRIES", 2)  # never for ever: the last EAGAIN is raised
+    with pytest.raises(BlockingIOError):
+        rootfs.open_in_rootfs(str(tmp_path), "/etc/f", os.O_RDONLY)
