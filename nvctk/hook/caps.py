@@ -126,13 +126,14 @@ def needed(steps: Iterable[str]) -> set[str]:
     return out
 
 
-def _drop_bounding(keep: int) -> None:
+def _drop_bounding(keep: int, setpcap: bool = False) -> None:
     """Drop every capability but those in mask keep from the bounding set. Only those
     still there: without CAP_SETPCAP (a runtime started with a reduced bounding set)
-    every PR_CAPBSET_DROP fails, even of a capability already gone."""
+    every PR_CAPBSET_DROP fails, even of a capability already gone. setpcap: the caller
+    made CAP_SETPCAP effective, so a drop of one already gone succeeds (no read first)."""
     prctl = _sys.prctl
     for cap in range(_last_cap() + 1):
-        if not keep >> cap & 1 and prctl(PR_CAPBSET_READ, cap):
+        if not keep >> cap & 1 and (setpcap or prctl(PR_CAPBSET_READ, cap)):
             prctl(PR_CAPBSET_DROP, cap)
 
 
@@ -180,7 +181,7 @@ def limit_to(keep: Iterable[str]) -> None:
     eff, perm, inh = _sys.capget()
     if perm >> NUMBERS["setpcap"] & 1:
         _setpcap_effective(eff, perm, inh)
-        _drop_bounding(nums)
+        _drop_bounding(nums, setpcap=True)
     perm &= nums
     _sys.capset(perm, perm, inh & nums)
 

@@ -29,8 +29,20 @@ import os
 import stat
 
 from nvctk import _sys
-from nvctk.base.errors import MountError, SpecError
+from nvctk.base.errors import MountError
 from nvctk.base.record import Record
+from nvctk.oci.rootfs import (  # noqa: F401 (the lookups' home; callers use them from here)
+    IN_ROOT,
+    RESOLVE_BENEATH,
+    RESOLVE_IN_ROOT,
+    RESOLVE_NO_MAGICLINKS,
+    RESOLVE_NO_SYMLINKS,
+    RESOLVE_NO_XDEV,
+    exists_in_rootfs,
+    open_in_rootfs,
+    openat2,
+)
+from nvctk.oci.rootfs import components as _components
 
 # the syscalls come from the compiled nvctk._sys, not ctypes: start time
 TYPE_CHECKING = False
@@ -68,25 +80,14 @@ MS_REC = 16384
 MNT_DETACH = 2
 UMOUNT_NOFOLLOW = 8
 
-RESOLVE_NO_XDEV = 0x01
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-RESOLVE_IN_ROOT = 0x10
-
 PROC_SUPER_MAGIC = 0x9FA0
 TMPFS_MAGIC = 0x01021994
 
-# resolution used for every path taken from an image
-IN_ROOT = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
 # a single component below a directory fd we already hold
 BENEATH_NOLINKS = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 
 # --- thin syscall wrappers (raise OSError "<syscall>: <strerror>") -------------
-def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
-    return _sys.openat2(dirfd, path, flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
-                        resolve)
-
+# (openat2 and the in-root lookups are nvctk.oci.rootfs's, imported above)
 
 def open_tree(dirfd: int, path: str, flags: int) -> int:
     return _sys.open_tree(dirfd, path, flags)
@@ -275,10 +276,6 @@ class NotOnRootfs(OSError):
 
 
 # --- resolution inside a rootfs -------------------------------------------------
-def _components(path: str) -> list[str]:
-    return [c for c in path.split("/") if c not in ("", ".")]
-
-
 class Root:
     """An O_PATH fd of a rootfs; every path given to it is container-relative.
 
@@ -295,9 +292,14 @@ class Root:
         self._infos: list[MountInfo] = []
         self._pinned: set[int] = set()  # mount ids of the pins made (after the learning)
         self._dirs: dict[tuple[int, int], int] = {}  # (dev, ino) of a parent -> mount id
+        # parent directories `ensure` resolved (path -> O_PATH fd): most mounts share a
+        # few lib dirs. Valid only while no directory is mounted over (forget_dirs)
+        self._dir_fds: dict[str, int] = {}
+        self._dir_ok: set[int] = set()  # those of them _may_create passed
         self.pins: list[int] = []  # fds of the roots of the pins made (for `seal_pins`)
 
     def close(self) -> None:
+        self.forget_dirs()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -323,6 +325,8 @@ class Root:
 
     def _may_create(self, parent: int, cpath: str) -> None:
         """NotOnRootfs unless directory fd parent lies on one of the rootfs's own mounts."""
+        if parent in self._dir_ok:
+            return  # a remembered parent that passed (its fd pins its mount)
         st = os.fstat(parent)
         key = (st.st_dev, st.st_ino)
         mid = self._dirs.get(key)
@@ -332,6 +336,8 @@ class Root:
             mid = self._dirs[key] = mount_id(parent)
         assert self._own is not None
         if mid in self._own or mid in self._pinned:
+            if parent in self._dir_fds.values():
+                self._dir_ok.add(parent)
             return
         info = next((i for i in self._infos if i.mount_id == mid), None)
         where = f"{info.mount_point} ({info.fstype})" if info else fd_path(parent)
@@ -385,11 +391,31 @@ class Root:
             raise OSError(errno.EINVAL, "the rootfs itself", cpath)
         return self.mkdirs("/".join(comps[:-1])), comps[-1]
 
+    def _cached_parent(self, cpath: str) -> tuple[int, str]:
+        """_parent, remembered until forget_dirs: the caller must not close the fd."""
+        comps = _components(cpath)
+        if not comps:
+            raise OSError(errno.EINVAL, "the rootfs itself", cpath)
+        key = "/".join(comps[:-1])
+        fd = self._dir_fds.get(key)
+        if fd is None:
+            fd = self._dir_fds[key] = self.mkdirs(key)
+        return fd, comps[-1]
+
+    def forget_dirs(self) -> None:
+        """Drop the parent directories `ensure` remembered: a mount over a directory
+        (or a link replaced) may change what a path resolves to."""
+        for fd in self._dir_fds.values():
+            os.close(fd)
+        self._dir_fds.clear()
+        self._dir_ok.clear()
+
     def ensure(self, cpath: str, kind: str, mode: int = 0o644) -> int:
-        """O_PATH fd of a mount destination of `kind` (file|dir), created if missing.
+        """An fd of a mount destination of `kind` (file|dir), created if missing.
 
         An existing path is used where it resolves (inside the rootfs); a
-        dangling final symlink is replaced by an empty file.
+        dangling final symlink is replaced by an empty file. The parent directory is
+        remembered for the next call: forget_dirs() after mounting over a directory.
         """
         want_dir = kind == "dir"
         try:
@@ -399,11 +425,8 @@ class Root:
         if fd >= 0:
             _check_kind(fd, want_dir, cpath)
             return fd
-        parent, name = self._parent(cpath)
-        try:
-            return self._create(parent, name, want_dir, mode, cpath)
-        finally:
-            os.close(parent)
+        parent, name = self._cached_parent(cpath)
+        return self._create(parent, name, want_dir, mode, cpath)
 
     def ensure_exact(self, cpath: str, kind: str, mode: int = 0o644) -> int:
         """`ensure` without a symlink anywhere on the path: a mount that must stay where
@@ -441,7 +464,8 @@ class Root:
             os.close(parent)
 
     def _create(self, parent: int, name: str, want_dir: bool, mode: int, cpath: str) -> int:
-        """Create name (a dir, or an empty file) in parent; its O_PATH fd."""
+        """Create name (a dir, or an empty file) in parent; an fd of it (a dir's O_PATH,
+        a file's the O_WRONLY one that created it)."""
         self._may_create(parent, cpath)
         if want_dir:
             try:
@@ -450,14 +474,14 @@ class Root:
                 self._drop_dangling(parent, name)
                 os.mkdir(name, 0o755, dir_fd=parent)
             return openat2(parent, name, os.O_PATH | os.O_DIRECTORY, BENEATH_NOLINKS)
+        # the new empty file's own fd (nothing is written through it): a mount target
+        # as good as an O_PATH one, without a second lookup
         flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
         try:
-            new = openat2(parent, name, flags, BENEATH_NOLINKS, mode)
+            return openat2(parent, name, flags, BENEATH_NOLINKS, mode)
         except FileExistsError:
             self._drop_dangling(parent, name)
-            new = openat2(parent, name, flags, BENEATH_NOLINKS, mode)
-        os.close(new)
-        return openat2(parent, name, os.O_PATH | os.O_NOFOLLOW, BENEATH_NOLINKS)
+            return openat2(parent, name, flags, BENEATH_NOLINKS, mode)
 
     @staticmethod
     def _drop_dangling(parent: int, name: str) -> None:
@@ -497,6 +521,7 @@ class Root:
         container could replace the link); a missing directory is created.
         """
         cpath = "/" + name
+        self.forget_dirs()  # paths below it resolve into the pin from now on
         try:
             st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
         except FileNotFoundError:
@@ -578,25 +603,6 @@ def readonly_foreign(infos: list[MountInfo], top: str, holder_id: int) -> list[s
         finally:
             os.close(fd)
     return done
-
-
-def open_in_rootfs(rootfs: str, path: str, flags: int = os.O_PATH) -> int:
-    """An fd of `path` inside `rootfs`, resolved as if rootfs were / (never out of it)."""
-    try:
-        root = Root(rootfs)
-    except OSError as e:
-        raise SpecError(f"rootfs {rootfs}: {e.strerror}")
-    with root:
-        return root.open(path, flags)
-
-
-def exists_in_rootfs(rootfs: str, path: str) -> bool:
-    """Whether `path` exists inside `rootfs`, never following a link out of it."""
-    try:
-        os.close(open_in_rootfs(rootfs, path))
-        return True
-    except OSError:
-        return False
 
 
 # --- mounts ---------------------------------------------------------------------

@@ -313,8 +313,11 @@ def _mount_sources(plan: Plan, root: m.Root, prep: WorkerFds, mounter: m.Mounter
             raise m.step_error("mount", mnt.container_path, e)
         finally:
             os.close(dest)
+            if kind == "dir":
+                root.forget_dirs()  # what paths below it resolve to changed
         if debug:
             log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
+    root.forget_dirs()
     if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
         try:
             root.seal_pins()

@@ -19,7 +19,6 @@ from nvctk.host import driver as nvdriver
 from nvctk.host.inventory import proc_bus_id
 from nvctk.host.paths import find_hook, hook_config_path, require_vgpu_library
 from nvctk.request.parse import asks_for_vgpu, expanded_capabilities
-from nvctk.vgpu import authority
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -243,6 +242,8 @@ def discover(request: Request, config: Config, host: HostInfo,
     vgpu = asks_for_vgpu(request)
     key: bytes | NvctkError | None = None
     if vgpu and request.vgpu_authority:
+        from nvctk.vgpu import authority  # start time: vGPU annotations only
+
         key = or_error(lambda: authority.load_key(config.authority_key))
     return Facts(
         host, files, devices, image,

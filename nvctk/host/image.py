@@ -1,7 +1,7 @@
 """What planning needs to know about the container's image, read once (discovery).
 
 Everything is looked up inside the rootfs by the kernel (openat2 RESOLVE_IN_ROOT via
-nvctk.hook.mount), never following a link out of it. The vGPU facts (its libc, its own
+nvctk.oci.rootfs), never following a link out of it. The vGPU facts (its libc, its own
 /etc/ld.so.preload) are read only for a container that may set a limit.
 """
 
@@ -48,7 +48,7 @@ def image_facts(spec: dict[str, Any], bundle: str, *, vgpu: bool = False) -> Ima
     """The image's facts: its rootfs (the spec's root.path, maybe bundle-relative),
     whether it is laid out as Debian's and whether it is mounted read-only; with vgpu,
     also its libc and its own preload entries."""
-    from nvctk.hook.mount import exists_in_rootfs  # ctypes-free, but only GPU creates need it
+    from nvctk.oci.rootfs import exists_in_rootfs  # start time: only GPU creates need it
 
     rootfs = oci.root_path(spec, bundle)
     readonly = (spec.get("root") or {}).get("readonly") is True
@@ -87,7 +87,7 @@ def _is_musl_loader(name: str) -> bool:
 
 
 def _list_in_rootfs(rootfs: str, path: str) -> list[str]:
-    from nvctk.hook.mount import open_in_rootfs
+    from nvctk.oci.rootfs import open_in_rootfs
 
     try:
         fd = open_in_rootfs(rootfs, path, os.O_RDONLY | os.O_DIRECTORY)
@@ -101,7 +101,7 @@ def _list_in_rootfs(rootfs: str, path: str) -> list[str]:
 
 def libc_kind(rootfs: str) -> str:
     """'musl' if the image has musl's loader, 'glibc' if it has glibc's, else 'none'."""
-    from nvctk.hook.mount import exists_in_rootfs
+    from nvctk.oci.rootfs import exists_in_rootfs
 
     lib = _list_in_rootfs(rootfs, "/lib")
     if any(_is_musl_loader(n) for n in lib):
@@ -114,7 +114,7 @@ def libc_kind(rootfs: str) -> str:
 
 def image_preload(rootfs: str) -> list[str]:
     """The entries of the image's own /etc/ld.so.preload ([] if it has none)."""
-    from nvctk.hook.mount import open_in_rootfs
+    from nvctk.oci.rootfs import open_in_rootfs
 
     # O_PATH first: opening the image's file for reading before knowing what it is
     # would block on a FIFO (the create hangs) or open a device node the image

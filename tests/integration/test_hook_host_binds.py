@@ -78,6 +78,29 @@ def test_mps_dir_bound_over_etc_by_the_plan(sim_host: SimHost, rootfs: Callable[
     assert "a mount that is not the container's own rootfs" in log
 
 
+def test_a_dir_mount_is_seen_by_the_mounts_after_it(sim_host: SimHost,
+                                                    rootfs: Callable[..., str],
+                                                    host_dir: Path, tmp_path: Path) -> None:
+    """The hook remembers the parent dirs it resolved (one lookup per lib dir); a
+    directory it mounts (the MPS dir at /etc) must end that: a later mount below it
+    is on the host's directory, never in the rootfs's /etc/nvidia it hides."""
+    root = rootfs()
+    smi = os.path.join(sim_host.bin_dir, "nvidia-smi")
+    mps = Mount(str(host_dir), "/etc", "dir", read_only=False, noexec=True)
+    plan = make_plan(sim_host, extra=[Mount(smi, "/etc/nvidia/first"), mps,
+                                      Mount(smi, "/etc/nvidia/nvidia-smi")])
+    bundle = make_bundle(str(tmp_path / "bundle"), root, plan)
+    before = snapshot(host_dir)
+    with fake_container() as pid:
+        r = run_hook(bundle, pid)
+        assert r.returncode == 0, r.stderr
+    assert snapshot(host_dir) == before
+    log = bundle.log_text()
+    assert "skip /etc/nvidia/nvidia-smi: not created: its directory is on " in log, log
+    assert os.path.isfile(os.path.join(root, "etc/nvidia/first"))  # made before the bind
+    assert not os.path.exists(os.path.join(root, "etc/nvidia/nvidia-smi"))
+
+
 def test_host_dir_at_the_lib_dir_refuses_required_libraries(
         sim_host: SimHost, rootfs: Callable[..., str], host_dir: Path, tmp_path: Path) -> None:
     root = rootfs()

@@ -230,11 +230,11 @@ def test_passthrough_real_runc(tmp_path: Path) -> None:
 HEAVY = ("dataclasses", "typing", "re", "json", "tomllib", "enum", "inspect", "subprocess",
          "tempfile", "shutil", "hashlib", "pynvml", "ctypes", "collections", "functools",
          "contextlib")
-# nvctk's own modules that bring those in, or NVML: only for vGPU or a host-cache miss
-# (nvctk.hook.mount is no longer among them: its syscalls are nvctk._sys, and the create
-# resolves the image's /etc/debian_version with it, inside the rootfs by the kernel)
+# nvctk's own modules that bring those in, or NVML, or the hook's mount code and the
+# vGPU key: only for vGPU or a host-cache miss (the create resolves the image's
+# /etc/debian_version with nvctk.oci.rootfs, inside the rootfs by the kernel)
 HEAVY_NVCTK = ("nvctk.host.nvml", "nvctk.vgpu.state", "nvctk.vgpu.gc", "nvctk.hook.prestart",
-               "nvctk.hook.poststop")
+               "nvctk.hook.poststop", "nvctk.hook.mount", "nvctk.vgpu.authority")
 
 
 def imported_modules(importtime_stderr: str) -> set[str]:
