@@ -350,12 +350,14 @@ int ledger_presence_census(int w, uint64_t epoch, unsigned *others) {
     struct win {
         int64_t a, b;
     };
-    /* one bit per slot and the split stack, kept (callers hold tok_mu) */
-    static unsigned char *seen;
+    /* one bit per region (window w's slot in it: only those are counted, so
+     * neither a bitmap of every slot nor a scan of it runs every 2 ms) and
+     * the split stack, kept (callers hold tok_mu) */
+    static unsigned char seen[VGPU_LEDGER_NREG / 8];
     static struct win *st;
-    if (!seen && !(seen = malloc(NSLOT / 8))) return -1;
+    if (w < 0 || w >= VGPU_MAX_DEV) return -1;
     if (!st && !(st = malloc((VGPU_LEDGER_MAX_QUERIES + 2) * sizeof *st))) return -1;
-    memset(seen, 0, NSLOT / 8);
+    memset(seen, 0, sizeof seen);
     size_t n = 0;
     int q = 0;
     int64_t e1 = (int64_t)(epoch % VGPU_SM_PRES_EPOCHS), e0 = (int64_t)((epoch + VGPU_SM_PRES_EPOCHS - 1) % VGPU_SM_PRES_EPOCHS);
@@ -371,15 +373,20 @@ int ledger_presence_census(int w, uint64_t epoch, unsigned *others) {
         if (s < x.a) s = x.a;
         if (e > x.b) e = x.b;
         if (s >= e) return -1;
-        for (int64_t k = (s - VGPU_SM_PRES_BASE) / VGPU_SM_PRES_EPOCHS,
-                     kl = (e - 1 - VGPU_SM_PRES_BASE) / VGPU_SM_PRES_EPOCHS; k <= kl && k < NSLOT; k++) {
-            int64_t b0 = VGPU_SM_PRES_BASE + k * VGPU_SM_PRES_EPOCHS;
-            if ((b0 + e0 >= s && b0 + e0 < e) || (b0 + e1 >= s && b0 + e1 < e)) seen[k / 8] |= (unsigned char)(1u << (k % 8));
+        /* slots k = region * VGPU_MAX_DEV + window: window w's from the first at or after k0 */
+        int64_t k0 = (s - VGPU_SM_PRES_BASE) / VGPU_SM_PRES_EPOCHS;
+        for (int64_t k = k0 + ((w - k0 % VGPU_MAX_DEV) + VGPU_MAX_DEV) % VGPU_MAX_DEV,
+                     kl = (e - 1 - VGPU_SM_PRES_BASE) / VGPU_SM_PRES_EPOCHS; k <= kl && k < NSLOT; k += VGPU_MAX_DEV) {
+            int64_t b0 = VGPU_SM_PRES_BASE + k * VGPU_SM_PRES_EPOCHS, r = k / VGPU_MAX_DEV;
+            unsigned char bit = (unsigned char)(1u << (r % 8));
+            if (((b0 + e0 >= s && b0 + e0 < e) || (b0 + e1 >= s && b0 + e1 < e)) && !(seen[r / 8] & bit)) {
+                seen[r / 8] |= bit;
+                ++*others;
+            }
         }
         /* the rest, left then right: depth-first keeps the stack short */
         st[n++] = (struct win){e, x.b};
         st[n++] = (struct win){x.a, s};
     }
-    for (int k = w; k < NSLOT; k += VGPU_MAX_DEV) *others += (seen[k / 8] >> (k % 8)) & 1;
     return 0;
 }

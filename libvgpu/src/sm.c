@@ -494,11 +494,11 @@ struct sm_launch {
  * (charged its estimate), -1 = refused, 1 = call sm_end after it. */
 /* The device a launch goes to if it has an SM limit (its share in *pct);
  * NULL: ungated; LD_REFUSE: refused (a device libvgpu cannot account for). */
-static const struct ldev *sm_target(unsigned *pct) {
-    if (vgpu_enter() != ST_ACTIVE) return NULL;
+static inline const struct ldev *sm_target(int st, unsigned *pct) {
+    if (UNLIKELY(st != ST_ACTIVE)) return NULL; /* st: the caller's vgpu_enter() (one state load a launch) */
     const struct ldev *ld = cur_ldev();
-    if (!ld) return NULL;
-    if (ld == LD_REFUSE) return cfg.sm_any && cfg.sm_any < 100 ? LD_REFUSE : NULL; /* unaccountable: fail closed */
+    if (UNLIKELY(!ld)) return NULL;
+    if (UNLIKELY(ld == LD_REFUSE)) return cfg.sm_any && cfg.sm_any < 100 ? LD_REFUSE : NULL; /* unaccountable: fail closed */
     *pct = sm_of(ld);
     return *pct ? ld : NULL;
 }
@@ -715,17 +715,18 @@ EPOCH_HOOK(cuGraphNodeSetEnabled, (CUgraphExec g, void *node, unsigned on), (g, 
             return REAL(name) call;                                     \
         if (!REAL(name) && vgpu_enter() != ST_ERROR && !REAL(name))     \
             return CUDA_ERROR_NOT_FOUND;                                \
-        if (vgpu_nested) return REAL(name) call;                        \
-        if (vgpu_enter() == ST_ERROR) return CUDA_ERROR_NOT_INITIALIZED; \
+        if (UNLIKELY(vgpu_nested)) return REAL(name) call;              \
+        int st_ = vgpu_enter();                                         \
+        if (UNLIKELY(st_ == ST_ERROR)) return CUDA_ERROR_NOT_INITIALIZED; \
         unsigned pct_ = 0;                                              \
-        const struct ldev *ld_ = sm_target(&pct_);                      \
-        if (!ld_) return NESTED(REAL(name) call);                       \
-        if (ld_ == LD_REFUSE) return CUDA_ERROR_NOT_PERMITTED;          \
+        const struct ldev *ld_ = sm_target(st_, &pct_);                 \
+        if (UNLIKELY(!ld_)) return NESTED(REAL(name) call);             \
+        if (UNLIKELY(ld_ == LD_REFUSE)) return CUDA_ERROR_NOT_PERMITTED; \
         struct sm_launch L;                                             \
         CUstream s_ = (strm);                                           \
         int g_ = sm_begin(&L, ld_, pct_, s_, (uintptr_t)(key));        \
-        if (g_ < 0) return CUDA_ERROR_NOT_PERMITTED;                    \
-        if (!g_) return NESTED(REAL(name) call);                        \
+        if (UNLIKELY(g_ < 0)) return CUDA_ERROR_NOT_PERMITTED;          \
+        if (LIKELY(!g_)) return NESTED(REAL(name) call);                \
         CUresult r = NESTED(REAL(name) call);                           \
         sm_end(&L, s_, r);                                              \
         return r;                                                       \
