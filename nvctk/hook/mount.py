@@ -31,15 +31,11 @@ import stat
 from nvctk import _sys
 from nvctk.base.errors import MountError
 from nvctk.base.record import Record
-from nvctk.oci.rootfs import (  # noqa: F401 (the lookups' home; callers use them from here)
+from nvctk.oci.rootfs import (
     IN_ROOT,
     RESOLVE_BENEATH,
-    RESOLVE_IN_ROOT,
     RESOLVE_NO_MAGICLINKS,
     RESOLVE_NO_SYMLINKS,
-    RESOLVE_NO_XDEV,
-    exists_in_rootfs,
-    open_in_rootfs,
     openat2,
 )
 from nvctk.oci.rootfs import components as _components

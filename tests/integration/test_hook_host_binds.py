@@ -60,21 +60,30 @@ def test_host_dir_at_etc(sim_host: SimHost, rootfs: Callable[..., str], host_dir
     assert "step ldconfig" in log and "Read-only file system" in log, log
 
 
-def test_mps_dir_bound_over_etc_by_the_plan(sim_host: SimHost, rootfs: Callable[..., str],
-                                            host_dir: Path, tmp_path: Path) -> None:
-    """CUDA_MPS_PIPE_DIRECTORY=/etc: the hook itself binds the host's MPS dir at /etc."""
-    root = rootfs()
+def _mps_at_etc_then_smi(sim_host: SimHost, root: str, host_dir: Path, tmp_path: Path,
+                         before: tuple[str, ...]) -> tuple[str, str]:
+    """The hook on a plan that mounts nvidia-smi at each of `before`, binds the host's
+    host_dir at /etc (as CUDA_MPS_PIPE_DIRECTORY=/etc does), then nvidia-smi below it:
+    the last is skipped, the host dir unchanged. (bundle dir, the hook's log)"""
+    smi = os.path.join(sim_host.bin_dir, "nvidia-smi")
     mps = Mount(str(host_dir), "/etc", "dir", read_only=False, noexec=True)
-    plan = make_plan(sim_host, extra=[mps, Mount(os.path.join(sim_host.bin_dir, "nvidia-smi"),
-                                                 "/etc/nvidia/nvidia-smi")])
+    plan = make_plan(sim_host, extra=[*(Mount(smi, p) for p in before), mps,
+                                      Mount(smi, "/etc/nvidia/nvidia-smi")])
     bundle = make_bundle(str(tmp_path / "bundle"), root, plan)
-    before = snapshot(host_dir)
+    unchanged = snapshot(host_dir)
     with fake_container() as pid:
         r = run_hook(bundle, pid)
         assert r.returncode == 0, r.stderr
-    assert snapshot(host_dir) == before
+    assert snapshot(host_dir) == unchanged
     log = bundle.log_text()
     assert "skip /etc/nvidia/nvidia-smi: not created: its directory is on " in log, log
+    return bundle.path, log
+
+
+def test_mps_dir_bound_over_etc_by_the_plan(sim_host: SimHost, rootfs: Callable[..., str],
+                                            host_dir: Path, tmp_path: Path) -> None:
+    """CUDA_MPS_PIPE_DIRECTORY=/etc: the hook itself binds the host's MPS dir at /etc."""
+    _, log = _mps_at_etc_then_smi(sim_host, rootfs(), host_dir, tmp_path, before=())
     assert "a mount that is not the container's own rootfs" in log
 
 
@@ -85,18 +94,7 @@ def test_a_dir_mount_is_seen_by_the_mounts_after_it(sim_host: SimHost,
     directory it mounts (the MPS dir at /etc) must end that: a later mount below it
     is on the host's directory, never in the rootfs's /etc/nvidia it hides."""
     root = rootfs()
-    smi = os.path.join(sim_host.bin_dir, "nvidia-smi")
-    mps = Mount(str(host_dir), "/etc", "dir", read_only=False, noexec=True)
-    plan = make_plan(sim_host, extra=[Mount(smi, "/etc/nvidia/first"), mps,
-                                      Mount(smi, "/etc/nvidia/nvidia-smi")])
-    bundle = make_bundle(str(tmp_path / "bundle"), root, plan)
-    before = snapshot(host_dir)
-    with fake_container() as pid:
-        r = run_hook(bundle, pid)
-        assert r.returncode == 0, r.stderr
-    assert snapshot(host_dir) == before
-    log = bundle.log_text()
-    assert "skip /etc/nvidia/nvidia-smi: not created: its directory is on " in log, log
+    _mps_at_etc_then_smi(sim_host, root, host_dir, tmp_path, before=("/etc/nvidia/first",))
     assert os.path.isfile(os.path.join(root, "etc/nvidia/first"))  # made before the bind
     assert not os.path.exists(os.path.join(root, "etc/nvidia/nvidia-smi"))
 

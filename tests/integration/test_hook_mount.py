@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from nvctk.hook import mount as m
+from nvctk.oci.rootfs import exists_in_rootfs
 from support.fs import snapshot
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces)")
@@ -369,7 +370,7 @@ def test_lookups_hold_while_the_host_renames(rootfs: Path, tmp_path: Path) -> No
     t = threading.Thread(target=churn)
     t.start()
     try:
-        misses = sum(not m.exists_in_rootfs(str(rootfs), "/usr/ld.so") for _ in range(5000))
+        misses = sum(not exists_in_rootfs(str(rootfs), "/usr/ld.so") for _ in range(5000))
     finally:
         stop.set()
         t.join()

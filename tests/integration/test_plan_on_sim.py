@@ -25,10 +25,10 @@ from nvctk.base.errors import (
 from nvctk.cdi import compose as planner
 from nvctk.cdi.compose import container_lib_dirs, image_facts, make_plan, proc_bus_id
 from nvctk.edits import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
-from nvctk.hook.mount import exists_in_rootfs
 from nvctk.host import cache as nvhost
 from nvctk.host import driver
 from nvctk.host.nvml import HostInfo, query_host
+from nvctk.oci.rootfs import exists_in_rootfs
 from nvctk.request.parse import request_from_spec
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
