@@ -30,7 +30,10 @@ Cases, interleaved round-robin so drift hits all alike:
   with a message, when NCT is absent;
 - where nvctk's start goes: `nvctk-runtime create` alone (its low-level runtime
   /bin/true), and plain runc through the lifecycle on the spec the shim wrote,
-  without and with the hook (the spec is made, untimed, for each run);
+  without and with the hook (the spec is made, untimed, for each run). Under plain
+  runc no nvctk-runtime serves the hook (nvctk.hook.served): it runs by itself, a
+  Python start of its own; the served hook's share is what the 1-GPU case has over
+  the shim alone and runc on the edited spec without the hook;
 - passthrough: `<rt> list` (one created container in the root) through runc,
   nvctk-runtime, nvidia-container-runtime, and a bare interpreter start.
 
@@ -59,15 +62,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml  # reads nvctk's JSON spec as well as NCT's YAML
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))  # support.podman
+sys.path.insert(0, str(REPO / "tests"))  # support.podman, support.sim
 
 from nvctk.runtime.passthrough import use_cache_dir  # noqa: E402
 from nvctk.sim import host as simhost  # noqa: E402
 from nvctk.sim.rootfs import build_rootfs  # noqa: E402
 from nvctk.sim.topology import make_topology  # noqa: E402
 from support.podman import private_podman  # noqa: E402
+from support.sim import show_sim_pci  # noqa: E402
 
 VENV_BIN = REPO / ".venv" / "bin"
 NCT_DEFAULT = REPO.parent / "shared" / "peers" / "nct"
@@ -213,6 +219,14 @@ def plain_spec(env: list[str], args: list[str], mounts: list[dict] | None = None
     spec["process"]["env"] = ["PATH=/usr/local/bin:/usr/bin:/bin", *env]
     spec["mounts"] = [*spec["mounts"], *(mounts or [])]
     return spec
+
+
+def spec_nodes(path: Path, device: str = "0") -> str:
+    """The container paths of a CDI spec's device nodes for `device`, as one string."""
+    spec = yaml.safe_load(path.read_text())
+    edits = [spec.get("containerEdits", {}),
+             *(d["containerEdits"] for d in spec["devices"] if d["name"] == device)]
+    return " ".join(sorted(n["path"] for e in edits for n in e.get("deviceNodes", ())))
 
 
 def with_config_line(text: str, key: str, value: str) -> str:
@@ -373,6 +387,10 @@ def main() -> int:
 
     set_subreaper()
     tmp = Path(tempfile.mkdtemp(prefix="nvctk-bench-"))
+    sim = simhost.init(str(tmp / "sim"), make_topology(gpus=GPUS))
+    # from here on the bench and all it starts see the sim's PCI devices in /sys, where
+    # NCT looks for the DRM nodes (in a mount namespace of the bench's own)
+    show_sim_pci(sim.root)
     # nvctk-runtime's passthrough cache in the bench's own dir: removed with the rest
     use_cache_dir(str(tmp / "passthrough"))
     # bundles and runtime state on a tmpfs, where containerd, Docker and CRI-O keep
@@ -393,7 +411,6 @@ def main() -> int:
                 "and `jit-cdi` mode, log-level info")
         else:
             say(f"NVIDIA Container Toolkit not found in {opts.nct}: its cases are skipped")
-        sim = simhost.init(str(tmp / "sim"), make_topology(gpus=GPUS))
         build_rootfs(str(tmp / "rootfs"), with_sample=sim.sample)
         base_env = dict(os.environ)
         # nvctk: the sim's config at the production log level (the sim's is debug)
@@ -427,6 +444,9 @@ def main() -> int:
                             f"--nvidia-cdi-hook-path={nct_bin / 'nvidia-cdi-hook'}",
                             f"--output={spec_dir / 'nvidia.yaml'}"],
                            check=True, capture_output=True)
+            say("device nodes of GPU 0 (its own and the common ones): nvctk's spec "
+                f"{spec_nodes(nvctk_spec_dir / 'nvidia.json')}, NCT's "
+                f"{spec_nodes(spec_dir / 'nvidia.yaml')}")
             for mode in ("cdi", "jit-cdi"):
                 p = tmp / f"nct-{mode}.toml"
                 p.write_text(nct_config(mode, sim.root, spec_dir, nct_bin))
@@ -483,7 +503,8 @@ def main() -> int:
                      gpus, smi)
             cases.append(Case(label, lifecycle_case(rt, spec(env, ["/bin/true"], nct))))
 
-        # where nvctk's start goes: the shim alone, then runc on the spec it wrote
+        # where nvctk's start goes: the shim alone, then runc on the spec it wrote (its
+        # hook runs by itself there: no nvctk-runtime serves it)
         def shim_edited(args: list[str], hook: bool) -> tuple[str, Path]:
             cid, b = bench.new_bundle(spec(gpu1, args))
             bench._run(bench.rt(r_shim, "create", "--bundle", str(b), cid), r_shim.env,
@@ -666,7 +687,9 @@ def report(say: Callable[[str], None], cases: list[Case], passthrough: list[Case
         for c in cases[-3:]:
             row(c.label, None)
         hook, no_hook = med["runc, edited spec, hook"], med["runc, edited spec, no hook"]
-        say(f"  so: runtime {med['shim alone']:.1f}, hook {hook - no_hook:.1f}, device nodes "
+        served = med["nvctk-runtime, 1 GPU"] - med["shim alone"] - no_hook
+        say(f"  so: runtime {med['shim alone']:.1f}, hook served by the runtime {served:.1f} "
+            f"(by itself {hook - no_hook:.1f}), device nodes "
             f"{no_hook - med['runc, no GPU']:.1f}, bare interpreter start "
             f"{med[passthrough[0].label]:.1f} ms")
 

@@ -13,9 +13,12 @@
 #include <linux/capability.h>
 #include <stdint.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -350,6 +353,58 @@ WRAPPER(capset, "capset(effective, permitted, inheritable): bit masks, this thre
     return none_result(syscall(SYS_capset, &hdr, data), "capset");
 }
 
+/* The prestart server's socket (nvctk.hook.served): `import socket` costs more than the
+ * hook it saves (enum, selectors), and its C module is the interpreter's private part. */
+WRAPPER(listen_abstract,
+        "listen_abstract(name: bytes) -> fd: a listening unix stream socket (close-on-exec) "
+        "bound to the abstract name")
+{
+    const char *name;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "y#:listen_abstract", &name, &len))
+        return NULL;
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if (len < 1 || (size_t)len >= sizeof a.sun_path) {
+        errno = ENAMETOOLONG;
+        return raise_errno("bind");
+    }
+    memcpy(a.sun_path + 1, name, (size_t)len); /* sun_path[0] = 0: the abstract namespace */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return raise_errno("socket");
+    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len);
+    if (bind(fd, (struct sockaddr *)&a, alen) < 0 || listen(fd, 8) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return raise_errno("bind");
+    }
+    return PyLong_FromLong(fd);
+}
+
+WRAPPER(accept_peer,
+        "accept_peer(fd) -> (conn_fd, pid, uid): the next connection (close-on-exec) and "
+        "its peer's credentials as the kernel took them at connect (SO_PEERCRED)")
+{
+    int fd, conn;
+    if (!PyArg_ParseTuple(args, "i:accept_peer", &fd))
+        return NULL;
+    WITHOUT_GIL(conn, accept4(fd, NULL, NULL, SOCK_CLOEXEC));
+    if (conn < 0)
+        return raise_errno("accept4");
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+        int e = errno;
+        close(conn);
+        errno = e;
+        return raise_errno("getsockopt");
+    }
+    return Py_BuildValue("(iii)", conn, (int)cr.pid, (int)cr.uid);
+}
+
 static PyMethodDef sys_methods[] = {
     {"openat2", sys_openat2, METH_VARARGS, openat2_doc},
     {"open_tree", sys_open_tree, METH_VARARGS, open_tree_doc},
@@ -366,6 +421,8 @@ static PyMethodDef sys_methods[] = {
     {"prctl", sys_prctl, METH_VARARGS, prctl_doc},
     {"capget", sys_capget, METH_NOARGS, capget_doc},
     {"capset", sys_capset, METH_VARARGS, capset_doc},
+    {"listen_abstract", sys_listen_abstract, METH_VARARGS, listen_abstract_doc},
+    {"accept_peer", sys_accept_peer, METH_VARARGS, accept_peer_doc},
     {NULL, NULL, 0, NULL},
 };
 

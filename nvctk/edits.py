@@ -36,6 +36,7 @@ VGPU_DIRS = ("ro", "rw")
 VGPU_FILES = ("ro/limits", "ro/ld.so.preload", "rw/cache", "rw/limits")
 PRELOAD = "/etc/ld.so.preload"
 
+SERVED_FLAG = "--served"  # nvctk-hook prestart's: the token of nvctk-runtime's server
 HOOK_NAME = "nvctk-hook"  # args[0] of nvctk's hooks (how a later create finds them)
 # the hooks' PATH: built from scratch, never the container's (CVE-2025-23266: a
 # container's LD_PRELOAD reaching a host-side hook)
@@ -275,11 +276,18 @@ def _mount(x: dict[str, Any]) -> Mount:
 Plan = Edits  # the old name
 
 
-def prestart_hook(hook_path: str, nvctk_config: str | None, timeout: int = 0) -> Hook:
-    """`nvctk-hook prestart`, with the env it runs with: built from scratch, never the
-    container's; NVCTK_CONFIG passed on when the runtime was given one."""
-    env = (HOOK_PATH_ENV, f"NVCTK_CONFIG={nvctk_config}") if nvctk_config else (HOOK_PATH_ENV,)
-    return Hook("prestart", hook_path, (HOOK_NAME, "prestart"), env, timeout)
+def hook_env(nvctk_config: str | None) -> tuple[str, ...]:
+    """The env nvctk's hooks run with: built from scratch, never the container's;
+    NVCTK_CONFIG passed on when the runtime was given one."""
+    return (HOOK_PATH_ENV, f"NVCTK_CONFIG={nvctk_config}") if nvctk_config else (HOOK_PATH_ENV,)
+
+
+def prestart_hook(hook_path: str, nvctk_config: str | None, timeout: int = 0,
+                  served: str | None = None) -> Hook:
+    """`nvctk-hook prestart`; `--served TOKEN` when nvctk-runtime serves this create's
+    prestart (nvctk.hook.served): the hook then hands its state to that server."""
+    args = (HOOK_NAME, "prestart", SERVED_FLAG, served) if served else (HOOK_NAME, "prestart")
+    return Hook("prestart", hook_path, args, hook_env(nvctk_config), timeout)
 
 # nvctk-hook's CDI hook commands (`nvctk cdi generate` writes cdi-edits; specs written
 # before it have create-symlinks and update-ldcache) and the flags each takes

@@ -1,6 +1,9 @@
 """nvctk-hook: the OCI hooks nvctk inserts into GPU containers' specs.
 
-    nvctk-hook prestart   state JSON on stdin (runc/crun prestart hook)
+    nvctk-hook prestart [--served TOKEN]
+                          state JSON on stdin (runc/crun prestart hook); with
+                          --served, the launcher first hands the state to
+                          nvctk-runtime's server (nvctk.hook.served)
     nvctk-hook poststop [--runtime-root DIR]
                           state JSON on stdin; removes the vGPU accounting state
 
@@ -33,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "prestart":
         from nvctk.hook import prestart
 
-        code = prestart.main()
+        code = prestart.main(args[1:])
         if argv is None:
             # nothing left to clean up: files closed, the worker reaped
             from nvctk.base.log import exit_now

@@ -66,7 +66,7 @@ class Facts(Record):
 
     __slots__ = ("host", "files", "devices", "image", "mps_dir",  # noqa: RUF023
                  "extra_mount_kinds", "authority_key", "vgpu_library", "hook_path",
-                 "nvctk_config", "runtime_root", "vgpu_state_dir")
+                 "nvctk_config", "runtime_root", "vgpu_state_dir", "served")
 
     def __init__(self, host: HostInfo, files: nvdriver.DriverFiles, devices: DeviceFacts,
                  image: ImageFacts, *, mps_dir: str | None = None,
@@ -74,7 +74,7 @@ class Facts(Record):
                  authority_key: bytes | NvctkError | None = None,
                  vgpu_library: str | NvctkError = "", hook_path: str = "nvctk-hook",
                  nvctk_config: str | None = None, runtime_root: str = DEFAULT_RUNTIME_ROOT,
-                 vgpu_state_dir: str = "") -> None:
+                 vgpu_state_dir: str = "", served: str | None = None) -> None:
         self.host = host
         self.files = files
         self.devices = devices
@@ -88,6 +88,9 @@ class Facts(Record):
         self.nvctk_config = nvctk_config  # NVCTK_CONFIG made absolute, for the hooks
         self.runtime_root = runtime_root  # runc's --root, absolute and normalised
         self.vgpu_state_dir = vgpu_state_dir  # this container's vGPU state dir ("" none)
+        # the token of nvctk-runtime's prestart server for this create (None: the hook
+        # runs by itself; nvctk.hook.served)
+        self.served = served
 
 
 # --- the inventory ----------------------------------------------------------------------------
@@ -231,7 +234,8 @@ def or_error(read: Callable[[], T]) -> T | NvctkError:
 def discover(request: Request, config: Config, host: HostInfo,
              selected: Iterable[tuple[GpuInfo, MigInfo | None]], image: ImageFacts, *,
              argv0: str | None = None, hook_path: str | None = None,
-             runtime_root: str | None = None, vgpu_state_dir: str = "") -> Facts:
+             runtime_root: str | None = None, vgpu_state_dir: str = "",
+             served: str | None = None) -> Facts:
     """The facts for planning `request` on `host` with the `selected` (gpu, mig) pairs.
     Reads only what the request can use: the driver files of its capabilities, the
     nodes of its devices, the vGPU facts only when it may set a limit.
@@ -255,4 +259,5 @@ def discover(request: Request, config: Config, host: HostInfo,
         nvctk_config=hook_config_path(),
         runtime_root=absolute_runtime_root(runtime_root),
         vgpu_state_dir=vgpu_state_dir,
+        served=served,
     )

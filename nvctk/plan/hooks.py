@@ -4,7 +4,7 @@ prestart (and poststop for a vGPU), which NVIDIA hooks to drop, where the hook l
 from __future__ import annotations
 
 from nvctk.base.errors import RequestError
-from nvctk.edits import HOOK_NAME, HOOK_PATH_ENV, NVIDIA_HOOK_NAMES, Hook, LogSettings
+from nvctk.edits import HOOK_NAME, NVIDIA_HOOK_NAMES, Hook, LogSettings, hook_env, prestart_hook
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -12,14 +12,14 @@ if TYPE_CHECKING:
 
 
 def plan_hooks(hook_path: str, timeout: int, nvctk_config: str | None, vgpu: bool,
-               runtime_root: str) -> tuple[Hook, ...]:
-    """nvctk-hook prestart; with a vGPU also `nvctk-hook poststop --runtime-root ROOT`,
+               runtime_root: str, served: str | None = None) -> tuple[Hook, ...]:
+    """nvctk-hook prestart (served: nvctk-runtime's server token, edits.prestart_hook);
+    with a vGPU also `nvctk-hook poststop --runtime-root ROOT`,
     which removes the vGPU state dir. The root (absolute, discovery's: runc resolves a
     relative --root against its cwd, the hook runs in the bundle), with the id runc
     passes in the state, names the dir: runc keeps each container's own copy of its
     hooks, while the bundle's form is the last create's (two containers from one bundle)."""
-    env = (HOOK_PATH_ENV, f"NVCTK_CONFIG={nvctk_config}") if nvctk_config else (HOOK_PATH_ENV,)
-    hooks = [Hook("prestart", hook_path, (HOOK_NAME, "prestart"), env, timeout)]
+    hooks = [prestart_hook(hook_path, nvctk_config, timeout, served)]
     if vgpu:
         try:
             runtime_root.encode()
@@ -30,7 +30,8 @@ def plan_hooks(hook_path: str, timeout: int, nvctk_config: str | None, vgpu: boo
                                "with a vGPU limit passes it to its poststop hook in "
                                "config.json, which holds text only") from None
         hooks.append(Hook("poststop", hook_path,
-                          (HOOK_NAME, "poststop", "--runtime-root", runtime_root), env, timeout))
+                          (HOOK_NAME, "poststop", "--runtime-root", runtime_root),
+                          hook_env(nvctk_config), timeout))
     return tuple(hooks)
 
 

@@ -80,7 +80,7 @@ def make_edits(request: Request, config: Config, facts: Facts,
         env=env,
         vgpu=vgpu,
         hooks=plan_hooks(facts.hook_path, config.hook_timeout, facts.nvctk_config,
-                         vgpu is not None, facts.runtime_root),
+                         vgpu is not None, facts.runtime_root, facts.served),
         remove_hooks=removed_hooks(),
         # a vGPU container must not make user namespaces: in one it could mount over the
         # cap's files (docs/decisions.md)

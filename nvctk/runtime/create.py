@@ -28,7 +28,8 @@ from nvctk.base.errors import (
 )
 from nvctk.base.log import Logger, exit_now, report_error
 from nvctk.base.record import Record
-from nvctk.edits import PLAN_FILE
+from nvctk.edits import PLAN_FILE, SERVED_FLAG
+from nvctk.hook import served as prestart_server
 from nvctk.host.paths import find_hook, hook_config_path
 from nvctk.oci import runc_argv as ra
 from nvctk.oci import spec as oci
@@ -57,6 +58,11 @@ class Created(Record):
         self.vgpu_dir = vgpu_dir  # the vGPU state dir this create made (None: none)
         self.cdi_devices = cdi_devices  # CDI mode: the devices whose edits were applied
 
+    def served(self, token: str) -> bool:
+        """The spec's prestart hook hands its state to the server named `token`."""
+        return self.edits is not None and any(
+            h.args[2:] == (SERVED_FLAG, token) for h in self.edits.hooks)
+
 
 def prepare_bundle(
     bundle: str,
@@ -67,6 +73,7 @@ def prepare_bundle(
     logger: Logger | None = None,
     container_id: str | None = None,
     runtime_root: str | None = None,
+    served: str | None = None,
 ) -> Created:
     """Edit <bundle>/config.json for the container's GPU request (if any): read the
     spec, the request in it, then the mode's own steps (legacy: discover, plan, apply,
@@ -76,6 +83,8 @@ def prepare_bundle(
     a no-GPU container still goes ahead, a GPU container fails with that error.
     container_id, runtime_root (runc's --root): key the container's vGPU state dir,
     which is (re)created here when the container sets a limit.
+    served: the token of the prestart server create_main starts (nvctk.hook.served),
+    named in the prestart hook's arguments; None: the hook runs by itself.
     """
     read = _read_spec(bundle, config, logger)
     if read is None:  # a spec nvctk cannot read, and no sign of a GPU: runc decides
@@ -91,9 +100,9 @@ def prepare_bundle(
         # before any state is keyed or made by it (runc would refuse it only after)
         check_container_id(container_id)
     if request.cdi_devices is not None:
-        return _prepare_cdi(bundle, spec, data, request, config, logger, argv0)
+        return _prepare_cdi(bundle, spec, data, request, config, logger, argv0, served)
     return _create_legacy(bundle, spec, data, request, config, logger, argv0=argv0,
-                          container_id=container_id, runtime_root=runtime_root)
+                          container_id=container_id, runtime_root=runtime_root, served=served)
 
 
 def _no_gpu(bundle: str, spec: dict[str, Any], config: Config | None,
@@ -108,7 +117,8 @@ def _no_gpu(bundle: str, spec: dict[str, Any], config: Config | None,
 
 def _create_legacy(bundle: str, spec: dict[str, Any], data: bytes, request: Request,
                    config: Config, logger: Logger | None, *, argv0: str | None,
-                   container_id: str | None, runtime_root: str | None) -> Created:
+                   container_id: str | None, runtime_root: str | None,
+                   served: str | None) -> Created:
     """Legacy mode: discover -> plan -> apply -> save."""
     # start time: discovery and planning (17 modules);
     # most containers on a node ask for no GPU and need none of them
@@ -123,7 +133,8 @@ def _create_legacy(bundle: str, spec: dict[str, Any], data: bytes, request: Requ
                               argv0=argv0, runtime_root=runtime_root,
                               vgpu_state_dir=_vgpu_state_dir(
                                   request, config, runtime_root,
-                                  container_id or os.path.basename(bundle)))
+                                  container_id or os.path.basename(bundle)),
+                              served=served)
     edits = make_edits(request, config, facts, selected)
     removed = _apply(spec, edits, config, logger)
     vgpu_dir = _save(bundle, spec, edits, config, container_id, runtime_root, logger)
@@ -226,14 +237,15 @@ def _check_uncapped_share(spec: dict[str, Any]) -> None:
 
 
 def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Request,
-                 config: Config, logger: Logger | None, argv0: str | None = None) -> Created:
+                 config: Config, logger: Logger | None, argv0: str | None = None,
+                 served: str | None = None) -> Created:
     """CDI mode (nvctk.runtime.create_cdi): the devices' edits form applied as legacy
     mode's is."""
     from nvctk.runtime import create_cdi  # CDI mode only
 
     assert request.cdi_devices is not None
     edits, removed = create_cdi.prepare(bundle, spec, data, request, config, logger,
-                                        find_hook(config, argv0), hook_config_path())
+                                        find_hook(config, argv0), hook_config_path(), served)
     return Created(edits if edits.has_hook_work() else None, removed,
                     cdi_devices=request.cdi_devices)
 
@@ -450,10 +462,12 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
             "is skipped)"
         )
     bundle = args.bundle
+    token = prestart_server.new_token()
     try:
         bundle = args.bundle_dir()
         prepared = prepare_bundle(bundle, config, config_error, argv0=argv0, logger=logger,
-                                  container_id=args.container_id, runtime_root=args.root)
+                                  container_id=args.container_id, runtime_root=args.root,
+                                  served=token)
     except NvctkError as e:
         return fail(str(e))
     except OSError as e:
@@ -475,11 +489,15 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
     if prepared.cdi_devices is not None:
         logger.info(f"{args.subcommand} {args.container_id}: CDI devices "
                     f"{','.join(prepared.cdi_devices) or 'none'}")
+    listener = _listen(token, logger) if prepared.served(token) else -1
     if prepared.vgpu_dir is not None and config is not None:
         # runc may still fail before the container exists (create and run alike): then
         # nothing runs the poststop hook, so this process outlives runc to remove the
         # state it made
-        return _create_and_clean_up(runtime, args, prepared.vgpu_dir, config, fail, logger)
+        return _create_and_clean_up(runtime, args, prepared.vgpu_dir, config, fail, logger,
+                                    listener)
+    if listener >= 0:
+        prestart_server.start(listener, None)  # it serves the hook of the runc this process becomes
     try:
         ra.exec_runtime(runtime, args.argv)
     except OSError as e:
@@ -489,13 +507,23 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
     return 1  # not reached
 
 
+def _listen(token: str, logger: Logger) -> int:
+    """The prestart server's socket; -1 (the hook then runs by itself) when it cannot be
+    made."""
+    try:
+        return prestart_server.listen(token)
+    except OSError as e:
+        logger.warning(f"the prestart hook runs by itself: no server socket ({e})")
+        return -1
+
+
 # what a supervisor sends its runtime to stop or tell it something: passed on to runc
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 _PR_SET_PDEATHSIG = 1
 
 
 def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config: Config,
-                         fail: Callable[[str], int], logger: Logger) -> int:
+                         fail: Callable[[str], int], logger: Logger, listener: int = -1) -> int:
     """Run `runtime create` (or `run`) as a child, not by exec, and remove the vGPU state
     this create made when it fails (a run: when no container is left); exit with its
     status (128+N: killed by signal N).
@@ -545,6 +573,9 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
         finally:
             os._exit(code)
     child = pid
+    if listener >= 0:
+        prestart_server.start(listener, child)  # beside runc: it serves that runc's hook
+        os.close(listener)
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # pending ones are forwarded now
     _, status = os.waitpid(pid, 0)  # a forwarded signal interrupts it; Python resumes it
     code = os.waitstatus_to_exitcode(status)

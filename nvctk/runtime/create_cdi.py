@@ -33,7 +33,7 @@ VGPU_LIMIT_VARS = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
 
 
 def make_edits(bundle: str, spec: dict[str, Any], request: Request, config: Config,
-               hook_path: str, nvctk_config: str | None) -> Edits:
+               hook_path: str, nvctk_config: str | None, served: str | None = None) -> Edits:
     """The form of the request's CDI devices (checked: vendors, specs, host binds)."""
     from nvctk.cdi import load, resolve
 
@@ -53,20 +53,20 @@ def make_edits(bundle: str, spec: dict[str, Any], request: Request, config: Conf
     if edits.has_hook_work():
         # nvctk's own spec: one prestart hook does its links, ldconfig and mounts
         # (the planner's plan_hooks makes the same; its module is not needed here)
-        hook = prestart_hook(hook_path, nvctk_config, config.hook_timeout)
+        hook = prestart_hook(hook_path, nvctk_config, config.hook_timeout, served)
         edits = edits.replace(hooks=(hook, *edits.hooks))
     return edits.replace(log=LogSettings(config.log_file, config.log_level))
 
 
 def prepare(bundle: str, spec: dict[str, Any], data: bytes, request: Request, config: Config,
-            logger: Logger | None, hook_path: str, nvctk_config: str | None
-            ) -> tuple[Edits, int]:
+            logger: Logger | None, hook_path: str, nvctk_config: str | None,
+            served: str | None = None) -> tuple[Edits, int]:
     """CDI mode's create: (the form applied, NVIDIA hooks removed). config.json is
     rewritten, and the form saved beside it for the prestart hook when it has work;
     on failure config.json is as it was."""
     spec_edits.check_editable(spec)
     oci.check_rewritable(spec, data)
-    edits = make_edits(bundle, spec, request, config, hook_path, nvctk_config)
+    edits = make_edits(bundle, spec, request, config, hook_path, nvctk_config, served)
     problem = spec_edits.record_problem(spec, config.state_dir)
     if problem is not None and logger is not None:
         logger.warning(f"{oci.SPEC_FILE}: {problem}")

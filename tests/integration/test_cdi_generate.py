@@ -21,6 +21,7 @@ from nvctk.host.inventory import GpuInfo, MigInfo, proc_bus_id
 from nvctk.plan.select import Selected
 from nvctk.sim.host import SimHost
 from support.fs import node_id, plant
+from support.sim import show_sim_pci
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 SCHEMA_DIR = SHARED / "schemas" / "cdi"
@@ -331,7 +332,8 @@ def test_side_by_side_with_nvidia_ctk(sim_host: SimHost, tmp_path: Path,
     r = subprocess.run(
         [str(NCT_BIN / "nvidia-ctk"), "cdi", "generate", f"--driver-root={root}",
          f"--dev-root={root}", f"--nvidia-cdi-hook-path={NCT_BIN / 'nvidia-cdi-hook'}",
-         f"--output={nct_out}"], capture_output=True, text=True, timeout=120)
+         f"--output={nct_out}"], capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: show_sim_pci(root))
     assert r.returncode == 0, r.stderr
     nct = yaml.safe_load(nct_out.read_text())
     ours = _generate(run_nvctk, sim_host, tmp_path / "ours.yaml")
@@ -343,8 +345,7 @@ def test_side_by_side_with_nvidia_ctk(sim_host: SimHost, tmp_path: Path,
         for d in spec["devices"]:
             own = {(n["path"], n.get("hostPath", n["path"]), n.get("major", 0),
                     n.get("minor", 0)) for n in d["containerEdits"].get("deviceNodes", ())}
-            # NCT cannot find the sim's DRM nodes: it reads the real /sys, not the root
-            out[d["name"]] = {n for n in own | common if not n[0].startswith("/dev/dri/")}
+            out[d["name"]] = own | common
         return out
 
     assert nct["kind"] == ours["kind"]

@@ -397,7 +397,7 @@ def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path,
     assert any(d["path"] == "/dev/nvidia1" for d in s["linux"]["devices"])
     assert not any(d["path"] == "/dev/nvidia0" for d in s["linux"]["devices"])
     assert s["hooks"].get("createRuntime", []) == []
-    assert [h["args"] for h in s["hooks"]["prestart"]] == [["nvctk-hook", "prestart"]]
+    assert [h["args"][:3] for h in s["hooks"]["prestart"]] == [["nvctk-hook", "prestart", "--served"]]
     form = Edits.from_json((b / "nvctk-plan.json").read_bytes())
     assert any(m.container_path.endswith("/libcuda.so.1") or "libcuda.so." in m.container_path
                for m in form.mounts)

@@ -53,18 +53,25 @@ def test_gpu_create_edits_spec(env: Env, bundle: Callable[..., Path], sim_host: 
     assert rules[0] == {"allow": False, "access": "rwm"}  # runc spec's deny-all stays first
     hooks = spec["hooks"]["prestart"]
     assert len(hooks) == 1
+    # the token of the server this create forked (nvctk.hook.served): new at each create
+    token = hooks[0]["args"][3]
+    assert re.fullmatch("[0-9a-f]{32}", token), token
     assert hooks[0] == {
-        "path": os.path.join(BIN, "nvctk-hook"), "args": ["nvctk-hook", "prestart"],
+        "path": os.path.join(BIN, "nvctk-hook"),
+        "args": ["nvctk-hook", "prestart", "--served", token],
         "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 f"NVCTK_CONFIG={env.config}"],
         "timeout": 60,
     }
     validate_schema(spec)
 
-    # idempotent: a second create adds nothing
-    first = (b / "config.json").read_bytes()
+    # idempotent: a second create adds nothing (but its own server's token)
+    first = (b / "config.json").read_text()
     assert env.run(*argv).returncode == 0
-    assert (b / "config.json").read_bytes() == first
+    again = (b / "config.json").read_text()
+    second = json.loads(again)["hooks"]["prestart"][0]["args"][3]
+    assert second != token
+    assert again.replace(second, token) == first
 
 
 @pytest.mark.parametrize("value", [None, "void", "", "NONE-SET-BELOW"])

@@ -1,8 +1,10 @@
 """NVIDIA's own toolkit (../shared/peers/nct, 1.20) against the simulated host.
 
 `nvidia-ctk cdi generate` looks for every file of a driver install, loads the
-mock NVML through go-nvml and reads the DRM links: on a complete host it warns
-about nothing the host should have. What stays (each true of a real 550 host
+mock NVML through go-nvml and reads the DRM nodes and links: on a complete host it
+warns about nothing the host should have. It reads the DRM nodes from the running
+kernel's /sys, so it runs where /sys shows the sim's PCI devices
+(support.sim.show_sim_pci), as a real host's /sys shows its GPUs. What stays (each true of a real 550 host
 too): libnvidia-sandboxutils is not part of driver 550, and /tmp/nvidia-mps
 exists only while an MPS daemon runs (the sim has none).
 """
@@ -18,6 +20,7 @@ import pytest
 import yaml
 
 from nvctk.sim import host
+from support.sim import show_sim_pci
 
 NCT_BIN = Path(__file__).resolve().parents[3] / "shared/peers/nct/bin"
 NVIDIA_CTK = NCT_BIN / "nvidia-ctk"
@@ -46,6 +49,7 @@ def nct_generate(
          f"--dev-root={sim_host.root}", f"--nvidia-cdi-hook-path={NCT_BIN / 'nvidia-cdi-hook'}",
          f"--output={out}"],
         capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: show_sim_pci(sim_host.root),
     )
     log = (r.stdout + r.stderr).splitlines()
     assert r.returncode == 0, "\n".join(log[-30:])
@@ -64,15 +68,19 @@ def test_no_unexpected_warnings(nct_generate: tuple[list[str], dict[str, object]
 def test_drm_links_resolve(
     nct_generate: tuple[list[str], dict[str, object]], sim_host: host.SimHost
 ) -> None:
-    """NCT reads each GPU's by-path links from the dev root. (It takes a GPU's DRM
-    nodes from the running kernel's /sys/bus/pci/devices, not from the dev root,
-    so on this machine it puts none in the spec and says so at debug level.)"""
-    log, _ = nct_generate
+    """NCT reads each GPU's by-path links from the dev root and its DRM nodes from
+    /sys/bus/pci/devices/<bus>/drm: each GPU's device in the spec has its card and
+    render node."""
+    log, spec = nct_generate
     text = "\n".join(log)
-    for g in sim_host.topology.gpus:
+    devices = {d["name"]: d["containerEdits"] for d in spec["devices"]}  # type: ignore[attr-defined]
+    for i, g in enumerate(sim_host.topology.gpus):
         bus = f"0000:{g.pci_bus_id.split(':', 1)[1].lower()}"
         for kind, node in (("card", f"card{g.minor}"), ("render", f"renderD{128 + g.minor}")):
             assert f"dri/by-path/pci-{bus}-{kind} -> ../{node}" in text
+        nodes = {n["path"] for n in devices[str(i)]["deviceNodes"]}
+        assert nodes == {f"/dev/nvidia{g.minor}", f"/dev/dri/card{g.minor}",
+                         f"/dev/dri/renderD{128 + g.minor}"}
 
 
 def test_spec_has_the_graphics_files(

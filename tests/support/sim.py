@@ -4,6 +4,7 @@ _sim.host`), and own_sim() for a module that needs a host of its own."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 from typing import Any
@@ -50,3 +51,38 @@ def assert_mig_view(smi: str, caps: str, gpu: Any, mig: Any) -> None:
     ]
     assert sorted(caps.split()) == sorted(
         [f"nvidia-cap{mig.gi_cap_minor}", f"nvidia-cap{mig.ci_cap_minor}"])
+
+
+def show_sim_pci(sim_root: str) -> None:
+    """In the calling process (a test's preexec_fn, or a bench before it starts
+    anything): a mount namespace of its own, nothing propagating to the host's, where
+    /sys/bus/pci/devices and /sys/devices/pci* are the simulated host's.
+
+    NVIDIA's toolkit reads each GPU's DRM nodes from the running kernel's /sys, never
+    from its driver root, so on the simulated host it finds none and its spec does less
+    than on a real host with nvidia-drm loaded; seen through this view, its spec holds
+    the DRM nodes and by-path links a real host's would. A /sys/devices/pci* the host
+    lacks is left out (sysfs takes no new directories): NCT then finds no DRM nodes.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+
+    def mount(src: bytes | None, dst: bytes, flags: int) -> None:
+        if libc.mount(src, dst, None, flags, None) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"mount {src!r} on {dst!r}: {os.strerror(e)}")
+
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"unshare(CLONE_NEWNS): {os.strerror(e)}")
+    mount(None, b"/", _MS_REC | _MS_SLAVE)
+    sys_dir = Path(sim_root) / "sys"
+    mount(bytes(sys_dir / "bus/pci/devices"), b"/sys/bus/pci/devices", _MS_BIND)
+    for d in sorted(sys_dir.glob("devices/pci*")):
+        dst = Path("/sys/devices") / d.name
+        if dst.is_dir():
+            mount(bytes(d), bytes(dst), _MS_BIND)
+
+
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000

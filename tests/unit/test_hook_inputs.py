@@ -18,7 +18,8 @@ from nvctk.base import config as nvconfig
 from nvctk.base.errors import MountError, SpecError
 from nvctk.base.log import HookLog
 from nvctk.edits import PLAN_FILE, Edits, LogSettings, Mount, Vgpu
-from nvctk.hook import entry, poststop, worker
+from nvctk.hook import entry, poststop, prestart, worker
+from nvctk.hook.entry import UsageError
 from nvctk.hook.inputs import MAX_PLAN_BYTES, load_plan
 
 
@@ -201,3 +202,20 @@ def test_with_a_plan_the_log_is_the_plans_and_no_config_is_read(
     assert (code, err.getvalue()) == (1, "nvctk-hook: x: it went wrong\n")
     assert seen[0].plan == plan and seen[0].rootfs == str(bundle / "rootfs")
     assert "ERROR: c1: x: it went wrong" in (tmp_path / "plan.log").read_text()
+
+
+@pytest.mark.parametrize(("argv", "want"), [
+    ([], None),
+    (["--served", "0a1b"], "0a1b"),
+    (["--served"], UsageError),
+    (["--served", ""], UsageError),
+    (["--served", "0a1b", "x"], UsageError),
+    (["x"], UsageError),
+])
+def test_prestart_args(argv: list[str], want: str | type[Exception] | None) -> None:
+    """`nvctk-hook prestart` takes nothing, or the runtime server's token."""
+    if isinstance(want, type):
+        with pytest.raises(want):
+            prestart.parse_args(argv)
+    else:
+        assert prestart.parse_args(argv) == want

@@ -3,7 +3,7 @@ cycle, and every package __init__.py is empty (an eager import there would put t
 whole package on the create path). AST only: nothing of nvctk is imported.
 
     base (+ _sys) <- oci <- edits (the form) <- request <- host <- plan
-        <- spec, cdi, vgpu (beside each other) <- hook, runtime
+        <- spec, cdi, vgpu (beside each other) <- hook <- runtime (it serves the hook)
         <- engines, k8s, sim, monitor (beside: each on the layers below it) <- cli
 
 nvctk.vgpu.limits and nvctk.vgpu.authority read what a container asks for (its limit
@@ -23,8 +23,8 @@ from support.astimports import imports_of
 PKG = Path(nvctk.__file__).parent
 LAYERS: dict[str, int] = {
     "base": 0, "_sys": 0, "oci": 1, "edits": 2, "request": 3, "host": 4, "plan": 5,
-    "spec": 6, "cdi": 6, "vgpu": 6, "hook": 7, "runtime": 7,
-    "engines": 8, "k8s": 8, "sim": 8, "monitor": 8, "cli": 9,
+    "spec": 6, "cdi": 6, "vgpu": 6, "hook": 7, "runtime": 8,
+    "engines": 9, "k8s": 9, "sim": 9, "monitor": 9, "cli": 10,
 }
 # packages of one layer that may import each other (the cycle test still holds them)
 SIBLINGS = frozenset({"spec", "cdi", "vgpu"})

@@ -167,6 +167,18 @@ def test_plan_hooks(vgpu: bool, stages: list[str]) -> None:
         assert hooks[1].args == ("nvctk-hook", "poststop", "--runtime-root", "/b/rel/root")
 
 
+@pytest.mark.parametrize(("served", "args"), [
+    (None, ["nvctk-hook", "prestart"]),
+    ("0123abcd", ["nvctk-hook", "prestart", "--served", "0123abcd"]),
+])
+def test_plan_hooks_name_the_runtimes_server(served: str | None, args: list[str]) -> None:
+    """The prestart hands its state to nvctk-runtime's server when the create runs one
+    (nvctk.hook.served); the poststop never does."""
+    hooks = plan_hooks.plan_hooks("/h", 60, None, True, "/r", served)
+    assert list(hooks[0].args) == args
+    assert hooks[1].args == ("nvctk-hook", "poststop", "--runtime-root", "/r")
+
+
 def test_plan_hooks_refuse_a_root_that_is_not_utf8() -> None:
     with pytest.raises(RequestError, match="not UTF-8"):
         plan_hooks.plan_hooks("/h", 60, None, True, "/run/\udcffx")

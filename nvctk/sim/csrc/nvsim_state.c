@@ -69,6 +69,19 @@ static char g_dev[PATH_MAX];
 static int g_dev_is_host;
 static pthread_once_t g_dev_once = PTHREAD_ONCE_INIT;
 
+/* The simulated host itself, not a container: its control node or its run dir is
+ * there. (Not <sim_root> alone: a container may hold <sim_root>/dev/..., as NVIDIA's
+ * by-path links made at the dev root's host path.) */
+static int on_host(void)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/dev/nvidiactl", nvsim_topo.sim_root);
+    if (path_exists(p))
+        return 1;
+    snprintf(p, sizeof p, "%s/run/nvidia-sim", nvsim_topo.sim_root);
+    return is_dir(p);
+}
+
 static void dev_init(void)
 {
     char host[PATH_MAX];
@@ -76,7 +89,7 @@ static void dev_init(void)
     snprintf(host, sizeof host, "%s/dev", nvsim_topo.sim_root);
     if (env && *env)
         snprintf(g_dev, sizeof g_dev, "%s", env);
-    else if (is_dir(host))
+    else if (on_host())
         snprintf(g_dev, sizeof g_dev, "%s", host);
     else
         snprintf(g_dev, sizeof g_dev, "/dev");
@@ -217,7 +230,7 @@ static int choose_path(void)
     if (env && *env)
         return snprintf(g_path, sizeof g_path, "%s", env) < (int)sizeof g_path ? 0 : -1;
     snprintf(dir, sizeof dir, "%s/run/nvidia-sim", nvsim_topo.sim_root);
-    if (!is_dir(dir) && is_dir(nvsim_topo.sim_root)) {
+    if (!is_dir(dir) && on_host()) {
         /* the host, before anything created the run dir */
         char run[PATH_MAX];
         snprintf(run, sizeof run, "%s/run", nvsim_topo.sim_root);

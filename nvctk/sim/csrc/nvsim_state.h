@@ -3,8 +3,8 @@
  * bind-mounts it) maps, as all processes share one real GPU.
  *
  * Located by nvsim_state_open(): $NVSIM_STATE if set, else the sim dir's
- * <sim-root>/run/nvidia-sim/state (compiled in) when <sim-root> exists (the
- * run dir is created, mode 1777, if missing), else /run/nvidia-sim/state when
+ * <sim-root>/run/nvidia-sim/state (compiled in) on the host (that run dir or
+ * <sim-root>/dev/nvidiactl exists; the run dir is created, mode 1777, if missing), else /run/nvidia-sim/state when
  * that directory exists (the path the runtime mounts the sim's
  * run/nvidia-sim dir at in containers). When none of these can be opened, the
  * process gets a private anonymous copy, so the mocks still work (unshared).
@@ -143,8 +143,9 @@ extern const struct nvsim_topo nvsim_topo;
 
 /* ---- the /dev rule ---- */
 
-/* Where device nodes are looked for: $NVSIM_DEV_DIR, else <sim_root>/dev when
- * it exists (host), else /dev (container). The result is static. */
+/* Where device nodes are looked for: $NVSIM_DEV_DIR, else <sim_root>/dev on the
+ * host (<sim_root>/dev/nvidiactl or <sim_root>/run/nvidia-sim exists), else /dev
+ * (container). The result is static. */
 const char *nvsim_dev_dir(void);
 /* Fills idx with the topology indexes of GPUs whose <dev>/nvidia<minor> exists,
  * in topology order (a container's device 0, 1, ...); returns how many. */

@@ -1,0 +1,150 @@
+"""The prestart hook, served by the nvctk-runtime that created the container.
+
+Run by itself, `nvctk-hook prestart` starts a second Python interpreter in every GPU
+container's start, and that start and its imports are half of the hook's time. So
+nvctk-runtime's create serves it:
+
+    nvctk-runtime  writes the spec with the hook `nvctk-hook prestart --served TOKEN`,
+                   listens on the abstract unix socket TOKEN names, forks the server,
+                   then execs runc as always (or starts it, for a vGPU create)
+    the server     this module, in the fork: imports the prestart while runc starts,
+                   then waits for one connection
+    runc           runs the hook: nvctk-hook's launcher (hooks/nvctk-hook.c) connects
+                   and passes its stdin on, the OCI state
+    the server     runs the very prestart the hook would (nvctk.hook.prestart: inputs,
+                   checks, errors and log alike) and answers with the exit code and the
+                   text for stderr, then exits
+    the launcher   writes that text to stderr and exits with that code
+
+Both ends check the other with the kernel's SO_PEERCRED: the server answers only root
+processes whose parent is its runc (the server's parent, when the runtime became runc
+by exec, or a child of its parent, when the runtime started runc beside it); the
+launcher talks only to a socket root made in its runc or in runc's parent (for a
+listening socket SO_PEERCRED names the process that listened: the runtime, which
+became runc or started it). A name someone else holds, no server (runc failed before
+the hook: the server dies with its parent), a check that fails: the launcher runs the
+Python prestart itself, which does the same work. The name is 128 random bits, made
+anew for every create.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvctk import _sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# the abstract socket's name: this prefix, then the token (hooks/nvctk-hook.c has both)
+NAME_PREFIX = b"nvctk-prestart-"
+MAX_STATE = 4 << 20  # the OCI state a server reads (runc's is a few hundred bytes)
+_FD_LIMIT = 1 << 30  # closerange's end: close_range(2) takes any bound
+_PR_SET_PDEATHSIG = 1
+_SIGKILL = 9
+
+
+def new_token() -> str:
+    """A fresh server name for one create: 32 hex digits."""
+    return os.urandom(16).hex()
+
+
+def listen(token: str) -> int:
+    """The server's listening socket (close-on-exec: runc never holds it); OSError when
+    the name is taken."""
+    return _sys.listen_abstract(NAME_PREFIX + token.encode())
+
+
+def parent_of(pid: int) -> int:
+    """pid's parent (its /proc status); -1 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"PPid:"):
+                    return int(line[5:])
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
+def is_runc_child(pid: int, uid: int, runtime: int, runc: int | None) -> bool:
+    """The peer is a root child of this create's runc: `runc` itself, or (runc None)
+    the runtime process, which became runc by exec."""
+    return uid == 0 and parent_of(pid) == (runtime if runc is None else runc)
+
+
+def serve(listener: int, runtime: int, runc: int | None,
+          prestart: Callable[[bytes], tuple[int, str]]) -> None:
+    """In the forked server: answer the first connection of a root child of runc with
+    prestart(state) -> (exit code, stderr text); others are closed unanswered (their
+    launcher runs the prestart itself). runtime: the server's parent; runc: its pid when
+    it is not the runtime itself (a vGPU create, where the runtime waits on it)."""
+    while True:
+        try:
+            conn, pid, uid = _sys.accept_peer(listener)
+        except InterruptedError:
+            continue
+        if not is_runc_child(pid, uid, runtime, runc):
+            os.close(conn)
+            continue
+        try:
+            state = _read_all(conn)
+            if state is None:
+                code, text = 1, f"nvctk-hook: prestart: state larger than {MAX_STATE} bytes\n"
+            else:
+                code, text = prestart(state)
+            _write_all(conn, bytes((code & 0xFF,)) + text.encode("utf-8", "replace"))
+        finally:
+            os.close(conn)
+        return
+
+
+def _read_all(fd: int) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_STATE:
+            return None
+        chunks.append(chunk)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def start(listener: int, runc: int | None) -> int:
+    """Fork the server (serve nvctk.hook.prestart.answer, then exit); returns its pid.
+    The fork dies with this process (PR_SET_PDEATHSIG: whatever this process becomes,
+    runc or the runtime that waits on it, its end ends the server), holds none of its
+    stdio or other fds, and never returns into the caller's code."""
+    runtime = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        _sys.prctl(_PR_SET_PDEATHSIG, _SIGKILL)
+        if os.getppid() != runtime:  # the runtime ended before prctl took effect
+            os._exit(0)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        # runc's pipes, its console socket, --preserve-fds: the server holds none of them
+        os.closerange(3, listener)
+        os.closerange(listener + 1, _FD_LIMIT)
+        # start time: imported here, in the fork, while runc starts, never in the
+        # runtime's own path to exec runc
+        from nvctk.hook.prestart import answer
+
+        serve(listener, runtime, runc, answer)
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)

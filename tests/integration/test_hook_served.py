@@ -1,0 +1,212 @@
+"""The prestart hook served by nvctk-runtime (nvctk.hook.served, hooks/nvctk-hook.c).
+
+A GPU create through nvctk-runtime forks a server that runs the prestart for runc's
+hook; the log says which ran it, so a fast path that silently falls back fails
+here. Without the server (plain runc on the spec), or with a stranger holding its
+name, the hook runs the Python prestart itself and the container gets its GPU all
+the same. The server answers only root children of its runc.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvctk.base import config as nvconfig
+from nvctk.hook import served
+from nvctk.runtime.create import prepare_bundle
+from nvctk.sim.host import SimHost
+from support.runc import RUNTIME, Runc
+from support.wait import line, until
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runc, device nodes)"),
+    pytest.mark.skipif(shutil.which("runc") is None, reason="needs runc"),
+]
+
+SMI = ["sh", "-c", "nvidia-smi -L"]
+DONE = "prestart done"
+SERVED = "prestart done, served by nvctk-runtime"
+BY_ITSELF = "the hook runs by itself"
+
+
+@pytest.fixture
+def rc(sim_host: SimHost, tmp_path: Path) -> Iterator[Runc]:
+    r = Runc(sim_host, tmp_path, tmp_path / "runc-root")
+    try:
+        yield r
+    finally:
+        r.cleanup()
+
+
+def _log(sim_host: SimHost, cid: str) -> list[str]:
+    """The nvctk log's lines about container cid."""
+    path = nvconfig.load(sim_host.config_path).log_file
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return [line for line in f if f" {cid}:" in line]
+
+
+def _gpu0(out: str, sim_host: SimHost) -> bool:
+    return f"GPU 0: {sim_host.topology.gpus[0].name}" in out
+
+
+def test_a_gpu_run_is_served(rc: Runc, sim_host: SimHost) -> None:
+    res = rc.run(rc.bundle(None, SMI, ["NVIDIA_VISIBLE_DEVICES=0"]))
+    assert res.proc.returncode == 0, res.proc.stderr
+    assert _gpu0(res.proc.stdout, sim_host), res.proc.stdout
+    log = _log(sim_host, rc.ids[-1])
+    assert [line for line in log if SERVED in line], log
+    assert not [line for line in log if BY_ITSELF in line], log
+
+
+@pytest.mark.parametrize("limit", [False, True], ids=["whole-gpu", "vgpu"])
+def test_create_start_delete_is_served(rc: Runc, sim_host: SimHost, limit: bool) -> None:
+    """The engines' lifecycle: create (the runtime execs runc; for a vGPU it waits on
+    it, the server beside runc), start, the container's exit, delete."""
+    env = ["NVIDIA_VISIBLE_DEVICES=0", *(["CUDA_DEVICE_MEMORY_LIMIT=1g"] if limit else [])]
+    b = rc.bundle(None, SMI, env)
+    cid = "nvctk-served-" + uuid.uuid4().hex[:8]
+    rc.ids.append(cid)
+    envs = {**os.environ, "NVCTK_CONFIG": sim_host.config_path}
+    out = b / "out"
+
+    def runtime(*args: str) -> int:
+        # files, not pipes: the created container keeps runc create's stdio
+        with open(out, "a") as f, open(b / "err", "a") as e:
+            return subprocess.run([RUNTIME, "--root", str(rc.root), *args], env=envs,
+                                  stdin=subprocess.DEVNULL, stdout=f, stderr=e,
+                                  timeout=120).returncode
+
+    assert runtime("create", "--bundle", str(b), cid) == 0, (b / "err").read_text()
+    assert runtime("start", cid) == 0, (b / "err").read_text()
+
+    def stopped() -> bool:
+        st = subprocess.run(["runc", "--root", str(rc.root), "state", cid],
+                            capture_output=True, text=True, timeout=30)
+        return '"status": "stopped"' in st.stdout
+
+    until(stopped, 60, f"container {cid} to stop")
+    assert runtime("delete", cid) == 0
+    assert _gpu0(out.read_text(), sim_host), out.read_text()
+    log = _log(sim_host, cid)
+    assert [line for line in log if SERVED in line], log
+
+
+def _edited(rc: Runc, sim_host: SimHost, token: str) -> Path:
+    """A bundle nvctk edited for GPU 0 whose hook names server `token` (none runs)."""
+    b = rc.bundle(None, SMI, ["NVIDIA_VISIBLE_DEVICES=0"])
+    config = nvconfig.load(sim_host.config_path)
+    assert prepare_bundle(str(b), config, argv0=RUNTIME, served=token).served(token)
+    return b
+
+
+def _plain_runc(rc: Runc, b: Path) -> tuple[str, subprocess.CompletedProcess[str]]:
+    cid = "nvctk-plain-" + uuid.uuid4().hex[:8]
+    rc.ids.append(cid)
+    r = subprocess.run(["runc", "--root", str(rc.root), "run", "--bundle", str(b), cid],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return cid, r
+
+
+def test_without_a_server_the_hook_runs_by_itself(rc: Runc, sim_host: SimHost) -> None:
+    b = _edited(rc, sim_host, served.new_token())
+    cid, r = _plain_runc(rc, b)
+    assert r.returncode == 0, r.stderr
+    assert _gpu0(r.stdout, sim_host), r.stdout
+    log = _log(sim_host, cid)
+    assert [line for line in log if BY_ITSELF in line], log
+    assert [line for line in log if DONE in line and SERVED not in line], log
+
+
+STRANGER = """
+import os, sys
+from nvctk import _sys
+from nvctk.hook import served
+listener = served.listen(sys.argv[1])
+print("ready", flush=True)
+conn, _, _ = _sys.accept_peer(listener)
+print(repr(os.read(conn, 65536)), flush=True)
+"""
+
+
+def test_the_hook_never_talks_to_a_stranger(rc: Runc, sim_host: SimHost) -> None:
+    """Someone else (root, but neither runc nor the one who started it) holds the
+    server's name: the launcher hands it nothing, runs the prestart itself, and the
+    container gets its GPU."""
+    token = served.new_token()
+    b = _edited(rc, sim_host, token)
+    with subprocess.Popen([sys.executable, "-c", STRANGER, token], stdout=subprocess.PIPE,
+                          text=True) as stranger:
+        try:
+            assert line(stranger.stdout, "ready", 60, "the stranger listening")
+            cid, r = _plain_runc(rc, b)
+            # connected, checked, and closed without a byte of the state
+            assert stranger.communicate(timeout=60)[0] == "b''\n"
+        finally:
+            stranger.kill()
+    assert r.returncode == 0, r.stderr
+    assert _gpu0(r.stdout, sim_host), r.stdout
+    assert [line for line in _log(sim_host, cid) if BY_ITSELF in line]
+
+
+def _ask(token: str, state: bytes) -> bytes:
+    """What the server answers this process for `state`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(b"\0" + served.NAME_PREFIX + token.encode())
+        s.sendall(state)
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except ConnectionResetError:  # closed with the state unread: no answer
+            pass
+        return b"".join(chunks)
+
+
+def test_the_server_answers_only_children_of_its_runc() -> None:
+    """The server's parent (this test) stands for the runtime that became runc: this
+    process, no child of itself, is closed unanswered; a child of it is answered."""
+    token = served.new_token()
+    listener = served.listen(token)
+    server = os.fork()
+    if server == 0:
+        code = 1
+        try:
+            served.serve(listener, os.getppid(), None, lambda st: (3, f"state {st!r}\n"))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(listener)
+    try:
+        assert _ask(token, b"from a stranger") == b""
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                os.write(w, _ask(token, b"from runc's child"))
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            answer = f.read()
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+        assert answer == b"\x03state b\"from runc's child\"\n"
+        # one answer, then the server is done
+        assert os.waitstatus_to_exitcode(os.waitpid(server, 0)[1]) == 0
+    finally:
+        try:
+            os.kill(server, 9)
+            os.waitpid(server, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
