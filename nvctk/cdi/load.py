@@ -155,6 +155,7 @@ def _loaded(files: list[str], broken: list[str], cache_dir: str | None = None
         except CdiError as e:
             broken.append(str(e))
     if cache is not None:
+        cache.keep_only(files)
         cache.save()
     return out
 
@@ -215,6 +216,14 @@ class SpecCache:
         if time.time_ns() - st[4] >= _RACY_NS:
             self.entries[path] = [st, spec]
             self.changed = True
+
+    def keep_only(self, files: list[str]) -> None:
+        """Forget the specs of files no longer in the spec dirs (a removed or renamed spec,
+        another config's dirs): the cache holds what a create reads, nothing more."""
+        gone = self.entries.keys() - set(files)
+        for path in gone:
+            del self.entries[path]
+        self.changed |= bool(gone)
 
     def save(self) -> None:
         if not self.changed or os.geteuid() != 0:

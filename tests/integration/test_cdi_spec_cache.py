@@ -79,6 +79,27 @@ def test_a_settled_spec_is_cached_and_a_changed_one_read_again(dirs: tuple[Path,
     assert _names(specs, cache, "0") == ["A=1"]
 
 
+def test_the_cache_forgets_specs_that_are_gone(dirs: tuple[Path, Path],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """It holds what a create reads: a spec removed from the dirs leaves it at the next
+    create (it grew with every spec dir a node ever used before)."""
+    specs, cache = dirs
+    for n in ("a", "b"):
+        (specs / f"{n}.yaml").write_text(_spec(n))
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 10 * 10**9)
+    assert _names(specs, cache, "a") == ["A=a"]
+
+    def cached() -> list[str]:
+        data = json.loads((cache / load.SPEC_CACHE_FILE).read_text())
+        return sorted(os.path.basename(p) for p in data["files"])
+
+    assert cached() == ["a.yaml", "b.yaml"]
+    (specs / "b.yaml").unlink()
+    assert _names(specs, cache, "a") == ["A=a"]
+    assert cached() == ["a.yaml"]
+
+
 @pytest.mark.parametrize("how", ["group-writable", "not-root", "symlink"])
 def test_a_cache_others_could_write_is_ignored(dirs: tuple[Path, Path], how: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,7 @@ from nvctk.base import config as nvconfig
 from nvctk.hook import served
 from nvctk.runtime.create import prepare_bundle
 from nvctk.sim.host import SimHost
-from support.runc import RUNTIME, Runc
+from support.runc import RUNTIME, Runc, containers
 from support.wait import line, until
 
 pytestmark = [
@@ -40,11 +40,8 @@ BY_ITSELF = "the hook runs by itself"
 
 @pytest.fixture
 def rc(sim_host: SimHost, tmp_path: Path) -> Iterator[Runc]:
-    r = Runc(sim_host, tmp_path, tmp_path / "runc-root")
-    try:
+    with containers(sim_host, tmp_path) as r:
         yield r
-    finally:
-        r.cleanup()
 
 
 def _log(sim_host: SimHost, cid: str) -> list[str]:

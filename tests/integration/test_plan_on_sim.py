@@ -585,7 +585,7 @@ def test_runc_graphics_container_sees_its_drm_nodes(sim_host: SimHost, tmp_path:
     """A real runc container with NVIDIA_DRIVER_CAPABILITIES=graphics: its GPU's card and
     render nodes, the by-path links to them, and the device cgroup lets it open them
     (ENXIO from the simulated major, never EPERM from the cgroup)."""
-    from support.runc import Runc
+    from support.runc import containers
 
     g1 = sim_host.topology.gpus[1]
     bus = proc_bus_id(g1.pci_bus_id)
@@ -593,13 +593,10 @@ def test_runc_graphics_container_sees_its_drm_nodes(sim_host: SimHost, tmp_path:
     script = (f"ls /dev/dri; echo ==; readlink /dev/dri/by-path/pci-{bus}-card"
               f"; readlink /dev/dri/by-path/pci-{bus}-render; echo ==; "
               f"for n in {card} {render}; do head -c1 /dev/dri/$n >/dev/null; done 2>&1")
-    r = Runc(sim_host, tmp_path, tmp_path / "runc-root")
-    try:
+    with containers(sim_host, tmp_path) as r:
         b = r.bundle(None, ["sh", "-c", script],
                      ["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_DRIVER_CAPABILITIES=graphics"])
         res = r.run(b)
-    finally:
-        r.cleanup()
     assert res.proc.returncode in (0, 1), res.proc.stderr
     nodes_, links, opened = (part.split() if i < 2 else part
                              for i, part in enumerate(res.proc.stdout.split("==\n")))

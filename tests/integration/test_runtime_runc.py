@@ -27,7 +27,7 @@ from nvctk.host import ldcache
 from nvctk.sim.host import SimHost
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.state import read_state, state_path
-from support.runc import Runc
+from support.runc import Runc, containers
 from support.sim import assert_mig_view
 
 pytestmark = [
@@ -76,11 +76,8 @@ def runc(sim_host: SimHost, tmp_path: Path,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runc]:
     prefixes = (str(tmp_path_factory.getbasetemp()), os.path.realpath(sim_host.root))
     before = _watched_mounts(prefixes)
-    r = Runc(sim_host, tmp_path, tmp_path / "runc-root")
-    try:
+    with containers(sim_host, tmp_path) as r:
         yield r
-    finally:
-        r.cleanup()
     assert _watched_mounts(prefixes) == before, "a mount stayed on the host"
 
 
@@ -366,11 +363,8 @@ def test_nothing_stays_mounted_on_the_host(sim_host: SimHost, shared_rootfs: str
 
 @pytest.fixture
 def mig_runc(sim_host_mig: SimHost, tmp_path: Path) -> Iterator[Runc]:
-    r = Runc(sim_host_mig, tmp_path, tmp_path / "runc-root")
-    try:
+    with containers(sim_host_mig, tmp_path) as r:
         yield r
-    finally:
-        r.cleanup()
 
 
 @pytest.mark.parametrize("form", ["uuid", "gpu:mig"])

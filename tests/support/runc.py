@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,16 @@ class Runc:
         for cid in self.ids:
             subprocess.run(["runc", "--root", str(self.root), "delete", "--force", cid],
                            capture_output=True, timeout=60)
+
+
+@contextmanager
+def containers(sim: SimHost, tmp: Path) -> Iterator[Runc]:
+    """A Runc whose containers (root tmp/runc-root) are force-deleted at the end."""
+    r = Runc(sim, tmp, tmp / "runc-root")
+    try:
+        yield r
+    finally:
+        r.cleanup()
 
 
 def gpu_bundle(b: Path, base: str | None, script: str, gpu: str, env: dict[str, str],
