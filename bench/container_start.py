@@ -26,8 +26,11 @@ Cases, interleaved round-robin so drift hits all alike:
 - NVIDIA Container Toolkit (../shared/peers/nct) nvidia-container-runtime in
   `cdi` mode (spec from `nvidia-ctk cdi generate`, once, up front) and in `jit-cdi`
   mode, 1 GPU; the sim's shared state mount (/run/nvidia-sim), which nvctk adds
-  from its config's extra-mounts, is written into NCT's bundles by hand. Skipped,
-  with a message, when NCT is absent;
+  from its config's extra-mounts, is written into NCT's bundles by hand. The bench
+  runs where /sys shows the sim's PCI devices (support.sim.show_sim_pci), so NCT
+  finds each GPU's DRM nodes as on a real host; one more NCT cdi case uses its spec
+  made before that (no DRM nodes: what earlier runs of this bench compared with).
+  Skipped, with a message, when NCT is absent;
 - where nvctk's start goes: `nvctk-runtime create` alone (its low-level runtime
   /bin/true), and plain runc through the lifecycle on the spec the shim wrote,
   without and with the hook (the spec is made, untimed, for each run). Under plain
@@ -240,6 +243,18 @@ def with_config_line(text: str, key: str, value: str) -> str:
     return "\n".join(lines if found else [line, *lines]) + "\n"
 
 
+NODRM = "cdi without DRM"  # NCT cdi mode, its spec made where /sys lacks the sim's GPUs
+
+
+def nct_generate(nct_bin: Path, sim_root: str, out: Path) -> None:
+    """`nvidia-ctk cdi generate` for the simulated host into `out`."""
+    out.parent.mkdir()
+    subprocess.run([str(nct_bin / "nvidia-ctk"), "cdi", "generate",
+                    f"--driver-root={sim_root}", f"--dev-root={sim_root}",
+                    f"--nvidia-cdi-hook-path={nct_bin / 'nvidia-cdi-hook'}",
+                    f"--output={out}"], check=True, capture_output=True)
+
+
 def nct_config(mode: str, sim: str, spec_dir: Path, nct_bin: Path) -> str:
     return f"""accept-nvidia-visible-devices-envvar-when-unprivileged = true
 supported-driver-capabilities = "compat32,compute,display,graphics,ngx,utility,video"
@@ -388,6 +403,9 @@ def main() -> int:
     set_subreaper()
     tmp = Path(tempfile.mkdtemp(prefix="nvctk-bench-"))
     sim = simhost.init(str(tmp / "sim"), make_topology(gpus=GPUS))
+    nodrm_dir = tmp / "cdi-nodrm"
+    if have_nct:  # NCT's spec as it came out before the sim's /sys was shown to it
+        nct_generate(nct_bin, sim.root, nodrm_dir / "nvidia.yaml")
     # from here on the bench and all it starts see the sim's PCI devices in /sys, where
     # NCT looks for the DRM nodes (in a mount namespace of the bench's own)
     show_sim_pci(sim.root)
@@ -438,18 +456,14 @@ def main() -> int:
         r_nct: dict[str, Runtime] = {}
         if have_nct:
             spec_dir = tmp / "cdi"
-            spec_dir.mkdir()
-            subprocess.run([str(nct_bin / "nvidia-ctk"), "cdi", "generate",
-                            f"--driver-root={sim.root}", f"--dev-root={sim.root}",
-                            f"--nvidia-cdi-hook-path={nct_bin / 'nvidia-cdi-hook'}",
-                            f"--output={spec_dir / 'nvidia.yaml'}"],
-                           check=True, capture_output=True)
+            nct_generate(nct_bin, sim.root, spec_dir / "nvidia.yaml")
             say("device nodes of GPU 0 (its own and the common ones): nvctk's spec "
                 f"{spec_nodes(nvctk_spec_dir / 'nvidia.json')}, NCT's "
-                f"{spec_nodes(spec_dir / 'nvidia.yaml')}")
-            for mode in ("cdi", "jit-cdi"):
-                p = tmp / f"nct-{mode}.toml"
-                p.write_text(nct_config(mode, sim.root, spec_dir, nct_bin))
+                f"{spec_nodes(spec_dir / 'nvidia.yaml')}; NCT's made without the sim's /sys "
+                f"{spec_nodes(nodrm_dir / 'nvidia.yaml')}")
+            for mode, d in (("cdi", spec_dir), ("jit-cdi", spec_dir), (NODRM, nodrm_dir)):
+                p = tmp / f"nct-{mode.replace(' ', '-')}.toml"
+                p.write_text(nct_config(mode.split()[0], sim.root, d, nct_bin))
                 r_nct[mode] = Runtime(f"nvidia-container-runtime ({mode})",
                                       (str(nct_bin / "nvidia-container-runtime"),),
                                       {**base_env, "NVIDIA_CTK_CONFIG_FILE_PATH": str(p)})
@@ -569,7 +583,7 @@ def main() -> int:
         passthrough = [Case("bare interpreter (python3 -I -S -c pass)",
                             timed([py, "-I", "-S", "-c", "pass"], base_env))]
         for r in (r_runc, r_nvctk, *r_nct.values()):
-            if r is r_nct.get("jit-cdi"):
+            if r is r_nct.get("jit-cdi") or r is r_nct.get(NODRM):
                 continue  # the same passthrough as cdi mode
             argv = bench.rt(r, "list")
             out = subprocess.run(argv, env=r.env, capture_output=True, text=True)
@@ -671,6 +685,8 @@ def report(say: Callable[[str], None], cases: list[Case], passthrough: list[Case
               ov("NCT cdi, 1 GPU"))
         ratio("GPU start overhead nvctk cdi mode / NCT cdi", ov("nvctk-runtime cdi mode, 1 GPU"),
               ov("NCT cdi, 1 GPU"), "<= 0.60")
+        ratio("  same, NCT's spec without the DRM nodes", ov("nvctk-runtime cdi mode, 1 GPU"),
+              ov(f"NCT {NODRM}, 1 GPU"))
         ratio("GPU start overhead NCT jit-cdi / NCT cdi", ov("NCT jit-cdi, 1 GPU"),
               ov("NCT cdi, 1 GPU"))
         pt = med["nvctk-runtime list"] - med["runc list"]
