@@ -10,11 +10,10 @@ int any_sm;
 /* the container's strictest cap / SM share per ldev as last read from the
  * accounting file (advisory: it can only tighten this process's own) */
 static uint64_t adv_cap[VGPU_LDEV_MAX];
-static unsigned adv_sm[VGPU_LDEV_MAX];
+unsigned vgpu_adv_sm[VGPU_LDEV_MAX];
 
 uint64_t adv_cap_of(int li) { return __atomic_load_n(&adv_cap[li], __ATOMIC_RELAXED); }
-unsigned adv_sm_of(int li) { return __atomic_load_n(&adv_sm[li], __ATOMIC_RELAXED); }
-void adv_sm_set(int li, unsigned pct) { __atomic_store_n(&adv_sm[li], pct, __ATOMIC_RELAXED); }
+void adv_sm_set(int li, unsigned pct) { __atomic_store_n(&vgpu_adv_sm[li], pct, __ATOMIC_RELAXED); }
 void adv_set(int li, uint64_t cap, unsigned pct) {
     __atomic_store_n(&adv_cap[li], cap, __ATOMIC_RELAXED);
     adv_sm_set(li, pct);
@@ -31,6 +30,7 @@ static void fmt_uuid(const CUuuid *u, char *out, size_t n) {
 }
 
 struct ldev *ldev_of(CUdevice dev) {
+    if ((unsigned)dev < (unsigned)nldev && ldevs[dev].dev == dev) return &ldevs[dev]; /* the usual numbering */
     for (int i = 0; i < nldev; i++)
         if (ldevs[i].dev == dev) return &ldevs[i];
     return NULL;
@@ -79,7 +79,7 @@ void adv_refresh(void) {
     for (int i = 0; i < nldev; i++) {
         if (ldevs[i].ce < 0) continue;
         __atomic_store_n(&adv_cap[i], devs[ldevs[i].ce].mem_cap, __ATOMIC_RELAXED);
-        __atomic_store_n(&adv_sm[i], devs[ldevs[i].ce].sm_pct, __ATOMIC_RELAXED);
+        __atomic_store_n(&vgpu_adv_sm[i], devs[ldevs[i].ce].sm_pct, __ATOMIC_RELAXED);
     }
 }
 

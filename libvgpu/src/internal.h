@@ -160,7 +160,8 @@ struct ldev *cur_ldev(void);
 int gpu_index_of(const char *uuid); /* container GPU index: limits file's UUIDs, else NVML */
 CUresult refuse_dev(const char *what);
 uint64_t adv_cap_of(int li);  /* the container's strictest cap / SM share as last read */
-unsigned adv_sm_of(int li);
+extern unsigned vgpu_adv_sm[VGPU_LDEV_MAX];
+static inline unsigned adv_sm_of(int li) { return __atomic_load_n(&vgpu_adv_sm[li], __ATOMIC_RELAXED); }
 void adv_sm_set(int li, unsigned pct);
 void adv_set(int li, uint64_t cap, unsigned pct);
 extern pthread_mutex_t vgpu_init_mu; /* attaching (CUDA or NVML side), primary contexts */

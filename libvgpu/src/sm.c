@@ -468,7 +468,7 @@ struct smf {
     int f;       /* SMF_* */
     int64_t est; /* the estimate charged (SMF_DONE) or to charge (SMF_GATE) */
 };
-static inline struct smf sm_fast(const struct ldev *ld, CUstream s, uintptr_t key) {
+static inline __attribute__((always_inline)) struct smf sm_fast(const struct ldev *ld, CUstream s, uintptr_t key) {
     struct smf r = {SMF_TIME, 0};
     if (!__atomic_load_n(&sm_fast_ok, __ATOMIC_RELAXED)) return r;
     struct smloc *L = &smloc[ld - ldevs];
