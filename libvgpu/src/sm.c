@@ -27,6 +27,7 @@ void sm_atfork_child(void) {
     tok_mu = init;
     sm_mu = init;
     rng_s = 0; /* reseeded: a child does not repeat its parent's draws */
+    __atomic_add_fetch(&vgpu_ctx_gen, 1, __ATOMIC_RELAXED); /* no context survives fork */
 }
 
 static unsigned sm_of(const struct ldev *ld) {
@@ -507,7 +508,7 @@ struct sm_launch {
  * NULL: ungated; LD_REFUSE: refused (a device libvgpu cannot account for). */
 static inline const struct ldev *sm_target(int st, unsigned *pct) {
     if (UNLIKELY(st != ST_ACTIVE)) return NULL; /* st: the caller's vgpu_enter() (one state load a launch) */
-    const struct ldev *ld = cur_ldev();
+    const struct ldev *ld = cur_ldev_launch();
     if (UNLIKELY(!ld)) return NULL;
     if (UNLIKELY(ld == LD_REFUSE)) return cfg.sm_any && cfg.sm_any < 100 ? LD_REFUSE : NULL; /* unaccountable: fail closed */
     *pct = sm_of(ld);
