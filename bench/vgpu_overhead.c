@@ -12,10 +12,11 @@
  *                            found at OFF, its offset in libcuda's file): in one process, so
  *                            robust to the machine's load; under an SM limit, all of libvgpu's
  *                            cost (the limiter's, and the entry's)
- *   vgpu_overhead launch2 N  median over N blocks of 2000 launches of (ns per launch on
- *                            device 0 - on device 1), blocks interleaved in one process:
- *                            with an SM limit on device 0 only, the limiter's own cost,
- *                            robust to load from other work on the machine
+ *   vgpu_overhead launch2 N  median over N pairs of blocks of 1000 launches, 0.5 ms idle
+ *                            before each pair (so the share is not binding), of (ns per
+ *                            launch on device 0 - on device 1), in one process: with an SM
+ *                            limit on device 0 only, the limiter's own cost, robust to load
+ *                            from other work on the machine
  * Entry points come through cuGetProcAddress, as the CUDA runtime gets them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -147,7 +148,7 @@ int main(int argc, char **argv) {
         if (get(&d1, 1) || retain(&c1, d1)) return 4;
         if (load(&m0, "x") || getfn(&f0, m0, "busy")) return 5;
         if (setcur(c1) || load(&m1, "x") || getfn(&f1, m1, "busy") || setcur(ctx)) return 5;
-        enum { B = 2000 };
+        enum { B = 1000 };
         double *diff = malloc(sizeof(double) * (size_t)n);
         for (int w = 0; w < 3; w++)
             for (int k = 0; k < B; k++)
@@ -156,6 +157,8 @@ int main(int argc, char **argv) {
                     return 6;
         for (long i = 0; i < n; i++) {
             double t[2];
+            struct timespec gap = {0, 500000};
+            nanosleep(&gap, NULL);
             for (int j = 0; j < 2; j++) {
                 CUfunction f = (i + j) % 2 ? f1 : f0; /* alternate which device goes first */
                 if (setcur(f == f0 ? ctx : c1)) return 6;
