@@ -2,7 +2,8 @@
 for the launch path and asks the driver again after any wrapped call that can
 switch, create, destroy or reset a context. A stale answer would charge a launch
 to the wrong device's bucket. Two simulated GPUs, an SM limit of 25 % on GPU 0
-only; one process alternates 2 ms kernels between the GPUs, switching contexts
+only; one process alternates 100 us kernels (asynchronous launches: most take the
+fast path, charged an estimate) between the GPUs, switching contexts
 between launches in each way the driver API offers, with the entry points taken
 by dlsym or by cuGetProcAddress (as the CUDA runtime does). Judged by the
 simulated GPUs' busy counters: charged right, GPU 0 gets ~25 % (and, the loop
@@ -104,7 +105,7 @@ def run_pattern(tmp_path: Path, pattern: str, resolve: str) -> tuple[float, floa
     """GPU 0's and GPU 1's busy share (%) over the window."""
     H.build()
     driver = H.make_driver(tmp_path / "sim", gpus=2, memory_mib=8192)
-    env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="2000", CUDA_DEVICE_SM_LIMIT_0="25",
+    env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="100", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT_0="25",
                      CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB))
     warmup, window = 1.0, 4.0
     p = subprocess.Popen([sys.executable, "-c", SWITCH_LOOP, pattern, resolve, str(warmup + window + 0.5)],
@@ -151,3 +152,64 @@ def test_threads_on_two_devices_each_charge_their_own(tmp_path: Path) -> None:
     assert 18 <= g0 <= 32, f"GPU 0 at {g0:.1f} % under a 25 % limit"
     # GPU 1 has no limit: its thread keeps it busy (charged to GPU 0, it would get ~25 % at most)
     assert g1 >= 60, f"GPU 1 (no limit) at {g1:.1f} %"
+
+
+EX_LOOP = r"""
+import ctypes as C, sys, time
+cu = C.CDLL("libcuda.so.1")
+def ok(name, *a):
+    f = getattr(cu, name); f.restype = C.c_int
+    r = f(*a)
+    if r: raise SystemExit(f"{name} returned {r}")
+ok("cuInit", 0)
+ctx = C.c_void_p(); ok("cuDevicePrimaryCtxRetain", C.byref(ctx), 0); ok("cuCtxSetCurrent", ctx)
+mod, fn = C.c_void_p(), C.c_void_p()
+ok("cuModuleLoadData", C.byref(mod), b"any image"); ok("cuModuleGetFunction", C.byref(fn), mod, b"busy")
+class Cfg(C.Structure):
+    _fields_ = [("g", C.c_uint * 3), ("b", C.c_uint * 3), ("shmem", C.c_uint),
+                ("stream", C.c_void_p), ("attrs", C.c_void_p), ("nattrs", C.c_uint)]
+cfg = Cfg((C.c_uint * 3)(1, 1, 1), (C.c_uint * 3)(1, 1, 1), 0, None, None, 0)
+end = time.monotonic() + float(sys.argv[1])
+n = 0
+while time.monotonic() < end:  # bursts of 15 x 100 us every ~6.2 ms: ~24 % of the GPU
+    for _ in range(15):
+        ok("cuLaunchKernelEx", C.byref(cfg), fn, None, None); n += 1
+    time.sleep(0.006)
+print(n)
+"""
+
+
+def test_a_launch_the_driver_reenters_is_charged_once(tmp_path: Path) -> None:
+    """The simulated cuLaunchKernelEx calls cuLaunchKernel through the PLT. libvgpu learns
+    that (its first, guarded, call sees the inner wrapper entered) and keeps calling it
+    guarded, also on the fast path, so the inner launch is not charged again. A process
+    asking ~24 % of the GPU in bursts under a 25 % limit (most launches take the fast
+    path) gets it (24.5 % measured); calling the driver's cuLaunchKernelEx unguarded, the
+    inner launch charged again, held it to 17 %."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (device nodes)")
+    H.build()
+    driver = H.make_driver(tmp_path / "sim", gpus=1, memory_mib=4096)
+    env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="100", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT="25",
+                     CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB))
+    warmup, window = 1.0, 4.0
+    p = subprocess.Popen([sys.executable, "-c", EX_LOOP, str(warmup + window + 0.5)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def busy() -> int:
+            slot = read_state(tmp_path / "state").proc(p.pid, 0)
+            return slot.busy_ns if slot else 0
+
+        time.sleep(warmup)
+        b0, t0 = busy(), time.monotonic()
+        time.sleep(window)
+        b1, t1 = busy(), time.monotonic()
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert int(out) > 0
+    share = 100 * (b1 - b0) / ((t1 - t0) * 1e9)
+    assert 20 <= share <= 26.5, f"cuLaunchKernelEx: {share:.1f} % of the GPU (~24 % asked) under a 25 % limit"
