@@ -6,10 +6,17 @@
  *                            binding, so this is the limiter's cost, not its waiting
  *   vgpu_overhead alloc N    ns per cuMemAlloc_v2 + cuMemFree_v2 pair (4 KiB)
  *   vgpu_overhead init       ns of the first cuInit
- *   vgpu_overhead launch2 N  median over N blocks of 2000 launches of (ns per launch on
- *                            device 0 - on device 1), blocks interleaved in one process:
- *                            with an SM limit on device 0 only, the limiter's own cost,
- *                            robust to load from other work on the machine
+ *   vgpu_overhead launchself OFF N  median over N pairs of blocks of 1000 launches, 0.5 ms
+ *                            idle before each pair, of (ns per launch through the entry point
+ *                            cuGetProcAddress gives - through the driver's own cuLaunchKernel,
+ *                            found at OFF, its offset in libcuda's file): in one process, so
+ *                            robust to the machine's load; under an SM limit, all of libvgpu's
+ *                            cost (the limiter's, and the entry's)
+ *   vgpu_overhead launch2 N  median over N pairs of blocks of 1000 launches, 0.5 ms idle
+ *                            before each pair (so the share is not binding), of (ns per
+ *                            launch on device 0 - on device 1), in one process: with an SM
+ *                            limit on device 0 only, the limiter's own cost, robust to load
+ *                            from other work on the machine
  * Entry points come through cuGetProcAddress, as the CUDA runtime gets them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -83,6 +90,50 @@ int main(int argc, char **argv) {
         printf("%.2f\n", (now_ns() - t0) / n);
         return 0;
     }
+    if (!strcmp(argv[1], "launchself")) {
+        typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                     unsigned, CUstream, void **, void **);
+        CUresult (*load)(void **, const void *), (*getfn)(CUfunction *, void *, const char *);
+        launch_t via, own;
+        GET(load, "cuModuleLoadData");
+        GET(getfn, "cuModuleGetFunction");
+        GET(via, "cuLaunchKernel");
+        /* the driver's own entry point: libcuda's load address (from a function libvgpu does
+         * not wrap) plus the symbol's offset in the file (the caller reads it with nm) */
+        Dl_info di;
+        if (!dladdr(dlsym(h, "cuDeviceGet"), &di) || argc < 4) return 8;
+        own = (launch_t)(void *)((char *)di.dli_fbase + strtol(argv[2], NULL, 16));
+        n = atol(argv[3]);
+        void *mod;
+        CUfunction f;
+        if (load(&mod, "x") || getfn(&f, mod, "busy")) return 5;
+        for (int i = 0; i < 1000; i++)
+            if (via(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) || own(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL))
+                return 6;
+        double *diff = malloc(sizeof(double) * (size_t)n);
+        for (long i = 0; i < n; i++) {
+            double t[2];
+            struct timespec gap = {0, 500000};
+            nanosleep(&gap, NULL);
+            for (int j = 0; j < 2; j++) {
+                int w = (int)((i + j) % 2); /* alternate which goes first */
+                launch_t L = w ? via : own;
+                double t0 = now_ns();
+                for (int k = 0; k < 1000; k++)
+                    if (L(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)) return 6;
+                t[w] = (now_ns() - t0) / 1000;
+            }
+            diff[i] = t[1] - t[0];
+        }
+        for (long i = 1; i < n; i++)
+            for (long j = i; j > 0 && diff[j] < diff[j - 1]; j--) {
+                double x = diff[j];
+                diff[j] = diff[j - 1];
+                diff[j - 1] = x;
+            }
+        printf("%.2f\n", diff[n / 2]);
+        return 0;
+    }
     if (!strcmp(argv[1], "launch2")) {
         CUresult (*load)(void **, const void *), (*getfn)(CUfunction *, void *, const char *);
         CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -97,7 +148,7 @@ int main(int argc, char **argv) {
         if (get(&d1, 1) || retain(&c1, d1)) return 4;
         if (load(&m0, "x") || getfn(&f0, m0, "busy")) return 5;
         if (setcur(c1) || load(&m1, "x") || getfn(&f1, m1, "busy") || setcur(ctx)) return 5;
-        enum { B = 2000 };
+        enum { B = 1000 };
         double *diff = malloc(sizeof(double) * (size_t)n);
         for (int w = 0; w < 3; w++)
             for (int k = 0; k < B; k++)
@@ -106,6 +157,8 @@ int main(int argc, char **argv) {
                     return 6;
         for (long i = 0; i < n; i++) {
             double t[2];
+            struct timespec gap = {0, 500000};
+            nanosleep(&gap, NULL);
             for (int j = 0; j < 2; j++) {
                 CUfunction f = (i + j) % 2 ? f1 : f0; /* alternate which device goes first */
                 if (setcur(f == f0 ? ctx : c1)) return 6;

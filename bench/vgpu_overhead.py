@@ -6,7 +6,8 @@ Side by side in one run, direct (no interposer) vs through libvgpu:
     of a 0-us kernel, and launches the driver rejects at once (NULL function)
   - ns added per cuLaunchKernel under an SM limit of 50 % where the share is not
     binding (goal <= 30 ns); the limited device against an unlimited one in one
-    process; and a greedy loop (which waits for its share)
+    process; libvgpu's entry point against the driver's own in one process; and a
+    greedy loop (which waits for its share)
   - ns added per cuMemAlloc_v2 + cuMemFree_v2 pair with a memory cap (goal <= 150 ns)
   - the first cuInit of a single process (goal <= 200 us added), on a fresh
     accounting file and on one already in use, with the stages of the first
@@ -57,6 +58,13 @@ def paired(direct: dict[str, str], vgpu: dict[str, str], args: list[str], reps: 
         v.append(b)
         diff.append(b - a)
     return statistics.median(d), statistics.median(v), statistics.median(diff)
+
+
+def launch_offset(driver: H.Driver) -> str:
+    """cuLaunchKernel's offset in the simulated libcuda (hex), for the 'launchself' mode."""
+    out = subprocess.run(["nm", "-D", "--defined-only", str(Path(driver.libdir) / "libcuda.so.1")],
+                         capture_output=True, text=True, check=True).stdout
+    return next(line.split()[0] for line in out.splitlines() if line.split()[-1:] == ["cuLaunchKernel"])
 
 
 def nvctk_env(env: dict[str, str], cache: Path, uuids: list[str]) -> dict[str, str]:
@@ -168,9 +176,18 @@ def main() -> None:
         say("   launches are charged their shape's estimate with no lock or driver call; 1 in 64 at random,")
         say("   the first of a shape and the first per shape in each 4 ms tick are timed by events)")
         one = {**capped, "CUDA_DEVICE_SM_LIMIT_0": "50", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "cache-sm2")}
-        l2 = statistics.median(run(one, "launch2", "101") for _ in range(args.reps))
+        # a fresh simulator state per run: the mock scans its process table per launch, and
+        # with the dead runs' rows before it the two devices' rows cost differently
+        l2 = statistics.median(run({**one, "NVSIM_STATE": str(tmp / f"state-l2-{i}")}, "launch2", "301")
+                               for i in range(args.reps))
         say(f"{'  the same, SM-limited device vs an unlimited one, one process, ns':58} {'':10} {'':10} {l2:10.1f}")
-        say("  (blocks of 2000 launches alternating between the two devices: robust to the machine's load)")
+        say("  (blocks of 1000 launches 0.5 ms apart alternating between the two devices: robust to the")
+        say("   machine's load)")
+        off = launch_offset(driver)
+        ls = statistics.median(run(limited, "launchself", off, "301") for _ in range(args.reps))
+        say(f"{'  the same, libvgpu vs the driver own cuLaunchKernel, one process, ns':58} {'':10} {'':10} {ls:10.1f}")
+        say("  (blocks of 1000 launches 0.5 ms apart, alternating between the entry point cuGetProcAddress")
+        say("   gives and the driver's own: all of libvgpu's cost, robust to the machine's load)")
         d, v, a = paired(base, limited, ["launch", "300000"], max(3, args.reps // 3))
         say(f"{'cuLaunchKernel, SM limit 50 %, greedy loop, ns':58} {d:10.1f} {v:10.1f} {a:10.1f}")
         say("  (includes waiting for the share: the synchronous simulator's events time a 0-us kernel as its")

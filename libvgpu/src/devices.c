@@ -10,11 +10,10 @@ int any_sm;
 /* the container's strictest cap / SM share per ldev as last read from the
  * accounting file (advisory: it can only tighten this process's own) */
 static uint64_t adv_cap[VGPU_LDEV_MAX];
-static unsigned adv_sm[VGPU_LDEV_MAX];
+unsigned vgpu_adv_sm[VGPU_LDEV_MAX];
 
 uint64_t adv_cap_of(int li) { return __atomic_load_n(&adv_cap[li], __ATOMIC_RELAXED); }
-unsigned adv_sm_of(int li) { return __atomic_load_n(&adv_sm[li], __ATOMIC_RELAXED); }
-void adv_sm_set(int li, unsigned pct) { __atomic_store_n(&adv_sm[li], pct, __ATOMIC_RELAXED); }
+void adv_sm_set(int li, unsigned pct) { __atomic_store_n(&vgpu_adv_sm[li], pct, __ATOMIC_RELAXED); }
 void adv_set(int li, uint64_t cap, unsigned pct) {
     __atomic_store_n(&adv_cap[li], cap, __ATOMIC_RELAXED);
     adv_sm_set(li, pct);
@@ -31,6 +30,7 @@ static void fmt_uuid(const CUuuid *u, char *out, size_t n) {
 }
 
 struct ldev *ldev_of(CUdevice dev) {
+    if ((unsigned)dev < (unsigned)nldev && ldevs[dev].dev == dev) return &ldevs[dev]; /* the usual numbering */
     for (int i = 0; i < nldev; i++)
         if (ldevs[i].dev == dev) return &ldevs[i];
     return NULL;
@@ -67,6 +67,71 @@ struct ldev *cur_ldev(void) {
     return ldev_for(d);
 }
 
+/* The launch path's current device, cached per thread (cuCtxGetDevice is
+ * ~5 ns of an SM-limited launch on the simulator). A cached answer is the
+ * driver's own, taken while vgpu_ctx_gen had the value it was cached with;
+ * every wrapped call that can change a thread's current context, or create,
+ * destroy or reset any context (so that a handle could come to mean a
+ * context on another device), moves vgpu_ctx_gen before and after the real
+ * call (ctx_gen_bump): the next launch of every thread asks the driver again.
+ * The generation is read before the driver is asked, so an answer that may
+ * predate such a call is never kept past it. */
+uint64_t vgpu_ctx_gen = 1;
+__thread uint64_t vgpu_cdev_gen __attribute__((tls_model("initial-exec")));
+__thread struct ldev *vgpu_cdev __attribute__((tls_model("initial-exec")));
+
+struct ldev *cur_ldev_query(void) {
+    uint64_t g = __atomic_load_n(&vgpu_ctx_gen, __ATOMIC_ACQUIRE);
+    struct ldev *ld = cur_ldev();
+    if (ld) { /* no context (NULL) is not kept: the launch fails in the driver anyway */
+        vgpu_cdev = ld;
+        vgpu_cdev_gen = g;
+    }
+    return ld;
+}
+
+static inline void ctx_gen_bump(void) { __atomic_add_fetch(&vgpu_ctx_gen, 1, __ATOMIC_SEQ_CST); }
+
+/* The calls that change or end contexts: the generation moves around each
+ * (whatever libvgpu does besides: the _acct bodies below). Reached by direct
+ * linking, dlsym and cuGetProcAddress alike (symbols.c routes all three). */
+#define CTX_GEN_HOOK(name, args, call)                                  \
+    EXPORT CUresult name args {                                         \
+        if (!REAL(name)) resolve_cuda_once();                           \
+        if (!REAL(name)) return CUDA_ERROR_NOT_FOUND;                   \
+        ctx_gen_bump();                                                 \
+        CUresult r_ = REAL(name) call;                                  \
+        ctx_gen_bump();                                                 \
+        return r_;                                                      \
+    }
+#define CTX_GEN_WRAP(name, args, call)                                  \
+    EXPORT CUresult name args {                                         \
+        ctx_gen_bump();                                                 \
+        CUresult r_ = name##_acct call;                                 \
+        ctx_gen_bump();                                                 \
+        return r_;                                                      \
+    }
+CTX_GEN_HOOK(cuCtxSetCurrent, (CUcontext c), (c))
+CTX_GEN_HOOK(cuCtxPushCurrent, (CUcontext c), (c))
+CTX_GEN_HOOK(cuCtxPushCurrent_v2, (CUcontext c), (c))
+CTX_GEN_HOOK(cuCtxPopCurrent, (CUcontext *pc), (pc))
+CTX_GEN_HOOK(cuCtxPopCurrent_v2, (CUcontext *pc), (pc))
+CTX_GEN_HOOK(cuCtxCreate, (CUcontext *pc, unsigned flags, CUdevice dev), (pc, flags, dev))
+CTX_GEN_HOOK(cuCtxDestroy, (CUcontext c), (c))
+CTX_GEN_HOOK(cuCtxAttach, (CUcontext *pc, unsigned flags), (pc, flags))
+CTX_GEN_HOOK(cuCtxDetach, (CUcontext c), (c))
+CTX_GEN_HOOK(cuDevicePrimaryCtxRelease, (CUdevice dev), (dev))
+CTX_GEN_HOOK(cuDevicePrimaryCtxReset, (CUdevice dev), (dev))
+CTX_GEN_HOOK(cuGreenCtxCreate, (void **pg, void *desc, CUdevice dev, unsigned flags), (pg, desc, dev, flags))
+CTX_GEN_HOOK(cuGreenCtxDestroy, (void *g), (g))
+CTX_GEN_HOOK(cuCtxFromGreenCtx, (CUcontext *pc, void *g), (pc, g))
+CTX_GEN_HOOK(cuGLCtxCreate, (CUcontext *pc, unsigned flags, CUdevice dev), (pc, flags, dev))
+CTX_GEN_HOOK(cuGLCtxCreate_v2, (CUcontext *pc, unsigned flags, CUdevice dev), (pc, flags, dev))
+CTX_GEN_HOOK(cuVDPAUCtxCreate, (CUcontext *pc, unsigned flags, CUdevice dev, uint32_t vdp, void *gpa),
+             (pc, flags, dev, vdp, gpa))
+CTX_GEN_HOOK(cuVDPAUCtxCreate_v2, (CUcontext *pc, unsigned flags, CUdevice dev, uint32_t vdp, void *gpa),
+             (pc, flags, dev, vdp, gpa))
+
 /* Refreshes adv_cap/adv_sm from the accounting file's device entries (a
  * corrupt file leaves them as they were). */
 void adv_refresh(void) {
@@ -79,7 +144,7 @@ void adv_refresh(void) {
     for (int i = 0; i < nldev; i++) {
         if (ldevs[i].ce < 0) continue;
         __atomic_store_n(&adv_cap[i], devs[ldevs[i].ce].mem_cap, __ATOMIC_RELAXED);
-        __atomic_store_n(&adv_sm[i], devs[ldevs[i].ce].sm_pct, __ATOMIC_RELAXED);
+        __atomic_store_n(&vgpu_adv_sm[i], devs[ldevs[i].ce].sm_pct, __ATOMIC_RELAXED);
     }
 }
 
@@ -211,22 +276,22 @@ EXPORT CUresult cuInit(unsigned int flags) {
         return r_;                                                       \
     } while (0)
 
-EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+static CUresult cuCtxCreate_v2_acct(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     ENTER_OR(REAL(cuCtxCreate_v2)(pctx, flags, dev));
     CTX_CREATE_BODY(REAL(cuCtxCreate_v2)(pctx, flags, dev), dev);
 }
 
-EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev) {
+static CUresult cuCtxCreate_v3_acct(CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev) {
     ENTER_OR(REAL(cuCtxCreate_v3)(pctx, params, n, flags, dev));
     CTX_CREATE_BODY(REAL(cuCtxCreate_v3)(pctx, params, n, flags, dev), dev);
 }
 
-EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev) {
+static CUresult cuCtxCreate_v4_acct(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev) {
     ENTER_OR(REAL(cuCtxCreate_v4)(pctx, params, flags, dev));
     CTX_CREATE_BODY(REAL(cuCtxCreate_v4)(pctx, params, flags, dev), dev);
 }
 
-EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+static CUresult cuCtxDestroy_v2_acct(CUcontext ctx) {
     ENTER_OR(REAL(cuCtxDestroy_v2)(ctx));
     sm_forget_ctx(ctx);
     struct pm_ent ent;
@@ -240,7 +305,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     return r;
 }
 
-EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+static CUresult cuDevicePrimaryCtxRetain_acct(CUcontext *pctx, CUdevice dev) {
     ENTER_OR(REAL(cuDevicePrimaryCtxRetain)(pctx, dev));
     struct ldev *ld = ldev_for(dev);
     if (!ld) return REAL(cuDevicePrimaryCtxRetain)(pctx, dev);
@@ -266,7 +331,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     return r;
 }
 
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+static CUresult cuDevicePrimaryCtxRelease_v2_acct(CUdevice dev) {
     ENTER_OR(REAL(cuDevicePrimaryCtxRelease_v2)(dev));
     struct ldev *ld = ldev_of(dev);
     pthread_mutex_lock(&vgpu_init_mu);
@@ -281,7 +346,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     return r;
 }
 
-EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+static CUresult cuDevicePrimaryCtxReset_v2_acct(CUdevice dev) {
     ENTER_OR(REAL(cuDevicePrimaryCtxReset_v2)(dev));
     struct ldev *ld = ldev_of(dev);
     pthread_mutex_lock(&vgpu_init_mu);
@@ -296,6 +361,15 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     pthread_mutex_unlock(&vgpu_init_mu);
     return r;
 }
+
+CTX_GEN_WRAP(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))
+CTX_GEN_WRAP(cuCtxCreate_v3, (CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev),
+             (pctx, params, n, flags, dev))
+CTX_GEN_WRAP(cuCtxCreate_v4, (CUcontext *pctx, void *params, unsigned int flags, CUdevice dev), (pctx, params, flags, dev))
+CTX_GEN_WRAP(cuCtxDestroy_v2, (CUcontext ctx), (ctx))
+CTX_GEN_WRAP(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (pctx, dev))
+CTX_GEN_WRAP(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))
+CTX_GEN_WRAP(cuDevicePrimaryCtxReset_v2, (CUdevice dev), (dev))
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *freep, size_t *totalp) {
     ENTER_OR(REAL(cuMemGetInfo_v2)(freep, totalp));

@@ -52,6 +52,11 @@ __asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
     X(cuMipmappedArrayDestroy) X(cuMemGetInfo_v2) X(cuDeviceTotalMem_v2) X(cuCtxCreate_v2) \
     X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain)   \
     X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2) X(cuLaunchKernel)       \
+    X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent)      \
+    X(cuCtxPopCurrent_v2) X(cuCtxCreate) X(cuCtxDestroy) X(cuCtxAttach) X(cuCtxDetach)    \
+    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset) X(cuGreenCtxCreate)           \
+    X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuGLCtxCreate) X(cuGLCtxCreate_v2)        \
+    X(cuVDPAUCtxCreate) X(cuVDPAUCtxCreate_v2)                                            \
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                   \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch)       \
     X(cuGraphLaunch_ptsz) X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2)  \
@@ -157,10 +162,20 @@ extern int my_slot;
 struct ldev *ldev_of(CUdevice dev);
 struct ldev *ldev_for(CUdevice dev);
 struct ldev *cur_ldev(void);
+/* the launch path's current device, cached per thread (devices.c) */
+extern uint64_t vgpu_ctx_gen;
+extern __thread uint64_t vgpu_cdev_gen __attribute__((tls_model("initial-exec")));
+extern __thread struct ldev *vgpu_cdev __attribute__((tls_model("initial-exec")));
+struct ldev *cur_ldev_query(void);
+static inline struct ldev *cur_ldev_launch(void) {
+    if (LIKELY(vgpu_cdev_gen == __atomic_load_n(&vgpu_ctx_gen, __ATOMIC_ACQUIRE))) return vgpu_cdev;
+    return cur_ldev_query();
+}
 int gpu_index_of(const char *uuid); /* container GPU index: limits file's UUIDs, else NVML */
 CUresult refuse_dev(const char *what);
 uint64_t adv_cap_of(int li);  /* the container's strictest cap / SM share as last read */
-unsigned adv_sm_of(int li);
+extern unsigned vgpu_adv_sm[VGPU_LDEV_MAX];
+static inline unsigned adv_sm_of(int li) { return __atomic_load_n(&vgpu_adv_sm[li], __ATOMIC_RELAXED); }
 void adv_sm_set(int li, unsigned pct);
 void adv_set(int li, uint64_t cap, unsigned pct);
 extern pthread_mutex_t vgpu_init_mu; /* attaching (CUDA or NVML side), primary contexts */
@@ -256,6 +271,24 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
 EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev);
 EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev);
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx);
+EXPORT CUresult cuCtxSetCurrent(CUcontext c);
+EXPORT CUresult cuCtxPushCurrent(CUcontext c);
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c);
+EXPORT CUresult cuCtxPopCurrent(CUcontext *pc);
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pc);
+EXPORT CUresult cuCtxCreate(CUcontext *pc, unsigned flags, CUdevice dev);
+EXPORT CUresult cuCtxDestroy(CUcontext c);
+EXPORT CUresult cuCtxAttach(CUcontext *pc, unsigned flags);
+EXPORT CUresult cuCtxDetach(CUcontext c);
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+EXPORT CUresult cuGreenCtxCreate(void **pg, void *desc, CUdevice dev, unsigned flags);
+EXPORT CUresult cuGreenCtxDestroy(void *g);
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pc, void *g);
+EXPORT CUresult cuGLCtxCreate(CUcontext *pc, unsigned flags, CUdevice dev);
+EXPORT CUresult cuGLCtxCreate_v2(CUcontext *pc, unsigned flags, CUdevice dev);
+EXPORT CUresult cuVDPAUCtxCreate(CUcontext *pc, unsigned flags, CUdevice dev, uint32_t vdp, void *gpa);
+EXPORT CUresult cuVDPAUCtxCreate_v2(CUcontext *pc, unsigned flags, CUdevice dev, uint32_t vdp, void *gpa);
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);

@@ -27,6 +27,7 @@ void sm_atfork_child(void) {
     tok_mu = init;
     sm_mu = init;
     rng_s = 0; /* reseeded: a child does not repeat its parent's draws */
+    __atomic_add_fetch(&vgpu_ctx_gen, 1, __ATOMIC_RELAXED); /* no context survives fork */
 }
 
 static unsigned sm_of(const struct ldev *ld) {
@@ -447,6 +448,15 @@ static inline uint64_t rng_next(void) {
     return x * 0x2545f4914f6cdd1dull;
 }
 
+/* Whether s is capturing into a graph (or cannot be told: treated as capturing,
+ * so the launch takes the timed path, which asks again). Out of line: only
+ * processes that ever began a capture call it. */
+static __attribute__((noinline)) int sm_capturing(CUstream s) {
+    int cap = 0;
+    typedef CUresult (*capt_t)(CUstream, int *);
+    return !real_x[X_cuStreamIsCapturing] || HELP(cuStreamIsCapturing, capt_t)(s, &cap) != CUDA_SUCCESS || cap;
+}
+
 static int sm_fast_ok;   /* events usable: launches may go untimed */
 static int sm_capture;   /* a stream capture was begun in this process (sticky) */
 
@@ -454,31 +464,33 @@ static int sm_capture;   /* a stream capture was begun in this process (sticky) 
  * estimate and goes untimed (no lock, no driver call); SMF_GATE, it goes
  * untimed too, but the bucket does not cover it or a re-count is due (the
  * gate waits, then charges *est); SMF_TIME, it is timed (slow path). */
-enum { SMF_TIME, SMF_DONE, SMF_GATE };
-static inline int sm_fast(const struct ldev *ld, CUstream s, uintptr_t key, int64_t *est) {
-    if (!__atomic_load_n(&sm_fast_ok, __ATOMIC_RELAXED)) return SMF_TIME;
+enum { SMF_NONE = -1, SMF_TIME, SMF_DONE, SMF_GATE };
+struct smf {
+    int f;       /* SMF_* */
+    int64_t est; /* the estimate charged (SMF_DONE) or to charge (SMF_GATE) */
+};
+static inline __attribute__((always_inline)) struct smf sm_fast(const struct ldev *ld, CUstream s, uintptr_t key) {
+    struct smf r = {SMF_TIME, 0};
+    if (!__atomic_load_n(&sm_fast_ok, __ATOMIC_RELAXED)) return r;
     struct smloc *L = &smloc[ld - ldevs];
     uint64_t now = coarse_ns();
     struct est *e = &est_cache[est_slot(key)];
     uintptr_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
     uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED), tk = __atomic_load_n(&e->tick, __ATOMIC_RELAXED);
-    if (k != key || !f1 || tk != now || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return SMF_TIME;
-    if ((rng_next() >> 32) % SM_SAMPLE_EVERY == 0) return SMF_TIME; /* 1 in 64, unpredictable */
-    if (UNLIKELY(__atomic_load_n(&sm_capture, __ATOMIC_RELAXED))) {
-        int cap = 0;
-        typedef CUresult (*capt_t)(CUstream, int *);
-        if (!real_x[X_cuStreamIsCapturing] || HELP(cuStreamIsCapturing, capt_t)(s, &cap) != CUDA_SUCCESS || cap)
-            return SMF_TIME;
-    }
+    if (k != key || !f1 || tk != now || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return r;
+    if ((rng_next() >> 32) % SM_SAMPLE_EVERY == 0) return r; /* 1 in 64, unpredictable */
+    if (UNLIKELY(__atomic_load_n(&sm_capture, __ATOMIC_RELAXED)) && sm_capturing(s)) return r;
     __atomic_store_n(&e->count, __atomic_load_n(&e->count, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
-    *est = (int64_t)(f1 - 1);
+    r.est = (int64_t)(f1 - 1);
+    r.f = SMF_GATE;
     uint64_t sy = __atomic_load_n(&L->sync_ns, __ATOMIC_ACQUIRE);
-    if (!sy || (int64_t)(now - sy) >= (int64_t)SM_SYNC_NS) return SMF_GATE; /* a re-count is due */
-    if (__atomic_sub_fetch(&L->tokens, *est, __ATOMIC_RELAXED) < 0) {
-        tok_add(L, *est); /* in debt: the gate waits */
-        return SMF_GATE;
+    if (!sy || (int64_t)(now - sy) >= (int64_t)SM_SYNC_NS) return r; /* a re-count is due */
+    if (__atomic_sub_fetch(&L->tokens, r.est, __ATOMIC_RELAXED) < 0) {
+        tok_add(L, r.est); /* in debt: the gate waits */
+        return r;
     }
-    return SMF_DONE;
+    r.f = SMF_DONE;
+    return r;
 }
 
 /* One gated launch in progress. */
@@ -496,20 +508,20 @@ struct sm_launch {
  * NULL: ungated; LD_REFUSE: refused (a device libvgpu cannot account for). */
 static inline const struct ldev *sm_target(int st, unsigned *pct) {
     if (UNLIKELY(st != ST_ACTIVE)) return NULL; /* st: the caller's vgpu_enter() (one state load a launch) */
-    const struct ldev *ld = cur_ldev();
+    const struct ldev *ld = cur_ldev_launch();
     if (UNLIKELY(!ld)) return NULL;
     if (UNLIKELY(ld == LD_REFUSE)) return cfg.sm_any && cfg.sm_any < 100 ? LD_REFUSE : NULL; /* unaccountable: fail closed */
     *pct = sm_of(ld);
     return *pct ? ld : NULL;
 }
 
-static int sm_begin(struct sm_launch *L, const struct ldev *ld, unsigned pct, CUstream s, uintptr_t key) {
-    int64_t est = 0;
-    int f = sm_fast(ld, s, key, &est);
-    if (LIKELY(f == SMF_DONE)) return 0;
+static int sm_begin(struct sm_launch *L, const struct ldev *ld, unsigned pct, CUstream s, uintptr_t key,
+                    struct smf fr) {
+    if (fr.f == SMF_NONE) fr = sm_fast(ld, s, key); /* else the wrapper's own try (its draw stands) */
+    if (LIKELY(fr.f == SMF_DONE)) return 0;
     if (sm_gate(ld, pct) != 0) return -1;
-    if (f == SMF_GATE) {
-        tok_add(&smloc[ld - ldevs], -est); /* untimed: charged its estimate */
+    if (fr.f == SMF_GATE) {
+        tok_add(&smloc[ld - ldevs], -fr.est); /* untimed: charged its estimate */
         return 0;
     }
     L->ld = ld;
@@ -706,28 +718,89 @@ EPOCH_HOOK(cuGraphExecNodeSetParams, (CUgraphExec g, void *node, void *p), (g, n
 EPOCH_HOOK(cuGraphExecChildGraphNodeSetParams, (CUgraphExec g, void *node, void *child), (g, node, child))
 EPOCH_HOOK(cuGraphNodeSetEnabled, (CUgraphExec g, void *node, unsigned on), (g, node, on))
 
+/* How each launch entry point's real function behaves, learnt by its slow
+ * path: LD_UNKNOWN until a call of it succeeds; LD_DIRECT when that call
+ * re-entered no launch wrapper; LD_REENTERS (sticky) once one did — a driver
+ * whose launches call each other through the PLT, as the simulated
+ * cuLaunchKernelEx calls cuLaunchKernel. Only an LD_DIRECT entry point's fast
+ * path calls the driver without NESTED, which lets that call be a tail call
+ * (no frame of ours around the driver: ~8 ns a launch on the simulator,
+ * whose launch makes system calls, after which the return into a frame of
+ * ours is mispredicted). Should a driver re-enter only sometimes, an inner
+ * launch that runs unguarded is gated and charged on its own — more charged,
+ * never less — until a slow-path call sees it and the entry point is
+ * LD_REENTERS for good. */
+enum { LD_UNKNOWN, LD_DIRECT, LD_REENTERS };
+static unsigned char launch_kind[H_NCUDA];
+static __thread int launch_reentered __attribute__((tls_model("initial-exec")));
+
+static inline void launch_learn(int h, CUresult r) {
+    if (launch_reentered) {
+        __atomic_store_n(&launch_kind[h], LD_REENTERS, __ATOMIC_RELAXED);
+    } else if (r == CUDA_SUCCESS && __atomic_load_n(&launch_kind[h], __ATOMIC_RELAXED) == LD_UNKNOWN) {
+        unsigned char u = LD_UNKNOWN;
+        __atomic_compare_exchange_n(&launch_kind[h], &u, LD_DIRECT, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
+}
+
+/* a real launch from the slow path: guarded, and whether it re-entered learnt */
+#define LNESTED(h, expr)                                                  \
+    ({                                                                  \
+        launch_reentered = 0;                                           \
+        vgpu_nested++;                                                  \
+        CUresult r__ = (expr);                                          \
+        vgpu_nested--;                                                  \
+        launch_learn(h, r__);                                           \
+        r__;                                                            \
+    })
+
 /* The launch wrappers. No SM limit anywhere: a tail call to the driver.
- * `strm` is the stream the launch goes to (for _ptsz variants, NULL means
- * the per-thread default stream). */
-#define LAUNCH(name, key, strm, args, call)                                   \
+ * Otherwise the fast path (an LD_DIRECT entry point, not nested, attached):
+ * a launch on a device without an SM limit, or one sm_fast charged its
+ * estimate, is a tail call to the driver; anything else goes to the slow
+ * path (name_slow) with what was found, so a launch the random draw picked
+ * for timing is timed. `strm` is the stream the launch goes to (for _ptsz
+ * variants, NULL means the per-thread default stream). */
+#define WITH_FR(...) (__VA_ARGS__, struct smf fr_)
+#define PASS_FR(...) (__VA_ARGS__, fr_)
+#define LAUNCH(name, key, strm, args, call)                   \
+    static __attribute__((noinline)) CUresult name##_slow WITH_FR args; \
     EXPORT CUresult name args {                                         \
         if (LIKELY(__atomic_load_n(&g_launch_fast, __ATOMIC_RELAXED)))  \
             return REAL(name) call;                                     \
+        struct smf fr_ = {SMF_NONE, 0};                                 \
+        if (LIKELY(__atomic_load_n(&launch_kind[H_##name], __ATOMIC_RELAXED) == LD_DIRECT && \
+                   !vgpu_nested &&                                      \
+                   __atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_ACTIVE)) { \
+            unsigned pct_ = 0;                                          \
+            const struct ldev *ld_ = sm_target(ST_ACTIVE, &pct_);       \
+            if (!ld_) return REAL(name) call;                           \
+            if (LIKELY(ld_ != LD_REFUSE)) {                             \
+                fr_ = sm_fast(ld_, (strm), (uintptr_t)(key));           \
+                if (LIKELY(fr_.f == SMF_DONE)) return REAL(name) call;  \
+            }                                                           \
+        }                                                               \
+        return name##_slow PASS_FR call;                                \
+    }                                                                   \
+    static CUresult name##_slow WITH_FR args {                          \
         if (!REAL(name) && vgpu_enter() != ST_ERROR && !REAL(name))     \
             return CUDA_ERROR_NOT_FOUND;                                \
-        if (UNLIKELY(vgpu_nested)) return REAL(name) call;              \
+        if (UNLIKELY(vgpu_nested)) {                                    \
+            launch_reentered = 1;                                       \
+            return REAL(name) call;                                     \
+        }                                                               \
         int st_ = vgpu_enter();                                         \
         if (UNLIKELY(st_ == ST_ERROR)) return CUDA_ERROR_NOT_INITIALIZED; \
         unsigned pct_ = 0;                                              \
         const struct ldev *ld_ = sm_target(st_, &pct_);                 \
-        if (UNLIKELY(!ld_)) return NESTED(REAL(name) call);             \
+        if (UNLIKELY(!ld_)) return LNESTED(H_##name, REAL(name) call);  \
         if (UNLIKELY(ld_ == LD_REFUSE)) return CUDA_ERROR_NOT_PERMITTED; \
         struct sm_launch L;                                             \
         CUstream s_ = (strm);                                           \
-        int g_ = sm_begin(&L, ld_, pct_, s_, (uintptr_t)(key));        \
+        int g_ = sm_begin(&L, ld_, pct_, s_, (uintptr_t)(key), fr_);    \
         if (UNLIKELY(g_ < 0)) return CUDA_ERROR_NOT_PERMITTED;          \
-        if (LIKELY(!g_)) return NESTED(REAL(name) call);                \
-        CUresult r = NESTED(REAL(name) call);                           \
+        if (LIKELY(!g_)) return LNESTED(H_##name, REAL(name) call);     \
+        CUresult r = LNESTED(H_##name, REAL(name) call);                \
         sm_end(&L, s_, r);                                              \
         return r;                                                       \
     }
