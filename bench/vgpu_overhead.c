@@ -33,6 +33,18 @@ static double now_ns(void) {
     return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
+/* Prints the median of v[0..n) (sorted in place: insertion sort, n is small); 0. */
+static int print_median(double *v, long n) {
+    for (long i = 1; i < n; i++)
+        for (long j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
+        }
+    printf("%.2f\n", v[n / 2]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 64;
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
@@ -125,14 +137,7 @@ int main(int argc, char **argv) {
             }
             diff[i] = t[1] - t[0];
         }
-        for (long i = 1; i < n; i++)
-            for (long j = i; j > 0 && diff[j] < diff[j - 1]; j--) {
-                double x = diff[j];
-                diff[j] = diff[j - 1];
-                diff[j - 1] = x;
-            }
-        printf("%.2f\n", diff[n / 2]);
-        return 0;
+        return print_median(diff, n);
     }
     if (!strcmp(argv[1], "launch2")) {
         CUresult (*load)(void **, const void *), (*getfn)(CUfunction *, void *, const char *);
@@ -169,14 +174,7 @@ int main(int argc, char **argv) {
             }
             diff[i] = t[0] - t[1];
         }
-        for (long i = 1; i < n; i++) /* insertion sort: n is small */
-            for (long j = i; j > 0 && diff[j] < diff[j - 1]; j--) {
-                double x = diff[j];
-                diff[j] = diff[j - 1];
-                diff[j - 1] = x;
-            }
-        printf("%.2f\n", diff[n / 2]);
-        return 0;
+        return print_median(diff, n);
     }
     if (!strcmp(argv[1], "alloc")) {
         CUresult (*alloc)(CUdeviceptr *, size_t), (*mfree)(CUdeviceptr);

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"
 import harness as H
 
 from nvctk.sim.state import read_state
+from support.libvgpu import CU_PRELUDE, loop_share
 
 WARMUP, WINDOW = 1.5, 11.0
 
@@ -137,22 +138,9 @@ def test_sm_share_with_mostly_untimed_launches(tmp_path: Path) -> None:
 # Every launch path is gated, not only cuLaunchKernel: a greedy loop on each of the
 # other launch entry points (through dlsym of libcuda, routed by libvgpu) gets about
 # its share. Ungated, a loop of back-to-back kernels keeps the GPU ~100 % busy.
-LAUNCH_LOOP = r"""
-import ctypes as C, os, sys, time
-cu = C.CDLL("libcuda.so.1")
-def ok(name, *a):
-    f = getattr(cu, name); f.restype = C.c_int
-    r = f(*a)
-    if r: raise SystemExit(f"{name} returned {r}")
-ok("cuInit", 0)
-ctx = C.c_void_p(); ok("cuDevicePrimaryCtxRetain", C.byref(ctx), 0); ok("cuCtxSetCurrent", ctx)
-mod = C.c_void_p(); ok("cuModuleLoadData", C.byref(mod), b"any image")
-fn = C.c_void_p(); ok("cuModuleGetFunction", C.byref(fn), mod, b"busy")
+LAUNCH_LOOP = CU_PRELUDE + r"""
 kind, seconds = sys.argv[1], float(sys.argv[2])
 if kind == "ex":
-    class Cfg(C.Structure):
-        _fields_ = [("g", C.c_uint * 3), ("b", C.c_uint * 3), ("shmem", C.c_uint),
-                    ("stream", C.c_void_p), ("attrs", C.c_void_p), ("nattrs", C.c_uint)]
     cfg = Cfg((C.c_uint * 3)(1, 1, 1), (C.c_uint * 3)(1, 1, 1), 0, None, None, 0)
     launch = lambda: ok("cuLaunchKernelEx", C.byref(cfg), fn, None, None)
 elif kind == "coop":
@@ -186,20 +174,5 @@ def test_sm_share_gates_every_launch_path(kind: str, tmp_path: Path) -> None:
     env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="2000", CUDA_DEVICE_SM_LIMIT="25",
                      CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"),
                      LD_PRELOAD=str(H.LIB), PYTHONPATH=os.pathsep.join(sys.path))
-    warmup, window = 1.0, 4.0
-    p = subprocess.Popen([sys.executable, "-c", LAUNCH_LOOP, kind, str(warmup + window + 0.5)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def busy() -> int:
-        slot = read_state(tmp_path / "state").proc(p.pid, 0)
-        return slot.busy_ns if slot else 0
-
-    time.sleep(warmup)
-    b0, t0 = busy(), time.monotonic()
-    time.sleep(window)
-    b1, t1 = busy(), time.monotonic()
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
-    assert int(out) > 0
-    share = 100 * (b1 - b0) / ((t1 - t0) * 1e9)
+    share, = loop_share(tmp_path / "state", [sys.executable, "-c", LAUNCH_LOOP, kind], env)
     assert 10 <= share <= 40, f"{kind}: {share:.1f} % of the GPU under a 25 % limit"

@@ -13,9 +13,7 @@ alternating, GPU 1 as much); a GPU 0 launch taken for GPU 1 escapes its limit
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"))
 import harness as H
 
-from nvctk.sim.state import read_state
+from support.libvgpu import CU_PRELUDE, loop_share
 
 pytestmark = pytest.mark.slow
 
@@ -101,34 +99,15 @@ print(n)
 """
 
 
-def run_pattern(tmp_path: Path, pattern: str, resolve: str) -> tuple[float, float]:
+def run_pattern(tmp_path: Path, pattern: str, resolve: str) -> list[float]:
     """GPU 0's and GPU 1's busy share (%) over the window."""
     H.build()
     driver = H.make_driver(tmp_path / "sim", gpus=2, memory_mib=8192)
-    env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="100", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT_0="25",
+    env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="100", NVSIM_ASYNC="1",
+                     CUDA_DEVICE_SM_LIMIT_0="25",
                      CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB))
-    warmup, window = 1.0, 4.0
-    p = subprocess.Popen([sys.executable, "-c", SWITCH_LOOP, pattern, resolve, str(warmup + window + 0.5)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        def busy() -> tuple[int, int]:
-            st = read_state(tmp_path / "state")
-            s0, s1 = st.proc(p.pid, 0), st.proc(p.pid, 1)
-            return (s0.busy_ns if s0 else 0), (s1.busy_ns if s1 else 0)
-
-        time.sleep(warmup)
-        b0, t0 = busy(), time.monotonic()
-        time.sleep(window)
-        b1, t1 = busy(), time.monotonic()
-        out, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 0, err
-    assert int(out) > 0, out
-    span = (t1 - t0) * 1e9
-    return 100 * (b1[0] - b0[0]) / span, 100 * (b1[1] - b0[1]) / span
+    return loop_share(tmp_path / "state", [sys.executable, "-c", SWITCH_LOOP, pattern, resolve],
+                      env, devices=2)
 
 
 @pytest.mark.parametrize("resolve", ["dlsym", "proc"])
@@ -137,7 +116,6 @@ def test_switching_contexts_charges_each_launch_to_its_device(pattern: str, reso
     if os.geteuid() != 0:
         pytest.skip("needs root (device nodes)")
     g0, g1 = run_pattern(tmp_path, pattern, resolve)
-    print(pattern, resolve, g0, g1)
     # right: ~25 % each (the loop alternates); GPU 0 launches taken for GPU 1: ~50 %;
     # GPU 1 launches charged to GPU 0: ~12.5 % each
     assert 18 <= g0 <= 32, f"{pattern}/{resolve}: GPU 0 at {g0:.1f} % under a 25 % limit (GPU 1 {g1:.1f} %)"
@@ -148,26 +126,12 @@ def test_threads_on_two_devices_each_charge_their_own(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (device nodes)")
     g0, g1 = run_pattern(tmp_path, "threads", "dlsym")
-    print(g0, g1)
     assert 18 <= g0 <= 32, f"GPU 0 at {g0:.1f} % under a 25 % limit"
     # GPU 1 has no limit: its thread keeps it busy (charged to GPU 0, it would get ~25 % at most)
     assert g1 >= 60, f"GPU 1 (no limit) at {g1:.1f} %"
 
 
-EX_LOOP = r"""
-import ctypes as C, sys, time
-cu = C.CDLL("libcuda.so.1")
-def ok(name, *a):
-    f = getattr(cu, name); f.restype = C.c_int
-    r = f(*a)
-    if r: raise SystemExit(f"{name} returned {r}")
-ok("cuInit", 0)
-ctx = C.c_void_p(); ok("cuDevicePrimaryCtxRetain", C.byref(ctx), 0); ok("cuCtxSetCurrent", ctx)
-mod, fn = C.c_void_p(), C.c_void_p()
-ok("cuModuleLoadData", C.byref(mod), b"any image"); ok("cuModuleGetFunction", C.byref(fn), mod, b"busy")
-class Cfg(C.Structure):
-    _fields_ = [("g", C.c_uint * 3), ("b", C.c_uint * 3), ("shmem", C.c_uint),
-                ("stream", C.c_void_p), ("attrs", C.c_void_p), ("nattrs", C.c_uint)]
+EX_LOOP = CU_PRELUDE + r"""
 cfg = Cfg((C.c_uint * 3)(1, 1, 1), (C.c_uint * 3)(1, 1, 1), 0, None, None, 0)
 end = time.monotonic() + float(sys.argv[1])
 n = 0
@@ -192,24 +156,5 @@ def test_a_launch_the_driver_reenters_is_charged_once(tmp_path: Path) -> None:
     driver = H.make_driver(tmp_path / "sim", gpus=1, memory_mib=4096)
     env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="100", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT="25",
                      CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB))
-    warmup, window = 1.0, 4.0
-    p = subprocess.Popen([sys.executable, "-c", EX_LOOP, str(warmup + window + 0.5)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        def busy() -> int:
-            slot = read_state(tmp_path / "state").proc(p.pid, 0)
-            return slot.busy_ns if slot else 0
-
-        time.sleep(warmup)
-        b0, t0 = busy(), time.monotonic()
-        time.sleep(window)
-        b1, t1 = busy(), time.monotonic()
-        out, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 0, err
-    assert int(out) > 0
-    share = 100 * (b1 - b0) / ((t1 - t0) * 1e9)
+    share, = loop_share(tmp_path / "state", [sys.executable, "-c", EX_LOOP], env)
     assert 20 <= share <= 26.5, f"cuLaunchKernelEx: {share:.1f} % of the GPU (~24 % asked) under a 25 % limit"
