@@ -45,11 +45,6 @@ _PR_SET_PDEATHSIG = 1
 _SIGKILL = 9
 
 
-def new_token() -> str:
-    """A fresh server name for one create: 32 hex digits."""
-    return os.urandom(16).hex()
-
-
 def listen(token: str) -> int:
     """The server's listening socket (close-on-exec: runc never holds it); OSError when
     the name is taken."""

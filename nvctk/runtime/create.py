@@ -29,7 +29,6 @@ from nvctk.base.errors import (
 from nvctk.base.log import Logger, exit_now, report_error
 from nvctk.base.record import Record
 from nvctk.edits import PLAN_FILE, SERVED_FLAG
-from nvctk.hook import served as prestart_server
 from nvctk.host.paths import find_hook, hook_config_path
 from nvctk.oci import runc_argv as ra
 from nvctk.oci import spec as oci
@@ -462,7 +461,7 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
             "is skipped)"
         )
     bundle = args.bundle
-    token = prestart_server.new_token()
+    token = os.urandom(16).hex()  # the name of this create's prestart server, if it has one
     try:
         bundle = args.bundle_dir()
         prepared = prepare_bundle(bundle, config, config_error, argv0=argv0, logger=logger,
@@ -497,7 +496,7 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
         return _create_and_clean_up(runtime, args, prepared.vgpu_dir, config, fail, logger,
                                     listener)
     if listener >= 0:
-        prestart_server.start(listener, None)  # it serves the hook of the runc this process becomes
+        _serve(listener, None)  # the hook of the runc this process becomes
     try:
         ra.exec_runtime(runtime, args.argv)
     except OSError as e:
@@ -510,11 +509,21 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
 def _listen(token: str, logger: Logger) -> int:
     """The prestart server's socket; -1 (the hook then runs by itself) when it cannot be
     made."""
+    # start time: GPU creates only (nvctk._sys is a dlopen); a no-GPU create loads neither
+    from nvctk.hook import served
+
     try:
-        return prestart_server.listen(token)
+        return served.listen(token)
     except OSError as e:
         logger.warning(f"the prestart hook runs by itself: no server socket ({e})")
         return -1
+
+
+def _serve(listener: int, runc: int | None) -> None:
+    """Fork the prestart's server on `listener` (nvctk.hook.served.start)."""
+    from nvctk.hook import served  # loaded by _listen
+
+    served.start(listener, runc)
 
 
 # what a supervisor sends its runtime to stop or tell it something: passed on to runc
@@ -574,7 +583,7 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
             os._exit(code)
     child = pid
     if listener >= 0:
-        prestart_server.start(listener, child)  # beside runc: it serves that runc's hook
+        _serve(listener, child)  # beside runc: it serves that runc's hook
         os.close(listener)
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # pending ones are forwarded now
     _, status = os.waitpid(pid, 0)  # a forwarded signal interrupts it; Python resumes it

@@ -44,6 +44,11 @@ def rc(sim_host: SimHost, tmp_path: Path) -> Iterator[Runc]:
         yield r
 
 
+def _token() -> str:
+    """A server name as nvctk-runtime makes one: 32 hex digits."""
+    return os.urandom(16).hex()
+
+
 def _log(sim_host: SimHost, cid: str) -> list[str]:
     """The nvctk log's lines about container cid."""
     path = nvconfig.load(sim_host.config_path).log_file
@@ -114,7 +119,7 @@ def _plain_runc(rc: Runc, b: Path) -> tuple[str, subprocess.CompletedProcess[str
 
 
 def test_without_a_server_the_hook_runs_by_itself(rc: Runc, sim_host: SimHost) -> None:
-    b = _edited(rc, sim_host, served.new_token())
+    b = _edited(rc, sim_host, _token())
     cid, r = _plain_runc(rc, b)
     assert r.returncode == 0, r.stderr
     assert _gpu0(r.stdout, sim_host), r.stdout
@@ -138,7 +143,7 @@ def test_the_hook_never_talks_to_a_stranger(rc: Runc, sim_host: SimHost) -> None
     """Someone else (root, but neither runc nor the one who started it) holds the
     server's name: the launcher hands it nothing, runs the prestart itself, and the
     container gets its GPU."""
-    token = served.new_token()
+    token = _token()
     b = _edited(rc, sim_host, token)
     with subprocess.Popen([sys.executable, "-c", STRANGER, token], stdout=subprocess.PIPE,
                           text=True) as stranger:
@@ -172,7 +177,7 @@ def _ask(token: str, state: bytes) -> bytes:
 def test_the_server_answers_only_children_of_its_runc() -> None:
     """The server's parent (this test) stands for the runtime that became runc: this
     process, no child of itself, is closed unanswered; a child of it is answered."""
-    token = served.new_token()
+    token = _token()
     listener = served.listen(token)
     server = os.fork()
     if server == 0:
