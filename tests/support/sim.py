@@ -4,14 +4,15 @@ _sim.host`), and own_sim() for a module that needs a host of its own."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nvctk import _sys
 from nvctk.base import config as nvconfig
+from nvctk.hook import mount as m
 from nvctk.host.inventory import HostInfo
 from nvctk.host.nvml import query_host
 from nvctk.sim import host as simhost
@@ -64,25 +65,11 @@ def show_sim_pci(sim_root: str) -> None:
     the DRM nodes and by-path links a real host's would. A /sys/devices/pci* the host
     lacks is left out (sysfs takes no new directories): NCT then finds no DRM nodes.
     """
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
-
-    def mount(src: bytes | None, dst: bytes, flags: int) -> None:
-        if libc.mount(src, dst, None, flags, None) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"mount {src!r} on {dst!r}: {os.strerror(e)}")
-
-    if libc.unshare(_CLONE_NEWNS) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"unshare(CLONE_NEWNS): {os.strerror(e)}")
-    mount(None, b"/", _MS_REC | _MS_SLAVE)
+    _sys.unshare(m.CLONE_NEWNS)
+    _sys.mount(None, "/", None, m.MS_REC | m.MS_SLAVE, None)
     sys_dir = Path(sim_root) / "sys"
-    mount(bytes(sys_dir / "bus/pci/devices"), b"/sys/bus/pci/devices", _MS_BIND)
+    _sys.mount(sys_dir / "bus/pci/devices", "/sys/bus/pci/devices", None, m.MS_BIND, None)
     for d in sorted(sys_dir.glob("devices/pci*")):
         dst = Path("/sys/devices") / d.name
         if dst.is_dir():
-            mount(bytes(d), bytes(dst), _MS_BIND)
-
-
-_CLONE_NEWNS = 0x00020000
-_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000
+            _sys.mount(d, dst, None, m.MS_BIND, None)
