@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from nvctk.hook import served
 from nvctk.runtime.create import prepare_bundle
 from nvctk.sim.host import SimHost
 from support.runc import RUNTIME, Runc, containers
+from support.runtime import BIN
 from support.wait import line, until
 
 pytestmark = [
@@ -32,6 +34,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("runc") is None, reason="needs runc"),
 ]
 
+HOOK = os.path.join(BIN, "nvctk-hook")
 SMI = ["sh", "-c", "nvidia-smi -L"]
 DONE = "prestart done"
 SERVED = "prestart done, served by nvctk-runtime"
@@ -212,3 +215,41 @@ def test_the_server_answers_only_children_of_its_runc() -> None:
             os.waitpid(server, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+@pytest.mark.parametrize(("answer", "code", "stderr"), [
+    (b"\x07it went wrong\n", 7, "it went wrong\n"),  # relayed as given
+    (b"", 1, "nvctk-hook: prestart: nvctk-runtime's prestart server ended without an answer\n"),
+])
+def test_the_launcher_relays_the_servers_answer(answer: bytes, code: int, stderr: str) -> None:
+    """The launcher run by this process (its "runc") trusts the socket this process made,
+    hands it its stdin whole, and exits with the server's code and text; a server that
+    closes without one is a failure, never a silent success."""
+    from nvctk import _sys
+
+    token = _token()
+    listener = served.listen(token)
+    got: list[bytes] = []
+
+    def server() -> None:
+        conn, _, _ = _sys.accept_peer(listener)
+        try:
+            chunks = []
+            while chunk := os.read(conn, 65536):
+                chunks.append(chunk)
+            got.append(b"".join(chunks))
+            if answer:
+                os.write(conn, answer)
+        finally:
+            os.close(conn)
+
+    t = threading.Thread(target=server, daemon=True)
+    t.start()
+    try:
+        r = subprocess.run([HOOK, "prestart", "--served", token], input=b'{"id": "x"}',
+                           capture_output=True, timeout=60)
+    finally:
+        t.join(timeout=60)
+        os.close(listener)
+    assert got == [b'{"id": "x"}']
+    assert (r.returncode, r.stderr.decode()) == (code, stderr)
