@@ -79,7 +79,6 @@ def test_sm_share_converges(tmp_path: Path) -> None:
         "s25": [("25", 25)], "s50": [("50", 50)], "s75": [("75", 75)],
         "split": [("30", 30), ("70", 70)],  # two containers on one GPU
     })
-    print(got)
     for pct in (25, 50, 75):
         assert abs(got[str(pct)] - pct) <= 10, got
     assert abs(got["30"] - 30) <= 10 and abs(got["70"] - 70) <= 10, got
@@ -100,7 +99,6 @@ def test_sm_share_asynchronous_launches(tmp_path: Path) -> None:
     backlog: dict[str, float] = {}
     got = measure(driver, tmp_path, {"s50": [("50", 50)], "split": [("30", 30), ("70", 70)]}, backlog,
                   NVSIM_ASYNC="1")
-    print(got, backlog)
     # work queued ahead stays within the budget (the burst is 20 ms x share);
     # charged by the launch call's duration it would reach the mock's queue
     # limit, 1024 kernels = 2 s, and the share would be wrong until then
@@ -124,7 +122,6 @@ def test_sm_share_with_mostly_untimed_launches(tmp_path: Path) -> None:
     logs: dict[str, str] = {}
     got = measure(driver, tmp_path, {"s50": [("50", 50)], "split": [("30", 30), ("70", 70)]},
                   kernel_us=100, logs=logs, NVSIM_ASYNC="1", LIBVGPU_LOG_LEVEL="debug")
-    print(got)
     assert abs(got["50"] - 50) <= 10, got
     assert abs(got["30"] - 30) <= 10 and abs(got["70"] - 70) <= 10, got
     assert got["70"] - got["30"] >= 25, got
