@@ -176,7 +176,7 @@ VgpuPlan = Vgpu  # the old name
 class Edits(Record):
     __slots__ = ("driver_version", "capabilities", "gpu_uuids", "devices",  # noqa: RUF023
                  "mounts", "symlinks", "proc_mask", "lib_dir", "ldconfig", "env", "vgpu",
-                 "hooks", "remove_hooks", "seccomp_block_userns", "pins", "log")
+                 "hooks", "remove_hooks", "seccomp_block_userns", "pins", "log", "selected")
 
     def __init__(
         self,
@@ -196,6 +196,7 @@ class Edits(Record):
         seccomp_block_userns: bool | None = None,
         pins: tuple[str, ...] | None = None,
         log: LogSettings | None = None,
+        selected: tuple[str, ...] = (),
     ) -> None:
         # provenance (what was asked and found; the writers apply none of it)
         self.driver_version = driver_version
@@ -226,6 +227,9 @@ class Edits(Record):
         # VGPU_PINS for a vGPU container, else none)
         self.pins = (VGPU_PINS if vgpu is not None else ()) if pins is None else pins
         self.log = log  # the hook's log settings (None: the hook reads nvctk's config)
+        # the selected devices' UUIDs (a MIG device's own) in the order libvgpu indexes
+        # them: what the runtime decided, for readers of the saved form (the monitor)
+        self.selected = selected
 
     def has_hook_work(self) -> bool:
         """Whether the prestart hook has anything to do in the container."""
@@ -264,6 +268,7 @@ class Edits(Record):
             d["pins"] = tuple(d["pins"])
         if d.get("log") is not None:
             d["log"] = LogSettings(**d["log"])
+        d["selected"] = tuple(d.get("selected", ()))  # () in a form saved before it
         return cls(**d)
 
 
@@ -282,12 +287,29 @@ def hook_env(nvctk_config: str | None) -> tuple[str, ...]:
     return (HOOK_PATH_ENV, f"NVCTK_CONFIG={nvctk_config}") if nvctk_config else (HOOK_PATH_ENV,)
 
 
-def prestart_hook(hook_path: str, nvctk_config: str | None, timeout: int = 0,
-                  served: str | None = None) -> Hook:
-    """`nvctk-hook prestart`; `--served TOKEN` when nvctk-runtime serves this create's
-    prestart (nvctk.hook.served): the hook then hands its state to that server."""
-    args = (HOOK_NAME, "prestart", SERVED_FLAG, served) if served else (HOOK_NAME, "prestart")
-    return Hook("prestart", hook_path, args, hook_env(nvctk_config), timeout)
+def prestart_hook(hook_path: str, nvctk_config: str | None, timeout: int = 0) -> Hook:
+    """`nvctk-hook prestart`: the one builder of nvctk's prestart hook."""
+    return Hook("prestart", hook_path, (HOOK_NAME, "prestart"), hook_env(nvctk_config), timeout)
+
+
+def is_prestart_hook(hook: Hook) -> bool:
+    """nvctk's own prestart hook (served or not)."""
+    return hook.stage == "prestart" and hook.args[:2] == (HOOK_NAME, "prestart")
+
+
+def with_server(edits: Edits, token: str) -> Edits:
+    """The form with its prestart hook handing its state to nvctk-runtime's server named
+    `token` (`--served TOKEN`, nvctk.hook.served); the form unchanged when it has none."""
+    return edits.replace(hooks=tuple(
+        Hook(h.stage, h.path, (*h.args[:2], SERVED_FLAG, token), h.env, h.timeout)
+        if is_prestart_hook(h) else h for h in edits.hooks))
+
+
+def saved_part(edits: Edits) -> Edits:
+    """What the prestart hook reads of the form (saved beside the spec): nvctk's own mounts
+    and hooks only; a foreign CDI spec's are runc's to make, verbatim."""
+    return edits.replace(mounts=tuple(m for m in edits.mounts if m.options is None),
+                         hooks=tuple(h for h in edits.hooks if h.args[:1] == (HOOK_NAME,)))
 
 # nvctk-hook's CDI hook commands (`nvctk cdi generate` writes cdi-edits; specs written
 # before it have create-symlinks and update-ldcache) and the flags each takes

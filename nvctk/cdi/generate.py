@@ -1,9 +1,10 @@
 """`nvctk cdi generate`: the host's edits forms written out as a CDI spec (REFERENCE §7).
 
 The spec is a thin writer of the edits form (nvctk.edits): the device nodes, mounts
-and links come from nvctk.plan.planner's functions (the ones a container's form is made
-of), computed once for every GPU and MIG device of the host and every capability, then
-written out as CDI containerEdits. Each device's links (the common ones and its own) and
+and links come from the one planner (nvctk.plan.make.plan_container, as a container's
+form does), for every capability and each GPU and MIG device asked for (`cdi_spec`:
+the host's all for `nvctk cdi generate`, a claim's for the DRA driver), then written out
+as CDI containerEdits. Each device's links (the common ones and its own) and
 the ld.so.cache refresh are one `nvctk-hook cdi-edits` createRuntime hook, which runs
 the prestart hook's hardened steps (nvctk.hook.worker.apply_plan); nvctk-runtime's CDI
 mode decodes it back into the form (nvctk.cdi.resolve) and runs none of it.
@@ -24,18 +25,15 @@ from typing import Any, Literal
 
 from nvctk.base import fileio
 from nvctk.base.config import ALL_CAPABILITIES
-from nvctk.cdi.compose import (
-    DEBIAN_LIB_DIR,
-    Selected,
-    drm_nodes,
-    plan_devices,
-    plan_drm_links,
-    plan_mounts,
-    plan_symlinks,
-)
 from nvctk.cdi.load import CLASS, VENDOR, CdiError, bind_options
 from nvctk.edits import DeviceNode, Edits, Mount, Symlink, container_path_of_host
+from nvctk.host import discover
 from nvctk.host import driver as nvdriver
+from nvctk.host.image import ImageFacts
+from nvctk.host.paths import context
+from nvctk.plan import make
+from nvctk.plan.mounts import plan_symlinks
+from nvctk.plan.select import Selected, select_devices
 from nvctk.request.parse import Request
 
 TYPE_CHECKING = False
@@ -105,43 +103,62 @@ def _extra_mounts(files: nvdriver.DriverFiles, lib_dir: str) -> list[Mount]:
     return out
 
 
-def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...]
+def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...], hook_path: str,
+               devices: tuple[str, ...] | None = None
                ) -> tuple[Edits, list[tuple[list[str], Edits]]]:
-    """The forms of every GPU and MIG device of `host` (NVML order) with every capability
-    but compat32 (a CDI spec names no image, so it cannot place 32-bit libraries):
-    (what every container gets whatever its devices, [(names, what the device adds)])."""
+    """The forms of the host's GPU and MIG devices (`devices`: their ids, as
+    NVIDIA_VISIBLE_DEVICES names them; None: every one, NVML order) with every
+    capability but compat32 (a CDI spec names no image, so it cannot place 32-bit
+    libraries): (what every container gets whatever its devices, [(names, what the
+    device adds)]). Each is plan_container's form, on one discovery of them all."""
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad or not strategies:
         raise CdiError(f"unknown device name strategy {(bad or [''])[0]!r} "
                        f"(one of {', '.join(STRATEGIES)})")
     caps = tuple(c for c in ALL_CAPABILITIES if c != "compat32")
-    files = nvdriver.discover_files(config.driver_root, host.driver_version, caps)
-    cuda = next(iter(files.libraries.get("compute", ())), None)
-    lib_dir = container_path_of_host(files.driver_root, os.path.dirname(cuda)) if cuda \
-        else DEBIAN_LIB_DIR
+    wanted = Request(devices or (), all_devices=devices is None, capabilities=caps,
+                     source="the devices of the CDI spec")
+    selected = select_devices(wanted, host)
+    # no image: the libraries go where the host has them (ImageFacts.host_layout)
+    facts = discover.discover(wanted, config, host, [(s.gpu, s.mig) for s in selected],
+                              ImageFacts(host_layout=True))
+    ctx = context(config, hook_path=hook_path)
 
-    request = Request(all_devices=True, capabilities=caps)
-    # what every container gets whatever its devices: nvidiactl, uvm, modeset
-    common = plan_devices(request, [], files, [])
-    mounts = plan_mounts(request, files, config, lib_dir, lib_dir)
+    def plan(sel: list[Selected]) -> Edits:
+        ids = tuple(s.gpu.uuid if s.mig is None else s.mig.uuid for s in sel)
+        return make.plan_container(Request(ids, capabilities=caps), config, facts, ctx)
+
+    # what every container gets whatever its devices: nvidiactl, uvm, modeset, the files
+    common = plan([])
+    lib_dir = common.lib_dir
+    mounts = list(common.mounts)
     first = {m.container_path for m in mounts}
-    mounts += [m for m in _extra_mounts(files, lib_dir) if m.container_path not in first]
-    symlinks = plan_symlinks(mounts, lib_dir, host.driver_version)
-
-    selected = [Selected(g) for g in host.gpus]
-    selected += [Selected(g, m) for g in host.gpus for m in g.mig_devices]
-    devices = []
-    common_paths = {d.path for d in common}
+    mounts += [m for m in _extra_mounts(facts.files, lib_dir) if m.container_path not in first]
+    out = []
+    common_nodes = {d.path for d in common.devices}
     for sel in selected:
-        drm = drm_nodes(request, [sel], files)
-        nodes = [d for d in plan_devices(request, [sel], files, drm) if d.path not in common_paths]
+        own = plan([sel])
         names = list(dict.fromkeys(device_names(sel, s) for s in strategies))
-        devices.append((names, Edits(host.driver_version, caps, (sel.gpu.uuid,),
-                                     devices=tuple(nodes), symlinks=tuple(plan_drm_links(drm)),
-                                     ldconfig="")))
-    return (Edits(host.driver_version, caps, (), devices=tuple(common), mounts=tuple(mounts),
-                  symlinks=tuple(symlinks), lib_dir=lib_dir, ldconfig=config.ldconfig),
-            devices)
+        out.append((names, Edits(host.driver_version, caps, (sel.gpu.uuid,),
+                                 devices=tuple(d for d in own.devices if d.path not in common_nodes),
+                                 symlinks=tuple(s for s in own.symlinks
+                                                if s not in common.symlinks),
+                                 ldconfig="")))
+    return (common.replace(gpu_uuids=(), mounts=tuple(mounts), symlinks=tuple(
+                plan_symlinks(mounts, lib_dir, host.driver_version)), proc_mask=None,
+                hooks=(), remove_hooks=(), log=None, selected=()),
+            out)
+
+
+def cdi_spec(config: Config, host: HostInfo, hook_path: str, *,
+             devices: tuple[str, ...] | None = None,
+             strategies: tuple[str, ...] = ("index", "uuid"), vendor: str = VENDOR,
+             cls: str = CLASS, hook_env: list[str] | None = None) -> dict[str, Any]:
+    """The CDI spec for these devices of the host (ids as NVIDIA_VISIBLE_DEVICES names
+    them; None: every GPU and MIG device): `nvctk cdi generate`'s, and the DRA driver's
+    for a claim's devices."""
+    common, edits = host_edits(config, host, strategies, hook_path, devices)
+    return make_spec(common, edits, hook_path, vendor=vendor, cls=cls, hook_env=hook_env)
 
 
 # --- the CDI spec ----------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from nvctk.cdi.load import (
     Resolved,
     _edit_problem,
     check_host_binds,
+    check_vendors,
+    resolve,
 )
 from nvctk.edits import (
     CDI_HOOK_FLAGS,
@@ -33,10 +35,14 @@ from nvctk.edits import (
     Symlink,
     cdi_hook_args,
 )
+from nvctk.host.facts import CdiFacts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal
+
+    from nvctk.base.config import Config
+    from nvctk.request.parse import Request
 
 def _own_hook(h: dict[str, Any]) -> tuple[tuple[Symlink, ...], str | None] | None:
     """Links and folder of an nvctk-hook CDI hook, None for any other hook."""
@@ -170,3 +176,14 @@ def to_edits(devices: list[Resolved], *, ldconfig: str, bundle: str | None = Non
         env=env,
         hooks=tuple(hooks),
     )
+
+
+def cdi_facts(request: Request, config: Config, bundle: str, spec: dict[str, Any],
+              cache_dir: str | None = None) -> CdiFacts:
+    """CDI mode's discovery: the request's devices (of the vendors in cdi-vendors only)
+    loaded from the spec dirs (cache_dir: the parsed specs' cache) and decoded into the
+    form's parts, checked against the OCI spec's host binds."""
+    assert request.cdi_devices is not None
+    check_vendors(request.cdi_devices, config.cdi_vendors, request.source)
+    resolved = resolve(request.cdi_devices, config.cdi_spec_dirs, cache_dir)
+    return CdiFacts(to_edits(resolved, ldconfig=config.ldconfig, bundle=bundle, spec=spec))

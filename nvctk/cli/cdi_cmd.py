@@ -42,12 +42,11 @@ def generate(ctx: click.Context, output: str | None, fmt: str | None,
         fmt = "json" if output and output.endswith(".json") else "yaml"
     cfg = load_config(ctx)
     host = nvml.query_host(cfg.driver_root)
-    common, devices = cdi_generate.host_edits(cfg, host, strategies or ("index", "uuid"))
     root = ctx.find_root().obj or {}
     config_path = root.get("config_path") or os.environ.get("NVCTK_CONFIG")
     env = [f"NVCTK_CONFIG={os.path.abspath(config_path)}"] if config_path else []
-    spec = cdi_generate.make_spec(common, devices, find_hook(cfg), vendor=vendor, cls=cls,
-                                  hook_env=env)
+    spec = cdi_generate.cdi_spec(cfg, host, find_hook(cfg), strategies=strategies or
+                                 ("index", "uuid"), vendor=vendor, cls=cls, hook_env=env)
     data = cdi_generate.dump(spec, "json" if fmt == "json" else "yaml")
     if output is None:
         sys.stdout.buffer.write(data)

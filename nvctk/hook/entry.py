@@ -27,7 +27,7 @@ from nvctk.base.log import HookLog
 from nvctk.base.record import Record
 from nvctk.edits import PLAN_FILE
 from nvctk.hook.inputs import load_plan, parse_state, rootfs_path, sanitize_environ
-from nvctk.oci.spec import bundle_in_rootfs, load_spec_as_runc
+from nvctk.oci.spec import check_bundle_outside_rootfs, load_spec_as_runc
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -104,10 +104,7 @@ def _read_inputs(run_: HookRun, inputs: int) -> str | None:
     run_.rootfs = rootfs_path(state, run_.spec)
     if inputs < PLAN:
         return None
-    if bundle_in_rootfs(state.bundle, run_.rootfs):
-        # the container's own files would be the plan naming host paths to mount
-        raise SpecError(f"rootfs {run_.rootfs} contains the bundle {state.bundle}: refusing "
-                        f"to trust {PLAN_FILE} there")
+    check_bundle_outside_rootfs(state.bundle, run_.rootfs)
     run_.plan = load_plan(state.bundle)
     if run_.plan is None:
         return (f"no {PLAN_FILE} in {state.bundle}: nvctk-runtime made no plan for this "

@@ -1,4 +1,5 @@
-"""Discovery: every host and image fact a GPU container's plan needs, read once.
+"""Discovery: every host and image fact a GPU container's plan needs, read once (into
+nvctk.host.facts' records).
 
 The planner (nvctk.plan) does no I/O: what it decides from lives in the records made
 here. A fact that could not be read is kept as what went wrong (a missing node is None,
@@ -13,11 +14,11 @@ import stat
 
 from nvctk.base.errors import NvctkError, UnknownDeviceError
 from nvctk.base.fileio import read_regular_file
-from nvctk.base.record import Record
 from nvctk.host import cache as host_cache
 from nvctk.host import driver as nvdriver
+from nvctk.host.facts import DeviceFacts, Facts
 from nvctk.host.inventory import proc_bus_id
-from nvctk.host.paths import find_hook, hook_config_path, require_vgpu_library
+from nvctk.host.paths import require_vgpu_library
 from nvctk.request.parse import asks_for_vgpu, expanded_capabilities
 
 TYPE_CHECKING = False
@@ -32,65 +33,10 @@ if TYPE_CHECKING:
 
     T = TypeVar("T")
 
-DEFAULT_RUNTIME_ROOT = "/run/runc"  # runc's --root when none is given (as nvctk.vgpu.state's)
 DEFAULT_MPS_PIPE_DIR = "/tmp/nvidia-mps"
 # nodes every plan may use; a missing one matters only to a request that needs it
 COMMON_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 CAPS_NODE = "nvidia-caps"  # its /proc/devices name, and the dir of the cap nodes
-
-
-class DeviceFacts(Record):
-    """The host's device nodes as the kernel has them (their numbers are never
-    hard-coded: nvidia-uvm's and nvidia-caps' majors are dynamic)."""
-
-    __slots__ = ("dev_dir", "nodes", "proc_majors", "cap_minors", "drm")  # noqa: RUF023
-
-    def __init__(self, dev_dir: str = "/dev",
-                 nodes: dict[str, tuple[int, int] | str | None] | None = None,
-                 proc_majors: dict[str, int] | None = None,
-                 cap_minors: dict[str, int | str] | None = None,
-                 drm: dict[str, tuple[str, ...]] | None = None) -> None:
-        self.dev_dir = dev_dir
-        # path under dev_dir -> (major, minor); None: missing; str: why it is unusable
-        self.nodes: dict[str, tuple[int, int] | str | None] = nodes or {}
-        # /proc/devices: driver name -> major (read only when a caps node is missing)
-        self.proc_majors: dict[str, int] = proc_majors or {}
-        # capabilities/<rel> access file -> its DeviceFileMinor, or why it cannot be read
-        self.cap_minors: dict[str, int | str] = cap_minors or {}
-        # sysfs bus id -> its DRM node names (card before renderD)
-        self.drm: dict[str, tuple[str, ...]] = drm or {}
-
-
-class Facts(Record):
-    """Everything make_edits decides from, besides the request and the config."""
-
-    __slots__ = ("host", "files", "devices", "image", "mps_dir",  # noqa: RUF023
-                 "extra_mount_kinds", "authority_key", "vgpu_library", "hook_path",
-                 "nvctk_config", "runtime_root", "vgpu_state_dir", "served")
-
-    def __init__(self, host: HostInfo, files: nvdriver.DriverFiles, devices: DeviceFacts,
-                 image: ImageFacts, *, mps_dir: str | None = None,
-                 extra_mount_kinds: dict[str, str] | None = None,
-                 authority_key: bytes | NvctkError | None = None,
-                 vgpu_library: str | NvctkError = "", hook_path: str = "nvctk-hook",
-                 nvctk_config: str | None = None, runtime_root: str = DEFAULT_RUNTIME_ROOT,
-                 vgpu_state_dir: str = "", served: str | None = None) -> None:
-        self.host = host
-        self.files = files
-        self.devices = devices
-        self.image = image
-        self.mps_dir = mps_dir  # the host's MPS pipe dir (a real dir, not a link); None: none
-        # extra-mounts host path -> "file" | "dir"
-        self.extra_mount_kinds: dict[str, str] = extra_mount_kinds or {}
-        self.authority_key = authority_key  # read only when the request has vGPU annotations
-        self.vgpu_library = vgpu_library  # libvgpu.so's host path ("" not looked for)
-        self.hook_path = hook_path  # nvctk-hook's absolute path
-        self.nvctk_config = nvctk_config  # NVCTK_CONFIG made absolute, for the hooks
-        self.runtime_root = runtime_root  # runc's --root, absolute and normalised
-        self.vgpu_state_dir = vgpu_state_dir  # this container's vGPU state dir ("" none)
-        # the token of nvctk-runtime's prestart server for this create (None: the hook
-        # runs by itself; nvctk.hook.served)
-        self.served = served
 
 
 # --- the inventory ----------------------------------------------------------------------------
@@ -218,12 +164,6 @@ def extra_mount_kinds(config: Config) -> dict[str, str]:
             for em in config.extra_mounts}
 
 
-def absolute_runtime_root(runtime_root: str | None) -> str:
-    """runc's --root as the hooks need it: runc resolves a relative one against its cwd,
-    the hook runs in the bundle."""
-    return os.path.normpath(os.path.abspath(runtime_root or DEFAULT_RUNTIME_ROOT))
-
-
 def or_error(read: Callable[[], T]) -> T | NvctkError:
     try:
         return read()
@@ -232,14 +172,10 @@ def or_error(read: Callable[[], T]) -> T | NvctkError:
 
 
 def discover(request: Request, config: Config, host: HostInfo,
-             selected: Iterable[tuple[GpuInfo, MigInfo | None]], image: ImageFacts, *,
-             argv0: str | None = None, hook_path: str | None = None,
-             runtime_root: str | None = None, vgpu_state_dir: str = "",
-             served: str | None = None) -> Facts:
+             selected: Iterable[tuple[GpuInfo, MigInfo | None]], image: ImageFacts) -> Facts:
     """The facts for planning `request` on `host` with the `selected` (gpu, mig) pairs.
     Reads only what the request can use: the driver files of its capabilities, the
-    nodes of its devices, the vGPU facts only when it may set a limit.
-    hook_path: nvctk-hook's path when the caller knows it (else find_hook(config, argv0))."""
+    nodes of its devices, the vGPU facts only when it may set a limit."""
     caps = expanded_capabilities(request.capabilities)
     files = nvdriver.discover_files(config.driver_root, host.driver_version, caps)
     devices = device_facts(files, selected, caps, request.mig_config, request.mig_monitor)
@@ -255,9 +191,4 @@ def discover(request: Request, config: Config, host: HostInfo,
         extra_mount_kinds=extra_mount_kinds(config),
         authority_key=key,
         vgpu_library=or_error(lambda: require_vgpu_library(config)) if vgpu else "",
-        hook_path=hook_path or find_hook(config, argv0),
-        nvctk_config=hook_config_path(),
-        runtime_root=absolute_runtime_root(runtime_root),
-        vgpu_state_dir=vgpu_state_dir,
-        served=served,
     )

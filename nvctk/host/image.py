@@ -29,11 +29,13 @@ _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012345678
 class ImageFacts(Record):
     """What the plan needs from the container image."""
 
-    __slots__ = ("rootfs", "debian", "root_readonly", "libc", "preload_entries")  # noqa: RUF023
+    __slots__ = ("rootfs", "debian", "root_readonly", "libc", "preload_entries",  # noqa: RUF023
+                 "host_layout")
 
     def __init__(self, rootfs: str | None = None, debian: bool = False,
                  root_readonly: bool = False, libc: str | None = None,
-                 preload_entries: tuple[str, ...] | NvctkError = ()) -> None:
+                 preload_entries: tuple[str, ...] | NvctkError = (),
+                 host_layout: bool = False) -> None:
         self.rootfs = rootfs  # None: not known (the vGPU checks of the image are skipped)
         self.debian = debian  # /etc/debian_version: the Debian lib dir layout
         self.root_readonly = root_readonly  # the spec's root.readonly
@@ -42,6 +44,8 @@ class ImageFacts(Record):
         # the image's own /etc/ld.so.preload entries, or why they cannot be read (raised
         # by the plan only for a container that gets libvgpu)
         self.preload_entries = preload_entries
+        # no image (a CDI spec's form): the libraries go to the host's own lib dir
+        self.host_layout = host_layout
 
 
 def image_facts(spec: dict[str, Any], bundle: str, *, vgpu: bool = False) -> ImageFacts:

@@ -5,7 +5,8 @@ libvgpu.so is found, in order, at
   2. <nvctk package>/lib/libvgpu.so (a wheel: setup.py's build_py puts it there),
   3. <repo>/libvgpu/build/libvgpu.so (an editable install of the development tree),
 and is "" when none exists: callers that need it use `require_vgpu_library`, which
-fails with a message saying how to get one. nvctk-hook is found by `find_hook`.
+fails with a message saying how to get one. nvctk-hook is found by `find_hook`; with the
+hooks' config and runc's root it makes this invocation's context for the planner.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 
 from nvctk.base.errors import ConfigError
 from nvctk.edits import HOOK_NAME
+from nvctk.host.facts import DEFAULT_RUNTIME_ROOT, Context
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -89,3 +91,17 @@ def hook_config_path() -> str | None:
     None when unset."""
     value = os.environ.get("NVCTK_CONFIG")
     return os.path.abspath(value) if value else None
+
+
+def context(config: Config, *, argv0: str | None = None, hook_path: str | None = None,
+            runtime_root: str | None = None, vgpu_state_dir: str = "") -> Context:
+    """This invocation's context for the planner (nvctk.host.facts.Context). hook_path:
+    nvctk-hook's path when the caller knows it (else find_hook(config, argv0))."""
+    return Context(hook_path or find_hook(config, argv0), hook_config_path(),
+                   absolute_runtime_root(runtime_root), vgpu_state_dir)
+
+
+def absolute_runtime_root(runtime_root: str | None) -> str:
+    """runc's --root as the hooks need it: runc resolves a relative one against its cwd,
+    the hook runs in the bundle."""
+    return os.path.normpath(os.path.abspath(runtime_root or DEFAULT_RUNTIME_ROOT))

@@ -243,6 +243,16 @@ def bundle_in_rootfs(bundle: str, rootfs: str) -> bool:
     return b == r or b.startswith(r.rstrip("/") + "/")
 
 
+def check_bundle_outside_rootfs(bundle: str, rootfs: str) -> None:
+    """SpecError when the bundle lies inside the rootfs: the runtime and the hooks trust
+    the form saved beside config.json (host paths to bind, a dir to delete), which the
+    container could then rewrite."""
+    if bundle_in_rootfs(bundle, rootfs):
+        raise SpecError(f"{spec_path(bundle)}: root.path {rootfs} contains the bundle {bundle}; "
+                        "a GPU container's rootfs must not hold its own bundle (the container "
+                        "could rewrite what nvctk's hooks read there)")
+
+
 def spec_mounts(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in spec.get("mounts") or () if isinstance(m, dict)]
 

@@ -12,14 +12,14 @@ if TYPE_CHECKING:
 
 
 def plan_hooks(hook_path: str, timeout: int, nvctk_config: str | None, vgpu: bool,
-               runtime_root: str, served: str | None = None) -> tuple[Hook, ...]:
-    """nvctk-hook prestart (served: nvctk-runtime's server token, edits.prestart_hook);
-    with a vGPU also `nvctk-hook poststop --runtime-root ROOT`,
+               runtime_root: str) -> tuple[Hook, ...]:
+    """nvctk-hook prestart (nvctk-runtime names its server in it after planning:
+    edits.with_server); with a vGPU also `nvctk-hook poststop --runtime-root ROOT`,
     which removes the vGPU state dir. The root (absolute, discovery's: runc resolves a
     relative --root against its cwd, the hook runs in the bundle), with the id runc
     passes in the state, names the dir: runc keeps each container's own copy of its
     hooks, while the bundle's form is the last create's (two containers from one bundle)."""
-    hooks = [prestart_hook(hook_path, nvctk_config, timeout, served)]
+    hooks = [prestart_hook(hook_path, nvctk_config, timeout)]
     if vgpu:
         try:
             runtime_root.encode()

@@ -1,25 +1,30 @@
-"""request + discovery's facts -> Edits (nvctk.edits, the one form). No I/O.
+"""request + facts + context -> Edits (nvctk.edits, the one form). No I/O.
 
-The steps: select (nvctk.plan.select, done before discovery: it says which nodes to
+plan_container is the one planner: nvctk-runtime's legacy and CDI modes, `nvctk cdi
+generate` (and through it the per-claim specs of the DRA driver) all call it, and differ
+only in what they ask for (the request), what discovery read for it (legacy: the host's
+Facts; CDI mode: the CdiFacts of the named devices) and where the form goes. The legacy
+steps: select (nvctk.plan.select, also done before discovery: it says which nodes to
 look at), requirements, devices, mounts, symlinks, vgpu, hooks. Each is a function of
 plain records; this module only strings them together.
 """
 
 from __future__ import annotations
 
-from nvctk.edits import Edits, ProcMask
+from nvctk.base.errors import RequestError
+from nvctk.edits import Edits, ProcMask, prestart_hook
 from nvctk.host.inventory import proc_bus_id  # records only: no I/O
 from nvctk.plan.devices import drm_nodes, plan_devices, plan_drm_links
 from nvctk.plan.hooks import hook_log, plan_hooks, removed_hooks
 from nvctk.plan.mounts import container_lib_dirs, plan_mounts, plan_symlinks
-from nvctk.plan.select import requirement_facts
+from nvctk.plan.select import requirement_facts, select_devices, vgpu_devices
 from nvctk.request.parse import asks_for_vgpu
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.config import Config
     from nvctk.edits import Vgpu
-    from nvctk.host.discover import Facts
+    from nvctk.host.facts import CdiFacts, Context, Facts
     from nvctk.host.inventory import HostInfo
     from nvctk.plan.select import Selected
     from nvctk.request.parse import Request
@@ -35,7 +40,7 @@ def check_requirements(request: Request, host: HostInfo, selected: list[Selected
         check(request.requirements, requirement_facts(host, selected))
 
 
-def make_vgpu(request: Request, config: Config, facts: Facts,
+def make_vgpu(request: Request, config: Config, facts: Facts, context: Context,
               selected: list[Selected]) -> Vgpu | None:
     if not asks_for_vgpu(request):
         return None
@@ -43,22 +48,57 @@ def make_vgpu(request: Request, config: Config, facts: Facts,
     from nvctk.plan.vgpu import plan_vgpu
 
     return plan_vgpu(request, selected, config, facts.image, authority_key=facts.authority_key,
-                     library=facts.vgpu_library, state_dir=facts.vgpu_state_dir)
+                     library=facts.vgpu_library, state_dir=context.vgpu_state_dir)
 
 
-def make_edits(request: Request, config: Config, facts: Facts,
-               selected: list[Selected]) -> Edits:
-    """The form for this request on this host (check_requirements comes first, before
-    discovery). Raises NvctkError subclasses whose message names the culprit."""
+def plan_container(request: Request, config: Config, facts: Facts | CdiFacts,
+                   context: Context) -> Edits:
+    """The form for this request: from the host's facts (legacy mode; check_requirements
+    comes first, before discovery) or from the CDI devices' (CDI mode). Raises NvctkError
+    subclasses whose message names the culprit."""
+    if request.cdi_devices is not None:  # discovery read the CdiFacts of these devices
+        return _plan_cdi(request, config, facts, context)  # type: ignore[arg-type]
+    return _plan_legacy(request, config, facts, context)  # type: ignore[arg-type]
+
+
+# the variables that set vGPU limits (nvctk.vgpu.limits), which CDI mode does not apply
+VGPU_LIMIT_VARS = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
+
+
+def check_cdi_request(request: Request) -> None:
+    """No vGPU limit in CDI mode, which cannot cap (RequestError); a step of its own,
+    before discovery, as check_requirements is (a refused container reads no spec)."""
+    limits = sorted(k for k, v in request.env.items() if k.startswith(VGPU_LIMIT_VARS) and v)
+    limits += [f"annotation {k}" for k, _ in request.vgpu_authority]  # the node's share
+    if limits:
+        raise RequestError(f"{limits[0]}: vGPU limits are not supported in CDI mode (devices "
+                           f"from {request.source}); use plain device ids with mode = "
+                           '"legacy" for a limited GPU')
+
+
+def _plan_cdi(request: Request, config: Config, facts: CdiFacts, context: Context) -> Edits:
+    """CDI mode (check_cdi_request comes first, before discovery): the devices' edits as
+    their specs say them, and nvctk's decisions: one prestart hook for what the form
+    leaves the hook (nvctk's own spec: links, ldconfig, mounts), where the hook logs."""
+    edits = facts.edits
+    if edits.has_hook_work():
+        hook = prestart_hook(context.hook_path, context.nvctk_config, config.hook_timeout)
+        edits = edits.replace(hooks=(hook, *edits.hooks))
+    return edits.replace(log=hook_log(config))
+
+
+def _plan_legacy(request: Request, config: Config, facts: Facts, context: Context) -> Edits:
+    # the selection discovery was made for: a pure function of the same request and host
+    selected = select_devices(request, facts.host)
     files = facts.files
-    lib_dir, lib32_dir = container_lib_dirs(facts.image)
+    lib_dir, lib32_dir = container_lib_dirs(facts.image, files)
     drm = drm_nodes(request, selected, facts.devices)
     devices = plan_devices(request, selected, facts.devices, drm)
     mounts = plan_mounts(request, files, lib_dir, lib32_dir, mps_dir=facts.mps_dir,
                          extra_mounts=config.extra_mounts,
                          extra_mount_kinds=facts.extra_mount_kinds)
     symlinks = plan_symlinks(mounts, lib_dir, facts.host.driver_version) + plan_drm_links(drm)
-    vgpu = make_vgpu(request, config, facts, selected)
+    vgpu = make_vgpu(request, config, facts, context, selected)
     env: dict[str, str] = {}
     pins: tuple[str, ...] = ()
     if vgpu is not None:
@@ -79,12 +119,13 @@ def make_edits(request: Request, config: Config, facts: Facts,
         ldconfig=config.ldconfig,
         env=env,
         vgpu=vgpu,
-        hooks=plan_hooks(facts.hook_path, config.hook_timeout, facts.nvctk_config,
-                         vgpu is not None, facts.runtime_root, facts.served),
+        hooks=plan_hooks(context.hook_path, config.hook_timeout, context.nvctk_config,
+                         vgpu is not None, context.runtime_root),
         remove_hooks=removed_hooks(),
         # a vGPU container must not make user namespaces: in one it could mount over the
         # cap's files (docs/decisions.md)
         seccomp_block_userns=vgpu is not None,
         pins=pins,
         log=hook_log(config),
+        selected=tuple(s.name for s in vgpu_devices(selected)),
     )

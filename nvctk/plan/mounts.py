@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 
-from nvctk.edits import Mount, Symlink
+from nvctk.edits import Mount, Symlink, container_path_of_host
 from nvctk.request.parse import expanded_capabilities
 
 TYPE_CHECKING = False
@@ -41,22 +41,17 @@ LINKS: tuple[tuple[str, str, str | None], ...] = (
 )
 
 
-def container_lib_dirs(image: ImageFacts) -> tuple[str, str]:
-    """(64-bit, 32-bit) lib dirs: Debian layout if the image has /etc/debian_version."""
+def container_lib_dirs(image: ImageFacts, files: DriverFiles | None = None) -> tuple[str, str]:
+    """(64-bit, 32-bit) lib dirs: Debian layout if the image has /etc/debian_version; no
+    image (host_layout, a CDI spec's form): the host's own dir of libcuda, both."""
+    cuda = next(iter(files.libraries.get("compute", ())), None) if files is not None else None
+    if image.host_layout:
+        lib_dir = container_path_of_host(files.driver_root, posixpath.dirname(cuda)) \
+            if files is not None and cuda else DEBIAN_LIB_DIR
+        return lib_dir, lib_dir
     if image.debian:
         return DEBIAN_LIB_DIR, DEBIAN_LIB32_DIR
     return OTHER_LIB_DIR, OTHER_LIB32_DIR
-
-
-def container_path_of_host(files: DriverFiles, host: str) -> str:
-    """A host path under the driver root as the same path inside the container
-    (<root>/var/run/x is /run/x: /var/run is a link to /run)."""
-    rel = posixpath.relpath(host, files.driver_root)
-    if rel.startswith(".."):
-        return host
-    if rel.startswith("var/run/"):
-        rel = rel[len("var/") :]
-    return "/" + rel
 
 
 def required_for(name: str, request: Request) -> str | None:
@@ -106,7 +101,7 @@ def plan_mounts(request: Request, files: DriverFiles, lib_dir: str, lib32_dir: s
         out.append(Mount(host, f"{FIRMWARE_DIR}/{files.driver_version}/{basename(host)}"))
     for cap in caps:
         for host in files.sockets.get(cap, ()):
-            out.append(Mount(host, container_path_of_host(files, host), "socket",
+            out.append(Mount(host, container_path_of_host(files.driver_root, host), "socket",
                              read_only=False, noexec=True))
     mps = mps_mount(request, mps_dir)
     if mps is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 
-from nvctk.base import fileio
 from nvctk.base.config import Config, config_path, load_stat
 from nvctk.base.errors import (
     ConfigError,
@@ -28,11 +27,12 @@ from nvctk.base.errors import (
 )
 from nvctk.base.log import Logger, exit_now, report_error
 from nvctk.base.record import Record
-from nvctk.edits import PLAN_FILE, SERVED_FLAG
-from nvctk.host.paths import find_hook, hook_config_path
+from nvctk.edits import SERVED_FLAG, with_server
+from nvctk.host.paths import context
 from nvctk.oci import runc_argv as ra
 from nvctk.oci import spec as oci
 from nvctk.request.parse import asks_for_vgpu, request_from_spec
+from nvctk.runtime.commit import commit, remove_earlier_form
 from nvctk.spec import apply as spec_edits
 
 TYPE_CHECKING = False
@@ -41,7 +41,9 @@ if TYPE_CHECKING:
     from typing import Any
 
     from nvctk.edits import Edits
+    from nvctk.host.facts import CdiFacts, Context, Facts
     from nvctk.host.image import ImageFacts
+    from nvctk.host.inventory import HostInfo
     from nvctk.request.parse import Request
 
 
@@ -75,8 +77,8 @@ def prepare_bundle(
     served: str | None = None,
 ) -> Created:
     """Edit <bundle>/config.json for the container's GPU request (if any): read the
-    spec, the request in it, then the mode's own steps (legacy: discover, plan, apply,
-    save).
+    spec, the request in it, then one pipeline for both modes: facts + context ->
+    plan_container -> the server named in the form -> commit.
 
     config None means nvctk's config could not be loaded (config_error says why):
     a no-GPU container still goes ahead, a GPU container fails with that error.
@@ -98,10 +100,67 @@ def prepare_bundle(
     if container_id is not None:
         # before any state is keyed or made by it (runc would refuse it only after)
         check_container_id(container_id)
-    if request.cdi_devices is not None:
-        return _prepare_cdi(bundle, spec, data, request, config, logger, argv0, served)
-    return _create_legacy(bundle, spec, data, request, config, logger, argv0=argv0,
-                          container_id=container_id, runtime_root=runtime_root, served=served)
+    cdi = request.cdi_devices is not None
+    _check_gpu_spec(bundle, spec, data, userns=not cdi)
+    # start time: planning (and, for legacy mode, discovery: 17 modules); most
+    # containers on a node ask for no GPU and need none of them
+    from nvctk.plan import make
+
+    if cdi:
+        facts: Facts | CdiFacts
+        facts, context = _cdi_facts(bundle, spec, request, config, argv0)
+    else:
+        facts, context = _legacy_facts(bundle, spec, request, config, argv0, container_id,
+                                       runtime_root)
+    edits = make.plan_container(request, config, facts, context)
+    if served is not None:
+        edits = with_server(edits, served)
+    removed, vgpu_dir = commit(bundle, spec, edits, config, logger, cdi=cdi,
+                               container_id=container_id, runtime_root=runtime_root)
+    if cdi:
+        return Created(edits if edits.has_hook_work() else None, removed,
+                       cdi_devices=request.cdi_devices)
+    return Created(edits, removed, vgpu_dir)
+
+
+def legacy_facts(request: Request, config: Config, image: ImageFacts,
+                 host: HostInfo | None = None) -> Facts:
+    """Legacy mode's discovery: the host (`host`, else nvctk.host.cache's, else NVML's),
+    the request's devices on it, their requirements checked (a container the host
+    cannot run reads nothing more), then the facts of those devices."""
+    from nvctk.host import discover
+    from nvctk.plan.make import check_requirements
+    from nvctk.plan.select import select_devices
+
+    if host is None:
+        host, selected = discover.load_and_select(request, config, select_devices)
+    else:
+        selected = select_devices(request, host)
+    check_requirements(request, host, selected)
+    return discover.discover(request, config, host, [(s.gpu, s.mig) for s in selected], image)
+
+
+def _legacy_facts(bundle: str, spec: dict[str, Any], request: Request, config: Config,
+                  argv0: str | None, container_id: str | None,
+                  runtime_root: str | None) -> tuple[Facts, Context]:
+    from nvctk.host.image import image_facts
+
+    facts = legacy_facts(request, config, image_facts(spec, bundle, vgpu=asks_for_vgpu(request)))
+    state_dir = vgpu_state_dir(request, config, runtime_root,
+                               container_id or os.path.basename(bundle))
+    return facts, context(config, argv0=argv0, runtime_root=runtime_root,
+                          vgpu_state_dir=state_dir)
+
+
+def _cdi_facts(bundle: str, spec: dict[str, Any], request: Request, config: Config,
+               argv0: str | None) -> tuple[CdiFacts, Context]:
+    from nvctk.base.config import cache_dir
+    from nvctk.cdi.resolve import cdi_facts  # CDI mode only
+    from nvctk.plan.make import check_cdi_request
+
+    check_cdi_request(request)
+    # the parsed specs are kept beside the passthrough cache (root's, /run/nvctk)
+    return cdi_facts(request, config, bundle, spec, cache_dir()), context(config, argv0=argv0)
 
 
 def _no_gpu(bundle: str, spec: dict[str, Any], config: Config | None,
@@ -114,60 +173,21 @@ def _no_gpu(bundle: str, spec: dict[str, Any], config: Config | None,
     _undo_earlier_create(bundle, spec, logger, config.state_dir if config else None)
 
 
-def _create_legacy(bundle: str, spec: dict[str, Any], data: bytes, request: Request,
-                   config: Config, logger: Logger | None, *, argv0: str | None,
-                   container_id: str | None, runtime_root: str | None,
-                   served: str | None) -> Created:
-    """Legacy mode: discover -> plan -> apply -> save."""
-    # start time: discovery and planning (17 modules);
-    # most containers on a node ask for no GPU and need none of them
-    from nvctk.host import discover
-    from nvctk.plan.make import check_requirements, make_edits
-    from nvctk.plan.select import select_devices
-
-    image = _check_legacy_spec(bundle, spec, data, asks_for_vgpu(request))
-    host, selected = discover.load_and_select(request, config, select_devices)
-    check_requirements(request, host, selected)
-    facts = discover.discover(request, config, host, [(s.gpu, s.mig) for s in selected], image,
-                              argv0=argv0, runtime_root=runtime_root,
-                              vgpu_state_dir=_vgpu_state_dir(
-                                  request, config, runtime_root,
-                                  container_id or os.path.basename(bundle)),
-                              served=served)
-    edits = make_edits(request, config, facts, selected)
-    removed = _apply(spec, edits, config, logger)
-    vgpu_dir = _save(bundle, spec, edits, config, container_id, runtime_root, logger)
-    return Created(edits, removed, vgpu_dir)
-
-
-def _check_legacy_spec(bundle: str, spec: dict[str, Any], data: bytes,
-                       vgpu: bool) -> ImageFacts:
-    """What makes a spec one nvctk can give a GPU (no user namespace, fields of the
-    right types, bytes it can rewrite, a rootfs without the bundle in it), checked
-    before any work; and the image's facts."""
-    from nvctk.host.image import image_facts
-
-    where = oci.spec_path(bundle)
-    userns = oci.user_namespace(spec)
-    if userns is not None:
+def _check_gpu_spec(bundle: str, spec: dict[str, Any], data: bytes, userns: bool) -> None:
+    """What makes a spec one nvctk can give a GPU (fields of the right types, bytes it
+    can rewrite; userns: no user namespace), checked before any work."""
+    if userns and (where := oci.user_namespace(spec)) is not None:
         # the hook's bind mounts and device nodes would reach the container owned by
         # the overflow uid, and runc's own mounts of them fail: no usable driver
-        raise SpecError(f"{where}: {userns}: user namespaces are not supported by nvctk's GPU "
-                        "containers (the driver files and device nodes it mounts would not be "
-                        "usable in the container); run it without a user namespace")
+        raise SpecError(f"{oci.spec_path(bundle)}: {where}: user namespaces are not supported "
+                        "by nvctk's GPU containers (the driver files and device nodes it mounts "
+                        "would not be usable in the container); run it without a user namespace")
     spec_edits.check_editable(spec)  # a field of the wrong type is the user's error
     oci.check_rewritable(spec, data)
-    image = image_facts(spec, bundle, vgpu=vgpu)
-    if image.rootfs is not None and oci.bundle_in_rootfs(bundle, image.rootfs):
-        # the hooks trust <bundle>/nvctk-plan.json (host paths to bind, a dir to delete)
-        raise SpecError(f"{where}: root.path {image.rootfs} contains the bundle; a GPU "
-                        "container's rootfs must not hold its own bundle (it could rewrite "
-                        f"{PLAN_FILE})")
-    return image
 
 
-def _vgpu_state_dir(request: Request, config: Config, runtime_root: str | None,
-                    container_id: str) -> str:
+def vgpu_state_dir(request: Request, config: Config, runtime_root: str | None,
+                   container_id: str) -> str:
     """The container's vGPU state dir, keyed by runc's root and the id ("" when the
     request can set no limit)."""
     if not asks_for_vgpu(request):
@@ -175,43 +195,6 @@ def _vgpu_state_dir(request: Request, config: Config, runtime_root: str | None,
     from nvctk.vgpu.state import state_dir_for  # start time: vGPU only (hashlib, mount)
 
     return state_dir_for(config, runtime_root, container_id)
-
-
-def _apply(spec: dict[str, Any], edits: Edits, config: Config, logger: Logger | None) -> int:
-    """The form into the spec (in memory); the number of NVIDIA hooks it removed.
-    nvctk's part of the spec comes from this request only: what an earlier create of
-    this bundle added (other GPUs, a vGPU's env and poststop hook) goes first."""
-    _warn_unverified_record(spec, config, logger)
-    return spec_edits.apply(spec, edits, config.state_dir)[1]
-
-
-def _save(bundle: str, spec: dict[str, Any], edits: Edits, config: Config,
-          container_id: str | None, runtime_root: str | None, logger: Logger | None) -> str | None:
-    """The vGPU state, the form beside the spec, then the spec: a spec that names our
-    hook must never be visible without what the hook reads. Returns the vGPU state dir
-    this create made (None: none); a failure leaves none of the three."""
-    vgpu_dir = None
-    if edits.vgpu is not None and _install_vgpu(edits, spec, bundle, config, container_id,
-                                                runtime_root, logger):
-        vgpu_dir = edits.vgpu.state_dir
-    plan_path = os.path.join(bundle, PLAN_FILE)
-    try:
-        # beside the spec: the directory fsync that follows the spec's rename makes
-        # both renames durable, the form's first (a directory fsync costs a journal commit)
-        fileio.atomic_write(plan_path, edits.to_json().encode(), 0o644, sync_dir=False)
-        try:
-            oci.save_spec(bundle, spec)
-        except BaseException:
-            try:
-                os.unlink(plan_path)
-            except OSError:
-                pass
-            raise
-    except BaseException:
-        if vgpu_dir is not None:
-            _remove_vgpu_dir(vgpu_dir, config)
-        raise
-    return vgpu_dir
 
 
 def _check_uncapped_share(spec: dict[str, Any]) -> None:
@@ -233,20 +216,6 @@ def _check_uncapped_share(spec: dict[str, Any]) -> None:
         raise RequestError(f"{nodes[0]}: the node gave this container a vGPU share, but its GPU "
                            "came by a route nvctk cannot cap (CDI devices the engine applied); "
                            "use the device plugin's envvar or volume-mounts strategy for vGPU")
-
-
-def _prepare_cdi(bundle: str, spec: dict[str, Any], data: bytes, request: Request,
-                 config: Config, logger: Logger | None, argv0: str | None = None,
-                 served: str | None = None) -> Created:
-    """CDI mode (nvctk.runtime.create_cdi): the devices' edits form applied as legacy
-    mode's is."""
-    from nvctk.runtime import create_cdi  # CDI mode only
-
-    assert request.cdi_devices is not None
-    edits, removed = create_cdi.prepare(bundle, spec, data, request, config, logger,
-                                        find_hook(config, argv0), hook_config_path(), served)
-    return Created(edits if edits.has_hook_work() else None, removed,
-                    cdi_devices=request.cdi_devices)
 
 
 _ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
@@ -298,14 +267,14 @@ def _read_spec(bundle: str, config: Config | None,
             _log_handed_on(logger, error)
             # the spec stays as it is (nvctk will not rewrite bytes it cannot read):
             # an earlier create's hooks in it find no plan and do nothing
-            _remove_earlier_plan(bundle, logger)
+            remove_earlier_form(bundle, logger)
             return None
         raise SpecError(f"{error}: nvctk rewrites a GPU container's spec and will not replace "
                         "bytes it cannot read")
     marker = oci.gpu_marker(data)
     if marker is None:
         _log_handed_on(logger, error)
-        _remove_earlier_plan(bundle, logger)
+        remove_earlier_form(bundle, logger)
         return None
     if isinstance(error, SpecShapeError):  # valid JSON: the field's type is the problem
         raise SpecError(f"{error} (the spec mentions {marker}, so it may ask for a GPU, and "
@@ -318,13 +287,6 @@ def _log_handed_on(logger: Logger | None, error: SpecError) -> None:
     if logger is not None:
         logger.warning(f"{error}; no GPU asked for as far as nvctk can see: handed to the "
                        "runtime unchanged")
-
-
-def _warn_unverified_record(spec: dict[str, Any], config: Config, logger: Logger | None) -> None:
-    """A record without a valid MAC is ignored (spec_edits.remove_our_edits): say so."""
-    problem = spec_edits.record_problem(spec, config.state_dir)
-    if problem is not None and logger is not None:
-        logger.warning(f"{oci.SPEC_FILE}: {problem}")
 
 
 def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | None,
@@ -346,54 +308,7 @@ def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | Non
         oci.save_spec(bundle, spec)
         if logger is not None:
             logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")
-    _remove_earlier_plan(bundle, logger)
-
-
-def _remove_earlier_plan(bundle: str, logger: Logger | None) -> None:
-    """An earlier GPU create's plan out: without it the hooks it left in the spec
-    know no GPU was asked for this time (prestart.prestart)."""
-    plan_path = os.path.join(bundle, PLAN_FILE)
-    if not os.path.lexists(plan_path):  # one lstat: no write to a (maybe read-only) bundle
-        return
-    try:
-        os.unlink(plan_path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:  # no hook of ours reads it any more: not worth failing for
-        if logger is not None:
-            logger.warning(f"{bundle}: cannot remove an earlier create's {PLAN_FILE}: "
-                           f"{e.strerror}")
-
-
-def _remove_vgpu_dir(path: str, config: Config) -> None:
-    """Best effort, on a failure path: the failure itself is what gets reported."""
-    from nvctk.vgpu import state as vgpu_state
-
-    try:
-        vgpu_state.remove_state_dir(path, config)
-    except (OSError, NvctkError):
-        pass
-
-
-def _install_vgpu(edits: Edits, spec: dict[str, Any], bundle: str, config: Config,
-                  container_id: str | None, runtime_root: str | None,
-                  logger: Logger | None) -> bool:
-    """(Re)create the container's vGPU state dir; False if left alone because the
-    runtime already has a container of this id (runc then refuses the create)."""
-    from nvctk.vgpu import state as vgpu_state  # only for vGPU: it brings nvctk.hook.mount, re, ...
-
-    assert edits.vgpu is not None
-    if container_id and os.path.isdir(
-        os.path.join(runtime_root or vgpu_state.DEFAULT_RUNTIME_ROOT, container_id)
-    ):
-        if logger is not None:
-            logger.warning(f"{container_id}: the runtime already has this container; "
-                           f"its vGPU state {edits.vgpu.state_dir} is left as it is")
-        return False
-    # it also reclaims the state of containers that are gone (vgpu_state.collect)
-    vgpu_state.install(edits.vgpu, oci.root_path(spec, bundle), config,
-                       runtime_root=runtime_root, container_id=container_id)
-    return True
+    remove_earlier_form(bundle, logger)
 
 
 INTERNAL_ERROR = "internal error"
@@ -488,42 +403,46 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
     if prepared.cdi_devices is not None:
         logger.info(f"{args.subcommand} {args.container_id}: CDI devices "
                     f"{','.join(prepared.cdi_devices) or 'none'}")
-    listener = _listen(token, logger) if prepared.served(token) else -1
+    served = token if prepared.served(token) else None
     if prepared.vgpu_dir is not None and config is not None:
         # runc may still fail before the container exists (create and run alike): then
         # nothing runs the poststop hook, so this process outlives runc to remove the
         # state it made
         return _create_and_clean_up(runtime, args, prepared.vgpu_dir, config, fail, logger,
-                                    listener)
-    if listener >= 0:
-        _serve(listener, None)  # the hook of the runc this process becomes
+                                    served)
+    if served is not None:
+        _serve_prestart(served, logger)  # the hook of the runc this process becomes
     try:
         ra.exec_runtime(runtime, args.argv)
     except OSError as e:
-        if prepared.vgpu_dir is not None and config is not None:  # no poststop will run
-            _remove_vgpu_dir(prepared.vgpu_dir, config)
         return fail(f"cannot exec {runtime}: {e.strerror}")
     return 1  # not reached
 
 
-def _listen(token: str, logger: Logger) -> int:
-    """The prestart server's socket; -1 (the hook then runs by itself) when it cannot be
-    made."""
+def _serve_prestart(token: str, logger: Logger,
+                    start_runc: Callable[[], int] | None = None) -> int | None:
+    """Serve this create's prestart hook (nvctk.hook.served), in either process shape:
+    listen on the token's socket, then start runc as this process's child (start_runc,
+    which returns its pid; a vGPU create) or leave it to the exec that follows (None),
+    then fork the server beside it. Returns runc's pid (None: the exec's). Listening
+    comes first: the socket is there before runc can run the hook. No socket: the hook
+    runs by itself."""
     # start time: GPU creates only (nvctk._sys is a dlopen); a no-GPU create loads neither
     from nvctk.hook import served
 
     try:
-        return served.listen(token)
+        listener = served.listen(token)
     except OSError as e:
         logger.warning(f"the prestart hook runs by itself: no server socket ({e})")
-        return -1
-
-
-def _serve(listener: int, runc: int | None) -> None:
-    """Fork the prestart's server on `listener` (nvctk.hook.served.start)."""
-    from nvctk.hook import served  # loaded by _listen
-
-    served.start(listener, runc)
+        listener = -1
+    try:
+        runc = start_runc() if start_runc is not None else None
+        if listener >= 0:
+            served.start(listener, runc)
+    finally:
+        if listener >= 0:
+            os.close(listener)  # the server holds its own; runc never held it (cloexec)
+    return runc
 
 
 # what a supervisor sends its runtime to stop or tell it something: passed on to runc
@@ -532,7 +451,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config: Config,
-                         fail: Callable[[str], int], logger: Logger, listener: int = -1) -> int:
+                         fail: Callable[[str], int], logger: Logger,
+                         served: str | None = None) -> int:
     """Run `runtime create` (or `run`) as a child, not by exec, and remove the vGPU state
     this create made when it fails (a run: when no container is left); exit with its
     status (128+N: killed by signal N).
@@ -541,7 +461,8 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
     runc gets everything an exec would give it (argv, environment, stdio and the
     --preserve-fds descriptors: every inheritable fd), and dies with this process
     (PR_SET_PDEATHSIG): a supervisor that kills the runtime kills runc. What a
-    SIGKILL of this process leaves is reclaimed by vgpu_state.collect.
+    SIGKILL of this process leaves is reclaimed by vgpu_state.collect. served: the
+    token of this create's prestart server, started beside runc (_serve_prestart).
     """
     import signal
 
@@ -561,30 +482,35 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
     # blocked until the child's pid is known: a signal in between is forwarded, not lost
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
     old = {s: signal.signal(s, forward) for s in sigs}
-    try:
+
+    def start_runc() -> int:
         pid = os.fork()
+        if pid == 0:  # the child: never returns into the caller's code
+            code = 127
+            try:
+                _sys.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != parent:  # the parent died before prctl took effect
+                    os._exit(128 + signal.SIGKILL)
+                for s, h in old.items():  # as an exec from here would leave them
+                    signal.signal(s, signal.SIG_IGN if h == signal.SIG_IGN else signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+                ra.exec_runtime(runtime, args.argv)
+            except OSError as e:
+                code = fail(f"cannot exec {runtime}: {e.strerror}")
+            finally:
+                os._exit(code)
+        return pid
+
+    try:
+        # beside runc, the server serves that runc's hook
+        pid = _serve_prestart(served, logger, start_runc) if served is not None \
+            else start_runc()
     except OSError as e:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _remove_own_vgpu_dir(vgpu_dir, config, logger)
         return fail(f"cannot start {runtime}: {e.strerror}")
-    if pid == 0:  # the child: never returns into the caller's code
-        code = 127
-        try:
-            _sys.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:  # the parent died before prctl took effect
-                os._exit(128 + signal.SIGKILL)
-            for s, h in old.items():  # as an exec from here would leave them
-                signal.signal(s, signal.SIG_IGN if h == signal.SIG_IGN else signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-            ra.exec_runtime(runtime, args.argv)
-        except OSError as e:
-            code = fail(f"cannot exec {runtime}: {e.strerror}")
-        finally:
-            os._exit(code)
+    assert pid is not None
     child = pid
-    if listener >= 0:
-        _serve(listener, child)  # beside runc: it serves that runc's hook
-        os.close(listener)
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # pending ones are forwarded now
     _, status = os.waitpid(pid, 0)  # a forwarded signal interrupts it; Python resumes it
     code = os.waitstatus_to_exitcode(status)

@@ -26,12 +26,13 @@ import pytest
 from nvctk.base import config as nvconfig
 from nvctk.base.config import ALL_CAPABILITIES
 from nvctk.cdi import generate, load, resolve
-from nvctk.cdi.compose import ImageFacts, make_plan
 from nvctk.edits import Edits, Mount
+from nvctk.host.image import ImageFacts
 from nvctk.host.nvml import query_host
 from nvctk.request.parse import request_from_spec
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
+from support.planning import make_plan
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the simulated host)")
 
@@ -55,7 +56,7 @@ def setup(sim_host_mig: SimHost, tmp_path_factory: pytest.TempPathFactory
           ) -> tuple[Any, Any, Path, Edits]:
     cfg = nvconfig.load(sim_host_mig.config_path)
     host = query_host(sim_host_mig.root)
-    common, devices = generate.host_edits(cfg, host, ("index", "uuid"))
+    common, devices = generate.host_edits(cfg, host, ("index", "uuid"), HOOK)
     d = tmp_path_factory.mktemp("edits-modes")
     spec = generate.make_spec(common, devices, HOOK)
     generate.write_spec(str(d / "nvidia.yaml"), generate.dump(spec, "yaml"))
@@ -131,7 +132,7 @@ def test_generate_read_back_gives_the_form(setup: tuple[Any, Any, Path, Edits],
     """`cdi generate`'s forms, written and read back, are the forms again: per device the
     common edits and the device's own."""
     cfg, host, d, common = setup
-    _, devices = generate.host_edits(cfg, host, ("index", "uuid"))
+    _, devices = generate.host_edits(cfg, host, ("index", "uuid"), HOOK)
     for names, dev in devices:
         back = _cdi_form(cfg, d, [f"nvidia.com/gpu={names[0]}"])
         assert _union([back]) == _union([common, dev])
@@ -158,7 +159,7 @@ def test_applying_either_gives_one_config(setup: tuple[Any, Any, Path, Edits], t
     spec_edits.apply(a, full, str(tmp_path / "a"))
     spec_edits.apply(b, form, str(tmp_path / "b"), cdi=True)
     for s in (a, b):
-        s.pop("hooks", None)  # hooks aside (form has none of ours yet: create_cdi adds it)
+        s.pop("hooks", None)  # hooks aside (the CDI facts have none of ours: plan_container adds it)
         s.pop("annotations")  # the records: a CDI one says so, and their MACs differ
         # the order of nodes and rules may differ (a spec's common nodes come first)
         s["linux"]["devices"].sort(key=repr)
@@ -205,3 +206,41 @@ def test_a_create_in_either_mode_writes_one_config(setup: tuple[Any, Any, Path, 
     assert {(x.container_path, x.target) for x in lform.symlinks} == \
         {(x.container_path, x.target) for x in cform.symlinks}
     assert (cform.ldconfig, cform.lib_dir) == (lform.ldconfig, lform.lib_dir)
+
+
+def test_every_consumer_plans_with_plan_container(setup: tuple[Any, Any, Path, Edits],
+                                                  tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """One planner: a legacy create, a CDI-mode create and `cdi generate` each call
+    nvctk.plan.make.plan_container (seen through a recording wrapper around the real
+    one), and differ only in what they ask for."""
+    from nvctk.plan import make
+    from nvctk.runtime import create
+
+    cfg, host, d, _ = setup
+    cfg = cfg.replace(hook_path=HOOK, state_dir=str(tmp_path / "state"))
+    calls: list[str] = []
+    real = make.plan_container
+
+    def recording(request: Any, *args: Any) -> Edits:
+        calls.append("cdi" if request.cdi_devices is not None else "legacy")
+        return real(request, *args)
+
+    monkeypatch.setattr(make, "plan_container", recording)
+    for mode in ("legacy", "cdi"):
+        b = tmp_path / mode
+        (b / "rootfs").mkdir(parents=True)
+        spec = {**_base_spec(), "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "args": ["true"]}}
+        (b / "config.json").write_text(json.dumps(spec))
+        c = cfg if mode == "legacy" else cfg.replace(mode="cdi", cdi_spec_dirs=(str(d),))
+        assert create.prepare_bundle(str(b), c, container_id=f"c-{mode}").edits is not None
+    assert calls == ["legacy", "cdi"]
+    calls.clear()
+    spec = generate.cdi_spec(cfg, host, HOOK)
+    # the common edits, then one form per GPU and MIG device of the host
+    assert calls == ["legacy"] * (1 + len(host.gpus) + sum(len(g.mig_devices) for g in host.gpus))
+    assert spec["kind"] == "nvidia.com/gpu"
+    calls.clear()
+    claim = generate.cdi_spec(cfg, host, HOOK, devices=(host.gpus[1].uuid,))  # a DRA claim's
+    assert calls == ["legacy", "legacy"]
+    assert [x["name"] for x in claim["devices"]] == ["1", host.gpus[1].uuid, "all"]

@@ -34,7 +34,6 @@ import support.sim as _sim
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
 from nvctk.base.log import HookLog, Logger
-from nvctk.cdi.compose import make_plan
 from nvctk.edits import PLAN_FILE, Plan, VgpuPlan
 from nvctk.hook import ldconfig
 from nvctk.hook import worker as hook_worker
@@ -51,6 +50,7 @@ from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
 from nvctk.vgpu.limits import VgpuLimits
 from support import wait
+from support.planning import make_plan
 
 NVD = "NVIDIA_VISIBLE_DEVICES"
 BIN = os.path.dirname(sys.executable)

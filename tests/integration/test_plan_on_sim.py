@@ -1,4 +1,4 @@
-"""make_plan on the simulated hosts: device resolution, nodes, mounts, requirements."""
+"""The legacy form (plan_container, tests/support/planning.py) on the simulated hosts: device resolution, nodes, mounts, requirements."""
 
 from __future__ import annotations
 
@@ -22,17 +22,20 @@ from nvctk.base.errors import (
     SpecError,
     UnknownDeviceError,
 )
-from nvctk.cdi import compose as planner
-from nvctk.cdi.compose import container_lib_dirs, image_facts, make_plan, proc_bus_id
 from nvctk.edits import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
 from nvctk.host import cache as nvhost
 from nvctk.host import driver
+from nvctk.host.image import image_facts
+from nvctk.host.inventory import proc_bus_id
 from nvctk.host.nvml import HostInfo, query_host
 from nvctk.oci.rootfs import exists_in_rootfs
-from nvctk.request.parse import request_from_spec
+from nvctk.plan.devices import plan_drm_links
+from nvctk.plan.mounts import container_lib_dirs
+from nvctk.request.parse import VGPU_ENV_PREFIXES, request_from_spec
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
 from nvctk.vgpu import limits as vgpu
+from support.planning import make_plan
 
 NVD = "NVIDIA_VISIBLE_DEVICES"
 
@@ -54,9 +57,9 @@ def plan_of(s: dict[str, Any], cfg: nvconfig.Config, host: HostInfo | None = Non
         return None
     image = None
     if rootfs is not None:
-        image = image_facts({"root": {"path": rootfs}}, "/")
+        image = image_facts({"root": {"path": rootfs}}, "/", vgpu=True)
     elif bundle is not None:
-        image = image_facts(s, bundle)
+        image = image_facts(s, bundle, vgpu=True)
     return make_plan(request, cfg, host, image, **kw)
 
 
@@ -462,7 +465,7 @@ def test_plan_json_round_trip() -> None:
 def test_vgpu_env_prefixes_cover_vgpu_variables() -> None:
     """plan_vgpu skips nvctk.vgpu.limits when no variable starts with these prefixes."""
     for name in (vgpu.MEMORY_VAR, vgpu.SM_VAR, vgpu.CACHE_VAR, vgpu.RESERVE_VAR):
-        assert name.startswith(planner.VGPU_ENV_PREFIXES), name
+        assert name.startswith(VGPU_ENV_PREFIXES), name
 
 
 def test_mig(sim_host_mig: SimHost) -> None:
@@ -514,7 +517,7 @@ def test_drm_node_names_without_nvidia_drm(tmp_path: Path) -> None:
 
 
 def test_drm_links_are_udev_by_path_names() -> None:
-    links = planner.plan_drm_links([("0000:1b:00.0", "card1"), ("0000:1b:00.0", "renderD129")])
+    links = plan_drm_links([("0000:1b:00.0", "card1"), ("0000:1b:00.0", "renderD129")])
     assert links == [Symlink("/dev/dri/by-path/pci-0000:1b:00.0-card", "../card1"),
                      Symlink("/dev/dri/by-path/pci-0000:1b:00.0-render", "../renderD129")]
 

@@ -10,7 +10,7 @@ import pytest
 
 from nvctk.base.config import Config, ExtraMount
 from nvctk.base.errors import ConfigError
-from nvctk.host import discover
+from nvctk.host import discover, paths
 from nvctk.host.driver import DriverFiles
 from nvctk.host.inventory import GpuInfo, MigInfo
 
@@ -101,13 +101,13 @@ def test_extra_mount_kinds(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("given", "want"), [
     (None, "/run/runc"), ("/run/x/", "/run/x"), ("/run/../run/y", "/run/y")])
 def test_runtime_root_is_absolute(given: str | None, want: str) -> None:
-    assert discover.absolute_runtime_root(given) == want
+    assert paths.absolute_runtime_root(given) == want
 
 
 def test_relative_runtime_root_is_against_the_cwd(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert discover.absolute_runtime_root("r") == str(tmp_path / "r")
+    assert paths.absolute_runtime_root("r") == str(tmp_path / "r")
 
 
 def test_or_error_keeps_an_nvctk_error_for_the_plan() -> None:

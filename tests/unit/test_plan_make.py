@@ -1,20 +1,20 @@
-"""plan.mounts and plan.make on plain records: a whole form from discovery's facts,
-with no host behind them (every path here is a string nothing looks at)."""
+"""plan.mounts and plan.make on plain records: a whole form from discovery's facts and
+the invocation's context, with no host behind them (every path here is a string nothing
+looks at)."""
 
 from __future__ import annotations
 
 import pytest
 
 from nvctk.base.config import Config, ExtraMount
-from nvctk.base.errors import DriverError
+from nvctk.base.errors import DriverError, RequestError
 from nvctk.edits import HOOK_PATH_ENV, NVIDIA_HOOK_NAMES, Edits
-from nvctk.host.discover import DeviceFacts, Facts
 from nvctk.host.driver import DriverFiles
+from nvctk.host.facts import CdiFacts, Context, DeviceFacts, Facts
 from nvctk.host.image import ImageFacts
 from nvctk.host.inventory import GpuInfo, HostInfo
-from nvctk.plan.make import make_edits
+from nvctk.plan.make import check_cdi_request, plan_container
 from nvctk.plan.mounts import plan_mounts
-from nvctk.plan.select import select_devices
 from nvctk.request.parse import Request
 
 V = "550.54.15"
@@ -30,10 +30,12 @@ FILES = DriverFiles(
     sockets={"utility": (f"{ROOT}/var/run/nvidia-persistenced/socket",)},
     proc_dir=f"{ROOT}/proc/driver/nvidia", dev_dir=f"{ROOT}/dev",
 )
-GPU = GpuInfo(0, "GPU-0000", "NVIDIA H100", 0, "00000000:1B:00.0", 81559, "9.0", "nvidia", False)
-HOST = HostInfo(V, "12.4", (GPU,))
+GPU0_UUID = "GPU-0000"
+GPU = GpuInfo(0, GPU0_UUID, "NVIDIA H100", 0, "00000000:1B:00.0", 81559, "9.0", "nvidia", False)
+GPU1 = GpuInfo(1, "GPU-0001", "NVIDIA H100", 1, "00000000:1C:00.0", 81559, "9.0", "nvidia", False)
+HOST = HostInfo(V, "12.4", (GPU, GPU1))
 NODES: dict[str, tuple[int, int] | str | None] = {
-    "nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (510, 0),
+    "nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia1": (195, 1), "nvidia-uvm": (510, 0),
     "nvidia-uvm-tools": (510, 1), "nvidia-modeset": None}
 EXTRA = (ExtraMount("/etc/hosts.nv", "/etc/nv/hosts"), ExtraMount("/opt/nv", "/opt/nv", True),
          ExtraMount("/x/libcuda", f"/usr/lib64/libcuda.so.{V}"))  # a driver file's path: it loses
@@ -84,15 +86,17 @@ DEBIAN = ImageFacts("/rootfs", True)
 
 
 def facts(image: ImageFacts = DEBIAN, **kw: object) -> Facts:
-    return Facts(HOST, FILES, DeviceFacts(f"{ROOT}/dev", NODES), image,
-                 hook_path="/usr/bin/nvctk-hook", runtime_root="/run/runc", **kw)  # type: ignore[arg-type]
+    return Facts(HOST, FILES, DeviceFacts(f"{ROOT}/dev", NODES), image, **kw)  # type: ignore[arg-type]
+
+
+CONTEXT = Context("/usr/bin/nvctk-hook", runtime_root="/run/runc")
+CFG = Config(driver_root=ROOT, hook_timeout=9, log_file="/var/log/nvctk.log", log_level="debug")
 
 
 def make(env: dict[str, str] | None = None, f: Facts | None = None,
-         caps: tuple[str, ...] = ("compute", "utility")) -> Edits:
+         caps: tuple[str, ...] = ("compute", "utility"), context: Context = CONTEXT) -> Edits:
     request = Request(devices=("0",), capabilities=caps, env=env or {})
-    cfg = Config(driver_root=ROOT, hook_timeout=9, log_file="/var/log/nvctk.log", log_level="debug")
-    return make_edits(request, cfg, f or facts(), select_devices(request, HOST))
+    return plan_container(request, CFG, f or facts(), context)
 
 
 def test_a_plain_gpu_form() -> None:
@@ -109,6 +113,7 @@ def test_a_plain_gpu_form() -> None:
                                              "env": [HOOK_PATH_ENV], "timeout": 9}]
     # the decisions the writers only execute
     assert e.remove_hooks == tuple(NVIDIA_HOOK_NAMES)
+    assert e.selected == (GPU0_UUID,)  # what was selected, recorded for readers
     assert e.seccomp_block_userns is False and e.pins == () and e.vgpu is None and e.env == {}
     assert e.log is not None and (e.log.file, e.log.level) == ("/var/log/nvctk.log", "debug")
     assert Edits.from_json(e.to_json()) == e  # what the hook reads back
@@ -116,9 +121,10 @@ def test_a_plain_gpu_form() -> None:
 
 def test_a_vgpu_form() -> None:
     f = facts(ImageFacts("/rootfs", False, True, "glibc", ("/usr/lib/libfoo.so",)),
-              vgpu_library="/opt/libvgpu.so", vgpu_state_dir="/run/nvctk/abc-c1",
-              nvctk_config="/etc/nvctk/config.toml")
-    e = make({"CUDA_DEVICE_MEMORY_LIMIT": "1g"}, f)
+              vgpu_library="/opt/libvgpu.so")
+    e = make({"CUDA_DEVICE_MEMORY_LIMIT": "1g"}, f,
+             context=CONTEXT.replace(vgpu_state_dir="/run/nvctk/abc-c1",
+                                     nvctk_config="/etc/nvctk/config.toml"))
     assert e.vgpu is not None and e.vgpu.state_dir == "/run/nvctk/abc-c1"
     assert e.vgpu.preload_entries == ("/usr/lib/libfoo.so",) and e.vgpu.root_readonly
     assert e.lib_dir == "/usr/lib64"  # not Debian
@@ -135,3 +141,33 @@ def test_a_node_only_display_needs_is_not_needed_without_it() -> None:
     make(caps=("compute",))
     with pytest.raises(DriverError, match="nvidia-modeset is missing"):
         make(caps=("display",))
+
+
+def test_a_multi_gpu_form_records_the_devices_in_libvgpus_order() -> None:
+    """The form records what the runtime selected, in the order libvgpu indexes the
+    devices (NVML order), whatever order the container named them in."""
+    request = Request(devices=("1", "0"), capabilities=("compute",))
+    e = plan_container(request, CFG, facts(), CONTEXT)
+    assert e.gpu_uuids == (HOST.gpus[1].uuid, HOST.gpus[0].uuid)  # the container's order
+    assert e.selected == (HOST.gpus[0].uuid, HOST.gpus[1].uuid)  # libvgpu's
+    assert Edits.from_json(e.to_json()).selected == e.selected
+
+
+def test_a_cdi_form_gets_one_prestart_hook_only_for_hook_work() -> None:
+    """CDI mode: the devices' edits as discovery decoded them; nvctk adds its prestart
+    hook when the form leaves the hook work, and says where the hook logs."""
+    request = Request(cdi_devices=("nvidia.com/gpu=0",))
+    nodes_only = Edits("", (), (), ldconfig="")
+    e = plan_container(request, CFG, CdiFacts(nodes_only), CONTEXT)
+    assert e.hooks == () and e.log is not None and e.log.level == "debug"
+    e = plan_container(request, CFG, CdiFacts(nodes_only.replace(ldconfig="/sbin/ldconfig")),
+                       CONTEXT)
+    assert [h.args for h in e.hooks] == [("nvctk-hook", "prestart")]
+
+
+def test_a_cdi_request_refuses_vgpu_limits() -> None:
+    request = Request(cdi_devices=("nvidia.com/gpu=0",), env={"CUDA_DEVICE_MEMORY_LIMIT": "1g"})
+    with pytest.raises(RequestError, match="CUDA_DEVICE_MEMORY_LIMIT: vGPU limits are not "
+                                           "supported in CDI mode"):
+        check_cdi_request(request)
+    check_cdi_request(request.replace(env={"CUDA_DEVICE_MEMORY_LIMIT": ""}))  # unset

@@ -17,7 +17,7 @@ import pytest
 
 from nvctk.base.config import Config
 from nvctk.base.errors import RequestError
-from nvctk.edits import PRELOAD, DeviceNode, Hook, Mount, Plan
+from nvctk.edits import PRELOAD, DeviceNode, Edits, Hook, Mount, Plan, with_server
 from nvctk.host.driver import DriverFiles
 from nvctk.host.image import ImageFacts
 from nvctk.host.inventory import GpuInfo
@@ -167,16 +167,17 @@ def test_plan_hooks(vgpu: bool, stages: list[str]) -> None:
         assert hooks[1].args == ("nvctk-hook", "poststop", "--runtime-root", "/b/rel/root")
 
 
-@pytest.mark.parametrize(("served", "args"), [
-    (None, ["nvctk-hook", "prestart"]),
-    ("0123abcd", ["nvctk-hook", "prestart", "--served", "0123abcd"]),
-])
-def test_plan_hooks_name_the_runtimes_server(served: str | None, args: list[str]) -> None:
-    """The prestart hands its state to nvctk-runtime's server when the create runs one
-    (nvctk.hook.served); the poststop never does."""
-    hooks = plan_hooks.plan_hooks("/h", 60, None, True, "/r", served)
-    assert list(hooks[0].args) == args
-    assert hooks[1].args == ("nvctk-hook", "poststop", "--runtime-root", "/r")
+def test_the_runtime_names_its_server_in_the_prestart_only() -> None:
+    """After planning, the runtime names its prestart server in the form (edits.with_server,
+    nvctk.hook.served); the poststop and a foreign hook never get it."""
+    foreign = Hook("createRuntime", "/x", ("x",))
+    form = Edits("", (), (), hooks=(*plan_hooks.plan_hooks("/h", 60, None, True, "/r"), foreign))
+    served = with_server(form, "0123abcd")
+    assert [h.args for h in served.hooks] == [
+        ("nvctk-hook", "prestart", "--served", "0123abcd"),
+        ("nvctk-hook", "poststop", "--runtime-root", "/r"), ("x",)]
+    assert served.hooks[0].env == form.hooks[0].env and served.hooks[0].timeout == 60
+    assert with_server(Edits("", (), ()), "0123abcd").hooks == ()
 
 
 def test_plan_hooks_refuse_a_root_that_is_not_utf8() -> None:
