@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "libvgpu" / "tests"))
 import harness as H  # noqa: E402
 
 from nvctk.sim.state import read_state  # noqa: E402
-from nvctk.vgpu.limits import SHM_SIZE  # noqa: E402
+from nvctk.vgpu.ledger import SHM_SIZE  # noqa: E402
 
 BENCH = H.BUILD / "vgpu_overhead"
 

@@ -35,6 +35,8 @@ PLAN_FILE = "nvctk-plan.json"  # in the bundle directory, beside config.json
 VGPU_DIRS = ("ro", "rw")
 VGPU_FILES = ("ro/limits", "ro/ld.so.preload", "rw/cache", "rw/limits")
 PRELOAD = "/etc/ld.so.preload"
+# the most of an image's ld.so.preload nvctk reads (and the vGPU state's copy holds)
+MAX_PRELOAD_BYTES = 64 * 1024
 
 SERVED_FLAG = "--served"  # nvctk-hook prestart's: the token of nvctk-runtime's server
 HOOK_NAME = "nvctk-hook"  # args[0] of nvctk's hooks (how a later create finds them)

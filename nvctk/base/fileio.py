@@ -1,7 +1,9 @@
 """Files nvctk reads and writes: never blocking on a read, never torn on a write.
 
 One reader (read_regular_file) for every file a container start reads, one writer
-(atomic_write) for every file it replaces. os only: both are on the start path.
+(atomic_write) for every file it replaces; one read-all and one write-all loop on a
+descriptor (read_all, write_all: files, pipes, sockets). os only: all are on the start
+path.
 """
 
 from __future__ import annotations
@@ -45,16 +47,47 @@ def read_regular_file_stat(path: str, limit: int = MAX_CONFIG_BYTES, *,
             raise NotRegularFile(f"not a regular file: {path}")
         if st.st_size > limit:
             raise OSError(f"larger than {limit} bytes{_why(limit)}: {path}")
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return b"".join(chunks), st
-            total += len(chunk)
-            if total > limit:
-                raise OSError(f"larger than {limit} bytes{_why(limit)}: {path}")
-            chunks.append(chunk)
+        try:
+            return read_all(fd, limit), st
+        except TooLarge:
+            raise OSError(f"larger than {limit} bytes{_why(limit)}: {path}") from None
+    finally:
+        os.close(fd)
+
+
+class TooLarge(OSError):
+    """More bytes than the reader takes."""
+
+
+def read_all(fd: int, limit: int | None = None) -> bytes:
+    """Everything left to read from fd, up to EOF (a file, a pipe, a socket); TooLarge
+    when that is more than `limit` bytes."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if limit is not None and total > limit:
+            raise TooLarge(f"more than {limit} bytes")
+        chunks.append(chunk)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of data to fd (os.write may take less at a time)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_path(path: str) -> bytes:
+    """A whole file through os.open/os.read: no buffered or text layer, and no codec
+    lookup (which could import an encodings module after the hook's setns). For files
+    of the kernel's (/proc): no size limit, as they report none."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return read_all(fd)
     finally:
         os.close(fd)
 
@@ -84,10 +117,7 @@ def write_temp(path: str, data: bytes, mode: int | None = None, *,
                  | os.O_NOCTTY, 0o600)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
+            write_all(fd, data)
             os.fchmod(fd, mode)
             if uid >= 0 and (uid, gid) != (os.geteuid(), os.getegid()):
                 try:

@@ -15,6 +15,7 @@ import os
 import select
 import time
 
+from nvctk.base import mounts
 from nvctk.hook import caps
 from nvctk.hook import mount as m
 
@@ -26,19 +27,19 @@ if TYPE_CHECKING:
 LDCONFIG_TIMEOUT = 30.0
 
 
-def detach_procfs_under(top: str, infos: list[m.MountInfo], log: HookLog) -> None:
+def detach_procfs_under(top: str, infos: list[mounts.MountInfo], log: HookLog) -> None:
     """In a private mount ns: detach every procfs mounted below the rootfs `top`."""
     for info in sorted(infos, key=lambda i: len(i.mount_point)):
         if info.fstype != "proc" or not (info.mount_point + "/").startswith(top + "/"):
             continue
         try:
-            fd = m.openat2(m.AT_FDCWD, info.mount_point, os.O_PATH | os.O_DIRECTORY,
+            fd = m.openat2(mounts.AT_FDCWD, info.mount_point, os.O_PATH | os.O_DIRECTORY,
                            m.RESOLVE_NO_SYMLINKS | m.RESOLVE_NO_MAGICLINKS)
         except OSError:
             continue  # gone with an earlier detach
         try:
-            if m.fstatfs_type(fd) == m.PROC_SUPER_MAGIC:
-                m.umount2(f"/proc/self/fd/{fd}", m.MNT_DETACH)
+            if mounts.fstatfs_type(fd) == mounts.PROC_SUPER_MAGIC:
+                mounts.umount2(f"/proc/self/fd/{fd}", mounts.MNT_DETACH)
                 log.debug(f"ldconfig: detached procfs at {info.mount_point} (private ns)")
         finally:
             os.close(fd)
@@ -52,10 +53,10 @@ def become_ldconfig(plan: Plan, rootfs: str, root_st: os.stat_result, ldfd: int,
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
         caps.enter_step("ldconfig-setup", log)
-        m.unshare(m.CLONE_NEWNS)
-        m.mount_propagation("/", m.MS_REC | m.MS_PRIVATE)
+        mounts.unshare(mounts.CLONE_NEWNS)
+        mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
         top = os.path.realpath(rootfs)
-        infos = m.read_mountinfo()
+        infos = mounts.read_mountinfo()
         detach_procfs_under(top, infos, log)
         # re-open the rootfs in this namespace (an fd from the old one would walk its mounts)
         rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -64,7 +65,7 @@ def become_ldconfig(plan: Plan, rootfs: str, root_st: os.stat_result, ldfd: int,
             raise OSError(f"{rootfs} changed under the hook")
         # ldconfig writes its cache and links where the image's ld.so.conf says: never
         # through a host directory bound into the container (a volume, the MPS pipe dir)
-        ro = m.readonly_foreign(infos, top, m.mount_id(rfd))
+        ro = m.readonly_foreign(infos, top, mounts.mount_id(rfd))
         if ro:
             log.debug("ldconfig: read-only in its namespace (not the container's rootfs): "
                       + ", ".join(p[len(top):] for p in ro))

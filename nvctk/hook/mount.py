@@ -28,9 +28,31 @@ import errno
 import os
 import stat
 
-from nvctk import _sys
 from nvctk.base.errors import MountError
-from nvctk.base.record import Record
+from nvctk.base.fileio import read_path
+from nvctk.base.mounts import (
+    AT_EMPTY_PATH,
+    AT_FDCWD,
+    AT_RECURSIVE,
+    MNT_DETACH,
+    MOUNT_ATTR_NODEV,
+    MOUNT_ATTR_NOEXEC,
+    MOUNT_ATTR_NOSUID,
+    MOUNT_ATTR_RDONLY,
+    MS_SLAVE,
+    OPEN_TREE_CLOEXEC,
+    OPEN_TREE_CLONE,
+    MountInfo,
+    fd_path,
+    fsmount_tmpfs,
+    is_under,
+    mount_id,
+    mount_setattr,
+    move_mount,
+    open_tree,
+    read_mountinfo,
+    umount2,
+)
 from nvctk.oci.rootfs import (
     IN_ROOT,
     RESOLVE_BENEATH,
@@ -45,197 +67,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-CLONE_NEWNS = 0x00020000
-
-AT_FDCWD = -100
-AT_EMPTY_PATH = 0x1000
-AT_RECURSIVE = 0x8000
-AT_SYMLINK_NOFOLLOW = 0x100
-
-OPEN_TREE_CLONE = 1
-OPEN_TREE_CLOEXEC = os.O_CLOEXEC
-
-MOVE_MOUNT_F_EMPTY_PATH = 0x04
-MOVE_MOUNT_T_EMPTY_PATH = 0x40
-
-FSOPEN_CLOEXEC = 1
-FSMOUNT_CLOEXEC = 1
-FSCONFIG_SET_STRING = 1
-FSCONFIG_CMD_CREATE = 6
-
-MOUNT_ATTR_RDONLY = 0x1
-MOUNT_ATTR_NOSUID = 0x2
-MOUNT_ATTR_NODEV = 0x4
-MOUNT_ATTR_NOEXEC = 0x8
-
-MS_BIND = 1 << 12
-MS_PRIVATE = 1 << 18
-MS_SLAVE = 1 << 19
-MS_SHARED = 1 << 20
-MS_REC = 16384
-
-MNT_DETACH = 2
-UMOUNT_NOFOLLOW = 8
-
-PROC_SUPER_MAGIC = 0x9FA0
-TMPFS_MAGIC = 0x01021994
-
 # a single component below a directory fd we already hold
 BENEATH_NOLINKS = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
-
-# --- thin syscall wrappers (raise OSError "<syscall>: <strerror>") -------------
-# (openat2 and the in-root lookups are nvctk.oci.rootfs's, imported above)
-
-def open_tree(dirfd: int, path: str, flags: int) -> int:
-    return _sys.open_tree(dirfd, path, flags)
-
-
-def move_mount(from_fd: int, to_fd: int) -> None:
-    _sys.move_mount(from_fd, "", to_fd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
-
-
-def mount_setattr(fd: int, attr_set: int = 0, attr_clr: int = 0, propagation: int = 0,
-                  recursive: bool = False) -> None:
-    flags = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
-    _sys.mount_setattr(fd, "", flags, attr_set, attr_clr, propagation, 0)
-
-
-def fsmount_tmpfs(options: dict[str, str], attrs: int) -> int:
-    """A detached tmpfs; returns the fd of its root (write into it with *at calls)."""
-    fs = _sys.fsopen("tmpfs", FSOPEN_CLOEXEC)
-    try:
-        for k, v in options.items():
-            _sys.fsconfig(fs, FSCONFIG_SET_STRING, k, v, 0)
-        _sys.fsconfig(fs, FSCONFIG_CMD_CREATE, None, None, 0)
-        return _sys.fsmount(fs, FSMOUNT_CLOEXEC, attrs)
-    finally:
-        os.close(fs)
-
-
-def umount2(path: str, flags: int) -> None:
-    _sys.umount2(path, flags)
-
-
-def mount_propagation(path: str, flags: int) -> None:
-    _sys.mount(None, path, None, flags, None)
-
-
-def setns(fd: int, nstype: int) -> None:
-    _sys.setns(fd, nstype)
-
-
-def unshare(flags: int) -> None:
-    _sys.unshare(flags)
-
-
-def fstatfs_type(fd: int) -> int:
-    return _sys.fstatfs_type(fd)
-
-
-def read_bytes(path: str) -> bytes:
-    """A whole file through os.open/os.read: no buffered or text layer, and no codec
-    lookup (which could import an encodings module after the hook's setns)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return read_fd(fd)
-    finally:
-        os.close(fd)
-
-
-def read_fd(fd: int) -> bytes:
-    """Everything left to read from fd (a file or a pipe, up to EOF)."""
-    chunks: list[bytes] = []
-    while True:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-def mount_id(fd: int) -> int:
-    """The mount id of the mount an fd lies on (from /proc/self/fdinfo)."""
-    for line in read_bytes(f"/proc/self/fdinfo/{fd}").split(b"\n"):
-        if line.startswith(b"mnt_id:"):
-            return int(line.split()[1])
-    raise OSError(errno.ENOENT, "no mnt_id in fdinfo")
-
-
-def fd_path(fd: int) -> str:
-    """What the kernel calls an fd's path (for messages and logs only)."""
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return f"fd {fd}"
-
-
-# --- mountinfo ----------------------------------------------------------------
-class MountInfo(Record):
-    # field order is the record's order (repr, to_dict): the mountinfo columns' (the
-    # ones added later last, so positional construction keeps working)
-    __slots__ = ("mount_id", "parent_id", "mount_point", "fstype", "optional",  # noqa: RUF023
-                 "dev", "root", "options")
-
-    mount_id: int
-    parent_id: int
-    mount_point: str
-    fstype: str
-    optional: tuple[str, ...]  # e.g. ("shared:1", "master:2")
-    dev: str  # major:minor of the file system
-    root: str  # the directory of the file system mounted here
-    options: tuple[str, ...]  # per-mount options, e.g. ("rw", "nosuid")
-
-    def __init__(self, mount_id: int, parent_id: int, mount_point: str, fstype: str,
-                 optional: tuple[str, ...], dev: str = "", root: str = "/",
-                 options: tuple[str, ...] = ()) -> None:
-        self._fill(mount_id, parent_id, mount_point, fstype, optional, dev, root, options)
-
-    @property
-    def shared(self) -> bool:
-        return any(o.startswith("shared:") for o in self.optional)
-
-    @property
-    def read_only(self) -> bool:
-        return "ro" in self.options
-
-
-def _unescape(s: str) -> str:
-    if "\\" not in s:
-        return s
-    out, i = [], 0
-    while i < len(s):
-        if s[i] == "\\" and i + 3 < len(s) and s[i + 1 : i + 4].isdigit():
-            out.append(chr(int(s[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
-
-
-def parse_mountinfo(text: str) -> list[MountInfo]:
-    result = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 7:
-            continue
-        sep = parts.index("-")
-        result.append(
-            MountInfo(int(parts[0]), int(parts[1]), _unescape(parts[4]), parts[sep + 1],
-                      tuple(parts[6:sep]), parts[2], _unescape(parts[3]),
-                      tuple(parts[5].split(",")))
-        )
-    return result
-
-
-def read_mountinfo(pid: int | str = "self") -> list[MountInfo]:
-    data = read_bytes(f"/proc/{pid}/mountinfo")
-    return parse_mountinfo(data.decode("utf-8", "surrogateescape"))
-
-
-def _under(path: str, top: str) -> bool:
-    top = top.rstrip("/")
-    return path == top or path.startswith(top + "/") or top == ""
-
 
 def own_mount_ids(infos: list[MountInfo], top: str, holder_id: int) -> set[int]:
     """The mounts at or below the rootfs `top` (a real path) that hold the container's
@@ -254,14 +87,14 @@ def own_mount_ids(infos: list[MountInfo], top: str, holder_id: int) -> set[int]:
     own = {holder_id}
     if holder is None:
         return own
-    outside = {i.dev for i in infos if not _under(i.mount_point, top)}
+    outside = {i.dev for i in infos if not is_under(i.mount_point, top)}
     hp = holder.mount_point.rstrip("/")
     for i in infos:
-        if i.mount_id == holder_id or not _under(i.mount_point, top):
+        if i.mount_id == holder_id or not is_under(i.mount_point, top):
             continue
         if i.dev not in outside:
             own.add(i.mount_id)
-        elif i.dev == holder.dev and _under(i.mount_point, hp):
+        elif i.dev == holder.dev and is_under(i.mount_point, hp):
             rel = i.mount_point[len(hp):].lstrip("/")
             if i.root == os.path.normpath(os.path.join(holder.root, rel)):
                 own.add(i.mount_id)
@@ -572,7 +405,7 @@ def readonly_foreign(infos: list[MountInfo], top: str, holder_id: int) -> list[s
     holder = next((i for i in infos if i.mount_id == holder_id), None)
     done = []
     for i in infos:
-        if i.mount_id == holder_id or i.mount_point == top or not _under(i.mount_point, top):
+        if i.mount_id == holder_id or i.mount_point == top or not is_under(i.mount_point, top):
             continue
         foreign = i.mount_id not in own
         if foreign and i.read_only:
@@ -640,7 +473,7 @@ def _copy_tree(src: str, dst_dirfd: int, depth: int = 0) -> None:
                 finally:
                     os.close(sub)
             elif e.is_file(follow_symlinks=False):
-                write_file(dst_dirfd, e.name, read_bytes(e.path))
+                write_file(dst_dirfd, e.name, read_path(e.path))
 
 
 def write_file(dirfd: int, name: str, data: bytes, mode: int = 0o444) -> None:
@@ -671,14 +504,14 @@ def make_proc_mask(host_dir: str, gpu_bus_ids: tuple[str, ...]) -> int:
     fd = fsmount_tmpfs({"mode": "0555", "size": "1m"}, 0)
     try:
         try:
-            params = read_bytes(os.path.join(host_dir, "params")).decode("utf-8",
+            params = read_path(os.path.join(host_dir, "params")).decode("utf-8",
                                                                           "surrogateescape")
         except FileNotFoundError:
             params = ""
         write_file(fd, "params", params_without_modify(params).encode("utf-8", "surrogateescape"))
         for name in ("version", "registry"):
             try:
-                data = read_bytes(os.path.join(host_dir, name))
+                data = read_path(os.path.join(host_dir, name))
             except FileNotFoundError:
                 continue
             write_file(fd, name, data)
@@ -743,7 +576,7 @@ def step_error(step: str, path: str, e: OSError | str) -> MountError:
 
 def iter_mounts_under(infos: list[MountInfo], top: str) -> Iterator[MountInfo]:
     for m in infos:
-        if _under(m.mount_point, top):
+        if is_under(m.mount_point, top):
             yield m
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from nvctk.hook.entry import STATE, HookRun, UsageError, run
 from nvctk.hook.inputs import load_plan
-from nvctk.vgpu.gc import StateLock, _collect_quietly, remove_state_dir
+from nvctk.vgpu.gc import StateLock, collect_quietly, remove_state_dir
 from nvctk.vgpu.state import state_dir_for
 
 TYPE_CHECKING = False
@@ -51,7 +51,7 @@ def poststop(hook: HookRun) -> str | None:
             # is there now goes (never followed), as gc removes only what it can prove
             remove_state_dir(d, cfg, only_ours=False)
         hook.log.debug(f"{hook.state.id}: removed the vGPU state {d}")
-    _collect_quietly(cfg)
+    collect_quietly(cfg)
     return d
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 
 from nvctk import _sys
+from nvctk.base.fileio import TooLarge, read_all, write_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,34 +85,14 @@ def serve(listener: int, runtime: int, runc: int | None,
             os.close(conn)
             continue
         try:
-            state = _read_all(conn)
-            if state is None:
+            try:
+                code, text = prestart(read_all(conn, MAX_STATE))
+            except TooLarge:
                 code, text = 1, f"nvctk-hook: prestart: state larger than {MAX_STATE} bytes\n"
-            else:
-                code, text = prestart(state)
-            _write_all(conn, bytes((code & 0xFF,)) + text.encode("utf-8", "replace"))
+            write_all(conn, bytes((code & 0xFF,)) + text.encode("utf-8", "replace"))
         finally:
             os.close(conn)
         return
-
-
-def _read_all(fd: int) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > MAX_STATE:
-            return None
-        chunks.append(chunk)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def start(listener: int, runc: int | None) -> int:

@@ -40,7 +40,9 @@ from __future__ import annotations
 import os
 import stat
 
+from nvctk.base import mounts
 from nvctk.base.errors import MountError, NvctkError
+from nvctk.base.fileio import read_all, write_all
 from nvctk.base.record import Record
 from nvctk.edits import VGPU_DIRS, VGPU_FILES, Mount, Plan
 from nvctk.hook import caps
@@ -103,7 +105,7 @@ def _is_own_tmpfs(path: str, st: os.stat_result) -> bool:
         return False
     fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        return m.fstatfs_type(fd) == m.TMPFS_MAGIC
+        return mounts.fstatfs_type(fd) == mounts.TMPFS_MAGIC
     finally:
         os.close(fd)
 
@@ -264,7 +266,7 @@ def _enter(rootfs: str, prep: WorkerFds, log: HookLog) -> m.Root:
     that nothing mounted under it propagates to the host."""
     caps.enter_step("setns", log)
     try:
-        m.setns(prep.ns, m.CLONE_NEWNS)
+        mounts.setns(prep.ns, mounts.CLONE_NEWNS)
     except OSError as e:
         raise m.step_error("setns", f"/proc/<pid>/ns/mnt ({rootfs})", e)
     os.chdir("/")
@@ -412,10 +414,7 @@ def _failed(e: BaseException, mounter: m.Mounter, log: HookLog) -> str:
 def _answer(fd: int, err: str | None) -> None:
     """The worker's answer to the hook's process; closes fd."""
     try:
-        data = _OK if err is None else _FAILED + err.encode("utf-8", "replace")
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, _OK if err is None else _FAILED + err.encode("utf-8", "replace"))
     finally:
         os.close(fd)
 
@@ -487,7 +486,7 @@ def apply_plan(plan: Plan, rootfs: str, pid: int, log: HookLog,
     if drop_parent_caps:
         caps.drop_all()
     try:
-        data = m.read_fd(r)
+        data = read_all(r)
     finally:
         os.close(r)
     if data == _OK:

@@ -13,6 +13,7 @@ import stat
 
 from nvctk.base.errors import NvctkError, SpecError
 from nvctk.base.record import Record
+from nvctk.edits import MAX_PRELOAD_BYTES, PRELOAD
 from nvctk.oci import spec as oci
 
 TYPE_CHECKING = False
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 GLIBC_LOADERS = ("/lib64/ld-linux-x86-64.so.2",)  # plus /lib/ld-linux-*.so*
-MAX_PRELOAD_BYTES = 64 * 1024
-PRELOAD = "/etc/ld.so.preload"
 _DIGITS = frozenset("0123456789")
 _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")  # [A-Za-z0-9_]
 

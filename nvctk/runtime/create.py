@@ -522,7 +522,7 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
         # `run` exits with the container's status, and a failed run leaves no container;
         # a container that is still there (--detach, --keep) keeps its state for the
         # poststop of its delete
-        from nvctk.vgpu.state import runtime_has
+        from nvctk.vgpu.gc import runtime_has
 
         if args.container_id is None or not runtime_has(args.root, args.container_id):
             _remove_own_vgpu_dir(vgpu_dir, config, logger)

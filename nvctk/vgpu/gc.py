@@ -23,8 +23,8 @@ import errno
 import os
 import stat
 
+from nvctk.base import mounts
 from nvctk.base.errors import NvctkError, SpecError
-from nvctk.hook import mount
 
 # typing is not imported at run time: the shim imports this module in every vGPU
 # container's create and the hook in its poststop (names are matched by hand)
@@ -50,18 +50,18 @@ _MAX_STACKED = 64  # mounts detached from one state dir before giving up
 
 _HEX = frozenset("0123456789abcdef")
 _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")  # [A-Za-z0-9_]
-_ID_CHARS = _WORD | frozenset(".-")  # [A-Za-z0-9_.-]
+ID_CHARS = _WORD | frozenset(".-")  # [A-Za-z0-9_.-]
 
 
 def _is_key_dir(name: str) -> bool:
     """name matches [0-9a-f]{16}-[A-Za-z0-9_.-]{1,64}"""
     key, dash, cid = name[:16], name[16:17], name[17:]
     return (len(key) == 16 and set(key) <= _HEX and dash == "-" and 1 <= len(cid) <= 64
-            and set(cid) <= _ID_CHARS)
+            and set(cid) <= ID_CHARS)
 
 
 
-def _under_state_dir(path: str, config: Config) -> bool:
+def under_state_dir(path: str, config: Config) -> bool:
     top = os.path.realpath(config.state_dir)
     parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
     return parent == top and _is_key_dir(os.path.basename(path))
@@ -74,16 +74,8 @@ class NotOurs(NvctkError):
 def _our_tmpfs_mounts() -> set[str]:
     """The mount points of nvctk's state tmpfs (fstype tmpfs, source TMPFS_SOURCE):
     only root mounts, and nothing else mounts with that source."""
-    from nvctk.hook.mount import _unescape, read_bytes
-
-    out = set()
-    for line in read_bytes("/proc/self/mountinfo").decode("utf-8", "surrogateescape").splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, sb = left.split(), right.split()
-        if sep and len(fields) >= 5 and len(sb) >= 2 and sb[0] == "tmpfs" \
-                and sb[1] == TMPFS_SOURCE:
-            out.add(_unescape(fields[4]))
-    return out
+    return {m.mount_point for m in mounts.read_mountinfo()
+            if m.fstype == "tmpfs" and m.source == TMPFS_SOURCE}
 
 
 def marker_path(path: str) -> str:
@@ -101,7 +93,7 @@ def write_marker(path: str, owner: str) -> None:
         f.write(owner)
 
 
-def _unlink_marker(path: str) -> None:
+def unlink_marker(path: str) -> None:
     try:
         os.unlink(marker_path(path))
     except FileNotFoundError:
@@ -145,7 +137,7 @@ def remove_state_dir(path: str, config: Config, *, only_ours: bool = True) -> bo
     nvctk provably made (provably_ours): anything else there is NotOurs, left as it
     is. Raises NvctkError, leaving the dir, when a mount cannot be detached or
     something else is mounted in it."""
-    if not _under_state_dir(path, config):
+    if not under_state_dir(path, config):
         raise SpecError(f"refusing to remove {path}: not a vGPU state dir under {config.state_dir}")
     try:
         st = os.lstat(path)
@@ -155,7 +147,7 @@ def remove_state_dir(path: str, config: Config, *, only_ours: bool = True) -> bo
         raise NotOurs(f"vGPU state dir {path}: left in place: not one nvctk made (no tmpfs "
                       f"of nvctk's is mounted on it, and it is not an empty directory of an "
                       "install that was cut short); move it away")
-    _unlink_marker(path)
+    unlink_marker(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
         return True
@@ -170,7 +162,7 @@ def remove_state_dir(path: str, config: Config, *, only_ours: bool = True) -> bo
         _remove_tree(path)
     except FileNotFoundError:  # removed meanwhile (a poststop and a collector): gone is gone
         pass
-    _unlink_marker(path)
+    unlink_marker(path)
     return True
 
 
@@ -188,7 +180,7 @@ def _remove_tree(path: str) -> None:
         try:
             st = os.fstat(top)
             try:
-                complete = _empty_dir(top, st.st_dev, mount.mount_id(top))
+                complete = _empty_dir(top, st.st_dev, mounts.mount_id(top))
             except RecursionError:
                 complete = False
         finally:
@@ -213,7 +205,7 @@ def _empty_dir(fd: int, dev: int, mnt: int) -> bool:
                 continue
             sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
             try:
-                if os.fstat(sub).st_dev != dev or mount.mount_id(sub) != mnt:
+                if os.fstat(sub).st_dev != dev or mounts.mount_id(sub) != mnt:
                     complete = False  # a mount point: never into it
                     continue
                 if not _empty_dir(sub, dev, mnt):
@@ -235,14 +227,14 @@ def detach_mounts(path: str) -> int:
     topmost first; returns how many. Never follows a link."""
     real = os.path.realpath(path)
     for n in range(_MAX_STACKED + 1):
-        below = [m.mount_point for m in mount.read_mountinfo()
-                 if mount._under(m.mount_point, real)]
+        below = [m.mount_point for m in mounts.read_mountinfo()
+                 if mounts.is_under(m.mount_point, real)]
         if not below:
             return n
         # the deepest; of a stack, the last listed (the topmost)
         target = max(reversed(below), key=lambda p: p.count("/"))
         try:
-            mount.umount2(target, mount.MNT_DETACH | mount.UMOUNT_NOFOLLOW)
+            mounts.umount2(target, mounts.MNT_DETACH | mounts.UMOUNT_NOFOLLOW)
         except OSError as e:
             if e.errno == errno.ENOENT:  # gone meanwhile
                 continue
@@ -397,7 +389,7 @@ def collect(config: Config, keep: str | None = None, grace: float = GC_GRACE_S,
         for p in markers:
             owner = _marker_owner(p)
             if not os.path.lexists(p) and owner is not None and not creator_alive(owner):
-                _unlink_marker(p)
+                unlink_marker(p)
         ours = _our_tmpfs_mounts() if stale else set()
         for p in stale:
             try:
@@ -416,7 +408,7 @@ def collect(config: Config, keep: str | None = None, grace: float = GC_GRACE_S,
     return removed
 
 
-def _collect_quietly(config: Config, keep: str | None = None) -> None:
+def collect_quietly(config: Config, keep: str | None = None) -> None:
     """collect() on the way: its failure is not the create's or the poststop's (the
     next one, or `nvctk vgpu gc`, tries again)."""
     try:

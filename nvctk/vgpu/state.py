@@ -32,28 +32,28 @@ from __future__ import annotations
 
 import os
 
+from nvctk.base import mounts
 from nvctk.base.errors import NvctkError, SpecError
-from nvctk.hook import mount
-from nvctk.host.image import MAX_PRELOAD_BYTES
-from nvctk.vgpu import limits as vgpu
+from nvctk.edits import MAX_PRELOAD_BYTES
+from nvctk.vgpu import ledger
 from nvctk.vgpu.gc import (
-    _ID_CHARS,
     DEFAULT_RUNTIME_ROOT,
+    ID_CHARS,
     OWNER_NAME,
     TMPFS_SOURCE,
     NotOurs,
     StateLock,
-    _collect_quietly,
-    _under_state_dir,
-    _unlink_marker,
+    collect_quietly,
     owner_text,
     proc_start_time,
     read_owner,
     remove_state_dir,
+    under_state_dir,
+    unlink_marker,
     write_marker,
 )
-from nvctk.vgpu.gc import runtime_has as runtime_has  # for runtime/create.py: import it from gc
-from nvctk.vgpu.limits import SHM_SIZE, write_limits_file
+from nvctk.vgpu.ledger import SHM_SIZE
+from nvctk.vgpu.limits import write_limits_file
 
 # typing and re are not imported at run time: the shim imports this module in every
 # vGPU container's create (names are matched by hand)
@@ -81,7 +81,7 @@ TMPFS_INODES = 64
 # mount; host users cannot, the state dir above is 0700
 TMPFS_OPTIONS = {"source": TMPFS_SOURCE, "size": str(TMPFS_SIZE),
                  "nr_inodes": str(TMPFS_INODES), "mode": "0755"}
-TMPFS_ATTRS = mount.MOUNT_ATTR_NOSUID | mount.MOUNT_ATTR_NODEV | mount.MOUNT_ATTR_NOEXEC
+TMPFS_ATTRS = mounts.MOUNT_ATTR_NOSUID | mounts.MOUNT_ATTR_NODEV | mounts.MOUNT_ATTR_NOEXEC
 
 
 
@@ -98,7 +98,7 @@ def state_key(runtime_root: str | None, container_id: str) -> str:
 
 def sanitize_id(container_id: str) -> str:
     """A container id as a file name: [A-Za-z0-9_.-], at most 64 characters."""
-    out = "".join(c if c in _ID_CHARS else "_" for c in container_id[:64]).lstrip(".")
+    out = "".join(c if c in ID_CHARS else "_" for c in container_id[:64]).lstrip(".")
     return out or "_"
 
 
@@ -117,18 +117,18 @@ def preload_text(container_library: str, entries: tuple[str, ...]) -> str:
 def _mount_tmpfs(path: str) -> None:
     """Mount the container's own tmpfs on the fresh (empty) dir path, private."""
     try:
-        fd = mount.fsmount_tmpfs(TMPFS_OPTIONS, TMPFS_ATTRS)
+        fd = mounts.fsmount_tmpfs(TMPFS_OPTIONS, TMPFS_ATTRS)
     except OSError as e:
         raise NvctkError(f"vGPU state dir {path}: cannot make its tmpfs: {e.strerror}")
     try:
         dest = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            mount.move_mount(fd, dest)
+            mounts.move_mount(fd, dest)
         finally:
             os.close(dest)
         # attached under a shared mount (/run on systemd hosts) it is shared too: private,
         # so that the hook's clone is no peer of it
-        mount.mount_setattr(fd, propagation=mount.MS_PRIVATE)
+        mounts.mount_setattr(fd, propagation=mounts.MS_PRIVATE)
     except OSError as e:
         raise NvctkError(f"vGPU state dir {path}: cannot mount its tmpfs: {e.strerror}")
     finally:
@@ -154,12 +154,12 @@ def install(vgpu: Vgpu, rootfs: str | None, config: Config, *,
     say what the form says (limits, preload entries): nothing is read from the image
     here (rootfs is unused, kept for the runtime's call)."""
     d = vgpu.state_dir
-    if not _under_state_dir(d, config):
+    if not under_state_dir(d, config):
         raise SpecError(f"vGPU state dir {d} is not directly under state-dir {config.state_dir}")
     # 0700: each container can write (and plant files in) its own dir, and the
     # accounting file is 0666 for the container's users; no host user may reach them
     os.makedirs(os.path.dirname(d), 0o700, exist_ok=True)
-    _collect_quietly(config, keep=d)
+    collect_quietly(config, keep=d)
     cid = container_id or os.path.basename(d)[17:]
     with StateLock(config):
         try:
@@ -176,7 +176,7 @@ def install(vgpu: Vgpu, rootfs: str | None, config: Config, *,
         owner = owner_text(runtime_root, cid)
         # before the mkdir: an install killed before its tmpfs is mounted leaves an
         # empty dir that this note proves nvctk's (provably_ours)
-        _unlink_marker(d)
+        unlink_marker(d)
         write_marker(d, owner)
         try:
             os.mkdir(d, 0o700)
@@ -185,13 +185,13 @@ def install(vgpu: Vgpu, rootfs: str | None, config: Config, *,
             # first: a shim killed from here on leaves a dir the collector can place
             _write(os.path.join(d, OWNER_NAME), owner, 0o600)
             _populate(d, vgpu)
-            _unlink_marker(d)
+            unlink_marker(d)
         except BaseException:
             try:
                 remove_state_dir(d, config, only_ours=False)  # what this install made
             except (OSError, NvctkError):
                 pass
-            _unlink_marker(d)
+            unlink_marker(d)
             raise
 
 
@@ -223,11 +223,11 @@ def _write(path: str, text: str, mode: int, size: int = 0) -> None:
         os.fchmod(f.fileno(), mode)
 
 
-def read_container_usage(state_dir: str | os.PathLike[str]) -> list[vgpu.UsageRecord]:
+def read_container_usage(state_dir: str | os.PathLike[str]) -> list[ledger.UsageRecord]:
     """A vGPU container's usage, from its host-side state dir (this module's
     <state-dir>/<key>-<id>): one "device" record per GPU window in use or named
     by the accounting file, then one "process" record per process and window it
     holds memory on. See UsageRecord for which fields can be trusted."""
-    ledger = os.path.join(state_dir, RO_DIR, "limits")
+    limits_file = os.path.join(state_dir, RO_DIR, "limits")
     cache = os.path.join(state_dir, RW_DIR, "cache")
-    return vgpu.usage_records(cache, ledger)
+    return ledger.usage_records(cache, limits_file)

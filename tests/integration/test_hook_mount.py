@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from nvctk.base import mounts
 from nvctk.hook import mount as m
 from nvctk.oci.rootfs import exists_in_rootfs
 from support.fs import snapshot
@@ -58,8 +59,8 @@ def in_private_ns(fn: Callable[[], None]) -> None:
         code = 0
         try:
             os.close(r)
-            m.unshare(m.CLONE_NEWNS)
-            m.mount_propagation("/", m.MS_REC | m.MS_PRIVATE)
+            mounts.unshare(mounts.CLONE_NEWNS)
+            mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
             fn()
         except BaseException:
             os.write(w, traceback.format_exc().encode())
@@ -75,7 +76,7 @@ def in_private_ns(fn: Callable[[], None]) -> None:
 
 def real(fd: int) -> str:
     try:
-        return m.fd_path(fd)
+        return mounts.fd_path(fd)
     finally:
         os.close(fd)
 
@@ -151,7 +152,7 @@ def test_magic_links_refused(rootfs: Path, canary: Path, host_table: None) -> No
     os.symlink("/proc/1/root/", rootfs / "etc/escape")
 
     def body() -> None:
-        m.mount_propagation("/", m.MS_REC | m.MS_PRIVATE)
+        mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
         os.system(f"mount -t proc proc {rootfs}/proc")
         with m.Root(str(rootfs)) as root:
             for p, errs in (("/usr/lib/x86_64-linux-gnu/ld.so.preload", (errno.ELOOP,)),
@@ -201,10 +202,10 @@ def test_bind_onto_fd_tmpfs_mask_and_undo(rootfs: Path, tmp_path: Path, host_tab
         assert sorted(os.listdir(proc)) == ["gpus", "params", "version"]
         assert os.listdir(proc / "gpus") == ["0000:01:00.0"]
         assert (proc / "params").read_text() == "EnableMSI: 1\nModifyDeviceFiles: 0\n"
-        infos = {i.mount_point: i for i in m.read_mountinfo()}
+        infos = {i.mount_point: i for i in mounts.read_mountinfo()}
         assert infos[str(proc)].fstype == "tmpfs"
         assert not mounter.undo()
-        after = {i.mount_point for i in m.read_mountinfo()}
+        after = {i.mount_point for i in mounts.read_mountinfo()}
         assert str(proc) not in after and str(lib) not in after
         assert lib.read_text() == ""  # the placeholder again
 
@@ -220,7 +221,7 @@ def test_shared_rootfs_mount_made_slave(tmp_path: Path, host_table: None) -> Non
 
     def body() -> None:
         # this child is the "host": a shared tmpfs holds the rootfs
-        m.mount_propagation("/", m.MS_REC | m.MS_PRIVATE)
+        mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
         assert os.system(f"mount -t tmpfs t {base} && mount --make-shared {base}") == 0
         os.makedirs(base / "rootfs/usr/lib")
         host_before = Path("/proc/self/mountinfo").read_text()
@@ -229,7 +230,7 @@ def test_shared_rootfs_mount_made_slave(tmp_path: Path, host_table: None) -> Non
         if pid == 0:  # the container: its copy of the tmpfs is a peer of the host's
             os.close(r)
             try:
-                m.unshare(m.CLONE_NEWNS)
+                mounts.unshare(mounts.CLONE_NEWNS)
                 with m.Root(str(base / "rootfs")) as root:
                     assert m.ensure_not_shared(root)
                     assert not m.ensure_not_shared(root)
@@ -254,21 +255,21 @@ def test_params_without_modify() -> None:
 
 def test_parse_mountinfo_escapes_and_tags() -> None:
     line = "36 35 98:0 /mnt1 /mnt\\040x rw,noatime master:1 shared:4 - ext3 /dev/root rw"
-    (info,) = m.parse_mountinfo(line)
+    (info,) = mounts.parse_mountinfo(line)
     assert info.mount_point == "/mnt x" and info.shared and info.fstype == "ext3"
 
 
 def test_parse_mountinfo_dev_root_options() -> None:
     line = "36 35 98:0 /srv/a\\040b /mnt rw,nosuid master:1 - ext4 /dev/root rw"
-    (info,) = m.parse_mountinfo(line)
+    (info,) = mounts.parse_mountinfo(line)
     assert (info.dev, info.root, info.options) == ("98:0", "/srv/a b", ("rw", "nosuid"))
     assert not info.read_only
-    (info,) = m.parse_mountinfo("37 35 0:5 / /x ro,relatime - tmpfs t rw")
+    (info,) = mounts.parse_mountinfo("37 35 0:5 / /x ro,relatime - tmpfs t rw")
     assert info.read_only
 
 
-def _mi(mid: int, point: str, dev: str, root: str = "/") -> m.MountInfo:
-    return m.MountInfo(mid, 1, point, "x", (), dev, root, ("rw",))
+def _mi(mid: int, point: str, dev: str, root: str = "/") -> mounts.MountInfo:
+    return mounts.MountInfo(mid, 1, point, "x", (), dev, root, ("rw",))
 
 
 def test_own_mount_ids() -> None:

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from nvctk.base import config as nvconfig
+from nvctk.base.mounts import parse_mountinfo
 from nvctk.edits import Mount
 from nvctk.hook.elf import elf_interpreter
 from nvctk.hook.inputs import sanitize_environ
-from nvctk.hook.mount import parse_mountinfo
 from nvctk.host import ldcache
 from nvctk.sim.host import SimHost
 from support.canary.harness import (

@@ -34,7 +34,7 @@ import support.sim as _sim
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
 from nvctk.base.log import HookLog, Logger
-from nvctk.edits import PLAN_FILE, Plan, VgpuPlan
+from nvctk.edits import MAX_PRELOAD_BYTES, PLAN_FILE, Plan, VgpuPlan
 from nvctk.hook import ldconfig
 from nvctk.hook import worker as hook_worker
 from nvctk.hook.entry import HookRun
@@ -46,6 +46,7 @@ from nvctk.request.parse import request_from_spec
 from nvctk.runtime.create import prepare_bundle
 from nvctk.sim.host import SimHost
 from nvctk.vgpu import gc as vgpu_gc
+from nvctk.vgpu import ledger
 from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
 from nvctk.vgpu.limits import VgpuLimits
@@ -140,7 +141,7 @@ def test_a_fifo_planted_by_the_container_is_never_opened(where: str, tmp_path: P
         fifo, error, read = root / "etc/ld.so.preload", SpecError, \
             lambda: host_image.image_preload(str(root))
     else:
-        fifo, error, read = tmp_path / "cache", ValueError, lambda: vgpu.read_usage(fifo)
+        fifo, error, read = tmp_path / "cache", ValueError, lambda: ledger.read_usage(fifo)
     os.mkfifo(fifo)
 
     def refused() -> None:
@@ -164,37 +165,37 @@ def test_image_preload_still_reads_a_file_and_a_link_inside(tmp_path: Path) -> N
 def test_image_preload_size_bound(tmp_path: Path) -> None:
     root = tmp_path / "rootfs"
     (root / "etc").mkdir(parents=True)
-    (root / "etc/ld.so.preload").write_bytes(b"a" * (host_image.MAX_PRELOAD_BYTES + 10))
+    (root / "etc/ld.so.preload").write_bytes(b"a" * (MAX_PRELOAD_BYTES + 10))
     with pytest.raises(SpecError, match="larger than"):
         host_image.image_preload(str(root))
 
 
 # --- read_usage on a container-writable dir ------------------------------------------------------
 def _valid_cache(path: Path) -> None:
-    data = bytearray(vgpu.SHM_SIZE)
-    data[0:8] = (vgpu.SHM_MAGIC).to_bytes(4, "little") + (vgpu.SHM_VERSION).to_bytes(4, "little")
-    data[vgpu.DEVS_OFFSET:vgpu.DEVS_OFFSET + 8] = b"GPU-host"
+    data = bytearray(ledger.SHM_SIZE)
+    data[0:8] = (ledger.SHM_MAGIC).to_bytes(4, "little") + (ledger.SHM_VERSION).to_bytes(4, "little")
+    data[ledger.DEVS_OFFSET:ledger.DEVS_OFFSET + 8] = b"GPU-host"
     path.write_bytes(bytes(data))
 
 
 def test_read_usage_refuses_a_link(tmp_path: Path) -> None:
     target = tmp_path / "host-file"
     _valid_cache(target)
-    assert "GPU-host" in vgpu.read_usage(target)  # the real thing is read
+    assert "GPU-host" in ledger.read_usage(target)  # the real thing is read
     d = tmp_path / "state"
     d.mkdir()
     os.symlink(target, d / "cache")  # what a container can do in its accounting dir
     with pytest.raises(ValueError, match="regular file"):
-        vgpu.read_usage(d / "cache")
+        ledger.read_usage(d / "cache")
 
 
 def test_read_usage_garbage_uuid_is_not_a_crash(tmp_path: Path) -> None:
     p = tmp_path / "cache"
     _valid_cache(p)
     data = bytearray(p.read_bytes())
-    data[vgpu.DEVS_OFFSET:vgpu.DEVS_OFFSET + 4] = b"\xff\xfe\x80G"
+    data[ledger.DEVS_OFFSET:ledger.DEVS_OFFSET + 4] = b"\xff\xfe\x80G"
     p.write_bytes(bytes(data))
-    assert len(vgpu.read_usage(p)) == 1
+    assert len(ledger.read_usage(p)) == 1
 
 
 # --- a rootfs that holds its own bundle -----------------------------------------------------------

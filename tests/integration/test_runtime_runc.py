@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from nvctk.hook.mount import parse_mountinfo
+from nvctk.base.mounts import parse_mountinfo
 from nvctk.host import ldcache
 from nvctk.sim.host import SimHost
 from nvctk.sim.rootfs import build_rootfs

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from nvctk import _sys
+from nvctk.base import mounts
 from nvctk.hook import mount
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ ROOT = os.geteuid() == 0
 def _child(code: str) -> dict[str, object]:
     """Run code (which fills `out`) in a fresh python -I -S; returns out."""
     script = (f"import json, os, sys\nsys.path.insert(0, {str(REPO)!r})\n"
-              "from nvctk import _sys\nfrom nvctk.hook import mount\nout = {}\n" + textwrap.dedent(code)
+              "from nvctk import _sys\nfrom nvctk.base import mounts\nfrom nvctk.hook import mount\nout = {}\n" + textwrap.dedent(code)
               + "\nprint(json.dumps(out))\n")
     r = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True,
                        text=True, timeout=60)
@@ -115,7 +116,7 @@ def _umask() -> int:
 def test_fstatfs_type(tmp_path: Path) -> None:
     fd = os.open("/proc/self", os.O_PATH)
     try:
-        assert _sys.fstatfs_type(fd) == mount.PROC_SUPER_MAGIC
+        assert _sys.fstatfs_type(fd) == mounts.PROC_SUPER_MAGIC
     finally:
         os.close(fd)
     with pytest.raises(OSError) as ei:
@@ -164,34 +165,34 @@ def test_mount_api_in_a_private_namespace(tmp_path: Path) -> None:
     (src / "f").write_text("from src")
     out = _child(f"""
         host_ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        _sys.unshare(mount.CLONE_NEWNS)
-        _sys.mount(None, "/", None, mount.MS_REC | mount.MS_PRIVATE, None)
+        _sys.unshare(mounts.CLONE_NEWNS)
+        _sys.mount(None, "/", None, mounts.MS_REC | mounts.MS_PRIVATE, None)
         def mounts(path):
             return [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == path]
         # a tmpfs, made detached and filled through its fd
-        fs = _sys.fsopen("tmpfs", mount.FSOPEN_CLOEXEC)
-        _sys.fsconfig(fs, mount.FSCONFIG_SET_STRING, "size", "1m", 0)
-        _sys.fsconfig(fs, mount.FSCONFIG_CMD_CREATE, None, None, 0)
-        t = _sys.fsmount(fs, mount.FSMOUNT_CLOEXEC, 0)
+        fs = _sys.fsopen("tmpfs", mounts.FSOPEN_CLOEXEC)
+        _sys.fsconfig(fs, mounts.FSCONFIG_SET_STRING, "size", "1m", 0)
+        _sys.fsconfig(fs, mounts.FSCONFIG_CMD_CREATE, None, None, 0)
+        t = _sys.fsmount(fs, mounts.FSMOUNT_CLOEXEC, 0)
         os.close(fs)
-        out["tmpfs_type"] = _sys.fstatfs_type(t) == mount.TMPFS_MAGIC
+        out["tmpfs_type"] = _sys.fstatfs_type(t) == mounts.TMPFS_MAGIC
         to = os.open({str(dst2)!r}, os.O_PATH | os.O_CLOEXEC)
-        _sys.move_mount(t, "", to, "", mount.MOVE_MOUNT_F_EMPTY_PATH | mount.MOVE_MOUNT_T_EMPTY_PATH)
+        _sys.move_mount(t, "", to, "", mounts.MOVE_MOUNT_F_EMPTY_PATH | mounts.MOVE_MOUNT_T_EMPTY_PATH)
         out["tmpfs_opts"] = mounts({str(dst2)!r})
         # a bind clone of src, read-only while detached, attached onto dst
-        tree = _sys.open_tree(mount.AT_FDCWD, {str(src)!r}, mount.OPEN_TREE_CLONE | os.O_CLOEXEC)
-        _sys.mount_setattr(tree, "", mount.AT_EMPTY_PATH, mount.MOUNT_ATTR_RDONLY, 0, 0, 0)
+        tree = _sys.open_tree(mounts.AT_FDCWD, {str(src)!r}, mounts.OPEN_TREE_CLONE | os.O_CLOEXEC)
+        _sys.mount_setattr(tree, "", mounts.AT_EMPTY_PATH, mounts.MOUNT_ATTR_RDONLY, 0, 0, 0)
         to = os.open({str(dst)!r}, os.O_PATH | os.O_CLOEXEC)
-        _sys.move_mount(tree, "", to, "", mount.MOVE_MOUNT_F_EMPTY_PATH | mount.MOVE_MOUNT_T_EMPTY_PATH)
+        _sys.move_mount(tree, "", to, "", mounts.MOVE_MOUNT_F_EMPTY_PATH | mounts.MOVE_MOUNT_T_EMPTY_PATH)
         out["bind_opts"] = mounts({str(dst)!r})
         out["read"] = open({str(dst / "f")!r}).read()
         try:
             open({str(dst / "g")!r}, "w")
         except OSError as e:
             out["write_errno"] = e.errno
-        _sys.umount2({str(dst)!r}, mount.MNT_DETACH)
+        _sys.umount2({str(dst)!r}, mounts.MNT_DETACH)
         out["after_umount"] = mounts({str(dst)!r})
-        _sys.setns(host_ns, mount.CLONE_NEWNS)
+        _sys.setns(host_ns, mounts.CLONE_NEWNS)
         out["host_sees"] = mounts({str(dst2)!r})
     """)
     assert out["tmpfs_type"] is True

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"
 import harness as H
 
 from nvctk.sim.state import read_state
+from nvctk.vgpu import ledger
 from nvctk.vgpu import limits as vgpu
 from support import wait
 from support.libvgpu import driver_of
@@ -47,7 +48,7 @@ def churn_env(driver: H.Driver, tmp_path: Path, cap: str = "256m") -> dict[str, 
 
 
 def container_used(tmp_path: Path) -> int:
-    return sum(u.used for u in vgpu.read_usage(tmp_path / "cache").values())
+    return sum(u.used for u in ledger.read_usage(tmp_path / "cache").values())
 
 
 def test_32_processes_x_1000_never_exceed_the_cap(driver: H.Driver, tmp_path: Path) -> None:
@@ -148,24 +149,24 @@ def _plant_slot(cache: Path, uuid: str, slot: int, pid: int, start: int, pidns: 
     into an accounting file nobody has open (its lock untouched)."""
     fd = os.open(cache, os.O_RDWR)
     try:
-        data = os.pread(fd, vgpu.SHM_SIZE, 0)
-        for e in range(vgpu.MAX_DEV):
-            off = vgpu.DEVS_OFFSET + e * vgpu._DEV.size
-            dev = list(vgpu._DEV.unpack_from(data, off))
+        data = os.pread(fd, ledger.SHM_SIZE, 0)
+        for e in range(ledger.MAX_DEV):
+            off = ledger.DEVS_OFFSET + e * ledger._DEV.size
+            dev = list(ledger._DEV.unpack_from(data, off))
             if dev[0].split(b"\0", 1)[0].decode() == uuid:
                 break
         else:
             raise AssertionError(f"{uuid} not in {cache}")
-        off_s = vgpu.SLOTS_OFFSET + slot * vgpu._SLOT.size
+        off_s = ledger.SLOTS_OFFSET + slot * ledger._SLOT.size
         assert struct.unpack_from("<i", data, off_s)[0] == 0, "slot taken"
-        used_v = [0] * vgpu.MAX_DEV
-        cap_v = [0] * vgpu.MAX_DEV
+        used_v = [0] * ledger.MAX_DEV
+        cap_v = [0] * ledger.MAX_DEV
         used_v[e] = used
         cap_v[e] = mem_cap
-        os.pwrite(fd, vgpu._SLOT.pack(pid, 0, start, pidns, *used_v, *cap_v, *([0] * vgpu.MAX_DEV), pid, 0), off_s)
+        os.pwrite(fd, ledger._SLOT.pack(pid, 0, start, pidns, *used_v, *cap_v, *([0] * ledger.MAX_DEV), pid, 0), off_s)
         dev[1] += used
         dev[2] = mem_cap
-        os.pwrite(fd, vgpu._DEV.pack(*dev), off)
+        os.pwrite(fd, ledger._DEV.pack(*dev), off)
     finally:
         os.close(fd)
 
@@ -216,8 +217,8 @@ def test_slots_are_keyed_by_pid_and_start_time(driver: H.Driver, tmp_path: Path,
         limit = cap if reclaimed else strict  # libvgpu reaps when a process attaches
         assert int(r["meminfo"][0][2]) == limit
         assert int(r["fill"][0][1]) == limit - MIB  # the planted 600 MiB took nothing
-        data = os.pread(holder_fd, vgpu.SHM_SIZE, 0)
-        assert vgpu._SLOT.unpack_from(data, vgpu.SLOTS_OFFSET)[0] == (0 if reclaimed else pid)
+        data = os.pread(holder_fd, ledger.SHM_SIZE, 0)
+        assert ledger._SLOT.unpack_from(data, ledger.SLOTS_OFFSET)[0] == (0 if reclaimed else pid)
     finally:
         os.close(holder_fd)
         sleeper.kill()
@@ -253,8 +254,8 @@ def _start_holder(env: dict[str, str], nbytes: int, after: list[str]) -> subproc
 def _attack(cache: Path, how: str, uid: int) -> None:
     """What any process of the container can do to its accounting file."""
     code = {
-        "zero": f"import os; fd = os.open({str(cache)!r}, os.O_WRONLY); os.pwrite(fd, bytes({vgpu.SHM_SIZE}), 0)",
-        "garbage": f"import os; fd = os.open({str(cache)!r}, os.O_WRONLY); os.pwrite(fd, os.urandom({vgpu.SHM_SIZE}), 0)",
+        "zero": f"import os; fd = os.open({str(cache)!r}, os.O_WRONLY); os.pwrite(fd, bytes({ledger.SHM_SIZE}), 0)",
+        "garbage": f"import os; fd = os.open({str(cache)!r}, os.O_WRONLY); os.pwrite(fd, os.urandom({ledger.SHM_SIZE}), 0)",
         "truncate": f"import os; os.truncate({str(cache)!r}, 0)",
         "replace": f"import os; open({str(cache) + '.new'!r}, 'wb').close(); os.rename({str(cache) + '.new'!r}, {str(cache)!r})",
     }[how]
@@ -288,7 +289,7 @@ def test_tampered_accounting_file_gets_no_memory_and_crashes_nobody(driver: H.Dr
             holder.kill()
             holder.wait()
         # and the ledger shows nothing left once both are gone
-        assert sum(vgpu.read_ledger(d / "limits")) == 0
+        assert sum(ledger.read_ledger(d / "limits")) == 0
     finally:
         shutil.rmtree(d)
 
@@ -298,9 +299,9 @@ def test_usage_is_read_from_the_ledger_not_the_file(driver: H.Driver, tmp_path: 
     holder = _start_holder(env, 100 * MIB, [])
     try:
         _attack(tmp_path / "cache", "zero", 0)
-        usage = vgpu.read_usage(tmp_path / "cache", tmp_path / "limits")
+        usage = ledger.read_usage(tmp_path / "cache", tmp_path / "limits")
         assert [u.used for u in usage.values()] == [RESERVE + 100 * MIB]  # "window-0": the UUIDs went
-        assert vgpu.read_ledger(tmp_path / "limits")[0] == RESERVE + 100 * MIB
+        assert ledger.read_ledger(tmp_path / "limits")[0] == RESERVE + 100 * MIB
     finally:
         holder.kill()
         holder.wait()
@@ -370,7 +371,7 @@ def test_cap_exact_under_concurrency_with_a_limits_file(driver: H.Driver, tmp_pa
     assert 0 < peak[0] <= 256 * MIB
     r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB)).stdout)
     assert int(r["fill"][0][1]) == 255 * MIB
-    assert sum(vgpu.read_ledger(tmp_path / "limits")) == 0
+    assert sum(ledger.read_ledger(tmp_path / "limits")) == 0
 
 
 def _in_container_paths(tmp_path: Path, limits: Path | None, *probe: str) -> subprocess.CompletedProcess[str]:
@@ -491,13 +492,13 @@ def test_initialising_the_file_writes_only_header_and_devices(driver: H.Driver, 
     the first cuInit); the slots left as they were are never read as live, and
     the cap still holds for processes attaching after it."""
     cache = tmp_path / "cache"
-    cache.write_bytes(bytes(vgpu.SHM_SIZE) if content == "zeros" else os.urandom(vgpu.SHM_SIZE))
+    cache.write_bytes(bytes(ledger.SHM_SIZE) if content == "zeros" else os.urandom(ledger.SHM_SIZE))
     env = {**driver.env(tmp_path / "state"), "CUDA_DEVICE_MEMORY_LIMIT": "256m",
            "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache), "LD_PRELOAD": str(H.LIB)}
     cp, calls = _file_syscalls(env, "init")
     assert cp.returncode == 0, cp.stderr
     writes = [int(c.rsplit("=", 1)[1]) for c in calls if "pwrite64(" in c]
-    assert writes and max(writes) <= vgpu.SLOTS_OFFSET, writes
+    assert writes and max(writes) <= ledger.SLOTS_OFFSET, writes
     holder = _start_holder(env, 100 * MIB, [])
     try:
         r = H.parse(H.probe(env, "init", "ctx", "0", "fill", str(MIB)).stdout)

@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"))
 import harness as H
 
-from nvctk.vgpu import limits as vgpu
+from nvctk.vgpu import ledger
 
 
 def test_python_layout_is_shm_h() -> None:
@@ -21,11 +21,11 @@ def test_python_layout_is_shm_h() -> None:
     for line in out.splitlines():
         name, value = line.rsplit(" ", 1)
         c[name] = int(value)
-    assert c == vgpu.SHM_LAYOUT
+    assert c == ledger.SHM_LAYOUT
 
 
 def test_the_reader_uses_the_layout() -> None:
     """read_usage unpacks the device entries at the offsets the layout names."""
-    assert vgpu._DEV.size == vgpu.SHM_LAYOUT["sizeof(struct vgpu_shm_dev)"]
-    assert vgpu.SHM_LAYOUT["sizeof(struct vgpu_shm)"] == vgpu.SHM_SIZE
-    assert vgpu.SHM_LAYOUT["vgpu_shm.devs"] == vgpu.DEVS_OFFSET
+    assert ledger._DEV.size == ledger.SHM_LAYOUT["sizeof(struct vgpu_shm_dev)"]
+    assert ledger.SHM_LAYOUT["sizeof(struct vgpu_shm)"] == ledger.SHM_SIZE
+    assert ledger.SHM_LAYOUT["vgpu_shm.devs"] == ledger.DEVS_OFFSET

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from nvctk.base import config as nvconfig
+from nvctk.base import mounts
 from nvctk.base.errors import NvctkError
-from nvctk.hook import mount
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.vgpu import gc as vgpu_gc
@@ -125,7 +125,7 @@ class Host:
 
     def mounts_under_state_dir(self) -> list[str]:
         top = os.path.abspath(self.config.state_dir)
-        return [i.mount_point for i in mount.read_mountinfo()
+        return [i.mount_point for i in mounts.read_mountinfo()
                 if i.mount_point.startswith(f"{top}/")]
 
     def assert_clean(self) -> None:
@@ -562,10 +562,10 @@ def test_gc_never_deletes_through_a_mount_nested_in_a_state_dir(h: Host, tmp_pat
         assert (victim / "precious").read_text() == "keep me"
         assert not os.path.exists(d)
         assert f"removed {d}" in r.stdout.splitlines()
-        assert not [m for m in mount.read_mountinfo() if m.mount_point.startswith(d)]
+        assert not [m for m in mounts.read_mountinfo() if m.mount_point.startswith(d)]
     finally:
         with contextlib.suppress(OSError):
-            mount.umount2(str(sub), mount.MNT_DETACH)
+            mounts.umount2(str(sub), mounts.MNT_DETACH)
 
 
 def test_remove_tree_never_enters_another_mount(h: Host, tmp_path: Path) -> None:
@@ -589,7 +589,7 @@ def test_remove_tree_never_enters_another_mount(h: Host, tmp_path: Path) -> None
         assert os.path.isdir(sub) and not os.path.exists(Path(d, "a", "file"))
         assert not os.path.lexists(Path(d, "link"))
     finally:
-        mount.umount2(str(sub), mount.MNT_DETACH)
+        mounts.umount2(str(sub), mounts.MNT_DETACH)
     vgpu_gc.remove_state_dir(d, cfg)
     assert not os.path.exists(d) and (victim / "precious").exists()
 
@@ -632,7 +632,7 @@ def test_deep_owner_does_not_break_poststop_or_create(h: Host) -> None:
     cfg = h.config
     os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
     d = _fake_state(cfg, "0123456789abcdef-deep", "[" * 8000, age=vgpu_gc.GC_GRACE_S + 60)
-    vgpu_gc._collect_quietly(cfg)  # what every vGPU create and poststop runs
+    vgpu_gc.collect_quietly(cfg)  # what every vGPU create and poststop runs
     assert not os.path.exists(d)
 
 
@@ -646,7 +646,7 @@ def _lookalikes(cfg: nvconfig.Config, tmp_path: Path) -> tuple[dict[str, str], l
     (name -> path), and the mounts to undo afterwards."""
     old = vgpu_gc.GC_GRACE_S + 60
     made: dict[str, str] = {}
-    mounts: list[str] = []
+    made_mounts: list[str] = []
     d = _fake_state(cfg, "00000000000000a1-files", None, ours=False)
     Path(d, "precious").write_text("the operator's")
     made["ownerless-with-files"] = d
@@ -658,7 +658,7 @@ def _lookalikes(cfg: nvconfig.Config, tmp_path: Path) -> tuple[dict[str, str], l
     os.makedirs(d)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "other", d], check=True)
     Path(d, "owner").write_text(json.dumps(_DEAD_OWNER))
-    mounts.append(d)
+    made_mounts.append(d)
     made["another-tmpfs"] = d
     host_dir = tmp_path / "host-dir"
     host_dir.mkdir()
@@ -667,7 +667,7 @@ def _lookalikes(cfg: nvconfig.Config, tmp_path: Path) -> tuple[dict[str, str], l
     d = os.path.join(cfg.state_dir, "00000000000000a5-bind")
     os.makedirs(d)
     subprocess.run(["mount", "--bind", str(host_dir), d], check=True)
-    mounts.append(d)
+    made_mounts.append(d)
     made["host-bind"] = d
     (tmp_path / "target").mkdir()
     d = os.path.join(cfg.state_dir, "00000000000000a6-link")
@@ -679,7 +679,7 @@ def _lookalikes(cfg: nvconfig.Config, tmp_path: Path) -> tuple[dict[str, str], l
     for p in made.values():
         if not os.path.islink(p):
             os.utime(p, (time.time() - old, time.time() - old))
-    return made, mounts
+    return made, made_mounts
 
 
 def _tree(path: str) -> list[tuple[str, bytes]]:
@@ -695,7 +695,7 @@ def test_gc_removes_only_what_it_can_prove_is_its_own(h: Host, tmp_path: Path) -
     (and one with a forged owner whose pid is gone), with the files in it."""
     cfg = h.config
     os.makedirs(cfg.state_dir, 0o700, exist_ok=True)
-    made, mounts = _lookalikes(cfg, tmp_path)
+    made, made_mounts = _lookalikes(cfg, tmp_path)
     before = {k: _tree(p) for k, p in made.items()}
     real = _fake_state(cfg, "00000000000000b1-real", _DEAD_OWNER)  # nvctk's: goes
     try:
@@ -710,11 +710,11 @@ def test_gc_removes_only_what_it_can_prove_is_its_own(h: Host, tmp_path: Path) -
             assert _tree(p) == before[k], k
         assert "nvctk removes only its own state dirs" in r.stderr, r.stderr
         # nor the collection every vGPU create and poststop runs
-        vgpu_gc._collect_quietly(cfg)
+        vgpu_gc.collect_quietly(cfg)
         assert {k: _tree(p) for k, p in made.items()} == before
     finally:
-        for m in mounts:
-            mount.umount2(m, mount.MNT_DETACH)
+        for m in made_mounts:
+            mounts.umount2(m, mounts.MNT_DETACH)
         for p in made.values():
             if os.path.islink(p) or not os.path.isdir(p):
                 os.unlink(p)

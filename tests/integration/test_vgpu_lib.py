@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"
 import harness as H
 
 from nvctk.sim.state import read_state
+from nvctk.vgpu import ledger
 from nvctk.vgpu import limits as vgpu
 
 MIB = H.MIB
@@ -168,7 +169,7 @@ def test_bad_frees_never_credit(env: dict[str, str], tmp_path: Path) -> None:
             assert line, head  # it exited early
             head += line
         # mid-run, from the accounting file: both processes' usage, exactly
-        assert sum(u.used for u in vgpu.read_usage(tmp_path / "cache").values()) == neighbour + RESERVE + 100 * MIB
+        assert sum(u.used for u in ledger.read_usage(tmp_path / "cache").values()) == neighbour + RESERVE + 100 * MIB
         tail, _ = abuser.communicate("\n", timeout=30)
         assert abuser.returncode == 0, head + tail
         r = H.parse(head + tail)
@@ -196,7 +197,7 @@ def test_bad_frees_never_credit(env: dict[str, str], tmp_path: Path) -> None:
         if abuser is not None:
             abuser.kill()
             abuser.wait()
-    assert sum(u.used for u in vgpu.read_usage(tmp_path / "cache").values()) == 0
+    assert sum(u.used for u in ledger.read_usage(tmp_path / "cache").values()) == 0
 
 
 @pytest.mark.parametrize("create, destroy", [
@@ -276,10 +277,10 @@ def test_usage_shared_across_processes(env: dict[str, str], tmp_path: Path) -> N
     with _holding(env, 256 * MIB) as finish:
         r = ok(H.probe(env, "init", "ctx", "0", "fill", str(MIB)))
         assert int(r["fill"][0][1]) == 512 * MIB - 2 * RESERVE - 256 * MIB
-        usage = vgpu.read_usage(tmp_path / "cache")
+        usage = ledger.read_usage(tmp_path / "cache")
         assert sum(u.used for u in usage.values()) == 256 * MIB + RESERVE  # the holder only
         assert finish() == 0
-    assert sum(u.used for u in vgpu.read_usage(tmp_path / "cache").values()) == 0
+    assert sum(u.used for u in ledger.read_usage(tmp_path / "cache").values()) == 0
 
 
 def test_stricter_limit_across_processes_holds(env: dict[str, str]) -> None:

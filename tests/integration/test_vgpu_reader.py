@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"))
 import harness as H
 
-from nvctk.vgpu import limits as vgpu
+from nvctk.vgpu import ledger
 from nvctk.vgpu import state as vgpu_state
 
 MIB = H.MIB
@@ -74,7 +74,7 @@ def test_devices_and_processes(driver: H.Driver, state: Path, holders: list[subp
     assert devs[0].memory == RESERVE + 100 * MIB and devs[1].memory == RESERVE + 50 * MIB
     assert devs[0].uuid == driver.uuids[0] and devs[1].uuid == driver.uuids[1]
     assert devs[0].mem_cap == 512 * MIB and devs[0].sm_pct == 50
-    assert devs[0].claimed == vgpu.UsageRecord.CLAIMED
+    assert devs[0].claimed == ledger.UsageRecord.CLAIMED
     assert all(r.claimed == () for r in recs if r.kind == "process")
 
 
@@ -84,9 +84,9 @@ def test_a_forged_accounting_file_changes_only_claims(state: Path, holders: list
     before = [r for r in vgpu_state.read_container_usage(state) if r.kind == "process"]
     cache = state / "rw" / "cache"
     if forgery == "zeros":
-        cache.write_bytes(bytes(vgpu.SHM_SIZE))
+        cache.write_bytes(bytes(ledger.SHM_SIZE))
     elif forgery == "garbage":
-        cache.write_bytes(os.urandom(vgpu.SHM_SIZE))
+        cache.write_bytes(os.urandom(ledger.SHM_SIZE))
     elif forgery == "truncated":
         cache.write_bytes(b"")
     else:

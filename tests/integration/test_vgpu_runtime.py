@@ -28,6 +28,7 @@ from nvctk.host import image as host_image
 from nvctk.oci import spec as oci
 from nvctk.sim import host
 from nvctk.vgpu import gc as vgpu_gc
+from nvctk.vgpu import ledger
 from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
 from support import wait
@@ -171,8 +172,8 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         # the accounting file: every page allocated at create (a full tmpfs never
         # turns libvgpu's first touch of a page into SIGBUS)
         cache = (d / "rw/cache").stat()
-        assert cache.st_size == vgpu.SHM_SIZE
-        assert cache.st_blocks * 512 >= vgpu.SHM_SIZE
+        assert cache.st_size == ledger.SHM_SIZE
+        assert cache.st_blocks * 512 >= ledger.SHM_SIZE
         owner = json.loads((d / "owner").read_text())
         assert (owner["runtime_root"], owner["id"], owner["pid"]) == ("/tmp/rr", "box", os.getpid())
         assert owner["start"] == vgpu_gc.proc_start_time(os.getpid())
@@ -181,7 +182,7 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         # its own small tmpfs: nosuid, nodev, noexec, bounded, private
         info = os.statvfs(d)
         assert info.f_blocks * info.f_frsize == vgpu_state.TMPFS_SIZE
-        assert vgpu.SHM_SIZE * 2 <= vgpu_state.TMPFS_SIZE <= 2 * MIB
+        assert ledger.SHM_SIZE * 2 <= vgpu_state.TMPFS_SIZE <= 2 * MIB
         assert info.f_flag & (os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC) == (
             os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC)
         assert not mounts_at(d)[0].shared

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"
 import harness as H
 
 from nvctk.sim.state import read_state
-from nvctk.vgpu import limits as vgpu
+from nvctk.vgpu import ledger
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (device nodes)"), pytest.mark.slow]
 
@@ -40,8 +40,8 @@ def _forge_tokens(cache: Path) -> None:
     """What buying GPU time looked like: a full bucket in every device entry."""
     fd = os.open(cache, os.O_RDWR)
     try:
-        for e in range(vgpu.MAX_DEV):
-            off = vgpu.DEVS_OFFSET + e * vgpu._DEV.size + vgpu.SHM_LAYOUT["vgpu_shm_dev.tokens_ns"]
+        for e in range(ledger.MAX_DEV):
+            off = ledger.DEVS_OFFSET + e * ledger._DEV.size + ledger.SHM_LAYOUT["vgpu_shm_dev.tokens_ns"]
             os.pwrite(fd, struct.pack("<qQ", 1 << 60, time.monotonic_ns()), off)
     finally:
         os.close(fd)
@@ -52,21 +52,21 @@ def _attack(how: str, cache: Path, limits: Path, stop: threading.Event) -> None:
         while not stop.wait(0.001):
             _forge_tokens(cache)
     elif how == "zero":
-        cache.write_bytes(bytes(vgpu.SHM_SIZE))
+        cache.write_bytes(bytes(ledger.SHM_SIZE))
     elif how == "garbage":
-        cache.write_bytes(os.urandom(vgpu.SHM_SIZE))
+        cache.write_bytes(os.urandom(ledger.SHM_SIZE))
     elif how == "truncate":
         os.truncate(cache, 0)
     elif how == "replace":
         cache.unlink()
-        cache.write_bytes(bytes(vgpu.SHM_SIZE))
+        cache.write_bytes(bytes(ledger.SHM_SIZE))
     elif how == "forge-presence":
         # three made-up processes on the limits file: the share is split four ways
         fd = os.open(limits, os.O_RDONLY)
         try:
             for r in (1, 2, 3):
-                for ep in range(vgpu.SM_PRES_EPOCHS):
-                    pos = vgpu.SM_PRES_BASE + (r * vgpu.MAX_DEV) * vgpu.SM_PRES_EPOCHS + ep
+                for ep in range(ledger.SM_PRES_EPOCHS):
+                    pos = ledger.SM_PRES_BASE + (r * ledger.MAX_DEV) * ledger.SM_PRES_EPOCHS + ep
                     fcntl.fcntl(fd, 37, struct.pack("hhxxxxqqixxxx", fcntl.F_RDLCK, os.SEEK_SET, pos, 1, 0))
             stop.wait()
         finally:
@@ -74,8 +74,8 @@ def _attack(how: str, cache: Path, limits: Path, stop: threading.Event) -> None:
     elif how == "forge-huge-lock":
         fd = os.open(limits, os.O_RDONLY)
         try:
-            fcntl.fcntl(fd, 37, struct.pack("hhxxxxqqixxxx", fcntl.F_RDLCK, os.SEEK_SET, vgpu.SM_PRES_BASE,
-                                            vgpu.SM_PRES_END - vgpu.SM_PRES_BASE, 0))
+            fcntl.fcntl(fd, 37, struct.pack("hhxxxxqqixxxx", fcntl.F_RDLCK, os.SEEK_SET, ledger.SM_PRES_BASE,
+                                            ledger.SM_PRES_END - ledger.SM_PRES_BASE, 0))
             stop.wait()
         finally:
             os.close(fd)

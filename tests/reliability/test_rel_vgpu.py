@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"
 import harness as H
 
 from nvctk.sim.state import read_state
-from nvctk.vgpu import limits as vgpu
+from nvctk.vgpu import ledger
 from support.libvgpu import driver_of
 
 pytestmark = pytest.mark.slow  # seconds of load each
@@ -53,7 +53,7 @@ def _env(driver: H.Driver, d: Path, cap_mib: int = CAP_MIB) -> dict[str, str]:
 
 
 def _ledger(d: Path) -> int:
-    return sum(u.used for u in vgpu.read_usage(d / "cache").values())
+    return sum(u.used for u in ledger.read_usage(d / "cache").values())
 
 
 WATCHER = """

@@ -12,7 +12,7 @@ import pytest
 
 from nvctk import _sys
 from nvctk.base import config as nvconfig
-from nvctk.hook import mount as m
+from nvctk.base import mounts
 from nvctk.host.inventory import HostInfo
 from nvctk.host.nvml import query_host
 from nvctk.sim import host as simhost
@@ -65,11 +65,11 @@ def show_sim_pci(sim_root: str) -> None:
     the DRM nodes and by-path links a real host's would. A /sys/devices/pci* the host
     lacks is left out (sysfs takes no new directories): NCT then finds no DRM nodes.
     """
-    _sys.unshare(m.CLONE_NEWNS)
-    _sys.mount(None, "/", None, m.MS_REC | m.MS_SLAVE, None)
+    _sys.unshare(mounts.CLONE_NEWNS)
+    _sys.mount(None, "/", None, mounts.MS_REC | mounts.MS_SLAVE, None)
     sys_dir = Path(sim_root) / "sys"
-    _sys.mount(sys_dir / "bus/pci/devices", "/sys/bus/pci/devices", None, m.MS_BIND, None)
+    _sys.mount(sys_dir / "bus/pci/devices", "/sys/bus/pci/devices", None, mounts.MS_BIND, None)
     for d in sorted(sys_dir.glob("devices/pci*")):
         dst = Path("/sys/devices") / d.name
         if dst.is_dir():
-            _sys.mount(d, dst, None, m.MS_BIND, None)
+            _sys.mount(d, dst, None, mounts.MS_BIND, None)

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from nvctk.base import config as nvconfig
+from nvctk.base import mounts
 from nvctk.base.errors import NvctkError
-from nvctk.hook import mount
 from nvctk.runtime.create import Created, prepare_bundle
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
@@ -100,13 +100,13 @@ def env_of(spec: dict[str, Any]) -> dict[str, str]:
     return dict(e.partition("=")[::2] for e in spec["process"]["env"])
 
 
-def mounts_at(path: str | Path) -> list[mount.MountInfo]:
+def mounts_at(path: str | Path) -> list[mounts.MountInfo]:
     """The host's mounts on path (a state dir: its tmpfs, or none)."""
-    return [i for i in mount.read_mountinfo() if i.mount_point == str(path)]
+    return [i for i in mounts.read_mountinfo() if i.mount_point == str(path)]
 
 
-def mounts_under(top: str | Path) -> list[mount.MountInfo]:
-    return [i for i in mount.read_mountinfo() if i.mount_point.startswith(f"{top}/")]
+def mounts_under(top: str | Path) -> list[mounts.MountInfo]:
+    return [i for i in mounts.read_mountinfo() if i.mount_point.startswith(f"{top}/")]
 
 
 def cleanup_state(config: nvconfig.Config, d: str | Path) -> None:

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from nvctk.base.mounts import parse_mountinfo
 from nvctk.edits import LogSettings, Mount, Plan, ProcMask, Symlink
-from nvctk.hook.mount import parse_mountinfo
 from nvctk.sim.host import SimHost
 
 HOOK = shutil.which("nvctk-hook", path=os.path.dirname(sys.executable)) or "nvctk-hook"
