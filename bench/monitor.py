@@ -2,7 +2,7 @@
 (16 per GPU), each with a process holding memory and having run kernels on the sim.
 
 The containers are what the monitor reads of one: a runtime state.json naming a bundle
-with config.json (the device request, Kubernetes annotations) and nvctk-plan.json (the
+with config.json (the device request, Kubernetes annotations) and nvctk-edits.json (the
 vGPU limits), and an init process in a cgroup of its own (the process on the GPU, a
 vgpu_probe using the sim's libcuda). No runc: 128 real containers on a 2-core VM would
 measure runc, not the monitor.
@@ -57,7 +57,7 @@ def proc_start(pid: int) -> int:
 
 
 def build_node(tmp: Path, cg_base: Path, procs: list[subprocess.Popen[bytes]]) -> tuple[object, str]:
-    from nvctk.edits import Plan, VgpuPlan
+    from nvctk.edits import Edits, Vgpu
     from nvctk.sim import host
     from nvctk.sim.topology import make_topology
 
@@ -86,10 +86,10 @@ def build_node(tmp: Path, cg_base: Path, procs: list[subprocess.Popen[bytes]]) -
             b = tmp / "bundles" / cid
             b.mkdir(parents=True)
             limits = {"CUDA_DEVICE_MEMORY_LIMIT_0": str(4096 * MIB), "CUDA_DEVICE_SM_LIMIT_0": "6"}
-            plan = Plan("550.54.15", ("utility", "compute"), (gpu.uuid,),
-                        vgpu=VgpuPlan("/usr/lib/nvctk/libvgpu.so", "/run/nvctk/libvgpu.so",
+            plan = Edits("550.54.15", ("utility", "compute"), (gpu.uuid,),
+                        vgpu=Vgpu("/usr/lib/nvctk/libvgpu.so", "/run/nvctk/libvgpu.so",
                                       str(tmp / "state" / cid), "/run/nvctk/vgpu", limits))
-            (b / "nvctk-plan.json").write_text(plan.to_json())
+            (b / "nvctk-edits.json").write_text(plan.to_json())
             (b / "config.json").write_text(json.dumps({
                 "ociVersion": "1.1.0",
                 "process": {"env": [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}",

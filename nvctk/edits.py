@@ -12,8 +12,8 @@ out as a CDI spec). nvctk.spec.apply is the one module that applies it to
 config.json; the runtime saves it beside the spec and the prestart hook reads it
 back (nvctk.hook.inputs), deciding nothing the form does not say.
 
-`Plan` and `VgpuPlan` are the old names of Edits and Vgpu, kept as aliases while
-the planner and hook sides move to the new ones.
+One vocabulary: the form is the edits (Edits, Vgpu, EDITS_FILE, load_edits,
+apply_edits); nvctk.plan is the step that makes it (plan_container).
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal
 
-PLAN_FILE = "nvctk-plan.json"  # in the bundle directory, beside config.json
+EDITS_FILE = "nvctk-edits.json"  # in the bundle directory, beside config.json
+# its name before nvctk 26's rename: a container created before an upgrade and started
+# after it has only this one (the hook's reader falls back to it; the runtime's next
+# create of the bundle removes it)
+OLD_EDITS_FILE = "nvctk-plan.json"
 # the host side of a vGPU container's state (nvctk.vgpu.state), below its own tmpfs:
 # ro/ is mounted read-only at /run/nvctk, rw/ (the accounting dir) read-write over its
 # placeholder ro/vgpu; the other names are files, or placeholders (mount points) for
@@ -172,9 +176,6 @@ class Vgpu(Record):
         self.preload_entries = preload_entries
 
 
-VgpuPlan = Vgpu  # the old name
-
-
 class Edits(Record):
     __slots__ = ("driver_version", "capabilities", "gpu_uuids", "devices",  # noqa: RUF023
                  "mounts", "symlinks", "proc_mask", "lib_dir", "ldconfig", "env", "vgpu",
@@ -280,7 +281,10 @@ def _mount(x: dict[str, Any]) -> Mount:
     return Mount(**x)
 
 
-Plan = Edits  # the old name
+# the names nvctk.monitor.containers still reads the form by, until it moves to the one
+# reader (nvctk.hook.inputs.load_edits); nothing else uses them
+Plan = Edits
+PLAN_FILE = EDITS_FILE
 
 
 def hook_env(nvctk_config: str | None) -> tuple[str, ...]:

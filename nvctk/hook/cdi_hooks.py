@@ -3,7 +3,7 @@ an engine (podman, containerd with CDI) applies nvctk's spec itself.
 
 The arguments decode into the edits form (nvctk.edits.cdi_hook_args, as
 nvctk-runtime's CDI mode decodes them), and the prestart hook's worker does it
-(nvctk.hook.worker.apply_plan: capabilities limited, paths resolved inside the
+(nvctk.hook.worker.apply_edits: capabilities limited, paths resolved inside the
 rootfs, the host's static ldconfig chrooted). nvctk-runtime's own CDI mode never
 runs these: it folds them into its one prestart hook.
 """
@@ -22,7 +22,7 @@ USAGE = ("usage: nvctk-hook cdi-edits [--link TARGET::PATH]... [--folder DIR] | 
 def main(cmd: str, args: list[str]) -> int:
     from nvctk.edits import Edits, cdi_hook_args
     from nvctk.hook.entry import ROOTFS, HookRun, UsageError, run
-    from nvctk.hook.worker import apply_plan
+    from nvctk.hook.worker import apply_edits
 
     def parse(argv: list[str]) -> tuple[Any, str | None]:  # (links, folder)
         try:
@@ -35,7 +35,7 @@ def main(cmd: str, args: list[str]) -> int:
         assert hook.rootfs is not None  # ROOTFS: read by run
         edits = Edits("", (), (), symlinks=links, lib_dir=folder or "/",
                       ldconfig=hook.config().ldconfig if folder else "")
-        apply_plan(edits, hook.rootfs, hook.state.pid, hook.log, drop_parent_caps=True)
+        apply_edits(edits, hook.rootfs, hook.state.pid, hook.log, drop_parent_caps=True)
         hook.log.info(f"{hook.state.id}: {cmd} done")
 
     return run(cmd, body, args, parse=parse, inputs=ROOTFS, usage=USAGE)

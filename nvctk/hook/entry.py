@@ -5,8 +5,8 @@
     1. sanitize the environment (nothing steers Python or the loader from here on)
     2. parse the arguments: UsageError -> exit 2, "nvctk-hook: <cmd>: <why>" + usage
     3. read and parse the OCI state on stdin
-    4. as the command asks (`inputs`): the spec and the rootfs (STATE < ROOTFS < PLAN),
-       the plan (nvctk.hook.inputs.load_plan, the one plan loader) read only once the
+    4. as the command asks (`inputs`): the spec and the rootfs (STATE < ROOTFS < EDITS),
+       the plan (nvctk.hook.inputs.load_edits, the one plan loader) read only once the
        rootfs is known not to hold the bundle
     5. open the log from the plan's log settings (the hook loads no config for it;
        without a plan, the config's)
@@ -19,14 +19,13 @@ the log); an OSError the same, naming its file; anything else is a bug: exit 1 w
 
 from __future__ import annotations
 
-import os
 import sys
 
 from nvctk.base.errors import NvctkError, SpecError
 from nvctk.base.log import HookLog
 from nvctk.base.record import Record
-from nvctk.edits import PLAN_FILE
-from nvctk.hook.inputs import load_plan, parse_state, rootfs_path, sanitize_environ
+from nvctk.edits import EDITS_FILE
+from nvctk.hook.inputs import edits_path, load_edits, parse_state, rootfs_path, sanitize_environ
 from nvctk.oci.spec import check_bundle_outside_rootfs, load_spec_as_runc
 
 TYPE_CHECKING = False
@@ -35,13 +34,13 @@ if TYPE_CHECKING:
     from typing import IO, Any
 
     from nvctk.base.config import Config
-    from nvctk.edits import Plan
+    from nvctk.edits import Edits
     from nvctk.hook.inputs import HookState
 
 # what a command needs read before its body runs (each includes the ones before it)
 STATE = 0  # the OCI state on stdin
 ROOTFS = 1  # + the spec (as runc reads it) and the rootfs; the container has a pid
-PLAN = 2  # + the plan nvctk-runtime saved in the bundle; no plan: nothing to do
+EDITS = 2  # + the form nvctk-runtime saved in the bundle; none: nothing to do
 
 
 class UsageError(ValueError):
@@ -51,18 +50,18 @@ class UsageError(ValueError):
 class HookRun(Record):
     """What a command's body is given: its inputs, read by `run`, and the open log."""
 
-    __slots__ = ("cmd", "opts", "state", "spec", "rootfs", "plan", "log",  # noqa: RUF023
+    __slots__ = ("cmd", "opts", "state", "spec", "rootfs", "edits", "log",  # noqa: RUF023
                  "_config")
 
     def __init__(self, cmd: str, opts: Any, state: HookState, log: HookLog,
                  spec: dict[str, Any] | None = None, rootfs: str | None = None,
-                 plan: Plan | None = None, config: Config | None = None) -> None:
+                 edits: Edits | None = None, config: Config | None = None) -> None:
         self.cmd = cmd
         self.opts = opts  # what `parse` made of the arguments
         self.state = state
         self.spec = spec
         self.rootfs = rootfs
-        self.plan = plan
+        self.edits = edits
         self.log = log  # nowhere until the plan names the log (or the body opens one)
         self._config = config
 
@@ -80,7 +79,7 @@ def log_for(hook: HookRun) -> HookLog:
     """The hook's log, as the plan says (file, level). Without a plan (a command that
     reads none, or a container nvctk-runtime made none for) or with one written before
     the form carried log settings: the config's, read only then."""
-    settings = None if hook.plan is None else hook.plan.log
+    settings = None if hook.edits is None else hook.edits.log
     if settings is None:
         config = hook.config()
         return HookLog(config.log_file, config.log_level)
@@ -97,17 +96,17 @@ def _read_inputs(run_: HookRun, inputs: int) -> str | None:
     try:
         run_.spec = load_spec_as_runc(state.bundle)
     except SpecError as e:
-        if inputs >= PLAN and not os.path.lexists(os.path.join(state.bundle, PLAN_FILE)):
+        if inputs >= EDITS and edits_path(state.bundle) is None:
             # the runtime wrapper handed an unreadable spec on: it saw no GPU
-            return f"{e}; no {PLAN_FILE}: no GPU asked for, nothing to do"
+            return f"{e}; no {EDITS_FILE}: no GPU asked for, nothing to do"
         raise
     run_.rootfs = rootfs_path(state, run_.spec)
-    if inputs < PLAN:
+    if inputs < EDITS:
         return None
     check_bundle_outside_rootfs(state.bundle, run_.rootfs)
-    run_.plan = load_plan(state.bundle)
-    if run_.plan is None:
-        return (f"no {PLAN_FILE} in {state.bundle}: nvctk-runtime made no plan for this "
+    run_.edits = load_edits(state.bundle)
+    if run_.edits is None:
+        return (f"no {EDITS_FILE} in {state.bundle}: nvctk-runtime made no plan for this "
                 "container (no GPU asked for, or not created through it); nothing to do")
     return None
 

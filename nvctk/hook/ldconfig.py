@@ -22,7 +22,7 @@ from nvctk.hook import mount as m
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.log import HookLog, Logger
-    from nvctk.edits import Plan
+    from nvctk.edits import Edits
 
 LDCONFIG_TIMEOUT = 30.0
 
@@ -45,7 +45,7 @@ def detach_procfs_under(top: str, infos: list[mounts.MountInfo], log: HookLog) -
             os.close(fd)
 
 
-def become_ldconfig(plan: Plan, rootfs: str, root_st: os.stat_result, ldfd: int, devnull: int,
+def become_ldconfig(plan: Edits, rootfs: str, root_st: os.stat_result, ldfd: int, devnull: int,
                     out_w: int, log: HookLog) -> None:
     """Become the host's ldconfig run chrooted into the rootfs: never returns."""
     try:
@@ -83,7 +83,7 @@ def become_ldconfig(plan: Plan, rootfs: str, root_st: os.stat_result, ldfd: int,
             os._exit(127)
 
 
-def wait_ldconfig(plan: Plan, pid: int, out_r: int, log: Logger) -> None:
+def wait_ldconfig(plan: Edits, pid: int, out_r: int, log: Logger) -> None:
     """Collect ldconfig's output (closes out_r), kill it past LDCONFIG_TIMEOUT, reap
     it and log how it went: a failing ldconfig is a warning, never the hook's failure."""
     chunks = []

@@ -13,8 +13,8 @@ from __future__ import annotations
 import io
 
 from nvctk.edits import SERVED_FLAG
-from nvctk.hook.entry import PLAN, HookRun, UsageError, run
-from nvctk.hook.worker import apply_plan
+from nvctk.hook.entry import EDITS, HookRun, UsageError, run
+from nvctk.hook.worker import apply_edits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,12 +35,12 @@ def parse_args(argv: list[str]) -> str | None:
 
 def body(hook: HookRun, drop_parent_caps: bool = True, served: bool = False) -> None:
     """The worker's steps on the plan (entry has read state, spec, rootfs and plan)."""
-    plan, rootfs = hook.plan, hook.rootfs
-    assert plan is not None and rootfs is not None  # inputs=PLAN
+    plan, rootfs = hook.edits, hook.rootfs
+    assert plan is not None and rootfs is not None  # inputs=EDITS
     if hook.opts is not None and not served:
         hook.log.info(f"{hook.state.id}: nvctk-runtime's prestart server was not there (runc "
                       "not started by the create that wrote this spec): the hook runs by itself")
-    apply_plan(plan, rootfs, hook.state.pid, hook.log, drop_parent_caps)
+    apply_edits(plan, rootfs, hook.state.pid, hook.log, drop_parent_caps)
     by = ", served by nvctk-runtime" if served else ""
     hook.log.info(f"{hook.state.id}: prestart done{by} ({len(plan.mounts)} mounts, "
                   f"rootfs {rootfs})")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None, stdin: IO[bytes] | None = None,
     """Exit 0, or 1 with 'nvctk-hook: prestart: <why>' on stderr (2: bad arguments).
     served: run by nvctk-runtime's server (nvctk.hook.served), not by the hook."""
     return run("prestart", lambda hook: body(hook, drop_parent_caps, served), argv or [],
-               parse=parse_args, inputs=PLAN, stdin=stdin, stderr=stderr, log=log)
+               parse=parse_args, inputs=EDITS, stdin=stdin, stderr=stderr, log=log)
 
 
 def answer(state: bytes) -> tuple[int, str]:

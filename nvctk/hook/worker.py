@@ -44,7 +44,7 @@ from nvctk.base import mounts
 from nvctk.base.errors import MountError, NvctkError
 from nvctk.base.fileio import read_all, write_all
 from nvctk.base.record import Record
-from nvctk.edits import VGPU_DIRS, VGPU_FILES, Mount, Plan
+from nvctk.edits import VGPU_DIRS, VGPU_FILES, Edits, Mount
 from nvctk.hook import caps
 from nvctk.hook import mount as m
 from nvctk.hook.elf import elf_interpreter
@@ -110,7 +110,7 @@ def _is_own_tmpfs(path: str, st: os.stat_result) -> bool:
         os.close(fd)
 
 
-def check_vgpu_state(plan: Plan, log: HookLog) -> tuple[Mount, ...]:
+def check_vgpu_state(plan: Edits, log: HookLog) -> tuple[Mount, ...]:
     """The plan's vGPU mounts, once their sources are what nvctk-runtime made at create
     (nvctk.vgpu.state): the state dir a tmpfs of its own holding ro/ and rw/ and the
     files the mounts take. A missing piece fails the hook: a container that sets a
@@ -148,13 +148,13 @@ def check_vgpu_state(plan: Plan, log: HookLog) -> tuple[Mount, ...]:
     except OSError as e:
         raise MountError(f"step open: {e.filename or v.state_dir}: {e.strerror}")
     if not v.mounts or not all(mnt.required for mnt in v.mounts):
-        raise MountError(f"step plan: the vGPU state {v.state_dir} has no mounts, or optional "
+        raise MountError(f"step edits: the vGPU state {v.state_dir} has no mounts, or optional "
                          "ones, in the plan (a container that sets a limit never runs uncapped)")
     log.debug(f"vgpu: {len(v.mounts)} mounts for {v.library}, state {v.state_dir}")
     return v.mounts
 
 
-def _prepare(plan: Plan, pid: int, log: HookLog) -> WorkerFds:
+def _prepare(plan: Edits, pid: int, log: HookLog) -> WorkerFds:
     """Host-namespace work: clones of the sources, the mask, ldconfig and ns fds."""
     caps.enter_step("open", log)
     p = WorkerFds()
@@ -172,7 +172,7 @@ def _prepare(plan: Plan, pid: int, log: HookLog) -> WorkerFds:
         raise
 
 
-def _clone_sources(plan: Plan, p: WorkerFds, log: HookLog) -> None:
+def _clone_sources(plan: Edits, p: WorkerFds, log: HookLog) -> None:
     """Every mount's source cloned (detached, already read-only/nosuid/nodev), the vGPU
     state's last; a missing optional one skipped, a missing required one an error."""
     vgpu = check_vgpu_state(plan, log)
@@ -196,7 +196,7 @@ def _clone_sources(plan: Plan, p: WorkerFds, log: HookLog) -> None:
         p.sources.append((mnt, fd))
 
 
-def _make_mask(plan: Plan, p: WorkerFds, log: HookLog) -> None:
+def _make_mask(plan: Edits, p: WorkerFds, log: HookLog) -> None:
     """The /proc/driver/nvidia mask: a detached tmpfs with the selected GPUs' files."""
     pm = plan.proc_mask
     if pm is None:
@@ -244,13 +244,13 @@ def _open_ns(pid: int, p: WorkerFds) -> None:
         raise m.step_error("setns", nspath, e)
 
 
-def _pin(plan: Plan, root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
+def _pin(plan: Edits, root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
     """Pin the rootfs dirs the plan lists (a vGPU's: /etc and /run, which hold its
     mounts): renaming one (or a directory on the way to a vGPU mount) would take
     nvctk's mounts away from the paths ld.so and libvgpu read (the layout's step 1)."""
     for name in plan.pins:
         if not name or "/" in name or name in (".", ".."):
-            raise MountError(f"step plan: pin {name!r}: want a directory name at the "
+            raise MountError(f"step edits: pin {name!r}: want a directory name at the "
                              "rootfs's top")
         try:
             if root.pin(name, mounter):
@@ -288,7 +288,7 @@ def _enter(rootfs: str, prep: WorkerFds, log: HookLog) -> m.Root:
     return root
 
 
-def _mount_sources(plan: Plan, root: m.Root, prep: WorkerFds, mounter: m.Mounter,
+def _mount_sources(plan: Edits, root: m.Root, prep: WorkerFds, mounter: m.Mounter,
                    log: HookLog) -> None:
     """The pins, then every cloned source at its destination in the rootfs; the pins
     sealed read-only for a read-only root."""
@@ -327,7 +327,7 @@ def _mount_sources(plan: Plan, root: m.Root, prep: WorkerFds, mounter: m.Mounter
             raise m.step_error("mount", ", ".join(f"/{p}" for p in plan.pins), e)
 
 
-def _make_links(plan: Plan, root: m.Root, log: HookLog) -> None:
+def _make_links(plan: Edits, root: m.Root, log: HookLog) -> None:
     """The plan's symlinks; one where the image has a file, or off the rootfs, is skipped."""
     caps.enter_step("symlink", log)
     for link in plan.symlinks:
@@ -360,7 +360,7 @@ def _mask_proc(root: m.Root, mask: int, mounter: m.Mounter, log: HookLog) -> Non
     log.debug(f"masked {PROC_DRIVER}")
 
 
-def _mount_steps(plan: Plan, rootfs: str, prep: WorkerFds, mounter: m.Mounter,
+def _mount_steps(plan: Edits, rootfs: str, prep: WorkerFds, mounter: m.Mounter,
                  log: HookLog) -> m.Root:
     """setns to proc-mask; returns the rootfs (open, for ldconfig) once all are in."""
     root = _enter(rootfs, prep, log)
@@ -419,7 +419,7 @@ def _answer(fd: int, err: str | None) -> None:
         os.close(fd)
 
 
-def worker(plan: Plan, rootfs: str, pid: int, log: HookLog, answer: int,
+def worker(plan: Edits, rootfs: str, pid: int, log: HookLog, answer: int,
            ldconfig_out: int) -> int:
     """The forked worker: every step, then its answer on `answer` (closed then).
 
@@ -456,7 +456,7 @@ def worker(plan: Plan, rootfs: str, pid: int, log: HookLog, answer: int,
             _close_all(prep.fds())
 
 
-def apply_plan(plan: Plan, rootfs: str, pid: int, log: HookLog,
+def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
                drop_parent_caps: bool = False) -> None:
     """Run the worker in a forked child; MountError with its message on failure.
 

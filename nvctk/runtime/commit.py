@@ -9,7 +9,7 @@ import os
 
 from nvctk.base import fileio
 from nvctk.base.errors import NvctkError
-from nvctk.edits import PLAN_FILE, is_prestart_hook, saved_part
+from nvctk.edits import EDITS_FILE, OLD_EDITS_FILE, is_prestart_hook, saved_part
 from nvctk.host.facts import DEFAULT_RUNTIME_ROOT
 from nvctk.oci import spec as oci
 from nvctk.spec import apply as spec_edits
@@ -32,7 +32,7 @@ def commit(bundle: str, spec: dict[str, Any], edits: Edits, config: Config,
     CDI devices (the record says so)."""
     warn_unverified_record(spec, config, logger)
     removed = spec_edits.apply(spec, edits, config.state_dir, cdi=cdi)[1]
-    form_path = os.path.join(bundle, PLAN_FILE)
+    form_path = os.path.join(bundle, EDITS_FILE)
     if not any(is_prestart_hook(h) for h in edits.hooks):
         oci.save_spec(bundle, spec)
         remove_earlier_form(bundle, logger)  # an earlier create's: no hook reads it now
@@ -47,6 +47,7 @@ def commit(bundle: str, spec: dict[str, Any], edits: Edits, config: Config,
         # both renames durable, the form's first (a directory fsync costs a journal commit)
         fileio.atomic_write(form_path, saved_part(edits).to_json().encode(), 0o644,
                             sync_dir=False)
+        fileio.unlink_quietly(os.path.join(bundle, OLD_EDITS_FILE))  # a create's before the rename
         try:
             oci.save_spec(bundle, spec)
         except BaseException:
@@ -62,17 +63,18 @@ def commit(bundle: str, spec: dict[str, Any], edits: Edits, config: Config,
 def remove_earlier_form(bundle: str, logger: Logger | None) -> None:
     """An earlier GPU create's form out: without it the hooks that create left in the
     spec know no GPU was asked for this time (nvctk.hook.entry)."""
-    path = os.path.join(bundle, PLAN_FILE)
-    if not os.path.lexists(path):  # one lstat: no write to a (maybe read-only) bundle
-        return
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:  # no hook of ours reads it any more: not worth failing for
-        if logger is not None:
-            logger.warning(f"{bundle}: cannot remove an earlier create's {PLAN_FILE}: "
-                           f"{e.strerror}")
+    for name in (EDITS_FILE, OLD_EDITS_FILE):  # the latter: a create before the rename
+        path = os.path.join(bundle, name)
+        if not os.path.lexists(path):  # one lstat: no write to a (maybe read-only) bundle
+            continue
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # no hook of ours reads it any more: not worth failing for
+            if logger is not None:
+                logger.warning(f"{bundle}: cannot remove an earlier create's {name}: "
+                               f"{e.strerror}")
 
 
 def warn_unverified_record(spec: dict[str, Any], config: Config, logger: Logger | None) -> None:

@@ -233,7 +233,7 @@ def test_wheel_in_a_fresh_venv(wheel_venv: Path, tmp_path: Path) -> None:
                           "sysconfig.get_paths()['purelib'])"]).stdout.strip())
         libvgpu = site / "nvctk" / "lib" / "libvgpu.so"
         assert libvgpu.is_file()
-        assert str(libvgpu) in (bundle / "nvctk-plan.json").read_text()
+        assert str(libvgpu) in (bundle / "nvctk-edits.json").read_text()
         r = _run(["runc", "--root", str(state), "start", ctr], env=env)
         assert r.returncode == 0, r.stderr
         wait.until(lambda: json.loads(_run(["runc", "--root", str(state), "state", ctr]).stdout)

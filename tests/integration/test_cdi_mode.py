@@ -398,7 +398,7 @@ def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path,
     assert not any(d["path"] == "/dev/nvidia0" for d in s["linux"]["devices"])
     assert s["hooks"].get("createRuntime", []) == []
     assert [h["args"][:3] for h in s["hooks"]["prestart"]] == [["nvctk-hook", "prestart", "--served"]]
-    form = Edits.from_json((b / "nvctk-plan.json").read_bytes())
+    form = Edits.from_json((b / "nvctk-edits.json").read_bytes())
     assert any(m.container_path.endswith("/libcuda.so.1") or "libcuda.so." in m.container_path
                for m in form.mounts)
     assert form.ldconfig and any(x.container_path.endswith("/libcuda.so") for x in form.symlinks)
@@ -412,7 +412,7 @@ def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path,
     assert s["linux"]["resources"] == original["linux"]["resources"]
     assert all(v == [] for v in s["hooks"].values())
     assert spec_edits.EDITS_ANNOTATION not in s.get("annotations", {})
-    assert not (b / "nvctk-plan.json").exists()
+    assert not (b / "nvctk-edits.json").exists()
 
     # cdi again, then legacy: the legacy create has none of the CDI edits left
     _set_env(b, ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"])
@@ -425,7 +425,7 @@ def test_reused_bundle_cdi_then_void_then_legacy(env: Env, spec_dir: Path,
     assert s["hooks"].get("createRuntime", []) == []
     assert [d["path"] for d in s["linux"]["devices"] if d["path"] == "/dev/nvidia1"] == []
     assert len(s["hooks"]["prestart"]) == 1
-    assert (b / "nvctk-plan.json").exists()
+    assert (b / "nvctk-edits.json").exists()
 
 
 @pytest.mark.slow

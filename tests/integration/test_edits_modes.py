@@ -196,7 +196,7 @@ def test_a_create_in_either_mode_writes_one_config(setup: tuple[Any, Any, Path, 
                                if not e.startswith("NVIDIA_DRIVER_CAPABILITIES=")]
         s["linux"]["devices"].sort(key=repr)
         s["linux"]["resources"]["devices"].sort(key=repr)
-        out[mode] = (s, Edits.from_json((b / "nvctk-plan.json").read_bytes()))
+        out[mode] = (s, Edits.from_json((b / "nvctk-edits.json").read_bytes()))
     (legacy, lform), (cdi_spec, cform) = out["legacy"], out["cdi"]
     assert cdi_spec == legacy
     assert [h["args"] for h in legacy["hooks"]["prestart"]] == [["nvctk-hook", "prestart"]]

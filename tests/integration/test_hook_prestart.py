@@ -176,7 +176,7 @@ def test_ldconfig_is_exec_d_alone_chrooted_with_dac_override_only(
     if built.returncode != 0:
         pytest.skip(f"cannot link a static probe: {built.stderr[-300:]}")
     bundle, root = setup()
-    plan_path = os.path.join(bundle.path, "nvctk-plan.json")
+    plan_path = os.path.join(bundle.path, "nvctk-edits.json")
     d = json.loads(Path(plan_path).read_text())
     d["ldconfig"] = str(probe)
     Path(plan_path).write_text(json.dumps(d))
@@ -264,7 +264,7 @@ def test_missing_required_library_fails_naming_it(setup: Callable[..., tuple[Bun
                                                   sim_host: SimHost, host_table: None,
                                                   lib: str, cap: str) -> None:
     bundle, root = setup()
-    plan_path = os.path.join(bundle.path, "nvctk-plan.json")
+    plan_path = os.path.join(bundle.path, "nvctk-edits.json")
     d = json.loads(Path(plan_path).read_text())
     for m in d["mounts"]:
         if os.path.basename(m["host_path"]).startswith(f"{lib}.so"):
@@ -365,7 +365,7 @@ def test_elf_interpreter() -> None:
 
 def test_without_a_saved_plan_the_hook_decides_nothing(
         sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path, host_table: None) -> None:
-    """A spec that names the hook but has no nvctk-plan.json (edited by hand, or a
+    """A spec that names the hook but has no nvctk-edits.json (edited by hand, or a
     bundle reused for a no-GPU container): the hook never plans by itself; it mounts
     nothing and says so in nvctk's log."""
     root = rootfs()
@@ -376,5 +376,5 @@ def test_without_a_saved_plan_the_hook_decides_nothing(
         r = run_hook(bundle, pid)
         assert r.returncode == 0 and r.stderr == "", r.stderr
         assert mounts_under(pid, root) == {}
-    assert (f"no nvctk-plan.json in {bundle.path}: nvctk-runtime made no plan for this "
+    assert (f"no nvctk-edits.json in {bundle.path}: nvctk-runtime made no plan for this "
             "container") in bundle.log_text()

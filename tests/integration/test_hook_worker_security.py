@@ -7,7 +7,7 @@ Each test fails on the code before its fix:
   a FIFO hung nvctk-runtime create for ever (a device node would be opened).
 - read_usage followed a link (or opened a FIFO/device) that a container put in
   its writable accounting dir in place of `cache`.
-- A GPU container whose rootfs holds its own bundle could rewrite nvctk-plan.json
+- A GPU container whose rootfs holds its own bundle could rewrite nvctk-edits.json
   (the host paths the hook binds, the dir poststop deletes).
 - The chrooted ldconfig had no effective time limit: an image whose
   /etc/ld.so.conf is a FIFO kept the hook waiting for ever.
@@ -34,7 +34,7 @@ import support.sim as _sim
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
 from nvctk.base.log import HookLog, Logger
-from nvctk.edits import MAX_PRELOAD_BYTES, PLAN_FILE, Plan, VgpuPlan
+from nvctk.edits import EDITS_FILE, MAX_PRELOAD_BYTES, Edits, Vgpu
 from nvctk.hook import ldconfig
 from nvctk.hook import worker as hook_worker
 from nvctk.hook.entry import HookRun
@@ -212,7 +212,7 @@ def test_shim_refuses_rootfs_holding_the_bundle(root_path: str, cfg: nvconfig.Co
     before = (b / "config.json").read_bytes()
     with pytest.raises(SpecError, match="contains the bundle"):
         prepare_bundle(str(b), cfg, argv0=RUNTIME, container_id="cid", runtime_root="/r")
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
     assert (b / "config.json").read_bytes() == before
 
 
@@ -238,7 +238,7 @@ def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.Monkey
     os.mkfifo(fifo)
     monkeypatch.setattr(ldconfig, "LDCONFIG_TIMEOUT", 2.0)
     log = HookLog(str(tmp_path / "hook.log"), "debug")
-    plan = Plan("1", ("compute",), (), ldconfig=ld)
+    plan = Edits("1", ("compute",), (), ldconfig=ld)
     done = threading.Event()
 
     def rescue() -> None:  # without the limit: fail (no kill logged) instead of hanging
@@ -250,7 +250,7 @@ def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.Monkey
     threading.Thread(target=rescue, daemon=True).start()
     try:
         wait.until(lambda: _execed(ns.pid, "sleep"), 10, "unshare to exec sleep in its namespace")
-        hook_worker.apply_plan(plan, str(root), ns.pid, log)
+        hook_worker.apply_edits(plan, str(root), ns.pid, log)
     finally:
         done.set()
         ns.kill()
@@ -266,7 +266,7 @@ def test_new_state_dir_is_root_only(tmp_path: Path) -> None:
     lib = tmp_path / "libvgpu.so"
     lib.write_bytes(b"")
     d = vgpu_state.state_dir_for(cfg, "/r", "cid")
-    v = VgpuPlan(str(lib), vgpu_state.CONTAINER_LIBRARY, d, vgpu.VGPU_DIR,
+    v = Vgpu(str(lib), vgpu_state.CONTAINER_LIBRARY, d, vgpu.VGPU_DIR,
                  VgpuLimits(memory=(1 << 30,), sm=(0,)).values())
     vgpu_state.install(v, None, cfg)
     try:
@@ -297,8 +297,8 @@ def test_poststop_never_leaves_state_dir(tmp_path: Path) -> None:
     bundle.mkdir()
     for d in (str(link), str(real), str(top / ".."), str(victim),
               str(top / ("2" * 16 + "-x") / ".." / ".." / "victim")):
-        plan = Plan("1", (), (), vgpu=VgpuPlan("/l", "/c", d, "/v", {}))
-        (bundle / PLAN_FILE).write_text(plan.to_json())
+        plan = Edits("1", (), (), vgpu=Vgpu("/l", "/c", d, "/v", {}))
+        (bundle / EDITS_FILE).write_text(plan.to_json())
         state = json.dumps({"id": "c", "pid": 0, "bundle": str(bundle), "status": "stopped"})
         hook = HookRun("poststop", None, parse_state(state), HookLog(""), config=cfg)
         try:

@@ -166,7 +166,7 @@ def test_bad_runtime_state_is_logged_once_and_the_rest_goes_on(
     (root / "corrupt" / "state.json").write_text('{"init_process_pid": 1, "config": ')
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    (bundle / "nvctk-plan.json").write_text("{not json")
+    (bundle / "nvctk-edits.json").write_text("{not json")
     (bundle / "config.json").write_text("{}")
     (root / "fifo").mkdir()
     os.mkfifo(root / "fifo" / "state.json")  # would block a plain open() for ever

@@ -22,7 +22,7 @@ from nvctk.base.errors import (
     SpecError,
     UnknownDeviceError,
 )
-from nvctk.edits import DeviceNode, Mount, Plan, ProcMask, Symlink, VgpuPlan
+from nvctk.edits import DeviceNode, Edits, Mount, ProcMask, Symlink, Vgpu
 from nvctk.host import cache as nvhost
 from nvctk.host import driver
 from nvctk.host.image import image_facts
@@ -50,7 +50,7 @@ def spec(env: dict[str, str], **extra: Any) -> dict[str, Any]:
 
 
 def plan_of(s: dict[str, Any], cfg: nvconfig.Config, host: HostInfo | None = None, *,
-            bundle: str | None = None, rootfs: str | None = None, **kw: Any) -> Plan | None:
+            bundle: str | None = None, rootfs: str | None = None, **kw: Any) -> Edits | None:
     """The shim's way: the request, the image's facts (from a rootfs or a bundle), the plan."""
     request = request_from_spec(s, cfg)
     if request is None:
@@ -67,13 +67,13 @@ def lib_dir(rootfs: str) -> str:
     return container_lib_dirs(image_facts({"root": {"path": rootfs}}, "/"))[0]
 
 
-def plan(cfg: nvconfig.Config, host: HostInfo, env: dict[str, str], **kw: Any) -> Plan:
+def plan(cfg: nvconfig.Config, host: HostInfo, env: dict[str, str], **kw: Any) -> Edits:
     p = plan_of(spec(env), cfg, host, **kw)
     assert p is not None
     return p
 
 
-def nodes(p: Plan) -> list[str]:
+def nodes(p: Edits) -> list[str]:
     return [d.path for d in p.devices]
 
 
@@ -440,7 +440,7 @@ def test_plan_mounts_as_with_full_discovery(cfg: nvconfig.Config, host: HostInfo
 
 
 def test_plan_json_round_trip() -> None:
-    p = Plan(
+    p = Edits(
         driver_version="550.54.15",
         capabilities=("compute", "utility"),
         gpu_uuids=("GPU-a", "GPU-b"),
@@ -450,16 +450,16 @@ def test_plan_json_round_trip() -> None:
         symlinks=(Symlink("/usr/lib/libcuda.so", "libcuda.so.1"),),
         proc_mask=ProcMask("/h/proc/driver/nvidia", ("0000:1b:00.0",)),
         env={"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/run/nvctk/vgpu/cache"},
-        vgpu=VgpuPlan("/h/libvgpu.so", "/run/nvctk/libvgpu.so", "/run/nvctk/x", "/run/nvctk/vgpu",
+        vgpu=Vgpu("/h/libvgpu.so", "/run/nvctk/libvgpu.so", "/run/nvctk/x", "/run/nvctk/vgpu",
                       {"CUDA_DEVICE_MEMORY_LIMIT_0": "1073741824"}),
     )
     text = p.to_json()
-    assert Plan.from_json(text) == p
-    assert Plan.from_json(text.encode()) == p
+    assert Edits.from_json(text) == p
+    assert Edits.from_json(text.encode()) == p
     assert json.loads(text) == p.to_dict()  # plain JSON, readable by any tool
-    bare = Plan("1", (), ())
-    assert Plan.from_json(bare.to_json()) == bare and bare.env == {} and bare.vgpu is None
-    assert Plan("1", (), ()).env is not bare.env  # no shared default
+    bare = Edits("1", (), ())
+    assert Edits.from_json(bare.to_json()) == bare and bare.env == {} and bare.vgpu is None
+    assert Edits("1", (), ()).env is not bare.env  # no shared default
 
 
 def test_vgpu_env_prefixes_cover_vgpu_variables() -> None:

@@ -28,7 +28,7 @@ from nvctk.base import config as nvconfig
 from nvctk.base import fileio
 from nvctk.base import log as nvlog
 from nvctk.base.errors import ConfigError, NvctkError, RequestError, SpecError, UnknownDeviceError
-from nvctk.edits import PLAN_FILE, DeviceNode, Hook
+from nvctk.edits import EDITS_FILE, DeviceNode, Hook
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
 from nvctk.oci import runc_argv
 from nvctk.oci import spec as oci
@@ -139,7 +139,7 @@ def test_log_file_fifo_blocks_no_gpu_create(env: Env, bundle: Callable[..., Path
     r = env.run(*argv)  # env.run's timeout=60 raises on a hang
     assert r.returncode == 0, r.stderr
     assert env.recorded() == argv
-    assert (b / PLAN_FILE).exists()
+    assert (b / EDITS_FILE).exists()
 
 
 @pytest.mark.parametrize(("line", "needle"), [
@@ -460,7 +460,7 @@ def test_hostile_gpu_input_gets_one_clear_line(
         return
     assert_clean_failure(env, r, needle)
     assert snapshot(b / "config.json") == before
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
     assert max(len(m) for m in runc_log_errors(env)) < 1000  # cut, not 5000 digits
 
 
@@ -537,7 +537,7 @@ def test_reused_bundle_gets_only_the_current_request(env: Env, bundle: Callable[
     r = env.run(*create_argv(env, b, "c3"))
     assert r.returncode == 0, r.stderr
     spec = json.loads((b / "config.json").read_text())
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
     assert spec_edits.EDITS_ANNOTATION not in (spec.get("annotations") or {})
     assert spec["hooks"] == {"prestart": [], "poststop": []}
     assert _nvidia_paths(spec) == _nvidia_paths(original)
@@ -606,7 +606,7 @@ def test_real_runc_runs_a_vgpu_bundle_reused_as_void(
     b = bundle({NVD: "0", "CUDA_DEVICE_MEMORY_LIMIT": "1g"})
     r = real_runc(b, "nvctk-hostile-vgpu")
     assert r.returncode == 0, r.stderr
-    assert (b / PLAN_FILE).exists()
+    assert (b / EDITS_FILE).exists()
     _set_env(b, NVD, "void")
     spec = json.loads((b / "config.json").read_text())
     spec["process"]["args"] = ["sh", "-c", "ls /dev | grep -c nvidia; cat /etc/ld.so.preload"]
@@ -615,7 +615,7 @@ def test_real_runc_runs_a_vgpu_bundle_reused_as_void(
     assert r.returncode == 1 or r.returncode == 0, r.stderr  # cat fails: no preload file
     assert r.stdout.split()[0] == "0", r.stdout  # no NVIDIA device nodes
     assert "libvgpu" not in r.stdout
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
 
 
 @pytest.mark.parametrize("unparsable", [False, True], ids=["not-utf8", "unparsable"])
@@ -628,7 +628,7 @@ def test_real_runc_runs_a_vgpu_bundle_reused_unreadable_without_gpu(
     b = bundle({NVD: "0", "CUDA_DEVICE_MEMORY_LIMIT": "1g"})
     r = real_runc(b, "nvctk-hostile-vgpu2")
     assert r.returncode == 0, r.stderr
-    assert (b / PLAN_FILE).exists()
+    assert (b / EDITS_FILE).exists()
     spec = json.loads((b / "config.json").read_text())
     spec["process"]["env"] = [e for e in spec["process"]["env"]
                               if not e.startswith((f"{NVD}=", "CUDA_DEVICE_MEMORY_LIMIT="))]
@@ -643,7 +643,7 @@ def test_real_runc_runs_a_vgpu_bundle_reused_unreadable_without_gpu(
     r = real_runc(b, "nvctk-hostile-void2")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["no-gpu-ran", "preload:"], r.stdout + r.stderr  # no libvgpu
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
     assert (b / "config.json").read_bytes() == data  # handed on as it was
 
 
@@ -1034,7 +1034,7 @@ def test_gpu_create_refuses_an_id_runc_refuses(env: Env, bundle: Callable[..., P
     shown_id = os.fsencode(cid).decode("ascii", "backslashreplace")
     assert_clean_failure(env, r, f"invalid container id '{shown_id}'")
     assert _key_dirs(env) == []  # no state made for it
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
 
 
 def test_no_gpu_create_leaves_the_id_to_runc(env: Env, bundle: Callable[..., Path]) -> None:
@@ -1078,7 +1078,7 @@ def test_ldconfig_fifo_fails_at_once_naming_the_setting(
     b = make_bundle(str(tmp_path / "bundle"), root, make_plan(sim_host))
     fifo = tmp_path / "ldconfig-fifo"
     os.mkfifo(fifo)
-    plan_path = os.path.join(b.path, PLAN_FILE)
+    plan_path = os.path.join(b.path, EDITS_FILE)
     d = json.loads(Path(plan_path).read_text())
     d["ldconfig"] = str(fifo)
     Path(plan_path).write_text(json.dumps(d))

@@ -16,7 +16,7 @@ import pytest
 
 import support.runtime as _runtime
 from nvctk.base import config as nvconfig
-from nvctk.edits import PLAN_FILE, Plan
+from nvctk.edits import EDITS_FILE, Edits
 from nvctk.sim.host import SimHost
 from support.launchers import Launchers
 from support.runtime import (
@@ -42,7 +42,7 @@ def test_gpu_create_edits_spec(env: Env, bundle: Callable[..., Path], sim_host: 
     assert r.returncode == 0, r.stderr
     assert env.recorded() == argv  # runc got exactly our argv
     spec = json.loads((b / "config.json").read_text())
-    plan = Plan.from_json((b / PLAN_FILE).read_text())
+    plan = Edits.from_json((b / EDITS_FILE).read_text())
     assert plan.gpu_uuids == (uuid1,)
     paths = [d["path"] for d in spec["linux"]["devices"]]
     assert paths == ["/dev/nvidiactl", "/dev/nvidia1", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
@@ -116,7 +116,7 @@ def test_errors_leave_spec_and_log(env: Env, bundle: Callable[..., Path],
     assert r.stderr.startswith("nvctk-runtime: ")
     assert env.recorded() is None  # runc never started
     assert snapshot(b / "config.json") == before
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
     lines = env.log.read_text().splitlines()
     last = json.loads(lines[-1])
     assert last["level"] == "error" and re.search(message, last["msg"])
@@ -195,14 +195,14 @@ def test_bundle_named_create_and_relative(env: Env, bundle: Callable[..., Path])
     r = env.run(*argv, cwd=str(b.parent))
     assert r.returncode == 0, r.stderr
     assert env.recorded() == argv
-    assert (b / PLAN_FILE).exists()
+    assert (b / EDITS_FILE).exists()
 
 
 def test_create_from_cwd_with_relative_root(env: Env, bundle: Callable[..., Path]) -> None:
     b = bundle({NVD: "0"}, edit=lambda s: s["root"].update(path="./rootfs"))
     r = env.run("create", "c9", cwd=str(b))  # no --bundle: the cwd
     assert r.returncode == 0, r.stderr
-    plan = Plan.from_json((b / PLAN_FILE).read_text())
+    plan = Edits.from_json((b / EDITS_FILE).read_text())
     assert plan.lib_dir == "/usr/lib/x86_64-linux-gnu"  # found rootfs/etc/debian_version
 
 
@@ -285,7 +285,7 @@ def test_gpu_create_imports_nothing_heavy(env: Env, bundle: Callable[..., Path],
     assert "nvctk.runtime.create" in imported and "nvctk.plan.make" in imported  # the GPU create ran
     assert sorted(n for n in imported if n.split(".")[0] in HEAVY) == []
     assert sorted(n for n in imported if n in HEAVY_NVCTK) == []
-    plan = Plan.from_json((b / PLAN_FILE).read_text())
+    plan = Edits.from_json((b / EDITS_FILE).read_text())
     assert plan.gpu_uuids == (env.sim.topology.gpus[0].uuid,)
 
 
@@ -300,5 +300,5 @@ def test_no_gpu_create_imports_no_planning(env: Env, bundle: Callable[..., Path]
     planning = {"nvctk.plan.make", "nvctk.host.discover", "nvctk.host.driver", "nvctk.host.ldcache", "nvctk.host.cache",
                 "nvctk.hook.mount", "nvctk.hook.served", "nvctk._sys", *HEAVY_NVCTK}
     assert sorted(imported & planning) == []
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
 

@@ -195,7 +195,7 @@ def test_gpu_container_cases(name: str, sim_host: SimHost, shared_rootfs: str,
         assert "Test PASSED" in out["sample"], out["sample"]
     elif case.compute:  # none: the driver is there, but no GPU
         assert any("CUDA_ERROR_NO_DEVICE" in line for line in out["sample"]), out["sample"]
-    assert (r.bundle / "nvctk-plan.json").exists()
+    assert (r.bundle / "nvctk-edits.json").exists()
     assert not r.spec_untouched()
 
 
@@ -213,7 +213,7 @@ def test_not_a_gpu_container(env: list[str], fresh_rootfs: Callable[[], str],
     assert out["mounts"] == [] and out["libs"] == []
     assert out["cache"] == ["none"]
     assert r.spec_untouched(), "config.json of a non-GPU container was rewritten"
-    assert not (r.bundle / "nvctk-plan.json").exists()
+    assert not (r.bundle / "nvctk-edits.json").exists()
     assert sorted(str(p.relative_to(root)) for p in Path(root).rglob("*")) == before
 
 
@@ -238,7 +238,7 @@ def test_unknown_id_fails_before_runc(shared_rootfs: str, runc: Runc) -> None:
     assert r.proc.stdout == ""  # the container never ran
     assert runc.listed() == []
     assert r.spec_untouched()
-    assert not (b / "nvctk-plan.json").exists()
+    assert not (b / "nvctk-edits.json").exists()
 
 
 def test_unmet_requirement_fails_naming_term_and_host_value(sim_host: SimHost,

@@ -23,7 +23,7 @@ import pytest
 import support.vgpu as _vgpu
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import RequestError
-from nvctk.edits import PLAN_FILE, Plan
+from nvctk.edits import EDITS_FILE, Edits
 from nvctk.host import image as host_image
 from nvctk.oci import spec as oci
 from nvctk.sim import host
@@ -84,7 +84,7 @@ def test_bad_limits_fail_the_create(env: dict[str, str], gpu: str, culprit: str,
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     assert any(culprit in e["msg"] and e["level"] == "error" for e in entries), entries
     assert (b / "config.json").read_bytes() == before
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
     assert not os.path.exists(vgpu_state.state_dir_for(config, str(tmp_path / "runc-root"), "cid"))
 
 
@@ -136,7 +136,7 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         spec = spec_of(b)
         assert spec == first  # a second create changes nothing
         assert not (d / "stale").exists()  # the dir was recreated
-        assert Plan.from_json((b / PLAN_FILE).read_text()) == p1
+        assert Edits.from_json((b / EDITS_FILE).read_text()) == p1
         hooks = spec["hooks"]
         assert [h["args"] for h in hooks["prestart"]] == [["nvctk-hook", "prestart"]]
         assert [h["args"] for h in hooks["poststop"]] == [
@@ -300,14 +300,14 @@ def test_poststop_removes_only_the_state_dir(bundles: Bundles, sim: host.SimHost
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep").write_text("x")
-    text = (b / PLAN_FILE).read_text().replace(str(d), str(victim))
-    (b / PLAN_FILE).write_text(text)
+    text = (b / EDITS_FILE).read_text().replace(str(d), str(victim))
+    (b / EDITS_FILE).write_text(text)
     r = _poststop(b, sim)
     assert r.returncode == 1 and "refusing to remove" in r.stderr, r.stderr
     assert (victim / "keep").exists()
 
     # no plan (not a GPU container): nothing to do
-    (b / PLAN_FILE).unlink()
+    (b / EDITS_FILE).unlink()
     assert _poststop(b, sim).returncode == 0
 
 
@@ -570,7 +570,7 @@ def test_state_dir_removed_when_the_runtime_cannot_start(bundles: Bundles, sim: 
                        env={**os.environ, "NVCTK_CONFIG": str(cfg)}, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "cannot exec" in r.stderr, r.stderr
-    assert (b / PLAN_FILE).exists()  # the create got as far as the exec
+    assert (b / EDITS_FILE).exists()  # the create got as far as the exec
     d = vgpu_state.state_dir_for(config, root, "gone")
     assert not os.path.exists(d) and not mounts_at(d)
 
@@ -646,7 +646,7 @@ def _refused(b: Path, config: nvconfig.Config, tmp_path: Path, match: str) -> No
     with pytest.raises(RequestError, match=match):
         prep(b, config, "cid", str(tmp_path / "runc-root"))
     assert (b / "config.json").read_bytes() == before
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
     assert not os.path.exists(vgpu_state.state_dir_for(config, str(tmp_path / "runc-root"), "cid"))
 
 

@@ -26,7 +26,7 @@ import pytest
 import support.vgpu as tv
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
-from nvctk.edits import PLAN_FILE
+from nvctk.edits import EDITS_FILE
 from nvctk.sim import host
 from nvctk.spec import apply as spec_edits
 from nvctk.spec import seccomp as nvseccomp
@@ -349,7 +349,7 @@ def test_a_profile_nvctk_cannot_judge_fails_the_create(bundles: Bundles, attack:
     assert culprit in r.stderr, r.stderr
     assert any(culprit in json.loads(x)["msg"] for x in log.read_text().splitlines())
     assert (b / "config.json").read_bytes() == before
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()
     assert not os.path.exists(vgpu_state.state_dir_for(config, str(tmp_path / "runc-root"), "cid"))
 
 

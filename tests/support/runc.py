@@ -31,7 +31,7 @@ def runc_bundle(tmp: Path, root: Path, sim: SimHost, args: list[str], env: list[
     bundle = tmp / "rbundle"
     bundle.mkdir()
     plan = make_plan(sim)
-    (bundle / "nvctk-plan.json").write_text(plan.to_json())
+    (bundle / "nvctk-edits.json").write_text(plan.to_json())
     cfg = bundle / "config.toml"
     cfg.write_text(f'log-file = "{bundle}/nvctk.log"\nlog-level = "debug"\n')
     subprocess.run(["runc", "spec", "--bundle", str(bundle)], check=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from nvctk.edits import PLAN_FILE
+from nvctk.edits import EDITS_FILE
 from nvctk.runtime import create
 from nvctk.sim.host import SimHost
 
@@ -151,4 +151,4 @@ def assert_passed_through(env: Env, b: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert env.recorded() == argv
     assert snapshot(b / "config.json") == before
-    assert not (b / PLAN_FILE).exists()
+    assert not (b / EDITS_FILE).exists()

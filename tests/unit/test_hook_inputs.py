@@ -1,10 +1,11 @@
-"""The hooks' one plan loader (nvctk.hook.inputs.load_plan) and their one entry
+"""The hooks' one plan loader (nvctk.hook.inputs.load_edits) and their one entry
 (nvctk.hook.entry.run): what is at the plan's path is read without blocking or
 following, and every command's errors come out the same way."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -17,10 +18,10 @@ import pytest
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import MountError, SpecError
 from nvctk.base.log import HookLog
-from nvctk.edits import PLAN_FILE, Edits, LogSettings, Mount, Vgpu
+from nvctk.edits import EDITS_FILE, OLD_EDITS_FILE, Edits, LogSettings, Mount, Vgpu
 from nvctk.hook import entry, poststop, prestart, worker
 from nvctk.hook.entry import UsageError
-from nvctk.hook.inputs import MAX_PLAN_BYTES, load_plan
+from nvctk.hook.inputs import MAX_EDITS_BYTES, load_edits
 
 
 @contextmanager
@@ -45,24 +46,37 @@ def _plan(tmp: Path) -> Edits:
                            "/run/nvctk/vgpu"))
 
 
-def test_a_saved_plan_reads_back(tmp_path: Path) -> None:
+def test_a_saved_form_reads_back(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
-    (tmp_path / PLAN_FILE).write_text(plan.to_json())
-    assert load_plan(str(tmp_path)) == plan
-    assert load_plan(str(tmp_path / "elsewhere")) is None  # no plan: nothing to do
+    (tmp_path / EDITS_FILE).write_text(plan.to_json())
+    assert load_edits(str(tmp_path)) == plan
+    assert load_edits(str(tmp_path / "elsewhere")) is None  # no form: nothing to do
+
+
+def test_a_form_saved_before_the_rename_reads_back(tmp_path: Path) -> None:
+    """A container created before an upgrade has nvctk-plan.json (and no `selected`): its
+    hooks after the upgrade still find it; the new name wins where both are."""
+    plan = _plan(tmp_path)
+    old = plan.to_dict()
+    del old["selected"]
+    (tmp_path / OLD_EDITS_FILE).write_text(json.dumps(old))
+    assert OLD_EDITS_FILE == "nvctk-plan.json" and load_edits(str(tmp_path)) == plan
+    newer = plan.replace(gpu_uuids=("GPU-2",))
+    (tmp_path / EDITS_FILE).write_text(newer.to_json())
+    assert load_edits(str(tmp_path)) == newer
 
 
 @pytest.mark.parametrize(("what", "why"), [
     ("fifo", "not a regular file"),
     ("symlink", "a symbolic link (never followed"),
-    ("huge", f"larger than {MAX_PLAN_BYTES} bytes"),
+    ("huge", f"larger than {MAX_EDITS_BYTES} bytes"),
     ("directory", "not a regular file"),
-    ("garbage", "unusable plan"),
-    ("list", "unusable plan"),
+    ("garbage", "unusable form"),
+    ("list", "unusable form"),
 ])
-def test_what_is_not_a_plan_is_refused_by_name_without_blocking(
+def test_what_is_not_a_form_is_refused_by_name_without_blocking(
         tmp_path: Path, what: str, why: str) -> None:
-    path = tmp_path / PLAN_FILE
+    path = tmp_path / EDITS_FILE
     real = tmp_path / "real.json"
     real.write_text(_plan(tmp_path).to_json())
     if what == "fifo":
@@ -71,7 +85,7 @@ def test_what_is_not_a_plan_is_refused_by_name_without_blocking(
         path.symlink_to(real)  # a good plan behind it: still never followed
     elif what == "huge":
         with open(path, "wb") as f:
-            f.truncate(MAX_PLAN_BYTES + 1)
+            f.truncate(MAX_EDITS_BYTES + 1)
     elif what == "directory":
         path.mkdir()
     elif what == "garbage":
@@ -79,8 +93,8 @@ def test_what_is_not_a_plan_is_refused_by_name_without_blocking(
     else:
         path.write_text("[1, 2]")
     with no_block(), pytest.raises(MountError) as e:
-        load_plan(str(tmp_path))
-    assert str(e.value).startswith(f"step plan: {path}: {why}"), str(e.value)
+        load_edits(str(tmp_path))
+    assert str(e.value).startswith(f"step edits: {path}: {why}"), str(e.value)
 
 
 def _state(bundle: Path, cid: str = "c1", pid: int = 0) -> io.BytesIO:
@@ -99,10 +113,10 @@ def test_poststop_reads_the_plan_with_the_one_loader(tmp_path: Path) -> None:
     """Without --runtime-root, poststop names the dir from the plan: a FIFO there is
     the same clear error as for prestart, and no hang."""
     cfg = nvconfig.Config(state_dir=str(tmp_path / "state"))
-    os.mkfifo(tmp_path / PLAN_FILE)
+    os.mkfifo(tmp_path / EDITS_FILE)
     code, err = _poststop(tmp_path, cfg)
     assert code == 1
-    assert err == f"nvctk-hook: poststop: step plan: {tmp_path / PLAN_FILE}: not a regular " \
+    assert err == f"nvctk-hook: poststop: step edits: {tmp_path / EDITS_FILE}: not a regular " \
                   "file (nvctk-runtime writes one)\n"
 
 
@@ -162,7 +176,7 @@ def test_a_bad_state_is_exit_1_before_any_body(tmp_path: Path) -> None:
 @pytest.mark.parametrize("pin", ["", "a/b", "..", "."])
 def test_the_worker_pins_only_top_level_dirs_the_plan_lists(tmp_path: Path, pin: str) -> None:
     plan = Edits("", (), (), pins=(pin,))
-    with pytest.raises(MountError, match="step plan: pin"):
+    with pytest.raises(MountError, match="step edits: pin"):
         worker._pin(plan, None, None, HookLog(""))  # type: ignore[arg-type]
 
 
@@ -188,7 +202,7 @@ def test_with_a_plan_the_log_is_the_plans_and_no_config_is_read(
     (bundle / "rootfs").mkdir(parents=True)
     (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "root": {"path": "rootfs"}}')
     plan = Edits("1", (), (), log=LogSettings(str(tmp_path / "plan.log"), "debug"))
-    (bundle / PLAN_FILE).write_text(plan.to_json())
+    (bundle / EDITS_FILE).write_text(plan.to_json())
     seen: list[entry.HookRun] = []
 
     def body(hook: entry.HookRun) -> None:
@@ -197,10 +211,10 @@ def test_with_a_plan_the_log_is_the_plans_and_no_config_is_read(
 
     err = io.StringIO()
     with mock.patch.dict(os.environ):
-        code = entry.run("x", body, [], inputs=entry.PLAN, stdin=_state(bundle, pid=1),
+        code = entry.run("x", body, [], inputs=entry.EDITS, stdin=_state(bundle, pid=1),
                          stderr=err)
     assert (code, err.getvalue()) == (1, "nvctk-hook: x: it went wrong\n")
-    assert seen[0].plan == plan and seen[0].rootfs == str(bundle / "rootfs")
+    assert seen[0].edits == plan and seen[0].rootfs == str(bundle / "rootfs")
     assert "ERROR: c1: x: it went wrong" in (tmp_path / "plan.log").read_text()
 
 

@@ -215,7 +215,7 @@ def test_atomic_write_directory_sync(tmp_path: Path, monkeypatch: pytest.MonkeyP
         real(fd)
 
     monkeypatch.setattr(os, "fsync", record)
-    fileio.atomic_write(str(tmp_path / "nvctk-plan.json"), b"{}", 0o644, sync_dir=False)
+    fileio.atomic_write(str(tmp_path / "nvctk-edits.json"), b"{}", 0o644, sync_dir=False)
     fileio.atomic_write(str(tmp_path / "config.json"), b"{}")
     assert synced == ["file", "file", "dir"]
-    assert (tmp_path / "nvctk-plan.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "nvctk-edits.json").stat().st_mode & 0o777 == 0o644

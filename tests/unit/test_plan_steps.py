@@ -17,7 +17,7 @@ import pytest
 
 from nvctk.base.config import Config
 from nvctk.base.errors import RequestError
-from nvctk.edits import PRELOAD, DeviceNode, Edits, Hook, Mount, Plan, with_server
+from nvctk.edits import PRELOAD, DeviceNode, Edits, Hook, Mount, with_server
 from nvctk.host.driver import DriverFiles
 from nvctk.host.image import ImageFacts
 from nvctk.host.inventory import GpuInfo
@@ -203,7 +203,7 @@ def base_spec() -> dict[str, Any]:
 
 
 def test_apply_puts_exactly_the_plan_into_the_spec() -> None:
-    plan = Plan(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE,),
+    plan = Edits(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE,),
                 env={"NVCTK_X": "1"})
     spec = base_spec()
     edits, removed = spec_edits.apply(spec, plan)
@@ -219,7 +219,7 @@ def test_apply_puts_exactly_the_plan_into_the_spec() -> None:
 
 
 def test_apply_twice_is_applying_once_and_a_smaller_plan_takes_the_rest_out(tmp_path: Path) -> None:
-    big = Plan(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE, POST),
+    big = Edits(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE, POST),
                env={"NVCTK_X": "1"})
     once = base_spec()
     state = str(tmp_path / "state")  # the key of the record's MAC: an unsigned env entry stays
@@ -227,7 +227,7 @@ def test_apply_twice_is_applying_once_and_a_smaller_plan_takes_the_rest_out(tmp_
     twice = json.loads(json.dumps(once))
     spec_edits.apply(twice, big, state)
     assert twice == once
-    small = Plan(V, ("utility",), ("GPU-aaaa",), hooks=(PRE,))
+    small = Edits(V, ("utility",), ("GPU-aaaa",), hooks=(PRE,))
     spec_edits.apply(twice, small, state)
     assert twice["process"]["env"] == ["PATH=/bin", "A=1"]
     assert twice["linux"]["devices"] == [] and twice["linux"]["resources"]["devices"] == []
@@ -241,7 +241,7 @@ def test_a_state_dir_without_a_key_leaves_a_plain_gpu_record_unsigned(tmp_path: 
     or CDI record cannot."""
     (tmp_path / "file").write_text("")
     broken = str(tmp_path / "file" / "state")
-    plan = Plan(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE,),
+    plan = Edits(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE,),
                 env={"NVCTK_X": "1"})
     spec = base_spec()
     spec_edits.apply(spec, plan, broken)

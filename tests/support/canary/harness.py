@@ -1,7 +1,7 @@
 """Helpers for the prestart-hook tests (test_prestart, test_hostile_image).
 
 A "container" is `unshare -m --propagation private sleep` (its pid plays the
-container init's); a bundle is config.json + nvctk-plan.json + a config.toml
+container init's); a bundle is config.json + nvctk-edits.json + a config.toml
 with a debug log; the hook runs as the real `nvctk-hook prestart` executable
 with exactly the environment runc would give it.
 """
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from nvctk.base.mounts import parse_mountinfo
-from nvctk.edits import LogSettings, Mount, Plan, ProcMask, Symlink
+from nvctk.edits import Edits, LogSettings, Mount, ProcMask, Symlink
 from nvctk.sim.host import SimHost
 
 HOOK = shutil.which("nvctk-hook", path=os.path.dirname(sys.executable)) or "nvctk-hook"
@@ -77,7 +77,7 @@ def make_plan(
     drop: Sequence[str] = (),
     extra: Sequence[Mount] = (),
     bus_ids: Sequence[str] | None = None,
-) -> Plan:
+) -> Edits:
     """A plan like the planner's, from the sim's files (drop: host basenames to leave out)."""
     v = sim.topology.driver_version
     libs = []
@@ -101,7 +101,7 @@ def make_plan(
     if bus_ids is None:
         bus_ids = sorted(os.listdir(os.path.join(sim.proc_dir, "gpus")))[:1]
     links = [Symlink(f"{lib_dir}/libcuda.so", "libcuda.so.1")] if "compute" in capabilities else []
-    return Plan(
+    return Edits(
         driver_version=v,
         capabilities=tuple(capabilities),
         gpu_uuids=(sim.topology.gpus[0].uuid,),
@@ -128,7 +128,7 @@ class Bundle:
             return ""
 
 
-def make_bundle(tmp: str, rootfs: str, plan: Plan | None, spec_extra: dict | None = None,
+def make_bundle(tmp: str, rootfs: str, plan: Edits | None, spec_extra: dict | None = None,
                 driver_root: str = "/") -> Bundle:
     os.makedirs(tmp, exist_ok=True)
     log = os.path.join(tmp, "nvctk.log")
@@ -147,7 +147,7 @@ def make_bundle(tmp: str, rootfs: str, plan: Plan | None, spec_extra: dict | Non
     if plan is not None:
         if plan.log is None:  # as nvctk-runtime saves it: the config's log settings in it
             plan = plan.replace(log=LogSettings(log, "debug"))
-        with open(os.path.join(tmp, "nvctk-plan.json"), "w") as f:
+        with open(os.path.join(tmp, "nvctk-edits.json"), "w") as f:
             f.write(plan.to_json())
     return Bundle(tmp, rootfs, cfg, log)
 
