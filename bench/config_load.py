@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from nvctk.base import config as nvconfig  # noqa: E402
+from nvctk.base import stamped  # noqa: E402
 
 
 def _env(cache: str) -> dict[str, str]:
@@ -62,7 +63,7 @@ def main() -> None:
         hit_cache, miss_cache = tmp + "/hit", tmp + "/miss"
         os.makedirs(hit_cache, 0o755)
         os.makedirs(miss_cache, 0o755)
-        time.sleep(nvconfig.RACY_NS / 1e9 + 0.01)  # settled: the stamp can be cached
+        time.sleep(stamped.RACY_NS / 1e9 + 0.01)  # settled: the stamp can be cached
         nvconfig.load_stat(str(cfg), {nvconfig.CACHE_VAR: hit_cache})
         assert os.listdir(hit_cache), "not cached: run as root"
         load = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from nvctk.base import config; "

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
-from nvctk.base import jsonio
+from nvctk.base import jsonio, stamped
 from nvctk.base.errors import ConfigError, shown
-from nvctk.base.fileio import NotRegularFile, atomic_write, read_regular_file_stat
+from nvctk.base.fileio import NotRegularFile, read_regular_file_stat
 from nvctk.base.record import FrozenRecord, fields
 
 TYPE_CHECKING = False
@@ -381,16 +380,11 @@ def load_stat(path: str | None = None, environ: Mapping[str, str] | None = None
 # and tomllib's imports cost more than the rest of the load (docs/decisions.md). So
 # the TOML document of a config that passed the checks is kept as JSON beside the
 # passthrough launcher's stamps, keyed by the file's stamp, and a hit runs only the
-# checks on it. Same trust rules as those stamps: only root writes it, and only a
-# root-owned 0600 file in a root-owned directory others cannot write is read.
+# checks on it (nvctk.base.stamped: only root writes it, and only a root-owned 0600 file
+# in a root-owned directory others cannot write is read).
 CACHE_VAR = "NVCTK_PASSTHROUGH_CACHE"  # another directory (the tests use their own)
 DEFAULT_CACHE_DIR = "/run/nvctk/passthrough"
 CACHE_MAGIC = "nvctk-config 1"
-# git's "racy" rule: a file changed this recently may change again without a new stamp
-# (timestamps move by the kernel's timer tick, or by whole seconds on coarse file
-# systems), so such a config is not cached yet: the loader keeps parsing until it settles
-RACY_NS = 50_000_000
-RACY_COARSE_NS = 2_000_000_000
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> str:
@@ -406,37 +400,20 @@ def cache_name(path: str) -> str:
     return f"{h:016x}"
 
 
-def racy(st: os.stat_result | None, now_ns: int | None = None) -> bool:
-    """Whether the config's stamp is too fresh to vouch for its content."""
-    if st is None:
-        return False
-    window = RACY_NS if st.st_ctime_ns % 1_000_000_000 else RACY_COARSE_NS
-    return (time.time_ns() if now_ns is None else now_ns) - st.st_ctime_ns < window
-
-
 def parsed_cache_path(path: str, environ: Mapping[str, str] | None = None) -> str:
     return os.path.join(cache_dir(environ), f"config-{cache_name(path)}.json")
-
-
-def _stamp(st: os.stat_result) -> list[int]:
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
-def _trusted_dir(directory: str) -> bool:
-    st = os.stat(directory, follow_symlinks=False)
-    return st.st_uid == 0 and (st.st_mode & 0o170000) == 0o040000 and not st.st_mode & 0o022
 
 
 def _cached(file: str, path: str, st: os.stat_result) -> Config | None:
     """The checked Config the cache `file` holds for this stamp of `path`, or None (a
     miss: no entry, another stamp, an entry not root's alone, or anything malformed)."""
+    raw = stamped.read_cache(file, 0o600)
+    if raw is None:
+        return None
     try:
-        raw, fst = read_regular_file_stat(file, nofollow=True)
-        if fst.st_uid != 0 or fst.st_mode & 0o077 or not _trusted_dir(os.path.dirname(file)):
-            return None
         entry = jsonio.loads(raw)
         if not (isinstance(entry, dict) and entry.get("magic") == CACHE_MAGIC
-                and entry.get("path") == path and entry.get("stamp") == _stamp(st)
+                and entry.get("path") == path and entry.get("stamp") == stamped.stamp(st)
                 and isinstance(entry.get("data"), dict)):
             return None
         return checked(entry["data"], path)
@@ -447,15 +424,11 @@ def _cached(file: str, path: str, st: os.stat_result) -> Config | None:
 def _remember(file: str, path: str, st: os.stat_result, parsed: dict[str, Any]) -> None:
     """Keep a parsed config in `file` for the next load; any failure is ignored (not
     root, a read-only /run): the next load then parses again."""
-    if os.geteuid() != 0 or racy(st):
+    if stamped.racy(st.st_ctime_ns):
         return
     try:
-        data = jsonio.dumps({"magic": CACHE_MAGIC, "path": path, "stamp": _stamp(st),
+        data = jsonio.dumps({"magic": CACHE_MAGIC, "path": path, "stamp": stamped.stamp(st),
                              "data": parsed}).encode()
-        directory = os.path.dirname(file)
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        if not _trusted_dir(directory):
-            return  # no load would trust it either
-        atomic_write(file, data, 0o600, sync_dir=False, keep_owner=False)
-    except (OSError, TypeError, ValueError):
-        pass
+    except (TypeError, ValueError):
+        return
+    stamped.write_cache(file, data, 0o600)

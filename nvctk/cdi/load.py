@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 
-from nvctk.base import jsonio
+from nvctk.base import jsonio, stamped
 from nvctk.base.errors import NvctkError, clipped, shown
 
 TYPE_CHECKING = False
@@ -145,11 +145,11 @@ def _loaded(files: list[str], broken: list[str], cache_dir: str | None = None
             if cache is None:
                 out.append((path, load_spec_file(path)))
                 continue
-            st = _stat(path)
+            st = stamped.stat_stamp(path)
             spec = cache.get(path, st)
             if spec is None:
                 spec = load_spec_file(path)
-                if st is not None and st == _stat(path):  # unchanged while it was read
+                if st is not None and st == stamped.stat_stamp(path):  # unchanged while it was read
                     cache.put(path, st, spec)
             out.append((path, spec))
         except CdiError as e:
@@ -164,17 +164,6 @@ def _loaded(files: list[str], broken: list[str], cache_dir: str | None = None
 
 SPEC_CACHE_FILE = "cdi-specs.json"
 _CACHE_VERSION = 1
-# git's "racy" rule (as nvctk.runtime.passthrough's): a file changed this recently may
-# change again without a new stamp, so it is not cached yet
-_RACY_NS = 2_000_000_000
-
-
-def _stat(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 class SpecCache:
@@ -183,25 +172,22 @@ class SpecCache:
     change parses one JSON file, not YAML (PyYAML: ~10 ms import, ~1 ms per 10 KB).
     Kept in a root-owned directory no one else can write (nvctk-runtime's passthrough
     cache dir), itself root's and written atomically; anything else there is ignored.
-    A file changed in the last 2 s is not cached (its stamp may not show a change yet)."""
+    A file changed too recently for its stamp to show a change is not cached yet
+    (nvctk.base.stamped: the stamp, the racy rule, the trusted read and write)."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.path = os.path.join(directory, SPEC_CACHE_FILE)
         self.entries: dict[str, list[Any]] = {}
         self.changed = False
+        raw = stamped.read_cache(self.path, 0o644, limit=MAX_LOADED_BYTES)
         try:
-            st = os.lstat(self.path)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022:
-                from nvctk.base.fileio import read_regular_file
-
-                data = jsonio.loads(read_regular_file(self.path, MAX_LOADED_BYTES,
-                                                      nofollow=True))
-                if isinstance(data, dict) and data.get("version") == _CACHE_VERSION \
-                        and isinstance(data.get("files"), dict):
-                    self.entries = data["files"]
-        except (OSError, ValueError, RecursionError):
-            pass  # no cache, or not one to trust: the specs are read
+            data = jsonio.loads(raw) if raw is not None else None
+        except (ValueError, RecursionError):
+            data = None  # not one to use: the specs are read
+        if isinstance(data, dict) and data.get("version") == _CACHE_VERSION \
+                and isinstance(data.get("files"), dict):
+            self.entries = data["files"]
 
     def get(self, path: str, st: list[int] | None) -> dict[str, Any] | None:
         e = self.entries.get(path)
@@ -211,9 +197,7 @@ class SpecCache:
         return e[1]  # type: ignore[no-any-return]
 
     def put(self, path: str, st: list[int], spec: dict[str, Any]) -> None:
-        import time
-
-        if time.time_ns() - st[4] >= _RACY_NS:
+        if not stamped.racy(st[4]):
             self.entries[path] = [st, spec]
             self.changed = True
 
@@ -226,21 +210,14 @@ class SpecCache:
         self.changed |= bool(gone)
 
     def save(self) -> None:
-        if not self.changed or os.geteuid() != 0:
+        if not self.changed:
             return
-        from nvctk.base.fileio import atomic_write
-
         try:
-            os.makedirs(self.directory, mode=0o755, exist_ok=True)
-            dst = os.stat(self.directory, follow_symlinks=False)
-            if dst.st_uid != 0 or dst.st_mode & 0o022:
-                return  # a directory others can write: no cache
-            data = jsonio.dumps({"version": _CACHE_VERSION, "files": self.entries})
-            if len(data) <= MAX_LOADED_BYTES:
-                atomic_write(self.path, data.encode(), 0o644, sync_dir=False,
-                             keep_owner=False)
-        except (OSError, ValueError):
-            pass  # no cache this time: the next create reads the specs again
+            data = jsonio.dumps({"version": _CACHE_VERSION, "files": self.entries}).encode()
+        except ValueError:
+            return  # no cache this time: the next create reads the specs again
+        if len(data) <= MAX_LOADED_BYTES:
+            stamped.write_cache(self.path, data, 0o644)
 
 
 # --- nvctk-runtime's CDI mode: the named devices (nvctk.cdi.resolve makes them the form) ---

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import os
 
-from nvctk.base import jsonio
+from nvctk.base import jsonio, stamped
 from nvctk.host.inventory import HostInfo
 
 TYPE_CHECKING = False
@@ -151,29 +151,12 @@ def _any_mig(host: HostInfo) -> bool:
 
 def _read_cache(path: str, stamp: list[Any]) -> HostInfo | None:
     """The cached host when the file is ours, well-formed and for this stamp; else None."""
-    try:
-        # O_NONBLOCK: a FIFO put there must not hang the create; O_NOFOLLOW: no links
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    # a regular file of ours only (never a blocking open, never a link), mode 0600
+    raw = stamped.read_cache(path, 0o600, owner=os.geteuid())
+    if raw is None:
         return None
     try:
-        st = os.fstat(fd)
-        # only a regular file we wrote: owned by us, no group/other bits (we write 0600)
-        if (st.st_mode & 0o170000) != 0o100000 or st.st_uid != os.geteuid() \
-                or st.st_mode & 0o077:
-            return None
-        chunks = []
-        while True:
-            b = os.read(fd, 1 << 16)
-            if not b:
-                break
-            chunks.append(b)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        data = jsonio.loads(b"".join(chunks))
+        data = jsonio.loads(raw)
         if type(data) is not dict or type(data.get("version")) is not int \
                 or data["version"] != CACHE_VERSION or data.get("stamp") != stamp:
             return None
@@ -182,17 +165,14 @@ def _read_cache(path: str, stamp: list[Any]) -> HostInfo | None:
         return None
 
 
-def _write_cache(state_dir: str, path: str, stamp: list[Any], host: HostInfo) -> None:
+def _write_cache(path: str, stamp: list[Any], host: HostInfo) -> None:
     """Atomically replaces the cache file; any failure is ignored (a read-only /run,
     a directory in the way): the create goes on with the host it has."""
-    from nvctk.base.fileio import atomic_write
-
     try:
         text = jsonio.dumps({"version": CACHE_VERSION, "stamp": stamp, "host": host.to_dict()})
-        os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        atomic_write(path, text.encode(), 0o600, sync_dir=False, keep_owner=False)
-    except (OSError, ValueError, TypeError):
-        pass
+    except (ValueError, TypeError):
+        return
+    stamped.write_cache(path, text.encode(), 0o600, dir_mode=0o700, root_only=False)
 
 
 def load_host(driver_root: str, state_dir: str, *, fresh: bool = False) -> tuple[HostInfo, bool]:
@@ -213,5 +193,5 @@ def load_host(driver_root: str, state_dir: str, *, fresh: bool = False) -> tuple
     # a MIG host, or a retry for an unknown device id, whose file is current is not
     # rewritten at every create
     if host != cached:
-        _write_cache(state_dir, path, stamp, host)
+        _write_cache(path, stamp, host)
     return host, False

@@ -11,19 +11,17 @@ plain records; this module only strings them together.
 
 from __future__ import annotations
 
+# start time: CDI mode (on every CDI create's path) needs only what is imported here;
+# the legacy steps (devices, mounts, select, vgpu) are imported by _plan_legacy
 from nvctk.base.errors import RequestError
-from nvctk.edits import Edits, ProcMask, prestart_hook
-from nvctk.host.inventory import proc_bus_id  # records only: no I/O
-from nvctk.plan.devices import drm_nodes, plan_devices, plan_drm_links
-from nvctk.plan.hooks import hook_log, plan_hooks, removed_hooks
-from nvctk.plan.mounts import container_lib_dirs, plan_mounts, plan_symlinks
-from nvctk.plan.select import requirement_facts, select_devices, vgpu_devices
+from nvctk.edits import prestart_hook
+from nvctk.plan.hooks import hook_log
 from nvctk.request.parse import asks_for_vgpu
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.config import Config
-    from nvctk.edits import Vgpu
+    from nvctk.edits import Edits, Vgpu
     from nvctk.host.facts import CdiFacts, Context, Facts
     from nvctk.host.inventory import HostInfo
     from nvctk.plan.select import Selected
@@ -35,6 +33,7 @@ def check_requirements(request: Request, host: HostInfo, selected: list[Selected
     step of its own, before discovery (a container the host cannot run reads nothing)."""
     if not request.disable_require and request.requirements:
         # only containers that state requirements need it
+        from nvctk.plan.select import requirement_facts
         from nvctk.request.requirements import check
 
         check(request.requirements, requirement_facts(host, selected))
@@ -88,6 +87,13 @@ def _plan_cdi(request: Request, config: Config, facts: CdiFacts, context: Contex
 
 
 def _plan_legacy(request: Request, config: Config, facts: Facts, context: Context) -> Edits:
+    from nvctk.edits import Edits, ProcMask
+    from nvctk.host.inventory import proc_bus_id  # records only: no I/O
+    from nvctk.plan.devices import drm_nodes, plan_devices, plan_drm_links
+    from nvctk.plan.hooks import plan_hooks, removed_hooks
+    from nvctk.plan.mounts import container_lib_dirs, plan_mounts, plan_symlinks
+    from nvctk.plan.select import select_devices, vgpu_devices
+
     # the selection discovery was made for: a pure function of the same request and host
     selected = select_devices(request, facts.host)
     files = facts.files

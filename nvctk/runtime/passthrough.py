@@ -23,21 +23,17 @@ from __future__ import annotations
 
 import os
 
-# the stamp's rules and the cache dir are the config loader's too (its parsed-config cache)
+# the cache dir is the config loader's too (its parsed-config cache)
+from nvctk.base import stamped
 from nvctk.base.config import (
     CACHE_VAR,
-    DEFAULT_CACHE_DIR,  # noqa: F401 (this module's names since before)
-    RACY_COARSE_NS,  # noqa: F401
-    RACY_NS,  # noqa: F401
     Config,
     cache_dir,
     cache_name,
     config_path,
     load_stat,
-    racy,
 )
 from nvctk.base.errors import NvctkError
-from nvctk.base.fileio import atomic_write, read_regular_file
 
 MAGIC = "nvctk-passthrough 1\n"
 MAX_ENTRY = 65535  # nvctk-runtime.c reads less than CACHE_MAX (64 KiB)
@@ -71,25 +67,13 @@ def remember(path: str, st: os.stat_result | None, runtimes: tuple[str, ...],
     """Leave the launcher what the loader read from `path`; any failure is ignored
     (not root, a read-only /run): the launcher then asks Python each time."""
     data = entry(path, st, runtimes)
-    if data is None or len(data) > MAX_ENTRY or os.geteuid() != 0 or racy(st):
+    if data is None or len(data) > MAX_ENTRY or os.geteuid() != 0 \
+            or (st is not None and stamped.racy(st.st_ctime_ns)):
         return
-    directory = cache_dir(environ)
-    file = os.path.join(directory, cache_name(path))
-    try:
-        st_file = os.lstat(file)
-        if st_file.st_uid == 0 and not st_file.st_mode & 0o022 \
-                and read_regular_file(file, nofollow=True) == data:
-            return  # every create finds it written already
-    except OSError:
-        pass
-    try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        dst = os.stat(directory, follow_symlinks=False)
-        if dst.st_uid != 0 or dst.st_mode & 0o022:
-            return  # the launcher would not trust it either
-        atomic_write(file, data, 0o644, sync_dir=False, keep_owner=False)
-    except OSError:
-        pass
+    file = os.path.join(cache_dir(environ), cache_name(path))
+    if stamped.read_cache(file, 0o644) == data:
+        return  # every create finds it written already
+    stamped.write_cache(file, data, 0o644)
 
 
 def runtimes(environ: dict[str, str] | os._Environ[str] | None = None) -> tuple[

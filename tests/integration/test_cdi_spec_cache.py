@@ -138,7 +138,8 @@ print(json.dumps(sorted(sys.modules)))
 def test_a_cdi_create_of_a_cached_yaml_spec_imports_no_yaml_or_planner(
         sim_host: SimHost, tmp_path: Path) -> None:
     """The second create of a YAML spec (in a process of its own, as nvctk-runtime's)
-    reads the cache: no yaml, no planner, no NVML."""
+    reads the cache: no yaml, none of legacy mode's planning steps (the one planner,
+    nvctk.plan.make, with its hooks step, is CDI mode's too), no NVML."""
     specs = tmp_path / "specs"
     exe = Path(sys.executable).with_name("nvctk")
     r = subprocess.run([str(exe), "cdi", "generate", "--output", str(specs / "nvidia.yaml")],
@@ -159,4 +160,7 @@ def test_a_cdi_create_of_a_cached_yaml_spec_imports_no_yaml_or_planner(
         seen.append(json.loads(r.stdout.splitlines()[-1]))
     assert "yaml" in seen[0]  # the first create parsed the YAML spec and cached it
     assert "yaml" not in seen[1]
-    assert not [m for m in seen[1] if m.startswith(("nvctk.plan", "nvctk.host.nvml"))]
+    assert not [m for m in seen[1] if m.startswith((
+        "nvctk.plan.devices", "nvctk.plan.mounts", "nvctk.plan.select", "nvctk.plan.vgpu",
+        "nvctk.host.nvml", "nvctk.host.discover"))]
+    assert {"nvctk.plan.make", "nvctk.plan.hooks"} <= set(seen[1])  # plan_container

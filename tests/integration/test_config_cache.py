@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from nvctk.base import config as nvconfig
+from nvctk.base import stamped
 from nvctk.base.errors import ConfigError
 from nvctk.sim import host
 
@@ -48,8 +49,8 @@ def _load_in_child(p: Path, cache: Path) -> tuple[set[str], nvconfig.Config]:
 def settled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Configs written just now count as settled (the racy rule is tested in
     test_launcher.py): the cache is written at once."""
-    monkeypatch.setattr(nvconfig, "RACY_NS", -(10**12))
-    monkeypatch.setattr(nvconfig, "RACY_COARSE_NS", -(10**12))
+    monkeypatch.setattr(stamped, "RACY_NS", -(10**12))
+    monkeypatch.setattr(stamped, "RACY_COARSE_NS", -(10**12))
 
 
 def test_a_cache_hit_imports_no_tomllib(tmp_path: Path, settled: None) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from nvctk.base import config as nvconfig
+from nvctk.base import stamped
 from nvctk.base.mounts import parse_mountinfo
 from nvctk.edits import Mount
 from nvctk.hook.elf import elf_interpreter
@@ -238,7 +239,7 @@ def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]
            nvconfig.CACHE_VAR: os.environ[nvconfig.CACHE_VAR]}
     # settled, as a node's config is: the runtime's create has parsed and cached it
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(nvconfig, "RACY_NS", -(10**12))
+        m.setattr(stamped, "RACY_NS", -(10**12))
         nvconfig.load(bundle.config)
     hook = Launchers(Path(bundle.path).parent / "launchers", ("-X", "importtime")).bin
     with fake_container() as pid:

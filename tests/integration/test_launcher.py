@@ -14,11 +14,10 @@ import subprocess
 import sysconfig
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
+from nvctk.base import stamped
 from nvctk.runtime import passthrough
 from support import wait
 from support.launchers import PYVER, REPO, Launchers, launcher
@@ -50,12 +49,12 @@ class Layout(Launchers):
 
     def write_config(self, text: str, mtime_ns: int | None = None) -> None:
         """Write the config (mtime_ns: put its mtime back), then let it age past the racy
-        window, after which Python caches what it reads (passthrough.racy)."""
+        window, after which Python caches what it reads (nvctk.base.stamped.racy)."""
         self.config.write_text(text)
         if mtime_ns is not None:
             os.utime(self.config, ns=(mtime_ns, mtime_ns))
         config = self.config
-        wait.until(lambda: not passthrough.racy(os.stat(config)), 10, "the config to age")
+        wait.until(lambda: not stamped.racy(os.stat(config).st_ctime_ns), 10, "the config to age")
 
     def run(self, argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
         self.record.unlink(missing_ok=True)
@@ -222,14 +221,14 @@ def test_a_fresh_config_is_not_cached_yet() -> None:
     change again without a new stamp; whole-second stamps (a coarse file system) wait
     two seconds."""
     now = time.time_ns()
-    fine: Any = SimpleNamespace(st_ctime_ns=now - 10_000_000)
-    assert passthrough.racy(fine, now)
-    assert not passthrough.racy(fine, now + passthrough.RACY_NS)
+    fine = now - 10_000_000
+    if not fine % 1_000_000_000:
+        fine += 1
+    assert stamped.racy(fine, now)
+    assert not stamped.racy(fine, now + stamped.RACY_NS)
     whole = now - now % 1_000_000_000 - 1_000_000_000
-    coarse: Any = SimpleNamespace(st_ctime_ns=whole)
-    assert passthrough.racy(coarse, whole + 1_500_000_000)
-    assert not passthrough.racy(coarse, whole + passthrough.RACY_COARSE_NS)
-    assert not passthrough.racy(None, now)  # no file: nothing to race
+    assert stamped.racy(whole, whole + 1_500_000_000)
+    assert not stamped.racy(whole, whole + stamped.RACY_COARSE_NS)
 
 
 def test_long_runtime_lists_are_served_too(layout: Layout) -> None:
@@ -250,7 +249,7 @@ def test_long_runtime_lists_are_served_too(layout: Layout) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root writes the cache")
 def test_entries_not_written_racy_or_too_long(tmp_path: Path) -> None:
-    """A config written this instant is not cached yet (passthrough.racy); nor is an entry
+    """A config written this instant is not cached yet (nvctk.base.stamped.racy); nor is an entry
     over passthrough.MAX_ENTRY, which the launcher would read cut short (the loader's
     64 KiB limit on the config leaves only a long config path to get there)."""
     cache = tmp_path / "cache"
@@ -261,7 +260,7 @@ def test_entries_not_written_racy_or_too_long(tmp_path: Path) -> None:
     passthrough.remember(str(config), os.stat(config), ("/r",), env)
     assert list(cache.iterdir()) == []  # just written: racy, not cached yet
     # from here only the size decides
-    wait.until(lambda: not passthrough.racy(os.stat(config)), 10, "the config to age")
+    wait.until(lambda: not stamped.racy(os.stat(config).st_ctime_ns), 10, "the config to age")
     st = os.stat(config)
     for runtimes, written in (((f"/{'r' * 4000}",) * 16, True),
                               ((f"/{'r' * 4000}",) * 17, False)):

@@ -16,6 +16,7 @@ import pytest
 
 import support.runtime as _runtime
 from nvctk.base import config as nvconfig
+from nvctk.base import stamped
 from nvctk.edits import EDITS_FILE, Edits
 from nvctk.sim.host import SimHost
 from support.launchers import Launchers
@@ -266,7 +267,7 @@ def _importtime_create(env: Env, b: Path, tmp_path: Path) -> set[str]:
     # settled, as a node's config is: the first create leaves the parsed-config cache
     # (written here, in-process: a config written this instant is racy, not cached yet)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(nvconfig, "RACY_NS", -(10**12))
+        m.setattr(stamped, "RACY_NS", -(10**12))
         nvconfig.load(str(config))
     # the launcher, its python3 adding -X importtime
     launchers = Launchers(tmp_path / "launchers", ("-X", "importtime"))

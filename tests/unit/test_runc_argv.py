@@ -137,13 +137,14 @@ def test_passthrough_imports_stay_light(tmp_path: Path, configured: bool) -> Non
     import sys
 
     from nvctk.base import config as nvconfig
+    from nvctk.base import stamped
     from nvctk.base.config import Config, ExtraMount, render
 
     cfg = tmp_path / "config.toml"
     cfg.write_text(render(Config(runtimes=("crun",),
                                  extra_mounts=(ExtraMount("/a", "/b", True),))))
     with pytest.MonkeyPatch.context() as m:  # settled: the cache is written at once
-        m.setattr(nvconfig, "RACY_NS", -(10**12))
+        m.setattr(stamped, "RACY_NS", -(10**12))
         nvconfig.load_stat(str(cfg), {nvconfig.CACHE_VAR: str(tmp_path / "cache")})
     want = ("crun",) if configured else ("runc", "crun")
     code = (
