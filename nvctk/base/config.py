@@ -102,7 +102,9 @@ class Config(FrozenRecord):
         extra_mounts: tuple[ExtraMount, ...] = (),
         mode: str = "legacy",
         cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi"),
-        cdi_vendors: tuple[str, ...] = ("nvidia.com", "nvctk.org"),
+        # nvctk.io: nvctk's one domain (its annotations', its CDI vendor); nvctk.org, the
+        # vendor's old spelling, still applied for the specs a deployed node may have
+        cdi_vendors: tuple[str, ...] = ("nvidia.com", "nvctk.io", "nvctk.org"),
         path: str = "",
     ) -> None:
         init = object.__setattr__

@@ -10,7 +10,6 @@ warning, never the hook's failure (the libraries are mounted all the same).
 
 from __future__ import annotations
 
-import _signal
 import os
 import select
 import time
@@ -18,6 +17,9 @@ import time
 from nvctk.base import mounts
 from nvctk.hook import caps
 from nvctk.hook import mount as m
+
+# <signal.h>: signal.SIGKILL would import enum on the hook's path
+SIGKILL = 9
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -105,7 +107,7 @@ def wait_ldconfig(plan: Edits, pid: int, out_r: int, log: Logger) -> None:
         os.close(out_r)
     if timed_out:
         try:
-            os.kill(pid, _signal.SIGKILL)
+            os.kill(pid, SIGKILL)
         except ProcessLookupError:
             pass
     _, status = os.waitpid(pid, 0)

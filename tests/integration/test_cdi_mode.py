@@ -733,7 +733,7 @@ def test_another_vendors_device_is_refused(env: Env, spec_dir: Path, envvars: li
     before = snapshot(b / "config.json")
     r = env.run(*create_argv(env, b))
     assert_clean_failure(env, r, f"(from {source}): vendor ")
-    assert "is not one nvctk applies devices of (cdi-vendors = ['nvidia.com', 'nvctk.org']" \
+    assert "is not one nvctk applies devices of (cdi-vendors = ['nvidia.com', 'nvctk.io', 'nvctk.org']" \
         in r.stderr, r.stderr
     assert snapshot(b / "config.json") == before
 
