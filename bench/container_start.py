@@ -44,7 +44,7 @@ Before timing, each case runs once with a validation command (`ls` of the GPU
 device nodes, `nvidia-smi -L`) whose output must show the requested GPUs, so a
 broken case cannot look fast. NCT reads its config from
 NVIDIA_CTK_CONFIG_FILE_PATH (nothing is written to /etc). Reports medians and
-p90s, and the ratios issue 9 names, to stdout and, with --out, to a file.
+p90s, and the ratios the README reports, to stdout and, with --out, to a file.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Device plugin speed and scale on simulated nodes (issue 11 §4), over real gRPC with
+"""Device plugin speed and scale on simulated nodes, over real gRPC with
 the fake kubelet of tests/support/kubelet.py:
 
 - 8 GPUs x 7 MIG devices (migStrategy mixed: nvidia.com/mig-1g.10gb, 56 devices);

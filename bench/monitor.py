@@ -1,4 +1,4 @@
-"""The monitor at node scale (issue 21 §4): 8 simulated GPUs, 128 vGPU-shared containers
+"""The monitor at node scale: 8 simulated GPUs, 128 vGPU-shared containers
 (16 per GPU), each with a process holding memory and having run kernels on the sim.
 
 The containers are what the monitor reads of one: a runtime state.json naming a bundle

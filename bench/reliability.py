@@ -1,4 +1,4 @@
-"""`make reliability`: the reliability suite (issue 13) at full scale, then its report.
+"""`make reliability`: the reliability suite at full scale, then its report.
 
 Runs tests/reliability/ with NVCTK_RELIABILITY=full (the short version of the same tests
 runs in `make test`); each test appends its figures as a JSON line; this script writes

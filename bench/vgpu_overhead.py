@@ -1,5 +1,5 @@
 """libvgpu overhead and SM-share accuracy on the simulated driver (`make -C libvgpu bench`
-writes bench/results/vgpu_overhead.txt). Goals: issue 20.
+writes bench/results/vgpu_overhead.txt). Goals: the README's vGPU figures.
 
 Side by side in one run, direct (no interposer) vs through libvgpu:
   - ns added per cuLaunchKernel with no SM limit (goal <= 10 ns): valid launches

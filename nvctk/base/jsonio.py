@@ -9,7 +9,7 @@ any error, and any input outside the common case (UTF-16/32 bytes, a BOM), goes
 through the json package so messages are exactly json's.
 
 `_json` is CPython's private accelerator: what it reads of its context is not a
-promised interface. tests/test_jsonio.py therefore fails, rather than this module
+promised interface. tests/unit/test_jsonio.py therefore fails, rather than this module
 quietly getting slower, when the scanner or encoder is not `_json`'s, when valid
 documents take the json fallback, or when the values differ from json's.
 """

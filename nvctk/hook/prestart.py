@@ -4,7 +4,7 @@ The inputs are read and the errors mapped by nvctk.hook.entry (the same for ever
 hook command), the work is nvctk.hook.worker's (its docstring lists the steps).
 
 This runs in every GPU container's start, so it imports only os-level modules
-and small nvctk modules that do the same (tests/test_prestart.py checks the
+and small nvctk modules that do the same (tests/integration/test_hook_prestart.py checks the
 import profile): no json, re, typing, dataclasses, subprocess or signal.
 """
 

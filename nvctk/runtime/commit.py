@@ -39,8 +39,8 @@ def commit(bundle: str, spec: dict[str, Any], edits: Edits, config: Config,
         return removed, None
     oci.check_bundle_outside_rootfs(bundle, oci.root_path(spec, bundle))
     vgpu_dir = None
-    if edits.vgpu is not None and _install_vgpu(edits, spec, bundle, config, container_id,
-                                                runtime_root, logger):
+    if edits.vgpu is not None and _install_vgpu(edits, config, container_id, runtime_root,
+                                                logger):
         vgpu_dir = edits.vgpu.state_dir
     try:
         # beside the spec: the directory fsync that follows the spec's rename makes
@@ -94,9 +94,8 @@ def remove_vgpu_dir(path: str, config: Config) -> None:
         pass
 
 
-def _install_vgpu(edits: Edits, spec: dict[str, Any], bundle: str, config: Config,
-                  container_id: str | None, runtime_root: str | None,
-                  logger: Logger | None) -> bool:
+def _install_vgpu(edits: Edits, config: Config, container_id: str | None,
+                  runtime_root: str | None, logger: Logger | None) -> bool:
     """(Re)create the container's vGPU state dir; False if left alone because the
     runtime already has a container of this id (runc then refuses the create)."""
     from nvctk.vgpu import state as vgpu_state  # only for vGPU: it brings the mount code, re, ...
@@ -109,6 +108,6 @@ def _install_vgpu(edits: Edits, spec: dict[str, Any], bundle: str, config: Confi
                            f"its vGPU state {edits.vgpu.state_dir} is left as it is")
         return False
     # it also reclaims the state of containers that are gone (vgpu_state.collect)
-    vgpu_state.install(edits.vgpu, oci.root_path(spec, bundle), config,
-                       runtime_root=runtime_root, container_id=container_id)
+    vgpu_state.install(edits.vgpu, config, runtime_root=runtime_root,
+                       container_id=container_id)
     return True

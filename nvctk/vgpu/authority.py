@@ -1,4 +1,4 @@
-"""The node's authority over a container's vGPU share (issue 17 §2, docs/decisions.md).
+"""The node's authority over a container's vGPU share.
 
 A share the node gives (the device plugin's Allocate) travels in a container
 annotation under `nvctk.io/`, not only in the env: a Pod's env comes after the

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 # ---- the accounting file and the lock ledger (libvgpu/src/shm.h), read-only view ----
 
-# shm.h is the one source of these: tests/test_vgpu_layout.py compiles a program
+# shm.h is the one source of these: tests/integration/test_vgpu_layout.py compiles a program
 # printing its offsetof/sizeof and constants (libvgpu/tests/vgpu_layout.c) and
 # compares them with SHM_LAYOUT below, so any drift fails.
 SHM_MAGIC = 0x55504756

@@ -13,8 +13,8 @@
             cache          0666      the accounting file, preallocated to SHM_SIZE
             limits         0444      empty: the mount point for ro/limits
 
-Nothing the container can write is the backing file of a read-only bind
-(/work/brief/vgpu_layout.md has the container side). The key is sha256 of
+Nothing the container can write is the backing file of a read-only bind (the container
+side: libvgpu/README.md and docs/decisions.md). The key is sha256 of
 (runtime --root, container id): equal ids under different runc roots
 (containerd namespaces use /run/containerd/runc/<ns>) never collide.
 
@@ -147,12 +147,11 @@ def remove_if_owner(path: str, config: Config, pid: int | None = None) -> bool:
 
 
 # --- install --------------------------------------------------------------------------------
-def install(vgpu: Vgpu, rootfs: str | None, config: Config, *,
-            runtime_root: str | None = None, container_id: str | None = None) -> None:
+def install(vgpu: Vgpu, config: Config, *, runtime_root: str | None = None,
+            container_id: str | None = None) -> None:
     """(Re)create the container's state dir, a tmpfs of its own (the layout above),
     owned by this process; first reclaim what containers that are gone left. Its files
-    say what the form says (limits, preload entries): nothing is read from the image
-    here (rootfs is unused, kept for the runtime's call)."""
+    say what the form says (limits, preload entries): nothing is read from the image."""
     d = vgpu.state_dir
     if not under_state_dir(d, config):
         raise SpecError(f"vGPU state dir {d} is not directly under state-dir {config.state_dir}")

@@ -348,7 +348,7 @@ def _check_installed(prefix: Path, cfg: str, tmp_path: Path) -> None:
     assert r.returncode == 0 and "runtimes = " in r.stdout, r.stderr
 
 
-# --- the installer owns only what it made (issue 17 §4) -------------------------------------
+# --- the installer owns only what it made -------------------------------------
 # install.sh run directly against a scratch host dir (--host): each refusal comes before
 # anything is read or written, so a wrong answer could only touch that scratch dir.
 

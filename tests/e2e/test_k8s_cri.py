@@ -1,4 +1,4 @@
-"""Pods the way the kubelet runs them (issue 11 §2): the real containerd (Debian's 1.6)
+"""Pods the way the kubelet runs them: the real containerd (Debian's 1.6)
 with its CRI plugin, configured by `nvctk configure --runtime containerd`, a CRI
 client (tests/support/cri.py) doing RunPodSandbox with the `nvidia` runtime handler
 (host network, so no CNI), CreateContainer with what a device plugin's Allocate

@@ -1,4 +1,4 @@
-"""A Pod cannot loosen the vGPU share the node gave it (issue 17 §2), through the real
+"""A Pod cannot loosen the vGPU share the node gave it, through the real
 containerd CRI (Debian's 1.6) and nvctk-runtime, judged by the cap libvgpu enforces in
 the container (the memory total it reports, what it lets the container allocate).
 

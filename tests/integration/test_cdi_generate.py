@@ -352,7 +352,7 @@ def test_side_by_side_with_nvidia_ctk(sim_host: SimHost, tmp_path: Path,
     assert nodes(ours) == nodes(nct)
     ours_src = {m["hostPath"] for m in ours["containerEdits"]["mounts"]}
     nct_files = {m["hostPath"] for m in nct["containerEdits"]["mounts"]}
-    # every file NVIDIA's spec mounts, configuration files included (issue 17: the OpenCL
+    # every file NVIDIA's spec mounts, configuration files included (the OpenCL
     # ICD, the .x86_64 Vulkan ICD, three EGL platform files and two X configs were
     # missing), but for the Vulkan layers file NVIDIA also takes from icd.d, where the
     # simulated host has a second copy: ours comes from implicit_layer.d, where the

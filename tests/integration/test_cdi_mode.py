@@ -1,4 +1,4 @@
-"""nvctk-runtime's CDI mode (issue 10 §2): qualified device names, or config
+"""nvctk-runtime's CDI mode: qualified device names, or config
 `mode = "cdi"`, get the named devices' containerEdits from the CDI spec dirs."""
 
 from __future__ import annotations
@@ -559,7 +559,7 @@ def test_forged_cdi_record_in_a_create(env: Env, spec_dir: Path, envvars: list[s
     assert "not written by nvctk" in Path(env.sim.root, "nvctk.log").read_text()
 
 
-# --- nothing created on a host directory bound into the container (issue 17, family 3) ---
+# --- nothing created on a host directory bound into the container ---
 
 _LIB = "/usr/lib/x86_64-linux-gnu"
 
@@ -694,7 +694,7 @@ def test_real_runc_creates_nothing_on_a_bound_host_dir(sim_host: SimHost, spec_d
     assert tree(host) == before
 
 
-# --- CDI vendors a container may name (issue 17, family 3) ---------------------------------
+# --- CDI vendors a container may name ---------------------------------
 
 _NET = {"cdiVersion": "0.5.0", "kind": "example.com/net",
         "devices": [{"name": "eth", "containerEdits": {"mounts": [
@@ -756,7 +756,7 @@ def test_cdi_vendors_key_is_checked(value: str) -> None:
         parse(f"cdi-vendors = {value}\n", "c.toml")
 
 
-# --- the driver's configuration files in both modes (issue 17 §6) ---------------------------
+# --- the driver's configuration files in both modes ---------------------------
 
 _CONFIG_FILES = ("/etc/OpenCL/vendors/nvidia.icd", "/usr/share/vulkan/icd.d/nvidia_icd.x86_64.json",
                  "/usr/share/egl/egl_external_platform.d/09_nvidia_wayland2.json",

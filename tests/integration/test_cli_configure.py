@@ -672,7 +672,7 @@ def test_remove_restores_the_foreign_runtime_configure_replaced(nv: Run, tmp_pat
     assert cfg.read_text() == text
 
 
-# --- remove puts back what configure replaced, even after a hand edit (issue 17 §4) -------
+# --- remove puts back what configure replaced, even after a hand edit -------
 
 
 def _edit_by_hand(cfg: Path, line: str) -> None:
@@ -734,7 +734,7 @@ def test_crio_remove_restores_a_default_it_replaced_in_the_drop_in(nv: Run, tmp_
     assert tomllib.loads(drop.read_text()) == tomllib.loads(text)
 
 
-# --- every TOML shape: handled or refused clearly, never a traceback (issue 17 §5) -------
+# --- every TOML shape: handled or refused clearly, never a traceback -------
 
 
 @pytest.mark.parametrize("text,why", [

@@ -1,4 +1,4 @@
-"""One edits form for all three paths (issue 19): for the same GPUs, legacy mode's form
+"""One edits form for all three paths: for the same GPUs, legacy mode's form
 (nvctk.plan) equals CDI mode's form (nvctk.cdi.resolve) fed with nvctk's own
 generated spec, hooks aside; `cdi generate`'s spec read back gives the form again;
 applying either (nvctk.spec.apply) gives the same config.json, hooks aside.

@@ -1,5 +1,5 @@
 """Nothing nvctk-hook or its ldconfig creates lands on a host directory bound into
-the container (issue 8, family 2).
+the container.
 
 A host directory bound read-write into the rootfs (a volume, extra-mounts, the
 MPS pipe dir) is the host's: the hook creates mount targets, parent dirs and

@@ -1,4 +1,4 @@
-"""Nothing nvctk-hook starts outlives it (issue 8, family 7).
+"""Nothing nvctk-hook starts outlives it.
 
 An image whose /etc/ld.so.conf is a FIFO blocks the chrooted ldconfig without a
 byte of output. When the hook itself is killed (SIGKILL, or runc's hook timeout,

@@ -268,7 +268,7 @@ def test_new_state_dir_is_root_only(tmp_path: Path) -> None:
     d = vgpu_state.state_dir_for(cfg, "/r", "cid")
     v = Vgpu(str(lib), vgpu_state.CONTAINER_LIBRARY, d, vgpu.VGPU_DIR,
                  VgpuLimits(memory=(1 << 30,), sm=(0,)).values())
-    vgpu_state.install(v, None, cfg)
+    vgpu_state.install(v, cfg)
     try:
         assert stat.S_IMODE(os.stat(top).st_mode) == 0o700
         # ro/ and rw/ are reached through their bind mounts; nothing else is

@@ -1,4 +1,4 @@
-"""The monitor (issue 21) on a simulated host, with containers run through nvctk-runtime and
+"""The monitor on a simulated host, with containers run through nvctk-runtime and
 real runc: its snapshot, `nvctk top --once --json`, bad input. Every figure is judged
 against the simulated GPU's own counters (its per-process memory and busy time in the
 shared state file), never against libvgpu's bookkeeping.

@@ -1,4 +1,4 @@
-"""What the monitor needs of the simulated NVML, with the real API's semantics (issue 21 §1):
+"""What the monitor needs of the simulated NVML, with the real API's semantics:
 processes in their own pid namespaces (each pid 1 there) listed by their host pids, as the
 real driver reports them; per-process utilization samples since a timestamp, matching the
 sim's busy counters, and NOT_FOUND when nothing ran since."""

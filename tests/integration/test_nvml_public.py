@@ -1,4 +1,4 @@
-"""nvctk.host.nvml uses pynvml through its public names only (issue 9 §3): it neither
+"""nvctk.host.nvml uses pynvml through its public names only: it neither
 stands a fake ctypes.util into sys.modules nor clears pynvml's private cache, and a
 process can still ask several driver roots (each library gets its own pynvml)."""
 

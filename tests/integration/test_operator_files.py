@@ -1,4 +1,4 @@
-"""Operator tools never destroy what they touch (issue 17, family 4).
+"""Operator tools never destroy what they touch.
 
 Every nvctk command that writes a file at a path an operator names (`cdi generate
 --output`, `labels --output`) or at a path of its own in a shared directory (the

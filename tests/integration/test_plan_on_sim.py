@@ -608,7 +608,7 @@ def test_runc_graphics_container_sees_its_drm_nodes(sim_host: SimHost, tmp_path:
     assert "not permitted" not in opened, opened
 
 
-# --- configuration files per capability (issue 17 §6: parity with NVIDIA's CDI spec) -----------
+# --- configuration files per capability (parity with NVIDIA's CDI spec) -----------
 
 OPENCL_ICD = "/etc/OpenCL/vendors/nvidia.icd"
 VULKAN_X86_64 = "/usr/share/vulkan/icd.d/nvidia_icd.x86_64.json"

@@ -595,7 +595,7 @@ def test_edit_record_can_only_take_nvidia_access_away() -> None:
     spec_edits.remove_our_edits(spec)
     assert spec["linux"]["devices"][0]["path"] == "/dev/fuse"
     assert spec["linux"]["resources"]["devices"] == [deny]
-    # a record without nvctk's MAC takes no variable out (issue 17: only what nvctk
+    # a record without nvctk's MAC takes no variable out (only what nvctk
     # provably added goes, but for NVIDIA nodes and rules, whose removal only takes access)
     assert spec["process"]["env"] == ["LD_PRELOAD=/x.so", "CUDA_DEVICE_X=1"]
 

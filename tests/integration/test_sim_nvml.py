@@ -510,7 +510,7 @@ def test_smi_rejects_unknown_field(sim: Sim, state_file: Path) -> None:
 GO_NVML_NAMES = (
     "nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetGridLicensableFeatures_v2",
     "nvmlDeviceGetGridLicensableFeatures_v3", "nvmlDeviceGetGridLicensableFeatures_v4",
-    # (nvmlEventSetWait_v2 was here until the sim implemented event sets, issue 11)
+    # (nvmlEventSetWait_v2 was here until the sim implemented event sets)
     "nvmlGpuInstanceGetComputeInstancePossiblePlacements", "nvmlDeviceGetAttributes_v2",
     "nvmlComputeInstanceGetInfo_v2",
     "nvmlDeviceGetGpuInstancePossiblePlacements_v2", "nvmlVgpuInstanceGetLicenseInfo_v2",

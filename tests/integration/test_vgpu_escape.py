@@ -1,4 +1,4 @@
-"""vGPU escapes through the file system (issue 8, family 1; the hook's side).
+"""vGPU escapes through the file system.
 
 A capped container's root, with runc's default capabilities (no CAP_SYS_ADMIN,
 no CAP_DAC_OVERRIDE), tries to take nvctk's files away from the paths ld.so and

@@ -1,4 +1,4 @@
-"""libvgpu: the cap follows the driver's lifetime of memory (issue 17, family 1).
+"""libvgpu: the cap follows the driver's lifetime of memory.
 
 Each family is tried through several of its members, and judged by the
 simulated GPU's own count (the device counters its NVML reports as used

@@ -1,4 +1,4 @@
-"""vGPU state never outlives its container (issue 8 family 6).
+"""vGPU state never outlives its container.
 
 Every failure that used to leave the per-container tmpfs mounted on the host (and
 its directory) is run here through the real nvctk-runtime launcher and real runc
@@ -636,7 +636,7 @@ def test_deep_owner_does_not_break_poststop_or_create(h: Host) -> None:
     assert not os.path.exists(d)
 
 
-# --- gc removes only what it can prove is its own (issue 17, family 4) -------------------------
+# --- gc removes only what it can prove is its own -------------------------
 
 _DEAD_OWNER = {"runtime_root": "/nonexistent", "id": "gone", "pid": 999999, "start": 1}
 

@@ -575,7 +575,7 @@ def test_state_dir_removed_when_the_runtime_cannot_start(bundles: Bundles, sim: 
     assert not os.path.exists(d) and not mounts_at(d)
 
 
-# --- issue 17 §2: the container's env can only tighten; the node's share holds -------------------
+# --- the container's env can only tighten; the node's share holds -------------------
 SM = "CUDA_DEVICE_SM_LIMIT"
 FILL = ("vgpu_probe init totalmem 0 totalmem 1 ctx 0 fill 16777216 ctx 1 fill 16777216; "
         "grep -E '^(CUDA_DEVICE|NVCTK)' /run/nvctk/vgpu/limits")

@@ -1,4 +1,4 @@
-"""The SM share holds against the container (issue 20 §3), judged by the
+"""The SM share holds against the container, judged by the
 simulated GPU's busy counter: a greedy process under a 25 % limit keeps ~25 %
 while a process of its container rewrites, zeroes, truncates or replaces the
 accounting file (which held the token bucket until now), and locks it adds on

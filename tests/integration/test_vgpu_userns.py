@@ -1,4 +1,4 @@
-"""vGPU escape through a new user namespace (issue 8, family 1).
+"""vGPU escape through a new user namespace.
 
 A capped container's root without CAP_SYS_ADMIN (runc's default spec: no seccomp
 profile) could create a user namespace, and with it CAP_SYS_ADMIN over a mount
@@ -459,7 +459,7 @@ def test_edit_record_can_only_take_our_rules_out() -> None:
     assert spec["linux"]["seccomp"]["syscalls"] == syscalls
 
 
-# --- a forged record (issue 17, family 3): removal takes only what nvctk provably added ---
+# --- a forged record: removal takes only what nvctk provably added ---
 
 def _narrowed_unshare() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """An allow rule for unshare, and what nvctk narrows it to."""

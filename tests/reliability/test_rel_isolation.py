@@ -1,5 +1,5 @@
 """Isolation that others' inputs must not undo, and operator tools that must not destroy
-what they touch (issue 17 §3, §4 and §6, hostile members), through the real
+what they touch, through the real
 nvctk-runtime + runc, the real `nvctk` commands and the real device-plugin code:
 
 - forged `org.nvctk.edits` records against a profile carrying nvctk's own rules

@@ -1,4 +1,4 @@
-"""Shared parts of the reliability suite (issue 13): scale, figures, host checks, a lab
+"""Shared parts of the reliability suite: scale, figures, host checks, a lab
 that drives the real nvctk-runtime + runc on a simulated host.
 
 Scale: NVCTK_RELIABILITY=full (set by `make reliability`) runs the full numbers; anything

@@ -1,4 +1,4 @@
-"""The edits form's round trips (issue 19): to JSON and back (what the runtime saves
+"""The edits form's round trips: to JSON and back (what the runtime saves
 for the hook), and through a CDI spec (`cdi generate`'s writer, then CDI mode's reader)."""
 
 from __future__ import annotations

@@ -316,7 +316,7 @@ def test_vgpu_allocate_refuses_a_bad_key_file(tmp_path: Path) -> None:
     assert e.value.code == "FAILED_PRECONDITION"
 
 
-# --- colliding resource names (issue 17, family 5) --------------------------------------------
+# --- colliding resource names --------------------------------------------
 
 _MIXED = {"migStrategy": "mixed"}
 _TS = "sharing.timeSlicing.resources"

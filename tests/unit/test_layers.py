@@ -1,4 +1,4 @@
-"""nvctk's import layering (plan19 §1): imports go only downward, nvctk has no import
+"""nvctk's import layering: imports go only downward, nvctk has no import
 cycle, and every package __init__.py is empty (an eager import there would put the
 whole package on the create path). AST only: nothing of nvctk is imported.
 

@@ -1,6 +1,6 @@
 """Imports sit at the top of a module; one inside a function is a start-time decision and
 says so (`# start time: <what>` on its line or just above), or is listed here with its
-reason. Checked for base's packages (issue 19 §5); AST and text only."""
+reason. Checked for base's packages; AST and text only."""
 
 from __future__ import annotations
 

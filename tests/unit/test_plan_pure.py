@@ -1,6 +1,6 @@
 """Planning does no I/O: no module of nvctk/plan/ imports what reads the host.
 
-The steps (select, devices, mounts, vgpu, hooks, make) decide from plain records that
+The steps (select, devices, mounts, vgpu, hooks, make: plan_container) decide from plain records that
 discovery (nvctk.host.discover, nvctk.host.image) filled; an AST scan of their
 imports, at every level (top, function, TYPE_CHECKING aside), and of their calls.
 """
@@ -23,13 +23,10 @@ FORBIDDEN = ("os", "io", "pathlib", "subprocess", "shutil", "glob", "stat", "soc
 # records only, no I/O: the inventory's GpuInfo/MigInfo and proc_bus_id (a string function)
 ALLOWED = ("nvctk.host.inventory",)
 FORBIDDEN_CALLS = ("open", "exec", "eval", "__import__", "input")
-# discover + plan in one call, for the callers that have not moved to the steps yet
-# (nvctk/cdi/cdi.py, nvctk/monitor/containers.py): not a planning step, reads the host
-NOT_PLANNING: tuple[str, ...] = ()
 
 
 def planning_modules() -> list[Path]:
-    return sorted(p for p in PLAN_DIR.glob("*.py") if p.name not in NOT_PLANNING)
+    return sorted(PLAN_DIR.glob("*.py"))
 
 
 def _matches(module: str, names: tuple[str, ...]) -> bool:

@@ -96,7 +96,7 @@ M = 1 << 20
 
 
 @pytest.mark.parametrize(("env", "memory", "sm"), [
-    # a per-device "no limit" never lifts the global limit (issue 17 §2's example)
+    # a per-device "no limit" never lifts the global limit
     ({"CUDA_DEVICE_MEMORY_LIMIT": "20480m", "CUDA_DEVICE_MEMORY_LIMIT_0": "0"}, (20480 * M, 20480 * M), (0, 0)),
     # a per-device value larger than the global one does not loosen it
     ({"CUDA_DEVICE_MEMORY_LIMIT": "512m", "CUDA_DEVICE_MEMORY_LIMIT_1": "4g"}, (512 * M, 512 * M), (0, 0)),
