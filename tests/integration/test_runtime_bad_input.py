@@ -1088,6 +1088,38 @@ def test_ldconfig_fifo_fails_at_once_naming_the_setting(
     assert f"{fifo} (nvctk's ldconfig setting): not a regular file" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("beside", [True, False], ids=["ldconfig.real-beside", "alone"])
+def test_ldconfig_script_is_followed_to_ldconfig_real(
+        sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path, beside: bool) -> None:
+    """Ubuntu's /sbin/ldconfig is a shell script around /sbin/ldconfig.real (seen on a GPU
+    host: every GPU start failed with 'not a 64-bit ELF file'); the binary beside a script
+    is the one run. A script with nothing beside it is still refused, naming the setting."""
+    from support.canary.harness import fake_container, make_bundle, make_plan, run_hook
+
+    root = rootfs()
+    b = make_bundle(str(tmp_path / "bundle"), root, make_plan(sim_host))
+    script = tmp_path / "sbin" / "ldconfig"
+    script.parent.mkdir()
+    script.write_text('#!/bin/sh\nexec /sbin/ldconfig.real "$@"\n')
+    script.chmod(0o755)
+    if beside:
+        shutil.copy2("/sbin/ldconfig", str(script) + ".real")
+    plan_path = os.path.join(b.path, PLAN_FILE)
+    d = json.loads(Path(plan_path).read_text())
+    d["ldconfig"] = str(script)
+    Path(plan_path).write_text(json.dumps(d))
+    cache = Path(root, "etc/ld.so.cache")
+    cache.unlink(missing_ok=True)
+    with fake_container() as pid:
+        r = run_hook(b, pid, timeout=20)
+    if beside:
+        assert r.returncode == 0, r.stderr
+        assert cache.is_file()  # ldconfig.real wrote the container's cache
+    else:
+        assert r.returncode != 0
+        assert f"{script} (nvctk's ldconfig setting): not a 64-bit ELF file" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("rel", ["proc/driver/nvidia/version", "etc/ld.so.cache"])
 def test_driver_file_fifo_hangs_no_gpu_create(env: Env, bundle: Callable[..., Path],
                                              tmp_path: Path, rel: str) -> None:
