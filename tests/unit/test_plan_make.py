@@ -130,8 +130,7 @@ def test_a_vgpu_form() -> None:
     assert Edits.from_json(e.to_json()) == e
 
 
-def test_a_node_only_display_needs_is_not_needed_without_it() -> None:
-    """nvidia-modeset is missing on this host: only a display request fails for it."""
-    make(caps=("compute",))
-    with pytest.raises(DriverError, match="nvidia-modeset is missing"):
-        make(caps=("display",))
+def test_a_missing_modeset_node_is_left_out_even_for_display() -> None:
+    """nvidia-modeset is missing on this host (headless hosts have none: seen on an H100
+    with driver 580, where `cdi generate` failed for it): a display request gets the rest."""
+    assert "/dev/nvidia-modeset" not in [d.path for d in make(caps=("display",)).devices]
