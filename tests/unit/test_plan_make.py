@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from nvctk.base.config import Config, ExtraMount
-from nvctk.base.errors import DriverError
 from nvctk.edits import HOOK_PATH_ENV, NVIDIA_HOOK_NAMES, Edits
 from nvctk.host.discover import DeviceFacts, Facts
 from nvctk.host.driver import DriverFiles
