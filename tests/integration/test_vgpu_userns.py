@@ -32,6 +32,7 @@ from nvctk.spec import apply as spec_edits
 from nvctk.spec import seccomp as nvseccomp
 from nvctk.spec.record import AppliedRecord
 from nvctk.vgpu import state as vgpu_state
+from support.records import undo_as_create
 from support.runtime import validate_schema
 from support.vgpu import (
     MEM,
@@ -455,7 +456,7 @@ def test_edit_record_can_only_take_our_rules_out() -> None:
             "seccomp": {"created": True, "syscalls": [mine, *nvseccomp.userns_rules()],
                         "replaced": [[0, allow, [mine]], [1, "x", []], "junk"]}})},
     }
-    spec_edits.remove_our_edits(spec)
+    undo_as_create(spec, "/", None)
     assert spec["linux"]["seccomp"]["syscalls"] == syscalls
 
 
