@@ -612,6 +612,14 @@ def test_special_file_is_refused_untouched(nv: Run, tmp_path: Path, engine: str,
     ('{"a": ' + "1" * 5000 + "}", "invalid JSON"),
     ('{"a": NaN}', "NaN is not JSON"),
     ('{"a": -Infinity}', "-Infinity is not JSON"),
+    # numbers Python reads and dockerd (Go: a float64) does not: written back, they were
+    # Infinity / -Infinity (no JSON), or digits dockerd refuses to start on
+    ('{"a": [[1, [1e400]]]}', "the number 1e400 is beyond a 64-bit float"),
+    ('{"log-opts": {"x": [{"y": [-1e400]}]}}', "the number -1e400 is beyond"),
+    ('{"a": [[1E+309]]}', "the number 1E+309 is beyond"),
+    ('{"a": [[' + "9" * 400 + "]]}", "is beyond a 64-bit float"),
+    ('{"a": [-' + "1" * 310 + "]}", "is beyond a 64-bit float"),
+    ('{"a": [[NaN]]}', "NaN is not JSON"),
 ])
 def test_docker_odd_json_is_refused_untouched(nv: Run, tmp_path: Path, text: str, why: str) -> None:
     cfg = tmp_path / "daemon.json"
@@ -622,6 +630,25 @@ def test_docker_odd_json_is_refused_untouched(nv: Run, tmp_path: Path, text: str
     assert "Traceback" not in res.stderr
     assert cfg.read_text() == text
     assert sorted(os.listdir(tmp_path)) == ["daemon.json"]
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "9" * 400])
+def test_docker_remove_never_writes_back_a_number_dockerd_refuses(
+        nv: Run, tmp_path: Path, number: str) -> None:
+    """configure replaced someone else's runtime "nvidia" (kept in daemon.json.bak);
+    remove puts it back, but not a value dockerd would refuse: a .bak whose entry holds
+    one is no help, and only nvctk's entry goes."""
+    cfg = tmp_path / "daemon.json"
+    cfg.write_text(json.dumps({"runtimes": {"nvidia": {"path": "/usr/bin/other"}}}) + "\n")
+    assert nv("--runtime", "docker", "--config", str(cfg)).returncode == 0
+    bak = tmp_path / "daemon.json.bak"
+    bak.write_text('{"runtimes": {"nvidia": {"path": "/usr/bin/other", '
+                   f'"runtimeArgs": [[{number}]]}}}}}}\n')
+    res = nv("--runtime", "docker", "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    text = cfg.read_text()
+    assert "Infinity" not in text and number not in text
+    assert json.loads(text) == {}
 
 
 def test_docker_remove_keeps_a_hand_written_file(nv: Run, tmp_path: Path) -> None:
