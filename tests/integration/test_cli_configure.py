@@ -566,6 +566,47 @@ def test_crio_default_runtime_from_other_drop_ins(nv: Run, tmp_path: Path) -> No
         "runtime_path": RUNTIME, "runtime_type": "oci", "monitor_env": ["A=1"]}
 
 
+# drop-ins that CRI-O reads after nvctk's 99-nvctk.toml and that win its merge, key by key
+CRIO_OVERRIDES = {
+    "runtime_path": ("zz-other.toml",
+                     '[crio.runtime.runtimes.nvidia]\nruntime_path = "/usr/bin/runc"\n', []),
+    "runtime_type": ("99-remote.toml",  # "99-r" sorts after "99-n"
+                     '[crio.runtime.runtimes.nvidia]\nruntime_type = "vm"\n', []),
+    "default_runtime": ("zz-default.toml", '[crio.runtime]\ndefault_runtime = "runc"\n',
+                        ["--set-as-default"]),
+}
+
+
+@pytest.mark.parametrize("key", list(CRIO_OVERRIDES))
+@pytest.mark.parametrize("present", [False, True])
+def test_crio_drop_in_overridden_by_a_later_one_fails_naming_it(
+        nv: Run, tmp_path: Path, key: str, present: bool) -> None:
+    """Before: configure said "created" and exited 0 while CRI-O ran another runtime
+    under nvctk's name (it only asked whether the files load). Now it reads the merged
+    result (`crio config` where CRI-O is installed, the files key by key otherwise), and
+    fails naming the file that wins, nvctk's drop-in as it was; also when nvctk's own
+    drop-in is already in place and nothing would be written."""
+    name, text, extra = CRIO_OVERRIDES[key]
+    d = tmp_path / "crio.conf.d"
+    d.mkdir()
+    drop = d / "99-nvctk.toml"
+    args = ["--runtime", "crio", "--config", str(tmp_path / "none.conf"), "--drop-in", str(drop),
+            *extra]
+    if present:
+        assert nv(*args).returncode == 0
+    before = drop.read_bytes() if present else None
+    (d / name).write_text(text)
+    res = nv(*args)
+    assert res.returncode == 1, res.stdout
+    assert str(d / name) in res.stderr and key in res.stderr and "Traceback" not in res.stderr, \
+        res.stderr
+    assert (drop.read_bytes() if drop.exists() else None) == before
+    # the same drop-in read before nvctk's loses to it: fine
+    (d / name).rename(d / f"00-{name}")
+    res = nv(*args)
+    assert res.returncode == 0, res.stderr
+
+
 def test_main_py_registers_configure(run_nvctk: Run) -> None:
     res = run_nvctk("configure", "--help")
     assert res.returncode == 0 and "--set-as-default" in res.stdout and "--remove" in res.stdout
