@@ -129,5 +129,6 @@ def record_seal(bundle: str, state_dir: str, edits: Edits, cdi: bool = False) ->
     use) and the bundle's identity. When the record will name more than NVIDIA device
     access (a vGPU's variables and seccomp rules, any CDI entry) a key that cannot be
     had fails the create; otherwise none is read (AppliedRecord.needs_seal)."""
-    needed = cdi or bool(edits.env) or edits.seccomp_block_userns
-    return Seal(edits_key(state_dir, create=True) if needed else None, bundle_binding(bundle))
+    if not (cdi or edits.env or edits.seccomp_block_userns):
+        return Seal(None, "")  # nothing to seal: no key, no look at the bundle
+    return Seal(edits_key(state_dir, create=True), bundle_binding(bundle))
