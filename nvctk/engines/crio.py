@@ -2,7 +2,8 @@
 runtime_type = "oci" and the default runtime's other settings copied.
 
 CRI-O reads /etc/crio/crio.conf, then /etc/crio/crio.conf.d/*.toml in lexical order
-(later files win, key by key). The default runtime and its settings are looked up
+(later files win, key by key, but a runtime's table is taken whole from the last file
+that defines it). The default runtime and its settings are looked up
 the same way, in the main file and the other drop-ins; only the drop-in is written.
 """
 
@@ -79,7 +80,8 @@ def _effective(req: EngineRequest, old: Files) -> tuple[str, dict[str, Any]]:
         tables = get_table(doc, RUNTIMES, path)
         for name, value in (tables or {}).items():
             if isinstance(value, dict):
-                runtimes.setdefault(name, {}).update(value.unwrap() if hasattr(value, "unwrap") else value)
+                # whole: CRI-O takes a runtime's table from the last file that defines it
+                runtimes[name] = dict(value.unwrap() if hasattr(value, "unwrap") else value)
     if default == req.name:
         default = "crun" if "crun" in runtimes else "runc"
     return default, runtimes.get(default, {})

@@ -566,7 +566,25 @@ def test_crio_default_runtime_from_other_drop_ins(nv: Run, tmp_path: Path) -> No
         "runtime_path": RUNTIME, "runtime_type": "oci", "monitor_env": ["A=1"]}
 
 
-# drop-ins that CRI-O reads after nvctk's 99-nvctk.toml and that win its merge, key by key
+def test_crio_default_runtime_settings_come_whole_from_the_last_file_defining_it(
+        nv: Run, tmp_path: Path) -> None:
+    """CRI-O takes a runtime's table whole from the last file that defines it (the real
+    CRI-O 1.36.3: a drop-in with only runc's monitor_env leaves its runtime_path empty),
+    so nvctk's runtime copies the drop-in's settings of runc, not crio.conf's as well."""
+    main = tmp_path / "crio.conf"
+    main.write_text('[crio.runtime]\ndefault_runtime = "runc"\n[crio.runtime.runtimes.runc]\n'
+                    'runtime_path = "/usr/bin/runc"\nmonitor_path = "/usr/libexec/conmon"\n')
+    d = tmp_path / "crio.conf.d"
+    d.mkdir()
+    (d / "10-runc.toml").write_text('[crio.runtime.runtimes.runc]\nmonitor_env = ["A=1"]\n')
+    drop = d / "99-nvctk.toml"
+    res = nv("--runtime", "crio", "--config", str(main), "--drop-in", str(drop))
+    assert res.returncode == 0, res.stderr
+    assert toml(drop)["crio"]["runtime"]["runtimes"]["nvidia"] == {
+        "runtime_path": RUNTIME, "runtime_type": "oci", "monitor_env": ["A=1"]}
+
+
+# drop-ins that CRI-O reads after nvctk's 99-nvctk.toml and that win its merge
 CRIO_OVERRIDES = {
     "runtime_path": ("zz-other.toml",
                      '[crio.runtime.runtimes.nvidia]\nruntime_path = "/usr/bin/runc"\n', []),
