@@ -7,6 +7,13 @@
 
 static int nvml_state; /* 0 unknown, 1 pass, 2 active, -1 error */
 
+/* A call the real NVML makes to its own exported names while libvgpu is inside a real
+ * call (the driver's nvmlInit_v2 calls nvmlInitWithFlags through its PLT, which the
+ * preload binds here) passes straight through: entering would wait on the NVML
+ * resolution this very thread is running (a deadlock seen on driver 580). */
+#define NVML_PASS_NESTED(name, args) \
+    if (UNLIKELY(vgpu_nested)) return REAL(name) ? REAL(name) args : NVML_ERROR_UNKNOWN
+
 static int nvml_enter(void) {
     int st = __atomic_load_n(&nvml_state, __ATOMIC_ACQUIRE);
     if (st) return st;
@@ -28,24 +35,27 @@ static int nvml_enter(void) {
 }
 
 EXPORT nvmlReturn_t nvmlInit_v2(void) {
+    NVML_PASS_NESTED(nvmlInit_v2, ());
     int st = nvml_enter();
     if (!REAL(nvmlInit_v2)) return NVML_ERROR_UNKNOWN;
     if (st < 0) return NVML_ERROR_UNKNOWN; /* fail closed: stderr names the variable */
-    return REAL(nvmlInit_v2)();
+    return NESTED(REAL(nvmlInit_v2)());
 }
 
 EXPORT nvmlReturn_t nvmlInit(void) {
+    NVML_PASS_NESTED(nvmlInit, ());
     int st = nvml_enter();
     if (!REAL(nvmlInit)) return NVML_ERROR_UNKNOWN;
     if (st < 0) return NVML_ERROR_UNKNOWN;
-    return REAL(nvmlInit)();
+    return NESTED(REAL(nvmlInit)());
 }
 
 EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    NVML_PASS_NESTED(nvmlInitWithFlags, (flags));
     int st = nvml_enter();
     if (!REAL(nvmlInitWithFlags)) return NVML_ERROR_UNKNOWN;
     if (st < 0) return NVML_ERROR_UNKNOWN;
-    return REAL(nvmlInitWithFlags)(flags);
+    return NESTED(REAL(nvmlInitWithFlags)(flags));
 }
 
 /* Cap and container usage for an NVML device; 0 if uncapped. */
@@ -82,10 +92,11 @@ static void apply_cap(uint64_t cap, uint64_t used, unsigned long long *total, un
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem) {
+    NVML_PASS_NESTED(nvmlDeviceGetMemoryInfo, (dev, mem));
     int st = nvml_enter();
     if (!REAL(nvmlDeviceGetMemoryInfo)) return NVML_ERROR_UNKNOWN;
     if (st < 0) return NVML_ERROR_UNKNOWN;
-    nvmlReturn_t r = REAL(nvmlDeviceGetMemoryInfo)(dev, mem);
+    nvmlReturn_t r = NESTED(REAL(nvmlDeviceGetMemoryInfo)(dev, mem));
     if (r != NVML_SUCCESS || st != 2 || !mem) return r;
     uint64_t used = 0, cap = nvml_cap(dev, &used);
     if (cap) apply_cap(cap, used, &mem->total, &mem->free, &mem->used);
@@ -93,10 +104,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem) {
+    NVML_PASS_NESTED(nvmlDeviceGetMemoryInfo_v2, (dev, mem));
     int st = nvml_enter();
     if (!REAL(nvmlDeviceGetMemoryInfo_v2)) return NVML_ERROR_UNKNOWN;
     if (st < 0) return NVML_ERROR_UNKNOWN;
-    nvmlReturn_t r = REAL(nvmlDeviceGetMemoryInfo_v2)(dev, mem);
+    nvmlReturn_t r = NESTED(REAL(nvmlDeviceGetMemoryInfo_v2)(dev, mem));
     if (r != NVML_SUCCESS || st != 2 || !mem) return r;
     uint64_t used = 0, cap = nvml_cap(dev, &used);
     if (cap) {
@@ -113,7 +125,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t
  * with the filtered count. `esz`: the entry size (pid first). */
 static nvmlReturn_t procs_filtered(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned *, void *), nvmlDevice_t dev,
                                    unsigned *count, void *infos, size_t esz) {
-    if (!count) return fn(dev, count, infos);
+    if (!count) return NESTED(fn(dev, count, infos));
     unsigned cap = 64;
     char *buf = NULL;
     nvmlReturn_t r;
@@ -126,7 +138,7 @@ static nvmlReturn_t procs_filtered(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned *, 
         }
         buf = nb;
         n = cap;
-        r = fn(dev, &n, buf);
+        r = NESTED(fn(dev, &n, buf));
         if (r != NVML_ERROR_INSUFFICIENT_SIZE || tries > 4) break;
         cap = n + 16;
     }
@@ -171,10 +183,11 @@ static nvmlReturn_t procs_filtered(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned *, 
 typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned *, void *);
 #define PROCS_WRAPPER(name, esz)                                                    \
     EXPORT nvmlReturn_t name(nvmlDevice_t dev, unsigned *count, void *infos) {      \
+        NVML_PASS_NESTED(name, (dev, count, infos));                                \
         int st = nvml_enter();                                                      \
         if (!REAL(name)) return NVML_ERROR_UNKNOWN;                                 \
         if (st < 0) return NVML_ERROR_UNKNOWN;                                      \
-        if (st != 2) return REAL(name)(dev, count, infos);                          \
+        if (st != 2) return NESTED(REAL(name)(dev, count, infos));                  \
         return procs_filtered((procs_fn)REAL(name), dev, count, infos, (esz));      \
     }
 PROCS_WRAPPER(nvmlDeviceGetComputeRunningProcesses, sizeof(nvmlProcessInfo_v1_t))

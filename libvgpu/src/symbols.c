@@ -130,15 +130,17 @@ static void resolve_nvml(void) {
     if (!REAL(nvmlInit_v2) || !real_x[X_nvmlDeviceGetCount_v2] || !real_x[X_nvmlDeviceGetHandleByIndex_v2] ||
         !real_x[X_nvmlDeviceGetUUID])
         return;
-    if (REAL(nvmlInit_v2)() != NVML_SUCCESS) return;
+    /* nested: the real NVML's calls to its own exported names pass straight through
+     * our wrappers (entering them would wait on this very resolution) */
+    if (NESTED(REAL(nvmlInit_v2)()) != NVML_SUCCESS) return;
     unsigned n = 0;
-    if (HELP(nvmlDeviceGetCount_v2, count_t)(&n) != NVML_SUCCESS) return;
+    if (NESTED(HELP(nvmlDeviceGetCount_v2, count_t)(&n)) != NVML_SUCCESS) return;
     if (n > VGPU_LDEV_MAX) n = VGPU_LDEV_MAX;
     for (unsigned i = 0; i < n; i++) {
         nvmlDevice_t d;
         nvml_uuid[i][0] = 0;
-        if (HELP(nvmlDeviceGetHandleByIndex_v2, byidx_t)(i, &d) == NVML_SUCCESS)
-            HELP(nvmlDeviceGetUUID, uuid_t_)(d, nvml_uuid[i], sizeof nvml_uuid[i]);
+        if (NESTED(HELP(nvmlDeviceGetHandleByIndex_v2, byidx_t)(i, &d)) == NVML_SUCCESS)
+            (void)NESTED(HELP(nvmlDeviceGetUUID, uuid_t_)(d, nvml_uuid[i], sizeof nvml_uuid[i]));
     }
     n_nvml = n;
     nvml_ok = 1;

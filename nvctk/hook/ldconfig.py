@@ -18,15 +18,15 @@ from nvctk.base import mounts
 from nvctk.hook import caps
 from nvctk.hook import mount as m
 
-# <signal.h>: signal.SIGKILL would import enum on the hook's path
-SIGKILL = 9
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.log import HookLog, Logger
     from nvctk.edits import Edits
 
 LDCONFIG_TIMEOUT = 30.0
+# SIGKILL's number on every Linux architecture (signal(7)): the signal module would cost
+# the hook enum's import, and _signal is CPython's private module
+SIGKILL = 9
 
 
 def detach_procfs_under(top: str, infos: list[mounts.MountInfo], log: HookLog) -> None:

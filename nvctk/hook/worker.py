@@ -210,15 +210,27 @@ def _make_mask(plan: Edits, p: WorkerFds, log: HookLog) -> None:
         raise m.step_error("open", pm.host_dir, e)
 
 
+# Ubuntu's /sbin/ldconfig is a shell script around /sbin/ldconfig.real (seen on a GPU
+# host; NVIDIA's toolkit names ldconfig.real in its config there): a script is followed
+# to the binary beside it
+REAL_SUFFIX = ".real"
+
+
 def _open_ldconfig(ldconfig: str, p: WorkerFds) -> None:
     """The host's ldconfig, opened here: a regular, statically linked file (run chrooted,
-    a dynamic one would load the image's loader)."""
+    a dynamic one would load the image's loader); a script whose <path>.real exists is
+    replaced by that."""
     what = f"{ldconfig} (nvctk's ldconfig setting)"
     try:
         # O_NONBLOCK: a FIFO would block open() until runc's hook timeout
         p.ldconfig = os.open(ldconfig, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         if not stat.S_ISREG(os.fstat(p.ldconfig).st_mode):
             raise m.step_error("open", what, "not a regular file")
+        if os.pread(p.ldconfig, 2, 0) == b"#!" and not ldconfig.endswith(REAL_SUFFIX) \
+                and os.path.exists(ldconfig + REAL_SUFFIX):
+            os.close(p.ldconfig)
+            p.ldconfig = -1
+            return _open_ldconfig(ldconfig + REAL_SUFFIX, p)
         interp = elf_interpreter(p.ldconfig)
     except OSError as e:
         raise m.step_error("open", what, e)

@@ -251,12 +251,32 @@ def _find_libraries(
     return found
 
 
-def _find_binary(root: str, name: str) -> str | None:
-    for d in BIN_DIRS:
-        p = os.path.join(root, d, name)
-        if os.path.isfile(p) and os.access(p, os.X_OK):
+def _is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def _find_binary(root: str, name: str, more_dirs: Iterable[str] = ()) -> str | None:
+    """The driver's program `name`: the first executable ELF file in BIN_DIRS, then in
+    more_dirs (host paths). A script is passed over: a GPU host seen with driver 580 had
+    /usr/bin/nvidia-smi as a shell wrapper that execs /usr/local/nvidia/bin/nvidia-smi,
+    which is not there inside a container."""
+    for d in (*(os.path.join(root, b) for b in BIN_DIRS), *more_dirs):
+        p = os.path.join(d, name)
+        if os.path.isfile(p) and os.access(p, os.X_OK) and _is_elf(p):
             return p
     return None
+
+
+def _bin_dirs_beside(libraries: Iterable[str]) -> tuple[str, ...]:
+    """<prefix>/bin of the dirs the driver's libraries are in (<prefix>/lib64 and the like):
+    where a driver installed under its own prefix keeps its programs (/usr/local/nvidia,
+    GKE's /home/kubernetes/bin/nvidia)."""
+    return tuple(dict.fromkeys(os.path.join(os.path.dirname(os.path.dirname(p)), "bin")
+                               for p in libraries))
 
 
 DRM_NODE_PREFIXES = ("card", "renderD")
@@ -307,9 +327,10 @@ def discover_files(driver_root: str, driver_version: str,
         libraries32 = tuple(dict.fromkeys(libs32[n] for n in lib_names if n in libs32))
 
     binaries: dict[str, tuple[str, ...]] = {}
+    beside = _bin_dirs_beside(libs64.values())
     for cap, names in BINARIES.items():
         if cap in caps:
-            binaries[cap] = tuple(p for p in (_find_binary(root, n) for n in names) if p)
+            binaries[cap] = tuple(p for p in (_find_binary(root, n, beside) for n in names) if p)
 
     config_files: dict[str, tuple[tuple[str, str], ...]] = {}
     for cap, wanted_files in CONFIG_FILES.items():

@@ -73,7 +73,7 @@ def plan_drm_links(drm: list[tuple[str, str]]) -> list[Symlink]:
 def plan_devices(request: Request, selected: list[Selected], facts: DeviceFacts,
                  drm: list[tuple[str, str]] | None = None) -> list[DeviceNode]:
     """nvidiactl, each GPU's node, the capabilities' nodes (uvm for compute/video,
-    modeset for display), DRM nodes, MIG capability nodes; first order, no repeats.
+    modeset for display where the host has it), DRM nodes, MIG capability nodes; first order, no repeats.
     drm: drm_nodes(...) when the caller has them already."""
     nodes = [node(facts, "nvidiactl")]
     for sel in selected:
@@ -81,7 +81,10 @@ def plan_devices(request: Request, selected: list[Selected], facts: DeviceFacts,
     caps = set(request.capabilities)
     if caps & {"compute", "video"}:
         nodes += [node(facts, "nvidia-uvm"), node(facts, "nvidia-uvm-tools")]
-    if "display" in caps:
+    # nvidia-modeset exists only where nvidia-modeset.ko is loaded: headless data-centre
+    # hosts (an H100 with driver 580, seen) have none; as NVIDIA's toolkit, a missing one
+    # is left out, an unusable one still refused
+    if "display" in caps and facts.nodes.get("nvidia-modeset") is not None:
         nodes.append(node(facts, "nvidia-modeset"))
     for _, name in drm_nodes(request, selected, facts) if drm is None else drm:
         nodes.append(node(facts, f"dri/{name}"))

@@ -1,5 +1,5 @@
 """The one commit of a GPU create, whatever made its form (legacy mode, CDI mode): the
-form applied to the spec, the container's vGPU state made, the form saved beside the
+form applied to the spec (what an earlier create added out first, as its record proves), the container's vGPU state made, the form saved beside the
 spec for the prestart hook, then the spec saved. A spec that names nvctk's hook is never
 visible without what the hook reads; a failure leaves none of the three."""
 
@@ -12,6 +12,7 @@ from nvctk.base.errors import NvctkError
 from nvctk.edits import EDITS_FILE, OLD_EDITS_FILE, is_prestart_hook, saved_part
 from nvctk.host.facts import DEFAULT_RUNTIME_ROOT
 from nvctk.oci import spec as oci
+from nvctk.runtime import earlier
 from nvctk.spec import apply as spec_edits
 
 TYPE_CHECKING = False
@@ -21,17 +22,20 @@ if TYPE_CHECKING:
     from nvctk.base.config import Config
     from nvctk.base.log import Logger
     from nvctk.edits import Edits
+    from nvctk.spec.record import EarlierRecord
 
 
-def commit(bundle: str, spec: dict[str, Any], edits: Edits, config: Config,
-           logger: Logger | None, *, cdi: bool = False, container_id: str | None = None,
+def commit(bundle: str, spec: dict[str, Any], edits: Edits, record: EarlierRecord | None,
+           config: Config, logger: Logger | None, *, cdi: bool = False,
+           container_id: str | None = None,
            runtime_root: str | None = None) -> tuple[int, str | None]:
     """Apply `edits` to the (in-memory) spec and save: (NVIDIA hooks removed, the vGPU
     state dir this create made or None). nvctk's part of the spec comes from this form
-    only: what an earlier create of this bundle added goes first. cdi: the form came from
-    CDI devices (the record says so)."""
-    warn_unverified_record(spec, config, logger)
-    removed = spec_edits.apply(spec, edits, config.state_dir, cdi=cdi)[1]
+    only: what an earlier create of this bundle added goes first, as far as its record
+    proves it (record: nvctk.runtime.earlier's judgement, checked before planning). cdi:
+    the form came from CDI devices (the record says so)."""
+    removed = spec_edits.apply(spec, edits, record, earlier.record_seal(
+        bundle, config.state_dir, edits, cdi=cdi), cdi=cdi)[1]
     form_path = os.path.join(bundle, EDITS_FILE)
     if not any(is_prestart_hook(h) for h in edits.hooks):
         oci.save_spec(bundle, spec)
@@ -75,13 +79,6 @@ def remove_earlier_form(bundle: str, logger: Logger | None) -> None:
             if logger is not None:
                 logger.warning(f"{bundle}: cannot remove an earlier create's {name}: "
                                f"{e.strerror}")
-
-
-def warn_unverified_record(spec: dict[str, Any], config: Config, logger: Logger | None) -> None:
-    """A record without a valid MAC is ignored (spec_edits.remove_our_edits): say so."""
-    problem = spec_edits.record_problem(spec, config.state_dir)
-    if problem is not None and logger is not None:
-        logger.warning(f"{oci.SPEC_FILE}: {problem}")
 
 
 def remove_vgpu_dir(path: str, config: Config) -> None:

@@ -32,6 +32,7 @@ from nvctk.host.paths import context
 from nvctk.oci import runc_argv as ra
 from nvctk.oci import spec as oci
 from nvctk.request.parse import asks_for_vgpu, request_from_spec
+from nvctk.runtime import earlier
 from nvctk.runtime.commit import commit, remove_earlier_form
 from nvctk.spec import apply as spec_edits
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from nvctk.host.image import ImageFacts
     from nvctk.host.inventory import HostInfo
     from nvctk.request.parse import Request
+    from nvctk.spec.record import EarlierRecord
 
 
 class Created(Record):
@@ -102,6 +104,7 @@ def prepare_bundle(
         check_container_id(container_id)
     cdi = request.cdi_devices is not None
     _check_gpu_spec(bundle, spec, data, userns=not cdi)
+    record = _checked_record(bundle, spec, config.state_dir, logger)
     # start time: planning (and, for legacy mode, discovery: 17 modules); most
     # containers on a node ask for no GPU and need none of them
     from nvctk.plan import make
@@ -115,7 +118,7 @@ def prepare_bundle(
     edits = make.plan_container(request, config, facts, context)
     if served is not None:
         edits = with_server(edits, served)
-    removed, vgpu_dir = commit(bundle, spec, edits, config, logger, cdi=cdi,
+    removed, vgpu_dir = commit(bundle, spec, edits, record, config, logger, cdi=cdi,
                                container_id=container_id, runtime_root=runtime_root)
     if cdi:
         return Created(edits if edits.has_hook_work() else None, removed,
@@ -195,6 +198,17 @@ def vgpu_state_dir(request: Request, config: Config, runtime_root: str | None,
     from nvctk.vgpu.state import state_dir_for  # start time: vGPU only (hashlib, mount)
 
     return state_dir_for(config, runtime_root, container_id)
+
+
+def _checked_record(bundle: str, spec: dict[str, Any], state_dir: str | None,
+                    logger: Logger | None) -> EarlierRecord | None:
+    """The spec's record as far as a GPU create may act on it (nvctk.runtime.earlier):
+    SpecError for a malformed one, a record honoured only in part said in the log."""
+    record = earlier.earlier_record(bundle, spec, state_dir)
+    spec_edits.check_record(record)
+    if record is not None and record.problem is not None and logger is not None:
+        logger.warning(f"{oci.SPEC_FILE}: {record.problem}")
+    return record
 
 
 def _check_uncapped_share(spec: dict[str, Any]) -> None:
@@ -292,22 +306,25 @@ def _log_handed_on(logger: Logger | None, error: SpecError) -> None:
 def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | None,
                          state_dir: str | None = None) -> None:
     """A no-GPU create of a bundle an earlier GPU create edited: take nvctk's hooks,
-    devices and env out, and its plan. A spec without them is not rewritten (the
-    common case costs a stat of the plan file). A CDI record without a valid MAC
-    (spec_edits.cdi_record_problem) leaves the spec as it is."""
-    problem = None
+    devices and env out (as far as the record proves them: nvctk.runtime.earlier), and
+    its plan. A spec without them is not rewritten (the common case costs a stat of the
+    plan file). A malformed record, or one of which nothing may be acted on, leaves the
+    spec as it is."""
     if spec_edits.has_our_edits(spec):
-        problem = spec_edits.edits_record_problem(spec) or spec_edits.cdi_record_problem(spec, state_dir)
-    if problem is not None:
-        # not what nvctk writes: nvctk leaves the spec as it is, and runc judges it
-        if logger is not None:
-            logger.warning(f"{bundle}: {problem}; the spec is handed on unchanged")
-    elif spec_edits.has_our_edits(spec):
-        # an error here fails the create: the hooks left in would run for this container
-        spec_edits.remove_our_edits(spec, state_dir)
-        oci.save_spec(bundle, spec)
-        if logger is not None:
-            logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")
+        record = earlier.earlier_record(bundle, spec, state_dir)
+        if record is not None and (record.malformed or (record.problem and not record.fields)):
+            # not what nvctk writes, or nothing of it nvctk may act on: nvctk leaves the
+            # spec as it is (its hooks find no plan), and runc judges it
+            if logger is not None:
+                logger.warning(f"{bundle}: {record.problem}; the spec is handed on unchanged")
+        else:
+            if record is not None and record.problem is not None and logger is not None:
+                logger.warning(f"{oci.SPEC_FILE}: {record.problem}")
+            # an error here fails the create: the hooks left in would run for this container
+            spec_edits.remove_our_edits(spec, record)
+            oci.save_spec(bundle, spec)
+            if logger is not None:
+                logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")
     remove_earlier_form(bundle, logger)
 
 

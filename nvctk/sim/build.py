@@ -248,10 +248,14 @@ def _shared_lib(out: Path, soname: str, sources: list[Path], inc: Path) -> list[
     ]
 
 
+# the body of the driver's programs the sim does not simulate (host.py copies it)
+STUB_PROGRAM = "nvsim-stub-program"
+
+
 def build_driver(topology: Topology, sim_root: str, libdir: str, bindir: str) -> None:
     """Compile libnvidia-ml.so.<ver> and libcuda.so.<ver> with their SONAME links
-    (libnvidia-ml.so.1, libcuda.so.1, as a driver install has them), nvidia-smi and
-    the CUDA sample cuda-vectoradd."""
+    (libnvidia-ml.so.1, libcuda.so.1, as a driver install has them), nvidia-smi,
+    the CUDA sample cuda-vectoradd and the stub program (STUB_PROGRAM)."""
     lib, bin_ = Path(libdir), Path(bindir)
     lib.mkdir(parents=True, exist_ok=True)
     bin_.mkdir(parents=True, exist_ok=True)
@@ -259,7 +263,8 @@ def build_driver(topology: Topology, sim_root: str, libdir: str, bindir: str) ->
     state_c = CSRC / "nvsim_state.c"
     mocks = {"libnvidia-ml": CSRC / "nvml_mock.c", "libcuda": CSRC / "cuda_mock.c"}
     api: dict[str, apilist.Kind] = {"libnvidia-ml": "nvml", "libcuda": "cuda"}
-    programs = {"nvidia-smi": CSRC / "nvidia_smi.c", "cuda-vectoradd": CSRC / "vectoradd.c"}
+    programs = {"nvidia-smi": CSRC / "nvidia_smi.c", "cuda-vectoradd": CSRC / "vectoradd.c",
+                STUB_PROGRAM: CSRC / "stub_program.c"}
     with tempfile.TemporaryDirectory(prefix="nvsim-build-") as tmp:
         inc = Path(tmp)
         (inc / "nvsim_topology.h").write_text(generate_topology_header(topology, sim_root))

@@ -577,12 +577,6 @@ def _write_stubs(root: str, topo: Topology) -> None:
     sonames = {**STUB_LIBRARIES, **MOCK_LIBRARIES}
     for name in STUB_LIBRARIES_32:
         _write(os.path.join(lib32, f"{name}.so.{v}"), elf_stub(sonames[name].format(v=v), bits=32), 0o755)
-    for name in STUB_BINARIES:
-        _write(
-            os.path.join(root, BIN, name),
-            f"#!/bin/sh\necho '{name}: not part of the simulated driver {v}' >&2\nexit 1\n",
-            0o755,
-        )
 
 
 def _builder() -> ModuleType:
@@ -604,6 +598,11 @@ def _build_mocks(root: str, topo: Topology) -> None:
     # the CUDA sample belongs in containers, not in the driver's bin dir
     os.makedirs(os.path.join(root, SAMPLES), exist_ok=True)
     os.replace(os.path.join(root, BIN, "cuda-vectoradd"), os.path.join(root, SAMPLES, "cuda-vectoradd"))
+    # the programs not simulated: ELF executables, as the driver's are
+    stub = os.path.join(root, BIN, build.STUB_PROGRAM)
+    for name in STUB_BINARIES:
+        shutil.copy2(stub, os.path.join(root, BIN, name))
+    os.unlink(stub)
 
 
 def _run_ldconfig(root: str, ldconfig: str) -> None:

@@ -173,6 +173,21 @@ def test_generate_to_stdout_and_bad_vendor(sim_host: SimHost,
     assert r.returncode == 2 and "Traceback" not in r.stderr and "vendor" in r.stderr
 
 
+def test_generate_on_a_host_without_nvidia_modeset(tmp_path: Path,
+                                                  run_nvctk: Callable[..., Any]) -> None:
+    """Headless hosts load no nvidia-modeset.ko (an H100 with driver 580, seen): `cdi
+    generate` failed there with 'device node /dev/nvidia-modeset is missing'."""
+    from nvctk.sim import host as simhost
+    from nvctk.sim.topology import make_topology
+
+    sim = simhost.init(str(tmp_path / "host"), make_topology(gpus=1))
+    os.unlink(os.path.join(sim.dev_dir, "nvidia-modeset"))
+    r = run_nvctk("cdi", "generate", "--format", "json", config=sim.config_path)
+    assert r.returncode == 0, r.stderr
+    nodes = [n["path"] for n in json.loads(r.stdout)["containerEdits"]["deviceNodes"]]
+    assert "/dev/nvidiactl" in nodes and "/dev/nvidia-modeset" not in nodes
+
+
 def test_generate_unwritable_output_is_a_clear_error(sim_host: SimHost, tmp_path: Path,
                                                      run_nvctk: Callable[..., Any]) -> None:
     (tmp_path / "file").write_text("")

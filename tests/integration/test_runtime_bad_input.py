@@ -38,7 +38,9 @@ from nvctk.request.parse import request_from_spec
 from nvctk.runtime import create, passthrough
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
+from nvctk.spec.record import read_record
 from nvctk.vgpu import limits as vgpu
+from support.records import undo_as_create
 from support.runtime import (
     NVD,
     RUNTIME,
@@ -592,7 +594,7 @@ def test_edit_record_can_only_take_nvidia_access_away() -> None:
             "devices": [["/dev/fuse", "c", 10, 229]], "rules": [[None, None, None]],
             "env": ["LD_PRELOAD=/x.so", "CUDA_DEVICE_X=1"]})},
     }
-    spec_edits.remove_our_edits(spec)
+    undo_as_create(spec, "/", None)
     assert spec["linux"]["devices"][0]["path"] == "/dev/fuse"
     assert spec["linux"]["resources"]["devices"] == [deny]
     # a record without nvctk's MAC takes no variable out (only what nvctk
@@ -1006,14 +1008,16 @@ def test_any_edits_record_is_never_an_internal_error(record: Any) -> None:
                       "resources": {"devices": [{"allow": True, "type": "c", "major": 195,
                                                  "minor": 0, "access": "rwm"}]}},
             "process": {"env": ["CUDA_DEVICE_X=1"]}}
-    problem = spec_edits.edits_record_problem(spec)
-    if problem is None:
-        spec_edits.remove_our_edits(spec)
+    read = read_record(spec)
+    assert read is not None
+    if not read.malformed:
+        undo_as_create(spec, "/", None)
     else:
-        assert spec_edits.EDITS_ANNOTATION in problem and len(problem) < 400
+        assert read.problem is not None
+        assert spec_edits.EDITS_ANNOTATION in read.problem and len(read.problem) < 400
         with pytest.raises(SpecError, match=re.escape(spec_edits.EDITS_ANNOTATION)):
-            spec_edits.check_editable(spec)
-    spec_edits.remove_our_edits(spec)  # the second line: never raises either
+            spec_edits.check_record(read)
+    spec_edits.remove_our_edits(spec, read)  # the second line: never raises either
 
 
 # --- container ids and runc roots that are not UTF-8 ---------------------
@@ -1086,6 +1090,38 @@ def test_ldconfig_fifo_fails_at_once_naming_the_setting(
         r = run_hook(b, pid, timeout=20)  # blocked in open() until its 60 s timeout before
     assert r.returncode != 0
     assert f"{fifo} (nvctk's ldconfig setting): not a regular file" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("beside", [True, False], ids=["ldconfig.real-beside", "alone"])
+def test_ldconfig_script_is_followed_to_ldconfig_real(
+        sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path, beside: bool) -> None:
+    """Ubuntu's /sbin/ldconfig is a shell script around /sbin/ldconfig.real (seen on a GPU
+    host: every GPU start failed with 'not a 64-bit ELF file'); the binary beside a script
+    is the one run. A script with nothing beside it is still refused, naming the setting."""
+    from support.canary.harness import fake_container, make_bundle, make_plan, run_hook
+
+    root = rootfs()
+    b = make_bundle(str(tmp_path / "bundle"), root, make_plan(sim_host))
+    script = tmp_path / "sbin" / "ldconfig"
+    script.parent.mkdir()
+    script.write_text('#!/bin/sh\nexec /sbin/ldconfig.real "$@"\n')
+    script.chmod(0o755)
+    if beside:
+        shutil.copy2("/sbin/ldconfig", str(script) + ".real")
+    plan_path = os.path.join(b.path, EDITS_FILE)
+    d = json.loads(Path(plan_path).read_text())
+    d["ldconfig"] = str(script)
+    Path(plan_path).write_text(json.dumps(d))
+    cache = Path(root, "etc/ld.so.cache")
+    cache.unlink(missing_ok=True)
+    with fake_container() as pid:
+        r = run_hook(b, pid, timeout=20)
+    if beside:
+        assert r.returncode == 0, r.stderr
+        assert cache.is_file()  # ldconfig.real wrote the container's cache
+    else:
+        assert r.returncode != 0
+        assert f"{script} (nvctk's ldconfig setting): not a 64-bit ELF file" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("rel", ["proc/driver/nvidia/version", "etc/ld.so.cache"])

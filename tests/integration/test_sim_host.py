@@ -13,7 +13,7 @@ import pytest
 
 from nvctk.base import config as nvconfig
 from nvctk.host import ldcache
-from nvctk.sim import host
+from nvctk.sim import build, host
 from nvctk.sim.rootfs import build_rootfs, container_lib_dir
 from nvctk.sim.topology import MIG_PROFILES, Topology, make_topology
 
@@ -142,6 +142,32 @@ def test_other_driver_files(sim_host: host.SimHost) -> None:
     smi = root / "usr/bin/nvidia-smi"
     assert smi.is_file() and os.access(smi, os.X_OK)
     assert not (root / "usr/bin/cuda-vectoradd").exists(), "the sample is not a driver file"
+    for name in host.STUB_BINARIES:  # real ELF executables, as the driver's programs are
+        prog = root / "usr/bin" / name
+        assert prog.read_bytes()[:4] == b"\x7fELF" and os.access(prog, os.X_OK)
+        r = subprocess.run([str(prog)], capture_output=True, text=True, timeout=10)
+        assert r.returncode == 1 and r.stderr == f"{name}: not part of the simulated driver\n"
+    assert not (root / "usr/bin" / build.STUB_PROGRAM).exists()
+
+
+def test_a_script_is_not_the_drivers_program(tmp_path: Path) -> None:
+    """A GPU host seen with driver 580 had /usr/bin/nvidia-smi as a shell script that execs
+    /usr/local/nvidia/bin/nvidia-smi (the driver under its own prefix, its libraries in
+    /usr/local/nvidia/lib64): mounted, the script failed in every container. A script is
+    passed over, and the bin dir beside the driver's libraries is looked in."""
+    from nvctk.host.driver import discover_files
+
+    sim = host.init(str(tmp_path / "host"), make_topology(gpus=1))
+    root = Path(sim.root)
+    beside = root / os.path.dirname(host.LIB64) / "bin"  # <prefix>/bin for <prefix>/<libdir>
+    beside.mkdir()
+    os.replace(root / "usr/bin/nvidia-smi", beside / "nvidia-smi")
+    (root / "usr/bin/nvidia-smi").write_text("#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi\n")
+    (root / "usr/bin/nvidia-smi").chmod(0o755)
+    (root / "usr/bin/nvidia-debugdump").write_text("#!/bin/sh\nexit 1\n")
+    files = discover_files(sim.root, VER, ("utility",))
+    assert str(beside / "nvidia-smi") in files.binaries["utility"]
+    assert not any(p.endswith("/nvidia-debugdump") for p in files.binaries["utility"])
 
 
 def test_drm_nodes_links_and_sysfs(sim_host: host.SimHost) -> None:

@@ -6,6 +6,7 @@ environment cannot set them."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,3 +73,25 @@ def test_a_malformed_uuid_fails_closed(driver: H.Driver, tmp_path: Path, value: 
     cp = H.probe(env, "init")
     assert H.parse(cp.stdout)["init"][0][0] == "1", cp.stdout + cp.stderr  # CUDA_ERROR_INVALID_VALUE
     assert "NVCTK_VGPU_UUID_0" in cp.stderr
+
+
+@pytest.mark.parametrize("with_file", [False, True], ids=["env-only", "limits-file"])
+def test_nvml_calling_its_own_entry_points_does_not_deadlock(
+        driver: H.Driver, tmp_path: Path, with_file: bool) -> None:
+    """Seen on a real driver (580, H100): its nvmlInit_v2 and nvmlInit call nvmlInitWithFlags
+    by its exported name, which the preload binds to libvgpu's wrapper. Entering the wrapper
+    from inside libvgpu's own NVML resolution (the env-only cuInit maps GPUs through NVML)
+    waited on that resolution forever: cuInit and nvidia-smi hung. The simulated NVML now
+    makes the same inner call; every way in must return, capped."""
+    extra = limits(tmp_path) if with_file else {"CUDA_DEVICE_MEMORY_LIMIT_0": "256m",
+                                                "CUDA_DEVICE_MEMORY_LIMIT_1": "512m"}
+    env = driver.env(tmp_path / "state", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), **extra)
+    assert totals(env) == (0, [256, 512])  # cuInit first: libvgpu resolves NVML itself
+    cp = H.probe(env, "nvmlmem", "1", timeout=20)  # nvmlInit_v2 first: the inner call
+    assert cp.returncode == 0, cp.stderr
+    assert H.parse(cp.stdout)["nvmlmem"][0][:2] == ["0", str(512 * MIB)]
+    smi = subprocess.run([str(driver.root / "bin" / "nvidia-smi"), "--query-gpu=memory.total",
+                          "--format=csv,noheader"], env={**env, "LD_PRELOAD": str(H.LIB)},
+                         capture_output=True, text=True, timeout=20)
+    assert smi.returncode == 0, smi.stderr
+    assert smi.stdout.split() == ["256", "MiB", "512", "MiB"]

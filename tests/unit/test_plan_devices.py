@@ -104,6 +104,21 @@ def test_a_node_the_request_does_not_need_may_be_missing() -> None:
         "/dev/nvidiactl", "/dev/nvidia4"]
 
 
+@pytest.mark.parametrize(("modeset", "expected"), [
+    (None, ["/dev/nvidiactl", "/dev/nvidia4"]),  # a headless host: left out, as NCT does
+    ((195, 254), ["/dev/nvidiactl", "/dev/nvidia4", "/dev/nvidia-modeset"]),
+    ("Permission denied", DriverError),  # there but unusable: refused
+])
+def test_display_takes_modeset_where_the_host_has_it(modeset: object, expected: object) -> None:
+    facts = DeviceFacts(DEV, {**NODES, "nvidia-modeset": modeset}, {}, {})
+    request = Request(capabilities=("display",))
+    if expected is DriverError:
+        with pytest.raises(DriverError, match="nvidia-modeset: Permission denied"):
+            plan_devices(request, [Selected(GPU)], facts)
+    else:
+        assert paths(plan_devices(request, [Selected(GPU)], facts, [])) == expected
+
+
 def test_drm_nodes_and_links() -> None:
     drm = drm_nodes(Request(capabilities=("display",)), [Selected(GPU)], FACTS)
     assert drm == [("0000:1b:00.0", "card1"), ("0000:1b:00.0", "renderD128")]

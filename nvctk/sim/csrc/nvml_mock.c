@@ -221,9 +221,11 @@ static nvmlReturn_t copy_str(char *dst, unsigned len, const char *src)
 
 /* ---- init, errors, system ---- */
 
-nvmlReturn_t nvmlInit_v2(void) { return do_init(); }
-nvmlReturn_t nvmlInit(void) { return do_init(); }
+/* as the real library (driver 580): the older entry points call nvmlInitWithFlags by
+ * its exported name, so an interposer that wraps it sees that inner call too */
 nvmlReturn_t nvmlInitWithFlags(unsigned flags) { (void)flags; return do_init(); }
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
 
 nvmlReturn_t nvmlShutdown(void)
 {
