@@ -1,6 +1,6 @@
 """A create's handling of a spec's org.nvctk.edits record, in-process: the earlier
 record judged for this bundle (nvctk.runtime.earlier), the form applied, the new record
-sealed for this bundle, as nvctk.runtime.create and create_cdi do."""
+sealed for this bundle, as nvctk.runtime.commit does."""
 
 from __future__ import annotations
 
