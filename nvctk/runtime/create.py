@@ -109,8 +109,8 @@ def prepare_bundle(
     # containers on a node ask for no GPU and need none of them
     from nvctk.plan import make
 
+    facts: Facts | CdiFacts
     if cdi:
-        facts: Facts | CdiFacts
         facts, context = _cdi_facts(bundle, spec, request, config, argv0)
     else:
         facts, context = _legacy_facts(bundle, spec, request, config, argv0, container_id,
