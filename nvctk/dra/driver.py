@@ -9,7 +9,8 @@ dir: nvctk's own CDI spec for those devices (nvctk.cdi.generate, the forms `nvct
 generate` writes, made once at the plugin's start), under the kind
 `k8s.<driver>/claim` with one device `<claim uid>-<device>` per allocated device (no
 `all`: claims' specs share the kind, and a name two specs define is a conflict to a
-CDI engine). Then the record (nvctk.dra.record): the spec first, so that a record
+CDI engine), and NVIDIA_VISIBLE_DEVICES=void (an image's `all` must not add GPUs the
+claim does not hold where nvctk-runtime is the engine's runtime). Then the record (nvctk.dra.record): the spec first, so that a record
 always names a spec that was written. A claim with a record from this boot is answered
 from it (the kubelet retries; the API server need not be up).
 
@@ -36,6 +37,7 @@ from nvctk.edits import Edits
 log = logging.getLogger("nvctk.dra")
 
 CDI_CLASS = "claim"
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,9 @@ class Driver:
         # the per-claim spec has the claim's devices only: `all` would be defined by
         # every claim's spec of this kind, a conflict to CDI
         spec["devices"] = [d for d in spec["devices"] if d["name"] != "all"]
+        # the claim's devices and no other: an image's NVIDIA_VISIBLE_DEVICES=all (CUDA
+        # images have it) must not widen the claim under nvctk-runtime's legacy mode
+        spec["containerEdits"].setdefault("env", []).append(f"{VISIBLE_DEVICES}=void")
         try:
             cdi_generate.write_spec(path, cdi_generate.dump(spec, "json"))
         except cdi_generate.CdiError as e:

@@ -19,6 +19,13 @@ from nvctk.k8s.health import Health
 RECORDS_DIR = "claims"  # below <plugins-dir>/<driver>
 
 
+def claim_source(kubeconfig: str | None) -> ClaimSource:
+    """The API server's claims (nvctk.dra.kube: the official client, with retry)."""
+    from nvctk.dra import kube  # the client costs ~0.2 s to import: the plugin's only
+
+    return kube.Kube(kube.load_client(kubeconfig))
+
+
 def cdi_forms(cfg: nvconfig.Config, host: HostInfo, config_path: str | None) -> CdiForms:
     """nvctk's CDI forms of every GPU and MIG device (what `nvctk cdi generate` writes),
     by uuid; the hook finds nvctk's config as `nvctk cdi generate`'s does."""
@@ -29,11 +36,12 @@ def cdi_forms(cfg: nvconfig.Config, host: HostInfo, config_path: str | None) -> 
 
 def make_driver(name: str, node_name: str, source: ClaimSource, plugins_dir: str,
                 cdi_dir: str, health: Health, retry: Retry = DEFAULT_RETRY,
-                cfg: nvconfig.Config | None = None,
-                host: HostInfo | None = None) -> tuple[Driver, HostInfo, str]:
-    """(the driver, the host, its driver root)."""
-    config_path = os.environ.get("NVCTK_CONFIG")
-    cfg = cfg or nvconfig.load()
+                cfg: nvconfig.Config | None = None, host: HostInfo | None = None,
+                config_path: str | None = None) -> tuple[Driver, HostInfo, str]:
+    """(the driver, the host, its driver root). config_path: the nvctk config the hooks
+    of the claims' specs load (default: $NVCTK_CONFIG, else theirs)."""
+    config_path = config_path or os.environ.get("NVCTK_CONFIG")
+    cfg = cfg or nvconfig.load(config_path)
     host = host or nvml.query_host(cfg.driver_root)
     forms = cdi_forms(cfg, host, config_path)
     records = Records(os.path.join(plugins_dir, name, RECORDS_DIR))

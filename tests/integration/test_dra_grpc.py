@@ -148,6 +148,7 @@ def test_prepare_whole_gpu_then_unprepare(start: Start, sim_host: SimHost, versi
     assert "/dev/nvidiactl" in common and "/dev/nvidia0" not in common
     assert [d["name"] for d in r.spec["devices"]] == ["uid-1-gpu-1"]
     assert r.spec["containerEdits"]["mounts"], "the driver's files are mounted"
+    assert r.spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
 
     # the kubelet retries: the same answer, from the record, with the API server empty
     src.claims.clear()
