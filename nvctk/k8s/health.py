@@ -35,6 +35,7 @@ class Health:
 
     def __init__(self) -> None:
         self.unhealthy: set[str] = set()
+        self.reasons: dict[str, str] = {}  # uuid -> why it is unhealthy (the first reason)
         self.changed = threading.Condition()
         self.generation = 0  # bumped on each change; streams resend when it moves
         self.last_change: float = 0.0  # time.monotonic() of the last change (bench)
@@ -45,6 +46,7 @@ class Health:
             if not new:
                 return
             self.unhealthy |= new
+            self.reasons.update(dict.fromkeys(new, reason))
             self.generation += 1
             self.last_change = time.monotonic()
             self.changed.notify_all()

@@ -5,7 +5,7 @@ whole package on the create path). AST only: nothing of nvctk is imported.
     base (+ _sys) <- oci <- edits (the form) <- request <- host <- plan
         <- spec, cdi, vgpu (beside each other) <- hook <- runtime (it serves the hook)
         <- engines, k8s, sim, monitor (beside: each on the layers below it)
-        <- dra (the DRA plugin: it reuses the device plugin's health watch) <- cli
+        <- dra (the DRA plugin: it reuses k8s's health) <- cli
 
 nvctk.vgpu.limits and nvctk.vgpu.authority read what a container asks for (its limit
 variables, the node's share annotations) and sit with request.

@@ -1,0 +1,397 @@
+"""The DRA kubelet plugin over its real gRPC sockets, driven by a fake kubelet
+(tests/support/drakubelet.py) on the simulated host: registration, NodePrepareResources
+(v1 and v1beta1) writing one CDI spec per claim that resolves as an engine resolves it,
+NodeUnprepareResources from nvctk's record, bad input per claim, the API server down,
+a full or read-only CDI dir, a corrupt record, a restart between prepare and unprepare,
+two plugins on one node, and health on an injected XID."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvctk.base.config import Config
+from nvctk.base.errors import NvctkError
+from nvctk.cdi import load
+from nvctk.dra.claims import ApiUnavailable, ClaimGone, MemoryClaims
+from nvctk.dra.devices import DEFAULT_DRIVER
+from nvctk.dra.driver import Driver, Retry
+from nvctk.dra.node import make_driver
+from nvctk.dra.server import Plugin
+from nvctk.host import nvml
+from nvctk.k8s.health import Health, XidWatcher
+from nvctk.sim import events, host
+from nvctk.sim.host import SimHost
+from nvctk.sim.topology import make_topology
+from support.drakubelet import FakeDraKubelet, pb
+
+pytestmark = pytest.mark.slow
+
+DRIVER = DEFAULT_DRIVER
+NODE = "node-a"
+HOOK = "/usr/bin/nvctk-hook"
+QUICK = Retry(timeout=0.5, delay=0.01, max_delay=0.05, total=0.3)
+
+
+def claim(name: str, uid: str, results: list[dict[str, Any]], ns: str = "default",
+          config: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A ResourceClaim (resource.k8s.io/v1) as the API server sends it, allocated."""
+    devices: dict[str, Any] = {"results": results}
+    if config is not None:
+        devices["config"] = config
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": ns, "name": name, "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+            "status": {"allocation": {"devices": devices}}}
+
+
+def result(device: str, request: str = "gpu", driver: str = DRIVER, pool: str = NODE,
+           **extra: Any) -> dict[str, Any]:
+    return {"request": request, "driver": driver, "pool": pool, "device": device, **extra}
+
+
+class Node:
+    """One plugin with its fake kubelet and its dirs."""
+
+    def __init__(self, top: Path, sim: SimHost, source: Any, retry: Retry, health: bool) -> None:
+        self.plugins_dir, self.registry_dir, self.cdi_dir = (
+            str(top / d) for d in ("plugins", "registry", "cdi"))
+        os.makedirs(self.cdi_dir, exist_ok=True)
+        self.sim = sim
+        self.source = source
+        self.health = Health()
+        cfg = Config(driver_root=sim.root, hook_path=HOOK)
+        self.host = nvml.query_host(sim.root)
+        self.driver, _, _ = make_driver(DRIVER, NODE, source, self.plugins_dir, self.cdi_dir,
+                                        self.health, retry, cfg=cfg, host=self.host)
+        watcher = XidWatcher(sim.root, self.host, self.health) if health else None
+        self.plugin = Plugin(self.driver, self.health, self.plugins_dir, self.registry_dir,
+                             watcher)
+        self.plugin.start()
+        if watcher is not None:
+            assert watcher.ready.wait(10)
+        self.kubelet = FakeDraKubelet(self.registry_dir)
+        self.kubelet.register(DRIVER)
+
+    def specs(self) -> list[str]:
+        return sorted(os.listdir(self.cdi_dir))
+
+    def stop(self) -> None:
+        self.kubelet.close()
+        self.plugin.stop()
+
+
+Start = Callable[..., Node]
+
+
+@pytest.fixture
+def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Start]:
+    made: list[Node] = []
+
+    def go(sim: SimHost, source: Any, retry: Retry = QUICK, health: bool = False,
+           top: Path | None = None) -> Node:
+        # a short path: unix socket paths are limited to 107 bytes
+        n = Node(top or tmp_path_factory.mktemp("dra"), sim, source, retry, health)
+        made.append(n)
+        return n
+
+    yield go
+    for n in made:
+        n.stop()
+    for n in made:
+        # shutdown removes both sockets
+        assert not os.path.exists(n.plugin.endpoint)
+        assert not os.path.exists(n.plugin.reg_path)
+
+
+def _resolve(node: Node, ids: list[str]) -> list[load.Resolved]:
+    return load.resolve(tuple(ids), (node.cdi_dir,))
+
+
+def test_registration(start: Start, sim_host: SimHost) -> None:
+    n = start(sim_host, MemoryClaims())
+    info = n.kubelet.info
+    assert (info.type, info.name) == ("DRAPlugin", DRIVER)
+    assert info.endpoint == os.path.join(n.plugins_dir, DRIVER, "dra.sock")
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert n.plugin.registration.notified.wait(5)
+    assert n.plugin.registration.status.plugin_registered
+    assert os.path.basename(n.plugin.reg_path) == f"{DRIVER}-reg.sock"
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_prepare_whole_gpu_then_unprepare(start: Start, sim_host: SimHost, version: str) -> None:
+    g0, g1 = sim_host.topology.gpus
+    src = MemoryClaims({("ns1", "c1"): claim("c1", "uid-1", [
+        result("gpu-1"),
+        result("gpu-0", driver="other.example.com", pool="elsewhere")])})  # not ours: ignored
+    n = start(sim_host, src)
+    got = n.kubelet.prepare([("ns1", "c1", "uid-1")], version)
+    ans = got["uid-1"]
+    assert ans.error == ""
+    assert [(list(d.request_names), d.pool_name, d.device_name) for d in ans.devices] == [
+        (["gpu"], NODE, "gpu-1")]
+    ids = list(ans.devices[0].cdi_device_ids)
+    assert ids == [f"k8s.{DRIVER}/claim=uid-1-gpu-1"]
+    if version == "v1":
+        assert not ans.devices[0].HasField("share_id")
+    # the spec resolves as a CDI engine resolves it: GPU 1's node, not GPU 0's
+    (r,) = _resolve(n, ids)
+    nodes = [d["path"] for d in r.device["containerEdits"]["deviceNodes"]]
+    assert nodes[0] == "/dev/nvidia1" and "/dev/nvidia0" not in nodes
+    common = [d["path"] for d in r.spec["containerEdits"]["deviceNodes"]]
+    assert "/dev/nvidiactl" in common and "/dev/nvidia0" not in common
+    assert [d["name"] for d in r.spec["devices"]] == ["uid-1-gpu-1"]
+    assert r.spec["containerEdits"]["mounts"], "the driver's files are mounted"
+
+    # the kubelet retries: the same answer, from the record, with the API server empty
+    src.claims.clear()
+    again = n.kubelet.prepare([("ns1", "c1", "uid-1")], version)["uid-1"]
+    assert again == ans
+    assert n.kubelet.unprepare([("ns1", "c1", "uid-1")], version) == {"uid-1": ""}
+    assert n.specs() == []
+    assert n.driver.prepared_uids() == []
+    # unprepared already: done
+    assert n.kubelet.unprepare([("ns1", "c1", "uid-1")], version) == {"uid-1": ""}
+    del g0, g1
+
+
+def test_mig_claim_gets_its_mig_device(start: Start, sim_host_mig: SimHost) -> None:
+    g0 = sim_host_mig.topology.gpus[0]
+    m = g0.mig_devices[1]
+    name = f"gpu-0-mig-{m.index}"
+    n = start(sim_host_mig, MemoryClaims({("ns", "m"): claim("m", "uid-m", [result(name)])}))
+    ans = n.kubelet.prepare([("ns", "m", "uid-m")])["uid-m"]
+    assert ans.error == "" and ans.devices[0].device_name == name
+    (r,) = _resolve(n, list(ans.devices[0].cdi_device_ids))
+    nodes = [d["path"] for d in r.device["containerEdits"]["deviceNodes"]]
+    assert "/dev/nvidia0" in nodes and any("nvidia-cap" in p for p in nodes)
+    # it is that MIG device's own capability nodes: another MIG device's differ
+    other = f"gpu-0-mig-{g0.mig_devices[0].index}"
+    n.source.claims[("ns", "o")] = claim("o", "uid-o", [result(other)])
+    ans2 = n.kubelet.prepare([("ns", "o", "uid-o")])["uid-o"]
+    (r2,) = _resolve(n, list(ans2.devices[0].cdi_device_ids))
+    assert r2.device["containerEdits"]["deviceNodes"] != r.device["containerEdits"]["deviceNodes"]
+
+
+def test_two_claims_specs_do_not_conflict(start: Start, sim_host: SimHost) -> None:
+    src = MemoryClaims({("a", "x"): claim("x", "uid-x", [result("gpu-0")], ns="a"),
+                        ("b", "y"): claim("y", "uid-y", [result("gpu-1")], ns="b")})
+    n = start(sim_host, src)
+    got = n.kubelet.prepare([("a", "x", "uid-x"), ("b", "y", "uid-y")])
+    ids = [i for a in got.values() for d in a.devices for i in d.cdi_device_ids]
+    assert len(ids) == 2 and len(_resolve(n, ids)) == 2
+    assert len(n.specs()) == 2
+
+
+BAD = [
+    ("gone", None, "not found"),
+    ("uid", claim("uid", "uid-other", [result("gpu-0")]), "has uid 'uid-other'"),
+    ("unknown", claim("unknown", "uid-unknown", [result("gpu-9")]), "unknown device 'gpu-9'"),
+    ("pool", claim("pool", "uid-pool", [result("gpu-0", pool="node-b")]), "pool 'node-b'"),
+    ("unalloc", {"metadata": {"uid": "uid-unalloc"}}, "not allocated"),
+    ("over", claim("over", "uid-over", [result("gpu-0", shareID="s1",
+                                               consumedCapacity={"memory": "1Ti"})]),
+     "consumedCapacity memory 1Ti is outside"),
+    ("nan", claim("nan", "uid-nan", [result("gpu-0", shareID="s1",
+                                            consumedCapacity={"memory": "lots"})]),
+     "'lots' is not a quantity"),
+    ("share", claim("share", "uid-share", [result("gpu-0", shareID="s1",
+                                                  consumedCapacity={"memory": "2Gi"})]),
+     "capped shares are not enforced"),
+    ("params", claim("params", "uid-params", [result("gpu-0")], config=[
+        {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "Everything"}}}}]), "unknown sharing strategy 'Everything'"),
+    ("vgpu", claim("vgpu", "uid-vgpu", [result("gpu-0")], config=[
+        {"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "VGpu"}}}}]), "VGpu is not enforced"),
+    ("excl", claim("excl", "uid-excl", [result("gpu-0", shareID="s1")], config=[
+        {"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "Exclusive"}}}}]), "Exclusive, but device gpu-0"),
+]
+
+
+def test_bad_claims_each_get_their_error_and_touch_nothing(start: Start,
+                                                           sim_host: SimHost) -> None:
+    src = MemoryClaims({("ns", name): c for name, c, _ in BAD if c is not None})
+    src.claims[("ns", "good")] = claim("good", "uid-good", [result("gpu-0")], config=[
+        {"opaque": {"driver": "other.example.com", "parameters": {"anything": 1}}},  # not ours
+        {"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing"}}}}])
+    n = start(sim_host, src)
+    refs = [("ns", name, f"uid-{name}") for name, _, _ in BAD] + [("ns", "good", "uid-good")]
+    got = n.kubelet.prepare(refs)
+    for name, _, why in BAD:
+        err = got[f"uid-{name}"].error
+        assert why in err, (name, err)
+        assert "Traceback" not in err and "internal error" not in err
+        assert not got[f"uid-{name}"].devices
+    assert got["uid-good"].error == "" and got["uid-good"].devices
+    assert n.specs() == [f"k8s.{DRIVER}-claim_uid-good.json"]
+    assert n.driver.prepared_uids() == ["uid-good"]
+    # a uid that is no file name is refused, not used as a path
+    bad = n.kubelet.prepare([("ns", "good", "../../etc/passwd")])["../../etc/passwd"]
+    assert "is not one" in bad.error
+
+
+class Flaky:
+    """An API server that is down for the first `down` calls (forever: -1)."""
+
+    def __init__(self, inner: MemoryClaims, down: int) -> None:
+        self.inner, self.down, self.calls = inner, down, 0
+
+    def get_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        self.calls += 1
+        if self.down < 0 or self.calls <= self.down:
+            raise ApiUnavailable("connection refused")
+        return self.inner.get_claim(namespace, name, timeout)
+
+
+def test_api_server_down_retries_and_unprepare_still_works(start: Start,
+                                                          sim_host: SimHost) -> None:
+    claims = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-0")]),
+                           ("ns", "d"): claim("d", "uid-d", [result("gpu-1")])})
+    src = Flaky(claims, 3)
+    n = start(sim_host, src, retry=Retry(timeout=0.5, delay=0.01, max_delay=0.02, total=30))
+    assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
+    assert src.calls == 4  # three refused, retried with back-off
+    src.down = -1  # the API server goes away
+    n.driver.retry = QUICK
+    err = n.kubelet.prepare([("ns", "d", "uid-d")])["uid-d"].error
+    assert "cannot read claim ns/d from the API server" in err and "connection refused" in err
+    assert n.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
+    assert n.specs() == []
+
+
+def _mount_tmpfs(path: str, opts: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", path], check=True)
+
+
+@pytest.mark.root
+def test_full_or_read_only_cdi_dir(start: Start, sim_host: SimHost,
+                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    top = tmp_path_factory.mktemp("drafull")
+    cdi = str(top / "cdi")
+    _mount_tmpfs(cdi, "size=4k,nr_inodes=8")
+    try:
+        fd = os.open(os.path.join(cdi, "filler"), os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"x" * 1024):
+                pass
+        except OSError:  # full
+            pass
+        finally:
+            os.close(fd)
+        src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-0")])})
+        n = start(sim_host, src, top=top)
+        err = n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error
+        assert "CDI spec for the claim: cannot write" in err and "No space left" in err
+        assert sorted(os.listdir(cdi)) == ["filler"]  # no half-written spec, no temp file
+        assert n.driver.prepared_uids() == []
+        subprocess.run(["mount", "-o", "remount,ro", cdi], check=True)
+        err = n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error
+        assert "Read-only file system" in err
+    finally:
+        subprocess.run(["umount", cdi], check=True)
+
+
+def test_corrupt_record_is_that_claims_error_only(start: Start, sim_host: SimHost) -> None:
+    src = MemoryClaims({("ns", "a"): claim("a", "uid-a", [result("gpu-0")]),
+                        ("ns", "b"): claim("b", "uid-b", [result("gpu-1")])})
+    n = start(sim_host, src)
+    got = n.kubelet.prepare([("ns", "a", "uid-a"), ("ns", "b", "uid-b")])
+    assert not got["uid-a"].error and not got["uid-b"].error
+    rec = n.driver.records.path("uid-a")
+    with open(rec, "wb") as f:
+        f.write(b'{"v": 1, "uid": ')
+    out = n.kubelet.unprepare([("ns", "a", "uid-a"), ("ns", "b", "uid-b")])
+    assert out["uid-b"] == ""
+    assert f"{rec}: corrupt (not JSON)" in out["uid-a"]
+    assert n.specs() == [f"k8s.{DRIVER}-claim_uid-a.json"]  # left for the operator
+    with open(rec, "wb") as f:
+        f.write(b'{"v": 7}')
+    assert "not a version 1 record" in n.kubelet.unprepare([("ns", "a", "uid-a")])["uid-a"]
+
+
+def test_restart_between_prepare_and_unprepare_loses_nothing(
+        start: Start, sim_host: SimHost, tmp_path_factory: pytest.TempPathFactory) -> None:
+    top = tmp_path_factory.mktemp("drarestart")
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")])})
+    n = start(sim_host, src, top=top)
+    first = n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"]
+    n.stop()
+    src.claims.clear()  # and the API server is gone too
+    n2 = start(sim_host, MemoryClaims(), top=top)
+    assert n2.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"] == first
+    assert n2.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
+    assert n2.specs() == [] and n2.driver.prepared_uids() == []
+
+
+def test_a_record_from_another_boot_is_prepared_again(start: Start, sim_host: SimHost) -> None:
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")])})
+    n = start(sim_host, src)
+    n.kubelet.prepare([("ns", "c", "uid-c")])
+    rec = n.driver.records.load("uid-c")
+    assert rec is not None and rec.boot_id == n.driver.boot_id != ""
+    n.driver.boot_id = "another-boot"
+    src.claims[("ns", "c")] = claim("c", "uid-c", [result("gpu-0")])  # reallocated since
+    ans = n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"]
+    assert ans.devices[0].device_name == "gpu-0"
+
+
+def test_two_plugins_on_one_node(start: Start, sim_host: SimHost) -> None:
+    n = start(sim_host, MemoryClaims())
+    p2 = Plugin(n.driver, Health(), n.plugins_dir, n.registry_dir)
+    with pytest.raises(NvctkError, match=r"another DRA plugin for gpu.nvctk.io runs on this "
+                       rf"node \(pid {os.getpid()} holds"):
+        p2.start()
+    # the first is untouched: still answering
+    assert n.kubelet.unprepare([("ns", "x", "uid-x")]) == {"uid-x": ""}
+
+
+@pytest.fixture(scope="module")
+def sim_xid(tmp_path_factory: pytest.TempPathFactory) -> SimHost:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the simulated host has device nodes)")
+    return host.init(str(tmp_path_factory.mktemp("drasim") / "h"),
+                     make_topology(gpus=2, mig={0: ["3g.40gb"]}))
+
+
+def test_fatal_xid_makes_the_device_unhealthy(start: Start, sim_xid: SimHost) -> None:
+    sim = sim_xid
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")])})
+    n = start(sim, src, health=True)
+    n.kubelet.watch_health()
+    H = pb.health
+    first = n.kubelet.wait_health(lambda h: True)
+    assert set(first) == {"gpu-0", "gpu-0-mig-0", "gpu-1"}
+    assert {v[0] for v in first.values()} == {H.HEALTHY}
+    events.inject_xid(sim.root, 1, 13)  # an application's fault: ignored
+    events.inject_xid(sim.root, 1, 79)  # fallen off the bus
+    got = n.kubelet.wait_health(lambda h: h["gpu-1"][0] == H.UNHEALTHY)
+    uuid = sim.topology.gpus[1].uuid
+    assert got["gpu-1"] == (H.UNHEALTHY, f"XID 79 on {uuid}")
+    assert got["gpu-0"] == (H.HEALTHY, "") and got["gpu-0-mig-0"] == (H.HEALTHY, "")
+    err = n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error
+    assert "device gpu-1 is unhealthy" in err
+
+
+def test_driver_needs_no_grpc(sim_host: SimHost, tmp_path: Path) -> None:
+    """The logic is plain Python (what bench/dra_prepare.py drives too)."""
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-0")])})
+    d, _, _ = make_driver(DRIVER, NODE, src, str(tmp_path / "p"), str(tmp_path / "cdi"),
+                          Health(), QUICK, cfg=Config(driver_root=sim_host.root, hook_path=HOOK))
+    assert isinstance(d, Driver)
+    assert [x.device for x in d.prepare("ns", "c", "uid-c")] == ["gpu-0"]
+    with pytest.raises(ClaimGone):
+        src.get_claim("ns", "nope", 1)
