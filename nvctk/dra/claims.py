@@ -1,7 +1,8 @@
 """What NodePrepareResources needs from a ResourceClaim, read and checked (no I/O).
 
-The claim comes from a ClaimSource (the API server through nvctk.dra.kube; tests give a
-plain in-memory one) in its API JSON form (`resource.k8s.io/v1`, camelCase, as the
+The claim comes from a ClaimSource (the API server through nvctk.dra.kube, which retries
+a down or slow server within the caller's timeout; tests give a plain in-memory one) in
+its API JSON form (`resource.k8s.io/v1`, camelCase, as the
 server sends it and as the `kubernetes` client's sanitize_for_serialization gives it).
 From it: the uid (checked against the kubelet's), this driver's allocation results
 (other drivers' are ignored), each result's device on this node, its consumed capacity
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 
 from nvctk.base.errors import NvctkError, shown
 from nvctk.dra.devices import MEMORY, SM_SHARE, DraDevice
+from nvctk.dra.kube import NotFound
 
 PARAMS_API_VERSION = "gpu.nvctk.io/v1"
 PARAMS_KIND = "GpuConfig"
@@ -40,18 +42,11 @@ class ClaimError(NvctkError):
     """What is wrong with one claim: its answer's error, no other claim touched."""
 
 
-class ClaimGone(ClaimError):
-    """The API server has no such claim (404)."""
-
-
-class ApiUnavailable(NvctkError):
-    """The API server did not answer (down, slow, 5xx): worth a retry."""
-
-
 class ClaimSource(Protocol):
-    def get_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
-        """The claim's API JSON; ClaimGone when there is none, ApiUnavailable when the
-        server cannot say within `timeout` seconds."""
+    def get_claim(self, namespace: str, name: str, timeout: float | None = None
+                  ) -> dict[str, Any]:
+        """The claim's API JSON; nvctk.dra.kube.NotFound when there is none,
+        nvctk.dra.kube.ApiUnavailable when the server cannot say within `timeout` s."""
         ...
 
 
@@ -61,11 +56,12 @@ class MemoryClaims:
     def __init__(self, claims: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
         self.claims = dict(claims or {})
 
-    def get_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+    def get_claim(self, namespace: str, name: str, timeout: float | None = None
+                  ) -> dict[str, Any]:
         try:
             return self.claims[(namespace, name)]
         except KeyError:
-            raise ClaimGone(f"resourceclaims {namespace}/{name} not found") from None
+            raise NotFound(f"reading ResourceClaim {namespace}/{name}: not found", 404) from None
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 converts): per claim, its devices or the reason it cannot have them, never touching
 another claim's files.
 
-Prepare: the claim from the API server (a ClaimSource; retried with back-off while the
-server is down or slow), its uid checked, this driver's results checked
+Prepare: the claim from the API server (a ClaimSource: nvctk.dra.kube retries a down or
+slow server with back-off, within API_TIMEOUT), its uid checked, this driver's results checked
 (nvctk.dra.claims), then one CDI spec for the claim, written atomically into the CDI
 dir: nvctk's own CDI spec for those devices (nvctk.cdi.generate, the forms `nvctk cdi
 generate` writes, made once at the plugin's start), under the kind
@@ -22,14 +22,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from nvctk.base.errors import NvctkError, shown
 from nvctk.cdi import generate as cdi_generate
 from nvctk.dra import claims as dra_claims
-from nvctk.dra.claims import ApiUnavailable, ClaimError, ClaimSource
+from nvctk.dra.claims import ClaimError, ClaimSource
 from nvctk.dra.devices import DraDevice
 from nvctk.dra.record import Prepared, PreparedDevice, RecordError, Records, boot_id, check_uid
 from nvctk.edits import Edits
@@ -38,17 +37,6 @@ log = logging.getLogger("nvctk.dra")
 
 CDI_CLASS = "claim"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-
-
-@dataclass(frozen=True)
-class Retry:
-    """How long the API server gets: each try `timeout` s, tries `delay` s apart,
-    doubling to `max_delay`, until `total` s have passed."""
-
-    timeout: float = 5.0
-    delay: float = 0.2
-    max_delay: float = 2.0
-    total: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -62,7 +50,9 @@ class CdiForms:
     hook_env: tuple[str, ...] = ()
 
 
-DEFAULT_RETRY = Retry()
+# how long one claim may wait for the API server (nvctk.dra.kube retries within it):
+# well inside the kubelet's deadline for NodePrepareResources (45 s)
+API_TIMEOUT = 20.0
 
 
 def cdi_vendor(driver: str) -> str:
@@ -72,7 +62,8 @@ def cdi_vendor(driver: str) -> str:
 class Driver:
     def __init__(self, name: str, pool: str, devices: dict[str, DraDevice], forms: CdiForms,
                  source: ClaimSource, records: Records, cdi_dir: str,
-                 unhealthy: Callable[[], set[str]] = set, retry: Retry = DEFAULT_RETRY) -> None:
+                 unhealthy: Callable[[], set[str]] = set, api_timeout: float = API_TIMEOUT
+                 ) -> None:
         self.name = name
         self.pool = pool  # the node's name: the pool of its ResourceSlices
         self.devices = devices
@@ -81,7 +72,7 @@ class Driver:
         self.records = records
         self.cdi_dir = cdi_dir
         self.unhealthy = unhealthy
-        self.retry = retry
+        self.api_timeout = api_timeout
         self.boot_id = boot_id()
         self._lock = threading.Lock()  # one claim's files at a time
 
@@ -99,7 +90,7 @@ class Driver:
         done = self._prepared(uid)
         if done is not None:
             return list(done.devices)
-        claim = self._fetch(namespace, name)
+        claim = self.source.get_claim(namespace, name, self.api_timeout)
         dra_claims.check_uid(claim, namespace, name, uid)
         results = dra_claims.results(claim, self.name, self.pool, self.devices)
         sick = self.unhealthy()
@@ -136,22 +127,6 @@ class Driver:
         if rec.devices and not os.path.isfile(rec.cdi_spec):
             return None  # removed by hand: made again
         return rec
-
-    def _fetch(self, namespace: str, name: str) -> dict[str, object]:
-        r = self.retry
-        deadline = time.monotonic() + r.total
-        delay = r.delay
-        while True:
-            try:
-                return self.source.get_claim(namespace, name, r.timeout)
-            except ApiUnavailable as e:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ApiUnavailable(f"cannot read claim {namespace}/{name} from the API "
-                                         f"server (tried for {r.total:g} s): {e}") from None
-                log.warning("claim %s/%s: %s; retrying in %.1f s", namespace, name, e, delay)
-                time.sleep(min(delay, left))
-                delay = min(delay * 2, r.max_delay)
 
     def _write_spec(self, uid: str, devices: list[DraDevice]) -> None:
         path = self.spec_path(uid)

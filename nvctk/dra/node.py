@@ -9,7 +9,7 @@ from nvctk.base import config as nvconfig
 from nvctk.cdi import generate as cdi_generate
 from nvctk.dra.claims import ClaimSource
 from nvctk.dra.devices import node_devices
-from nvctk.dra.driver import DEFAULT_RETRY, CdiForms, Driver, Retry
+from nvctk.dra.driver import API_TIMEOUT, CdiForms, Driver
 from nvctk.dra.record import Records
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
@@ -35,7 +35,7 @@ def cdi_forms(cfg: nvconfig.Config, host: HostInfo, config_path: str | None) -> 
 
 
 def make_driver(name: str, node_name: str, source: ClaimSource, plugins_dir: str,
-                cdi_dir: str, health: Health, retry: Retry = DEFAULT_RETRY,
+                cdi_dir: str, health: Health, api_timeout: float = API_TIMEOUT,
                 cfg: nvconfig.Config | None = None, host: HostInfo | None = None,
                 config_path: str | None = None) -> tuple[Driver, HostInfo, str]:
     """(the driver, the host, its driver root). config_path: the nvctk config the hooks
@@ -46,5 +46,5 @@ def make_driver(name: str, node_name: str, source: ClaimSource, plugins_dir: str
     forms = cdi_forms(cfg, host, config_path)
     records = Records(os.path.join(plugins_dir, name, RECORDS_DIR))
     driver = Driver(name, node_name, node_devices(host), forms, source, records, cdi_dir,
-                    unhealthy=lambda: set(health.unhealthy), retry=retry)
+                    unhealthy=lambda: set(health.unhealthy), api_timeout=api_timeout)
     return driver, host, cfg.driver_root

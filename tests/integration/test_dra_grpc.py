@@ -18,9 +18,10 @@ import pytest
 from nvctk.base.config import Config
 from nvctk.base.errors import NvctkError
 from nvctk.cdi import load
-from nvctk.dra.claims import ApiUnavailable, ClaimGone, MemoryClaims
+from nvctk.dra.claims import MemoryClaims
 from nvctk.dra.devices import DEFAULT_DRIVER
-from nvctk.dra.driver import Driver, Retry
+from nvctk.dra.driver import Driver
+from nvctk.dra.kube import Kube, NotFound, Retry
 from nvctk.dra.node import make_driver
 from nvctk.dra.server import Plugin
 from nvctk.host import nvml
@@ -28,6 +29,7 @@ from nvctk.k8s.health import Health, XidWatcher
 from nvctk.sim import events, host
 from nvctk.sim.host import SimHost
 from nvctk.sim.topology import make_topology
+from support.apiserver import client_for, running
 from support.drakubelet import FakeDraKubelet, pb
 
 pytestmark = pytest.mark.slow
@@ -35,7 +37,7 @@ pytestmark = pytest.mark.slow
 DRIVER = DEFAULT_DRIVER
 NODE = "node-a"
 HOOK = "/usr/bin/nvctk-hook"
-QUICK = Retry(timeout=0.5, delay=0.01, max_delay=0.05, total=0.3)
+FAST = Retry(attempts=4, base=0.001, cap=0.01, deadline=30, timeout=5)
 
 
 def claim(name: str, uid: str, results: list[dict[str, Any]], ns: str = "default",
@@ -58,7 +60,7 @@ def result(device: str, request: str = "gpu", driver: str = DRIVER, pool: str = 
 class Node:
     """One plugin with its fake kubelet and its dirs."""
 
-    def __init__(self, top: Path, sim: SimHost, source: Any, retry: Retry, health: bool) -> None:
+    def __init__(self, top: Path, sim: SimHost, source: Any, health: bool) -> None:
         self.plugins_dir, self.registry_dir, self.cdi_dir = (
             str(top / d) for d in ("plugins", "registry", "cdi"))
         os.makedirs(self.cdi_dir, exist_ok=True)
@@ -68,7 +70,7 @@ class Node:
         cfg = Config(driver_root=sim.root, hook_path=HOOK)
         self.host = nvml.query_host(sim.root)
         self.driver, _, _ = make_driver(DRIVER, NODE, source, self.plugins_dir, self.cdi_dir,
-                                        self.health, retry, cfg=cfg, host=self.host)
+                                        self.health, cfg=cfg, host=self.host)
         watcher = XidWatcher(sim.root, self.host, self.health) if health else None
         self.plugin = Plugin(self.driver, self.health, self.plugins_dir, self.registry_dir,
                              watcher)
@@ -93,10 +95,9 @@ Start = Callable[..., Node]
 def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Start]:
     made: list[Node] = []
 
-    def go(sim: SimHost, source: Any, retry: Retry = QUICK, health: bool = False,
-           top: Path | None = None) -> Node:
+    def go(sim: SimHost, source: Any, health: bool = False, top: Path | None = None) -> Node:
         # a short path: unix socket paths are limited to 107 bytes
-        n = Node(top or tmp_path_factory.mktemp("dra"), sim, source, retry, health)
+        n = Node(top or tmp_path_factory.mktemp("dra"), sim, source, health)
         made.append(n)
         return n
 
@@ -244,33 +245,23 @@ def test_bad_claims_each_get_their_error_and_touch_nothing(start: Start,
     assert "is not one" in bad.error
 
 
-class Flaky:
-    """An API server that is down for the first `down` calls (forever: -1)."""
-
-    def __init__(self, inner: MemoryClaims, down: int) -> None:
-        self.inner, self.down, self.calls = inner, down, 0
-
-    def get_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
-        self.calls += 1
-        if self.down < 0 or self.calls <= self.down:
-            raise ApiUnavailable("connection refused")
-        return self.inner.get_claim(namespace, name, timeout)
-
-
-def test_api_server_down_retries_and_unprepare_still_works(start: Start,
+def test_api_server_down_or_slow_and_unprepare_still_works(start: Start,
                                                           sim_host: SimHost) -> None:
-    claims = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-0")]),
-                           ("ns", "d"): claim("d", "uid-d", [result("gpu-1")])})
-    src = Flaky(claims, 3)
-    n = start(sim_host, src, retry=Retry(timeout=0.5, delay=0.01, max_delay=0.02, total=30))
-    assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
-    assert src.calls == 4  # three refused, retried with back-off
-    src.down = -1  # the API server goes away
-    n.driver.retry = QUICK
-    err = n.kubelet.prepare([("ns", "d", "uid-d")])["uid-d"].error
-    assert "cannot read claim ns/d from the API server" in err and "connection refused" in err
-    assert n.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
-    assert n.specs() == []
+    """The official client against the API-server double: a server failing twice is
+    retried (nvctk.dra.kube's back-off); one that stays down is that claim's error; a
+    prepared claim is unprepared without it."""
+    with running() as api:
+        api.add_claim(claim("c", "uid-c", [result("gpu-0")], ns="ns"))
+        api.add_claim(claim("d", "uid-d", [result("gpu-1")], ns="ns"))
+        n = start(sim_host, Kube(client_for(api), FAST))
+        api.fail(2)  # 503, 503, then the claim
+        assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
+        api.fail(100)  # down for good
+        err = n.kubelet.prepare([("ns", "d", "uid-d")])["uid-d"].error
+        assert "reading ResourceClaim ns/d" in err and "503" in err, err
+        assert n.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
+        assert n.specs() == []
+        api.release.set()
 
 
 def _mount_tmpfs(path: str, opts: str) -> None:
@@ -391,8 +382,8 @@ def test_driver_needs_no_grpc(sim_host: SimHost, tmp_path: Path) -> None:
     """The logic is plain Python (what bench/dra_prepare.py drives too)."""
     src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-0")])})
     d, _, _ = make_driver(DRIVER, NODE, src, str(tmp_path / "p"), str(tmp_path / "cdi"),
-                          Health(), QUICK, cfg=Config(driver_root=sim_host.root, hook_path=HOOK))
+                          Health(), cfg=Config(driver_root=sim_host.root, hook_path=HOOK))
     assert isinstance(d, Driver)
     assert [x.device for x in d.prepare("ns", "c", "uid-c")] == ["gpu-0"]
-    with pytest.raises(ClaimGone):
+    with pytest.raises(NotFound):
         src.get_claim("ns", "nope", 1)
