@@ -9,7 +9,7 @@ from nvctk.base import config as nvconfig
 from nvctk.cdi import generate as cdi_generate
 from nvctk.dra.claims import ClaimSource
 from nvctk.dra.devices import node_devices
-from nvctk.dra.driver import API_TIMEOUT, CdiForms, Driver
+from nvctk.dra.driver import API_TIMEOUT, CdiForms, Driver, Shares
 from nvctk.dra.record import Records
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
@@ -46,5 +46,5 @@ def make_driver(name: str, node_name: str, source: ClaimSource, plugins_dir: str
     forms = cdi_forms(cfg, host, config_path)
     records = Records(os.path.join(plugins_dir, name, RECORDS_DIR))
     driver = Driver(name, node_name, node_devices(host), forms, source, records, cdi_dir,
-                    unhealthy=lambda: set(health.unhealthy), api_timeout=api_timeout)
+                    Shares(cfg.state_dir, cfg.authority_key), unhealthy=lambda: set(health.unhealthy), api_timeout=api_timeout)
     return driver, host, cfg.driver_root

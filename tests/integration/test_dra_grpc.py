@@ -67,7 +67,10 @@ class Node:
         self.sim = sim
         self.source = source
         self.health = Health()
-        cfg = Config(driver_root=sim.root, hook_path=HOOK)
+        self.state_dir = str(top / "state")
+        cfg = Config(driver_root=sim.root, hook_path=HOOK, state_dir=self.state_dir,
+                     authority_key=str(top / "authority.key"))
+        self.cfg = cfg
         self.host = nvml.query_host(sim.root)
         self.driver, _, _ = make_driver(DRIVER, NODE, source, self.plugins_dir, self.cdi_dir,
                                         self.health, cfg=cfg, host=self.host)
@@ -87,6 +90,14 @@ class Node:
         self.kubelet.close()
         self.plugin.stop()
 
+    def unprepare_all(self) -> None:
+        """What a test left prepared (a failed assert): no ledger tmpfs outlives it."""
+        for uid in self.driver.prepared_uids():
+            try:
+                self.driver.unprepare("", "", uid)
+            except NvctkError:
+                pass
+
 
 Start = Callable[..., Node]
 
@@ -104,6 +115,7 @@ def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Start]:
     yield go
     for n in made:
         n.stop()
+        n.unprepare_all()
     for n in made:
         # shutdown removes both sockets
         assert not os.path.exists(n.plugin.endpoint)
@@ -193,43 +205,50 @@ def test_two_claims_specs_do_not_conflict(start: Start, sim_host: SimHost) -> No
 
 BAD = [
     ("gone", None, "not found"),
-    ("uid", claim("uid", "uid-other", [result("gpu-0")]), "has uid 'uid-other'"),
+    ("uid", claim("uid", "uid-other", [result("gpu-1")]), "has uid 'uid-other'"),
     ("unknown", claim("unknown", "uid-unknown", [result("gpu-9")]), "unknown device 'gpu-9'"),
-    ("pool", claim("pool", "uid-pool", [result("gpu-0", pool="node-b")]), "pool 'node-b'"),
+    ("pool", claim("pool", "uid-pool", [result("gpu-1", pool="node-b")]), "pool 'node-b'"),
     ("unalloc", {"metadata": {"uid": "uid-unalloc"}}, "not allocated"),
-    ("over", claim("over", "uid-over", [result("gpu-0", shareID="s1",
+    ("over", claim("over", "uid-over", [result("gpu-1", shareID="s1",
                                                consumedCapacity={"memory": "1Ti"})]),
      "consumedCapacity memory 1Ti is outside"),
-    ("nan", claim("nan", "uid-nan", [result("gpu-0", shareID="s1",
+    ("nan", claim("nan", "uid-nan", [result("gpu-1", shareID="s1",
                                             consumedCapacity={"memory": "lots"})]),
      "'lots' is not a quantity"),
-    ("share", claim("share", "uid-share", [result("gpu-0", shareID="s1",
-                                                  consumedCapacity={"memory": "2Gi"})]),
-     "capped shares are not enforced"),
-    ("params", claim("params", "uid-params", [result("gpu-0")], config=[
+    ("migshare", claim("migshare", "uid-migshare", [result("gpu-0-mig-0", shareID="s1",
+                                                        consumedCapacity={"memory": "1Gi"})]),
+     "a share of MIG device gpu-0-mig-0"),
+    ("smname", claim("smname", "uid-smname", [result("gpu-1", shareID="s1",
+                                                    consumedCapacity={"sm": "50"})]),
+     "consumedCapacity 'sm': device gpu-1 has no such capacity"),
+    ("params", claim("params", "uid-params", [result("gpu-1")], config=[
         {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
             "sharing": {"strategy": "Everything"}}}}]), "unknown sharing strategy 'Everything'"),
-    ("vgpu", claim("vgpu", "uid-vgpu", [result("gpu-0")], config=[
+    ("vgpu", claim("vgpu", "uid-vgpu", [result("gpu-1")], config=[
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "VGpu"}}}}]), "VGpu is not enforced"),
-    ("excl", claim("excl", "uid-excl", [result("gpu-0", shareID="s1")], config=[
+            "sharing": {"strategy": "VGpu"}}}}]), "consumes no part of device gpu-1"),
+    ("mps", claim("mps", "uid-mps", [result("gpu-1")], config=[
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "Exclusive"}}}}]), "Exclusive, but device gpu-0"),
+            "sharing": {"strategy": "MPS"}}}}]), "MPS is not enforced"),
+    ("excl", claim("excl", "uid-excl", [result("gpu-1", shareID="s1")], config=[
+        {"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "Exclusive"}}}}]), "Exclusive, but device gpu-1"),
 ]
 
 
 def test_bad_claims_each_get_their_error_and_touch_nothing(start: Start,
-                                                           sim_host: SimHost) -> None:
+                                                           sim_host_mig: SimHost) -> None:
     src = MemoryClaims({("ns", name): c for name, c, _ in BAD if c is not None})
     src.claims[("ns", "good")] = claim("good", "uid-good", [result("gpu-0")], config=[
         {"opaque": {"driver": "other.example.com", "parameters": {"anything": 1}}},  # not ours
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
             "sharing": {"strategy": "TimeSlicing"}}}}])
-    n = start(sim_host, src)
+    n = start(sim_host_mig, src)
     refs = [("ns", name, f"uid-{name}") for name, _, _ in BAD] + [("ns", "good", "uid-good")]
     got = n.kubelet.prepare(refs)
     for name, _, why in BAD:
@@ -387,3 +406,47 @@ def test_driver_needs_no_grpc(sim_host: SimHost, tmp_path: Path) -> None:
     assert [x.device for x in d.prepare("ns", "c", "uid-c")] == ["gpu-0"]
     with pytest.raises(NotFound):
         src.get_claim("ns", "nope", 1)
+
+
+@pytest.mark.root
+def test_a_share_gets_one_ledger_for_the_claim_and_a_grant(start: Start,
+                                                           sim_host: SimHost) -> None:
+    """A 2 GiB, 25 % share of GPU 0: the claim's ledger (a tmpfs of its own: limits,
+    cache) holds its caps; the spec only asks nvctk-runtime for the GPU, with the node's
+    grant (MAC'd by the authority key) naming that ledger; unprepare removes both."""
+    from nvctk.vgpu import authority
+    from nvctk.vgpu import limits as vgpu
+    from nvctk.vgpu.gc import mount
+
+    g0 = sim_host.topology.gpus[0]
+    src = MemoryClaims({("ns", "s"): claim("s", "uid-s", [result(
+        "gpu-0", shareID="7c1e", consumedCapacity={"memory": "2Gi", "smShare": "25"})])})
+    n = start(sim_host, src)
+    ans = n.kubelet.prepare([("ns", "s", "uid-s")])["uid-s"]
+    assert ans.error == ""
+    (d,) = ans.devices
+    assert (d.device_name, d.share_id) == ("gpu-0", "7c1e")
+    (r,) = _resolve(n, list(d.cdi_device_ids))
+    edits = r.device["containerEdits"]
+    assert "deviceNodes" not in edits and "deviceNodes" not in r.spec.get("containerEdits", {})
+    env = dict(e.split("=", 1) for e in edits["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == g0.uuid
+    grant = authority.dra_grant(env)
+    assert grant is not None and grant[0] == "nvctk.io/vgpu.dra.uid-s"
+    key = authority.load_key(n.cfg.authority_key)
+    assert authority.shares(dict([grant]), key, n.cfg.authority_key) == {
+        g0.uuid: (2 << 30, 25)}
+    ledger = os.path.join(n.state_dir, "dra", "uid-s")
+    assert authority.dra_ledger(grant[0], n.state_dir) == ledger
+    assert any(m.mount_point == ledger and m.fstype == "tmpfs"
+               for m in mount.read_mountinfo())
+    got = vgpu.read_limits_file(os.path.join(ledger, "limits"), 1)
+    assert (got.memory, got.sm) == ((2 << 30,), (25,))
+    assert os.path.getsize(os.path.join(ledger, "cache")) == vgpu.SHM_SIZE
+    # a forged grant (another cap) does not verify
+    forged = (grant[0], grant[1].replace(str(2 << 30), str(40 << 30)))  # type: ignore[union-attr]
+    with pytest.raises(Exception, match="MAC does not verify"):
+        authority.shares(dict([forged]), key, n.cfg.authority_key)
+    assert n.kubelet.unprepare([("ns", "s", "uid-s")]) == {"uid-s": ""}
+    assert not os.path.exists(ledger) and n.specs() == []
+    assert not any(m.mount_point == ledger for m in mount.read_mountinfo())
