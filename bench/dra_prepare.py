@@ -79,7 +79,8 @@ def main() -> None:
     lines = [
         "# nvctk DRA plugin benchmark (bench/dra_prepare.py): real gRPC over unix sockets,",
         "# fake kubelet in the same process, each claim read through the official kubernetes",
-        "# client from the API-server double on loopback, simulated NVML, 8 GPUs.",
+        "# client from the API-server double on loopback (TCP_NODELAY: see the script),",
+        "# simulated NVML, 8 GPUs; each prepare a new claim, each retry from the record.",
         f"# {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start",
         "",
