@@ -99,7 +99,12 @@ class Driver:
     def prepare(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:
         """The claim's devices with their CDI ids; NvctkError saying why not."""
         check_uid(uid)
-        done = self._prepared(uid)
+        try:
+            done = self._prepared(uid)
+        except RecordError as e:
+            # the spec and ledger are named by the uid: made anew, the record rewritten
+            log.warning("claim %s/%s: %s; preparing it anew", namespace, name, e)
+            done = None
         if done is not None:
             return list(done.devices)
         claim = self.source.get_claim(namespace, name, self.api_timeout)
@@ -241,7 +246,10 @@ class Driver:
         unprepared) is done."""
         check_uid(uid)
         with self._lock:
-            rec = self.records.load(uid)
+            try:
+                rec = self.records.load(uid)
+            except RecordError as e:
+                self._unprepare_unrecorded(uid, e)
             if rec is None:
                 return
             self._remove_spec(uid, rec.cdi_spec)
@@ -253,6 +261,25 @@ class Driver:
                 raise NvctkError(f"cannot remove the claim's record in {self.records.dir}: "
                                  f"{e.strerror or e}") from None
         log.info("unprepared claim %s/%s (%s)", namespace, name, uid)
+
+    def _unprepare_unrecorded(self, uid: str, e: RecordError) -> None:
+        """A record that cannot be read: what the claim can have (its spec and ledger,
+        named by its uid alone) goes, the record is kept aside for the operator, and the
+        answer says so (the kubelet's retry then finds the claim done)."""
+        from nvctk.vgpu import state as vgpu_state
+
+        self._remove_spec(uid)
+        try:
+            vgpu_state.remove_ledger(self.ledger_path(uid))
+        except (OSError, NvctkError) as err:
+            raise NvctkError(f"{e}; and the claim's vGPU ledger cannot be removed: {err}")
+        kept = self.records.path(uid) + ".corrupt"
+        try:
+            os.replace(self.records.path(uid), kept)
+        except OSError as err:
+            raise NvctkError(f"{e}; and it cannot be moved aside: {err.strerror}") from None
+        raise NvctkError(f"{e}: the claim's CDI spec and vGPU ledger (named by its uid) are "
+                         f"removed; the record is kept as {kept}")
 
     def _remove_spec(self, uid: str, recorded: str | None = None) -> None:
         path = self.spec_path(uid)

@@ -317,6 +317,9 @@ def test_full_or_read_only_cdi_dir(start: Start, sim_host: SimHost,
 
 
 def test_corrupt_record_is_that_claims_error_only(start: Start, sim_host: SimHost) -> None:
+    """A corrupt record: its unprepare says so (naming the file), removes what the claim
+    can have by its uid alone and keeps the record aside; the kubelet's retry then finds
+    the claim done; another claim is untouched; a prepare makes the claim anew."""
     src = MemoryClaims({("ns", "a"): claim("a", "uid-a", [result("gpu-0")]),
                         ("ns", "b"): claim("b", "uid-b", [result("gpu-1")])})
     n = start(sim_host, src)
@@ -327,11 +330,16 @@ def test_corrupt_record_is_that_claims_error_only(start: Start, sim_host: SimHos
         f.write(b'{"v": 1, "uid": ')
     out = n.kubelet.unprepare([("ns", "a", "uid-a"), ("ns", "b", "uid-b")])
     assert out["uid-b"] == ""
-    assert f"{rec}: corrupt (not JSON)" in out["uid-a"]
-    assert n.specs() == [f"k8s.{DRIVER}-claim_uid-a.json"]  # left for the operator
+    assert out["uid-a"] == (f"{rec}: corrupt (not JSON): the claim's CDI spec and vGPU ledger "
+                            f"(named by its uid) are removed; the record is kept as "
+                            f"{rec}.corrupt")
+    assert n.specs() == [] and os.path.exists(rec + ".corrupt")
+    assert n.kubelet.unprepare([("ns", "a", "uid-a")]) == {"uid-a": ""}
+    # a prepare over a record of another version makes the claim anew
     with open(rec, "wb") as f:
         f.write(b'{"v": 7}')
-    assert "not a version 1 record" in n.kubelet.unprepare([("ns", "a", "uid-a")])["uid-a"]
+    assert n.kubelet.prepare([("ns", "a", "uid-a")])["uid-a"].error == ""
+    assert n.driver.records.load("uid-a") is not None
 
 
 def test_restart_between_prepare_and_unprepare_loses_nothing(
