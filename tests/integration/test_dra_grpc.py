@@ -275,6 +275,13 @@ def test_api_server_down_or_slow_and_unprepare_still_works(start: Start,
         n = start(sim_host, Kube(client_for(api), FAST))
         api.fail(2)  # 503, 503, then the claim
         assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
+        assert n.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
+        # slow: the first read outlasts its timeout and is asked again
+        n.driver.source = Kube(client_for(api), Retry(attempts=4, base=0.001, cap=0.01,
+                                                      deadline=30, timeout=0.5))
+        api.stall(1)
+        assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
+        api.release.set()
         api.fail(100)  # down for good
         err = n.kubelet.prepare([("ns", "d", "uid-d")])["uid-d"].error
         assert "reading ResourceClaim ns/d" in err and "503" in err, err
