@@ -190,8 +190,10 @@ def _consumed(raw: object, dev: DraDevice, where: str) -> dict[str, int]:
         except ValueError as e:
             raise ClaimError(f"{where}: consumedCapacity {name}: {e}") from None
         amount = _whole(name, q)
-        if amount <= 0 or amount > dev.capacity[name]:
-            raise ClaimError(f"{where}: consumedCapacity {name} {value} is outside 1..{dev.capacity[name]}"
+        # smShare 0: no SM-share cap (the policy's default when a claim asks memory only)
+        if amount < (0 if name == SM_SHARE else 1) or amount > dev.capacity[name]:
+            raise ClaimError(f"{where}: consumedCapacity {name} {value} is outside "
+                             f"{0 if name == SM_SHARE else 1}..{dev.capacity[name]}"
                              f" (device {dev.name}'s {name})")
         out[name] = amount
     return out
@@ -232,7 +234,7 @@ def results(claim: dict[str, Any], driver: str, pool: str,
             raise ClaimError(f"{where}: sharing strategy Exclusive, but device {dev.name} is "
                              f"allocated as share {share} of it")
         if consumed and (consumed.get(MEMORY, dev.memory) < dev.memory
-                         or consumed.get(SM_SHARE, 100) < 100):
+                         or 0 < consumed.get(SM_SHARE, 0) < 100):
             # a part of the device: its cap must hold, and nvctk cannot hold it yet for a
             # device the engine gives by CDI: refused rather than given uncapped
             raise ClaimError(f"{where}: a share of device {dev.name} "

@@ -6,7 +6,10 @@ an allocation's device by that name.
     gpu-<index>                a whole GPU (NVML's index)
     gpu-<index>-mig-<index>    a MIG device of it (NVML's MIG index)
 
-Capacities: `memory` in bytes, `sm-share` in percent of the device's SMs (100).
+Capacities: `memory` in bytes, `smShare` in percent of the device's SMs (100; 0 as a
+share's consumed capacity: no SM-share cap, what the published request policy gives a
+claim that asks for memory only). A capacity name is a C identifier (resource.k8s.io/v1
+QualifiedName): `sm-share` would make the API server refuse the slice.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
 
 DEFAULT_DRIVER = "gpu.nvctk.io"
 MEMORY = "memory"  # capacity: bytes
-SM_SHARE = "sm-share"  # capacity: percent of the device's SMs
+SM_SHARE = "smShare"  # capacity: percent of the device's SMs
 SM_FULL = 100
 MIB = 1 << 20
 
