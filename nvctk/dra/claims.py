@@ -1,7 +1,8 @@
 """What NodePrepareResources needs from a ResourceClaim, read and checked (no I/O).
 
-The claim comes from a ClaimSource (the API server through nvctk.dra.kube; tests give a
-plain in-memory one) in its API JSON form (`resource.k8s.io/v1`, camelCase, as the
+The claim comes from a ClaimSource (the API server through nvctk.dra.kube, which retries
+a down or slow server within the caller's timeout; tests give a plain in-memory one) in
+its API JSON form (`resource.k8s.io/v1`, camelCase, as the
 server sends it and as the `kubernetes` client's sanitize_for_serialization gives it).
 From it: the uid (checked against the kubelet's), this driver's allocation results
 (other drivers' are ignored), each result's device on this node, its consumed capacity
@@ -11,13 +12,14 @@ that apply to its request.
 Opaque parameters (`config[].opaque.parameters` with `driver` = this driver):
 
     {"apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-     "sharing": {"strategy": "Exclusive" | "TimeSlicing"}}
+     "sharing": {"strategy": "Exclusive" | "TimeSlicing" | "VGpu"}}
 
-TimeSlicing is what several claims on one GPU get anyway (the driver's time slices,
-as the device plugin's time-slicing); Exclusive refuses a result that shares the device
-(it has a shareID). The device plugin's vGPU and MPS sharing are not yet enforced for
-DRA claims (see NodePrepareResources): asking for them is an error, never a silent
-uncapped device.
+TimeSlicing (the default) is what several claims on one GPU get without caps (the
+driver's time slices, as the device plugin's time-slicing); Exclusive refuses a result
+that shares the device (it has a shareID); VGpu asks that the result be a share whose
+consumedCapacity (memory bytes, smShare percent) the node caps (nvctk.dra.driver: a
+share is capped whatever the strategy). The device plugin's MPS sharing is not offered
+for DRA claims: asking for it is an error, never a silent uncapped device.
 """
 
 from __future__ import annotations
@@ -28,30 +30,24 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
 
 from nvctk.base.errors import NvctkError, shown
-from nvctk.dra.devices import MEMORY, SM_SHARE, DraDevice
+from nvctk.dra.devices import MEMORY, SM_FULL, SM_SHARE, DraDevice
+from nvctk.dra.kube import NotFound
 
 PARAMS_API_VERSION = "gpu.nvctk.io/v1"
 PARAMS_KIND = "GpuConfig"
-STRATEGIES = ("Exclusive", "TimeSlicing")
-NOT_ENFORCED = ("VGpu", "MPS")
+STRATEGIES = ("Exclusive", "TimeSlicing", "VGpu")
+NOT_ENFORCED = ("MPS",)
 
 
 class ClaimError(NvctkError):
     """What is wrong with one claim: its answer's error, no other claim touched."""
 
 
-class ClaimGone(ClaimError):
-    """The API server has no such claim (404)."""
-
-
-class ApiUnavailable(NvctkError):
-    """The API server did not answer (down, slow, 5xx): worth a retry."""
-
-
 class ClaimSource(Protocol):
-    def get_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
-        """The claim's API JSON; ClaimGone when there is none, ApiUnavailable when the
-        server cannot say within `timeout` seconds."""
+    def get_claim(self, namespace: str, name: str, timeout: float | None = None
+                  ) -> dict[str, Any]:
+        """The claim's API JSON; nvctk.dra.kube.NotFound when there is none,
+        nvctk.dra.kube.ApiUnavailable when the server cannot say within `timeout` s."""
         ...
 
 
@@ -61,11 +57,12 @@ class MemoryClaims:
     def __init__(self, claims: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
         self.claims = dict(claims or {})
 
-    def get_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+    def get_claim(self, namespace: str, name: str, timeout: float | None = None
+                  ) -> dict[str, Any]:
         try:
             return self.claims[(namespace, name)]
         except KeyError:
-            raise ClaimGone(f"resourceclaims {namespace}/{name} not found") from None
+            raise NotFound(f"reading ResourceClaim {namespace}/{name}: not found", 404) from None
 
 
 @dataclass(frozen=True)
@@ -78,6 +75,14 @@ class Result:
     share_id: str | None = None
     consumed: dict[str, int] = field(default_factory=dict)  # capacity name -> amount
     strategy: str = "TimeSlicing"
+
+    @property
+    def partial(self) -> bool:
+        """A share: less than the device's memory or SMs (the node caps it)."""
+        d = self.device
+        # smShare 0: no SM-share cap (what a claim asking for memory only consumes)
+        return bool(self.consumed) and (self.consumed.get(MEMORY, d.memory) < d.memory
+                                        or 0 < self.consumed.get(SM_SHARE, 0) < SM_FULL)
 
 
 # --- quantities (k8s.io/apimachinery resource.Quantity) -----------------------------------
@@ -150,7 +155,8 @@ def _params(cfg: dict[str, Any], where: str) -> str:
     strategy = sharing.get("strategy", "TimeSlicing")
     if strategy in NOT_ENFORCED:
         raise ClaimError(f"{where}: sharing strategy {strategy} is not enforced by nvctk's DRA "
-                         "driver yet; use a whole GPU or MIG device (Exclusive or TimeSlicing)")
+                         "driver yet; use VGpu (a share with memory and smShare caps), "
+                         "TimeSlicing or Exclusive")
     if strategy not in STRATEGIES:
         raise ClaimError(f"{where}: unknown sharing strategy {shown(strategy)} (one of "
                          f"{', '.join(STRATEGIES)})")
@@ -190,11 +196,9 @@ def _consumed(raw: object, dev: DraDevice, where: str) -> dict[str, int]:
         except ValueError as e:
             raise ClaimError(f"{where}: consumedCapacity {name}: {e}") from None
         amount = _whole(name, q)
-        # smShare 0: no SM-share cap (the policy's default when a claim asks memory only)
         if amount < (0 if name == SM_SHARE else 1) or amount > dev.capacity[name]:
             raise ClaimError(f"{where}: consumedCapacity {name} {value} is outside "
-                             f"{0 if name == SM_SHARE else 1}..{dev.capacity[name]}"
-                             f" (device {dev.name}'s {name})")
+                             f"{0 if name == SM_SHARE else 1}..{dev.capacity[name]} (device {dev.name}'s {name})")
         out[name] = amount
     return out
 
@@ -233,13 +237,13 @@ def results(claim: dict[str, Any], driver: str, pool: str,
         if strategy == "Exclusive" and share is not None:
             raise ClaimError(f"{where}: sharing strategy Exclusive, but device {dev.name} is "
                              f"allocated as share {share} of it")
-        if consumed and (consumed.get(MEMORY, dev.memory) < dev.memory
-                         or 0 < consumed.get(SM_SHARE, 0) < 100):
-            # a part of the device: its cap must hold, and nvctk cannot hold it yet for a
-            # device the engine gives by CDI: refused rather than given uncapped
-            raise ClaimError(f"{where}: a share of device {dev.name} "
-                             f"({', '.join(f'{k} {v}' for k, v in consumed.items())}): capped "
-                             "shares are not enforced by nvctk's DRA driver yet; refused "
-                             "rather than given the whole device")
-        out.append(Result(req, pool_name, dev, share, consumed, strategy))
+        res = Result(req, pool_name, dev, share, consumed, strategy)
+        if res.partial and dev.mig is not None:
+            raise ClaimError(f"{where}: a share of MIG device {dev.name}: nvctk caps shares of "
+                             "whole GPUs only (a MIG device is already a partition)")
+        if strategy == "VGpu" and not res.partial:
+            raise ClaimError(f"{where}: sharing strategy VGpu, but the result consumes no part "
+                             f"of device {dev.name}: a vGPU share's caps are its "
+                             "consumedCapacity (request memory or smShare capacity)")
+        out.append(res)
     return out

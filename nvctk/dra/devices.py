@@ -6,10 +6,9 @@ an allocation's device by that name.
     gpu-<index>                a whole GPU (NVML's index)
     gpu-<index>-mig-<index>    a MIG device of it (NVML's MIG index)
 
-Capacities: `memory` in bytes, `smShare` in percent of the device's SMs (100; 0 as a
-share's consumed capacity: no SM-share cap, what the published request policy gives a
-claim that asks for memory only). A capacity name is a C identifier (resource.k8s.io/v1
-QualifiedName): `sm-share` would make the API server refuse the slice.
+Capacities (QualifiedNames: C identifiers): `memory` in bytes, `smShare` in percent of
+the device's SMs (100). A consumed smShare of 0 means no SM-share cap: the published
+request policy's default for a claim that asks for memory only (nvctk.dra.slices).
 """
 
 from __future__ import annotations

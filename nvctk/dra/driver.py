@@ -2,14 +2,15 @@
 converts): per claim, its devices or the reason it cannot have them, never touching
 another claim's files.
 
-Prepare: the claim from the API server (a ClaimSource; retried with back-off while the
-server is down or slow), its uid checked, this driver's results checked
+Prepare: the claim from the API server (a ClaimSource: nvctk.dra.kube retries a down or
+slow server with back-off, within API_TIMEOUT), its uid checked, this driver's results checked
 (nvctk.dra.claims), then one CDI spec for the claim, written atomically into the CDI
 dir: nvctk's own CDI spec for those devices (nvctk.cdi.generate, the forms `nvctk cdi
 generate` writes, made once at the plugin's start), under the kind
 `k8s.<driver>/claim` with one device `<claim uid>-<device>` per allocated device (no
 `all`: claims' specs share the kind, and a name two specs define is a conflict to a
-CDI engine). Then the record (nvctk.dra.record): the spec first, so that a record
+CDI engine), and NVIDIA_VISIBLE_DEVICES=void (an image's `all` must not add GPUs the
+claim does not hold where nvctk-runtime is the engine's runtime). Then the record (nvctk.dra.record): the spec first, so that a record
 always names a spec that was written. A claim with a record from this boot is answered
 from it (the kubelet retries; the API server need not be up).
 
@@ -21,32 +22,32 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from nvctk.base.errors import NvctkError, shown
 from nvctk.cdi import generate as cdi_generate
 from nvctk.dra import claims as dra_claims
-from nvctk.dra.claims import ApiUnavailable, ClaimError, ClaimSource
-from nvctk.dra.devices import DraDevice
+from nvctk.dra.claims import ClaimError, ClaimSource, Result
+from nvctk.dra.devices import MEMORY, SM_FULL, SM_SHARE, DraDevice
 from nvctk.dra.record import Prepared, PreparedDevice, RecordError, Records, boot_id, check_uid
 from nvctk.edits import Edits
+from nvctk.vgpu import authority
 
 log = logging.getLogger("nvctk.dra")
 
 CDI_CLASS = "claim"
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
-class Retry:
-    """How long the API server gets: each try `timeout` s, tries `delay` s apart,
-    doubling to `max_delay`, until `total` s have passed."""
+class Shares:
+    """Where a share's cap is kept: nvctk's state dir (the claims' ledgers, below
+    dra/) and the node's authority key (the grant's MAC), from nvctk's config."""
 
-    timeout: float = 5.0
-    delay: float = 0.2
-    max_delay: float = 2.0
-    total: float = 20.0
+    state_dir: str
+    authority_key: str
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,9 @@ class CdiForms:
     hook_env: tuple[str, ...] = ()
 
 
-DEFAULT_RETRY = Retry()
+# how long one claim may wait for the API server (nvctk.dra.kube retries within it):
+# well inside the kubelet's deadline for NodePrepareResources (45 s)
+API_TIMEOUT = 20.0
 
 
 def cdi_vendor(driver: str) -> str:
@@ -69,8 +72,9 @@ def cdi_vendor(driver: str) -> str:
 
 class Driver:
     def __init__(self, name: str, pool: str, devices: dict[str, DraDevice], forms: CdiForms,
-                 source: ClaimSource, records: Records, cdi_dir: str,
-                 unhealthy: Callable[[], set[str]] = set, retry: Retry = DEFAULT_RETRY) -> None:
+                 source: ClaimSource, records: Records, cdi_dir: str, shares: Shares,
+                 unhealthy: Callable[[], set[str]] = set, api_timeout: float = API_TIMEOUT
+                 ) -> None:
         self.name = name
         self.pool = pool  # the node's name: the pool of its ResourceSlices
         self.devices = devices
@@ -78,8 +82,9 @@ class Driver:
         self.source = source
         self.records = records
         self.cdi_dir = cdi_dir
+        self.shares = shares
         self.unhealthy = unhealthy
-        self.retry = retry
+        self.api_timeout = api_timeout
         self.boot_id = boot_id()
         self._lock = threading.Lock()  # one claim's files at a time
 
@@ -97,7 +102,7 @@ class Driver:
         done = self._prepared(uid)
         if done is not None:
             return list(done.devices)
-        claim = self._fetch(namespace, name)
+        claim = self.source.get_claim(namespace, name, self.api_timeout)
         dra_claims.check_uid(claim, namespace, name, uid)
         results = dra_claims.results(claim, self.name, self.pool, self.devices)
         sick = self.unhealthy()
@@ -112,16 +117,24 @@ class Driver:
             reqs = (*old.requests, r.request) if old else (r.request,)
             devs[r.device.name] = PreparedDevice(reqs, r.pool, r.device.name, (cdi_id,),
                                                  r.share_id if old is None else old.share_id)
+        ledger = self.ledger_path(uid) if any(r.partial for r in results) else None
         rec = Prepared(namespace, name, uid, self.spec_path(uid), tuple(devs.values()),
-                       self.boot_id)
+                       self.boot_id, ledger)
         with self._lock:
-            self._write_spec(uid, [r.device for r in results])
             try:
+                if not results:
+                    pass  # no device of this driver: no spec, nothing for a container
+                elif ledger is not None:
+                    self._write_share_spec(uid, results, ledger)
+                else:
+                    self._write_spec(uid, [r.device for r in results])
                 self.records.save(rec)
-            except OSError as e:
-                self._remove_spec(uid)
-                raise NvctkError(f"cannot record the claim in {self.records.dir}: "
-                                 f"{e.strerror or e}") from None
+            except BaseException as e:
+                self._undo(uid, ledger)
+                if isinstance(e, OSError):
+                    raise NvctkError(f"cannot record the claim in {self.records.dir}: "
+                                     f"{e.strerror or e}") from None
+                raise
         log.info("prepared claim %s/%s (%s): %s", namespace, name, uid,
                  ", ".join(devs) or "no device of this driver")
         return list(devs.values())
@@ -135,26 +148,7 @@ class Driver:
             return None  # removed by hand: made again
         return rec
 
-    def _fetch(self, namespace: str, name: str) -> dict[str, object]:
-        r = self.retry
-        deadline = time.monotonic() + r.total
-        delay = r.delay
-        while True:
-            try:
-                return self.source.get_claim(namespace, name, r.timeout)
-            except ApiUnavailable as e:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ApiUnavailable(f"cannot read claim {namespace}/{name} from the API "
-                                         f"server (tried for {r.total:g} s): {e}") from None
-                log.warning("claim %s/%s: %s; retrying in %.1f s", namespace, name, e, delay)
-                time.sleep(min(delay, left))
-                delay = min(delay * 2, r.max_delay)
-
     def _write_spec(self, uid: str, devices: list[DraDevice]) -> None:
-        path = self.spec_path(uid)
-        if not devices:
-            return  # no device of this driver: no spec, nothing for a container
         f = self.forms
         names = list(dict.fromkeys(d.name for d in devices))
         by_name = {d.name: d for d in devices}
@@ -165,10 +159,81 @@ class Driver:
         # the per-claim spec has the claim's devices only: `all` would be defined by
         # every claim's spec of this kind, a conflict to CDI
         spec["devices"] = [d for d in spec["devices"] if d["name"] != "all"]
+        # the claim's devices and no other: an image's NVIDIA_VISIBLE_DEVICES=all (CUDA
+        # images have it) must not widen the claim under nvctk-runtime's legacy mode
+        spec["containerEdits"].setdefault("env", []).append(f"{VISIBLE_DEVICES}=void")
+        self._save_spec(uid, spec)
+
+    def _save_spec(self, uid: str, spec: dict[str, Any]) -> None:
         try:
-            cdi_generate.write_spec(path, cdi_generate.dump(spec, "json"))
+            cdi_generate.write_spec(self.spec_path(uid), cdi_generate.dump(spec, "json"))
         except cdi_generate.CdiError as e:
             raise NvctkError(f"CDI spec for the claim: {e}") from None
+
+    # --- shares -----------------------------------------------------------------------
+    def ledger_path(self, uid: str) -> str:
+        return authority.dra_ledger(authority.DRA_PREFIX + uid, self.shares.state_dir) or ""
+
+    def _write_share_spec(self, uid: str, results: list[Result], ledger: str) -> None:
+        """A claim with a share: its caps (the consumed capacity of each device, summed
+        over the claim's results on it, at most the device's) in the claim's ledger, and
+        a spec that only asks nvctk-runtime for the devices, with the node's grant
+        (nvctk.vgpu.authority.make_dra): nvctk-runtime gives the devices (the edits form
+        its legacy mode makes) with libvgpu bound to the ledger. No device node comes by
+        CDI itself: a container started by another runtime gets no GPU rather than an
+        uncapped one."""
+        from nvctk.vgpu import limits as vgpu
+        from nvctk.vgpu import state as vgpu_state
+
+        by_dev: dict[str, list[Result]] = {}
+        for r in results:
+            by_dev.setdefault(r.device.name, []).append(r)
+        # the container's GPU order is the host's (the runtime selects in NVML order)
+        devs = sorted((rs[0].device for rs in by_dev.values()),
+                      key=lambda d: (d.gpu.index, d.mig.index if d.mig else -1))
+        grants: list[tuple[str, int, int]] = []
+        for d in devs:
+            rs = by_dev[d.name]
+            if not any(r.partial for r in rs):
+                grants.append((d.uuid, 0, 0))  # a whole device of the claim: no cap
+                continue
+            mem = min(d.memory, sum(r.consumed.get(MEMORY, d.memory) for r in rs))
+            sm = min(SM_FULL, sum(r.consumed.get(SM_SHARE, SM_FULL) for r in rs))
+            grants.append((d.uuid, mem if mem < d.memory else 0, sm if sm < SM_FULL else 0))
+        try:
+            key = authority.load_key(self.shares.authority_key, create=True)
+        except OSError as e:
+            raise NvctkError(f"{self.shares.authority_key}: cannot make nvctk's authority key: "
+                             f"{e.strerror}") from None
+        assert key is not None  # create: made, or an error
+        limits = vgpu.VgpuLimits(memory=tuple(g[1] for g in grants),
+                                 sm=tuple(g[2] for g in grants))
+        values = {**limits.values(), **{f"{vgpu.UUID_VAR}_{i}": d.uuid
+                                        for i, d in enumerate(devs) if d.mig is None}}
+        try:
+            vgpu_state.install_ledger(ledger, values)
+        except OSError as e:
+            raise NvctkError(f"the claim's vGPU ledger {ledger}: {e.strerror or e}") from None
+        env = [f"{VISIBLE_DEVICES}={','.join(d.uuid for d in devs)}",
+               f"{authority.DRA_ENV}={authority.make_dra(uid, grants, key)}"]
+        spec: dict[str, Any] = {
+            "cdiVersion": "", "kind": self.cdi_kind(),
+            "devices": [{"name": f"{uid}-{d.name}", "containerEdits": {"env": env}}
+                        for d in devs]}
+        spec["cdiVersion"] = cdi_generate.min_version(spec)
+        self._save_spec(uid, spec)
+
+    def _undo(self, uid: str, ledger: str | None) -> None:
+        """A failed prepare leaves nothing of the claim (best effort: the failure itself
+        is what is reported)."""
+        from nvctk.vgpu import state as vgpu_state
+
+        try:
+            self._remove_spec(uid)
+            if ledger is not None:
+                vgpu_state.remove_ledger(ledger)
+        except (OSError, NvctkError) as e:
+            log.warning("claim %s: clean-up after a failed prepare: %s", uid, e)
 
     # --- unprepare --------------------------------------------------------------------
     def unprepare(self, namespace: str, name: str, uid: str) -> None:
@@ -180,6 +245,8 @@ class Driver:
             if rec is None:
                 return
             self._remove_spec(uid, rec.cdi_spec)
+            if rec.ledger is not None:
+                self._remove_ledger(uid, rec.ledger)
             try:
                 self.records.remove(uid)
             except OSError as e:
@@ -200,6 +267,18 @@ class Driver:
         except OSError as e:
             raise NvctkError(f"cannot remove the claim's CDI spec {path}: "
                              f"{e.strerror or e}") from None
+
+    def _remove_ledger(self, uid: str, recorded: str) -> None:
+        from nvctk.vgpu import state as vgpu_state
+
+        path = self.ledger_path(uid)
+        if recorded != path:
+            raise RecordError(f"the claim's record names vGPU ledger {shown(recorded)}, not "
+                              f"{path}: left as it is")
+        try:
+            vgpu_state.remove_ledger(path)
+        except (OSError, NvctkError) as e:
+            raise NvctkError(f"cannot remove the claim's vGPU ledger {path}: {e}") from None
 
     def prepared_uids(self) -> list[str]:
         return self.records.uids()

@@ -7,26 +7,22 @@ Only the DRA plugin imports this module, and the client only when a Kube is made
 command. Objects go in and out as plain dicts in the API's own JSON form (camelCase),
 so the slice builder and the claim reader stay pure data.
 
-The slice calls retry a down or slow API server (connection refused or reset, a
-timeout, 429, 5xx) with jittered exponential back-off (nvctk.dra.driver.Retry, the
-plugin's one policy: each try `timeout` s, waits from `delay` doubling to `max_delay`,
-for `total` s at most); then ApiUnavailable names the call and the last error.
-get_claim is the plugin's ClaimSource (nvctk.dra.claims): one try within the time
-given, as the driver's prepare retries it under that same policy. Answers that
-retrying cannot change (404, 403, 409, 422) raise at once.
+Every call retries a down or slow API server (connection refused or reset, a
+timeout, 429, 5xx) with exponential back-off, bounded by `Retry.attempts` and
+`Retry.deadline`; then it raises ApiUnavailable naming the call and the last error.
+Answers that retrying cannot change (404, 403, 409, 422) raise at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from nvctk.base.errors import NvctkError
-from nvctk.dra import claims
-from nvctk.dra.driver import DEFAULT_RETRY, Retry
 
 GROUP_VERSION = "resource.k8s.io/v1"
 # statuses a retry may change: throttled, or the server (or its proxy) failing
@@ -40,20 +36,33 @@ class KubeError(NvctkError):
         self.status = status
 
 
-class ApiUnavailable(KubeError, claims.ApiUnavailable):
-    """The API server did not answer (down, slow, 429, 5xx) within the time given."""
+class ApiUnavailable(KubeError):
+    """The API server stayed down or slow through every retry."""
 
 
 class NotFound(KubeError):
     pass
 
 
-class ClaimGone(NotFound, claims.ClaimGone):
-    pass
-
-
 class Conflict(KubeError):
     """409: the object changed (resourceVersion) or already exists."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """Back-off for calls to a down or slow API server: attempt n (from 0) waits
+    min(cap, base * 2**n) * jitter(0.5..1) before the next; no attempt starts after
+    deadline seconds from the first."""
+
+    attempts: int = 6
+    base: float = 0.2
+    cap: float = 5.0
+    deadline: float = 30.0
+    timeout: float = 10.0  # one request's connect and read timeout
+
+    def delays(self) -> Iterator[float]:
+        for n in range(self.attempts - 1):
+            yield min(self.cap, self.base * 2 ** n) * random.uniform(0.5, 1.0)
 
 
 def load_client(kubeconfig: str | None = None) -> Any:
@@ -79,31 +88,27 @@ class Kube:
     """The calls the DRA driver makes, with retry. `api_client` is a
     kubernetes.client.ApiClient (load_client, or one a test points at its double)."""
 
-    def __init__(self, api_client: Any, retry: Retry = DEFAULT_RETRY,
+    def __init__(self, api_client: Any, retry: Retry | None = None,
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
         from kubernetes import client
 
         self.api_client = api_client
         self.api = client.ResourceV1Api(api_client)
-        self.retry = retry
+        self.retry = retry or Retry()
         self._sleep = sleep
         self._clock = clock
 
     # --- claims -------------------------------------------------------------------
 
-    def get_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+    def get_claim(self, namespace: str, name: str, timeout: float | None = None) -> dict[str, Any]:
         """The ResourceClaim as it is now, in its API JSON form (nvctk.dra.claims reads
-        it): one try of at most timeout seconds. ClaimGone when there is none,
-        ApiUnavailable when the server cannot say (the caller retries)."""
-        try:
-            return self._call(f"reading ResourceClaim {namespace}/{name}",
-                              lambda t: self.api.read_namespaced_resource_claim(
-                                  name, namespace, _preload_content=False,
-                                  _request_timeout=t),
-                              Retry(timeout=timeout, total=0))
-        except NotFound as e:
-            raise ClaimGone(str(e), e.status) from None
+        it); NotFound when it is gone; ApiUnavailable when the server cannot say within
+        timeout seconds (the kubelet's deadline; default: Retry.deadline)."""
+        return self._call(f"reading ResourceClaim {namespace}/{name}",
+                          lambda t: self.api.read_namespaced_resource_claim(
+                              name, namespace, _preload_content=False, _request_timeout=t),
+                          timeout)
 
     # --- slices -------------------------------------------------------------------
 
@@ -162,18 +167,20 @@ class Kube:
             raise KubeError(f"ResourceSlice {_slice_name(obj)} is malformed: {e}") from None
 
     def _call(self, what: str, fn: Callable[[Any], Any],
-              retry: Retry | None = None) -> dict[str, Any]:
+              deadline: float | None = None) -> dict[str, Any]:
         """fn(timeout) -> an unread urllib3 response; its JSON body, retried as the
-        module docstring says (retry: self.retry)."""
+        module docstring says, within deadline seconds (default Retry.deadline)."""
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
-        r = retry or self.retry
+        r = self.retry
+        deadline = r.deadline if deadline is None else min(deadline, r.deadline)
         start = self._clock()
-        delay = r.delay
+        delays = r.delays()
         while True:
             try:
-                resp = fn((r.timeout, r.timeout))
+                left = max(0.001, deadline - (self._clock() - start))
+                resp = fn((min(r.timeout, left), min(r.timeout, left)))
                 return _json_body(resp.data, what)
             except ApiException as e:
                 status = e.status or 0
@@ -182,12 +189,11 @@ class Kube:
                 last = f"HTTP {status} {_reason(e.body) or e.reason or ''}".strip()
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 last = _net_reason(e)
-            wait = delay * random.uniform(0.5, 1.0)  # jitter: plugins of many nodes
-            if self._clock() - start + wait > r.total:
-                raise ApiUnavailable(f"{what}: the API server did not answer "
-                                     f"(tried for {self._clock() - start:.1f} s): {last}")
-            self._sleep(wait)
-            delay = min(delay * 2, r.max_delay)
+            delay = next(delays, None)
+            if delay is None or self._clock() - start + delay > deadline:
+                raise ApiUnavailable(f"{what}: the API server did not answer after "
+                                     f"{self._clock() - start:.1f}s: {last}")
+            self._sleep(delay)
 
 
 def _slice_name(obj: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ record is that claim's error and no other's. The record is versioned and carries
 boot id: a record from before a reboot names CDI specs in a tmpfs that is gone.
 
     {"v": 1, "boot_id": "...", "namespace": "...", "name": "...", "uid": "...",
-     "cdi_spec": "/var/run/cdi/...json",
+     "cdi_spec": "/var/run/cdi/...json", "ledger": null | "<state-dir>/dra/<uid>",
      "devices": [{"requests": [...], "pool": "...", "device": "gpu-0",
                   "cdi_ids": ["k8s.gpu.nvctk.io/claim=<uid>-gpu-0"], "share_id": null}]}
 """
@@ -50,11 +50,12 @@ class Prepared:
     cdi_spec: str
     devices: tuple[PreparedDevice, ...]
     boot_id: str = ""
+    ledger: str | None = None  # a share's vGPU ledger dir (nvctk.vgpu.state.install_ledger)
 
     def to_json(self) -> bytes:
         return (jsonio.dumps({
             "v": VERSION, "boot_id": self.boot_id, "namespace": self.namespace,
-            "name": self.name, "uid": self.uid, "cdi_spec": self.cdi_spec,
+            "name": self.name, "uid": self.uid, "cdi_spec": self.cdi_spec, "ledger": self.ledger,
             "devices": [{"requests": list(d.requests), "pool": d.pool, "device": d.device,
                          "cdi_ids": list(d.cdi_ids), "share_id": d.share_id}
                         for d in self.devices]}, sort_keys=True) + "\n").encode()
@@ -91,13 +92,14 @@ def parse(data: bytes, where: str) -> Prepared:
     ok = all(isinstance(rec.get(k), str) for k in keys) and all(
         isinstance(d, dict) and _strs(d.get("requests")) and _strs(d.get("cdi_ids"))
         and isinstance(d.get("pool"), str) and isinstance(d.get("device"), str)
-        and (d.get("share_id") is None or isinstance(d.get("share_id"), str)) for d in devs)
+        and (d.get("share_id") is None or isinstance(d.get("share_id"), str)) for d in devs) \
+        and (rec.get("ledger") is None or isinstance(rec.get("ledger"), str))
     if not ok:
         raise RecordError(f"{where}: corrupt (fields missing or of the wrong type)")
     return Prepared(rec["namespace"], rec["name"], rec["uid"], rec["cdi_spec"],
                     tuple(PreparedDevice(tuple(d["requests"]), d["pool"], d["device"],
                                          tuple(d["cdi_ids"]), d["share_id"]) for d in devs),
-                    rec["boot_id"])
+                    rec["boot_id"], rec.get("ledger"))
 
 
 class Records:

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -364,6 +365,69 @@ def test_bad_allocation_fails_clearly(cri: CriClient, work: Path, node: Node,
     assert culprit in e.value.details, e.value
     assert "nvctk" in e.value.details or "CDI device injection failed" in e.value.details, e.value
     assert node.leftovers() == []
+
+
+def _dra_claim(sim: SimHost, work: Path, device: str) -> tuple[Any, list[str]]:
+    """The DRA plugin's driver (in-process, as its NodePrepareResources runs it) with a
+    claim allocated `device`, prepared into the engines' CDI dir: (driver, CDI ids)."""
+    from nvctk.base import config as nvconfig
+    from nvctk.dra.claims import MemoryClaims
+    from nvctk.dra.node import make_driver
+    from nvctk.k8s.health import Health
+
+    uid = f"uid-{device}"
+    src = MemoryClaims({("ns", device): {
+        "metadata": {"namespace": "ns", "name": device, "uid": uid},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvctk.io", "pool": "node-a", "device": device}]}}}}})
+    driver, _, _ = make_driver("gpu.nvctk.io", "node-a", src, str(work / "dra-plugins"),
+                               str(work / "cdi"), Health(),
+                               cfg=nvconfig.load(sim.config_path), config_path=sim.config_path)
+    (dev,) = driver.prepare("ns", device, uid)
+    return driver, list(dev.cdi_ids)
+
+
+def test_dra_whole_gpu_claim_sees_its_gpu_only(cri: CriClient, work: Path, sim: SimHost,
+                                               node: Node) -> None:
+    """A claim on GPU 1, prepared by the DRA driver: the kubelet hands its CDI ids to the
+    engine in CDI_devices, the engine applies the claim's spec, and the container sees
+    that GPU alone (the image's NVIDIA_VISIBLE_DEVICES=all widens nothing). After
+    unprepare, nothing of the claim is left."""
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    gpu1 = sim.topology.gpus[1]
+    driver, ids = _dra_claim(sim, work, "gpu-1")
+    try:
+        res = run(cri, work, Allocation(cdi_devices=ids),
+                  "nvidia-smi -L; ls /dev | grep -c '^nvidia[0-9]'")
+    finally:
+        driver.unprepare("ns", "gpu-1", "uid-gpu-1")
+    assert res.exit_code == 0, res.logs
+    assert res.logs.splitlines() == [f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})", "1"], res.logs
+    assert not os.path.exists(driver.spec_path("uid-gpu-1"))
+    assert driver.prepared_uids() == []
+
+
+def test_dra_mig_claim_sees_its_mig_device(cri: CriClient, work: Path, sim: SimHost,
+                                           node: Node) -> None:
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    gpu0 = sim.topology.gpus[0]
+    mig = gpu0.mig_devices[1]
+    device = f"gpu-0-mig-{mig.index}"
+    driver, ids = _dra_claim(sim, work, device)
+    try:
+        res = run(cri, work, Allocation(cdi_devices=ids),
+                  "nvidia-smi -L; echo '== caps'; ls /dev/nvidia-caps; "
+                  "echo '== sample'; cuda-vectoradd | grep Test")
+    finally:
+        driver.unprepare("ns", device, f"uid-{device}")
+    assert res.exit_code == 0, res.logs
+    smi, rest = res.logs.split("== caps\n")
+    caps, sample = rest.split("== sample\n")
+    assert_mig_view(smi, caps, gpu0, mig)
+    assert sample.strip() == "Test PASSED"
+    assert driver.prepared_uids() == []
 
 
 def test_nothing_left_behind(cri: CriClient, node: Node) -> None:

@@ -18,9 +18,10 @@ import pytest
 from nvctk.base.config import Config
 from nvctk.base.errors import NvctkError
 from nvctk.cdi import load
-from nvctk.dra.claims import ApiUnavailable, ClaimGone, MemoryClaims
+from nvctk.dra.claims import MemoryClaims
 from nvctk.dra.devices import DEFAULT_DRIVER
-from nvctk.dra.driver import Driver, Retry
+from nvctk.dra.driver import Driver
+from nvctk.dra.kube import Kube, NotFound, Retry
 from nvctk.dra.node import make_driver
 from nvctk.dra.server import Plugin
 from nvctk.host import nvml
@@ -28,6 +29,7 @@ from nvctk.k8s.health import Health, XidWatcher
 from nvctk.sim import events, host
 from nvctk.sim.host import SimHost
 from nvctk.sim.topology import make_topology
+from support.apiserver import client_for, running
 from support.drakubelet import FakeDraKubelet, pb
 
 pytestmark = pytest.mark.slow
@@ -35,7 +37,7 @@ pytestmark = pytest.mark.slow
 DRIVER = DEFAULT_DRIVER
 NODE = "node-a"
 HOOK = "/usr/bin/nvctk-hook"
-QUICK = Retry(timeout=0.5, delay=0.01, max_delay=0.05, total=0.3)
+FAST = Retry(attempts=4, base=0.001, cap=0.01, deadline=30, timeout=5)
 
 
 def claim(name: str, uid: str, results: list[dict[str, Any]], ns: str = "default",
@@ -58,17 +60,20 @@ def result(device: str, request: str = "gpu", driver: str = DRIVER, pool: str = 
 class Node:
     """One plugin with its fake kubelet and its dirs."""
 
-    def __init__(self, top: Path, sim: SimHost, source: Any, retry: Retry, health: bool) -> None:
+    def __init__(self, top: Path, sim: SimHost, source: Any, health: bool) -> None:
         self.plugins_dir, self.registry_dir, self.cdi_dir = (
             str(top / d) for d in ("plugins", "registry", "cdi"))
         os.makedirs(self.cdi_dir, exist_ok=True)
         self.sim = sim
         self.source = source
         self.health = Health()
-        cfg = Config(driver_root=sim.root, hook_path=HOOK)
+        self.state_dir = str(top / "state")
+        cfg = Config(driver_root=sim.root, hook_path=HOOK, state_dir=self.state_dir,
+                     authority_key=str(top / "authority.key"))
+        self.cfg = cfg
         self.host = nvml.query_host(sim.root)
         self.driver, _, _ = make_driver(DRIVER, NODE, source, self.plugins_dir, self.cdi_dir,
-                                        self.health, retry, cfg=cfg, host=self.host)
+                                        self.health, cfg=cfg, host=self.host)
         watcher = XidWatcher(sim.root, self.host, self.health) if health else None
         self.plugin = Plugin(self.driver, self.health, self.plugins_dir, self.registry_dir,
                              watcher)
@@ -85,6 +90,14 @@ class Node:
         self.kubelet.close()
         self.plugin.stop()
 
+    def unprepare_all(self) -> None:
+        """What a test left prepared (a failed assert): no ledger tmpfs outlives it."""
+        for uid in self.driver.prepared_uids():
+            try:
+                self.driver.unprepare("", "", uid)
+            except NvctkError:
+                pass
+
 
 Start = Callable[..., Node]
 
@@ -93,16 +106,16 @@ Start = Callable[..., Node]
 def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Start]:
     made: list[Node] = []
 
-    def go(sim: SimHost, source: Any, retry: Retry = QUICK, health: bool = False,
-           top: Path | None = None) -> Node:
+    def go(sim: SimHost, source: Any, health: bool = False, top: Path | None = None) -> Node:
         # a short path: unix socket paths are limited to 107 bytes
-        n = Node(top or tmp_path_factory.mktemp("dra"), sim, source, retry, health)
+        n = Node(top or tmp_path_factory.mktemp("dra"), sim, source, health)
         made.append(n)
         return n
 
     yield go
     for n in made:
         n.stop()
+        n.unprepare_all()
     for n in made:
         # shutdown removes both sockets
         assert not os.path.exists(n.plugin.endpoint)
@@ -148,6 +161,7 @@ def test_prepare_whole_gpu_then_unprepare(start: Start, sim_host: SimHost, versi
     assert "/dev/nvidiactl" in common and "/dev/nvidia0" not in common
     assert [d["name"] for d in r.spec["devices"]] == ["uid-1-gpu-1"]
     assert r.spec["containerEdits"]["mounts"], "the driver's files are mounted"
+    assert r.spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
 
     # the kubelet retries: the same answer, from the record, with the API server empty
     src.claims.clear()
@@ -191,43 +205,50 @@ def test_two_claims_specs_do_not_conflict(start: Start, sim_host: SimHost) -> No
 
 BAD = [
     ("gone", None, "not found"),
-    ("uid", claim("uid", "uid-other", [result("gpu-0")]), "has uid 'uid-other'"),
+    ("uid", claim("uid", "uid-other", [result("gpu-1")]), "has uid 'uid-other'"),
     ("unknown", claim("unknown", "uid-unknown", [result("gpu-9")]), "unknown device 'gpu-9'"),
-    ("pool", claim("pool", "uid-pool", [result("gpu-0", pool="node-b")]), "pool 'node-b'"),
+    ("pool", claim("pool", "uid-pool", [result("gpu-1", pool="node-b")]), "pool 'node-b'"),
     ("unalloc", {"metadata": {"uid": "uid-unalloc"}}, "not allocated"),
-    ("over", claim("over", "uid-over", [result("gpu-0", shareID="s1",
+    ("over", claim("over", "uid-over", [result("gpu-1", shareID="s1",
                                                consumedCapacity={"memory": "1Ti"})]),
      "consumedCapacity memory 1Ti is outside"),
-    ("nan", claim("nan", "uid-nan", [result("gpu-0", shareID="s1",
+    ("nan", claim("nan", "uid-nan", [result("gpu-1", shareID="s1",
                                             consumedCapacity={"memory": "lots"})]),
      "'lots' is not a quantity"),
-    ("share", claim("share", "uid-share", [result("gpu-0", shareID="s1",
-                                                  consumedCapacity={"memory": "2Gi"})]),
-     "capped shares are not enforced"),
-    ("params", claim("params", "uid-params", [result("gpu-0")], config=[
+    ("migshare", claim("migshare", "uid-migshare", [result("gpu-0-mig-0", shareID="s1",
+                                                        consumedCapacity={"memory": "1Gi"})]),
+     "a share of MIG device gpu-0-mig-0"),
+    ("smname", claim("smname", "uid-smname", [result("gpu-1", shareID="s1",
+                                                    consumedCapacity={"sm": "50"})]),
+     "consumedCapacity 'sm': device gpu-1 has no such capacity"),
+    ("params", claim("params", "uid-params", [result("gpu-1")], config=[
         {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
             "sharing": {"strategy": "Everything"}}}}]), "unknown sharing strategy 'Everything'"),
-    ("vgpu", claim("vgpu", "uid-vgpu", [result("gpu-0")], config=[
+    ("vgpu", claim("vgpu", "uid-vgpu", [result("gpu-1")], config=[
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "VGpu"}}}}]), "VGpu is not enforced"),
-    ("excl", claim("excl", "uid-excl", [result("gpu-0", shareID="s1")], config=[
+            "sharing": {"strategy": "VGpu"}}}}]), "consumes no part of device gpu-1"),
+    ("mps", claim("mps", "uid-mps", [result("gpu-1")], config=[
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "Exclusive"}}}}]), "Exclusive, but device gpu-0"),
+            "sharing": {"strategy": "MPS"}}}}]), "MPS is not enforced"),
+    ("excl", claim("excl", "uid-excl", [result("gpu-1", shareID="s1")], config=[
+        {"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "Exclusive"}}}}]), "Exclusive, but device gpu-1"),
 ]
 
 
 def test_bad_claims_each_get_their_error_and_touch_nothing(start: Start,
-                                                           sim_host: SimHost) -> None:
+                                                           sim_host_mig: SimHost) -> None:
     src = MemoryClaims({("ns", name): c for name, c, _ in BAD if c is not None})
     src.claims[("ns", "good")] = claim("good", "uid-good", [result("gpu-0")], config=[
         {"opaque": {"driver": "other.example.com", "parameters": {"anything": 1}}},  # not ours
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
             "sharing": {"strategy": "TimeSlicing"}}}}])
-    n = start(sim_host, src)
+    n = start(sim_host_mig, src)
     refs = [("ns", name, f"uid-{name}") for name, _, _ in BAD] + [("ns", "good", "uid-good")]
     got = n.kubelet.prepare(refs)
     for name, _, why in BAD:
@@ -243,33 +264,23 @@ def test_bad_claims_each_get_their_error_and_touch_nothing(start: Start,
     assert "is not one" in bad.error
 
 
-class Flaky:
-    """An API server that is down for the first `down` calls (forever: -1)."""
-
-    def __init__(self, inner: MemoryClaims, down: int) -> None:
-        self.inner, self.down, self.calls = inner, down, 0
-
-    def get_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
-        self.calls += 1
-        if self.down < 0 or self.calls <= self.down:
-            raise ApiUnavailable("connection refused")
-        return self.inner.get_claim(namespace, name, timeout)
-
-
-def test_api_server_down_retries_and_unprepare_still_works(start: Start,
+def test_api_server_down_or_slow_and_unprepare_still_works(start: Start,
                                                           sim_host: SimHost) -> None:
-    claims = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-0")]),
-                           ("ns", "d"): claim("d", "uid-d", [result("gpu-1")])})
-    src = Flaky(claims, 3)
-    n = start(sim_host, src, retry=Retry(timeout=0.5, delay=0.01, max_delay=0.02, total=30))
-    assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
-    assert src.calls == 4  # three refused, retried with back-off
-    src.down = -1  # the API server goes away
-    n.driver.retry = QUICK
-    err = n.kubelet.prepare([("ns", "d", "uid-d")])["uid-d"].error
-    assert "cannot read claim ns/d from the API server" in err and "connection refused" in err
-    assert n.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
-    assert n.specs() == []
+    """The official client against the API-server double: a server failing twice is
+    retried (nvctk.dra.kube's back-off); one that stays down is that claim's error; a
+    prepared claim is unprepared without it."""
+    with running() as api:
+        api.add_claim(claim("c", "uid-c", [result("gpu-0")], ns="ns"))
+        api.add_claim(claim("d", "uid-d", [result("gpu-1")], ns="ns"))
+        n = start(sim_host, Kube(client_for(api), FAST))
+        api.fail(2)  # 503, 503, then the claim
+        assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
+        api.fail(100)  # down for good
+        err = n.kubelet.prepare([("ns", "d", "uid-d")])["uid-d"].error
+        assert "reading ResourceClaim ns/d" in err and "503" in err, err
+        assert n.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
+        assert n.specs() == []
+        api.release.set()
 
 
 def _mount_tmpfs(path: str, opts: str) -> None:
@@ -390,8 +401,52 @@ def test_driver_needs_no_grpc(sim_host: SimHost, tmp_path: Path) -> None:
     """The logic is plain Python (what bench/dra_prepare.py drives too)."""
     src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-0")])})
     d, _, _ = make_driver(DRIVER, NODE, src, str(tmp_path / "p"), str(tmp_path / "cdi"),
-                          Health(), QUICK, cfg=Config(driver_root=sim_host.root, hook_path=HOOK))
+                          Health(), cfg=Config(driver_root=sim_host.root, hook_path=HOOK))
     assert isinstance(d, Driver)
     assert [x.device for x in d.prepare("ns", "c", "uid-c")] == ["gpu-0"]
-    with pytest.raises(ClaimGone):
+    with pytest.raises(NotFound):
         src.get_claim("ns", "nope", 1)
+
+
+@pytest.mark.root
+def test_a_share_gets_one_ledger_for_the_claim_and_a_grant(start: Start,
+                                                           sim_host: SimHost) -> None:
+    """A 2 GiB, 25 % share of GPU 0: the claim's ledger (a tmpfs of its own: limits,
+    cache) holds its caps; the spec only asks nvctk-runtime for the GPU, with the node's
+    grant (MAC'd by the authority key) naming that ledger; unprepare removes both."""
+    from nvctk.vgpu import authority
+    from nvctk.vgpu import limits as vgpu
+    from nvctk.vgpu.gc import mount
+
+    g0 = sim_host.topology.gpus[0]
+    src = MemoryClaims({("ns", "s"): claim("s", "uid-s", [result(
+        "gpu-0", shareID="7c1e", consumedCapacity={"memory": "2Gi", "smShare": "25"})])})
+    n = start(sim_host, src)
+    ans = n.kubelet.prepare([("ns", "s", "uid-s")])["uid-s"]
+    assert ans.error == ""
+    (d,) = ans.devices
+    assert (d.device_name, d.share_id) == ("gpu-0", "7c1e")
+    (r,) = _resolve(n, list(d.cdi_device_ids))
+    edits = r.device["containerEdits"]
+    assert "deviceNodes" not in edits and "deviceNodes" not in r.spec.get("containerEdits", {})
+    env = dict(e.split("=", 1) for e in edits["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == g0.uuid
+    grant = authority.dra_grant(env)
+    assert grant is not None and grant[0] == "nvctk.io/vgpu.dra.uid-s"
+    key = authority.load_key(n.cfg.authority_key)
+    assert authority.shares(dict([grant]), key, n.cfg.authority_key) == {
+        g0.uuid: (2 << 30, 25)}
+    ledger = os.path.join(n.state_dir, "dra", "uid-s")
+    assert authority.dra_ledger(grant[0], n.state_dir) == ledger
+    assert any(m.mount_point == ledger and m.fstype == "tmpfs"
+               for m in mount.read_mountinfo())
+    got = vgpu.read_limits_file(os.path.join(ledger, "limits"), 1)
+    assert (got.memory, got.sm) == ((2 << 30,), (25,))
+    assert os.path.getsize(os.path.join(ledger, "cache")) == vgpu.SHM_SIZE
+    # a forged grant (another cap) does not verify
+    forged = (grant[0], grant[1].replace(str(2 << 30), str(40 << 30)))  # type: ignore[union-attr]
+    with pytest.raises(Exception, match="MAC does not verify"):
+        authority.shares(dict([forged]), key, n.cfg.authority_key)
+    assert n.kubelet.unprepare([("ns", "s", "uid-s")]) == {"uid-s": ""}
+    assert not os.path.exists(ledger) and n.specs() == []
+    assert not any(m.mount_point == ledger for m in mount.read_mountinfo())

@@ -13,20 +13,19 @@ from typing import Any
 
 import pytest
 
-from nvctk.dra import claims
-from nvctk.dra.driver import Retry
 from nvctk.dra.kube import (
     ApiUnavailable,
-    ClaimGone,
     Conflict,
     Kube,
     KubeError,
+    NotFound,
+    Retry,
     load_client,
 )
 from support.apiserver import ApiServer, client_for, running
 
 DRIVER = "gpu.nvctk.io"
-FAST = Retry(timeout=5, delay=0.001, max_delay=0.01, total=30)
+FAST = Retry(attempts=4, base=0.001, cap=0.01, deadline=30, timeout=5)
 
 
 @pytest.fixture
@@ -75,78 +74,80 @@ def a_claim(name: str = "c1", results: list[dict[str, Any]] | None = None,
 
 def test_a_claim_is_read_as_the_api_server_has_it(api: ApiServer, kube: Kube) -> None:
     stored = api.add_claim(a_claim())
-    claim = kube.get_claim("team", "c1", 5)
+    claim = kube.get_claim("team", "c1")
     assert claim == stored  # uid, status.allocation.devices.results and config, as sent
     result = claim["status"]["allocation"]["devices"]["results"][0]
     assert (result["shareID"], result["consumedCapacity"]) == (
         "2f0c", {"memory": "2Gi", "smShare": "0"})
 
 
-def test_a_claim_that_is_gone_is_claim_gone_at_once(api: ApiServer, kube: Kube) -> None:
-    with pytest.raises(ClaimGone, match="team/gone") as e:
-        kube.get_claim("team", "gone", 5)
-    assert isinstance(e.value, claims.ClaimGone)  # what the driver's prepare catches
+def test_a_claim_that_is_gone_is_not_found_at_once(api: ApiServer, kube: Kube) -> None:
+    with pytest.raises(NotFound, match="team/gone"):
+        kube.get_claim("team", "gone")
     assert len(api.requests) == 1  # 404 is not retried
 
 
-@pytest.mark.parametrize("fault", ["fail", "drop"])
-def test_a_claim_read_is_one_try_the_driver_retries(api: ApiServer, kube: Kube,
-                                                     fault: str) -> None:
-    api.add_claim(a_claim())
-    getattr(api, fault)(1)
-    with pytest.raises(ApiUnavailable, match="reading ResourceClaim team/c1") as e:
-        kube.get_claim("team", "c1", 5)
-    assert isinstance(e.value, claims.ApiUnavailable)  # the driver's prepare retries it
-    assert len(api.requests) == 1
-    assert kube.get_claim("team", "c1", 5)["metadata"]["name"] == "c1"
-
-
-def test_a_slow_api_server_times_out(api: ApiServer, kube: Kube) -> None:
-    api.add_claim(a_claim())
-    api.stall(1)
-    try:
-        with pytest.raises(ApiUnavailable, match=r"(?i)timed out"):
-            kube.get_claim("team", "c1", 0.3)
-        assert api.stalled.acquire(timeout=0)  # the request did hang
-    finally:
-        api.release.set()
-    assert kube.get_claim("team", "c1", 5)["metadata"]["name"] == "c1"
-
-
-# --- retry (the slice calls) ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("fault", ["fail", "drop", "stall"])
-def test_a_down_or_slow_api_server_is_retried(api: ApiServer, fault: str) -> None:
-    kube = Kube(client_for(api), Retry(timeout=0.3, delay=0.001, max_delay=0.01, total=30))
-    getattr(api, fault)(3)
-    try:
-        assert kube.list_slices(DRIVER, "node-a") == []
-    finally:
-        api.release.set()
-    assert len(api.requests) == 4
-
-
-def test_the_back_off_doubles_and_stops_within_the_total(api: ApiServer) -> None:
-    waits: list[float] = []
-    retry = Retry(timeout=5, delay=1.0, max_delay=4.0, total=10.0)
-    kube = Kube(client_for(api), retry, sleep=waits.append, clock=lambda: sum(waits))
+def test_the_callers_deadline_bounds_the_retries(api: ApiServer) -> None:
+    now = [0.0]
+    kube = Kube(client_for(api), Retry(attempts=50, base=1.0, cap=1.0, deadline=60),
+                sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
     api.fail(100)
-    with pytest.raises(ApiUnavailable, match=r"listing ResourceSlices .*HTTP 503"):
-        kube.list_slices(DRIVER, "node-a")
-    assert len(waits) >= 3 and all(0.5 * min(4.0, 2.0 ** n) <= w <= min(4.0, 2.0 ** n)
+    with pytest.raises(ApiUnavailable, match="HTTP 503"):
+        kube.get_claim("team", "c1", timeout=3.0)
+    assert now[0] <= 3.0 and 2 <= len(api.requests) <= 7
+
+
+# --- retry --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["fail", "drop"])
+def test_a_down_api_server_is_retried(api: ApiServer, kube: Kube, fault: str) -> None:
+    api.add_claim(a_claim())
+    getattr(api, fault)(FAST.attempts - 1)
+    assert kube.get_claim("team", "c1")["metadata"]["name"] == "c1"
+    assert len(api.requests) == FAST.attempts
+
+
+def test_retries_are_bounded_and_name_the_call(api: ApiServer, kube: Kube) -> None:
+    api.add_claim(a_claim())
+    api.fail(FAST.attempts + 5)
+    with pytest.raises(ApiUnavailable, match=r"reading ResourceClaim team/c1: .*HTTP 503"):
+        kube.get_claim("team", "c1")
+    assert len(api.requests) == FAST.attempts
+
+
+def test_the_back_off_grows_and_stops_at_the_deadline(api: ApiServer) -> None:
+    waits: list[float] = []
+    retry = Retry(attempts=10, base=1.0, cap=4.0, deadline=6.0)
+    kube = Kube(client_for(api), retry, sleep=waits.append, clock=lambda: sum(waits))
+    api.fail(20)
+    with pytest.raises(ApiUnavailable, match=r"after [0-6]\.\d+s"):
+        kube.get_claim("team", "c1")
+    assert len(waits) >= 2 and all(0.5 * min(4.0, 2.0 ** n) <= w <= min(4.0, 2.0 ** n)
                                    for n, w in enumerate(waits))
-    assert sum(waits) <= retry.total  # no wait planned past the total
+    assert sum(waits) <= retry.deadline  # no wait planned past the deadline
     assert len(api.requests) == len(waits) + 1
 
 
-def test_an_unreachable_api_server_is_api_unavailable() -> None:
+def test_a_slow_api_server_times_out_and_is_retried(api: ApiServer) -> None:
+    api.add_claim(a_claim())
+    kube = Kube(client_for(api), Retry(attempts=3, base=0.001, timeout=0.3))
+    api.stall(1)
+    try:
+        assert kube.get_claim("team", "c1")["metadata"]["name"] == "c1"
+        assert api.stalled.acquire(timeout=0)  # the first request did hang
+    finally:
+        api.release.set()
+    assert len(api.requests) == 2
+
+
+def test_an_unreachable_api_server_is_api_unavailable(tmp_path: Path) -> None:
     with running() as gone:
         url = gone.url
     kube = Kube(client_for(type("Gone", (), {"url": url})()),  # type: ignore[arg-type]
-                Retry(timeout=1, delay=0.001, total=0.05))
+                Retry(attempts=2, base=0.001))
     with pytest.raises(ApiUnavailable, match=r"(?i)connection refused"):
-        kube.list_slices(DRIVER, "node-a")
+        kube.get_claim("team", "c1")
 
 
 # --- slices -------------------------------------------------------------------------------
@@ -256,7 +257,7 @@ contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
 current-context: x
 """)
     kube = Kube(load_client(str(cfg)), FAST)
-    assert kube.get_claim("team", "c1", 5)["metadata"]["name"] == "c1"
+    assert kube.get_claim("team", "c1")["metadata"]["name"] == "c1"
 
 
 @pytest.mark.parametrize("content", [None, "not: [yaml", "apiVersion: v1\nkind: Config\n"])

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from nvctk.dra.devices import DEFAULT_DRIVER
-from nvctk.dra.driver import Retry
-from nvctk.dra.kube import ApiUnavailable, Kube
+from nvctk.dra.kube import ApiUnavailable, Kube, Retry
 from nvctk.dra.publish import Publisher
 from nvctk.dra.slices import Features
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
@@ -26,7 +25,7 @@ from support.apiserver import GATES, ApiServer, client_for, pool_problems, runni
 
 D = DEFAULT_DRIVER
 NODE = "node-a"
-FAST = Retry(timeout=5, delay=0.001, max_delay=0.01, total=0.5)
+FAST = Retry(attempts=4, base=0.001, cap=0.01, deadline=30, timeout=5)
 
 
 def gpu(i: int, migs: int = 0) -> GpuInfo:

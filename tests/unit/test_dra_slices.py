@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from nvctk.dra import claims
 from nvctk.dra.devices import DEFAULT_DRIVER, node_devices
 from nvctk.dra.slices import (
     ALL,
@@ -235,3 +236,29 @@ def test_a_long_node_name_still_makes_a_valid_slice_name() -> None:
     out = slices(node_pool(host(gpu(0)), D, {}), node, D, 1)
     assert slice_problems(out[0]) == []
     assert len(out[0]["metadata"]["name"]) <= 253
+
+
+def _result(consumed: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"uid": "u"}, "status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": D, "pool": "node-a", "device": "gpu-0",
+         "shareID": "s1", "consumedCapacity": consumed}]}}}}
+
+
+def test_what_the_policy_defaults_consume_prepare_reads_as_the_whole_gpu() -> None:
+    """A claim that asks for no capacity consumes each policy's default (all memory,
+    smShare 0): NodePrepareResources must read that as the whole GPU, uncapped."""
+    h = host(gpu(0))
+    caps = devices(publish(h))["gpu-0"]["capacity"]
+    defaults = {k: c["requestPolicy"]["default"] for k, c in caps.items()}
+    (r,) = claims.results(_result(defaults), D, "node-a", node_devices(h))
+    assert not r.partial
+
+
+def test_a_memory_only_share_is_capped_by_memory_alone() -> None:
+    h = host(gpu(0))
+    (r,) = claims.results(_result({"memory": "2Gi", "smShare": "0"}), D, "node-a",
+                          node_devices(h))
+    assert r.partial and r.consumed == {"memory": 2 * GIB, "smShare": 0}
+    with pytest.raises(claims.ClaimError, match=r"smShare 101 is outside 0\.\.100"):
+        claims.results(_result({"memory": "2Gi", "smShare": "101"}), D, "node-a",
+                       node_devices(h))
