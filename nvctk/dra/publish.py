@@ -134,9 +134,3 @@ class Publisher:
     def stop(self, health: Health) -> None:
         self.stopping.set()
         health.wake()
-
-    def withdraw(self) -> None:
-        """Delete this node's slices of the driver (the plugin is uninstalled)."""
-        for s in self.kube.list_slices(self.driver, self.node):
-            self.kube.delete_slice(s["metadata"]["name"])
-        self.pool, self.versions = None, {}
