@@ -62,10 +62,12 @@ SUFFIX = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50
 
 
 @functools.cache
-def _validator(kind: str) -> jsonschema.protocols.Validator:
-    """The strict 1.36 schema of resource.k8s.io/v1 kind (one registry, built once)."""
+def _validator(kind: str, api_version: str = "resource.k8s.io/v1") -> jsonschema.protocols.Validator:
+    """The strict 1.36 schema of kind (one registry, built once); its file is named as
+    kubernetes-validate names them (rbac.authorization.k8s.io/v1 -> rbac-v1)."""
     base = f"kubernetes-json-schema/v{K8S_VERSION}-local-strict"
-    schema = kv.schema_contents(f"{base}/{kind.lower()}-resource-v1.json", K8S_VERSION)
+    api = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    schema = kv.schema_contents(f"{base}/{kind.lower()}-{api}.json", K8S_VERSION)
     defs = kv.schema_contents(f"{base}/_definitions.json", K8S_VERSION)
     registry = referencing.Registry().with_resources([
         ("", referencing.Resource.from_contents(schema)),
@@ -74,7 +76,8 @@ def _validator(kind: str) -> jsonschema.protocols.Validator:
 
 
 def schema_problems(obj: dict[str, Any]) -> list[str]:
-    v = _validator(obj.get("kind", ""))
+    """Where obj breaks the strict 1.36 schema of its kind and apiVersion."""
+    v = _validator(obj.get("kind", ""), obj.get("apiVersion", ""))
     return [f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
             for e in sorted(v.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
 
