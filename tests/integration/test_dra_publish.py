@@ -6,8 +6,11 @@ schema and limits (a refused write fails the test: `api.rejected()`)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -225,3 +228,14 @@ def test_a_simulated_hosts_nvml_inventory_is_published(sim_host_mig: SimHost,
         for m in g.mig_devices:
             assert devs[f"gpu-{g.index}-mig-{m.index}"]["attributes"]["profile"] == {
                 "string": m.profile}
+
+
+@pytest.mark.slow
+def test_the_publish_bench_runs(tmp_path: Path) -> None:
+    """bench/dra_publish.py end to end, one run (its figures are the bench's, not a test's)."""
+    out = tmp_path / "dra_publish.txt"
+    r = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "bench/dra_publish.py"),
+                        "--runs", "1", "--output", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "64 devices, 8 counter sets, 2 ResourceSlices" in out.read_text()
