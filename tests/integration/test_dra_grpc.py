@@ -450,3 +450,45 @@ def test_a_share_gets_one_ledger_for_the_claim_and_a_grant(start: Start,
     assert n.kubelet.unprepare([("ns", "s", "uid-s")]) == {"uid-s": ""}
     assert not os.path.exists(ledger) and n.specs() == []
     assert not any(m.mount_point == ledger for m in mount.read_mountinfo())
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.root
+def test_200_prepare_unprepare_cycles_leak_nothing(start: Start, sim_host: SimHost) -> None:
+    """A whole-GPU claim and a share (its ledger a tmpfs) prepared and unprepared 200
+    times over the sockets: no file, mount, fd, thread or child process is left."""
+    from nvctk.vgpu.gc import mount
+
+    src = MemoryClaims({
+        ("ns", "w"): claim("w", "uid-w", [result("gpu-1")]),
+        ("ns", "s"): claim("s", "uid-s", [result("gpu-0", shareID="a", consumedCapacity={
+            "memory": "2Gi"})])})
+    n = start(sim_host, src)
+    refs = [("ns", "w", "uid-w"), ("ns", "s", "uid-s")]
+    # one round first: gRPC's and the key's one-time state is not a leak
+    n.kubelet.prepare(refs)
+    n.kubelet.unprepare(refs)
+    top = os.path.dirname(n.cdi_dir)
+
+    def mounts() -> list[str]:
+        return [m.mount_point for m in mount.read_mountinfo() if m.mount_point.startswith(top)]
+
+    fds, threads = _fds(), len(os.listdir("/proc/self/task"))
+    children = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
+                              text=True).stdout.split()
+    for _ in range(200):
+        got = n.kubelet.prepare(refs)
+        assert [a.error for a in got.values()] == ["", ""]
+        assert len(mounts()) == 1  # the share's ledger while prepared
+        assert n.kubelet.unprepare(refs) == {"uid-w": "", "uid-s": ""}
+    assert n.specs() == [] and n.driver.prepared_uids() == []
+    assert os.listdir(os.path.join(n.state_dir, "dra")) == []
+    assert mounts() == []
+    assert _fds() == fds
+    # gRPC's worker pools start threads as calls come, up to their bound (8 a server)
+    assert len(os.listdir("/proc/self/task")) <= threads + 2 * 8
+    assert subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
+                          text=True).stdout.split() == children
