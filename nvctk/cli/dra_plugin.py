@@ -38,7 +38,8 @@ DEFAULT_CDI_DIR = "/var/run/cdi"
 @click.pass_context
 def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugins_dir: str,
                registry_dir: str, cdi_dir: str, driver_name: str) -> None:
-    """Kubernetes DRA kubelet plugin: prepare this node's GPUs and MIG devices for claims."""
+    """Kubernetes DRA kubelet plugin: publish this node's GPUs, GPU shares and MIG devices
+    as ResourceSlices, and prepare them for claims."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s nvctk-dra-plugin %(levelname)s %(message)s")
     if not node_name:
