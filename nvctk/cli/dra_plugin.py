@@ -38,7 +38,8 @@ DEFAULT_CDI_DIR = "/var/run/cdi"
 @click.pass_context
 def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugins_dir: str,
                registry_dir: str, cdi_dir: str, driver_name: str) -> None:
-    """Kubernetes DRA kubelet plugin: prepare this node's GPUs and MIG devices for claims."""
+    """Kubernetes DRA kubelet plugin: publish this node's GPUs, GPU shares and MIG devices
+    as ResourceSlices, and prepare them for claims."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s nvctk-dra-plugin %(levelname)s %(message)s")
     if not node_name:
@@ -48,7 +49,9 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
         cfg = load_config(ctx)
         # start time: grpc, NVML and the API client, for this command only
         from nvctk.dra.node import claim_source, make_driver
+        from nvctk.dra.publish import Publisher
         from nvctk.dra.server import Plugin
+        from nvctk.host import nvml
         from nvctk.k8s.health import Health, XidWatcher
 
         source = claim_source(kubeconfig)
@@ -61,6 +64,12 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
             raise NvctkError("no GPU on this node")
         plugin = Plugin(driver, health, plugins_dir, registry_dir,
                         XidWatcher(driver_root, host, health))
+        # this node's ResourceSlices: published at once, again on each health change and
+        # every RESYNC_S (the GPUs queried again: one gone, a new MIG layout)
+        publisher = Publisher(source, node_name, driver_name)
+        publishing = threading.Thread(
+            target=publisher.run, args=(lambda: nvml.query_host(driver_root), health),
+            name="nvctk-dra-publish", daemon=True)
         stop = threading.Event()
 
         def on_signal(*_: Any) -> None:
@@ -69,11 +78,14 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         plugin.start()
+        publishing.start()
         click.echo(f"{driver_name}: {len(driver.devices)} device(s) on node {node_name}, "
                    f"serving {plugin.endpoint}", err=True)
         try:
             stop.wait()
         finally:
+            publisher.stop(health)
+            publishing.join(5)  # a sync may be waiting out a down API server
             plugin.stop()
     except NvctkError as e:
         raise click.ClickException(str(e))

@@ -80,8 +80,9 @@ class Result:
     def partial(self) -> bool:
         """A share: less than the device's memory or SMs (the node caps it)."""
         d = self.device
+        # smShare 0: no SM-share cap (what a claim asking for memory only consumes)
         return bool(self.consumed) and (self.consumed.get(MEMORY, d.memory) < d.memory
-                                        or self.consumed.get(SM_SHARE, SM_FULL) < SM_FULL)
+                                        or 0 < self.consumed.get(SM_SHARE, 0) < SM_FULL)
 
 
 # --- quantities (k8s.io/apimachinery resource.Quantity) -----------------------------------
@@ -195,9 +196,9 @@ def _consumed(raw: object, dev: DraDevice, where: str) -> dict[str, int]:
         except ValueError as e:
             raise ClaimError(f"{where}: consumedCapacity {name}: {e}") from None
         amount = _whole(name, q)
-        if amount <= 0 or amount > dev.capacity[name]:
-            raise ClaimError(f"{where}: consumedCapacity {name} {value} is outside 1..{dev.capacity[name]}"
-                             f" (device {dev.name}'s {name})")
+        if amount < (0 if name == SM_SHARE else 1) or amount > dev.capacity[name]:
+            raise ClaimError(f"{where}: consumedCapacity {name} {value} is outside "
+                             f"{0 if name == SM_SHARE else 1}..{dev.capacity[name]} (device {dev.name}'s {name})")
         out[name] = amount
     return out
 

@@ -7,7 +7,8 @@ an allocation's device by that name.
     gpu-<index>-mig-<index>    a MIG device of it (NVML's MIG index)
 
 Capacities (QualifiedNames: C identifiers): `memory` in bytes, `smShare` in percent of
-the device's SMs (100).
+the device's SMs (100). A consumed smShare of 0 means no SM-share cap: the published
+request policy's default for a claim that asks for memory only (nvctk.dra.slices).
 """
 
 from __future__ import annotations

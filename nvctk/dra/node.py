@@ -16,10 +16,14 @@ from nvctk.host.inventory import HostInfo
 from nvctk.host.paths import find_hook
 from nvctk.k8s.health import Health
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from nvctk.dra import kube
+
 RECORDS_DIR = "claims"  # below <plugins-dir>/<driver>
 
 
-def claim_source(kubeconfig: str | None) -> ClaimSource:
+def claim_source(kubeconfig: str | None) -> kube.Kube:
     """The API server's claims (nvctk.dra.kube: the official client, with retry)."""
     from nvctk.dra import kube  # the client costs ~0.2 s to import: the plugin's only
 

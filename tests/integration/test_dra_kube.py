@@ -186,6 +186,9 @@ def test_a_stale_update_is_a_conflict(api: ApiServer, kube: Kube) -> None:
     (lambda s: s["spec"]["devices"][0]["capacity"]["memory"].update(
         requestPolicy={"default": "1Gi"}), "allowMultipleAllocations"),
     (lambda s: s["spec"].update(allNodes=True), "exactly one of nodeName"),
+    # a capacity name is a C identifier (optionally domain/...): no '-'
+    (lambda s: s["spec"]["devices"][0]["capacity"].update({"sm-share": {"value": "100"}}),
+     "'sm-share' is not a qualified name"),
 ])
 def test_an_invalid_slice_is_refused_with_the_reason(api: ApiServer, kube: Kube, edit: Any,
                                                      why: str) -> None:

@@ -62,10 +62,12 @@ SUFFIX = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50
 
 
 @functools.cache
-def _validator(kind: str) -> jsonschema.protocols.Validator:
-    """The strict 1.36 schema of resource.k8s.io/v1 kind (one registry, built once)."""
+def _validator(kind: str, api_version: str = "resource.k8s.io/v1") -> jsonschema.protocols.Validator:
+    """The strict 1.36 schema of kind (one registry, built once); its file is named as
+    kubernetes-validate names them (rbac.authorization.k8s.io/v1 -> rbac-v1)."""
     base = f"kubernetes-json-schema/v{K8S_VERSION}-local-strict"
-    schema = kv.schema_contents(f"{base}/{kind.lower()}-resource-v1.json", K8S_VERSION)
+    api = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    schema = kv.schema_contents(f"{base}/{kind.lower()}-{api}.json", K8S_VERSION)
     defs = kv.schema_contents(f"{base}/_definitions.json", K8S_VERSION)
     registry = referencing.Registry().with_resources([
         ("", referencing.Resource.from_contents(schema)),
@@ -74,7 +76,8 @@ def _validator(kind: str) -> jsonschema.protocols.Validator:
 
 
 def schema_problems(obj: dict[str, Any]) -> list[str]:
-    v = _validator(obj.get("kind", ""))
+    """Where obj breaks the strict 1.36 schema of its kind and apiVersion."""
+    v = _validator(obj.get("kind", ""), obj.get("apiVersion", ""))
     return [f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
             for e in sorted(v.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
 
@@ -337,10 +340,33 @@ class Write:
     problems: list[str]
 
 
-class ApiServer:
-    """The double's state; `url` is what a kubernetes Configuration's host points at."""
+# what an API server whose feature gate is off drops from a ResourceSlice it stores
+# (1.34 and 1.35: all three alpha, off by default; 1.36: beta, on)
+GATES = ("DRAConsumableCapacity", "DRAPartitionableDevices", "DRADeviceTaints")
 
-    def __init__(self) -> None:
+
+def drop_disabled(obj: dict[str, Any], disabled: frozenset[str]) -> None:
+    """Strip the fields of the disabled gates from a ResourceSlice, in place."""
+    spec = obj.get("spec") or {}
+    if "DRAPartitionableDevices" in disabled:
+        spec.pop("sharedCounters", None)
+    for d in spec.get("devices") or ():
+        if "DRAConsumableCapacity" in disabled:
+            d.pop("allowMultipleAllocations", None)
+            for c in (d.get("capacity") or {}).values():
+                c.pop("requestPolicy", None)
+        if "DRAPartitionableDevices" in disabled:
+            d.pop("consumesCounters", None)
+        if "DRADeviceTaints" in disabled:
+            d.pop("taints", None)
+
+
+class ApiServer:
+    """The double's state; `url` is what a kubernetes Configuration's host points at.
+    disabled: feature gates (GATES) off, as on a 1.34 server."""
+
+    def __init__(self, disabled: frozenset[str] = frozenset()) -> None:
+        self.disabled = disabled
         self.lock = threading.Lock()
         self.slices: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
@@ -416,8 +442,8 @@ class ApiServer:
 
 
 @contextmanager
-def running() -> Iterator[ApiServer]:
-    api = ApiServer().start()
+def running(disabled: frozenset[str] = frozenset()) -> Iterator[ApiServer]:
+    api = ApiServer(disabled).start()
     try:
         yield api
     finally:
@@ -580,6 +606,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._send(409, status(409, "Conflict", f"resourceslice {name!r} changed: "
                                        "the object has been modified"))
                 return
+        if isinstance(obj, dict):  # as the real one: a disabled feature's fields go first
+            drop_disabled(obj, api.disabled)
         problems = slice_problems(obj, old) if isinstance(obj, dict) else ["not an object"]
         if problems:
             with api.lock:
@@ -587,6 +615,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(422, status(422, "Invalid", f"ResourceSlice {name!r} is invalid: "
                                    + "; ".join(problems)))
             return
+        for d in obj["spec"].get("devices") or ():
+            for t in d.get("taints") or ():
+                t.setdefault("timeAdded", "2026-01-01T00:00:00Z")  # "Added automatically"
         with api.lock:
             meta["resourceVersion"] = api._next_version()
             meta["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
