@@ -19,16 +19,13 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
-import grpc
-
-from nvctk.base import fileio
 from nvctk.base.errors import NvctkError
 from nvctk.dra import proto
 from nvctk.dra.driver import Driver
 from nvctk.k8s.health import Health, XidWatcher
+from nvctk.k8s.server import serve
 
 log = logging.getLogger("nvctk.dra")
 pb = proto.load()
@@ -119,15 +116,7 @@ class HealthService(pb.health_grpc.DRAResourceHealthServicer):  # type: ignore[m
         return h.NodeWatchResourcesResponse(devices=out)
 
     def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
-        seen = -1
-        context.add_callback(self.health.wake)  # a hang-up frees this worker at once
-        while not self.stopping.is_set() and context.is_active():
-            with self.health.changed:
-                gen = self.health.generation
-                if gen == seen:
-                    self.health.changed.wait(0.5)
-                    continue
-            seen = gen
+        for _ in self.health.watch(context, self.stopping):
             yield self.snapshot()
 
 
@@ -150,20 +139,6 @@ class Registration(pb.reg_grpc.RegistrationServicer):  # type: ignore[misc,name-
             log.error("the kubelet refused the registration: %s", request.error)
         self.notified.set()
         return pb.reg.RegistrationStatusResponse()
-
-
-def _remove_socket(path: str) -> None:
-    """An earlier run's socket goes; anything else there is a clear error, left as it is."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise NvctkError(f"{path}: {e.strerror}")
-    if not stat.S_ISSOCK(st.st_mode):
-        raise NvctkError(f"{path}: it is {fileio.kind_of(st.st_mode)}, not a socket; the DRA "
-                         "plugin listens there and removes only a socket (move it away)")
-    os.unlink(path)
 
 
 class Plugin:
@@ -201,18 +176,7 @@ class Plugin:
         self._lock_fd = fd
 
     def _serve(self, path: str, add: list[tuple[Any, Any]]) -> Any:
-        _remove_socket(path)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        for adder, servicer in add:
-            adder(servicer, server)
-        try:
-            port = server.add_insecure_port("unix://" + path)
-        except RuntimeError:  # grpc raises this where it cannot bind the path
-            port = 0
-        if not port:
-            raise NvctkError(f"{path}: cannot listen there (is {os.path.dirname(path)} a "
-                             "writable directory?)")
-        server.start()
+        server = serve(path, add, "the DRA plugin listens there")
         self.servers.append((server, path))
         return server
 
