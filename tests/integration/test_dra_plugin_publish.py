@@ -16,19 +16,8 @@ from nvctk.dra.devices import DEFAULT_DRIVER
 from nvctk.host.nvml import query_host
 from nvctk.sim.host import SimHost
 from support import wait
-from support.apiserver import pool_problems, running
+from support.apiserver import kubeconfig, pool_problems, running
 from support.exe import nvctk_exe
-
-
-def kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "{url}"}}}}]
-users: [{{name: u, user: {{token: abc}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-""")
-    return path
 
 
 def complete(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -448,6 +449,19 @@ def running(disabled: frozenset[str] = frozenset()) -> Iterator[ApiServer]:
         yield api
     finally:
         api.stop()
+
+
+def kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig at path aiming a client (load_client, `nvctk dra-plugin
+    --kubeconfig`) at url."""
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "{url}"}}}}]
+users: [{{name: u, user: {{token: abc}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    return path
 
 
 def client_for(api: ApiServer) -> Any:
