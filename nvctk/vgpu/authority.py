@@ -97,8 +97,10 @@ def present(annotations: object) -> dict[str, object]:
 
 
 def _bad(name: str, why: str) -> RequestError:
-    return RequestError(f"annotation {shown(name)}: {why}; refused: the node's vGPU share "
-                        "for this container cannot be read")
+    what = (f"{DRA_ENV} (the grant of DRA claim {shown(name[len(DRA_PREFIX):])})"
+            if name.startswith(DRA_PREFIX) else f"annotation {shown(name)}")
+    return RequestError(f"{what}: {why}; refused: the node's vGPU share for this container "
+                        "cannot be read")
 
 
 def shares(annotations: Mapping[str, object], key: bytes | None,

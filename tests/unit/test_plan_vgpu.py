@@ -169,15 +169,17 @@ def test_a_dra_claims_grant_binds_its_ledger() -> None:
 
 
 @pytest.mark.parametrize("value, why", [
-    ("c-1", "not nvctk's format"),  # no value after the uid
-    ("../x {}", "not JSON"),
-    ("c-1 {\"v\": 1}", "not nvctk's format"),
+    ("c-1", "not a string of nvctk's format"),  # no value after the uid
+    ("../x {}", "not a string of nvctk's format"),  # a uid that would name another dir
+    ("c-1 {", "not JSON"),
+    ("c-1 {\"v\": 1}", "not nvctk's format \\(v, devices, mac\\)"),
 ])
 def test_a_bad_dra_grant_refuses_the_container(value: str, why: str) -> None:
     from nvctk.request.parse import _dra_grant
 
     env = {"NVCTK_DRA_SHARE": value}
-    with pytest.raises(RequestError, match="refused: the node's vGPU share"):
+    with pytest.raises(RequestError, match=rf"^NVCTK_DRA_SHARE \(the grant of DRA claim .*{why}.*"
+                       "refused: the node's vGPU share"):
         plan(env, [Selected(GPU)], vgpu_authority=_dra_grant(env))
 
 
