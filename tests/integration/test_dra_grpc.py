@@ -349,18 +349,25 @@ def test_corrupt_record_is_that_claims_error_only(start: Start, sim_host: SimHos
     assert n.driver.records.load("uid-a") is not None
 
 
+@pytest.mark.root
 def test_restart_between_prepare_and_unprepare_loses_nothing(
         start: Start, sim_host: SimHost, tmp_path_factory: pytest.TempPathFactory) -> None:
     top = tmp_path_factory.mktemp("drarestart")
-    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")])})
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")]),
+                        ("ns", "s"): claim("s", "uid-s", [result(
+                            "gpu-0", shareID="a", consumedCapacity={"memory": "2Gi"})])})
+    refs = [("ns", "c", "uid-c"), ("ns", "s", "uid-s")]
     n = start(sim_host, src, top=top)
-    first = n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"]
+    first = n.kubelet.prepare(refs)
+    ledger = n.driver.ledger_path("uid-s")
     n.stop()
     src.claims.clear()  # and the API server is gone too
     n2 = start(sim_host, MemoryClaims(), top=top)
-    assert n2.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"] == first
-    assert n2.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
+    assert n2.kubelet.prepare(refs) == first
+    assert os.path.isfile(os.path.join(ledger, "limits"))  # the share's ledger kept
+    assert n2.kubelet.unprepare(refs) == {"uid-c": "", "uid-s": ""}
     assert n2.specs() == [] and n2.driver.prepared_uids() == []
+    assert not os.path.exists(ledger)
 
 
 def test_a_record_from_another_boot_is_prepared_again(start: Start, sim_host: SimHost) -> None:
