@@ -22,7 +22,7 @@ from nvctk.dra.kube import (
     Retry,
     load_client,
 )
-from support.apiserver import ApiServer, client_for, running
+from support.apiserver import ApiServer, client_for, kubeconfig, running
 
 DRIVER = "gpu.nvctk.io"
 FAST = Retry(attempts=4, base=0.001, cap=0.01, deadline=30, timeout=5)
@@ -248,15 +248,8 @@ def test_writes_from_threads_each_land_once(api: ApiServer, kube: Kube) -> None:
 
 def test_a_kubeconfig_points_the_client_at_its_server(api: ApiServer, tmp_path: Path) -> None:
     api.add_claim(a_claim())
-    cfg = tmp_path / "kubeconfig"
-    cfg.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "{api.url}"}}}}]
-users: [{{name: u, user: {{token: abc}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-""")
-    kube = Kube(load_client(str(cfg)), FAST)
+    cfg = kubeconfig(tmp_path / "kubeconfig", api.url)
+    kube = Kube(load_client(cfg), FAST)
     assert kube.get_claim("team", "c1")["metadata"]["name"] == "c1"
 
 

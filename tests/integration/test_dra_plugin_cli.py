@@ -13,24 +13,13 @@ from pathlib import Path
 import pytest
 
 from nvctk.sim.host import SimHost
-from support.apiserver import running
+from support.apiserver import kubeconfig, running
 from support.drakubelet import FakeDraKubelet
 from support.exe import nvctk_exe
 
 pytestmark = pytest.mark.slow
 
 DRIVER = "gpu.nvctk.io"
-
-
-def kubeconfig(path: Path, url: str) -> str:
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "{url}"}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-""")
-    return str(path)
 
 
 def test_the_plugin_process(sim_host: SimHost, tmp_path_factory: pytest.TempPathFactory) -> None:

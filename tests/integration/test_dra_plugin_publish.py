@@ -16,19 +16,8 @@ from nvctk.dra.devices import DEFAULT_DRIVER
 from nvctk.host.nvml import query_host
 from nvctk.sim.host import SimHost
 from support import wait
-from support.apiserver import pool_problems, running
+from support.apiserver import kubeconfig, pool_problems, running
 from support.exe import nvctk_exe
-
-
-def kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "{url}"}}}}]
-users: [{{name: u, user: {{token: abc}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-""")
-    return path
 
 
 def complete(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -45,7 +34,7 @@ def test_the_plugin_publishes_its_nodes_pool(sim_host_mig: SimHost, tmp_path: Pa
                                                           for m in g.mig_devices))]
     with running() as api:
         cmd = [*nvctk_exe(), "dra-plugin", "--kubeconfig",
-               str(kubeconfig(tmp_path / "kubeconfig", api.url)), "--node-name", "node-a",
+               kubeconfig(tmp_path / "kubeconfig", api.url), "--node-name", "node-a",
                "--plugins-dir", str(tmp_path / "plugins"),
                "--registry-dir", str(tmp_path / "registry"), "--cdi-dir", str(tmp_path / "cdi")]
         env = {**os.environ, "NVCTK_CONFIG": sim_host_mig.config_path}
