@@ -122,6 +122,10 @@ class Publisher:
                 except KubeError as e:
                     log.error("cannot publish the ResourceSlices of %s: %s", self.node, e)
                     check = True
+                except (KeyError, TypeError, ValueError) as e:  # an answer of the wrong shape
+                    log.error("cannot publish the ResourceSlices of %s: the API server's "
+                              "answer is malformed (%r)", self.node, e)
+                    check = True
             if not self._wait(health, seen, resync):
                 check = True  # the timeout: list the slices again
 

@@ -249,7 +249,7 @@ def test_writes_from_threads_each_land_once(api: ApiServer, kube: Kube) -> None:
 def test_a_kubeconfig_points_the_client_at_its_server(api: ApiServer, tmp_path: Path) -> None:
     api.add_claim(a_claim())
     cfg = kubeconfig(tmp_path / "kubeconfig", api.url)
-    kube = Kube(load_client(str(cfg)), FAST)
+    kube = Kube(load_client(cfg), FAST)
     assert kube.get_claim("team", "c1")["metadata"]["name"] == "c1"
 
 

@@ -34,7 +34,7 @@ def test_the_plugin_publishes_its_nodes_pool(sim_host_mig: SimHost, tmp_path: Pa
                                                           for m in g.mig_devices))]
     with running() as api:
         cmd = [*nvctk_exe(), "dra-plugin", "--kubeconfig",
-               str(kubeconfig(tmp_path / "kubeconfig", api.url)), "--node-name", "node-a",
+               kubeconfig(tmp_path / "kubeconfig", api.url), "--node-name", "node-a",
                "--plugins-dir", str(tmp_path / "plugins"),
                "--registry-dir", str(tmp_path / "registry"), "--cdi-dir", str(tmp_path / "cdi")]
         env = {**os.environ, "NVCTK_CONFIG": sim_host_mig.config_path}

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from nvctk.base.errors import DriverError
 from nvctk.dra.devices import DEFAULT_DRIVER
 from nvctk.dra.kube import ApiUnavailable, Kube, Retry
 from nvctk.dra.publish import Publisher
@@ -211,6 +212,31 @@ def test_the_loop_follows_health_and_stops(api: ApiServer) -> None:
         t.join(10)
     assert not t.is_alive()
     assert generation(pool(api)) == 2
+
+
+def test_the_loop_outlives_nvml_and_the_api_server_failing(api: ApiServer) -> None:
+    """NVML down at first, then an API server answering 503: the loop keeps going and
+    publishes once both are back."""
+    p = Publisher(Kube(client_for(api), Retry(attempts=1, timeout=5)), NODE, D)
+    health = Health()
+    tries: list[int] = []
+
+    def host_source() -> HostInfo:
+        tries.append(1)
+        if len(tries) == 1:
+            raise DriverError("NVML at /x: not loaded")
+        return host(gpu(0))
+
+    api.fail(1)  # the first sync's list
+    t = threading.Thread(target=p.run, args=(host_source, health, 0.05))
+    t.start()
+    try:
+        wait.until(lambda: api.pool(D, NODE), 10, "the publish after the failures")
+    finally:
+        p.stop(health)
+        t.join(10)
+    assert not t.is_alive() and len(tries) >= 3
+    assert names(pool(api)) == ["gpu-0"]
 
 
 def test_a_simulated_hosts_nvml_inventory_is_published(sim_host_mig: SimHost,

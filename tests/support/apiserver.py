@@ -26,13 +26,14 @@ import urllib.parse
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import referencing
 from kubernetes_validate import utils as kv
+
+from nvctk.dra.claims import parse_quantity as quantity  # the driver's one parser
 
 K8S_VERSION = "1.36.0"
 PREFIX = "/apis/resource.k8s.io/v1"
@@ -53,10 +54,6 @@ LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
                     r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$")
-QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
-SUFFIX = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
-          "Ei": 2**60, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 
 
 # --- the checks --------------------------------------------------------------------------
@@ -81,21 +78,6 @@ def schema_problems(obj: dict[str, Any]) -> list[str]:
     v = _validator(obj.get("kind", ""), obj.get("apiVersion", ""))
     return [f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
             for e in sorted(v.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
-
-
-def quantity(q: Any) -> Decimal:
-    """A resource.Quantity (string or number) as a number; ValueError if it is none."""
-    if isinstance(q, int | float) and not isinstance(q, bool):
-        return Decimal(q)
-    m = QUANTITY.match(str(q))
-    if not m:
-        raise ValueError(f"{q!r} is not a quantity")
-    num, suffix = m.groups()
-    if suffix[:1] in ("e", "E"):
-        return Decimal(num) * Decimal(10) ** int(suffix[1:])
-    if suffix not in SUFFIX:
-        raise ValueError(f"{q!r} is not a quantity")
-    return Decimal(num) * Decimal(SUFFIX[suffix])
 
 
 def qualified_name(name: str) -> bool:
@@ -451,17 +433,16 @@ def running(disabled: frozenset[str] = frozenset()) -> Iterator[ApiServer]:
         api.stop()
 
 
-def kubeconfig(path: Path, url: str) -> Path:
-    """A kubeconfig at path aiming a client (load_client, `nvctk dra-plugin
-    --kubeconfig`) at url."""
+def kubeconfig(path: Path, url: str) -> str:
+    """Write a kubeconfig at path naming the double at url (a token it ignores); its path."""
     path.write_text(f"""apiVersion: v1
 kind: Config
 clusters: [{{name: c, cluster: {{server: "{url}"}}}}]
-users: [{{name: u, user: {{token: abc}}}}]
+users: [{{name: u, user: {{token: t}}}}]
 contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
 current-context: x
 """)
-    return path
+    return str(path)
 
 
 def client_for(api: ApiServer) -> Any:
