@@ -26,7 +26,7 @@ from typing import Any, Literal
 from nvctk.base import fileio
 from nvctk.base.config import ALL_CAPABILITIES
 from nvctk.cdi.load import CLASS, VENDOR, CdiError, bind_options
-from nvctk.edits import DeviceNode, Edits, Mount, Symlink, container_path_of_host
+from nvctk.edits import HOOK_NAME, DeviceNode, Edits, Mount, Symlink, container_path_of_host
 from nvctk.host import discover
 from nvctk.host import driver as nvdriver
 from nvctk.host.image import ImageFacts
@@ -103,14 +103,15 @@ def _extra_mounts(files: nvdriver.DriverFiles, lib_dir: str) -> list[Mount]:
     return out
 
 
-def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...], hook_path: str,
-               devices: tuple[str, ...] | None = None
+def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...],
+               hook_path: str = HOOK_NAME, devices: tuple[str, ...] | None = None
                ) -> tuple[Edits, list[tuple[list[str], Edits]]]:
     """The forms of the host's GPU and MIG devices (`devices`: their ids, as
     NVIDIA_VISIBLE_DEVICES names them; None: every one, NVML order) with every
     capability but compat32 (a CDI spec names no image, so it cannot place 32-bit
     libraries): (what every container gets whatever its devices, [(names, what the
-    device adds)]). Each is plan_container's form, on one discovery of them all."""
+    device adds)]). Each is plan_container's form, on one discovery of them all (hook_path:
+    the context's; the forms' own hooks are not part of a CDI spec)."""
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad or not strategies:
         raise CdiError(f"unknown device name strategy {(bad or [''])[0]!r} "

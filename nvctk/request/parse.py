@@ -245,6 +245,16 @@ def _vgpu_authority(spec: dict[str, Any]) -> tuple[tuple[str, str | None], ...]:
                         for k, v in present(annotations).items()))
 
 
+def _dra_grant(env: dict[str, str]) -> tuple[tuple[str, str | None], ...]:
+    """A DRA claim's share, from the claim's CDI spec (nvctk.vgpu.authority.DRA_ENV)."""
+    if "NVCTK_DRA_SHARE" not in env:
+        return ()  # the common case: nothing to import
+    from nvctk.vgpu.authority import dra_grant
+
+    grant = dra_grant(env)
+    return (grant,) if grant is not None else ()
+
+
 def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
     """The container's GPU request, or None when it is not a GPU container."""
     env = spec_env(spec)
@@ -301,7 +311,7 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         privileged=privileged,
         source=source,
         cdi_devices=cdi,
-        vgpu_authority=_vgpu_authority(spec),
+        vgpu_authority=_vgpu_authority(spec) + _dra_grant(env),
         env=env,
     )
 

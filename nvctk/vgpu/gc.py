@@ -159,7 +159,7 @@ def remove_state_dir(path: str, config: Config, *, only_ours: bool = True) -> bo
         pass
     detach_mounts(path)
     try:
-        _remove_tree(path)
+        remove_tree(path)
     except FileNotFoundError:  # removed meanwhile (a poststop and a collector): gone is gone
         pass
     unlink_marker(path)
@@ -169,7 +169,7 @@ def remove_state_dir(path: str, config: Config, *, only_ours: bool = True) -> bo
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _remove_tree(path: str) -> None:
+def remove_tree(path: str) -> None:
     """rm -rf path by dir fds, never following a link and never entering a directory
     of another file system or mount (a bind mount made after detach_mounts looked):
     shutil.rmtree would delete the host files such a mount shows."""

@@ -18,7 +18,13 @@ from support.deployments import DEPLOY, grafana_queries
 
 REPO = Path(__file__).resolve().parents[2]
 API = {"Pod": "v1", "ConfigMap": "v1", "DaemonSet": "apps/v1", "RuntimeClass": "node.k8s.io/v1",
-       "Service": "v1", "ServiceMonitor": "monitoring.coreos.com/v1"}
+       "Service": "v1", "ServiceMonitor": "monitoring.coreos.com/v1",
+       # the DRA plugin's (checked further by test_dra_deployments.py)
+       "ServiceAccount": "v1", "ClusterRole": "rbac.authorization.k8s.io/v1",
+       "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+       "ValidatingAdmissionPolicy": "admissionregistration.k8s.io/v1",
+       "ValidatingAdmissionPolicyBinding": "admissionregistration.k8s.io/v1",
+       "DeviceClass": "resource.k8s.io/v1", "ResourceClaimTemplate": "resource.k8s.io/v1"}
 
 
 def docs() -> list[tuple[str, dict[str, Any]]]:

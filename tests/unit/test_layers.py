@@ -4,7 +4,8 @@ whole package on the create path). AST only: nothing of nvctk is imported.
 
     base (+ _sys) <- oci <- edits (the form) <- request <- host <- plan
         <- spec, cdi, vgpu (beside each other) <- hook <- runtime (it serves the hook)
-        <- engines, k8s, sim, monitor (beside: each on the layers below it) <- cli
+        <- engines, k8s, sim, monitor (beside: each on the layers below it)
+        <- dra (the DRA plugin: it reuses k8s's health) <- cli
 
 nvctk.vgpu.limits and nvctk.vgpu.authority read what a container asks for (its limit
 variables, the node's share annotations) and sit with request.
@@ -25,7 +26,7 @@ PKG = Path(nvctk.__file__).parent
 LAYERS: dict[str, int] = {
     "base": 0, "oci": 1, "edits": 2, "request": 3, "host": 4, "plan": 5,
     "spec": 6, "cdi": 6, "vgpu": 6, "hook": 7, "runtime": 8,
-    "engines": 9, "k8s": 9, "sim": 9, "monitor": 9, "cli": 10,
+    "engines": 9, "k8s": 9, "sim": 9, "monitor": 9, "dra": 10, "cli": 11,
 }
 # packages of one layer that may import each other (the cycle test still holds them)
 SIBLINGS = frozenset({"spec", "cdi", "vgpu"})
