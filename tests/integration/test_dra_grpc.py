@@ -436,9 +436,10 @@ def test_a_share_gets_one_ledger_for_the_claim_and_a_grant(start: Start,
     """A 2 GiB, 25 % share of GPU 0: the claim's ledger (a tmpfs of its own: limits,
     cache) holds its caps; the spec only asks nvctk-runtime for the GPU, with the node's
     grant (MAC'd by the authority key) naming that ledger; unprepare removes both."""
+    from nvctk.base import mounts as mount
     from nvctk.vgpu import authority
+    from nvctk.vgpu import ledger as ledger_layout
     from nvctk.vgpu import limits as vgpu
-    from nvctk.vgpu.gc import mount
 
     g0 = sim_host.topology.gpus[0]
     src = MemoryClaims({("ns", "s"): claim("s", "uid-s", [result(
@@ -464,7 +465,7 @@ def test_a_share_gets_one_ledger_for_the_claim_and_a_grant(start: Start,
                for m in mount.read_mountinfo())
     got = vgpu.read_limits_file(os.path.join(ledger, "limits"), 1)
     assert (got.memory, got.sm) == ((2 << 30,), (25,))
-    assert os.path.getsize(os.path.join(ledger, "cache")) == vgpu.SHM_SIZE
+    assert os.path.getsize(os.path.join(ledger, "cache")) == ledger_layout.SHM_SIZE
     # a forged grant (another cap) does not verify
     forged = (grant[0], grant[1].replace(str(2 << 30), str(40 << 30)))  # type: ignore[union-attr]
     with pytest.raises(Exception, match="MAC does not verify"):
@@ -482,7 +483,7 @@ def _fds() -> int:
 def test_200_prepare_unprepare_cycles_leak_nothing(start: Start, sim_host: SimHost) -> None:
     """A whole-GPU claim and a share (its ledger a tmpfs) prepared and unprepared 200
     times over the sockets: no file, mount, fd, thread or child process is left."""
-    from nvctk.vgpu.gc import mount
+    from nvctk.base import mounts as mount
 
     src = MemoryClaims({
         ("ns", "w"): claim("w", "uid-w", [result("gpu-1")]),

@@ -584,7 +584,7 @@ def test_remove_tree_never_enters_another_mount(h: Host, tmp_path: Path) -> None
     subprocess.run(["mount", "--bind", str(victim), str(sub)], check=True)
     try:
         with pytest.raises(NvctkError, match="another file system"):
-            vgpu_gc._remove_tree(d)
+            vgpu_gc.remove_tree(d)
         assert (victim / "precious").read_text() == "keep me"
         assert os.path.isdir(sub) and not os.path.exists(Path(d, "a", "file"))
         assert not os.path.lexists(Path(d, "link"))
@@ -759,7 +759,7 @@ def test_a_removal_cut_short_is_still_collected(h: Host) -> None:
         "from nvctk.vgpu import gc\n"
         "cfg = config.load()\n"
         "def die(path): raise SystemExit(9)  # killed once the mounts are gone\n"
-        "gc._remove_tree = die\n"
+        "gc.remove_tree = die\n"
         f"gc.remove_state_dir({d!r}, cfg, only_ours=False)\n")
     r = subprocess.run([sys.executable, "-c", script], env=h.env(), capture_output=True,
                        text=True, timeout=60)
