@@ -125,7 +125,14 @@ extern __thread int vgpu_nested __attribute__((tls_model("initial-exec")));
 
 /* ---- devices.c: this process's devices, attach, the state machine ---- */
 enum { ST_UNINIT = 0, ST_PASS = 1, ST_ACTIVE = 2, ST_ERROR = -1 };
-extern int g_state;
+/* The state lives in a page the kernel wipes in any forked child
+ * (MADV_WIPEONFORK; a static int where the kernel lacks it): a child made by
+ * fork(), glibc's or the raw system call, reads ST_UNINIT and takes the slow
+ * path, which finds it is not the process that attached (vgpu_forked). */
+extern int *vgpu_statep;
+#define g_state (*vgpu_statep)
+extern int vgpu_wipe_ok; /* the state page is wiped on fork: no pid check needed on fast paths */
+int vgpu_fork_check(void); /* 1 (after making it a new, unattached process) in a forked child */
 extern int g_launch_fast; /* launches need no gating: tail-call the real one */
 int vgpu_enter_slow(int call_cuinit);
 static inline int vgpu_enter(void) {
@@ -209,7 +216,7 @@ uint64_t proc_start_time(pid_t pid);
 #define LEDGER_NWIN VGPU_MAX_DEV
 int ledger_open(void);
 int ledger_claim(void);
-void ledger_atfork_child(void);
+void ledger_forked_child(void); /* a forked child holds nothing of its parent's */
 void ledger_attached(int on);
 int win_of(int idx);
 uint64_t cap_of(const struct ldev *ld);

@@ -485,9 +485,12 @@ void shm_detach(void) {
 }
 
 
-/* a forked child holds no slot (its copy of the descriptor shares the parent's locks) */
+/* a forked child holds no slot; its copy of the descriptor shares the
+ * parent's locks (its data lock would be the parent's), so it is closed */
 void shm_atfork_child(void) {
     pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
     data_mu = init;
     my_slot = -1;
+    if (cache_fd >= 0) close(cache_fd);
+    cache_fd = -1;
 }

@@ -22,13 +22,6 @@ static uint64_t est_epoch = 1;
 static uint64_t key_mul[5] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull,
                               0xff51afd7ed558ccdull, 0xc4ceb9fe1a85ec53ull}; /* secret odd multipliers */
 
-void sm_atfork_child(void) {
-    pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
-    tok_mu = init;
-    sm_mu = init;
-    rng_s = 0; /* reseeded: a child does not repeat its parent's draws */
-    __atomic_add_fetch(&vgpu_ctx_gen, 1, __ATOMIC_RELAXED); /* no context survives fork */
-}
 
 static unsigned sm_of(const struct ldev *ld) {
     unsigned pct = ld->sm, c2 = adv_sm_of((int)(ld - ldevs));
@@ -386,6 +379,16 @@ static void retire_oldest(void) {
  * with nothing in flight and the bucket negative, it sleeps until it refills. */
 static int sm_gate(const struct ldev *ld, unsigned pct) {
     int li = (int)(ld - ldevs);
+    if (UNLIKELY(!vgpu_wipe_ok)) vgpu_fork_check(); /* no wiped state page: the pid decides */
+    if (UNLIKELY(my_slot < 0)) {
+        /* a forked child of a process that attached (or a launch after exit
+         * began): it has no part of the share; fail closed */
+        static int told;
+        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+            vgpu_log(VGPU_LOG_ERROR, "%s: a forked child of a process using the GPU: launches under the SM limit are "
+                     "refused", ld->uuid);
+        return -1;
+    }
     for (;;) {
         int64_t ch[VGPU_LDEV_MAX] = {0};
         uint64_t cnt[VGPU_LDEV_MAX] = {0};
@@ -491,6 +494,23 @@ static inline __attribute__((always_inline)) struct smf sm_fast(const struct lde
     }
     r.f = SMF_DONE;
     return r;
+}
+
+/* A forked child (ledger_forked_child): nothing of its parent's bucket,
+ * launches in flight or events (they are the parent's); with no slot, its
+ * SM-limited launches are refused at the gate. */
+void sm_atfork_child(void) {
+    pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
+    tok_mu = init;
+    sm_mu = init;
+    rng_s = 0; /* reseeded: a child does not repeat its parent's draws */
+    __atomic_add_fetch(&vgpu_ctx_gen, 1, __ATOMIC_RELAXED); /* no context survives fork */
+    memset(smloc, 0, sizeof smloc);
+    memset(pools, 0, sizeof pools);
+    memset(pend_n, 0, sizeof pend_n);
+    memset(pend_unknown, 0, sizeof pend_unknown);
+    ring_head = ring_n = 0;
+    sm_fast_ok = 0; /* every launch takes the gate */
 }
 
 /* One gated launch in progress. */
