@@ -57,6 +57,7 @@ struct smloc {
     int64_t stats_tokens;       /* tokens at the last statistics update */
     uint64_t earned;            /* tokens earned since then (busy = stats_tokens + earned - tokens) */
     uint64_t launches;          /* launches not yet in the file (statistics) */
+    uint64_t pub_debt;          /* the debt last published in this process's slot (slot_debt_publish) */
 };
 static struct smloc smloc[VGPU_LDEV_MAX];
 
@@ -78,6 +79,17 @@ static void sm_stats(int li, uint64_t now) {
     if (cache_read(&img, sizeof img, 0) == 0 && hdr_valid(&img.h)) {
         struct vgpu_shm_dev *d = &img.devs[ld->ce];
         d->busy_ns += busy > 0 ? (uint64_t)busy : 0;
+        if (d->sm_debt_ns) {
+            /* exited processes' debt: this process takes it over (it repays
+             * it from its own part; a slot freed later hands it on again) */
+            int64_t take = (int64_t)(d->sm_debt_ns > VGPU_SM_DEBT_MAX_NS ? VGPU_SM_DEBT_MAX_NS : d->sm_debt_ns);
+            tok_add(L, -take);
+            t -= take;
+            L->stats_tokens -= take; /* not this process's busy time */
+            d->sm_debt_ns = 0;
+            vgpu_log(VGPU_LOG_DEBUG, "%s: took over %lld ns of SM debt from exited processes", ld->uuid,
+                     (long long)take);
+        }
         uint64_t n = __atomic_exchange_n(&L->launches, 0, __ATOMIC_RELAXED);
         d->launches += n;
         d->last_ns = now;
@@ -90,6 +102,17 @@ static void sm_stats(int li, uint64_t now) {
         adv_sm_set(li, d->sm_pct); /* only ever tightens (sm_of) */
     }
     data_unlock();
+    uint64_t owe = t < 0 ? (uint64_t)-t : 0;
+    if (owe != L->pub_debt && L->pub_debt != UINT64_MAX && slot_debt_publish(ld->ce, owe) == 0) L->pub_debt = owe;
+}
+
+/* Publishes the process's debt on li when it grew past what its slot says
+ * (tok_mu held): were the process to end now, without its destructor, the
+ * next one still repays it. Cheap when nothing grew (no system call). */
+static void sm_owe(int li, int64_t t) {
+    struct smloc *L = &smloc[li];
+    if (t >= 0 || (uint64_t)-t <= L->pub_debt) return;
+    if (slot_debt_publish(ldevs[li].ce, (uint64_t)-t) == 0) L->pub_debt = (uint64_t)-t;
 }
 
 /* Re-counts the container's launching processes on the device (tok_mu
@@ -143,9 +166,26 @@ static int64_t sm_account(const struct ldev *ld, unsigned pct, int64_t corr, uin
     if (t != SM_BROKEN) {
         sm_refill(L, now);
         t = tok_get(L);
+        sm_owe(li, t);
     }
     pthread_mutex_unlock(&tok_mu);
     return t;
+}
+
+/* A launch of unknown cost begins (start: 1) or has been charged (0): the
+ * slot says "in flight since now" — a process that ends meanwhile owes the
+ * time since — then the debt as it is. */
+static void sm_unknown_mark(int li, int start) {
+    struct smloc *L = &smloc[li];
+    pthread_mutex_lock(&tok_mu);
+    if (start) {
+        if (slot_debt_publish(ldevs[li].ce, VGPU_SM_DEBT_INFLIGHT | now_ns()) == 0) L->pub_debt = UINT64_MAX;
+    } else {
+        int64_t t = tok_get(L);
+        uint64_t owe = t < 0 ? (uint64_t)-t : 0;
+        if (slot_debt_publish(ldevs[li].ce, owe) == 0) L->pub_debt = owe;
+    }
+    pthread_mutex_unlock(&tok_mu);
 }
 
 /* This process's part of the GPU, parts per million (for the gate's sleep). */
@@ -195,9 +235,19 @@ static inline uint64_t coarse_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* A completed timed launch of `key` took ns (sm_mu held): its charge, the
- * floor updated. w: untimed launches of the key since its previous timed one. */
+/* A completed timed launch of `key` took ns (sm_mu held): it is charged
+ * what it took, and the key's estimate — what its untimed launches are
+ * charged — learns from it: it rises a quarter of the way to a longer run at
+ * once and falls a sixteenth of the way to a shorter one. So a shape whose
+ * runs are alternately cheap and expensive is priced near its expensive runs,
+ * never its cheapest (a floor was steerable: one kernel launched alternately
+ * cheap and expensive was charged near the cheap cost), and one that really
+ * got longer is followed within a few samples. Elapsed time also contains
+ * what the GPU ran for others meanwhile (time-slicing; on the simulator,
+ * waiting for the serialised device): that is charged too — conservative.
+ * w: untimed launches of the key since its previous timed one (statistics). */
 static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
+    (void)w;
     struct est *e = &est_cache[est_slot(key)];
     uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED);
     if (e->key != key || !f1) {
@@ -209,20 +259,10 @@ static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
         return ns;
     }
     uint64_t f = f1 - 1;
-    if (ns <= f) {
-        __atomic_store_n(&e->floor1, ns + 1, __ATOMIC_RELAXED);
-        return ns;
-    }
-    /* creep up by 1/64 of the excess, at most 1/256 of the floor, per launch
-     * this sample stands for: jitter of a few us does not lift it, a kernel
-     * that got longer is followed; never past the sample itself */
-    if (w < 1) w = 1;
-    if (w > 256) w = 256;
-    uint64_t ex = ns - f, up = (ex >> 6) * w, lim = (f >> 8) * w;
-    if (up > lim) up = lim;
-    if (up >= ex) up = ex - 1;
-    __atomic_store_n(&e->floor1, f + up + 2, __ATOMIC_RELAXED);
-    return f;
+    if (ns > f) f += (ns - f + 3) / 4;
+    else f -= (f - ns) / 16;
+    __atomic_store_n(&e->floor1, f + 1, __ATOMIC_RELAXED);
+    return ns;
 }
 
 /* The key's floor (0 unknown), and its weight taken (sm_mu held). */
@@ -479,8 +519,8 @@ static inline __attribute__((always_inline)) struct smf sm_fast(const struct lde
     uint64_t now = coarse_ns();
     struct est *e = &est_cache[est_slot(key)];
     uintptr_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
-    uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED), tk = __atomic_load_n(&e->tick, __ATOMIC_RELAXED);
-    if (k != key || !f1 || tk != now || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return r;
+    uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED);
+    if (k != key || !f1 || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return r;
     if ((rng_next() >> 32) % SM_SAMPLE_EVERY == 0) return r; /* 1 in 64, unpredictable */
     if (UNLIKELY(__atomic_load_n(&sm_capture, __ATOMIC_RELAXED)) && sm_capturing(s)) return r;
     __atomic_store_n(&e->count, __atomic_load_n(&e->count, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
@@ -580,6 +620,10 @@ static int sm_begin(struct sm_launch *L, const struct ldev *ld, unsigned pct, CU
     tok_add(&smloc[r->li], -(int64_t)r->est); /* charged its estimate now, corrected when it completes */
     __atomic_add_fetch(&smloc[r->li].launches, 1, __ATOMIC_RELAXED);
     if (!ok) return 1;
+    if (!r->est) { /* unknown cost: waited for in sm_end */
+        sm_unknown_mark(r->li, 1);
+        L->t0 = now_ns();
+    }
     if (EV_RECORD(r->start, s) != CUDA_SUCCESS) {
         pthread_mutex_lock(&sm_mu);
         ev_put(ctx, r->start);
@@ -602,6 +646,8 @@ static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
             pthread_mutex_unlock(&sm_mu);
             sm_account(L->ld, sm_of(L->ld), (int64_t)ns, 0);
         }
+        int li = (int)(L->ld - ldevs);
+        if (__atomic_load_n(&smloc[li].pub_debt, __ATOMIC_RELAXED) == UINT64_MAX) sm_unknown_mark(li, 0);
         return;
     }
     if (lr != CUDA_SUCCESS || EV_RECORD(r->end, s) != CUDA_SUCCESS) {
@@ -610,6 +656,22 @@ static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
         ev_put(r->ctx, r->start); /* re-recording reuses them */
         ev_put(r->ctx, r->end);
         pthread_mutex_unlock(&sm_mu);
+        if (!r->est) sm_unknown_mark(r->li, 0);
+        return;
+    }
+    if (!r->est) {
+        /* a launch of unknown cost is never free: waited for and charged
+         * before the call returns (and published: the process may end next) */
+        int64_t ch[VGPU_LDEV_MAX] = {0};
+        uint64_t cnt[VGPU_LDEV_MAX] = {0};
+        CUresult q = EV_SYNC(r->end);
+        pthread_mutex_lock(&sm_mu);
+        rec_charge(r, q, ch, cnt);
+        pthread_mutex_unlock(&sm_mu);
+        flush_charges(ch, cnt);
+        if (q != CUDA_SUCCESS) /* not timed by its events: the time it was waited for */
+            sm_account(L->ld, sm_of(L->ld), (int64_t)(now_ns() - L->t0), 0);
+        sm_unknown_mark(r->li, 0);
         return;
     }
     for (;;) {
@@ -727,7 +789,19 @@ static uintptr_t graph_key(CUgraphExec g) {
         __atomic_add_fetch(&est_epoch, 1, __ATOMIC_RELAXED);            \
         return r;                                                       \
     }
-EPOCH_HOOK(cuGraphExecDestroy, (CUgraphExec g), (g))
+/* an instantiated graph destroyed: its epoch moves, its graph allocations are credited */
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec g) {
+    __atomic_add_fetch(&est_epoch, 1, __ATOMIC_RELAXED);
+    if (!REAL(cuGraphExecDestroy) && vgpu_enter() != ST_ERROR && !REAL(cuGraphExecDestroy)) return CUDA_ERROR_NOT_FOUND;
+    CUresult r = REAL(cuGraphExecDestroy)(g);
+    __atomic_add_fetch(&est_epoch, 1, __ATOMIC_RELAXED);
+    if (r == CUDA_SUCCESS && !vgpu_nested) gexec_release(g);
+    return r;
+}
+/* the legacy launches' block shape and shared memory are the function's
+ * state: a change makes every key new (a small shape never prices a big one) */
+EPOCH_HOOK(cuFuncSetBlockShape, (CUfunction f, int x, int y, int z), (f, x, y, z))
+EPOCH_HOOK(cuFuncSetSharedSize, (CUfunction f, unsigned bytes), (f, bytes))
 EPOCH_HOOK(cuModuleUnload, (CUmodule m), (m))
 EPOCH_HOOK(cuLibraryUnload, (void *l), (l))
 EPOCH_HOOK(cuGraphExecUpdate, (CUgraphExec g, void *graph, void *node, void *res), (g, graph, node, res))
@@ -849,3 +923,67 @@ LAUNCH(cuLaunchCooperativeKernel_ptsz, kern_key(f, gx, gy, gz, bx, by, bz, shm_)
 LAUNCH(cuGraphLaunch, graph_key(g), s, (CUgraphExec g, CUstream s), (g, s))
 LAUNCH(cuGraphLaunch_ptsz, graph_key(g), PTSZ(s), (CUgraphExec g, CUstream s), (g, s))
 
+/* The legacy launches (a grid of w x h blocks of the function's block shape,
+ * set by cuFuncSetBlockShape: an epoch hook above). Their keys carry a block
+ * of 0, which no cuLaunchKernel has. */
+LAUNCH(cuLaunch, kern_key(f, 1, 1, 1, 0, 0, 0, 0), NULL, (CUfunction f), (f))
+LAUNCH(cuLaunchGrid, kern_key(f, (unsigned)w, (unsigned)h, 1, 0, 0, 0, 0), NULL, (CUfunction f, int w, int h),
+       (f, w, h))
+LAUNCH(cuLaunchGridAsync, kern_key(f, (unsigned)w, (unsigned)h, 1, 0, 0, 0, 0), s,
+       (CUfunction f, int w, int h, CUstream s), (f, w, h, s))
+
+/* The device of a stream's context (NULL stream: the current context's);
+ * NULL: let the driver refuse; LD_REFUSE: cannot tell (fail closed). */
+static const struct ldev *stream_ldev(CUstream s) {
+    if (!s || s == CU_STREAM_PER_THREAD || s == (CUstream)(uintptr_t)1 /* legacy */) return cur_ldev();
+    typedef CUresult (*sctx_t)(CUstream, CUcontext *);
+    typedef CUresult (*push_t)(CUcontext);
+    typedef CUresult (*pop_t)(CUcontext *);
+    typedef CUresult (*getdev_t)(CUdevice *);
+    CUcontext c = NULL, popped;
+    CUdevice d;
+    if (!real_x[X_cuStreamGetCtx] || !real_x[X_cuCtxPushCurrent_v2] || !real_x[X_cuCtxPopCurrent_v2])
+        return LD_REFUSE;
+    if (HELP(cuStreamGetCtx, sctx_t)(s, &c) != CUDA_SUCCESS || !c) return NULL;
+    if (HELP(cuCtxPushCurrent_v2, push_t)(c) != CUDA_SUCCESS) return LD_REFUSE;
+    CUresult r = HELP(cuCtxGetDevice, getdev_t)(&d);
+    HELP(cuCtxPopCurrent_v2, pop_t)(&popped);
+    return r == CUDA_SUCCESS ? ldev_for(d) : LD_REFUSE;
+}
+
+/* Several devices' launches in one call: each entry is gated and charged on
+ * its stream's device as a launch of its own (events on its stream). */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned n, unsigned flags) {
+    if (!REAL(cuLaunchCooperativeKernelMultiDevice) && vgpu_enter() != ST_ERROR &&
+        !REAL(cuLaunchCooperativeKernelMultiDevice))
+        return CUDA_ERROR_NOT_FOUND;
+    if (__atomic_load_n(&g_launch_fast, __ATOMIC_RELAXED) || vgpu_nested)
+        return REAL(cuLaunchCooperativeKernelMultiDevice)(list, n, flags);
+    int st = vgpu_enter();
+    if (st == ST_ERROR) return CUDA_ERROR_NOT_INITIALIZED;
+    if (st != ST_ACTIVE || !list || !n) return NESTED(REAL(cuLaunchCooperativeKernelMultiDevice)(list, n, flags));
+    if (n > VGPU_LDEV_MAX) return CUDA_ERROR_NOT_PERMITTED; /* more devices than libvgpu accounts for */
+    struct sm_launch L[VGPU_LDEV_MAX];
+    int go[VGPU_LDEV_MAX];
+    for (unsigned i = 0; i < n; i++) {
+        const CUDA_LAUNCH_PARAMS *p = &list[i];
+        const struct ldev *ld = stream_ldev(p->hStream);
+        unsigned pct = ld && ld != LD_REFUSE ? sm_of(ld) : 0;
+        go[i] = 0;
+        if (ld == LD_REFUSE && cfg.sm_any && cfg.sm_any < 100) go[i] = -1;
+        else if (pct)
+            go[i] = sm_begin(&L[i], ld, pct, p->hStream,
+                             kern_key(p->function, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                                      p->blockDimZ, p->sharedMemBytes),
+                             (struct smf){SMF_NONE, 0});
+        if (go[i] < 0) { /* refused: the entries gated so far ran nothing */
+            for (unsigned k = 0; k < i; k++)
+                if (go[k] > 0) sm_end(&L[k], list[k].hStream, CUDA_ERROR_NOT_PERMITTED);
+            return CUDA_ERROR_NOT_PERMITTED;
+        }
+    }
+    CUresult r = NESTED(REAL(cuLaunchCooperativeKernelMultiDevice)(list, n, flags));
+    for (unsigned i = 0; i < n; i++)
+        if (go[i] > 0) sm_end(&L[i], list[i].hStream, r);
+    return r;
+}
