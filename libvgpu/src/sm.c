@@ -31,7 +31,7 @@ static unsigned sm_of(const struct ldev *ld) {
 
 #define SM_BROKEN INT64_MIN /* the share cannot be established: gated launches are refused */
 #define SM_SYNC_NS 2000000ull /* the split of the share is re-counted at least this often */
-#define SM_STATS_NS 50000000ull /* statistics reach the accounting file at least this often */
+#define SM_STATS_NS 500000000ull /* statistics reach the accounting file at most this often (and at exit) */
 
 /* Each process's bucket is its own: it earns the process's part of the
  * container's share — the share divided by the container's processes
@@ -58,6 +58,7 @@ struct smloc {
     uint64_t earned;            /* tokens earned since then (busy = stats_tokens + earned - tokens) */
     uint64_t launches;          /* launches not yet in the file (statistics) */
     uint64_t pub_debt;          /* the debt last published in this process's slot (slot_debt_publish) */
+    uint64_t pres_until;        /* the end of the epoch its presence marker is on (atomic; read by the fast path) */
 };
 static struct smloc smloc[VGPU_LDEV_MAX];
 
@@ -126,6 +127,7 @@ static int64_t sm_sync(int li, unsigned pct, uint64_t now) {
     __atomic_store_n(&L->sync_ns, 0, __ATOMIC_RELAXED); /* until this one succeeds */
     if (ledger_presence(ld->e, epoch) != 0 || ledger_presence_census(ld->e, epoch, &others) != 0) return SM_BROKEN;
     L->rate_ppm = (uint64_t)pct * 10000 / (others + 1);
+    __atomic_store_n(&L->pres_until, (epoch + 1) * (uint64_t)VGPU_SM_PRES_EPOCH_NS, __ATOMIC_RELAXED);
     if (!L->last_ns) L->last_ns = now;
     if (now - L->stats_ns >= SM_STATS_NS) sm_stats(li, now);
     __atomic_store_n(&L->sync_ns, now ? now : 1, __ATOMIC_RELEASE);
@@ -220,10 +222,32 @@ void sm_return_all(void) {
 #define EST_SLOTS 256
 static struct est {
     uintptr_t key;
-    uint64_t floor1; /* floor + 1; 0 = none yet */
-    uint64_t tick;   /* coarse clock at its last timed launch */
+    uint64_t floor1; /* what an untimed launch is charged (its price) + 1; 0 = none yet */
+    uint64_t thr;    /* the fast path times a launch when its 32-bit draw is below this (sm_sample_thr) */
     uint64_t count;  /* untimed launches since (racy: a weight, and statistics) */
+    uint64_t nsamp;  /* timed launches of the key so far */
+    uint64_t lo;     /* the floor: the smallest elapsed time, relaxed upwards (sm_mu) */
+    uint64_t mean;   /* the samples' running mean (sm_mu) */
 } est_cache[EST_SLOTS];
+
+/* The chance that a launch of a key is timed, as a 32-bit threshold on the
+ * fast path's random draw: high at first (a half, halving every 4 samples:
+ * a new key's runs are measured closely, so a program that makes its first
+ * runs cheap is caught early), then as low as the timing's cost allows — a
+ * timed launch costs two event records and the slow path (~3 us on the
+ * simulator, more on a GPU), so a key is timed about as often as keeps that
+ * cost near 1/64 of its own device time, between 1 in 16 and 1 in 1024. The
+ * draw is random per launch, independent of time and of bursts: a program
+ * cannot tell in advance which launch is timed, and the first launch after an
+ * idle gap is no likelier than any other. */
+#define SM_TIME_COST_NS 4000ull
+static uint64_t sm_sample_thr(uint64_t est, uint64_t nsamp) {
+    uint64_t want = est >= (1ull << 30) ? (1ull << 32) : (est << 32) / (est + 64 * SM_TIME_COST_NS);
+    if (want > (1ull << 32) / 16) want = (1ull << 32) / 16;
+    if (want < (1ull << 32) / 1024) want = (1ull << 32) / 1024;
+    uint64_t early = nsamp / 4 >= 31 ? 0 : (1ull << 31) >> (nsamp / 4);
+    return want > early ? want : early;
+}
 
 static unsigned est_slot(uintptr_t key) { return (unsigned)((key >> 4) ^ (key >> 12)) & (EST_SLOTS - 1); }
 
@@ -235,42 +259,64 @@ static inline uint64_t coarse_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* A completed timed launch of `key` took ns (sm_mu held): it is charged
- * what it took, and the key's estimate — what its untimed launches are
- * charged — learns from it: it rises a quarter of the way to a longer run at
- * once and falls a sixteenth of the way to a shorter one. So a shape whose
- * runs are alternately cheap and expensive is priced near its expensive runs,
- * never its cheapest (a floor was steerable: one kernel launched alternately
- * cheap and expensive was charged near the cheap cost), and one that really
- * got longer is followed within a few samples. Elapsed time also contains
- * what the GPU ran for others meanwhile (time-slicing; on the simulator,
- * waiting for the serialised device): that is charged too — conservative.
- * w: untimed launches of the key since its previous timed one (statistics). */
+/* A completed timed launch of `key` took ns (sm_mu held): its charge, and
+ * the key's price for its untimed launches. Between its events a kernel's
+ * elapsed time also holds what the GPU ran for others meanwhile (time-slicing;
+ * on the simulator, waiting for the serialised device) and launch overhead:
+ * both only add. So per key libvgpu keeps a floor — the smallest elapsed time,
+ * relaxed upwards on each longer one (by 1/64 of the excess, at most 1/256 of
+ * the floor, per launch the sample stands for) so that it follows a kernel
+ * that really got longer — and prices launches at the floor, timed ones at
+ * min(elapsed, floor): time behind neighbours is not charged (what separates
+ * a 30/70 split cleanly). But a floor alone could be steered: one kernel
+ * launched alternately cheap and expensive was charged near its cheap cost.
+ * So the samples' running mean (1/8 per sample) is kept too, and a key whose
+ * mean passes 1.5 times its floor — more than waiting behind neighbours adds
+ * on the simulator's tests — is *dispersed*: every launch of it is timed and
+ * charged its whole elapsed time (its untimed launches, none once the draw
+ * says so, the mean), until its mean comes back under. A program can gain at
+ * most that factor by mixing runs of one shape.
+ * w: untimed launches of the key since its previous timed one. */
 static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
-    (void)w;
     struct est *e = &est_cache[est_slot(key)];
     uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED);
     if (e->key != key || !f1) {
         __atomic_store_n(&e->key, 0, __ATOMIC_RELEASE); /* readers see no half-written entry */
         __atomic_store_n(&e->floor1, ns + 1, __ATOMIC_RELAXED);
         __atomic_store_n(&e->count, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->tick, coarse_ns(), __ATOMIC_RELAXED);
+        e->nsamp = 1;
+        e->lo = e->mean = ns;
+        __atomic_store_n(&e->thr, sm_sample_thr(ns, 1), __ATOMIC_RELAXED);
         __atomic_store_n(&e->key, key, __ATOMIC_RELEASE);
         return ns;
     }
-    uint64_t f = f1 - 1;
-    if (ns > f) f += (ns - f + 3) / 4;
-    else f -= (f - ns) / 16;
-    __atomic_store_n(&e->floor1, f + 1, __ATOMIC_RELAXED);
-    return ns;
+    uint64_t f = e->lo, charge = ns < f ? ns : f, n = ++e->nsamp;
+    if (ns <= f) {
+        f = ns;
+    } else {
+        /* creep up by 1/64 of the excess, at most 1/256 of the floor, per
+         * launch this sample stands for; never past the sample itself */
+        if (w < 1) w = 1;
+        if (w > 256) w = 256;
+        uint64_t ex = ns - f, up = (ex >> 6) * w, lim = (f >> 8) * w;
+        if (up > lim) up = lim;
+        if (up >= ex) up = ex - 1;
+        f += up;
+    }
+    e->lo = f;
+    e->mean = ns >= e->mean ? e->mean + (ns - e->mean + 7) / 8 : e->mean - (e->mean - ns) / 8;
+    int dispersed = e->mean * 2 > f * 3;
+    uint64_t price = dispersed ? e->mean : f;
+    __atomic_store_n(&e->floor1, price + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->thr, dispersed ? 1ull << 32 : sm_sample_thr(price, n), __ATOMIC_RELAXED);
+    return dispersed ? ns : charge;
 }
 
 /* The key's floor (0 unknown), and its weight taken (sm_mu held). */
-static uint64_t est_take(uintptr_t key, uint64_t *w, uint64_t tick) {
+static uint64_t est_take(uintptr_t key, uint64_t *w) {
     struct est *e = &est_cache[est_slot(key)];
     if (e->key != key) return *w = 0, 0;
     *w = __atomic_exchange_n(&e->count, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->tick, tick, __ATOMIC_RELAXED);
     uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED);
     return f1 ? f1 - 1 : 0;
 }
@@ -462,13 +508,8 @@ static int sm_gate(const struct ldev *ld, unsigned pct) {
 
 /* ---- the fast path: most launches are charged their shape's estimate ---- */
 
-/* Which launches are timed: the first of a key, the first of each coarse tick
- * (1-4 ms) per key, and 1 in SM_SAMPLE_EVERY at random — an unpredictable
- * choice (per-thread xorshift seeded from getrandom), so a container cannot
- * arrange that only cheap runs of a shape are timed. */
-#ifndef SM_SAMPLE_EVERY
-#define SM_SAMPLE_EVERY 64
-#endif
+/* Which launches are timed: the first of a key (waited for: its cost is
+ * unknown), then each at random by the per-thread draw (sm_sample_thr). */
 
 static uint64_t rng_seed(void) {
     uint64_t s = 0;
@@ -519,15 +560,20 @@ static inline __attribute__((always_inline)) struct smf sm_fast(const struct lde
     uint64_t now = coarse_ns();
     struct est *e = &est_cache[est_slot(key)];
     uintptr_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
-    uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED);
+    uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED), thr = __atomic_load_n(&e->thr, __ATOMIC_RELAXED);
     if (k != key || !f1 || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return r;
-    if ((rng_next() >> 32) % SM_SAMPLE_EVERY == 0) return r; /* 1 in 64, unpredictable */
+    if ((rng_next() >> 32) < thr) return r; /* timed: random, unpredictable (sm_sample_thr) */
     if (UNLIKELY(__atomic_load_n(&sm_capture, __ATOMIC_RELAXED)) && sm_capturing(s)) return r;
     __atomic_store_n(&e->count, __atomic_load_n(&e->count, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
     r.est = (int64_t)(f1 - 1);
     r.f = SMF_GATE;
+    /* Its presence marker must be on the current epoch (the others count it:
+     * renewed by the slow path's re-count, at most once an epoch, 100 ms). A
+     * stale count of the split does not matter here: the fast path only
+     * spends tokens already earned; refills, and the re-count at their rate,
+     * are the slow path's. */
     uint64_t sy = __atomic_load_n(&L->sync_ns, __ATOMIC_ACQUIRE);
-    if (!sy || (int64_t)(now - sy) >= (int64_t)SM_SYNC_NS) return r; /* a re-count is due */
+    if (!sy || now >= __atomic_load_n(&L->pres_until, __ATOMIC_RELAXED)) return r;
     if (__atomic_sub_fetch(&L->tokens, r.est, __ATOMIC_RELAXED) < 0) {
         tok_add(L, r.est); /* in debt: the gate waits */
         return r;
@@ -608,7 +654,7 @@ static int sm_begin(struct sm_launch *L, const struct ldev *ld, unsigned pct, CU
         ev_put(ctx, r->start);
         ok = 0;
     }
-    r->est = est_take(key, &r->w, coarse_ns());
+    r->est = est_take(key, &r->w);
     n_timed++;
     pthread_mutex_unlock(&sm_mu);
     static int seeded;
