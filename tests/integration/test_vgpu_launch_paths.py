@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"
 import harness as H
 
 from nvctk.sim.state import read_state
-from support.libvgpu import CU_PRELUDE, driver_of, loop_share
+from support.libvgpu import CU_PRELUDE, LAUNCH_FOR, driver_of, loop_share
 
 MIB = H.MIB
 LIMIT = 25
@@ -71,12 +71,7 @@ else:
     lp = LP(fn, (C.c_uint * 7)(1, 1, 1, 1, 1, 1, 0), s, None)
     f = entry("cuLaunchCooperativeKernelMultiDevice", C.c_void_p, C.c_uint, C.c_uint)
     launch = lambda: must(f, C.byref(lp), 1, 0)
-end = time.monotonic() + seconds
-n = 0
-while time.monotonic() < end:
-    launch(); n += 1
-print(n)
-"""
+""" + LAUNCH_FOR
 
 
 @pytest.mark.slow
