@@ -34,6 +34,8 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> H.Driver:
 # cuGetProcAddress_v2 with a CUDA version (the CUDA runtime's way).
 RESOLVE = r"""
 how = sys.argv[1]
+if how == "link":  # a linked program has libcuda in its global scope, after the preloaded library
+    C.CDLL("libcuda.so.1", mode=C.RTLD_GLOBAL)
 glob = C.CDLL(None)
 def entry(name, *argtypes):
     if how == "dlsym":

@@ -2338,7 +2338,11 @@ CUAPI CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, un
 
 /* The legacy launches: the function's block shape and shared memory
  * (cuFuncSetBlockShape, cuFuncSetSharedSize), a grid of w x h blocks, no
- * parameters (cuParamSet* are not simulated: kernels that need them fail). */
+ * parameters (cuParamSet* are not simulated: kernels that need them fail).
+ * They and cuLaunchCooperativeKernelMultiDevice launch through the internal
+ * launch(), not the exported cuLaunchKernel: a real driver's entry points do
+ * not call each other through interposable symbols, so an interposer must
+ * wrap each of them. */
 CUAPI CUresult cuFuncSetBlockShape(CUfunction f, int x, int y, int z)
 {
     NEED_INIT();
@@ -2364,9 +2368,12 @@ CUAPI CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream hStream)
     struct func *fn = (struct func *)f;
     FAIL_IF(!fn || fn->magic != MAGIC_FUNC, CUDA_ERROR_INVALID_HANDLE);
     FAIL_IF(w <= 0 || h <= 0, CUDA_ERROR_INVALID_VALUE);
-    return cuLaunchKernel(f, (unsigned)w, (unsigned)h, 1, fn->block[0] ? fn->block[0] : 1,
-                          fn->block[1] ? fn->block[1] : 1, fn->block[2] ? fn->block[2] : 1, fn->shmem,
-                          hStream, NULL, NULL);
+    struct launch l = {.f = fn, .grid = {(unsigned)w, (unsigned)h, 1},
+                       .block = {fn->block[0] ? fn->block[0] : 1, fn->block[1] ? fn->block[1] : 1,
+                                 fn->block[2] ? fn->block[2] : 1},
+                       .shmem = fn->shmem};
+    CUresult r = decode_args(fn, NULL, NULL, &l.args);
+    return r ? r : launch(&l, hStream);
 }
 
 CUAPI CUresult cuLaunchGrid(CUfunction f, int w, int h)
@@ -2390,9 +2397,13 @@ CUAPI CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, un
         FAIL_IF(!list[i].hStream, CUDA_ERROR_INVALID_HANDLE); /* each needs its own stream */
     for (unsigned i = 0; i < n; i++) {
         const CUDA_LAUNCH_PARAMS *p = &list[i];
-        CUresult r = cuLaunchCooperativeKernel(p->function, p->gridDimX, p->gridDimY, p->gridDimZ,
-                                               p->blockDimX, p->blockDimY, p->blockDimZ,
-                                               p->sharedMemBytes, p->hStream, p->kernelParams);
+        struct func *fn = (struct func *)p->function;
+        FAIL_IF(!fn || fn->magic != MAGIC_FUNC, CUDA_ERROR_INVALID_HANDLE);
+        struct launch l = {.f = fn, .grid = {p->gridDimX, p->gridDimY, p->gridDimZ},
+                           .block = {p->blockDimX, p->blockDimY, p->blockDimZ}, .shmem = p->sharedMemBytes};
+        CUresult r = decode_args(fn, p->kernelParams, NULL, &l.args);
+        if (!r)
+            r = launch(&l, p->hStream);
         FAIL_IF(r, r);
     }
     return CUDA_SUCCESS;
