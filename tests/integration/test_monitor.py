@@ -211,11 +211,11 @@ def test_container_state_vanishing_mid_read(node: Node, tmp_path: Path) -> None:
     calls = []
     real = load_container
 
-    def vanish(root: str, cid: str, path: str, host):  # type: ignore[no-untyped-def]
+    def vanish(root: str, cid: str, path: str, host, engine):  # type: ignore[no-untyped-def]
         calls.append(cid)
         if len(calls) == 1:
             raise FileNotFoundError(path)
-        return real(root, cid, path, host)
+        return real(root, cid, path, host, engine)
 
     import nvctk.monitor.containers as mod
 
@@ -284,8 +284,9 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
 
 
 def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:
-    """Two more containers on the whole GPU 1 (time-sliced replicas: all three are
-    `shared`), an MPS share on GPU 0 (its thread percentage is its SM limit)."""
+    """Two more containers on the whole GPU 1 (time-sliced replicas: three shares, each
+    still the whole GPU it asked for), an MPS share on GPU 0 (its thread percentage is
+    its SM limit)."""
     g0, g1, _ = node.sim.topology.gpus
     hold = "vgpu_probe init ctx 0 alloc {} sleep 600000"
     started = [node.start({}, hold.format(50 * MIB), gpu=g1.uuid, wait_mem=50 * MIB)
@@ -302,7 +303,7 @@ def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:
             node.kill(cid)
     by_id = {c.id: c for c in snap.containers}
     on_g1 = [c for c in snap.containers if c.devices[0].gpu_uuid == g1.uuid]
-    assert len(on_g1) == 3 and {c.kind for c in on_g1} == {"shared"}
+    assert len(on_g1) == 3 and {c.kind for c in on_g1} == {"gpu"}
     mps = by_id[started[2]]
     assert mps.kind == "mps" and mps.devices[0].sm_limit == 0.5
     for cid in started:
@@ -364,7 +365,9 @@ def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
             kubelet = FakePodResources(sock, [{"name": "job-1", "namespace": "ml", "containers": [
                 {"name": "train", "devices": [{"resource_name": "nvidia.com/vgpu",
                                                "device_ids": [f"{g0.uuid}::3"]}]}]}])
-            col = Collector(node.sim.root, [node.runc_root], pod_resources=str(sock))
+            # containerd's keys name the Pod under a containerd root
+            col = Collector(node.sim.root, [f"containerd={node.runc_root}"],
+                            pod_resources=str(sock))
             try:
                 snap = col.collect()
                 assert kubelet.calls == 1
@@ -384,7 +387,8 @@ def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
             hang.listen(16)
             with caplog.at_level(logging.WARNING, logger="nvctk.monitor"):
                 for path in (hang_path, d / "absent.sock"):
-                    col = Collector(node.sim.root, [node.runc_root], pod_resources=str(path))
+                    col = Collector(node.sim.root, [f"containerd={node.runc_root}"],
+                                    pod_resources=str(path))
                     try:
                         (hung if path == hang_path else absent).extend(
                             col.collect() for _ in range(2))
