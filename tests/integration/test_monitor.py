@@ -23,7 +23,7 @@ import pytest
 
 from nvctk.monitor.collect import Collector
 from nvctk.monitor.containers import Discovery, load_container
-from support.monitor import MIB, Node, sim_counts, standard_containers
+from support.monitor import MIB, Node, serving, sim_counts, standard_containers
 
 # every test here shares a node of real runc containers (seconds to start): all slow;
 # tests/unit/test_monitor_parts.py has the quick ones
@@ -236,7 +236,7 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
     import threading
     import urllib.request
 
-    from nvctk.monitor.server import Monitor, make_server
+    from nvctk.monitor.server import Monitor
 
     col = Collector(node.sim.root, [node.runc_root])
     mon = Monitor(col, 0.2)
@@ -253,34 +253,24 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
         return real_scan(host, problem)
 
     col.discovery.scan = scan  # type: ignore[method-assign]
-    srv = make_server(mon, "127.0.0.1", 0)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        mon.start()
-        assert mon.wait_first(60)
-        assert stuck.wait(60)
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
-        for path in ("/metrics", "/api/snapshot", "/"):
-            # a scan stuck behind a hung runtime must not hold the answer (timeout=1)
-            with urllib.request.urlopen(url + path, timeout=1) as r:
-                body = r.read()
-            assert r.status == 200, path
-        text = body if path == "/" else b""
-        assert b"<title>nvctk GPU shares</title>" in text
-        with urllib.request.urlopen(url + "/metrics", timeout=1) as r:
-            metrics = r.read().decode()
-        for cid in node.expect:
-            assert f'container_id="{cid}"' in metrics
-        assert "nvctk_monitor_snapshot_age_seconds" in metrics
-    finally:
-        release.set()
-        mon.stop.set()
-        if mon.thread is not None:
-            mon.thread.join(30)
-        srv.shutdown()
-        srv.server_close()
-        col.close()
+    with serving(mon) as url:
+        try:
+            assert mon.wait_first(60)
+            assert stuck.wait(60)
+            for path in ("/metrics", "/api/snapshot", "/"):
+                # a scan stuck behind a hung runtime must not hold the answer (timeout=1)
+                with urllib.request.urlopen(url + path, timeout=1) as r:
+                    body = r.read()
+                assert r.status == 200, path
+            text = body if path == "/" else b""
+            assert b"<title>nvctk GPU shares</title>" in text
+            with urllib.request.urlopen(url + "/metrics", timeout=1) as r:
+                metrics = r.read().decode()
+            for cid in node.expect:
+                assert f'container_id="{cid}"' in metrics
+            assert "nvctk_monitor_snapshot_age_seconds" in metrics
+        finally:
+            release.set()
 
 
 def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:

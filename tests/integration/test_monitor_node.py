@@ -20,7 +20,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -34,26 +33,18 @@ import pytest
 from nvctk.base import config as nvconfig
 from nvctk.monitor.collect import Collector
 from nvctk.monitor.prom import render
-from support.monitor import MIB, REPO, RUNTIME, Node, sim_counts
+from support.monitor import HOLD, MIB, NODE_TESTS, NVCTK, REPO, RUNTIME, Node, node_in, serving, sim_counts
 from support.wait import until
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
-                                 reason="needs root (sim device nodes) and runc")]
+pytestmark = NODE_TESTS
 
-BIN = os.path.dirname(sys.executable)
-NVCTK = os.path.join(BIN, "nvctk")
-HOLD = "vgpu_probe init ctx 0 alloc {} sleep 600000"
 GIB = 1 << 30
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    n = Node(tmp_path_factory.mktemp("monitor-node"))
-    try:
+    with node_in(tmp_path_factory.mktemp("monitor-node")) as n:
         yield n
-    finally:
-        n.cleanup()
 
 
 def _series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
@@ -119,7 +110,7 @@ def _monitor_bundle(node: Node, port: int) -> Path:
 
 
 def test_the_monitor_in_its_gpu_container_counts_only_the_others(node: Node) -> None:
-    g0, g1, g2 = node.sim.topology.gpus
+    g1 = node.sim.topology.gpus[1]
     whole = node.start({}, HOLD.format(100 * MIB), gpu=g1.uuid, wait_mem=100 * MIB)
     share = node.start({"CUDA_DEVICE_MEMORY_LIMIT": "2g"}, HOLD.format(50 * MIB), gpu="0",
                        wait_mem=50 * MIB)
@@ -295,7 +286,7 @@ def test_one_id_under_two_runtime_roots_is_two_series(node: Node, tmp_path: Path
 def test_healthz_fails_once_collection_stalls(node: Node) -> None:
     """Healthy while snapshots come; 503 naming the stall once the latest is older than
     the limit, while /metrics still answers from it; healthy again when it resumes."""
-    from nvctk.monitor.server import Monitor, make_server
+    from nvctk.monitor.server import Monitor
 
     col = Collector(node.sim.root, [node.runc_root])
     mon = Monitor(col, 0.2, stale_after=1.0)
@@ -309,38 +300,28 @@ def test_healthz_fails_once_collection_stalls(node: Node) -> None:
         return real_scan(host, problem)
 
     col.discovery.scan = scan  # type: ignore[method-assign]
-    srv = make_server(mon, "127.0.0.1", 0)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    with serving(mon) as url:
 
-    def health() -> tuple[int, str]:
+        def health() -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+
         try:
-            with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-
-    try:
-        mon.start()
-        assert mon.wait_first(60)
-        until(lambda: health()[0] == 200, 30, "healthy")
-        stall.set()
-        code, why = until(lambda: (h := health())[0] == 503 and h, 60, "/healthz to fail")
-        assert "collection stalled" in why
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-            assert r.status == 200
-        stall.clear()
-        release.set()
-        until(lambda: health()[0] == 200, 60, "healthy again")
-    finally:
-        release.set()
-        mon.stop.set()
-        if mon.thread is not None:
-            mon.thread.join(30)
-        srv.shutdown()
-        srv.server_close()
-        col.close()
+            assert mon.wait_first(60)
+            until(lambda: health()[0] == 200, 30, "healthy")
+            stall.set()
+            _, why = until(lambda: (h := health())[0] == 503 and h, 60, "/healthz to fail")
+            assert "collection stalled" in why
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+                assert r.status == 200
+            stall.clear()
+            release.set()
+            until(lambda: health()[0] == 200, 60, "healthy again")
+        finally:
+            release.set()
 
 
 def test_top_fits_80_columns_and_a_pipe_with_every_figure_whole(node: Node) -> None:
