@@ -33,7 +33,18 @@ import pytest
 from nvctk.base import config as nvconfig
 from nvctk.monitor.collect import Collector
 from nvctk.monitor.prom import render
-from support.monitor import HOLD, MIB, NODE_TESTS, NVCTK, REPO, RUNTIME, Node, node_in, serving, sim_counts
+from support.monitor import (
+    HOLD,
+    MIB,
+    NODE_TESTS,
+    NVCTK,
+    REPO,
+    RUNTIME,
+    Node,
+    node_in,
+    serving,
+    sim_counts,
+)
 from support.wait import until
 
 pytestmark = NODE_TESTS
