@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"
 import harness as H
 
 from nvctk.sim.state import read_state
-from support.libvgpu import CU_PRELUDE, loop_share
+from support.libvgpu import CU_PRELUDE, LAUNCH_FOR, loop_share
 
 WARMUP, WINDOW = 1.5, 11.0
 
@@ -153,12 +153,7 @@ else:
     ok("cuGraphAddKernelNode_v2", C.byref(node), g, None, C.c_size_t(0), C.byref(knp))
     ok("cuGraphInstantiateWithFlags", C.byref(ge), g, C.c_ulonglong(0))
     launch = lambda: ok("cuGraphLaunch", ge, None)
-end = time.monotonic() + seconds
-n = 0
-while time.monotonic() < end:
-    launch(); n += 1
-print(n)
-"""
+""" + LAUNCH_FOR
 
 
 @pytest.mark.slow

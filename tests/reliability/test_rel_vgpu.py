@@ -4,7 +4,7 @@ processes hammering alloc/free, many started at once against one cap).
 
 Judged by an independent reader: the simulated GPU's own count of the memory in use, as
 its NVML reports it (dead processes reaped), never libvgpu's ledger;
-the ledger (nvctk.vgpu.limits.read_usage) must end at zero. After every kill round a newcomer
+the ledger (nvctk.vgpu.ledger.read_usage) must end at zero. After every kill round a newcomer
 must get the whole cap within a few seconds (no stall, no leaked usage): the failure
 HAMi-core shows when a process dies inside its start-up semaphore (every later process
 waits 330 s).
