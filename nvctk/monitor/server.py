@@ -17,25 +17,24 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from nvctk.monitor.collect import Collector, run_every
 from nvctk.monitor.model import Snapshot
-from nvctk.monitor.prom import SnapshotCollector
+from nvctk.monitor.prom import Exposition
 
 log = logging.getLogger("nvctk.monitor")
 
 
 class Monitor:
-    def __init__(self, collector: Collector, interval: float) -> None:
+    def __init__(self, collector: Collector, interval: float, compat: tuple[str, ...] = ()) -> None:
         self.collector = collector
         self.interval = interval
         self.latest: Snapshot | None = None
         self.stop = threading.Event()
         self.taken = threading.Condition()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(lambda: self.latest, time.time,
-                                                 lambda: dict(collector.errors_total)))
+        self.exposition = Exposition(compat, collector.host)
+        self._json: tuple[Snapshot | None, bytes] = (None, b"null")
         self.thread: threading.Thread | None = None
 
     def _take(self) -> None:
@@ -52,11 +51,15 @@ class Monitor:
             return self.taken.wait_for(lambda: self.latest is not None, timeout)
 
     def metrics(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.exposition.body(self.latest, time.time(), dict(self.collector.errors_total))
 
     def snapshot_json(self) -> bytes:
         snap = self.latest
-        return json.dumps(snap.to_dict() if snap else None).encode()
+        cached, body = self._json
+        if snap is not None and snap is not cached:  # once per snapshot, as /metrics
+            body = json.dumps(snap.to_dict()).encode()
+            self._json = (snap, body)
+        return body
 
 
 def dashboard_html() -> bytes:

@@ -902,7 +902,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
                                              nvmlProcessUtilizationSample_t *samples,
                                              unsigned *count, unsigned long long last_seen)
 {
-    struct nvsim_proc procs[NVSIM_MAX_PROCS]; /* 28 KiB of stack, no TLS or heap */
+    struct nvsim_proc procs[NVSIM_MAX_PROCS]; /* 70 KiB of stack, no TLS or heap */
     unsigned idx[NVSIM_MAX_PROCS], pids[NVSIM_MAX_PROCS], util[NVSIM_MAX_PROCS];
     struct nvsim_state *st;
     unsigned n, k = 0;

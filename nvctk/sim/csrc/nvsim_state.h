@@ -26,9 +26,9 @@
 #pragma GCC visibility push(hidden)
 
 #define NVSIM_STATE_MAGIC 0x4e565349u /* "NVSI" */
-#define NVSIM_STATE_VERSION 3u /* 3: per-process utilization history */
+#define NVSIM_STATE_VERSION 4u /* 3: per-process utilization history; 4: 1280 slots */
 #define NVSIM_MAX_GPUS 16
-#define NVSIM_MAX_PROCS 512
+#define NVSIM_MAX_PROCS 1280 /* 8 GPUs x 128 containers (bench/monitor.py), and room */
 #define NVSIM_STATE_REL "run/nvidia-sim/state"
 #define NVSIM_STATE_CONTAINER "/run/nvidia-sim/state"
 /* NVML's utilization sample period: busy time is averaged over windows this long */
