@@ -64,7 +64,7 @@ def proc_start(pid: int) -> int:
 class Node:
     """The simulated host and the containers on it, each as the monitor reads one."""
 
-    def __init__(self, tmp: Path, cg_base: Path, per_gpu: int) -> None:
+    def __init__(self, tmp: Path, cg_base: Path) -> None:
         from nvctk.sim import host
         from nvctk.sim.topology import make_topology
 
@@ -76,6 +76,8 @@ class Node:
         self.env = {**os.environ, "LD_LIBRARY_PATH": self.sim.lib_dir}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.serial = 0
+
+    def fill(self, per_gpu: int) -> None:
         for g in range(GPUS):
             for k in range(per_gpu):
                 self.start(g, k)
@@ -87,7 +89,7 @@ class Node:
         gpu = self.sim.topology.gpus[g]
         self.serial += 1
         cid = f"bench-{g}-{k}-{self.serial}"
-        mem = (1 + k % 4) * 256
+        mem = (1 + k % 4) * 64
         p = subprocess.Popen([str(PROBE), "init", "ctx", str(g), "alloc", str(mem * MIB),
                               "launch", "20", "wait"], env=self.env, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE)
@@ -100,7 +102,7 @@ class Node:
         while not out.startswith(b"ready"):
             out = p.stdout.readline()
             if not out or out.split()[1:2] not in ([b"0"], []):
-                raise SystemExit(f"vgpu_probe failed: {out!r}")
+                raise SystemExit(f"vgpu_probe failed ({cid}, {len(self.procs)} running): {out!r}")
         b = self.tmp / "bundles" / cid
         b.mkdir(parents=True)
         limits = {"CUDA_DEVICE_MEMORY_LIMIT_0": str(4096 * MIB), "CUDA_DEVICE_SM_LIMIT_0": "6"}
@@ -239,7 +241,8 @@ def main() -> None:
     node: Node | None = None
     mon_proc = None
     try:
-        node = Node(tmp, cg_base, args.per_gpu)
+        node = Node(tmp, cg_base)
+        node.fill(args.per_gpu)
         n_ctr = GPUS * args.per_gpu
         col = Collector(node.sim.root, [str(node.root)])
         snap = col.collect()
