@@ -222,12 +222,21 @@ def median_ms(xs: list[float]) -> float:
     return statistics.median(xs) * 1000
 
 
+def write(lines: list[str], out: str) -> None:
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=50, help="samples per figure")
     ap.add_argument("--per-gpu", type=int, default=PER_GPU, help="containers per GPU")
     ap.add_argument("--soak", type=float, default=0, metavar="SECONDS",
                     help="then run nvctk monitor this long with containers coming and going")
+    ap.add_argument("--soak-only", action="store_true",
+                    help="only the soak (it measures memory, not time: it may run beside other work)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "monitor.txt"))
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -244,6 +253,13 @@ def main() -> None:
         node = Node(tmp, cg_base)
         node.fill(args.per_gpu)
         n_ctr = GPUS * args.per_gpu
+        if args.soak_only:
+            lines = [f"# bench/monitor.py --soak-only: {GPUS} simulated GPUs x {args.per_gpu} vGPU-shared "
+                     f"containers ({n_ctr}, each a Pod's); {platform.node()} {platform.machine()} "
+                     f"{os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+                     *soak(node, tmp, args.soak, args.per_gpu)]
+            write(lines, args.out)
+            return
         col = Collector(node.sim.root, [str(node.root)])
         snap = col.collect()
         nproc = sum(len(d.processes) for c in snap.containers for d in c.devices)
@@ -307,10 +323,7 @@ def main() -> None:
         ]
         if args.soak:
             lines += soak(node, tmp, args.soak, args.per_gpu)
-        text = "\n".join(lines) + "\n"
-        print(text, end="")
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        write(lines, args.out)
     finally:
         if mon_proc is not None:
             mon_proc.send_signal(signal.SIGTERM)
