@@ -57,9 +57,9 @@ def cri(ctd: Containerd) -> Iterator[CriClient]:
 
 def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path,
                                                         sim: SimHost) -> None:
-    from nvctk.monitor.collect import Collector
     from prometheus_client.parser import text_string_to_metric_families
 
+    from nvctk.monitor.collect import Collector
     from nvctk.monitor.prom import render_text
     from nvctk.sim.state import read_state, state_path
 
