@@ -4,8 +4,9 @@ the Grafana dashboard answered by that Prometheus; the dashboard page in headles
 (selenium + chromedriver), its numbers read from the rendered page. All checked against the
 simulated GPU's own counters.
 
-Set NVCTK_DOCS_SCREENSHOT=1 to write the page's screenshot to docs/monitor-dashboard.png
-(the README's); it always goes to the test's tmp dir.
+Set NVCTK_DOCS_SCREENSHOT=1 to write the page's screenshots at 1400 and 700 px to
+docs/monitor-dashboard-1400.png and -700.png (the README's); they always go to the test's
+tmp dir.
 """
 
 from __future__ import annotations
@@ -245,11 +246,15 @@ def test_dashboard_page_shows_the_simulated_gpu(node: Node, monitor: Monitor, tm
         assert "team-a/trainer-0/worker" in drv.find_element(By.ID, "gpus").text
         cards = drv.find_elements(By.CSS_SELECTOR, "div.gpu")
         assert [c.get_attribute("data-uuid") for c in cards] == [g.uuid for g in node.sim.topology.gpus]
-        shot = tmp_path / "monitor-dashboard.png"
-        drv.save_screenshot(str(shot))
-        assert shot.stat().st_size > 10_000
-        if os.environ.get("NVCTK_DOCS_SCREENSHOT") == "1":
-            shutil.copy(shot, REPO / "docs" / "monitor-dashboard.png")
+        for width in (1400, 700):  # the README's: a wide window and a narrow one, whole page
+            drv.set_window_size(width, 1000)
+            height = drv.execute_script("return document.documentElement.scrollHeight")
+            drv.set_window_size(width, height + 120)  # the window's frame takes a little
+            shot = tmp_path / f"monitor-dashboard-{width}.png"
+            drv.save_screenshot(str(shot))
+            assert shot.stat().st_size > 10_000
+            if os.environ.get("NVCTK_DOCS_SCREENSHOT") == "1":
+                shutil.copy(shot, REPO / "docs" / shot.name)
     finally:
         drv.quit()
 
