@@ -143,7 +143,7 @@ def serve(node: Node, tmp: Path, interval: float, compat: str) -> tuple[subproce
     log = tmp / f"monitor-{time.monotonic_ns()}.log"
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "nvctk"), "monitor", "--listen", "127.0.0.1:0",
-         "--interval", str(interval), "--runtime-root", str(node.root), "--compat", compat],
+         "--interval", str(interval), "--runtime-root", f"containerd={node.root}", "--compat", compat],
         env={**os.environ, "NVCTK_CONFIG": node.sim.config_path},
         stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115
     port = 0
@@ -260,7 +260,7 @@ def main() -> None:
                      *soak(node, tmp, args.soak, args.per_gpu)]
             write(lines, args.out)
             return
-        col = Collector(node.sim.root, [str(node.root)])
+        col = Collector(node.sim.root, [f"containerd={node.root}"])  # containerd's keys: its Pods
         snap = col.collect()
         nproc = sum(len(d.processes) for c in snap.containers for d in c.devices)
         if len(snap.containers) != n_ctr or nproc != n_ctr:

@@ -238,7 +238,7 @@ def _limits(plan: Plan, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return lim.memory, lim.sm
 
 
-class BundleUnreadable(OSError):
+class BundleUnreadable(Exception):
     """The bundle a runtime's state names cannot be seen: whether it is nvctk's is unknown."""
 
 
@@ -249,17 +249,20 @@ def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo,
     bundle, pid, start = _runtime_state(state_file)
     try:
         plan = Plan.from_json(_read_regular(os.path.join(bundle, PLAN_FILE)))
-    except FileNotFoundError:
+    except OSError as e:
         # not nvctk's only if the bundle is there to say so (an engine's config.json
         # always is); a bundle out of sight hides what it holds
-        try:
-            os.stat(os.path.join(bundle, "config.json"))
-        except OSError as e:
-            if not _alive(pid, start):
-                return None  # ended: its bundle may be gone already
-            raise BundleUnreadable(e.errno, f"bundle {bundle} of container {cid} not readable: "
-                                   f"{e.strerror} (is its state dir mounted?)") from None
-        return None  # not a GPU container of nvctk's
+        err = e
+        if isinstance(e, FileNotFoundError):
+            try:
+                os.stat(os.path.join(bundle, "config.json"))
+                return None  # not a GPU container of nvctk's
+            except OSError as e2:
+                err = e2
+        if not _alive(pid, start):
+            return None  # ended: its bundle may be gone already
+        raise BundleUnreadable(f"bundle {bundle} of container {cid} not readable: "
+                               f"{err.strerror} (is its state dir mounted?)") from None
     spec = _read_json(os.path.join(bundle, "config.json"))
     if not isinstance(spec, dict):
         raise ValueError(f"{bundle}/config.json: not a JSON object")

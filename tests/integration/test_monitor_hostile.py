@@ -19,11 +19,9 @@ import logging
 import os
 import re
 import resource
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,16 +31,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nvctk.monitor.collect import Collector
 from nvctk.monitor.prom import render_text
-from support.monitor import MIB, Node
+from support.monitor import HOLD, MIB, NODE_TESTS, NVCTK, Node, node_in
 from support.wait import until
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
-                                 reason="needs root (sim device nodes) and runc")]
-
-BIN = os.path.dirname(sys.executable)
-NVCTK = os.path.join(BIN, "nvctk")
-HOLD = "vgpu_probe init ctx 0 alloc {} sleep 600000"
+pytestmark = NODE_TESTS
 
 CRIO = {"io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.name": "trainer-7",
         "io.kubernetes.container.name": "worker", "io.kubernetes.pod.uid": "uid-crio"}
@@ -59,11 +51,8 @@ AS_CRIO = {"io.kubernetes.pod.namespace": "kube-system", "io.kubernetes.pod.name
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    n = Node(tmp_path_factory.mktemp("monitor-hostile"))
-    try:
+    with node_in(tmp_path_factory.mktemp("monitor-hostile")) as n:
         yield n
-    finally:
-        n.cleanup()
 
 
 def _start(node: Node, annotations: dict[str, str], mib: int = 16) -> str:
