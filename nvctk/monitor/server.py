@@ -101,7 +101,7 @@ def dashboard_html() -> bytes:
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
-            501: "Not Implemented", 503: "Service Unavailable"}
+            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -277,7 +277,11 @@ class MonitorServer:
             return False
         if int(length):
             await asyncio.wait_for(reader.readexactly(int(length)), HEAD_TIMEOUT)
-        code, ctype, body = self._route(method, target)
+        try:
+            code, ctype, body = self._route(method, target)
+        except Exception as e:  # a bug of the monitor's: one line, the connection goes on
+            log.warning("http: %s %s failed: %s", literal(method), literal(target[:200]), e)
+            code, ctype, body = 500, "text/plain", b"internal error\n"
         await self._answer(writer, code, ctype, body, keep, head_only=method == "HEAD")
         log.debug("%s %s %s", literal(method), literal(target[:200]), code)
         return keep

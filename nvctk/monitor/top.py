@@ -61,10 +61,11 @@ def render(snap: Snapshot, width: int = 80) -> Group:
         t.add_column("container", overflow="fold", min_width=12)
         t.add_column("kind", no_wrap=True)
         t.add_column("device", no_wrap=True)
-        t.add_column("MiB used/cap", justify="right", no_wrap=True)
+        # two-line headers: the figures, not their titles, set the widths
+        t.add_column("MiB\nused/cap", justify="right", no_wrap=True)
         if wide:
             t.add_column("", no_wrap=True)
-        t.add_column("SM used/lim", justify="right", no_wrap=True)
+        t.add_column("SM\nused/lim", justify="right", no_wrap=True)
         if wide:
             t.add_column("", no_wrap=True)
         t.add_column("procs", justify="right", no_wrap=True)
