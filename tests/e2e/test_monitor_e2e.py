@@ -4,8 +4,9 @@ the Grafana dashboard answered by that Prometheus; the dashboard page in headles
 (selenium + chromedriver), its numbers read from the rendered page. All checked against the
 simulated GPU's own counters.
 
-Set NVCTK_DOCS_SCREENSHOT=1 to write the page's screenshot to docs/monitor-dashboard.png
-(the README's); it always goes to the test's tmp dir.
+Set NVCTK_DOCS_SCREENSHOT=1 to write the page's screenshots at 1400 and 700 px to
+docs/monitor-dashboard-1400.png and -700.png (the README's); they always go to the test's
+tmp dir.
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ def get(url: str, timeout: float = 5) -> bytes:
 
 
 class Monitor:
-    def __init__(self, node: Node, tmp: Path) -> None:
+    def __init__(self, node: Node, tmp: Path, *args: str) -> None:
         self.log = tmp / "monitor.log"
         self.proc = subprocess.Popen(
             [os.path.join(BIN, "nvctk"), "monitor", "--listen", "127.0.0.1:0", "--interval", "1",
-             "--runtime-root", f"containerd={node.runc_root}"],  # K8S: containerd's keys
+             "--runtime-root", f"containerd={node.runc_root}", *args],  # K8S: containerd's keys
             env={**os.environ, **node.sim.env}, stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"))  # noqa: SIM115 - the child keeps it
         self.port = 0
@@ -107,12 +108,13 @@ def monitor(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mo
 
 
 class Prometheus:
-    def __init__(self, target: str, tmp: Path) -> None:
+    def __init__(self, target: str, tmp: Path, labels: dict[str, str] | None = None) -> None:
         assert PROMETHEUS
         cfg = tmp / "prometheus.yml"
         cfg.write_text(json.dumps({  # YAML is a superset of JSON
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "nvctk", "static_configs": [{"targets": [target]}]}],
+            "scrape_configs": [{"job_name": "nvctk", "static_configs": [
+                {"targets": [target], "labels": labels or {}}]}],
         }))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -244,11 +246,15 @@ def test_dashboard_page_shows_the_simulated_gpu(node: Node, monitor: Monitor, tm
         assert "team-a/trainer-0/worker" in drv.find_element(By.ID, "gpus").text
         cards = drv.find_elements(By.CSS_SELECTOR, "div.gpu")
         assert [c.get_attribute("data-uuid") for c in cards] == [g.uuid for g in node.sim.topology.gpus]
-        shot = tmp_path / "monitor-dashboard.png"
-        drv.save_screenshot(str(shot))
-        assert shot.stat().st_size > 10_000
-        if os.environ.get("NVCTK_DOCS_SCREENSHOT") == "1":
-            shutil.copy(shot, REPO / "docs" / "monitor-dashboard.png")
+        for width in (1400, 700):  # the README's: a wide window and a narrow one, whole page
+            drv.set_window_size(width, 1000)
+            height = drv.execute_script("return document.documentElement.scrollHeight")
+            drv.set_window_size(width, height + 120)  # the window's frame takes a little
+            shot = tmp_path / f"monitor-dashboard-{width}.png"
+            drv.save_screenshot(str(shot))
+            assert shot.stat().st_size > 10_000
+            if os.environ.get("NVCTK_DOCS_SCREENSHOT") == "1":
+                shutil.copy(shot, REPO / "docs" / shot.name)
     finally:
         drv.quit()
 
@@ -297,3 +303,106 @@ def test_the_page_shows_names_as_text_fits_700px_and_flags_over_promised(
         drv.quit()
         for cid in started:
             node.kill(cid)
+
+
+# --- nvctk monitor --compat hami,dcgm: HAMi's and dcgm-exporter's published queries ----------
+
+COMPAT_QUERIES = REPO / "tests" / "support" / "data" / "compat-queries.json"
+
+
+@pytest.fixture(scope="module")
+def compat_pods(node: Node) -> dict[str, tuple[str, int]]:
+    """Pod name -> (namespace, GPU index) of every Pod container: the fixture's trainer-0
+    (a share of GPU 0) and two more, another share of GPU 0 and a MIG slice of GPU 2. GPU 1
+    is held by a container outside Kubernetes only."""
+    g2 = node.sim.topology.gpus[2]
+    for ns, pod_name, ctr, env, gpu, alloc in (
+        ("team-b", "infer-0", "server", {"CUDA_DEVICE_MEMORY_LIMIT": "2g", "CUDA_DEVICE_SM_LIMIT": "15"},
+         "0", 250),
+        ("team-b", "slice-0", "main", {}, g2.mig_devices[1].uuid, 150),
+    ):
+        node.start(env, f"vgpu_probe init ctx 0 alloc {alloc * MIB} launchfor 100000", gpu=gpu,
+                   wait_mem=alloc * MIB, annotations={
+                       "io.kubernetes.cri.sandbox-namespace": ns, "io.kubernetes.cri.sandbox-name": pod_name,
+                       "io.kubernetes.cri.container-name": ctr})
+    return {"trainer-0": ("team-a", 0), "infer-0": ("team-b", 0), "slice-0": ("team-b", 2)}
+
+
+@pytest.fixture(scope="module")
+def compat_prometheus(node: Node, compat_pods: dict[str, tuple[str, int]],
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, str]]:
+    if PROMETHEUS is None:
+        pytest.skip("needs Debian's prometheus package (make setup installs it)")
+    mon = Monitor(node, tmp_path_factory.mktemp("monitor-compat"), "--compat", "hami,dcgm")
+    try:
+        hostname = json.loads(get(mon.url + "/api/snapshot"))["hostname"]
+        # node_name: the target label HAMi's documented scrape config relabels the node into
+        p = Prometheus(f"127.0.0.1:{mon.port}", tmp_path_factory.mktemp("prometheus-compat"),
+                       labels={"node_name": hostname})
+        try:
+            yield p, hostname
+        finally:
+            p.stop()
+    finally:
+        mon.stop()
+
+
+def grafana_expr(expr: str, hostname: str) -> str:
+    """The query Grafana sends with every variable at 'All' (.*); label_values(M, L) as
+    the series query it is."""
+    expr = expr.replace('node_name="$node_name"', f'node_name="{hostname}"')
+    for var in ("${node_name}", "${gpu}", "$namespace", "$node", "$Hostname", "$gpu"):
+        expr = expr.replace(var, ".*")
+    m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", expr)
+    return f"group by ({m.group(2)}) ({m.group(1)})" if m else expr
+
+
+def test_hami_and_dcgm_dashboard_queries_return_the_right_pods_and_gpus(
+        node: Node, compat_pods: dict[str, tuple[str, int]],
+        compat_prometheus: tuple[Prometheus, str]) -> None:
+    prom, hostname = compat_prometheus
+    gpus = {str(g.index) for g in node.sim.topology.gpus}
+    wait_until(lambda: len(prom.query("hami_vgpu_memory_used_bytes")) == len(compat_pods)
+               and {s["metric"]["gpu"] for s in prom.query("DCGM_FI_DEV_FB_USED")} == gpus
+               and len(prom.query("hami_container_device_utilization_ratio[5s]")) == len(compat_pods),
+               90, "every Pod's and GPU's compat series in Prometheus")
+    data = json.loads(COMPAT_QUERIES.read_text())
+    want = {"pods": set(compat_pods), "gpus": gpus, "hostname": {hostname}, "node_name": {hostname},
+            "namespaces": {ns for ns, _ in compat_pods.values()}}
+    for q in data["queries"]:
+        res = prom.query(grafana_expr(q["expr"], hostname))
+        assert res, q
+        labels = [s["metric"] for s in res]
+        got = {"pods": {lb.get("pod") or lb.get("podname") for lb in labels},
+               "gpus": {lb.get("gpu") or lb.get("device_index") or lb.get("deviceidx") for lb in labels},
+               "hostname": {lb.get("Hostname") for lb in labels},
+               "node_name": {lb.get("node_name") for lb in labels},
+               "namespaces": {lb.get("namespace") for lb in labels}}[q["expect"]]
+        assert got == want[q["expect"]], (q, labels)
+    # the figures are nvctk's own, in the others' units (one scrape: one evaluation time)
+    for expr in (
+        "hami_vgpu_memory_used_bytes - on (namespace, pod, container) nvctk_container_memory_used_bytes{pod!=\"\"}",
+        "vGPU_device_memory_usage_in_bytes - on (podnamespace, podname, ctrname) "
+        "label_replace(label_replace(label_replace(nvctk_container_memory_used_bytes{pod!=\"\"}, "
+        '"podnamespace", "$1", "namespace", "(.*)"), "podname", "$1", "pod", "(.+)"), '
+        '"ctrname", "$1", "container", "(.*)")',
+        "hami_container_device_utilization_ratio - on (namespace, pod, container) "
+        "round(100 * nvctk_container_sm_utilization_ratio{pod!=\"\"})",
+        "hami_host_gpu_utilization_ratio - on (device_uuid) "
+        'label_replace(round(100 * nvctk_gpu_utilization_ratio), "device_uuid", "$1", "UUID", "(.*)")',
+        'DCGM_FI_DEV_FB_USED{GPU_I_ID=""} - on (gpu) group_left floor(nvctk_gpu_memory_used_bytes / 1048576)',
+        'DCGM_FI_DEV_GPU_UTIL - on (gpu) group_left round(100 * nvctk_gpu_utilization_ratio)',
+    ):
+        res = prom.query(expr)
+        assert res and all(float(s["value"][1]) == 0 for s in res), (expr, res)
+    # shared GPU 0: a series per Pod on it, each the whole GPU's; GPU 1: no Pod, one series
+    fb = prom.query("DCGM_FI_DEV_FB_USED")
+    on0 = {s["metric"].get("pod") for s in fb if s["metric"]["gpu"] == "0"}
+    assert on0 == {p for p, (_, g) in compat_pods.items() if g == 0}
+    assert [s["metric"].get("pod") for s in fb if s["metric"]["gpu"] == "1"] == [None]
+    sl = [s["metric"] for s in fb if s["metric"].get("GPU_I_ID")]
+    mig = node.sim.topology.gpus[2].mig_devices[1]
+    assert [(m["pod"], m["GPU_I_PROFILE"]) for m in sl] == [("slice-0", mig.profile)]
+    # a ratio HAMi's users read as 0-100
+    util = prom.query('hami_container_device_utilization_ratio{pod="trainer-0"}')
+    assert 1 < float(util[0]["value"][1]) <= 100
