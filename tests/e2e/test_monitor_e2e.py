@@ -108,12 +108,14 @@ def monitor(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mo
 
 
 class Prometheus:
-    def __init__(self, target: str, tmp: Path, labels: dict[str, str] | None = None) -> None:
+    def __init__(self, target: str, tmp: Path, labels: dict[str, str] | None = None,
+                 jobs: list[dict[str, Any]] | None = None) -> None:
+        """jobs: scrape jobs of their own (each names its targets) instead of one plain job."""
         assert PROMETHEUS
         cfg = tmp / "prometheus.yml"
         cfg.write_text(json.dumps({  # YAML is a superset of JSON
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "nvctk", "static_configs": [
+            "scrape_configs": jobs or [{"job_name": "nvctk", "static_configs": [
                 {"targets": [target], "labels": labels or {}}]}],
         }))
         self.port = free_port()
@@ -182,6 +184,56 @@ def test_prometheus_series_match_the_simulated_gpu(node: Node, prometheus: Prome
     assert caps == {cid: w["mem_cap"] for cid, w in node.expect.items() if w.get("mem_cap")}
     gpus = prometheus.query("nvctk_gpu_memory_used_bytes")
     assert {s["metric"]["UUID"] for s in gpus} == {g.uuid for g in node.sim.topology.gpus}
+
+
+def test_target_labels_as_prometheus_operator_sets_them(
+        node: Node, monitor: Monitor, tmp_path: Path) -> None:
+    """prometheus-operator gives every series of a ServiceMonitor's target the labels of the
+    Pod it scrapes: the monitor's own namespace, pod, container. With the shipped
+    ServiceMonitor's honorLabels the series keep their own (the Pod that holds the GPU);
+    without it (the job beside, as monitor.yaml was) they name the monitor's Pod and the
+    real ones become exported_*: the shipped dashboards' {{pod}} legends were wrong."""
+    if PROMETHEUS is None:
+        pytest.skip("needs Debian's prometheus package (make setup installs it)")
+    from support.deployments import manifests
+
+    (sm,) = [d for d in manifests("monitor.yaml") if d["kind"] == "ServiceMonitor"]
+    (endpoint,) = sm["spec"]["endpoints"]
+    target = f"127.0.0.1:{monitor.port}"
+    operator = {"namespace": "nvctk-system", "pod": "nvctk-monitor-x7k2p", "container": "monitor",
+                "service": "nvctk-monitor", "endpoint": endpoint["port"]}
+
+    def job(name: str, honor: bool) -> dict[str, Any]:
+        return {"job_name": name, "honor_labels": honor,
+                "static_configs": [{"targets": [target], "labels": operator}]}
+
+    p = Prometheus(target, tmp_path, jobs=[job("shipped", endpoint.get("honorLabels", False)),
+                                           job("without-honor-labels", False)])
+    try:
+        sel = 'nvctk_container_memory_used_bytes{job="%s",container_id!=""}'
+        wait_until(lambda: len(p.query(sel % "shipped")) == len(node.expect)
+                   and len(p.query(sel % "without-honor-labels")) == len(node.expect),
+                   90, "both jobs' container series")
+        pods = {(s["metric"].get("namespace", ""), s["metric"].get("pod", ""))
+                for s in p.query(sel % "shipped")}
+        assert ("team-a", "trainer-0") in pods and ("nvctk-system", "nvctk-monitor-x7k2p") not in pods
+        (gpu0,) = [s["metric"] for s in p.query('nvctk_gpu_shares{job="shipped",gpu="0"}')]
+        assert gpu0["Hostname"] == json.loads(get(monitor.url + "/api/snapshot"))["hostname"]
+        # the control: what a ServiceMonitor without honorLabels made of the same series
+        plain = p.query(sel % "without-honor-labels")
+        assert {s["metric"]["pod"] for s in plain} == {"nvctk-monitor-x7k2p"}
+        assert "trainer-0" in {s["metric"].get("exported_pod") for s in plain}
+        # the shipped dashboard's panels whose legends name the Pod name the GPU's Pod
+        dash = json.loads((REPO / "deployments/grafana-dashboard.json").read_text())
+        per_pod = [t["expr"] for panel in dash["panels"] for t in panel.get("targets", [])
+                   if "{{pod}}" in t.get("legendFormat", "")]
+        assert per_pod
+        for q in per_pod:
+            expr = q.replace("$Hostname", ".*").replace('"}', '",job="shipped"}')
+            named = {s["metric"].get("pod") for s in p.query(expr)}
+            assert "trainer-0" in named and "nvctk-monitor-x7k2p" not in named, q
+    finally:
+        p.stop()
 
 
 def test_every_grafana_query_returns_data(node: Node, prometheus: Prometheus) -> None:
