@@ -75,18 +75,26 @@ def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: t
               metavar="SECONDS", help="how often a snapshot is taken")
 @click.option("--runtime-root", "roots", multiple=True, metavar="DIR", help=ROOTS_HELP)
 @click.option("--pod-resources-socket", "podres", metavar="PATH", default=None, help=PODRES_HELP)
+@click.option("--compat", "compat", metavar="hami,dcgm", default="",
+              help="also export HAMi's vGPU monitor series and/or dcgm-exporter's, under their "
+                   "names, units and labels (README: Monitoring)")
 @click.pass_context
 def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, ...],
-            podres: str | None) -> None:
+            podres: str | None, compat: str) -> None:
     """Serve per-container GPU metrics (Prometheus) and a dashboard page."""
     # start time: the HTTP server and its metrics, for this command only
+    from nvctk.monitor.compat import parse_formats
     from nvctk.monitor.server import Monitor, MonitorServer, bind
 
+    try:
+        formats = parse_formats(compat) if compat else ()
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--compat") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, port = parse_listen(listen)
     sock = bind(host, port)  # before NVML: a bad --listen fails at once
     try:
-        mon = Monitor(_collector(ctx, roots, podres), interval)
+        mon = Monitor(_collector(ctx, roots, podres), interval, compat=formats)
     except BaseException:
         sock.close()
         raise

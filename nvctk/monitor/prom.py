@@ -1,5 +1,6 @@
-"""The snapshot as Prometheus metrics: a custom prometheus-client Collector, so one scrape
-renders one snapshot (every series of a scrape from the same moment).
+"""The snapshot as Prometheus text: every series of a scrape from the same snapshot, the
+text rendered once per snapshot (Exposition) and served to every scrape of it; with
+--compat, HAMi's and dcgm-exporter's series beside nvctk's (nvctk.monitor.compat).
 
 Labels: per GPU `gpu` (NVML index), `UUID`, `modelName`, `Hostname` (dcgm-exporter's
 names, so dashboards join); per container also `namespace`, `pod`, `container` (the
@@ -11,11 +12,12 @@ runtime state dir it was found in: two runtimes may hold the same container id).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
+from nvctk.host.inventory import HostInfo
+from nvctk.monitor import compat
+from nvctk.monitor.exposition import Writer, label_set
 from nvctk.monitor.model import Snapshot
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
@@ -35,7 +37,7 @@ METRICS: dict[str, str] = {
     "nvctk_gpu_xid_errors": "XID errors seen since the monitor started",
     "nvctk_container_memory_used_bytes": "Memory its processes hold on the device (NVML per-process)",
     "nvctk_container_memory_limit_bytes": "Its memory cap on the device (only capped containers)",
-    "nvctk_container_memory_total_bytes": "The device's size (a MIG slice's or the GPU's)",
+    "nvctk_container_memory_total_bytes": "The MIG slice's size (only MIG slices: a whole GPU's is nvctk_gpu_memory_total_bytes)",
     "nvctk_container_sm_utilization_ratio": "Its share of the GPU's SM time over the last interval (NVML per-process samples)",
     "nvctk_container_sm_limit_ratio": "Its SM share limit (only limited containers)",
     "nvctk_container_processes": "Its processes on the device",
@@ -48,33 +50,19 @@ METRICS: dict[str, str] = {
 }
 
 
-class SnapshotCollector(Collector):
-    def __init__(self, latest: Callable[[], Snapshot | None], now: Callable[[], float],
-                 errors: Callable[[], dict[str, int]] | None = None) -> None:
-        self.latest = latest
-        self.now = now
-        self.errors = errors
-
-    def describe(self) -> list[Metric]:
-        return []  # the registry must not collect at registration
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.latest()
-        if snap is None:
-            return
-        yield from render(snap, self.now(), self.errors() if self.errors else {})
+COUNTERS = {"nvctk_gpu_xid_errors": "counter", "nvctk_monitor_errors": "counter"}
+GPU_FAMILIES = [n for n in METRICS if n.startswith("nvctk_gpu_")]
+CTR_FAMILIES = [n for n in METRICS if n.startswith("nvctk_container_")]
 
 
-def _g(name: str, labels: list[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, METRICS[name], labels=labels)
-
-
-def render(snap: Snapshot, now: float, errors: dict[str, int]) -> Iterator[Metric]:
-    gm = {n: _g(n, GPU_LABELS) for n in METRICS if n.startswith("nvctk_gpu_") and n != "nvctk_gpu_xid_errors"}
-    xid = CounterMetricFamily("nvctk_gpu_xid_errors", METRICS["nvctk_gpu_xid_errors"], labels=GPU_LABELS)
+def render_text(snap: Snapshot, errors: dict[str, int]) -> str:
+    """nvctk's own series of the snapshot, but its age (that is the scrape's: age_text)."""
+    w = Writer()
+    for n in GPU_FAMILIES:  # declared first: a family is there even with no GPU
+        w.family(n, METRICS[n], COUNTERS.get(n, "gauge"))
     models = {}
     for g in snap.gpus:
-        lv = [str(g.index), g.uuid, g.name, snap.hostname]
+        lv = label_set(GPU_LABELS, [str(g.index), g.uuid, g.name, snap.hostname])
         models[g.index] = g.name
         for name, value in (
             ("nvctk_gpu_memory_used_bytes", g.memory_used),
@@ -85,37 +73,71 @@ def render(snap: Snapshot, now: float, errors: dict[str, int]) -> Iterator[Metri
             ("nvctk_gpu_sm_promised_ratio", g.sm_promised),
             ("nvctk_gpu_healthy", 1 if g.healthy else 0),
             ("nvctk_gpu_last_xid", g.last_xid),
+            ("nvctk_gpu_xid_errors", g.xid_errors),
         ):
-            gm[name].add_metric(lv, float(value))
-        xid.add_metric(lv, float(g.xid_errors))
-    yield from gm.values()
-    yield xid
-    cm = {n: _g(n, CTR_LABELS) for n in METRICS if n.startswith("nvctk_container_")}
+            w.add(name, METRICS[name], lv, value, COUNTERS.get(name, "gauge"))
+    for n in CTR_FAMILIES:
+        w.family(n, METRICS[n])
     for c in snap.containers:
         for d in c.devices:
-            lv = [str(d.gpu_index), d.gpu_uuid, d.device_uuid, models.get(d.gpu_index, ""),
-                  snap.hostname, c.namespace, c.pod, c.container, c.id, c.name, c.kind, c.resource,
-                  c.runtime_root]
-            cm["nvctk_container_memory_used_bytes"].add_metric(lv, float(d.memory_used))
-            cm["nvctk_container_memory_total_bytes"].add_metric(lv, float(d.memory_total))
-            cm["nvctk_container_sm_utilization_ratio"].add_metric(lv, d.sm_utilization)
-            cm["nvctk_container_processes"].add_metric(lv, float(len(d.processes)))
+            lv = label_set(CTR_LABELS, [
+                str(d.gpu_index), d.gpu_uuid, d.device_uuid, models.get(d.gpu_index, ""),
+                snap.hostname, c.namespace, c.pod, c.container, c.id, c.name, c.kind, c.resource,
+                c.runtime_root])
+            ctr(w, "nvctk_container_memory_used_bytes", lv, d.memory_used)
+            if d.device_uuid != d.gpu_uuid:  # a slice: a whole GPU's size is the GPU's series
+                ctr(w, "nvctk_container_memory_total_bytes", lv, d.memory_total)
+            ctr(w, "nvctk_container_sm_utilization_ratio", lv, d.sm_utilization)
+            ctr(w, "nvctk_container_processes", lv, len(d.processes))
             if d.memory_limit is not None:
-                cm["nvctk_container_memory_limit_bytes"].add_metric(lv, float(d.memory_limit))
+                ctr(w, "nvctk_container_memory_limit_bytes", lv, d.memory_limit)
             if d.sm_limit is not None:
-                cm["nvctk_container_sm_limit_ratio"].add_metric(lv, d.sm_limit)
+                ctr(w, "nvctk_container_sm_limit_ratio", lv, d.sm_limit)
             if d.last_kernel_seconds is not None:
-                cm["nvctk_container_last_kernel_seconds"].add_metric(lv, d.last_kernel_seconds)
-    yield from cm.values()
+                ctr(w, "nvctk_container_last_kernel_seconds", lv, d.last_kernel_seconds)
+    host = label_set(["Hostname"], [snap.hostname])
     for name, value in (("nvctk_monitor_collect_seconds", snap.collect_seconds),
-                        ("nvctk_monitor_snapshot_age_seconds", max(0.0, now - snap.time)),
                         ("nvctk_monitor_interval_seconds", snap.interval),
-                        ("nvctk_monitor_problems", float(len(snap.problems)))):
-        m = GaugeMetricFamily(name, METRICS[name], labels=["Hostname"])
-        m.add_metric([snap.hostname], value)
-        yield m
-    err = CounterMetricFamily("nvctk_monitor_errors", METRICS["nvctk_monitor_errors"],
-                              labels=["Hostname", "cause"])
-    for cause, n in sorted(errors.items()):
-        err.add_metric([snap.hostname, cause], float(n))
-    yield err
+                        ("nvctk_monitor_problems", len(snap.problems))):
+        w.add(name, METRICS[name], host, value)
+    w.family("nvctk_monitor_errors", METRICS["nvctk_monitor_errors"], "counter")  # even with none
+    for cause, count in sorted(errors.items()):
+        w.add("nvctk_monitor_errors", METRICS["nvctk_monitor_errors"],
+              label_set(["Hostname", "cause"], [snap.hostname, cause]), count, "counter")
+    return w.text()
+
+
+def ctr(w: Writer, name: str, labels: str, value: float | int) -> None:
+    w.add(name, METRICS[name], labels, value)
+
+
+def age_text(snap: Snapshot, now: float) -> str:
+    name = "nvctk_monitor_snapshot_age_seconds"
+    w = Writer()
+    w.add(name, METRICS[name], label_set(["Hostname"], [snap.hostname]), max(0.0, now - snap.time))
+    return w.text()
+
+
+class Exposition:
+    """/metrics: a snapshot's text is rendered at its first scrape and kept for the next
+    ones (a scrape of an unchanged snapshot renders only its age); the compat families
+    asked for (compat.FORMATS) are rendered from the same snapshot."""
+
+    def __init__(self, compat_formats: Iterable[str] = (), host: HostInfo | None = None) -> None:
+        self.formats = tuple(sorted(set(compat_formats)))
+        self.host = host
+        self._lock = threading.Lock()  # one render per snapshot, however many scrapes wait
+        self._snap: Snapshot | None = None
+        self._text = b""
+
+    def body(self, snap: Snapshot | None, now: float, errors: dict[str, int]) -> bytes:
+        if snap is None:
+            return b""
+        with self._lock:
+            if snap is not self._snap:
+                text = render_text(snap, errors)
+                for fmt in self.formats:
+                    text += compat.render(fmt, snap, self.host)
+                self._text, self._snap = text.encode(), snap
+            text_b = self._text
+        return text_b + age_text(snap, now).encode()

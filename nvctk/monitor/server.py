@@ -30,12 +30,12 @@ import threading
 import time
 from importlib import resources
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from nvctk.base.errors import NvctkError, literal
 from nvctk.monitor.collect import Collector, run_every
 from nvctk.monitor.model import Snapshot
-from nvctk.monitor.prom import SnapshotCollector
+from nvctk.monitor.prom import Exposition
 
 log = logging.getLogger("nvctk.monitor")
 
@@ -49,7 +49,7 @@ MAX_CONNECTIONS = 256
 
 class Monitor:
     def __init__(self, collector: Collector, interval: float,
-                 stale_after: float | None = None) -> None:
+                 stale_after: float | None = None, compat: tuple[str, ...] = ()) -> None:
         self.collector = collector
         self.interval = interval
         # a collection may take a while on a loaded node: stalled is several intervals late
@@ -57,9 +57,8 @@ class Monitor:
         self.latest: Snapshot | None = None
         self.stop = threading.Event()
         self.taken = threading.Condition()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(lambda: self.latest, time.time,
-                                                 lambda: dict(collector.errors_total)))
+        self.exposition = Exposition(compat, collector.host)
+        self._json: tuple[Snapshot | None, bytes] = (None, b"null")
         self.thread: threading.Thread | None = None
 
     def _take(self) -> None:
@@ -76,11 +75,15 @@ class Monitor:
             return self.taken.wait_for(lambda: self.latest is not None, timeout)
 
     def metrics(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.exposition.body(self.latest, time.time(), dict(self.collector.errors_total))
 
     def snapshot_json(self) -> bytes:
         snap = self.latest
-        return json.dumps(snap.to_dict() if snap else None).encode()
+        cached, body = self._json
+        if snap is not None and snap is not cached:  # once per snapshot, as /metrics
+            body = json.dumps(snap.to_dict()).encode()
+            self._json = (snap, body)
+        return body
 
     def health(self) -> tuple[bool, str]:
         snap = self.latest

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = 0x4E565349
-VERSION = 3
+VERSION = 4
 MAX_GPUS = 16
-MAX_PROCS = 512
+MAX_PROCS = 1280
 STATE_REL = "run/nvidia-sim/state"  # under the sim dir
 STATE_CONTAINER = "/run/nvidia-sim/state"
 MUTEX_SIZE = 40  # sizeof(pthread_mutex_t), x86-64 glibc

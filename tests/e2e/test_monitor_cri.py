@@ -57,8 +57,10 @@ def cri(ctd: Containerd) -> Iterator[CriClient]:
 
 def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path,
                                                         sim: SimHost) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
     from nvctk.monitor.collect import Collector
-    from nvctk.monitor.prom import render
+    from nvctk.monitor.prom import render_text
     from nvctk.sim.state import read_state, state_path
 
     g0, g1, g2 = sim.topology.gpus
@@ -94,8 +96,8 @@ def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path
                 ns = {pidns(p) for p in c.devices[0].processes}
                 sim_mem[c.id] = sum(s.mem_used for s in st.procs if s.pidns in ns)
             metrics = "".join(
-                f"{s.name}{s.labels} {s.value}\n" for m in render(snap, snap.time, {})
-                for s in m.samples)
+                f"{s.name}{s.labels} {s.value}\n"
+                for m in text_string_to_metric_families(render_text(snap, {})) for s in m.samples)
     finally:
         col.close()
     by_id = {c.id: c for c in snap.containers}

@@ -4,8 +4,9 @@ the Grafana dashboard answered by that Prometheus; the dashboard page in headles
 (selenium + chromedriver), its numbers read from the rendered page. All checked against the
 simulated GPU's own counters.
 
-Set NVCTK_DOCS_SCREENSHOT=1 to write the page's screenshot to docs/monitor-dashboard.png
-(the README's); it always goes to the test's tmp dir.
+Set NVCTK_DOCS_SCREENSHOT=1 to write the page's screenshots at 1400 and 700 px to
+docs/monitor-dashboard-1400.png and -700.png (the README's); they always go to the test's
+tmp dir.
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ def get(url: str, timeout: float = 5) -> bytes:
 
 
 class Monitor:
-    def __init__(self, node: Node, tmp: Path) -> None:
+    def __init__(self, node: Node, tmp: Path, *args: str) -> None:
         self.log = tmp / "monitor.log"
         self.proc = subprocess.Popen(
             [os.path.join(BIN, "nvctk"), "monitor", "--listen", "127.0.0.1:0", "--interval", "1",
-             "--runtime-root", f"containerd={node.runc_root}"],  # K8S: containerd's keys
+             "--runtime-root", f"containerd={node.runc_root}", *args],  # K8S: containerd's keys
             env={**os.environ, **node.sim.env}, stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"))  # noqa: SIM115 - the child keeps it
         self.port = 0
@@ -107,12 +108,15 @@ def monitor(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mo
 
 
 class Prometheus:
-    def __init__(self, target: str, tmp: Path) -> None:
+    def __init__(self, target: str, tmp: Path, labels: dict[str, str] | None = None,
+                 jobs: list[dict[str, Any]] | None = None) -> None:
+        """jobs: scrape jobs of their own (each names its targets) instead of one plain job."""
         assert PROMETHEUS
         cfg = tmp / "prometheus.yml"
         cfg.write_text(json.dumps({  # YAML is a superset of JSON
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "nvctk", "static_configs": [{"targets": [target]}]}],
+            "scrape_configs": jobs or [{"job_name": "nvctk", "static_configs": [
+                {"targets": [target], "labels": labels or {}}]}],
         }))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -182,6 +186,56 @@ def test_prometheus_series_match_the_simulated_gpu(node: Node, prometheus: Prome
     assert {s["metric"]["UUID"] for s in gpus} == {g.uuid for g in node.sim.topology.gpus}
 
 
+def test_target_labels_as_prometheus_operator_sets_them(
+        node: Node, monitor: Monitor, tmp_path: Path) -> None:
+    """prometheus-operator gives every series of a ServiceMonitor's target the labels of the
+    Pod it scrapes: the monitor's own namespace, pod, container. With the shipped
+    ServiceMonitor's honorLabels the series keep their own (the Pod that holds the GPU);
+    without it (the job beside, as monitor.yaml was) they name the monitor's Pod and the
+    real ones become exported_*: the shipped dashboards' {{pod}} legends were wrong."""
+    if PROMETHEUS is None:
+        pytest.skip("needs Debian's prometheus package (make setup installs it)")
+    from support.deployments import manifests
+
+    (sm,) = [d for d in manifests("monitor.yaml") if d["kind"] == "ServiceMonitor"]
+    (endpoint,) = sm["spec"]["endpoints"]
+    target = f"127.0.0.1:{monitor.port}"
+    operator = {"namespace": "nvctk-system", "pod": "nvctk-monitor-x7k2p", "container": "monitor",
+                "service": "nvctk-monitor", "endpoint": endpoint["port"]}
+
+    def job(name: str, honor: bool) -> dict[str, Any]:
+        return {"job_name": name, "honor_labels": honor,
+                "static_configs": [{"targets": [target], "labels": operator}]}
+
+    p = Prometheus(target, tmp_path, jobs=[job("shipped", endpoint.get("honorLabels", False)),
+                                           job("without-honor-labels", False)])
+    try:
+        sel = 'nvctk_container_memory_used_bytes{job="%s",container_id!=""}'
+        wait_until(lambda: len(p.query(sel % "shipped")) == len(node.expect)
+                   and len(p.query(sel % "without-honor-labels")) == len(node.expect),
+                   90, "both jobs' container series")
+        pods = {(s["metric"].get("namespace", ""), s["metric"].get("pod", ""))
+                for s in p.query(sel % "shipped")}
+        assert ("team-a", "trainer-0") in pods and ("nvctk-system", "nvctk-monitor-x7k2p") not in pods
+        (gpu0,) = [s["metric"] for s in p.query('nvctk_gpu_shares{job="shipped",gpu="0"}')]
+        assert gpu0["Hostname"] == json.loads(get(monitor.url + "/api/snapshot"))["hostname"]
+        # the control: what a ServiceMonitor without honorLabels made of the same series
+        plain = p.query(sel % "without-honor-labels")
+        assert {s["metric"]["pod"] for s in plain} == {"nvctk-monitor-x7k2p"}
+        assert "trainer-0" in {s["metric"].get("exported_pod") for s in plain}
+        # the shipped dashboard's panels whose legends name the Pod name the GPU's Pod
+        dash = json.loads((REPO / "deployments/grafana-dashboard.json").read_text())
+        per_pod = [t["expr"] for panel in dash["panels"] for t in panel.get("targets", [])
+                   if "{{pod}}" in t.get("legendFormat", "")]
+        assert per_pod
+        for q in per_pod:
+            expr = q.replace("$Hostname", ".*").replace('"}', '",job="shipped"}')
+            named = {s["metric"].get("pod") for s in p.query(expr)}
+            assert "trainer-0" in named and "nvctk-monitor-x7k2p" not in named, q
+    finally:
+        p.stop()
+
+
 def test_every_grafana_query_returns_data(node: Node, prometheus: Prometheus) -> None:
     from support.deployments import grafana_queries
 
@@ -244,11 +298,15 @@ def test_dashboard_page_shows_the_simulated_gpu(node: Node, monitor: Monitor, tm
         assert "team-a/trainer-0/worker" in drv.find_element(By.ID, "gpus").text
         cards = drv.find_elements(By.CSS_SELECTOR, "div.gpu")
         assert [c.get_attribute("data-uuid") for c in cards] == [g.uuid for g in node.sim.topology.gpus]
-        shot = tmp_path / "monitor-dashboard.png"
-        drv.save_screenshot(str(shot))
-        assert shot.stat().st_size > 10_000
-        if os.environ.get("NVCTK_DOCS_SCREENSHOT") == "1":
-            shutil.copy(shot, REPO / "docs" / "monitor-dashboard.png")
+        for width in (1400, 700):  # the README's: a wide window and a narrow one, whole page
+            drv.set_window_size(width, 1000)
+            height = drv.execute_script("return document.documentElement.scrollHeight")
+            drv.set_window_size(width, height + 120)  # the window's frame takes a little
+            shot = tmp_path / f"monitor-dashboard-{width}.png"
+            drv.save_screenshot(str(shot))
+            assert shot.stat().st_size > 10_000
+            if os.environ.get("NVCTK_DOCS_SCREENSHOT") == "1":
+                shutil.copy(shot, REPO / "docs" / shot.name)
     finally:
         drv.quit()
 
@@ -297,3 +355,106 @@ def test_the_page_shows_names_as_text_fits_700px_and_flags_over_promised(
         drv.quit()
         for cid in started:
             node.kill(cid)
+
+
+# --- nvctk monitor --compat hami,dcgm: HAMi's and dcgm-exporter's published queries ----------
+
+COMPAT_QUERIES = REPO / "tests" / "support" / "data" / "compat-queries.json"
+
+
+@pytest.fixture(scope="module")
+def compat_pods(node: Node) -> dict[str, tuple[str, int]]:
+    """Pod name -> (namespace, GPU index) of every Pod container: the fixture's trainer-0
+    (a share of GPU 0) and two more, another share of GPU 0 and a MIG slice of GPU 2. GPU 1
+    is held by a container outside Kubernetes only."""
+    g2 = node.sim.topology.gpus[2]
+    for ns, pod_name, ctr, env, gpu, alloc in (
+        ("team-b", "infer-0", "server", {"CUDA_DEVICE_MEMORY_LIMIT": "2g", "CUDA_DEVICE_SM_LIMIT": "15"},
+         "0", 250),
+        ("team-b", "slice-0", "main", {}, g2.mig_devices[1].uuid, 150),
+    ):
+        node.start(env, f"vgpu_probe init ctx 0 alloc {alloc * MIB} launchfor 100000", gpu=gpu,
+                   wait_mem=alloc * MIB, annotations={
+                       "io.kubernetes.cri.sandbox-namespace": ns, "io.kubernetes.cri.sandbox-name": pod_name,
+                       "io.kubernetes.cri.container-name": ctr})
+    return {"trainer-0": ("team-a", 0), "infer-0": ("team-b", 0), "slice-0": ("team-b", 2)}
+
+
+@pytest.fixture(scope="module")
+def compat_prometheus(node: Node, compat_pods: dict[str, tuple[str, int]],
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, str]]:
+    if PROMETHEUS is None:
+        pytest.skip("needs Debian's prometheus package (make setup installs it)")
+    mon = Monitor(node, tmp_path_factory.mktemp("monitor-compat"), "--compat", "hami,dcgm")
+    try:
+        hostname = json.loads(get(mon.url + "/api/snapshot"))["hostname"]
+        # node_name: the target label HAMi's documented scrape config relabels the node into
+        p = Prometheus(f"127.0.0.1:{mon.port}", tmp_path_factory.mktemp("prometheus-compat"),
+                       labels={"node_name": hostname})
+        try:
+            yield p, hostname
+        finally:
+            p.stop()
+    finally:
+        mon.stop()
+
+
+def grafana_expr(expr: str, hostname: str) -> str:
+    """The query Grafana sends with every variable at 'All' (.*); label_values(M, L) as
+    the series query it is."""
+    expr = expr.replace('node_name="$node_name"', f'node_name="{hostname}"')
+    for var in ("${node_name}", "${gpu}", "$namespace", "$node", "$Hostname", "$gpu"):
+        expr = expr.replace(var, ".*")
+    m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", expr)
+    return f"group by ({m.group(2)}) ({m.group(1)})" if m else expr
+
+
+def test_hami_and_dcgm_dashboard_queries_return_the_right_pods_and_gpus(
+        node: Node, compat_pods: dict[str, tuple[str, int]],
+        compat_prometheus: tuple[Prometheus, str]) -> None:
+    prom, hostname = compat_prometheus
+    gpus = {str(g.index) for g in node.sim.topology.gpus}
+    wait_until(lambda: len(prom.query("hami_vgpu_memory_used_bytes")) == len(compat_pods)
+               and {s["metric"]["gpu"] for s in prom.query("DCGM_FI_DEV_FB_USED")} == gpus
+               and len(prom.query("hami_container_device_utilization_ratio[5s]")) == len(compat_pods),
+               90, "every Pod's and GPU's compat series in Prometheus")
+    data = json.loads(COMPAT_QUERIES.read_text())
+    want = {"pods": set(compat_pods), "gpus": gpus, "hostname": {hostname}, "node_name": {hostname},
+            "namespaces": {ns for ns, _ in compat_pods.values()}}
+    for q in data["queries"]:
+        res = prom.query(grafana_expr(q["expr"], hostname))
+        assert res, q
+        labels = [s["metric"] for s in res]
+        got = {"pods": {lb.get("pod") or lb.get("podname") for lb in labels},
+               "gpus": {lb.get("gpu") or lb.get("device_index") or lb.get("deviceidx") for lb in labels},
+               "hostname": {lb.get("Hostname") for lb in labels},
+               "node_name": {lb.get("node_name") for lb in labels},
+               "namespaces": {lb.get("namespace") for lb in labels}}[q["expect"]]
+        assert got == want[q["expect"]], (q, labels)
+    # the figures are nvctk's own, in the others' units (one scrape: one evaluation time)
+    for expr in (
+        "hami_vgpu_memory_used_bytes - on (namespace, pod, container) nvctk_container_memory_used_bytes{pod!=\"\"}",
+        "vGPU_device_memory_usage_in_bytes - on (podnamespace, podname, ctrname) "
+        "label_replace(label_replace(label_replace(nvctk_container_memory_used_bytes{pod!=\"\"}, "
+        '"podnamespace", "$1", "namespace", "(.*)"), "podname", "$1", "pod", "(.+)"), '
+        '"ctrname", "$1", "container", "(.*)")',
+        "hami_container_device_utilization_ratio - on (namespace, pod, container) "
+        "round(100 * nvctk_container_sm_utilization_ratio{pod!=\"\"})",
+        "hami_host_gpu_utilization_ratio - on (device_uuid) "
+        'label_replace(round(100 * nvctk_gpu_utilization_ratio), "device_uuid", "$1", "UUID", "(.*)")',
+        'DCGM_FI_DEV_FB_USED{GPU_I_ID=""} - on (gpu) group_left floor(nvctk_gpu_memory_used_bytes / 1048576)',
+        'DCGM_FI_DEV_GPU_UTIL - on (gpu) group_left round(100 * nvctk_gpu_utilization_ratio)',
+    ):
+        res = prom.query(expr)
+        assert res and all(float(s["value"][1]) == 0 for s in res), (expr, res)
+    # shared GPU 0: a series per Pod on it, each the whole GPU's; GPU 1: no Pod, one series
+    fb = prom.query("DCGM_FI_DEV_FB_USED")
+    on0 = {s["metric"].get("pod") for s in fb if s["metric"]["gpu"] == "0"}
+    assert on0 == {p for p, (_, g) in compat_pods.items() if g == 0}
+    assert [s["metric"].get("pod") for s in fb if s["metric"]["gpu"] == "1"] == [None]
+    sl = [s["metric"] for s in fb if s["metric"].get("GPU_I_ID")]
+    mig = node.sim.topology.gpus[2].mig_devices[1]
+    assert [(m["pod"], m["GPU_I_PROFILE"]) for m in sl] == [("slice-0", mig.profile)]
+    # a ratio HAMi's users read as 0-100
+    util = prom.query('hami_container_device_utilization_ratio{pod="trainer-0"}')
+    assert 1 < float(util[0]["value"][1]) <= 100

@@ -1,5 +1,6 @@
-"""bench/monitor.py runs end to end (2 samples) and leaves nothing: no process, no cgroup,
-no temp dir. No timing is asserted (timings go to bench/results/monitor.txt)."""
+"""bench/monitor.py runs end to end (2 samples, 4 containers per GPU, a 15 s soak with
+containers coming and going) and leaves nothing: no process, no cgroup, no temp dir. No
+timing or memory figure is asserted (they go to bench/results/monitor.txt)."""
 
 from __future__ import annotations
 
@@ -23,15 +24,17 @@ def test_bench_monitor_runs_and_cleans_up(tmp_path: Path) -> None:
     out = tmp_path / "report.txt"
     work = tmp_path / "work"
     work.mkdir()
-    p = subprocess.Popen([sys.executable, str(BENCH), "-n", "2", "--out", str(out)],
+    p = subprocess.Popen([sys.executable, str(BENCH), "-n", "2", "--per-gpu", "4", "--soak", "15",
+                          "--out", str(out)],
                          env={**os.environ, "TMPDIR": str(work)}, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     log, _ = p.communicate(timeout=600)
     assert p.returncode == 0, log
     text = out.read_text()
-    assert "128 containers, 128 GPU processes" in text
-    for what in ("collect (NVML", "render (Prometheus", "scrape that collects",
-                 "/metrics over HTTP", "resident memory"):
+    assert "32 containers, 32 GPU processes" in text
+    for what in ("collect (NVML", "render a new snapshot", "scrape of an unchanged snapshot",
+                 "/metrics over HTTP", "resident memory", "containers ended and replaced",
+                 "soak resident memory"):
         assert what in text, what
     assert [p.name for p in work.iterdir() if p.name != "nvsim-cache"] == []
     left = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()

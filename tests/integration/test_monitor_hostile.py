@@ -27,9 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from nvctk.monitor.collect import Collector
-from nvctk.monitor.prom import render
+from nvctk.monitor.prom import render_text
 from support.monitor import HOLD, MIB, NODE_TESTS, NVCTK, Node, node_in
 from support.wait import until
 
@@ -66,7 +67,7 @@ def _identities(node: Node, root: str) -> dict[str, tuple[str, str, str, str]]:
     finally:
         col.close()
     labels = {}
-    for m in render(snap, snap.time, {}):
+    for m in text_string_to_metric_families(render_text(snap, {})):
         for s in m.samples:
             if s.name == "nvctk_container_memory_used_bytes":
                 labels[s.labels["container_id"]] = (s.labels["namespace"], s.labels["pod"],

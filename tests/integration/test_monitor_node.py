@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from nvctk.base import config as nvconfig
 from nvctk.monitor.collect import Collector
-from nvctk.monitor.prom import render
+from nvctk.monitor.prom import render_text
 from support.monitor import (
     HOLD,
     MIB,
@@ -50,6 +51,11 @@ from support.wait import until
 pytestmark = NODE_TESTS
 
 GIB = 1 << 30
+
+
+def render(snap: Any, now: float, errors: dict[str, int]) -> list[Any]:
+    """The snapshot's exposition as prometheus-client's parser reads it back."""
+    return list(text_string_to_metric_families(render_text(snap, errors)))
 
 
 @pytest.fixture(scope="module")
@@ -267,10 +273,10 @@ def test_an_unreadable_bundle_is_an_error_series_and_a_log_line(
     for name in ("not-mounted", str(not_a_dir), str(empty)):
         assert sum(name in m for m in warned) == 1, (name, warned)
     assert not any(str(plain) in m for m in warned)
-    text = "".join(f"{s.name}{s.labels} {s.value}\n" for m in render(snaps[-1], snaps[-1].time, errors)
-                   for s in m.samples)
-    assert "nvctk_monitor_errors_total{'Hostname': " in text and "'cause': 'bundle'} 6.0" in text
-    assert "nvctk_monitor_problems{" in text and "} 3.0" in text
+    samples = [s for m in render(snaps[-1], snaps[-1].time, errors) for s in m.samples]
+    assert [(s.labels, s.value) for s in samples if s.name == "nvctk_monitor_errors_total"] == [
+        ({"Hostname": snaps[-1].hostname, "cause": "bundle"}, 6)]
+    assert [s.value for s in samples if s.name == "nvctk_monitor_problems"] == [3]
 
 
 def test_one_id_under_two_runtime_roots_is_two_series(node: Node, tmp_path: Path) -> None:

@@ -10,11 +10,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from nvctk.monitor import containers
 from nvctk.monitor.collect import _parents, last_kernel_seconds
 from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
-from nvctk.monitor.prom import CTR_LABELS, GPU_LABELS, METRICS, render
+from nvctk.monitor.prom import CTR_LABELS, GPU_LABELS, METRICS, age_text, render_text
 
 GIB = 1 << 30
 
@@ -31,6 +33,11 @@ def snapshot() -> Snapshot:
                            devices=[DeviceUse(0, "GPU-a", "GPU-a", 0, 80 * GIB, None, 0.0, None)])
     return Snapshot(time=100.0, interval=5.0, hostname="node1", driver_version="550",
                     gpus=[g], containers=[capped, idle], collect_seconds=0.01)
+
+
+def render(snap: Snapshot, now: float, errors: dict[str, int]) -> list[Metric]:
+    """The text a scrape gets, read back by prometheus-client's own parser."""
+    return list(text_string_to_metric_families(render_text(snap, errors) + age_text(snap, now)))
 
 
 def samples(snap: Snapshot) -> dict[tuple[str, str], tuple[dict[str, str], float]]:

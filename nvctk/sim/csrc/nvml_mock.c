@@ -604,7 +604,7 @@ static void mem_of(nvmlDevice_t d, unsigned long long *total, unsigned long long
     *used = 0;
     st = nvsim_state_open();
     if (st && d->gpu < st->ngpus) {
-        nvsim_reap(st); /* memory of crashed processes is free again */
+        nvsim_reap(st); /* memory of crashed processes is free again, on every GPU */
         *used = __atomic_load_n(&st->gpus[d->gpu].mem_used, __ATOMIC_RELAXED);
         if (*used > *total)
             *used = *total;
@@ -653,7 +653,7 @@ static unsigned live_procs(nvmlDevice_t d, struct nvsim_proc *out, unsigned *idx
     unsigned n = 0;
     if (!st || d->is_mig || d->gpu >= st->ngpus)
         return 0;
-    nvsim_reap(st);
+    nvsim_reap_gpu(st, d->gpu);
     if (nvsim_lock(&st->lock) != 0)
         return 0;
     for (unsigned i = 0; i < NVSIM_MAX_PROCS; i++) {
@@ -684,7 +684,7 @@ static unsigned live_procs(nvmlDevice_t d, struct nvsim_proc *out, unsigned *idx
  * driver would still give the host pid). Resolved pids are cached per process;
  * one /proc scan resolves every new slot of a call. */
 
-#define PID_CACHE 1024
+#define PID_CACHE 4096 /* > NVSIM_MAX_PROCS: a full table of processes never thrashes it */
 struct pid_map {
     int32_t pid;
     uint64_t pidns, start;
@@ -908,7 +908,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
                                              nvmlProcessUtilizationSample_t *samples,
                                              unsigned *count, unsigned long long last_seen)
 {
-    struct nvsim_proc procs[NVSIM_MAX_PROCS]; /* 28 KiB of stack, no TLS or heap */
+    struct nvsim_proc procs[NVSIM_MAX_PROCS]; /* 70 KiB of stack, no TLS or heap */
     unsigned idx[NVSIM_MAX_PROCS], pids[NVSIM_MAX_PROCS], util[NVSIM_MAX_PROCS];
     struct nvsim_state *st;
     unsigned n, k = 0;

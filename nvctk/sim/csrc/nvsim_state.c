@@ -404,14 +404,21 @@ static void free_slot(struct nvsim_state *st, struct nvsim_proc *p)
     memset(p, 0, sizeof *p);
 }
 
-static void reap_locked(struct nvsim_state *st)
+#define ALL_GPUS UINT32_MAX
+
+static void reap_gpu_locked(struct nvsim_state *st, uint32_t gpu)
 {
     fix_fd_after_fork();
     for (unsigned i = 0; i < NVSIM_MAX_PROCS; i++) {
         struct nvsim_proc *p = &st->procs[i];
-        if (p->pid && !nvsim_proc_alive(st, p))
+        if (p->pid && (gpu == ALL_GPUS || p->gpu == gpu) && !nvsim_proc_alive(st, p))
             free_slot(st, p);
     }
+}
+
+static void reap_locked(struct nvsim_state *st)
+{
+    reap_gpu_locked(st, ALL_GPUS);
 }
 
 void nvsim_reap(struct nvsim_state *st)
@@ -419,6 +426,14 @@ void nvsim_reap(struct nvsim_state *st)
     if (!st || state_lock(st) != 0)
         return;
     reap_locked(st);
+    nvsim_unlock(&st->lock);
+}
+
+void nvsim_reap_gpu(struct nvsim_state *st, unsigned gpu)
+{
+    if (!st || state_lock(st) != 0)
+        return;
+    reap_gpu_locked(st, gpu);
     nvsim_unlock(&st->lock);
 }
 

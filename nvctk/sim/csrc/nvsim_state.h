@@ -26,9 +26,9 @@
 #pragma GCC visibility push(hidden)
 
 #define NVSIM_STATE_MAGIC 0x4e565349u /* "NVSI" */
-#define NVSIM_STATE_VERSION 3u /* 3: per-process utilization history */
+#define NVSIM_STATE_VERSION 4u /* 3: per-process utilization history; 4: 1280 slots */
 #define NVSIM_MAX_GPUS 16
-#define NVSIM_MAX_PROCS 512
+#define NVSIM_MAX_PROCS 1280 /* 8 GPUs x 128 containers (bench/monitor.py), and room */
 #define NVSIM_STATE_REL "run/nvidia-sim/state"
 #define NVSIM_STATE_CONTAINER "/run/nvidia-sim/state"
 /* NVML's utilization sample period: busy time is averaged over windows this long */
@@ -172,6 +172,10 @@ void nvsim_unlock(pthread_mutex_t *m);
 struct nvsim_proc *nvsim_proc_slot(struct nvsim_state *st, unsigned gpu);
 /* Frees the slots of dead processes, crediting their memory back to the GPU. */
 void nvsim_reap(struct nvsim_state *st);
+/* The same for one GPU's slots only: a process query of a GPU checks the owners of that
+ * GPU's slots, not the whole table's (one lock test per slot: at 1024 processes a
+ * whole-table reap per query was most of a monitor's collection). */
+void nvsim_reap_gpu(struct nvsim_state *st, unsigned gpu);
 /* Charges bytes to the GPU and this process's slot: 0, or -1 (nothing charged)
  * when mem_used would exceed mem_total or no slot is free. */
 int nvsim_mem_charge(struct nvsim_state *st, unsigned gpu, uint64_t bytes);

@@ -1,0 +1,165 @@
+"""`nvctk monitor --compat hami,dcgm` without a node: HAMi's and dcgm-exporter's names,
+units and label names from a snapshot (the facts are theirs: HAMi cmd/vGPUmonitor/metrics.go,
+dcgm-exporter etc/default-counters.csv), read back by prometheus-client's own parser; and
+the text of a snapshot rendered once however many scrapes read it."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
+from nvctk.monitor import compat, prom
+from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
+from nvctk.monitor.prom import Exposition
+
+GIB, MIB = 1 << 30, 1 << 20
+MIG_UUID = "MIG-s1"
+
+
+def host() -> HostInfo:
+    mig = MigInfo(0, MIG_UUID, 3, 0, "1g.10gb", 9856)
+    return HostInfo(driver_version="550.54.15", cuda_version="12.4", gpus=(
+        GpuInfo(0, "GPU-a", "NVIDIA H100", 0, "00000000:1B:00.0", 81920, "9.0", "nvidia", False, ()),
+        GpuInfo(1, "GPU-b", "NVIDIA H100", 1, "00000000:1C:00.0", 81920, "9.0", "nvidia", False, ()),
+        GpuInfo(2, "GPU-c", "NVIDIA H100", 2, "00000000:1D:00.0", 81920, "9.0", "nvidia", True, (mig,)),
+    ))
+
+
+def snapshot() -> Snapshot:
+    gpus = [GpuSample(index=i, uuid=u, name="NVIDIA H100", memory_total=80 * GIB,
+                      memory_used=(i + 1) * GIB + 5 * MIB, utilization=0.37, last_xid=79 if i == 0 else 0)
+            for i, u in enumerate(("GPU-a", "GPU-b", "GPU-c"))]
+
+    def pod(cid: str, name: str, dev: DeviceUse, ns: str = "team") -> ContainerSample:
+        return ContainerSample(id=cid, name=name, kind="vgpu", runtime_root="/run/runc",
+                               namespace=ns, pod=f"{name}-pod", container=name, devices=[dev])
+
+    return Snapshot(time=100.0, interval=1.0, hostname="node1", driver_version="550.54.15", gpus=gpus,
+                    containers=[
+        # two capped shares of GPU 0, one idle; a whole GPU 1 outside Kubernetes; a MIG slice
+        pod("c1", "train", DeviceUse(0, "GPU-a", "GPU-a", 700 * MIB, 80 * GIB, 3 * GIB, 0.25, 0.3,
+                                     [11], 1.7)),
+        pod("c2", "idle", DeviceUse(0, "GPU-a", "GPU-a", 0, 80 * GIB, None, 0.0, None)),
+        ContainerSample(id="c3", name="c3", kind="gpu", runtime_root="/run/runc",
+                        devices=[DeviceUse(1, "GPU-b", "GPU-b", GIB, 80 * GIB, None, 0.5, None, [13])]),
+        pod("c4", "slice", DeviceUse(2, "GPU-c", MIG_UUID, 300 * MIB, 9856 * MIB, None, 0.12, None, [14])),
+        # the same Pod container listed twice (a restart seen mid-way): one set of series
+        pod("c5", "train", DeviceUse(0, "GPU-a", "GPU-a", 1, 80 * GIB, None, 0.0, None)),
+    ])
+
+
+def series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    keys = set()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            assert key not in keys, f"duplicate series {key}: Prometheus would refuse the scrape"
+            keys.add(key)
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def test_hami_names_units_and_labels() -> None:
+    got = series(compat.render("hami", snapshot(), host()))
+    (gl, gv), *_ = got["hami_host_gpu_memory_used_bytes"]
+    assert gl == {"zone": "vGPU", "node": "node1", "device_index": "0", "device_uuid": "GPU-a",
+                  "device_type": "NVIDIA-NVIDIA H100"} and gv == GIB + 5 * MIB
+    assert {v for _, v in got["hami_host_gpu_utilization_ratio"]} == {37}  # HAMi's 0-100
+    assert {v for _, v in got["HostCoreUtilization"]} == {37}
+    legacy_host = got["HostGPUMemoryUsage"][0][0]
+    assert set(legacy_host) == {"zone", "nodeid", "deviceidx", "deviceuuid", "devicetype"}
+
+    def by_pod(name: str) -> dict[str, tuple[dict[str, str], float]]:
+        return {lb.get("pod", lb.get("podname", "")): (lb, v) for lb, v in got.get(name, [])}
+
+    used = by_pod("hami_vgpu_memory_used_bytes")
+    assert set(used) == {"train-pod", "idle-pod", "slice-pod"}  # Pods only; each once
+    lb, v = used["train-pod"]
+    assert lb == {"zone": "vGPU", "namespace": "team", "pod": "train-pod", "container": "train",
+                  "vdevice_index": "0", "device_uuid": "GPU-a"} and v == 700 * MIB
+    assert by_pod("hami_container_device_memory_bytes")["train-pod"][1] == 700 * MIB
+    assert by_pod("hami_vgpu_memory_limit_bytes")["train-pod"][1] == 3 * GIB
+    assert by_pod("hami_vgpu_memory_limit_bytes")["idle-pod"][1] == 80 * GIB  # uncapped: the device
+    assert by_pod("hami_vgpu_memory_limit_bytes")["slice-pod"][1] == 9856 * MIB
+    assert by_pod("hami_container_device_utilization_ratio")["train-pod"][1] == 25  # 0-100
+    assert by_pod("hami_container_last_kernel_elapsed_seconds").keys() == {"train-pod"}
+    assert by_pod("hami_container_last_kernel_elapsed_seconds")["train-pod"][1] == 1  # whole seconds
+    assert by_pod("hami_vgpu_memory_used_bytes")["slice-pod"][0]["device_uuid"] == "GPU-c"
+    old = by_pod("vGPU_device_memory_usage_in_bytes")["train-pod"]
+    assert old == ({"zone": "vGPU", "podnamespace": "team", "podname": "train-pod", "ctrname": "train",
+                    "vdeviceid": "0", "deviceuuid": "GPU-a"}, 700 * MIB)
+    assert by_pod("vGPU_device_memory_limit_in_bytes")["train-pod"][1] == 3 * GIB
+    assert by_pod("Device_utilization_desc_of_container")["train-pod"][1] == 25
+    assert by_pod("Device_last_kernel_of_container")["train-pod"][1] == 1
+    desc = by_pod("Device_memory_desc_of_container")["train-pod"]
+    assert (desc[0]["context"], desc[0]["module"], desc[0]["data"], desc[0]["offset"], desc[1]) == (
+        "0", "0", str(700 * MIB), "0", 700 * MIB)
+
+
+def test_dcgm_names_units_and_labels() -> None:
+    got = series(compat.render("dcgm", snapshot(), host()))
+    fb = got["DCGM_FI_DEV_FB_USED"]
+    gpu0 = [(lb, v) for lb, v in fb if lb["gpu"] == "0"]
+    # a shared GPU: one series per Pod container on it, each the whole GPU's figure (MiB)
+    assert sorted(lb["pod"] for lb, _ in gpu0) == ["idle-pod", "train-pod"]
+    assert {v for _, v in gpu0} == {1029}  # 1 GiB + 5 MiB
+    lb = gpu0[0][0]
+    assert {k: lb[k] for k in ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
+                               "DCGM_FI_DRIVER_VERSION", "namespace", "container")} == {
+        "gpu": "0", "UUID": "GPU-a", "pci_bus_id": "00000000:1B:00.0", "device": "nvidia0",
+        "modelName": "NVIDIA H100", "Hostname": "node1", "DCGM_FI_DRIVER_VERSION": "550.54.15",
+        "namespace": "team", "container": lb["pod"].removesuffix("-pod")}
+    # a GPU no Pod holds: one series, no Pod labels
+    gpu1 = [lb for lb, _ in fb if lb["gpu"] == "1"]
+    assert len(gpu1) == 1 and "pod" not in gpu1[0]
+    free = {(lb["gpu"], lb.get("pod", "")): v for lb, v in got["DCGM_FI_DEV_FB_FREE"]}
+    assert free[("1", "")] == 80 * 1024 - 2053
+    assert {v for _, v in got["DCGM_FI_DEV_GPU_UTIL"]} == {37}
+    assert {v for lb, v in got["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] if "GPU_I_ID" not in lb} == {0.37}
+    assert {v for lb, v in got["DCGM_FI_DEV_XID_ERRORS"] if lb["gpu"] == "0"} == {79}
+    # the MIG slice: its own series with the GPU instance's id and profile
+    sl = [(lb, v) for lb, v in fb if "GPU_I_ID" in lb]
+    assert len(sl) == 1
+    lb, v = sl[0]
+    assert (lb["gpu"], lb["GPU_I_ID"], lb["GPU_I_PROFILE"], lb["pod"], v) == ("2", "3", "1g.10gb", "slice-pod", 300)
+    assert [v for lb, v in got["DCGM_FI_DEV_FB_FREE"] if "GPU_I_ID" in lb] == [9856 - 300]
+    assert [v for lb, v in got["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] if "GPU_I_ID" in lb] == [0.12]
+
+
+def test_formats_parsed_and_refused() -> None:
+    assert compat.parse_formats("hami,dcgm") == ("dcgm", "hami")
+    assert compat.parse_formats(" DCGM ") == ("dcgm",)
+    for bad in ("", "hami,nvml", ","):
+        with pytest.raises(ValueError, match="not a list of dcgm, hami"):
+            compat.parse_formats(bad)
+
+
+def test_a_snapshot_is_rendered_once_for_all_its_scrapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = prom.render_text
+
+    def counted(snap: Snapshot, errors: dict[str, int]) -> str:
+        calls.append(snap)
+        return real(snap, errors)
+
+    monkeypatch.setattr(prom, "render_text", counted)
+    ex = Exposition(("dcgm", "hami"), host())
+    a, b = snapshot(), snapshot()
+    first = ex.body(a, 101.0, {})
+    again = ex.body(a, 107.0, {})
+    assert calls == [a]
+    # the same series, only the snapshot's age moved on with the scrape
+    age = "nvctk_monitor_snapshot_age_seconds"
+    assert [ln for ln in first.decode().splitlines() if not ln.startswith(age)] == [
+        ln for ln in again.decode().splitlines() if not ln.startswith(age)]
+    assert series(again.decode())[age][0][1] == 7.0
+    ex.body(b, 108.0, {})
+    assert calls == [a, b]
+    text = ex.body(b, 108.0, {}).decode()
+    got = series(text)  # nvctk's and both compat formats in one valid exposition
+    assert {"nvctk_container_memory_used_bytes", "hami_vgpu_memory_used_bytes",
+            "DCGM_FI_DEV_FB_USED"} <= set(got)
+    # a whole GPU's size is the GPU's series; a slice has its own
+    assert [lb["container_id"] for lb, _ in got["nvctk_container_memory_total_bytes"]] == ["c4"]
