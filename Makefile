@@ -25,10 +25,11 @@ apt:
 	fi
 
 # an editable install builds nvctk/_sys.c in place, generates the device plugin's gRPC
-# modules beside their .proto and compiles the launchers into
+# modules (the device plugin's, the DRA plugin's) beside their .proto and compiles the launchers into
 # .venv/bin: again when they change
 LAUNCHER_SOURCES := runtime_shim/launcher.c runtime_shim/nvctk-runtime.c hooks/nvctk-hook.c cli/nvctk.c
-$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c $(LAUNCHER_SOURCES) nvctk/k8s/api.proto
+$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c $(LAUNCHER_SOURCES) nvctk/k8s/api.proto \
+                    $(wildcard nvctk/dra/protos/*.proto)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

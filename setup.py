@@ -1,7 +1,8 @@
 """Build hook only; the project's metadata is in pyproject.toml.
 
-build_py first generates the device plugin's gRPC modules from
-nvctk/k8s/api.proto (grpcio-tools, a build requirement).
+build_py first generates the kubelet plugins' gRPC modules from nvctk/k8s/api.proto
+(the device plugin) and nvctk/dra/protos/*.proto (the DRA plugin) (grpcio-tools, a
+build requirement).
 
 A wheel (and the Debian package, built from one) carries libvgpu.so as
 nvctk/lib/libvgpu.so: build_py runs `make -C libvgpu` and copies the library in.
@@ -40,12 +41,12 @@ class BuildPyWithLibvgpu(build_py):
     """build_py, then build libvgpu and put it at <build_lib>/nvctk/lib/libvgpu.so."""
 
     def run(self) -> None:
-        # the device plugin's gRPC modules, generated beside their .proto (not committed)
+        # the kubelet plugins' gRPC modules, generated beside their .proto (not committed)
         gen = os.path.join(HERE, "nvctk", "k8s", "gen.py")
         try:
             subprocess.run([sys.executable, gen], check=True)
         except (OSError, subprocess.CalledProcessError) as e:
-            raise SystemExit(f"nvctk: generating the device plugin's gRPC code failed ({e})")
+            raise SystemExit(f"nvctk: generating the kubelet plugins' gRPC code failed ({e})")
         super().run()
         if getattr(self, "editable_mode", False):
             return

@@ -128,6 +128,7 @@ def main() -> None:
     mon_proc = None
     try:
         sim, root = build_node(tmp, cg_base, procs)
+        root = f"containerd={root}"  # its containers carry containerd's CRI keys
         col = Collector(sim.root, [root])  # type: ignore[attr-defined]
         mon = Monitor(col, 1.0)
         snap = col.collect()

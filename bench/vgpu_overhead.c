@@ -17,9 +17,21 @@
  *                            launch on device 0 - on device 1), in one process: with an SM
  *                            limit on device 0 only, the limiter's own cost, robust to load
  *                            from other work on the machine
+ *   vgpu_overhead pattern KIND B GAP_US N [THREADS]
+ *                            N pairs of bursts of B launches, each burst after GAP_US of idle
+ *                            (0: back to back), one burst on device 0 and one on device 1,
+ *                            alternating which goes first; prints the median over the pairs of
+ *                            (ns per launch on device 0 - on device 1) and the median ns per
+ *                            launch on device 0. KIND: kernel (cuLaunchKernel), ex
+ *                            (cuLaunchKernelEx), coop (cuLaunchCooperativeKernel), graph
+ *                            (cuGraphLaunch of a 1-node graph), streams (cuLaunchKernel over 4
+ *                            streams in turn); THREADS > 1: that many threads at once on the
+ *                            same contexts, each pairing its own bursts (the figures are the
+ *                            medians over all threads' pairs)
  * Entry points come through cuGetProcAddress, as the CUDA runtime gets them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +55,82 @@ static int print_median(double *v, long n) {
         }
     printf("%.2f\n", v[n / 2]);
     return 0;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* ---- the pattern mode: bursts on two devices (device 0 SM-limited) ---- */
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            CUstream, void **);
+typedef CUresult (*ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*glaunch_fn)(CUgraphExec, CUstream);
+static struct {
+    const char *kind;
+    long b, gap_us, n;
+    CUcontext ctx[2];
+    CUfunction f[2];
+    CUstream st[2][4];
+    CUgraphExec gx[2];
+    launch_fn launch;
+    coop_fn coop;
+    ex_fn ex;
+    glaunch_fn glaunch;
+    CUresult (*setcur)(CUcontext);
+} P;
+
+static int burst(int d) {
+    for (long k = 0; k < P.b; k++) {
+        CUresult r;
+        if (!strcmp(P.kind, "ex")) {
+            CUlaunchConfig c = {1, 1, 1, 1, 1, 1, 0, NULL, NULL, 0};
+            r = P.ex(&c, P.f[d], NULL, NULL);
+        } else if (!strcmp(P.kind, "coop")) {
+            r = P.coop(P.f[d], 1, 1, 1, 1, 1, 1, 0, NULL, NULL);
+        } else if (!strcmp(P.kind, "graph")) {
+            r = P.glaunch(P.gx[d], NULL);
+        } else if (!strcmp(P.kind, "streams")) {
+            r = P.launch(P.f[d], 1, 1, 1, 1, 1, 1, 0, P.st[d][k & 3], NULL, NULL);
+        } else {
+            r = P.launch(P.f[d], 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        }
+        if (r) return -1;
+    }
+    return 0;
+}
+
+struct pres {
+    double *diff, *abs0;
+    int rc;
+};
+
+static void *pattern_thread(void *arg) {
+    struct pres *o = arg;
+    o->rc = 0;
+    for (int w = 0; w < 3; w++) /* warm both devices' paths and estimates */
+        for (int d = 0; d < 2; d++)
+            if (P.setcur(P.ctx[d]) || burst(d)) return o->rc = 6, NULL;
+    for (long i = 0; i < P.n; i++) {
+        double t[2];
+        for (int j = 0; j < 2; j++) {
+            int d = (int)((i + j) % 2); /* alternate which device goes first */
+            if (P.setcur(P.ctx[d])) return o->rc = 6, NULL;
+            if (P.gap_us) {
+                struct timespec gap = {P.gap_us / 1000000, (P.gap_us % 1000000) * 1000};
+                nanosleep(&gap, NULL);
+            }
+            double t0 = now_ns();
+            if (burst(d)) return o->rc = 6, NULL;
+            t[d] = (now_ns() - t0) / (double)P.b;
+        }
+        o->diff[i] = t[0] - t[1];
+        o->abs0[i] = t[0];
+    }
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -75,7 +163,7 @@ int main(int argc, char **argv) {
     launch_t launch = NULL;
     void *mod;
     CUfunction f = NULL;
-    if (!strncmp(argv[1], "launch", 6)) {
+    if (!strncmp(argv[1], "launch", 6) || !strcmp(argv[1], "pattern")) {
         GET(load, "cuModuleLoadData");
         GET(getfn, "cuModuleGetFunction");
         GET(launch, "cuLaunchKernel");
@@ -163,6 +251,57 @@ int main(int argc, char **argv) {
             diff[i] = t[0] - t[1];
         }
         return print_median(diff, n);
+    }
+    if (!strcmp(argv[1], "pattern")) {
+        if (argc < 6) return 64;
+        P.kind = argv[2], P.b = atol(argv[3]), P.gap_us = atol(argv[4]), P.n = atol(argv[5]);
+        int nt = argc > 6 ? atoi(argv[6]) : 1;
+        if (nt < 1 || nt > 16 || P.b < 1 || P.n < 1) return 64;
+        CUresult (*screate)(CUstream *, unsigned), (*gcreate)(void **, unsigned),
+            (*gadd)(void **, void *, void *, size_t, const void *), (*ginst)(CUgraphExec *, void *, unsigned long long);
+        GET(P.coop, "cuLaunchCooperativeKernel");
+        GET(P.ex, "cuLaunchKernelEx");
+        GET(P.glaunch, "cuGraphLaunch");
+        GET(screate, "cuStreamCreate");
+        GET(gcreate, "cuGraphCreate");
+        GET(gadd, "cuGraphAddKernelNode");
+        GET(ginst, "cuGraphInstantiate");
+        P.launch = launch, P.setcur = setcur;
+        CUdevice d1;
+        if (get(&d1, 1) || retain(&P.ctx[1], d1)) return 4;
+        P.ctx[0] = ctx, P.f[0] = f;
+        for (int d = 0; d < 2; d++) {
+            void *m, *g, *node;
+            if (setcur(P.ctx[d])) return 5;
+            if (d && (load(&m, "x") || getfn(&P.f[1], m, "busy"))) return 5;
+            for (int k = 0; k < 4; k++)
+                if (screate(&P.st[d][k], 0)) return 5;
+            struct { /* CUDA_KERNEL_NODE_PARAMS (v2) */
+                CUfunction func;
+                unsigned g[3], b[3], shm;
+                void **params, **extra;
+                void *kern, *ctx;
+            } kp = {P.f[d], {1, 1, 1}, {1, 1, 1}, 0, NULL, NULL, NULL, NULL};
+            if (gcreate(&g, 0) || gadd(&node, g, NULL, 0, &kp) || ginst(&P.gx[d], g, 0)) return 5;
+        }
+        pthread_t th[16];
+        struct pres o[16];
+        for (int t = 0; t < nt; t++) {
+            o[t].diff = malloc(sizeof(double) * (size_t)P.n);
+            o[t].abs0 = malloc(sizeof(double) * (size_t)P.n);
+            if (pthread_create(&th[t], NULL, pattern_thread, &o[t])) return 9;
+        }
+        double *all = malloc(sizeof(double) * (size_t)(P.n * nt)), *abs0 = malloc(sizeof(double) * (size_t)(P.n * nt));
+        for (int t = 0; t < nt; t++) {
+            pthread_join(th[t], NULL);
+            if (o[t].rc) return o[t].rc;
+            memcpy(all + t * P.n, o[t].diff, sizeof(double) * (size_t)P.n);
+            memcpy(abs0 + t * P.n, o[t].abs0, sizeof(double) * (size_t)P.n);
+        }
+        qsort(all, (size_t)(P.n * nt), sizeof(double), cmp_d);
+        qsort(abs0, (size_t)(P.n * nt), sizeof(double), cmp_d);
+        printf("%.2f %.2f\n", all[P.n * nt / 2], abs0[P.n * nt / 2]);
+        return 0;
     }
     if (!strcmp(argv[1], "alloc")) {
         CUresult (*alloc)(CUdeviceptr *, size_t), (*mfree)(CUdeviceptr);

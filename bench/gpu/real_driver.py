@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 
+from nvctk.sim.demo import make_bundle
 from nvctk.sim.rootfs import build_rootfs
 
 
@@ -34,20 +35,6 @@ def sh(argv: list[str], env: dict[str, str] | None = None, timeout: float = 120)
     except subprocess.TimeoutExpired:
         return 124, f"timed out after {timeout}s"
     return p.returncode, (p.stdout + p.stderr).strip()
-
-
-def bundle(path: str, rootfs: str, runc: str, env: list[str], args: list[str]) -> str:
-    os.makedirs(path)
-    subprocess.run([runc, "spec", "--bundle", path], check=True)
-    with open(os.path.join(path, "config.json")) as f:
-        spec = json.load(f)
-    spec["root"] = {"path": rootfs, "readonly": False}
-    spec["process"]["terminal"] = False
-    spec["process"]["args"] = args
-    spec["process"]["env"] = ["PATH=/usr/local/bin:/usr/bin:/bin", *env]
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(spec, f, indent=1)
-    return path
 
 
 def write_config(path: str, opts: argparse.Namespace, mode: str, cdi_dir: str) -> None:
@@ -110,7 +97,7 @@ def main() -> int:
         "nogpu": (legacy, [], ["sh", "-c", "ls /dev | tr '\\n' ' '"]),
     }
     for n, (name, (config, env, args)) in enumerate(cases.items()):
-        b = bundle(os.path.join(tmp, f"b-{name}"), rootfs, opts.runc, env, args)
+        b = make_bundle(os.path.join(tmp, f"b-{name}"), rootfs, env, args, opts.runc)
         rc, text = sh([runtime, "--root", root, "run", "--bundle", b, f"real-{n}"],
                       {"NVCTK_CONFIG": config})
         out[name] = {"rc": rc, "out": text[-3000:]}
@@ -127,7 +114,7 @@ def main() -> int:
     def starts(argv_of, config: str, env: list[str]) -> list[float]:
         times = []
         for i in range(opts.reps):
-            b = bundle(os.path.join(tmp, f"t-{len(os.listdir(tmp))}"), rootfs, opts.runc, env, ["true"])
+            b = make_bundle(os.path.join(tmp, f"t-{len(os.listdir(tmp))}"), rootfs, env, ["true"], opts.runc)
             t0 = time.perf_counter()
             sh(argv_of(b, f"t{i}-{os.path.basename(b)}"), {"NVCTK_CONFIG": config})
             times.append((time.perf_counter() - t0) * 1000)

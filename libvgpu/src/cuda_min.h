@@ -100,6 +100,21 @@ typedef struct { /* CUmemPoolProps: libvgpu reads the location only */
     unsigned char reserved[54];
 } CUmemPoolProps;
 
+typedef struct { /* CUDA_LAUNCH_PARAMS: cuLaunchCooperativeKernelMultiDevice's entries */
+    CUfunction function;
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void **kernelParams;
+} CUDA_LAUNCH_PARAMS;
+
+typedef struct { /* CUDA_MEM_ALLOC_NODE_PARAMS (v1): libvgpu reads the pool's location and the size */
+    CUmemPoolProps poolProps;
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
 /* cuGetProcAddress flags */
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2
 

@@ -2,6 +2,7 @@
  * attaching at the first cuInit, the state every wrapper checks, and the
  * wrappers of contexts and memory queries. */
 #include "internal.h"
+#include <sys/mman.h>
 
 struct ldev ldevs[VGPU_LDEV_MAX];
 int nldev;
@@ -19,7 +20,10 @@ void adv_set(int li, uint64_t cap, unsigned pct) {
     adv_sm_set(li, pct);
 }
 
-int g_state;
+static int state_static;
+int *vgpu_statep = &state_static;
+int vgpu_wipe_ok;
+static pid_t att_pid; /* the process that attached; 0 = none yet */
 int g_launch_fast; /* launches need no gating: tail-call the real one */
 pthread_mutex_t vgpu_init_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -217,12 +221,48 @@ __attribute__((destructor)) static void vgpu_fini(void) {
     shm_detach();
 }
 
+#ifndef MADV_WIPEONFORK
+#define MADV_WIPEONFORK 18
+#endif
+/* Moves the state into a page the kernel zeroes in a forked child (Linux
+ * >= 4.14), so that every wrapper of a child, made by glibc's fork or the raw
+ * system call, finds ST_UNINIT and comes here (vgpu_init_mu held). */
+static void state_page(void) {
+    if (vgpu_statep != &state_static) return;
+    void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    if (madvise(p, 4096, MADV_WIPEONFORK) != 0) {
+        munmap(p, 4096); /* old kernel: the pid is compared on the slow paths (vgpu_fork_check) */
+        return;
+    }
+    *(int *)p = __atomic_load_n(&state_static, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&vgpu_statep, (int *)p, __ATOMIC_RELEASE);
+    __atomic_store_n(&vgpu_wipe_ok, 1, __ATOMIC_RELEASE);
+}
+
+/* In a child of a process that attached (any fork): it becomes a process that
+ * holds nothing of its parent's (ledger_forked_child: its allocations and
+ * SM-limited launches are refused), and 1 is returned. Else 0. */
+int vgpu_fork_check(void) {
+    pid_t a = __atomic_load_n(&att_pid, __ATOMIC_ACQUIRE);
+    if (!a || getpid() == a) return 0;
+    pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
+    vgpu_init_mu = init; /* a raw fork copies mutexes other threads held */
+    ledger_forked_child();
+    __atomic_store_n(&att_pid, getpid(), __ATOMIC_RELEASE); /* a grandchild is told apart from us */
+    __atomic_store_n(&g_state, ST_ACTIVE, __ATOMIC_RELEASE); /* wiped in a child: the wrappers run again */
+    vgpu_log(VGPU_LOG_DEBUG, "a forked child: no allocations or SM-limited launches of its own");
+    return 1;
+}
+
 /* Slow path of every wrapper: loads config, resolves the driver, attaches.
  * Returns ST_PASS, ST_ACTIVE or ST_ERROR. */
 int vgpu_enter_slow(int call_cuinit) {
+    if (vgpu_fork_check()) return ST_ACTIVE;
     int crc = cfg_status();
     resolve_cuda_once();
     pthread_mutex_lock(&vgpu_init_mu);
+    state_page();
     int st = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE);
     if (st != ST_UNINIT) goto out;
     if (crc < 0) {
@@ -238,6 +278,7 @@ int vgpu_enter_slow(int call_cuinit) {
             st = ST_ERROR;
         } else {
             st = ST_ACTIVE;
+            __atomic_store_n(&att_pid, getpid(), __ATOMIC_RELEASE);
         }
     }
     __atomic_store_n(&g_launch_fast, st == ST_PASS || (st == ST_ACTIVE && !any_sm), __ATOMIC_RELEASE);

@@ -60,7 +60,10 @@ __asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                   \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch)       \
     X(cuGraphLaunch_ptsz) X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2)  \
-    X(cuStreamBeginCapture_v2_ptsz) X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz)
+    X(cuStreamBeginCapture_v2_ptsz) X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz)   \
+    X(cuLaunch) X(cuLaunchGrid) X(cuLaunchGridAsync) X(cuLaunchCooperativeKernelMultiDevice)              \
+    X(cuFuncSetBlockShape) X(cuFuncSetSharedSize) X(cuGraphAddMemAllocNode) X(cuGraphDestroy)             \
+    X(cuGraphInstantiate) X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams)
 #define NVML_HOOKS(X)                                                                                     \
     X(nvmlInit) X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) \
     X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetComputeRunningProcesses_v2)                     \
@@ -125,7 +128,14 @@ extern __thread int vgpu_nested __attribute__((tls_model("initial-exec")));
 
 /* ---- devices.c: this process's devices, attach, the state machine ---- */
 enum { ST_UNINIT = 0, ST_PASS = 1, ST_ACTIVE = 2, ST_ERROR = -1 };
-extern int g_state;
+/* The state lives in a page the kernel wipes in any forked child
+ * (MADV_WIPEONFORK; a static int where the kernel lacks it): a child made by
+ * fork(), glibc's or the raw system call, reads ST_UNINIT and takes the slow
+ * path, which finds it is not the process that attached (vgpu_forked). */
+extern int *vgpu_statep;
+#define g_state (*vgpu_statep)
+extern int vgpu_wipe_ok; /* the state page is wiped on fork: no pid check needed on fast paths */
+int vgpu_fork_check(void); /* 1 (after making it a new, unattached process) in a forked child */
 extern int g_launch_fast; /* launches need no gating: tail-call the real one */
 int vgpu_enter_slow(int call_cuinit);
 static inline int vgpu_enter(void) {
@@ -202,6 +212,7 @@ void reap(struct vgpu_shm *img, const int *cand, int n);
 int shm_dev(struct vgpu_shm *img, const char *uuid, int create);
 int shm_attach(int n);        /* takes a slot, publishes this process's limits */
 void shm_detach(void);
+int slot_debt_publish(int ce, uint64_t v);
 void shm_atfork_child(void);
 uint64_t proc_start_time(pid_t pid);
 
@@ -209,7 +220,7 @@ uint64_t proc_start_time(pid_t pid);
 #define LEDGER_NWIN VGPU_MAX_DEV
 int ledger_open(void);
 int ledger_claim(void);
-void ledger_atfork_child(void);
+void ledger_forked_child(void); /* a forked child holds nothing of its parent's */
 void ledger_attached(int on);
 int win_of(int idx);
 uint64_t cap_of(const struct ldev *ld);
@@ -229,7 +240,10 @@ struct pm_ent {
     int32_t e;
     uint32_t pool; /* stream-ordered: its pool's entry id (0 = none known) */
 };
-enum { MAP_PTR, MAP_VMM, MAP_ARRAY, MAP_CTX, MAP_N };
+/* MAP_GRAPH: a graph's allocation nodes' bytes per device, MAP_GEXEC: what an
+ * instantiated graph was charged for them (keys: gmem_key) */
+enum { MAP_PTR, MAP_VMM, MAP_ARRAY, MAP_CTX, MAP_GRAPH, MAP_GEXEC, MAP_N };
+void gexec_release(CUgraphExec g); /* an instantiated graph destroyed: its graph allocations credited */
 int pm_take(int which, uint64_t key, struct pm_ent *out);
 void pm_put(int which, uint64_t key, uint64_t size, int e);
 
@@ -317,6 +331,18 @@ EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode);
 EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, void *g, const void *deps, const void *data, size_t n, int mode);
 EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, void *g, const void *deps, const void *data, size_t n, int mode);
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec g);
+EXPORT CUresult cuLaunch(CUfunction f);
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h);
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s);
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned n, unsigned flags);
+EXPORT CUresult cuFuncSetBlockShape(CUfunction f, int x, int y, int z);
+EXPORT CUresult cuFuncSetSharedSize(CUfunction f, unsigned bytes);
+EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps, size_t n, CUDA_MEM_ALLOC_NODE_PARAMS *p);
+EXPORT CUresult cuGraphDestroy(void *graph);
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *g, void *graph, void *errnode, char *log, size_t logsize);
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *g, void *graph, void *errnode, char *log, size_t logsize);
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *g, void *graph, unsigned long long flags);
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *g, void *graph, void *params);
 EXPORT CUresult cuModuleUnload(CUmodule m);
 EXPORT CUresult cuLibraryUnload(void *l);
 EXPORT CUresult cuGraphExecUpdate(CUgraphExec g, void *graph, void *node, void *res);

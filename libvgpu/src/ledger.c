@@ -26,12 +26,15 @@ static pthread_mutex_t grant_mu = PTHREAD_MUTEX_INITIALIZER; /* one slow path pe
 
 static const char *ledger_path(void) { return cfg.limits_file[0] ? cfg.limits_file : cfg.cache; }
 
-/* A forked child is a new process: it never charges or credits its parent's
- * memory (CUDA state does not survive fork anyway, so its allocations are
- * refused). Its copy of the ledger's descriptor is closed (the open file
- * description, and the parent's leases on it, stay the parent's); a later
- * query opens a fresh one. */
-static void atfork_child(void) {
+/* A forked child (glibc's fork, or the raw system call: devices.c notices
+ * the pid change) holds nothing of its parent's: it never charges or credits
+ * its parent's memory, and its allocations and SM-limited launches are refused
+ * (CUDA state does not survive fork on a real driver; libvgpu does not rely
+ * on that). Its copy of the ledger's descriptor is closed (the open file
+ * description, and the parent's leases and markers on it, stay the parent's;
+ * a lock call on it would change the parent's); a later query opens a fresh
+ * one. Idempotent: both the atfork handler and the pid check may run it. */
+void ledger_forked_child(void) {
     pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
     mem_mu = init;
     grant_mu = init;
@@ -46,6 +49,7 @@ static void atfork_child(void) {
     shm_atfork_child();
     sm_atfork_child();
 }
+static void atfork_child(void) { ledger_forked_child(); }
 static void atfork_register(void) { pthread_atfork(NULL, NULL, atfork_child); }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
@@ -276,6 +280,7 @@ out:
  * process's lease: no system call. */
 int charge(const struct ldev *ld, uint64_t bytes) {
     int w = ld->e;
+    if (UNLIKELY(!vgpu_wipe_ok)) vgpu_fork_check(); /* no wiped state page: the pid decides */
     pthread_mutex_lock(&mem_mu);
     if (LIKELY(mem_attached && bytes <= own_lease[w] - own_used[w])) {
         own_used[w] += bytes;

@@ -742,3 +742,95 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
     FREE_BODY(MAP_ARRAY, arr, REAL(cuMipmappedArrayDestroy)(arr));
 }
 
+
+/* ---- graph memory nodes (issue 25, family 10): an allocation node holds
+ * nothing itself; each graph instantiated from its graph holds the memory
+ * (a real driver backs graph allocations per instantiated graph) from its
+ * instantiation to its destruction. So the node's bytes are noted per graph
+ * and device, charged at each instantiation before the driver's call (refused
+ * over the cap), credited when that instantiated graph is destroyed. Sizes
+ * are rounded up to 2 MiB (the driver's granularity for them: never less). */
+#define GMEM_ALIGN (2ull << 20)
+static uint64_t gmem_key(const void *h, int li) { return (uint64_t)(uintptr_t)h ^ ((uint64_t)li << 57); }
+
+#define GUARD_REAL(name)                                             \
+    if (!REAL(name) && vgpu_enter() != ST_ERROR && !REAL(name)) return CUDA_ERROR_NOT_FOUND
+
+EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, const void *deps, size_t n,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *p) {
+    GUARD_REAL(cuGraphAddMemAllocNode);
+    ENTER_OR(REAL(cuGraphAddMemAllocNode)(node, graph, deps, n, p));
+    struct ldev *ld = NULL;
+    if (p && p->poolProps.location.type == 1 /* CU_MEM_LOCATION_TYPE_DEVICE */)
+        ld = ldev_for(p->poolProps.location.id);
+    if (ld == LD_REFUSE) return refuse_dev("a graph memory allocation node");
+    CUresult r = NESTED(REAL(cuGraphAddMemAllocNode)(node, graph, deps, n, p));
+    if (r != CUDA_SUCCESS || !ld || !graph) return r;
+    int li = (int)(ld - ldevs);
+    uint64_t bytes = (p->bytesize + GMEM_ALIGN - 1) / GMEM_ALIGN * GMEM_ALIGN;
+    if (bytes < p->bytesize) bytes = UINT64_MAX; /* wrapped: nothing can grant it */
+    struct pm_ent ent;
+    if (pm_take(MAP_GRAPH, gmem_key(graph, li), &ent)) bytes = sat_add(bytes, ent.size);
+    pm_put(MAP_GRAPH, gmem_key(graph, li), bytes, ld->e);
+    return r;
+}
+
+EXPORT CUresult cuGraphDestroy(void *graph) {
+    GUARD_REAL(cuGraphDestroy);
+    ENTER_OR(REAL(cuGraphDestroy)(graph));
+    CUresult r = NESTED(REAL(cuGraphDestroy)(graph));
+    if (r == CUDA_SUCCESS) {
+        struct pm_ent ent;
+        for (int li = 0; li < nldev; li++) pm_take(MAP_GRAPH, gmem_key(graph, li), &ent);
+    }
+    return r;
+}
+
+/* Charges what instantiating graph holds, per device, into got[]. 0, or -1
+ * (refused over a cap: nothing stays charged). */
+static int gexec_charge(void *graph, uint64_t *got) {
+    for (int li = 0; li < nldev; li++) {
+        struct pm_ent ent;
+        got[li] = 0;
+        if (!pm_take(MAP_GRAPH, gmem_key(graph, li), &ent)) continue;
+        pm_put(MAP_GRAPH, gmem_key(graph, li), ent.size, ent.e);
+        if (charge(&ldevs[li], ent.size) < 0) {
+            for (int k = 0; k < li; k++)
+                if (got[k]) credit(ldevs[k].e, got[k]);
+            return -1;
+        }
+        got[li] = ent.size;
+    }
+    return 0;
+}
+
+static CUresult gexec_done(CUresult r, CUgraphExec *g, const uint64_t *got) {
+    for (int li = 0; li < nldev; li++) {
+        if (!got[li]) continue;
+        if (r == CUDA_SUCCESS && g && *g) pm_put(MAP_GEXEC, gmem_key(*g, li), got[li], ldevs[li].e);
+        else credit(ldevs[li].e, got[li]);
+    }
+    return r;
+}
+
+void gexec_release(CUgraphExec g) {
+    if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) != ST_ACTIVE) return;
+    struct pm_ent ent;
+    for (int li = 0; li < nldev; li++)
+        if (pm_take(MAP_GEXEC, gmem_key(g, li), &ent)) credit(ent.e, ent.size);
+}
+
+#define INSTANTIATE(name, args, call)                                          \
+    EXPORT CUresult name args {                                                \
+        GUARD_REAL(name);                                                      \
+        ENTER_OR(REAL(name) call);                                             \
+        uint64_t got_[VGPU_LDEV_MAX];                                          \
+        if (gexec_charge(graph, got_) < 0) return CUDA_ERROR_OUT_OF_MEMORY;    \
+        return gexec_done(NESTED(REAL(name) call), g, got_);                   \
+    }
+INSTANTIATE(cuGraphInstantiate, (CUgraphExec *g, void *graph, void *errnode, char *log, size_t logsize),
+            (g, graph, errnode, log, logsize))
+INSTANTIATE(cuGraphInstantiate_v2, (CUgraphExec *g, void *graph, void *errnode, char *log, size_t logsize),
+            (g, graph, errnode, log, logsize))
+INSTANTIATE(cuGraphInstantiateWithFlags, (CUgraphExec *g, void *graph, unsigned long long flags), (g, graph, flags))
+INSTANTIATE(cuGraphInstantiateWithParams, (CUgraphExec *g, void *graph, void *params), (g, graph, params))

@@ -42,6 +42,11 @@
 #define VGPU_SM_PRES_END \
     (VGPU_SM_PRES_BASE + (long long)VGPU_LEDGER_NREG * VGPU_MAX_DEV * VGPU_SM_PRES_EPOCHS)
 
+/* A slot's sm_debt while a launch of unknown cost runs: the flag and its start.
+ * A slot freed in that state owes the time since (at most VGPU_SM_DEBT_MAX_NS). */
+#define VGPU_SM_DEBT_INFLIGHT (1ull << 63)
+#define VGPU_SM_DEBT_MAX_NS 60000000000ull /* the most debt carried over per device entry */
+
 struct vgpu_shm_hdr {          /* 128 bytes */
     uint32_t magic;
     uint32_t version;
@@ -62,7 +67,8 @@ struct vgpu_shm_dev {          /* 128 bytes */
     uint64_t last_ns;          /* CLOCK_MONOTONIC of the last statistics update */
     uint64_t busy_ns;          /* measured kernel time (statistics) */
     uint64_t launches;
-    uint64_t _pad2;
+    uint64_t sm_debt_ns;       /* device time exited processes used beyond their part, not yet repaid: the
+                                  next process launching on it takes it over (the share is the container's) */
 };
 
 struct vgpu_shm_slot {         /* 352 bytes */
@@ -70,7 +76,9 @@ struct vgpu_shm_slot {         /* 352 bytes */
     uint32_t flags;
     uint64_t start_time;       /* /proc/<pid>/stat field 22 */
     uint64_t pidns;            /* inode of the owner's pid namespace */
-    uint64_t used[VGPU_MAX_DEV]; /* unused since version 2 */
+    uint64_t sm_debt[VGPU_MAX_DEV]; /* per device entry: its SM debt (ns) as last published, or
+                                  VGPU_SM_DEBT_INFLIGHT | CLOCK_MONOTONIC start of a launch of unknown cost
+                                  in progress; moved to the device entry when the slot is freed or reaped */
     uint64_t mem_cap[VGPU_MAX_DEV];
     uint32_t sm[VGPU_MAX_DEV];
     int32_t host_pid;          /* the pid NVML reports for it (first NSpid entry); 0 = unknown */

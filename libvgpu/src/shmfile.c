@@ -270,6 +270,38 @@ static int slot_alive(const struct vgpu_shm *img, int i) {
     return 1;
 }
 
+/* A slot being freed hands its SM debt to the device entries (img; the
+ * caller writes them): the share is the container's, so what a process used
+ * beyond its part outlives it — the next process launching on the device
+ * takes it over (sm.c). A launch of unknown cost still in progress owes the
+ * time since it began. Lock held. */
+static void slot_debt_release(struct vgpu_shm *img, int i) {
+    struct vgpu_shm_slot *s = &img->slots[i];
+    uint64_t now = 0;
+    for (int e = 0; e < VGPU_MAX_DEV; e++) {
+        uint64_t v = s->sm_debt[e];
+        if (!v || !img->devs[e].uuid[0]) continue;
+        if (v & VGPU_SM_DEBT_INFLIGHT) {
+            if (!now) now = now_ns();
+            v &= ~VGPU_SM_DEBT_INFLIGHT;
+            v = now > v ? now - v : 0;
+        }
+        uint64_t d = sat_add(img->devs[e].sm_debt_ns, v);
+        img->devs[e].sm_debt_ns = d > VGPU_SM_DEBT_MAX_NS ? VGPU_SM_DEBT_MAX_NS : d;
+    }
+}
+
+/* This process's SM debt on device entry ce as the container sees it if the
+ * process ends now (see slot_debt_release). 0 or -1. */
+int slot_debt_publish(int ce, uint64_t v) {
+    if (my_slot < 0 || ce < 0) return -1;
+    if (data_lock() != 0) return -1;
+    int rc = cache_write(&v, sizeof v,
+                         SLOT_OFF(my_slot) + offsetof(struct vgpu_shm_slot, sm_debt) + (size_t)ce * sizeof v);
+    data_unlock();
+    return rc;
+}
+
 /* Frees dead processes' slots in img and the file (cand: the ones to judge,
  * NULL = all); recomputes and stores the device entries. Lock held. */
 void reap(struct vgpu_shm *img, const int *cand, int n) {
@@ -277,6 +309,7 @@ void reap(struct vgpu_shm *img, const int *cand, int n) {
         int i = cand ? cand[k] : k;
         if (img->slots[i].pid && !slot_alive(img, i)) {
             vgpu_log(VGPU_LOG_INFO, "reclaimed slot of dead pid %d", img->slots[i].pid);
+            slot_debt_release(img, i);
             memset(&img->slots[i], 0, sizeof img->slots[i]);
             cache_write(&img->slots[i], sizeof img->slots[i], SLOT_OFF(i));
         }
@@ -473,6 +506,7 @@ void shm_detach(void) {
     if (!img) return;
     if (data_lock() == 0) {
         if (cache_load(img) == 0) {
+            slot_debt_release(img, my_slot);
             memset(&img->slots[my_slot], 0, sizeof img->slots[my_slot]);
             cache_write(&img->slots[my_slot], sizeof img->slots[my_slot], SLOT_OFF(my_slot));
             recompute(img);
@@ -485,9 +519,12 @@ void shm_detach(void) {
 }
 
 
-/* a forked child holds no slot (its copy of the descriptor shares the parent's locks) */
+/* a forked child holds no slot; its copy of the descriptor shares the
+ * parent's locks (its data lock would be the parent's), so it is closed */
 void shm_atfork_child(void) {
     pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
     data_mu = init;
     my_slot = -1;
+    if (cache_fd >= 0) close(cache_fd);
+    cache_fd = -1;
 }

@@ -22,13 +22,6 @@ static uint64_t est_epoch = 1;
 static uint64_t key_mul[5] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull,
                               0xff51afd7ed558ccdull, 0xc4ceb9fe1a85ec53ull}; /* secret odd multipliers */
 
-void sm_atfork_child(void) {
-    pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
-    tok_mu = init;
-    sm_mu = init;
-    rng_s = 0; /* reseeded: a child does not repeat its parent's draws */
-    __atomic_add_fetch(&vgpu_ctx_gen, 1, __ATOMIC_RELAXED); /* no context survives fork */
-}
 
 static unsigned sm_of(const struct ldev *ld) {
     unsigned pct = ld->sm, c2 = adv_sm_of((int)(ld - ldevs));
@@ -38,7 +31,7 @@ static unsigned sm_of(const struct ldev *ld) {
 
 #define SM_BROKEN INT64_MIN /* the share cannot be established: gated launches are refused */
 #define SM_SYNC_NS 2000000ull /* the split of the share is re-counted at least this often */
-#define SM_STATS_NS 50000000ull /* statistics reach the accounting file at least this often */
+#define SM_STATS_NS 500000000ull /* statistics reach the accounting file at most this often (and at exit) */
 
 /* Each process's bucket is its own: it earns the process's part of the
  * container's share — the share divided by the container's processes
@@ -64,6 +57,8 @@ struct smloc {
     int64_t stats_tokens;       /* tokens at the last statistics update */
     uint64_t earned;            /* tokens earned since then (busy = stats_tokens + earned - tokens) */
     uint64_t launches;          /* launches not yet in the file (statistics) */
+    uint64_t pub_debt;          /* the debt last published in this process's slot (slot_debt_publish) */
+    uint64_t pres_until;        /* the end of the epoch its presence marker is on (atomic; read by the fast path) */
 };
 static struct smloc smloc[VGPU_LDEV_MAX];
 
@@ -85,6 +80,17 @@ static void sm_stats(int li, uint64_t now) {
     if (cache_read(&img, sizeof img, 0) == 0 && hdr_valid(&img.h)) {
         struct vgpu_shm_dev *d = &img.devs[ld->ce];
         d->busy_ns += busy > 0 ? (uint64_t)busy : 0;
+        if (d->sm_debt_ns) {
+            /* exited processes' debt: this process takes it over (it repays
+             * it from its own part; a slot freed later hands it on again) */
+            int64_t take = (int64_t)(d->sm_debt_ns > VGPU_SM_DEBT_MAX_NS ? VGPU_SM_DEBT_MAX_NS : d->sm_debt_ns);
+            tok_add(L, -take);
+            t -= take;
+            L->stats_tokens -= take; /* not this process's busy time */
+            d->sm_debt_ns = 0;
+            vgpu_log(VGPU_LOG_DEBUG, "%s: took over %lld ns of SM debt from exited processes", ld->uuid,
+                     (long long)take);
+        }
         uint64_t n = __atomic_exchange_n(&L->launches, 0, __ATOMIC_RELAXED);
         d->launches += n;
         d->last_ns = now;
@@ -97,6 +103,17 @@ static void sm_stats(int li, uint64_t now) {
         adv_sm_set(li, d->sm_pct); /* only ever tightens (sm_of) */
     }
     data_unlock();
+    uint64_t owe = t < 0 ? (uint64_t)-t : 0;
+    if (owe != L->pub_debt && L->pub_debt != UINT64_MAX && slot_debt_publish(ld->ce, owe) == 0) L->pub_debt = owe;
+}
+
+/* Publishes the process's debt on li when it grew past what its slot says
+ * (tok_mu held): were the process to end now, without its destructor, the
+ * next one still repays it. Cheap when nothing grew (no system call). */
+static void sm_owe(int li, int64_t t) {
+    struct smloc *L = &smloc[li];
+    if (t >= 0 || (uint64_t)-t <= L->pub_debt) return;
+    if (slot_debt_publish(ldevs[li].ce, (uint64_t)-t) == 0) L->pub_debt = (uint64_t)-t;
 }
 
 /* Re-counts the container's launching processes on the device (tok_mu
@@ -110,6 +127,7 @@ static int64_t sm_sync(int li, unsigned pct, uint64_t now) {
     __atomic_store_n(&L->sync_ns, 0, __ATOMIC_RELAXED); /* until this one succeeds */
     if (ledger_presence(ld->e, epoch) != 0 || ledger_presence_census(ld->e, epoch, &others) != 0) return SM_BROKEN;
     L->rate_ppm = (uint64_t)pct * 10000 / (others + 1);
+    __atomic_store_n(&L->pres_until, (epoch + 1) * (uint64_t)VGPU_SM_PRES_EPOCH_NS, __ATOMIC_RELAXED);
     if (!L->last_ns) L->last_ns = now;
     if (now - L->stats_ns >= SM_STATS_NS) sm_stats(li, now);
     __atomic_store_n(&L->sync_ns, now ? now : 1, __ATOMIC_RELEASE);
@@ -150,9 +168,26 @@ static int64_t sm_account(const struct ldev *ld, unsigned pct, int64_t corr, uin
     if (t != SM_BROKEN) {
         sm_refill(L, now);
         t = tok_get(L);
+        sm_owe(li, t);
     }
     pthread_mutex_unlock(&tok_mu);
     return t;
+}
+
+/* A launch of unknown cost begins (start: 1) or has been charged (0): the
+ * slot says "in flight since now" — a process that ends meanwhile owes the
+ * time since — then the debt as it is. */
+static void sm_unknown_mark(int li, int start) {
+    struct smloc *L = &smloc[li];
+    pthread_mutex_lock(&tok_mu);
+    if (start) {
+        if (slot_debt_publish(ldevs[li].ce, VGPU_SM_DEBT_INFLIGHT | now_ns()) == 0) L->pub_debt = UINT64_MAX;
+    } else {
+        int64_t t = tok_get(L);
+        uint64_t owe = t < 0 ? (uint64_t)-t : 0;
+        if (slot_debt_publish(ldevs[li].ce, owe) == 0) L->pub_debt = owe;
+    }
+    pthread_mutex_unlock(&tok_mu);
 }
 
 /* This process's part of the GPU, parts per million (for the gate's sleep). */
@@ -187,10 +222,32 @@ void sm_return_all(void) {
 #define EST_SLOTS 256
 static struct est {
     uintptr_t key;
-    uint64_t floor1; /* floor + 1; 0 = none yet */
-    uint64_t tick;   /* coarse clock at its last timed launch */
+    uint64_t floor1; /* what an untimed launch is charged (its price) + 1; 0 = none yet */
+    uint64_t thr;    /* the fast path times a launch when its 32-bit draw is below this (sm_sample_thr) */
     uint64_t count;  /* untimed launches since (racy: a weight, and statistics) */
+    uint64_t nsamp;  /* timed launches of the key so far */
+    uint64_t lo;     /* the floor: the smallest elapsed time, relaxed upwards (sm_mu) */
+    uint64_t mean;   /* the samples' running mean (sm_mu) */
 } est_cache[EST_SLOTS];
+
+/* The chance that a launch of a key is timed, as a 32-bit threshold on the
+ * fast path's random draw: high at first (a half, halving every 4 samples:
+ * a new key's runs are measured closely, so a program that makes its first
+ * runs cheap is caught early), then as low as the timing's cost allows — a
+ * timed launch costs two event records and the slow path (~3 us on the
+ * simulator, more on a GPU), so a key is timed about as often as keeps that
+ * cost near 1/64 of its own device time, between 1 in 16 and 1 in 1024. The
+ * draw is random per launch, independent of time and of bursts: a program
+ * cannot tell in advance which launch is timed, and the first launch after an
+ * idle gap is no likelier than any other. */
+#define SM_TIME_COST_NS 4000ull
+static uint64_t sm_sample_thr(uint64_t est, uint64_t nsamp) {
+    uint64_t want = est >= (1ull << 30) ? (1ull << 32) : (est << 32) / (est + 64 * SM_TIME_COST_NS);
+    if (want > (1ull << 32) / 16) want = (1ull << 32) / 16;
+    if (want < (1ull << 32) / 1024) want = (1ull << 32) / 1024;
+    uint64_t early = nsamp / 4 >= 31 ? 0 : (1ull << 31) >> (nsamp / 4);
+    return want > early ? want : early;
+}
 
 static unsigned est_slot(uintptr_t key) { return (unsigned)((key >> 4) ^ (key >> 12)) & (EST_SLOTS - 1); }
 
@@ -202,8 +259,24 @@ static inline uint64_t coarse_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* A completed timed launch of `key` took ns (sm_mu held): its charge, the
- * floor updated. w: untimed launches of the key since its previous timed one. */
+/* A completed timed launch of `key` took ns (sm_mu held): its charge, and
+ * the key's price for its untimed launches. Between its events a kernel's
+ * elapsed time also holds what the GPU ran for others meanwhile (time-slicing;
+ * on the simulator, waiting for the serialised device) and launch overhead:
+ * both only add. So per key libvgpu keeps a floor — the smallest elapsed time,
+ * relaxed upwards on each longer one (by 1/64 of the excess, at most 1/256 of
+ * the floor, per launch the sample stands for) so that it follows a kernel
+ * that really got longer — and prices launches at the floor, timed ones at
+ * min(elapsed, floor): time behind neighbours is not charged (what separates
+ * a 30/70 split cleanly). But a floor alone could be steered: one kernel
+ * launched alternately cheap and expensive was charged near its cheap cost.
+ * So the samples' running mean (1/8 per sample) is kept too, and a key whose
+ * mean passes 1.5 times its floor — more than waiting behind neighbours adds
+ * on the simulator's tests — is *dispersed*: every launch of it is timed and
+ * charged its whole elapsed time (its untimed launches, none once the draw
+ * says so, the mean), until its mean comes back under. A program can gain at
+ * most that factor by mixing runs of one shape.
+ * w: untimed launches of the key since its previous timed one. */
 static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
     struct est *e = &est_cache[est_slot(key)];
     uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED);
@@ -211,33 +284,39 @@ static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
         __atomic_store_n(&e->key, 0, __ATOMIC_RELEASE); /* readers see no half-written entry */
         __atomic_store_n(&e->floor1, ns + 1, __ATOMIC_RELAXED);
         __atomic_store_n(&e->count, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->tick, coarse_ns(), __ATOMIC_RELAXED);
+        e->nsamp = 1;
+        e->lo = e->mean = ns;
+        __atomic_store_n(&e->thr, sm_sample_thr(ns, 1), __ATOMIC_RELAXED);
         __atomic_store_n(&e->key, key, __ATOMIC_RELEASE);
         return ns;
     }
-    uint64_t f = f1 - 1;
+    uint64_t f = e->lo, charge = ns < f ? ns : f, n = ++e->nsamp;
     if (ns <= f) {
-        __atomic_store_n(&e->floor1, ns + 1, __ATOMIC_RELAXED);
-        return ns;
+        f = ns;
+    } else {
+        /* creep up by 1/64 of the excess, at most 1/256 of the floor, per
+         * launch this sample stands for; never past the sample itself */
+        if (w < 1) w = 1;
+        if (w > 256) w = 256;
+        uint64_t ex = ns - f, up = (ex >> 6) * w, lim = (f >> 8) * w;
+        if (up > lim) up = lim;
+        if (up >= ex) up = ex - 1;
+        f += up;
     }
-    /* creep up by 1/64 of the excess, at most 1/256 of the floor, per launch
-     * this sample stands for: jitter of a few us does not lift it, a kernel
-     * that got longer is followed; never past the sample itself */
-    if (w < 1) w = 1;
-    if (w > 256) w = 256;
-    uint64_t ex = ns - f, up = (ex >> 6) * w, lim = (f >> 8) * w;
-    if (up > lim) up = lim;
-    if (up >= ex) up = ex - 1;
-    __atomic_store_n(&e->floor1, f + up + 2, __ATOMIC_RELAXED);
-    return f;
+    e->lo = f;
+    e->mean = ns >= e->mean ? e->mean + (ns - e->mean + 7) / 8 : e->mean - (e->mean - ns) / 8;
+    int dispersed = e->mean * 2 > f * 3;
+    uint64_t price = dispersed ? e->mean : f;
+    __atomic_store_n(&e->floor1, price + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->thr, dispersed ? 1ull << 32 : sm_sample_thr(price, n), __ATOMIC_RELAXED);
+    return dispersed ? ns : charge;
 }
 
 /* The key's floor (0 unknown), and its weight taken (sm_mu held). */
-static uint64_t est_take(uintptr_t key, uint64_t *w, uint64_t tick) {
+static uint64_t est_take(uintptr_t key, uint64_t *w) {
     struct est *e = &est_cache[est_slot(key)];
     if (e->key != key) return *w = 0, 0;
     *w = __atomic_exchange_n(&e->count, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->tick, tick, __ATOMIC_RELAXED);
     uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED);
     return f1 ? f1 - 1 : 0;
 }
@@ -386,6 +465,16 @@ static void retire_oldest(void) {
  * with nothing in flight and the bucket negative, it sleeps until it refills. */
 static int sm_gate(const struct ldev *ld, unsigned pct) {
     int li = (int)(ld - ldevs);
+    if (UNLIKELY(!vgpu_wipe_ok)) vgpu_fork_check(); /* no wiped state page: the pid decides */
+    if (UNLIKELY(my_slot < 0)) {
+        /* a forked child of a process that attached (or a launch after exit
+         * began): it has no part of the share; fail closed */
+        static int told;
+        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+            vgpu_log(VGPU_LOG_ERROR, "%s: a forked child of a process using the GPU: launches under the SM limit are "
+                     "refused", ld->uuid);
+        return -1;
+    }
     for (;;) {
         int64_t ch[VGPU_LDEV_MAX] = {0};
         uint64_t cnt[VGPU_LDEV_MAX] = {0};
@@ -419,13 +508,8 @@ static int sm_gate(const struct ldev *ld, unsigned pct) {
 
 /* ---- the fast path: most launches are charged their shape's estimate ---- */
 
-/* Which launches are timed: the first of a key, the first of each coarse tick
- * (1-4 ms) per key, and 1 in SM_SAMPLE_EVERY at random — an unpredictable
- * choice (per-thread xorshift seeded from getrandom), so a container cannot
- * arrange that only cheap runs of a shape are timed. */
-#ifndef SM_SAMPLE_EVERY
-#define SM_SAMPLE_EVERY 64
-#endif
+/* Which launches are timed: the first of a key (waited for: its cost is
+ * unknown), then each at random by the per-thread draw (sm_sample_thr). */
 
 static uint64_t rng_seed(void) {
     uint64_t s = 0;
@@ -476,21 +560,43 @@ static inline __attribute__((always_inline)) struct smf sm_fast(const struct lde
     uint64_t now = coarse_ns();
     struct est *e = &est_cache[est_slot(key)];
     uintptr_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
-    uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED), tk = __atomic_load_n(&e->tick, __ATOMIC_RELAXED);
-    if (k != key || !f1 || tk != now || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return r;
-    if ((rng_next() >> 32) % SM_SAMPLE_EVERY == 0) return r; /* 1 in 64, unpredictable */
+    uint64_t f1 = __atomic_load_n(&e->floor1, __ATOMIC_RELAXED), thr = __atomic_load_n(&e->thr, __ATOMIC_RELAXED);
+    if (k != key || !f1 || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key) return r;
+    if ((rng_next() >> 32) < thr) return r; /* timed: random, unpredictable (sm_sample_thr) */
     if (UNLIKELY(__atomic_load_n(&sm_capture, __ATOMIC_RELAXED)) && sm_capturing(s)) return r;
     __atomic_store_n(&e->count, __atomic_load_n(&e->count, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
     r.est = (int64_t)(f1 - 1);
     r.f = SMF_GATE;
+    /* Its presence marker must be on the current epoch (the others count it:
+     * renewed by the slow path's re-count, at most once an epoch, 100 ms). A
+     * stale count of the split does not matter here: the fast path only
+     * spends tokens already earned; refills, and the re-count at their rate,
+     * are the slow path's. */
     uint64_t sy = __atomic_load_n(&L->sync_ns, __ATOMIC_ACQUIRE);
-    if (!sy || (int64_t)(now - sy) >= (int64_t)SM_SYNC_NS) return r; /* a re-count is due */
+    if (!sy || now >= __atomic_load_n(&L->pres_until, __ATOMIC_RELAXED)) return r;
     if (__atomic_sub_fetch(&L->tokens, r.est, __ATOMIC_RELAXED) < 0) {
         tok_add(L, r.est); /* in debt: the gate waits */
         return r;
     }
     r.f = SMF_DONE;
     return r;
+}
+
+/* A forked child (ledger_forked_child): nothing of its parent's bucket,
+ * launches in flight or events (they are the parent's); with no slot, its
+ * SM-limited launches are refused at the gate. */
+void sm_atfork_child(void) {
+    pthread_mutex_t init = PTHREAD_MUTEX_INITIALIZER;
+    tok_mu = init;
+    sm_mu = init;
+    rng_s = 0; /* reseeded: a child does not repeat its parent's draws */
+    __atomic_add_fetch(&vgpu_ctx_gen, 1, __ATOMIC_RELAXED); /* no context survives fork */
+    memset(smloc, 0, sizeof smloc);
+    memset(pools, 0, sizeof pools);
+    memset(pend_n, 0, sizeof pend_n);
+    memset(pend_unknown, 0, sizeof pend_unknown);
+    ring_head = ring_n = 0;
+    sm_fast_ok = 0; /* every launch takes the gate */
 }
 
 /* One gated launch in progress. */
@@ -548,7 +654,7 @@ static int sm_begin(struct sm_launch *L, const struct ldev *ld, unsigned pct, CU
         ev_put(ctx, r->start);
         ok = 0;
     }
-    r->est = est_take(key, &r->w, coarse_ns());
+    r->est = est_take(key, &r->w);
     n_timed++;
     pthread_mutex_unlock(&sm_mu);
     static int seeded;
@@ -560,6 +666,10 @@ static int sm_begin(struct sm_launch *L, const struct ldev *ld, unsigned pct, CU
     tok_add(&smloc[r->li], -(int64_t)r->est); /* charged its estimate now, corrected when it completes */
     __atomic_add_fetch(&smloc[r->li].launches, 1, __ATOMIC_RELAXED);
     if (!ok) return 1;
+    if (!r->est) { /* unknown cost: waited for in sm_end */
+        sm_unknown_mark(r->li, 1);
+        L->t0 = now_ns();
+    }
     if (EV_RECORD(r->start, s) != CUDA_SUCCESS) {
         pthread_mutex_lock(&sm_mu);
         ev_put(ctx, r->start);
@@ -582,6 +692,8 @@ static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
             pthread_mutex_unlock(&sm_mu);
             sm_account(L->ld, sm_of(L->ld), (int64_t)ns, 0);
         }
+        int li = (int)(L->ld - ldevs);
+        if (__atomic_load_n(&smloc[li].pub_debt, __ATOMIC_RELAXED) == UINT64_MAX) sm_unknown_mark(li, 0);
         return;
     }
     if (lr != CUDA_SUCCESS || EV_RECORD(r->end, s) != CUDA_SUCCESS) {
@@ -590,6 +702,22 @@ static void sm_end(struct sm_launch *L, CUstream s, CUresult lr) {
         ev_put(r->ctx, r->start); /* re-recording reuses them */
         ev_put(r->ctx, r->end);
         pthread_mutex_unlock(&sm_mu);
+        if (!r->est) sm_unknown_mark(r->li, 0);
+        return;
+    }
+    if (!r->est) {
+        /* a launch of unknown cost is never free: waited for and charged
+         * before the call returns (and published: the process may end next) */
+        int64_t ch[VGPU_LDEV_MAX] = {0};
+        uint64_t cnt[VGPU_LDEV_MAX] = {0};
+        CUresult q = EV_SYNC(r->end);
+        pthread_mutex_lock(&sm_mu);
+        rec_charge(r, q, ch, cnt);
+        pthread_mutex_unlock(&sm_mu);
+        flush_charges(ch, cnt);
+        if (q != CUDA_SUCCESS) /* not timed by its events: the time it was waited for */
+            sm_account(L->ld, sm_of(L->ld), (int64_t)(now_ns() - L->t0), 0);
+        sm_unknown_mark(r->li, 0);
         return;
     }
     for (;;) {
@@ -707,7 +835,19 @@ static uintptr_t graph_key(CUgraphExec g) {
         __atomic_add_fetch(&est_epoch, 1, __ATOMIC_RELAXED);            \
         return r;                                                       \
     }
-EPOCH_HOOK(cuGraphExecDestroy, (CUgraphExec g), (g))
+/* an instantiated graph destroyed: its epoch moves, its graph allocations are credited */
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec g) {
+    __atomic_add_fetch(&est_epoch, 1, __ATOMIC_RELAXED);
+    if (!REAL(cuGraphExecDestroy) && vgpu_enter() != ST_ERROR && !REAL(cuGraphExecDestroy)) return CUDA_ERROR_NOT_FOUND;
+    CUresult r = REAL(cuGraphExecDestroy)(g);
+    __atomic_add_fetch(&est_epoch, 1, __ATOMIC_RELAXED);
+    if (r == CUDA_SUCCESS && !vgpu_nested) gexec_release(g);
+    return r;
+}
+/* the legacy launches' block shape and shared memory are the function's
+ * state: a change makes every key new (a small shape never prices a big one) */
+EPOCH_HOOK(cuFuncSetBlockShape, (CUfunction f, int x, int y, int z), (f, x, y, z))
+EPOCH_HOOK(cuFuncSetSharedSize, (CUfunction f, unsigned bytes), (f, bytes))
 EPOCH_HOOK(cuModuleUnload, (CUmodule m), (m))
 EPOCH_HOOK(cuLibraryUnload, (void *l), (l))
 EPOCH_HOOK(cuGraphExecUpdate, (CUgraphExec g, void *graph, void *node, void *res), (g, graph, node, res))
@@ -829,3 +969,67 @@ LAUNCH(cuLaunchCooperativeKernel_ptsz, kern_key(f, gx, gy, gz, bx, by, bz, shm_)
 LAUNCH(cuGraphLaunch, graph_key(g), s, (CUgraphExec g, CUstream s), (g, s))
 LAUNCH(cuGraphLaunch_ptsz, graph_key(g), PTSZ(s), (CUgraphExec g, CUstream s), (g, s))
 
+/* The legacy launches (a grid of w x h blocks of the function's block shape,
+ * set by cuFuncSetBlockShape: an epoch hook above). Their keys carry a block
+ * of 0, which no cuLaunchKernel has. */
+LAUNCH(cuLaunch, kern_key(f, 1, 1, 1, 0, 0, 0, 0), NULL, (CUfunction f), (f))
+LAUNCH(cuLaunchGrid, kern_key(f, (unsigned)w, (unsigned)h, 1, 0, 0, 0, 0), NULL, (CUfunction f, int w, int h),
+       (f, w, h))
+LAUNCH(cuLaunchGridAsync, kern_key(f, (unsigned)w, (unsigned)h, 1, 0, 0, 0, 0), s,
+       (CUfunction f, int w, int h, CUstream s), (f, w, h, s))
+
+/* The device of a stream's context (NULL stream: the current context's);
+ * NULL: let the driver refuse; LD_REFUSE: cannot tell (fail closed). */
+static const struct ldev *stream_ldev(CUstream s) {
+    if (!s || s == CU_STREAM_PER_THREAD || s == (CUstream)(uintptr_t)1 /* legacy */) return cur_ldev();
+    typedef CUresult (*sctx_t)(CUstream, CUcontext *);
+    typedef CUresult (*push_t)(CUcontext);
+    typedef CUresult (*pop_t)(CUcontext *);
+    typedef CUresult (*getdev_t)(CUdevice *);
+    CUcontext c = NULL, popped;
+    CUdevice d;
+    if (!real_x[X_cuStreamGetCtx] || !real_x[X_cuCtxPushCurrent_v2] || !real_x[X_cuCtxPopCurrent_v2])
+        return LD_REFUSE;
+    if (HELP(cuStreamGetCtx, sctx_t)(s, &c) != CUDA_SUCCESS || !c) return NULL;
+    if (HELP(cuCtxPushCurrent_v2, push_t)(c) != CUDA_SUCCESS) return LD_REFUSE;
+    CUresult r = HELP(cuCtxGetDevice, getdev_t)(&d);
+    HELP(cuCtxPopCurrent_v2, pop_t)(&popped);
+    return r == CUDA_SUCCESS ? ldev_for(d) : LD_REFUSE;
+}
+
+/* Several devices' launches in one call: each entry is gated and charged on
+ * its stream's device as a launch of its own (events on its stream). */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned n, unsigned flags) {
+    if (!REAL(cuLaunchCooperativeKernelMultiDevice) && vgpu_enter() != ST_ERROR &&
+        !REAL(cuLaunchCooperativeKernelMultiDevice))
+        return CUDA_ERROR_NOT_FOUND;
+    if (__atomic_load_n(&g_launch_fast, __ATOMIC_RELAXED) || vgpu_nested)
+        return REAL(cuLaunchCooperativeKernelMultiDevice)(list, n, flags);
+    int st = vgpu_enter();
+    if (st == ST_ERROR) return CUDA_ERROR_NOT_INITIALIZED;
+    if (st != ST_ACTIVE || !list || !n) return NESTED(REAL(cuLaunchCooperativeKernelMultiDevice)(list, n, flags));
+    if (n > VGPU_LDEV_MAX) return CUDA_ERROR_NOT_PERMITTED; /* more devices than libvgpu accounts for */
+    struct sm_launch L[VGPU_LDEV_MAX];
+    int go[VGPU_LDEV_MAX];
+    for (unsigned i = 0; i < n; i++) {
+        const CUDA_LAUNCH_PARAMS *p = &list[i];
+        const struct ldev *ld = stream_ldev(p->hStream);
+        unsigned pct = ld && ld != LD_REFUSE ? sm_of(ld) : 0;
+        go[i] = 0;
+        if (ld == LD_REFUSE && cfg.sm_any && cfg.sm_any < 100) go[i] = -1;
+        else if (pct)
+            go[i] = sm_begin(&L[i], ld, pct, p->hStream,
+                             kern_key(p->function, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                                      p->blockDimZ, p->sharedMemBytes),
+                             (struct smf){SMF_NONE, 0});
+        if (go[i] < 0) { /* refused: the entries gated so far ran nothing */
+            for (unsigned k = 0; k < i; k++)
+                if (go[k] > 0) sm_end(&L[k], list[k].hStream, CUDA_ERROR_NOT_PERMITTED);
+            return CUDA_ERROR_NOT_PERMITTED;
+        }
+    }
+    CUresult r = NESTED(REAL(cuLaunchCooperativeKernelMultiDevice)(list, n, flags));
+    for (unsigned i = 0; i < n; i++)
+        if (go[i] > 0) sm_end(&L[i], list[i].hStream, r);
+    return r;
+}

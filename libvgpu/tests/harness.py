@@ -11,7 +11,8 @@ from pathlib import Path
 
 LIBVGPU = Path(__file__).resolve().parents[1]
 BUILD = LIBVGPU / "build"
-LIB = BUILD / "libvgpu.so"
+# VGPU_TEST_LIB: another build of the library under test (e.g. main's, to see a new test fail there)
+LIB = Path(os.environ.get("VGPU_TEST_LIB") or BUILD / "libvgpu.so")
 PROBE = BUILD / "vgpu_probe"
 STRESS = BUILD / "vgpu_stress"
 PARSE = BUILD / "vgpu_parse"

@@ -30,11 +30,12 @@ int main(void) {
     OFF(vgpu_shm_dev, last_ns);
     OFF(vgpu_shm_dev, busy_ns);
     OFF(vgpu_shm_dev, launches);
+    OFF(vgpu_shm_dev, sm_debt_ns);
     OFF(vgpu_shm_slot, pid);
     OFF(vgpu_shm_slot, flags);
     OFF(vgpu_shm_slot, start_time);
     OFF(vgpu_shm_slot, pidns);
-    OFF(vgpu_shm_slot, used);
+    OFF(vgpu_shm_slot, sm_debt);
     OFF(vgpu_shm_slot, mem_cap);
     OFF(vgpu_shm_slot, sm);
     OFF(vgpu_shm_slot, host_pid);

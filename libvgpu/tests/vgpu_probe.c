@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -420,6 +421,61 @@ int main(int argc, char **argv) {
             int status = 0;
             waitpid(pid, &status, 0);
             printf("forkchild %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        } else if (!strcmp(c, "forkrun")) {
+            /* forkrun glibc|raw N SECONDS BYTES: N children made by fork() or
+             * the raw fork system call (no atfork handlers) each allocate BYTES
+             * (if > 0) and launch for SECONDS (if > 0), then hold what they got
+             * until this process exits; this process allocates BYTES after all
+             * of them did. Prints childalloc/childlaunch per child, then
+             * forkrun <parent's alloc result>. */
+            int raw = !strcmp(a1, "raw"), n = atoi(a2);
+            double secs = atof(a3);
+            size_t bytes = (size_t)atoll(i + 4 < argc ? argv[i + 4] : "0");
+            i += 4;
+            if (!fn && secs > 0) {
+                void *mod;
+                if (!modload(&mod, "fake-image")) getfn(&fn, mod, "busy");
+            }
+            int ready[2], hold[2];
+            if (pipe(ready) || pipe(hold)) return 91;
+            fflush(stdout);
+            for (int k = 0; k < n; k++) {
+                pid_t pid = raw ? (pid_t)syscall(SYS_fork) : fork();
+                if (pid < 0) return 92;
+                if (pid) continue;
+                close(ready[0]);
+                close(hold[1]);
+                if (bytes) {
+                    CUdeviceptr q = 0;
+                    printf("childalloc %d\n", alloc(&q, bytes));
+                }
+                if (secs > 0) {
+                    long m = 0;
+                    CUresult lr = 0;
+                    double end = now() + secs;
+                    while (now() < end && !(lr = launch(fn, gridx, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL))) m++;
+                    printf("childlaunch %d %ld\n", lr, m);
+                }
+                fflush(stdout);
+                char b = 1;
+                if (write(ready[1], &b, 1) != 1) _exit(93);
+                while (read(hold[0], &b, 1) > 0) {
+                }
+                _exit(0);
+            }
+            close(ready[1]);
+            close(hold[0]);
+            char b;
+            for (int k = 0; k < n; k++)
+                if (read(ready[0], &b, 1) != 1) return 94;
+            close(ready[0]);
+            r = 0;
+            if (bytes) {
+                CUdeviceptr q = 0;
+                r = alloc(&q, bytes);
+                if (!r) ptrs[nptr++] = q;
+            }
+            printf("forkrun %d\n", r); /* the children hold until this process exits (hold[1] closes) */
         } else if (!strcmp(c, "meminfo")) {
             size_t f = 0, t = 0;
             r = meminfo(&f, &t);

@@ -48,6 +48,19 @@ def shown(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit - 3]}...' ({len(str(value))} characters)"
 
 
+# C0, DEL, C1 and the bidirectional overrides: a name shown on a terminal, a page or in a
+# log is text, and these would act (move the cursor, set the title, reorder what follows)
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_CONTROLS.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A),
+                                               0x2028, 0x2029, 0x200E, 0x200F, 0x061C)})
+
+
+def literal(text: str) -> str:
+    """text with its control characters escaped (\\x1b, \\u202e): shown as it is, never
+    acted on; a backslash stays one (the escapes are for reading, not for parsing back)."""
+    return text.translate(_CONTROLS)
+
+
 def clipped(text: str, limit: int = 300) -> str:
     """A message from another library (a parser's, a schema validator's), cut to about
     `limit` characters: they quote the offending input, which may be megabytes. The

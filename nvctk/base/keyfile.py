@@ -1,12 +1,13 @@
 """A node's secret MAC key in a file: made once with O_EXCL via link(), read only when
 it is a regular 0600 file of ours of the right size (anyone else who could write it
-could forge what it signs). Shared by CDI edit records and vGPU authority annotations."""
+could forge what it signs). The node's two keys: of edit records (edits_key, here) and of
+vGPU authority annotations (nvctk.vgpu.authority)."""
 
 from __future__ import annotations
 
 import os
 
-from nvctk.base.errors import NvctkError
+from nvctk.base.errors import NvctkError, SpecError
 
 
 def load_key(path: str, size: int, create: bool, dir_mode: int, error: type[NvctkError],
@@ -50,3 +51,18 @@ def load_key(path: str, size: int, create: bool, dir_mode: int, error: type[Nvct
     if len(key) != size:
         raise error(f"{path}: a short key file; remove it")
     return key
+
+
+# The node's key of org.nvctk.edits records (nvctk.spec.record.record_mac), in the
+# config's state dir: made by the first create that seals a record
+EDITS_KEY_FILE = "edits.key"
+EDITS_KEY_BYTES = 32
+
+
+def edits_key(state_dir: str, create: bool = False) -> bytes | None:
+    """The key of edit records' MACs, <state_dir>/edits.key (load_key: made on first
+    use with create; None when there is none and create is False; SpecError for a key
+    file anyone else could have written)."""
+    return load_key(os.path.join(state_dir, EDITS_KEY_FILE), EDITS_KEY_BYTES, create, 0o755,
+                    SpecError, "key of edit records",
+                    "remove it: the next create that records its edits makes a new one")

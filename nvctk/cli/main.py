@@ -16,6 +16,7 @@ from nvctk.cli import (
     config_cmd,
     configure,
     device_plugin,
+    dra_plugin,
     info,
     labels,
     monitor_cmd,
@@ -46,6 +47,7 @@ cli.add_command(sim.sim)
 cli.add_command(vgpu_cmd.vgpu)
 cli.add_command(cdi_cmd.cdi_group)
 cli.add_command(device_plugin.device_plugin)
+cli.add_command(dra_plugin.dra_plugin)
 cli.add_command(labels.labels)
 cli.add_command(monitor_cmd.top)
 cli.add_command(monitor_cmd.monitor)

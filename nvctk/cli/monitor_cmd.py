@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import threading
 import time
 
 import click
@@ -48,18 +47,21 @@ def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: t
     from nvctk.monitor.top import render
 
     col = _collector(ctx, roots, podres)
+    # markup and emoji codes off: every name is printed as the text it is
+    console = Console(markup=False, emoji=False, highlight=False)
     try:
         if once or as_json:
             snap = col.collect()
             if as_json:
                 click.echo(json.dumps(snap.to_dict(), indent=2))
             else:
-                Console().print(render(snap))
+                console.print(render(snap, console.width))
             return
-        with Live(render(col.collect()), refresh_per_second=4, screen=False) as live:
+        with Live(render(col.collect(), console.width), console=console, refresh_per_second=4,
+                  screen=False) as live:
             while True:
                 time.sleep(interval)  # the refresh period itself, not a synchronisation
-                live.update(render(col.collect()))
+                live.update(render(col.collect(), console.width))
     except KeyboardInterrupt:
         pass
     finally:
@@ -78,28 +80,46 @@ def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, 
             podres: str | None) -> None:
     """Serve per-container GPU metrics (Prometheus) and a dashboard page."""
     # start time: the HTTP server and its metrics, for this command only
-    from nvctk.monitor.server import Monitor, make_server
+    from nvctk.monitor.server import Monitor, MonitorServer, bind
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        raise NvctkError(f"--listen {listen}: not HOST:PORT")
-    mon = Monitor(_collector(ctx, roots, podres), interval)
-    srv = make_server(mon, host.strip("[]") or "0.0.0.0", int(port))
+    host, port = parse_listen(listen)
+    sock = bind(host, port)  # before NVML: a bad --listen fails at once
+    try:
+        mon = Monitor(_collector(ctx, roots, podres), interval)
+    except BaseException:
+        sock.close()
+        raise
+    srv = MonitorServer(mon, sock)
+    signal.signal(signal.SIGTERM, lambda *_: srv.stop())
+    signal.signal(signal.SIGINT, lambda *_: srv.stop())
     mon.start()
-    done = threading.Event()
-
-    def stop(*_: object) -> None:
-        done.set()
-        threading.Thread(target=srv.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    click.echo(f"nvctk monitor: serving http://{host or '0.0.0.0'}:{srv.server_address[1]}/ "
+    shown_host = f"[{host}]" if ":" in host else host
+    click.echo(f"nvctk monitor: serving http://{shown_host}:{srv.server_address[1]}/ "
                f"(snapshot every {interval:g} s)", err=True)
     try:
-        srv.serve_forever(poll_interval=0.2)
+        srv.serve_forever()
     finally:
         mon.stop.set()
+        if mon.thread is not None:
+            mon.thread.join(max(30.0, 2 * interval))  # a collection under way ends first
         srv.server_close()
         mon.collector.close()
+    click.echo("nvctk monitor: stopped", err=True)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """--listen HOST:PORT, [IPv6]:PORT or :PORT (every IPv4 address) -> (host, port);
+    NvctkError naming the flag."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not (port.isascii() and port.isdigit()) or len(port) > 5:
+        raise NvctkError(f"--listen {listen}: not HOST:PORT")
+    if int(port) > 65535:
+        raise NvctkError(f"--listen {listen}: port {port} out of range (0-65535)")
+    if host.startswith("["):
+        if not host.endswith("]") or ":" not in host:
+            raise NvctkError(f"--listen {listen}: want [IPv6]:PORT for an IPv6 address")
+        host = host[1:-1]
+    elif ":" in host:
+        raise NvctkError(f"--listen {listen}: an IPv6 address goes in brackets, [ADDR]:PORT")
+    return host or "0.0.0.0", int(port)

@@ -55,13 +55,15 @@ def plan_configure(engine: str, req: EngineRequest) -> ConfigChanges:
     new, notes = mod.configure(req, old)
     plan = ConfigChanges(service=engine, notes=notes)
     plan.changes = [Change(p, old[p], new.get(p, old[p]), _bak(mod, p)) for p in old]
-    _validate(mod, req, plan)
+    # unchanged files too: another file may override what they hold (CRI-O's drop-ins)
+    _validate(mod, req, plan, always=True)
     return plan
 
 
-def _validate(mod: ModuleType, req: EngineRequest, plan: ConfigChanges) -> None:
+def _validate(mod: ModuleType, req: EngineRequest, plan: ConfigChanges,
+              always: bool = False) -> None:
     """The engine's own check of the result, where it has one (CRI-O: `crio config`)."""
-    if plan.changed and hasattr(mod, "validate"):
+    if (always or plan.changed) and hasattr(mod, "validate"):
         mod.validate(req, {c.path: c.new for c in plan.changes})
 
 

@@ -168,19 +168,52 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# the largest finite float64: Go's encoding/json (dockerd reading daemon.json) decodes a
+# number into a float64 and refuses one beyond it ("cannot unmarshal number 1e400")
+_FLOAT64_MAX = 1.7976931348623157e308
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent, as json reads it; ValueError for one
+    a float64 cannot hold (Python reads 1e400 as inf, and writes it back as Infinity,
+    which is no JSON: dockerd would not start)."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {clipped(text, 40)} is beyond a 64-bit float "
+                         "(dockerd refuses it)")
+    return value
+
+
+def _float64_int(text: str) -> int:
+    """A JSON integer; ValueError for one beyond a float64 (dockerd refuses it), or past
+    int()'s digit limit."""
+    value = int(text)
+    if abs(value) > _FLOAT64_MAX:
+        raise ValueError(f"the number {clipped(text, 40)} is beyond a 64-bit float "
+                         "(dockerd refuses it)")
+    return value
+
+
+def loads_json(text: str | bytes) -> Any:
+    """json.loads of a file nvctk may write back: ValueError for NaN, Infinity and any
+    number dockerd cannot read, so that what nvctk writes is one its consumer accepts."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float,
+                      parse_int=_float64_int)
+
+
 def parse_json_object(path: str, data: bytes) -> dict[str, Any]:
     text = _text(path, data)
     if not text.strip():
         return {}
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = loads_json(text)
     except json.JSONDecodeError as e:
         raise ConfigError(
             f"{path}: invalid JSON: {e.msg} at line {e.lineno} column {e.colno}; left untouched"
         )
     except RecursionError:
         raise ConfigError(f"{path}: invalid JSON: nested too deeply; left untouched")
-    except ValueError as e:  # _no_constant's, or an integer of more digits than Python takes
+    except ValueError as e:  # loads_json's number checks, or int()'s digit limit
         raise ConfigError(f"{path}: invalid JSON: {e}; left untouched")
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: not a JSON object (found {type(value).__name__}); left untouched")

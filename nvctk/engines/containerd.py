@@ -128,9 +128,24 @@ def _glob_match(pattern: str, key: str) -> bool:
     return re.fullmatch(rx, key) is not None
 
 
+# nvctk's own annotations: the node's vGPU limits (nvctk.io/, the device plugin's) and
+# the record of what a create added to the spec (org.nvctk.edits): a Pod's author must
+# set neither, so no pod_annotations pattern of nvctk's runtime may let one through
+NVCTK_PREFIXES = ("nvctk.io/", "org.nvctk.")
+_NVCTK_PROBES = ("nvctk.io/x", "nvctk.io/vgpu.x", "org.nvctk.edits", "org.nvctk.x")
+
+
 def _pod_ok(pattern: object) -> bool:
-    """A pod_annotations pattern that lets no nvctk.io/ annotation through."""
-    return not (isinstance(pattern, str) and _glob_match(pattern, "nvctk.io/x"))
+    """A pod_annotations pattern that lets none of nvctk's own annotations through."""
+    return not (isinstance(pattern, str) and (
+        pattern.startswith(NVCTK_PREFIXES) or any(_glob_match(pattern, k) for k in _NVCTK_PROBES)))
+
+
+def _pod_note(name: str, was: list[Any], kept: list[Any]) -> str:
+    return (f"runtime {name!r}: pod_annotations no longer passes nvctk's own annotations "
+            f"({', '.join(p + '*' for p in NVCTK_PREFIXES)}: a Pod's author must not set the "
+            f"node's limits nor nvctk's edit records): {was} -> {kept}; list the Pod "
+            "annotations this runtime needs by name or prefix")
 
 
 def _annotations(current: object) -> list[Any]:
@@ -152,9 +167,10 @@ def _source_runtime(doc: tomlkit.TOMLDocument, plugin: list[str], req: EngineReq
     return {}
 
 
-def _entry(source: dict[str, Any], binary: str) -> dict[str, Any]:
+def _entry(source: dict[str, Any], binary: str, name: str, notes: list[str]) -> dict[str, Any]:
     """The new runtime's settings: the source's scalar settings and options, with the
-    runc shim as type and nvctk-runtime as BinaryName."""
+    runc shim as type and nvctk-runtime as BinaryName, but no pod_annotations pattern
+    that passes nvctk's own annotations (said in notes)."""
     entry: dict[str, Any] = {"runtime_type": RUNC_SHIM}
     for k, v in source.items():
         if k not in ("runtime_type", "options") and not isinstance(v, dict):
@@ -163,8 +179,10 @@ def _entry(source: dict[str, Any], binary: str) -> dict[str, Any]:
     # device plugin's cdi-annotations requests (cdi.k8s.io/*) need it, as NVIDIA's
     # `nvidia-ctk runtime configure` sets it
     entry["container_annotations"] = _annotations(entry.get("container_annotations"))
-    if isinstance(entry.get("pod_annotations"), list):
-        entry["pod_annotations"] = [a for a in entry["pod_annotations"] if _pod_ok(a)]
+    pods = entry.get("pod_annotations")
+    if isinstance(pods, list) and not all(_pod_ok(a) for a in pods):
+        entry["pod_annotations"] = [a for a in pods if _pod_ok(a)]
+        notes.append(_pod_note(name, pods, entry["pod_annotations"]))
     opts = source.get("options")
     options: dict[str, Any] = {"BinaryName": binary}
     if isinstance(opts, dict):
@@ -253,7 +271,7 @@ def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: EngineRequest
     runtimes = get_table(doc, runtimes_keys, path)
     existing = runtimes.get(req.name) if runtimes is not None else None
     if existing is None:
-        entry = _entry(source, req.runtime_path)
+        entry = _entry(source, req.runtime_path, req.name, notes)
         edits[tuple([*runtimes_keys, req.name])] = entry
         block = _block(runtimes_keys, req.name, entry, lit)
         if need_runc:
@@ -292,8 +310,7 @@ def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: EngineRequest
     pods = _plain(existing.get("pod_annotations"))
     if isinstance(pods, list) and not all(_pod_ok(a) for a in pods):
         kept = [a for a in pods if _pod_ok(a)]
-        notes.append(f"runtime {req.name!r}: pod_annotations no longer passes nvctk.io/ "
-                     f"(a Pod's author must not set the node's limits): {pods} -> {kept}")
+        notes.append(_pod_note(req.name, pods, kept))
         set_key(existing, "pod_annotations", _styled(kept, lit), _header_indent(existing))
         pods = kept
     if isinstance(pods, list):

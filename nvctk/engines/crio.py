@@ -2,7 +2,8 @@
 runtime_type = "oci" and the default runtime's other settings copied.
 
 CRI-O reads /etc/crio/crio.conf, then /etc/crio/crio.conf.d/*.toml in lexical order
-(later files win, key by key). The default runtime and its settings are looked up
+(later files win, key by key, but a runtime's table is taken whole from the last file
+that defines it). The default runtime and its settings are looked up
 the same way, in the main file and the other drop-ins; only the drop-in is written.
 """
 
@@ -16,6 +17,7 @@ import tempfile
 from typing import Any
 
 import tomlkit
+import tomllib
 from tomlkit.items import Table
 
 from nvctk.base.errors import clipped
@@ -48,16 +50,27 @@ def readonly_paths(req: EngineRequest) -> list[str]:
     return paths(req)[:1]
 
 
+def _sources(req: EngineRequest, files: Files, with_drop_in: bool) -> list[tuple[str, bytes | None]]:
+    """The files CRI-O reads, in its order: crio.conf, then the drop-in dir's *.toml in
+    lexical order (later files win, key by key); nvctk's drop-in as `files` has it
+    (with_drop_in), or left out."""
+    main, drop_in = paths(req)
+    ours = os.path.abspath(drop_in)
+    drop_dir = os.path.dirname(ours)
+    names = {os.path.abspath(f) for f in glob.glob(os.path.join(drop_dir, "*.toml"))}
+    if with_drop_in:
+        names.add(ours)
+    out: list[tuple[str, bytes | None]] = [(main, files.get(main))]
+    for f in sorted(names, key=os.path.basename):
+        out.append((f, files.get(drop_in) if f == ours else common.read(f)))
+    return out
+
+
 def _effective(req: EngineRequest, old: Files) -> tuple[str, dict[str, Any]]:
     """The default runtime's name and settings over crio.conf and the other drop-ins."""
-    main, drop_in = paths(req)
-    sources = [(main, old[main])]
-    for f in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(drop_in)), "*.toml"))):
-        if os.path.abspath(f) != os.path.abspath(drop_in):
-            sources.append((f, common.read(f)))
     default = "crun"  # CRI-O's own default since 1.31 (runc before)
     runtimes: dict[str, dict[str, Any]] = {}
-    for path, data in sources:
+    for path, data in _sources(req, old, with_drop_in=False):
         if not data:
             continue
         doc = parse_toml(path, data)
@@ -67,7 +80,8 @@ def _effective(req: EngineRequest, old: Files) -> tuple[str, dict[str, Any]]:
         tables = get_table(doc, RUNTIMES, path)
         for name, value in (tables or {}).items():
             if isinstance(value, dict):
-                runtimes.setdefault(name, {}).update(value.unwrap() if hasattr(value, "unwrap") else value)
+                # whole: CRI-O takes a runtime's table from the last file that defines it
+                runtimes[name] = dict(value.unwrap() if hasattr(value, "unwrap") else value)
     if default == req.name:
         default = "crun" if "crun" in runtimes else "runc"
     return default, runtimes.get(default, {})
@@ -156,9 +170,11 @@ def strip(req: EngineRequest, old: Files, baks: Files | None = None) -> tuple[Fi
 def validate(req: EngineRequest, new: Files) -> None:
     """CRI-O's own reading of the files as they would be (`crio config` over a copy of
     the drop-in dir with the new drop-in): a drop-in CRI-O would refuse at its next
-    start is never written. Skipped where no `crio` is installed."""
+    start is never written, nor one whose runtime another file overrides (check_merged:
+    on nvctk's own reading of the files where no `crio` is installed)."""
     exe = shutil.which("crio")
     if exe is None:
+        check_merged(req, new, None)
         return
     main, drop = paths(req)
     src = os.path.dirname(os.path.abspath(drop))
@@ -187,3 +203,64 @@ def validate(req: EngineRequest, new: Files) -> None:
         why = lines[-1] if lines else f"exit {res.returncode}"
         raise ConfigError(f"{drop}: CRI-O ({exe}) would refuse the result: "
                           f"{clipped(why.replace(d, os.path.dirname(drop)))}; left untouched")
+    try:
+        merged = tomllib.loads(res.stdout)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{drop}: cannot read {exe}'s merged configuration ({e}); left untouched")
+    check_merged(req, new, merged)
+
+
+def _lookup(doc: Any, keys: list[str]) -> Any:
+    for k in keys:
+        if not isinstance(doc, dict) or k not in doc:
+            return None
+        doc = doc[k]
+    return doc
+
+
+def check_merged(req: EngineRequest, new: Files, merged: dict[str, Any] | None) -> None:
+    """ConfigError when CRI-O, merging crio.conf and every drop-in with nvctk's as `new`
+    has it, would not run req.runtime_path as runtime req.name (nor make it the default,
+    where nvctk's drop-in makes it so): a drop-in read after nvctk's that defines the
+    runtime (CRI-O takes a runtime's table whole from the last file that defines it) or
+    sets default_runtime wins, and configure names it. merged: `crio config`'s reading,
+    where crio is installed (None: nvctk's own reading of the files). Nothing to check
+    when nvctk's drop-in does not define the runtime (a removal)."""
+    _, drop = paths(req)
+    ours_path = os.path.abspath(drop)
+    ours = parse_toml(drop, new.get(drop) or b"").unwrap()
+    if _lookup(ours, [*RUNTIMES, req.name, "runtime_path"]) != req.runtime_path:
+        return
+    table_keys, default_keys = [*RUNTIMES, req.name], ["crio", "runtime", "default_runtime"]
+    table: tuple[str, dict[str, Any]] = (ours_path, {})
+    default: tuple[str, Any] = (ours_path, None)
+    for path, data in _sources(req, new, with_drop_in=True):
+        if data:
+            doc = parse_toml(path, data).unwrap()
+            if isinstance(_lookup(doc, table_keys), dict):
+                table = (path, _lookup(doc, table_keys))
+            if _lookup(doc, default_keys) is not None:
+                default = (path, _lookup(doc, default_keys))
+    checks: list[tuple[list[str], Any, str, Any]] = [  # keys, wanted, who set it, the value
+        # the type first: another type changes what CRI-O makes of the path ("vm": none)
+        ([*table_keys, "runtime_type"], "oci", table[0], table[1].get("runtime_type", "oci")),
+        ([*table_keys, "runtime_path"], req.runtime_path, table[0], table[1].get("runtime_path")),
+    ]
+    if _lookup(ours, default_keys) == req.name:
+        checks.append((default_keys, req.name, default[0], default[1]))
+    for keys, want, where, got in checks:
+        if merged is not None:
+            got = _lookup(merged, keys)
+        if keys[-1] == "runtime_type" and got == "":
+            got = "oci"  # CRI-O's default, shown as ""
+        if got == want:
+            continue
+        if where == ours_path:
+            where = "a setting nvctk cannot place"
+        raise ConfigError(
+            f"{drop}: CRI-O would not use it: its merged configuration has {'.'.join(keys)} = "
+            f"{clipped(repr(got), 200)}, not {want!r}, because of {where} (CRI-O reads "
+            f"{os.path.dirname(ours_path)}/*.toml in lexical order after crio.conf: the last "
+            "file that defines a runtime defines all of it, the last default_runtime wins); "
+            "left untouched. Take that out of it, or give nvctk's drop-in a name that sorts "
+            "after it (--drop-in)")

@@ -16,6 +16,7 @@ from nvctk.engines.common import (
     ConfigError,
     EngineRequest,
     is_our_binary,
+    loads_json,
     not_ours,
     parse_json_object,
 )
@@ -90,9 +91,9 @@ def _bak_key(bak: bytes | None, key: str) -> Any:
     """daemon.json.bak's value of key; None when there is none or no JSON object."""
     if bak is None:
         return None
-    try:
-        return json.loads(bak).get(key)
-    except (ValueError, AttributeError):
+    try:  # loads_json: a value of it may be written back (strip)
+        return loads_json(bak).get(key)
+    except (ValueError, AttributeError, RecursionError):
         return None
 
 

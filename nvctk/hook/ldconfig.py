@@ -10,7 +10,6 @@ warning, never the hook's failure (the libraries are mounted all the same).
 
 from __future__ import annotations
 
-import _signal
 import os
 import select
 import time
@@ -24,6 +23,9 @@ if TYPE_CHECKING:
     from nvctk.edits import Plan
 
 LDCONFIG_TIMEOUT = 30.0
+# SIGKILL's number on every Linux architecture (signal(7)): the signal module would cost
+# the hook enum's import, and _signal is CPython's private module
+SIGKILL = 9
 
 
 def detach_procfs_under(top: str, infos: list[m.MountInfo], log: HookLog) -> None:
@@ -104,7 +106,7 @@ def wait_ldconfig(plan: Plan, pid: int, out_r: int, log: Logger) -> None:
         os.close(out_r)
     if timed_out:
         try:
-            os.kill(pid, _signal.SIGKILL)
+            os.kill(pid, SIGKILL)
         except ProcessLookupError:
             pass
     _, status = os.waitpid(pid, 0)

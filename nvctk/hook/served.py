@@ -22,7 +22,7 @@ by exec, or a child of its parent, when the runtime started runc beside it); the
 launcher talks only to a socket root made in its runc or in runc's parent (for a
 listening socket SO_PEERCRED names the process that listened: the runtime, which
 became runc or started it). A name someone else holds, no server (runc failed before
-the hook: the server dies with its parent), a check that fails: the launcher runs the
+the hook: the server ends with its runtime), a check that fails: the launcher runs the
 Python prestart itself, which does the same work. The name is 128 random bits, made
 anew for every create.
 """
@@ -70,12 +70,25 @@ def is_runc_child(pid: int, uid: int, runtime: int, runc: int | None) -> bool:
 
 
 def serve(listener: int, runtime: int, runc: int | None,
-          prestart: Callable[[bytes], tuple[int, str]]) -> None:
+          prestart: Callable[[bytes], tuple[int, str]], watch: int | None = None) -> None:
     """In the forked server: answer the first connection of a root child of runc with
     prestart(state) -> (exit code, stderr text); others are closed unanswered (their
-    launcher runs the prestart itself). runtime: the server's parent; runc: its pid when
-    it is not the runtime itself (a vGPU create, where the runtime waits on it)."""
+    launcher runs the prestart itself). runtime: the process that forked the server;
+    runc: its pid when it is not the runtime itself (a vGPU create, where the runtime
+    waits on it). watch: a pidfd of the runtime; the server returns once it ends."""
+    import select
+
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    if watch is not None:
+        poller.register(watch, select.POLLIN)
     while True:
+        if watch is not None:
+            ready = {fd for fd, _ in poller.poll()}
+            if watch in ready:
+                return  # the runtime (or the runc it became) ended: no hook will come
+            if listener not in ready:
+                continue
         try:
             conn, pid, uid = _sys.accept_peer(listener)
         except InterruptedError:
@@ -115,11 +128,63 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def start(listener: int, runc: int | None) -> int:
-    """Fork the server (serve nvctk.hook.prestart.answer, then exit); returns its pid.
-    The fork dies with this process (PR_SET_PDEATHSIG: whatever this process becomes,
-    runc or the runtime that waits on it, its end ends the server), holds none of its
-    stdio or other fds, and never returns into the caller's code."""
+    """Start the server (serve nvctk.hook.prestart.answer, then exit); returns the pid
+    of the process that forked it, already reaped.
+
+    The server is a grandchild: the runtime forks a child that forks the server and
+    exits at once, and reaps that child here. Nothing of the server is then left for
+    the runtime to wait on, or for the runc it becomes, which never waits on a child it
+    did not start (a foreground `run` kept a defunct server for the container's life);
+    the init (or the node's subreaper: the shim, systemd) reaps it. The server ends
+    with this process, whatever it becomes, runc or the runtime that waits on it (a
+    pidfd of it, which an exec leaves open and its end makes readable); holds none of
+    its stdio or other fds, and never returns into the caller's code."""
     runtime = os.getpid()
+    try:
+        watch = os.pidfd_open(runtime)  # close-on-exec: runc never holds it
+    except (OSError, AttributeError):
+        return _start_child(listener, runtime, runc)  # a kernel before 5.3
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(watch)
+        raise
+    if pid:
+        os.close(watch)
+        os.waitpid(pid, 0)  # it only forks the server: at once
+        return pid
+    code = 0
+    try:
+        if os.fork():
+            os._exit(0)
+        _detach(listener, watch)
+        # start time: imported here, in the fork, while runc starts, never in the
+        # runtime's own path to exec runc
+        from nvctk.hook.prestart import answer
+
+        serve(listener, runtime, runc, answer, watch)
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _detach(*keep: int) -> None:
+    """In the server: stdio to /dev/null, every other fd but `keep` closed (runc's pipes,
+    its console socket, --preserve-fds: the server holds none of them)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _FD_LIMIT)
+
+
+def _start_child(listener: int, runtime: int, runc: int | None) -> int:
+    """Without pidfds: the server as a child that dies with this process
+    (PR_SET_PDEATHSIG), reaped only when this process ends."""
     pid = os.fork()
     if pid:
         return pid
@@ -128,14 +193,7 @@ def start(listener: int, runc: int | None) -> int:
         _sys.prctl(_PR_SET_PDEATHSIG, _SIGKILL)
         if os.getppid() != runtime:  # the runtime ended before prctl took effect
             os._exit(0)
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        # runc's pipes, its console socket, --preserve-fds: the server holds none of them
-        os.closerange(3, listener)
-        os.closerange(listener + 1, _FD_LIMIT)
-        # start time: imported here, in the fork, while runc starts, never in the
-        # runtime's own path to exec runc
+        _detach(listener)
         from nvctk.hook.prestart import answer
 
         serve(listener, runtime, runc, answer)

@@ -135,6 +135,19 @@ class PluginConfig:
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
+def _is_integer(_checker: Any, value: Any) -> bool:
+    """JSON Schema's integer takes 2.0 (a number with no fraction); the plugin counts
+    with it (range(replicas)), so an integer here is an int and nothing else: 2.0, 1e3,
+    .nan, true are refused naming the field, never a traceback later."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# the schema's types are the types parse() hands on
+_VALIDATOR = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+
+
 def _where(path: Any) -> str:
     out = ""
     for p in path:
@@ -144,7 +157,7 @@ def _where(path: Any) -> str:
 
 def parse(data: Any, source: str = "config") -> PluginConfig:
 
-    validator = jsonschema.Draft202012Validator(SCHEMA)
+    validator = _VALIDATOR(SCHEMA)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         e = errors[0]

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from nvctk.host import nvml
@@ -35,6 +35,7 @@ class Health:
 
     def __init__(self) -> None:
         self.unhealthy: set[str] = set()
+        self.reasons: dict[str, str] = {}  # uuid -> why it is unhealthy (the first reason)
         self.changed = threading.Condition()
         self.generation = 0  # bumped on each change; streams resend when it moves
         self.last_change: float = 0.0  # time.monotonic() of the last change (bench)
@@ -45,6 +46,7 @@ class Health:
             if not new:
                 return
             self.unhealthy |= new
+            self.reasons.update(dict.fromkeys(new, reason))
             self.generation += 1
             self.last_change = time.monotonic()
             self.changed.notify_all()
@@ -55,6 +57,22 @@ class Health:
         with self.changed:
             self.generation += 1
             self.changed.notify_all()
+
+    def watch(self, context: Any, stopping: threading.Event) -> Iterator[None]:
+        """A stream's turns (the device plugin's ListAndWatch, the DRA plugin's
+        NodeWatchResources): one at once and one after each change, until stopping is
+        set or the peer (a gRPC context) hangs up."""
+        seen = -1
+        # a kubelet that hangs up frees the stream's worker at once, not at a wait's end
+        context.add_callback(self.wake)
+        while not stopping.is_set() and context.is_active():
+            with self.changed:
+                gen = self.generation
+                if gen == seen:
+                    self.changed.wait(0.5)
+                    continue
+            seen = gen
+            yield
 
 
 def affected(host: HostInfo, gpu_uuid: str, gi: int, ci: int) -> set[str]:

@@ -72,16 +72,7 @@ class Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc,name-defined]
                                       get_preferred_allocation_available=True)
 
     def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
-        seen = -1
-        # a kubelet that hangs up frees this worker at once, not at the next wait's end
-        context.add_callback(self.health.wake)
-        while not self.stopping.is_set() and context.is_active():
-            with self.health.changed:
-                gen = self.health.generation
-                if gen == seen:
-                    self.health.changed.wait(0.5)
-                    continue
-            seen = gen
+        for _ in self.health.watch(context, self.stopping):
             yield self.device_list()
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
@@ -122,34 +113,9 @@ class Plugin:
 
     def start(self) -> None:
         self.stopping.clear()
-        self._remove_socket()
-        # one worker per concurrent stream plus a few for unary calls
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, self.server)
-        try:
-            port = self.server.add_insecure_port("unix://" + self.path)
-        except RuntimeError:  # grpc raises this where it cannot bind the path
-            port = 0
-        if not port:
-            self.server = None
-            raise NvctkError(f"{self.path}: cannot listen there (is {self.kubelet_dir} a "
-                             "writable directory?)")
-        self.server.start()
-
-    def _remove_socket(self) -> None:
-        """A socket at the plugin's path goes (an earlier run's, or one the kubelet left);
-        anything else there is not the plugin's to remove: a clear error, left as it is."""
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            raise NvctkError(f"{self.path}: {e.strerror}")
-        if not stat.S_ISSOCK(st.st_mode):
-            raise NvctkError(f"{self.path}: it is {fileio.kind_of(st.st_mode)}, not a socket; "
-                             f"the device plugin listens there for {self.res.name} and removes "
-                             "only a socket (move it away)")
-        os.unlink(self.path)
+        self.server = serve(self.path, [(pb_grpc.add_DevicePluginServicer_to_server,
+                                         self.servicer)],
+                            f"the device plugin listens there for {self.res.name}")
 
     def register(self) -> None:
         sock = os.path.join(self.kubelet_dir, KUBELET_SOCKET)
@@ -173,6 +139,41 @@ class Plugin:
                     os.unlink(self.path)
             except FileNotFoundError:
                 pass
+
+
+def remove_socket(path: str, who: str) -> None:
+    """A socket at path goes (an earlier run's, or one the kubelet left); anything else
+    there is not the plugin's to remove: a clear error naming `who` listens there, left
+    as it is."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise NvctkError(f"{path}: {e.strerror}")
+    if not stat.S_ISSOCK(st.st_mode):
+        raise NvctkError(f"{path}: it is {fileio.kind_of(st.st_mode)}, not a socket; {who} "
+                         "and removes only a socket (move it away)")
+    os.unlink(path)
+
+
+def serve(path: str, servicers: list[tuple[Any, Any]], who: str) -> Any:
+    """A started gRPC server on the unix socket path with servicers ((add_*_to_server,
+    servicer) pairs); `who`: what listens there, for the errors."""
+    remove_socket(path, who)
+    # one worker per concurrent stream plus a few for unary calls
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    for add, servicer in servicers:
+        add(servicer, server)
+    try:
+        port = server.add_insecure_port("unix://" + path)
+    except RuntimeError:  # grpc raises this where it cannot bind the path
+        port = 0
+    if not port:
+        raise NvctkError(f"{path}: cannot listen there (is {os.path.dirname(path)} a "
+                         "writable directory?)")
+    server.start()
+    return server
 
 
 def _sock_id(path: str) -> tuple[int, int] | None:

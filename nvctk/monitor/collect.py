@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nvctk.base.errors import literal
+from nvctk.hook.served import parent_of
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
 from nvctk.monitor.containers import DEFAULT_RUNTIME_ROOTS, Container, Discovery, proc_start
@@ -51,6 +53,22 @@ def _parents(line: str) -> list[str]:
     return out
 
 
+def own_ancestry() -> set[tuple[int, int | None]]:
+    """(pid, start) of this process and its ancestors: the container the monitor runs
+    in has one of them as its init (with hostPID, as NVML and the runtimes see it)."""
+    out = set()
+    pid = os.getpid()
+    for _ in range(64):  # a chain of parents, bounded
+        if pid <= 1:
+            break
+        out.add((pid, proc_start(pid)))
+        ppid = parent_of(pid)
+        if ppid == pid:
+            break
+        pid = ppid
+    return out
+
+
 def last_kernel_seconds(now_us: int, last_active_us: int | None) -> float | None:
     """Seconds since the container's last kernel on a device: from the end of the last
     NVML utilization sample in which its processes ran kernels (trusted; its resolution
@@ -78,7 +96,10 @@ class Collector:
         self.nv: Any = mod
         self.handles = {g.index: mod.nvmlDeviceGetHandleByUUID(g.uuid) for g in self.host.gpus}
         self.discovery = Discovery(runtime_roots)
-        self.hostname = socket.gethostname()
+        # the node's name: in a Pod without host network the hostname is the Pod's
+        # (the DaemonSet sets NODE_NAME from the downward API, as for dcgm-exporter)
+        self.hostname = os.environ.get("NODE_NAME") or socket.gethostname()
+        self._own = own_ancestry()
         self._lock = threading.Lock()  # one collection at a time
         self._last_seen: dict[int, int] = {}  # GPU index -> NVML sample timestamp (us)
         self._last_active: dict[tuple[str, str], int] = {}  # (container, device) -> us
@@ -103,7 +124,7 @@ class Collector:
         self.errors_total[kind] = self.errors_total.get(kind, 0) + 1
         if cause not in self._logged:
             self._logged.add(cause)
-            log.warning("%s (logged once until it clears)", message)
+            log.warning("%s (logged once until it clears)", literal(message))
 
     def _open_events(self) -> Any:
         nv = self.nv
@@ -227,7 +248,10 @@ class Collector:
                 gpus[index], procs[index], samples[index] = self._gpu(index, now_us)
             except Exception as e:
                 self.problem(f"nvml:{index}", f"GPU {index}: {e}")
-        containers = self.discovery.scan(self.host, self.problem)
+        # the monitor's own container (its Pod gets the driver through the nvidia runtime)
+        # holds no GPU work of anyone's: never a share
+        containers = [c for c in self.discovery.scan(self.host, self.problem)
+                      if (c.init_pid, c.init_start) not in self._own]
         resources: dict[tuple[str, str, str], list[tuple[str, list[str]]]] = {}
         if self.podres is not None:
             try:
@@ -246,17 +270,12 @@ class Collector:
                 c = self._owner(pid, by_cgroup)
                 if c is not None:
                     owned.setdefault((c.id, index), []).append(pid)
-        holders: dict[int, int] = {}
-        for c in containers:
-            for gi in {dev.gpu_index for dev in c.devices}:
-                holders[gi] = holders.get(gi, 0) + 1
         out: list[ContainerSample] = []
         live_keys = set()
         for c in containers:
-            kind = c.base_kind
-            if kind == "gpu" and any(holders.get(d.gpu_index, 0) > 1 for d in c.devices):
-                kind = "shared"  # a whole GPU in several containers: time-sliced replicas
-            cs = ContainerSample(id=c.id, name=c.name, kind=kind, runtime_root=c.runtime_root,
+            # what it asked for, for its whole life: its neighbours change nvctk_gpu_shares,
+            # never its own series
+            cs = ContainerSample(id=c.id, name=c.name, kind=c.base_kind, runtime_root=c.runtime_root,
                                  namespace=c.namespace, pod=c.pod, container=c.k8s_container,
                                  pod_uid=c.pod_uid,
                                  resource=",".join(sorted({r for r, _ in resources.get(
@@ -276,6 +295,9 @@ class Collector:
                 if active:
                     self._last_active[key] = max(active)
                 mem_cap = c.memory_limits[i] if i < len(c.memory_limits) else 0
+                mps_mem = c.mps_memory[i] if i < len(c.mps_memory) else 0
+                if mps_mem and (not mem_cap or mps_mem < mem_cap):
+                    mem_cap = mps_mem  # MPS's pinned-memory limit caps it as well
                 sm_cap = c.sm_limits[i] if i < len(c.sm_limits) else 0
                 if not sm_cap and c.mps_percent is not None:
                     sm_cap = c.mps_percent

@@ -5,11 +5,19 @@ A container is found in its runtime's state (runc: <root>/<id>/state.json; crun:
 holds nvctk-plan.json (written by nvctk-runtime at create). What it got comes from
 the bundle's config.json as the engine wrote it (its device request, resolved on
 this host's GPUs as nvctk-runtime resolved it) and the plan's validated vGPU
-limits; its Kubernetes identity from the OCI annotations the CRI puts there
-(containerd: io.kubernetes.cri.*, CRI-O: io.kubernetes.*). All of these are
-written by the runtime, the engine or nvctk on the host: nothing a container can
-write is read here. A container whose init process is gone has ended (runc keeps a
-stopped container's state until delete) and is left out.
+limits; its Kubernetes identity from the OCI annotations the CRI that made it puts
+there: containerd's io.kubernetes.cri.* for a container under a containerd runtime
+root, CRI-O's io.kubernetes.pod.*/container.name for one under CRI-O's (/run/runc,
+/run/crun), none under Docker's. Only that engine's own keys: the others pass from a
+Pod's annotations into its spec (CRI-O copies every Pod annotation; containerd those
+its pod_annotations lists), so a Pod could name itself anything through them. All of
+these are written by the runtime, the engine or nvctk on the host: nothing a
+container can write is read here. A container whose init process is gone has ended
+(runc keeps a stopped container's state until delete) and is left out.
+
+A bundle the monitor cannot see (its state dir not mounted, not readable) is an error,
+never "not one of nvctk's": a container is only "not nvctk's" when its bundle's
+config.json is there and nvctk's plan is not.
 
 Parsing is cached per state file (inode, size, mtime): a scrape of a node with
 many containers stats their state files and reads nothing else.
@@ -28,22 +36,52 @@ from nvctk.base import config as nvconfig
 from nvctk.edits import PLAN_FILE, Plan
 from nvctk.host.inventory import HostInfo
 from nvctk.plan.select import select_devices, vgpu_devices
-from nvctk.request.parse import request_from_spec
+from nvctk.request.parse import MPS_MEMORY, MPS_THREADS, mps_memory_limits, request_from_spec
 from nvctk.vgpu.limits import limits_from_env
 
 log = logging.getLogger("nvctk.monitor")
 
-# runc (plain, containerd's per namespace, Docker's), crun
+# runc (plain and CRI-O's, containerd's per namespace — k3s's too —, Docker's), crun
 DEFAULT_RUNTIME_ROOTS = ("/run/runc", "/run/crun", "/run/containerd/runc/*",
                          "/run/docker/runtime-runc/*")
 MAX_JSON = 8 << 20  # a state.json or config.json larger than this is not one we read
 
-# OCI annotations: containerd's CRI, then CRI-O's (the CRI's labels)
-_NS_KEYS = ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace")
-_POD_KEYS = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name")
-_CTR_KEYS = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
-_UID_KEYS = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid")
-_TYPE_KEY = "io.kubernetes.cri.container-type"  # "sandbox" for a Pod's pause container
+# the engine whose containers a runtime root holds: which identity keys it sets itself
+ENGINES = ("containerd", "crio", "docker", "none")
+# engine -> the OCI annotations it sets: (namespace, pod, container, pod uid)
+IDENTITY_KEYS: dict[str, tuple[str, str, str, str] | None] = {
+    "containerd": ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.sandbox-name",
+                   "io.kubernetes.cri.container-name", "io.kubernetes.cri.sandbox-uid"),
+    "crio": ("io.kubernetes.pod.namespace", "io.kubernetes.pod.name",
+             "io.kubernetes.container.name", "io.kubernetes.pod.uid"),
+    "docker": None,  # no CRI: no Kubernetes identity (a user's --annotation is not one)
+    "none": None,
+}
+
+
+@dataclass(frozen=True)
+class RuntimeRoot:
+    pattern: str  # a directory or a glob of them
+    engine: str  # one of ENGINES
+
+
+def parse_root(text: str) -> RuntimeRoot:
+    """`[ENGINE=]DIR`: the runtime root and the engine that makes its containers. Without
+    ENGINE, by where the engines keep it: a path through a `containerd` directory is
+    containerd's (its shim's /run/containerd/runc/<namespace>, k3s's alike), through a
+    `docker` one Docker's, any other CRI-O's (/run/runc, /run/crun; plain runc and
+    Podman containers there carry no CRI-O keys unless their user wrote them)."""
+    engine, sep, path = text.partition("=")
+    if sep and engine in ENGINES:
+        if not path:
+            raise ValueError(f"{text}: no directory after {engine}=")
+        return RuntimeRoot(path, engine)
+    parts = text.split("/")
+    if "containerd" in parts:
+        return RuntimeRoot(text, "containerd")
+    if "docker" in parts:
+        return RuntimeRoot(text, "docker")
+    return RuntimeRoot(text, "crio")
 
 
 @dataclass(frozen=True)
@@ -66,6 +104,7 @@ class Container:
     memory_limits: tuple[int, ...]  # per device, bytes, 0 = none
     sm_limits: tuple[int, ...]  # per device, percent, 0 = none
     mps_percent: int | None
+    mps_memory: tuple[int, ...]  # per device, bytes, 0 = none (MPS's pinned-memory limit)
     namespace: str
     pod: str
     k8s_container: str
@@ -80,18 +119,23 @@ class Container:
     def base_kind(self) -> str:
         if any(self.memory_limits) or any(self.sm_limits):
             return "vgpu"
-        if self.mps_percent is not None:
+        if self.mps_percent is not None or any(self.mps_memory):
             return "mps"
         if any(d.mig for d in self.devices):
             return "mig"
         return "gpu"
 
 
-def expand_roots(patterns: tuple[str, ...] | list[str]) -> list[str]:
-    out: list[str] = []
-    for p in patterns:
-        found = sorted(glob.glob(p)) if glob.has_magic(p) else [p]
-        out += [r for r in found if os.path.isdir(r) and r not in out]
+def expand_roots(roots: tuple[RuntimeRoot, ...] | list[RuntimeRoot]) -> list[tuple[str, str]]:
+    """(directory, engine) for each existing directory the roots name, each once."""
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for r in roots:
+        found = sorted(glob.glob(r.pattern)) if glob.has_magic(r.pattern) else [r.pattern]
+        for d in found:
+            if d not in seen and os.path.isdir(d):
+                seen.add(d)
+                out.append((d, r.engine))
     return out
 
 
@@ -125,12 +169,18 @@ def proc_start(pid: int) -> int | None:
         return None
 
 
-def _first(d: dict[str, object], keys: tuple[str, ...]) -> str:
-    for k in keys:
-        v = d.get(k)
-        if isinstance(v, str) and v:
-            return v
-    return ""
+def _identity(ann: dict[str, object], engine: str) -> tuple[str, str, str, str]:
+    """(namespace, pod, container, pod uid) from the keys the container's engine sets."""
+    keys = IDENTITY_KEYS.get(engine)
+    if keys is None:
+        return "", "", "", ""
+    vals = [ann.get(k) for k in keys]
+    ns, pod, ctr, uid = (v if isinstance(v, str) else "" for v in vals)
+    return ns, pod, ctr, uid
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    return (os.path.exists(f"/proc/{pid}") if start is None else proc_start(pid) == start)
 
 
 def _runtime_state(path: str) -> tuple[str, int, int | None]:
@@ -188,15 +238,31 @@ def _limits(plan: Plan, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return lim.memory, lim.sm
 
 
-def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo
-                   ) -> Container | None:
+class BundleUnreadable(Exception):
+    """The bundle a runtime's state names cannot be seen: whether it is nvctk's is unknown."""
+
+
+def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo,
+                   engine: str = "none") -> Container | None:
     """The container if it is one of nvctk's GPU containers, else None. Raises
-    OSError/ValueError for state nvctk cannot read."""
+    OSError/ValueError for state nvctk cannot read (BundleUnreadable: its bundle)."""
     bundle, pid, start = _runtime_state(state_file)
     try:
         plan = Plan.from_json(_read_regular(os.path.join(bundle, PLAN_FILE)))
-    except FileNotFoundError:
-        return None  # not a GPU container of nvctk's
+    except OSError as e:
+        # not nvctk's only if the bundle is there to say so (an engine's config.json
+        # always is); a bundle out of sight hides what it holds
+        err = e
+        if isinstance(e, FileNotFoundError):
+            try:
+                os.stat(os.path.join(bundle, "config.json"))
+                return None  # not a GPU container of nvctk's
+            except OSError as e2:
+                err = e2
+        if not _alive(pid, start):
+            return None  # ended: its bundle may be gone already
+        raise BundleUnreadable(f"bundle {bundle} of container {cid} not readable: "
+                               f"{err.strerror} (is its state dir mounted?)") from None
     spec = _read_json(os.path.join(bundle, "config.json"))
     if not isinstance(spec, dict):
         raise ValueError(f"{bundle}/config.json: not a JSON object")
@@ -211,15 +277,33 @@ def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo
         if isinstance(item, str) and "=" in item:
             k, _, v = item.partition("=")
             env[k] = v
-    mps = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    mps = env.get(MPS_THREADS)
+    ns, pod, ctr, uid = _identity(ann, engine)
     return Container(
         id=cid, runtime_root=runtime_root, bundle=bundle, init_pid=pid, init_start=start,
         devices=tuple(devices), memory_limits=mem, sm_limits=sm,
         mps_percent=int(mps) if mps is not None and mps.isdigit() else None,
-        namespace=_first(ann, _NS_KEYS), pod=_first(ann, _POD_KEYS),
-        k8s_container=_first(ann, _CTR_KEYS), pod_uid=_first(ann, _UID_KEYS),
+        mps_memory=_mps_memory(env, devices),
+        namespace=ns, pod=pod, k8s_container=ctr, pod_uid=uid,
         vgpu_state_dir=plan.vgpu.state_dir if plan.vgpu is not None else None,
     )
+
+
+def _mps_memory(env: dict[str, str], devices: list[Device]) -> tuple[int, ...]:
+    """Per device, MPS's pinned-memory cap (bytes, 0 = none): CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+    names devices by their index in the container or their UUID. create checked it; an
+    item that does not parse now caps nothing."""
+    out = [0] * len(devices)
+    if MPS_MEMORY not in env:
+        return tuple(out)
+    try:
+        items = mps_memory_limits(env[MPS_MEMORY])
+    except ValueError:
+        return tuple(out)
+    for i, d in enumerate(devices):
+        cap = items.get(str(i)) or items.get(d.device_uuid) or items.get(d.gpu_uuid) or 0
+        out[i] = cap
+    return tuple(out)
 
 
 class Discovery:
@@ -227,14 +311,14 @@ class Discovery:
     container's parse by its state file's identity."""
 
     def __init__(self, roots: tuple[str, ...] | list[str] = DEFAULT_RUNTIME_ROOTS) -> None:
-        self.patterns = tuple(roots)
+        self.roots = tuple(parse_root(r) for r in roots)
         self._cache: dict[str, tuple[tuple[int, int, int], Container | None]] = {}
 
     def scan(self, host: HostInfo, problem: object) -> list[Container]:
         """problem(cause, message) is told what could not be read (the rest goes on)."""
         out: list[Container] = []
         seen: set[str] = set()
-        for root in expand_roots(self.patterns):
+        for root, engine in expand_roots(self.roots):
             try:
                 names = os.listdir(root)
             except OSError as e:
@@ -254,14 +338,15 @@ class Discovery:
                         c = hit[1]
                     else:
                         try:
-                            c = load_container(root, cid, path, host)
+                            c = load_container(root, cid, path, host, engine)
+                        except BundleUnreadable as e:  # not cached: retried every scan
+                            problem(f"bundle:{path}", str(e))  # type: ignore[operator]
+                            break
                         except Exception as e:  # any unreadable state: skip that container
                             problem(f"container-state:{path}", f"{path}: {e}")  # type: ignore[operator]
                             continue
                         self._cache[path] = (key, c)
-                    if c is not None and ((c.init_start is None and os.path.exists(f"/proc/{c.init_pid}"))
-                                          or (c.init_start is not None
-                                          and proc_start(c.init_pid) == c.init_start)):
+                    if c is not None and _alive(c.init_pid, c.init_start):
                         out.append(c)
                     break
         for path in set(self._cache) - seen:

@@ -47,7 +47,7 @@ class DeviceUse:
 class ContainerSample:
     id: str
     name: str
-    kind: str  # gpu | mig | vgpu | mps | shared (a whole GPU held by several containers)
+    kind: str  # gpu | mig | vgpu | mps: what it asked for (stable for its life)
     runtime_root: str
     namespace: str = ""
     pod: str = ""

@@ -5,7 +5,8 @@ Labels: per GPU `gpu` (NVML index), `UUID`, `modelName`, `Hostname` (dcgm-export
 names, so dashboards join); per container also `namespace`, `pod`, `container` (the
 Kubernetes guideline's), `container_id`, `container_name`, `kind`, and `device_uuid`
 (the MIG device's UUID for a MIG slice, else the GPU's), `resource` (the extended resource
-the kubelet gave the container, where the pod-resources socket is read).
+the kubelet gave the container, where the pod-resources socket is read), `runtime_root` (the
+runtime state dir it was found in: two runtimes may hold the same container id).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from nvctk.monitor.model import Snapshot
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
 CTR_LABELS = ["gpu", "UUID", "device_uuid", "modelName", "Hostname", "namespace", "pod",
-              "container", "container_id", "container_name", "kind", "resource"]
+              "container", "container_id", "container_name", "kind", "resource", "runtime_root"]
 
 # name -> help: the table in the README is this one
 METRICS: dict[str, str] = {
@@ -93,7 +94,8 @@ def render(snap: Snapshot, now: float, errors: dict[str, int]) -> Iterator[Metri
     for c in snap.containers:
         for d in c.devices:
             lv = [str(d.gpu_index), d.gpu_uuid, d.device_uuid, models.get(d.gpu_index, ""),
-                  snap.hostname, c.namespace, c.pod, c.container, c.id, c.name, c.kind, c.resource]
+                  snap.hostname, c.namespace, c.pod, c.container, c.id, c.name, c.kind, c.resource,
+                  c.runtime_root]
             cm["nvctk_container_memory_used_bytes"].add_metric(lv, float(d.memory_used))
             cm["nvctk_container_memory_total_bytes"].add_metric(lv, float(d.memory_total))
             cm["nvctk_container_sm_utilization_ratio"].add_metric(lv, d.sm_utilization)

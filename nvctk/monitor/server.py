@@ -3,33 +3,57 @@
     /metrics        Prometheus text format (the latest snapshot)
     /api/snapshot   the latest snapshot as JSON (the dashboard's source)
     /               the dashboard: plain HTML and JavaScript from this package, no CDN
+    /healthz        200 while snapshots keep coming; 503 before the first and once the
+                    latest is older than `stale_after` (collection stalled: the liveness
+                    probe restarts the monitor)
 
 A scrape renders the snapshot the collector last took; it never waits on a collection,
 so nothing the collector reads (a slow /proc, a hanging file) can block a scrape.
+
+The HTTP side is one asyncio loop, not a thread per connection: any Pod can reach the
+port, and an idle connection must cost a few kilobytes, not a thread. Every connection
+has a deadline for its request head (and body), one for writing the answer, and an idle
+limit between keep-alive requests; at most `max_connections` are open, and a new one
+beyond that closes the connection idle the longest (a scraper's new connection is
+served, a pile of idle ones is not). Nothing a client sends reaches the log as a
+traceback; a stop closes every connection and returns.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import resource
+import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from nvctk.base.errors import NvctkError, literal
 from nvctk.monitor.collect import Collector, run_every
 from nvctk.monitor.model import Snapshot
 from nvctk.monitor.prom import SnapshotCollector
 
 log = logging.getLogger("nvctk.monitor")
 
+HEAD_TIMEOUT = 10.0  # seconds for a request's head (and its body), from its first byte on
+IDLE_TIMEOUT = 30.0  # seconds a keep-alive connection may wait for its next request
+WRITE_TIMEOUT = 30.0  # seconds for a client to take an answer
+MAX_HEAD = 16 << 10  # bytes of request line and headers
+MAX_BODY = 64 << 10  # bytes of a request body (none is needed; one is read and dropped)
+MAX_CONNECTIONS = 256
+
 
 class Monitor:
-    def __init__(self, collector: Collector, interval: float) -> None:
+    def __init__(self, collector: Collector, interval: float,
+                 stale_after: float | None = None) -> None:
         self.collector = collector
         self.interval = interval
+        # a collection may take a while on a loaded node: stalled is several intervals late
+        self.stale_after = stale_after if stale_after is not None else 3 * interval + 10
         self.latest: Snapshot | None = None
         self.stop = threading.Event()
         self.taken = threading.Condition()
@@ -58,42 +82,234 @@ class Monitor:
         snap = self.latest
         return json.dumps(snap.to_dict() if snap else None).encode()
 
+    def health(self) -> tuple[bool, str]:
+        snap = self.latest
+        if snap is None:
+            return False, "no snapshot yet"
+        age = time.time() - snap.time
+        if age > self.stale_after:
+            return False, f"collection stalled: the latest snapshot is {age:.0f} s old"
+        return True, "ok"
+
 
 def dashboard_html() -> bytes:
     return resources.files("nvctk.monitor").joinpath("dashboard.html").read_bytes()
 
 
-def make_server(monitor: Monitor, host: str, port: int) -> ThreadingHTTPServer:
-    page = dashboard_html()
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "nvctk-monitor"
 
-        def _send(self, code: int, ctype: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(body)
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket for host:port (a name, an IPv4 or an IPv6 address);
+    NvctkError naming --listen for anything the system refuses."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if not 0 <= port <= 65535:
+        raise NvctkError(f"--listen {where}: port {port} out of range (0-65535)")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise NvctkError(f"--listen {where}: not an address, nor a name this host resolves ({e})") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise NvctkError(f"--listen {where}: cannot listen there ({e.strerror})") from None
+    sock.setblocking(False)
+    return sock
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, monitor.metrics())
-            elif path == "/api/snapshot":
-                self._send(200, "application/json", monitor.snapshot_json())
-            elif path in ("/", "/index.html"):
-                self._send(200, "text/html; charset=utf-8", page)
-            elif path == "/healthz":
-                ok = monitor.latest is not None
-                self._send(200 if ok else 503, "text/plain", b"ok\n" if ok else b"no snapshot yet\n")
-            else:
-                self._send(404, "text/plain", b"not found\n")
 
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("%s " + format, self.address_string(), *args)
+class MonitorServer:
+    """The HTTP side of `nvctk monitor`, on one asyncio loop in the thread that calls
+    serve_forever(). stop() may be called from a signal handler or another thread."""
 
-    srv = ThreadingHTTPServer((host, port), Handler)
-    srv.daemon_threads = True
-    return srv
+    def __init__(self, monitor: Monitor, sock: socket.socket,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self.monitor = monitor
+        self.sock = sock
+        self.server_address = sock.getsockname()
+        self.page = dashboard_html()
+        # descriptors: the connections must never starve the collector of its own
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.max_connections = max(8, min(max_connections, soft - 64))
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(self._loop_error)
+        self._stopping: asyncio.Event | None = None
+        self._stop_requested = False
+        self._idle: dict[asyncio.StreamWriter, float] = {}  # waiting for a request -> since
+        self._open: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._done = threading.Event()
+
+    # --- life ---------------------------------------------------------------------------
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serves until stop(); closes every connection before it returns."""
+        try:
+            self.loop.run_until_complete(self._serve())
+        finally:
+            self._done.set()
+
+    def stop(self) -> None:
+        self._stop_requested = True
+        if self._stopping is not None and not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self._stopping.set)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+
+    def shutdown(self) -> None:
+        """stop() and wait for serve_forever to return (from another thread)."""
+        self.stop()
+        self._done.wait()
+
+    def server_close(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.close()
+        self.sock.close()
+
+    async def _serve(self) -> None:
+        self._stopping = asyncio.Event()
+        if self._stop_requested:
+            return
+        server = await asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD)
+        tasks = self._tasks
+        try:
+            await self._stopping.wait()
+        finally:
+            server.close()
+            for w in list(self._open):
+                w.transport.abort()
+            pending = [t for t in tasks if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        # one line, never a traceback: e.g. accept() out of descriptors (asyncio retries)
+        exc = context.get("exception")
+        log.warning("http: %s%s", context.get("message", "error"), f" ({exc})" if exc else "")
+
+    # --- one connection -----------------------------------------------------------------
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if len(self._open) >= self.max_connections and not self._evict():
+            writer.transport.abort()
+            return
+        self._open.add(writer)
+        try:
+            while await self._one_request(reader, writer):
+                pass
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
+                ValueError):
+            pass  # the client went, stalled or sent nonsense: its connection ends
+        finally:
+            self._open.discard(writer)
+            self._idle.pop(writer, None)
+            writer.transport.abort()
+
+    def _evict(self) -> bool:
+        """Closes the connection idle the longest; False when none is idle."""
+        if not self._idle:
+            return False
+        oldest = min(self._idle, key=self._idle.__getitem__)
+        del self._idle[oldest]
+        self._open.discard(oldest)
+        oldest.transport.abort()
+        return True
+
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Reads and answers one request; whether the connection stays open for another."""
+        self._idle[writer] = time.monotonic()
+        try:
+            # the idle limit until a first byte, then the head's own deadline
+            first = await asyncio.wait_for(reader.read(1), IDLE_TIMEOUT)
+            if not first:
+                return False
+            self._idle.pop(writer, None)
+            head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+        except asyncio.LimitOverrunError:
+            await self._answer(writer, 431, "text/plain", b"request head too large\n", False)
+            return False
+        except asyncio.IncompleteReadError:
+            return False
+        except TimeoutError:
+            if writer in self._idle:
+                return False  # idle past the limit: closed without a word
+            await self._answer(writer, 408, "text/plain", b"request head too slow\n", False)
+            return False
+        finally:
+            self._idle.pop(writer, None)
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            await self._answer(writer, 400, "text/plain", b"bad request line\n", False)
+            return False
+        method, target, version = parts
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if line:
+                name, sep, value = line.partition(":")
+                if not sep:
+                    await self._answer(writer, 400, "text/plain", b"bad header\n", False)
+                    return False
+                headers[name.strip().lower()] = value.strip()
+        keep = (version == "HTTP/1.1" and headers.get("connection", "").lower() != "close")
+        if "transfer-encoding" in headers:
+            await self._answer(writer, 501, "text/plain", b"no request bodies\n", False)
+            return False
+        length = headers.get("content-length", "0")
+        if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
+            await self._answer(writer, 413, "text/plain", b"request body too large\n", False)
+            return False
+        if int(length):
+            await asyncio.wait_for(reader.readexactly(int(length)), HEAD_TIMEOUT)
+        try:
+            code, ctype, body = self._route(method, target)
+        except Exception as e:  # a bug of the monitor's: one line, the connection goes on
+            log.warning("http: %s %s failed: %s", literal(method), literal(target[:200]), e)
+            code, ctype, body = 500, "text/plain", b"internal error\n"
+        await self._answer(writer, code, ctype, body, keep, head_only=method == "HEAD")
+        log.debug("%s %s %s", literal(method), literal(target[:200]), code)
+        return keep
+
+    def _route(self, method: str, target: str) -> tuple[int, str, bytes]:
+        if method not in ("GET", "HEAD"):
+            return 405, "text/plain", b"GET or HEAD only\n"
+        path = target.split("?", 1)[0]
+        mon = self.monitor
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, mon.metrics()
+        if path == "/api/snapshot":
+            return 200, "application/json", mon.snapshot_json()
+        if path in ("/", "/index.html"):
+            return 200, "text/html; charset=utf-8", self.page
+        if path == "/healthz":
+            ok, why = mon.health()
+            return (200 if ok else 503), "text/plain", why.encode() + b"\n"
+        return 404, "text/plain", b"not found\n"
+
+    async def _answer(self, writer: asyncio.StreamWriter, code: int, ctype: str, body: bytes,
+                      keep: bool, head_only: bool = False) -> None:
+        head = (f"HTTP/1.1 {code} {_REASONS.get(code, '')}\r\nServer: nvctk-monitor\r\n"
+                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"Cache-Control: no-store\r\nConnection: {'keep-alive' if keep else 'close'}\r\n\r\n")
+        writer.write(head.encode("latin-1") if head_only else head.encode("latin-1") + body)
+        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+
+
+def make_server(monitor: Monitor, host: str, port: int) -> MonitorServer:
+    return MonitorServer(monitor, bind(host, port))
+
+
+__all__ = ["Monitor", "MonitorServer", "bind", "dashboard_html", "make_server"]

@@ -245,6 +245,16 @@ def _vgpu_authority(spec: dict[str, Any]) -> tuple[tuple[str, str | None], ...]:
                         for k, v in present(annotations).items()))
 
 
+def _dra_grant(env: dict[str, str]) -> tuple[tuple[str, str | None], ...]:
+    """A DRA claim's share, from the claim's CDI spec (nvctk.vgpu.authority.DRA_ENV)."""
+    if "NVCTK_DRA_SHARE" not in env:
+        return ()  # the common case: nothing to import
+    from nvctk.vgpu.authority import dra_grant
+
+    grant = dra_grant(env)
+    return (grant,) if grant is not None else ()
+
+
 def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
     """The container's GPU request, or None when it is not a GPU container."""
     env = spec_env(spec)
@@ -301,7 +311,7 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         privileged=privileged,
         source=source,
         cdi_devices=cdi,
-        vgpu_authority=_vgpu_authority(spec),
+        vgpu_authority=_vgpu_authority(spec) + _dra_grant(env),
         env=env,
     )
 
@@ -323,18 +333,30 @@ def check_mps(env: dict[str, str]) -> None:
     limits = env.get(MPS_MEMORY)
     if limits is None:
         return
+    try:
+        mps_memory_limits(limits)
+    except ValueError as e:
+        raise RequestError(f"{MPS_MEMORY}={shown(limits)}: want <device>=<size> items "
+                           f"such as 0=8G (bad item {e})") from None
+
+
+def mps_memory_limits(value: str) -> dict[str, int]:
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: device (its index in the container, or a UUID)
+    -> bytes. ValueError naming the first bad item."""
     from nvctk.vgpu.limits import parse_memory
 
-    for item in limits.split(","):
+    out: dict[str, int] = {}
+    for item in value.split(","):
         dev, sep, size = item.strip().partition("=")
         try:
-            ok = bool(sep) and ((dev.isascii() and dev.isdigit()) or dev.startswith("GPU-")) \
-                and parse_memory(size) > 0
+            ok = bool(sep) and ((dev.isascii() and dev.isdigit()) or dev.startswith("GPU-"))
+            n = parse_memory(size) if ok else 0
         except ValueError:
-            ok = False
-        if not ok:
-            raise RequestError(f"{MPS_MEMORY}={shown(limits)}: want <device>=<size> items "
-                               f"such as 0=8G (bad item {shown(item)})")
+            n = 0
+        if n <= 0:
+            raise ValueError(shown(item))
+        out[str(int(dev)) if dev.isdigit() else dev] = n
+    return out
 
 
 def parse_bool_all(env: dict[str, str], name: str) -> bool:

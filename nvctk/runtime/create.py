@@ -33,6 +33,7 @@ from nvctk.host.paths import find_hook, hook_config_path
 from nvctk.oci import runc_argv as ra
 from nvctk.oci import spec as oci
 from nvctk.request.parse import asks_for_vgpu, request_from_spec
+from nvctk.runtime import earlier
 from nvctk.spec import apply as spec_edits
 
 TYPE_CHECKING = False
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from nvctk.edits import Edits
     from nvctk.host.image import ImageFacts
     from nvctk.request.parse import Request
+    from nvctk.spec.record import EarlierRecord
 
 
 class Created(Record):
@@ -126,6 +128,7 @@ def _create_legacy(bundle: str, spec: dict[str, Any], data: bytes, request: Requ
     from nvctk.plan.select import select_devices
 
     image = _check_legacy_spec(bundle, spec, data, asks_for_vgpu(request))
+    record = _checked_record(bundle, spec, config.state_dir, logger)
     host, selected = discover.load_and_select(request, config, select_devices)
     check_requirements(request, host, selected)
     facts = discover.discover(request, config, host, [(s.gpu, s.mig) for s in selected], image,
@@ -135,7 +138,7 @@ def _create_legacy(bundle: str, spec: dict[str, Any], data: bytes, request: Requ
                                   container_id or os.path.basename(bundle)),
                               served=served)
     edits = make_edits(request, config, facts, selected)
-    removed = _apply(spec, edits, config, logger)
+    removed = _apply(bundle, spec, edits, record, config)
     vgpu_dir = _save(bundle, spec, edits, config, container_id, runtime_root, logger)
     return Created(edits, removed, vgpu_dir)
 
@@ -177,12 +180,25 @@ def _vgpu_state_dir(request: Request, config: Config, runtime_root: str | None,
     return state_dir_for(config, runtime_root, container_id)
 
 
-def _apply(spec: dict[str, Any], edits: Edits, config: Config, logger: Logger | None) -> int:
+def _apply(bundle: str, spec: dict[str, Any], edits: Edits, record: EarlierRecord | None,
+           config: Config) -> int:
     """The form into the spec (in memory); the number of NVIDIA hooks it removed.
     nvctk's part of the spec comes from this request only: what an earlier create of
-    this bundle added (other GPUs, a vGPU's env and poststop hook) goes first."""
-    _warn_unverified_record(spec, config, logger)
-    return spec_edits.apply(spec, edits, config.state_dir)[1]
+    this bundle added (other GPUs, a vGPU's env and poststop hook) goes first, as far as
+    its record proves it (record: nvctk.runtime.earlier's judgement)."""
+    return spec_edits.apply(spec, edits, record,
+                            earlier.record_seal(bundle, config.state_dir, edits))[1]
+
+
+def _checked_record(bundle: str, spec: dict[str, Any], state_dir: str | None,
+                    logger: Logger | None) -> EarlierRecord | None:
+    """The spec's record as far as a GPU create may act on it (nvctk.runtime.earlier):
+    SpecError for a malformed one, a record honoured only in part said in the log."""
+    record = earlier.earlier_record(bundle, spec, state_dir)
+    spec_edits.check_record(record)
+    if record is not None and record.problem is not None and logger is not None:
+        logger.warning(f"{oci.SPEC_FILE}: {record.problem}")
+    return record
 
 
 def _save(bundle: str, spec: dict[str, Any], edits: Edits, config: Config,
@@ -320,32 +336,28 @@ def _log_handed_on(logger: Logger | None, error: SpecError) -> None:
                        "runtime unchanged")
 
 
-def _warn_unverified_record(spec: dict[str, Any], config: Config, logger: Logger | None) -> None:
-    """A record without a valid MAC is ignored (spec_edits.remove_our_edits): say so."""
-    problem = spec_edits.record_problem(spec, config.state_dir)
-    if problem is not None and logger is not None:
-        logger.warning(f"{oci.SPEC_FILE}: {problem}")
-
-
 def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | None,
                          state_dir: str | None = None) -> None:
     """A no-GPU create of a bundle an earlier GPU create edited: take nvctk's hooks,
-    devices and env out, and its plan. A spec without them is not rewritten (the
-    common case costs a stat of the plan file). A CDI record without a valid MAC
-    (spec_edits.cdi_record_problem) leaves the spec as it is."""
-    problem = None
+    devices and env out (as far as the record proves them: nvctk.runtime.earlier), and
+    its plan. A spec without them is not rewritten (the common case costs a stat of the
+    plan file). A malformed record, or one of which nothing may be acted on, leaves the
+    spec as it is."""
     if spec_edits.has_our_edits(spec):
-        problem = spec_edits.edits_record_problem(spec) or spec_edits.cdi_record_problem(spec, state_dir)
-    if problem is not None:
-        # not what nvctk writes: nvctk leaves the spec as it is, and runc judges it
-        if logger is not None:
-            logger.warning(f"{bundle}: {problem}; the spec is handed on unchanged")
-    elif spec_edits.has_our_edits(spec):
-        # an error here fails the create: the hooks left in would run for this container
-        spec_edits.remove_our_edits(spec, state_dir)
-        oci.save_spec(bundle, spec)
-        if logger is not None:
-            logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")
+        record = earlier.earlier_record(bundle, spec, state_dir)
+        if record is not None and (record.malformed or (record.problem and not record.fields)):
+            # not what nvctk writes, or nothing of it nvctk may act on: nvctk leaves the
+            # spec as it is (its hooks find no plan), and runc judges it
+            if logger is not None:
+                logger.warning(f"{bundle}: {record.problem}; the spec is handed on unchanged")
+        else:
+            if record is not None and record.problem is not None and logger is not None:
+                logger.warning(f"{oci.SPEC_FILE}: {record.problem}")
+            # an error here fails the create: the hooks left in would run for this container
+            spec_edits.remove_our_edits(spec, record)
+            oci.save_spec(bundle, spec)
+            if logger is not None:
+                logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")
     _remove_earlier_plan(bundle, logger)
 
 

@@ -17,6 +17,7 @@ from nvctk.base import fileio
 from nvctk.base.errors import RequestError, SpecError
 from nvctk.edits import HOOK_NAME, PLAN_FILE, LogSettings, prestart_hook
 from nvctk.oci import spec as oci
+from nvctk.runtime import earlier
 from nvctk.spec import apply as spec_edits
 
 TYPE_CHECKING = False
@@ -67,10 +68,12 @@ def prepare(bundle: str, spec: dict[str, Any], data: bytes, request: Request, co
     spec_edits.check_editable(spec)
     oci.check_rewritable(spec, data)
     edits = make_edits(bundle, spec, request, config, hook_path, nvctk_config, served)
-    problem = spec_edits.record_problem(spec, config.state_dir)
-    if problem is not None and logger is not None:
-        logger.warning(f"{oci.SPEC_FILE}: {problem}")
-    removed = spec_edits.apply(spec, edits, config.state_dir, cdi=True)[1]
+    record = earlier.earlier_record(bundle, spec, config.state_dir)
+    spec_edits.check_record(record)
+    if record is not None and record.problem is not None and logger is not None:
+        logger.warning(f"{oci.SPEC_FILE}: {record.problem}")
+    removed = spec_edits.apply(spec, edits, record, earlier.record_seal(
+        bundle, config.state_dir, edits, cdi=True), cdi=True)[1]
     plan_path = os.path.join(bundle, PLAN_FILE)
     if not edits.has_hook_work():
         oci.save_spec(bundle, spec)

@@ -47,9 +47,11 @@ def _runtime() -> str:
     return os.path.join(os.path.dirname(sys.executable), "nvctk-runtime")
 
 
-def _bundle(path: str, rootfs: str, env: list[str], args: list[str]) -> str:
+def make_bundle(path: str, rootfs: str, env: list[str], args: list[str], runc: str = "runc") -> str:
+    """A bundle at path from `runc spec`: the rootfs, no terminal, the process's args and
+    env (PATH first). bench/gpu/real_driver.py uses it too."""
     os.makedirs(path)
-    subprocess.run(["runc", "spec", "--bundle", path], check=True)
+    subprocess.run([runc, "spec", "--bundle", path], check=True)
     with open(os.path.join(path, "config.json")) as f:
         spec = json.load(f)
     spec["root"] = {"path": rootfs, "readonly": False}
@@ -81,7 +83,7 @@ def run_gpu_containers(sim: host.SimHost, tmp: str) -> int:
     rc = 0
     for n, (title, env, args) in enumerate(cases):
         step(title)
-        bundle = _bundle(os.path.join(tmp, f"bundle{n}"), rootfs, env, args)
+        bundle = make_bundle(os.path.join(tmp, f"bundle{n}"), rootfs, env, args)
         argv = [_runtime(), "--root", root, "run", "--bundle", bundle, f"nvctk-demo-{n}"]
         res = run(argv, env=sim.env)
         expected_failure = n == len(cases) - 1

@@ -70,8 +70,8 @@ def _new_profile(machine: str) -> dict[str, Any]:
             "syscalls": []}
 
 
-def _rule_key(rule: Any) -> str:
-    # exact JSON equality (Python's == takes true for 1)
+def rule_key(rule: Any) -> str:
+    """A JSON value as a key of exact equality (Python's == takes true for 1)."""
     return jsonio.dumps(rule, sort_keys=True)
 
 
@@ -97,7 +97,7 @@ def _needs_narrowing(rule: dict[str, Any], name: str, index: int, where: str) ->
     CLONE_NEWUSER set; SpecError when its conditions on the flags leave nvctk unsure."""
     args = rule.get("args") or []
     if isinstance(args, list) and all(isinstance(a, dict) for a in args):
-        indexes = [_rule_key(a.get("index")) for a in args]
+        indexes = [rule_key(a.get("index")) for a in args]
         # a rule that compares one argument twice, runc splits into one rule for each
         # comparison (any of them lets the call through): no condition added holds then
         if len(set(indexes)) == len(indexes):
@@ -171,8 +171,8 @@ def block_user_namespaces(spec: dict[str, Any], edits: AppliedRecord) -> None:
             out.extend(new)
     syscalls[:] = out
     # a rule the profile already has is not added twice (nor recorded: it stays the user's)
-    present = {_rule_key(r) for r in syscalls}
-    added = [r for r in userns_rules(machine) if _rule_key(r) not in present]
+    present = {rule_key(r) for r in syscalls}
+    added = [r for r in userns_rules(machine) if rule_key(r) not in present]
     syscalls.extend(added)
     edits.seccomp = {"created": created, "syscalls": added, "replaced": replaced}
 
@@ -181,8 +181,9 @@ def remove_userns_rules(spec: dict[str, Any], rec: Any) -> None:
     """Undo block_user_namespaces as recorded, only as far as it is what nvctk does,
     whatever the record says: its own rules out, each narrowed rule back as it was, the
     profile itself out when nvctk made it and nothing else has been put in it since.
-    spec_edits.remove_our_edits passes only a record with nvctk's MAC: rules equal to
-    nvctk's in a profile that carried them itself are the profile's (issue 17)."""
+    nvctk.runtime.earlier passes only a record it proved written for this bundle, whose
+    additions the spec still carries (missing_userns_rules): rules equal to nvctk's in a
+    profile that carried them itself are the profile's."""
     if not isinstance(rec, dict):
         return
     linux = spec.get("linux")
@@ -194,18 +195,18 @@ def remove_userns_rules(spec: dict[str, Any], rec: Any) -> None:
     if isinstance(syscalls, list):
         recorded = rec.get("syscalls")
         if isinstance(recorded, list):
-            ours = {_rule_key(r) for m in _SECCOMP_ARCHES for r in userns_rules(m)}
-            for key in (k for k in map(_rule_key, recorded) if k in ours):
+            ours = {rule_key(r) for m in _SECCOMP_ARCHES for r in userns_rules(m)}
+            for key in (k for k in map(rule_key, recorded) if k in ours):
                 # the last match: nvctk appended its rules after the user's
                 for i in range(len(syscalls) - 1, -1, -1):
-                    if _rule_key(syscalls[i]) == key:
+                    if rule_key(syscalls[i]) == key:
                         del syscalls[i]
                         break
         replaced = rec.get("replaced")
         if isinstance(replaced, list):
             for item in reversed(replaced):
                 _restore_rule(syscalls, item, machine)
-    if rec.get("created") is True and _rule_key(seccomp) == _rule_key(_new_profile(machine)):
+    if rec.get("created") is True and rule_key(seccomp) == rule_key(_new_profile(machine)):
         del linux["seccomp"]
 
 
@@ -217,14 +218,39 @@ def _restore_rule(syscalls: list[Any], item: Any, machine: str) -> None:
         return
     at, rule, new = item
     try:
-        if _rule_key(_narrowed(rule, "", machine)) != _rule_key(new):
+        if rule_key(_narrowed(rule, "", machine)) != rule_key(new):
             return
     except SpecError:
         return
-    keys = [_rule_key(r) for r in new]
+    keys = [rule_key(r) for r in new]
     n = len(keys)
     starts = [at] + [i for i in range(len(syscalls) - n + 1) if i != at]
     for i in starts:
-        if 0 <= i <= len(syscalls) - n and [_rule_key(r) for r in syscalls[i:i + n]] == keys:
+        if 0 <= i <= len(syscalls) - n and [rule_key(r) for r in syscalls[i:i + n]] == keys:
             syscalls[i:i + n] = [rule]
             return
+
+
+def missing_userns_rules(spec: dict[str, Any], rec: Any) -> str | None:
+    """What of a record's seccomp part (block_user_namespaces') the spec no longer
+    carries, or None: every rule it names as added, every rule a narrowed one became
+    (as many times as named), and the profile it names as made."""
+    if not isinstance(rec, dict):
+        return None
+    linux = spec.get("linux")
+    profile = linux.get("seccomp") if isinstance(linux, dict) else None
+    replaced = rec.get("replaced")
+    named = list(rec.get("syscalls") or ()) if isinstance(rec.get("syscalls"), list) else []
+    for item in replaced if isinstance(replaced, list) else ():
+        if isinstance(item, list) and len(item) == 3 and isinstance(item[2], list):
+            named.extend(item[2])
+    if not isinstance(profile, dict):
+        return "the seccomp profile it names" if named or rec.get("created") is True else None
+    syscalls = profile.get("syscalls")
+    keys = [rule_key(r) for r in syscalls] if isinstance(syscalls, list) else []
+    for rule in named:
+        try:
+            keys.remove(rule_key(rule))
+        except ValueError:
+            return "a seccomp rule it names as added"
+    return None

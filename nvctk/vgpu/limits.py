@@ -273,8 +273,8 @@ DATA_LOCK = 0  # the file's mutex: an OFD write lock on this byte
 # (field, struct format) in C order; padding is unnamed or starts with "_"
 _HDR_FIELDS = (("magic", "I"), ("version", "I"), ("size", "I"), ("nslots", "I"), ("hwm", "I"), ("", "108x"))
 _DEV_FIELDS = (("uuid", "64s"), ("used", "Q"), ("mem_cap", "Q"), ("sm_pct", "I"), ("win", "I"),
-               ("tokens_ns", "q"), ("last_ns", "Q"), ("busy_ns", "Q"), ("launches", "Q"), ("_pad2", "Q"))
-_SLOT_FIELDS = (("pid", "i"), ("flags", "I"), ("start_time", "Q"), ("pidns", "Q"), ("used", f"{MAX_DEV}Q"),
+               ("tokens_ns", "q"), ("last_ns", "Q"), ("busy_ns", "Q"), ("launches", "Q"), ("sm_debt_ns", "Q"))
+_SLOT_FIELDS = (("pid", "i"), ("flags", "I"), ("start_time", "Q"), ("pidns", "Q"), ("sm_debt", f"{MAX_DEV}Q"),
                 ("mem_cap", f"{MAX_DEV}Q"), ("sm", f"{MAX_DEV}I"), ("host_pid", "i"), ("_pad", "I"))
 
 

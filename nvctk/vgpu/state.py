@@ -44,8 +44,10 @@ from nvctk.vgpu.gc import (
     NotOurs,
     StateLock,
     _collect_quietly,
+    _remove_tree,
     _under_state_dir,
     _unlink_marker,
+    detach_mounts,
     owner_text,
     proc_start_time,
     read_owner,
@@ -221,6 +223,34 @@ def _write(path: str, text: str, mode: int, size: int = 0) -> None:
         if size:
             os.posix_fallocate(f.fileno(), 0, size)
         os.fchmod(f.fileno(), mode)
+
+
+# --- a DRA claim's ledger (nvctk.dra) ---------------------------------------------------------
+def install_ledger(path: str, values: dict[str, str]) -> None:
+    """A DRA claim's ledger at path (<state-dir>/dra/<claim uid>): its own small tmpfs
+    (the containers write the cache), holding `limits` (0444: the claim's caps, and the
+    ledger's locks) and `cache` (0666, preallocated). Every container of the claim binds
+    these two over its own (nvctk.plan.vgpu.vgpu_mounts): one cap for all of them. Made
+    anew when it exists (a prepare that is retried)."""
+    remove_ledger(path)
+    os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+    os.mkdir(path, 0o700)
+    try:
+        _mount_tmpfs(path)
+        write_limits_file(os.path.join(path, LIMITS_NAME), values,
+                          f"{vgpu.VGPU_DIR}/{CACHE_NAME}")
+        _write(os.path.join(path, CACHE_NAME), "", 0o666, size=SHM_SIZE)
+    except BaseException:
+        remove_ledger(path)
+        raise
+
+
+def remove_ledger(path: str) -> None:
+    """The ledger's tmpfs detached and its dir removed; gone already is fine."""
+    if not os.path.lexists(path):
+        return
+    detach_mounts(path)
+    _remove_tree(path)
 
 
 def read_container_usage(state_dir: str | os.PathLike[str]) -> list[vgpu.UsageRecord]:

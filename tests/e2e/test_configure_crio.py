@@ -84,3 +84,32 @@ def test_a_drop_in_crio_would_refuse_is_never_written(run_nvctk: Run, crio_bin: 
         res.stderr
     assert "Traceback" not in res.stderr
     assert drop.read_text() == text and sorted(os.listdir(drop.parent)) == ["99-nvctk.toml"]
+
+
+@pytest.mark.parametrize(("name", "text", "key", "extra"), [
+    ("zz-other.toml", '[crio.runtime.runtimes.nvidia]\nruntime_path = "/usr/bin/runc"\n',
+     "runtime_path", []),
+    ("99-remote.toml", '[crio.runtime.runtimes.nvidia]\nruntime_type = "vm"\n'
+     'runtime_config_path = "/etc/kata.toml"\n', "runtime_type", []),
+    ("zz-default.toml", '[crio.runtime]\ndefault_runtime = "runc"\n', "default_runtime",
+     ["--set-as-default"]),
+])
+def test_a_later_drop_in_that_wins_crios_merge_fails_configure(
+        run_nvctk: Run, crio_bin: Path, work: Path, name: str, text: str, key: str,
+        extra: list[str]) -> None:
+    """A drop-in read after 99-nvctk.toml that sets nvctk's runtime's keys wins CRI-O's
+    merge (`crio config` shows it): before, configure said "created" and exited 0.
+    Now it fails naming that file, and writes nothing."""
+    (work / "conf.d" / name).write_text(text)
+    args = ["configure", "--runtime", "crio", "--config", str(work / "crio.conf"),
+            "--drop-in", str(work / "conf.d" / "99-nvctk.toml"), *extra]
+    res = run_nvctk(*args, env=peer_env(crio_bin))
+    assert res.returncode == 1, res.stdout
+    assert str(work / "conf.d" / name) in res.stderr and key in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert sorted(os.listdir(work / "conf.d")) == [name]
+    # read before nvctk's, it loses: configure goes ahead, and CRI-O runs nvctk-runtime
+    (work / "conf.d" / name).rename(work / "conf.d" / f"00-{name}")
+    res = run_nvctk(*args, env=peer_env(crio_bin))
+    assert res.returncode == 0, res.stderr
+    assert handlers(crio_bin, work)["nvidia"]["runtime_path"] == RUNTIME

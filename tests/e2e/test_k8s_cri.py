@@ -16,11 +16,13 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,6 +60,7 @@ from support.daemons import (  # noqa: E402
     unpack_peer,
 )
 from support.daemons import need as _need  # noqa: E402
+from support.monitor import PROBE  # noqa: E402
 from support.sim import assert_mig_view  # noqa: E402
 
 PAUSE = "nvctk.test/pause:1"
@@ -117,8 +120,13 @@ def images(work: Path, sim: SimHost) -> dict[str, Path]:
     from nvctk.sim.rootfs import build_rootfs
 
     pause = pause_image(work, PAUSE)
-    gpu = image_archive(Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample)),
-                        GPU_IMAGE, work / "gpu.tar",
+    root = Path(build_rootfs(str(work / "gpu"), with_sample=sim.sample))
+    # libvgpu's probe: holds memory in a Pod while another Pod asks (the DRA share tests)
+    subprocess.run(["make", "-s", "-C", str(PROBE.parents[1]), "build/vgpu_probe"], check=True,
+                   capture_output=True)
+    (root / "usr/local/bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy(PROBE, root / "usr/local/bin/vgpu_probe")
+    gpu = image_archive(root, GPU_IMAGE, work / "gpu.tar",
                         # as CUDA base images do: the Allocate answer must override it
                         env={"PATH": "/usr/local/bin:/usr/bin:/bin",
                              "NVIDIA_VISIBLE_DEVICES": "all"})
@@ -364,6 +372,131 @@ def test_bad_allocation_fails_clearly(cri: CriClient, work: Path, node: Node,
     assert culprit in e.value.details, e.value
     assert "nvctk" in e.value.details or "CDI device injection failed" in e.value.details, e.value
     assert node.leftovers() == []
+
+
+def _dra_claim(sim: SimHost, work: Path, device: str, uid: str = "",
+               **result: Any) -> tuple[Any, list[str]]:
+    """The DRA plugin's driver (in-process, as its NodePrepareResources runs it) with a
+    claim allocated `device` (`result`: the allocation result's other fields, e.g. a
+    share's), prepared into the engines' CDI dir: (driver, CDI ids)."""
+    from nvctk.base import config as nvconfig
+    from nvctk.dra.claims import MemoryClaims
+    from nvctk.dra.node import make_driver
+    from nvctk.k8s.health import Health
+
+    uid = uid or f"uid-{device}"
+    src = MemoryClaims({("ns", uid): {
+        "metadata": {"namespace": "ns", "name": uid, "uid": uid},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvctk.io", "pool": "node-a", "device": device,
+             **result}]}}}}})
+    driver, _, _ = make_driver("gpu.nvctk.io", "node-a", src, str(work / "dra-plugins"),
+                               str(work / "cdi"), Health(),
+                               cfg=nvconfig.load(sim.config_path), config_path=sim.config_path)
+    (dev,) = driver.prepare("ns", uid, uid)
+    return driver, list(dev.cdi_ids)
+
+
+SHARE = {"shareID": "5d2a", "consumedCapacity": {"memory": "2Gi"}}
+
+
+def test_dra_share_sees_its_gpu_and_cannot_pass_its_cap(cri: CriClient, work: Path,
+                                                         sim: SimHost, node: Node) -> None:
+    """A claim holding a 2 GiB share of GPU 1 (consumable capacity): the container sees
+    that GPU only, and libvgpu, bound to the claim's ledger by nvctk-runtime, refuses an
+    allocation past 2 GiB; within it the allocation is the driver's (OK)."""
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    gpu1 = sim.topology.gpus[1]
+    driver, ids = _dra_claim(sim, work, "gpu-1", "uid-share-a", **SHARE)
+    try:
+        res = run(cri, work, Allocation(cdi_devices=ids),
+                  "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
+                  "cuda-vectoradd --alloc-mib 2100; ls /dev | grep -c '^nvidia[0-9]'")
+    finally:
+        driver.unprepare("ns", "uid-share-a", "uid-share-a")
+    lines = res.logs.splitlines()
+    assert lines[0] == f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})", res.logs
+    assert lines[1] == "alloc 1500 MiB: OK", res.logs
+    assert lines[2].startswith("alloc 2100 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY"), res.logs
+    assert lines[3] == "1", res.logs
+    assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path("uid-share-a"))
+
+
+def test_dra_two_pods_of_one_claim_hold_one_cap(cri: CriClient, work: Path, sim: SimHost,
+                                                node: Node) -> None:
+    """Two Pods sharing one 2 GiB claim: one ledger for both, so while Pod A holds
+    1200 MiB, Pod B gets 600 MiB more but not 1200; what the simulated driver's NVML
+    counts for both together stays under 2 GiB."""
+    from nvctk.sim.state import read_state, state_path
+
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    mib = 1 << 20
+    driver, ids = _dra_claim(sim, work, "gpu-1", "uid-share-b", **SHARE)
+    hold = "vgpu_probe init ctx 0 alloc {} sleep 600000"
+    try:
+        with pod(cri, "nvidia", work / "logs") as pa, pod(cri, "nvidia", work / "logs") as pb_:
+            a = pa.container("a", GPU_IMAGE, ["sh", "-c", hold.format(1200 * mib)],
+                             Allocation(cdi_devices=ids))
+            pa.start(a)
+            wait.until(lambda: "alloc 0" in pa.logs("a"), 60, "Pod A to hold 1200 MiB")
+            b = pb_.container("b", GPU_IMAGE, ["sh", "-c", (
+                f"vgpu_probe init ctx 0 alloc {1200 * mib} alloc {600 * mib} sleep 600000")],
+                Allocation(cdi_devices=ids))
+            pb_.start(b)
+            wait.until(lambda: pb_.logs("b").count("alloc ") >= 2, 60, "Pod B's two allocations")
+            allocs = [li for li in pb_.logs("b").splitlines() if li.startswith("alloc ")]
+            assert allocs == ["alloc 2", "alloc 0"], pb_.logs("b")  # 2: out of memory
+            used = sum(p.mem_used for p in read_state(state_path(sim.root), live_only=True)
+                       .procs_on(1))
+            assert 1800 * mib <= used <= 2 << 30, used
+    finally:
+        driver.unprepare("ns", "uid-share-b", "uid-share-b")
+    assert driver.prepared_uids() == []
+
+
+def test_dra_whole_gpu_claim_sees_its_gpu_only(cri: CriClient, work: Path, sim: SimHost,
+                                               node: Node) -> None:
+    """A claim on GPU 1, prepared by the DRA driver: the kubelet hands its CDI ids to the
+    engine in CDI_devices, the engine applies the claim's spec, and the container sees
+    that GPU alone (the image's NVIDIA_VISIBLE_DEVICES=all widens nothing). After
+    unprepare, nothing of the claim is left."""
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    gpu1 = sim.topology.gpus[1]
+    driver, ids = _dra_claim(sim, work, "gpu-1")
+    try:
+        res = run(cri, work, Allocation(cdi_devices=ids),
+                  "nvidia-smi -L; ls /dev | grep -c '^nvidia[0-9]'")
+    finally:
+        driver.unprepare("ns", "gpu-1", "uid-gpu-1")
+    assert res.exit_code == 0, res.logs
+    assert res.logs.splitlines() == [f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})", "1"], res.logs
+    assert not os.path.exists(driver.spec_path("uid-gpu-1"))
+    assert driver.prepared_uids() == []
+
+
+def test_dra_mig_claim_sees_its_mig_device(cri: CriClient, work: Path, sim: SimHost,
+                                           node: Node) -> None:
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    gpu0 = sim.topology.gpus[0]
+    mig = gpu0.mig_devices[1]
+    device = f"gpu-0-mig-{mig.index}"
+    driver, ids = _dra_claim(sim, work, device)
+    try:
+        res = run(cri, work, Allocation(cdi_devices=ids),
+                  "nvidia-smi -L; echo '== caps'; ls /dev/nvidia-caps; "
+                  "echo '== sample'; cuda-vectoradd | grep Test")
+    finally:
+        driver.unprepare("ns", device, f"uid-{device}")
+    assert res.exit_code == 0, res.logs
+    smi, rest = res.logs.split("== caps\n")
+    caps, sample = rest.split("== sample\n")
+    assert_mig_view(smi, caps, gpu0, mig)
+    assert sample.strip() == "Test PASSED"
+    assert driver.prepared_uids() == []
 
 
 def test_nothing_left_behind(cri: CriClient, node: Node) -> None:

@@ -64,7 +64,7 @@ def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path
     g0, g1, g2 = sim.topology.gpus
     mig = g2.mig_devices[0]
     hold = "vgpu_probe init ctx 0 alloc {} sleep 600000"
-    col = Collector(sim.root, [str(work / "ctd" / "runc" / "*")])
+    col = Collector(sim.root, [f"containerd={work / 'ctd' / 'runc' / '*'}"])
     try:
         with pod(cri, "nvidia", work / "logs", name="trainer-a") as pa, \
                 pod(cri, "nvidia", work / "logs", name="trainer-b") as pb_:
@@ -112,7 +112,7 @@ def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path
     assert kinds == {"share": "vgpu", "whole": "gpu", "slice": "mig"}
     assert by_id[next(c for c in want if want[c][1] == "slice")].devices[0].device_uuid == mig.uuid
     # once the Pods are gone, so are their containers
-    col2 = Collector(sim.root, [str(work / "ctd" / "runc" / "*")])
+    col2 = Collector(sim.root, [f"containerd={work / 'ctd' / 'runc' / '*'}"])
     try:
         assert col2.collect().containers == []
     finally:

@@ -62,7 +62,7 @@ class Monitor:
         self.log = tmp / "monitor.log"
         self.proc = subprocess.Popen(
             [os.path.join(BIN, "nvctk"), "monitor", "--listen", "127.0.0.1:0", "--interval", "1",
-             "--runtime-root", node.runc_root],
+             "--runtime-root", f"containerd={node.runc_root}"],  # K8S: containerd's keys
             env={**os.environ, **node.sim.env}, stdout=subprocess.DEVNULL,
             stderr=open(self.log, "w"))  # noqa: SIM115 - the child keeps it
         self.port = 0
@@ -252,3 +252,49 @@ def test_dashboard_page_shows_the_simulated_gpu(node: Node, monitor: Monitor, tm
             shutil.copy(shot, REPO / "docs" / "monitor-dashboard.png")
     finally:
         drv.quit()
+
+
+def test_the_page_shows_names_as_text_fits_700px_and_flags_over_promised(
+        node: Node, monitor: Monitor, tmp_path: Path) -> None:
+    """Pod names with markup, HTML, terminal controls and a bidi override are the text
+    they are (controls escaped); at 700 px nothing overflows sideways; GPU 0, promised
+    more SM share than it has (the standard containers' 180 %), is flagged, the others
+    are not."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (make setup installs them)")
+    pytest.importorskip("selenium")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from nvctk.base.errors import literal
+
+    names = ["[/]", "<img src=x onerror=\"document.title='owned'\">", "\x1b]0;pwned\x07",
+             "job\u202egpj.exe", "a\u0085b"]
+    started = {node.start({"CUDA_DEVICE_MEMORY_LIMIT": "1g"},
+                          f"vgpu_probe init ctx 0 alloc {16 * MIB} sleep 600000", gpu="0",
+                          wait_mem=16 * MIB, annotations={**K8S, "io.kubernetes.cri.container-name": name}): name
+               for name in names}
+    drv = chrome(tmp_path)
+    try:
+        drv.set_window_size(700, 1000)
+        drv.get(monitor.url + "/")
+        WebDriverWait(drv, 60).until(lambda d: all(
+            d.find_elements(By.CSS_SELECTOR, f"tr[data-container='{cid}']") for cid in started))
+        for cid, name in started.items():
+            row = drv.find_element(By.CSS_SELECTOR, f"tr[data-container='{cid}']")
+            who = row.find_element(By.CSS_SELECTOR, "td[data-field=who]").text
+            assert who.replace("\n", "") == f"team-a/trainer-0/{literal(name)}", (name, who)
+        assert not drv.find_elements(By.CSS_SELECTOR, "#gpus img")
+        assert drv.title == "nvctk GPU shares"
+        wide, view = drv.execute_script(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert wide <= view, (wide, view)
+        flags = {c.get_attribute("data-gpu"): [e.text for e in c.find_elements(
+            By.CSS_SELECTOR, "[data-field=over-promised]")] for c in drv.find_elements(By.CSS_SELECTOR, "div.gpu")}
+        assert len(flags["0"]) == 1 and "SM " in flags["0"][0], flags
+        assert flags["1"] == [] and flags["2"] == [], flags
+        drv.save_screenshot(str(tmp_path / "monitor-dashboard-700.png"))
+    finally:
+        drv.quit()
+        for cid in started:
+            node.kill(cid)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -102,3 +103,76 @@ def test_podman_runs_cdi_device_from_nvctk_spec(podman: Podman, cdi_kind: str,
                  "nvidia-smi", "-L")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines() == [f"GPU 0: {gpu0.name} (UUID: {gpu0.uuid})"]
+
+
+def _dra_driver(sim_host: SimHost, tmp: Path, tag: str, **result: object) -> tuple[object, str]:
+    """The DRA plugin's driver (in-process) writing a claim on GPU 1 into /var/run/cdi,
+    under a driver name of this test's own: (driver, the claim's CDI id)."""
+    from nvctk.base import config as nvconfig
+    from nvctk.dra.claims import MemoryClaims
+    from nvctk.dra.node import make_driver
+    from nvctk.k8s.health import Health
+
+    driver_name = f"t{tag}.nvctk.test"
+    src = MemoryClaims({("ns", "c"): {
+        "metadata": {"namespace": "ns", "name": "c", "uid": f"uid-{tag}"},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": driver_name, "pool": "n", "device": "gpu-1",
+             **result}]}}}}})
+    driver, _, _ = make_driver(driver_name, "n", src, str(tmp / "plugins"), str(SPEC_DIR),
+                               Health(), cfg=nvconfig.load(sim_host.config_path),
+                               config_path=sim_host.config_path)
+    (dev,) = driver.prepare("ns", "c", f"uid-{tag}")
+    return driver, dev.cdi_ids[0]
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["whole", "share"])
+def test_podman_runs_a_dra_claims_device(podman: Podman, sim_host: SimHost, share: bool,
+                                         rootfs: Callable[..., str], tmp_path: Path) -> None:
+    """A DRA claim's spec, as nvctk's DRA driver writes it into /var/run/cdi: podman
+    applies a whole-GPU claim itself (runc); a 2 GiB share needs nvctk-runtime, which
+    caps the container at the claim's ledger. The container sees GPU 1 only; after
+    unprepare the claim's spec is gone."""
+    from nvctk.dra.driver import Driver
+
+    tar = subprocess.run(["tar", "-C", rootfs(with_sample=True), "-c", "."],
+                         capture_output=True, check=True)
+    res = podman("import", "-", IMAGE, input=tar.stdout, private_var_lib=True)
+    assert res.returncode == 0, res.stderr
+    tag = uuid.uuid4().hex[:12]
+    made_dir = not SPEC_DIR.exists()
+    extra = {"shareID": "s", "consumedCapacity": {"memory": "2Gi"}} if share else {}
+    driver, cdi_id = _dra_driver(sim_host, tmp_path, tag, **extra)
+    assert isinstance(driver, Driver)
+    gpu1 = sim_host.topology.gpus[1]
+    try:
+        runtime: list[str] = []
+        if share:
+            # podman gives its runtime none of its env: a wrapper sets the sim's config
+            wrap = tmp_path / "wrap" / "nvctk-runtime"
+            wrap.parent.mkdir()
+            wrap.write_text(f"#!/bin/sh\nexec env NVCTK_CONFIG={sim_host.config_path} "
+                            f"{Path(sys.executable).with_name('nvctk-runtime')} \"$@\"\n")
+            wrap.chmod(0o755)
+            runtime = ["--runtime", str(wrap)]
+        res = podman("run", "--rm", "--network", "none", *runtime, "--device", cdi_id,
+                     IMAGE, "sh", "-c",
+                     "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
+                     "cuda-vectoradd --alloc-mib 2100 || true")
+    finally:
+        driver.unprepare("ns", "c", f"uid-{tag}")
+        if made_dir:
+            try:
+                SPEC_DIR.rmdir()
+            except OSError:
+                pass
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert lines[0] == f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})", res.stdout
+    assert lines[1] == "alloc 1500 MiB: OK"
+    if share:
+        assert lines[2].startswith("alloc 2100 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY"), res.stdout
+    else:
+        assert lines[2] == "alloc 2100 MiB: OK"
+    assert not os.path.exists(driver.spec_path(f"uid-{tag}"))
+    assert driver.prepared_uids() == []

@@ -17,12 +17,15 @@ import pytest
 
 from nvctk.base.config import Config, parse
 from nvctk.base.errors import ConfigError, RequestError
+from nvctk.base.keyfile import EDITS_KEY_FILE, edits_key
 from nvctk.cdi import load, resolve
 from nvctk.edits import Edits
 from nvctk.request.parse import cdi_names, parse_qualified, request_from_spec
+from nvctk.runtime import earlier
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
-from nvctk.spec.record import AppliedRecord
+from nvctk.spec.record import AppliedRecord, Seal
+from support.records import apply_as_create
 from support.runtime import RUNTIME, Env, create_argv, snapshot
 
 
@@ -185,10 +188,10 @@ HOOK = {"hookName": "createRuntime", "path": "/usr/bin/h", "args": ["h", "x"], "
 
 def _apply(spec: dict[str, Any], names: tuple[str, ...], d: Path, state: str) -> None:
     """CDI mode's edits: the devices as the form (nvctk.cdi.resolve), applied by
-    nvctk.spec.apply as legacy mode's form is."""
+    nvctk.spec.apply as legacy mode's form is (the bundle: d)."""
     edits = resolve.to_edits(load.resolve(names, (str(d),)), ldconfig="/sbin/ldconfig",
                              spec=spec)
-    spec_edits.apply(spec, edits, state, cdi=True)
+    apply_as_create(spec, edits, d, state, cdi=True)
 
 
 def test_apply_and_remove_edits(tmp_path: Path) -> None:
@@ -226,9 +229,9 @@ def test_apply_and_remove_edits(tmp_path: Path) -> None:
                                    "options": ["ro", "rbind"]}]
     assert spec["hooks"]["createRuntime"] == [{"path": "/user/hook"},
                                               {k: v for k, v in HOOK.items() if k != "hookName"}]
-    assert spec_edits.edits_record_problem(spec) is None
-    assert spec_edits.cdi_record_problem(spec, state) is None
-    spec_edits.remove_our_edits(spec, state)
+    record = earlier.earlier_record(str(d), spec, state)
+    assert record is not None and record.trusted and record.problem is None
+    spec_edits.remove_our_edits(spec, record)
     before["process"]["env"] = ["PATH=/bin"]  # set_env replaced the user's X_DEV
     before["annotations"] = {}  # emptied objects stay (spec_edits.remove_our_edits)
     for stage in ("prestart", "poststop"):
@@ -508,24 +511,30 @@ def test_forged_cdi_record_removes_nothing(tmp_path: Path, mac: str | None) -> N
         rec["mac"] = mac
     for key_exists in (False, True):
         if key_exists:
-            spec_edits.edits_key(state, create=True)
+            edits_key(state, create=True)
         s = _user_spec([], json.dumps(rec))
-        assert "ignored" in (spec_edits.cdi_record_problem(s, state) or "")
-        spec_edits.remove_our_edits(s, state)
+        record = earlier.earlier_record(str(tmp_path), s, state)
+        assert record is not None and "nothing of it is taken out" in (record.problem or "")
+        spec_edits.remove_our_edits(s, record)
         _users_entries_stay(s)
 
 
 def test_record_mac_is_keyed_per_host(tmp_path: Path) -> None:
     """A genuine record made with another host's key is refused; the key file is 0600."""
-    s = _spec(["PATH=/bin"])
-    spec_edits.record_edits(s, AppliedRecord(env=["A=1"], cdi=True), str(tmp_path / "a"))
-    key = tmp_path / "a" / spec_edits.EDITS_KEY_FILE
+    s = _spec(["PATH=/bin", "A=1"])
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    spec_edits.record_edits(s, AppliedRecord(env=["A=1"], cdi=True),
+                            Seal(edits_key(a, create=True), earlier.bundle_binding(str(tmp_path))))
+    key = tmp_path / "a" / EDITS_KEY_FILE
     assert key.stat().st_mode & 0o7777 == 0o600 and key.stat().st_size == 32
-    assert spec_edits.cdi_record_problem(s, str(tmp_path / "a")) is None
-    spec_edits.edits_key(str(tmp_path / "b"), create=True)
-    assert "wrong MAC" in (spec_edits.cdi_record_problem(s, str(tmp_path / "b")) or "")
+    record = earlier.earlier_record(str(tmp_path), s, a)
+    assert record is not None and record.trusted
+    edits_key(b, create=True)
+    record = earlier.earlier_record(str(tmp_path), s, b)
+    assert record is not None and "is not nvctk's for this bundle" in (record.problem or "")
     key.chmod(0o644)
-    assert "0600" in (spec_edits.cdi_record_problem(s, str(tmp_path / "a")) or "")
+    record = earlier.earlier_record(str(tmp_path), s, a)
+    assert record is not None and "0600" in (record.problem or "")
 
 
 def _hostile_bundle(env: Env, envvars: list[str], rootfs: str = "") -> Path:

@@ -566,6 +566,65 @@ def test_crio_default_runtime_from_other_drop_ins(nv: Run, tmp_path: Path) -> No
         "runtime_path": RUNTIME, "runtime_type": "oci", "monitor_env": ["A=1"]}
 
 
+def test_crio_default_runtime_settings_come_whole_from_the_last_file_defining_it(
+        nv: Run, tmp_path: Path) -> None:
+    """CRI-O takes a runtime's table whole from the last file that defines it (the real
+    CRI-O 1.36.3: a drop-in with only runc's monitor_env leaves its runtime_path empty),
+    so nvctk's runtime copies the drop-in's settings of runc, not crio.conf's as well."""
+    main = tmp_path / "crio.conf"
+    main.write_text('[crio.runtime]\ndefault_runtime = "runc"\n[crio.runtime.runtimes.runc]\n'
+                    'runtime_path = "/usr/bin/runc"\nmonitor_path = "/usr/libexec/conmon"\n')
+    d = tmp_path / "crio.conf.d"
+    d.mkdir()
+    (d / "10-runc.toml").write_text('[crio.runtime.runtimes.runc]\nmonitor_env = ["A=1"]\n')
+    drop = d / "99-nvctk.toml"
+    res = nv("--runtime", "crio", "--config", str(main), "--drop-in", str(drop))
+    assert res.returncode == 0, res.stderr
+    assert toml(drop)["crio"]["runtime"]["runtimes"]["nvidia"] == {
+        "runtime_path": RUNTIME, "runtime_type": "oci", "monitor_env": ["A=1"]}
+
+
+# drop-ins that CRI-O reads after nvctk's 99-nvctk.toml and that win its merge
+CRIO_OVERRIDES = {
+    "runtime_path": ("zz-other.toml",
+                     '[crio.runtime.runtimes.nvidia]\nruntime_path = "/usr/bin/runc"\n', []),
+    "runtime_type": ("99-remote.toml",  # "99-r" sorts after "99-n"
+                     '[crio.runtime.runtimes.nvidia]\nruntime_type = "vm"\n', []),
+    "default_runtime": ("zz-default.toml", '[crio.runtime]\ndefault_runtime = "runc"\n',
+                        ["--set-as-default"]),
+}
+
+
+@pytest.mark.parametrize("key", list(CRIO_OVERRIDES))
+@pytest.mark.parametrize("present", [False, True])
+def test_crio_drop_in_overridden_by_a_later_one_fails_naming_it(
+        nv: Run, tmp_path: Path, key: str, present: bool) -> None:
+    """Before: configure said "created" and exited 0 while CRI-O ran another runtime
+    under nvctk's name (it only asked whether the files load). Now it reads the merged
+    result (`crio config` where CRI-O is installed, the files key by key otherwise), and
+    fails naming the file that wins, nvctk's drop-in as it was; also when nvctk's own
+    drop-in is already in place and nothing would be written."""
+    name, text, extra = CRIO_OVERRIDES[key]
+    d = tmp_path / "crio.conf.d"
+    d.mkdir()
+    drop = d / "99-nvctk.toml"
+    args = ["--runtime", "crio", "--config", str(tmp_path / "none.conf"), "--drop-in", str(drop),
+            *extra]
+    if present:
+        assert nv(*args).returncode == 0
+    before = drop.read_bytes() if present else None
+    (d / name).write_text(text)
+    res = nv(*args)
+    assert res.returncode == 1, res.stdout
+    assert str(d / name) in res.stderr and key in res.stderr and "Traceback" not in res.stderr, \
+        res.stderr
+    assert (drop.read_bytes() if drop.exists() else None) == before
+    # the same drop-in read before nvctk's loses to it: fine
+    (d / name).rename(d / f"00-{name}")
+    res = nv(*args)
+    assert res.returncode == 0, res.stderr
+
+
 def test_main_py_registers_configure(run_nvctk: Run) -> None:
     res = run_nvctk("configure", "--help")
     assert res.returncode == 0 and "--set-as-default" in res.stdout and "--remove" in res.stdout
@@ -612,6 +671,14 @@ def test_special_file_is_refused_untouched(nv: Run, tmp_path: Path, engine: str,
     ('{"a": ' + "1" * 5000 + "}", "invalid JSON"),
     ('{"a": NaN}', "NaN is not JSON"),
     ('{"a": -Infinity}', "-Infinity is not JSON"),
+    # numbers Python reads and dockerd (Go: a float64) does not: written back, they were
+    # Infinity / -Infinity (no JSON), or digits dockerd refuses to start on
+    ('{"a": [[1, [1e400]]]}', "the number 1e400 is beyond a 64-bit float"),
+    ('{"log-opts": {"x": [{"y": [-1e400]}]}}', "the number -1e400 is beyond"),
+    ('{"a": [[1E+309]]}', "the number 1E+309 is beyond"),
+    ('{"a": [[' + "9" * 400 + "]]}", "is beyond a 64-bit float"),
+    ('{"a": [-' + "1" * 310 + "]}", "is beyond a 64-bit float"),
+    ('{"a": [[NaN]]}', "NaN is not JSON"),
 ])
 def test_docker_odd_json_is_refused_untouched(nv: Run, tmp_path: Path, text: str, why: str) -> None:
     cfg = tmp_path / "daemon.json"
@@ -622,6 +689,25 @@ def test_docker_odd_json_is_refused_untouched(nv: Run, tmp_path: Path, text: str
     assert "Traceback" not in res.stderr
     assert cfg.read_text() == text
     assert sorted(os.listdir(tmp_path)) == ["daemon.json"]
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "9" * 400])
+def test_docker_remove_never_writes_back_a_number_dockerd_refuses(
+        nv: Run, tmp_path: Path, number: str) -> None:
+    """configure replaced someone else's runtime "nvidia" (kept in daemon.json.bak);
+    remove puts it back, but not a value dockerd would refuse: a .bak whose entry holds
+    one is no help, and only nvctk's entry goes."""
+    cfg = tmp_path / "daemon.json"
+    cfg.write_text(json.dumps({"runtimes": {"nvidia": {"path": "/usr/bin/other"}}}) + "\n")
+    assert nv("--runtime", "docker", "--config", str(cfg)).returncode == 0
+    bak = tmp_path / "daemon.json.bak"
+    bak.write_text('{"runtimes": {"nvidia": {"path": "/usr/bin/other", '
+                   f'"runtimeArgs": [[{number}]]}}}}}}\n')
+    res = nv("--runtime", "docker", "--config", str(cfg), "--remove")
+    assert res.returncode == 0, res.stderr
+    text = cfg.read_text()
+    assert "Infinity" not in text and number not in text
+    assert json.loads(text) == {}
 
 
 def test_docker_remove_keeps_a_hand_written_file(nv: Run, tmp_path: Path) -> None:
@@ -799,19 +885,47 @@ def test_containerd_annotations_for_the_node_never_as_pod_annotations(nv: Run, t
                    '  runtime_type = "io.containerd.runc.v2"\n'
                    '  pod_annotations = ["nvctk.io/*", "*/*", "example.com/*", "*"]\n'
                    '  container_annotations = ["example.com/x"]\n')
-    assert nv("--runtime", "containerd", "--config", str(cfg)).returncode == 0
+    res = nv("--runtime", "containerd", "--config", str(cfg))
+    assert res.returncode == 0 and "no longer passes nvctk's own annotations" in res.stdout
     rt = cri_runtime(toml(cfg))
-    assert rt["pod_annotations"] == ["example.com/*", "*"]  # Go's path.Match: * stops at /
+    # Go's path.Match: * stops at /, so "*" passes no nvctk.io/ key, but org.nvctk.edits
+    assert rt["pod_annotations"] == ["example.com/*"]
     assert rt["container_annotations"] == ["example.com/x", "cdi.k8s.io/*", "nvctk.io/*"]
     # an existing entry (an older nvctk's, or edited) gets the same
     text = cfg.read_text().replace('container_annotations = ["example.com/x", "cdi.k8s.io/*", '
                                    '"nvctk.io/*"]', 'pod_annotations = ["nvctk.io/*"]', 1)
-    text = text.replace('pod_annotations = ["example.com/*", "*"]\n', "", 1)
+    text = text.replace('pod_annotations = ["example.com/*"]\n', "", 1)
     cfg.write_text(text)
     res = nv("--runtime", "containerd", "--config", str(cfg))
-    assert res.returncode == 0 and "no longer passes nvctk.io/" in res.stdout, res.stdout
+    assert res.returncode == 0 and "no longer passes nvctk's own annotations" in res.stdout, \
+        res.stdout
     rt = cri_runtime(toml(cfg))
     assert rt["pod_annotations"] == [] and "nvctk.io/*" in rt["container_annotations"]
+
+
+@pytest.mark.parametrize("pattern", ["*", "org.*", "org.nvctk.*", "org.nvctk.edits",
+                                     "o?g.nvctk.edit?", "org.nvctk.other", "nvctk.io/vgpu.*"])
+@pytest.mark.parametrize("existing", [False, True])
+def test_containerd_pod_annotations_never_pass_nvctks_edit_record(
+        nv: Run, tmp_path: Path, pattern: str, existing: bool) -> None:
+    """runc's pod_annotations = ["*"] copied into nvctk's runtime let any Pod set
+    org.nvctk.edits (another container's record, replayed): no pattern that passes one
+    of nvctk's own annotations reaches nvctk's runtime, copied from runc or already on
+    it, and configure says which it dropped."""
+    cfg = tmp_path / "config.toml"
+    nvidia = (f'[{V2}.containerd.runtimes.nvidia]\n  runtime_type = "io.containerd.runc.v2"\n'
+              f'  pod_annotations = ["example.com/*", "{pattern}"]\n'
+              f'  [{V2}.containerd.runtimes.nvidia.options]\n    BinaryName = "{RUNTIME}"\n'
+              if existing else "")
+    cfg.write_text(f'version = 2\n[{V2}.containerd.runtimes.runc]\n'
+                   '  runtime_type = "io.containerd.runc.v2"\n'
+                   f'  pod_annotations = ["example.com/*", "{pattern}"]\n' + nvidia)
+    res = nv("--runtime", "containerd", "--config", str(cfg))
+    assert res.returncode == 0, res.stderr
+    assert "no longer passes nvctk's own annotations" in res.stdout and pattern in res.stdout
+    assert cri_runtime(toml(cfg))["pod_annotations"] == ["example.com/*"]
+    assert toml(cfg)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"][
+        "pod_annotations"] == ["example.com/*", pattern]  # runc's own: not nvctk's to judge
 
 
 @pytest.mark.parametrize("engine", ["containerd", "docker"])

@@ -31,7 +31,7 @@ from nvctk.edits import Edits, Mount
 from nvctk.host.nvml import query_host
 from nvctk.request.parse import request_from_spec
 from nvctk.sim.host import SimHost
-from nvctk.spec import apply as spec_edits
+from support.records import apply_as_create
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the simulated host)")
 
@@ -155,8 +155,8 @@ def test_applying_either_gives_one_config(setup: tuple[Any, Any, Path, Edits], t
     full = _legacy(cfg, host, visible, CDI_CAPS)  # the CDI device's capabilities
     form = _cdi_form(cfg, d, names)
     a, b = _base_spec(), _base_spec()
-    spec_edits.apply(a, full, str(tmp_path / "a"))
-    spec_edits.apply(b, form, str(tmp_path / "b"), cdi=True)
+    apply_as_create(a, full, tmp_path, tmp_path / "a")
+    apply_as_create(b, form, tmp_path, tmp_path / "b", cdi=True)
     for s in (a, b):
         s.pop("hooks", None)  # hooks aside (form has none of ours yet: create_cdi adds it)
         s.pop("annotations")  # the records: a CDI one says so, and their MACs differ

@@ -253,3 +253,53 @@ def test_the_launcher_relays_the_servers_answer(answer: bytes, code: int, stderr
         os.close(listener)
     assert got == [b'{"id": "x"}']
     assert (r.returncode, r.stderr.decode()) == (code, stderr)
+
+
+def _children(pid: int) -> list[tuple[int, str, str]]:
+    """(pid, state, cmdline) of pid's children."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if int(fields[1]) == pid:
+            out.append((int(d), fields[0].decode(), cmd))
+    return out
+
+
+@pytest.mark.parametrize("limit", [False, True], ids=["whole-gpu", "vgpu"])
+def test_a_foreground_run_leaves_no_defunct_server(rc: Runc, sim_host: SimHost, limit: bool) -> None:
+    """`nvctk-runtime run` in the foreground, the container running on: once the served
+    prestart is done, neither the runtime's process (runc, by exec; or the runtime that
+    waits on runc, for a vGPU) nor runc beside it has a defunct child."""
+    env = ["NVIDIA_VISIBLE_DEVICES=0", *(["CUDA_DEVICE_MEMORY_LIMIT=1g"] if limit else [])]
+    b = rc.bundle(None, ["sh", "-c", "echo up; exec sleep 600"], env)
+    cid = "nvctk-served-" + uuid.uuid4().hex[:8]
+    rc.ids.append(cid)
+    p = subprocess.Popen([RUNTIME, "--root", str(rc.root), "run", "--bundle", str(b), cid],
+                         env={**os.environ, "NVCTK_CONFIG": sim_host.config_path},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    try:
+        assert p.stdout is not None
+        line(p.stdout, "up", 60, "the container to start")
+        # the server: a fork of the runtime (its command line), gone once it answered
+        until(lambda: not [c for c in _children(p.pid) + [x for k in _children(p.pid)
+                                                           for x in _children(k[0])]
+                           if "nvctk-runtime" in c[2] and c[1] != "Z"],
+              60, "the prestart's server to end")
+        tree = _children(p.pid)
+        tree += [x for c in tree for x in _children(c[0])]
+        assert [c for c in tree if c[1] == "Z"] == [], tree
+        log = _log(sim_host, cid)
+        assert [x for x in log if SERVED in x], log
+    finally:
+        subprocess.run(["runc", "--root", str(rc.root), "kill", cid, "KILL"], capture_output=True)
+        p.wait(60)

@@ -243,6 +243,31 @@ def test_cli_bad_config_and_sigterm(sim_host: SimHost, kubelet_dir: str, tmp_pat
         kl.stop()
 
 
+@pytest.mark.parametrize(("doc", "where"), [
+    ("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2.0}]}}",
+     "sharing.timeSlicing.resources[0].replicas"),
+    ("sharing: {vgpu: {replicas: 2.0}}", "sharing.vgpu.replicas"),
+    ("sharing: {vgpu: {replicas: 10.0}}", "sharing.vgpu.replicas"),
+    ("sharing: {vgpu: {replicas: !!float 3}}", "sharing.vgpu.replicas"),
+    ("sharing: {vgpu: {replicas: .nan}}", "sharing.vgpu.replicas"),
+    ("sharing: {vgpu: {replicas: .inf}}", "sharing.vgpu.replicas"),
+    ("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4.0}]}}",
+     "sharing.timeSlicing.resources[0].replicas"),
+    ("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: "
+     "1000000000000000000000000}]}}", "sharing.timeSlicing.resources[0].replicas"),
+])
+def test_cli_config_numbers_the_plugin_cannot_count_with(
+        sim_host: SimHost, kubelet_dir: str, tmp_path: Path, doc: str, where: str) -> None:
+    """JSON Schema's integer takes 2.0: the plugin then died in range() with a traceback.
+    Every value is checked to the type the plugin uses, naming the field."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"version: v1\nflags: {{deviceListStrategy: envvar}}\n{doc}\n")
+    r = CliRunner().invoke(dpcli.device_plugin, ["--kubelet-dir", kubelet_dir,
+                                                 "--config", str(bad)], env=sim_host.env)
+    assert r.exit_code == 1 and where in r.output, r.output
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
+
+
 def test_labels_cli(sim_host: SimHost, tmp_path: Path) -> None:
     out = tmp_path / "features.d" / "nvctk"
     out.parent.mkdir()

@@ -23,7 +23,7 @@ import pytest
 
 from nvctk.monitor.collect import Collector
 from nvctk.monitor.containers import Discovery, load_container
-from support.monitor import MIB, Node, sim_counts, standard_containers
+from support.monitor import MIB, Node, serving, sim_counts, standard_containers
 
 # every test here shares a node of real runc containers (seconds to start): all slow;
 # tests/unit/test_monitor_parts.py has the quick ones
@@ -212,11 +212,11 @@ def test_container_state_vanishing_mid_read(node: Node, tmp_path: Path) -> None:
     calls = []
     real = load_container
 
-    def vanish(root: str, cid: str, path: str, host):  # type: ignore[no-untyped-def]
+    def vanish(root: str, cid: str, path: str, host, engine):  # type: ignore[no-untyped-def]
         calls.append(cid)
         if len(calls) == 1:
             raise FileNotFoundError(path)
-        return real(root, cid, path, host)
+        return real(root, cid, path, host, engine)
 
     import nvctk.monitor.containers as mod
 
@@ -237,7 +237,7 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
     import threading
     import urllib.request
 
-    from nvctk.monitor.server import Monitor, make_server
+    from nvctk.monitor.server import Monitor
 
     col = Collector(node.sim.root, [node.runc_root])
     mon = Monitor(col, 0.2)
@@ -254,39 +254,30 @@ def test_a_scrape_never_waits_for_a_stuck_collection(node: Node) -> None:
         return real_scan(host, problem)
 
     col.discovery.scan = scan  # type: ignore[method-assign]
-    srv = make_server(mon, "127.0.0.1", 0)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        mon.start()
-        assert mon.wait_first(60)
-        assert stuck.wait(60)
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
-        for path in ("/metrics", "/api/snapshot", "/"):
-            # a scan stuck behind a hung runtime must not hold the answer (timeout=1)
-            with urllib.request.urlopen(url + path, timeout=1) as r:
-                body = r.read()
-            assert r.status == 200, path
-        text = body if path == "/" else b""
-        assert b"<title>nvctk GPU shares</title>" in text
-        with urllib.request.urlopen(url + "/metrics", timeout=1) as r:
-            metrics = r.read().decode()
-        for cid in node.expect:
-            assert f'container_id="{cid}"' in metrics
-        assert "nvctk_monitor_snapshot_age_seconds" in metrics
-    finally:
-        release.set()
-        mon.stop.set()
-        if mon.thread is not None:
-            mon.thread.join(30)
-        srv.shutdown()
-        srv.server_close()
-        col.close()
+    with serving(mon) as url:
+        try:
+            assert mon.wait_first(60)
+            assert stuck.wait(60)
+            for path in ("/metrics", "/api/snapshot", "/"):
+                # a scan stuck behind a hung runtime must not hold the answer (timeout=1)
+                with urllib.request.urlopen(url + path, timeout=1) as r:
+                    body = r.read()
+                assert r.status == 200, path
+            text = body if path == "/" else b""
+            assert b"<title>nvctk GPU shares</title>" in text
+            with urllib.request.urlopen(url + "/metrics", timeout=1) as r:
+                metrics = r.read().decode()
+            for cid in node.expect:
+                assert f'container_id="{cid}"' in metrics
+            assert "nvctk_monitor_snapshot_age_seconds" in metrics
+        finally:
+            release.set()
 
 
 def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:
-    """Two more containers on the whole GPU 1 (time-sliced replicas: all three are
-    `shared`), an MPS share on GPU 0 (its thread percentage is its SM limit)."""
+    """Two more containers on the whole GPU 1 (time-sliced replicas: three shares, each
+    still the whole GPU it asked for), an MPS share on GPU 0 (its thread percentage is
+    its SM limit)."""
     g0, g1, _ = node.sim.topology.gpus
     hold = "vgpu_probe init ctx 0 alloc {} sleep 600000"
     started = [node.start({}, hold.format(50 * MIB), gpu=g1.uuid, wait_mem=50 * MIB)
@@ -303,7 +294,7 @@ def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:
             node.kill(cid)
     by_id = {c.id: c for c in snap.containers}
     on_g1 = [c for c in snap.containers if c.devices[0].gpu_uuid == g1.uuid]
-    assert len(on_g1) == 3 and {c.kind for c in on_g1} == {"shared"}
+    assert len(on_g1) == 3 and {c.kind for c in on_g1} == {"gpu"}
     mps = by_id[started[2]]
     assert mps.kind == "mps" and mps.devices[0].sm_limit == 0.5
     for cid in started:
@@ -365,7 +356,9 @@ def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
             kubelet = FakePodResources(sock, [{"name": "job-1", "namespace": "ml", "containers": [
                 {"name": "train", "devices": [{"resource_name": "nvidia.com/vgpu",
                                                "device_ids": [f"{g0.uuid}::3"]}]}]}])
-            col = Collector(node.sim.root, [node.runc_root], pod_resources=str(sock))
+            # containerd's keys name the Pod under a containerd root
+            col = Collector(node.sim.root, [f"containerd={node.runc_root}"],
+                            pod_resources=str(sock))
             try:
                 snap = col.collect()
                 assert kubelet.calls == 1
@@ -385,7 +378,8 @@ def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
             hang.listen(16)
             with caplog.at_level(logging.WARNING, logger="nvctk.monitor"):
                 for path in (hang_path, d / "absent.sock"):
-                    col = Collector(node.sim.root, [node.runc_root], pod_resources=str(path))
+                    col = Collector(node.sim.root, [f"containerd={node.runc_root}"],
+                                    pod_resources=str(path))
                     try:
                         (hung if path == hang_path else absent).extend(
                             col.collect() for _ in range(2))

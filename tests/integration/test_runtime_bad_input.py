@@ -38,7 +38,9 @@ from nvctk.request.parse import request_from_spec
 from nvctk.runtime import create, passthrough
 from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
+from nvctk.spec.record import read_record
 from nvctk.vgpu import limits as vgpu
+from support.records import undo_as_create
 from support.runtime import (
     NVD,
     RUNTIME,
@@ -592,7 +594,7 @@ def test_edit_record_can_only_take_nvidia_access_away() -> None:
             "devices": [["/dev/fuse", "c", 10, 229]], "rules": [[None, None, None]],
             "env": ["LD_PRELOAD=/x.so", "CUDA_DEVICE_X=1"]})},
     }
-    spec_edits.remove_our_edits(spec)
+    undo_as_create(spec, "/", None)
     assert spec["linux"]["devices"][0]["path"] == "/dev/fuse"
     assert spec["linux"]["resources"]["devices"] == [deny]
     # a record without nvctk's MAC takes no variable out (issue 17: only what nvctk
@@ -1006,14 +1008,16 @@ def test_any_edits_record_is_never_an_internal_error(record: Any) -> None:
                       "resources": {"devices": [{"allow": True, "type": "c", "major": 195,
                                                  "minor": 0, "access": "rwm"}]}},
             "process": {"env": ["CUDA_DEVICE_X=1"]}}
-    problem = spec_edits.edits_record_problem(spec)
-    if problem is None:
-        spec_edits.remove_our_edits(spec)
+    read = read_record(spec)
+    assert read is not None
+    if not read.malformed:
+        undo_as_create(spec, "/", None)
     else:
-        assert spec_edits.EDITS_ANNOTATION in problem and len(problem) < 400
+        assert read.problem is not None
+        assert spec_edits.EDITS_ANNOTATION in read.problem and len(read.problem) < 400
         with pytest.raises(SpecError, match=re.escape(spec_edits.EDITS_ANNOTATION)):
-            spec_edits.check_editable(spec)
-    spec_edits.remove_our_edits(spec)  # the second line: never raises either
+            spec_edits.check_record(read)
+    spec_edits.remove_our_edits(spec, read)  # the second line: never raises either
 
 
 # --- container ids and runc roots that are not UTF-8 ---------------------

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"
 import harness as H
 
 from nvctk.sim.state import read_state
-from support.libvgpu import CU_PRELUDE, loop_share
+from support.libvgpu import CU_PRELUDE, LAUNCH_FOR, loop_share
 
 # shares measured over wall-clock windows: run alone (tests/README.md, exclusive)
 pytestmark = pytest.mark.exclusive
@@ -156,12 +156,7 @@ else:
     ok("cuGraphAddKernelNode_v2", C.byref(node), g, None, C.c_size_t(0), C.byref(knp))
     ok("cuGraphInstantiateWithFlags", C.byref(ge), g, C.c_ulonglong(0))
     launch = lambda: ok("cuGraphLaunch", ge, None)
-end = time.monotonic() + seconds
-n = 0
-while time.monotonic() < end:
-    launch(); n += 1
-print(n)
-"""
+""" + LAUNCH_FOR
 
 
 @pytest.mark.slow

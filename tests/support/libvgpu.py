@@ -46,6 +46,15 @@ class Cfg(C.Structure):
 """
 
 
+# The tail of such a loop: calls `launch()` until `seconds` have passed, prints the count.
+LAUNCH_FOR = r"""
+end = time.monotonic() + seconds
+n = 0
+while time.monotonic() < end:
+    launch(); n += 1
+print(n)
+"""
+
 def loop_share(state: Path, argv: list[str], env: dict[str, str], devices: int = 1,
                warmup: float = 1.0, window: float = 4.0) -> list[float]:
     """Run a launch loop (argv, given its running time as its last argument) and return

@@ -9,11 +9,16 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
@@ -29,7 +34,13 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = os.path.dirname(sys.executable)
 RUNTIME = os.path.join(BIN, "nvctk-runtime")
 PROBE = REPO / "libvgpu" / "build" / "vgpu_probe"
+NVCTK = os.path.join(BIN, "nvctk")
 MIG = {2: ["1g.10gb", "2g.20gb"]}
+HOLD = "vgpu_probe init ctx 0 alloc {} sleep 600000"  # a container holding {} bytes, idle
+# the monitor's node tests: real runc containers, seconds to start
+NODE_TESTS = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runc") is None,
+                                 reason="needs root (sim device nodes) and runc")]
 
 
 def pidns(pid: int) -> int | None:
@@ -120,6 +131,16 @@ class Node:
             self.kill(cid)
 
 
+@contextmanager
+def node_in(tmp: Path) -> Iterator[Node]:
+    """A Node in tmp whose containers are all gone at the end."""
+    n = Node(tmp)
+    try:
+        yield n
+    finally:
+        n.cleanup()
+
+
 def sim_counts(node: Node, ids: list[str] | None = None) -> Counts:
     """The sim's own per-container figures: its live process slots whose pid namespace is
     the container's (the container's init's)."""
@@ -163,3 +184,24 @@ def standard_containers(node: Node) -> None:
                wait_mem=400 * MIB, kind="gpu", device=g1.uuid, min_mem=400 * MIB, busy=True)
     node.start({}, f"vgpu_probe init ctx 0 alloc {300 * MIB} {busy}", gpu=mig.uuid,
                wait_mem=300 * MIB, kind="mig", device=mig.uuid, min_mem=300 * MIB, busy=True)
+
+
+@contextmanager
+def serving(mon: Any) -> Iterator[str]:
+    """mon (nvctk.monitor.server.Monitor) collecting, served on a loopback port: its URL;
+    at the end the server and collection stopped, the collector closed (unblock a
+    collection the test holds before the block ends)."""
+    from nvctk.monitor.server import make_server
+
+    srv = make_server(mon, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        mon.start()
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        mon.stop.set()
+        if mon.thread is not None:
+            mon.thread.join(30)
+        srv.shutdown()
+        srv.server_close()
+        mon.collector.close()

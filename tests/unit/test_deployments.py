@@ -18,7 +18,13 @@ from support.deployments import DEPLOY, grafana_queries
 
 REPO = Path(__file__).resolve().parents[2]
 API = {"Pod": "v1", "ConfigMap": "v1", "DaemonSet": "apps/v1", "RuntimeClass": "node.k8s.io/v1",
-       "Service": "v1", "ServiceMonitor": "monitoring.coreos.com/v1"}
+       "Service": "v1", "ServiceMonitor": "monitoring.coreos.com/v1",
+       # the DRA plugin's (checked further by test_dra_deployments.py)
+       "ServiceAccount": "v1", "ClusterRole": "rbac.authorization.k8s.io/v1",
+       "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+       "ValidatingAdmissionPolicy": "admissionregistration.k8s.io/v1",
+       "ValidatingAdmissionPolicyBinding": "admissionregistration.k8s.io/v1",
+       "DeviceClass": "resource.k8s.io/v1", "ResourceClaimTemplate": "resource.k8s.io/v1"}
 
 
 def docs() -> list[tuple[str, dict[str, Any]]]:
@@ -142,6 +148,19 @@ def test_monitor_daemonset_service_and_servicemonitor() -> None:
     roots = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--runtime-root"]
     roots.append(cmd[cmd.index("--pod-resources-socket") + 1])
     assert roots and all(any(r == p or r.startswith(p + "/") for p in paths) for r in roots)
+    # nothing made on the node; no runtime's API socket within reach; no privilege
+    assert all(v["hostPath"].get("type") == "Directory" for v in pod["volumes"]), pod["volumes"]
+    for sock in ("/run/containerd/containerd.sock", "/run/k3s/containerd/containerd.sock",
+                 "/run/docker.sock", "/run/docker/containerd/containerd.sock",
+                 "/run/crio/crio.sock"):
+        assert not any(sock.startswith(p.rstrip("/") + "/") for p in paths), (sock, paths)
+    sc = c["securityContext"]
+    assert sc.get("privileged") is not True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
+    # the node's name for the Hostname label; a liveness probe on the stall-aware health check
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     (_, svc), = of_kind("Service")
     assert svc["spec"]["selector"].items() <= pod_labels(ds).items()
     (sport,) = svc["spec"]["ports"]
@@ -149,6 +168,8 @@ def test_monitor_daemonset_service_and_servicemonitor() -> None:
     (_, sm), = of_kind("ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert [e["port"] for e in sm["spec"]["endpoints"]] == [sport["name"]]
+    # the series' own namespace/pod/container, not the monitor Pod's (prometheus-operator)
+    assert all(e["honorLabels"] is True for e in sm["spec"]["endpoints"])
     assert svc["metadata"]["namespace"] in sm["spec"]["namespaceSelector"]["matchNames"]
 
 

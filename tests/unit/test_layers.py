@@ -4,7 +4,8 @@ whole package on the create path). AST only: nothing of nvctk is imported.
 
     base (+ _sys) <- oci <- edits (the form) <- request <- host <- plan
         <- spec, cdi, vgpu (beside each other) <- hook <- runtime (it serves the hook)
-        <- engines, k8s, sim, monitor (beside: each on the layers below it) <- cli
+        <- engines, k8s, sim, monitor (beside: each on the layers below it)
+        <- dra (the DRA plugin: it reuses k8s's health) <- cli
 
 nvctk.vgpu.limits and nvctk.vgpu.authority read what a container asks for (its limit
 variables, the node's share annotations) and sit with request.
@@ -13,6 +14,7 @@ variables, the node's share annotations) and sit with request.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ PKG = Path(nvctk.__file__).parent
 LAYERS: dict[str, int] = {
     "base": 0, "_sys": 0, "oci": 1, "edits": 2, "request": 3, "host": 4, "plan": 5,
     "spec": 6, "cdi": 6, "vgpu": 6, "hook": 7, "runtime": 8,
-    "engines": 9, "k8s": 9, "sim": 9, "monitor": 9, "cli": 10,
+    "engines": 9, "k8s": 9, "sim": 9, "monitor": 9, "dra": 10, "cli": 11,
 }
 # packages of one layer that may import each other (the cycle test still holds them)
 SIBLINGS = frozenset({"spec", "cdi", "vgpu"})
@@ -176,3 +178,39 @@ def test_imports_are_read_at_every_level_but_type_checking() -> None:
     assert [m for _, m in nvctk_imports(tree, top_only=False)] == ["nvctk.base.errors",
                                                                    "nvctk.plan.make"]
     assert [m for _, m in nvctk_imports(tree, top_only=True)] == ["nvctk.base.errors"]
+
+
+# --- no private CPython module ----------------------------------------------------------------
+
+# (module, private module): why it stays. Any other import of a module whose name (or a
+# part of it) starts with "_" fails the test: an interpreter's implementation detail may
+# change under the project.
+PRIVATE_KEPT: dict[tuple[str, str], str] = {
+    ("nvctk.base.jsonio", "_json"):
+        "json's own accelerator, driven without json (json imports re: about 5 ms on every "
+        "runtime and hook start); tests/unit/test_jsonio.py fails if it drifts from json",
+}
+
+
+def private_imports(tree: ast.AST) -> list[str]:
+    """The private modules of the standard library (a dotted part starting with "_") a
+    module imports, at every level, `if TYPE_CHECKING:` included."""
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module]
+    return sorted({m for m in names if m.split(".")[0] in sys.stdlib_module_names
+                   and m != "__future__" and any(p.startswith("_") for p in m.split("."))})
+
+
+def test_no_private_cpython_module_is_imported() -> None:
+    found = {(name, mod) for name, path in MODULES.items()
+             for mod in private_imports(ast.parse(path.read_text()))}
+    assert sorted(found - set(PRIVATE_KEPT)) == []
+
+
+def test_private_imports_are_found() -> None:
+    src = ("import _signal\nfrom _blake2 import blake2b\nimport os\nfrom nvctk import _sys\n"
+           "def f():\n    from _operator import _compare_digest\n"
+           "    from importlib._bootstrap import x\n")
+    assert private_imports(ast.parse(src)) == ["_blake2", "_operator", "_signal",
+                                               "importlib._bootstrap"]

@@ -147,3 +147,81 @@ def test_pod_resources_messages_decode_the_kubelets_wire_format() -> None:
     (d,) = c.devices
     assert (p.name, p.namespace, c.name, d.resource_name, list(d.device_ids)) == (
         "job", "ml", "train", "nvidia.com/vgpu", ["GPU-a::1", "GPU-a::2"])
+
+
+@pytest.mark.parametrize(("text", "engine", "pattern"), [
+    ("/run/containerd/runc/*", "containerd", "/run/containerd/runc/*"),
+    ("/run/k3s/containerd/runc/k8s.io", "containerd", "/run/k3s/containerd/runc/k8s.io"),
+    ("/run/docker/runtime-runc/*", "docker", "/run/docker/runtime-runc/*"),
+    ("/run/runc", "crio", "/run/runc"),
+    ("/run/crun", "crio", "/run/crun"),
+    ("containerd=/srv/state", "containerd", "/srv/state"),
+    ("crio=/run/containerd/runc/x", "crio", "/run/containerd/runc/x"),  # said, not guessed
+    ("none=/run/runc", "none", "/run/runc"),
+    ("/srv/a=b", "crio", "/srv/a=b"),  # not an engine's name: a path with '='
+])
+def test_a_runtime_roots_engine(text: str, engine: str, pattern: str) -> None:
+    assert containers.parse_root(text) == containers.RuntimeRoot(pattern, engine)
+
+
+def test_only_the_engines_own_keys_name_a_pod() -> None:
+    ann = {"io.kubernetes.cri.sandbox-namespace": "kube-system", "io.kubernetes.cri.sandbox-name": "x",
+           "io.kubernetes.cri.container-name": "c", "io.kubernetes.cri.sandbox-uid": "u1",
+           "io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.name": "p",
+           "io.kubernetes.container.name": "w", "io.kubernetes.pod.uid": "u2"}
+    assert containers._identity(ann, "containerd") == ("kube-system", "x", "c", "u1")
+    assert containers._identity(ann, "crio") == ("ml", "p", "w", "u2")
+    assert containers._identity(ann, "docker") == ("", "", "", "")
+    assert containers._identity({"io.kubernetes.pod.name": 7}, "crio") == ("", "", "", "")
+
+
+@pytest.mark.parametrize(("name", "shown"), [
+    ("plain/name-0", "plain/name-0"),
+    ("[/]", "[/]"),
+    ("\x1b]0;t\x07", "\\x1b]0;t\\x07"),
+    ("a\x9bb\x7f", "a\\x9bb\\x7f"),
+    ("r\u202el", "r\\u202el"),
+    ("l\u2028m", "l\\u2028m"),
+    ("日本", "日本"),
+])
+def test_a_name_is_shown_as_text(name: str, shown: str) -> None:
+    from nvctk.base.errors import literal
+
+    assert literal(name) == shown
+
+
+def test_top_never_reads_markup_and_fits_80_columns() -> None:
+    from rich.console import Console
+
+    from nvctk.monitor.top import render as top
+
+    snap = snapshot()
+    snap.containers[0].namespace = "[/]"
+    snap.containers[0].pod = "\x1b]8;;http://x/\x1b\\p\x1b]8;;\x1b\\"
+    console = Console(width=80, file=open(os.devnull, "w"), markup=False, emoji=False,  # noqa: SIM115
+                      record=True)
+    console.print(top(snap, 80))
+    text = console.export_text()
+    assert text.count("[/]/\\x1b]8;;") == 1  # the name as it is, escaped where a control
+    assert "\x1b" not in text
+    assert max(len(x) for x in text.splitlines()) <= 80
+    assert "OVER-PROMISED SM 130%, memory 82944/81920 MiB" in text.replace("\n", " ")
+
+
+@pytest.mark.parametrize(("value", "want"), [
+    ("0=2G", {"0": 2 << 30}),
+    ("0=1G, 1=512M", {"0": 1 << 30, "1": 512 << 20}),
+    ("GPU-abc=3G", {"GPU-abc": 3 << 30}),
+])
+def test_mps_pinned_memory_limits(value: str, want: dict[str, int]) -> None:
+    from nvctk.request.parse import mps_memory_limits
+
+    assert mps_memory_limits(value) == want
+
+
+@pytest.mark.parametrize("value", ["0", "0=", "x=1G", "0=0", "0=-1G", "\u0661=1G"])
+def test_bad_mps_pinned_memory_limits(value: str) -> None:
+    from nvctk.request.parse import mps_memory_limits
+
+    with pytest.raises(ValueError):
+        mps_memory_limits(value)

@@ -27,7 +27,8 @@ from nvctk.plan import vgpu as plan_vgpu
 from nvctk.plan.select import Selected
 from nvctk.request.parse import Request
 from nvctk.spec import apply as spec_edits
-from nvctk.spec.record import AppliedRecord
+from nvctk.spec.record import AppliedRecord, Seal
+from support.records import apply_as_create
 
 V = "550.54.15"
 ROOT = "/driver"  # a plain string: planning never looks at it
@@ -205,7 +206,7 @@ def test_apply_puts_exactly_the_plan_into_the_spec() -> None:
     plan = Plan(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE,),
                 env={"NVCTK_X": "1"})
     spec = base_spec()
-    edits, removed = spec_edits.apply(spec, plan)
+    edits, removed = spec_edits.apply(spec, plan, None, Seal(b"k" * 32, "/bundle"))
     assert removed == 1  # NVIDIA's own hook gives way to ours
     assert spec["hooks"]["prestart"] == [{"path": "/x", "args": ["x"]}, PRE.entry()]
     assert spec["linux"]["devices"] == [spec_edits.device_entry(NODE)]
@@ -221,13 +222,13 @@ def test_apply_twice_is_applying_once_and_a_smaller_plan_takes_the_rest_out(tmp_
     big = Plan(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE, POST),
                env={"NVCTK_X": "1"})
     once = base_spec()
-    state = str(tmp_path / "state")  # the key of the record's MAC: an unsigned env entry stays
-    spec_edits.apply(once, big, state)
+    state = tmp_path / "state"  # the key of the record's MAC: an unsigned env entry stays
+    apply_as_create(once, big, tmp_path, state)
     twice = json.loads(json.dumps(once))
-    spec_edits.apply(twice, big, state)
+    apply_as_create(twice, big, tmp_path, state)
     assert twice == once
     small = Plan(V, ("utility",), ("GPU-aaaa",), hooks=(PRE,))
-    spec_edits.apply(twice, small, state)
+    apply_as_create(twice, small, tmp_path, state)
     assert twice["process"]["env"] == ["PATH=/bin", "A=1"]
     assert twice["linux"]["devices"] == [] and twice["linux"]["resources"]["devices"] == []
     assert twice["hooks"]["poststop"] == []  # the vGPU's poststop went with the vGPU
@@ -235,18 +236,20 @@ def test_apply_twice_is_applying_once_and_a_smaller_plan_takes_the_rest_out(tmp_
 
 
 def test_a_state_dir_without_a_key_leaves_a_plain_gpu_record_unsigned(tmp_path: Path) -> None:
-    """A read-only or broken state dir never stops a GPU container without a cap: its
-    record goes unsigned (on reuse only NVIDIA nodes and rules come out of it); a vGPU
-    or CDI record cannot."""
+    """A read-only or broken state dir never stops a GPU container without a cap: a
+    plain GPU record (NVIDIA nodes and rules only) needs no key and gets none; a record
+    naming more (a vGPU's variables, seccomp rules; CDI entries) cannot go unsigned."""
     (tmp_path / "file").write_text("")
-    broken = str(tmp_path / "file" / "state")
-    plan = Plan(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE,),
-                env={"NVCTK_X": "1"})
+    broken = tmp_path / "file" / "state"
+    plain = Plan(V, ("compute",), ("GPU-aaaa",), devices=(NODE,), hooks=(PRE,))
     spec = base_spec()
-    spec_edits.apply(spec, plan, broken)
+    apply_as_create(spec, plain, tmp_path, broken)
     assert "mac" not in json.loads(spec["annotations"][spec_edits.EDITS_ANNOTATION])
+    with_env = plain.replace(env={"NVCTK_X": "1"})
     with pytest.raises(OSError):
-        spec_edits.record_edits(base_spec(), AppliedRecord(seccomp={"created": False}), broken)
+        apply_as_create(base_spec(), with_env, tmp_path, broken)
+    with pytest.raises(ValueError, match="needs the edits key"):
+        spec_edits.record_edits(base_spec(), AppliedRecord(seccomp={"created": False}), None)
     signed = base_spec()
-    spec_edits.apply(signed, plan, str(tmp_path / "state"))
+    apply_as_create(signed, with_env, tmp_path, tmp_path / "state")
     assert "mac" in json.loads(signed["annotations"][spec_edits.EDITS_ANNOTATION])

@@ -142,3 +142,53 @@ def test_pins_and_seccomp_follow_the_vgpu() -> None:
     assert v.root_readonly is True
     with_vgpu = Edits("550", ("compute",), (), vgpu=v, pins=vgpu_pins(v), seccomp_block_userns=True)
     assert with_vgpu.seccomp_block_userns and with_vgpu.pins == ("etc", "run")
+
+
+def test_a_dra_claims_grant_binds_its_ledger() -> None:
+    """A DRA claim's share (NVCTK_DRA_SHARE, from the claim's CDI spec) caps like the
+    device plugin's annotation, and the container's limits and cache are the claim's
+    ledger's: one cap for every container of the claim."""
+    from nvctk.request.parse import _dra_grant
+
+    env = {"NVCTK_DRA_SHARE": authority.make_dra("c-1", [("GPU-0000", 2 * G, 25)], KEY)}
+    grant = _dra_grant(env)
+    assert [k for k, _ in grant] == ["nvctk.io/vgpu.dra.c-1"]
+    v = plan(env, [Selected(GPU)], vgpu_authority=grant)
+    assert {k: x for k, x in v.limits.items() if x != "0"} == {
+        "CUDA_DEVICE_MEMORY_LIMIT_0": str(2 * G), "CUDA_DEVICE_SM_LIMIT_0": "25",
+        "NVCTK_VGPU_UUID_0": "GPU-0000"}
+    ledger = "/run/nvctk/dra/c-1"
+    binds = {m.container_path: m.host_path for m in v.mounts}
+    assert binds["/run/nvctk/vgpu/limits"] == f"{ledger}/limits"
+    assert binds["/run/nvctk/vgpu/cache"] == f"{ledger}/cache"
+    assert binds["/run/nvctk"] == f"{STATE}/ro"  # the rest stays the container's own
+    assert all(m.required for m in v.mounts)
+    # a device plugin share binds no ledger
+    plain = plan({}, [Selected(GPU)], vgpu_authority=share(("GPU-0000", G, 0)))
+    assert {m.host_path for m in plain.mounts} >= {f"{STATE}/ro/limits", f"{STATE}/rw/cache"}
+
+
+@pytest.mark.parametrize("value, why", [
+    ("c-1", "not a string of nvctk's format"),  # no value after the uid
+    ("../x {}", "not a string of nvctk's format"),  # a uid that would name another dir
+    ("c-1 {", "not JSON"),
+    ("c-1 {\"v\": 1}", "not nvctk's format \\(v, devices, mac\\)"),
+])
+def test_a_bad_dra_grant_refuses_the_container(value: str, why: str) -> None:
+    from nvctk.request.parse import _dra_grant
+
+    env = {"NVCTK_DRA_SHARE": value}
+    with pytest.raises(RequestError, match=rf"^NVCTK_DRA_SHARE \(the grant of DRA claim .*{why}.*"
+                       "refused: the node's vGPU share"):
+        plan(env, [Selected(GPU)], vgpu_authority=_dra_grant(env))
+
+
+def test_a_dra_grant_moved_to_another_claim_does_not_verify() -> None:
+    """The MAC covers the claim's uid: a grant copied under another uid (another ledger)
+    is refused."""
+    from nvctk.request.parse import _dra_grant
+
+    value = authority.make_dra("c-1", [("GPU-0000", 2 * G, 0)], KEY)
+    env = {"NVCTK_DRA_SHARE": "c-2" + value[3:]}
+    with pytest.raises(RequestError, match="does not verify"):
+        plan(env, [Selected(GPU)], vgpu_authority=_dra_grant(env))

@@ -88,6 +88,11 @@ OWN_ONLY = {
         "mounts under its own state dir",
     "integration/test_vgpu_runtime.py::test_create_installs_state_and_is_idempotent":
         "the size of its own tmpfs",
+    "integration/test_dra_grpc.py::test_a_share_gets_one_ledger_for_the_claim_and_a_grant":
+        "the mount at its own ledger path",
+    "integration/test_dra_grpc.py::test_200_prepare_unprepare_cycles_leak_nothing":
+        "mounts under its own plugin dir",
+    "integration/test_hook_served.py::_children": "the children of its own process",
     "reliability/test_rel_restart.py::_gpu_mounted": "its own container's mount table",
 }
 

@@ -14,7 +14,7 @@ START_PATH = ("base", "oci", "request", "host", "plan", "spec", "cdi", "vgpu", "
               "hook", "edits.py")
 # long-running daemons and operator commands, which import click/grpc/tomlkit (and with
 # them dataclasses) anyway: the standard library's dataclasses
-DATACLASSES_OK = ("engines", "k8s", "sim", "monitor", "cli")
+DATACLASSES_OK = ("engines", "k8s", "dra", "sim", "monitor", "cli")
 
 
 def _imports(path: Path) -> set[str]:

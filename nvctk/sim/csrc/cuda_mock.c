@@ -205,18 +205,21 @@ struct module {
     struct ctx *ctx;
 };
 
-enum kernel { KERNEL_BUSY, KERNEL_VECTORADD };
+enum kernel { KERNEL_BUSY, KERNEL_VECTORADD, KERNEL_SPIN };
 
 struct func {
     uint32_t magic;
     int kernel;
     struct module *m;
     char name[128];
+    unsigned block[3]; /* cuFuncSetBlockShape (legacy launches); 0 = 1 */
+    unsigned shmem;    /* cuFuncSetSharedSize */
 };
 
 struct kargs {
     CUdeviceptr a, b, c;
     int n;
+    uint64_t spin_ns; /* KERNEL_SPIN: how long this launch occupies the GPU */
 };
 
 struct launch {
@@ -234,12 +237,22 @@ struct graph {
     uint32_t magic;
     size_t n, cap;
     struct gnode **nodes;
+    /* memory allocation nodes: address ranges reserved at the node's creation;
+     * the memory behind them is held by each instantiated graph (exec), as a
+     * real driver backs them per exec, from instantiation to its destruction */
+    struct gnode *anodes[16];
+    uintptr_t abase[16];
+    size_t alen[16], na;
+    uint64_t abytes;
+    struct dev *adev;
 };
 
 struct exec {
     uint32_t magic;
     size_t n;
     struct launch *l;
+    uint64_t abytes; /* graph allocations held (charged on adev) */
+    struct dev *adev;
 };
 static struct exec *exec_free; /* destroyed execs, reused (lk); chained through l */
 
@@ -2176,7 +2189,7 @@ CUAPI CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char 
     f->m = m;
     f->kernel = strcmp(name, "vectorAdd") == 0 || strncmp(name, "_Z9vectorAdd", 12) == 0
                     ? KERNEL_VECTORADD
-                    : KERNEL_BUSY;
+                    : strcmp(name, "spin") == 0 ? KERNEL_SPIN : KERNEL_BUSY;
     snprintf(f->name, sizeof(f->name), "%s", name);
     *hfunc = (CUfunction)f;
     return CUDA_SUCCESS;
@@ -2190,6 +2203,13 @@ CUAPI CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char 
 static CUresult decode_args(const struct func *f, void **params, void **extra, struct kargs *out)
 {
     memset(out, 0, sizeof(*out));
+    if (f->kernel == KERNEL_SPIN) { /* spin(unsigned us): runs for us microseconds */
+        unsigned us = 0;
+        if (params && params[0])
+            memcpy(&us, params[0], sizeof us);
+        out->spin_ns = (uint64_t)us * 1000ull;
+        return CUDA_SUCCESS;
+    }
     if (f->kernel != KERNEL_VECTORADD)
         return CUDA_SUCCESS;
     if (params) {
@@ -2240,16 +2260,17 @@ static CUresult run(struct ctx *c, struct stream *sp, const struct launch *l)
         if (!dev_range_ok(a->a, bytes) || !dev_range_ok(a->b, bytes) || !dev_range_ok(a->c, bytes))
             return CUDA_ERROR_ILLEGAL_ADDRESS;
     }
+    uint64_t kns = l->f->kernel == KERNEL_SPIN ? l->args.spin_ns : g.kernel_ns;
     if (g.async) {
         uint64_t *tail = tail_of(c, sp);
-        uint64_t end = nvsim_queue_kernel(g.st, c->d->gpu, g.kernel_ns, __atomic_load_n(tail, __ATOMIC_RELAXED));
+        uint64_t end = nvsim_queue_kernel(g.st, c->d->gpu, kns, __atomic_load_n(tail, __ATOMIC_RELAXED));
         atomic_max(tail, end);
         atomic_max(&c->tail_all_ns, end);
         /* a real GPU's launch queue is finite: the call blocks when it is full */
         if (g.kernel_ns && end > 1024 * g.kernel_ns)
             sleep_until(end - 1024 * g.kernel_ns);
     } else {
-        nvsim_run_kernel(g.st, c->d->gpu, g.kernel_ns);
+        nvsim_run_kernel(g.st, c->d->gpu, kns);
     }
     if (l->f->kernel == KERNEL_VECTORADD) {
         const struct kargs *a = &l->args;
@@ -2313,6 +2334,119 @@ CUAPI CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, un
     FAIL_IF(blocks > (uint64_t)sm_count(c->d) * 32, CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
     return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
                           sharedMemBytes, hStream, kernelParams, NULL);
+}
+
+/* The legacy launches: the function's block shape and shared memory
+ * (cuFuncSetBlockShape, cuFuncSetSharedSize), a grid of w x h blocks, no
+ * parameters (cuParamSet* are not simulated: kernels that need them fail).
+ * They and cuLaunchCooperativeKernelMultiDevice launch through the internal
+ * launch(), not the exported cuLaunchKernel: a real driver's entry points do
+ * not call each other through interposable symbols, so an interposer must
+ * wrap each of them. */
+CUAPI CUresult cuFuncSetBlockShape(CUfunction f, int x, int y, int z)
+{
+    NEED_INIT();
+    struct func *fn = (struct func *)f;
+    FAIL_IF(!fn || fn->magic != MAGIC_FUNC, CUDA_ERROR_INVALID_HANDLE);
+    FAIL_IF(x <= 0 || y <= 0 || z <= 0, CUDA_ERROR_INVALID_VALUE);
+    fn->block[0] = (unsigned)x, fn->block[1] = (unsigned)y, fn->block[2] = (unsigned)z;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuFuncSetSharedSize(CUfunction f, unsigned int bytes)
+{
+    NEED_INIT();
+    struct func *fn = (struct func *)f;
+    FAIL_IF(!fn || fn->magic != MAGIC_FUNC, CUDA_ERROR_INVALID_HANDLE);
+    fn->shmem = bytes;
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream hStream)
+{
+    NEED_INIT();
+    struct func *fn = (struct func *)f;
+    FAIL_IF(!fn || fn->magic != MAGIC_FUNC, CUDA_ERROR_INVALID_HANDLE);
+    FAIL_IF(w <= 0 || h <= 0, CUDA_ERROR_INVALID_VALUE);
+    struct launch l = {.f = fn, .grid = {(unsigned)w, (unsigned)h, 1},
+                       .block = {fn->block[0] ? fn->block[0] : 1, fn->block[1] ? fn->block[1] : 1,
+                                 fn->block[2] ? fn->block[2] : 1},
+                       .shmem = fn->shmem};
+    CUresult r = decode_args(fn, NULL, NULL, &l.args);
+    return r ? r : launch(&l, hStream);
+}
+
+CUAPI CUresult cuLaunchGrid(CUfunction f, int w, int h)
+{
+    return cuLaunchGridAsync(f, w, h, NULL);
+}
+
+CUAPI CUresult cuLaunch(CUfunction f)
+{
+    return cuLaunchGridAsync(f, 1, 1, NULL);
+}
+
+/* Each entry on its own stream (and so its stream's device), in order. */
+CUAPI CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned int n,
+                                                    unsigned int flags)
+{
+    NEED_INIT();
+    (void)flags;
+    FAIL_IF(!list || n == 0, CUDA_ERROR_INVALID_VALUE);
+    for (unsigned i = 0; i < n; i++)
+        FAIL_IF(!list[i].hStream, CUDA_ERROR_INVALID_HANDLE); /* each needs its own stream */
+    for (unsigned i = 0; i < n; i++) {
+        const CUDA_LAUNCH_PARAMS *p = &list[i];
+        struct func *fn = (struct func *)p->function;
+        FAIL_IF(!fn || fn->magic != MAGIC_FUNC, CUDA_ERROR_INVALID_HANDLE);
+        struct launch l = {.f = fn, .grid = {p->gridDimX, p->gridDimY, p->gridDimZ},
+                           .block = {p->blockDimX, p->blockDimY, p->blockDimZ}, .shmem = p->sharedMemBytes};
+        CUresult r = decode_args(fn, p->kernelParams, NULL, &l.args);
+        if (!r)
+            r = launch(&l, p->hStream);
+        FAIL_IF(r, r);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* graph memory nodes                                                  */
+
+/* The node reserves an address range; each graph instantiated from the
+ * graph holds the memory (charged to the device) until it is destroyed. All
+ * of a graph's allocation nodes are on one device, at most 16 of them. */
+CUAPI CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                      const CUgraphNode *dependencies, size_t numDependencies,
+                                      CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    NEED_INIT();
+    struct graph *gr = (struct graph *)hGraph;
+    if (!phGraphNode || !p || !gr || gr->magic != MAGIC_GRAPH || (numDependencies && !dependencies))
+        return CUDA_ERROR_INVALID_VALUE;
+    FAIL_IF(p->bytesize == 0 || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE,
+            CUDA_ERROR_INVALID_VALUE);
+    struct dev *d;
+    CUresult r = get_dev(p->poolProps.location.id, &d);
+    FAIL_IF(r, CUDA_ERROR_INVALID_DEVICE);
+    FAIL_IF(gr->na == 16 || (gr->adev && gr->adev != d), CUDA_ERROR_NOT_SUPPORTED);
+    size_t len = page_round(p->bytesize);
+    FAIL_IF(len < p->bytesize, CUDA_ERROR_OUT_OF_MEMORY);
+    void *va = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    FAIL_IF(va == MAP_FAILED, CUDA_ERROR_OUT_OF_MEMORY);
+    struct gnode *nd = calloc(1, sizeof(*nd));
+    if (!nd) {
+        munmap(va, len);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    nd->magic = MAGIC_NODE;
+    gr->anodes[gr->na] = nd;
+    gr->abase[gr->na] = (uintptr_t)va;
+    gr->alen[gr->na++] = len;
+    gr->abytes += len;
+    gr->adev = d;
+    p->dptr = (CUdeviceptr)(uintptr_t)va;
+    *phGraphNode = (CUgraphNode)nd;
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ */
@@ -2420,6 +2554,11 @@ static void graph_free(struct graph *gr)
         gr->nodes[i]->magic = MAGIC_DEAD;
         free(gr->nodes[i]);
     }
+    for (size_t i = 0; i < gr->na; i++) {
+        gr->anodes[i]->magic = MAGIC_DEAD;
+        free(gr->anodes[i]);
+        munmap((void *)gr->abase[i], gr->alen[i]);
+    }
     free(gr->nodes);
     gr->magic = MAGIC_DEAD;
     free(gr);
@@ -2522,6 +2661,16 @@ CUAPI CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGr
     for (size_t i = 0; i < gr->n; i++)
         x->l[i] = gr->nodes[i]->l;
     x->n = gr->n;
+    if (gr->abytes) {
+        CUresult r = charge(gr->adev, gr->abytes);
+        if (r) {
+            free(x->l);
+            free(x);
+            return r;
+        }
+        x->abytes = gr->abytes;
+        x->adev = gr->adev;
+    }
     x->magic = MAGIC_EXEC;
     *phGraphExec = (CUgraphExec)x;
     return CUDA_SUCCESS;
@@ -2557,6 +2706,7 @@ CUAPI CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     x->magic = MAGIC_DEAD;
     free(x->l);
     pthread_mutex_lock(&lk);
+    credit_locked(x->adev, x->abytes);
     x->l = (struct launch *)exec_free;
     exec_free = x;
     pthread_mutex_unlock(&lk);

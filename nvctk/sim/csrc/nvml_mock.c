@@ -800,10 +800,14 @@ static void report_pids(const struct nvsim_proc *procs, unsigned n, unsigned *ou
             if (e->d_name[0] < '1' || e->d_name[0] > '9')
                 continue;
             snprintf(path, sizeof path, "/proc/%s/ns/pid", e->d_name);
-            if (stat(path, &sb) != 0 || (uint64_t)sb.st_ino == mine)
+            /* a caller without ptrace access to it (a monitor with no capability) cannot
+             * see its namespace: its innermost pid and start time name it alone, as the
+             * driver's own record of the process would */
+            int ns_seen = stat(path, &sb) == 0;
+            if (ns_seen && (uint64_t)sb.st_ino == mine)
                 continue;
             for (unsigned i = 0; i < n; i++) {
-                if (out[i] || procs[i].pidns != (uint64_t)sb.st_ino)
+                if (out[i] || (ns_seen && procs[i].pidns != (uint64_t)sb.st_ino))
                     continue;
                 if (!facts && !(facts = proc_facts(e->d_name, &nspid, &start)))
                     break;

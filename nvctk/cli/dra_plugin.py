@@ -1,0 +1,92 @@
+"""`nvctk dra-plugin`: the DRA kubelet plugin (node driver) for this node's GPUs (logic in
+nvctk.dra)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import click
+
+from nvctk.base.errors import NvctkError
+from nvctk.cli.common import load_config
+from nvctk.dra.devices import DEFAULT_DRIVER
+
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DEFAULT_CDI_DIR = "/var/run/cdi"
+
+
+@click.command("dra-plugin")
+@click.option("--kubeconfig", default=None, metavar="FILE",
+              help="the API server's kubeconfig (default: the in-cluster config)")
+@click.option("--node-name", default=lambda: os.environ.get("NODE_NAME", ""),
+              show_default="$NODE_NAME", metavar="NAME",
+              help="this node's name (the pool of its devices)")
+@click.option("--plugins-dir", default=DEFAULT_PLUGINS_DIR, show_default=True, metavar="DIR",
+              help="the kubelet's plugins dir: the service socket is <DIR>/<driver>/dra.sock")
+@click.option("--registry-dir", default=DEFAULT_REGISTRY_DIR, show_default=True, metavar="DIR",
+              help="the kubelet's plugin watcher dir (<DIR>/<driver>-reg.sock)")
+@click.option("--cdi-dir", default=DEFAULT_CDI_DIR, show_default=True, metavar="DIR",
+              help="where the claims' CDI specs are written (one per claim)")
+@click.option("--driver-name", default=DEFAULT_DRIVER, show_default=True, metavar="NAME",
+              help="the DRA driver's name (DeviceClasses select it)")
+@click.pass_context
+def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugins_dir: str,
+               registry_dir: str, cdi_dir: str, driver_name: str) -> None:
+    """Kubernetes DRA kubelet plugin: publish this node's GPUs, GPU shares and MIG devices
+    as ResourceSlices, and prepare them for claims."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s nvctk-dra-plugin %(levelname)s %(message)s")
+    if not node_name:
+        raise click.UsageError("no node name: set --node-name or $NODE_NAME (the downward "
+                               "API's spec.nodeName)")
+    try:
+        cfg = load_config(ctx)
+        # start time: grpc, NVML and the API client, for this command only
+        from nvctk.dra.node import claim_source, make_driver
+        from nvctk.dra.publish import Publisher
+        from nvctk.dra.server import Plugin
+        from nvctk.host import nvml
+        from nvctk.k8s.health import Health, XidWatcher
+
+        source = claim_source(kubeconfig)
+        health = Health()
+        driver, host, driver_root = make_driver(driver_name, node_name, source, plugins_dir,
+                                                cdi_dir, health, cfg=cfg,
+                                                config_path=(ctx.find_root().obj or {}).get(
+                                                    "config_path"))
+        if not driver.devices:
+            raise NvctkError("no GPU on this node")
+        plugin = Plugin(driver, health, plugins_dir, registry_dir,
+                        XidWatcher(driver_root, host, health))
+        # this node's ResourceSlices: published at once, again on each health change and
+        # every RESYNC_S (the GPUs queried again: one gone, a new MIG layout)
+        publisher = Publisher(source, node_name, driver_name)
+        publishing = threading.Thread(
+            target=publisher.run, args=(lambda: nvml.query_host(driver_root), health),
+            name="nvctk-dra-publish", daemon=True)
+        stop = threading.Event()
+
+        def on_signal(*_: Any) -> None:
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        plugin.start()
+        publishing.start()
+        click.echo(f"{driver_name}: {len(driver.devices)} device(s) on node {node_name}, "
+                   f"serving {plugin.endpoint}", err=True)
+        try:
+            stop.wait()
+        finally:
+            publisher.stop(health)
+            publishing.join(5)  # a sync may be waiting out a down API server
+            plugin.stop()
+    except NvctkError as e:
+        raise click.ClickException(str(e))
+    click.echo("DRA plugin stopped", err=True)

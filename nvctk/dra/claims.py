@@ -1,0 +1,249 @@
+"""What NodePrepareResources needs from a ResourceClaim, read and checked (no I/O).
+
+The claim comes from a ClaimSource (the API server through nvctk.dra.kube, which retries
+a down or slow server within the caller's timeout; tests give a plain in-memory one) in
+its API JSON form (`resource.k8s.io/v1`, camelCase, as the
+server sends it and as the `kubernetes` client's sanitize_for_serialization gives it).
+From it: the uid (checked against the kubelet's), this driver's allocation results
+(other drivers' are ignored), each result's device on this node, its consumed capacity
+(a Kubernetes quantity, at most the device's) and the opaque parameters of this driver
+that apply to its request.
+
+Opaque parameters (`config[].opaque.parameters` with `driver` = this driver):
+
+    {"apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+     "sharing": {"strategy": "Exclusive" | "TimeSlicing" | "VGpu"}}
+
+TimeSlicing (the default) is what several claims on one GPU get without caps (the
+driver's time slices, as the device plugin's time-slicing); Exclusive refuses a result
+that shares the device (it has a shareID); VGpu asks that the result be a share whose
+consumedCapacity (memory bytes, smShare percent) the node caps (nvctk.dra.driver: a
+share is capped whatever the strategy). The device plugin's MPS sharing is not offered
+for DRA claims: asking for it is an error, never a silent uncapped device.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, Protocol
+
+from nvctk.base.errors import NvctkError, shown
+from nvctk.dra.devices import MEMORY, SM_FULL, SM_SHARE, DraDevice
+from nvctk.dra.kube import NotFound
+
+PARAMS_API_VERSION = "gpu.nvctk.io/v1"
+PARAMS_KIND = "GpuConfig"
+STRATEGIES = ("Exclusive", "TimeSlicing", "VGpu")
+NOT_ENFORCED = ("MPS",)
+
+
+class ClaimError(NvctkError):
+    """What is wrong with one claim: its answer's error, no other claim touched."""
+
+
+class ClaimSource(Protocol):
+    def get_claim(self, namespace: str, name: str, timeout: float | None = None
+                  ) -> dict[str, Any]:
+        """The claim's API JSON; nvctk.dra.kube.NotFound when there is none,
+        nvctk.dra.kube.ApiUnavailable when the server cannot say within `timeout` s."""
+        ...
+
+
+class MemoryClaims:
+    """A ClaimSource over a dict (namespace, name) -> claim, for tests and tools."""
+
+    def __init__(self, claims: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
+        self.claims = dict(claims or {})
+
+    def get_claim(self, namespace: str, name: str, timeout: float | None = None
+                  ) -> dict[str, Any]:
+        try:
+            return self.claims[(namespace, name)]
+        except KeyError:
+            raise NotFound(f"reading ResourceClaim {namespace}/{name}: not found", 404) from None
+
+
+@dataclass(frozen=True)
+class Result:
+    """One allocated device of this driver, checked."""
+
+    request: str
+    pool: str
+    device: DraDevice
+    share_id: str | None = None
+    consumed: dict[str, int] = field(default_factory=dict)  # capacity name -> amount
+    strategy: str = "TimeSlicing"
+
+    @property
+    def partial(self) -> bool:
+        """A share: less than the device's memory or SMs (the node caps it)."""
+        d = self.device
+        # smShare 0: no SM-share cap (what a claim asking for memory only consumes)
+        return bool(self.consumed) and (self.consumed.get(MEMORY, d.memory) < d.memory
+                                        or 0 < self.consumed.get(SM_SHARE, 0) < SM_FULL)
+
+
+# --- quantities (k8s.io/apimachinery resource.Quantity) -----------------------------------
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_SUFFIX: dict[str, int | Decimal] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+           "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3,
+           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def parse_quantity(value: object) -> Decimal:
+    """A Kubernetes quantity ("2Gi", "2147483648", "500m", "1e3") as a number; ValueError
+    when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"{shown(value)} is not a quantity")
+    text = str(value).strip()
+    m = _QUANTITY.match(text)
+    if m is None or m.group(1) in ("", ".", "+", "-"):
+        raise ValueError(f"{shown(value)} is not a quantity")
+    try:
+        number = Decimal(m.group(1))
+    except InvalidOperation:
+        raise ValueError(f"{shown(value)} is not a quantity") from None
+    suffix = m.group(2) or ""
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        return number.scaleb(int(suffix[1:]))
+    return number * _SUFFIX[suffix] if suffix else number
+
+
+def _whole(name: str, q: Decimal) -> int:
+    """Capacities are whole units (bytes, percent): rounded up, as the API server does."""
+    return int(q.to_integral_value(rounding="ROUND_CEILING"))
+
+
+# --- the claim ----------------------------------------------------------------------------
+
+
+def _get(obj: object, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def check_uid(claim: dict[str, Any], namespace: str, name: str, uid: str) -> None:
+    have = _get(claim, "metadata", "uid")
+    if have != uid:
+        raise ClaimError(f"claim {namespace}/{name} has uid {shown(have)}, not {uid} (deleted "
+                         "and made again): not prepared")
+
+
+def _params(cfg: dict[str, Any], where: str) -> str:
+    """The sharing strategy in one opaque config of this driver; ClaimError naming what
+    is wrong."""
+    p = _get(cfg, "opaque", "parameters")
+    if not isinstance(p, dict):
+        raise ClaimError(f"{where}: parameters must be an object, not {shown(p)}")
+    if p.get("apiVersion") != PARAMS_API_VERSION or p.get("kind") != PARAMS_KIND:
+        raise ClaimError(f"{where}: want apiVersion {PARAMS_API_VERSION} and kind "
+                         f"{PARAMS_KIND}, not {shown(p.get('apiVersion'))} and "
+                         f"{shown(p.get('kind'))}")
+    extra = sorted(set(p) - {"apiVersion", "kind", "sharing"})
+    if extra:
+        raise ClaimError(f"{where}: unknown field {shown(extra[0])} (known: apiVersion, kind, "
+                         "sharing)")
+    sharing = p.get("sharing", {})
+    if not isinstance(sharing, dict) or set(sharing) - {"strategy"}:
+        raise ClaimError(f"{where}: sharing must be {{\"strategy\": ...}}, not {shown(sharing)}")
+    strategy = sharing.get("strategy", "TimeSlicing")
+    if strategy in NOT_ENFORCED:
+        raise ClaimError(f"{where}: sharing strategy {strategy} is not enforced by nvctk's DRA "
+                         "driver yet; use VGpu (a share with memory and smShare caps), "
+                         "TimeSlicing or Exclusive")
+    if strategy not in STRATEGIES:
+        raise ClaimError(f"{where}: unknown sharing strategy {shown(strategy)} (one of "
+                         f"{', '.join(STRATEGIES)})")
+    return str(strategy)
+
+
+def strategies(claim: dict[str, Any], driver: str) -> dict[str | None, str]:
+    """request name (None: every request) -> sharing strategy, from the allocation's
+    opaque configs of this driver (later entries win, as the API orders them: class
+    configs first, then the claim's)."""
+    out: dict[str | None, str] = {}
+    configs = _get(claim, "status", "allocation", "devices", "config") or []
+    if not isinstance(configs, list):
+        raise ClaimError(f"status.allocation.devices.config is not a list: {shown(configs)}")
+    for i, cfg in enumerate(configs):
+        if _get(cfg, "opaque", "driver") != driver:
+            continue  # another driver's parameters
+        strategy = _params(cfg, f"status.allocation.devices.config[{i}].opaque")
+        requests = cfg.get("requests") or [None]
+        for r in requests:
+            out[r] = strategy
+    return out
+
+
+def _consumed(raw: object, dev: DraDevice, where: str) -> dict[str, int]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ClaimError(f"{where}: consumedCapacity must be an object, not {shown(raw)}")
+    out: dict[str, int] = {}
+    for name, value in raw.items():
+        if name not in dev.capacity:
+            raise ClaimError(f"{where}: consumedCapacity {shown(name)}: device {dev.name} has "
+                             f"no such capacity (it has {', '.join(dev.capacity)})")
+        try:
+            q = parse_quantity(value)
+        except ValueError as e:
+            raise ClaimError(f"{where}: consumedCapacity {name}: {e}") from None
+        amount = _whole(name, q)
+        if amount < (0 if name == SM_SHARE else 1) or amount > dev.capacity[name]:
+            raise ClaimError(f"{where}: consumedCapacity {name} {value} is outside "
+                             f"{0 if name == SM_SHARE else 1}..{dev.capacity[name]} (device {dev.name}'s {name})")
+        out[name] = amount
+    return out
+
+
+def results(claim: dict[str, Any], driver: str, pool: str,
+            devices: dict[str, DraDevice]) -> list[Result]:
+    """This driver's allocation results, checked; ClaimError naming the first bad one."""
+    alloc = _get(claim, "status", "allocation")
+    if not isinstance(alloc, dict):
+        raise ClaimError("the claim is not allocated (no status.allocation)")
+    raw = _get(alloc, "devices", "results") or []
+    if not isinstance(raw, list):
+        raise ClaimError(f"status.allocation.devices.results is not a list: {shown(raw)}")
+    by_request = strategies(claim, driver)
+    out: list[Result] = []
+    for i, r in enumerate(raw):
+        if not isinstance(r, dict) or r.get("driver") != driver:
+            continue  # another driver's device: its own plugin prepares it
+        where = f"status.allocation.devices.results[{i}]"
+        name, pool_name, req = r.get("device"), r.get("pool"), r.get("request")
+        if pool_name != pool:
+            raise ClaimError(f"{where}: pool {shown(pool_name)} is not this node's ({pool})")
+        dev = devices.get(name) if isinstance(name, str) else None
+        if dev is None:
+            raise ClaimError(f"{where}: unknown device {shown(name)} (this node has "
+                             f"{', '.join(devices) or 'none'})")
+        if not isinstance(req, str) or not req:
+            raise ClaimError(f"{where}: no request name")
+        share = r.get("shareID")
+        if share is not None and (not isinstance(share, str) or not share):
+            raise ClaimError(f"{where}: shareID must be a string, not {shown(share)}")
+        consumed = _consumed(r.get("consumedCapacity"), dev, where)
+        # a subrequest's results name "<request>/<subrequest>": configs name either
+        strategy = by_request.get(req, by_request.get(req.split("/", 1)[0],
+                                                      by_request.get(None, "TimeSlicing")))
+        if strategy == "Exclusive" and share is not None:
+            raise ClaimError(f"{where}: sharing strategy Exclusive, but device {dev.name} is "
+                             f"allocated as share {share} of it")
+        res = Result(req, pool_name, dev, share, consumed, strategy)
+        if res.partial and dev.mig is not None:
+            raise ClaimError(f"{where}: a share of MIG device {dev.name}: nvctk caps shares of "
+                             "whole GPUs only (a MIG device is already a partition)")
+        if strategy == "VGpu" and not res.partial:
+            raise ClaimError(f"{where}: sharing strategy VGpu, but the result consumes no part "
+                             f"of device {dev.name}: a vGPU share's caps are its "
+                             "consumedCapacity (request memory or smShare capacity)")
+        out.append(res)
+    return out

@@ -1,0 +1,311 @@
+"""NodePrepareResources and NodeUnprepareResources, independent of gRPC (nvctk.dra.server
+converts): per claim, its devices or the reason it cannot have them, never touching
+another claim's files.
+
+Prepare: the claim from the API server (a ClaimSource: nvctk.dra.kube retries a down or
+slow server with back-off, within API_TIMEOUT), its uid checked, this driver's results checked
+(nvctk.dra.claims), then one CDI spec for the claim, written atomically into the CDI
+dir: nvctk's own CDI spec for those devices (nvctk.cdi.generate, the forms `nvctk cdi
+generate` writes, made once at the plugin's start), under the kind
+`k8s.<driver>/claim` with one device `<claim uid>-<device>` per allocated device (no
+`all`: claims' specs share the kind, and a name two specs define is a conflict to a
+CDI engine), and NVIDIA_VISIBLE_DEVICES=void (an image's `all` must not add GPUs the
+claim does not hold where nvctk-runtime is the engine's runtime). Then the record (nvctk.dra.record): the spec first, so that a record
+always names a spec that was written. A claim with a record from this boot is answered
+from it (the kubelet retries; the API server need not be up).
+
+Unprepare: from the record only (no API server): the spec, then the record, go.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nvctk.base.errors import NvctkError, shown
+from nvctk.cdi import generate as cdi_generate
+from nvctk.dra import claims as dra_claims
+from nvctk.dra.claims import ClaimError, ClaimSource, Result
+from nvctk.dra.devices import MEMORY, SM_FULL, SM_SHARE, DraDevice
+from nvctk.dra.record import Prepared, PreparedDevice, RecordError, Records, boot_id, check_uid
+from nvctk.edits import Edits
+from nvctk.vgpu import authority
+
+log = logging.getLogger("nvctk.dra")
+
+CDI_CLASS = "claim"
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Where a share's cap is kept: nvctk's state dir (the claims' ledgers, below
+    dra/) and the node's authority key (the grant's MAC), from nvctk's config."""
+
+    state_dir: str
+    authority_key: str
+
+
+@dataclass(frozen=True)
+class CdiForms:
+    """nvctk's CDI forms of this host (nvctk.cdi.generate.host_edits): what every
+    container gets, and each device's own, by uuid."""
+
+    common: Edits
+    by_uuid: dict[str, Edits]
+    hook_path: str
+    hook_env: tuple[str, ...] = ()
+
+
+# how long one claim may wait for the API server (nvctk.dra.kube retries within it):
+# well inside the kubelet's deadline for NodePrepareResources (45 s)
+API_TIMEOUT = 20.0
+
+
+def cdi_vendor(driver: str) -> str:
+    return f"k8s.{driver}"
+
+
+class Driver:
+    def __init__(self, name: str, pool: str, devices: dict[str, DraDevice], forms: CdiForms,
+                 source: ClaimSource, records: Records, cdi_dir: str, shares: Shares,
+                 unhealthy: Callable[[], set[str]] = set, api_timeout: float = API_TIMEOUT
+                 ) -> None:
+        self.name = name
+        self.pool = pool  # the node's name: the pool of its ResourceSlices
+        self.devices = devices
+        self.forms = forms
+        self.source = source
+        self.records = records
+        self.cdi_dir = cdi_dir
+        self.shares = shares
+        self.unhealthy = unhealthy
+        self.api_timeout = api_timeout
+        self.boot_id = boot_id()
+        self._lock = threading.Lock()  # one claim's files at a time
+
+    # --- names ------------------------------------------------------------------------
+    def cdi_kind(self) -> str:
+        return f"{cdi_vendor(self.name)}/{CDI_CLASS}"
+
+    def spec_path(self, uid: str) -> str:
+        return os.path.join(self.cdi_dir, f"{cdi_vendor(self.name)}-{CDI_CLASS}_{uid}.json")
+
+    # --- prepare ----------------------------------------------------------------------
+    def prepare(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:
+        """The claim's devices with their CDI ids; NvctkError saying why not."""
+        check_uid(uid)
+        try:
+            done = self._prepared(uid)
+        except RecordError as e:
+            # the spec and ledger are named by the uid: made anew, the record rewritten
+            log.warning("claim %s/%s: %s; preparing it anew", namespace, name, e)
+            done = None
+        if done is not None:
+            return list(done.devices)
+        claim = self.source.get_claim(namespace, name, self.api_timeout)
+        dra_claims.check_uid(claim, namespace, name, uid)
+        results = dra_claims.results(claim, self.name, self.pool, self.devices)
+        sick = self.unhealthy()
+        bad = [r.device.name for r in results if r.device.uuid in sick or r.device.gpu.uuid in sick]
+        if bad:
+            raise ClaimError(f"device {bad[0]} is unhealthy (an XID error): not prepared")
+        # one entry per device: two requests may name one device (shares of it)
+        devs: dict[str, PreparedDevice] = {}
+        for r in results:
+            cdi_id = f"{self.cdi_kind()}={uid}-{r.device.name}"
+            old = devs.get(r.device.name)
+            reqs = (*old.requests, r.request) if old else (r.request,)
+            devs[r.device.name] = PreparedDevice(reqs, r.pool, r.device.name, (cdi_id,),
+                                                 r.share_id if old is None else old.share_id)
+        ledger = self.ledger_path(uid) if any(r.partial for r in results) else None
+        rec = Prepared(namespace, name, uid, self.spec_path(uid), tuple(devs.values()),
+                       self.boot_id, ledger)
+        with self._lock:
+            try:
+                if not results:
+                    pass  # no device of this driver: no spec, nothing for a container
+                elif ledger is not None:
+                    self._write_share_spec(uid, results, ledger)
+                else:
+                    self._write_spec(uid, [r.device for r in results])
+                self.records.save(rec)
+            except BaseException as e:
+                self._undo(uid, ledger)
+                if isinstance(e, OSError):
+                    raise NvctkError(f"cannot record the claim in {self.records.dir}: "
+                                     f"{e.strerror or e}") from None
+                raise
+        log.info("prepared claim %s/%s (%s): %s", namespace, name, uid,
+                 ", ".join(devs) or "no device of this driver")
+        return list(devs.values())
+
+    def _prepared(self, uid: str) -> Prepared | None:
+        """This boot's record of the claim, when its spec is still there."""
+        rec = self.records.load(uid)
+        if rec is None or rec.boot_id != self.boot_id:
+            return None
+        if rec.devices and not os.path.isfile(rec.cdi_spec):
+            return None  # removed by hand: made again
+        return rec
+
+    def _write_spec(self, uid: str, devices: list[DraDevice]) -> None:
+        f = self.forms
+        names = list(dict.fromkeys(d.name for d in devices))
+        by_name = {d.name: d for d in devices}
+        spec = cdi_generate.make_spec(
+            f.common, [([f"{uid}-{n}"], f.by_uuid[by_name[n].uuid]) for n in names],
+            f.hook_path, vendor=cdi_vendor(self.name), cls=CDI_CLASS,
+            hook_env=list(f.hook_env))
+        # the per-claim spec has the claim's devices only: `all` would be defined by
+        # every claim's spec of this kind, a conflict to CDI
+        spec["devices"] = [d for d in spec["devices"] if d["name"] != "all"]
+        # the claim's devices and no other: an image's NVIDIA_VISIBLE_DEVICES=all (CUDA
+        # images have it) must not widen the claim under nvctk-runtime's legacy mode
+        spec["containerEdits"].setdefault("env", []).append(f"{VISIBLE_DEVICES}=void")
+        self._save_spec(uid, spec)
+
+    def _save_spec(self, uid: str, spec: dict[str, Any]) -> None:
+        try:
+            cdi_generate.write_spec(self.spec_path(uid), cdi_generate.dump(spec, "json"))
+        except cdi_generate.CdiError as e:
+            raise NvctkError(f"CDI spec for the claim: {e}") from None
+
+    # --- shares -----------------------------------------------------------------------
+    def ledger_path(self, uid: str) -> str:
+        return authority.dra_ledger(authority.DRA_PREFIX + uid, self.shares.state_dir) or ""
+
+    def _write_share_spec(self, uid: str, results: list[Result], ledger: str) -> None:
+        """A claim with a share: its caps (the consumed capacity of each device, summed
+        over the claim's results on it, at most the device's) in the claim's ledger, and
+        a spec that only asks nvctk-runtime for the devices, with the node's grant
+        (nvctk.vgpu.authority.make_dra): nvctk-runtime gives the devices (the edits form
+        its legacy mode makes) with libvgpu bound to the ledger. No device node comes by
+        CDI itself: a container started by another runtime gets no GPU rather than an
+        uncapped one."""
+        from nvctk.vgpu import limits as vgpu
+        from nvctk.vgpu import state as vgpu_state
+
+        by_dev: dict[str, list[Result]] = {}
+        for r in results:
+            by_dev.setdefault(r.device.name, []).append(r)
+        # the container's GPU order is the host's (the runtime selects in NVML order)
+        devs = sorted((rs[0].device for rs in by_dev.values()),
+                      key=lambda d: (d.gpu.index, d.mig.index if d.mig else -1))
+        grants: list[tuple[str, int, int]] = []
+        for d in devs:
+            rs = by_dev[d.name]
+            if not any(r.partial for r in rs):
+                grants.append((d.uuid, 0, 0))  # a whole device of the claim: no cap
+                continue
+            mem = min(d.memory, sum(r.consumed.get(MEMORY, d.memory) for r in rs))
+            sm = min(SM_FULL, sum(r.consumed.get(SM_SHARE, SM_FULL) for r in rs))
+            grants.append((d.uuid, mem if mem < d.memory else 0, sm if sm < SM_FULL else 0))
+        try:
+            key = authority.load_key(self.shares.authority_key, create=True)
+        except OSError as e:
+            raise NvctkError(f"{self.shares.authority_key}: cannot make nvctk's authority key: "
+                             f"{e.strerror}") from None
+        assert key is not None  # create: made, or an error
+        limits = vgpu.VgpuLimits(memory=tuple(g[1] for g in grants),
+                                 sm=tuple(g[2] for g in grants))
+        values = {**limits.values(), **{f"{vgpu.UUID_VAR}_{i}": d.uuid
+                                        for i, d in enumerate(devs) if d.mig is None}}
+        try:
+            vgpu_state.install_ledger(ledger, values)
+        except OSError as e:
+            raise NvctkError(f"the claim's vGPU ledger {ledger}: {e.strerror or e}") from None
+        env = [f"{VISIBLE_DEVICES}={','.join(d.uuid for d in devs)}",
+               f"{authority.DRA_ENV}={authority.make_dra(uid, grants, key)}"]
+        spec: dict[str, Any] = {
+            "cdiVersion": "", "kind": self.cdi_kind(),
+            "devices": [{"name": f"{uid}-{d.name}", "containerEdits": {"env": env}}
+                        for d in devs]}
+        spec["cdiVersion"] = cdi_generate.min_version(spec)
+        self._save_spec(uid, spec)
+
+    def _undo(self, uid: str, ledger: str | None) -> None:
+        """A failed prepare leaves nothing of the claim (best effort: the failure itself
+        is what is reported)."""
+        from nvctk.vgpu import state as vgpu_state
+
+        try:
+            self._remove_spec(uid)
+            if ledger is not None:
+                vgpu_state.remove_ledger(ledger)
+        except (OSError, NvctkError) as e:
+            log.warning("claim %s: clean-up after a failed prepare: %s", uid, e)
+
+    # --- unprepare --------------------------------------------------------------------
+    def unprepare(self, namespace: str, name: str, uid: str) -> None:
+        """The claim's spec and record go; a claim never prepared (or already
+        unprepared) is done."""
+        check_uid(uid)
+        with self._lock:
+            try:
+                rec = self.records.load(uid)
+            except RecordError as e:
+                self._unprepare_unrecorded(uid, e)
+            if rec is None:
+                return
+            self._remove_spec(uid, rec.cdi_spec)
+            if rec.ledger is not None:
+                self._remove_ledger(uid, rec.ledger)
+            try:
+                self.records.remove(uid)
+            except OSError as e:
+                raise NvctkError(f"cannot remove the claim's record in {self.records.dir}: "
+                                 f"{e.strerror or e}") from None
+        log.info("unprepared claim %s/%s (%s)", namespace, name, uid)
+
+    def _unprepare_unrecorded(self, uid: str, e: RecordError) -> None:
+        """A record that cannot be read: what the claim can have (its spec and ledger,
+        named by its uid alone) goes, the record is kept aside for the operator, and the
+        answer says so (the kubelet's retry then finds the claim done)."""
+        from nvctk.vgpu import state as vgpu_state
+
+        self._remove_spec(uid)
+        try:
+            vgpu_state.remove_ledger(self.ledger_path(uid))
+        except (OSError, NvctkError) as err:
+            raise NvctkError(f"{e}; and the claim's vGPU ledger cannot be removed: {err}")
+        kept = self.records.path(uid) + ".corrupt"
+        try:
+            os.replace(self.records.path(uid), kept)
+        except OSError as err:
+            raise NvctkError(f"{e}; and it cannot be moved aside: {err.strerror}") from None
+        raise NvctkError(f"{e}: the claim's CDI spec and vGPU ledger (named by its uid) are "
+                         f"removed; the record is kept as {kept}")
+
+    def _remove_spec(self, uid: str, recorded: str | None = None) -> None:
+        path = self.spec_path(uid)
+        if recorded is not None and recorded != path:
+            # a record never names another file: one that does is not acted on
+            raise RecordError(f"the claim's record names CDI spec {shown(recorded)}, not "
+                              f"{path}: left as it is")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise NvctkError(f"cannot remove the claim's CDI spec {path}: "
+                             f"{e.strerror or e}") from None
+
+    def _remove_ledger(self, uid: str, recorded: str) -> None:
+        from nvctk.vgpu import state as vgpu_state
+
+        path = self.ledger_path(uid)
+        if recorded != path:
+            raise RecordError(f"the claim's record names vGPU ledger {shown(recorded)}, not "
+                              f"{path}: left as it is")
+        try:
+            vgpu_state.remove_ledger(path)
+        except (OSError, NvctkError) as e:
+            raise NvctkError(f"cannot remove the claim's vGPU ledger {path}: {e}") from None
+
+    def prepared_uids(self) -> list[str]:
+        return self.records.uids()

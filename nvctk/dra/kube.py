@@ -1,0 +1,236 @@
+"""The API server, as the DRA driver needs it: ResourceClaims read, this node's
+ResourceSlices listed, created, updated and deleted (resource.k8s.io/v1), through
+the official `kubernetes` client.
+
+Only the DRA plugin imports this module, and the client only when a Kube is made
+(~0.2 s with pydantic and urllib3): never the runtime, the hook or another nvctk
+command. Objects go in and out as plain dicts in the API's own JSON form (camelCase),
+so the slice builder and the claim reader stay pure data.
+
+Every call retries a down or slow API server (connection refused or reset, a
+timeout, 429, 5xx) with exponential back-off, bounded by `Retry.attempts` and
+`Retry.deadline`; then it raises ApiUnavailable naming the call and the last error.
+Answers that retrying cannot change (404, 403, 409, 422) raise at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from nvctk.base.errors import NvctkError
+
+GROUP_VERSION = "resource.k8s.io/v1"
+# statuses a retry may change: throttled, or the server (or its proxy) failing
+RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+class KubeError(NvctkError):
+    """The API server refused a call; the message names the call and why."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ApiUnavailable(KubeError):
+    """The API server stayed down or slow through every retry."""
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    """409: the object changed (resourceVersion) or already exists."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """Back-off for calls to a down or slow API server: attempt n (from 0) waits
+    min(cap, base * 2**n) * jitter(0.5..1) before the next; no attempt starts after
+    deadline seconds from the first."""
+
+    attempts: int = 6
+    base: float = 0.2
+    cap: float = 5.0
+    deadline: float = 30.0
+    timeout: float = 10.0  # one request's connect and read timeout
+
+    def delays(self) -> Iterator[float]:
+        for n in range(self.attempts - 1):
+            yield min(self.cap, self.base * 2 ** n) * random.uniform(0.5, 1.0)
+
+
+def load_client(kubeconfig: str | None = None) -> Any:
+    """An ApiClient from kubeconfig, else the in-cluster config (the pod's service
+    account). KubeError when neither works."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg,
+                                    persist_config=False)
+        else:
+            config.load_incluster_config(client_configuration=cfg)
+    except Exception as e:  # ConfigException, a missing or unreadable file, bad YAML
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config"
+        raise KubeError(f"cannot load the {where}: {e}") from None
+    cfg.retries = False  # our Retry decides; urllib3's own would multiply the waits
+    return client.ApiClient(cfg)
+
+
+class Kube:
+    """The calls the DRA driver makes, with retry. `api_client` is a
+    kubernetes.client.ApiClient (load_client, or one a test points at its double)."""
+
+    def __init__(self, api_client: Any, retry: Retry | None = None,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.api = client.ResourceV1Api(api_client)
+        self.retry = retry or Retry()
+        self._sleep = sleep
+        self._clock = clock
+
+    # --- claims -------------------------------------------------------------------
+
+    def get_claim(self, namespace: str, name: str, timeout: float | None = None) -> dict[str, Any]:
+        """The ResourceClaim as it is now, in its API JSON form (nvctk.dra.claims reads
+        it); NotFound when it is gone; ApiUnavailable when the server cannot say within
+        timeout seconds (the kubelet's deadline; default: Retry.deadline)."""
+        return self._call(f"reading ResourceClaim {namespace}/{name}",
+                          lambda t: self.api.read_namespaced_resource_claim(
+                              name, namespace, _preload_content=False, _request_timeout=t),
+                          timeout)
+
+    # --- slices -------------------------------------------------------------------
+
+    def list_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
+        """This node's ResourceSlices of driver (the field selectors the API server
+        indexes for ResourceSlices), all pages."""
+        selector = f"spec.nodeName={node},spec.driver={driver}"
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+
+        def page_after(c: str | None) -> Callable[[Any], Any]:
+            return lambda t: self.api.list_resource_slice(
+                field_selector=selector, limit=500, _continue=c, _preload_content=False,
+                _request_timeout=t)
+
+        while True:
+            page = self._call(f"listing ResourceSlices of {driver} on {node}", page_after(token))
+            items.extend(page.get("items") or ())
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        body = self._model(obj)
+        return self._call(f"creating ResourceSlice {_slice_name(obj)}",
+                          lambda t: self.api.create_resource_slice(
+                              body, _preload_content=False, _request_timeout=t))
+
+    def update_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Replace obj (its metadata.resourceVersion guards against a concurrent
+        writer: Conflict then)."""
+        body = self._model(obj)
+        name = obj["metadata"]["name"]
+        return self._call(f"updating ResourceSlice {name}",
+                          lambda t: self.api.replace_resource_slice(
+                              name, body, _preload_content=False, _request_timeout=t))
+
+    def delete_slice(self, name: str) -> None:
+        """Delete; a slice already gone is no error."""
+        try:
+            self._call(f"deleting ResourceSlice {name}",
+                       lambda t: self.api.delete_resource_slice(
+                           name, _preload_content=False, _request_timeout=t))
+        except NotFound:
+            pass
+
+    # --- the one request path ---------------------------------------------------
+
+    @staticmethod
+    def _model(obj: dict[str, Any]) -> Any:
+        from kubernetes.client import V1ResourceSlice
+
+        try:
+            return V1ResourceSlice.from_dict(obj)
+        except Exception as e:  # pydantic's ValidationError: a builder bug, named
+            raise KubeError(f"ResourceSlice {_slice_name(obj)} is malformed: {e}") from None
+
+    def _call(self, what: str, fn: Callable[[Any], Any],
+              deadline: float | None = None) -> dict[str, Any]:
+        """fn(timeout) -> an unread urllib3 response; its JSON body, retried as the
+        module docstring says, within deadline seconds (default Retry.deadline)."""
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        r = self.retry
+        deadline = r.deadline if deadline is None else min(deadline, r.deadline)
+        start = self._clock()
+        delays = r.delays()
+        while True:
+            try:
+                left = max(0.001, deadline - (self._clock() - start))
+                resp = fn((min(r.timeout, left), min(r.timeout, left)))
+                return _json_body(resp.data, what)
+            except ApiException as e:
+                status = e.status or 0
+                if status not in RETRIABLE_STATUS:
+                    raise _status_error(what, status, e.body) from None
+                last = f"HTTP {status} {_reason(e.body) or e.reason or ''}".strip()
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                last = _net_reason(e)
+            delay = next(delays, None)
+            if delay is None or self._clock() - start + delay > deadline:
+                raise ApiUnavailable(f"{what}: the API server did not answer after "
+                                     f"{self._clock() - start:.1f}s: {last}")
+            self._sleep(delay)
+
+
+def _slice_name(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("name") or meta.get("generateName") or "(unnamed)")
+
+
+def _json_body(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        raise KubeError(f"{what}: the API server's answer is not JSON") from None
+    if not isinstance(obj, dict):
+        raise KubeError(f"{what}: the API server's answer is not an object")
+    return obj
+
+
+def _reason(body: Any) -> str:
+    """A Status object's message (what the API server says went wrong)."""
+    try:
+        return str(json.loads(body).get("message") or "")
+    except (ValueError, TypeError, AttributeError):
+        return ""
+
+
+def _status_error(what: str, status: int, body: Any) -> KubeError:
+    msg = f"{what}: HTTP {status}"
+    if reason := _reason(body):
+        msg += f": {reason}"
+    if status == 404:
+        return NotFound(msg, status)
+    if status == 409:
+        return Conflict(msg, status)
+    return KubeError(msg, status)
+
+
+def _net_reason(e: BaseException) -> str:
+    """urllib3 wraps the socket error (MaxRetryError(reason=...)); name the cause."""
+    reason = getattr(e, "reason", None)
+    return str(reason or e) or type(e).__name__

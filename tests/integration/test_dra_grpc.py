@@ -1,0 +1,516 @@
+"""The DRA kubelet plugin over its real gRPC sockets, driven by a fake kubelet
+(tests/support/drakubelet.py) on the simulated host: registration, NodePrepareResources
+(v1 and v1beta1) writing one CDI spec per claim that resolves as an engine resolves it,
+NodeUnprepareResources from nvctk's record, bad input per claim, the API server down,
+a full or read-only CDI dir, a corrupt record, a restart between prepare and unprepare,
+two plugins on one node, and health on an injected XID."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvctk.base.config import Config
+from nvctk.base.errors import NvctkError
+from nvctk.cdi import load
+from nvctk.dra.claims import MemoryClaims
+from nvctk.dra.devices import DEFAULT_DRIVER
+from nvctk.dra.driver import Driver
+from nvctk.dra.kube import Kube, NotFound, Retry
+from nvctk.dra.node import make_driver
+from nvctk.dra.server import Plugin
+from nvctk.host import nvml
+from nvctk.k8s.health import Health, XidWatcher
+from nvctk.sim import events, host
+from nvctk.sim.host import SimHost
+from nvctk.sim.topology import make_topology
+from support.apiserver import client_for, running
+from support.drakubelet import FakeDraKubelet, pb
+
+pytestmark = pytest.mark.slow
+
+DRIVER = DEFAULT_DRIVER
+NODE = "node-a"
+HOOK = "/usr/bin/nvctk-hook"
+FAST = Retry(attempts=4, base=0.001, cap=0.01, deadline=30, timeout=5)
+
+
+def claim(name: str, uid: str, results: list[dict[str, Any]], ns: str = "default",
+          config: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A ResourceClaim (resource.k8s.io/v1) as the API server sends it, allocated."""
+    devices: dict[str, Any] = {"results": results}
+    if config is not None:
+        devices["config"] = config
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": ns, "name": name, "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+            "status": {"allocation": {"devices": devices}}}
+
+
+def result(device: str, request: str = "gpu", driver: str = DRIVER, pool: str = NODE,
+           **extra: Any) -> dict[str, Any]:
+    return {"request": request, "driver": driver, "pool": pool, "device": device, **extra}
+
+
+class Node:
+    """One plugin with its fake kubelet and its dirs."""
+
+    def __init__(self, top: Path, sim: SimHost, source: Any, health: bool) -> None:
+        self.plugins_dir, self.registry_dir, self.cdi_dir = (
+            str(top / d) for d in ("plugins", "registry", "cdi"))
+        os.makedirs(self.cdi_dir, exist_ok=True)
+        self.sim = sim
+        self.source = source
+        self.health = Health()
+        self.state_dir = str(top / "state")
+        cfg = Config(driver_root=sim.root, hook_path=HOOK, state_dir=self.state_dir,
+                     authority_key=str(top / "authority.key"))
+        self.cfg = cfg
+        self.host = nvml.query_host(sim.root)
+        self.driver, _, _ = make_driver(DRIVER, NODE, source, self.plugins_dir, self.cdi_dir,
+                                        self.health, cfg=cfg, host=self.host)
+        watcher = XidWatcher(sim.root, self.host, self.health) if health else None
+        self.plugin = Plugin(self.driver, self.health, self.plugins_dir, self.registry_dir,
+                             watcher)
+        self.plugin.start()
+        if watcher is not None:
+            assert watcher.ready.wait(10)
+        self.kubelet = FakeDraKubelet(self.registry_dir)
+        self.kubelet.register(DRIVER)
+
+    def specs(self) -> list[str]:
+        return sorted(os.listdir(self.cdi_dir))
+
+    def stop(self) -> None:
+        self.kubelet.close()
+        self.plugin.stop()
+
+    def unprepare_all(self) -> None:
+        """What a test left prepared (a failed assert): no ledger tmpfs outlives it."""
+        for uid in self.driver.prepared_uids():
+            try:
+                self.driver.unprepare("", "", uid)
+            except NvctkError:
+                pass
+
+
+Start = Callable[..., Node]
+
+
+@pytest.fixture
+def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Start]:
+    made: list[Node] = []
+
+    def go(sim: SimHost, source: Any, health: bool = False, top: Path | None = None) -> Node:
+        # a short path: unix socket paths are limited to 107 bytes
+        n = Node(top or tmp_path_factory.mktemp("dra"), sim, source, health)
+        made.append(n)
+        return n
+
+    yield go
+    for n in made:
+        n.stop()
+        n.unprepare_all()
+    for n in made:
+        # shutdown removes both sockets
+        assert not os.path.exists(n.plugin.endpoint)
+        assert not os.path.exists(n.plugin.reg_path)
+
+
+def _resolve(node: Node, ids: list[str]) -> list[load.Resolved]:
+    return load.resolve(tuple(ids), (node.cdi_dir,))
+
+
+def test_registration(start: Start, sim_host: SimHost) -> None:
+    n = start(sim_host, MemoryClaims())
+    info = n.kubelet.info
+    assert (info.type, info.name) == ("DRAPlugin", DRIVER)
+    assert info.endpoint == os.path.join(n.plugins_dir, DRIVER, "dra.sock")
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert n.plugin.registration.notified.wait(5)
+    assert n.plugin.registration.status.plugin_registered
+    assert os.path.basename(n.plugin.reg_path) == f"{DRIVER}-reg.sock"
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_prepare_whole_gpu_then_unprepare(start: Start, sim_host: SimHost, version: str) -> None:
+    g0, g1 = sim_host.topology.gpus
+    src = MemoryClaims({("ns1", "c1"): claim("c1", "uid-1", [
+        result("gpu-1"),
+        result("gpu-0", driver="other.example.com", pool="elsewhere")])})  # not ours: ignored
+    n = start(sim_host, src)
+    got = n.kubelet.prepare([("ns1", "c1", "uid-1")], version)
+    ans = got["uid-1"]
+    assert ans.error == ""
+    assert [(list(d.request_names), d.pool_name, d.device_name) for d in ans.devices] == [
+        (["gpu"], NODE, "gpu-1")]
+    ids = list(ans.devices[0].cdi_device_ids)
+    assert ids == [f"k8s.{DRIVER}/claim=uid-1-gpu-1"]
+    if version == "v1":
+        assert not ans.devices[0].HasField("share_id")
+    # the spec resolves as a CDI engine resolves it: GPU 1's node, not GPU 0's
+    (r,) = _resolve(n, ids)
+    nodes = [d["path"] for d in r.device["containerEdits"]["deviceNodes"]]
+    assert nodes[0] == "/dev/nvidia1" and "/dev/nvidia0" not in nodes
+    common = [d["path"] for d in r.spec["containerEdits"]["deviceNodes"]]
+    assert "/dev/nvidiactl" in common and "/dev/nvidia0" not in common
+    assert [d["name"] for d in r.spec["devices"]] == ["uid-1-gpu-1"]
+    assert r.spec["containerEdits"]["mounts"], "the driver's files are mounted"
+    assert r.spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+
+    # the kubelet retries: the same answer, from the record, with the API server empty
+    src.claims.clear()
+    again = n.kubelet.prepare([("ns1", "c1", "uid-1")], version)["uid-1"]
+    assert again == ans
+    assert n.kubelet.unprepare([("ns1", "c1", "uid-1")], version) == {"uid-1": ""}
+    assert n.specs() == []
+    assert n.driver.prepared_uids() == []
+    # unprepared already: done
+    assert n.kubelet.unprepare([("ns1", "c1", "uid-1")], version) == {"uid-1": ""}
+    del g0, g1
+
+
+def test_mig_claim_gets_its_mig_device(start: Start, sim_host_mig: SimHost) -> None:
+    g0 = sim_host_mig.topology.gpus[0]
+    m = g0.mig_devices[1]
+    name = f"gpu-0-mig-{m.index}"
+    n = start(sim_host_mig, MemoryClaims({("ns", "m"): claim("m", "uid-m", [result(name)])}))
+    ans = n.kubelet.prepare([("ns", "m", "uid-m")])["uid-m"]
+    assert ans.error == "" and ans.devices[0].device_name == name
+    (r,) = _resolve(n, list(ans.devices[0].cdi_device_ids))
+    nodes = [d["path"] for d in r.device["containerEdits"]["deviceNodes"]]
+    assert "/dev/nvidia0" in nodes and any("nvidia-cap" in p for p in nodes)
+    # it is that MIG device's own capability nodes: another MIG device's differ
+    other = f"gpu-0-mig-{g0.mig_devices[0].index}"
+    n.source.claims[("ns", "o")] = claim("o", "uid-o", [result(other)])
+    ans2 = n.kubelet.prepare([("ns", "o", "uid-o")])["uid-o"]
+    (r2,) = _resolve(n, list(ans2.devices[0].cdi_device_ids))
+    assert r2.device["containerEdits"]["deviceNodes"] != r.device["containerEdits"]["deviceNodes"]
+
+
+def test_two_claims_specs_do_not_conflict(start: Start, sim_host: SimHost) -> None:
+    src = MemoryClaims({("a", "x"): claim("x", "uid-x", [result("gpu-0")], ns="a"),
+                        ("b", "y"): claim("y", "uid-y", [result("gpu-1")], ns="b")})
+    n = start(sim_host, src)
+    got = n.kubelet.prepare([("a", "x", "uid-x"), ("b", "y", "uid-y")])
+    ids = [i for a in got.values() for d in a.devices for i in d.cdi_device_ids]
+    assert len(ids) == 2 and len(_resolve(n, ids)) == 2
+    assert len(n.specs()) == 2
+
+
+BAD = [
+    ("gone", None, "not found"),
+    ("uid", claim("uid", "uid-other", [result("gpu-1")]), "has uid 'uid-other'"),
+    ("unknown", claim("unknown", "uid-unknown", [result("gpu-9")]), "unknown device 'gpu-9'"),
+    ("pool", claim("pool", "uid-pool", [result("gpu-1", pool="node-b")]), "pool 'node-b'"),
+    ("unalloc", {"metadata": {"uid": "uid-unalloc"}}, "not allocated"),
+    ("over", claim("over", "uid-over", [result("gpu-1", shareID="s1",
+                                               consumedCapacity={"memory": "1Ti"})]),
+     "consumedCapacity memory 1Ti is outside"),
+    ("nan", claim("nan", "uid-nan", [result("gpu-1", shareID="s1",
+                                            consumedCapacity={"memory": "lots"})]),
+     "'lots' is not a quantity"),
+    ("migshare", claim("migshare", "uid-migshare", [result("gpu-0-mig-0", shareID="s1",
+                                                        consumedCapacity={"memory": "1Gi"})]),
+     "a share of MIG device gpu-0-mig-0"),
+    ("smname", claim("smname", "uid-smname", [result("gpu-1", shareID="s1",
+                                                    consumedCapacity={"sm": "50"})]),
+     "consumedCapacity 'sm': device gpu-1 has no such capacity"),
+    ("params", claim("params", "uid-params", [result("gpu-1")], config=[
+        {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "Everything"}}}}]), "unknown sharing strategy 'Everything'"),
+    ("vgpu", claim("vgpu", "uid-vgpu", [result("gpu-1")], config=[
+        {"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "VGpu"}}}}]), "consumes no part of device gpu-1"),
+    ("mps", claim("mps", "uid-mps", [result("gpu-1")], config=[
+        {"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS"}}}}]), "MPS is not enforced"),
+    ("excl", claim("excl", "uid-excl", [result("gpu-1", shareID="s1")], config=[
+        {"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "Exclusive"}}}}]), "Exclusive, but device gpu-1"),
+]
+
+
+def test_bad_claims_each_get_their_error_and_touch_nothing(start: Start,
+                                                           sim_host_mig: SimHost) -> None:
+    src = MemoryClaims({("ns", name): c for name, c, _ in BAD if c is not None})
+    src.claims[("ns", "good")] = claim("good", "uid-good", [result("gpu-0")], config=[
+        {"opaque": {"driver": "other.example.com", "parameters": {"anything": 1}}},  # not ours
+        {"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing"}}}}])
+    n = start(sim_host_mig, src)
+    refs = [("ns", name, f"uid-{name}") for name, _, _ in BAD] + [("ns", "good", "uid-good")]
+    got = n.kubelet.prepare(refs)
+    for name, _, why in BAD:
+        err = got[f"uid-{name}"].error
+        assert why in err, (name, err)
+        assert "Traceback" not in err and "internal error" not in err
+        assert not got[f"uid-{name}"].devices
+    assert got["uid-good"].error == "" and got["uid-good"].devices
+    assert n.specs() == [f"k8s.{DRIVER}-claim_uid-good.json"]
+    assert n.driver.prepared_uids() == ["uid-good"]
+    # a uid that is no file name is refused, not used as a path
+    bad = n.kubelet.prepare([("ns", "good", "../../etc/passwd")])["../../etc/passwd"]
+    assert "is not one" in bad.error
+
+
+def test_api_server_down_or_slow_and_unprepare_still_works(start: Start,
+                                                          sim_host: SimHost) -> None:
+    """The official client against the API-server double: a server failing twice is
+    retried (nvctk.dra.kube's back-off); one that stays down is that claim's error; a
+    prepared claim is unprepared without it."""
+    with running() as api:
+        api.add_claim(claim("c", "uid-c", [result("gpu-0")], ns="ns"))
+        api.add_claim(claim("d", "uid-d", [result("gpu-1")], ns="ns"))
+        n = start(sim_host, Kube(client_for(api), FAST))
+        api.fail(2)  # 503, 503, then the claim
+        assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
+        assert n.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
+        # slow: the first read outlasts its timeout and is asked again
+        n.driver.source = Kube(client_for(api), Retry(attempts=4, base=0.001, cap=0.01,
+                                                      deadline=30, timeout=0.5))
+        api.stall(1)
+        assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
+        api.release.set()
+        api.fail(100)  # down for good
+        err = n.kubelet.prepare([("ns", "d", "uid-d")])["uid-d"].error
+        assert "reading ResourceClaim ns/d" in err and "503" in err, err
+        assert n.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
+        assert n.specs() == []
+        api.release.set()
+
+
+def _mount_tmpfs(path: str, opts: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", path], check=True)
+
+
+@pytest.mark.root
+def test_full_or_read_only_cdi_dir(start: Start, sim_host: SimHost,
+                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    top = tmp_path_factory.mktemp("drafull")
+    cdi = str(top / "cdi")
+    _mount_tmpfs(cdi, "size=4k,nr_inodes=8")
+    try:
+        fd = os.open(os.path.join(cdi, "filler"), os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"x" * 1024):
+                pass
+        except OSError:  # full
+            pass
+        finally:
+            os.close(fd)
+        src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-0")])})
+        n = start(sim_host, src, top=top)
+        err = n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error
+        assert "CDI spec for the claim: cannot write" in err and "No space left" in err
+        assert sorted(os.listdir(cdi)) == ["filler"]  # no half-written spec, no temp file
+        assert n.driver.prepared_uids() == []
+        subprocess.run(["mount", "-o", "remount,ro", cdi], check=True)
+        err = n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error
+        assert "Read-only file system" in err
+    finally:
+        subprocess.run(["umount", cdi], check=True)
+
+
+def test_corrupt_record_is_that_claims_error_only(start: Start, sim_host: SimHost) -> None:
+    """A corrupt record: its unprepare says so (naming the file), removes what the claim
+    can have by its uid alone and keeps the record aside; the kubelet's retry then finds
+    the claim done; another claim is untouched; a prepare makes the claim anew."""
+    src = MemoryClaims({("ns", "a"): claim("a", "uid-a", [result("gpu-0")]),
+                        ("ns", "b"): claim("b", "uid-b", [result("gpu-1")])})
+    n = start(sim_host, src)
+    got = n.kubelet.prepare([("ns", "a", "uid-a"), ("ns", "b", "uid-b")])
+    assert not got["uid-a"].error and not got["uid-b"].error
+    rec = n.driver.records.path("uid-a")
+    with open(rec, "wb") as f:
+        f.write(b'{"v": 1, "uid": ')
+    out = n.kubelet.unprepare([("ns", "a", "uid-a"), ("ns", "b", "uid-b")])
+    assert out["uid-b"] == ""
+    assert out["uid-a"] == (f"{rec}: corrupt (not JSON): the claim's CDI spec and vGPU ledger "
+                            f"(named by its uid) are removed; the record is kept as "
+                            f"{rec}.corrupt")
+    assert n.specs() == [] and os.path.exists(rec + ".corrupt")
+    assert n.kubelet.unprepare([("ns", "a", "uid-a")]) == {"uid-a": ""}
+    # a prepare over a record of another version makes the claim anew
+    with open(rec, "wb") as f:
+        f.write(b'{"v": 7}')
+    assert n.kubelet.prepare([("ns", "a", "uid-a")])["uid-a"].error == ""
+    assert n.driver.records.load("uid-a") is not None
+
+
+@pytest.mark.root
+def test_restart_between_prepare_and_unprepare_loses_nothing(
+        start: Start, sim_host: SimHost, tmp_path_factory: pytest.TempPathFactory) -> None:
+    top = tmp_path_factory.mktemp("drarestart")
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")]),
+                        ("ns", "s"): claim("s", "uid-s", [result(
+                            "gpu-0", shareID="a", consumedCapacity={"memory": "2Gi"})])})
+    refs = [("ns", "c", "uid-c"), ("ns", "s", "uid-s")]
+    n = start(sim_host, src, top=top)
+    first = n.kubelet.prepare(refs)
+    ledger = n.driver.ledger_path("uid-s")
+    n.stop()
+    src.claims.clear()  # and the API server is gone too
+    n2 = start(sim_host, MemoryClaims(), top=top)
+    assert n2.kubelet.prepare(refs) == first
+    assert os.path.isfile(os.path.join(ledger, "limits"))  # the share's ledger kept
+    assert n2.kubelet.unprepare(refs) == {"uid-c": "", "uid-s": ""}
+    assert n2.specs() == [] and n2.driver.prepared_uids() == []
+    assert not os.path.exists(ledger)
+
+
+def test_a_record_from_another_boot_is_prepared_again(start: Start, sim_host: SimHost) -> None:
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")])})
+    n = start(sim_host, src)
+    n.kubelet.prepare([("ns", "c", "uid-c")])
+    rec = n.driver.records.load("uid-c")
+    assert rec is not None and rec.boot_id == n.driver.boot_id != ""
+    n.driver.boot_id = "another-boot"
+    src.claims[("ns", "c")] = claim("c", "uid-c", [result("gpu-0")])  # reallocated since
+    ans = n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"]
+    assert ans.devices[0].device_name == "gpu-0"
+
+
+def test_two_plugins_on_one_node(start: Start, sim_host: SimHost) -> None:
+    n = start(sim_host, MemoryClaims())
+    p2 = Plugin(n.driver, Health(), n.plugins_dir, n.registry_dir)
+    with pytest.raises(NvctkError, match=r"another DRA plugin for gpu.nvctk.io runs on this "
+                       rf"node \(pid {os.getpid()} holds"):
+        p2.start()
+    # the first is untouched: still answering
+    assert n.kubelet.unprepare([("ns", "x", "uid-x")]) == {"uid-x": ""}
+
+
+@pytest.fixture(scope="module")
+def sim_xid(tmp_path_factory: pytest.TempPathFactory) -> SimHost:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the simulated host has device nodes)")
+    return host.init(str(tmp_path_factory.mktemp("drasim") / "h"),
+                     make_topology(gpus=2, mig={0: ["3g.40gb"]}))
+
+
+def test_fatal_xid_makes_the_device_unhealthy(start: Start, sim_xid: SimHost) -> None:
+    sim = sim_xid
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")])})
+    n = start(sim, src, health=True)
+    n.kubelet.watch_health()
+    H = pb.health
+    first = n.kubelet.wait_health(lambda h: True)
+    assert set(first) == {"gpu-0", "gpu-0-mig-0", "gpu-1"}
+    assert {v[0] for v in first.values()} == {H.HEALTHY}
+    events.inject_xid(sim.root, 1, 13)  # an application's fault: ignored
+    events.inject_xid(sim.root, 1, 79)  # fallen off the bus
+    got = n.kubelet.wait_health(lambda h: h["gpu-1"][0] == H.UNHEALTHY)
+    uuid = sim.topology.gpus[1].uuid
+    assert got["gpu-1"] == (H.UNHEALTHY, f"XID 79 on {uuid}")
+    assert got["gpu-0"] == (H.HEALTHY, "") and got["gpu-0-mig-0"] == (H.HEALTHY, "")
+    err = n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error
+    assert "device gpu-1 is unhealthy" in err
+
+
+def test_driver_needs_no_grpc(sim_host: SimHost, tmp_path: Path) -> None:
+    """The logic is plain Python (what bench/dra_prepare.py drives too)."""
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-0")])})
+    d, _, _ = make_driver(DRIVER, NODE, src, str(tmp_path / "p"), str(tmp_path / "cdi"),
+                          Health(), cfg=Config(driver_root=sim_host.root, hook_path=HOOK))
+    assert isinstance(d, Driver)
+    assert [x.device for x in d.prepare("ns", "c", "uid-c")] == ["gpu-0"]
+    with pytest.raises(NotFound):
+        src.get_claim("ns", "nope", 1)
+
+
+@pytest.mark.root
+def test_a_share_gets_one_ledger_for_the_claim_and_a_grant(start: Start,
+                                                           sim_host: SimHost) -> None:
+    """A 2 GiB, 25 % share of GPU 0: the claim's ledger (a tmpfs of its own: limits,
+    cache) holds its caps; the spec only asks nvctk-runtime for the GPU, with the node's
+    grant (MAC'd by the authority key) naming that ledger; unprepare removes both."""
+    from nvctk.vgpu import authority
+    from nvctk.vgpu import limits as vgpu
+    from nvctk.vgpu.gc import mount
+
+    g0 = sim_host.topology.gpus[0]
+    src = MemoryClaims({("ns", "s"): claim("s", "uid-s", [result(
+        "gpu-0", shareID="7c1e", consumedCapacity={"memory": "2Gi", "smShare": "25"})])})
+    n = start(sim_host, src)
+    ans = n.kubelet.prepare([("ns", "s", "uid-s")])["uid-s"]
+    assert ans.error == ""
+    (d,) = ans.devices
+    assert (d.device_name, d.share_id) == ("gpu-0", "7c1e")
+    (r,) = _resolve(n, list(d.cdi_device_ids))
+    edits = r.device["containerEdits"]
+    assert "deviceNodes" not in edits and "deviceNodes" not in r.spec.get("containerEdits", {})
+    env = dict(e.split("=", 1) for e in edits["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == g0.uuid
+    grant = authority.dra_grant(env)
+    assert grant is not None and grant[0] == "nvctk.io/vgpu.dra.uid-s"
+    key = authority.load_key(n.cfg.authority_key)
+    assert authority.shares(dict([grant]), key, n.cfg.authority_key) == {
+        g0.uuid: (2 << 30, 25)}
+    ledger = os.path.join(n.state_dir, "dra", "uid-s")
+    assert authority.dra_ledger(grant[0], n.state_dir) == ledger
+    assert any(m.mount_point == ledger and m.fstype == "tmpfs"
+               for m in mount.read_mountinfo())
+    got = vgpu.read_limits_file(os.path.join(ledger, "limits"), 1)
+    assert (got.memory, got.sm) == ((2 << 30,), (25,))
+    assert os.path.getsize(os.path.join(ledger, "cache")) == vgpu.SHM_SIZE
+    # a forged grant (another cap) does not verify
+    forged = (grant[0], grant[1].replace(str(2 << 30), str(40 << 30)))  # type: ignore[union-attr]
+    with pytest.raises(Exception, match="MAC does not verify"):
+        authority.shares(dict([forged]), key, n.cfg.authority_key)
+    assert n.kubelet.unprepare([("ns", "s", "uid-s")]) == {"uid-s": ""}
+    assert not os.path.exists(ledger) and n.specs() == []
+    assert not any(m.mount_point == ledger for m in mount.read_mountinfo())
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.root
+def test_200_prepare_unprepare_cycles_leak_nothing(start: Start, sim_host: SimHost) -> None:
+    """A whole-GPU claim and a share (its ledger a tmpfs) prepared and unprepared 200
+    times over the sockets: no file, mount, fd, thread or child process is left."""
+    from nvctk.vgpu.gc import mount
+
+    src = MemoryClaims({
+        ("ns", "w"): claim("w", "uid-w", [result("gpu-1")]),
+        ("ns", "s"): claim("s", "uid-s", [result("gpu-0", shareID="a", consumedCapacity={
+            "memory": "2Gi"})])})
+    n = start(sim_host, src)
+    refs = [("ns", "w", "uid-w"), ("ns", "s", "uid-s")]
+    # one round first: gRPC's and the key's one-time state is not a leak
+    n.kubelet.prepare(refs)
+    n.kubelet.unprepare(refs)
+    top = os.path.dirname(n.cdi_dir)
+
+    def mounts() -> list[str]:
+        return [m.mount_point for m in mount.read_mountinfo() if m.mount_point.startswith(top)]
+
+    fds, threads = _fds(), len(os.listdir("/proc/self/task"))
+    children = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
+                              text=True).stdout.split()
+    for _ in range(200):
+        got = n.kubelet.prepare(refs)
+        assert [a.error for a in got.values()] == ["", ""]
+        assert len(mounts()) == 1  # the share's ledger while prepared
+        assert n.kubelet.unprepare(refs) == {"uid-w": "", "uid-s": ""}
+    assert n.specs() == [] and n.driver.prepared_uids() == []
+    assert os.listdir(os.path.join(n.state_dir, "dra")) == []
+    assert mounts() == []
+    assert _fds() == fds
+    # gRPC's worker pools start threads as calls come, up to their bound (8 a server)
+    assert len(os.listdir("/proc/self/task")) <= threads + 2 * 8
+    assert subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
+                          text=True).stdout.split() == children

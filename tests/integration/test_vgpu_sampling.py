@@ -1,0 +1,50 @@
+"""Which SM-limited launches are timed by CUDA events (issue 29): a random few, never
+systematically the first launch of each burst. Programs launch in bursts with host work
+between them; timing the first launch of every burst (as "the first of a key in each
+coarse tick" did) cost two event records per burst. Judged by the library's own count of
+timed launches (its statistics at exit), not by wall time."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libvgpu" / "tests"))
+import harness as H
+
+from support.libvgpu import CU_PRELUDE, driver_of
+
+BURSTS = r"""
+bursts, size = int(sys.argv[1]), int(sys.argv[2])
+for _ in range(bursts):
+    time.sleep(0.003)  # host work between bursts: longer than a coarse-clock tick
+    for _ in range(size):
+        ok("cuLaunchKernel", fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+"""
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> H.Driver:
+    return driver_of(tmp_path_factory, "vgpu-sampling")
+
+
+@pytest.mark.parametrize("size", [1, 10])
+def test_the_first_launch_of_each_burst_is_not_systematically_timed(size: int, driver: H.Driver,
+                                                                    tmp_path: Path) -> None:
+    bursts = 300
+    env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="0", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT="50",
+                     CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB),
+                     LIBVGPU_LOG_LEVEL="debug", PYTHONPATH=os.pathsep.join(sys.path))
+    cp = subprocess.run([sys.executable, "-c", CU_PRELUDE + BURSTS, str(bursts), str(size)], env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    m = re.search(r"sm: (\d+) launches timed, (\d+) charged their estimate", cp.stderr)
+    assert m, cp.stderr[-2000:]
+    timed = int(m.group(1))
+    # a new shape is timed often at first (a half, halving every 4 samples): ~40 in all here
+    assert timed < bursts // 4, f"{timed} of {bursts * size} launches timed in {bursts} bursts of {size}"

@@ -1,0 +1,115 @@
+"""The DRA plugin's pure parts: quantities, a claim's results and parameters checked
+(nvctk.dra.claims), the prepared-claims record read back (nvctk.dra.record)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from nvctk.dra import claims, record
+from nvctk.dra.devices import node_devices
+from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
+
+MIG = MigInfo(1, "MIG-aaaa", 1, 0, "1g.10gb", 9856)
+HOST = HostInfo("550.54.15", "12.4", (
+    GpuInfo(0, "GPU-0000", "NVIDIA H100", 0, "00000000:17:00.0", 81559, "9.0", "nvidia", False),
+    GpuInfo(1, "GPU-1111", "NVIDIA A100", 1, "00000000:2a:00.0", 40960, "8.0", "nvidia", True,
+            (MIG,))))
+DEVICES = node_devices(HOST)
+DRIVER = "gpu.nvctk.io"
+
+
+@pytest.mark.parametrize("text, value", [
+    ("2Gi", 2 << 30), ("2147483648", 2 << 30), ("1.5Gi", 3 << 29), ("500m", Decimal("0.5")),
+    ("1e3", 1000), ("2k", 2000), ("25", 25), (7, 7), ("+3Mi", 3 << 20),
+])
+def test_quantities(text: Any, value: Any) -> None:
+    assert claims.parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["lots", "", "1.2.3", "2GiB", "Gi", True, None, 1.5, "--1"])
+def test_not_quantities(text: Any) -> None:
+    with pytest.raises(ValueError, match="is not a quantity"):
+        claims.parse_quantity(text)
+
+
+def test_device_names_and_capacities() -> None:
+    assert list(DEVICES) == ["gpu-0", "gpu-1", "gpu-1-mig-1"]
+    assert DEVICES["gpu-1-mig-1"].capacity == {"memory": 9856 << 20, "smShare": 100}
+
+
+def a_claim(*results: dict[str, Any], config: list[Any] | None = None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"results": list(results)}
+    if config is not None:
+        devices["config"] = config
+    return {"metadata": {"uid": "u"}, "status": {"allocation": {"devices": devices}}}
+
+
+def r(device: str, **kw: Any) -> dict[str, Any]:
+    return {"request": "gpu", "driver": DRIVER, "pool": "n", "device": device, **kw}
+
+
+def test_results_of_this_driver_only_with_their_shares() -> None:
+    got = claims.results(a_claim(
+        r("gpu-0", shareID="s", consumedCapacity={"memory": "2Gi", "smShare": "30"}),
+        {"request": "nic", "driver": "nic.example.com", "pool": "x", "device": "eth0"},
+        r("gpu-1-mig-1")), DRIVER, "n", DEVICES)
+    assert [(x.device.name, x.share_id, x.consumed, x.partial) for x in got] == [
+        ("gpu-0", "s", {"memory": 2 << 30, "smShare": 30}, True),
+        ("gpu-1-mig-1", None, {}, False)]
+
+
+def test_the_whole_device_consumed_is_no_share() -> None:
+    (x,) = claims.results(a_claim(r("gpu-0", consumedCapacity={"memory": "81559Mi"})),
+                          DRIVER, "n", DEVICES)
+    assert not x.partial
+
+
+def test_a_claims_config_applies_per_request_and_later_wins() -> None:
+    p = {"apiVersion": claims.PARAMS_API_VERSION, "kind": claims.PARAMS_KIND}
+    got = claims.strategies(a_claim(config=[
+        {"opaque": {"driver": DRIVER, "parameters": {**p, "sharing": {"strategy": "Exclusive"}}}},
+        {"requests": ["gpu"], "opaque": {"driver": DRIVER,
+                                         "parameters": {**p, "sharing": {"strategy": "VGpu"}}}},
+        {"opaque": {"driver": "other", "parameters": "anything"}}]), DRIVER)
+    assert got == {None: "Exclusive", "gpu": "VGpu"}
+
+
+@pytest.mark.parametrize("params, why", [
+    ("x", "parameters must be an object"),
+    ({"apiVersion": "v1", "kind": "GpuConfig"}, "want apiVersion gpu.nvctk.io/v1"),
+    ({"apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig", "extra": 1}, "unknown field 'extra'"),
+    ({"apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig", "sharing": "VGpu"},
+     "sharing must be"),
+])
+def test_bad_parameters(params: Any, why: str) -> None:
+    with pytest.raises(claims.ClaimError, match=why):
+        claims.strategies(a_claim(config=[{"opaque": {"driver": DRIVER, "parameters": params}}]),
+                          DRIVER)
+
+
+def test_record_round_trip() -> None:
+    rec = record.Prepared("ns", "c", "u-1", "/var/run/cdi/x.json", (
+        record.PreparedDevice(("gpu",), "n", "gpu-0", ("k/claim=u-1-gpu-0",), "s"),),
+        "boot", "/run/nvctk/dra/u-1")
+    assert record.parse(rec.to_json(), "f") == rec
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"{", r"corrupt \(not JSON\)"),
+    (b'{"v": 2}', "not a version 1 record"),
+    (b'[1]', "not a version 1 record"),
+    (b'{"v": 1, "devices": []}', "fields missing"),
+    (b'{"v": 1}', "no device list"),
+])
+def test_corrupt_records(data: bytes, why: str) -> None:
+    with pytest.raises(record.RecordError, match=why):
+        record.parse(data, "f")
+
+
+@pytest.mark.parametrize("uid", ["", "../x", "a/b", ".hidden", "x" * 200])
+def test_a_uid_that_is_no_file_name(uid: str) -> None:
+    with pytest.raises(record.RecordError):
+        record.check_uid(uid)
