@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--phase", choices=PHASES, default=None,
         help="parallel: leave out the tests marked exclusive (for pytest -n); exclusive: "
              "only those (run alone). `make test` runs both (tests/README.md).")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # an xdist worker runs as `python -c`: in-process code that looks for nvctk's
+    # executables beside sys.argv[0] (nvctk.host.paths.find_hook) gets what plain pytest
+    # gives it, the venv's bin dir
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        sys.argv[0] = os.path.join(os.path.dirname(sys.executable), "pytest")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
