@@ -56,8 +56,18 @@ integration: setup
 e2e: setup
 	$(VENV)/bin/pytest tests/e2e $(PYTEST_ARGS)
 
+# two phases (tests/README.md): every test not marked exclusive on $(TEST_WORKERS) xdist
+# workers (a test file stays on one worker: its module fixtures are built once), then the
+# exclusive ones alone. Fails if either fails; a phase with nothing to run (pytest's 5) is
+# no failure.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	@rc=0; \
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --phase parallel $(PYTEST_ARGS) || \
+	  { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	$(VENV)/bin/pytest --phase exclusive $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	if [ $$rc != 0 ]; then echo "make test: FAILED (a phase's pytest exited $$rc)" >&2; fi; \
+	exit $$rc
 
 demo: setup
 	$(PY) -m nvctk.sim.demo

@@ -14,6 +14,9 @@ Containers:
                    builds a busybox + glibc rootfs under tmp_path and returns its path;
                    with_sample=True copies sim_host's cuda-vectoradd to
                    /usr/local/bin/cuda-vectoradd (see nvctk.sim.rootfs).
+Packages:
+    built_deb      session-scoped: packaging/deb/build.sh's .deb, built once per run (all
+                   xdist workers share it: support/packages.py); copy it before writing beside it.
 CLI:
     run_nvctk      run_nvctk(*args, env=None, config=None) -> CompletedProcess (text),
                    runs the installed `nvctk` console script; config=PATH sets NVCTK_CONFIG.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,9 +38,39 @@ from nvctk.runtime import passthrough
 from nvctk.sim import host
 from nvctk.sim.rootfs import build_rootfs
 from nvctk.sim.topology import make_topology
+from support import packages
 from support.exe import nvctk_exe
 
 MIG_LAYOUT = {0: ["3g.40gb", "2g.20gb", "1g.10gb"]}
+
+
+PHASES = ("parallel", "exclusive")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--phase", choices=PHASES, default=None,
+        help="parallel: leave out the tests marked exclusive (for pytest -n); exclusive: "
+             "only those (run alone). `make test` runs both (tests/README.md).")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # an xdist worker runs as `python -c`: in-process code that looks for nvctk's
+    # executables beside sys.argv[0] (nvctk.host.paths.find_hook) gets what plain pytest
+    # gives it, the venv's bin dir
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        sys.argv[0] = os.path.join(os.path.dirname(sys.executable), "pytest")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    phase = config.getoption("--phase")
+    if phase is None:
+        return
+    want = phase == "exclusive"
+    keep = [i for i in items if (i.get_closest_marker("exclusive") is not None) == want]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
 
 
 def _need_root() -> None:
@@ -70,6 +104,11 @@ def sim_host_mig(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
     return host.init(
         str(tmp_path_factory.mktemp("simmig") / "host"), make_topology(gpus=2, mig=MIG_LAYOUT)
     )
+
+
+@pytest.fixture(scope="session")
+def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return packages.built_deb(packages.run_dir(tmp_path_factory))
 
 
 @pytest.fixture

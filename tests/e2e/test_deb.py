@@ -24,6 +24,7 @@ import pytest
 
 from support import wait
 from support.daemons import Containerd, containerd
+from support.packages import VERSION
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,10 +32,6 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-VERSION = next(
-    line.split('"')[1] for line in (REPO / "pyproject.toml").read_text().splitlines()
-    if line.startswith("version = ")
-)
 # A step runs in a private mount namespace whose root is the Debian root (pivot_root,
 # not chroot: the hook joins the container's mount namespace, and setns() gives it
 # that namespace's root, which a chroot would not change), with /proc, /sys
@@ -87,17 +84,10 @@ def _tree(root: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The package built from this tree (NVCTK_TEST_DEB: one built already, e.g. by make deb)."""
-    out = tmp_path_factory.mktemp("deb")
-    given = os.environ.get("NVCTK_TEST_DEB")
-    if given:
-        return Path(shutil.copy(given, out))
-    r = _run(["bash", str(REPO / "packaging" / "deb" / "build.sh"), str(out)], timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    (path,) = out.glob("nvctk_*.deb")
-    assert path.name == f"nvctk_{VERSION}_{_run(['dpkg', '--print-architecture']).stdout.strip()}.deb"
-    return path
+def deb(built_deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package built from this tree (once per run: support/packages.py), copied to a dir
+    of this module's (the image is built beside it)."""
+    return Path(shutil.copy(built_deb, tmp_path_factory.mktemp("deb")))
 
 
 def _base(variant: str) -> Path:

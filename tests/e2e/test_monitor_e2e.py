@@ -154,6 +154,7 @@ def prometheus(monitor: Monitor, tmp_path_factory: pytest.TempPathFactory) -> It
     p.stop()
 
 
+@pytest.mark.exclusive  # an SM share over wall time
 def test_prometheus_series_match_the_simulated_gpu(node: Node, prometheus: Prometheus) -> None:
     n = len(node.expect)
     wait_until(lambda: len(prometheus.query("nvctk_container_memory_used_bytes")) == n

@@ -26,7 +26,8 @@ from nvctk.sim.host import SimHost
 from support.daemons import umount_below
 from support.podman import private_podman
 
-pytestmark = [pytest.mark.slow, pytest.mark.root]
+# exclusive: podman reads every spec in the host's /var/run/cdi
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.exclusive]
 
 SPEC_DIR = Path("/var/run/cdi")
 IMAGE = "localhost/nvctk-cdi-test:latest"

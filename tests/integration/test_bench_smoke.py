@@ -20,6 +20,7 @@ NCT = REPO.parent / "shared" / "peers" / "nct"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.exclusive,  # a benchmark; compares the host's whole mount table
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (containers, mounts)"),
 ]
 

@@ -147,6 +147,7 @@ def test_kind_mismatch_is_an_error(rootfs: Path) -> None:
     assert e.value.errno == errno.EISDIR
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 def test_magic_links_refused(rootfs: Path, canary: Path, host_table: None) -> None:
     os.symlink(f"/proc/self/root{canary}/dir", rootfs / "usr/lib/x86_64-linux-gnu")
     os.symlink("/proc/1/root/", rootfs / "etc/escape")
@@ -169,6 +170,7 @@ def test_magic_links_refused(rootfs: Path, canary: Path, host_table: None) -> No
 
 
 # --- mounts -------------------------------------------------------------------------
+@pytest.mark.exclusive  # compares the host's whole mount table
 def test_bind_onto_fd_tmpfs_mask_and_undo(rootfs: Path, tmp_path: Path, host_table: None) -> None:
     src = tmp_path / "libcuda.so.550.54.15"
     src.write_text("driver\n")
@@ -212,6 +214,7 @@ def test_bind_onto_fd_tmpfs_mask_and_undo(rootfs: Path, tmp_path: Path, host_tab
     in_private_ns(body)
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 def test_shared_rootfs_mount_made_slave(tmp_path: Path, host_table: None) -> None:
     """A rootfs on a mount shared with the 'host' must not leak mounts back to it."""
     base = tmp_path / "shared"
@@ -292,6 +295,7 @@ def test_own_mount_ids() -> None:
     assert m.own_mount_ids(infos, "/c/rootfs", 11) == {10, 11, 12}
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 def test_no_create_on_a_bound_host_dir(rootfs: Path, tmp_path: Path, host_table: None) -> None:
     host = tmp_path / "host"
     (host / "sub").mkdir(parents=True)
@@ -317,6 +321,7 @@ def test_no_create_on_a_bound_host_dir(rootfs: Path, tmp_path: Path, host_table:
     in_private_ns(body)
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 def test_pin_and_ensure_exact(rootfs: Path, canary: Path, host_table: None) -> None:
     (rootfs / "run").mkdir()
     (rootfs / "etc/ld.so.preload").symlink_to(str(canary / "file"))

@@ -74,6 +74,7 @@ def setup(sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path
     return make
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 def test_hook_mounts_links_masks_and_ldconfig(setup: Callable[..., tuple[Bundle, str]],
                                               sim_host: SimHost, host_table: None) -> None:
     bundle, root = setup()
@@ -228,6 +229,7 @@ def _importer_chain(imports: list[tuple[int, str]], i: int) -> list[str]:
     return chain
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]],
                                          sim_host: SimHost, host_table: None) -> None:
     """The whole prestart path (state, plan, mounts, mask, ldconfig) run by the real
@@ -260,6 +262,7 @@ def test_hook_imports_only_cheap_modules(setup: Callable[..., tuple[Bundle, str]
         "\n".join(slow)
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 @pytest.mark.parametrize(("lib", "cap"), [("libcuda", "compute"), ("libnvidia-ml", "utility")])
 def test_missing_required_library_fails_naming_it(setup: Callable[..., tuple[Bundle, str]],
                                                   sim_host: SimHost, host_table: None,
@@ -291,6 +294,7 @@ def test_missing_optional_file_is_skipped(setup: Callable[..., tuple[Bundle, str
     assert "skip /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1" in bundle.log_text()
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 def test_failure_undoes_mounts(setup: Callable[..., tuple[Bundle, str]],
                                sim_host: SimHost, host_table: None) -> None:
     # the last mount's destination is a directory in the image: step mount fails there
@@ -320,6 +324,7 @@ def test_state_root_from_crun_and_relative_root(setup: Callable[..., tuple[Bundl
         assert mounts_under(pid, root)
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 def test_refuses_the_host_mount_namespace(setup: Callable[..., tuple[Bundle, str]],
                                           host_table: None) -> None:
     bundle, _ = setup()
@@ -364,6 +369,7 @@ def test_elf_interpreter() -> None:
         os.close(fd)
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 def test_without_a_saved_plan_the_hook_decides_nothing(
         sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path, host_table: None) -> None:
     """A spec that names the hook but has no nvctk-edits.json (edited by hand, or a

@@ -140,6 +140,7 @@ def _poisoned(case: str) -> str:
     raise AssertionError(case)
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hostile_links_stay_inside(case: str, sim_host: SimHost, rootfs: Callable[..., str],
                                    canary: Path, tmp_path: Path, host_table: None,
@@ -175,6 +176,7 @@ def _dynamic_true(root: Path) -> str:
     return "/usr/bin/dyn-true"
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 @pytest.mark.slow
 def test_runc_ld_preload_runs_only_inside(sim_host: SimHost, rootfs: Callable[..., str],
                                           tmp_path: Path, canary_lib: tuple[str, str],
@@ -200,6 +202,7 @@ def test_runc_ld_preload_runs_only_inside(sim_host: SimHost, rootfs: Callable[..
         assert exe == prog
 
 
+@pytest.mark.exclusive  # compares the host's whole mount table
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["ld.so.cache-proc-1-root", "libdir-absolute", "etc-absolute"])
 def test_runc_hostile_rshared(case: str, sim_host: SimHost, rootfs: Callable[..., str],

@@ -50,6 +50,7 @@ def _devices(snap, cid):  # type: ignore[no-untyped-def]
     return c
 
 
+@pytest.mark.exclusive  # an SM share over wall time
 def test_snapshot_matches_the_simulated_gpu(node: Node) -> None:
     """Memory within 1 MiB and SM share within 5 points of the sim's counters, for
     several capped containers on one GPU (one idle), a whole GPU and a MIG device."""

@@ -16,6 +16,7 @@ BENCH = REPO / "bench" / "monitor.py"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.exclusive,  # a benchmark (times and memory of the whole run)
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, cgroups)"),
 ]
 

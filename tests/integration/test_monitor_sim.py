@@ -83,6 +83,7 @@ def test_processes_in_pid_namespaces_are_listed_by_host_pid(sim: host.SimHost,
     assert got == want
 
 
+@pytest.mark.exclusive  # utilization over wall time
 def test_process_utilization_since_a_timestamp(sim: host.SimHost, probes: list[Probe]) -> None:
     busy = Probe(sim, "init", "ctx", "1", "launchfor", "1.5", own_ns=False)
     probes.append(busy)

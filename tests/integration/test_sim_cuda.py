@@ -881,6 +881,7 @@ def test_zero_time_kernels_are_counted_with_no_busy_time(sim: Sim, state_file: P
     assert out == [2000, 0]
 
 
+@pytest.mark.exclusive  # bounds call and wait times
 def test_async_launches_complete_later(sim: Sim, state_file: Path) -> None:
     """NVSIM_ASYNC=1: launches return at once; events complete, and are
     stamped, when the stream reaches them."""

@@ -412,6 +412,7 @@ def test_hidden_limits_file_fails_closed(driver: H.Driver, tmp_path: Path) -> No
     assert "/run/nvctk/vgpu/limits is missing" in cp.stderr
 
 
+@pytest.mark.exclusive  # bounds an elapsed time
 @pytest.mark.slow
 def test_ledger_lock_held_forever_fails_closed(driver: H.Driver, tmp_path: Path) -> None:
     """A container process holding the ledger's flock forever (it can: flock

@@ -320,6 +320,7 @@ def test_devices_beyond_the_table_fail_closed(tmp_path: Path, work: Path) -> Non
 
 # ---- SM share: no floor outlives its handle ------------------------------------------------
 
+@pytest.mark.exclusive  # an SM share over wall time
 @pytest.mark.slow
 def test_graph_floor_is_not_inherited_by_a_new_exec(tmp_path: Path) -> None:
     """Learn a 1-node exec's floor, destroy it, instantiate a 50-node exec (the

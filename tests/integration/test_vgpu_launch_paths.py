@@ -20,6 +20,9 @@ import harness as H
 from nvctk.sim.state import read_state
 from support.libvgpu import CU_PRELUDE, LAUNCH_FOR, driver_of, loop_share
 
+# shares measured over wall-clock windows: run alone (tests/README.md)
+pytestmark = pytest.mark.exclusive
+
 MIB = H.MIB
 LIMIT = 25
 

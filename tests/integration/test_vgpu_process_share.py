@@ -22,6 +22,9 @@ import harness as H
 from nvctk.sim.state import read_state
 from support.libvgpu import driver_of
 
+# shares measured over wall-clock windows: run alone (tests/README.md)
+pytestmark = pytest.mark.exclusive
+
 LIMIT = 25
 
 

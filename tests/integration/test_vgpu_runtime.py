@@ -401,6 +401,7 @@ kill $holder
     assert not os.path.exists(vgpu_state.state_dir_for(config, str(runc.root), runc.ids[-1]))
 
 
+@pytest.mark.exclusive  # free space of a shared file system
 @pytest.mark.slow
 def test_accounting_dir_is_a_bounded_tmpfs(runc: Runc, bundles: Bundles,
                                            config: nvconfig.Config) -> None:

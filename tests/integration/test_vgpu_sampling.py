@@ -33,6 +33,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> H.Driver:
     return driver_of(tmp_path_factory, "vgpu-sampling")
 
 
+@pytest.mark.exclusive  # what is sampled depends on the time between bursts
 @pytest.mark.parametrize("size", [1, 10])
 def test_the_first_launch_of_each_burst_is_not_systematically_timed(size: int, driver: H.Driver,
                                                                     tmp_path: Path) -> None:

@@ -19,6 +19,9 @@ import harness as H
 from nvctk.sim.state import read_state
 from support.libvgpu import CU_PRELUDE, LAUNCH_FOR, loop_share
 
+# shares measured over wall-clock windows: run alone (tests/README.md, exclusive)
+pytestmark = pytest.mark.exclusive
+
 WARMUP, WINDOW = 1.5, 11.0
 
 

@@ -23,7 +23,7 @@ import harness as H
 
 from support.libvgpu import CU_PRELUDE, loop_share
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]  # shares over wall-clock windows
 
 SWITCH_LOOP = r"""
 import ctypes as C, sys, threading, time

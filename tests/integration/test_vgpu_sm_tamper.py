@@ -25,7 +25,8 @@ import harness as H
 from nvctk.sim.state import read_state
 from nvctk.vgpu import ledger
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (device nodes)"), pytest.mark.slow]
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (device nodes)"), pytest.mark.slow,
+              pytest.mark.exclusive]  # shares over wall-clock windows
 
 LIMIT = 25
 
