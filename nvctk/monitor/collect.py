@@ -252,7 +252,7 @@ class Collector:
         # holds no GPU work of anyone's: never a share
         containers = [c for c in self.discovery.scan(self.host, self.problem)
                       if (c.init_pid, c.init_start) not in self._own]
-        resources: dict[tuple[str, str, str], list[tuple[str, list[str]]]] = {}
+        resources: dict[tuple[str, str, str], Any] = {}  # podresources.Assigned by key
         if self.podres is not None:
             try:
                 resources = self.podres.list()
@@ -275,11 +275,11 @@ class Collector:
         for c in containers:
             # what it asked for, for its whole life: its neighbours change nvctk_gpu_shares,
             # never its own series
+            got = resources.get((c.namespace, c.pod, c.k8s_container))
             cs = ContainerSample(id=c.id, name=c.name, kind=c.base_kind, runtime_root=c.runtime_root,
                                  namespace=c.namespace, pod=c.pod, container=c.k8s_container,
                                  pod_uid=c.pod_uid,
-                                 resource=",".join(sorted({r for r, _ in resources.get(
-                                     (c.namespace, c.pod, c.k8s_container), [])})))
+                                 resource=got.resource if got else "", claim=got.claim if got else "")
             used_gpu: set[int] = set()
             for i, d in enumerate(c.devices):
                 # a container's processes on a GPU count once, on its first device there
