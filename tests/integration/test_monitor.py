@@ -23,7 +23,7 @@ import pytest
 
 from nvctk.monitor.collect import Collector
 from nvctk.monitor.containers import Discovery, load_container
-from support.monitor import MIB, Node, serving, sim_counts, standard_containers
+from support.monitor import MIB, FakePodResources, Node, serving, sim_counts, standard_containers
 
 # every test here shares a node of real runc containers (seconds to start): all slow;
 # tests/unit/test_monitor_parts.py has the quick ones
@@ -300,38 +300,6 @@ def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:
         assert abs(by_id[cid].devices[0].memory_used - counts.mem[cid]) <= MIB
     g = next(x for x in snap.gpus if x.uuid == g1.uuid)
     assert g.shares == 3
-
-
-class FakePodResources:
-    """The kubelet's pod-resources service (v1.PodResourcesLister/List) on a unix socket,
-    built from the monitor's own descriptor: the answers a kubelet gives."""
-
-    def __init__(self, sock: Path, pods: list[dict[str, object]]) -> None:
-        from concurrent import futures
-
-        import grpc
-        from google.protobuf import json_format
-
-        from nvctk.monitor.podresources import messages
-
-        req, resp = messages()
-        answer = json_format.ParseDict({"pod_resources": pods}, resp())
-        self.calls = 0
-
-        def list_(request: object, context: object) -> object:
-            self.calls += 1
-            return answer
-
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            "v1.PodResourcesLister", {"List": grpc.unary_unary_rpc_method_handler(
-                list_, request_deserializer=req.FromString,
-                response_serializer=resp.SerializeToString)}),))
-        self.server.add_insecure_port(f"unix://{sock}")
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop(None)
 
 
 def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
