@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvctk.base.errors import literal
 from nvctk.hook.served import parent_of
@@ -25,6 +25,9 @@ from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
 from nvctk.monitor.containers import DEFAULT_RUNTIME_ROOTS, Container, Discovery, proc_start
 from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
+
+if TYPE_CHECKING:  # grpc is imported only with --pod-resources-socket
+    from nvctk.monitor.podresources import Assigned
 
 log = logging.getLogger("nvctk.monitor")
 
@@ -252,7 +255,7 @@ class Collector:
         # holds no GPU work of anyone's: never a share
         containers = [c for c in self.discovery.scan(self.host, self.problem)
                       if (c.init_pid, c.init_start) not in self._own]
-        resources: dict[tuple[str, str, str], list[tuple[str, list[str]]]] = {}
+        resources: dict[tuple[str, str, str], Assigned] = {}
         if self.podres is not None:
             try:
                 resources = self.podres.list()
@@ -275,11 +278,11 @@ class Collector:
         for c in containers:
             # what it asked for, for its whole life: its neighbours change nvctk_gpu_shares,
             # never its own series
+            got = resources.get((c.namespace, c.pod, c.k8s_container))
             cs = ContainerSample(id=c.id, name=c.name, kind=c.base_kind, runtime_root=c.runtime_root,
                                  namespace=c.namespace, pod=c.pod, container=c.k8s_container,
                                  pod_uid=c.pod_uid,
-                                 resource=",".join(sorted({r for r, _ in resources.get(
-                                     (c.namespace, c.pod, c.k8s_container), [])})))
+                                 resource=got.resource if got else "", claim=got.claim if got else "")
             used_gpu: set[int] = set()
             for i, d in enumerate(c.devices):
                 # a container's processes on a GPU count once, on its first device there

@@ -54,6 +54,7 @@ class ContainerSample:
     container: str = ""  # the Kubernetes container name
     pod_uid: str = ""
     resource: str = ""  # the extended resource(s) the kubelet gave it (pod-resources), if read
+    claim: str = ""  # its DRA ResourceClaim(s), "namespace/name" (pod-resources), if read
     devices: list[DeviceUse] = field(default_factory=list)
 
 

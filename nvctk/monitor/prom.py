@@ -6,7 +6,9 @@ Labels: per GPU `gpu` (NVML index), `UUID`, `modelName`, `Hostname` (dcgm-export
 names, so dashboards join); per container also `namespace`, `pod`, `container` (the
 Kubernetes guideline's), `container_id`, `container_name`, `kind`, and `device_uuid`
 (the MIG device's UUID for a MIG slice, else the GPU's), `resource` (the extended resource
-the kubelet gave the container, where the pod-resources socket is read), `runtime_root` (the
+the kubelet gave the container, where the pod-resources socket is read), `claim` (its DRA
+ResourceClaims as "namespace/name", ','-joined and sorted, from the same answer; empty for
+none), `runtime_root` (the
 runtime state dir it was found in: two runtimes may hold the same container id).
 """
 
@@ -22,7 +24,7 @@ from nvctk.monitor.model import Snapshot
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
 CTR_LABELS = ["gpu", "UUID", "device_uuid", "modelName", "Hostname", "namespace", "pod",
-              "container", "container_id", "container_name", "kind", "resource", "runtime_root"]
+              "container", "container_id", "container_name", "kind", "resource", "claim", "runtime_root"]
 
 # name -> help: the table in the README is this one
 METRICS: dict[str, str] = {
@@ -83,7 +85,7 @@ def render_text(snap: Snapshot, errors: dict[str, int]) -> str:
             lv = label_set(CTR_LABELS, [
                 str(d.gpu_index), d.gpu_uuid, d.device_uuid, models.get(d.gpu_index, ""),
                 snap.hostname, c.namespace, c.pod, c.container, c.id, c.name, c.kind, c.resource,
-                c.runtime_root])
+                c.claim, c.runtime_root])
             ctr(w, "nvctk_container_memory_used_bytes", lv, d.memory_used)
             if d.device_uuid != d.gpu_uuid:  # a slice: a whole GPU's size is the GPU's series
                 ctr(w, "nvctk_container_memory_total_bytes", lv, d.memory_total)

@@ -49,6 +49,15 @@ def _title(g: GpuSample) -> Text:
     return t
 
 
+def _who(who: str, claim: str) -> Text:
+    """The container's name; a DRA claim it got its device by (the kubelet's word) on a
+    line of its own below, so the column stays narrow."""
+    t = Text(literal(who))
+    if claim:
+        t.append("\nclaim " + literal(claim), style="dim")
+    return t
+
+
 def render(snap: Snapshot, width: int = 80) -> Group:
     wide = width >= WIDE
     parts: list[Table | Text] = [Text(
@@ -79,7 +88,7 @@ def render(snap: Snapshot, width: int = 80) -> Group:
                 who = f"{c.namespace}/{c.pod}/{c.container}" if c.pod else c.name
                 cap = d.memory_limit if d.memory_limit is not None else d.memory_total
                 cells: list[Text] = [
-                    Text(literal(who)), Text(c.kind),
+                    _who(who, c.claim), Text(c.kind),
                     Text(literal(d.device_uuid[:12]) if d.device_uuid != g.uuid else f"GPU {g.index}"),
                     Text(f"{d.memory_used // MIB}/{d.memory_limit // MIB}" if d.memory_limit is not None
                          else f"{d.memory_used // MIB}/-")]

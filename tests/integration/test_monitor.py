@@ -23,7 +23,7 @@ import pytest
 
 from nvctk.monitor.collect import Collector
 from nvctk.monitor.containers import Discovery, load_container
-from support.monitor import MIB, Node, serving, sim_counts, standard_containers
+from support.monitor import MIB, FakePodResources, Node, serving, sim_counts, standard_containers
 
 # every test here shares a node of real runc containers (seconds to start): all slow;
 # tests/unit/test_monitor_parts.py has the quick ones
@@ -303,38 +303,6 @@ def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:
     assert g.shares == 3
 
 
-class FakePodResources:
-    """The kubelet's pod-resources service (v1.PodResourcesLister/List) on a unix socket,
-    built from the monitor's own descriptor: the answers a kubelet gives."""
-
-    def __init__(self, sock: Path, pods: list[dict[str, object]]) -> None:
-        from concurrent import futures
-
-        import grpc
-        from google.protobuf import json_format
-
-        from nvctk.monitor.podresources import messages
-
-        req, resp = messages()
-        answer = json_format.ParseDict({"pod_resources": pods}, resp())
-        self.calls = 0
-
-        def list_(request: object, context: object) -> object:
-            self.calls += 1
-            return answer
-
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            "v1.PodResourcesLister", {"List": grpc.unary_unary_rpc_method_handler(
-                list_, request_deserializer=req.FromString,
-                response_serializer=resp.SerializeToString)}),))
-        self.server.add_insecure_port(f"unix://{sock}")
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop(None)
-
-
 def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
         node: Node, caplog: pytest.LogCaptureFixture) -> None:
     """The kubelet's pod-resources answer names the resource a Pod's container got; a
@@ -396,6 +364,72 @@ def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
     warned = [r.getMessage() for r in caplog.records if "pod-resources" in r.getMessage()]
     assert len(warned) == 2, warned  # the hang once, the absence once
     assert "Deadline Exceeded" in warned[0] and "no kubelet pod-resources socket" in warned[1]
+
+
+def test_a_dra_claim_is_named_in_metrics_snapshot_and_top(node: Node) -> None:
+    """A container the kubelet reports as holding DRA claims (pod-resources
+    dynamic_resources) carries them in the `claim` label of its series, in /api/snapshot
+    and in `nvctk top`; a container the kubelet names no claim for carries none, whatever
+    its own env says."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nvctk.monitor.server import Monitor
+    from support.daemons import short_dir
+
+    g0 = node.sim.topology.gpus[0]
+    ann = {"io.kubernetes.cri.sandbox-namespace": "ml", "io.kubernetes.cri.sandbox-name": "job-dra",
+           "io.kubernetes.cri.container-name": "train"}
+    cid = node.start({"CUDA_DEVICE_MEMORY_LIMIT": "1g"},
+                     f"vgpu_probe init ctx 0 alloc {20 * MIB} sleep 600000", gpu=g0.uuid,
+                     wait_mem=20 * MIB, annotations=ann)
+    # the same Pod's other container: the kubelet gave it nothing; its env claims a claim
+    other = node.start({"CUDA_DEVICE_MEMORY_LIMIT": "1g", "NVCTK_DRA_CLAIM": "ml/gpu-share"},
+                       f"vgpu_probe init ctx 0 alloc {20 * MIB} sleep 600000", gpu=g0.uuid,
+                       wait_mem=20 * MIB, annotations={**ann, "io.kubernetes.cri.container-name": "side"})
+    claim = {"claim_name": "gpu-share", "claim_namespace": "ml", "claim_resources": [
+        {"driver_name": "gpu.nvctk.dev", "pool_name": "node1", "device_name": "gpu-0-share",
+         "cdi_devices": [{"name": "gpu.nvctk.dev/claim=ml-gpu-share"}]}]}
+    extra = {"claim_name": "a-extra", "claim_namespace": "ml", "claim_resources": []}
+    try:
+        with short_dir("nvctk-pr-") as d:
+            sock = d / "kubelet.sock"
+            kubelet = FakePodResources(sock, [{"name": "job-dra", "namespace": "ml", "containers": [
+                {"name": "train", "dynamic_resources": [claim, extra]}, {"name": "side"}]}])
+            try:
+                mon = Monitor(Collector(node.sim.root, [f"containerd={node.runc_root}"],
+                                        pod_resources=str(sock)), 0.5)
+                with serving(mon) as url:
+                    assert mon.wait_first(60)
+                    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+                        metrics = r.read().decode()
+                    with urllib.request.urlopen(url + "/api/snapshot", timeout=10) as r:
+                        snap = json.loads(r.read())
+                r = subprocess.run([os.path.join(BIN, "nvctk"), "top", "--once", "--runtime-root",
+                                    f"containerd={node.runc_root}", "--pod-resources-socket", str(sock)],
+                                   env={**os.environ, **node.sim.env, "COLUMNS": "80"},
+                                   capture_output=True, text=True, timeout=60)
+            finally:
+                kubelet.stop()
+    finally:
+        node.kill(cid)
+        node.kill(other)
+    claims = {}
+    for fam in text_string_to_metric_families(metrics):
+        if fam.name.startswith("nvctk_container_"):
+            for smp in fam.samples:
+                claims.setdefault(smp.labels["container_id"], set()).add(smp.labels["claim"])
+    assert claims[cid] == {"ml/a-extra,ml/gpu-share"}
+    assert claims[other] == {""}
+    assert all(claims[c] == {""} for c in node.expect)
+    by_id = {c["id"]: c for c in snap["containers"]}
+    assert (by_id[cid]["claim"], by_id[other]["claim"]) == ("ml/a-extra,ml/gpu-share", "")
+    assert r.returncode == 0, r.stderr
+    assert max(len(x) for x in r.stdout.splitlines()) <= 80
+    flat = "".join(r.stdout.split())
+    assert "ml/job-dra/train" in flat and "claimml/a-extra,ml/gpu-share" in flat
+    assert flat.count("claim") == 1  # the side container names none
 
 
 def test_cli_without_containers_and_with_a_bad_listen(tmp_path: Path) -> None:

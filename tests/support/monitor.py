@@ -205,3 +205,35 @@ def serving(mon: Any) -> Iterator[str]:
         srv.shutdown()
         srv.server_close()
         mon.collector.close()
+
+
+class FakePodResources:
+    """The kubelet's pod-resources service (v1.PodResourcesLister/List) on a unix socket,
+    built from the monitor's own descriptor: the answers a kubelet gives."""
+
+    def __init__(self, sock: Path, pods: list[dict[str, object]]) -> None:
+        from concurrent import futures
+
+        import grpc
+        from google.protobuf import json_format
+
+        from nvctk.monitor.podresources import messages
+
+        req, resp = messages()
+        answer = json_format.ParseDict({"pod_resources": pods}, resp())
+        self.calls = 0
+
+        def list_(request: object, context: object) -> object:
+            self.calls += 1
+            return answer
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "v1.PodResourcesLister", {"List": grpc.unary_unary_rpc_method_handler(
+                list_, request_deserializer=req.FromString,
+                response_serializer=resp.SerializeToString)}),))
+        self.server.add_insecure_port(f"unix://{sock}")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(None)

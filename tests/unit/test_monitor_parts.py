@@ -156,6 +156,95 @@ def test_pod_resources_messages_decode_the_kubelets_wire_format() -> None:
         "job", "ml", "train", "nvidia.com/vgpu", ["GPU-a::1", "GPU-a::2"])
 
 
+def _claims_answer(containers: list[dict[str, object]], ns: str = "ml") -> object:
+    """A ListPodResourcesResponse of the monitor's own descriptor (what the kubelet sends)."""
+    from google.protobuf import json_format
+
+    from nvctk.monitor.podresources import messages
+
+    _, resp = messages()
+    msg = json_format.ParseDict({"pod_resources": [
+        {"name": "job", "namespace": ns, "containers": containers}]}, resp())
+    # on the wire and back: the field numbers are what the kubelet's bytes carry
+    return resp.FromString(msg.SerializeToString())
+
+
+def _dyn(name: str, ns: str, *devices: tuple[str, str, str]) -> dict[str, object]:
+    return {"claim_name": name, "claim_namespace": ns, "claim_resources": [
+        {"driver_name": drv, "pool_name": pool, "device_name": dev,
+         "cdi_devices": [{"name": f"{drv}/claim={dev}"}]} for drv, pool, dev in devices]}
+
+
+GPU_DRV = "gpu.nvctk.dev"
+
+
+@pytest.mark.parametrize(("container", "want_claims", "label", "resource"), [
+    # one claim, one device
+    ({"name": "train", "dynamic_resources": [_dyn("gpu-a", "ml", (GPU_DRV, "node1", "gpu-0"))]},
+     [("ml/gpu-a", GPU_DRV, "node1", "gpu-0", (f"{GPU_DRV}/claim=gpu-0",))], "ml/gpu-a", ""),
+    # two claims given out of order, one with two devices: each claim once, sorted
+    ({"name": "train", "dynamic_resources": [
+        _dyn("z-mig", "ml", (GPU_DRV, "node1", "gpu-1-mig-1g"), (GPU_DRV, "node1", "gpu-1-mig-2g")),
+        _dyn("a-share", "ml", (GPU_DRV, "node1", "gpu-0-share"))]},
+     [("ml/z-mig", GPU_DRV, "node1", "gpu-1-mig-1g", (f"{GPU_DRV}/claim=gpu-1-mig-1g",)),
+      ("ml/z-mig", GPU_DRV, "node1", "gpu-1-mig-2g", (f"{GPU_DRV}/claim=gpu-1-mig-2g",)),
+      ("ml/a-share", GPU_DRV, "node1", "gpu-0-share", (f"{GPU_DRV}/claim=gpu-0-share",))],
+     "ml/a-share,ml/z-mig", ""),
+    # a device plugin's resource and a claim side by side
+    ({"name": "train", "devices": [{"resource_name": "nvidia.com/vgpu", "device_ids": ["GPU-a::1"]}],
+      "dynamic_resources": [_dyn("gpu-a", "ml", (GPU_DRV, "node1", "gpu-0"))]},
+     [("ml/gpu-a", GPU_DRV, "node1", "gpu-0", (f"{GPU_DRV}/claim=gpu-0",))], "ml/gpu-a",
+     "nvidia.com/vgpu"),
+    # a claim the kubelet names before any device is prepared; a namespace left out is the Pod's
+    ({"name": "train", "dynamic_resources": [{"claim_name": "pending"}]},
+     [("ml/pending", "", "", "", ())], "ml/pending", ""),
+    # no claim name: nothing to name
+    ({"name": "train", "dynamic_resources": [{"claim_namespace": "ml"}]}, None, "", ""),
+])
+def test_pod_resources_name_each_containers_dra_claims(
+        container: dict[str, object], want_claims: list[tuple[object, ...]] | None, label: str,
+        resource: str) -> None:
+    from nvctk.monitor.podresources import assignments
+
+    got = assignments(_claims_answer([container, {"name": "sidecar"}]))
+    assert ("ml", "job", "sidecar") not in got  # got nothing: not listed
+    if want_claims is None:
+        assert got == {}
+        return
+    a = got[("ml", "job", "train")]
+    assert [(c.claim, c.driver, c.pool, c.device, c.cdi_devices) for c in a.claims] == want_claims
+    assert (a.claim, a.resource) == (label, resource)
+
+
+def test_pod_resources_claims_wire_format() -> None:
+    """Hand-encoded bytes with v1 api.proto's numbers (DynamicResource 5; claim_name 2,
+    claim_namespace 3, claim_resources 4; driver 2, pool 3, device 4; share_id 5 unknown)."""
+    from nvctk.monitor.podresources import assignments, messages
+
+    def ld(field: int, data: bytes) -> bytes:
+        return bytes([field << 3 | 2, len(data)]) + data
+
+    res = ld(1, ld(1, b"d/claim=x")) + ld(2, b"drv") + ld(3, b"pool") + ld(4, b"dev") + ld(5, b"s1")
+    dyn = ld(2, b"c1") + ld(3, b"ns2") + ld(4, res)
+    ctr = ld(1, b"train") + ld(5, dyn)
+    _, resp = messages()
+    got = assignments(resp.FromString(ld(1, ld(1, b"job") + ld(2, b"ml") + ld(3, ctr))))
+    (c,) = got[("ml", "job", "train")].claims
+    assert (c.claim, c.driver, c.pool, c.device, c.cdi_devices) == ("ns2/c1", "drv", "pool", "dev",
+                                                                   ("d/claim=x",))
+
+
+def test_the_claim_label_on_every_container_series() -> None:
+    snap = snapshot()
+    snap.containers[0].claim = "ml/a,ml/b"
+    got = samples(snap)
+    assert "claim" in CTR_LABELS
+    for (name, cid), (labels, _) in got.items():
+        if name.startswith("nvctk_container_"):
+            assert labels["claim"] == {"c1": "ml/a,ml/b", "c2": ""}[cid], (name, cid)
+    assert json.loads(json.dumps(snap.to_dict()))["containers"][0]["claim"] == "ml/a,ml/b"
+
+
 @pytest.mark.parametrize(("text", "engine", "pattern"), [
     ("/run/containerd/runc/*", "containerd", "/run/containerd/runc/*"),
     ("/run/k3s/containerd/runc/k8s.io", "containerd", "/run/k3s/containerd/runc/k8s.io"),
@@ -205,6 +294,7 @@ def test_top_never_reads_markup_and_fits_80_columns() -> None:
     snap = snapshot()
     snap.containers[0].namespace = "[/]"
     snap.containers[0].pod = "\x1b]8;;http://x/\x1b\\p\x1b]8;;\x1b\\"
+    snap.containers[0].claim = "ml/" + "c" * 60 + "\x1b[2J"
     console = Console(width=80, file=open(os.devnull, "w"), markup=False, emoji=False,  # noqa: SIM115
                       record=True)
     console.print(top(snap, 80))
@@ -213,6 +303,8 @@ def test_top_never_reads_markup_and_fits_80_columns() -> None:
     assert "\x1b" not in text
     assert max(len(x) for x in text.splitlines()) <= 80
     assert "OVER-PROMISED SM 130%, memory 82944/81920 MiB" in text.replace("\n", " ")
+    # the claim on its own line(s), escaped, within the width
+    assert "claimml/" + "c" * 60 + "\\x1b[2J" in "".join(text.split())
 
 
 @pytest.mark.parametrize(("value", "want"), [
