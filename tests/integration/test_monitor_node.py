@@ -32,6 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvctk.base import config as nvconfig
+from nvctk.edits import EDITS_FILE
 from nvctk.monitor.collect import Collector
 from nvctk.monitor.prom import render_text
 from support.monitor import (
@@ -119,7 +120,7 @@ def _monitor_bundle(node: Node, port: int) -> Path:
     spec["linux"].pop("maskedPaths", None)
     (b / "config.json").write_text(json.dumps(spec))
     created = prepare_bundle(str(b), nvconfig.load(node.sim.config_path), argv0=RUNTIME)
-    assert created.edits is not None and (b / "nvctk-plan.json").exists()
+    assert created.edits is not None and (b / EDITS_FILE).exists()
     spec = json.loads((b / "config.json").read_text())
     spec.pop("hooks", None)
     (b / "config.json").write_text(json.dumps(spec))
