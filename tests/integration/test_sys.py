@@ -167,7 +167,7 @@ def test_mount_api_in_a_private_namespace(tmp_path: Path) -> None:
         host_ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         _sys.unshare(mounts.CLONE_NEWNS)
         _sys.mount(None, "/", None, mounts.MS_REC | mounts.MS_PRIVATE, None)
-        def mounts(path):
+        def mounted(path):
             return [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == path]
         # a tmpfs, made detached and filled through its fd
         fs = _sys.fsopen("tmpfs", mounts.FSOPEN_CLOEXEC)
@@ -178,22 +178,22 @@ def test_mount_api_in_a_private_namespace(tmp_path: Path) -> None:
         out["tmpfs_type"] = _sys.fstatfs_type(t) == mounts.TMPFS_MAGIC
         to = os.open({str(dst2)!r}, os.O_PATH | os.O_CLOEXEC)
         _sys.move_mount(t, "", to, "", mounts.MOVE_MOUNT_F_EMPTY_PATH | mounts.MOVE_MOUNT_T_EMPTY_PATH)
-        out["tmpfs_opts"] = mounts({str(dst2)!r})
+        out["tmpfs_opts"] = mounted({str(dst2)!r})
         # a bind clone of src, read-only while detached, attached onto dst
         tree = _sys.open_tree(mounts.AT_FDCWD, {str(src)!r}, mounts.OPEN_TREE_CLONE | os.O_CLOEXEC)
         _sys.mount_setattr(tree, "", mounts.AT_EMPTY_PATH, mounts.MOUNT_ATTR_RDONLY, 0, 0, 0)
         to = os.open({str(dst)!r}, os.O_PATH | os.O_CLOEXEC)
         _sys.move_mount(tree, "", to, "", mounts.MOVE_MOUNT_F_EMPTY_PATH | mounts.MOVE_MOUNT_T_EMPTY_PATH)
-        out["bind_opts"] = mounts({str(dst)!r})
+        out["bind_opts"] = mounted({str(dst)!r})
         out["read"] = open({str(dst / "f")!r}).read()
         try:
             open({str(dst / "g")!r}, "w")
         except OSError as e:
             out["write_errno"] = e.errno
         _sys.umount2({str(dst)!r}, mounts.MNT_DETACH)
-        out["after_umount"] = mounts({str(dst)!r})
+        out["after_umount"] = mounted({str(dst)!r})
         _sys.setns(host_ns, mounts.CLONE_NEWNS)
-        out["host_sees"] = mounts({str(dst2)!r})
+        out["host_sees"] = mounted({str(dst2)!r})
     """)
     assert out["tmpfs_type"] is True
     assert len(out["tmpfs_opts"]) == 1  # type: ignore[arg-type]
