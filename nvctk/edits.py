@@ -281,12 +281,6 @@ def _mount(x: dict[str, Any]) -> Mount:
     return Mount(**x)
 
 
-# the names nvctk.monitor.containers still reads the form by, until it moves to the one
-# reader (nvctk.hook.inputs.load_edits); nothing else uses them
-Plan = Edits
-PLAN_FILE = EDITS_FILE
-
-
 def hook_env(nvctk_config: str | None) -> tuple[str, ...]:
     """The env nvctk's hooks run with: built from scratch, never the container's;
     NVCTK_CONFIG passed on when the runtime was given one."""

@@ -16,8 +16,9 @@ ROOTS_HELP = ("runtime state dir to look for containers in (repeatable; globs al
               "/run/runc, /run/crun, /run/containerd/runc/*, /run/docker/runtime-runc/*)")
 
 
-PODRES_HELP = ("the kubelet's pod-resources socket, to name the resource each Pod's container "
-               "got (e.g. /var/lib/kubelet/pod-resources/kubelet.sock; default: not read)")
+PODRES_HELP = ("the kubelet's pod-resources socket, to name the resource and the DRA claims each "
+               "Pod's container got (e.g. /var/lib/kubelet/pod-resources/kubelet.sock; default: "
+               "not read)")
 
 
 def _collector(ctx: click.Context, roots: tuple[str, ...], podres: str | None = None):  # type: ignore[no-untyped-def]

@@ -2,10 +2,10 @@
 
 A container is found in its runtime's state (runc: <root>/<id>/state.json; crun:
 <root>/<id>/status), which names its bundle; it is one of nvctk's when the bundle
-holds nvctk-plan.json (written by nvctk-runtime at create). What it got comes from
-the bundle's config.json as the engine wrote it (its device request, resolved on
-this host's GPUs as nvctk-runtime resolved it) and the plan's validated vGPU
-limits; its Kubernetes identity from the OCI annotations the CRI that made it puts
+holds nvctk-runtime's record of what it decided at create (nvctk-edits.json, or
+nvctk-plan.json before the rename; read by the one reader, nvctk.hook.inputs.load_edits).
+What it got comes from that record: the devices in the order libvgpu indexes them and
+the validated vGPU limits, never re-derived from the request; its Kubernetes identity from the OCI annotations the CRI that made it puts
 there: containerd's io.kubernetes.cri.* for a container under a containerd runtime
 root, CRI-O's io.kubernetes.pod.*/container.name for one under CRI-O's (/run/runc,
 /run/crun), none under Docker's. Only that engine's own keys: the others pass from a
@@ -17,7 +17,7 @@ container can write is read here. A container whose init process is gone has end
 
 A bundle the monitor cannot see (its state dir not mounted, not readable) is an error,
 never "not one of nvctk's": a container is only "not nvctk's" when its bundle's
-config.json is there and nvctk's plan is not.
+config.json is there and nvctk's record is not.
 
 Parsing is cached per state file (inode, size, mtime): a scrape of a node with
 many containers stats their state files and reads nothing else.
@@ -32,11 +32,11 @@ import os
 import stat
 from dataclasses import dataclass
 
-from nvctk.base import config as nvconfig
-from nvctk.edits import PLAN_FILE, Plan
+from nvctk.base.errors import MountError
+from nvctk.edits import Edits
+from nvctk.hook.inputs import load_edits
 from nvctk.host.inventory import HostInfo
-from nvctk.plan.select import select_devices, vgpu_devices
-from nvctk.request.parse import MPS_MEMORY, MPS_THREADS, mps_memory_limits, request_from_spec
+from nvctk.request.parse import MPS_MEMORY, MPS_THREADS, mps_memory_limits
 from nvctk.vgpu.limits import limits_from_env
 
 log = logging.getLogger("nvctk.monitor")
@@ -204,35 +204,29 @@ def _runtime_state(path: str) -> tuple[str, int, int | None]:
     return bundle, pid, start if type(start) is int and start > 0 else None
 
 
-def _devices(spec: dict[str, object], plan: Plan, host: HostInfo) -> list[Device]:
-    """The container's devices as nvctk-runtime resolved them: its request on this host,
-    ordered as libvgpu indexes them; the plan's GPUs (whole) when that fails."""
-    try:
-        req = request_from_spec(spec, nvconfig.Config(accept_volume_mount_devices=True))
-        if req is not None and req.cdi_devices is None:
-            sel = vgpu_devices(select_devices(req, host))
-            out = []
-            for s in sel:
-                if s.mig is not None:
-                    out.append(Device(s.gpu.index, s.gpu.uuid, s.mig.uuid, s.mig.memory_mib << 20,
-                                      True))
-                elif not s.gpu.mig_devices or not any(
-                        x.mig is not None and x.gpu.uuid == s.gpu.uuid for x in sel):
-                    out.append(Device(s.gpu.index, s.gpu.uuid, s.gpu.uuid,
-                                      s.gpu.memory_mib << 20, False))
-            if out:
-                return out
-    except Exception as e:
-        log.debug("request of %s not resolved: %s", spec.get("annotations"), e)
-    by_uuid = {g.uuid: g for g in host.gpus}
-    return [Device(by_uuid[u].index, u, u, by_uuid[u].memory_mib << 20, False)
-            for u in plan.gpu_uuids if u in by_uuid]
+def _devices(edits: Edits, host: HostInfo) -> list[Device]:
+    """The container's devices as nvctk-runtime recorded them (Edits.selected: libvgpu's
+    order, a MIG device by its own UUID; a GPU whose MIG devices it got is not counted
+    whole); a record from before that field: its GPUs, whole. Never re-derived from the
+    request, which a later config could resolve otherwise."""
+    whole = {g.uuid: g for g in host.gpus}
+    mig = {m.uuid: (g, m) for g in host.gpus for m in g.mig_devices}
+    names = edits.selected or edits.gpu_uuids
+    parents = {mig[u][0].uuid for u in names if u in mig}
+    out = []
+    for u in names:
+        if u in mig:
+            g, m = mig[u]
+            out.append(Device(g.index, g.uuid, m.uuid, m.memory_mib << 20, True))
+        elif u in whole and u not in parents:
+            out.append(Device(whole[u].index, u, u, whole[u].memory_mib << 20, False))
+    return out
 
 
-def _limits(plan: Plan, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    if plan.vgpu is None or not plan.vgpu.limits or n == 0:
+def _limits(edits: Edits, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if edits.vgpu is None or not edits.vgpu.limits or n == 0:
         return (0,) * n, (0,) * n
-    env = {k: v for k, v in plan.vgpu.limits.items()
+    env = {k: v for k, v in edits.vgpu.limits.items()
            if k.startswith(("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"))}
     lim = limits_from_env(env, n)
     return lim.memory, lim.sm
@@ -248,29 +242,27 @@ def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo,
     OSError/ValueError for state nvctk cannot read (BundleUnreadable: its bundle)."""
     bundle, pid, start = _runtime_state(state_file)
     try:
-        plan = Plan.from_json(_read_regular(os.path.join(bundle, PLAN_FILE)))
+        edits = load_edits(bundle)  # the one reader: the runtime's record, either file name
+        if edits is None:
+            # not nvctk's only if the bundle is there to say so (an engine's config.json
+            # always is); a bundle out of sight hides what it holds
+            os.stat(os.path.join(bundle, "config.json"))
+            return None  # not a GPU container of nvctk's
+    except MountError as e:
+        raise ValueError(str(e)) from None  # there, but not a record nvctk-runtime wrote
     except OSError as e:
-        # not nvctk's only if the bundle is there to say so (an engine's config.json
-        # always is); a bundle out of sight hides what it holds
-        err = e
-        if isinstance(e, FileNotFoundError):
-            try:
-                os.stat(os.path.join(bundle, "config.json"))
-                return None  # not a GPU container of nvctk's
-            except OSError as e2:
-                err = e2
         if not _alive(pid, start):
             return None  # ended: its bundle may be gone already
         raise BundleUnreadable(f"bundle {bundle} of container {cid} not readable: "
-                               f"{err.strerror} (is its state dir mounted?)") from None
+                               f"{e.strerror} (is its state dir mounted?)") from None
     spec = _read_json(os.path.join(bundle, "config.json"))
     if not isinstance(spec, dict):
         raise ValueError(f"{bundle}/config.json: not a JSON object")
     ann = spec.get("annotations") or {}
     if not isinstance(ann, dict):
         ann = {}
-    devices = _devices(spec, plan, host)
-    mem, sm = _limits(plan, len(devices))
+    devices = _devices(edits, host)
+    mem, sm = _limits(edits, len(devices))
     env = {}
     proc = spec.get("process")
     for item in (proc.get("env") or []) if isinstance(proc, dict) else []:
@@ -285,7 +277,7 @@ def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo,
         mps_percent=int(mps) if mps is not None and mps.isdigit() else None,
         mps_memory=_mps_memory(env, devices),
         namespace=ns, pod=pod, k8s_container=ctr, pod_uid=uid,
-        vgpu_state_dir=plan.vgpu.state_dir if plan.vgpu is not None else None,
+        vgpu_state_dir=edits.vgpu.state_dir if edits.vgpu is not None else None,
     )
 
 

@@ -367,3 +367,28 @@ def test_top_fits_80_columns_and_a_pipe_with_every_figure_whole(node: Node) -> N
     finally:
         for cid in started:
             node.kill(cid)
+
+
+def test_the_monitor_reads_what_the_runtime_recorded(node: Node) -> None:
+    """The container's devices are the ones nvctk-runtime recorded (Edits.selected), read by
+    the one reader (load_edits), which also takes the record's name from before the rename
+    (nvctk-plan.json): a container created before an upgrade stays shown with its cap; a
+    request rewritten in its spec later does not move it to another GPU."""
+    g0, g1 = node.sim.topology.gpus[0], node.sim.topology.gpus[1]
+    cid = node.start({"CUDA_DEVICE_MEMORY_LIMIT": "1g"}, HOLD.format(10 * MIB), gpu="0",
+                     wait_mem=10 * MIB)
+    try:
+        state = json.loads((Path(node.runc_root) / cid / "state.json").read_text())
+        (bundle,) = [Path(lb[len("bundle="):]) for lb in state["config"]["labels"]
+                     if lb.startswith("bundle=")]
+        os.replace(bundle / EDITS_FILE, bundle / "nvctk-plan.json")
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["process"]["env"] = [e for e in spec["process"]["env"]
+                                  if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+        spec["process"]["env"].append(f"NVIDIA_VISIBLE_DEVICES={g1.uuid}")
+        (bundle / "config.json").write_text(json.dumps(spec))
+        snap = _collect(node)
+    finally:
+        node.kill(cid)
+    (c,) = [c for c in snap.containers if c.id == cid]
+    assert [(d.gpu_uuid, d.memory_limit) for d in c.devices] == [(g0.uuid, GIB)]
