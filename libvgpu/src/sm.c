@@ -272,10 +272,13 @@ static inline uint64_t coarse_ns(void) {
  * launched alternately cheap and expensive was charged near its cheap cost.
  * So the samples' running mean (1/8 per sample) is kept too, and a key whose
  * mean passes 1.5 times its floor — more than waiting behind neighbours adds
- * on the simulator's tests — is *dispersed*: every launch of it is timed and
- * charged its whole elapsed time (its untimed launches, none once the draw
- * says so, the mean), until its mean comes back under. A program can gain at
- * most that factor by mixing runs of one shape.
+ * on the simulator's tests — is *dispersed*: its timed launches are charged
+ * their whole elapsed time and its untimed ones the mean, until its mean comes
+ * back under. A program can gain at most that factor by mixing runs of one
+ * shape. A dispersed key is sampled at its usual rate, not on every launch:
+ * the draw is random, so the mean of its samples is that of its runs, and
+ * timing every launch would put two event records on each launch of any small
+ * kernel whose elapsed times are noisy (time-slicing, a loaded host).
  * w: untimed launches of the key since its previous timed one. */
 static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
     struct est *e = &est_cache[est_slot(key)];
@@ -308,7 +311,7 @@ static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
     int dispersed = e->mean * 2 > f * 3;
     uint64_t price = dispersed ? e->mean : f;
     __atomic_store_n(&e->floor1, price + 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->thr, dispersed ? 1ull << 32 : sm_sample_thr(price, n), __ATOMIC_RELAXED);
+    __atomic_store_n(&e->thr, sm_sample_thr(price, n), __ATOMIC_RELAXED);
     return dispersed ? ns : charge;
 }
 
