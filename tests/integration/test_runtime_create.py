@@ -18,8 +18,8 @@ import support.runtime as _runtime
 from nvctk.base import config as nvconfig
 from nvctk.base import stamped
 from nvctk.edits import EDITS_FILE, Edits
-from nvctk.spec.record import EDITS_ANNOTATION
 from nvctk.sim.host import SimHost
+from nvctk.spec.record import EDITS_ANNOTATION
 from support.launchers import Launchers
 from support.runtime import (
     BIN,
