@@ -423,7 +423,8 @@ static const uint64_t b2b_iv[8] = {
     0x510E527FADE682D1ULL, 0x9B05688C2B3E6C1FULL, 0x1F83D9ABFB41BD6BULL, 0x5BE0CD19137E2179ULL,
 };
 
-static const uint8_t b2b_sigma[12][16] = {
+/* the message schedule: round i uses row i % 10 (rounds 10 and 11 repeat rows 0 and 1) */
+static const uint8_t b2b_sigma[10][16] = {
     {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
     {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
     {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
@@ -434,22 +435,30 @@ static const uint8_t b2b_sigma[12][16] = {
     {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
     {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
     {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
-    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
 };
 
 #define B2B_ROTR64(x, y) (((x) >> (y)) ^ ((x) << (64 - (y))))
-#define B2B_G(a, b, c, d, x, y)                   \
-    do {                                          \
-        v[a] = v[a] + v[b] + (x);                 \
-        v[d] = B2B_ROTR64(v[d] ^ v[a], 32);       \
-        v[c] = v[c] + v[d];                       \
-        v[b] = B2B_ROTR64(v[b] ^ v[c], 24);       \
-        v[a] = v[a] + v[b] + (y);                 \
-        v[d] = B2B_ROTR64(v[d] ^ v[a], 16);       \
-        v[c] = v[c] + v[d];                       \
-        v[b] = B2B_ROTR64(v[b] ^ v[c], 63);       \
-    } while (0)
+
+/* the mixing function G on words a, b, c, d of v, with message words x, y */
+static inline void
+b2b_g(uint64_t *v, const uint8_t *q, uint64_t x, uint64_t y)
+{
+    const uint8_t a = q[0], b = q[1], c = q[2], d = q[3];
+    v[a] = v[a] + v[b] + x;
+    v[d] = B2B_ROTR64(v[d] ^ v[a], 32);
+    v[c] = v[c] + v[d];
+    v[b] = B2B_ROTR64(v[b] ^ v[c], 24);
+    v[a] = v[a] + v[b] + y;
+    v[d] = B2B_ROTR64(v[d] ^ v[a], 16);
+    v[c] = v[c] + v[d];
+    v[b] = B2B_ROTR64(v[b] ^ v[c], 63);
+}
+
+/* G's words in a round: the four columns, then the four diagonals */
+static const uint8_t b2b_quads[8][4] = {
+    {0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15},
+    {0, 5, 10, 15}, {1, 6, 11, 12}, {2, 7, 8, 13}, {3, 4, 9, 14},
+};
 
 static void
 b2b_compress(b2b_ctx *ctx, int last)
@@ -469,17 +478,10 @@ b2b_compress(b2b_ctx *ctx, int last)
                (uint64_t)p[3] << 24 | (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 |
                (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
     }
-    for (int i = 0; i < 12; i++) {
-        const uint8_t *s = b2b_sigma[i];
-        B2B_G(0, 4, 8, 12, m[s[0]], m[s[1]]);
-        B2B_G(1, 5, 9, 13, m[s[2]], m[s[3]]);
-        B2B_G(2, 6, 10, 14, m[s[4]], m[s[5]]);
-        B2B_G(3, 7, 11, 15, m[s[6]], m[s[7]]);
-        B2B_G(0, 5, 10, 15, m[s[8]], m[s[9]]);
-        B2B_G(1, 6, 11, 12, m[s[10]], m[s[11]]);
-        B2B_G(2, 7, 8, 13, m[s[12]], m[s[13]]);
-        B2B_G(3, 4, 9, 14, m[s[14]], m[s[15]]);
-    }
+    for (int i = 0; i < 12; i++)
+        for (int j = 0; j < 8; j++)
+            b2b_g(v, b2b_quads[j], m[b2b_sigma[i % 10][2 * j]],
+                  m[b2b_sigma[i % 10][2 * j + 1]]);
     for (int i = 0; i < 8; i++)
         ctx->h[i] ^= v[i] ^ v[i + 8];
 }
