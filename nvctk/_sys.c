@@ -409,7 +409,7 @@ WRAPPER(accept_peer,
 /* Keyed BLAKE2b (RFC 7693; this is its reference code, appendix C): the MAC of the
  * records a create seals (nvctk.spec.record, nvctk.vgpu.authority). hashlib would do
  * the same, but importing it loads OpenSSL (_hashlib, ~2 ms), which every CDI-mode
- * create would pay; tests/unit/test_sys_blake2b.py checks it against hashlib. */
+ * create would pay; tests/unit/test_mac.py checks it against hashlib. */
 typedef struct {
     uint8_t b[128];  /* the input block */
     uint64_t h[8];   /* the chained state */
