@@ -378,7 +378,7 @@ def main() -> int:
     opts = ap.parse_args()
     n = opts.n or (25 if opts.quick else 150)
     n_pass = 4 * n  # passthrough runs are cheap and their differences small
-    n_podman = max(6, n // 10)
+    n_podman = min(n, max(6, n // 10))  # podman run is ~250 ms: a smoke run (-n 1) takes one
     if os.geteuid() != 0:
         print("bench/container_start.py: needs root", file=sys.stderr)
         return 1
