@@ -378,7 +378,7 @@ def main() -> int:
     opts = ap.parse_args()
     n = opts.n or (25 if opts.quick else 150)
     n_pass = 4 * n  # passthrough runs are cheap and their differences small
-    n_podman = max(6, n // 10)
+    n_podman = min(n, max(6, n // 10))  # podman run is ~250 ms: a smoke run (-n 1) takes one
     if os.geteuid() != 0:
         print("bench/container_start.py: needs root", file=sys.stderr)
         return 1
@@ -419,8 +419,10 @@ def main() -> int:
                    check=True)
     bench = Bench(run_dir, tmp / "rootfs")
     try:
+        load = os.getloadavg()
         say(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
-            f"kernel {platform.release()}, python {platform.python_version()}")
+            f"kernel {platform.release()}, python {platform.python_version()}, load average "
+            f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start (a VM other engineers share)")
         say(f"one simulated host with {GPUS} GPUs; each container gets a fresh bundle dir and "
             "rootfs overlay (untimed); bundles, runtime state on tmpfs")
         say("nvctk: the sim's config at log-level info (the default)")
@@ -609,6 +611,7 @@ def main() -> int:
             finally:
                 pm.close()
             report_podman(say, pcases, n_podman)
+        say(f"load average {os.getloadavg()[0]:.2f} at the end")
     except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
         # a case that does not work must stop the bench, not look fast
         detail = getattr(e, "stderr", None) or ""

@@ -1,4 +1,5 @@
-/* nvctk._sys: the Linux syscalls nvctk's hook and runtime need that `os` lacks.
+/* nvctk._sys: the Linux syscalls nvctk's hook and runtime need that `os` lacks, and
+ * keyed BLAKE2b for the MACs nvctk seals its records with.
  *
  * The hook and the runtime run in every GPU container's start, so they avoid
  * ctypes (~4 ms to import) and any private interpreter module; this extension uses
@@ -405,6 +406,161 @@ WRAPPER(accept_peer,
     return Py_BuildValue("(iii)", conn, (int)cr.pid, (int)cr.uid);
 }
 
+/* Keyed BLAKE2b (RFC 7693; this is its reference code, appendix C): the MAC of the
+ * records a create seals (nvctk.spec.record, nvctk.vgpu.authority). hashlib would do
+ * the same, but importing it loads OpenSSL (_hashlib, ~2 ms), which every CDI-mode
+ * create would pay; tests/unit/test_mac.py checks it against hashlib. */
+typedef struct {
+    uint8_t b[128];  /* the input block */
+    uint64_t h[8];   /* the chained state */
+    uint64_t t[2];   /* bytes counted */
+    size_t c;        /* bytes in b */
+    size_t outlen;
+} b2b_ctx;
+
+static const uint64_t b2b_iv[8] = {
+    0x6A09E667F3BCC908ULL, 0xBB67AE8584CAA73BULL, 0x3C6EF372FE94F82BULL, 0xA54FF53A5F1D36F1ULL,
+    0x510E527FADE682D1ULL, 0x9B05688C2B3E6C1FULL, 0x1F83D9ABFB41BD6BULL, 0x5BE0CD19137E2179ULL,
+};
+
+/* the message schedule: round i uses row i % 10 (rounds 10 and 11 repeat rows 0 and 1) */
+static const uint8_t b2b_sigma[10][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
+    {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
+    {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
+    {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
+    {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+};
+
+#define B2B_ROTR64(x, y) (((x) >> (y)) ^ ((x) << (64 - (y))))
+
+/* the mixing function G on words a, b, c, d of v, with message words x, y */
+static inline void
+b2b_g(uint64_t *v, const uint8_t *q, uint64_t x, uint64_t y)
+{
+    const uint8_t a = q[0], b = q[1], c = q[2], d = q[3];
+    v[a] = v[a] + v[b] + x;
+    v[d] = B2B_ROTR64(v[d] ^ v[a], 32);
+    v[c] = v[c] + v[d];
+    v[b] = B2B_ROTR64(v[b] ^ v[c], 24);
+    v[a] = v[a] + v[b] + y;
+    v[d] = B2B_ROTR64(v[d] ^ v[a], 16);
+    v[c] = v[c] + v[d];
+    v[b] = B2B_ROTR64(v[b] ^ v[c], 63);
+}
+
+/* G's words in a round: the four columns, then the four diagonals */
+static const uint8_t b2b_quads[8][4] = {
+    {0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15},
+    {0, 5, 10, 15}, {1, 6, 11, 12}, {2, 7, 8, 13}, {3, 4, 9, 14},
+};
+
+static void
+b2b_compress(b2b_ctx *ctx, int last)
+{
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 8; i++) {
+        v[i] = ctx->h[i];
+        v[i + 8] = b2b_iv[i];
+    }
+    v[12] ^= ctx->t[0];
+    v[13] ^= ctx->t[1];
+    if (last)
+        v[14] = ~v[14];
+    for (int i = 0; i < 16; i++) {  /* little-endian words, whatever the host's order */
+        const uint8_t *p = &ctx->b[8 * i];
+        m[i] = (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 |
+               (uint64_t)p[3] << 24 | (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 |
+               (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
+    }
+    for (int i = 0; i < 12; i++)
+        for (int j = 0; j < 8; j++)
+            b2b_g(v, b2b_quads[j], m[b2b_sigma[i % 10][2 * j]],
+                  m[b2b_sigma[i % 10][2 * j + 1]]);
+    for (int i = 0; i < 8; i++)
+        ctx->h[i] ^= v[i] ^ v[i + 8];
+}
+
+static void
+b2b_update(b2b_ctx *ctx, const uint8_t *in, size_t inlen)
+{
+    for (size_t i = 0; i < inlen; i++) {
+        if (ctx->c == 128) {  /* a full block, and more follows: not the last one */
+            ctx->t[0] += ctx->c;
+            if (ctx->t[0] < ctx->c)
+                ctx->t[1]++;
+            b2b_compress(ctx, 0);
+            ctx->c = 0;
+        }
+        ctx->b[ctx->c++] = in[i];
+    }
+}
+
+static void
+b2b_init(b2b_ctx *ctx, size_t outlen, const uint8_t *key, size_t keylen)
+{
+    for (int i = 0; i < 8; i++)
+        ctx->h[i] = b2b_iv[i];
+    ctx->h[0] ^= 0x01010000 ^ (keylen << 8) ^ outlen;
+    ctx->t[0] = ctx->t[1] = 0;
+    ctx->c = 0;
+    ctx->outlen = outlen;
+    memset(ctx->b, 0, sizeof ctx->b);
+    if (keylen > 0) {  /* the key, zero-padded, is the first block */
+        b2b_update(ctx, key, keylen);
+        ctx->c = 128;
+    }
+}
+
+static void
+b2b_final(b2b_ctx *ctx, uint8_t *out)
+{
+    ctx->t[0] += ctx->c;
+    if (ctx->t[0] < ctx->c)
+        ctx->t[1]++;
+    while (ctx->c < 128)
+        ctx->b[ctx->c++] = 0;
+    b2b_compress(ctx, 1);
+    for (size_t i = 0; i < ctx->outlen; i++)
+        out[i] = (ctx->h[i >> 3] >> (8 * (i & 7))) & 0xFF;
+}
+
+PyDoc_STRVAR(blake2b_doc,
+             "blake2b(data, key, digest_size) -> bytes: keyed BLAKE2b, as "
+             "hashlib.blake2b(data, key=key, digest_size=digest_size).digest(); "
+             "ValueError for a key over 64 bytes or a size outside 1..64");
+
+static PyObject *
+sys_blake2b(PyObject *self, PyObject *args)
+{
+    Py_buffer data, key;
+    int size;
+    if (!PyArg_ParseTuple(args, "y*y*i:blake2b", &data, &key, &size))
+        return NULL;
+    PyObject *result = NULL;
+    if (key.len > 64) {
+        PyErr_SetString(PyExc_ValueError, "blake2b: the key is longer than 64 bytes");
+    } else if (size < 1 || size > 64) {
+        PyErr_SetString(PyExc_ValueError, "blake2b: digest_size must be 1..64");
+    } else {
+        b2b_ctx ctx;
+        uint8_t out[64];
+        b2b_init(&ctx, (size_t)size, key.buf, (size_t)key.len);
+        b2b_update(&ctx, data.buf, (size_t)data.len);
+        b2b_final(&ctx, out);
+        result = PyBytes_FromStringAndSize((const char *)out, size);
+        memset(&ctx, 0, sizeof ctx);  /* the key's block */
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&key);
+    return result;
+}
+
 static PyMethodDef sys_methods[] = {
     {"openat2", sys_openat2, METH_VARARGS, openat2_doc},
     {"open_tree", sys_open_tree, METH_VARARGS, open_tree_doc},
@@ -423,12 +579,13 @@ static PyMethodDef sys_methods[] = {
     {"capset", sys_capset, METH_VARARGS, capset_doc},
     {"listen_abstract", sys_listen_abstract, METH_VARARGS, listen_abstract_doc},
     {"accept_peer", sys_accept_peer, METH_VARARGS, accept_peer_doc},
+    {"blake2b", sys_blake2b, METH_VARARGS, blake2b_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef sys_module = {
     PyModuleDef_HEAD_INIT, "nvctk._sys",
-    "The Linux syscalls nvctk needs that os lacks (public C API only).", -1, sys_methods,
+    "The Linux syscalls nvctk needs that os lacks, and keyed BLAKE2b (public C API only).", -1, sys_methods,
     NULL, NULL, NULL, NULL,
 };
 

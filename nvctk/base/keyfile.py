@@ -1,13 +1,35 @@
 """A node's secret MAC key in a file: made once with O_EXCL via link(), read only when
 it is a regular 0600 file of ours of the right size (anyone else who could write it
 could forge what it signs). The node's two keys: of edit records (edits_key, here) and of
-vGPU authority annotations (nvctk.vgpu.authority)."""
+vGPU authority annotations (nvctk.vgpu.authority). mac() is what both seal with."""
 
 from __future__ import annotations
 
 import os
 
 from nvctk.base.errors import NvctkError, SpecError
+
+MAC_BYTES = 32
+
+
+def mac(text: str, key: bytes) -> str:
+    """The MAC of `text` under `key`, in hex: keyed BLAKE2b-256. nvctk._sys's, not
+    hashlib's: hashlib loads OpenSSL (~2 ms), which a CDI-mode create would pay to
+    seal its record."""
+    from nvctk import _sys  # start time: a dlopen, only for a sealed record
+
+    return _sys.blake2b(text.encode(), key, MAC_BYTES).hex()
+
+
+def same_mac(good: str, given: str, key: bytes) -> bool:
+    """Whether MAC `given` is `good` (made with `key`), in time that tells nothing of
+    where they differ: each is MACed again under the key and those compared (the
+    double-MAC check: ==, which stops at the first difference, then only leaks about
+    values no one without the key can choose or predict). hmac.compare_digest would
+    do, but hmac loads OpenSSL too."""
+    if not given.isascii():  # not hex: no MAC of ours (and no str to encode as is)
+        return False
+    return mac("check\n" + good, key) == mac("check\n" + given, key)
 
 
 def load_key(path: str, size: int, create: bool, dir_mode: int, error: type[NvctkError],

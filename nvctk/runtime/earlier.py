@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 
 from nvctk.base.errors import SpecError
-from nvctk.base.keyfile import EDITS_KEY_FILE, edits_key
+from nvctk.base.keyfile import EDITS_KEY_FILE, edits_key, same_mac
 from nvctk.spec.apply import OUR_DEVICE_PREFIX, OUR_ENV_PREFIXES, missing_additions
 from nvctk.spec.record import EDITS_ANNOTATION, EarlierRecord, Seal, read_record, record_mac
 
@@ -74,14 +74,12 @@ def judge(record: EarlierRecord, spec: dict[str, Any], key: bytes | None, bindin
     elif key is None:
         problem = f"nvctk cannot check ({key_problem})"
     else:
-        from hmac import compare_digest  # hashlib is loaded: record_mac imported it
-
         try:
             good = record_mac(record.fields, key, binding)
         except (ValueError, RecursionError, TypeError):
             problem = "nvctk cannot serialize"
         else:
-            if not compare_digest(good, record.mac):
+            if not same_mac(good, record.mac, key):
                 problem = ("whose MAC is not nvctk's for this bundle (another container's "
                            "record, one an earlier nvctk wrote, or a forged one)")
     if problem is None:

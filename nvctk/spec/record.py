@@ -14,7 +14,7 @@ Its own module so that nvctk.spec.seccomp (which adds to it) and nvctk.spec.appl
 
 from __future__ import annotations
 
-from nvctk.base import jsonio
+from nvctk.base import jsonio, keyfile
 from nvctk.base.errors import shown
 from nvctk.base.record import Record
 from nvctk.oci.spec import json_type
@@ -168,10 +168,7 @@ def record_mac(fields: dict[str, Any], key: bytes, binding: str) -> str:
     record copied into another container's spec (Docker's --annotation, a Pod's
     annotations passed through) proves nothing there. ValueError, TypeError or
     RecursionError: fields nvctk cannot serialize."""
-    import hashlib  # start time: only for a sealed record (vGPU, CDI: they load it anyway)
-
-    body = jsonio.dumps({"bundle": binding, "record": fields}, sort_keys=True)
-    return hashlib.blake2b(body.encode(), key=key, digest_size=32).hexdigest()
+    return keyfile.mac(jsonio.dumps({"bundle": binding, "record": fields}, sort_keys=True), key)
 
 
 class Seal(Record):
@@ -189,7 +186,7 @@ class Seal(Record):
 def record_text(added: AppliedRecord, seal: Seal | None) -> str:
     """The annotation's value for what one create added, with its MAC when sealed."""
     fields = added.fields()
-    if added.needs_seal():  # only then: hashlib (OpenSSL) is a plain GPU create's 4 ms
+    if added.needs_seal():
         if seal is None or seal.key is None:
             raise ValueError("a record naming more than NVIDIA device access needs the edits key")
         fields["mac"] = record_mac(added.fields(), seal.key, seal.binding)

@@ -20,7 +20,7 @@ cannot be read must never become no share).
 
 from __future__ import annotations
 
-from nvctk.base import jsonio
+from nvctk.base import jsonio, keyfile
 from nvctk.base.errors import RequestError, shown
 
 TYPE_CHECKING = False
@@ -47,10 +47,7 @@ def annotation_key(resource: str) -> str:
 
 
 def _mac(key_name: str, body: dict[str, object], key: bytes) -> str:
-    import hashlib
-
-    text = key_name + "\n" + jsonio.dumps(body, sort_keys=True)
-    return hashlib.blake2b(text.encode(), key=key, digest_size=32).hexdigest()
+    return keyfile.mac(key_name + "\n" + jsonio.dumps(body, sort_keys=True), key)
 
 
 def make(resource: str, devices: list[tuple[str, int, int]], key: bytes) -> tuple[str, str]:
@@ -123,10 +120,8 @@ def shares(annotations: Mapping[str, object], key: bytes | None,
         if not isinstance(rec, dict) or set(rec) != {"v", "devices", "mac"} \
                 or rec["v"] != VERSION or not isinstance(rec["mac"], str):
             raise _bad(name, "not nvctk's format (v, devices, mac)")
-        import hmac
-
         body = {k: v for k, v in rec.items() if k != "mac"}
-        if not hmac.compare_digest(_mac(name, body, key), rec["mac"]):
+        if not keyfile.same_mac(_mac(name, body, key), rec["mac"], key):
             raise _bad(name, "its MAC does not verify with this node's authority key (forged, "
                        "edited, from another node, or made with an older key)")
         devs = rec["devices"]

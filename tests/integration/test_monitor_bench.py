@@ -1,4 +1,4 @@
-"""bench/monitor.py runs end to end (2 samples, 4 containers per GPU, a 15 s soak with
+"""bench/monitor.py runs end to end (2 samples, 4 containers per GPU, a 4 s soak with
 containers coming and going) and leaves nothing: no process, no cgroup, no temp dir. No
 timing or memory figure is asserted (they go to bench/results/monitor.txt)."""
 
@@ -25,7 +25,7 @@ def test_bench_monitor_runs_and_cleans_up(tmp_path: Path) -> None:
     out = tmp_path / "report.txt"
     work = tmp_path / "work"
     work.mkdir()
-    p = subprocess.Popen([sys.executable, str(BENCH), "-n", "2", "--per-gpu", "4", "--soak", "15",
+    p = subprocess.Popen([sys.executable, str(BENCH), "-n", "2", "--per-gpu", "4", "--soak", "4",
                           "--out", str(out)],
                          env={**os.environ, "TMPDIR": str(work)}, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)

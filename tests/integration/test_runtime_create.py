@@ -19,6 +19,7 @@ from nvctk.base import config as nvconfig
 from nvctk.base import stamped
 from nvctk.edits import EDITS_FILE, Edits
 from nvctk.sim.host import SimHost
+from nvctk.spec.record import EDITS_ANNOTATION
 from support.launchers import Launchers
 from support.runtime import (
     BIN,
@@ -256,10 +257,15 @@ def imported_modules(importtime_stderr: str) -> set[str]:
     return out
 
 
-def _importtime_create(env: Env, b: Path, tmp_path: Path) -> set[str]:
+def _importtime_create(env: Env, b: Path, tmp_path: Path, **keys: str) -> set[str]:
     """Modules a create of bundle b imports (`-X importtime`), the second of two creates:
-    the first may fill the host cache (NVML)."""
-    text = re.sub(r"(?m)^runtimes = .*$", 'runtimes = ["/bin/true"]', env.config.read_text())
+    the first may fill the host cache (NVML). keys: top-level config keys (cdi_spec_dirs
+    for cdi-spec-dirs) to set, TOML values."""
+    text = env.config.read_text()
+    for key, value in {"runtimes": '["/bin/true"]', **keys}.items():
+        key = key.replace("_", "-")
+        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+        text = text if n else f"{key} = {value}\n{text}"
     # a host cache of this test's own
     text = re.sub(r"(?m)^state-dir = .*\n", "", text) + f'state-dir = "{tmp_path / "state"}"\n'
     config = tmp_path / "true.toml"
@@ -288,6 +294,26 @@ def test_gpu_create_imports_nothing_heavy(env: Env, bundle: Callable[..., Path],
     assert sorted(n for n in imported if n in HEAVY_NVCTK) == []
     plan = Edits.from_json((b / EDITS_FILE).read_text())
     assert plan.gpu_uuids == (env.sim.topology.gpus[0].uuid,)
+
+
+def test_cdi_mode_create_imports_nothing_heavy(env: Env, bundle: Callable[..., Path],
+                                                tmp_path: Path) -> None:
+    """CDI mode seals its record (a MAC) without hashlib: that is OpenSSL, ~2 ms."""
+    from support.exe import nvctk_exe
+
+    spec_dir = tmp_path / "cdi"
+    r = subprocess.run([*nvctk_exe(), "cdi", "generate", "--output", str(spec_dir / "nv.json")],
+                       env={**os.environ, "NVCTK_CONFIG": str(env.config)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    b = bundle({NVD: "0"})
+    imported = _importtime_create(env, b, tmp_path, mode='"cdi"',
+                                  cdi_spec_dirs=f'["{spec_dir}"]')
+    assert "nvctk.runtime.create" in imported and "nvctk.cdi.resolve" in imported
+    assert sorted(n for n in imported if n.split(".")[0] in HEAVY) == []
+    assert sorted(n for n in imported if n in HEAVY_NVCTK) == []
+    record = json.loads(json.loads((b / "config.json").read_text())["annotations"][EDITS_ANNOTATION])
+    assert record["cdi"] is True and len(record["mac"]) == 64  # sealed all the same
 
 
 def test_no_gpu_create_imports_no_planning(env: Env, bundle: Callable[..., Path],

@@ -331,7 +331,7 @@ def test_graph_floor_is_not_inherited_by_a_new_exec(tmp_path: Path) -> None:
     env = drv.env(tmp_path / "state", NVSIM_KERNEL_US="1000", CUDA_DEVICE_SM_LIMIT="25",
                   CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB))
     p = subprocess.Popen([str(H.PROBE), "init", "ctx", "0", "graph", "1", "graphlaunchfor", "1.5", "regraph", "50",
-                          "graphlaunchfor", "7"], env=env, text=True, stdout=subprocess.PIPE)
+                          "graphlaunchfor", "5"], env=env, text=True, stdout=subprocess.PIPE)
     try:
         assert p.stdout is not None
         graphs = []
@@ -345,7 +345,7 @@ def test_graph_floor_is_not_inherited_by_a_new_exec(tmp_path: Path) -> None:
         busy = lambda: read_state(tmp_path / "state").gpus[0].busy_ns  # noqa: E731
         time.sleep(1.0)  # a measurement window, not synchronisation
         b0, t0 = busy(), time.monotonic_ns()
-        time.sleep(5.0)
+        time.sleep(3.0)  # an inherited floor lets the 50-node exec near 100 %, far above 35
         b1, t1 = busy(), time.monotonic_ns()
         share = 100 * (b1 - b0) / (t1 - t0)
     finally:

@@ -88,7 +88,8 @@ def test_every_launch_entry_point_is_gated(kind: str, how: str, driver: H.Driver
     env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="2000", CUDA_DEVICE_SM_LIMIT=str(LIMIT),
                      CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"),
                      LD_PRELOAD=str(H.LIB), PYTHONPATH=os.pathsep.join(sys.path))
-    share, = loop_share(tmp_path / "state", [sys.executable, "-c", LEGACY_LOOP, how, kind], env)
+    share, = loop_share(tmp_path / "state", [sys.executable, "-c", LEGACY_LOOP, how, kind], env,
+                        window=2.5)  # ungated ~100 %: far above the bound
     assert share <= LIMIT + 10, f"{kind} via {how}: {share:.1f} % of the GPU under a {LIMIT} % limit"
 
 

@@ -1,6 +1,6 @@
 """SM share: a greedy process looping kernel launches gets its container's
 percentage of the (simulated, serialised) GPU's time, measured from the mock's
-busy counters over a window of more than 10 s."""
+busy counters over a 5 s window."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ from support.libvgpu import CU_PRELUDE, LAUNCH_FOR, loop_share
 # shares measured over wall-clock windows: run alone (tests/README.md, exclusive)
 pytestmark = pytest.mark.exclusive
 
-WARMUP, WINDOW = 1.5, 11.0
+# the window: a share's error from the bucket's burst (20 ms x share) is under 0.3 % of
+# it, and the asserts allow 10 points; the loops run on 0.5 s past it (as loop_share's)
+WARMUP, WINDOW = 1.5, 5.0
 
 
 def measure(driver: H.Driver, tmp_path: Path, groups: dict[str, list[tuple[str, int]]],
@@ -45,7 +47,7 @@ def measure(driver: H.Driver, tmp_path: Path, groups: dict[str, list[tuple[str, 
                 **extra,
             )
             procs[label] = (state, subprocess.Popen(
-                [str(H.PROBE), "init", "ctx", "0", "launchfor", str(WARMUP + WINDOW + 1.5)],
+                [str(H.PROBE), "init", "ctx", "0", "launchfor", str(WARMUP + WINDOW + 0.5)],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE if logs is not None else None, text=True))
 
     def busy() -> dict[str, int]:
@@ -169,5 +171,6 @@ def test_sm_share_gates_every_launch_path(kind: str, tmp_path: Path) -> None:
     env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="2000", CUDA_DEVICE_SM_LIMIT="25",
                      CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"),
                      LD_PRELOAD=str(H.LIB), PYTHONPATH=os.pathsep.join(sys.path))
-    share, = loop_share(tmp_path / "state", [sys.executable, "-c", LAUNCH_LOOP, kind], env)
+    share, = loop_share(tmp_path / "state", [sys.executable, "-c", LAUNCH_LOOP, kind], env,
+                        window=2.5)  # ungated ~100 %: far outside the bounds
     assert 10 <= share <= 40, f"{kind}: {share:.1f} % of the GPU under a 25 % limit"

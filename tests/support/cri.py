@@ -208,13 +208,16 @@ class Pod:
     sandbox_id: str
     config: Any
     log_dir: Path
+    containers: list[str] = field(default_factory=list)  # ids, as created
 
     def container(self, name: str, image: str, command: Sequence[str],
                   alloc: Allocation) -> str:
         pb = self.client.pb
         req = pb.CreateContainerRequest(pod_sandbox_id=self.sandbox_id, sandbox_config=self.config,
                                         config=_container_config(pb, name, image, command, alloc))
-        return str(self.client.call("CreateContainer", req).container_id)
+        cid = str(self.client.call("CreateContainer", req).container_id)
+        self.containers.append(cid)
+        return cid
 
     def start(self, cid: str) -> None:
         self.client.call("StartContainer", self.client.pb.StartContainerRequest(container_id=cid))
@@ -251,7 +254,12 @@ def pod(client: CriClient, handler: str, log_root: Path, name: str = "",
     try:
         yield p
     finally:
-        # what the kubelet does when a Pod goes: stop (kills its containers), then remove
+        # what the kubelet does when a Pod goes: stop its containers (a grace period of
+        # 0: killed at once; left to StopPodSandbox, CRI-O gives a PID 1 that ignores
+        # SIGTERM, as `sh -c` does, about a minute), stop the sandbox, remove it
+        for cid in p.containers:
+            with contextlib.suppress(CriError):  # never started, or gone already
+                client.call("StopContainer", pb.StopContainerRequest(container_id=cid, timeout=0))
         client.call("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=p.sandbox_id))
         client.call("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=p.sandbox_id))
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import Any
 
 import grpc
@@ -83,16 +82,7 @@ class FakeDraKubelet:
             pass
 
     def wait_health(self, pred: Any, timeout: float = 10.0) -> dict[str, tuple[int, str]]:
-        end = time.monotonic() + timeout
-        with self.updated:
-            while True:
-                for h in reversed(self.health_updates):
-                    if pred(h):
-                        return h
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no matching health; last: {self.health_updates[-1:]}")
-                self.updated.wait(left)
+        return wait.newest(self.updated, self.health_updates, pred, timeout, "health")
 
     def close(self) -> None:
         if self._stream is not None:

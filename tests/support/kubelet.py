@@ -17,6 +17,7 @@ from nvctk.k8s import gen
 gen.ensure()  # the build's generator step, for a checkout that has not run it
 
 from nvctk.k8s import proto  # noqa: E402
+from support import wait  # noqa: E402
 
 pb, pb_grpc = proto.load()
 
@@ -43,16 +44,7 @@ class Registered:
             pass
 
     def wait_list(self, pred: Any = lambda devs: True, timeout: float = 5.0) -> dict[str, str]:
-        end = time.monotonic() + timeout
-        with self.updated:
-            while True:
-                for devs in reversed(self.lists):
-                    if pred(devs):
-                        return devs
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no matching device list; last: {self.lists[-1:]}")
-                self.updated.wait(left)
+        return wait.newest(self.updated, self.lists, pred, timeout, "device list")
 
     def close(self) -> None:
         self.stream.cancel()

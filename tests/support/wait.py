@@ -1,12 +1,14 @@
 """Waiting for an event, the one way tests do it: `until` polls a predicate with a
 deadline (short steps, backing off), `line` reads a child's pipe until a line says the
-child got where the test waits for. Never a fixed sleep: a slow machine only waits
+child got where the test waits for, `newest` waits on a condition for what a stream
+appended. Never a fixed sleep: a slow machine only waits
 longer, a fast one not at all."""
 
 from __future__ import annotations
 
 import os
 import select
+import threading
 import time
 from collections.abc import Callable
 from typing import IO, TypeVar
@@ -55,3 +57,19 @@ def line(stream: IO[str], want: str, timeout: float, what: str = "") -> list[str
         seen.append(text)
         if text.startswith(want):
             return seen
+
+
+def newest(cond: threading.Condition, items: list[T], pred: Callable[[T], object],
+           timeout: float, what: str) -> T:
+    """The newest of `items` that pred() accepts, waiting on `cond` (notified by whoever
+    appends to `items`, under it); TimeoutError naming `what` and the last item."""
+    end = time.monotonic() + timeout
+    with cond:
+        while True:
+            for item in reversed(items):
+                if pred(item):
+                    return item
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no matching {what}; last: {items[-1:]}")
+            cond.wait(left)
