@@ -29,7 +29,7 @@ apt:
 # .venv/bin: again when they change
 LAUNCHER_SOURCES := runtime_shim/launcher.c runtime_shim/nvctk-runtime.c hooks/nvctk-hook.c cli/nvctk.c
 $(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c $(LAUNCHER_SOURCES) nvctk/k8s/api.proto \
-                    $(wildcard nvctk/dra/protos/*.proto)
+                    $(wildcard nvctk/dra/third_party/*.proto)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

@@ -1,7 +1,7 @@
 """Build hook only; the project's metadata is in pyproject.toml.
 
 build_py first generates the kubelet plugins' gRPC modules from nvctk/k8s/api.proto
-(the device plugin) and nvctk/dra/protos/*.proto (the DRA plugin) (grpcio-tools, a
+(the device plugin) and nvctk/dra/third_party/*.proto (the DRA plugin) (grpcio-tools, a
 build requirement).
 
 A wheel (and the Debian package, built from one) carries libvgpu.so as

@@ -1,4 +1,4 @@
-"""The generated gRPC code of the kubelet's DRA plugin APIs (nvctk/dra/protos), or a
+"""The generated gRPC code of the kubelet's DRA plugin APIs (nvctk/dra/third_party), or a
 clear error saying how to make it."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ def load() -> Any:
     """The modules as attributes: v1, v1_grpc, v1beta1, v1beta1_grpc, health,
     health_grpc, reg, reg_grpc."""
     try:  # generated at build time: its absence is a clear error, not an ImportError
-        from nvctk.dra.protos import (
+        from nvctk.dra.third_party import (
             dra_health_v1alpha1_pb2,
             dra_health_v1alpha1_pb2_grpc,
             dra_v1_pb2,

@@ -33,20 +33,26 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> H.Driver:
     return driver_of(tmp_path_factory, "vgpu-sampling")
 
 
+def timed_launches(driver: H.Driver, tmp_path: Path, program: str, *args: int, **extra: str) -> int:
+    """How many of the program's launches libvgpu timed under a 50 % SM limit (its exit
+    statistics), with asynchronous launches."""
+    env = driver.env(tmp_path / "state", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT="50",
+                     CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB),
+                     LIBVGPU_LOG_LEVEL="debug", PYTHONPATH=os.pathsep.join(sys.path), **extra)
+    cp = subprocess.run([sys.executable, "-c", CU_PRELUDE + program, *map(str, args)], env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    m = re.search(r"sm: (\d+) launches timed, (\d+) charged their estimate", cp.stderr)
+    assert m, cp.stderr[-2000:]
+    return int(m.group(1))
+
+
 @pytest.mark.exclusive  # what is sampled depends on the time between bursts
 @pytest.mark.parametrize("size", [1, 10])
 def test_the_first_launch_of_each_burst_is_not_systematically_timed(size: int, driver: H.Driver,
                                                                     tmp_path: Path) -> None:
     bursts = 300
-    env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="0", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT="50",
-                     CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB),
-                     LIBVGPU_LOG_LEVEL="debug", PYTHONPATH=os.pathsep.join(sys.path))
-    cp = subprocess.run([sys.executable, "-c", CU_PRELUDE + BURSTS, str(bursts), str(size)], env=env,
-                        capture_output=True, text=True, timeout=120)
-    assert cp.returncode == 0, cp.stderr[-2000:]
-    m = re.search(r"sm: (\d+) launches timed, (\d+) charged their estimate", cp.stderr)
-    assert m, cp.stderr[-2000:]
-    timed = int(m.group(1))
+    timed = timed_launches(driver, tmp_path, BURSTS, bursts, size, NVSIM_KERNEL_US="0")
     # a new shape is timed often at first (a half, halving every 4 samples): ~40 in all here
     assert timed < bursts // 4, f"{timed} of {bursts * size} launches timed in {bursts} bursts of {size}"
 
@@ -69,13 +75,5 @@ def test_a_shape_whose_runs_differ_is_sampled_not_timed_on_every_launch(driver: 
     samples' mean, sampled at the usual rate: timing every launch of it put two event
     records on each (what failed CI on 2026-11-27, as noise on a loaded VM)."""
     launches = 600
-    env = driver.env(tmp_path / "state", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT="50",
-                     CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB),
-                     LIBVGPU_LOG_LEVEL="debug", PYTHONPATH=os.pathsep.join(sys.path))
-    cp = subprocess.run([sys.executable, "-c", CU_PRELUDE + MIXED, str(launches), "20", "400"], env=env,
-                        capture_output=True, text=True, timeout=120)
-    assert cp.returncode == 0, cp.stderr[-2000:]
-    m = re.search(r"sm: (\d+) launches timed, (\d+) charged their estimate", cp.stderr)
-    assert m, cp.stderr[-2000:]
-    timed = int(m.group(1))
+    timed = timed_launches(driver, tmp_path, MIXED, launches, 20, 400)
     assert timed < launches // 4, f"{timed} of {launches} launches of a dispersed shape timed"

@@ -1,4 +1,4 @@
-"""A fake kubelet for the DRA plugin's tests, speaking the real protos (nvctk/dra/protos)
+"""A fake kubelet for the DRA plugin's tests, speaking the real protos (nvctk/dra/third_party)
 as the kubelet does: its plugin watcher finds `<registry-dir>/<driver>-reg.sock`, calls
 GetInfo and NotifyRegistrationStatus, then dials the endpoint GetInfo named for
 NodePrepareResources / NodeUnprepareResources (v1 or v1beta1) and keeps a
