@@ -22,10 +22,12 @@
 #include <stddef.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/vfs.h>
+#include <time.h>
 #include <unistd.h>
 
 /* the new mount API and openat2 (x86-64 and the generic table agree) */
@@ -794,8 +796,14 @@ out_sequence(json_out *o, PyObject *seq)
     if (out_ascii(o, "[") < 0)
         goto done;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
-        if ((i > 0 && out_ascii(o, ",") < 0) ||
-            out_value(o, PySequence_Fast_GET_ITEM(fast, i)) < 0)
+        if (i > 0 && out_ascii(o, ",") < 0)
+            goto done;
+        /* held: sorting a nested dict's keys runs their __lt__, which may edit this list */
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        Py_INCREF(item);
+        int irc = out_value(o, item);
+        Py_DECREF(item);
+        if (irc < 0)
             goto done;
     }
     rc = out_ascii(o, "]");
@@ -893,5 +901,12 @@ static struct PyModuleDef sys_module = {
 PyMODINIT_FUNC
 PyInit__sys(void)
 {
+    /* jansson seeds its hash tables from /dev/urandom on first use: an open() of a path
+       that, in a hook's mount namespace, a container may have replaced (a FIFO would
+       block). getrandom(2) opens nothing. */
+    uint32_t seed = 0;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed)
+        seed = (uint32_t)time(NULL) ^ (uint32_t)getpid();
+    json_object_seed(seed ? seed : 1);  /* 0 would ask jansson to pick one */
     return PyModule_Create(&sys_module);
 }

@@ -7,6 +7,7 @@ import collections
 import enum
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -305,3 +306,28 @@ def test_encoder_refuses_as_json_does(obj: Any, sort_keys: bool) -> None:
 def test_shared_not_circular_is_fine() -> None:
     shared = [1]
     assert jsonio.dumps([shared, shared, {"a": shared}]) == "[[1],[1],{\"a\":[1]}]"
+
+
+def test_a_key_sort_that_edits_the_list_being_written_does_not_crash() -> None:
+    outer: list[Any] = []
+
+    class Key(str):
+        def __lt__(self, other: object) -> bool:
+            outer.clear()  # drops the dict being written, but for the encoder's reference
+            return str.__lt__(self, str(other))
+
+    outer.extend([{Key("b"): 1, Key("a"): 2}, "tail"])
+    got = jsonio.dumps(outer, sort_keys=True)
+    assert got.startswith('[{"a":2,"b":1}')
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_decoding_opens_no_file() -> None:
+    """jansson would seed its hash from /dev/urandom at the first object: in a hook's
+    mount namespace that path is the container's (a FIFO there would block the hook)."""
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from nvctk.base import jsonio; "
+            "jsonio.loads('{\"a\": {\"b\": 1}}')")
+    r = subprocess.run(["strace", "-f", "-e", "trace=open,openat", sys.executable, "-I", "-S",
+                        "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "/dev/urandom" not in r.stderr and "/dev/random" not in r.stderr
