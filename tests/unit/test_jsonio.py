@@ -46,6 +46,22 @@ def same(a: Any, b: Any) -> bool:
     return repr(a) == repr(b)
 
 
+def assert_loads_as_json(data: str | bytes) -> None:
+    """jsonio.loads(data) gives json.loads' value, or its error with its message."""
+    try:
+        want: Any = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        with pytest.raises(type(e)) as got:
+            jsonio.loads(data)
+        assert str(got.value) == str(e)
+    else:
+        assert same(jsonio.loads(data), want)
+
+
+def refuse_fallback(data: str | bytes | bytearray) -> Any:
+    raise AssertionError(f"fell back to json for {data!r}")
+
+
 @settings(max_examples=300, deadline=None)
 @given(documents, st.booleans(), st.booleans(), st.sampled_from(["", " ", "\n\t ", "\r\n"]))
 def test_round_trip_matches_json(doc: Any, sort_keys: bool, ascii_only: bool, ws: str) -> None:
@@ -60,15 +76,7 @@ def test_round_trip_matches_json(doc: Any, sort_keys: bool, ascii_only: bool, ws
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=40))
 def test_any_text_gives_json_value_or_json_error(text: str) -> None:
-    try:
-        want: Any = json.loads(text)
-    except ValueError as e:
-        with pytest.raises(ValueError) as got:
-            jsonio.loads(text)
-        assert str(got.value) == str(e)
-    else:
-        got_value = jsonio.loads(text)
-        assert got_value == want or (isinstance(want, float) and math.isnan(want))
+    assert_loads_as_json(text)
 
 
 @pytest.mark.parametrize(
@@ -76,14 +84,7 @@ def test_any_text_gives_json_value_or_json_error(text: str) -> None:
     [b"", b"{", b"[1] x", b'{"a":1,}', b"\xff", "\ufeff{}".encode(), "[1]".encode("utf-16")],
 )
 def test_bytes_edge_cases_match_json(data: bytes) -> None:
-    try:
-        want: Any = json.loads(data)
-    except ValueError as e:
-        with pytest.raises(type(e)) as got:
-            jsonio.loads(data)
-        assert str(got.value) == str(e)
-    else:
-        assert jsonio.loads(data) == want
+    assert_loads_as_json(data)
 
 
 def test_unserializable_is_a_type_error() -> None:
@@ -115,10 +116,7 @@ def test_the_fast_path_is_nvctk_sys() -> None:
 
 @pytest.fixture
 def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(data: str | bytes | bytearray) -> Any:
-        raise AssertionError(f"fell back to json for {data!r}")
-
-    monkeypatch.setattr(jsonio, "_slow_loads", refuse)
+    monkeypatch.setattr(jsonio, "_slow_loads", refuse_fallback)
 
 
 @settings(max_examples=300, deadline=None)
@@ -126,11 +124,8 @@ def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_valid_documents_never_take_the_fallback(doc: Any, as_bytes: bool, ascii_only: bool,
                                                  ws: str) -> None:
     text = ws + json.dumps(doc, separators=(",", ":"), ensure_ascii=ascii_only) + ws
-    def refuse(data: str | bytes | bytearray) -> Any:
-        raise AssertionError(f"fell back to json for {data!r}")
-
     old = jsonio._slow_loads
-    jsonio._slow_loads = refuse  # type: ignore[assignment]
+    jsonio._slow_loads = refuse_fallback  # type: ignore[assignment]
     try:
         got = jsonio.loads(text.encode() if as_bytes else text)
     finally:
@@ -196,14 +191,7 @@ def test_every_float_repr_decodes_to_itself_on_the_fast_path(x: float) -> None:
     ("[" * 150 + "]" * 150, True), ("[" * 300 + "]" * 300, False),
 ])
 def test_where_jansson_and_json_could_differ_json_decides(text: str, fast: bool) -> None:
-    try:
-        want: Any = json.loads(text)
-    except ValueError as e:
-        with pytest.raises(ValueError) as got:
-            jsonio.loads(text)
-        assert str(got.value) == str(e)
-    else:
-        assert same(jsonio.loads(text), want)
+    assert_loads_as_json(text)
     try:
         _sys.json_loads(text)
         took_fast = True
@@ -218,14 +206,7 @@ def test_where_jansson_and_json_could_differ_json_decides(text: str, fast: bool)
     "\ud800", '"\ud800"', '"a\x00"', "1 2", "",
 ])
 def test_hostile_input_gets_jsons_answer(data: str | bytes) -> None:
-    try:
-        want: Any = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        with pytest.raises(type(e)) as got:
-            jsonio.loads(data)
-        assert str(got.value) == str(e)
-    else:
-        assert same(jsonio.loads(data), want)
+    assert_loads_as_json(data)
 
 
 def test_huge_string_on_the_fast_path(no_fallback: None) -> None:
