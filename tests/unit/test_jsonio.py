@@ -312,3 +312,15 @@ def test_decoding_opens_no_file() -> None:
                         "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "/dev/urandom" not in r.stderr and "/dev/random" not in r.stderr
+
+
+@pytest.mark.parametrize("text", [
+    "\x0c1", "1\x0b", "\u00a01", "1\u2028", "\ufeff1", "[1,]", '{"a":1,}', "01", "1.", ".5", "+1",
+    "-", "1e", "1e+", '"\\x"', '"\\u12"', "tru", "True", "nul", "[1 2]", '{"a" 1}', "{1:2}",
+    '"\t"', "'a'", "[1]]", "{}}", "",
+])
+def test_what_json_refuses_the_fast_path_refuses(text: str) -> None:
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        _sys.json_loads(text)
