@@ -540,6 +540,9 @@ sys_json_loads(PyObject *self, PyObject *arg)
             PyErr_SetString(PyExc_ValueError, "json_loads: the text is not UTF-8");
             return NULL;
         }
+    } else if (!PyBytes_Check(arg) && !PyByteArray_Check(arg)) {  /* json says what */
+        PyErr_SetString(PyExc_ValueError, "json_loads: not str, bytes or bytearray");
+        return NULL;
     } else {
         if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
             return NULL;

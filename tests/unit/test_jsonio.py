@@ -324,3 +324,12 @@ def test_what_json_refuses_the_fast_path_refuses(text: str) -> None:
         json.loads(text)
     with pytest.raises(ValueError):
         _sys.json_loads(text)
+
+
+@pytest.mark.parametrize("data", [1, None, memoryview(b"[1]"), ["[1]"]])
+def test_what_is_not_a_document_gets_jsons_type_error(data: Any) -> None:
+    with pytest.raises(TypeError) as want:
+        json.loads(data)
+    with pytest.raises(TypeError) as got:
+        jsonio.loads(data)
+    assert str(got.value) == str(want.value)
