@@ -94,6 +94,7 @@ SYS_EXTENSION = Extension(
     "nvctk._sys",
     sources=["nvctk/_sys.c"],
     extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration"],
+    libraries=["b2", "jansson"],  # libb2 (BLAKE2b) and jansson (JSON decoding)
 )
 
 setup(

@@ -1,5 +1,6 @@
 /* nvctk._sys: the Linux syscalls nvctk's hook and runtime need that `os` lacks, and
- * keyed BLAKE2b for the MACs nvctk seals its records with.
+ * keyed BLAKE2b for the MACs nvctk seals its records with (libb2), and JSON (jansson to
+ * decode, a compact encoder) for nvctk.base.jsonio.
  *
  * The hook and the runtime run in every GPU container's start, so they avoid
  * ctypes (~4 ms to import) and any private interpreter module; this extension uses
@@ -10,17 +11,23 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <blake2.h>
+#include <jansson.h>
+
 #include <errno.h>
+#include <math.h>
 #include <linux/capability.h>
 #include <stdint.h>
 #include <string.h>
 #include <stddef.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/vfs.h>
+#include <time.h>
 #include <unistd.h>
 
 /* the new mount API and openat2 (x86-64 and the generic table agree) */
@@ -406,130 +413,10 @@ WRAPPER(accept_peer,
     return Py_BuildValue("(iii)", conn, (int)cr.pid, (int)cr.uid);
 }
 
-/* Keyed BLAKE2b (RFC 7693; this is its reference code, appendix C): the MAC of the
- * records a create seals (nvctk.spec.record, nvctk.vgpu.authority). hashlib would do
+/* Keyed BLAKE2b: the MAC of the records a create seals (nvctk.spec.record,
+ * nvctk.vgpu.authority), from libb2 (the BLAKE2 authors' library). hashlib would do
  * the same, but importing it loads OpenSSL (_hashlib, ~2 ms), which every CDI-mode
  * create would pay; tests/unit/test_mac.py checks it against hashlib. */
-typedef struct {
-    uint8_t b[128];  /* the input block */
-    uint64_t h[8];   /* the chained state */
-    uint64_t t[2];   /* bytes counted */
-    size_t c;        /* bytes in b */
-    size_t outlen;
-} b2b_ctx;
-
-static const uint64_t b2b_iv[8] = {
-    0x6A09E667F3BCC908ULL, 0xBB67AE8584CAA73BULL, 0x3C6EF372FE94F82BULL, 0xA54FF53A5F1D36F1ULL,
-    0x510E527FADE682D1ULL, 0x9B05688C2B3E6C1FULL, 0x1F83D9ABFB41BD6BULL, 0x5BE0CD19137E2179ULL,
-};
-
-/* the message schedule: round i uses row i % 10 (rounds 10 and 11 repeat rows 0 and 1) */
-static const uint8_t b2b_sigma[10][16] = {
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
-    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
-    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
-    {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
-    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
-    {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
-    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
-    {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
-    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
-    {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
-};
-
-#define B2B_ROTR64(x, y) (((x) >> (y)) ^ ((x) << (64 - (y))))
-
-/* the mixing function G on words a, b, c, d of v, with message words x, y */
-static inline void
-b2b_g(uint64_t *v, const uint8_t *q, uint64_t x, uint64_t y)
-{
-    const uint8_t a = q[0], b = q[1], c = q[2], d = q[3];
-    v[a] = v[a] + v[b] + x;
-    v[d] = B2B_ROTR64(v[d] ^ v[a], 32);
-    v[c] = v[c] + v[d];
-    v[b] = B2B_ROTR64(v[b] ^ v[c], 24);
-    v[a] = v[a] + v[b] + y;
-    v[d] = B2B_ROTR64(v[d] ^ v[a], 16);
-    v[c] = v[c] + v[d];
-    v[b] = B2B_ROTR64(v[b] ^ v[c], 63);
-}
-
-/* G's words in a round: the four columns, then the four diagonals */
-static const uint8_t b2b_quads[8][4] = {
-    {0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15},
-    {0, 5, 10, 15}, {1, 6, 11, 12}, {2, 7, 8, 13}, {3, 4, 9, 14},
-};
-
-static void
-b2b_compress(b2b_ctx *ctx, int last)
-{
-    uint64_t v[16], m[16];
-    for (int i = 0; i < 8; i++) {
-        v[i] = ctx->h[i];
-        v[i + 8] = b2b_iv[i];
-    }
-    v[12] ^= ctx->t[0];
-    v[13] ^= ctx->t[1];
-    if (last)
-        v[14] = ~v[14];
-    for (int i = 0; i < 16; i++) {  /* little-endian words, whatever the host's order */
-        const uint8_t *p = &ctx->b[8 * i];
-        m[i] = (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 |
-               (uint64_t)p[3] << 24 | (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 |
-               (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
-    }
-    for (int i = 0; i < 12; i++)
-        for (int j = 0; j < 8; j++)
-            b2b_g(v, b2b_quads[j], m[b2b_sigma[i % 10][2 * j]],
-                  m[b2b_sigma[i % 10][2 * j + 1]]);
-    for (int i = 0; i < 8; i++)
-        ctx->h[i] ^= v[i] ^ v[i + 8];
-}
-
-static void
-b2b_update(b2b_ctx *ctx, const uint8_t *in, size_t inlen)
-{
-    for (size_t i = 0; i < inlen; i++) {
-        if (ctx->c == 128) {  /* a full block, and more follows: not the last one */
-            ctx->t[0] += ctx->c;
-            if (ctx->t[0] < ctx->c)
-                ctx->t[1]++;
-            b2b_compress(ctx, 0);
-            ctx->c = 0;
-        }
-        ctx->b[ctx->c++] = in[i];
-    }
-}
-
-static void
-b2b_init(b2b_ctx *ctx, size_t outlen, const uint8_t *key, size_t keylen)
-{
-    for (int i = 0; i < 8; i++)
-        ctx->h[i] = b2b_iv[i];
-    ctx->h[0] ^= 0x01010000 ^ (keylen << 8) ^ outlen;
-    ctx->t[0] = ctx->t[1] = 0;
-    ctx->c = 0;
-    ctx->outlen = outlen;
-    memset(ctx->b, 0, sizeof ctx->b);
-    if (keylen > 0) {  /* the key, zero-padded, is the first block */
-        b2b_update(ctx, key, keylen);
-        ctx->c = 128;
-    }
-}
-
-static void
-b2b_final(b2b_ctx *ctx, uint8_t *out)
-{
-    ctx->t[0] += ctx->c;
-    if (ctx->t[0] < ctx->c)
-        ctx->t[1]++;
-    while (ctx->c < 128)
-        ctx->b[ctx->c++] = 0;
-    b2b_compress(ctx, 1);
-    for (size_t i = 0; i < ctx->outlen; i++)
-        out[i] = (ctx->h[i >> 3] >> (8 * (i & 7))) & 0xFF;
-}
-
 PyDoc_STRVAR(blake2b_doc,
              "blake2b(data, key, digest_size) -> bytes: keyed BLAKE2b, as "
              "hashlib.blake2b(data, key=key, digest_size=digest_size).digest(); "
@@ -548,16 +435,438 @@ sys_blake2b(PyObject *self, PyObject *args)
     } else if (size < 1 || size > 64) {
         PyErr_SetString(PyExc_ValueError, "blake2b: digest_size must be 1..64");
     } else {
-        b2b_ctx ctx;
         uint8_t out[64];
-        b2b_init(&ctx, (size_t)size, key.buf, (size_t)key.len);
-        b2b_update(&ctx, data.buf, (size_t)data.len);
-        b2b_final(&ctx, out);
-        result = PyBytes_FromStringAndSize((const char *)out, size);
-        memset(&ctx, 0, sizeof ctx);  /* the key's block */
+        if (blake2b(out, data.buf, key.len ? key.buf : NULL, (size_t)size, (size_t)data.len,
+                    (size_t)key.len) != 0)
+            PyErr_SetString(PyExc_ValueError, "blake2b: libb2 refused the input");
+        else
+            result = PyBytes_FromStringAndSize((const char *)out, size);
     }
     PyBuffer_Release(&data);
     PyBuffer_Release(&key);
+    return result;
+}
+
+/* JSON for nvctk.base.jsonio: decoding through jansson (a well-kept C library) into
+ * Python objects, and a compact encoder written against json.dumps' output. The start
+ * path cannot import `json` (it imports `re`, ~5.5 ms per process). The decoder
+ * accepts only documents on which jansson and json agree, and raises ValueError for
+ * everything else, which jsonio then hands to json itself: duplicate keys (json keeps
+ * the last, jansson refuses), integers beyond long long, NaN/Infinity, lone surrogates,
+ * invalid UTF-8, and nesting deeper than JSON_MAX_DEPTH (json's own limit is the
+ * interpreter's recursion limit, so a deep document gets json's answer). */
+
+#define JSON_MAX_DEPTH 200
+
+static PyObject *
+json_to_python(json_t *j, int depth)
+{
+    if (depth > JSON_MAX_DEPTH) {
+        PyErr_SetString(PyExc_ValueError, "json_loads: nested deeper than nvctk decodes");
+        return NULL;
+    }
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: {
+        PyObject *d = PyDict_New();
+        const char *key;
+        size_t key_len;
+        json_t *value;
+        if (d == NULL)
+            return NULL;
+        json_object_keylen_foreach(j, key, key_len, value) {
+            PyObject *k = PyUnicode_DecodeUTF8(key, (Py_ssize_t)key_len, "strict");
+            PyObject *v = k ? json_to_python(value, depth + 1) : NULL;
+            if (v == NULL || PyDict_SetItem(d, k, v) < 0) {
+                Py_XDECREF(k);
+                Py_XDECREF(v);
+                Py_DECREF(d);
+                return NULL;
+            }
+            Py_DECREF(k);
+            Py_DECREF(v);
+        }
+        return d;
+    }
+    case JSON_ARRAY: {
+        size_t n = json_array_size(j);
+        PyObject *l = PyList_New((Py_ssize_t)n);
+        if (l == NULL)
+            return NULL;
+        for (size_t i = 0; i < n; i++) {
+            PyObject *v = json_to_python(json_array_get(j, i), depth + 1);
+            if (v == NULL) {
+                Py_DECREF(l);
+                return NULL;
+            }
+            PyList_SET_ITEM(l, (Py_ssize_t)i, v);
+        }
+        return l;
+    }
+    case JSON_STRING:
+        return PyUnicode_DecodeUTF8(json_string_value(j), (Py_ssize_t)json_string_length(j),
+                                    "strict");
+    case JSON_INTEGER:
+        return PyLong_FromLongLong(json_integer_value(j));
+    case JSON_REAL:  /* jansson reads it with strtod, correctly rounded as float() */
+        return PyFloat_FromDouble(json_real_value(j));
+    case JSON_TRUE:
+        Py_RETURN_TRUE;
+    case JSON_FALSE:
+        Py_RETURN_FALSE;
+    case JSON_NULL:
+        Py_RETURN_NONE;
+    }
+    PyErr_SetString(PyExc_SystemError, "json_loads: unknown jansson type");
+    return NULL;
+}
+
+PyDoc_STRVAR(json_loads_doc,
+             "json_loads(data) -> value: a UTF-8 JSON document (str or bytes) as "
+             "json.loads reads it; ValueError for anything it does not decode as json "
+             "would (an invalid document, or one json reads differently from jansson)");
+
+static PyObject *
+sys_json_loads(PyObject *self, PyObject *arg)
+{
+    const char *buf;
+    Py_ssize_t len;
+    Py_buffer view = {0};
+    if (PyUnicode_Check(arg)) {
+        buf = PyUnicode_AsUTF8AndSize(arg, &len);
+        if (buf == NULL) {  /* lone surrogates: not UTF-8 */
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+                return NULL;
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "json_loads: the text is not UTF-8");
+            return NULL;
+        }
+    } else if (!PyBytes_Check(arg) && !PyByteArray_Check(arg)) {  /* json says what */
+        PyErr_SetString(PyExc_ValueError, "json_loads: not str, bytes or bytearray");
+        return NULL;
+    } else {
+        if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+            return NULL;
+        buf = view.buf;
+        len = view.len;
+    }
+    json_error_t error;
+    /* a raw NUL is valid nowhere in JSON text, but jansson takes it for the end of the
+       document ("0\0x" would decode as 0) */
+    if (memchr(buf, '\0', (size_t)len) != NULL) {
+        if (view.obj != NULL)
+            PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "json_loads: a NUL byte in the text");
+        return NULL;
+    }
+    json_t *j = json_loadb(buf, (size_t)len,
+                           JSON_REJECT_DUPLICATES | JSON_DECODE_ANY | JSON_ALLOW_NUL, &error);
+    if (view.obj != NULL)
+        PyBuffer_Release(&view);
+    if (j == NULL) {
+        PyErr_Format(PyExc_ValueError, "json_loads: %s (line %d, column %d)", error.text,
+                     error.line, error.column);
+        return NULL;
+    }
+    PyObject *result = json_to_python(j, 0);
+    json_decref(j);
+    return result;
+}
+
+/* The encoder: the text grows in a buffer of code points (lone surrogates included,
+ * which a str may hold and json.dumps copies when ensure_ascii is false). */
+typedef struct {
+    Py_UCS4 *buf;
+    size_t len, cap;
+    int sort_keys, ensure_ascii;
+    PyObject *markers;  /* ids of the containers being written: json's circular check */
+} json_out;
+
+static int
+out_reserve(json_out *o, size_t more)
+{
+    if (o->len + more <= o->cap)
+        return 0;
+    size_t cap = o->cap ? o->cap : 256;
+    while (cap < o->len + more) {
+        if (cap > PY_SSIZE_T_MAX / 2 / sizeof(Py_UCS4)) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    Py_UCS4 *b = PyMem_Realloc(o->buf, cap * sizeof(Py_UCS4));
+    if (b == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->buf = b;
+    o->cap = cap;
+    return 0;
+}
+
+static int
+out_ascii(json_out *o, const char *s)
+{
+    size_t n = strlen(s);
+    if (out_reserve(o, n) < 0)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        o->buf[o->len++] = (unsigned char)s[i];
+    return 0;
+}
+
+static int
+out_str(json_out *o, PyObject *s)  /* an ASCII str from a repr */
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    if (out_reserve(o, (size_t)n) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        o->buf[o->len++] = PyUnicode_READ_CHAR(s, i);
+    return 0;
+}
+
+static const char hexdigits[] = "0123456789abcdef";
+
+static void
+out_u_escape(json_out *o, Py_UCS4 c)  /* room for 6 reserved by the caller */
+{
+    Py_UCS4 *p = o->buf + o->len;
+    p[0] = '\\';
+    p[1] = 'u';
+    p[2] = hexdigits[(c >> 12) & 0xf];
+    p[3] = hexdigits[(c >> 8) & 0xf];
+    p[4] = hexdigits[(c >> 4) & 0xf];
+    p[5] = hexdigits[c & 0xf];
+    o->len += 6;
+}
+
+/* a string as json's encode_basestring(_ascii) writes it */
+static int
+out_string(json_out *o, PyObject *s)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    if (out_reserve(o, 2) < 0)
+        return -1;
+    o->buf[o->len++] = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (out_reserve(o, 13) < 0)  /* a surrogate pair, and the closing quote */
+            return -1;
+        switch (c) {
+        case '"': o->buf[o->len++] = '\\'; o->buf[o->len++] = '"'; continue;
+        case '\\': o->buf[o->len++] = '\\'; o->buf[o->len++] = '\\'; continue;
+        case '\b': o->buf[o->len++] = '\\'; o->buf[o->len++] = 'b'; continue;
+        case '\f': o->buf[o->len++] = '\\'; o->buf[o->len++] = 'f'; continue;
+        case '\n': o->buf[o->len++] = '\\'; o->buf[o->len++] = 'n'; continue;
+        case '\r': o->buf[o->len++] = '\\'; o->buf[o->len++] = 'r'; continue;
+        case '\t': o->buf[o->len++] = '\\'; o->buf[o->len++] = 't'; continue;
+        }
+        if (c < 0x20 || (o->ensure_ascii && c >= 0x7f && c < 0x10000)) {
+            out_u_escape(o, c);
+        } else if (o->ensure_ascii && c >= 0x10000) {  /* a surrogate pair */
+            Py_UCS4 v = c - 0x10000;
+            out_u_escape(o, 0xd800 | ((v >> 10) & 0x3ff));
+            out_u_escape(o, 0xdc00 | (v & 0x3ff));
+        } else {
+            o->buf[o->len++] = c;
+        }
+    }
+    o->buf[o->len++] = '"';
+    return 0;
+}
+
+static int
+out_float(json_out *o, PyObject *f)  /* json: Infinity/-Infinity/NaN, else float's repr */
+{
+    double v = PyFloat_AS_DOUBLE(f);
+    if (!isfinite(v))
+        return out_ascii(o, v > 0 ? "Infinity" : v < 0 ? "-Infinity" : "NaN");
+    PyObject *r = PyFloat_Type.tp_repr(f);
+    if (r == NULL)
+        return -1;
+    int rc = out_str(o, r);
+    Py_DECREF(r);
+    return rc;
+}
+
+static int
+out_int(json_out *o, PyObject *i)  /* int's repr, as json (an IntEnum writes its value) */
+{
+    PyObject *r = PyLong_Type.tp_repr(i);
+    if (r == NULL)
+        return -1;
+    int rc = out_str(o, r);
+    Py_DECREF(r);
+    return rc;
+}
+
+static int out_value(json_out *o, PyObject *v);
+
+/* enter a container: -1 with ValueError when it is already being written */
+static PyObject *
+out_mark(json_out *o, PyObject *v)
+{
+    PyObject *id = PyLong_FromVoidPtr(v);
+    if (id == NULL)
+        return NULL;
+    int has = PySet_Contains(o->markers, id);
+    if (has != 0 || PySet_Add(o->markers, id) < 0) {
+        if (has > 0)
+            PyErr_SetString(PyExc_ValueError, "Circular reference detected");
+        Py_DECREF(id);
+        return NULL;
+    }
+    return id;
+}
+
+static int
+out_unmark(json_out *o, PyObject *id, int rc)
+{
+    if (PySet_Discard(o->markers, id) < 0)
+        rc = -1;
+    Py_DECREF(id);
+    return rc;
+}
+
+static int
+out_dict(json_out *o, PyObject *d)
+{
+    if (PyDict_GET_SIZE(d) == 0)
+        return out_ascii(o, "{}");
+    PyObject *id = out_mark(o, d);
+    if (id == NULL)
+        return -1;
+    int rc = -1;
+    PyObject *items = PyMapping_Items(d);  /* json sorts the (key, value) pairs */
+    if (items == NULL || (o->sort_keys && PyList_Sort(items) < 0) || out_ascii(o, "{") < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        PyObject *key = PyTuple_GetItem(item, 0), *value = PyTuple_GetItem(item, 1);
+        if (key == NULL || value == NULL || (i > 0 && out_ascii(o, ",") < 0))
+            goto done;
+        int krc;
+        if (PyUnicode_Check(key)) {
+            krc = out_string(o, key);
+        } else {  /* json's key rules: written as a string of the key's JSON */
+            PyObject *k = NULL;
+            if (PyFloat_Check(key)) {
+                double v = PyFloat_AS_DOUBLE(key);
+                k = isfinite(v) ? PyFloat_Type.tp_repr(key)
+                                : PyUnicode_FromString(v > 0 ? "Infinity" : v < 0 ? "-Infinity" : "NaN");
+            } else if (key == Py_True || key == Py_False || key == Py_None) {
+                k = PyUnicode_FromString(key == Py_True ? "true" : key == Py_False ? "false" : "null");
+            } else if (PyLong_Check(key)) {
+                k = PyLong_Type.tp_repr(key);
+            } else {
+                PyErr_Format(PyExc_TypeError,
+                             "keys must be str, int, float, bool or None, not %.100s",
+                             Py_TYPE(key)->tp_name);
+            }
+            if (k == NULL)
+                goto done;
+            krc = out_string(o, k);
+            Py_DECREF(k);
+        }
+        if (krc < 0 || out_ascii(o, ":") < 0 || out_value(o, value) < 0)
+            goto done;
+    }
+    rc = out_ascii(o, "}");
+done:
+    Py_XDECREF(items);
+    return out_unmark(o, id, rc);
+}
+
+static int
+out_sequence(json_out *o, PyObject *seq)
+{
+    PyObject *fast = PySequence_Fast(seq, "a list or tuple");
+    if (fast == NULL)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(fast) == 0) {
+        Py_DECREF(fast);
+        return out_ascii(o, "[]");
+    }
+    PyObject *id = out_mark(o, seq);
+    int rc = -1;
+    if (id == NULL) {
+        Py_DECREF(fast);
+        return -1;
+    }
+    if (out_ascii(o, "[") < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        if (i > 0 && out_ascii(o, ",") < 0)
+            goto done;
+        /* held: sorting a nested dict's keys runs their __lt__, which may edit this list */
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        Py_INCREF(item);
+        int irc = out_value(o, item);
+        Py_DECREF(item);
+        if (irc < 0)
+            goto done;
+    }
+    rc = out_ascii(o, "]");
+done:
+    Py_DECREF(fast);
+    return out_unmark(o, id, rc);
+}
+
+/* json's order of checks: None, True, False, str, int, float, list/tuple, dict */
+static int
+out_value(json_out *o, PyObject *v)
+{
+    if (v == Py_None)
+        return out_ascii(o, "null");
+    if (v == Py_True)
+        return out_ascii(o, "true");
+    if (v == Py_False)
+        return out_ascii(o, "false");
+    if (PyUnicode_Check(v))
+        return out_string(o, v);
+    if (PyLong_Check(v))
+        return out_int(o, v);
+    if (PyFloat_Check(v))
+        return out_float(o, v);
+    if (PyList_Check(v) || PyTuple_Check(v) || PyDict_Check(v)) {
+        if (Py_EnterRecursiveCall(" while encoding a JSON object"))
+            return -1;
+        int rc = PyDict_Check(v) ? out_dict(o, v) : out_sequence(o, v);
+        Py_LeaveRecursiveCall();
+        return rc;
+    }
+    PyObject *cls = PyObject_GetAttrString(v, "__class__");
+    PyObject *name = cls ? PyObject_GetAttrString(cls, "__name__") : NULL;
+    if (name != NULL)
+        PyErr_Format(PyExc_TypeError, "Object of type %S is not JSON serializable", name);
+    Py_XDECREF(cls);
+    Py_XDECREF(name);
+    return -1;
+}
+
+PyDoc_STRVAR(json_dumps_doc,
+             "json_dumps(obj, sort_keys, ensure_ascii) -> str: json.dumps(obj, "
+             "separators=(',', ':'), sort_keys=sort_keys, ensure_ascii=ensure_ascii), "
+             "with the same TypeError/ValueError for what json refuses");
+
+static PyObject *
+sys_json_dumps(PyObject *self, PyObject *args)
+{
+    PyObject *obj;
+    json_out o = {0};
+    if (!PyArg_ParseTuple(args, "Opp:json_dumps", &obj, &o.sort_keys, &o.ensure_ascii))
+        return NULL;
+    o.markers = PySet_New(NULL);
+    if (o.markers == NULL)
+        return NULL;
+    PyObject *result = NULL;
+    if (out_value(&o, obj) == 0)
+        result = PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, o.buf, (Py_ssize_t)o.len);
+    PyMem_Free(o.buf);
+    Py_DECREF(o.markers);
     return result;
 }
 
@@ -580,17 +889,27 @@ static PyMethodDef sys_methods[] = {
     {"listen_abstract", sys_listen_abstract, METH_VARARGS, listen_abstract_doc},
     {"accept_peer", sys_accept_peer, METH_VARARGS, accept_peer_doc},
     {"blake2b", sys_blake2b, METH_VARARGS, blake2b_doc},
+    {"json_loads", sys_json_loads, METH_O, json_loads_doc},
+    {"json_dumps", sys_json_dumps, METH_VARARGS, json_dumps_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef sys_module = {
     PyModuleDef_HEAD_INIT, "nvctk._sys",
-    "The Linux syscalls nvctk needs that os lacks, and keyed BLAKE2b (public C API only).", -1, sys_methods,
+    "The Linux syscalls nvctk needs that os lacks, keyed BLAKE2b (libb2) and JSON (jansson); "
+    "public C API only.", -1, sys_methods,
     NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
 PyInit__sys(void)
 {
+    /* jansson seeds its hash tables from /dev/urandom on first use: an open() of a path
+       that, in a hook's mount namespace, a container may have replaced (a FIFO would
+       block). getrandom(2) opens nothing. */
+    uint32_t seed = 0;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed)
+        seed = (uint32_t)time(NULL) ^ (uint32_t)getpid();
+    json_object_seed(seed ? seed : 1);  /* 0 would ask jansson to pick one */
     return PyModule_Create(&sys_module);
 }

@@ -13,7 +13,7 @@ MAC_BYTES = 32
 
 
 def mac(text: str, key: bytes) -> str:
-    """The MAC of `text` under `key`, in hex: keyed BLAKE2b-256. nvctk._sys's, not
+    """The MAC of `text` under `key`, in hex: keyed BLAKE2b-256. nvctk._sys's (libb2's), not
     hashlib's: hashlib loads OpenSSL (~2 ms), which a CDI-mode create would pay to
     seal its record."""
     from nvctk import _sys  # start time: a dlopen, only for a sealed record

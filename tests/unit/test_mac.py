@@ -1,6 +1,6 @@
 """The MAC nvctk seals its records with (nvctk.base.keyfile.mac): keyed BLAKE2b from
 nvctk._sys, which must be exactly hashlib's, so that a record sealed by an nvctk that
-used hashlib still verifies, and so that the C code is checked against a reference."""
+used hashlib still verifies, and so that libb2 as linked is checked against a reference."""
 
 from __future__ import annotations
 
