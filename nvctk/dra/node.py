@@ -50,5 +50,5 @@ def make_driver(name: str, node_name: str, source: ClaimSource, plugins_dir: str
     forms = cdi_forms(cfg, host, config_path)
     records = Records(os.path.join(plugins_dir, name, RECORDS_DIR))
     driver = Driver(name, node_name, node_devices(host), forms, source, records, cdi_dir,
-                    Shares(cfg.state_dir, cfg.authority_key), unhealthy=lambda: set(health.unhealthy), api_timeout=api_timeout)
+                    Shares(cfg.state_dir, cfg.authority_key, cfg.driver_root), unhealthy=lambda: set(health.unhealthy), api_timeout=api_timeout)
     return driver, host, cfg.driver_root

@@ -193,6 +193,64 @@ def test_mig_claim_gets_its_mig_device(start: Start, sim_host_mig: SimHost) -> N
     assert r2.device["containerEdits"]["deviceNodes"] != r.device["containerEdits"]["deviceNodes"]
 
 
+def _mps(request: str | None = None) -> dict[str, Any]:
+    return {**({"requests": [request]} if request else {}), "opaque": {
+        "driver": DRIVER, "parameters": {"apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+                                         "sharing": {"strategy": "MPS"}}}}
+
+
+def test_an_mps_claim_is_an_mps_client_as_the_device_plugins(
+        start: Start, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Sharing strategy MPS: the claim's spec gives its GPU and, as the device plugin's
+    MPS shares, the host's MPS pipe directory with CUDA_MPS_PIPE_DIRECTORY, the share's
+    smShare as the active thread percentage and its memory as the pinned memory limit (no
+    vGPU ledger); without the MPS control daemon's pipe directory the claim is refused
+    saying so, and nothing is written; MPS for some devices of a claim only, or uneven
+    thread percentages, are refused."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the simulated host has device nodes)")
+    sim = host.init(str(tmp_path_factory.mktemp("drasim") / "h"), make_topology(gpus=2))
+    g0, g1 = sim.topology.gpus
+    share = {"shareID": "s1", "consumedCapacity": {"memory": "2Gi", "smShare": "30"}}
+    src = MemoryClaims({
+        ("ns", "m"): claim("m", "uid-m", [result("gpu-1", **share)], config=[_mps()]),
+        ("ns", "w"): claim("w", "uid-w", [result("gpu-0")], config=[_mps()]),
+        ("ns", "half"): claim("half", "uid-half", [result("gpu-0"), result("gpu-1", "b")],
+                              config=[_mps("gpu")]),
+        ("ns", "uneven"): claim("uneven", "uid-uneven", [
+            result("gpu-0", **share), result("gpu-1", "b")], config=[_mps()]),
+    })
+    n = start(sim, src)
+    # no MPS control daemon: refused, nothing written
+    err = n.kubelet.prepare([("ns", "m", "uid-m")])["uid-m"].error
+    assert "sharing strategy MPS: MPS pipe directory" in err and "nvidia-cuda-mps-control" in err
+    assert n.specs() == [] and n.driver.prepared_uids() == []
+    pipe = os.path.join(sim.root, "tmp/nvidia-mps")
+    os.makedirs(pipe)
+    got = n.kubelet.prepare([("ns", "m", "uid-m"), ("ns", "w", "uid-w"), ("ns", "half", "uid-half"),
+                             ("ns", "uneven", "uid-uneven")])
+    assert got["uid-m"].error == "" and got["uid-w"].error == ""
+    assert "MPS for device(s) gpu-0 only" in got["uid-half"].error
+    assert "uneven smShare" in got["uid-uneven"].error
+    (r,) = _resolve(n, list(got["uid-m"].devices[0].cdi_device_ids))
+    edits = r.spec["containerEdits"]
+    assert next(d["path"] for d in r.device["containerEdits"]["deviceNodes"]) == "/dev/nvidia1"
+    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+                            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
+                            f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={g1.uuid}=2048M"]
+    assert {"hostPath": pipe, "containerPath": "/tmp/nvidia-mps"}.items() <= edits["mounts"][-1].items()
+    assert not os.path.exists(n.driver.ledger_path("uid-m")), "MPS limits it, not libvgpu"
+    # a whole GPU as an MPS client: the pipe, no limits
+    (w,) = _resolve(n, list(got["uid-w"].devices[0].cdi_device_ids))
+    assert w.spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void",
+                                               "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
+    assert sorted(n.driver.prepared_uids()) == ["uid-m", "uid-w"]
+    assert n.kubelet.unprepare([("ns", "m", "uid-m"), ("ns", "w", "uid-w")]) == {
+        "uid-m": "", "uid-w": ""}
+    assert n.specs() == []
+    del g0
+
+
 def test_two_claims_specs_do_not_conflict(start: Start, sim_host: SimHost) -> None:
     src = MemoryClaims({("a", "x"): claim("x", "uid-x", [result("gpu-0")], ns="a"),
                         ("b", "y"): claim("y", "uid-y", [result("gpu-1")], ns="b")})
@@ -229,10 +287,10 @@ BAD = [
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
             "sharing": {"strategy": "VGpu"}}}}]), "consumes no part of device gpu-1"),
-    ("mps", claim("mps", "uid-mps", [result("gpu-1")], config=[
+    ("mpsmig", claim("mpsmig", "uid-mpsmig", [result("gpu-0-mig-0")], config=[
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "MPS"}}}}]), "MPS is not enforced"),
+            "sharing": {"strategy": "MPS"}}}}]), "MPS on MIG device gpu-0-mig-0"),
     ("excl", claim("excl", "uid-excl", [result("gpu-1", shareID="s1")], config=[
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
