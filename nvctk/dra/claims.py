@@ -45,6 +45,11 @@ class ClaimError(NvctkError):
     """What is wrong with one claim: its answer's error, no other claim touched."""
 
 
+class UnknownDevice(ClaimError):
+    """A result names a device this node's inventory does not have (yet: a MIG device
+    made since the inventory was read)."""
+
+
 class ClaimSource(Protocol):
     def get_claim(self, namespace: str, name: str, timeout: float | None = None
                   ) -> dict[str, Any]:
@@ -221,7 +226,7 @@ def results(claim: dict[str, Any], driver: str, pool: str,
             raise ClaimError(f"{where}: pool {shown(pool_name)} is not this node's ({pool})")
         dev = devices.get(name) if isinstance(name, str) else None
         if dev is None:
-            raise ClaimError(f"{where}: unknown device {shown(name)} (this node has "
+            raise UnknownDevice(f"{where}: unknown device {shown(name)} (this node has "
                              f"{', '.join(devices) or 'none'})")
         if not isinstance(req, str) or not req:
             raise ClaimError(f"{where}: no request name")

@@ -29,10 +29,11 @@ from typing import Any
 from nvctk.base.errors import NvctkError, shown
 from nvctk.cdi import generate as cdi_generate
 from nvctk.dra import claims as dra_claims
-from nvctk.dra.claims import ClaimError, ClaimSource, Result
-from nvctk.dra.devices import MEMORY, SM_FULL, SM_SHARE, DraDevice
+from nvctk.dra.claims import ClaimError, ClaimSource, Result, UnknownDevice
+from nvctk.dra.devices import MEMORY, SM_FULL, SM_SHARE, DraDevice, node_devices
 from nvctk.dra.record import Prepared, PreparedDevice, RecordError, Records, boot_id, check_uid
 from nvctk.edits import Edits
+from nvctk.host.inventory import HostInfo
 from nvctk.vgpu import authority
 
 log = logging.getLogger("nvctk.dra")
@@ -64,6 +65,16 @@ class CdiForms:
     hook_env: tuple[str, ...] = ()
 
 
+@dataclass
+class Inventory:
+    """Where the driver's devices and CDI forms come from: the host as NVML says now
+    (query), nvctk's CDI forms of a host (forms), and the host they were last made from."""
+
+    query: Callable[[], HostInfo]
+    forms: Callable[[HostInfo], CdiForms]
+    host: HostInfo
+
+
 # how long one claim may wait for the API server (nvctk.dra.kube retries within it):
 # well inside the kubelet's deadline for NodePrepareResources (45 s)
 API_TIMEOUT = 20.0
@@ -76,12 +87,13 @@ def cdi_vendor(driver: str) -> str:
 class Driver:
     def __init__(self, name: str, pool: str, devices: dict[str, DraDevice], forms: CdiForms,
                  source: ClaimSource, records: Records, cdi_dir: str, shares: Shares,
-                 unhealthy: Callable[[], set[str]] = set, api_timeout: float = API_TIMEOUT
-                 ) -> None:
+                 unhealthy: Callable[[], set[str]] = set, api_timeout: float = API_TIMEOUT,
+                 inventory: Inventory | None = None) -> None:
         self.name = name
         self.pool = pool  # the node's name: the pool of its ResourceSlices
         self.devices = devices
         self.forms = forms
+        self.inventory = inventory
         self.source = source
         self.records = records
         self.cdi_dir = cdi_dir
@@ -90,6 +102,22 @@ class Driver:
         self.api_timeout = api_timeout
         self.boot_id = boot_id()
         self._lock = threading.Lock()  # one claim's files at a time
+
+    def rediscover(self) -> HostInfo:
+        """The host as NVML says now; the driver's devices and CDI forms made again
+        from it when it changed (a GPU gone, a new MIG layout). The publisher queries
+        the GPUs through this, so what is published is what prepare prepares, with no
+        restart."""
+        inv = self.inventory
+        if inv is None:
+            raise NvctkError("this driver has no inventory to query")
+        host = inv.query()
+        if host != inv.host:
+            devices, forms = node_devices(host), inv.forms(host)
+            with self._lock:  # not while a claim's spec is written from the old forms
+                self.devices, self.forms, inv.host = devices, forms, host
+            log.info("the GPUs changed: %d devices now (%s)", len(devices), ", ".join(devices))
+        return host
 
     # --- names ------------------------------------------------------------------------
     def cdi_kind(self) -> str:
@@ -112,7 +140,15 @@ class Driver:
             return list(done.devices)
         claim = self.source.get_claim(namespace, name, self.api_timeout)
         dra_claims.check_uid(claim, namespace, name, uid)
-        results = dra_claims.results(claim, self.name, self.pool, self.devices)
+        try:
+            results = dra_claims.results(claim, self.name, self.pool, self.devices)
+        except UnknownDevice:
+            if self.inventory is None:
+                raise
+            # a MIG device made since the inventory was read (published by a sync that
+            # ran before this driver heard of it, or not yet): asked again, once
+            self.rediscover()
+            results = dra_claims.results(claim, self.name, self.pool, self.devices)
         sick = self.unhealthy()
         bad = [r.device.name for r in results if r.device.uuid in sick or r.device.gpu.uuid in sick]
         if bad:
@@ -164,6 +200,10 @@ class Driver:
         """more: container edits every container of the claim gets besides (an MPS
         claim's env and pipe mount)."""
         f = self.forms
+        gone = [d.name for d in devices if d.uuid not in f.by_uuid]
+        if gone:  # the inventory changed between reading the claim and now
+            raise ClaimError(f"device {gone[0]} changed while the claim was prepared "
+                             "(a new MIG layout): not prepared")
         names = list(dict.fromkeys(d.name for d in devices))
         by_name = {d.name: d for d in devices}
         spec = cdi_generate.make_spec(

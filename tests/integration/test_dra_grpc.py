@@ -25,6 +25,7 @@ from nvctk.dra.kube import Kube, NotFound, Retry
 from nvctk.dra.node import make_driver
 from nvctk.dra.server import Plugin
 from nvctk.host import nvml
+from nvctk.host.inventory import HostInfo
 from nvctk.k8s.health import Health, XidWatcher
 from nvctk.sim import events, host
 from nvctk.sim.host import SimHost
@@ -249,6 +250,52 @@ def test_an_mps_claim_is_an_mps_client_as_the_device_plugins(
         "uid-m": "", "uid-w": ""}
     assert n.specs() == []
     del g0
+
+
+def _query_in_a_new_process(root: str) -> Callable[[], HostInfo]:
+    """NVML's answer for the driver root from a new process: a process keeps the
+    simulated NVML library it loaded, built for the layout it was made with (the
+    real driver answers a changed layout in the same process)."""
+    import json
+    import sys
+
+    def query() -> HostInfo:
+        out = subprocess.run([sys.executable, "-c", "import json, sys; from nvctk.host import nvml; "
+                              "print(json.dumps(nvml.query_host(sys.argv[1]).to_dict()))", root],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+        return HostInfo.from_dict(json.loads(out))
+
+    return query
+
+
+def test_a_mig_layout_changed_at_run_time_is_prepared_without_a_restart(
+        start: Start, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A MIG device made after the plugin started (the simulated host rebuilt with a
+    second MIG device on GPU 0): a claim naming it is prepared by the running plugin,
+    which asks NVML again (the publisher's query, through the same driver), and its spec
+    has the new device's own capability nodes; before the change the same claim is an
+    unknown device."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the simulated host has device nodes)")
+    root = str(tmp_path_factory.mktemp("drasim") / "h")
+    before = make_topology(gpus=1, mig={0: ["3g.40gb"]}, seed="relayout")
+    sim = host.init(root, before)
+    src = MemoryClaims({("ns", "m"): claim("m", "uid-m", [result("gpu-0-mig-1")])})
+    n = start(sim, src)
+    n.driver.inventory.query = _query_in_a_new_process(root)  # type: ignore[union-attr]
+    err = n.kubelet.prepare([("ns", "m", "uid-m")])["uid-m"].error
+    assert "unknown device 'gpu-0-mig-1'" in err, err
+    after = make_topology(gpus=1, mig={0: ["3g.40gb", "2g.20gb"]}, seed="relayout")
+    host.init(root, after, force=True)
+    new = next(m for m in after.gpus[0].mig_devices if m.index == 1)
+    ans = n.kubelet.prepare([("ns", "m", "uid-m")])["uid-m"]
+    assert ans.error == "" and ans.devices[0].device_name == "gpu-0-mig-1"
+    (r,) = _resolve(n, list(ans.devices[0].cdi_device_ids))
+    nodes = [d["path"] for d in r.device["containerEdits"]["deviceNodes"]]
+    assert f"/dev/nvidia-caps/nvidia-cap{new.ci_cap_minor}" in nodes, nodes
+    assert "gpu-0-mig-1" in n.driver.devices
+    assert n.driver.devices["gpu-0-mig-1"].uuid == new.uuid
+    assert n.kubelet.unprepare([("ns", "m", "uid-m")]) == {"uid-m": ""}
 
 
 def test_two_claims_specs_do_not_conflict(start: Start, sim_host: SimHost) -> None:
