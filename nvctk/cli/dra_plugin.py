@@ -51,7 +51,6 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
         from nvctk.dra.node import claim_source, make_driver
         from nvctk.dra.publish import Publisher
         from nvctk.dra.server import Plugin
-        from nvctk.host import nvml
         from nvctk.k8s.health import Health, XidWatcher
 
         source = claim_source(kubeconfig)
@@ -65,10 +64,11 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
         plugin = Plugin(driver, health, plugins_dir, registry_dir,
                         XidWatcher(driver_root, host, health))
         # this node's ResourceSlices: published at once, again on each health change and
-        # every RESYNC_S (the GPUs queried again: one gone, a new MIG layout)
+        # every RESYNC_S (the GPUs queried again: one gone, a new MIG layout), through
+        # the driver, which then prepares what is published
         publisher = Publisher(source, node_name, driver_name)
         publishing = threading.Thread(
-            target=publisher.run, args=(lambda: nvml.query_host(driver_root), health),
+            target=publisher.run, args=(driver.rediscover, health),
             name="nvctk-dra-publish", daemon=True)
         stop = threading.Event()
 

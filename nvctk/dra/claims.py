@@ -12,14 +12,17 @@ that apply to its request.
 Opaque parameters (`config[].opaque.parameters` with `driver` = this driver):
 
     {"apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-     "sharing": {"strategy": "Exclusive" | "TimeSlicing" | "VGpu"}}
+     "sharing": {"strategy": "Exclusive" | "TimeSlicing" | "VGpu" | "MPS"}}
 
 TimeSlicing (the default) is what several claims on one GPU get without caps (the
 driver's time slices, as the device plugin's time-slicing); Exclusive refuses a result
 that shares the device (it has a shareID); VGpu asks that the result be a share whose
 consumedCapacity (memory bytes, smShare percent) the node caps (nvctk.dra.driver: a
-share is capped whatever the strategy). The device plugin's MPS sharing is not offered
-for DRA claims: asking for it is an error, never a silent uncapped device.
+share is capped whatever the strategy); MPS runs the claim's containers as clients of
+the node's MPS control daemon, as the device plugin's MPS shares: its consumedCapacity
+becomes MPS's limits (smShare the active thread percentage, memory the pinned device
+memory limit) instead of libvgpu's. MPS splits whole GPUs only (not MIG devices), and
+a claim is MPS for all of its devices or for none.
 """
 
 from __future__ import annotations
@@ -35,12 +38,16 @@ from nvctk.dra.kube import NotFound
 
 PARAMS_API_VERSION = "gpu.nvctk.io/v1"
 PARAMS_KIND = "GpuConfig"
-STRATEGIES = ("Exclusive", "TimeSlicing", "VGpu")
-NOT_ENFORCED = ("MPS",)
+STRATEGIES = ("Exclusive", "TimeSlicing", "VGpu", "MPS")
 
 
 class ClaimError(NvctkError):
     """What is wrong with one claim: its answer's error, no other claim touched."""
+
+
+class UnknownDevice(ClaimError):
+    """A result names a device this node's inventory does not have (yet: a MIG device
+    made since the inventory was read)."""
 
 
 class ClaimSource(Protocol):
@@ -153,10 +160,6 @@ def _params(cfg: dict[str, Any], where: str) -> str:
     if not isinstance(sharing, dict) or set(sharing) - {"strategy"}:
         raise ClaimError(f"{where}: sharing must be {{\"strategy\": ...}}, not {shown(sharing)}")
     strategy = sharing.get("strategy", "TimeSlicing")
-    if strategy in NOT_ENFORCED:
-        raise ClaimError(f"{where}: sharing strategy {strategy} is not enforced by nvctk's DRA "
-                         "driver yet; use VGpu (a share with memory and smShare caps), "
-                         "TimeSlicing or Exclusive")
     if strategy not in STRATEGIES:
         raise ClaimError(f"{where}: unknown sharing strategy {shown(strategy)} (one of "
                          f"{', '.join(STRATEGIES)})")
@@ -223,7 +226,7 @@ def results(claim: dict[str, Any], driver: str, pool: str,
             raise ClaimError(f"{where}: pool {shown(pool_name)} is not this node's ({pool})")
         dev = devices.get(name) if isinstance(name, str) else None
         if dev is None:
-            raise ClaimError(f"{where}: unknown device {shown(name)} (this node has "
+            raise UnknownDevice(f"{where}: unknown device {shown(name)} (this node has "
                              f"{', '.join(devices) or 'none'})")
         if not isinstance(req, str) or not req:
             raise ClaimError(f"{where}: no request name")
@@ -238,6 +241,9 @@ def results(claim: dict[str, Any], driver: str, pool: str,
             raise ClaimError(f"{where}: sharing strategy Exclusive, but device {dev.name} is "
                              f"allocated as share {share} of it")
         res = Result(req, pool_name, dev, share, consumed, strategy)
+        if strategy == "MPS" and dev.mig is not None:
+            raise ClaimError(f"{where}: sharing strategy MPS on MIG device {dev.name}: MPS "
+                             "shares split whole GPUs only, as the device plugin's")
         if res.partial and dev.mig is not None:
             raise ClaimError(f"{where}: a share of MIG device {dev.name}: nvctk caps shares of "
                              "whole GPUs only (a MIG device is already a partition)")
@@ -246,4 +252,9 @@ def results(claim: dict[str, Any], driver: str, pool: str,
                              f"of device {dev.name}: a vGPU share's caps are its "
                              "consumedCapacity (request memory or smShare capacity)")
         out.append(res)
+    mps = sorted({r.device.name for r in out if r.strategy == "MPS"})
+    if mps and len(mps) != len({r.device.name for r in out}):
+        raise ClaimError(f"sharing strategy MPS for device(s) {', '.join(mps)} only: a "
+                         "container of the claim is an MPS client for all of its devices "
+                         "or for none")
     return out

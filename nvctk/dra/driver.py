@@ -29,10 +29,11 @@ from typing import Any
 from nvctk.base.errors import NvctkError, shown
 from nvctk.cdi import generate as cdi_generate
 from nvctk.dra import claims as dra_claims
-from nvctk.dra.claims import ClaimError, ClaimSource, Result
-from nvctk.dra.devices import MEMORY, SM_FULL, SM_SHARE, DraDevice
+from nvctk.dra.claims import ClaimError, ClaimSource, Result, UnknownDevice
+from nvctk.dra.devices import MEMORY, SM_FULL, SM_SHARE, DraDevice, node_devices
 from nvctk.dra.record import Prepared, PreparedDevice, RecordError, Records, boot_id, check_uid
 from nvctk.edits import Edits
+from nvctk.host.inventory import HostInfo
 from nvctk.vgpu import authority
 
 log = logging.getLogger("nvctk.dra")
@@ -44,10 +45,13 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 @dataclass(frozen=True)
 class Shares:
     """Where a share's cap is kept: nvctk's state dir (the claims' ledgers, below
-    dra/) and the node's authority key (the grant's MAC), from nvctk's config."""
+    dra/) and the node's authority key (the grant's MAC), from nvctk's config; the
+    driver root, under which an MPS claim's pipe directory is (the device plugin's
+    default, /tmp/nvidia-mps)."""
 
     state_dir: str
     authority_key: str
+    driver_root: str = "/"
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,16 @@ class CdiForms:
     by_uuid: dict[str, Edits]
     hook_path: str
     hook_env: tuple[str, ...] = ()
+
+
+@dataclass
+class Inventory:
+    """Where the driver's devices and CDI forms come from: the host as NVML says now
+    (query), nvctk's CDI forms of a host (forms), and the host they were last made from."""
+
+    query: Callable[[], HostInfo]
+    forms: Callable[[HostInfo], CdiForms]
+    host: HostInfo
 
 
 # how long one claim may wait for the API server (nvctk.dra.kube retries within it):
@@ -73,12 +87,13 @@ def cdi_vendor(driver: str) -> str:
 class Driver:
     def __init__(self, name: str, pool: str, devices: dict[str, DraDevice], forms: CdiForms,
                  source: ClaimSource, records: Records, cdi_dir: str, shares: Shares,
-                 unhealthy: Callable[[], set[str]] = set, api_timeout: float = API_TIMEOUT
-                 ) -> None:
+                 unhealthy: Callable[[], set[str]] = set, api_timeout: float = API_TIMEOUT,
+                 inventory: Inventory | None = None) -> None:
         self.name = name
         self.pool = pool  # the node's name: the pool of its ResourceSlices
         self.devices = devices
         self.forms = forms
+        self.inventory = inventory
         self.source = source
         self.records = records
         self.cdi_dir = cdi_dir
@@ -87,6 +102,22 @@ class Driver:
         self.api_timeout = api_timeout
         self.boot_id = boot_id()
         self._lock = threading.Lock()  # one claim's files at a time
+
+    def rediscover(self) -> HostInfo:
+        """The host as NVML says now; the driver's devices and CDI forms made again
+        from it when it changed (a GPU gone, a new MIG layout). The publisher queries
+        the GPUs through this, so what is published is what prepare prepares, with no
+        restart."""
+        inv = self.inventory
+        if inv is None:
+            raise NvctkError("this driver has no inventory to query")
+        host = inv.query()
+        if host != inv.host:
+            devices, forms = node_devices(host), inv.forms(host)
+            with self._lock:  # not while a claim's spec is written from the old forms
+                self.devices, self.forms, inv.host = devices, forms, host
+            log.info("the GPUs changed: %d devices now (%s)", len(devices), ", ".join(devices))
+        return host
 
     # --- names ------------------------------------------------------------------------
     def cdi_kind(self) -> str:
@@ -109,7 +140,15 @@ class Driver:
             return list(done.devices)
         claim = self.source.get_claim(namespace, name, self.api_timeout)
         dra_claims.check_uid(claim, namespace, name, uid)
-        results = dra_claims.results(claim, self.name, self.pool, self.devices)
+        try:
+            results = dra_claims.results(claim, self.name, self.pool, self.devices)
+        except UnknownDevice:
+            if self.inventory is None:
+                raise
+            # a MIG device made since the inventory was read (published by a sync that
+            # ran before this driver heard of it, or not yet): asked again, once
+            self.rediscover()
+            results = dra_claims.results(claim, self.name, self.pool, self.devices)
         sick = self.unhealthy()
         bad = [r.device.name for r in results if r.device.uuid in sick or r.device.gpu.uuid in sick]
         if bad:
@@ -122,7 +161,10 @@ class Driver:
             reqs = (*old.requests, r.request) if old else (r.request,)
             devs[r.device.name] = PreparedDevice(reqs, r.pool, r.device.name, (cdi_id,),
                                                  r.share_id if old is None else old.share_id)
-        ledger = self.ledger_path(uid) if any(r.partial for r in results) else None
+        mps = bool(results) and all(r.strategy == "MPS" for r in results)
+        mps_edits = self._mps_edits(results) if mps else None
+        # an MPS claim's share is MPS's to limit; any other share is capped by libvgpu
+        ledger = self.ledger_path(uid) if not mps and any(r.partial for r in results) else None
         rec = Prepared(namespace, name, uid, self.spec_path(uid), tuple(devs.values()),
                        self.boot_id, ledger)
         with self._lock:
@@ -132,7 +174,7 @@ class Driver:
                 elif ledger is not None:
                     self._write_share_spec(uid, results, ledger)
                 else:
-                    self._write_spec(uid, [r.device for r in results])
+                    self._write_spec(uid, [r.device for r in results], mps_edits)
                 self.records.save(rec)
             except BaseException as e:
                 self._undo(uid, ledger)
@@ -153,8 +195,15 @@ class Driver:
             return None  # removed by hand: made again
         return rec
 
-    def _write_spec(self, uid: str, devices: list[DraDevice]) -> None:
+    def _write_spec(self, uid: str, devices: list[DraDevice],
+                    more: dict[str, list[Any]] | None = None) -> None:
+        """more: container edits every container of the claim gets besides (an MPS
+        claim's env and pipe mount)."""
         f = self.forms
+        gone = [d.name for d in devices if d.uuid not in f.by_uuid]
+        if gone:  # the inventory changed between reading the claim and now
+            raise ClaimError(f"device {gone[0]} changed while the claim was prepared "
+                             "(a new MIG layout): not prepared")
         names = list(dict.fromkeys(d.name for d in devices))
         by_name = {d.name: d for d in devices}
         spec = cdi_generate.make_spec(
@@ -167,7 +216,49 @@ class Driver:
         # the claim's devices and no other: an image's NVIDIA_VISIBLE_DEVICES=all (CUDA
         # images have it) must not widen the claim under nvctk-runtime's legacy mode
         spec["containerEdits"].setdefault("env", []).append(f"{VISIBLE_DEVICES}=void")
+        for key, items in (more or {}).items():
+            spec["containerEdits"].setdefault(key, []).extend(items)
         self._save_spec(uid, spec)
+
+    def _mps_edits(self, results: list[Result]) -> dict[str, list[Any]]:
+        """An MPS claim's container edits, as the device plugin's MPS shares get them
+        (nvctk.k8s.allocate): the host's MPS pipe directory (a clear error when the MPS
+        control daemon's is missing, never a silent non-MPS run) at the same place in
+        the container, CUDA_MPS_PIPE_DIRECTORY naming it, and the consumed capacity as
+        MPS's limits: smShare as CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (one value for the
+        container's every GPU), memory as CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per GPU UUID."""
+        from nvctk.cdi.load import bind_options
+        from nvctk.host.discover import DEFAULT_MPS_PIPE_DIR
+        from nvctk.k8s.allocate import MPS_PIPE_IN_CONTAINER, mps_pipe
+
+        by_dev: dict[str, list[Result]] = {}
+        for r in results:
+            by_dev.setdefault(r.device.name, []).append(r)
+        threads: dict[str, int] = {}
+        pinned = []
+        for name, rs in by_dev.items():
+            d = rs[0].device
+            threads[name] = min(SM_FULL, sum(r.consumed.get(SM_SHARE, 0) for r in rs)) % SM_FULL
+            mem = min(d.memory, sum(r.consumed.get(MEMORY, d.memory) for r in rs))
+            if mem < d.memory:
+                pinned.append(f"{d.uuid}={mem >> 20}M")  # whole MiB: the request policy's step
+        if len(set(threads.values())) > 1:
+            split = ", ".join(f"{n}: {t or SM_FULL}%" for n, t in threads.items())
+            raise ClaimError(f"sharing strategy MPS with uneven smShare across devices "
+                             f"({split}): CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is one value for "
+                             "every GPU of a container")
+        try:
+            pipe = mps_pipe(DEFAULT_MPS_PIPE_DIR, self.shares.driver_root)
+        except NvctkError as e:
+            raise ClaimError(f"sharing strategy MPS: {e}") from None
+        env = [f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"]
+        percent = next(iter(threads.values()))
+        if percent:
+            env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}")
+        if pinned:
+            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(pinned)}")
+        return {"env": env, "mounts": [{"hostPath": pipe, "containerPath": MPS_PIPE_IN_CONTAINER,
+                                        "options": list(bind_options(False, False))}]}
 
     def _save_spec(self, uid: str, spec: dict[str, Any]) -> None:
         try:

@@ -9,7 +9,7 @@ from nvctk.base import config as nvconfig
 from nvctk.cdi import generate as cdi_generate
 from nvctk.dra.claims import ClaimSource
 from nvctk.dra.devices import node_devices
-from nvctk.dra.driver import API_TIMEOUT, CdiForms, Driver, Shares
+from nvctk.dra.driver import API_TIMEOUT, CdiForms, Driver, Inventory, Shares
 from nvctk.dra.record import Records
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
@@ -49,6 +49,11 @@ def make_driver(name: str, node_name: str, source: ClaimSource, plugins_dir: str
     host = host or nvml.query_host(cfg.driver_root)
     forms = cdi_forms(cfg, host, config_path)
     records = Records(os.path.join(plugins_dir, name, RECORDS_DIR))
+    root = cfg.driver_root
+    inventory = Inventory(lambda: nvml.query_host(root),
+                          lambda h: cdi_forms(cfg, h, config_path), host)
     driver = Driver(name, node_name, node_devices(host), forms, source, records, cdi_dir,
-                    Shares(cfg.state_dir, cfg.authority_key), unhealthy=lambda: set(health.unhealthy), api_timeout=api_timeout)
+                    Shares(cfg.state_dir, cfg.authority_key, cfg.driver_root),
+                    unhealthy=lambda: set(health.unhealthy), api_timeout=api_timeout,
+                    inventory=inventory)
     return driver, host, cfg.driver_root

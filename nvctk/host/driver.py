@@ -375,11 +375,17 @@ def discover_files(driver_root: str, driver_version: str,
                     pass
         sockets[cap] = tuple(found)
 
-    proc = os.path.join(root, "proc/driver/nvidia")
-    # for "/" that is the real procfs directory anyway
-    proc_dir = proc if os.path.isdir(proc) else "/proc/driver/nvidia"
-
+    proc_dir, dev_dir = driver_dirs(root)
     return DriverFiles(driver_root=root, driver_version=driver_version, libraries=libraries,
                        libraries32=libraries32, binaries=binaries, config_files=config_files,
                        firmware=tuple(firmware), sockets=sockets, proc_dir=proc_dir,
-                       dev_dir=os.path.join(root, "dev"))
+                       dev_dir=dev_dir)
+
+
+def driver_dirs(driver_root: str) -> tuple[str, str]:
+    """The driver's procfs and device dirs under `driver_root` (DriverFiles' proc_dir and
+    dev_dir): what the device nodes are found by, without the libraries."""
+    root = os.path.abspath(driver_root)
+    proc = os.path.join(root, "proc/driver/nvidia")
+    # for "/" that is the real procfs directory anyway
+    return (proc if os.path.isdir(proc) else "/proc/driver/nvidia"), os.path.join(root, "dev")

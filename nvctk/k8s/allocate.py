@@ -71,10 +71,11 @@ def _check_ids(res: Resource, ids: list[str], unhealthy: set[str]) -> list[Devic
     return devs
 
 
-def _mps_pipe(cfg: PluginConfig, driver_root: str) -> str:
-    """The host's MPS pipe directory; a clear error when it is not a real directory,
-    never a silent non-MPS run (a container without it would bypass MPS's limits)."""
-    host = os.path.join(os.path.abspath(driver_root), cfg.mps_pipe_dir.lstrip("/"))
+def mps_pipe(pipe_dir: str, driver_root: str) -> str:
+    """The host's MPS pipe directory (pipe_dir under driver_root); a clear error when it
+    is not a real directory, never a silent non-MPS run (a container without it would
+    bypass MPS's limits). The DRA driver's MPS claims use it too."""
+    host = os.path.join(os.path.abspath(driver_root), pipe_dir.lstrip("/"))
     try:
         st = os.lstat(host)
     except OSError as e:
@@ -115,7 +116,7 @@ def allocate(res: Resource, cfg: PluginConfig, ids: list[str], driver_root: str,
                 "INVALID_ARGUMENT",
                 f"{res.name}: the {len(devs)} GiB span GPUs "
                 f"{', '.join(str(u.gpu_index) for u in units)}; MPS memory must lie on one GPU")
-        pipe = _mps_pipe(cfg, driver_root)
+        pipe = mps_pipe(cfg.mps_pipe_dir, driver_root)
         out.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={len(devs)}G"
         out.envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_CONTAINER
         out.mounts.append((MPS_PIPE_IN_CONTAINER, pipe, False))
@@ -141,7 +142,7 @@ def allocate(res: Resource, cfg: PluginConfig, ids: list[str], driver_root: str,
                 "INVALID_ARGUMENT",
                 f"{res.name}: uneven shares across GPUs ({split}); "
                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is one value for every GPU of a container")
-        pipe = _mps_pipe(cfg, driver_root)
+        pipe = mps_pipe(cfg.mps_pipe_dir, driver_root)
         out.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(counts.pop())
         out.envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_CONTAINER
         out.mounts.append((MPS_PIPE_IN_CONTAINER, pipe, False))

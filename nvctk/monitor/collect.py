@@ -23,7 +23,13 @@ from nvctk.base.errors import literal
 from nvctk.hook.served import parent_of
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
-from nvctk.monitor.containers import DEFAULT_RUNTIME_ROOTS, Container, Discovery, proc_start
+from nvctk.monitor.containers import (
+    DEFAULT_RUNTIME_ROOTS,
+    Container,
+    Discovery,
+    gpu_nodes,
+    proc_start,
+)
 from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
 
 if TYPE_CHECKING:  # grpc is imported only with --pod-resources-socket
@@ -98,7 +104,9 @@ class Collector:
             mod.nvmlInit()
         self.nv: Any = mod
         self.handles = {g.index: mod.nvmlDeviceGetHandleByUUID(g.uuid) for g in self.host.gpus}
-        self.discovery = Discovery(runtime_roots)
+        # the GPUs' device nodes: containers given a GPU without nvctk (a DRA claim's
+        # whole GPU or MIG device) are found by them (read once, as the inventory is)
+        self.discovery = Discovery(runtime_roots, gpu_nodes(driver_root, self.host))
         # the node's name: in a Pod without host network the hostname is the Pod's
         # (the DaemonSet sets NODE_NAME from the downward API, as for dcgm-exporter)
         self.hostname = os.environ.get("NODE_NAME") or socket.gethostname()

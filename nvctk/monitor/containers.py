@@ -5,7 +5,13 @@ A container is found in its runtime's state (runc: <root>/<id>/state.json; crun:
 holds nvctk-runtime's record of what it decided at create (nvctk-edits.json, or
 nvctk-plan.json before the rename; read by the one reader, nvctk.hook.inputs.load_edits).
 What it got comes from that record: the devices in the order libvgpu indexes them and
-the validated vGPU limits, never re-derived from the request; its Kubernetes identity from the OCI annotations the CRI that made it puts
+the validated vGPU limits, never re-derived from the request. A container without
+that record holds a GPU when its OCI spec's device list (linux.devices, which the
+engine writes, e.g. from a DRA claim's CDI spec) has a GPU's node (/dev/nvidia<minor>)
+or a MIG device's compute-instance capability node (/dev/nvidia-caps/nvidia-cap<N>),
+matched by device number against the host's nodes (GpuNodes); it has no cap. One
+whose device cgroup allows every device (privileged) is not listed: it was given no GPU
+in particular. Its Kubernetes identity from the OCI annotations the CRI that made it puts
 there: containerd's io.kubernetes.cri.* for a container under a containerd runtime
 root, CRI-O's io.kubernetes.pod.*/container.name for one under CRI-O's (/run/runc,
 /run/crun), none under Docker's. Only that engine's own keys: the others pass from a
@@ -32,10 +38,13 @@ import os
 import stat
 from dataclasses import dataclass
 
-from nvctk.base.errors import MountError
+from nvctk.base.errors import DriverError, MountError
 from nvctk.edits import Edits
 from nvctk.hook.inputs import load_edits
+from nvctk.host import driver as nvdriver
+from nvctk.host.discover import cap_access_rels, device_facts
 from nvctk.host.inventory import HostInfo
+from nvctk.plan.devices import cap_node, node
 from nvctk.request.parse import MPS_MEMORY, MPS_THREADS, mps_memory_limits
 from nvctk.vgpu.limits import limits_from_env
 
@@ -204,14 +213,14 @@ def _runtime_state(path: str) -> tuple[str, int, int | None]:
     return bundle, pid, start if type(start) is int and start > 0 else None
 
 
-def _devices(edits: Edits, host: HostInfo) -> list[Device]:
-    """The container's devices as nvctk-runtime recorded them (Edits.selected: libvgpu's
-    order, a MIG device by its own UUID; a GPU whose MIG devices it got is not counted
-    whole); a record from before that field: its GPUs, whole. Never re-derived from the
-    request, which a later config could resolve otherwise."""
+def _devices(names: tuple[str, ...] | list[str], host: HostInfo) -> list[Device]:
+    """The devices of these UUIDs, in that order (a MIG device by its own UUID; a GPU
+    whose MIG devices the container got is not counted whole). For nvctk's containers
+    the UUIDs nvctk-runtime recorded (Edits.selected: libvgpu's order; a record from
+    before that field: its GPUs, whole), never re-derived from the request, which a
+    later config could resolve otherwise."""
     whole = {g.uuid: g for g in host.gpus}
     mig = {m.uuid: (g, m) for g in host.gpus for m in g.mig_devices}
-    names = edits.selected or edits.gpu_uuids
     parents = {mig[u][0].uuid for u in names if u in mig}
     out = []
     for u in names:
@@ -221,6 +230,65 @@ def _devices(edits: Edits, host: HostInfo) -> list[Device]:
         elif u in whole and u not in parents:
             out.append(Device(whole[u].index, u, u, whole[u].memory_mib << 20, False))
     return out
+
+
+# a host device node's (major, minor) -> the UUID of the GPU or MIG device it opens
+GpuNodes = dict[tuple[int, int], str]
+
+
+def gpu_nodes(driver_root: str, host: HostInfo) -> GpuNodes:
+    """Each GPU's node (/dev/nvidia<minor>) and each MIG device's compute-instance
+    capability node (nvidia-caps/nvidia-cap<N>, N from the driver's access file) by
+    device number: the host facts a plan's nodes come from (nvctk.host.discover,
+    nvctk.plan.devices). A node the host lacks is left out (no container can have it)."""
+    proc_dir, dev_dir = nvdriver.driver_dirs(driver_root)
+    files = nvdriver.DriverFiles(driver_root, host.driver_version, proc_dir=proc_dir,
+                                 dev_dir=dev_dir)
+    pairs = [(g, m) for g in host.gpus for m in (None, *g.mig_devices)]
+    facts = device_facts(files, pairs, ())
+    out: GpuNodes = {}
+    for g, m in pairs:
+        try:
+            if m is None:
+                n = node(facts, f"nvidia{g.minor}")
+            else:  # the gi capability is shared by its compute instances: the ci's is its own
+                n = cap_node(facts, cap_access_rels([(g, m)], False, False)[1])
+        except DriverError as e:
+            log.debug("%s: %s", m.uuid if m else g.uuid, e)
+            continue
+        out[(n.major, n.minor)] = m.uuid if m else g.uuid
+    return out
+
+
+def _allows_every_device(linux: dict[str, object]) -> bool:
+    """Whether the spec's device cgroup ends up allowing every device (a privileged
+    container's): the last rule for all devices decides, as the kernel's list does."""
+    res = linux.get("resources")
+    rules = res.get("devices") if isinstance(res, dict) else None
+    every = False
+    for r in rules if isinstance(rules, list) else ():
+        if isinstance(r, dict) and r.get("type", "a") == "a" and r.get("major") is None \
+                and r.get("minor") is None:
+            every = r.get("allow") is True
+    return every
+
+
+def held_gpus(spec: dict[str, object], nodes: GpuNodes, host: HostInfo) -> list[str]:
+    """The UUIDs of the GPUs and MIG devices whose nodes the spec gives the container
+    (linux.devices, by device number), in NVML order; none for a container allowed
+    every device (it was given no GPU in particular)."""
+    linux = spec.get("linux")
+    if not isinstance(linux, dict) or _allows_every_device(linux):
+        return []
+    devs = linux.get("devices")
+    held = set()
+    for d in devs if isinstance(devs, list) else ():
+        if isinstance(d, dict) and d.get("type") == "c":
+            u = nodes.get((d.get("major"), d.get("minor")))  # type: ignore[arg-type]
+            if u is not None:
+                held.add(u)
+    return [u for g in host.gpus for u in (g.uuid, *(m.uuid for m in g.mig_devices))
+            if u in held]
 
 
 def _limits(edits: Edits, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -237,17 +305,16 @@ class BundleUnreadable(Exception):
 
 
 def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo,
-                   engine: str = "none") -> Container | None:
-    """The container if it is one of nvctk's GPU containers, else None. Raises
-    OSError/ValueError for state nvctk cannot read (BundleUnreadable: its bundle)."""
+                   engine: str = "none", nodes: GpuNodes | None = None) -> Container | None:
+    """The container if it holds a GPU (nvctk's record, or a GPU node in its spec, by
+    `nodes`), else None. Raises OSError/ValueError for state nvctk cannot read
+    (BundleUnreadable: its bundle)."""
     bundle, pid, start = _runtime_state(state_file)
     try:
         edits = load_edits(bundle)  # the one reader: the runtime's record, either file name
-        if edits is None:
-            # not nvctk's only if the bundle is there to say so (an engine's config.json
-            # always is); a bundle out of sight hides what it holds
-            os.stat(os.path.join(bundle, "config.json"))
-            return None  # not a GPU container of nvctk's
+        # not a GPU container only if the bundle is there to say so (an engine's
+        # config.json always is); a bundle out of sight hides what it holds
+        spec = _read_json(os.path.join(bundle, "config.json"))
     except MountError as e:
         raise ValueError(str(e)) from None  # there, but not a record nvctk-runtime wrote
     except OSError as e:
@@ -255,14 +322,21 @@ def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo,
             return None  # ended: its bundle may be gone already
         raise BundleUnreadable(f"bundle {bundle} of container {cid} not readable: "
                                f"{e.strerror} (is its state dir mounted?)") from None
-    spec = _read_json(os.path.join(bundle, "config.json"))
     if not isinstance(spec, dict):
         raise ValueError(f"{bundle}/config.json: not a JSON object")
+    if edits is None:
+        # a GPU given by its nodes (a DRA claim's or another CDI spec's): no record, no cap
+        names = held_gpus(spec, nodes or {}, host)
+        if not names:
+            return None  # not a GPU container
+        devices = _devices(names, host)
+        mem = sm = (0,) * len(devices)
+    else:
+        devices = _devices(edits.selected or edits.gpu_uuids, host)
+        mem, sm = _limits(edits, len(devices))
     ann = spec.get("annotations") or {}
     if not isinstance(ann, dict):
         ann = {}
-    devices = _devices(edits, host)
-    mem, sm = _limits(edits, len(devices))
     env = {}
     proc = spec.get("process")
     for item in (proc.get("env") or []) if isinstance(proc, dict) else []:
@@ -277,7 +351,8 @@ def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo,
         mps_percent=int(mps) if mps is not None and mps.isdigit() else None,
         mps_memory=_mps_memory(env, devices),
         namespace=ns, pod=pod, k8s_container=ctr, pod_uid=uid,
-        vgpu_state_dir=edits.vgpu.state_dir if edits.vgpu is not None else None,
+        vgpu_state_dir=edits.vgpu.state_dir if edits is not None and edits.vgpu is not None
+        else None,
     )
 
 
@@ -302,8 +377,10 @@ class Discovery:
     """Lists the live GPU containers of nvctk's under the runtime roots, caching each
     container's parse by its state file's identity."""
 
-    def __init__(self, roots: tuple[str, ...] | list[str] = DEFAULT_RUNTIME_ROOTS) -> None:
+    def __init__(self, roots: tuple[str, ...] | list[str] = DEFAULT_RUNTIME_ROOTS,
+                 nodes: GpuNodes | None = None) -> None:
         self.roots = tuple(parse_root(r) for r in roots)
+        self.nodes = nodes or {}  # the host's GPU nodes: containers given a GPU by them
         self._cache: dict[str, tuple[tuple[int, int, int], Container | None]] = {}
 
     def scan(self, host: HostInfo, problem: object) -> list[Container]:
@@ -330,7 +407,7 @@ class Discovery:
                         c = hit[1]
                     else:
                         try:
-                            c = load_container(root, cid, path, host, engine)
+                            c = load_container(root, cid, path, host, engine, self.nodes)
                         except BundleUnreadable as e:  # not cached: retried every scan
                             problem(f"bundle:{path}", str(e))  # type: ignore[operator]
                             break

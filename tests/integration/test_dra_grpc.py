@@ -25,6 +25,7 @@ from nvctk.dra.kube import Kube, NotFound, Retry
 from nvctk.dra.node import make_driver
 from nvctk.dra.server import Plugin
 from nvctk.host import nvml
+from nvctk.host.inventory import HostInfo
 from nvctk.k8s.health import Health, XidWatcher
 from nvctk.sim import events, host
 from nvctk.sim.host import SimHost
@@ -193,6 +194,110 @@ def test_mig_claim_gets_its_mig_device(start: Start, sim_host_mig: SimHost) -> N
     assert r2.device["containerEdits"]["deviceNodes"] != r.device["containerEdits"]["deviceNodes"]
 
 
+def _mps(request: str | None = None) -> dict[str, Any]:
+    return {**({"requests": [request]} if request else {}), "opaque": {
+        "driver": DRIVER, "parameters": {"apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
+                                         "sharing": {"strategy": "MPS"}}}}
+
+
+def test_an_mps_claim_is_an_mps_client_as_the_device_plugins(
+        start: Start, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Sharing strategy MPS: the claim's spec gives its GPU and, as the device plugin's
+    MPS shares, the host's MPS pipe directory with CUDA_MPS_PIPE_DIRECTORY, the share's
+    smShare as the active thread percentage and its memory as the pinned memory limit (no
+    vGPU ledger); without the MPS control daemon's pipe directory the claim is refused
+    saying so, and nothing is written; MPS for some devices of a claim only, or uneven
+    thread percentages, are refused."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the simulated host has device nodes)")
+    sim = host.init(str(tmp_path_factory.mktemp("drasim") / "h"), make_topology(gpus=2))
+    g0, g1 = sim.topology.gpus
+    share = {"shareID": "s1", "consumedCapacity": {"memory": "2Gi", "smShare": "30"}}
+    src = MemoryClaims({
+        ("ns", "m"): claim("m", "uid-m", [result("gpu-1", **share)], config=[_mps()]),
+        ("ns", "w"): claim("w", "uid-w", [result("gpu-0")], config=[_mps()]),
+        ("ns", "half"): claim("half", "uid-half", [result("gpu-0"), result("gpu-1", "b")],
+                              config=[_mps("gpu")]),
+        ("ns", "uneven"): claim("uneven", "uid-uneven", [
+            result("gpu-0", **share), result("gpu-1", "b")], config=[_mps()]),
+    })
+    n = start(sim, src)
+    # no MPS control daemon: refused, nothing written
+    err = n.kubelet.prepare([("ns", "m", "uid-m")])["uid-m"].error
+    assert "sharing strategy MPS: MPS pipe directory" in err and "nvidia-cuda-mps-control" in err
+    assert n.specs() == [] and n.driver.prepared_uids() == []
+    pipe = os.path.join(sim.root, "tmp/nvidia-mps")
+    os.makedirs(pipe)
+    got = n.kubelet.prepare([("ns", "m", "uid-m"), ("ns", "w", "uid-w"), ("ns", "half", "uid-half"),
+                             ("ns", "uneven", "uid-uneven")])
+    assert got["uid-m"].error == "" and got["uid-w"].error == ""
+    assert "MPS for device(s) gpu-0 only" in got["uid-half"].error
+    assert "uneven smShare" in got["uid-uneven"].error
+    (r,) = _resolve(n, list(got["uid-m"].devices[0].cdi_device_ids))
+    edits = r.spec["containerEdits"]
+    assert next(d["path"] for d in r.device["containerEdits"]["deviceNodes"]) == "/dev/nvidia1"
+    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+                            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
+                            f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={g1.uuid}=2048M"]
+    assert {"hostPath": pipe, "containerPath": "/tmp/nvidia-mps"}.items() <= edits["mounts"][-1].items()
+    assert not os.path.exists(n.driver.ledger_path("uid-m")), "MPS limits it, not libvgpu"
+    # a whole GPU as an MPS client: the pipe, no limits
+    (w,) = _resolve(n, list(got["uid-w"].devices[0].cdi_device_ids))
+    assert w.spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void",
+                                               "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
+    assert sorted(n.driver.prepared_uids()) == ["uid-m", "uid-w"]
+    assert n.kubelet.unprepare([("ns", "m", "uid-m"), ("ns", "w", "uid-w")]) == {
+        "uid-m": "", "uid-w": ""}
+    assert n.specs() == []
+    del g0
+
+
+def _query_in_a_new_process(root: str) -> Callable[[], HostInfo]:
+    """NVML's answer for the driver root from a new process: a process keeps the
+    simulated NVML library it loaded, built for the layout it was made with (the
+    real driver answers a changed layout in the same process)."""
+    import json
+    import sys
+
+    def query() -> HostInfo:
+        out = subprocess.run([sys.executable, "-c", "import json, sys; from nvctk.host import nvml; "
+                              "print(json.dumps(nvml.query_host(sys.argv[1]).to_dict()))", root],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+        return HostInfo.from_dict(json.loads(out))
+
+    return query
+
+
+def test_a_mig_layout_changed_at_run_time_is_prepared_without_a_restart(
+        start: Start, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A MIG device made after the plugin started (the simulated host rebuilt with a
+    second MIG device on GPU 0): a claim naming it is prepared by the running plugin,
+    which asks NVML again (the publisher's query, through the same driver), and its spec
+    has the new device's own capability nodes; before the change the same claim is an
+    unknown device."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the simulated host has device nodes)")
+    root = str(tmp_path_factory.mktemp("drasim") / "h")
+    before = make_topology(gpus=1, mig={0: ["3g.40gb"]}, seed="relayout")
+    sim = host.init(root, before)
+    src = MemoryClaims({("ns", "m"): claim("m", "uid-m", [result("gpu-0-mig-1")])})
+    n = start(sim, src)
+    n.driver.inventory.query = _query_in_a_new_process(root)  # type: ignore[union-attr]
+    err = n.kubelet.prepare([("ns", "m", "uid-m")])["uid-m"].error
+    assert "unknown device 'gpu-0-mig-1'" in err, err
+    after = make_topology(gpus=1, mig={0: ["3g.40gb", "2g.20gb"]}, seed="relayout")
+    host.init(root, after, force=True)
+    new = next(m for m in after.gpus[0].mig_devices if m.index == 1)
+    ans = n.kubelet.prepare([("ns", "m", "uid-m")])["uid-m"]
+    assert ans.error == "" and ans.devices[0].device_name == "gpu-0-mig-1"
+    (r,) = _resolve(n, list(ans.devices[0].cdi_device_ids))
+    nodes = [d["path"] for d in r.device["containerEdits"]["deviceNodes"]]
+    assert f"/dev/nvidia-caps/nvidia-cap{new.ci_cap_minor}" in nodes, nodes
+    assert "gpu-0-mig-1" in n.driver.devices
+    assert n.driver.devices["gpu-0-mig-1"].uuid == new.uuid
+    assert n.kubelet.unprepare([("ns", "m", "uid-m")]) == {"uid-m": ""}
+
+
 def test_two_claims_specs_do_not_conflict(start: Start, sim_host: SimHost) -> None:
     src = MemoryClaims({("a", "x"): claim("x", "uid-x", [result("gpu-0")], ns="a"),
                         ("b", "y"): claim("y", "uid-y", [result("gpu-1")], ns="b")})
@@ -229,10 +334,10 @@ BAD = [
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
             "sharing": {"strategy": "VGpu"}}}}]), "consumes no part of device gpu-1"),
-    ("mps", claim("mps", "uid-mps", [result("gpu-1")], config=[
+    ("mpsmig", claim("mpsmig", "uid-mpsmig", [result("gpu-0-mig-0")], config=[
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "MPS"}}}}]), "MPS is not enforced"),
+            "sharing": {"strategy": "MPS"}}}}]), "MPS on MIG device gpu-0-mig-0"),
     ("excl", claim("excl", "uid-excl", [result("gpu-1", shareID="s1")], config=[
         {"opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",

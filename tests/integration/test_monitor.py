@@ -212,11 +212,11 @@ def test_container_state_vanishing_mid_read(node: Node, tmp_path: Path) -> None:
     calls = []
     real = load_container
 
-    def vanish(root: str, cid: str, path: str, host, engine):  # type: ignore[no-untyped-def]
+    def vanish(root: str, cid: str, path: str, host, engine, nodes):  # type: ignore[no-untyped-def]
         calls.append(cid)
         if len(calls) == 1:
             raise FileNotFoundError(path)
-        return real(root, cid, path, host, engine)
+        return real(root, cid, path, host, engine, nodes)
 
     import nvctk.monitor.containers as mod
 

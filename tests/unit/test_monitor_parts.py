@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
 from nvctk.monitor import containers
 from nvctk.monitor.collect import _parents, last_kernel_seconds
 from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
@@ -324,3 +325,37 @@ def test_bad_mps_pinned_memory_limits(value: str) -> None:
 
     with pytest.raises(ValueError):
         mps_memory_limits(value)
+
+
+def _gpu_host() -> tuple[HostInfo, containers.GpuNodes]:
+    mig = MigInfo(0, "MIG-a", 1, 0, "3g.40gb", 40000)
+    host = HostInfo("550.54.15", "12.4", (
+        GpuInfo(0, "GPU-0", "A100", 0, "00000000:01:00.0", 81920, "8.0", "nvidia", True, (mig,)),
+        GpuInfo(1, "GPU-1", "A100", 1, "00000000:02:00.0", 81920, "8.0", "nvidia", False)))
+    return host, {(195, 0): "GPU-0", (195, 1): "GPU-1", (510, 4): "MIG-a"}
+
+
+def _spec(devices: list[tuple[int, int]], rules: list[dict[str, object]]) -> dict[str, object]:
+    return {"linux": {"devices": [{"path": f"/dev/x{mi}", "type": "c", "major": ma, "minor": mi}
+                                  for ma, mi in devices],
+                      "resources": {"devices": rules}}}
+
+
+DENY_ALL = {"allow": False, "access": "rwm"}
+
+
+def test_gpus_held_by_their_nodes_in_the_spec() -> None:
+    """A container without nvctk's record holds the GPUs and MIG devices whose nodes
+    (by device number, whatever their path) its spec lists, in NVML order; nvidiactl and
+    other nodes name none; a privileged container (every device allowed) none."""
+    host, nodes = _gpu_host()
+    held = containers.held_gpus
+    assert held(_spec([(195, 255), (195, 1), (195, 0), (510, 4)], [DENY_ALL]), nodes,
+                host) == ["GPU-0", "MIG-a", "GPU-1"]
+    assert held(_spec([(195, 255), (511, 0)], [DENY_ALL]), nodes, host) == []
+    assert held(_spec([(195, 1)], [DENY_ALL, {"allow": True, "access": "rwm"}]), nodes,
+                host) == []
+    # every device allowed, then denied again: only what it was given
+    assert held(_spec([(195, 1)], [{"allow": True, "type": "a"}, DENY_ALL]), nodes,
+                host) == ["GPU-1"]
+    assert held({"linux": "x"}, nodes, host) == []
