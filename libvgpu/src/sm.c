@@ -355,6 +355,7 @@ struct sm_rec {
 };
 static struct sm_rec ring[SM_RING];   /* oldest at ring_head; sm_mu */
 static uint64_t n_timed, n_untimed;   /* launches timed; untimed as of their key's last sample (sm_mu) */
+static uint64_t n_gated, n_renewed;   /* untimed launches that took the slow path; markers renewed alone (atomic) */
 static unsigned ring_head, ring_n;
 static unsigned pend_n[VGPU_LDEV_MAX], pend_unknown[VGPU_LDEV_MAX]; /* in flight; of which with no estimate */
 
@@ -552,6 +553,27 @@ static int sm_capture;   /* a stream capture was begun in this process (sticky) 
  * untimed too, but the bucket does not cover it or a re-count is due (the
  * gate waits, then charges *est); SMF_TIME, it is timed (slow path). */
 enum { SMF_NONE = -1, SMF_TIME, SMF_DONE, SMF_GATE };
+
+/* The fast path found its presence marker on an ended epoch: the marker alone
+ * moves to the current one (two lock-table calls, no re-count, statistics or
+ * refill: those wait for the slow path, which runs when the tokens run out or
+ * a launch is timed). Once an epoch (100 ms) at most, so a program launching
+ * in bursts with idle gaps between them does not pay a whole slow path
+ * (~7 us on this VM) per epoch. 0, or -1: the slow path decides (tok_mu busy,
+ * no count yet, the lock table refused). */
+static __attribute__((noinline, cold)) int sm_renew(const struct ldev *ld) {
+    struct smloc *L = &smloc[ld - ldevs];
+    if (pthread_mutex_trylock(&tok_mu) != 0) return -1;
+    int rc = -1;
+    uint64_t now = now_ns(), epoch = now / VGPU_SM_PRES_EPOCH_NS;
+    if (__atomic_load_n(&L->sync_ns, __ATOMIC_RELAXED) && ledger_presence(ld->e, epoch) == 0) {
+        __atomic_store_n(&L->pres_until, (epoch + 1) * (uint64_t)VGPU_SM_PRES_EPOCH_NS, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&n_renewed, 1, __ATOMIC_RELAXED);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&tok_mu);
+    return rc;
+}
 struct smf {
     int f;       /* SMF_* */
     int64_t est; /* the estimate charged (SMF_DONE) or to charge (SMF_GATE) */
@@ -570,13 +592,14 @@ static inline __attribute__((always_inline)) struct smf sm_fast(const struct lde
     __atomic_store_n(&e->count, __atomic_load_n(&e->count, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
     r.est = (int64_t)(f1 - 1);
     r.f = SMF_GATE;
-    /* Its presence marker must be on the current epoch (the others count it:
-     * renewed by the slow path's re-count, at most once an epoch, 100 ms). A
-     * stale count of the split does not matter here: the fast path only
-     * spends tokens already earned; refills, and the re-count at their rate,
-     * are the slow path's. */
+    /* Its presence marker must be on the current epoch (the others count it):
+     * renewed by the slow path's re-count, or here alone when an epoch ended
+     * (sm_renew: no re-count). A stale count of the split does not matter
+     * here: the fast path only spends tokens already earned; refills, and the
+     * re-count at their rate, are the slow path's. */
     uint64_t sy = __atomic_load_n(&L->sync_ns, __ATOMIC_ACQUIRE);
-    if (!sy || now >= __atomic_load_n(&L->pres_until, __ATOMIC_RELAXED)) return r;
+    if (!sy) return r;
+    if (UNLIKELY(now >= __atomic_load_n(&L->pres_until, __ATOMIC_RELAXED)) && sm_renew(ld) != 0) return r;
     if (__atomic_sub_fetch(&L->tokens, r.est, __ATOMIC_RELAXED) < 0) {
         tok_add(L, r.est); /* in debt: the gate waits */
         return r;
@@ -630,6 +653,7 @@ static int sm_begin(struct sm_launch *L, const struct ldev *ld, unsigned pct, CU
     if (LIKELY(fr.f == SMF_DONE)) return 0;
     if (sm_gate(ld, pct) != 0) return -1;
     if (fr.f == SMF_GATE) {
+        __atomic_add_fetch(&n_gated, 1, __ATOMIC_RELAXED);
         tok_add(&smloc[ld - ldevs], -fr.est); /* untimed: charged its estimate */
         return 0;
     }
@@ -739,8 +763,10 @@ void sm_exit_report(void) {
     pthread_mutex_lock(&sm_mu);
     uint64_t t = n_timed, u = n_untimed;
     pthread_mutex_unlock(&sm_mu);
-    vgpu_log(VGPU_LOG_DEBUG, "sm: %llu launches timed, %llu charged their estimate", (unsigned long long)t,
-             (unsigned long long)u);
+    vgpu_log(VGPU_LOG_DEBUG, "sm: %llu launches timed, %llu charged their estimate; %llu untimed launches took the "
+             "slow path, %llu presence markers were renewed alone", (unsigned long long)t, (unsigned long long)u,
+             (unsigned long long)__atomic_load_n(&n_gated, __ATOMIC_RELAXED),
+             (unsigned long long)__atomic_load_n(&n_renewed, __ATOMIC_RELAXED));
 }
 
 /* Before a context is destroyed: its launches in flight are waited for and

@@ -77,3 +77,38 @@ def test_a_shape_whose_runs_differ_is_sampled_not_timed_on_every_launch(driver: 
     launches = 600
     timed = timed_launches(driver, tmp_path, MIXED, launches, 20, 400)
     assert timed < launches // 4, f"{timed} of {launches} launches of a dispersed shape timed"
+
+
+EPOCHS = r"""
+warm, bursts, size, idle = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+for _ in range(warm):  # the shape's estimate learnt, its sampling down to its usual rate
+    ok("cuLaunchKernel", fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+for _ in range(bursts):
+    time.sleep(idle)  # host work between bursts: longer than a presence epoch (100 ms)
+    for _ in range(size):
+        ok("cuLaunchKernel", fn, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+"""
+
+
+@pytest.mark.slow
+def test_a_burst_after_a_presence_epoch_renews_the_marker_without_the_slow_path(driver: H.Driver,
+                                                                               tmp_path: Path) -> None:
+    """The first launch after an idle gap longer than a presence epoch finds its marker on
+    an ended epoch. It renews the marker alone (two lock-table calls) when its tokens still
+    cover it, instead of taking the slow path (re-count, statistics, refill: ~7 us on this
+    VM), which cost bursts of 10 after 10 ms idle ~70 ns a launch (issue 29). Judged by the
+    library's count of untimed launches that took the slow path, not by wall time."""
+    bursts = 12
+    env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="0", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT="50",
+                     CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB),
+                     LIBVGPU_LOG_LEVEL="debug", PYTHONPATH=os.pathsep.join(sys.path))
+    cp = subprocess.run([sys.executable, "-c", CU_PRELUDE + EPOCHS, "300", str(bursts), "5", "0.12"], env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    m = re.search(r"sm: \d+ launches timed, \d+ charged their estimate; (\d+) untimed launches took the slow "
+                  r"path, (\d+) presence markers were renewed alone", cp.stderr)
+    assert m, cp.stderr[-2000:]
+    gated, renewed = int(m.group(1)), int(m.group(2))
+    # every burst crosses an epoch; a timed launch (a random few) renews it the slow way
+    assert gated < bursts // 3, f"{gated} untimed launches took the slow path in {bursts} bursts"
+    assert renewed >= bursts // 2, f"{renewed} markers renewed alone in {bursts} bursts"
