@@ -33,17 +33,23 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> H.Driver:
     return driver_of(tmp_path_factory, "vgpu-sampling")
 
 
-def timed_launches(driver: H.Driver, tmp_path: Path, program: str, *args: int, **extra: str) -> int:
-    """How many of the program's launches libvgpu timed under a 50 % SM limit (its exit
-    statistics), with asynchronous launches."""
+def exit_statistics(driver: H.Driver, tmp_path: Path, program: str, *args: object, **extra: str) -> str:
+    """The program's libvgpu statistics at exit (its debug log) under a 50 % SM limit,
+    with asynchronous launches."""
     env = driver.env(tmp_path / "state", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT="50",
                      CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB),
                      LIBVGPU_LOG_LEVEL="debug", PYTHONPATH=os.pathsep.join(sys.path), **extra)
     cp = subprocess.run([sys.executable, "-c", CU_PRELUDE + program, *map(str, args)], env=env,
                         capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr[-2000:]
-    m = re.search(r"sm: (\d+) launches timed, (\d+) charged their estimate", cp.stderr)
-    assert m, cp.stderr[-2000:]
+    return cp.stderr
+
+
+def timed_launches(driver: H.Driver, tmp_path: Path, program: str, *args: object, **extra: str) -> int:
+    """How many of the program's launches libvgpu timed (exit_statistics)."""
+    err = exit_statistics(driver, tmp_path, program, *args, **extra)
+    m = re.search(r"sm: (\d+) launches timed, (\d+) charged their estimate", err)
+    assert m, err[-2000:]
     return int(m.group(1))
 
 
@@ -99,15 +105,10 @@ def test_a_burst_after_a_presence_epoch_renews_the_marker_without_the_slow_path(
     VM), which cost bursts of 10 after 10 ms idle ~70 ns a launch (issue 29). Judged by the
     library's count of untimed launches that took the slow path, not by wall time."""
     bursts = 12
-    env = driver.env(tmp_path / "state", NVSIM_KERNEL_US="0", NVSIM_ASYNC="1", CUDA_DEVICE_SM_LIMIT="50",
-                     CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "cache"), LD_PRELOAD=str(H.LIB),
-                     LIBVGPU_LOG_LEVEL="debug", PYTHONPATH=os.pathsep.join(sys.path))
-    cp = subprocess.run([sys.executable, "-c", CU_PRELUDE + EPOCHS, "300", str(bursts), "5", "0.12"], env=env,
-                        capture_output=True, text=True, timeout=120)
-    assert cp.returncode == 0, cp.stderr[-2000:]
+    err = exit_statistics(driver, tmp_path, EPOCHS, 300, bursts, 5, 0.12, NVSIM_KERNEL_US="0")
     m = re.search(r"sm: \d+ launches timed, \d+ charged their estimate; (\d+) untimed launches took the slow "
-                  r"path, (\d+) presence markers were renewed alone", cp.stderr)
-    assert m, cp.stderr[-2000:]
+                  r"path, (\d+) presence markers were renewed alone", err)
+    assert m, err[-2000:]
     gated, renewed = int(m.group(1)), int(m.group(2))
     # every burst crosses an epoch; a timed launch (a random few) renews it the slow way
     assert gated < bursts // 3, f"{gated} untimed launches took the slow path in {bursts} bursts"
