@@ -116,6 +116,12 @@ static void sm_owe(int li, int64_t t) {
     if (slot_debt_publish(ldevs[li].ce, (uint64_t)-t) == 0) L->pub_debt = (uint64_t)-t;
 }
 
+/* The process's presence marker is on `epoch` (its lock taken): the fast path
+ * may go on without renewing it until that epoch ends. */
+static void pres_on(struct smloc *L, uint64_t epoch) {
+    __atomic_store_n(&L->pres_until, (epoch + 1) * (uint64_t)VGPU_SM_PRES_EPOCH_NS, __ATOMIC_RELAXED);
+}
+
 /* Re-counts the container's launching processes on the device (tok_mu
  * held): this process's marker renewed, the others' counted, its part of the
  * share set. 0, or SM_BROKEN when the lock table cannot be used (fail closed). */
@@ -127,7 +133,7 @@ static int64_t sm_sync(int li, unsigned pct, uint64_t now) {
     __atomic_store_n(&L->sync_ns, 0, __ATOMIC_RELAXED); /* until this one succeeds */
     if (ledger_presence(ld->e, epoch) != 0 || ledger_presence_census(ld->e, epoch, &others) != 0) return SM_BROKEN;
     L->rate_ppm = (uint64_t)pct * 10000 / (others + 1);
-    __atomic_store_n(&L->pres_until, (epoch + 1) * (uint64_t)VGPU_SM_PRES_EPOCH_NS, __ATOMIC_RELAXED);
+    pres_on(L, epoch);
     if (!L->last_ns) L->last_ns = now;
     if (now - L->stats_ns >= SM_STATS_NS) sm_stats(li, now);
     __atomic_store_n(&L->sync_ns, now ? now : 1, __ATOMIC_RELEASE);
@@ -548,12 +554,6 @@ static __attribute__((noinline)) int sm_capturing(CUstream s) {
 static int sm_fast_ok;   /* events usable: launches may go untimed */
 static int sm_capture;   /* a stream capture was begun in this process (sticky) */
 
-/* What the fast path decided: SMF_DONE, the launch was charged its key's
- * estimate and goes untimed (no lock, no driver call); SMF_GATE, it goes
- * untimed too, but the bucket does not cover it or a re-count is due (the
- * gate waits, then charges *est); SMF_TIME, it is timed (slow path). */
-enum { SMF_NONE = -1, SMF_TIME, SMF_DONE, SMF_GATE };
-
 /* The fast path found its presence marker on an ended epoch: the marker alone
  * moves to the current one (two lock-table calls, no re-count, statistics or
  * refill: those wait for the slow path, which runs when the tokens run out or
@@ -567,13 +567,20 @@ static __attribute__((noinline, cold)) int sm_renew(const struct ldev *ld) {
     int rc = -1;
     uint64_t now = now_ns(), epoch = now / VGPU_SM_PRES_EPOCH_NS;
     if (__atomic_load_n(&L->sync_ns, __ATOMIC_RELAXED) && ledger_presence(ld->e, epoch) == 0) {
-        __atomic_store_n(&L->pres_until, (epoch + 1) * (uint64_t)VGPU_SM_PRES_EPOCH_NS, __ATOMIC_RELAXED);
+        pres_on(L, epoch);
         __atomic_add_fetch(&n_renewed, 1, __ATOMIC_RELAXED);
         rc = 0;
     }
     pthread_mutex_unlock(&tok_mu);
     return rc;
 }
+
+/* What the fast path decided: SMF_DONE, the launch was charged its key's
+ * estimate and goes untimed (no lock, no driver call); SMF_GATE, it goes
+ * untimed too, but the bucket does not cover it or a re-count is due (the
+ * gate waits, then charges *est); SMF_TIME, it is timed (slow path). */
+enum { SMF_NONE = -1, SMF_TIME, SMF_DONE, SMF_GATE };
+
 struct smf {
     int f;       /* SMF_* */
     int64_t est; /* the estimate charged (SMF_DONE) or to charge (SMF_GATE) */
