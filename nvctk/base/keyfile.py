@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from nvctk import _sys
 from nvctk.base.errors import NvctkError, SpecError
 
 MAC_BYTES = 32
@@ -16,8 +17,6 @@ def mac(text: str, key: bytes) -> str:
     """The MAC of `text` under `key`, in hex: keyed BLAKE2b-256. nvctk._sys's (libb2's), not
     hashlib's: hashlib loads OpenSSL (~2 ms), which a CDI-mode create would pay to
     seal its record."""
-    from nvctk import _sys  # start time: a dlopen, only for a sealed record
-
     return _sys.blake2b(text.encode(), key, MAC_BYTES).hex()
 
 
