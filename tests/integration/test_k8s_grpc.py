@@ -69,6 +69,10 @@ def start(kubelet_dir: str) -> Iterator[Start]:
         t.start()
         made.append((kl, mgr, t))
         kl.wait_for([r.name for r in res])
+        # the kubelet records a Register before its answer reaches the plugin: a
+        # round counts only once every answer came back (a restart before that
+        # cancels it, and the manager rightly registers again)
+        wait.until(lambda: mgr.registrations >= 1, 10, "the first registration round")
         if health and mgr.watcher:
             assert mgr.watcher.ready.wait(10)
         return kl, mgr
