@@ -565,13 +565,9 @@ def test_dra_whole_gpu_and_mig_claims_are_in_the_monitor(cri: CriClient, work: P
         assert dev.memory_limit is None and dev.sm_limit is None  # a whole device: no cap
         assert abs(dev.memory_used - sim_mem[c.id]) <= MIB
         assert sim_mem[c.id] >= claims[k][2] * MIB
-        if node.engine.startswith("containerd"):
-            # CRI-O names a Pod by the kubelet's labels (io.kubernetes.cri-o.Labels), which
-            # this CRI client does not set: the identity, and the claim joined on it, are
-            # containerd's here
-            assert (c.namespace, c.pod, c.container, c.claim) == (
-                "default", "dra-monitored", k, f"ns/{claims[k][1]}"), c
-            assert f'claim="ns/{claims[k][1]}"' in metrics
+        assert (c.namespace, c.pod, c.container, c.claim) == (
+            "default", "dra-monitored", k, f"ns/{claims[k][1]}"), c
+        assert f'claim="ns/{claims[k][1]}"' in metrics
     g0, g1 = snap.gpus
     assert (g0.shares, g1.shares) == (1, 1)
     assert g1.memory_promised == gpu1.memory_mib * MIB  # the whole GPU, as nvctk's whole GPUs
@@ -636,6 +632,44 @@ def test_which_annotations_reach_the_runtime(cri: CriClient, work: Path, node: N
             assert got["nvctk.io/both"] == "ctr", got
             assert json.loads(got["io.kubernetes.cri-o.Annotations"]) == {
                 "nvctk.io/from-container": "ctr", "nvctk.io/both": "ctr"}, got
+
+
+def test_the_monitor_names_the_kubelets_pod_not_one_its_author_wrote(
+        cri: CriClient, work: Path, sim: SimHost, node: Node) -> None:
+    """A GPU container's namespace, Pod, container and Pod uid in the monitor are the
+    kubelet's (its CRI metadata and labels), even when the Pod's own annotations, which
+    its author writes and CRI-O copies into every container's spec, spell the keys an
+    engine records the identity under, or CRI-O's record of the container's labels."""
+    from nvctk.monitor.collect import Collector
+
+    forged = {"io.kubernetes.pod.namespace": "kube-system", "io.kubernetes.pod.name": "forged",
+              "io.kubernetes.container.name": "forged", "io.kubernetes.pod.uid": "forged",
+              "io.kubernetes.cri.sandbox-namespace": "kube-system",
+              "io.kubernetes.cri.sandbox-name": "forged",
+              "io.kubernetes.cri.container-name": "forged",
+              "io.kubernetes.cri.sandbox-uid": "forged",
+              "io.kubernetes.cri-o.Labels": json.dumps({"io.kubernetes.pod.namespace":
+                                                        "kube-system"})}
+    sync = work / f"sync-id-{node.engine}"
+    sync.mkdir()
+    with pod(cri, "nvidia", work / "logs", name="named-by-kubelet", annotations=forged) as p:
+        cid = p.container("gpu", GPU_IMAGE,
+                          ["sh", "-c", "while [ ! -e /sync/go ]; do sleep 0.05; done"],
+                          Allocation(envs={"NVIDIA_VISIBLE_DEVICES": "0"},
+                                     mounts=[("/sync", str(sync), False)]))
+        p.start(cid)
+        col = Collector(sim.root, [node.runtime_root])
+        try:
+            c = wait.until(lambda: next((c for c in col.collect().containers if c.id == cid),
+                                        None), 30, "the monitor to list the container")
+        finally:
+            col.close()
+            (sync / "go").touch()
+        assert p.wait(cid) == 0
+        meta = p.config.metadata
+    assert c is not None
+    assert (c.namespace, c.pod, c.container, c.pod_uid) == (
+        "default", "named-by-kubelet", "gpu", meta.uid), c
 
 
 def _shims(root: Path) -> list[str]:

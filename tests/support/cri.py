@@ -173,10 +173,11 @@ def parse_cri_log(text: str) -> str:
 def _sandbox_config(pb: Any, name: str, log_dir: Path,
                     annotations: Mapping[str, str] | None = None) -> Any:
     node = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
+    meta = pb.PodSandboxMetadata(name=name, uid=uuid.uuid4().hex, namespace="default")
     return pb.PodSandboxConfig(
-        metadata=pb.PodSandboxMetadata(name=name, uid=uuid.uuid4().hex, namespace="default"),
+        metadata=meta,
         log_directory=str(log_dir),
-        labels={"io.kubernetes.pod.name": name},
+        labels=_kubelet_labels(meta),
         annotations=dict(annotations or {}),
         # host network, as hostNetwork: true: no CNI needed
         linux=pb.LinuxPodSandboxConfig(
@@ -184,10 +185,21 @@ def _sandbox_config(pb: Any, name: str, log_dir: Path,
     )
 
 
-def _container_config(pb: Any, name: str, image: str, command: Sequence[str],
+def _kubelet_labels(pod: Any, container: str = "") -> dict[str, str]:
+    """The labels the kubelet sets on a sandbox (a Pod's own labels would join them) and,
+    with `container`, on each container: the Pod's identity, which runtimes record."""
+    labels = {"io.kubernetes.pod.name": pod.name, "io.kubernetes.pod.namespace": pod.namespace,
+              "io.kubernetes.pod.uid": pod.uid}
+    if container:
+        labels["io.kubernetes.container.name"] = container
+    return labels
+
+
+def _container_config(pb: Any, pod: Any, name: str, image: str, command: Sequence[str],
                       alloc: Allocation) -> Any:
     return pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name),
+        labels=_kubelet_labels(pod, name),
         image=pb.ImageSpec(image=image, user_specified_image=image),
         command=list(command),
         envs=[pb.KeyValue(key=k, value=v) for k, v in alloc.envs.items()],
@@ -214,7 +226,8 @@ class Pod:
                   alloc: Allocation) -> str:
         pb = self.client.pb
         req = pb.CreateContainerRequest(pod_sandbox_id=self.sandbox_id, sandbox_config=self.config,
-                                        config=_container_config(pb, name, image, command, alloc))
+                                        config=_container_config(pb, self.config.metadata, name, image,
+                                                                command, alloc))
         cid = str(self.client.call("CreateContainer", req).container_id)
         self.containers.append(cid)
         return cid
