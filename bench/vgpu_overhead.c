@@ -276,12 +276,9 @@ int main(int argc, char **argv) {
             if (d && (load(&m, "x") || getfn(&P.f[1], m, "busy"))) return 5;
             for (int k = 0; k < 4; k++)
                 if (screate(&P.st[d][k], 0)) return 5;
-            struct { /* CUDA_KERNEL_NODE_PARAMS (v2) */
-                CUfunction func;
-                unsigned g[3], b[3], shm;
-                void **params, **extra;
-                void *kern, *ctx;
-            } kp = {P.f[d], {1, 1, 1}, {1, 1, 1}, 0, NULL, NULL, NULL, NULL};
+            CUDA_KERNEL_NODE_PARAMS kp = {.v1 = {.func = P.f[d], .gridDimX = 1, .gridDimY = 1,
+                                                 .gridDimZ = 1, .blockDimX = 1, .blockDimY = 1,
+                                                 .blockDimZ = 1}};
             if (gcreate(&g, 0) || gadd(&node, g, NULL, 0, &kp) || ginst(&P.gx[d], g, 0)) return 5;
         }
         pthread_t th[16];

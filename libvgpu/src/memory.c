@@ -411,8 +411,6 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     return r;
 }
 
-#define CU_STREAM_LEGACY_ ((CUstream)0x1)
-
 /* The context ctx's device (see ldev_for); NULL if the driver cannot say. */
 static struct ldev *ctx_ldev(CUcontext ctx) {
     typedef CUresult (*push_t)(CUcontext);
@@ -435,7 +433,7 @@ static struct ldev *ctx_ldev(CUcontext ctx) {
 static CUresult async_owner(CUstream s, const CUmemoryPool *pool, struct ldev **ld, uint64_t *ctx) {
     typedef CUresult (*sctx_t)(CUstream, CUcontext *);
     CUcontext c = NULL;
-    if (!s || s == CU_STREAM_LEGACY_ || s == CU_STREAM_PER_THREAD) {
+    if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
         c = (CUcontext)(uintptr_t)current_ctx();
     } else if (!real_x[X_cuStreamGetCtx]) {
         *ld = LD_REFUSE; /* cannot tell: fail closed */

@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nvctk.base.errors import NvctkError, shown
@@ -84,24 +84,25 @@ def cdi_vendor(driver: str) -> str:
     return f"k8s.{driver}"
 
 
+@dataclass(eq=False)
 class Driver:
-    def __init__(self, name: str, pool: str, devices: dict[str, DraDevice], forms: CdiForms,
-                 source: ClaimSource, records: Records, cdi_dir: str, shares: Shares,
-                 unhealthy: Callable[[], set[str]] = set, api_timeout: float = API_TIMEOUT,
-                 inventory: Inventory | None = None) -> None:
-        self.name = name
-        self.pool = pool  # the node's name: the pool of its ResourceSlices
-        self.devices = devices
-        self.forms = forms
-        self.inventory = inventory
-        self.source = source
-        self.records = records
-        self.cdi_dir = cdi_dir
-        self.shares = shares
-        self.unhealthy = unhealthy
-        self.api_timeout = api_timeout
-        self.boot_id = boot_id()
-        self._lock = threading.Lock()  # one claim's files at a time
+    """One node's DRA driver: its devices and CDI forms, where claims come from and
+    where what it prepared is recorded."""
+
+    name: str
+    pool: str  # the node's name: the pool of its ResourceSlices
+    devices: dict[str, DraDevice]
+    forms: CdiForms
+    source: ClaimSource
+    records: Records
+    cdi_dir: str
+    shares: Shares
+    unhealthy: Callable[[], set[str]] = set
+    api_timeout: float = API_TIMEOUT
+    inventory: Inventory | None = None
+    boot_id: str = field(init=False, default_factory=boot_id)
+    # one claim's files at a time
+    _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
 
     def rediscover(self) -> HostInfo:
         """The host as NVML says now; the driver's devices and CDI forms made again

@@ -128,7 +128,7 @@ def _run(cri: CriClient, work: Path, alloc: Allocation, *, pod_env: dict[str, st
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name="main"), image=pb.ImageSpec(image=IMAGE),
             command=["sh", "-c", SCRIPT],
-            envs=[pb.KeyValue(key=k, value=v) for k, v in envs],
+            envs=[pb.KeyValue(key=k, value=v.encode()) for k, v in envs],
             mounts=[pb.Mount(container_path=c, host_path=h, readonly=ro) for c, h, ro in alloc.mounts],
             annotations=alloc.annotations, log_path="main.log",
             linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(

@@ -1,7 +1,8 @@
 """A small CRI (runtime.v1) client for the tests: Pods run the way the kubelet runs them.
 
-The Python code for tests/support/cri.proto is generated at first use with
-grpc_tools.protoc into a private temp dir (removed at exit), so nothing generated
+Speaks the real CRI API: tests/support/third_party/cri_api.proto, as released with
+Kubernetes 1.36.3 (see the README there). Its Python code is generated at first use
+with grpc_tools.protoc into a private temp dir (removed at exit), so nothing generated
 is committed and the proto stays the one source. Needs grpcio and grpcio-tools.
 
     client = CriClient(socket)
@@ -37,13 +38,15 @@ from typing import Any
 
 from support import wait
 
-PROTO = Path(__file__).with_name("cri.proto")
+# a file name of its own: protobuf's descriptor pool keys files by path, and the
+# device plugin's nvctk/k8s/api.proto is loaded in the same processes as "api.proto"
+PROTO = Path(__file__).parent / "third_party" / "cri_api.proto"
 RPC_TIMEOUT = 60.0
 
 
 @functools.cache
 def protos() -> tuple[Any, Any]:
-    """(cri_pb2, cri_pb2_grpc), generated from cri.proto on first use."""
+    """(cri_api_pb2, cri_api_pb2_grpc), generated from PROTO on first use."""
     from grpc_tools import protoc
 
     out = Path(tempfile.mkdtemp(prefix="nvctk-cri-pb-"))
@@ -52,14 +55,14 @@ def protos() -> tuple[Any, Any]:
                       f"--grpc_python_out={out}", str(PROTO)])
     if rc != 0:
         raise RuntimeError(f"protoc failed on {PROTO} (exit {rc})")
-    # cri_pb2_grpc imports cri_pb2 by its bare name
+    # cri_api_pb2_grpc imports cri_api_pb2 by its bare name
     sys.path.insert(0, str(out))
     try:
-        import cri_pb2  # type: ignore[import-not-found]
-        import cri_pb2_grpc  # type: ignore[import-not-found]
+        import cri_api_pb2  # type: ignore[import-not-found]
+        import cri_api_pb2_grpc  # type: ignore[import-not-found]
     finally:
         sys.path.remove(str(out))
-    return cri_pb2, cri_pb2_grpc
+    return cri_api_pb2, cri_api_pb2_grpc
 
 
 class CriError(RuntimeError):
@@ -202,7 +205,8 @@ def _container_config(pb: Any, pod: Any, name: str, image: str, command: Sequenc
         labels=_kubelet_labels(pod, name),
         image=pb.ImageSpec(image=image, user_specified_image=image),
         command=list(command),
-        envs=[pb.KeyValue(key=k, value=v) for k, v in alloc.envs.items()],
+        # KeyValue.value is bytes in the released API
+        envs=[pb.KeyValue(key=k, value=v.encode()) for k, v in alloc.envs.items()],
         mounts=[pb.Mount(container_path=c, host_path=h, readonly=ro) for c, h, ro in alloc.mounts],
         devices=[pb.Device(container_path=c, host_path=h, permissions=p)
                  for c, h, p in alloc.devices],

@@ -1,9 +1,10 @@
-/* The slice of the CUDA driver API (cuda.h) that nvctk's C parts use: the mock
- * driver (nvctk/sim/csrc/cuda_mock.c), the CUDA sample (vectoradd.c) and the
- * libvgpu interposer. No CUDA toolkit is needed to build them, so the types are
+/* The slice of the CUDA driver API (cuda.h) that the simulated driver's C parts
+ * use: the mock driver (nvctk/sim/csrc/cuda_mock.c) and the CUDA sample
+ * (vectoradd.c). No CUDA toolkit is needed to build them, so the types are
  * declared here with the real values and layouts of CUDA 12.x on x86-64 / aarch64
  * (LP64): a program built against the real cuda.h and one built against this
- * header call each other correctly.
+ * header call each other correctly. The types and struct layouts libvgpu shares
+ * are in cuda_abi.h; this header adds the enums and the entry points.
  *
  * Versioned entry points are declared under their real exported names
  * (cuMemAlloc_v2, ...); the unsuffixed names are not macros here, so code that
@@ -21,35 +22,7 @@ extern "C" {
 
 #define NVCTK_CUDA_API_VERSION 12040 /* the API level these declarations follow */
 
-/* ---- scalar and handle types ---- */
-
-typedef uint32_t cuuint32_t;
-typedef uint64_t cuuint64_t;
-typedef unsigned long long CUdeviceptr; /* CUdeviceptr_v2: 64-bit since CUDA 3.2 */
-typedef int CUdevice;
-typedef unsigned long long CUmemGenericAllocationHandle;
-
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUkern_st *CUkernel;
-typedef struct CUlib_st *CUlibrary;
-typedef struct CUarray_st *CUarray;
-typedef struct CUmipmappedArray_st *CUmipmappedArray;
-typedef struct CUstream_st *CUstream;
-typedef struct CUevent_st *CUevent;
-typedef struct CUmemPoolHandle_st *CUmemoryPool;
-typedef struct CUgraph_st *CUgraph;
-typedef struct CUgraphNode_st *CUgraphNode;
-typedef struct CUgraphExec_st *CUgraphExec;
-
-typedef struct CUuuid_st {
-    char bytes[16];
-} CUuuid;
-
-/* Special stream handles */
-#define CU_STREAM_LEGACY ((CUstream)0x1)
-#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+#include "cuda_abi.h" /* the types and layouts libvgpu shares */
 
 /* ---- enums (CUresult, device attributes, ...): generated at build time ---- */
 
@@ -96,62 +69,10 @@ typedef struct CUctxCreateParams_st {
 #define CU_MEMHOSTALLOC_DEVICEMAP 0x02
 #define CU_MEMHOSTALLOC_WRITECOMBINED 0x04
 
-typedef struct CUDA_ARRAY_DESCRIPTOR_st {
-    size_t Width;
-    size_t Height;
-    CUarray_format Format;
-    unsigned int NumChannels;
-} CUDA_ARRAY_DESCRIPTOR; /* CUDA_ARRAY_DESCRIPTOR_v2 */
-
-typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
-    size_t Width;
-    size_t Height;
-    size_t Depth;
-    CUarray_format Format;
-    unsigned int NumChannels;
-    unsigned int Flags;
-} CUDA_ARRAY3D_DESCRIPTOR; /* CUDA_ARRAY3D_DESCRIPTOR_v2 */
-
 #define CUDA_ARRAY3D_LAYERED 0x01
 #define CUDA_ARRAY3D_SURFACE_LDST 0x02
 #define CUDA_ARRAY3D_CUBEMAP 0x04
 #define CUDA_ARRAY3D_TEXTURE_GATHER 0x08
-
-/* Virtual memory management (cuMemCreate & co.) */
-
-typedef struct CUmemLocation_st {
-    CUmemLocationType type;
-    int id;
-} CUmemLocation;
-
-typedef struct CUmemAllocationProp_st {
-    CUmemAllocationType type;
-    CUmemAllocationHandleType requestedHandleTypes;
-    CUmemLocation location;
-    void *win32HandleMetaData;
-    struct {
-        unsigned char compressionType;
-        unsigned char gpuDirectRDMACapable;
-        unsigned short usage;
-        unsigned char reserved[4];
-    } allocFlags;
-} CUmemAllocationProp;
-
-typedef struct CUmemAccessDesc_st {
-    CUmemLocation location;
-    CUmemAccess_flags flags;
-} CUmemAccessDesc;
-
-/* Stream-ordered allocator */
-typedef struct CUmemPoolProps_st {
-    CUmemAllocationType allocType;
-    CUmemAllocationHandleType handleTypes;
-    CUmemLocation location;
-    void *win32SecurityAttributes;
-    size_t maxSize;
-    unsigned short usage;
-    unsigned char reserved[54];
-} CUmemPoolProps;
 
 /* ---- streams and events ---- */
 
@@ -169,64 +90,6 @@ typedef struct CUmemPoolProps_st {
 #define CU_LAUNCH_PARAM_END ((void *)0x00)
 #define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
 #define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
-
-typedef union CUlaunchAttributeValue_union {
-    char pad[64];
-} CUlaunchAttributeValue;
-
-typedef struct CUlaunchAttribute_st {
-    int id; /* CUlaunchAttributeID */
-    char pad[8 - sizeof(int)];
-    CUlaunchAttributeValue value;
-} CUlaunchAttribute;
-
-typedef struct CUlaunchConfig_st {
-    unsigned int gridDimX, gridDimY, gridDimZ;
-    unsigned int blockDimX, blockDimY, blockDimZ;
-    unsigned int sharedMemBytes;
-    CUstream hStream;
-    CUlaunchAttribute *attrs;
-    unsigned int numAttrs;
-} CUlaunchConfig;
-
-/* ---- graphs ---- */
-
-/* What the CUDA 10/11 cuGraphAddKernelNode (no suffix) takes */
-typedef struct CUDA_KERNEL_NODE_PARAMS_v1_st {
-    CUfunction func;
-    unsigned int gridDimX, gridDimY, gridDimZ;
-    unsigned int blockDimX, blockDimY, blockDimZ;
-    unsigned int sharedMemBytes;
-    void **kernelParams;
-    void **extra;
-} CUDA_KERNEL_NODE_PARAMS_v1;
-
-/* What cuGraphAddKernelNode_v2 takes (CUDA_KERNEL_NODE_PARAMS in 12.x): v1's fields
- * (the same layout: v1 is the first member), then the kernel and its context */
-typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
-    CUDA_KERNEL_NODE_PARAMS_v1 v1;
-    CUkernel kern;
-    CUcontext ctx;
-} CUDA_KERNEL_NODE_PARAMS;
-
-/* cuLaunchCooperativeKernelMultiDevice's entries */
-typedef struct CUDA_LAUNCH_PARAMS_st {
-    CUfunction function;
-    unsigned int gridDimX, gridDimY, gridDimZ;
-    unsigned int blockDimX, blockDimY, blockDimZ;
-    unsigned int sharedMemBytes;
-    CUstream hStream;
-    void **kernelParams;
-} CUDA_LAUNCH_PARAMS;
-
-/* cuGraphAddMemAllocNode's parameters (dptr is returned) */
-typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
-    CUmemPoolProps poolProps;
-    const CUmemAccessDesc *accessDescs;
-    size_t accessDescCount;
-    size_t bytesize;
-    CUdeviceptr dptr;
-} CUDA_MEM_ALLOC_NODE_PARAMS;
 
 /* ---- entry points (the exported, versioned names) ---- */
 
