@@ -85,9 +85,21 @@ class BuildLaunchers(build_scripts):
             out = os.path.join(self.build_dir, name)
             cmd = [cc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, os.path.join(HERE, source)]
             try:
-                subprocess.run(cmd, check=True)
+                # static-pie: no dynamic loader, no libc to map and relocate at each
+                # start (nvctk-runtime's passthrough, runc's start of nvctk-hook: 0.17 ms
+                # of ~0.6 ms over runc), and still position-independent (ASLR)
+                subprocess.run([*cmd, "-static-pie"], check=True)
             except (OSError, subprocess.CalledProcessError) as e:
-                raise SystemExit(f"nvctk: compiling the launcher {name} failed ({e})")
+                if os.environ.get("NVCTK_DYNAMIC_LAUNCHERS") != "1":
+                    raise SystemExit(
+                        f"nvctk: compiling the launcher {name} with -static-pie failed ({e}); "
+                        "install the static C library (Debian: libc6-dev), or set "
+                        "NVCTK_DYNAMIC_LAUNCHERS=1 for dynamically linked launchers"
+                    )
+                try:
+                    subprocess.run(cmd, check=True)
+                except (OSError, subprocess.CalledProcessError) as e2:
+                    raise SystemExit(f"nvctk: compiling the launcher {name} failed ({e2})")
 
 
 SYS_EXTENSION = Extension(

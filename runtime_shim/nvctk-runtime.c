@@ -173,7 +173,6 @@ int main(int argc, char **argv)
                         "PATH); refusing to run itself in a loop\n");
         return 1;
     }
-    find_exe_dir();
     if (!creates(argc, argv) && geteuid() == 0) {
         static char buf[CACHE_MAX];
         char runtime[PATH_MAX];
@@ -189,5 +188,6 @@ int main(int argc, char **argv)
             unsetenv(HOP_VAR);
         }
     }
+    find_exe_dir(); /* only Python's start needs it: not on the passthrough's path */
     return launch_python(argc, argv);
 }

@@ -321,3 +321,18 @@ def test_python_starts_isolated_without_site(layout: Layout) -> None:
     assert args[4:] == [f"{REPO}\n{DEPS}\n{layout.site}", "nvctk.cli.runtime",
                         str(layout.bin / "nvctk-runtime"), "create", "--bundle", "/nonexistent",
                         "id"]
+
+
+@pytest.mark.parametrize("name", ["nvctk", "nvctk-hook", "nvctk-runtime"])
+def test_launchers_are_linked_without_a_dynamic_loader(name: str) -> None:
+    """setup.py links them -static-pie (no loader or libc to map at each passthrough and
+    each hook start); a build that quietly went back to dynamic linking fails here."""
+    from nvctk.hook.elf import elf_interpreter
+
+    fd = os.open(launcher(name), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        assert elf_interpreter(fd) is None
+        # position-independent still (ASLR): an ET_DYN file
+        assert int.from_bytes(os.pread(fd, 2, 16), "little") == 3
+    finally:
+        os.close(fd)
