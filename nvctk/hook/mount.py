@@ -311,7 +311,7 @@ class Root:
                 break
             items.append((tree, "/".join(_components(cpath)), parent, name))
         kept, _ = _sys.attach_files(self.fd, items)
-        for fd, (_, cpath) in zip(kept, mounts[:len(kept)], strict=True):
+        for fd, (_, cpath) in zip(kept, mounts):
             mounter.attached.append((fd, cpath))
         return len(kept)
 
