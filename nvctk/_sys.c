@@ -15,18 +15,15 @@
 #include <jansson.h>
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <linux/capability.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 #include <stddef.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/vfs.h>
@@ -873,102 +870,9 @@ sys_json_dumps(PyObject *self, PyObject *args)
     return result;
 }
 
-/* One file mount of attach_files: the destination made, empty, in its parent
-   directory (which the caller resolved inside the rootfs and cleared for creating
-   files), or where the name exists, REL resolved inside the rootfs as Root.ensure
-   resolves it (symlinks followed, never out of it; a directory stops the batch); then
-   TREE moved onto it. Returns the fd that keeps the attached mount's root (for the undo), or -1
-   with nothing attached (an empty file it made stays, as the Python step leaves it). */
-static int
-attach_one(int root_fd, int tree, const char *rel, int parent, const char *name)
-{
-    struct nvctk_open_how look = {O_PATH | O_CLOEXEC, 0,
-                                  0x10 /* RESOLVE_IN_ROOT */ | 0x02 /* NO_MAGICLINKS */};
-    struct nvctk_open_how make = {O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644,
-                                  0x08 /* BENEATH */ | 0x04 /* NO_SYMLINKS */ | 0x02};
-    struct stat st;
-    /* made first: most destinations are missing from the image, and a lookup of a
-       missing name on an overlay rootfs costs as much as making it */
-    int dest = (int)openat2_resolved(parent, name, &make);
-    if (dest < 0 && errno == EEXIST) { /* the image's own: resolved as `ensure` does */
-        dest = (int)openat2_resolved(root_fd, rel, &look);
-        if (dest >= 0 && (fstat(dest, &st) < 0 || S_ISDIR(st.st_mode))) {
-            close(dest);
-            return -1;
-        }
-    }
-    if (dest < 0)
-        return -1;
-    long ret = syscall(SYS_move_mount, tree, "", dest, "",
-                       0x00000004 /* MOVE_MOUNT_F_EMPTY_PATH */ |
-                       0x00000040 /* MOVE_MOUNT_T_EMPTY_PATH */);
-    close(dest);
-    if (ret < 0)
-        return -1;
-    int keep = fcntl(tree, F_DUPFD_CLOEXEC, 0);
-    if (keep < 0) { /* never a mount the undo cannot find */
-        char self[64];
-        snprintf(self, sizeof self, "/proc/self/fd/%d", tree);
-        umount2(self, MNT_DETACH);
-    }
-    return keep;
-}
-
-PyDoc_STRVAR(attach_files_doc,
-"attach_files(root_fd, items) -> (kept, stopped)\n\n"
-"Bind mounts of files in one call (the prestart's mount step): each item is (tree fd,\n"
-"its destination relative to the rootfs, the O_PATH fd of the destination's parent,\n"
-"the destination's name). kept: for each item attached, in order, an fd of its mount's\n"
-"root; stopped: the index of the first item not attached (nothing of it is), or -1.\n"
-"Raises nothing for an item: the caller's own step redoes it and says why.");
-
-static PyObject *
-sys_attach_files(PyObject *self, PyObject *args)
-{
-    int root_fd;
-    PyObject *items;
-    if (!PyArg_ParseTuple(args, "iO!:attach_files", &root_fd, &PyList_Type, &items))
-        return NULL;
-    PyObject *kept = PyList_New(0);
-    if (kept == NULL)
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(items), i;
-    for (i = 0; i < n; i++) {
-        int tree, parent;
-        const char *rel, *name;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(items, i), "isis:attach_files item", &tree,
-                              &rel, &parent, &name))
-            goto fail;
-        int fd;
-        WITHOUT_GIL(fd, attach_one(root_fd, tree, rel, parent, name));
-        if (fd < 0)
-            break;
-        PyObject *v = PyLong_FromLong(fd);
-        if (v == NULL || PyList_Append(kept, v) < 0) {
-            Py_XDECREF(v);
-            goto fail;
-        }
-        Py_DECREF(v);
-    }
-    return Py_BuildValue("(Nn)", kept, i < n ? i : (Py_ssize_t)-1);
-fail:
-    /* a bad item (a bug, not the host): the mounts made are detached here, so the
-       exception leaves nothing behind */
-    for (Py_ssize_t k = PyList_GET_SIZE(kept) - 1; k >= 0; k--) {
-        char self_fd[64];
-        int fd = (int)PyLong_AsLong(PyList_GET_ITEM(kept, k));
-        snprintf(self_fd, sizeof self_fd, "/proc/self/fd/%d", fd);
-        umount2(self_fd, MNT_DETACH);
-        close(fd);
-    }
-    Py_DECREF(kept);
-    return NULL;
-}
-
 static PyMethodDef sys_methods[] = {
     {"openat2", sys_openat2, METH_VARARGS, openat2_doc},
     {"open_tree", sys_open_tree, METH_VARARGS, open_tree_doc},
-    {"attach_files", sys_attach_files, METH_VARARGS, attach_files_doc},
     {"move_mount", sys_move_mount, METH_VARARGS, move_mount_doc},
     {"mount_setattr", sys_mount_setattr, METH_VARARGS, mount_setattr_doc},
     {"fsopen", sys_fsopen, METH_VARARGS, fsopen_doc},

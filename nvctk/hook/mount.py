@@ -28,7 +28,6 @@ import errno
 import os
 import stat
 
-from nvctk import _sys
 from nvctk.base.errors import MountError
 from nvctk.base.fileio import read_path
 from nvctk.base.mounts import (
@@ -293,27 +292,6 @@ class Root:
             return fd
         finally:
             os.close(parent)
-
-    def attach_files(self, mounts: list[tuple[int, str]], mounter: Mounter) -> int:
-        """Bind mounts of files, (tree fd, container path) in order, in one call to the
-        C extension (_sys.attach_files): each destination resolved as `ensure(cpath,
-        "file")` resolves it, and made the same way where it is missing, in a parent
-        directory resolved here (`_cached_parent`) and cleared to hold new files
-        (`_may_create`). Returns how many were attached (each handed to `mounter`);
-        the mount at that index, if any, was not: the caller's `ensure` and `attach`
-        redo it, and raise or skip as they do."""
-        items = []
-        for tree, cpath in mounts:
-            try:
-                parent, name = self._cached_parent(cpath)
-                self._may_create(parent, cpath)
-            except OSError:  # NotOnRootfs included: the caller's own step decides
-                break
-            items.append((tree, "/".join(_components(cpath)), parent, name))
-        kept, _ = _sys.attach_files(self.fd, items)
-        for fd, (_, cpath) in zip(kept, mounts):
-            mounter.attached.append((fd, cpath))
-        return len(kept)
 
     def _create(self, parent: int, name: str, want_dir: bool, mode: int, cpath: str) -> int:
         """Create name (a dir, or an empty file) in parent; an fd of it (a dir's O_PATH,

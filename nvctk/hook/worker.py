@@ -303,72 +303,40 @@ def _enter(rootfs: str, prep: WorkerFds, log: HookLog) -> m.Root:
 def _mount_sources(plan: Edits, root: m.Root, prep: WorkerFds, mounter: m.Mounter,
                    log: HookLog) -> None:
     """The pins, then every cloned source at its destination in the rootfs; the pins
-    sealed read-only for a read-only root. A run of plain file mounts (most of a
-    plan: the driver's libraries) is attached in one call to the C extension
-    (Root.attach_files); what it stops at, and every other mount, one by one here."""
+    sealed read-only for a read-only root."""
     caps.enter_step("mount", log)
     _pin(plan, root, mounter, log)
     debug = log.enabled("debug")
-    sources, batched, i = prep.sources, 0, 0
-    while i < len(sources):
-        end = i
-        while end < len(sources) and _batchable(sources[end][0], end, prep.vgpu_from):
-            end += 1
-        if end > i:
-            done = root.attach_files([(src, mnt.container_path)
-                                      for mnt, src in sources[i:end]], mounter)
-            if debug:
-                for mnt, _ in sources[i:i + done]:
-                    log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
-            batched += done
-            i += done
-            if i == end:
-                continue
-        _mount_one(sources[i], 0 <= prep.vgpu_from <= i, root, mounter, log, debug)
-        i += 1
+    for i, (mnt, src) in enumerate(prep.sources):
+        kind = "dir" if mnt.kind == "dir" else "file"
+        vgpu = 0 <= prep.vgpu_from <= i
+        try:
+            # vGPU's mounts sit at exactly their paths: no link the container could
+            # replace leads to them
+            dest = (root.ensure_exact if vgpu else root.ensure)(mnt.container_path, kind)
+        except m.NotOnRootfs as e:
+            if vgpu or mnt.required:
+                raise m.step_error("mount", mnt.container_path, e)
+            log.info(f"skip {mnt.container_path}: {e.strerror}")
+            continue
+        except OSError as e:
+            raise m.step_error("mount", mnt.container_path, e)
+        try:
+            mounter.attach(src, dest, mnt.container_path)
+        except OSError as e:
+            raise m.step_error("mount", mnt.container_path, e)
+        finally:
+            os.close(dest)
+            if kind == "dir":
+                root.forget_dirs()  # what paths below it resolve to changed
+        if debug:
+            log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
     root.forget_dirs()
-    if debug:
-        log.debug(f"mount: {batched} of {len(sources)} mounts attached in one call")
     if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
         try:
             root.seal_pins()
         except OSError as e:
             raise m.step_error("mount", ", ".join(f"/{p}" for p in plan.pins), e)
-
-
-def _batchable(mnt: Mount, i: int, vgpu_from: int) -> bool:
-    """A mount Root.attach_files does: a file's (not a directory's, after which paths
-    below resolve anew), not vGPU's (no symlink allowed on its way)."""
-    return mnt.kind != "dir" and not 0 <= vgpu_from <= i
-
-
-def _mount_one(source: tuple[Mount, int], vgpu: bool, root: m.Root, mounter: m.Mounter,
-               log: HookLog, debug: bool) -> None:
-    """One cloned source at its destination, resolved inside the rootfs; an optional
-    one whose destination is off the rootfs's own mounts skipped."""
-    mnt, src = source
-    kind = "dir" if mnt.kind == "dir" else "file"
-    try:
-        # vGPU's mounts sit at exactly their paths: no link the container could
-        # replace leads to them
-        dest = (root.ensure_exact if vgpu else root.ensure)(mnt.container_path, kind)
-    except m.NotOnRootfs as e:
-        if vgpu or mnt.required:
-            raise m.step_error("mount", mnt.container_path, e)
-        log.info(f"skip {mnt.container_path}: {e.strerror}")
-        return
-    except OSError as e:
-        raise m.step_error("mount", mnt.container_path, e)
-    try:
-        mounter.attach(src, dest, mnt.container_path)
-    except OSError as e:
-        raise m.step_error("mount", mnt.container_path, e)
-    finally:
-        os.close(dest)
-        if kind == "dir":
-            root.forget_dirs()  # what paths below it resolve to changed
-    if debug:
-        log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
 
 
 def _make_links(plan: Edits, root: m.Root, log: HookLog) -> None:

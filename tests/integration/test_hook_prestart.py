@@ -115,27 +115,6 @@ def test_hook_mounts_links_masks_and_ldconfig(setup: Callable[..., tuple[Bundle,
         os.path.getsize(os.path.join(root, LIB.lstrip("/"), f"libcuda.so.{v}")) == 0
 
 
-def test_file_mounts_are_attached_in_one_call(sim_host: SimHost, rootfs: Callable[..., str],
-                                              tmp_path: Path) -> None:
-    """Every file mount of a plain plan goes through the C extension's batch
-    (Root.attach_files); one that fell back to the one-by-one step shows in the count.
-    The mounts are there either way (where, test_hook_mounts_links_masks_and_ldconfig
-    checks): the count is what says which path did them."""
-    root = rootfs()
-    plan = make_plan(sim_host)
-    files = [mnt for mnt in plan.mounts if mnt.kind != "dir"]
-    assert len(files) >= 5
-    bundle = make_bundle(str(tmp_path / "bundle"), root, plan)
-    with fake_container() as pid:
-        r = run_hook(bundle, pid)
-        assert r.returncode == 0, r.stderr
-        mounted = mounts_under(pid, root)
-    present = sum(os.path.exists(mnt.host_path) for mnt in plan.mounts)
-    assert len(mounted) >= present  # the mask's and links' mounts besides
-    assert f"mount: {sum(os.path.exists(mnt.host_path) for mnt in files)} of {present} " \
-        "mounts attached in one call" in bundle.log_text(), bundle.log_text()
-
-
 def test_caps_logged_per_step_at_debug(setup: Callable[..., tuple[Bundle, str]]) -> None:
     bundle, _ = setup()
     with fake_container() as pid:
