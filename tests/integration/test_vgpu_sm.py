@@ -1,6 +1,6 @@
 """SM share: a greedy process looping kernel launches gets its container's
 percentage of the (simulated, serialised) GPU's time, measured from the mock's
-busy counters over a 3 s window."""
+busy counters over a 5 s window."""
 
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from support.libvgpu import CU_PRELUDE, LAUNCH_FOR, TAIL, loop_share
 # shares measured over wall-clock windows: run alone (tests/README.md, exclusive)
 pytestmark = pytest.mark.exclusive
 
-# the window: a share's error from the bucket's burst (20 ms x share) is under 0.7 % of
-# it (2 ms kernels: 0.07 % per kernel cut at an edge), and the asserts allow 10 points;
-# the loops run on TAIL past it (as loop_share's)
-WARMUP, WINDOW = 1.5, 3.0
+# the window: a share's error from the bucket's burst (20 ms x share) is under 0.3 % of
+# it, and the asserts allow 10 points; the loops run on TAIL past it (as loop_share's).
+# Not shorter: at 3 s the 30 % container of a 30/70 split on one GPU with mostly untimed
+# launches read 19.7 % once (a clean-clone run, issue 26)
+WARMUP, WINDOW = 1.5, 5.0
 
 
 def measure(driver: H.Driver, tmp_path: Path, groups: dict[str, list[tuple[str, int]]],
