@@ -12,7 +12,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nvctk.sim import apilist
@@ -248,6 +248,14 @@ def _shared_lib(out: Path, soname: str, sources: list[Path], inc: Path) -> list[
     ]
 
 
+# a compiler command, given the path it writes
+Command = Callable[[Path], list[str]]
+
+
+def _compile(src: Path, *flags: str, ldflags: Sequence[str] = ()) -> Command:
+    return lambda out: [CC, *CFLAGS, *flags, "-o", str(out), str(src), *ldflags]
+
+
 # the body of the driver's programs the sim does not simulate (host.py copies it)
 STUB_PROGRAM = "nvsim-stub-program"
 
@@ -255,42 +263,50 @@ STUB_PROGRAM = "nvsim-stub-program"
 def build_driver(topology: Topology, sim_root: str, libdir: str, bindir: str) -> None:
     """Compile libnvidia-ml.so.<ver> and libcuda.so.<ver> with their SONAME links
     (libnvidia-ml.so.1, libcuda.so.1, as a driver install has them), nvidia-smi,
-    the CUDA sample cuda-vectoradd and the stub program (STUB_PROGRAM)."""
+    the CUDA sample cuda-vectoradd and the stub program (STUB_PROGRAM).
+
+    Only nvsim_state.c sees the topology (it defines nvsim_topo); the mocks' other
+    objects and the programs are the same for every sim, so they are compiled once
+    and cached (_cached), and a sim's build is that one file and the links."""
     lib, bin_ = Path(libdir), Path(bindir)
     lib.mkdir(parents=True, exist_ok=True)
     bin_.mkdir(parents=True, exist_ok=True)
     ver = topology.driver_version
-    state_c = CSRC / "nvsim_state.c"
     mocks = {"libnvidia-ml": CSRC / "nvml_mock.c", "libcuda": CSRC / "cuda_mock.c"}
     api: dict[str, apilist.Kind] = {"libnvidia-ml": "nvml", "libcuda": "cuda"}
     programs = {"nvidia-smi": CSRC / "nvidia_smi.c", "cuda-vectoradd": CSRC / "vectoradd.c",
                 STUB_PROGRAM: CSRC / "stub_program.c"}
     with tempfile.TemporaryDirectory(prefix="nvsim-build-") as tmp:
         inc = Path(tmp)
+        generated = {"nvml_getters.inc": generate_getters("nvml"), "cuda_procs.inc": generate_procs(),
+                     "cuda_enums.h": generate_enums(), "cuda_attributes.inc": generate_attributes(),
+                     "cuda_errors.inc": generate_errors()}
+        for name, text in generated.items():
+            (inc / name).write_text(text)
         (inc / "nvsim_topology.h").write_text(generate_topology_header(topology, sim_root))
-        (inc / "nvml_getters.inc").write_text(generate_getters("nvml"))
-        (inc / "cuda_procs.inc").write_text(generate_procs())
-        (inc / "cuda_enums.h").write_text(generate_enums())
-        (inc / "cuda_attributes.inc").write_text(generate_attributes())
-        (inc / "cuda_errors.inc").write_text(generate_errors())
-        # the programs need no stubs: they compile while the stubs do (first run only)
-        jobs = [
-            _start([CC, *CFLAGS, f"-I{inc}", "-o", str(bin_ / name), str(src), "-ldl"])
-            for name, src in programs.items()
-        ]
-        try:
-            stubs = _stub_objects(inc)
-        except BaseException:
-            for _, proc in jobs:  # leave no compiler running; the first error is the one to tell
-                proc.communicate()
-            raise
-        jobs += [
-            _start(
-                _shared_lib(lib / f"{name}.so.{ver}", f"{name}.so.1", [src, state_c, stubs[api[name]]], inc)
-            )
-            for name, src in mocks.items()
-        ]
-        _wait_all(jobs)
+        # what the cached outputs are made of: every source and header, the generated
+        # includes but the topology's, the compiler and its flags
+        digest = hashlib.sha256(CC.encode() + " ".join(CFLAGS + LIBS).encode())
+        for f in sorted(CSRC.iterdir()):
+            digest.update(f.name.encode() + b"\0" + f.read_bytes())
+        for name, text in sorted(generated.items()):
+            digest.update(name.encode() + b"\0" + text.encode())
+        made_of = digest.hexdigest()
+        wanted: dict[str, tuple[str, Command]] = {
+            name: (made_of, _compile(src, f"-I{inc}", ldflags=["-ldl"])) for name, src in programs.items()
+        }
+        wanted |= {f"{name}.o": (made_of, _compile(src, f"-I{inc}", f"-I{CSRC}", "-c"))
+                   for name, src in mocks.items()}
+        wanted |= _stub_sources(inc)
+        built = _cached(inc, wanted)
+        for name in programs:
+            _install(built[name], bin_ / name)
+        _wait_all([
+            _start(_shared_lib(lib / f"{name}.so.{ver}", f"{name}.so.1",
+                               [built[f"{name}.o"], CSRC / "nvsim_state.c", built[_stub_name(api[name])]],
+                               inc))
+            for name in mocks
+        ])
     for name in mocks:
         link = lib / f"{name}.so.1"
         if link.is_symlink() or link.exists():
@@ -298,31 +314,54 @@ def build_driver(topology: Topology, sim_root: str, libdir: str, bindir: str) ->
         link.symlink_to(f"{name}.so.{ver}")
 
 
-def _stub_objects(tmp: Path) -> dict[apilist.Kind, Path]:
-    """The compiled stubs of generate_stubs() per kind. They do not depend on the
-    topology, so they are compiled once (without optimization: each is one
-    return) and cached by source hash, like the stub library template."""
-    out: dict[apilist.Kind, Path] = {}
-    jobs = []
+def _install(src: Path, dst: Path) -> None:
+    """A cached program copied to dst, executable, replacing what is there."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    shutil.copyfile(src, tmp)
+    tmp.chmod(0o755)
+    os.replace(tmp, dst)
+
+
+def _stub_name(kind: apilist.Kind) -> str:
+    return f"{kind}-stubs.o"
+
+
+def _stub_sources(tmp: Path) -> dict[str, tuple[str, Command]]:
+    """The compiled stubs of generate_stubs() per kind, for _cached. They do not depend
+    on the topology; compiled without optimization: each is one return."""
+    out: dict[str, tuple[str, Command]] = {}
     kinds: tuple[apilist.Kind, ...] = ("cuda", "nvml")
     for kind in kinds:
         src = generate_stubs(kind)
-        key = hashlib.sha256((src + CC + " ".join(CFLAGS)).encode()).hexdigest()[:16]
-        cached = _stub_cache_dir() / f"{kind}-stubs-{key}.o"
-        if _trusted(cached):
-            out[kind] = cached
-            continue
         c_file = tmp / f"{kind}_stubs.c"
         c_file.write_text(src)
-        out[kind] = tmp / f"{kind}_stubs.o"
-        cmd = [CC, *CFLAGS, "-O0", "-c", "-o", str(out[kind]), str(c_file)]
-        jobs.append((cached, out[kind], _start(cmd)))
+        out[_stub_name(kind)] = (src, _compile(c_file, "-O0", "-c"))
+    return out
+
+
+def _cached(tmp: Path, wanted: dict[str, tuple[str, Command]]) -> dict[str, Path]:
+    """name -> (what it is made of, its compiler command given the output path): each
+    one's output, from the cache (by name and a hash of what it is made of, the
+    compiler and its flags) where a trusted copy is, else compiled into tmp (all at
+    once) and copied into the cache. The cache may be shared by processes building at
+    the same time: each copy lands whole (os.replace)."""
+    out: dict[str, Path] = {}
+    jobs = []
+    for name, (made_of, command) in wanted.items():
+        key = hashlib.sha256((made_of + CC + " ".join(CFLAGS)).encode()).hexdigest()[:16]
+        stem, dot, ext = name.partition(".")
+        cached = _stub_cache_dir() / f"{stem}-{key}{dot}{ext}"
+        if _trusted(cached):
+            out[name] = cached
+            continue
+        out[name] = tmp / name
+        jobs.append((cached, out[name], _start(command(out[name]))))
     _wait_all([job for _, _, job in jobs])
-    for cached, obj, _ in jobs:
+    for cached, built, _ in jobs:
         try:
             cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp_path = cached.with_suffix(f".{os.getpid()}.tmp")
-            shutil.copyfile(obj, tmp_path)
+            shutil.copyfile(built, tmp_path)
             os.replace(tmp_path, cached)
         except OSError:
             pass  # the cache is only a speed-up
@@ -350,40 +389,19 @@ def _stub_cache_dir() -> Path:
 
 
 def _load_stub_template() -> bytes:
-    """The stub linked once with a placeholder SONAME, cached on disk by source hash."""
+    """The stub linked once with a placeholder SONAME (cached on disk: _cached)."""
     global _stub_template
-    if _stub_template is not None:
-        return _stub_template
-    src = (CSRC / "stub.c").read_bytes()
-    key = hashlib.sha256(src + _STUB_PLACEHOLDER + CC.encode()).hexdigest()[:16]
-    cached = _stub_cache_dir() / f"stub-{key}.so"
-    if _trusted(cached):
-        _stub_template = cached.read_bytes()
-        return _stub_template
-    with tempfile.TemporaryDirectory(prefix="nvsim-stub-") as tmp:
-        out = Path(tmp) / "stub.so"
-        cmd = [
-            CC,
-            *CFLAGS,
-            "-shared",
-            f"-Wl,-soname,{_STUB_PLACEHOLDER.decode()}",
-            "-o",
-            str(out),
-            str(CSRC / "stub.c"),
-        ]
-        _wait_all([_start(cmd)])
-        data = out.read_bytes()
-    if data.count(_STUB_PLACEHOLDER) != 1:
-        raise BuildError("stub template: placeholder SONAME not found exactly once")
-    try:
-        cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp_path = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp_path.write_bytes(data)
-        os.replace(tmp_path, cached)
-    except OSError:
-        pass  # the cache is only a speed-up
-    _stub_template = data
-    return data
+    if _stub_template is None:
+        src = (CSRC / "stub.c").read_bytes()
+        with tempfile.TemporaryDirectory(prefix="nvsim-stub-") as tmp:
+            (built,) = _cached(Path(tmp), {"stub.so": (
+                src.decode() + _STUB_PLACEHOLDER.decode(),
+                _compile(CSRC / "stub.c", "-shared", f"-Wl,-soname,{_STUB_PLACEHOLDER.decode()}"))}).values()
+            data = built.read_bytes()
+        if data.count(_STUB_PLACEHOLDER) != 1:
+            raise BuildError("stub template: placeholder SONAME not found exactly once")
+        _stub_template = data
+    return _stub_template
 
 
 def build_stub_library(path: str, soname: str) -> None:

@@ -143,7 +143,9 @@ def _upgraded(deb: Path, tmp: Path) -> Path:
     control.write_text(control.read_text().replace(f"Version: {VERSION}\n",
                                                    f"Version: {VERSION}+1\n"))
     new = tmp / f"nvctk_{VERSION}+1.deb"
-    assert _run(["dpkg-deb", "--root-owner-group", "-Zxz", "-b", str(tree), str(new)]).returncode == 0
+    # uncompressed: what is checked is the upgrade, not the package's compression (which
+    # lintian checks in the built one); xz took ~17 s of the run
+    assert _run(["dpkg-deb", "--root-owner-group", "-Znone", "-b", str(tree), str(new)]).returncode == 0
     return new
 
 

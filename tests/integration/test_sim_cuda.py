@@ -755,6 +755,39 @@ def test_build_cache_trusts_only_own_files(tmp_path: Path) -> None:
     assert not build._trusted(tmp_path / "missing.o")
 
 
+def test_build_cache_compiles_what_the_topology_does_not_change_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sims of different topologies from one cache: the second compiles nothing the
+    cache holds (only nvsim_state.c, which defines nvsim_topo, and the links), and each
+    driver reports its own GPUs. A source that changes is compiled again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "nvsim"
+    gpus = {}
+    for n in (1, 3):
+        topo = make_topology(n, seed=f"cache-{n}")
+        _, lib, bindir = build_sim_driver(tmp_path / f"t{n}", topo)
+        if n == 1:
+            first = sorted(p.name for p in cache.iterdir())
+        dev = make_dev(tmp_path / f"dev{n}", topo, list(range(n)))
+        r = subprocess.run([str(bindir / "nvidia-smi"), "-L"], capture_output=True, text=True, timeout=30,
+                           env={**os.environ, "LD_LIBRARY_PATH": str(lib), "NVSIM_DEV_DIR": str(dev),
+                                "NVSIM_STATE": str(tmp_path / f"state{n}")})
+        assert r.returncode == 0, r.stderr
+        gpus[n] = [line.split("(UUID: ")[1].rstrip(")") for line in r.stdout.splitlines()]
+        assert gpus[n] == [g.uuid for g in topo.gpus], r.stdout
+    assert {n.rsplit("-", 1)[0] for n in first} >= {"libcuda", "libnvidia-ml", "nvidia-smi", "cuda-vectoradd",
+                                                    build.STUB_PROGRAM, "cuda-stubs", "nvml-stubs"}, first
+    assert sorted(p.name for p in cache.iterdir()) == first  # nothing compiled the second time
+    # what an output is made of is its cache key: other sources, another object
+    src = tmp_path / "one.c"
+    src.write_text("int one(void) { return 1; }\n")
+    (tmp_path / "work").mkdir()
+    made = [build._cached(tmp_path / "work", {"one.o": (text, build._compile(src, "-c"))})["one.o"]
+            for text in ("v1", "v1", "v2")]
+    assert [p.parent == cache for p in made] == [False, True, False]  # compiled, cached, compiled
+    assert len(list(cache.glob("one-*.o"))) == 2
+
+
 def test_generated_stubs() -> None:
     fallback = build._proc_fallback(
         ["cuFoo", "cuFoo_v2", "cuFoo_v2_ptds", "cuBar_ptsz", "cuBar", "cuBaz_v3", "cuBaz_v12"]
