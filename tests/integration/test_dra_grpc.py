@@ -7,7 +7,6 @@ two plugins on one node, and health on an injected XID."""
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -33,6 +32,7 @@ from nvctk.sim.host import SimHost
 from nvctk.sim.topology import make_topology
 from support.apiserver import client_for, running
 from support.drakubelet import FakeDraKubelet, pb
+from support.procs import open_fds
 
 pytestmark = pytest.mark.slow
 
@@ -581,19 +581,6 @@ def test_a_share_gets_one_ledger_for_the_claim_and_a_grant(start: Start,
     assert not any(m.mount_point == ledger for m in mount.read_mountinfo())
 
 
-def _fds() -> set[tuple[str, str]]:
-    """This process's open fds, each with what it refers to. Garbage of earlier tests
-    (a channel, a file) is collected first: its fds closing meanwhile is no leak."""
-    gc.collect()
-    out = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            out.add((fd, os.readlink(f"/proc/self/fd/{fd}")))
-        except OSError:
-            pass  # the listing's own fd, closed by now
-    return out
-
-
 @pytest.mark.root
 def test_200_prepare_unprepare_cycles_leak_nothing(start: Start, sim_host: SimHost) -> None:
     """A whole-GPU claim and a share (its ledger a tmpfs) prepared and unprepared 200
@@ -614,7 +601,7 @@ def test_200_prepare_unprepare_cycles_leak_nothing(start: Start, sim_host: SimHo
     def mounts() -> list[str]:
         return [m.mount_point for m in mount.read_mountinfo() if m.mount_point.startswith(top)]
 
-    fds, threads = _fds(), len(os.listdir("/proc/self/task"))
+    fds, threads = open_fds(), len(os.listdir("/proc/self/task"))
     children = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
                               text=True).stdout.split()
     for _ in range(200):
@@ -625,7 +612,7 @@ def test_200_prepare_unprepare_cycles_leak_nothing(start: Start, sim_host: SimHo
     assert n.specs() == [] and n.driver.prepared_uids() == []
     assert os.listdir(os.path.join(n.state_dir, "dra")) == []
     assert mounts() == []
-    assert _fds() - fds == set()  # nothing opened in the cycles is still open
+    assert open_fds() - fds == set()  # nothing opened in the cycles is still open
     # gRPC's worker pools start threads as calls come, up to their bound (8 a server)
     assert len(os.listdir("/proc/self/task")) <= threads + 2 * 8
     assert subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,

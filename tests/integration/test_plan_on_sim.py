@@ -36,6 +36,7 @@ from nvctk.sim.host import SimHost
 from nvctk.spec import apply as spec_edits
 from nvctk.vgpu import limits as vgpu
 from support.planning import make_plan
+from support.procs import open_fds
 
 NVD = "NVIDIA_VISIBLE_DEVICES"
 
@@ -318,10 +319,10 @@ def test_rootfs_lookup_follows_the_kernel_on_link_to_host_debian_version(
 
 def test_rootfs_lookup_closes_its_fds(hostile_root: tuple[Path, Path]) -> None:
     root, _ = hostile_root
-    before = len(os.listdir("/proc/self/fd"))
+    before = open_fds()
     for path, _exists in HOSTILE_CASES:
         exists_in_rootfs(str(root), path)
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert open_fds() - before == set()
     with pytest.raises(SpecError, match="rootfs"):
         exists_in_rootfs(str(root / "absent"), "/etc")
 

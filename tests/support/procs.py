@@ -1,7 +1,10 @@
-"""Processes tests start: a runtime whose children outlive it; the ones a test left running."""
+"""Processes tests start: a runtime whose children outlive it; the ones a test left running;
+the fds this one holds."""
 
 from __future__ import annotations
 
+import gc
+import os
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,3 +30,17 @@ def kill_left(procs: Iterable[subprocess.Popen[Any]], timeout: float = 30) -> No
         if p.poll() is None:
             p.kill()
             p.wait(timeout)
+
+
+def open_fds() -> set[tuple[str, str]]:
+    """This process's open fds, each with what it refers to: a leak check compares which
+    are open, not how many. Garbage of earlier tests (a channel, a file) is collected
+    first: its fds closing meanwhile is no leak."""
+    gc.collect()
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.add((fd, os.readlink(f"/proc/self/fd/{fd}")))
+        except OSError:
+            pass  # the listing's own fd, closed by now
+    return out
