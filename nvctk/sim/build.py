@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
@@ -300,7 +299,7 @@ def build_driver(topology: Topology, sim_root: str, libdir: str, bindir: str) ->
         wanted |= _stub_sources(inc)
         built = _cached(inc, wanted)
         for name in programs:
-            _install(built[name], bin_ / name)
+            _install(built[name].read_bytes(), bin_ / name)
         _wait_all([
             _start(_shared_lib(lib / f"{name}.so.{ver}", f"{name}.so.1",
                                [built[f"{name}.o"], CSRC / "nvsim_state.c", built[_stub_name(api[name])]],
@@ -314,11 +313,12 @@ def build_driver(topology: Topology, sim_root: str, libdir: str, bindir: str) ->
         link.symlink_to(f"{name}.so.{ver}")
 
 
-def _install(src: Path, dst: Path) -> None:
-    """A cached program copied to dst, executable, replacing what is there."""
+def _install(data: bytes, dst: Path, mode: int = 0o755) -> None:
+    """dst replaced whole by data (another build reading it at once sees the old file or
+    the new one, never a part)."""
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    shutil.copyfile(src, tmp)
-    tmp.chmod(0o755)
+    tmp.write_bytes(data)
+    tmp.chmod(mode)
     os.replace(tmp, dst)
 
 
@@ -360,9 +360,7 @@ def _cached(tmp: Path, wanted: dict[str, tuple[str, Command]]) -> dict[str, Path
     for cached, built, _ in jobs:
         try:
             cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp_path = cached.with_suffix(f".{os.getpid()}.tmp")
-            shutil.copyfile(built, tmp_path)
-            os.replace(tmp_path, cached)
+            _install(built.read_bytes(), cached, 0o644)
         except OSError:
             pass  # the cache is only a speed-up
     return out
@@ -420,10 +418,7 @@ def build_stub_library(path: str, soname: str) -> None:
     )
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(patched)
-    tmp.chmod(0o755)
-    os.replace(tmp, out)
+    _install(patched, out)
 
 
 __all__ = [
