@@ -28,12 +28,15 @@ from typing import Any
 
 from nvctk.base.errors import NvctkError, shown
 from nvctk.cdi import generate as cdi_generate
+from nvctk.cdi.load import bind_options
 from nvctk.dra import claims as dra_claims
 from nvctk.dra.claims import ClaimError, ClaimSource, Result, UnknownDevice
 from nvctk.dra.devices import MEMORY, SM_FULL, SM_SHARE, DraDevice, node_devices
 from nvctk.dra.record import Prepared, PreparedDevice, RecordError, Records, boot_id, check_uid
 from nvctk.edits import Edits
+from nvctk.host.discover import DEFAULT_MPS_PIPE_DIR
 from nvctk.host.inventory import HostInfo
+from nvctk.k8s.allocate import MPS_PIPE_IN_CONTAINER, mps_pipe
 from nvctk.vgpu import authority
 
 log = logging.getLogger("nvctk.dra")
@@ -228,10 +231,6 @@ class Driver:
         the container, CUDA_MPS_PIPE_DIRECTORY naming it, and the consumed capacity as
         MPS's limits: smShare as CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (one value for the
         container's every GPU), memory as CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per GPU UUID."""
-        from nvctk.cdi.load import bind_options
-        from nvctk.host.discover import DEFAULT_MPS_PIPE_DIR
-        from nvctk.k8s.allocate import MPS_PIPE_IN_CONTAINER, mps_pipe
-
         by_dev: dict[str, list[Result]] = {}
         for r in results:
             by_dev.setdefault(r.device.name, []).append(r)
