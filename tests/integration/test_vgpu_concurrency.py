@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import os
 import random
+import re
 import shutil
 import signal
 import struct
@@ -434,15 +435,19 @@ def test_ledger_lock_held_forever_fails_closed(driver: H.Driver, tmp_path: Path)
         locker.wait()
 
 
-def _file_syscalls(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """Runs the probe under strace; returns it and its pread64/pwrite64 calls."""
+def _file_syscalls(env: dict[str, str], *args: str,
+                   trace: tuple[str, ...] = ("pread64", "pwrite64")
+                   ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Runs the probe under strace; returns it and its calls of `trace`, each line
+    `PID call(...) = result`."""
     if not shutil.which("strace"):
         pytest.skip("needs strace")
     log = Path(tempfile.mkdtemp(prefix="vgpu-strace-")) / "log"
     try:
-        cp = subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=pread64,pwrite64", "-o", str(log), str(H.PROBE),
-                             *args], env=env, capture_output=True, text=True, timeout=120)
-        calls = [ln for ln in log.read_text().splitlines() if "pread64(" in ln or "pwrite64(" in ln]
+        cp = subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=" + ",".join(trace),
+                             "-o", str(log), str(H.PROBE), *args],
+                            env=env, capture_output=True, text=True, timeout=120)
+        calls = [ln for ln in log.read_text().splitlines() if any(f"{t}(" in ln for t in trace)]
     finally:
         shutil.rmtree(log.parent)
     return cp, calls
@@ -459,6 +464,20 @@ def test_gated_launches_rarely_touch_the_accounting_file(driver: H.Driver, tmp_p
     assert H.parse(cp.stdout)["launch"][0] == ["0", "20000"]
     syncs = [c for c in calls if "pread64(" in c and c.endswith(", 2176, 0) = 2176")]  # header + devices
     assert 0 < len(syncs) < 2000, f"{len(syncs)} reads of the token bucket for 20000 launches"
+
+
+def test_a_process_reads_its_own_start_time_from_its_task_entry(driver: H.Driver, tmp_path: Path) -> None:
+    """cuInit keys this process's slot by its start time, read from
+    /proc/<pid>/task/<pid>/stat: /proc/<pid>/stat of the reader's own process first
+    brings its whole CPU time up to date, and a process whose time slice is spent is
+    switched out right there (64 processes starting at once waited ~1 ms in it)."""
+    env = {**driver.env(tmp_path / "state"), "CUDA_DEVICE_MEMORY_LIMIT": "256m",
+           "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "cache"), "LD_PRELOAD": str(H.LIB)}
+    cp, calls = _file_syscalls(env, "init", trace=("open", "openat"))
+    assert cp.returncode == 0, cp.stderr
+    own = [(m[1], m[2], m[3]) for c in calls
+           if (m := re.match(r'(\d+) +open(?:at)?\(.*"/proc/(\d+)(/task/\d+)?/stat"', c)) and m[1] == m[2]]
+    assert own and all(task for _, _, task in own), own
 
 
 def test_first_cuinit_reads_only_the_live_slots(driver: H.Driver, tmp_path: Path) -> None:
