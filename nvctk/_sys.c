@@ -315,6 +315,41 @@ WRAPPER(fstatfs_type, "fstatfs_type(fd) -> f_type of the filesystem fd lies on")
     return PyLong_FromLong((long)st.f_type);
 }
 
+/* statx(2)'s buffer as the kernel's UAPI lays it out (glibc's struct statx keeps
+   stx_mnt_id in its padding) */
+struct kstatx {
+    uint32_t mask, blksize;
+    uint64_t attributes;
+    uint32_t nlink, uid, gid;
+    uint16_t mode, pad1;
+    uint64_t ino, size, blocks, attributes_mask;
+    struct { int64_t sec; uint32_t nsec; int32_t pad; } atime, btime, ctime, mtime;
+    uint32_t rdev_major, rdev_minor, dev_major, dev_minor;
+    uint64_t mnt_id;
+    uint64_t spare[13];
+};
+_Static_assert(offsetof(struct kstatx, mnt_id) == 0x90, "statx's stx_mnt_id is at 0x90");
+_Static_assert(sizeof(struct kstatx) == 0x100, "statx's buffer is 256 bytes");
+#define KSTATX_MNT_ID 0x1000u
+
+WRAPPER(mount_id, "mount_id(fd) -> the id of the mount fd lies on, as mountinfo's; -1 where "
+                  "statx cannot tell (Linux < 5.8)")
+{
+    int fd;
+    if (!PyArg_ParseTuple(args, "i:mount_id", &fd))
+        return NULL;
+    struct kstatx st;
+    memset(&st, 0, sizeof st);
+    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH, KSTATX_MNT_ID, &st) < 0) {
+        if (errno == ENOSYS)
+            return PyLong_FromLong(-1);
+        return raise_errno("statx");
+    }
+    if (!(st.mask & KSTATX_MNT_ID))
+        return PyLong_FromLong(-1);
+    return PyLong_FromUnsignedLongLong(st.mnt_id);
+}
+
 WRAPPER(prctl, "prctl(option, arg2=0, arg3=0, arg4=0, arg5=0) -> int")
 {
     int option;
@@ -883,6 +918,7 @@ static PyMethodDef sys_methods[] = {
     {"setns", sys_setns, METH_VARARGS, setns_doc},
     {"unshare", sys_unshare, METH_VARARGS, unshare_doc},
     {"fstatfs_type", sys_fstatfs_type, METH_VARARGS, fstatfs_type_doc},
+    {"mount_id", sys_mount_id, METH_VARARGS, mount_id_doc},
     {"prctl", sys_prctl, METH_VARARGS, prctl_doc},
     {"capget", sys_capget, METH_NOARGS, capget_doc},
     {"capset", sys_capset, METH_VARARGS, capset_doc},

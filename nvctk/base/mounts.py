@@ -96,7 +96,16 @@ def fstatfs_type(fd: int) -> int:
 
 
 def mount_id(fd: int) -> int:
-    """The mount id of the mount an fd lies on (from /proc/self/fdinfo)."""
+    """The mount id of the mount an fd lies on: statx's (one call; the hook asks ~30
+    times a start), or /proc/self/fdinfo's on a kernel before 5.8."""
+    got = _sys.mount_id(fd)
+    if got >= 0:
+        return got
+    return mount_id_from_fdinfo(fd)
+
+
+def mount_id_from_fdinfo(fd: int) -> int:
+    """The mount id as /proc/self/fdinfo says (kernels without statx's STATX_MNT_ID)."""
     for line in read_path(f"/proc/self/fdinfo/{fd}").split(b"\n"):
         if line.startswith(b"mnt_id:"):
             return int(line.split()[1])
@@ -158,18 +167,29 @@ def unescape(s: str) -> str:
 
 
 def parse_mountinfo(text: str) -> list[MountInfo]:
+    # every hook start parses the container's table (150 lines and more) twice:
+    # fields set directly, not through __init__'s generic _fill, and unescaped only
+    # where a line has an escape (2.6x faster, docs/decisions.md)
     result = []
+    new = object.__new__
     for line in text.splitlines():
         parts = line.split()
         if len(parts) < 7:
             continue
-        sep = parts.index("-")
-        result.append(
-            MountInfo(int(parts[0]), int(parts[1]), unescape(parts[4]), parts[sep + 1],
-                      tuple(parts[6:sep]), parts[2], unescape(parts[3]),
-                      tuple(parts[5].split(",")),
-                      unescape(parts[sep + 2]) if len(parts) > sep + 2 else "")
-        )
+        sep = parts.index("-", 6)
+        i = new(MountInfo)
+        i.mount_id = int(parts[0])
+        i.parent_id = int(parts[1])
+        i.dev = parts[2]
+        source = parts[sep + 2] if len(parts) > sep + 2 else ""
+        if "\\" in line:
+            i.root, i.mount_point, i.source = unescape(parts[3]), unescape(parts[4]), unescape(source)
+        else:
+            i.root, i.mount_point, i.source = parts[3], parts[4], source
+        i.options = tuple(parts[5].split(","))
+        i.optional = tuple(parts[6:sep])
+        i.fstype = parts[sep + 1]
+        result.append(i)
     return result
 
 

@@ -195,7 +195,7 @@ class Root:
             for i, name in enumerate(comps):
                 prefix = "/".join(comps[: i + 1])
                 try:
-                    fd = openat2(self.fd, prefix, os.O_PATH | os.O_DIRECTORY, IN_ROOT)
+                    fd = self._step(parent, name, prefix)
                 except FileNotFoundError:
                     self._may_create(parent, "/" + prefix)
                     try:
@@ -203,7 +203,7 @@ class Root:
                     except FileExistsError:
                         pass  # raced, or a dangling symlink: the re-open below decides
                     try:
-                        fd = openat2(self.fd, prefix, os.O_PATH | os.O_DIRECTORY, IN_ROOT)
+                        fd = self._step(parent, name, prefix)
                     except FileNotFoundError:
                         raise OSError(errno.ENOENT, f"/{prefix} is a dangling symlink in the "
                                       "image (nothing it names exists inside the rootfs)",
@@ -214,6 +214,18 @@ class Root:
         except BaseException:
             os.close(parent)
             raise
+
+    def _step(self, parent: int, name: str, prefix: str) -> int:
+        """O_PATH fd of directory `prefix` (= parent's `name`) resolved as from the rootfs:
+        a plain directory in one step from its parent; a link (or anything else) by
+        the whole prefix, links followed inside the rootfs (each whole-prefix lookup
+        is ~8 us, a walk of n components made them n^2/2)."""
+        try:
+            return openat2(parent, name, os.O_PATH | os.O_DIRECTORY, BENEATH_NOLINKS)
+        except FileNotFoundError:
+            raise
+        except OSError:
+            return openat2(self.fd, prefix, os.O_PATH | os.O_DIRECTORY, IN_ROOT)
 
     def _parent(self, cpath: str) -> tuple[int, str]:
         comps = _components(cpath)
@@ -248,6 +260,10 @@ class Root:
         remembered for the next call: forget_dirs() after mounting over a directory.
         """
         want_dir = kind == "dir"
+        if not want_dir:
+            fd = self._new_file(cpath, mode)
+            if fd >= 0:
+                return fd
         try:
             fd = self.open(cpath)
         except FileNotFoundError:
@@ -257,6 +273,19 @@ class Root:
             return fd
         parent, name = self._cached_parent(cpath)
         return self._create(parent, name, want_dir, mode, cpath)
+
+    def _new_file(self, cpath: str, mode: int) -> int:
+        """The usual file destination, nothing there yet, in one lookup from its
+        remembered parent (a whole-path lookup is ~9 us a mount); -1 where anything is
+        at that name (a file, a link) or the parent is not the rootfs's own: `ensure`'s
+        whole-path resolution then decides, as for any existing path."""
+        parent, name = self._cached_parent(cpath)
+        try:
+            self._may_create(parent, cpath)
+            return openat2(parent, name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW,
+                           BENEATH_NOLINKS, mode)
+        except (NotOnRootfs, FileExistsError):
+            return -1
 
     def ensure_exact(self, cpath: str, kind: str, mode: int = 0o644) -> int:
         """`ensure` without a symlink anywhere on the path: a mount that must stay where

@@ -271,6 +271,17 @@ def test_parse_mountinfo_dev_root_options() -> None:
     assert info.read_only
 
 
+def test_parse_mountinfo_sets_every_field_as_the_constructor_does() -> None:
+    # the parser fills the record's fields itself (speed): every one, even for a
+    # mount point named "-" and a line with an escape and no optional field
+    got = mounts.parse_mountinfo("40 35 0:7 /a\\011b /- ro,nosuid - tmpfs my\\040src rw\n"
+                                 "41 40 0:8 / /y rw shared:2 - proc proc rw")
+    assert got == [
+        mounts.MountInfo(40, 35, "/-", "tmpfs", (), "0:7", "/a\tb", ("ro", "nosuid"), "my src"),
+        mounts.MountInfo(41, 40, "/y", "proc", ("shared:2",), "0:8", "/", ("rw",), "proc"),
+    ]
+
+
 def _mi(mid: int, point: str, dev: str, root: str = "/") -> mounts.MountInfo:
     return mounts.MountInfo(mid, 1, point, "x", (), dev, root, ("rw",))
 

@@ -166,14 +166,14 @@ def _ask(token: str, state: bytes) -> bytes:
     """What the server answers this process for `state`."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(b"\0" + served.NAME_PREFIX + token.encode())
-        s.sendall(state)
-        s.shutdown(socket.SHUT_WR)
         chunks = []
         try:
+            s.sendall(state)
+            s.shutdown(socket.SHUT_WR)
             while chunk := s.recv(65536):
                 chunks.append(chunk)
-        except ConnectionResetError:  # closed with the state unread: no answer
-            pass
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed with the state unread (a refused peer can be closed before it writes)
         return b"".join(chunks)
 
 
