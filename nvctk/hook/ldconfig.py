@@ -1,7 +1,8 @@
 """The host's ldconfig, run for the container: sandboxed, bounded in time.
 
-The worker (nvctk.hook.worker), once its mounts are in, becomes the host's static
-ldconfig chrooted into the rootfs: in a private mount namespace, the rootfs's procfs
+A child of the hook forked beside the worker (nvctk.hook.worker.ldconfig_child)
+mounts the plan's libraries in a private copy of the container's mount namespace,
+then becomes the host's static ldconfig chrooted into the rootfs: the rootfs's procfs
 detached (no magic links to the host), every host directory bound into the rootfs
 read-only there, only CAP_DAC_OVERRIDE, an empty environment. The hook's process
 collects its output and kills it past LDCONFIG_TIMEOUT; a failing ldconfig is a
@@ -48,20 +49,18 @@ def detach_procfs_under(top: str, infos: list[mounts.MountInfo], log: HookLog) -
 
 
 def become_ldconfig(plan: Edits, rootfs: str, root_st: os.stat_result, ldfd: int, devnull: int,
-                    out_w: int, log: HookLog) -> None:
-    """Become the host's ldconfig run chrooted into the rootfs: never returns."""
+                    log: HookLog) -> None:
+    """In a private mount namespace (nvctk.hook.worker.ldconfig_child made it), with its
+    output on fds 1 and 2: become the host's ldconfig run chrooted into the rootfs.
+    Returns only on failure (OSError)."""
+    os.dup2(devnull, 0)
+    caps.enter_step("ldconfig-setup", log)
+    top = os.path.realpath(rootfs)
+    infos = mounts.read_mountinfo()
+    detach_procfs_under(top, infos, log)
+    # re-open the rootfs in this namespace (an fd from the old one would walk its mounts)
+    rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.dup2(devnull, 0)
-        os.dup2(out_w, 1)
-        os.dup2(out_w, 2)
-        caps.enter_step("ldconfig-setup", log)
-        mounts.unshare(mounts.CLONE_NEWNS)
-        mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
-        top = os.path.realpath(rootfs)
-        infos = mounts.read_mountinfo()
-        detach_procfs_under(top, infos, log)
-        # re-open the rootfs in this namespace (an fd from the old one would walk its mounts)
-        rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         st = os.fstat(rfd)
         if (st.st_dev, st.st_ino) != (root_st.st_dev, root_st.st_ino):
             raise OSError(f"{rootfs} changed under the hook")
@@ -72,17 +71,22 @@ def become_ldconfig(plan: Edits, rootfs: str, root_st: os.stat_result, ldfd: int
             log.debug("ldconfig: read-only in its namespace (not the container's rootfs): "
                       + ", ".join(p[len(top):] for p in ro))
         os.fchdir(rfd)
-        os.chroot(".")
-        os.chdir("/")
+    finally:
         os.close(rfd)
-        caps.limit_to(caps.STEP_CAPS["ldconfig"])
-        log.debug(f"caps step=ldconfig effective={','.join(caps.current()) or '-'}")
-        os.execve(ldfd, ["ldconfig", plan.lib_dir], {})
-    except BaseException as e:
-        try:
-            os.write(2, f"ldconfig setup: {e}\n".encode())
-        finally:
-            os._exit(127)
+    os.chroot(".")
+    os.chdir("/")
+    caps.limit_to(caps.STEP_CAPS["ldconfig"])
+    log.debug(f"caps step=ldconfig effective={','.join(caps.current()) or '-'}")
+    os.execve(ldfd, ["ldconfig", plan.lib_dir], {})
+
+
+def stop(pid: int) -> None:
+    """Kill and reap the ldconfig process (the worker failed: the hook fails)."""
+    try:
+        os.kill(pid, SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
 
 
 def wait_ldconfig(plan: Edits, pid: int, out_r: int, log: Logger) -> None:

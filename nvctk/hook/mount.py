@@ -353,21 +353,31 @@ class Root:
         """Create link cpath -> target inside the rootfs; False if a non-link is there."""
         parent, name = self._parent(cpath)
         try:
-            try:
-                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            except FileNotFoundError:
-                st = None
-            if st is not None:
-                if not stat.S_ISLNK(st.st_mode):
-                    return False
-                if os.readlink(name, dir_fd=parent) == target:
+            # the hook's ldconfig process makes the same links beside the worker: a
+            # link that appears or goes meanwhile is looked at again
+            for _ in range(3):
+                try:
+                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                except FileNotFoundError:
+                    st = None
+                try:
+                    if st is not None:
+                        if not stat.S_ISLNK(st.st_mode):
+                            return False
+                        if os.readlink(name, dir_fd=parent) == target:
+                            return True
+                        self._may_create(parent, cpath)
+                        os.unlink(name, dir_fd=parent)
+                    else:
+                        self._may_create(parent, cpath)
+                    os.symlink(target, name, dir_fd=parent)
                     return True
-                self._may_create(parent, cpath)
-                os.unlink(name, dir_fd=parent)
-            else:
-                self._may_create(parent, cpath)
-            os.symlink(target, name, dir_fd=parent)
-            return True
+                except (FileNotFoundError, FileExistsError):
+                    continue
+                except OSError as e:
+                    if e.errno != errno.EINVAL:  # readlink: no longer a link
+                        raise
+            raise OSError(errno.EBUSY, "it kept changing while the hook made it", cpath)
         finally:
             os.close(parent)
 

@@ -16,15 +16,20 @@ stays in the host's mount namespace:
                symlink on the way
     symlink    libcuda.so -> libcuda.so.1 and friends (symlinkat on a parent fd)
     proc-mask  tmpfs over /proc/driver/nvidia where the container has it
-    ldconfig   the worker, its answer sent, becomes the host's ldconfig
-               (nvctk.hook.ldconfig). The hook's process bounds it in time.
+
+ldconfig runs beside the worker, not after it: a second child of the hook's process
+(ldconfig_child) mounts the plan's libraries and links in a private copy of the
+container's mount namespace and becomes the host's ldconfig there
+(nvctk.hook.ldconfig); the cache and links it writes are on the rootfs's own file
+system, the same the container sees. The hook's process bounds it in time, and stops
+it when the worker fails.
 
 It does what the plan says and decides nothing else: which mounts may be missing
 (skipped, logged) and which may not (the hook fails) is each Mount's `required`.
 Nothing is created anywhere but on the rootfs's own mounts (nvctk.hook.mount.Root): a
 target below a host directory bound read-write into the container (a volume,
-extra-mounts, the MPS pipe dir) is skipped, or refused when required. The worker
-dies with the hook's process (PR_SET_PDEATHSIG): runc's hook timeout kills only the
+extra-mounts, the MPS pipe dir) is skipped, or refused when required. Both children
+die with the hook's process (PR_SET_PDEATHSIG): runc's hook timeout kills only the
 hook, and nothing the hook starts may outlive it.
 
 Each step runs with exactly its capabilities effective (nvctk.hook.caps) and logs
@@ -48,10 +53,12 @@ from nvctk.edits import VGPU_DIRS, VGPU_FILES, Edits, Mount
 from nvctk.hook import caps
 from nvctk.hook import mount as m
 from nvctk.hook.elf import elf_interpreter
-from nvctk.hook.ldconfig import become_ldconfig, wait_ldconfig
+from nvctk.hook.ldconfig import become_ldconfig, stop, wait_ldconfig
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nvctk.base.log import HookLog
 
 PROC_DRIVER = "/proc/driver/nvidia"
@@ -300,16 +307,15 @@ def _enter(rootfs: str, prep: WorkerFds, log: HookLog) -> m.Root:
     return root
 
 
-def _mount_sources(plan: Edits, root: m.Root, prep: WorkerFds, mounter: m.Mounter,
-                   log: HookLog) -> None:
-    """The pins, then every cloned source at its destination in the rootfs; the pins
-    sealed read-only for a read-only root."""
+def _mount_sources(root: m.Root, sources: list[tuple[Mount, int]], vgpu_from: int,
+                   mounter: m.Mounter, log: HookLog) -> None:
+    """Every cloned source at its destination in the rootfs (sources[vgpu_from:] are
+    the vGPU's, -1: none)."""
     caps.enter_step("mount", log)
-    _pin(plan, root, mounter, log)
     debug = log.enabled("debug")
-    for i, (mnt, src) in enumerate(prep.sources):
+    for i, (mnt, src) in enumerate(sources):
         kind = "dir" if mnt.kind == "dir" else "file"
-        vgpu = 0 <= prep.vgpu_from <= i
+        vgpu = 0 <= vgpu_from <= i
         try:
             # vGPU's mounts sit at exactly their paths: no link the container could
             # replace leads to them
@@ -332,11 +338,25 @@ def _mount_sources(plan: Edits, root: m.Root, prep: WorkerFds, mounter: m.Mounte
         if debug:
             log.debug(f"mounted {mnt.host_path} at {mnt.container_path}")
     root.forget_dirs()
-    if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
-        try:
-            root.seal_pins()
-        except OSError as e:
-            raise m.step_error("mount", ", ".join(f"/{p}" for p in plan.pins), e)
+
+
+def reads_for_ldconfig(mnt: Mount) -> bool:
+    """A mount ldconfig may read: a file whose name has ".so" in it (ldconfig's own
+    first test of a directory entry)."""
+    return mnt.kind != "dir" and ".so" in mnt.container_path.rsplit("/", 1)[-1]
+
+
+def ldconfig_first(sources: list[tuple[Mount, int]]) -> tuple[list[tuple[Mount, int]], int]:
+    """The sources with what ldconfig reads first, and how many lead: ldconfig starts
+    once those are in, while the worker mounts the rest. Kept in the plan's order where
+    a directory mount lies on the way to a library (mounting the library first would
+    put it under that directory); then the lead runs to the last library."""
+    libs = [s for s in sources if reads_for_ldconfig(s[0])]
+    dirs = [s[0].container_path.rstrip("/") + "/" for s in sources if s[0].kind == "dir"]
+    if not any(mnt.container_path.startswith(d) for mnt, _ in libs for d in dirs):
+        return libs + [s for s in sources if not reads_for_ldconfig(s[0])], len(libs)
+    last = max((i for i, s in enumerate(sources) if reads_for_ldconfig(s[0])), default=-1)
+    return sources, last + 1
 
 
 def _make_links(plan: Edits, root: m.Root, log: HookLog) -> None:
@@ -373,12 +393,26 @@ def _mask_proc(root: m.Root, mask: int, mounter: m.Mounter, log: HookLog) -> Non
 
 
 def _mount_steps(plan: Edits, rootfs: str, prep: WorkerFds, mounter: m.Mounter,
-                 log: HookLog) -> m.Root:
-    """setns to proc-mask; returns the rootfs (open, for ldconfig) once all are in."""
+                 log: HookLog, go: int) -> m.Root:
+    """setns to proc-mask; returns the rootfs once all are in. Once the libraries and
+    links are in, a byte on `go` (closed then; -1: none) starts ldconfig."""
     root = _enter(rootfs, prep, log)
     try:
-        _mount_sources(plan, root, prep, mounter, log)
+        caps.enter_step("mount", log)
+        _pin(plan, root, mounter, log)
+        n = len(prep.sources) if prep.vgpu_from < 0 else prep.vgpu_from
+        ordered, lead = ldconfig_first(prep.sources[:n])
+        _mount_sources(root, ordered[:lead], -1, mounter, log)
         _make_links(plan, root, log)
+        if go >= 0:
+            _answer(go, None)
+        _mount_sources(root, ordered[lead:] + prep.sources[n:], n - lead if prep.vgpu_from >= 0 else -1,
+                       mounter, log)
+        if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
+            try:
+                root.seal_pins()
+            except OSError as e:
+                raise m.step_error("mount", ", ".join(f"/{p}" for p in plan.pins), e)
         if prep.mask >= 0:
             _mask_proc(root, prep.mask, mounter, log)
         return root
@@ -431,14 +465,9 @@ def _answer(fd: int, err: str | None) -> None:
         os.close(fd)
 
 
-def worker(plan: Edits, rootfs: str, pid: int, log: HookLog, answer: int,
-           ldconfig_out: int) -> int:
-    """The forked worker: every step, then its answer on `answer` (closed then).
-
-    Once the mounts are in and answered for, a worker with ldconfig to run
-    becomes that ldconfig (its output on ldconfig_out), so this returns only
-    on failure or without ldconfig: the exit code.
-    """
+def worker(plan: Edits, rootfs: str, pid: int, log: HookLog, answer: int, go: int) -> int:
+    """The forked worker: every step, then its answer on `answer` (closed then); the
+    exit code. go: see _mount_steps."""
     mounter = m.Mounter()
     prep: WorkerFds | None = None
     root: m.Root | None = None
@@ -446,21 +475,14 @@ def worker(plan: Edits, rootfs: str, pid: int, log: HookLog, answer: int,
         try:
             caps.restrict(caps.needed(ALL_STEPS), log)
             prep = _prepare(plan, pid, log)
-            root = _mount_steps(plan, rootfs, prep, mounter, log)
+            root = _mount_steps(plan, rootfs, prep, mounter, log, go)
             mounter.forget()
         except BaseException as e:
             _answer(answer, _failed(e, mounter, log))
             return 1
-        if prep.ldconfig < 0:
-            caps.enter_step("done", log)
-            _answer(answer, None)
-            return 0
-        root_st = os.fstat(root.fd)
+        caps.enter_step("done", log)
         _answer(answer, None)
-        # nothing below can undo the mounts: ldconfig failing is a warning
-        become_ldconfig(plan, root.path, root_st, prep.ldconfig, prep.devnull, ldconfig_out,
-                        log)
-        return 127  # not reached: become_ldconfig execs or exits
+        return 0
     finally:
         if root is not None:
             root.close()
@@ -468,33 +490,101 @@ def worker(plan: Edits, rootfs: str, pid: int, log: HookLog, answer: int,
             _close_all(prep.fds())
 
 
-def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
-               drop_parent_caps: bool = False) -> None:
-    """Run the worker in a forked child; MountError with its message on failure.
+def ldconfig_child(plan: Edits, rootfs: str, pid: int, log: HookLog, go: int,
+                   out: int) -> int:
+    """The forked ldconfig, beside the worker: once the worker's libraries and links
+    are in (a byte on `go`), a private copy of the container's mount namespace, and
+    there the host's ldconfig (nvctk.hook.ldconfig) with its output on `out`, while
+    the worker mounts the rest. Returns only on failure (127, the reason on `out`): a
+    warning, never the hook's failure."""
+    p = WorkerFds()
+    try:
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        caps.restrict(caps.needed(("open", "setns", "ldconfig-setup", "ldconfig")), log)
+        caps.enter_step("open", log)
+        _open_ldconfig(plan.ldconfig, p)
+        p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        _open_ns(pid, p)
+        if read_all(go) != _OK:
+            return 0  # the worker failed before its libraries were in: the hook fails
+        caps.enter_step("setns", log)
+        mounts.setns(p.ns, mounts.CLONE_NEWNS)
+        caps.enter_step("ldconfig-setup", log)
+        # private before anything changes: nothing below reaches the container's
+        # namespace or the host's
+        mounts.unshare(mounts.CLONE_NEWNS)
+        mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
+        os.chdir("/")
+        root = m.Root(rootfs)
+        try:
+            root_st = os.fstat(root.fd)
+        finally:
+            root.close()
+        become_ldconfig(plan, rootfs, root_st, p.ldconfig, p.devnull, log)
+    except BaseException as e:
+        try:
+            os.write(2, f"ldconfig setup: {e}\n".encode("utf-8", "replace"))
+        except OSError:
+            pass
+    finally:
+        _close_all(p.fds())
+    return 127
 
-    drop_parent_caps: the calling process gives up every capability once the
-    worker is forked (the hook's main process needs none afterwards).
-    """
-    caps.warm_up()
-    r, w = os.pipe()
-    out_r, out_w = os.pipe() if plan.ldconfig else (-1, -1)
-    parent = os.getpid()
+
+def _fork(parent: int, run: Callable[[], int]) -> int:
+    """A child that runs `run` and exits with its code, dying with `parent`: nothing
+    the hook starts outlives it (runc's hook timeout kills only the hook)."""
     child = os.fork()
     if child == 0:
         code = 1
         try:
-            # nothing the hook starts outlives it: killed (runc's hook timeout) or not,
-            # its worker and the ldconfig it becomes go with it
             caps.die_with_parent(parent)
-            os.close(r)
-            if out_r >= 0:
-                os.close(out_r)
-            code = worker(plan, rootfs, pid, log, w, out_w)
+            code = run()
         finally:
             os._exit(code)
-    os.close(w)
-    if out_w >= 0:
-        os.close(out_w)
+    return child
+
+
+def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
+               drop_parent_caps: bool = False) -> None:
+    """Run the worker, and ldconfig beside it, in forked children; MountError with the
+    worker's message on failure (ldconfig is then stopped).
+
+    drop_parent_caps: the calling process gives up every capability once the
+    children are forked (the hook's main process needs none afterwards).
+    """
+    caps.warm_up()
+    parent = os.getpid()
+    r, w = os.pipe()
+    go_r, go_w = os.pipe() if plan.ldconfig else (-1, -1)
+
+    def run_worker() -> int:
+        os.close(r)
+        if go_r >= 0:
+            os.close(go_r)
+        return worker(plan, rootfs, pid, log, w, go_w)
+
+    try:
+        child = _fork(parent, run_worker)
+    finally:
+        os.close(w)
+        if go_w >= 0:
+            os.close(go_w)
+    ld = out_r = -1
+    if plan.ldconfig:
+        out_r, out_w = os.pipe()
+
+        def run_ldconfig() -> int:
+            os.close(r)
+            os.close(out_r)
+            return ldconfig_child(plan, rootfs, pid, log, go_r, out_w)
+
+        try:
+            ld = _fork(parent, run_ldconfig)
+        finally:
+            os.close(out_w)
+            os.close(go_r)
     if drop_parent_caps:
         caps.drop_all()
     try:
@@ -507,16 +597,17 @@ def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
         err = data[len(_FAILED):].decode("utf-8", "replace")
     else:
         err = "worker gave a garbled answer" if data else "worker gave no answer"
-    if err is None and out_r >= 0:
-        wait_ldconfig(plan, child, out_r, log)  # the worker is ldconfig now
-        # the worker's caps went with its exec: what is left of the hook is this process
-        log.debug(f"caps step=done effective={','.join(caps.current()) or '-'}")
-        return
-    if out_r >= 0:
-        os.close(out_r)
     _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
     if code != 0 and err is None:
         err = f"worker exited {code}"
+    if ld > 0:
+        if err is None:
+            wait_ldconfig(plan, ld, out_r, log)
+            # the children's caps went with them: what is left of the hook is this process
+            log.debug(f"caps step=done effective={','.join(caps.current()) or '-'}")
+        else:
+            os.close(out_r)
+            stop(ld)
     if err is not None:
         raise MountError(err)

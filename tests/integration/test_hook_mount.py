@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from nvctk.base import mounts
+from nvctk.edits import Mount
 from nvctk.hook import mount as m
+from nvctk.hook.worker import ldconfig_first
 from nvctk.oci.rootfs import exists_in_rootfs
 from support.fs import snapshot
 
@@ -280,6 +282,33 @@ def test_parse_mountinfo_sets_every_field_as_the_constructor_does() -> None:
         mounts.MountInfo(40, 35, "/-", "tmpfs", (), "0:7", "/a\tb", ("ro", "nosuid"), "my src"),
         mounts.MountInfo(41, 40, "/y", "proc", ("shared:2",), "0:8", "/", ("rw",), "proc"),
     ]
+
+
+@pytest.mark.parametrize(("plan", "want", "lead"), [
+    # libraries first (ldconfig starts once they are in), the rest in the plan's order
+    ([("f", "/usr/bin/nvidia-smi"), ("f", "/usr/lib/libcuda.so.550"),
+      ("d", "/run/nvidia-persistenced"), ("f", "/usr/lib/libnvidia-ml.so.550"),
+      ("f", "/lib/firmware/gsp.bin")],
+     ["/usr/lib/libcuda.so.550", "/usr/lib/libnvidia-ml.so.550", "/usr/bin/nvidia-smi",
+      "/run/nvidia-persistenced", "/lib/firmware/gsp.bin"], 2),
+    # a directory mount on the way to a library: the plan's order, the lead up to the
+    # last library
+    ([("f", "/opt/nv/libx.so.1"), ("d", "/opt/nv"), ("f", "/opt/nv/liby.so.1"),
+      ("f", "/usr/bin/x")],
+     ["/opt/nv/libx.so.1", "/opt/nv", "/opt/nv/liby.so.1", "/usr/bin/x"], 3),
+    # a directory named like a library is no library; nothing for ldconfig: no lead
+    ([("d", "/usr/lib/libfoo.so.d"), ("f", "/usr/bin/x")],
+     ["/usr/lib/libfoo.so.d", "/usr/bin/x"], 0),
+    ([], [], 0),
+])
+def test_ldconfig_first_orders_the_libraries_ahead(plan: list[tuple[str, str]],
+                                                   want: list[str], lead: int) -> None:
+    sources = [(Mount("/h" + p, p, "dir" if k == "d" else "file"), i)
+               for i, (k, p) in enumerate(plan)]
+    ordered, n = ldconfig_first(sources)
+    assert [mnt.container_path for mnt, _ in ordered] == want
+    assert n == lead
+    assert sorted(fd for _, fd in ordered) == list(range(len(plan)))  # each source once
 
 
 def _mi(mid: int, point: str, dev: str, root: str = "/") -> mounts.MountInfo:
