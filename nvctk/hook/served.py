@@ -108,18 +108,22 @@ def serve(listener: int, runtime: int, runc: int | None,
         return
 
 
-def start(listener: int, runc: int | None) -> int:
+def start(listener: int, runc: int | None, grandchild: bool = True) -> int:
     """Start the server (serve nvctk.hook.prestart.answer, then exit); returns the pid
-    of the process that forked it, already reaped.
+    of the process that forked it, already reaped (grandchild), or the server's.
 
-    The server is a grandchild: the runtime forks a child that forks the server and
-    exits at once, and reaps that child here. Nothing of the server is then left for
-    the runtime to wait on, or for the runc it becomes, which never waits on a child it
-    did not start (a foreground `run` kept a defunct server for the container's life);
-    the init (or the node's subreaper: the shim, systemd) reaps it. The server ends
-    with this process, whatever it becomes, runc or the runtime that waits on it (a
-    pidfd of it, which an exec leaves open and its end makes readable); holds none of
-    its stdio or other fds, and never returns into the caller's code."""
+    grandchild: the runtime forks a child that forks the server and exits at once,
+    and reaps that child here. Nothing of the server is then left for the runtime to
+    wait on, or for the runc it becomes, which never waits on a child it did not start
+    (a foreground `run` kept a defunct server for the container's life); the init (or
+    the node's subreaper: the shim, systemd) reaps it. Else the server is this
+    process's child: for a `create` that becomes runc, which returns once the container
+    exists (its hook done, the server ended) and whose end hands the server on to that
+    reaper, as the grandchild is; it saves the start the second fork and the wait for
+    it (~1-2 ms a GPU create). The server ends with this process, whatever it becomes,
+    runc or the runtime that waits on it (a pidfd of it, which an exec leaves open and
+    its end makes readable); holds none of its stdio or other fds, and never returns
+    into the caller's code."""
     runtime = os.getpid()
     try:
         watch = os.pidfd_open(runtime)  # close-on-exec: runc never holds it
@@ -132,11 +136,12 @@ def start(listener: int, runc: int | None) -> int:
         raise
     if pid:
         os.close(watch)
-        os.waitpid(pid, 0)  # it only forks the server: at once
+        if grandchild:
+            os.waitpid(pid, 0)  # it only forks the server: at once
         return pid
     code = 0
     try:
-        if os.fork():
+        if grandchild and os.fork():
             os._exit(0)
         _detach(listener, watch)
         # start time: imported here, in the fork, while runc starts, never in the

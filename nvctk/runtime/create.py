@@ -428,7 +428,9 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
         return _create_and_clean_up(runtime, args, prepared.vgpu_dir, config, fail, logger,
                                     served)
     if served is not None:
-        _serve_prestart(served, logger)  # the hook of the runc this process becomes
+        # the hook of the runc this process becomes; a `create` (returns once the
+        # container exists) may keep its server as a child, a foreground `run` may not
+        _serve_prestart(served, logger, grandchild=args.subcommand != "create")
     try:
         ra.exec_runtime(runtime, args.argv)
     except OSError as e:
@@ -437,13 +439,14 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
 
 
 def _serve_prestart(token: str, logger: Logger,
-                    start_runc: Callable[[], int] | None = None) -> int | None:
+                    start_runc: Callable[[], int] | None = None,
+                    grandchild: bool = True) -> int | None:
     """Serve this create's prestart hook (nvctk.hook.served), in either process shape:
     listen on the token's socket, then start runc as this process's child (start_runc,
     which returns its pid; a vGPU create) or leave it to the exec that follows (None),
-    then fork the server beside it. Returns runc's pid (None: the exec's). Listening
-    comes first: the socket is there before runc can run the hook. No socket: the hook
-    runs by itself."""
+    then fork the server beside it (grandchild: see nvctk.hook.served.start). Returns
+    runc's pid (None: the exec's). Listening comes first: the socket is there before
+    runc can run the hook. No socket: the hook runs by itself."""
     # start time: GPU creates only (nvctk._sys is a dlopen); a no-GPU create loads neither
     from nvctk.hook import served
 
@@ -455,7 +458,7 @@ def _serve_prestart(token: str, logger: Logger,
     try:
         runc = start_runc() if start_runc is not None else None
         if listener >= 0:
-            served.start(listener, runc)
+            served.start(listener, runc, grandchild)
     finally:
         if listener >= 0:
             os.close(listener)  # the server holds its own; runc never held it (cloexec)

@@ -2,9 +2,9 @@
 
 An image whose /etc/ld.so.conf is a FIFO blocks the chrooted ldconfig without a
 byte of output. When the hook itself is killed (SIGKILL, or runc's hook timeout,
-which is a SIGKILL to the hook), its worker (which becomes that ldconfig) must
-die with it instead of living on as an orphan holding a private mount namespace
-of the container's ~40 mounts: the worker sets PR_SET_PDEATHSIG(SIGKILL).
+which is a SIGKILL to the hook), its ldconfig child (which becomes that ldconfig)
+must die with it instead of living on as an orphan holding a private mount namespace
+of the container's ~40 mounts: both children set PR_SET_PDEATHSIG(SIGKILL).
 """
 
 from __future__ import annotations

@@ -91,6 +91,9 @@ def test_create_start_delete_is_served(rc: Runc, sim_host: SimHost, limit: bool)
                                   timeout=120).returncode
 
     assert runtime("create", "--bundle", str(b), cid) == 0, (b / "err").read_text()
+    # the server (a fork of the runtime: its command line) has answered and ended; for a
+    # whole GPU it was runc's own child, handed on to the init when runc create ended
+    until(lambda: not _with_cmdline(cid), 30, "the prestart's server to end")
     assert runtime("start", cid) == 0, (b / "err").read_text()
 
     def stopped() -> bool:
@@ -103,6 +106,19 @@ def test_create_start_delete_is_served(rc: Runc, sim_host: SimHost, limit: bool)
     assert _gpu0(out.read_text(), sim_host), out.read_text()
     log = _log(sim_host, cid)
     assert [line for line in log if SERVED in line], log
+
+
+def _with_cmdline(word: str) -> list[int]:
+    """Live processes (not zombies: theirs is empty) with `word` in their command line."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if word.encode() in Path("/proc", d, "cmdline").read_bytes():
+                    out.append(int(d))
+            except OSError:
+                pass
+    return out
 
 
 def _edited(rc: Runc, sim_host: SimHost, token: str) -> Path:
