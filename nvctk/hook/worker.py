@@ -532,17 +532,26 @@ def ldconfig_child(plan: Edits, rootfs: str, pid: int, log: HookLog, go: int,
     return 127
 
 
-def _fork(parent: int, run: Callable[[], int]) -> int:
-    """A child that runs `run` and exits with its code, dying with `parent`: nothing
-    the hook starts outlives it (runc's hook timeout kills only the hook)."""
-    child = os.fork()
-    if child == 0:
-        code = 1
-        try:
-            caps.die_with_parent(parent)
-            code = run()
-        finally:
-            os._exit(code)
+def _fork(parent: int, run: Callable[[], int], child_closes: tuple[int, ...],
+          parent_closes: tuple[int, ...]) -> int:
+    """A child that closes `child_closes`, runs `run` and exits with its code, dying with
+    `parent`: nothing the hook starts outlives it (runc's hook timeout kills only the
+    hook). The caller's `parent_closes` are closed once it is forked (or failed to be);
+    an fd < 0 is none."""
+    child = -1
+    try:
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                caps.die_with_parent(parent)
+                _close_all([fd for fd in child_closes if fd >= 0])
+                code = run()
+            finally:
+                os._exit(code)
+    finally:
+        if child != 0:
+            _close_all([fd for fd in parent_closes if fd >= 0])
     return child
 
 
@@ -558,33 +567,12 @@ def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
     parent = os.getpid()
     r, w = os.pipe()
     go_r, go_w = os.pipe() if plan.ldconfig else (-1, -1)
-
-    def run_worker() -> int:
-        os.close(r)
-        if go_r >= 0:
-            os.close(go_r)
-        return worker(plan, rootfs, pid, log, w, go_w)
-
-    try:
-        child = _fork(parent, run_worker)
-    finally:
-        os.close(w)
-        if go_w >= 0:
-            os.close(go_w)
+    child = _fork(parent, lambda: worker(plan, rootfs, pid, log, w, go_w), (r, go_r), (w, go_w))
     ld = out_r = -1
     if plan.ldconfig:
         out_r, out_w = os.pipe()
-
-        def run_ldconfig() -> int:
-            os.close(r)
-            os.close(out_r)
-            return ldconfig_child(plan, rootfs, pid, log, go_r, out_w)
-
-        try:
-            ld = _fork(parent, run_ldconfig)
-        finally:
-            os.close(out_w)
-            os.close(go_r)
+        ld = _fork(parent, lambda: ldconfig_child(plan, rootfs, pid, log, go_r, out_w),
+                   (r, out_r), (out_w, go_r))
     if drop_parent_caps:
         caps.drop_all()
     try:
