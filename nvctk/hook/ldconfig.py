@@ -1,12 +1,13 @@
 """The host's ldconfig, run for the container: sandboxed, bounded in time.
 
-A child of the hook forked beside the worker (nvctk.hook.worker.ldconfig_child)
-mounts the plan's libraries in a private copy of the container's mount namespace,
-then becomes the host's static ldconfig chrooted into the rootfs: the rootfs's procfs
-detached (no magic links to the host), every host directory bound into the rootfs
-read-only there, only CAP_DAC_OVERRIDE, an empty environment. The hook's process
-collects its output and kills it past LDCONFIG_TIMEOUT; a failing ldconfig is a
-warning, never the hook's failure (the libraries are mounted all the same).
+A child of the hook forked beside the worker (nvctk.hook.worker.ldconfig_child) waits
+until the worker's libraries and links are in, then, in a private copy of the
+container's mount namespace, becomes the host's static ldconfig chrooted into the
+rootfs: the rootfs's procfs detached (no magic links to the host), every host directory
+bound into the rootfs read-only there, only CAP_DAC_OVERRIDE, an empty environment.
+The hook's process collects its output and kills it past LDCONFIG_TIMEOUT; a failing
+ldconfig is a warning, never the hook's failure (the libraries are mounted all the
+same).
 """
 
 from __future__ import annotations

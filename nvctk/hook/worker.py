@@ -17,12 +17,13 @@ stays in the host's mount namespace:
     symlink    libcuda.so -> libcuda.so.1 and friends (symlinkat on a parent fd)
     proc-mask  tmpfs over /proc/driver/nvidia where the container has it
 
-ldconfig runs beside the worker, not after it: a second child of the hook's process
-(ldconfig_child) mounts the plan's libraries and links in a private copy of the
-container's mount namespace and becomes the host's ldconfig there
-(nvctk.hook.ldconfig); the cache and links it writes are on the rootfs's own file
-system, the same the container sees. The hook's process bounds it in time, and stops
-it when the worker fails.
+ldconfig runs beside the worker, not after it: the worker mounts the plan's libraries
+(and makes its links) first and then signals a second child of the hook's process
+(ldconfig_child), which enters a private copy of the container's mount namespace and
+becomes the host's ldconfig there (nvctk.hook.ldconfig) while the worker mounts the
+rest. The cache and links it writes are on the rootfs's own file system, the one the
+container sees. The hook's process bounds it in time, and stops it when the worker
+fails.
 
 It does what the plan says and decides nothing else: which mounts may be missing
 (skipped, logged) and which may not (the hook fails) is each Mount's `required`.

@@ -165,7 +165,7 @@ int main(int argc, char **argv) {
 
 def test_ldconfig_is_exec_d_alone_chrooted_with_dac_override_only(
         setup: Callable[..., tuple[Bundle, str]], tmp_path: Path) -> None:
-    """The worker becomes the (static) ldconfig: nothing of the hook's survives the exec
+    """The ldconfig child becomes the (static) ldconfig: nothing of the hook's survives the exec
     but stdio, the environment is empty, the only capability is CAP_DAC_OVERRIDE and
     its / is the rootfs."""
     gcc = shutil.which("gcc")

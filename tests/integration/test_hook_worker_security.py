@@ -227,7 +227,7 @@ def test_bundle_in_rootfs() -> None:
 # --- ldconfig is bounded in time -------------------------------------------------------------------
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chroot, mount namespaces)")
 def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hook's own path: its worker becomes ldconfig, the hook's process kills it."""
+    """The hook's own path: its ldconfig child becomes ldconfig, the hook's process kills it."""
     ld = shutil.which("ldconfig", path="/sbin:/usr/sbin")
     if ld is None:
         pytest.skip("no host ldconfig")
