@@ -92,9 +92,13 @@ def test_the_callers_deadline_bounds_the_retries(api: ApiServer) -> None:
     kube = Kube(client_for(api), Retry(attempts=50, base=1.0, cap=1.0, deadline=60),
                 sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
     api.fail(100)
-    with pytest.raises(ApiUnavailable, match="HTTP 503"):
+    # the deadline is also each request's real read timeout: on a loaded machine an
+    # answer can take longer than that (CI, 2026-11-28), and that ends the call too
+    with pytest.raises(ApiUnavailable, match=r"HTTP 503|did not answer") as e:
         kube.get_claim("team", "c1", timeout=3.0)
-    assert now[0] <= 3.0 and 2 <= len(api.requests) <= 7
+    assert now[0] <= 3.0 and 1 <= len(api.requests) <= 7
+    if "HTTP 503" in str(e.value):
+        assert len(api.requests) >= 2  # retried, until the caller's deadline
 
 
 # --- retry --------------------------------------------------------------------------------

@@ -259,6 +259,11 @@ def test_context_reserve_0_in_the_env_gets_no_more_memory(runc: Runc, bundles: B
     finally:
         runc.kill(cid)
     assert p.returncode == 0, out
-    # vgpu_probe prints each step's CUresult: 4 x (64 MiB context + 64 MiB) fit, the rest are refused
-    assert 1 <= out.count("alloc 0\n") <= 4 and "ctx 2\n" in out, out
+    # vgpu_probe prints each step's CUresult. Each context is charged its 64 MiB reserve,
+    # whatever the env says: contexts and allocations together fit 8 x 64 MiB, so some
+    # step is refused. Which one depends on the 8 processes' timing (on a loaded machine
+    # all 8 contexts can come first and take the whole cap, every allocation refused);
+    # uncharged contexts let all 16 steps through.
+    ok = out.count("ctx 0\n") + out.count("alloc 0\n")
+    assert ok <= 8 and out.count("alloc 0\n") <= 4 and ("ctx 2\n" in out or "alloc 2\n" in out), out
     assert 0 < peak <= 512 * MIB, f"{peak / MIB} MiB held under a 512 MiB cap\n{out}"

@@ -93,6 +93,7 @@ OWN_ONLY = {
     "integration/test_dra_grpc.py::test_200_prepare_unprepare_cycles_leak_nothing":
         "mounts under its own plugin dir",
     "integration/test_hook_served.py::_children": "the children of its own process",
+    "integration/test_hook_served.py::_with_cmdline": "processes naming its own container id",
     "reliability/test_rel_restart.py::_gpu_mounted": "its own container's mount table",
 }
 
