@@ -140,8 +140,17 @@ class MountInfo(Record):
     def __init__(self, mount_id: int, parent_id: int, mount_point: str, fstype: str,
                  optional: tuple[str, ...], dev: str = "", root: str = "/",
                  options: tuple[str, ...] = (), source: str = "") -> None:
-        self._fill(mount_id, parent_id, mount_point, fstype, optional, dev, root, options,
-                   source)
+        # set one by one, not through Record._fill: every hook start builds ~300 of
+        # these (the container's table, twice), and _fill's loop was most of the parse
+        self.mount_id = mount_id
+        self.parent_id = parent_id
+        self.mount_point = mount_point
+        self.fstype = fstype
+        self.optional = optional
+        self.dev = dev
+        self.root = root
+        self.options = options
+        self.source = source
 
     @property
     def shared(self) -> bool:
@@ -167,29 +176,19 @@ def unescape(s: str) -> str:
 
 
 def parse_mountinfo(text: str) -> list[MountInfo]:
-    # every hook start parses the container's table (150 lines and more) twice:
-    # fields set directly, not through __init__'s generic _fill, and unescaped only
-    # where a line has an escape (2.6x faster, docs/decisions.md)
     result = []
-    new = object.__new__
     for line in text.splitlines():
         parts = line.split()
         if len(parts) < 7:
             continue
-        sep = parts.index("-", 6)
-        i = new(MountInfo)
-        i.mount_id = int(parts[0])
-        i.parent_id = int(parts[1])
-        i.dev = parts[2]
+        sep = parts.index("-", 6)  # after the optional fields: a mount point may be "-"
         source = parts[sep + 2] if len(parts) > sep + 2 else ""
-        if "\\" in line:
-            i.root, i.mount_point, i.source = unescape(parts[3]), unescape(parts[4]), unescape(source)
-        else:
-            i.root, i.mount_point, i.source = parts[3], parts[4], source
-        i.options = tuple(parts[5].split(","))
-        i.optional = tuple(parts[6:sep])
-        i.fstype = parts[sep + 1]
-        result.append(i)
+        root, point = parts[3], parts[4]
+        if "\\" in line:  # only then may a field hold an octal escape
+            root, point, source = unescape(root), unescape(point), unescape(source)
+        result.append(MountInfo(int(parts[0]), int(parts[1]), point, parts[sep + 1],
+                                tuple(parts[6:sep]), parts[2], root,
+                                tuple(parts[5].split(",")), source))
     return result
 
 

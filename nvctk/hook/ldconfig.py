@@ -49,11 +49,12 @@ def detach_procfs_under(top: str, infos: list[mounts.MountInfo], log: HookLog) -
             os.close(fd)
 
 
-def become_ldconfig(plan: Edits, rootfs: str, root_st: os.stat_result, ldfd: int, devnull: int,
-                    log: HookLog) -> None:
+def become_ldconfig(plan: Edits, rootfs: str, root_id: tuple[int, int], ldfd: int,
+                    devnull: int, log: HookLog) -> None:
     """In a private mount namespace (nvctk.hook.worker.ldconfig_child made it), with its
-    output on fds 1 and 2: become the host's ldconfig run chrooted into the rootfs.
-    Returns only on failure (OSError)."""
+    output on fds 1 and 2: become the host's ldconfig run chrooted into the rootfs, the
+    directory the worker mounted into (root_id: its st_dev, st_ino). Returns only on
+    failure (OSError)."""
     os.dup2(devnull, 0)
     caps.enter_step("ldconfig-setup", log)
     top = os.path.realpath(rootfs)
@@ -63,8 +64,8 @@ def become_ldconfig(plan: Edits, rootfs: str, root_st: os.stat_result, ldfd: int
     rfd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         st = os.fstat(rfd)
-        if (st.st_dev, st.st_ino) != (root_st.st_dev, root_st.st_ino):
-            raise OSError(f"{rootfs} changed under the hook")
+        if (st.st_dev, st.st_ino) != root_id:
+            raise OSError(f"{rootfs} is not the directory the worker mounted into")
         # ldconfig writes its cache and links where the image's ld.so.conf says: never
         # through a host directory bound into the container (a volume, the MPS pipe dir)
         ro = m.readonly_foreign(infos, top, mounts.mount_id(rfd))
@@ -81,13 +82,14 @@ def become_ldconfig(plan: Edits, rootfs: str, root_st: os.stat_result, ldfd: int
     os.execve(ldfd, ["ldconfig", plan.lib_dir], {})
 
 
-def stop(pid: int) -> None:
-    """Kill and reap the ldconfig process (the worker failed: the hook fails)."""
+def stop(pid: int) -> int:
+    """Kill and reap the ldconfig process (past its time, or the worker failed);
+    its wait status."""
     try:
         os.kill(pid, SIGKILL)
     except ProcessLookupError:
         pass
-    os.waitpid(pid, 0)
+    return os.waitpid(pid, 0)[1]
 
 
 def wait_ldconfig(plan: Edits, pid: int, out_r: int, log: Logger) -> None:
@@ -110,12 +112,7 @@ def wait_ldconfig(plan: Edits, pid: int, out_r: int, log: Logger) -> None:
             chunks.append(chunk)
     finally:
         os.close(out_r)
-    if timed_out:
-        try:
-            os.kill(pid, SIGKILL)
-        except ProcessLookupError:
-            pass
-    _, status = os.waitpid(pid, 0)
+    status = stop(pid) if timed_out else os.waitpid(pid, 0)[1]
     out = b"".join(chunks).decode("utf-8", "replace").strip()
     code = os.waitstatus_to_exitcode(status)
     if timed_out:

@@ -69,6 +69,8 @@ if TYPE_CHECKING:
 
 # a single component below a directory fd we already hold
 BENEATH_NOLINKS = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+# a file destination made here: new, empty, never through a link
+NEW_FILE = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
 
 def own_mount_ids(infos: list[MountInfo], top: str, holder_id: int) -> set[int]:
     """The mounts at or below the rootfs `top` (a real path) that hold the container's
@@ -282,8 +284,7 @@ class Root:
         parent, name = self._cached_parent(cpath)
         try:
             self._may_create(parent, cpath)
-            return openat2(parent, name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW,
-                           BENEATH_NOLINKS, mode)
+            return openat2(parent, name, NEW_FILE, BENEATH_NOLINKS, mode)
         except (NotOnRootfs, FileExistsError):
             return -1
 
@@ -335,12 +336,11 @@ class Root:
             return openat2(parent, name, os.O_PATH | os.O_DIRECTORY, BENEATH_NOLINKS)
         # the new empty file's own fd (nothing is written through it): a mount target
         # as good as an O_PATH one, without a second lookup
-        flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
         try:
-            return openat2(parent, name, flags, BENEATH_NOLINKS, mode)
+            return openat2(parent, name, NEW_FILE, BENEATH_NOLINKS, mode)
         except FileExistsError:
             self._drop_dangling(parent, name)
-            return openat2(parent, name, flags, BENEATH_NOLINKS, mode)
+            return openat2(parent, name, NEW_FILE, BENEATH_NOLINKS, mode)
 
     @staticmethod
     def _drop_dangling(parent: int, name: str) -> None:
@@ -353,31 +353,21 @@ class Root:
         """Create link cpath -> target inside the rootfs; False if a non-link is there."""
         parent, name = self._parent(cpath)
         try:
-            # the hook's ldconfig process makes the same links beside the worker: a
-            # link that appears or goes meanwhile is looked at again
-            for _ in range(3):
-                try:
-                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                except FileNotFoundError:
-                    st = None
-                try:
-                    if st is not None:
-                        if not stat.S_ISLNK(st.st_mode):
-                            return False
-                        if os.readlink(name, dir_fd=parent) == target:
-                            return True
-                        self._may_create(parent, cpath)
-                        os.unlink(name, dir_fd=parent)
-                    else:
-                        self._may_create(parent, cpath)
-                    os.symlink(target, name, dir_fd=parent)
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None:
+                if not stat.S_ISLNK(st.st_mode):
+                    return False
+                if os.readlink(name, dir_fd=parent) == target:
                     return True
-                except (FileNotFoundError, FileExistsError):
-                    continue
-                except OSError as e:
-                    if e.errno != errno.EINVAL:  # readlink: no longer a link
-                        raise
-            raise OSError(errno.EBUSY, "it kept changing while the hook made it", cpath)
+                self._may_create(parent, cpath)
+                os.unlink(name, dir_fd=parent)
+            else:
+                self._may_create(parent, cpath)
+            os.symlink(target, name, dir_fd=parent)
+            return True
         finally:
             os.close(parent)
 

@@ -396,7 +396,7 @@ def _mask_proc(root: m.Root, mask: int, mounter: m.Mounter, log: HookLog) -> Non
 def _mount_steps(plan: Edits, rootfs: str, prep: WorkerFds, mounter: m.Mounter,
                  log: HookLog, go: int) -> m.Root:
     """setns to proc-mask; returns the rootfs once all are in. Once the libraries and
-    links are in, a byte on `go` (closed then; -1: none) starts ldconfig."""
+    links are in, _libraries_in on `go` (-1: none) starts ldconfig."""
     root = _enter(rootfs, prep, log)
     try:
         caps.enter_step("mount", log)
@@ -406,7 +406,7 @@ def _mount_steps(plan: Edits, rootfs: str, prep: WorkerFds, mounter: m.Mounter,
         _mount_sources(root, ordered[:lead], -1, mounter, log)
         _make_links(plan, root, log)
         if go >= 0:
-            _answer(go, None)
+            _libraries_in(go, root)
         _mount_sources(root, ordered[lead:] + prep.sources[n:], n - lead if prep.vgpu_from >= 0 else -1,
                        mounter, log)
         if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
@@ -458,6 +458,26 @@ def _failed(e: BaseException, mounter: m.Mounter, log: HookLog) -> str:
     return msg
 
 
+def _libraries_in(fd: int, root: m.Root) -> None:
+    """Tell the ldconfig child the libraries and links are in, and which directory the
+    rootfs is (st_dev st_ino of the worker's own fd: ldconfig chroots into exactly that);
+    closes fd."""
+    st = os.fstat(root.fd)
+    try:
+        write_all(fd, b"%d %d" % (st.st_dev, st.st_ino))
+    finally:
+        os.close(fd)
+
+
+def _root_id(data: bytes) -> tuple[int, int] | None:
+    """What _libraries_in sent; None: nothing (the worker failed before)."""
+    try:
+        dev, ino = (int(x) for x in data.split())
+    except ValueError:
+        return None
+    return dev, ino
+
+
 def _answer(fd: int, err: str | None) -> None:
     """The worker's answer to the hook's process; closes fd."""
     try:
@@ -494,7 +514,7 @@ def worker(plan: Edits, rootfs: str, pid: int, log: HookLog, answer: int, go: in
 def ldconfig_child(plan: Edits, rootfs: str, pid: int, log: HookLog, go: int,
                    out: int) -> int:
     """The forked ldconfig, beside the worker: once the worker's libraries and links
-    are in (a byte on `go`), a private copy of the container's mount namespace, and
+    are in (_libraries_in, on `go`), a private copy of the container's mount namespace, and
     there the host's ldconfig (nvctk.hook.ldconfig) with its output on `out`, while
     the worker mounts the rest. Returns only on failure (127, the reason on `out`): a
     warning, never the hook's failure."""
@@ -507,7 +527,8 @@ def ldconfig_child(plan: Edits, rootfs: str, pid: int, log: HookLog, go: int,
         _open_ldconfig(plan.ldconfig, p)
         p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         _open_ns(pid, p)
-        if read_all(go) != _OK:
+        root_id = _root_id(read_all(go))
+        if root_id is None:
             return 0  # the worker failed before its libraries were in: the hook fails
         caps.enter_step("setns", log)
         mounts.setns(p.ns, mounts.CLONE_NEWNS)
@@ -517,12 +538,7 @@ def ldconfig_child(plan: Edits, rootfs: str, pid: int, log: HookLog, go: int,
         mounts.unshare(mounts.CLONE_NEWNS)
         mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
         os.chdir("/")
-        root = m.Root(rootfs)
-        try:
-            root_st = os.fstat(root.fd)
-        finally:
-            root.close()
-        become_ldconfig(plan, rootfs, root_st, p.ldconfig, p.devnull, log)
+        become_ldconfig(plan, rootfs, root_id, p.ldconfig, p.devnull, log)
     except BaseException as e:
         try:
             os.write(2, f"ldconfig setup: {e}\n".encode("utf-8", "replace"))

@@ -21,9 +21,17 @@ from pathlib import Path
 import pytest
 
 import support.runc as th
+from nvctk.edits import Mount
 from nvctk.sim.host import SimHost
 from support import wait
-from support.canary.harness import HOOK, HOOK_PATH_ENV, fake_container, make_bundle, make_plan
+from support.canary.harness import (
+    HOOK,
+    HOOK_PATH_ENV,
+    fake_container,
+    make_bundle,
+    make_plan,
+    run_hook,
+)
 
 runc = th.runc  # the fixture: real runc, containers deleted afterwards
 
@@ -114,6 +122,27 @@ def test_sigkilled_hook_takes_its_ldconfig_along(sim_host: SimHost, fifo_rootfs:
             if hook.poll() is None:
                 hook.kill()
                 hook.wait()
+
+
+def test_a_worker_failing_after_the_libraries_stops_the_ldconfig_beside_it(
+        sim_host: SimHost, fifo_rootfs: str, tmp_path: Path) -> None:
+    """ldconfig starts once the worker's libraries are in, while it mounts the rest. A
+    later mount that fails (a file mount onto the image's /etc, a directory) fails the
+    hook at once: the ldconfig beside it, blocked on the FIFO, is killed and reaped,
+    not waited for (30 s) nor left behind."""
+    smi = os.path.join(sim_host.bin_dir, "nvidia-smi")
+    plan = make_plan(sim_host, extra=[Mount(smi, "/etc", required=True)])
+    bundle = make_bundle(str(tmp_path / "bundle"), fifo_rootfs, plan)
+    real = os.path.realpath(fifo_rootfs)
+    with fake_container() as pid:
+        r = run_hook(bundle, pid, timeout=20)
+    assert r.returncode == 1 and "step mount: /etc" in r.stderr, r.stderr
+    left = _gone_within([p for p in _pids() if _root(p) == real], 1.0)
+    try:
+        assert left == [], f"the hook's ldconfig outlived its failure: {left}"
+    finally:
+        for p in left:
+            os.kill(p, signal.SIGKILL)
 
 
 @pytest.mark.slow

@@ -109,16 +109,8 @@ def test_create_start_delete_is_served(rc: Runc, sim_host: SimHost, limit: bool)
 
 
 def _with_cmdline(word: str) -> list[int]:
-    """Live processes (not zombies: theirs is empty) with `word` in their command line."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if word.encode() in Path("/proc", d, "cmdline").read_bytes():
-                    out.append(int(d))
-            except OSError:
-                pass
-    return out
+    """Live processes (not zombies) with `word` in their command line."""
+    return [p for p, _, state, cmd in _procs() if state != "Z" and word in cmd]
 
 
 def _edited(rc: Runc, sim_host: SimHost, token: str) -> Path:
@@ -271,8 +263,8 @@ def test_the_launcher_relays_the_servers_answer(answer: bytes, code: int, stderr
     assert (r.returncode, r.stderr.decode()) == (code, stderr)
 
 
-def _children(pid: int) -> list[tuple[int, str, str]]:
-    """(pid, state, cmdline) of pid's children."""
+def _procs() -> list[tuple[int, int, str, str]]:
+    """(pid, parent's pid, state, cmdline) of every process."""
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -285,9 +277,13 @@ def _children(pid: int) -> list[tuple[int, str, str]]:
         except OSError:
             continue
         fields = stat[stat.rindex(b")") + 2:].split()
-        if int(fields[1]) == pid:
-            out.append((int(d), fields[0].decode(), cmd))
+        out.append((int(d), int(fields[1]), fields[0].decode(), cmd))
     return out
+
+
+def _children(pid: int) -> list[tuple[int, str, str]]:
+    """(pid, state, cmdline) of pid's children."""
+    return [(p, state, cmd) for p, ppid, state, cmd in _procs() if ppid == pid]
 
 
 @pytest.mark.parametrize("limit", [False, True], ids=["whole-gpu", "vgpu"])

@@ -32,7 +32,9 @@ import pytest
 
 import support.sim as _sim
 from nvctk.base import config as nvconfig
+from nvctk.base import mounts
 from nvctk.base.errors import SpecError
+from nvctk.base.fileio import read_all
 from nvctk.base.log import HookLog, Logger
 from nvctk.edits import EDITS_FILE, MAX_PRELOAD_BYTES, Edits, Vgpu
 from nvctk.hook import ldconfig
@@ -257,6 +259,42 @@ def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.Monkey
         ns.wait()
         log.close()
     assert "killed after 2s" in (tmp_path / "hook.log").read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces)")
+def test_ldconfig_runs_only_in_the_rootfs_the_worker_mounted_into(tmp_path: Path) -> None:
+    """The ldconfig child opens the rootfs by path in its own namespace: a directory
+    other than the one the worker mounted into (its st_dev, st_ino, sent with the
+    signal) is refused before the chroot, and nothing is exec'd."""
+    root = tmp_path / "rootfs"
+    (root / "etc").mkdir(parents=True)
+    plan = Edits("1", ("compute",), ())
+    st = os.stat(root)
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            os.close(r)
+            mounts.unshare(mounts.CLONE_NEWNS)
+            mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            true = os.open("/bin/true", os.O_RDONLY)
+            ldconfig.become_ldconfig(plan, str(root), (st.st_dev, st.st_ino + 1), true, devnull,
+                                     HookLog("", "debug"))
+        except OSError as e:
+            os.write(w, str(e).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        said = read_all(r).decode()
+    finally:
+        os.close(r)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, said
+    assert said == f"{root} is not the directory the worker mounted into"
 
 
 # --- the state dir ------------------------------------------------------------------------------------

@@ -92,8 +92,8 @@ OWN_ONLY = {
         "the mount at its own ledger path",
     "integration/test_dra_grpc.py::test_200_prepare_unprepare_cycles_leak_nothing":
         "mounts under its own plugin dir",
-    "integration/test_hook_served.py::_children": "the children of its own process",
-    "integration/test_hook_served.py::_with_cmdline": "processes naming its own container id",
+    "integration/test_hook_served.py::_procs": "callers keep their own process's children, "
+        "or processes naming their own container id",
     "reliability/test_rel_restart.py::_gpu_mounted": "its own container's mount table",
 }
 
