@@ -142,15 +142,9 @@ class MountInfo(Record):
                  options: tuple[str, ...] = (), source: str = "") -> None:
         # set one by one, not through Record._fill: every hook start builds ~300 of
         # these (the container's table, twice), and _fill's loop was most of the parse
-        self.mount_id = mount_id
-        self.parent_id = parent_id
-        self.mount_point = mount_point
-        self.fstype = fstype
-        self.optional = optional
-        self.dev = dev
-        self.root = root
-        self.options = options
-        self.source = source
+        (self.mount_id, self.parent_id, self.mount_point, self.fstype, self.optional,
+         self.dev, self.root, self.options, self.source) = (
+            mount_id, parent_id, mount_point, fstype, optional, dev, root, options, source)
 
     @property
     def shared(self) -> bool:

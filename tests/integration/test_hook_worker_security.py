@@ -32,9 +32,7 @@ import pytest
 
 import support.sim as _sim
 from nvctk.base import config as nvconfig
-from nvctk.base import mounts
 from nvctk.base.errors import SpecError
-from nvctk.base.fileio import read_all
 from nvctk.base.log import HookLog, Logger
 from nvctk.edits import EDITS_FILE, MAX_PRELOAD_BYTES, Edits, Vgpu
 from nvctk.hook import ldconfig
@@ -54,6 +52,7 @@ from nvctk.vgpu import state as vgpu_state
 from nvctk.vgpu.limits import VgpuLimits
 from support import wait
 from support.planning import make_plan
+from support.procs import in_private_ns
 
 NVD = "NVIDIA_VISIBLE_DEVICES"
 BIN = os.path.dirname(sys.executable)
@@ -268,33 +267,19 @@ def test_ldconfig_runs_only_in_the_rootfs_the_worker_mounted_into(tmp_path: Path
     signal) is refused before the chroot, and nothing is exec'd."""
     root = tmp_path / "rootfs"
     (root / "etc").mkdir(parents=True)
-    plan = Edits("1", ("compute",), ())
+    (tmp_path / "not-a-program").write_bytes(b"")
     st = os.stat(root)
-    r, w = os.pipe()
-    child = os.fork()
-    if child == 0:
-        code = 1
-        try:
-            os.close(r)
-            mounts.unshare(mounts.CLONE_NEWNS)
-            mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            true = os.open("/bin/true", os.O_RDONLY)
-            ldconfig.become_ldconfig(plan, str(root), (st.st_dev, st.st_ino + 1), true, devnull,
+
+    def become() -> None:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        prog = os.open(tmp_path / "not-a-program", os.O_RDONLY)  # an exec of it would fail
+        with pytest.raises(OSError) as e:
+            ldconfig.become_ldconfig(Edits("1", ("compute",), ()), str(root),
+                                     (st.st_dev, st.st_ino + 1), prog, devnull,
                                      HookLog("", "debug"))
-        except OSError as e:
-            os.write(w, str(e).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    try:
-        said = read_all(r).decode()
-    finally:
-        os.close(r)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, said
-    assert said == f"{root} is not the directory the worker mounted into"
+        assert str(e.value) == f"{root} is not the directory the worker mounted into"
+
+    in_private_ns(become)
 
 
 # --- the state dir ------------------------------------------------------------------------------------

@@ -1,14 +1,17 @@
 """Processes tests start: a runtime whose children outlive it; the ones a test left running;
-the fds this one holds."""
+the fds this one holds; a function run in a forked child in a private mount namespace."""
 
 from __future__ import annotations
 
 import gc
 import os
 import subprocess
-from collections.abc import Iterable
+import traceback
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from nvctk.base import mounts
 
 
 def run_to_files(argv: list[str], env: dict[str, str], out_dir: Path,
@@ -44,3 +47,26 @@ def open_fds() -> set[tuple[str, str]]:
         except OSError:
             pass  # the listing's own fd, closed by now
     return out
+
+
+def in_private_ns(fn: Callable[[], None]) -> None:
+    """Run fn in a forked child inside a new private mount namespace."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(r)
+            mounts.unshare(mounts.CLONE_NEWNS)
+            mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
+            fn()
+        except BaseException:
+            os.write(w, traceback.format_exc().encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, out
