@@ -25,8 +25,22 @@ from nvctk.base.errors import NvctkError, SpecError
 from nvctk.base.log import HookLog
 from nvctk.base.record import Record
 from nvctk.edits import EDITS_FILE
-from nvctk.hook.inputs import edits_path, load_edits, parse_state, rootfs_path, sanitize_environ
-from nvctk.oci.spec import check_bundle_outside_rootfs, load_spec_as_runc
+from nvctk.hook.inputs import (
+    HookState,
+    edits_path,
+    load_edits,
+    parse_edits,
+    parse_state,
+    read_edits,
+    rootfs_path,
+    sanitize_environ,
+)
+from nvctk.oci.spec import (
+    check_bundle_outside_rootfs,
+    load_spec_as_runc,
+    parse_spec_as_runc,
+    read_spec,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,7 +49,6 @@ if TYPE_CHECKING:
 
     from nvctk.base.config import Config
     from nvctk.edits import Edits
-    from nvctk.hook.inputs import HookState
 
 # what a command needs read before its body runs (each includes the ones before it)
 STATE = 0  # the OCI state on stdin
@@ -51,7 +64,7 @@ class HookRun(Record):
     """What a command's body is given: its inputs, read by `run`, and the open log."""
 
     __slots__ = ("cmd", "opts", "state", "spec", "rootfs", "edits", "log",  # noqa: RUF023
-                 "_config")
+                 "early", "_config")
 
     def __init__(self, cmd: str, opts: Any, state: HookState, log: HookLog,
                  spec: dict[str, Any] | None = None, rootfs: str | None = None,
@@ -63,6 +76,7 @@ class HookRun(Record):
         self.rootfs = rootfs
         self.edits = edits
         self.log = log  # nowhere until the plan names the log (or the body opens one)
+        self.early: Early | None = None  # the inputs came from it (run's `early`)
         self._config = config
 
     def config(self) -> Config:
@@ -111,6 +125,58 @@ def _read_inputs(run_: HookRun, inputs: int) -> str | None:
     return None
 
 
+class Early(Record):
+    """The EDITS inputs of a bundle, read before its hook runs (read_early: a served
+    prestart reads them while runc starts); they stand for the hook's own reads only
+    while they are what those would read (holds)."""
+
+    __slots__ = ("bundle", "spec", "rootfs", "edits", "log", "_spec_data",  # noqa: RUF023
+                 "_edits_read")
+
+    def __init__(self, bundle: str, spec_data: bytes, spec: dict[str, Any], rootfs: str,
+                 edits_read: tuple[str, bytes], edits: Edits, log: HookLog) -> None:
+        self.bundle = bundle
+        self.spec = spec
+        self.rootfs = rootfs
+        self.edits = edits
+        self.log = log  # the plan's, opened
+        self._spec_data = spec_data
+        self._edits_read = edits_read
+
+    def holds(self, state: HookState) -> bool:
+        """The hook's state is of this bundle and rootfs (crun names its own), and the
+        bundle's spec and form are byte for byte what was read: the inputs are the ones
+        _read_inputs would read now. Two reads, no parse."""
+        try:
+            return (state.pid > 0 and state.bundle == self.bundle
+                    and rootfs_path(state, self.spec) == self.rootfs
+                    and read_spec(self.bundle) == self._spec_data
+                    and read_edits(self.bundle) == self._edits_read)
+        except (NvctkError, OSError):
+            return False
+
+
+def read_early(bundle: str) -> Early | None:
+    """The EDITS inputs of `bundle` as _read_inputs reads them for a state without a
+    root of its own (runc's), and the plan's log opened; None when anything is not as
+    a GPU create leaves it (the hook then reads them itself, and says what is wrong)."""
+    try:
+        spec_data = read_spec(bundle)
+        spec = parse_spec_as_runc(spec_data, bundle)
+        rootfs = rootfs_path(HookState("", 0, bundle), spec)
+        check_bundle_outside_rootfs(bundle, rootfs)
+        edits_read = read_edits(bundle)
+        if edits_read is None:
+            return None
+        edits = parse_edits(*edits_read)
+        if edits.log is None:
+            return None
+        log = HookLog(edits.log.file, edits.log.level)
+    except (NvctkError, OSError):
+        return None
+    return Early(bundle, spec_data, spec, rootfs, edits_read, edits, log)
+
+
 def _fail(err: IO[str], text: str) -> None:
     try:
         err.write(text)
@@ -122,12 +188,15 @@ def _fail(err: IO[str], text: str) -> None:
 def run(cmd: str, body: Callable[[HookRun], None], argv: list[str], *,
         parse: Callable[[list[str]], Any] | None = None, inputs: int = STATE,
         usage: str = "", stdin: IO[bytes] | None = None, stderr: IO[str] | None = None,
-        log: HookLog | None = None, config: Config | None = None) -> int:
+        log: HookLog | None = None, config: Config | None = None,
+        early: Early | None = None) -> int:
     """Run one hook command (module docstring); returns its exit code.
 
     parse: the arguments -> the body's opts (UsageError when wrong); None: no arguments.
     log: a log to use instead of the plan's (tests); it is not closed here.
-    config: the config to use instead of reading nvctk's (tests)."""
+    config: the config to use instead of reading nvctk's (tests).
+    early: inputs read before (EDITS only), used when they hold for the state (then
+    hook.early is it, and its log is the hook's, closed here)."""
     sanitize_environ()
     err = sys.stderr if stderr is None else stderr
     try:
@@ -145,9 +214,16 @@ def run(cmd: str, body: Callable[[HookRun], None], argv: list[str], *,
     try:
         state = parse_state((sys.stdin.buffer if stdin is None else stdin).read())
         hook = HookRun(cmd, opts, state, log or HookLog(""), config=config)
-        idle = _read_inputs(hook, inputs)
-        if log is None:
-            hook.log = log_for(hook)
+        if early is not None and inputs == EDITS and early.holds(state):
+            hook.early = early
+            hook.spec, hook.rootfs, hook.edits = early.spec, early.rootfs, early.edits
+            idle = None
+            if log is None:
+                hook.log = early.log
+        else:
+            idle = _read_inputs(hook, inputs)
+            if log is None:
+                hook.log = log_for(hook)
         hook.log.debug(f"{cmd} id={state.id} pid={state.pid} bundle={state.bundle}")
         if idle is not None:
             hook.log.warning(f"{state.id}: {idle}")

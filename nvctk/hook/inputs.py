@@ -91,11 +91,17 @@ def load_edits(bundle: str) -> Edits | None:
     None when there is none: nvctk-runtime removes it from a bundle whose container
     asks for no GPU, and such a container must start even when an earlier create's
     hook is still in a spec nvctk would not rewrite (one it cannot read)."""
+    found = read_edits(bundle)
+    return None if found is None else parse_edits(*found)
+
+
+def read_edits(bundle: str) -> tuple[str, bytes] | None:
+    """load_edits' read: (the form's path, its bytes); None when there is none."""
     path = edits_path(bundle)
     if path is None:
         return None
     try:
-        data = read_regular_file(path, MAX_EDITS_BYTES, nofollow=True)
+        return path, read_regular_file(path, MAX_EDITS_BYTES, nofollow=True)
     except FileNotFoundError:
         return None
     except NotRegularFile:
@@ -107,6 +113,10 @@ def load_edits(bundle: str) -> Edits | None:
         if e.errno is None:  # read_regular_file's own: larger than the limit
             raise MountError(f"step edits: {path}: larger than {MAX_EDITS_BYTES} bytes")
         raise MountError(f"step edits: {path}: {e.strerror or e}")
+
+
+def parse_edits(path: str, data: bytes) -> Edits:
+    """load_edits' parse of the form read from `path`."""
     try:
         return Edits.from_json(data.decode("utf-8"))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:

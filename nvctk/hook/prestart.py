@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import io
 
+from nvctk.base.record import Record
 from nvctk.edits import SERVED_FLAG
-from nvctk.hook.entry import EDITS, HookRun, UsageError, run
-from nvctk.hook.worker import apply_edits
+from nvctk.hook.entry import EDITS, Early, HookRun, UsageError, read_early, run
+from nvctk.hook.worker import Children, apply_edits, start
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,31 +34,88 @@ def parse_args(argv: list[str]) -> str | None:
     raise UsageError(f"unexpected arguments {argv!r} (want none, or {SERVED_FLAG} TOKEN)")
 
 
-def body(hook: HookRun, drop_parent_caps: bool = True, served: bool = False) -> None:
+class Ready(Record):
+    """A served prestart made ready while runc starts (ready): its inputs read, its
+    children forked and waiting for the container's pid."""
+
+    __slots__ = ("early", "children")  # noqa: RUF023
+
+    def __init__(self, early: Early, children: Children | None) -> None:
+        self.early = early
+        self.children = children  # None once taken (body) or released
+
+    def take(self, hook: HookRun) -> Children | None:
+        """The children, when the hook's inputs are the ones read here (once)."""
+        children = self.children if hook.early is self.early else None
+        if children is not None:
+            self.children = None
+        return children
+
+    def release(self) -> None:
+        """What was not taken: the children ended (they mounted nothing), the log closed."""
+        if self.children is not None:
+            self.children.cancel()
+            self.children = None
+        self.early.log.close()
+
+
+def ready(bundle: str) -> Ready | None:
+    """The server's work before runc runs the hook (nvctk.hook.served): the bundle's
+    inputs read and the worker and ldconfig forked, each opening the host side; None
+    when the inputs are not as a GPU create leaves them (the hook reads them anew)."""
+    early = read_early(bundle)
+    if early is None:
+        return None
+    assert early.edits is not None
+    try:
+        return Ready(early, start(early.edits, early.rootfs, early.log))
+    except OSError:
+        early.log.close()
+        return None
+
+
+def body(hook: HookRun, drop_parent_caps: bool = True, served: bool = False,
+         prepared: Ready | None = None) -> None:
     """The worker's steps on the plan (entry has read state, spec, rootfs and plan)."""
     plan, rootfs = hook.edits, hook.rootfs
     assert plan is not None and rootfs is not None  # inputs=EDITS
     if hook.opts is not None and not served:
         hook.log.info(f"{hook.state.id}: nvctk-runtime's prestart server was not there (runc "
                       "not started by the create that wrote this spec): the hook runs by itself")
-    apply_edits(plan, rootfs, hook.state.pid, hook.log, drop_parent_caps)
+    children = prepared.take(hook) if prepared is not None else None
+    if prepared is not None and children is None:
+        hook.log.info(f"{hook.state.id}: the inputs read while runc started are not this "
+                      "hook's (another bundle, or its files changed): read anew")
+    if children is not None:
+        children.go(plan, hook.state.pid, hook.log, drop_parent_caps)
+    else:
+        apply_edits(plan, rootfs, hook.state.pid, hook.log, drop_parent_caps)
     by = ", served by nvctk-runtime" if served else ""
+    if children is not None:
+        by += ", made ready while runc started"
     hook.log.info(f"{hook.state.id}: prestart done{by} ({len(plan.mounts)} mounts, "
                   f"rootfs {rootfs})")
 
 
 def main(argv: list[str] | None = None, stdin: IO[bytes] | None = None,
          stderr: IO[str] | None = None, log: HookLog | None = None,
-         drop_parent_caps: bool = True, served: bool = False) -> int:
+         drop_parent_caps: bool = True, served: bool = False,
+         prepared: Ready | None = None) -> int:
     """Exit 0, or 1 with 'nvctk-hook: prestart: <why>' on stderr (2: bad arguments).
-    served: run by nvctk-runtime's server (nvctk.hook.served), not by the hook."""
-    return run("prestart", lambda hook: body(hook, drop_parent_caps, served), argv or [],
-               parse=parse_args, inputs=EDITS, stdin=stdin, stderr=stderr, log=log)
+    served: run by nvctk-runtime's server (nvctk.hook.served), not by the hook;
+    prepared: what that server made ready (released here when not used)."""
+    try:
+        return run("prestart", lambda hook: body(hook, drop_parent_caps, served, prepared),
+                   argv or [], parse=parse_args, inputs=EDITS, stdin=stdin, stderr=stderr,
+                   log=log, early=prepared.early if prepared is not None else None)
+    finally:
+        if prepared is not None:
+            prepared.release()
 
 
-def answer(state: bytes) -> tuple[int, str]:
+def answer(state: bytes, prepared: Ready | None = None) -> tuple[int, str]:
     """The prestart nvctk-runtime's server runs for the launcher that handed it `state`:
-    (exit code, the text for the hook's stderr)."""
+    (exit code, the text for the hook's stderr). prepared: see ready()."""
     err = io.StringIO()
-    code = main([], stdin=io.BytesIO(state), stderr=err, served=True)
+    code = main([], stdin=io.BytesIO(state), stderr=err, served=True, prepared=prepared)
     return code, err.getvalue()

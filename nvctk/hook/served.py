@@ -7,13 +7,16 @@ nvctk-runtime's create serves it:
     nvctk-runtime  writes the spec with the hook `nvctk-hook prestart --served TOKEN`,
                    listens on the abstract unix socket TOKEN names, forks the server,
                    then execs runc as always (or starts it, for a vGPU create)
-    the server     this module, in the fork: imports the prestart while runc starts,
-                   then waits for one connection
+    the server     this module, in the fork: while runc starts, imports the prestart,
+                   reads the bundle's inputs and forks the worker and ldconfig, which
+                   open the host side (nvctk.hook.prestart.ready); then waits for one
+                   connection
     runc           runs the hook: nvctk-hook's launcher (hooks/nvctk-hook.c) connects
                    and passes its stdin on, the OCI state
     the server     runs the very prestart the hook would (nvctk.hook.prestart: inputs,
-                   checks, errors and log alike) and answers with the exit code and the
-                   text for stderr, then exits
+                   checks, errors and log alike; the inputs read before stand only while
+                   the bundle's files are byte for byte what was read) and answers with
+                   the exit code and the text for stderr, then exits
     the launcher   writes that text to stderr and exits with that code
 
 Both ends check the other with the kernel's SO_PEERCRED: the server answers only root
@@ -108,9 +111,11 @@ def serve(listener: int, runtime: int, runc: int | None,
         return
 
 
-def start(listener: int, runc: int | None, grandchild: bool = True) -> int:
+def start(listener: int, runc: int | None, grandchild: bool = True, bundle: str = "") -> int:
     """Start the server (serve nvctk.hook.prestart.answer, then exit); returns the pid
     of the process that forked it, already reaped (grandchild), or the server's.
+    bundle: the container's, whose prestart the server makes ready before runc runs
+    the hook ("": none).
 
     grandchild: the runtime forks a child that forks the server and exits at once,
     and reaps that child here. Nothing of the server is then left for the runtime to
@@ -128,7 +133,7 @@ def start(listener: int, runc: int | None, grandchild: bool = True) -> int:
     try:
         watch = os.pidfd_open(runtime)  # close-on-exec: runc never holds it
     except (OSError, AttributeError):
-        return _start_child(listener, runtime, runc)  # a kernel before 5.3
+        return _start_child(listener, runtime, runc, bundle)  # a kernel before 5.3
     try:
         pid = os.fork()
     except BaseException:
@@ -144,15 +149,26 @@ def start(listener: int, runc: int | None, grandchild: bool = True) -> int:
         if grandchild and os.fork():
             os._exit(0)
         _detach(listener, watch)
-        # start time: imported here, in the fork, while runc starts, never in the
-        # runtime's own path to exec runc
-        from nvctk.hook.prestart import answer
-
-        serve(listener, runtime, runc, answer, watch)
+        _serve_prestart(listener, runtime, runc, bundle, watch)
     except BaseException:
         code = 1
     finally:
         os._exit(code)
+
+
+def _serve_prestart(listener: int, runtime: int, runc: int | None, bundle: str,
+                    watch: int | None = None) -> None:
+    """In the server: the prestart made ready for `bundle`, then served (serve)."""
+    # start time: imported here, in the fork, while runc starts, never in the runtime's
+    # own path to exec runc
+    from nvctk.hook.prestart import answer, ready
+
+    prepared = ready(bundle) if bundle else None
+    try:
+        serve(listener, runtime, runc, lambda state: answer(state, prepared), watch)
+    finally:
+        if prepared is not None:
+            prepared.release()
 
 
 def _detach(*keep: int) -> None:
@@ -168,7 +184,7 @@ def _detach(*keep: int) -> None:
     os.closerange(low, _FD_LIMIT)
 
 
-def _start_child(listener: int, runtime: int, runc: int | None) -> int:
+def _start_child(listener: int, runtime: int, runc: int | None, bundle: str) -> int:
     """Without pidfds: the server as a child that dies with this process
     (PR_SET_PDEATHSIG), reaped only when this process ends."""
     pid = os.fork()
@@ -180,9 +196,7 @@ def _start_child(listener: int, runtime: int, runc: int | None) -> int:
         if os.getppid() != runtime:  # the runtime ended before prctl took effect
             os._exit(0)
         _detach(listener)
-        from nvctk.hook.prestart import answer
-
-        serve(listener, runtime, runc, answer)
+        _serve_prestart(listener, runtime, runc, bundle)
     except BaseException:
         code = 1
     finally:

@@ -6,7 +6,10 @@ stays in the host's mount namespace:
     open       (host ns)  clone every source as a detached, already
                           read-only/nosuid/nodev bind mount; build the
                           /proc/driver/nvidia mask (a detached tmpfs); open the
-                          host's ldconfig and the container's mount namespace
+                          host's ldconfig; then wait for the container's pid (a
+                          served prestart forks the worker while runc starts,
+                          before the container exists: nvctk.hook.prestart.ready)
+                          and open its mount namespace
     setns      enter the container's mount namespace (state.pid)
     propagation  never let a mount under the rootfs propagate to the host
     mount      (the plan's pins first, a vGPU's /etc and /run: recursive self-binds,
@@ -162,8 +165,9 @@ def check_vgpu_state(plan: Edits, log: HookLog) -> tuple[Mount, ...]:
     return v.mounts
 
 
-def _prepare(plan: Edits, pid: int, log: HookLog) -> WorkerFds:
-    """Host-namespace work: clones of the sources, the mask, ldconfig and ns fds."""
+def _prepare(plan: Edits, log: HookLog) -> WorkerFds:
+    """Host-namespace work that needs no container: clones of the sources, the mask,
+    ldconfig and /dev/null (the ns fd comes once the pid is known: _open_ns)."""
     caps.enter_step("open", log)
     p = WorkerFds()
     try:
@@ -172,7 +176,6 @@ def _prepare(plan: Edits, pid: int, log: HookLog) -> WorkerFds:
         if plan.ldconfig:
             _open_ldconfig(plan.ldconfig, p)
         p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        _open_ns(pid, p)
         return p
     except BaseException:
         fds = p.fds()
@@ -393,7 +396,7 @@ def _mask_proc(root: m.Root, mask: int, mounter: m.Mounter, log: HookLog) -> Non
     log.debug(f"masked {PROC_DRIVER}")
 
 
-def _mount_steps(plan: Edits, rootfs: str, prep: WorkerFds, mounter: m.Mounter,
+def _mount_steps(plan: Edits, rootfs: str, pid: int, prep: WorkerFds, mounter: m.Mounter,
                  log: HookLog, go: int) -> m.Root:
     """setns to proc-mask; returns the rootfs once all are in. Once the libraries and
     links are in, _libraries_in on `go` (-1: none) starts ldconfig."""
@@ -406,7 +409,7 @@ def _mount_steps(plan: Edits, rootfs: str, prep: WorkerFds, mounter: m.Mounter,
         _mount_sources(root, ordered[:lead], -1, mounter, log)
         _make_links(plan, root, log)
         if go >= 0:
-            _libraries_in(go, root)
+            _libraries_in(go, root, pid)
         _mount_sources(root, ordered[lead:] + prep.sources[n:], n - lead if prep.vgpu_from >= 0 else -1,
                        mounter, log)
         if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
@@ -458,24 +461,38 @@ def _failed(e: BaseException, mounter: m.Mounter, log: HookLog) -> str:
     return msg
 
 
-def _libraries_in(fd: int, root: m.Root) -> None:
-    """Tell the ldconfig child the libraries and links are in, and which directory the
-    rootfs is (st_dev st_ino of the worker's own fd: ldconfig chroots into exactly that);
-    closes fd."""
+def _libraries_in(fd: int, root: m.Root, pid: int) -> None:
+    """Tell the ldconfig child the libraries and links are in, which directory the
+    rootfs is (st_dev st_ino of the worker's own fd: ldconfig chroots into exactly that)
+    and the container's pid; closes fd."""
     st = os.fstat(root.fd)
     try:
-        write_all(fd, b"%d %d" % (st.st_dev, st.st_ino))
+        write_all(fd, b"%d %d %d" % (st.st_dev, st.st_ino, pid))
     finally:
         os.close(fd)
 
 
-def _root_id(data: bytes) -> tuple[int, int] | None:
-    """What _libraries_in sent; None: nothing (the worker failed before)."""
+def _root_id(data: bytes) -> tuple[int, int, int] | None:
+    """What _libraries_in sent (dev, ino, pid); None: nothing (the worker failed before,
+    or never started)."""
     try:
-        dev, ino = (int(x) for x in data.split())
+        dev, ino, pid = (int(x) for x in data.split())
     except ValueError:
         return None
-    return dev, ino
+    return dev, ino, pid
+
+
+def _read_pid(fd: int) -> int | None:
+    """The container's pid, sent by Children.go (closes fd); None: cancelled (EOF)."""
+    try:
+        data = read_all(fd, 32)
+    finally:
+        os.close(fd)
+    try:
+        pid = int(data)
+    except ValueError:
+        return None
+    return pid if pid > 0 else None
 
 
 def _answer(fd: int, err: str | None) -> None:
@@ -486,17 +503,22 @@ def _answer(fd: int, err: str | None) -> None:
         os.close(fd)
 
 
-def worker(plan: Edits, rootfs: str, pid: int, log: HookLog, answer: int, go: int) -> int:
-    """The forked worker: every step, then its answer on `answer` (closed then); the
-    exit code. go: see _mount_steps."""
+def worker(plan: Edits, rootfs: str, pid_r: int, log: HookLog, answer: int, go: int) -> int:
+    """The forked worker: the host-side step, then (once the container's pid comes on
+    pid_r) every other, then its answer on `answer` (closed then); the exit code.
+    Cancelled (no pid), it exits 0 with no answer. go: see _mount_steps."""
     mounter = m.Mounter()
     prep: WorkerFds | None = None
     root: m.Root | None = None
     try:
         try:
             caps.restrict(caps.needed(ALL_STEPS), log)
-            prep = _prepare(plan, pid, log)
-            root = _mount_steps(plan, rootfs, prep, mounter, log, go)
+            prep = _prepare(plan, log)
+            pid = _read_pid(pid_r)
+            if pid is None:
+                return 0
+            _open_ns(pid, prep)
+            root = _mount_steps(plan, rootfs, pid, prep, mounter, log, go)
             mounter.forget()
         except BaseException as e:
             _answer(answer, _failed(e, mounter, log))
@@ -511,13 +533,13 @@ def worker(plan: Edits, rootfs: str, pid: int, log: HookLog, answer: int, go: in
             _close_all(prep.fds())
 
 
-def ldconfig_child(plan: Edits, rootfs: str, pid: int, log: HookLog, go: int,
-                   out: int) -> int:
+def ldconfig_child(plan: Edits, rootfs: str, log: HookLog, go: int, out: int) -> int:
     """The forked ldconfig, beside the worker: once the worker's libraries and links
-    are in (_libraries_in, on `go`), a private copy of the container's mount namespace, and
-    there the host's ldconfig (nvctk.hook.ldconfig) with its output on `out`, while
-    the worker mounts the rest. Returns only on failure (127, the reason on `out`): a
-    warning, never the hook's failure."""
+    are in (_libraries_in, on `go`: the rootfs and the container's pid), a private copy
+    of the container's mount namespace, and there the host's ldconfig
+    (nvctk.hook.ldconfig) with its output on `out`, while the worker mounts the rest.
+    Returns only on failure (127, the reason on `out`): a warning, never the hook's
+    failure."""
     p = WorkerFds()
     try:
         os.dup2(out, 1)
@@ -526,10 +548,11 @@ def ldconfig_child(plan: Edits, rootfs: str, pid: int, log: HookLog, go: int,
         caps.enter_step("open", log)
         _open_ldconfig(plan.ldconfig, p)
         p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        _open_ns(pid, p)
-        root_id = _root_id(read_all(go))
-        if root_id is None:
+        sent = _root_id(read_all(go))
+        if sent is None:
             return 0  # the worker failed before its libraries were in: the hook fails
+        dev, ino, pid = sent
+        _open_ns(pid, p)
         caps.enter_step("setns", log)
         mounts.setns(p.ns, mounts.CLONE_NEWNS)
         caps.enter_step("ldconfig-setup", log)
@@ -538,7 +561,7 @@ def ldconfig_child(plan: Edits, rootfs: str, pid: int, log: HookLog, go: int,
         mounts.unshare(mounts.CLONE_NEWNS)
         mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
         os.chdir("/")
-        become_ldconfig(plan, rootfs, root_id, p.ldconfig, p.devnull, log)
+        become_ldconfig(plan, rootfs, (dev, ino), p.ldconfig, p.devnull, log)
     except BaseException as e:
         try:
             os.write(2, f"ldconfig setup: {e}\n".encode("utf-8", "replace"))
@@ -572,47 +595,88 @@ def _fork(parent: int, run: Callable[[], int], child_closes: tuple[int, ...],
     return child
 
 
-def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
-               drop_parent_caps: bool = False) -> None:
-    """Run the worker, and ldconfig beside it, in forked children; MountError with the
-    worker's message on failure (ldconfig is then stopped).
+class Children(Record):
+    """The worker and the ldconfig beside it, forked (`start`) before the container's pid
+    is needed: each opens what the host side needs, then waits. `go` hands them the pid
+    and waits for the work; `cancel` ends them unused."""
 
-    drop_parent_caps: the calling process gives up every capability once the
-    children are forked (the hook's main process needs none afterwards).
-    """
+    __slots__ = ("worker", "ldconfig", "pid_w", "answer_r", "out_r")  # noqa: RUF023
+
+    def __init__(self, worker: int, ldconfig: int, pid_w: int, answer_r: int,
+                 out_r: int) -> None:
+        self.worker = worker
+        self.ldconfig = ldconfig  # -1: the plan runs no ldconfig
+        self.pid_w = pid_w
+        self.answer_r = answer_r
+        self.out_r = out_r
+
+    def go(self, plan: Edits, pid: int, log: HookLog, drop_parent_caps: bool = False) -> None:
+        """The work on container `pid`; MountError with the worker's message on failure
+        (ldconfig is then stopped). drop_parent_caps: see apply_edits."""
+        try:
+            write_all(self.pid_w, b"%d" % pid)
+        except OSError:
+            pass  # the worker is gone: its answer (none) says so
+        finally:
+            os.close(self.pid_w)
+        if drop_parent_caps:
+            caps.drop_all()
+        try:
+            data = read_all(self.answer_r)
+        finally:
+            os.close(self.answer_r)
+        if data == _OK:
+            err = None
+        elif data.startswith(_FAILED):
+            err = data[len(_FAILED):].decode("utf-8", "replace")
+        else:
+            err = "worker gave a garbled answer" if data else "worker gave no answer"
+        _, status = os.waitpid(self.worker, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0 and err is None:
+            err = f"worker exited {code}"
+        if self.ldconfig > 0:
+            if err is None:
+                wait_ldconfig(plan, self.ldconfig, self.out_r, log)
+                # the children's caps went with them: what is left of the hook is this process
+                log.debug(f"caps step=done effective={','.join(caps.current()) or '-'}")
+            else:
+                os.close(self.out_r)
+                stop(self.ldconfig)
+        if err is not None:
+            raise MountError(err)
+
+    def cancel(self) -> None:
+        """End both unused (no pid: they exit having mounted nothing) and reap them."""
+        _close_all([self.pid_w, self.answer_r, *([self.out_r] if self.out_r >= 0 else [])])
+        os.waitpid(self.worker, 0)
+        if self.ldconfig > 0:
+            os.waitpid(self.ldconfig, 0)
+
+
+def start(plan: Edits, rootfs: str, log: HookLog) -> Children:
+    """Fork the worker, and ldconfig beside it, for `plan`; they die with this process."""
     caps.warm_up()
     parent = os.getpid()
     r, w = os.pipe()
+    pid_r, pid_w = os.pipe()
     go_r, go_w = os.pipe() if plan.ldconfig else (-1, -1)
-    child = _fork(parent, lambda: worker(plan, rootfs, pid, log, w, go_w), (r, go_r), (w, go_w))
+    child = _fork(parent, lambda: worker(plan, rootfs, pid_r, log, w, go_w),
+                  (r, go_r, pid_w), (w, go_w, pid_r))
     ld = out_r = -1
     if plan.ldconfig:
         out_r, out_w = os.pipe()
-        ld = _fork(parent, lambda: ldconfig_child(plan, rootfs, pid, log, go_r, out_w),
-                   (r, out_r), (out_w, go_r))
-    if drop_parent_caps:
-        caps.drop_all()
-    try:
-        data = read_all(r)
-    finally:
-        os.close(r)
-    if data == _OK:
-        err = None
-    elif data.startswith(_FAILED):
-        err = data[len(_FAILED):].decode("utf-8", "replace")
-    else:
-        err = "worker gave a garbled answer" if data else "worker gave no answer"
-    _, status = os.waitpid(child, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0 and err is None:
-        err = f"worker exited {code}"
-    if ld > 0:
-        if err is None:
-            wait_ldconfig(plan, ld, out_r, log)
-            # the children's caps went with them: what is left of the hook is this process
-            log.debug(f"caps step=done effective={','.join(caps.current()) or '-'}")
-        else:
-            os.close(out_r)
-            stop(ld)
-    if err is not None:
-        raise MountError(err)
+        ld = _fork(parent, lambda: ldconfig_child(plan, rootfs, log, go_r, out_w),
+                   (r, out_r, pid_w), (out_w, go_r))
+    return Children(child, ld, pid_w, r, out_r)
+
+
+def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
+                drop_parent_caps: bool = False) -> None:
+    """Run the worker, and ldconfig beside it, in forked children on container `pid`;
+    MountError with the worker's message on failure (ldconfig is then stopped).
+
+    drop_parent_caps: the calling process gives up every capability once the
+    children have the pid (the hook's main process needs none afterwards).
+    """
+    start(plan, rootfs, log).go(plan, pid, log, drop_parent_caps)

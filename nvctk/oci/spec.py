@@ -63,7 +63,11 @@ def load_spec(bundle: str) -> dict[str, Any]:
 def load_spec_as_runc(bundle: str) -> dict[str, Any]:
     """load_spec, but a byte that is not UTF-8 reads as U+FFFD, as runc (Go) reads
     it: the hooks see the spec runc runs (nvctk-runtime refuses such a GPU spec)."""
-    data = read_spec(bundle)
+    return parse_spec_as_runc(read_spec(bundle), bundle)
+
+
+def parse_spec_as_runc(data: bytes, bundle: str) -> dict[str, Any]:
+    """load_spec_as_runc's parse of the bytes read from the bundle."""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:

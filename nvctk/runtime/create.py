@@ -430,7 +430,7 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
     if served is not None:
         # the hook of the runc this process becomes; a `create` (returns once the
         # container exists) may keep its server as a child, a foreground `run` may not
-        _serve_prestart(served, logger, grandchild=args.subcommand != "create")
+        _serve_prestart(served, logger, bundle, grandchild=args.subcommand != "create")
     try:
         ra.exec_runtime(runtime, args.argv)
     except OSError as e:
@@ -438,7 +438,7 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
     return 1  # not reached
 
 
-def _serve_prestart(token: str, logger: Logger,
+def _serve_prestart(token: str, logger: Logger, bundle: str,
                     start_runc: Callable[[], int] | None = None,
                     grandchild: bool = True) -> int | None:
     """Serve this create's prestart hook (nvctk.hook.served), in either process shape:
@@ -446,7 +446,8 @@ def _serve_prestart(token: str, logger: Logger,
     which returns its pid; a vGPU create) or leave it to the exec that follows (None),
     then fork the server beside it (grandchild: see nvctk.hook.served.start). Returns
     runc's pid (None: the exec's). Listening comes first: the socket is there before
-    runc can run the hook. No socket: the hook runs by itself."""
+    runc can run the hook. No socket: the hook runs by itself. bundle: the container's
+    (the server makes its prestart ready while runc starts)."""
     # start time: GPU creates only (nvctk._sys is a dlopen); a no-GPU create loads neither
     from nvctk.hook import served
 
@@ -458,7 +459,7 @@ def _serve_prestart(token: str, logger: Logger,
     try:
         runc = start_runc() if start_runc is not None else None
         if listener >= 0:
-            served.start(listener, runc, grandchild)
+            served.start(listener, runc, grandchild, bundle)
     finally:
         if listener >= 0:
             os.close(listener)  # the server holds its own; runc never held it (cloexec)
@@ -523,8 +524,8 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
 
     try:
         # beside runc, the server serves that runc's hook
-        pid = _serve_prestart(served, logger, start_runc) if served is not None \
-            else start_runc()
+        pid = _serve_prestart(served, logger, args.bundle_dir(), start_runc) \
+            if served is not None else start_runc()
     except OSError as e:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _remove_own_vgpu_dir(vgpu_dir, config, logger)

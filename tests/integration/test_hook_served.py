@@ -1,8 +1,9 @@
 """The prestart hook served by nvctk-runtime (nvctk.hook.served, hooks/nvctk-hook.c).
 
 A GPU create through nvctk-runtime forks a server that runs the prestart for runc's
-hook; the log says which ran it, so a fast path that silently falls back fails
-here. Without the server (plain runc on the spec), or with a stranger holding its
+hook, made ready while runc starts (inputs read, worker and ldconfig forked); the log
+says which ran it and whether the ready part was used, so a fast path that silently
+falls back fails here. Without the server (plain runc on the spec), or with a stranger holding its
 name, the hook runs the Python prestart itself and the container gets its GPU all
 the same. The server answers only root children of its runc.
 """
@@ -16,13 +17,16 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from nvctk.base import config as nvconfig
+from nvctk.edits import EDITS_FILE
 from nvctk.hook import served
+from nvctk.hook.entry import read_early
+from nvctk.hook.inputs import HookState
 from nvctk.runtime.create import prepare_bundle
 from nvctk.sim.host import SimHost
 from support.runc import RUNTIME, Runc, containers
@@ -38,6 +42,8 @@ HOOK = os.path.join(BIN, "nvctk-hook")
 SMI = ["sh", "-c", "nvidia-smi -L"]
 DONE = "prestart done"
 SERVED = "prestart done, served by nvctk-runtime"
+READY = "prestart done, served by nvctk-runtime, made ready while runc started"
+READ_ANEW = "the inputs read while runc started are not this hook's"
 BY_ITSELF = "the hook runs by itself"
 
 
@@ -68,8 +74,8 @@ def test_a_gpu_run_is_served(rc: Runc, sim_host: SimHost) -> None:
     assert res.proc.returncode == 0, res.proc.stderr
     assert _gpu0(res.proc.stdout, sim_host), res.proc.stdout
     log = _log(sim_host, rc.ids[-1])
-    assert [line for line in log if SERVED in line], log
-    assert not [line for line in log if BY_ITSELF in line], log
+    assert [line for line in log if READY in line], log
+    assert not [line for line in log if BY_ITSELF in line or READ_ANEW in line], log
 
 
 @pytest.mark.parametrize("limit", [False, True], ids=["whole-gpu", "vgpu"])
@@ -105,7 +111,7 @@ def test_create_start_delete_is_served(rc: Runc, sim_host: SimHost, limit: bool)
     assert runtime("delete", cid) == 0
     assert _gpu0(out.read_text(), sim_host), out.read_text()
     log = _log(sim_host, cid)
-    assert [line for line in log if SERVED in line], log
+    assert [line for line in log if READY in line], log
 
 
 def _with_cmdline(word: str) -> list[int]:
@@ -311,7 +317,105 @@ def test_a_foreground_run_leaves_no_defunct_server(rc: Runc, sim_host: SimHost, 
         tree += [x for c in tree for x in _children(c[0])]
         assert [c for c in tree if c[1] == "Z"] == [], tree
         log = _log(sim_host, cid)
-        assert [x for x in log if SERVED in x], log
+        assert [x for x in log if READY in x], log
     finally:
         subprocess.run(["runc", "--root", str(rc.root), "kill", cid, "KILL"], capture_output=True)
         p.wait(60)
+
+
+def test_inputs_read_early_stand_only_while_the_bundle_is_as_read(rc: Runc,
+                                                                 sim_host: SimHost) -> None:
+    """What the server reads while runc starts is the hook's input only for a state of
+    that bundle (and rootfs, where crun names one) whose spec and form are byte for byte
+    what was read; a rewrite with the same bytes still is."""
+    b = _edited(rc, sim_host, _token())
+    early = read_early(str(b))
+    assert early is not None
+    try:
+        rootfs = str(b / "rootfs")
+        assert early.rootfs == rootfs
+        spec, form = b / "config.json", b / EDITS_FILE
+        originals = {spec: spec.read_bytes(), form: form.read_bytes()}
+
+        def rewrite(path: Path, data: bytes) -> None:  # a new file, as an atomic save
+            path.with_suffix(".new").write_bytes(data)
+            os.replace(path.with_suffix(".new"), path)
+
+        state = HookState("c", 4242, str(b))
+
+        def same_bytes() -> None:
+            rewrite(form, originals[form])
+            rewrite(spec, originals[spec])
+
+        rows: list[tuple[str, Callable[[], object] | None, HookState, bool]] = [
+            ("as read", None, state, True),
+            ("crun names the same rootfs", None, HookState("c", 4242, str(b), rootfs), True),
+            ("the same bytes saved anew", same_bytes, state, True),
+            ("another bundle", None, HookState("c", 4242, str(b) + "-other"), False),
+            ("no pid", None, HookState("c", 0, str(b)), False),
+            ("crun names another rootfs", None, HookState("c", 4242, str(b), "/srv"), False),
+            ("the spec changed", lambda: rewrite(spec, originals[spec] + b" "), state, False),
+            ("the form changed", lambda: rewrite(form, originals[form] + b" "), state, False),
+            ("the form is gone", form.unlink, state, False),
+        ]
+        for name, change, at, holds in rows:
+            if change is not None:
+                change()
+            got = early.holds(at)
+            for path, data in originals.items():
+                rewrite(path, data)
+            assert got is holds, name
+    finally:
+        early.log.close()
+
+
+def test_a_form_changed_after_the_server_read_it_is_read_anew(rc: Runc,
+                                                              sim_host: SimHost) -> None:
+    """The form changes after the server made the prestart ready and before runc runs
+    the hook: the hook's inputs are read anew, the children made ready end unused
+    (mounting nothing), and the container gets its GPU all the same."""
+    token = _token()
+    b = _edited(rc, sim_host, token)
+    cid = "nvctk-served-" + uuid.uuid4().hex[:8]
+    rc.ids.append(cid)
+    go_r, go_w = os.pipe()
+    runc = os.fork()
+    if runc == 0:  # runc, once told to: the server's "runc" (its peer's parent)
+        try:
+            os.close(go_w)
+            os.read(go_r, 1)
+            out = os.open(b / "out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.execvp("runc", ["runc", "--root", str(rc.root), "run", "--bundle", str(b), cid])
+        finally:
+            os._exit(127)
+    os.close(go_r)
+    server = -1
+    try:
+        listener = served.listen(token)
+        try:
+            server = served.start(listener, runc, grandchild=False, bundle=str(b))
+        finally:
+            os.close(listener)
+        # ready: the form read, then the worker forked (and ldconfig beside it)
+        until(lambda: _children(server), 30, "the server to make the prestart ready")
+        ready = [p for p, _, _ in _children(server)]
+        with open(b / EDITS_FILE, "ab") as f:
+            f.write(b" ")  # still the same form, but not the bytes read
+        os.write(go_w, b"x")
+    finally:
+        os.close(go_w)
+        code = os.waitstatus_to_exitcode(os.waitpid(runc, 0)[1])
+        if server > 0:
+            server_code = os.waitstatus_to_exitcode(os.waitpid(server, 0)[1])
+    assert code == 0, (b / "out").read_text()
+    assert server_code == 0
+    assert _gpu0((b / "out").read_text(), sim_host), (b / "out").read_text()
+    log = _log(sim_host, cid)
+    assert [line for line in log if READ_ANEW in line], log
+    assert [line for line in log if SERVED in line], log
+    assert not [line for line in log if READY in line], log
+    # reaped by the server before it ended
+    assert [p for p in ready if os.path.exists(f"/proc/{p}")] == [], ready
