@@ -24,7 +24,9 @@ ldconfig runs beside the worker, not after it: the worker mounts the plan's libr
 (and makes its links) first and then signals a second child of the hook's process
 (ldconfig_child), which enters a private copy of the container's mount namespace and
 becomes the host's ldconfig there (nvctk.hook.ldconfig) while the worker mounts the
-rest. The cache and links it writes are on the rootfs's own file system, the one the
+rest (once the child has exec'd ldconfig: its set-up and the worker's mounts would
+contend for the kernel's namespace lock, and that set-up is on the hook's critical
+path). The cache and links it writes are on the rootfs's own file system, the one the
 container sees. The hook's process bounds it in time, and stops it when the worker
 fails.
 
@@ -397,9 +399,10 @@ def _mask_proc(root: m.Root, mask: int, mounter: m.Mounter, log: HookLog) -> Non
 
 
 def _mount_steps(plan: Edits, rootfs: str, pid: int, prep: WorkerFds, mounter: m.Mounter,
-                 log: HookLog, go: int) -> m.Root:
+                 log: HookLog, go: int, set_up: int) -> m.Root:
     """setns to proc-mask; returns the rootfs once all are in. Once the libraries and
-    links are in, _libraries_in on `go` (-1: none) starts ldconfig."""
+    links are in, _libraries_in on `go` (-1: none) starts ldconfig, and the rest waits
+    until ldconfig is set up (EOF on `set_up`)."""
     root = _enter(rootfs, prep, log)
     try:
         caps.enter_step("mount", log)
@@ -410,6 +413,8 @@ def _mount_steps(plan: Edits, rootfs: str, pid: int, prep: WorkerFds, mounter: m
         _make_links(plan, root, log)
         if go >= 0:
             _libraries_in(go, root, pid)
+        if set_up >= 0:
+            _ldconfig_set_up(set_up)
         _mount_sources(root, ordered[lead:] + prep.sources[n:], n - lead if prep.vgpu_from >= 0 else -1,
                        mounter, log)
         if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
@@ -482,6 +487,18 @@ def _root_id(data: bytes) -> tuple[int, int, int] | None:
     return dev, ino, pid
 
 
+def _ldconfig_set_up(fd: int) -> None:
+    """Wait until the ldconfig child has execed ldconfig, or ended (EOF: it holds the
+    pipe's write end, close-on-exec), then close fd. Its set-up (the namespace copy, the
+    mountinfo read, the procfs detach) takes the kernel's namespace lock, as every mount
+    of the worker does: the worker mounts the rest while ldconfig runs, not while it is
+    set up, which is what the hook waits for longest."""
+    try:
+        read_all(fd)
+    finally:
+        os.close(fd)
+
+
 def _read_pid(fd: int) -> int | None:
     """The container's pid, sent by Children.go (closes fd); None: cancelled (EOF)."""
     try:
@@ -503,7 +520,8 @@ def _answer(fd: int, err: str | None) -> None:
         os.close(fd)
 
 
-def worker(plan: Edits, rootfs: str, pid_r: int, log: HookLog, answer: int, go: int) -> int:
+def worker(plan: Edits, rootfs: str, pid_r: int, log: HookLog, answer: int, go: int,
+           set_up: int = -1) -> int:
     """The forked worker: the host-side step, then (once the container's pid comes on
     pid_r) every other, then its answer on `answer` (closed then); the exit code.
     Cancelled (no pid), it exits 0 with no answer. go: see _mount_steps."""
@@ -518,7 +536,7 @@ def worker(plan: Edits, rootfs: str, pid_r: int, log: HookLog, answer: int, go: 
             if pid is None:
                 return 0
             _open_ns(pid, prep)
-            root = _mount_steps(plan, rootfs, pid, prep, mounter, log, go)
+            root = _mount_steps(plan, rootfs, pid, prep, mounter, log, go, set_up)
             mounter.forget()
         except BaseException as e:
             _answer(answer, _failed(e, mounter, log))
@@ -661,13 +679,15 @@ def start(plan: Edits, rootfs: str, log: HookLog) -> Children:
     r, w = os.pipe()
     pid_r, pid_w = os.pipe()
     go_r, go_w = os.pipe() if plan.ldconfig else (-1, -1)
-    child = _fork(parent, lambda: worker(plan, rootfs, pid_r, log, w, go_w),
-                  (r, go_r, pid_w), (w, go_w, pid_r))
+    # set-up done: EOF once the ldconfig child, which alone holds set_w, execs or ends
+    set_r, set_w = os.pipe() if plan.ldconfig else (-1, -1)
+    child = _fork(parent, lambda: worker(plan, rootfs, pid_r, log, w, go_w, set_r),
+                  (r, go_r, pid_w, set_w), (w, go_w, pid_r, set_r))
     ld = out_r = -1
     if plan.ldconfig:
         out_r, out_w = os.pipe()
         ld = _fork(parent, lambda: ldconfig_child(plan, rootfs, log, go_r, out_w),
-                   (r, out_r, pid_w), (out_w, go_r))
+                   (r, out_r, pid_w), (out_w, go_r, set_w))
     return Children(child, ld, pid_w, r, out_r)
 
 
