@@ -66,7 +66,6 @@ def ready(bundle: str) -> Ready | None:
     early = read_early(bundle)
     if early is None:
         return None
-    assert early.edits is not None
     try:
         return Ready(early, start(early.edits, early.rootfs, early.log))
     except OSError:
