@@ -81,17 +81,16 @@ def body(hook: HookRun, drop_parent_caps: bool = True, served: bool = False,
     if hook.opts is not None and not served:
         hook.log.info(f"{hook.state.id}: nvctk-runtime's prestart server was not there (runc "
                       "not started by the create that wrote this spec): the hook runs by itself")
+    by = ", served by nvctk-runtime" if served else ""
     children = prepared.take(hook) if prepared is not None else None
-    if prepared is not None and children is None:
-        hook.log.info(f"{hook.state.id}: the inputs read while runc started are not this "
-                      "hook's (another bundle, or its files changed): read anew")
     if children is not None:
         children.go(plan, hook.state.pid, hook.log, drop_parent_caps)
-    else:
-        apply_edits(plan, rootfs, hook.state.pid, hook.log, drop_parent_caps)
-    by = ", served by nvctk-runtime" if served else ""
-    if children is not None:
         by += ", made ready while runc started"
+    else:
+        if prepared is not None:
+            hook.log.info(f"{hook.state.id}: the inputs read while runc started are not "
+                          "this hook's (another bundle, or its files changed): read anew")
+        apply_edits(plan, rootfs, hook.state.pid, hook.log, drop_parent_caps)
     hook.log.info(f"{hook.state.id}: prestart done{by} ({len(plan.mounts)} mounts, "
                   f"rootfs {rootfs})")
 

@@ -111,11 +111,11 @@ def serve(listener: int, runtime: int, runc: int | None,
         return
 
 
-def start(listener: int, runc: int | None, grandchild: bool = True, bundle: str = "") -> int:
+def start(listener: int, runc: int | None, grandchild: bool, bundle: str) -> int:
     """Start the server (serve nvctk.hook.prestart.answer, then exit); returns the pid
     of the process that forked it, already reaped (grandchild), or the server's.
     bundle: the container's, whose prestart the server makes ready before runc runs
-    the hook ("": none).
+    the hook.
 
     grandchild: the runtime forks a child that forks the server and exits at once,
     and reaps that child here. Nothing of the server is then left for the runtime to
@@ -163,7 +163,7 @@ def _serve_prestart(listener: int, runtime: int, runc: int | None, bundle: str,
     # own path to exec runc
     from nvctk.hook.prestart import answer, ready
 
-    prepared = ready(bundle) if bundle else None
+    prepared = ready(bundle)
     try:
         serve(listener, runtime, runc, lambda state: answer(state, prepared), watch)
     finally:

@@ -409,14 +409,14 @@ def _mount_steps(plan: Edits, rootfs: str, pid: int, prep: WorkerFds, mounter: m
         _pin(plan, root, mounter, log)
         n = len(prep.sources) if prep.vgpu_from < 0 else prep.vgpu_from
         ordered, lead = ldconfig_first(prep.sources[:n])
+        vgpu_from = n - lead if prep.vgpu_from >= 0 else -1  # in what follows the lead
         _mount_sources(root, ordered[:lead], -1, mounter, log)
         _make_links(plan, root, log)
         if go >= 0:
             _libraries_in(go, root, pid)
         if set_up >= 0:
             _ldconfig_set_up(set_up)
-        _mount_sources(root, ordered[lead:] + prep.sources[n:], n - lead if prep.vgpu_from >= 0 else -1,
-                       mounter, log)
+        _mount_sources(root, ordered[lead:] + prep.sources[n:], vgpu_from, mounter, log)
         if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
             try:
                 root.seal_pins()
@@ -477,7 +477,7 @@ def _libraries_in(fd: int, root: m.Root, pid: int) -> None:
         os.close(fd)
 
 
-def _root_id(data: bytes) -> tuple[int, int, int] | None:
+def _libraries_sent(data: bytes) -> tuple[int, int, int] | None:
     """What _libraries_in sent (dev, ino, pid); None: nothing (the worker failed before,
     or never started)."""
     try:
@@ -521,10 +521,10 @@ def _answer(fd: int, err: str | None) -> None:
 
 
 def worker(plan: Edits, rootfs: str, pid_r: int, log: HookLog, answer: int, go: int,
-           set_up: int = -1) -> int:
+           set_up: int) -> int:
     """The forked worker: the host-side step, then (once the container's pid comes on
     pid_r) every other, then its answer on `answer` (closed then); the exit code.
-    Cancelled (no pid), it exits 0 with no answer. go: see _mount_steps."""
+    Cancelled (no pid), it exits 0 with no answer. go, set_up: see _mount_steps."""
     mounter = m.Mounter()
     prep: WorkerFds | None = None
     root: m.Root | None = None
@@ -566,7 +566,7 @@ def ldconfig_child(plan: Edits, rootfs: str, log: HookLog, go: int, out: int) ->
         caps.enter_step("open", log)
         _open_ldconfig(plan.ldconfig, p)
         p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        sent = _root_id(read_all(go))
+        sent = _libraries_sent(read_all(go))
         if sent is None:
             return 0  # the worker failed before its libraries were in: the hook fails
         dev, ino, pid = sent
@@ -666,7 +666,7 @@ class Children(Record):
 
     def cancel(self) -> None:
         """End both unused (no pid: they exit having mounted nothing) and reap them."""
-        _close_all([self.pid_w, self.answer_r, *([self.out_r] if self.out_r >= 0 else [])])
+        _close_all([fd for fd in (self.pid_w, self.answer_r, self.out_r) if fd >= 0])
         os.waitpid(self.worker, 0)
         if self.ldconfig > 0:
             os.waitpid(self.ldconfig, 0)

@@ -425,8 +425,8 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
         # runc may still fail before the container exists (create and run alike): then
         # nothing runs the poststop hook, so this process outlives runc to remove the
         # state it made
-        return _create_and_clean_up(runtime, args, prepared.vgpu_dir, config, fail, logger,
-                                    served)
+        return _create_and_clean_up(runtime, args, bundle, prepared.vgpu_dir, config, fail,
+                                    logger, served)
     if served is not None:
         # the hook of the runc this process becomes; a `create` (returns once the
         # container exists) may keep its server as a child, a foreground `run` may not
@@ -471,8 +471,8 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUS
 _PR_SET_PDEATHSIG = 1
 
 
-def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config: Config,
-                         fail: Callable[[str], int], logger: Logger,
+def _create_and_clean_up(runtime: str, args: ra.RuncArgs, bundle: str, vgpu_dir: str,
+                         config: Config, fail: Callable[[str], int], logger: Logger,
                          served: str | None = None) -> int:
     """Run `runtime create` (or `run`) as a child, not by exec, and remove the vGPU state
     this create made when it fails (a run: when no container is left); exit with its
@@ -483,7 +483,8 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
     --preserve-fds descriptors: every inheritable fd), and dies with this process
     (PR_SET_PDEATHSIG): a supervisor that kills the runtime kills runc. What a
     SIGKILL of this process leaves is reclaimed by vgpu_state.collect. served: the
-    token of this create's prestart server, started beside runc (_serve_prestart).
+    token of this create's prestart server, started beside runc (_serve_prestart) for
+    `bundle` (args.bundle_dir(), as prepared).
     """
     import signal
 
@@ -524,8 +525,8 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, vgpu_dir: str, config:
 
     try:
         # beside runc, the server serves that runc's hook
-        pid = _serve_prestart(served, logger, args.bundle_dir(), start_runc) \
-            if served is not None else start_runc()
+        pid = _serve_prestart(served, logger, bundle, start_runc) if served is not None \
+            else start_runc()
     except OSError as e:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _remove_own_vgpu_dir(vgpu_dir, config, logger)
