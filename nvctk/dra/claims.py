@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, DivisionByZero, InvalidOperation, Overflow, Underflow
 from typing import Any, Protocol
 
 from nvctk.base.errors import NvctkError, shown
@@ -94,32 +94,47 @@ class Result:
 
 # --- quantities (k8s.io/apimachinery resource.Quantity) -----------------------------------
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_QUANTITY = re.compile(r"([+-]?[0-9.]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 _SUFFIX: dict[str, int | Decimal] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
            "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3,
            "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+# a quantity's text and magnitude: far past any capacity (bytes of a GPU, percent), far
+# inside what Decimal and int() take in no time (an exponent of 1e9 would not be)
+MAX_QUANTITY_CHARS = 64
+# every step of the arithmetic in this context: a result past 1e±40 traps (Overflow,
+# Underflow, InvalidOperation: all ArithmeticError) instead of growing or rounding to 0
+_CONTEXT = Context(prec=60, Emin=-40, Emax=40,
+                   traps=[InvalidOperation, Overflow, Underflow, DivisionByZero])
 
 
 def parse_quantity(value: object) -> Decimal:
     """A Kubernetes quantity ("2Gi", "2147483648", "500m", "1e3") as a number; ValueError
-    when it is not one."""
+    when it is not one, or not one within 1e±40 (the one checked parse of every quantity
+    a claim or the API server hands the plugin)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ValueError(f"{shown(value)} is not a quantity")
-    text = str(value).strip()
-    m = _QUANTITY.match(text)
+    text = str(value).strip() if isinstance(value, str) or abs(value) < 10 ** 60 else ""
+    if not text or len(text) > MAX_QUANTITY_CHARS:
+        why = "" if not text and isinstance(value, str) else \
+            f" (longer than {MAX_QUANTITY_CHARS} characters)"
+        raise ValueError(f"{shown(value)} is not a quantity{why}")
+    m = _QUANTITY.fullmatch(text)
     if m is None or m.group(1) in ("", ".", "+", "-"):
         raise ValueError(f"{shown(value)} is not a quantity")
-    try:
-        number = Decimal(m.group(1))
-    except InvalidOperation:
-        raise ValueError(f"{shown(value)} is not a quantity") from None
     suffix = m.group(2) or ""
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
-        return number.scaleb(int(suffix[1:]))
-    return number * _SUFFIX[suffix] if suffix else number
+    try:
+        number = _CONTEXT.create_decimal(m.group(1))
+    except ArithmeticError:  # "1.2.3"
+        raise ValueError(f"{shown(value)} is not a quantity") from None
+    try:
+        if suffix[:1] in ("e", "E") and len(suffix) > 1:
+            return _CONTEXT.scaleb(number, int(suffix[1:]))
+        return _CONTEXT.multiply(number, _SUFFIX[suffix]) if suffix else _CONTEXT.plus(number)
+    except ArithmeticError:  # the context's traps
+        raise ValueError(f"{shown(value)} is not a quantity within 1e-40..1e40") from None
 
 
-def _whole(name: str, q: Decimal) -> int:
+def _whole(q: Decimal) -> int:
     """Capacities are whole units (bytes, percent): rounded up, as the API server does."""
     return int(q.to_integral_value(rounding="ROUND_CEILING"))
 
@@ -198,7 +213,7 @@ def _consumed(raw: object, dev: DraDevice, where: str) -> dict[str, int]:
             q = parse_quantity(value)
         except ValueError as e:
             raise ClaimError(f"{where}: consumedCapacity {name}: {e}") from None
-        amount = _whole(name, q)
+        amount = _whole(q)
         if amount < (0 if name == SM_SHARE else 1) or amount > dev.capacity[name]:
             raise ClaimError(f"{where}: consumedCapacity {name} {value} is outside "
                              f"{0 if name == SM_SHARE else 1}..{dev.capacity[name]} (device {dev.name}'s {name})")

@@ -128,6 +128,7 @@ class Driver:
         return f"{cdi_vendor(self.name)}/{CDI_CLASS}"
 
     def spec_path(self, uid: str) -> str:
+        check_uid(uid)  # it names the file: checked where the name is made
         return os.path.join(self.cdi_dir, f"{cdi_vendor(self.name)}-{CDI_CLASS}_{uid}.json")
 
     # --- prepare ----------------------------------------------------------------------
@@ -145,14 +146,17 @@ class Driver:
         claim = self.source.get_claim(namespace, name, self.api_timeout)
         dra_claims.check_uid(claim, namespace, name, uid)
         try:
-            results = dra_claims.results(claim, self.name, self.pool, self.devices)
-        except UnknownDevice:
-            if self.inventory is None:
-                raise
-            # a MIG device made since the inventory was read (published by a sync that
-            # ran before this driver heard of it, or not yet): asked again, once
-            self.rediscover()
-            results = dra_claims.results(claim, self.name, self.pool, self.devices)
+            try:
+                results = dra_claims.results(claim, self.name, self.pool, self.devices)
+            except UnknownDevice:
+                if self.inventory is None:
+                    raise
+                # a MIG device made since the inventory was read (published by a sync that
+                # ran before this driver heard of it, or not yet): asked again, once
+                self.rediscover()
+                results = dra_claims.results(claim, self.name, self.pool, self.devices)
+        except ClaimError as e:  # the field is named; the claim too, for the node's log
+            raise type(e)(f"claim {namespace}/{name}: {e}") from None
         sick = self.unhealthy()
         bad = [r.device.name for r in results if r.device.uuid in sick or r.device.gpu.uuid in sick]
         if bad:
@@ -268,6 +272,7 @@ class Driver:
 
     # --- shares -----------------------------------------------------------------------
     def ledger_path(self, uid: str) -> str:
+        check_uid(uid)
         return authority.dra_ledger(authority.DRA_PREFIX + uid, self.shares.state_dir) or ""
 
     def _write_share_spec(self, uid: str, results: list[Result], ledger: str) -> None:

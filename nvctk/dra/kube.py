@@ -25,6 +25,8 @@ from typing import Any
 from nvctk.base.errors import NvctkError
 
 GROUP_VERSION = "resource.k8s.io/v1"
+# an answer's body at most (a page of 500 slices fits many times over); more is an error
+MAX_ANSWER_BYTES = 64 << 20
 # statuses a retry may change: throttled, or the server (or its proxy) failing
 RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -181,7 +183,8 @@ class Kube:
             try:
                 left = max(0.001, deadline - (self._clock() - start))
                 resp = fn((min(r.timeout, left), min(r.timeout, left)))
-                return _json_body(resp.data, what)
+                return _json_body(_read_body(
+                    resp, what, max(0.001, deadline - (self._clock() - start))), what)
             except ApiException as e:
                 status = e.status or 0
                 if status not in RETRIABLE_STATUS:
@@ -201,11 +204,58 @@ def _slice_name(obj: dict[str, Any]) -> str:
     return str(meta.get("name") or meta.get("generateName") or "(unnamed)")
 
 
+def _read_body(resp: Any, what: str, left: float) -> bytes:
+    """The answer's body (resp: an unread urllib3 response), read within `left` seconds in
+    all: a timer shuts the socket at the deadline, so a body that trickles or never ends
+    (the read timeout is per read) is cut off there; ApiUnavailable then, KubeError for
+    more than MAX_ANSWER_BYTES."""
+    import threading
+
+    cut = threading.Event()
+
+    def stop() -> None:
+        cut.set()
+        try:
+            resp.shutdown()  # wakes a read blocked in recv
+        except (ValueError, RuntimeError, OSError):  # already done with the socket
+            pass
+
+    timer = threading.Timer(left, stop)
+    timer.daemon = True
+    timer.start()
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        while True:
+            try:
+                chunk = resp.read1(65536)
+            except Exception:
+                if cut.is_set():
+                    break
+                raise  # urllib3's own errors: the caller's retry decides
+            if not chunk or cut.is_set():
+                break
+            total += len(chunk)
+            if total > MAX_ANSWER_BYTES:
+                raise KubeError(f"{what}: the API server's answer is larger than "
+                                f"{MAX_ANSWER_BYTES >> 20} MiB")
+            chunks.append(chunk)
+    finally:
+        timer.cancel()
+        resp.release_conn() if not cut.is_set() else resp.close()
+    if cut.is_set():
+        raise ApiUnavailable(f"{what}: the API server's answer did not end within "
+                             f"{left:.1f}s ({total} bytes of it came)")
+    return b"".join(chunks)
+
+
 def _json_body(data: bytes, what: str) -> dict[str, Any]:
     try:
         obj = json.loads(data)
     except ValueError:
         raise KubeError(f"{what}: the API server's answer is not JSON") from None
+    except RecursionError:  # json's C parser recurses once per level
+        raise KubeError(f"{what}: the API server's answer is nested too deeply") from None
     if not isinstance(obj, dict):
         raise KubeError(f"{what}: the API server's answer is not an object")
     return obj

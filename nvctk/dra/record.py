@@ -26,7 +26,7 @@ VERSION = 1
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 MAX_RECORD = 1 << 20
 # a claim uid names the record file: an uuid's characters only, never a path
-_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # matched whole (fullmatch)
 
 
 class RecordError(NvctkError):
@@ -69,7 +69,7 @@ def boot_id() -> str:
 
 
 def check_uid(uid: str) -> None:
-    if not _UID.match(uid):
+    if not isinstance(uid, str) or not _UID.fullmatch(uid):
         raise RecordError(f"claim uid {shown(uid)} is not one (letters, digits, '-', '.', '_')")
 
 

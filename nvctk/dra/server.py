@@ -19,6 +19,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from typing import Any
 
 from nvctk.base.errors import NvctkError
@@ -34,6 +35,11 @@ PLUGIN_TYPE = "DRAPlugin"
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 SERVICE_SOCKET = "dra.sock"
 LOCK_NAME = "plugin.lock"
+# the kubelet's calls the service runs at once: a call waits on the API server for up to
+# the driver's api_timeout per claim, so a few slow answers must not take every worker
+# (threads are made only as calls come)
+SERVICE_WORKERS = 128
+MAX_PARALLEL_CLAIMS = 32  # one request's claims prepared at once
 
 
 def _answer_error(e: BaseException) -> str:
@@ -52,22 +58,30 @@ class DraService:
         self.share_ids = share_ids
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        out = {}
-        for c in request.claims:
-            try:
-                devs = self.driver.prepare(c.namespace, c.name, c.uid)
-                answer = self.pb.NodePrepareResourceResponse(devices=[
-                    self.pb.Device(request_names=list(d.requests), pool_name=d.pool,
-                                   device_name=d.device, cdi_device_ids=list(d.cdi_ids),
-                                   **({"share_id": d.share_id}
-                                      if self.share_ids and d.share_id is not None else {}))
-                    for d in devs])
-            except Exception as e:
-                msg = _answer_error(e)
-                log.error("NodePrepareResources %s/%s (%s): %s", c.namespace, c.name, c.uid, msg)
-                answer = self.pb.NodePrepareResourceResponse(error=msg)
-            out[c.uid] = answer
-        return self.pb.NodePrepareResourcesResponse(claims=out)
+        # each claim on its own thread: one claim's slow API-server answer (bounded by
+        # the driver's api_timeout) never holds up the request's other claims
+        claims = list(request.claims)
+        if len(claims) == 1:
+            answers = [self._prepare(claims[0])]
+        else:
+            with futures.ThreadPoolExecutor(min(len(claims), MAX_PARALLEL_CLAIMS)) as pool:
+                answers = list(pool.map(self._prepare, claims))
+        return self.pb.NodePrepareResourcesResponse(
+            claims={c.uid: a for c, a in zip(claims, answers, strict=True)})
+
+    def _prepare(self, c: Any) -> Any:
+        try:
+            devs = self.driver.prepare(c.namespace, c.name, c.uid)
+            return self.pb.NodePrepareResourceResponse(devices=[
+                self.pb.Device(request_names=list(d.requests), pool_name=d.pool,
+                               device_name=d.device, cdi_device_ids=list(d.cdi_ids),
+                               **({"share_id": d.share_id}
+                                  if self.share_ids and d.share_id is not None else {}))
+                for d in devs])
+        except Exception as e:
+            msg = _answer_error(e)
+            log.error("NodePrepareResources %s/%s (%s): %s", c.namespace, c.name, c.uid, msg)
+            return self.pb.NodePrepareResourceResponse(error=msg)
 
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         out = {}
@@ -175,8 +189,8 @@ class Plugin:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
-    def _serve(self, path: str, add: list[tuple[Any, Any]]) -> Any:
-        server = serve(path, add, "the DRA plugin listens there")
+    def _serve(self, path: str, add: list[tuple[Any, Any]], workers: int = 8) -> Any:
+        server = serve(path, add, "the DRA plugin listens there", workers)
         self.servers.append((server, path))
         return server
 
@@ -188,7 +202,7 @@ class Plugin:
                 (pb.v1_grpc.add_DRAPluginServicer_to_server, V1(d)),
                 (pb.v1beta1_grpc.add_DRAPluginServicer_to_server, V1beta1(d)),
                 (pb.health_grpc.add_DRAResourceHealthServicer_to_server,
-                 HealthService(d, self.health, self.stopping))])
+                 HealthService(d, self.health, self.stopping))], SERVICE_WORKERS)
             # the registration socket last: the kubelet dials the service once it sees it
             os.makedirs(os.path.dirname(self.reg_path), 0o750, exist_ok=True)
             self._serve(self.reg_path, [

@@ -157,12 +157,13 @@ def remove_socket(path: str, who: str) -> None:
     os.unlink(path)
 
 
-def serve(path: str, servicers: list[tuple[Any, Any]], who: str) -> Any:
+def serve(path: str, servicers: list[tuple[Any, Any]], who: str, workers: int = 8) -> Any:
     """A started gRPC server on the unix socket path with servicers ((add_*_to_server,
-    servicer) pairs); `who`: what listens there, for the errors."""
+    servicer) pairs); `who`: what listens there, for the errors. workers: the calls it
+    runs at once (threads, made as calls come); the default: one per concurrent stream
+    plus a few for unary calls."""
     remove_socket(path, who)
-    # one worker per concurrent stream plus a few for unary calls
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
     for add, servicer in servicers:
         add(servicer, server)
     try:

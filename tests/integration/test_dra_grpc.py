@@ -321,6 +321,20 @@ BAD = [
     ("nan", claim("nan", "uid-nan", [result("gpu-1", shareID="s1",
                                             consumedCapacity={"memory": "lots"})]),
      "'lots' is not a quantity"),
+    # quantities outside the decimal range: a clear error naming the claim and field
+    ("huge", claim("huge", "uid-huge", [result("gpu-1", shareID="s1",
+                                              consumedCapacity={"memory": "1e999999999"})]),
+     "claim ns/huge: status.allocation.devices.results[0]: consumedCapacity memory: "
+     "'1e999999999' is not a quantity within"),
+    ("tiny", claim("tiny", "uid-tiny", [result("gpu-1", shareID="s1",
+                                              consumedCapacity={"memory": "1e-999999999"})]),
+     "'1e-999999999' is not a quantity within"),
+    ("smhuge", claim("smhuge", "uid-smhuge", [result("gpu-1", shareID="s1",
+                                                    consumedCapacity={"smShare": "1e99999999999"})]),
+     "consumedCapacity smShare: '1e99999999999' is not a quantity within"),
+    ("longq", claim("longq", "uid-longq", [result("gpu-1", shareID="s1",
+                                                 consumedCapacity={"memory": "9" * 5000})]),
+     "longer than 64 characters"),
     ("migshare", claim("migshare", "uid-migshare", [result("gpu-0-mig-0", shareID="s1",
                                                         consumedCapacity={"memory": "1Gi"})]),
      "a share of MIG device gpu-0-mig-0"),
@@ -365,9 +379,12 @@ def test_bad_claims_each_get_their_error_and_touch_nothing(start: Start,
     assert got["uid-good"].error == "" and got["uid-good"].devices
     assert n.specs() == [f"k8s.{DRIVER}-claim_uid-good.json"]
     assert n.driver.prepared_uids() == ["uid-good"]
-    # a uid that is no file name is refused, not used as a path
-    bad = n.kubelet.prepare([("ns", "good", "../../etc/passwd")])["../../etc/passwd"]
-    assert "is not one" in bad.error
+    # a uid that is no file name is refused, not used as a path; matched whole
+    for uid in ("../../etc/passwd", "uid-good\n", "uid-good\nx", "\nuid-good", "uid good"):
+        bad = n.kubelet.prepare([("ns", "good", uid)])[uid]
+        assert "is not one" in bad.error, (uid, bad.error)
+    assert n.specs() == [f"k8s.{DRIVER}-claim_uid-good.json"]
+    assert sorted(os.listdir(n.driver.records.dir)) == ["uid-good.json"]
 
 
 def test_api_server_down_or_slow_and_unprepare_still_works(start: Start,
@@ -394,6 +411,38 @@ def test_api_server_down_or_slow_and_unprepare_still_works(start: Start,
         assert n.kubelet.unprepare([("ns", "c", "uid-c")]) == {"uid-c": ""}
         assert n.specs() == []
         api.release.set()
+
+
+def test_slow_api_answers_starve_no_other_claim(start: Start, sim_host: SimHost) -> None:
+    """Claims whose API-server answers trickle for ever, more of them at once than the
+    gRPC server used to have workers (8), and in one request beside a healthy claim:
+    the healthy claims are prepared while the slow ones still wait, and each slow one
+    ends as its own error at the driver's deadline."""
+    import concurrent.futures as cf
+
+    slow = 12
+    with running() as api:
+        api.add_claim(claim("ok", "uid-ok", [result("gpu-0")], ns="ns"))
+        api.add_claim(claim("ok2", "uid-ok2", [result("gpu-1")], ns="ns"))
+        n = start(sim_host, Kube(client_for(api), FAST))
+        n.driver.api_timeout = 60  # the slow ones outlast the test's healthy calls
+        api.trickle(slow)
+        with cf.ThreadPoolExecutor(slow + 1) as pool:
+            pending = [pool.submit(n.kubelet.prepare, [("ns", f"s{i}", f"uid-s{i}")])
+                       for i in range(slow - 1)]
+            mixed = pool.submit(n.kubelet.prepare, [("ns", "sx", "uid-sx"),
+                                                    ("ns", "ok2", "uid-ok2")])
+            for _ in range(slow):  # every slow answer has started
+                assert api.trickling.acquire(timeout=30)
+            got = n.kubelet.prepare([("ns", "ok", "uid-ok")])
+            assert got["uid-ok"].error == "" and got["uid-ok"].devices
+            assert not any(f.done() for f in pending) and not mixed.done()
+            api.release.set()  # the double ends its bodies: the reads end
+            errs = [f.result(timeout=60)[f"uid-s{i}"].error for i, f in enumerate(pending)]
+            both = mixed.result(timeout=60)
+        assert all("reading ResourceClaim ns/s" in e for e in errs), errs
+        assert "reading ResourceClaim ns/sx" in both["uid-sx"].error
+        assert both["uid-ok2"].error == "" and both["uid-ok2"].devices
 
 
 def _mount_tmpfs(path: str, opts: str) -> None:

@@ -145,6 +145,57 @@ def test_a_slow_api_server_times_out_and_is_retried(api: ApiServer) -> None:
     assert len(api.requests) == 2
 
 
+def _in_thread(fn: Any) -> tuple[threading.Thread, list[BaseException | Any]]:
+    out: list[BaseException | Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+@pytest.mark.parametrize("pause", [0.01, 0.3])
+def test_an_answer_that_trickles_for_ever_ends_at_the_callers_deadline(
+        api: ApiServer, pause: float) -> None:
+    """A body sent a byte at a time (each read well inside the read timeout) and never
+    finished: the call's total deadline cuts it off, as ApiUnavailable naming the call."""
+    kube = Kube(client_for(api), Retry(attempts=3, base=0.001, deadline=30, timeout=10))
+    api.trickle(1, pause)
+    try:
+        t, out = _in_thread(lambda: kube.get_claim("team", "c1", timeout=1.0))
+        t.join(20)  # a bound far past the deadline: only a reader without one reaches it
+        assert not t.is_alive(), "the read did not end at its deadline"
+    finally:
+        api.release.set()
+    assert isinstance(out[0], ApiUnavailable), out
+    assert "reading ResourceClaim team/c1" in str(out[0]) and "did not end" in str(out[0])
+
+
+@pytest.mark.parametrize("body, why", [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
+    (b"{" + b" " * (3 << 20) + b"}", "larger than 2 MiB"),
+    (b"not json", "not JSON"),
+    (b"[1]", "not an object"),
+])
+def test_an_answer_too_deep_or_too_large_is_a_clear_error(
+        api: ApiServer, kube: Kube, monkeypatch: pytest.MonkeyPatch, body: bytes,
+        why: str) -> None:
+    import nvctk.dra.kube as kube_mod
+
+    monkeypatch.setattr(kube_mod, "MAX_ANSWER_BYTES", 2 << 20)
+    api.answer_raw(1, body)
+    with pytest.raises(KubeError, match=why) as e:
+        kube.get_claim("team", "c1")
+    assert not isinstance(e.value, ApiUnavailable)  # not retried: it would not change
+    assert len(api.requests) == 1
+
+
 def test_an_unreachable_api_server_is_api_unavailable(tmp_path: Path) -> None:
     with running() as gone:
         url = gone.url

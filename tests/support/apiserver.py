@@ -356,7 +356,10 @@ class ApiServer:
         self.writes: list[Write] = []
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
         self._version = 0
-        self._faults: list[tuple[str, int]] = []  # ("fail", status) | ("drop", 0) | ("stall", 0)
+        # ("fail", status) | ("drop", 0) | ("stall", 0) | ("trickle", ms) | ("raw", index)
+        self._faults: list[tuple[str, int]] = []
+        self._raw: list[bytes] = []  # the bodies of "raw" faults
+        self.trickling = threading.Semaphore(0)  # one release per request that trickles
         self.release = threading.Event()  # lets stalled requests go
         self.stalled = threading.Semaphore(0)  # one release per request that stalls
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -391,6 +394,18 @@ class ApiServer:
         """The next n requests wait for `release` (or 30 s) before they are served."""
         with self.lock:
             self._faults += [("stall", 0)] * n
+
+    def trickle(self, n: int, pause: float = 0.05) -> None:
+        """The next n requests get a 200 whose body comes one byte per `pause` s and never
+        ends (the JSON, then spaces), until the client goes or `release` is set."""
+        with self.lock:
+            self._faults += [("trickle", int(pause * 1000))] * n
+
+    def answer_raw(self, n: int, body: bytes) -> None:
+        """The next n requests are answered 200 with `body` as it is."""
+        with self.lock:
+            self._faults += [("raw", len(self._raw))] * n
+            self._raw.append(body)
 
     def add_claim(self, obj: dict[str, Any]) -> dict[str, Any]:
         obj = json.loads(json.dumps(obj))
@@ -480,6 +495,37 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (stall)
             self.close_connection = True
 
+    def _send_bytes(self, code: int, body: bytes) -> None:
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _trickle(self, pause: float) -> None:
+        """A body that never ends: a claim's JSON, then spaces, a byte at a time."""
+        api = self.api
+        body = json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                           "metadata": {"name": "slow"}}).encode()
+        self.close_connection = True
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(1 << 30))
+            self.end_headers()
+            self.wfile.flush()
+            api.trickling.release()
+            i = 0
+            while not api.release.wait(pause):
+                self.wfile.write(body[i:i + 1] if i < len(body) else b" ")
+                self.wfile.flush()
+                i += 1
+        except OSError:  # the client gave up: what a bounded reader does
+            pass
+
     def _body(self) -> Any:
         n = int(self.headers.get("Content-Length") or 0)
         return json.loads(self.rfile.read(n) or b"null")
@@ -497,6 +543,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if fault and fault[0] == "stall":
             api.stalled.release()
             api.release.wait(30)
+        if fault and fault[0] == "raw":
+            self._send_bytes(200, api._raw[fault[1]])
+            return
+        if fault and fault[0] == "trickle":
+            self._trickle(fault[1] / 1000)
+            return
         if fault and fault[0] == "fail":
             if method in ("POST", "PUT"):
                 self._body()
