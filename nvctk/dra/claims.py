@@ -29,7 +29,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from decimal import Context, Decimal, DivisionByZero, InvalidOperation, Overflow, Underflow
+from decimal import (
+    Context,
+    Decimal,
+    DivisionByZero,
+    InvalidOperation,
+    Overflow,
+    Subnormal,
+    Underflow,
+)
 from typing import Any, Protocol
 
 from nvctk.base.errors import NvctkError, shown
@@ -104,7 +112,7 @@ MAX_QUANTITY_CHARS = 64
 # every step of the arithmetic in this context: a result past 1e±40 traps (Overflow,
 # Underflow, InvalidOperation: all ArithmeticError) instead of growing or rounding to 0
 _CONTEXT = Context(prec=60, Emin=-40, Emax=40,
-                   traps=[InvalidOperation, Overflow, Underflow, DivisionByZero])
+                   traps=[InvalidOperation, Overflow, Underflow, Subnormal, DivisionByZero])
 
 
 def parse_quantity(value: object) -> Decimal:

@@ -35,6 +35,15 @@ def test_not_quantities(text: Any) -> None:
         claims.parse_quantity(text)
 
 
+@pytest.mark.parametrize("text", ["1e999999999", "1e-999999999", "1e99999999999", "1e41",
+                                  "1e-41", "9" * 65, 10 ** 70])
+def test_quantities_out_of_range_are_value_errors(text: Any) -> None:
+    """Past 1e±40 (or 64 characters): a ValueError saying so, never decimal's own
+    exceptions or a number too large to use."""
+    with pytest.raises(ValueError, match="is not a quantity"):
+        claims.parse_quantity(text)
+
+
 def test_device_names_and_capacities() -> None:
     assert list(DEVICES) == ["gpu-0", "gpu-1", "gpu-1-mig-1"]
     assert DEVICES["gpu-1-mig-1"].capacity == {"memory": 9856 << 20, "smShare": 100}
@@ -109,7 +118,8 @@ def test_corrupt_records(data: bytes, why: str) -> None:
         record.parse(data, "f")
 
 
-@pytest.mark.parametrize("uid", ["", "../x", "a/b", ".hidden", "x" * 200])
+@pytest.mark.parametrize("uid", ["", "../x", "a/b", ".hidden", "x" * 200, "x\n", "x\ny",
+                                 "\nx", "x\x00", "x y"])
 def test_a_uid_that_is_no_file_name(uid: str) -> None:
     with pytest.raises(record.RecordError):
         record.check_uid(uid)
