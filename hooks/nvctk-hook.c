@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-/* nvctk/hook/served.py NAME_PREFIX, MAX_STATE; nvctk/edits.py SERVED_FLAG */
+/* nvctk/hook/served.py NAME_PREFIX; nvctk/base/fileio.py MAX_HOOK_STATE (MAX_STATE); nvctk/edits.py SERVED_FLAG */
 #define NAME_PREFIX "nvctk-prestart-"
 #define MAX_STATE (4 << 20)
 #define SERVED_FLAG "--served"

@@ -18,6 +18,8 @@ class NotRegularFile(OSError):
 
 # a real config is under 4 KiB: anything far larger is not one (and would cost time)
 MAX_CONFIG_BYTES = 64 << 10
+# the OCI state a hook reads on stdin (runc's is a few hundred bytes; crun's adds annotations)
+MAX_HOOK_STATE = 4 << 20
 
 
 def _why(limit: int) -> str:

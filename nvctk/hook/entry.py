@@ -20,11 +20,13 @@ the log); an OSError the same, naming its file; anything else is a bug: exit 1 w
 from __future__ import annotations
 
 import sys
+import time
 
 from nvctk.base.errors import NvctkError, SpecError
+from nvctk.base.fileio import MAX_HOOK_STATE
 from nvctk.base.log import HookLog
 from nvctk.base.record import Record
-from nvctk.edits import EDITS_FILE
+from nvctk.edits import EDITS_FILE, HOOK_NAME
 from nvctk.hook.inputs import (
     HookState,
     edits_path,
@@ -64,7 +66,7 @@ class HookRun(Record):
     """What a command's body is given: its inputs, read by `run`, and the open log."""
 
     __slots__ = ("cmd", "opts", "state", "spec", "rootfs", "edits", "log",  # noqa: RUF023
-                 "early", "_config")
+                 "early", "started", "_config")
 
     def __init__(self, cmd: str, opts: Any, state: HookState, log: HookLog,
                  spec: dict[str, Any] | None = None, rootfs: str | None = None,
@@ -77,7 +79,21 @@ class HookRun(Record):
         self.edits = edits
         self.log = log  # nowhere until the plan names the log (or the body opens one)
         self.early: Early | None = None  # the inputs came from it (run's `early`)
+        self.started = time.monotonic()  # runc's hook timeout counts from about here
         self._config = config
+
+    def deadline(self) -> float | None:
+        """When runc gives up on this hook (its entry's `timeout` in the spec, counted
+        from the hook's start), on time.monotonic's clock; None: no timeout."""
+        hooks = (self.spec or {}).get("hooks")
+        entries = hooks.get(self.cmd) if isinstance(hooks, dict) else None
+        for h in entries if isinstance(entries, list) else ():
+            args = h.get("args") if isinstance(h, dict) else None
+            if isinstance(args, list) and args[:2] == [HOOK_NAME, self.cmd]:
+                timeout = h.get("timeout")
+                if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout > 0:
+                    return self.started + timeout
+        return None
 
     def config(self) -> Config:
         """nvctk's config, read at the first call: only for what the plan does not carry
@@ -120,9 +136,23 @@ def _read_inputs(run_: HookRun, inputs: int) -> str | None:
     check_bundle_outside_rootfs(state.bundle, run_.rootfs)
     run_.edits = load_edits(state.bundle)
     if run_.edits is None:
+        _check_not_edited(run_.spec, state.bundle)
         return (f"no {EDITS_FILE} in {state.bundle}: nvctk-runtime made no plan for this "
                 "container (no GPU asked for, or not created through it); nothing to do")
     return None
+
+
+def _check_not_edited(spec: dict[str, Any], bundle: str) -> None:
+    """No form, yet the spec holds the record of a GPU create (a no-GPU create takes the
+    record out with the form): the form vanished after that create, and a start without
+    it would run the GPU's device nodes without their mounts or their cap. SpecError."""
+    from nvctk.spec.record import EDITS_ANNOTATION, read_record  # only without a form
+
+    record = read_record(spec)
+    if record is not None and not record.malformed:
+        raise SpecError(f"{bundle}: the spec says nvctk-runtime gave this container a GPU "
+                        f"(its {EDITS_ANNOTATION} record), but {EDITS_FILE} is gone: not "
+                        "started without what that create decided (create it again)")
 
 
 class Early(Record):
@@ -177,6 +207,14 @@ def read_early(bundle: str) -> Early | None:
     return Early(bundle, spec_data, spec, rootfs, edits_read, edits, log)
 
 
+def _read_state(stream: IO[bytes]) -> bytes:
+    """The OCI state on stdin, at most MAX_HOOK_STATE bytes (runc's is a few hundred)."""
+    data = stream.read(MAX_HOOK_STATE + 1)
+    if len(data) > MAX_HOOK_STATE:
+        raise SpecError(f"hook state on stdin: larger than {MAX_HOOK_STATE} bytes")
+    return data
+
+
 def _fail(err: IO[str], text: str) -> None:
     try:
         err.write(text)
@@ -212,7 +250,7 @@ def run(cmd: str, body: Callable[[HookRun], None], argv: list[str], *,
     hook: HookRun | None = None
     msg = None
     try:
-        state = parse_state((sys.stdin.buffer if stdin is None else stdin).read())
+        state = parse_state(_read_state(sys.stdin.buffer if stdin is None else stdin))
         hook = HookRun(cmd, opts, state, log or HookLog(""), config=config)
         if early is not None and inputs == EDITS and early.holds(state):
             hook.early = early

@@ -92,11 +92,16 @@ def stop(pid: int) -> int:
     return os.waitpid(pid, 0)[1]
 
 
-def wait_ldconfig(plan: Edits, pid: int, out_r: int, log: Logger) -> None:
-    """Collect ldconfig's output (closes out_r), kill it past LDCONFIG_TIMEOUT, reap
-    it and log how it went: a failing ldconfig is a warning, never the hook's failure."""
+def wait_ldconfig(plan: Edits, pid: int, out_r: int, log: Logger,
+                  hook_deadline: float | None = None) -> None:
+    """Collect ldconfig's output (closes out_r), kill it past LDCONFIG_TIMEOUT or at the
+    hook's own deadline (time.monotonic), whichever comes first, reap it and log how it
+    went: a failing ldconfig is a warning, never the hook's failure (past the hook's
+    deadline runc has failed the container already: nothing of the hook outlives it)."""
     chunks = []
     deadline = time.monotonic() + LDCONFIG_TIMEOUT
+    if hook_deadline is not None and hook_deadline < deadline:
+        deadline = hook_deadline
     timed_out = False
     try:
         # never wait on the image for ever: an /etc/ld.so.conf that is a FIFO (or
@@ -116,7 +121,8 @@ def wait_ldconfig(plan: Edits, pid: int, out_r: int, log: Logger) -> None:
     out = b"".join(chunks).decode("utf-8", "replace").strip()
     code = os.waitstatus_to_exitcode(status)
     if timed_out:
-        out = f"killed after {LDCONFIG_TIMEOUT:g}s" + (f"; {out}" if out else "")
+        out = ("killed at the hook's deadline (runc's hook timeout)" if deadline == hook_deadline
+               else f"killed after {LDCONFIG_TIMEOUT:g}s") + (f"; {out}" if out else "")
     if code != 0:
         # a read-only rootfs, or an image without a writable /etc: the libraries are
         # mounted all the same; programs that dlopen by SONAME may not find them

@@ -84,13 +84,13 @@ def body(hook: HookRun, drop_parent_caps: bool = True, served: bool = False,
     by = ", served by nvctk-runtime" if served else ""
     children = prepared.take(hook) if prepared is not None else None
     if children is not None:
-        children.go(plan, hook.state.pid, hook.log, drop_parent_caps)
+        children.go(plan, hook.state.pid, hook.log, drop_parent_caps, hook.deadline())
         by += ", made ready while runc started"
     else:
         if prepared is not None:
             hook.log.info(f"{hook.state.id}: the inputs read while runc started are not "
                           "this hook's (another bundle, or its files changed): read anew")
-        apply_edits(plan, rootfs, hook.state.pid, hook.log, drop_parent_caps)
+        apply_edits(plan, rootfs, hook.state.pid, hook.log, drop_parent_caps, hook.deadline())
     hook.log.info(f"{hook.state.id}: prestart done{by} ({len(plan.mounts)} mounts, "
                   f"rootfs {rootfs})")
 

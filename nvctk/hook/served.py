@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 
 from nvctk import _sys
-from nvctk.base.fileio import TooLarge, read_all, write_all
+from nvctk.base.fileio import MAX_HOOK_STATE, TooLarge, read_all, write_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 # the abstract socket's name: this prefix, then the token (hooks/nvctk-hook.c has both)
 NAME_PREFIX = b"nvctk-prestart-"
-MAX_STATE = 4 << 20  # the OCI state a server reads (runc's is a few hundred bytes)
 _FD_LIMIT = 1 << 30  # closerange's end: close_range(2) takes any bound
 _PR_SET_PDEATHSIG = 1
 _SIGKILL = 9
@@ -102,9 +101,9 @@ def serve(listener: int, runtime: int, runc: int | None,
             continue
         try:
             try:
-                code, text = prestart(read_all(conn, MAX_STATE))
+                code, text = prestart(read_all(conn, MAX_HOOK_STATE))
             except TooLarge:
-                code, text = 1, f"nvctk-hook: prestart: state larger than {MAX_STATE} bytes\n"
+                code, text = 1, f"nvctk-hook: prestart: state larger than {MAX_HOOK_STATE} bytes\n"
             write_all(conn, bytes((code & 0xFF,)) + text.encode("utf-8", "replace"))
         finally:
             os.close(conn)

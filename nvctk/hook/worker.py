@@ -628,9 +628,10 @@ class Children(Record):
         self.answer_r = answer_r
         self.out_r = out_r
 
-    def go(self, plan: Edits, pid: int, log: HookLog, drop_parent_caps: bool = False) -> None:
+    def go(self, plan: Edits, pid: int, log: HookLog, drop_parent_caps: bool = False,
+           deadline: float | None = None) -> None:
         """The work on container `pid`; MountError with the worker's message on failure
-        (ldconfig is then stopped). drop_parent_caps: see apply_edits."""
+        (ldconfig is then stopped). drop_parent_caps, deadline: see apply_edits."""
         try:
             write_all(self.pid_w, b"%d" % pid)
         except OSError:
@@ -655,7 +656,7 @@ class Children(Record):
             err = f"worker exited {code}"
         if self.ldconfig > 0:
             if err is None:
-                wait_ldconfig(plan, self.ldconfig, self.out_r, log)
+                wait_ldconfig(plan, self.ldconfig, self.out_r, log, deadline)
                 # the children's caps went with them: what is left of the hook is this process
                 log.debug(f"caps step=done effective={','.join(caps.current()) or '-'}")
             else:
@@ -692,11 +693,14 @@ def start(plan: Edits, rootfs: str, log: HookLog) -> Children:
 
 
 def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
-                drop_parent_caps: bool = False) -> None:
+                drop_parent_caps: bool = False, deadline: float | None = None) -> None:
     """Run the worker, and ldconfig beside it, in forked children on container `pid`;
     MountError with the worker's message on failure (ldconfig is then stopped).
 
     drop_parent_caps: the calling process gives up every capability once the
     children have the pid (the hook's main process needs none afterwards).
+    deadline: when runc gives up on the hook (time.monotonic; None: no timeout):
+    ldconfig is stopped there at the latest, also where the hook's own process is not
+    the one runc kills (nvctk-runtime's server).
     """
-    start(plan, rootfs, log).go(plan, pid, log, drop_parent_caps)
+    start(plan, rootfs, log).go(plan, pid, log, drop_parent_caps, deadline)

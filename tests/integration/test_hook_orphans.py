@@ -180,3 +180,48 @@ def test_runc_hook_timeout_leaves_no_ldconfig(sim_host: SimHost, fifo_rootfs: st
     finally:
         for p in left:
             os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_served_hook_past_its_timeout_leaves_no_ldconfig(sim_host: SimHost, fifo_rootfs: str,
+                                                          tmp_path: Path) -> None:
+    """Through nvctk-runtime the prestart runs in its server, which runc's hook timeout
+    does not kill (it kills the launcher): the server stops its ldconfig at the hook's
+    own deadline, not 30 s (LDCONFIG_TIMEOUT) later. The wait below is far shorter than
+    that, far longer than the 2 s deadline."""
+    import re
+    import uuid
+
+    from support.runc import RUNTIME, containers
+
+    text = re.sub(r"(?m)^hook-timeout = .*\n", "", Path(sim_host.config_path).read_text())
+    config = tmp_path / "config.toml"
+    config.write_text(text + "hook-timeout = 2\n")
+    real = os.path.realpath(fifo_rootfs)
+    with containers(sim_host, tmp_path) as rc:
+        b = rc.bundle(fifo_rootfs, ["/bin/true"], ["NVIDIA_VISIBLE_DEVICES=0"])
+        cid = "nvctk-orphan-" + uuid.uuid4().hex[:8]
+        rc.ids.append(cid)
+        seen: list[int] = []
+
+        def ours() -> list[int]:
+            return [p for p in _pids() if _comm(p) == "ldconfig" and _root(p) == real]
+
+        def watch() -> None:
+            with contextlib.suppress(AssertionError):
+                seen.extend(_wait_for(ours, "the hook's ldconfig", 10))
+
+        t = threading.Thread(target=watch)
+        t.start()
+        r = subprocess.run([RUNTIME, "--root", str(rc.root), "run", "--bundle", str(b), cid],
+                           env={**os.environ, "NVCTK_CONFIG": str(config)}, capture_output=True,
+                           text=True, timeout=60, stdin=subprocess.DEVNULL)
+        t.join()
+        assert r.returncode != 0 and "timeout" in r.stderr, r.stderr
+        assert seen, "the served hook's ldconfig never ran"
+        left = _gone_within(seen, 10.0)
+        try:
+            assert left == [], f"ldconfig outlived the hook's deadline: {left}"
+        finally:
+            for p in left:
+                os.kill(p, signal.SIGKILL)

@@ -385,3 +385,18 @@ def test_without_a_saved_plan_the_hook_decides_nothing(
         assert mounts_under(pid, root) == {}
     assert (f"no nvctk-edits.json in {bundle.path}: nvctk-runtime made no plan for this "
             "container") in bundle.log_text()
+
+
+@pytest.mark.parametrize("argv", [["prestart"], ["poststop"], ["cdi-edits", "--folder", "/lib"],
+                                  ["create-symlinks", "--link", "a::/b"],
+                                  ["update-ldcache", "--folder", "/lib"]])
+def test_the_state_on_stdin_is_read_within_a_bound(argv: list[str]) -> None:
+    """An endless stdin (/dev/zero) is refused past MAX_HOOK_STATE, a clear error, never read
+    whole (it used to grow the hook to gigabytes in seconds)."""
+    from nvctk.base.fileio import MAX_HOOK_STATE
+
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run([HOOK, *argv], stdin=zero, capture_output=True, text=True,
+                           timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert f"hook state on stdin: larger than {MAX_HOOK_STATE} bytes" in r.stderr, r.stderr

@@ -388,11 +388,11 @@ def _reap(pid: int) -> int | None:
     return os.waitstatus_to_exitcode(status[-1])
 
 
-def test_a_form_changed_after_the_server_read_it_is_read_anew(rc: Runc,
-                                                              sim_host: SimHost) -> None:
-    """The form changes after the server made the prestart ready and before runc runs
-    the hook: the hook's inputs are read anew, the children made ready end unused
-    (mounting nothing), and the container gets its GPU all the same."""
+def _run_after_the_server_read(rc: Runc, sim_host: SimHost, change: Callable[[Path], None]
+                               ) -> tuple[str, int, int | None, str, list[int]]:
+    """A served runc run whose bundle `change`s after the server made the prestart ready
+    and before runc runs the hook: (container id, runc's exit code, the server's, runc's
+    output, the children the server had made ready)."""
     token = _token()
     b = _edited(rc, sim_host, token)
     cid = "nvctk-served-" + uuid.uuid4().hex[:8]
@@ -422,19 +422,58 @@ def test_a_form_changed_after_the_server_read_it_is_read_anew(rc: Runc,
         # ready: the form read, then the worker forked (and ldconfig beside it)
         until(lambda: _children(server), 30, "the server to make the prestart ready")
         ready = [p for p, _, _ in _children(server)]
-        with open(b / EDITS_FILE, "ab") as f:
-            f.write(b" ")  # still the same form, but not the bytes read
+        change(b)
         os.write(go_w, b"x")
     finally:
         os.close(go_w)
         code = os.waitstatus_to_exitcode(os.waitpid(runc, 0)[1])
         server_code = _reap(server) if server > 0 else None
-    assert code == 0, (b / "out").read_text()
+    return cid, code, server_code, (b / "out").read_text(), ready
+
+
+def test_a_form_changed_after_the_server_read_it_is_read_anew(rc: Runc,
+                                                              sim_host: SimHost) -> None:
+    """The form changes after the server made the prestart ready and before runc runs
+    the hook: the hook's inputs are read anew, the children made ready end unused
+    (mounting nothing), and the container gets its GPU all the same."""
+    def append(b: Path) -> None:
+        with open(b / EDITS_FILE, "ab") as f:
+            f.write(b" ")  # still the same form, but not the bytes read
+
+    cid, code, server_code, out, ready = _run_after_the_server_read(rc, sim_host, append)
+    assert code == 0, out
     assert server_code == 0
-    assert _gpu0((b / "out").read_text(), sim_host), (b / "out").read_text()
+    assert _gpu0(out, sim_host), out
     log = _log(sim_host, cid)
     assert [line for line in log if READ_ANEW in line], log
     assert [line for line in log if SERVED in line], log
     assert not [line for line in log if READY in line], log
     # reaped by the server before it ended
     assert [p for p in ready if os.path.exists(f"/proc/{p}")] == [], ready
+
+
+@pytest.mark.parametrize("spoil", ["removed", "renamed", "emptied"])
+def test_a_form_gone_after_the_server_read_it_starts_no_gpu_container(
+        rc: Runc, sim_host: SimHost, spoil: str) -> None:
+    """The form vanishes (or is no form) after the server read it, while the spec still
+    holds what the GPU create added (its devices, its hook, its record): the hook fails
+    and the container does not start, rather than start with the GPU's device nodes and
+    without its mounts or cap."""
+    def change(b: Path) -> None:
+        form = b / EDITS_FILE
+        if spoil == "removed":
+            form.unlink()
+        elif spoil == "renamed":
+            form.rename(b / "elsewhere.json")
+        else:
+            form.write_bytes(b"")
+
+    cid, code, server_code, out, ready = _run_after_the_server_read(rc, sim_host, change)
+    assert code != 0, out
+    assert "nvctk-hook: prestart:" in out and EDITS_FILE in out, out
+    assert not _gpu0(out, sim_host), out
+    assert server_code == 0  # it answered: the failure
+    assert [p for p in ready if os.path.exists(f"/proc/{p}")] == [], ready
+    assert cid not in rc.listed() or "running" not in subprocess.run(
+        ["runc", "--root", str(rc.root), "state", cid], capture_output=True, text=True,
+        timeout=30).stdout
