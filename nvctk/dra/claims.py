@@ -16,7 +16,9 @@ Opaque parameters (`config[].opaque.parameters` with `driver` = this driver):
 
 TimeSlicing (the default) is what several claims on one GPU get without caps (the
 driver's time slices, as the device plugin's time-slicing); Exclusive refuses a result
-that shares the device (it has a shareID); VGpu asks that the result be a share whose
+that shares the device (a shareID with less than all of its memory consumed: 1.36 gives
+every allocation of a shareable device a shareID, and one that consumes all of the
+memory leaves room for no other); VGpu asks that the result be a share whose
 consumedCapacity (memory bytes, smShare percent) the node caps (nvctk.dra.driver: a
 share is capped whatever the strategy); MPS runs the claim's containers as clients of
 the node's MPS control daemon, as the device plugin's MPS shares: its consumedCapacity
@@ -260,9 +262,14 @@ def results(claim: dict[str, Any], driver: str, pool: str,
         # a subrequest's results name "<request>/<subrequest>": configs name either
         strategy = by_request.get(req, by_request.get(req.split("/", 1)[0],
                                                       by_request.get(None, "TimeSlicing")))
-        if strategy == "Exclusive" and share is not None:
+        # 1.36 gives every allocation of a shareable device a shareID: a result is
+        # exclusive when it consumes all of the device's memory (no other fits beside it)
+        if strategy == "Exclusive" and share is not None and \
+                consumed.get(MEMORY, 0) < dev.memory:
             raise ClaimError(f"{where}: sharing strategy Exclusive, but device {dev.name} is "
-                             f"allocated as share {share} of it")
+                             f"allocated as share {share} of it consuming "
+                             f"{consumed.get(MEMORY, 0)} of its {dev.memory} bytes of memory "
+                             "(an exclusive claim consumes all of it: ask for no capacity)")
         res = Result(req, pool_name, dev, share, consumed, strategy)
         if strategy == "MPS" and dev.mig is not None:
             raise ClaimError(f"{where}: sharing strategy MPS on MIG device {dev.name}: MPS "

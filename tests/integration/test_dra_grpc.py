@@ -30,6 +30,7 @@ from nvctk.k8s.health import Health, XidWatcher
 from nvctk.sim import events, host
 from nvctk.sim.host import SimHost
 from nvctk.sim.topology import make_topology
+from support import wait
 from support.apiserver import client_for, running
 from support.drakubelet import FakeDraKubelet, pb
 from support.procs import open_fds
@@ -76,7 +77,10 @@ class Node:
         self.host = nvml.query_host(sim.root)
         self.driver, _, _ = make_driver(DRIVER, NODE, source, self.plugins_dir, self.cdi_dir,
                                         self.health, cfg=cfg, host=self.host)
-        watcher = XidWatcher(sim.root, self.host, self.health) if health else None
+        inventory = self.driver.inventory
+        assert inventory is not None
+        # as the plugin's command does: XIDs mapped to the devices as they are now
+        watcher = XidWatcher(sim.root, lambda: inventory.host, self.health) if health else None
         self.plugin = Plugin(self.driver, self.health, self.plugins_dir, self.registry_dir,
                              watcher)
         self.plugin.start()
@@ -133,7 +137,8 @@ def test_registration(start: Start, sim_host: SimHost) -> None:
     info = n.kubelet.info
     assert (info.type, info.name) == ("DRAPlugin", DRIVER)
     assert info.endpoint == os.path.join(n.plugins_dir, DRIVER, "dra.sock")
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin",
+                                             "v1alpha1.DRAResourceHealth"]
     assert n.plugin.registration.notified.wait(5)
     assert n.plugin.registration.status.plugin_registered
     assert os.path.basename(n.plugin.reg_path) == f"{DRIVER}-reg.sock"
@@ -666,3 +671,72 @@ def test_200_prepare_unprepare_cycles_leak_nothing(start: Start, sim_host: SimHo
     assert len(os.listdir("/proc/self/task")) <= threads + 2 * 8
     assert subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
                           text=True).stdout.split() == children
+
+
+def test_a_non_fatal_xid_leaves_the_device_in_service(start: Start, sim_xid: SimHost) -> None:
+    """XID 94 (a contained ECC error) on the GPU: recorded, but the device stays healthy
+    for the kubelet and claims are prepared (NVIDIA's driver: no taint)."""
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")])})
+    n = start(sim_xid, src, health=True)
+    n.kubelet.watch_health()
+    events.inject_xid(sim_xid.root, 1, 94)
+    wait.until(lambda: n.health.reasons.get(sim_xid.topology.gpus[1].uuid) == "XID 94", 10,
+               "the XID to be seen")
+    got = n.kubelet.wait_health(lambda h: True)
+    assert got["gpu-1"][0] == pb.health.HEALTHY
+    assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
+
+
+def test_health_survives_a_restart_of_the_plugin(start: Start, sim_xid: SimHost,
+                                                 tmp_path_factory: pytest.TempPathFactory
+                                                 ) -> None:
+    """A GPU that fell off the bus stays unhealthy across a rollout of the plugin (NVML
+    tells an XID once): the restarted plugin reports it, refuses it, and would taint it."""
+    top = tmp_path_factory.mktemp("drahealth")
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")])})
+    n = start(sim_xid, src, health=True, top=top)
+    events.inject_xid(sim_xid.root, 1, 79)
+    wait.until(lambda: "gpu-1" in _sick_names(n), 10, "XID 79 to be seen")
+    n.stop()
+    n2 = start(sim_xid, src, health=True, top=top)
+    n2.kubelet.watch_health()
+    got = n2.kubelet.wait_health(lambda h: h["gpu-1"][0] == pb.health.UNHEALTHY)
+    assert got["gpu-0"][0] == pb.health.HEALTHY
+    assert "device gpu-1 is unhealthy" in n2.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error
+
+
+def _sick_names(n: Node) -> set[str]:
+    sick = n.driver.unhealthy()
+    return {name for name, d in n.driver.devices.items() if d.uuid in sick}
+
+
+def test_a_removed_registration_socket_is_made_again(start: Start, sim_host: SimHost) -> None:
+    """The kubelet's watcher registers a plugin by its socket: one removed from under the
+    plugin (a kubelet cleaning its dir) is made again, and the plugin registers anew."""
+    n = start(sim_host, MemoryClaims())
+    for path in (n.plugin.reg_path, n.plugin.endpoint):
+        os.unlink(path)
+        wait.until(lambda p=path: os.path.exists(p), 10, f"{path} to be made again")
+    n.kubelet.close()
+    n.kubelet = FakeDraKubelet(n.registry_dir)
+    assert n.kubelet.register(DRIVER).name == DRIVER
+    assert n.kubelet.prepare([("ns", "x", "uid-x")])["uid-x"].error  # the service answers
+
+
+def test_xids_after_a_mig_layout_change_name_the_new_devices(
+        start: Start, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The MIG layout changes while the plugin runs: an XID on the new GPU instance marks
+    the new MIG device (the watcher maps events with the host as it is now)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the simulated host has device nodes)")
+    root = str(tmp_path_factory.mktemp("drasim") / "h")
+    sim = host.init(root, make_topology(gpus=1, mig={0: ["3g.40gb"]}, seed="xidmap"))
+    n = start(sim, MemoryClaims(), health=True)
+    n.driver.inventory.query = _query_in_a_new_process(root)  # type: ignore[union-attr]
+    after = make_topology(gpus=1, mig={0: ["3g.40gb", "2g.20gb"]}, seed="xidmap")
+    host.init(root, after, force=True)
+    n.driver.rediscover()
+    new = next(m for m in after.gpus[0].mig_devices if m.index == 1)
+    events.inject_xid(root, 0, 95, new.gpu_instance, new.compute_instance)
+    wait.until(lambda: new.uuid in n.health.unhealthy, 10, "the XID on the new MIG device")
+    assert n.health.unhealthy == {new.uuid}
