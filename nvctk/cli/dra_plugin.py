@@ -39,10 +39,19 @@ DEFAULT_CDI_DIR = "/var/run/cdi"
               help="the taint of a device an XID hit: NoSchedule, NoExecute or None (default: "
                    "NoSchedule for a fatal XID, None for a contained or corrected one: 63, 92, "
                    "94); repeatable")
+@click.option("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+              show_default=True, metavar="PATH",
+              help="the kubelet's pod-resources socket: a claim a Pod still holds is never "
+                   "swept as stale (without it, none is)")
+@click.option("--stale-claim-grace", default=300.0, show_default=True, type=click.FloatRange(0),
+              metavar="SECONDS",
+              help="a prepared claim gone from the API server and held by no Pod for this "
+                   "long is unprepared (its unprepare never came)")
 @click.pass_context
 def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugins_dir: str,
                registry_dir: str, cdi_dir: str, driver_name: str,
-               xid_taints: tuple[str, ...]) -> None:
+               xid_taints: tuple[str, ...], pod_resources_socket: str,
+               stale_claim_grace: float) -> None:
     """Kubernetes DRA kubelet plugin: publish this node's GPUs, GPU shares and MIG devices
     as ResourceSlices, and prepare them for claims."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -57,6 +66,7 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
         from nvctk.dra.publish import Publisher
         from nvctk.dra.server import Plugin
         from nvctk.dra.slices import TaintPolicy
+        from nvctk.dra.stale import Sweeper, kubelet_claims
         from nvctk.k8s.health import Health, XidWatcher
 
         try:
@@ -85,6 +95,9 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
         publishing = threading.Thread(
             target=publisher.run, args=(driver.rediscover, health),
             name="nvctk-dra-publish", daemon=True)
+        sweeper = Sweeper(driver, source, kubelet_claims(pod_resources_socket),
+                          grace=stale_claim_grace)
+        sweeping = threading.Thread(target=sweeper.run, name="nvctk-dra-stale", daemon=True)
         stop = threading.Event()
 
         def on_signal(*_: Any) -> None:
@@ -94,11 +107,13 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
         signal.signal(signal.SIGINT, on_signal)
         plugin.start()
         publishing.start()
+        sweeping.start()
         click.echo(f"{driver_name}: {len(driver.devices)} device(s) on node {node_name}, "
                    f"serving {plugin.endpoint}", err=True)
         try:
             stop.wait()
         finally:
+            sweeper.stop()
             publisher.stop(health)
             publishing.join(5)  # a sync may be waiting out a down API server
             plugin.stop()

@@ -25,6 +25,12 @@ the node's MPS control daemon, as the device plugin's MPS shares: its consumedCa
 becomes MPS's limits (smShare the active thread percentage, memory the pinned device
 memory limit) instead of libvgpu's. MPS splits whole GPUs only (not MIG devices), and
 a claim is MPS for all of its devices or for none.
+
+A result with `adminAccess` (a claim of a namespace labelled
+`resource.kubernetes.io/admin-access`, for monitoring and debugging tools) is access
+to a device other claims hold: it is prepared as the whole device, without a share,
+cap, ledger or MPS of its own and whatever its strategy (it consumes nothing, so it
+takes nothing from the claims it watches; nvctk's monitor shows its processes).
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ class Result:
     share_id: str | None = None
     consumed: dict[str, int] = field(default_factory=dict)  # capacity name -> amount
     strategy: str = "TimeSlicing"
+    admin: bool = False  # adminAccess: monitoring access beside the device's claims
 
     @property
     def partial(self) -> bool:
@@ -258,6 +265,14 @@ def results(claim: dict[str, Any], driver: str, pool: str,
         share = r.get("shareID")
         if share is not None and (not isinstance(share, str) or not share):
             raise ClaimError(f"{where}: shareID must be a string, not {shown(share)}")
+        admin = r.get("adminAccess")
+        if admin is not None and not isinstance(admin, bool):
+            raise ClaimError(f"{where}: adminAccess must be true or false, not {shown(admin)}")
+        if admin:
+            # an admin's view of a device others hold (the namespace is labelled for it):
+            # the whole device, no share, cap or MPS of its own; it consumes nothing
+            out.append(Result(req, pool_name, dev, share, {}, "TimeSlicing", True))
+            continue
         consumed = _consumed(r.get("consumedCapacity"), dev, where)
         # a subrequest's results name "<request>/<subrequest>": configs name either
         strategy = by_request.get(req, by_request.get(req.split("/", 1)[0],

@@ -169,6 +169,10 @@ def test_prepare_whole_gpu_then_unprepare(start: Start, sim_host: SimHost, versi
     assert [d["name"] for d in r.spec["devices"]] == ["uid-1-gpu-1"]
     assert r.spec["containerEdits"]["mounts"], "the driver's files are mounted"
     assert r.spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    # as `nvctk cdi generate`'s spec: the driver's links and the ld cache by nvctk's hook
+    (hook,) = r.device["containerEdits"]["hooks"]
+    assert hook["hookName"] == "createRuntime" and hook["args"][:2] == ["nvctk-hook", "cdi-edits"]
+    assert "--folder" in hook["args"] and "--link" in hook["args"], hook["args"]
 
     # the kubelet retries: the same answer, from the record, with the API server empty
     src.claims.clear()
@@ -192,6 +196,8 @@ def test_mig_claim_gets_its_mig_device(start: Start, sim_host_mig: SimHost) -> N
     (r,) = _resolve(n, list(ans.devices[0].cdi_device_ids))
     nodes = [d["path"] for d in r.device["containerEdits"]["deviceNodes"]]
     assert "/dev/nvidia0" in nodes and any("nvidia-cap" in p for p in nodes)
+    (hook,) = r.device["containerEdits"]["hooks"]
+    assert "--folder" in hook["args"] and "--link" in hook["args"], hook["args"]
     # it is that MIG device's own capability nodes: another MIG device's differ
     other = f"gpu-0-mig-{g0.mig_devices[0].index}"
     n.source.claims[("ns", "o")] = claim("o", "uid-o", [result(other)])
@@ -740,3 +746,51 @@ def test_xids_after_a_mig_layout_change_name_the_new_devices(
     events.inject_xid(root, 0, 95, new.gpu_instance, new.compute_instance)
     wait.until(lambda: new.uuid in n.health.unhealthy, 10, "the XID on the new MIG device")
     assert n.health.unhealthy == {new.uuid}
+
+
+def test_claims_whose_unprepare_never_comes_are_swept_when_gone(
+        start: Start, sim_host: SimHost, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A claim gone from the API server (or made again under another uid), held by no Pod
+    the kubelet knows, for the grace period: unprepared (spec, ledger, record). One a Pod
+    still holds, one the API server still has, and all of them while the kubelet cannot
+    be asked, are kept."""
+    from nvctk.dra.stale import Sweeper, kubelet_claims
+    from support.monitor import FakePodResources
+
+    top = tmp_path_factory.mktemp("drastale")
+    src = MemoryClaims({
+        ("ns", "gone"): claim("gone", "uid-gone", [result("gpu-0", shareID="a",
+                                                         consumedCapacity={"memory": "2Gi"})]),
+        ("ns", "held"): claim("held", "uid-held", [result("gpu-1")]),
+        ("ns", "kept"): claim("kept", "uid-kept", [result("gpu-1")]),
+        ("ns", "again"): claim("again", "uid-again", [result("gpu-1")])})
+    n = start(sim_host, src, top=top)
+    refs = [("ns", c, f"uid-{c}") for c in ("gone", "held", "kept", "again")]
+    assert all(a.error == "" for a in n.kubelet.prepare(refs).values())
+    ledger = n.driver.ledger_path("uid-gone")
+    assert os.path.isdir(ledger)
+    for name in ("gone", "held"):
+        del src.claims[("ns", name)]
+    src.claims[("ns", "again")] = claim("again", "uid-new", [result("gpu-1")])
+    sock = top / "pr.sock"
+    now = [1000.0]
+    sweeper = Sweeper(n.driver, src, kubelet_claims(str(sock)), grace=300, clock=lambda: now[0])
+    assert sweeper.sweep() == []  # no kubelet to ask: nothing swept
+    kubelet = FakePodResources(sock, [{"name": "p", "namespace": "ns", "containers": [
+        {"name": "c", "dynamic_resources": [{"claim_name": "held", "claim_namespace": "ns"}]}]}])
+    try:
+        assert sweeper.sweep() == []  # stale from now on: the grace starts
+        now[0] += 299
+        assert sweeper.sweep() == []
+        now[0] += 2
+        assert sorted(sweeper.sweep()) == ["uid-again", "uid-gone"]
+        assert sorted(n.driver.prepared_uids()) == ["uid-held", "uid-kept"]
+        assert not os.path.exists(ledger)
+        assert n.specs() == sorted(f"k8s.{DRIVER}-claim_uid-{c}.json" for c in ("held", "kept"))
+        # the Pod holding "held" is gone from the kubelet too: swept after its own grace
+        kubelet.pods = []
+        assert sweeper.sweep() == []
+        now[0] += 301
+        assert sweeper.sweep() == ["uid-held"]
+    finally:
+        kubelet.stop()

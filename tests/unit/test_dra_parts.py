@@ -166,3 +166,18 @@ def test_the_health_record_is_restored_for_this_boot_and_present_devices_only(
     for bad in (b"{", b"[]", b'{"v": 2, "unhealthy": {}}', b'{"v": 1, "unhealthy": {"a": 1}}'):
         (tmp_path / "health.json").write_bytes(bad)
         assert health_record.restore(path, Health(), {"a"}, boot="boot-1") == {}
+
+
+@pytest.mark.parametrize("strategy", ["Exclusive", "VGpu", "MPS", "TimeSlicing"])
+def test_admin_access_is_the_whole_device_without_a_share_of_its_own(strategy: str) -> None:
+    """adminAccess (monitoring a device others hold): the whole device, whatever the
+    class's strategy, consuming nothing: no cap, no ledger, no MPS; never refused as a
+    share (Exclusive) nor for want of one (VGpu)."""
+    cfg = [{"opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig", "sharing": {"strategy": strategy}}}}]
+    (x,) = claims.results(a_claim(r("gpu-0", adminAccess=True, shareID="s",
+                                    consumedCapacity={"memory": "2Gi"}), config=cfg),
+                          DRIVER, "n", DEVICES)
+    assert x.admin and not x.partial and x.consumed == {} and x.strategy == "TimeSlicing"
+    with pytest.raises(claims.ClaimError, match="adminAccess must be true or false"):
+        claims.results(a_claim(r("gpu-0", adminAccess="yes")), DRIVER, "n", DEVICES)
