@@ -435,8 +435,10 @@ def test_slow_api_answers_starve_no_other_claim(start: Start, sim_host: SimHost)
     with running() as api:
         api.add_claim(claim("ok", "uid-ok", [result("gpu-0")], ns="ns"))
         api.add_claim(claim("ok2", "uid-ok2", [result("gpu-1")], ns="ns"))
-        n = start(sim_host, Kube(client_for(api), FAST))
-        n.driver.api_timeout = 60  # the slow ones outlast the test's healthy calls
+        # the slow ones outlast the test's healthy calls, however loaded the machine
+        n = start(sim_host, Kube(client_for(api), Retry(attempts=4, base=0.001, cap=0.01,
+                                                        deadline=600, timeout=5)))
+        n.driver.api_timeout = 600
         api.trickle(slow)
         with cf.ThreadPoolExecutor(slow + 1) as pool:
             pending = [pool.submit(n.kubelet.prepare, [("ns", f"s{i}", f"uid-s{i}")])

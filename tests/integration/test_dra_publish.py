@@ -125,7 +125,7 @@ def test_an_unhealthy_gpu_is_tainted_in_a_new_generation(api: ApiServer) -> None
     out = pool(api)
     devs = {d["name"]: d for s in out for d in s["spec"]["devices"]}
     assert [(t["key"], t["value"], t["effect"]) for t in devs["gpu-1"]["taints"]] == [
-        (f"{D}/unhealthy", "XID-79", "NoExecute")]
+        (f"{D}/unhealthy", "XID-79", "NoSchedule")]
     assert "taints" not in devs["gpu-0"] and generation(out) == 2
 
 
@@ -175,7 +175,7 @@ def test_fields_a_server_drops_are_published_without(gate: str, features: Featur
                                                      want: list[str]) -> None:
     with running(frozenset({gate})) as api:
         p = publisher(api)
-        p.sync(host(gpu(0), gpu(1, 1)), {"MIG-1-0": "XID 94"})
+        p.sync(host(gpu(0), gpu(1, 1)), {"MIG-1-0": "XID 95"})
         assert p.features == features
         out = pool(api)
         assert sorted(names(out)) == sorted(want)
