@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from nvctk.base.errors import NvctkError
-from nvctk.cli.common import load_config
+from nvctk.cli.common import load_node_config
 from nvctk.dra.devices import DEFAULT_DRIVER
 
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
@@ -46,7 +46,7 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
         raise click.UsageError("no node name: set --node-name or $NODE_NAME (the downward "
                                "API's spec.nodeName)")
     try:
-        cfg = load_config(ctx)
+        cfg = load_node_config(ctx)
         # start time: grpc, NVML and the API client, for this command only
         from nvctk.dra.node import claim_source, make_driver
         from nvctk.dra.publish import Publisher

@@ -6,6 +6,7 @@ import click
 
 from nvctk.base.errors import NvctkError
 from nvctk.base.fileio import NotRegularFile
+from nvctk.cli.common import load_node_config
 
 
 @click.command("labels")
@@ -14,14 +15,15 @@ from nvctk.base.fileio import NotRegularFile
                    "features.d/nvctk); default: stdout")
 @click.option("--config", "config_file", default=None, metavar="FILE",
               help="the device plugin's YAML config (sharing and MIG strategy labels)")
-def labels(output: str | None, config_file: str | None) -> None:
+@click.pass_context
+def labels(ctx: click.Context, output: str | None, config_file: str | None) -> None:
     """GPU Feature Discovery style node labels."""
     # start time: NVML and the plugin's config, for this command only
     from nvctk.k8s import labels as lb
     from nvctk.k8s.node import setup
 
     try:
-        cfg, _root, host = setup(config_file)
+        cfg, _root, host = setup(config_file, load_node_config(ctx))
         out = lb.node_labels(host, cfg)
     except NvctkError as e:
         raise click.ClickException(str(e))

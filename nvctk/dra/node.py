@@ -13,7 +13,7 @@ from nvctk.dra.driver import API_TIMEOUT, CdiForms, Driver, Inventory, Shares
 from nvctk.dra.record import Records
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
-from nvctk.host.paths import find_hook
+from nvctk.host.paths import find_hook, spec_hook_env
 from nvctk.k8s.health import Health
 
 TYPE_CHECKING = False
@@ -34,8 +34,8 @@ def cdi_forms(cfg: nvconfig.Config, host: HostInfo, config_path: str | None) -> 
     """nvctk's CDI forms of every GPU and MIG device (what `nvctk cdi generate` writes),
     by uuid; the hook finds nvctk's config as `nvctk cdi generate`'s does."""
     common, devices = cdi_generate.host_edits(cfg, host, ("uuid",))
-    env = (f"NVCTK_CONFIG={os.path.abspath(config_path)}",) if config_path else ()
-    return CdiForms(common, {names[0]: e for names, e in devices}, find_hook(cfg), env)
+    return CdiForms(common, {names[0]: e for names, e in devices}, find_hook(cfg),
+                    spec_hook_env(cfg, config_path))
 
 
 def make_driver(name: str, node_name: str, source: ClaimSource, plugins_dir: str,

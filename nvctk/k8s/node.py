@@ -14,9 +14,9 @@ from nvctk.k8s.config import PluginConfig
 from nvctk.vgpu.authority import load_key
 
 
-def setup(config_file: str | None) -> tuple[PluginConfig, str, HostInfo]:
+def setup(config_file: str | None, nv: nvconfig.Config) -> tuple[PluginConfig, str, HostInfo]:
+    """nv: nvctk's effective config (nvctk.cli.common.load_config)."""
     cfg = dpconfig.load(config_file)
-    nv = nvconfig.load()
     driver_root = cfg.driver_root or nv.driver_root
     host = nvml.query_host(driver_root)
     cfg = dataclasses.replace(cfg, authority_key=nv.authority_key)
