@@ -37,6 +37,7 @@ from nvctk.dra.claims import parse_quantity as quantity  # the driver's one pars
 
 K8S_VERSION = "1.36.0"
 PREFIX = "/apis/resource.k8s.io/v1"
+NODES = "/api/v1/nodes"
 
 MAX_DEVICES = 128
 MAX_DEVICES_TAINTS_OR_COUNTERS = 64
@@ -353,6 +354,8 @@ class ApiServer:
         self.lock = threading.Lock()
         self.slices: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        # core/v1 Nodes by name (`nvctk labels --node-name` reads and patches its own)
+        self.nodes: dict[str, dict[str, Any]] = {}
         self.writes: list[Write] = []
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
         self._version = 0
@@ -415,6 +418,16 @@ class ApiServer:
             meta["resourceVersion"] = self._next_version()
             self.claims[(meta["namespace"], meta["name"])] = obj
         return obj
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
+        with self.lock:
+            self.nodes[name] = {"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": name, "labels": dict(labels or {}), "annotations": {},
+                "uid": str(uuid.uuid4()), "resourceVersion": self._next_version()}}
+
+    def node_labels(self, name: str) -> dict[str, str]:
+        with self.lock:
+            return dict(self.nodes[name]["metadata"].get("labels") or {})
 
     def remove_claim(self, namespace: str, name: str) -> None:
         with self.lock:
@@ -557,7 +570,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
         parts = url.path.removeprefix(PREFIX).strip("/").split("/")
-        if not url.path.startswith(PREFIX + "/"):
+        if url.path.startswith(NODES + "/"):
+            self._node(method, url.path.removeprefix(NODES + "/"))
+        elif not url.path.startswith(PREFIX + "/"):
             self._send(404, status(404, "NotFound", f"no route {url.path}"))
         elif parts[0] == "resourceslices":
             self._slices(method, parts[1] if len(parts) > 1 else None, query)
@@ -578,6 +593,41 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._serve("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def _node(self, method: str, name: str) -> None:
+        """GET, and a merge patch of metadata.labels/annotations only (a null removes the
+        key), as the real server applies a strategic merge patch to those maps."""
+        api = self.api
+        patch = self._body() if method == "PATCH" else None
+        kind = self.headers.get("Content-Type", "")
+        with api.lock:
+            node = api.nodes.get(name)
+            if node is None:
+                self._send(404, status(404, "NotFound", f'nodes "{name}" not found'))
+                return
+            if method == "PATCH":
+                if kind not in ("application/merge-patch+json",
+                                "application/strategic-merge-patch+json") \
+                        or not isinstance(patch, dict) or set(patch) - {"metadata"} \
+                        or set(patch.get("metadata") or {}) - {"labels", "annotations"}:
+                    self._send(422, status(422, "Invalid", f"unexpected patch {kind} {patch}"))
+                    return
+                for key, changes in (patch.get("metadata") or {}).items():
+                    have = node["metadata"].setdefault(key, {})
+                    for k, v in (changes or {}).items():
+                        if v is None:
+                            have.pop(k, None)
+                        else:
+                            have[k] = v
+                node["metadata"]["resourceVersion"] = api._next_version()
+            elif method != "GET":
+                self._send(405, status(405, "MethodNotAllowed", method))
+                return
+            body = json.loads(json.dumps(node))
+        self._send(200, body)
 
     def _claim(self, ns: str, name: str) -> None:
         with self.api.lock:

@@ -260,6 +260,7 @@ def test_labels() -> None:
     assert (lb["nvidia.com/gpu.sharing-strategy"], lb["nvidia.com/gpu.replicas"]) == (
         "time-slicing", "4")
     assert lb["nvidia.com/mig.capable"] == "true"
+    assert lb["nvidia.com/gpu.present"] == "true"  # what nvctk's DaemonSets select
     v = labels.node_labels(TWO, cfg(sharing={"vgpu": {"replicas": 16}}))
     assert (v["nvidia.com/gpu.sharing-strategy"], v["nvidia.com/gpu.replicas"]) == ("vgpu", "16")
     assert v["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
