@@ -86,7 +86,8 @@ reliability: setup
 deb: apt
 	bash packaging/deb/build.sh dist
 
-# dist/nvctk-installer.tar: an OCI image archive, from the .deb on a debootstrap'd Debian 12
+# dist/nvctk-image.tar (localhost/nvctk:<version>, in dist/nvctk-image.name): the one image of
+# every node role, an OCI image archive, from the .deb on a debootstrap'd Debian 12
 image: deb
 	bash packaging/image/build.sh dist
 
