@@ -7,9 +7,7 @@ says which engine and what to do. Without ../shared these skip, saying why."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +18,11 @@ from nvctk.engines import restart
 from support.cri import CriClient, containerd2_cri_config
 from support.daemons import (
     CONTAINERD_2_TAR,
-    _kill_shims,
+    SupervisedContainerd,
     peer_bin,
     peer_env,
     short_dir,
+    supervised_containerd,
     umount_below,
 )
 from support.exe import nvctk_exe
@@ -39,66 +38,35 @@ def bin2() -> Iterator[Path]:
         yield got
 
 
-class Supervised:
-    """containerd started again each time it exits, until stopped (a node's service
-    manager); its socket, config and the file whose presence stops the loop."""
-
-    def __init__(self, work: Path, bin2: Path) -> None:
-        self.work, self.bin2 = work, bin2
-        self.cfg = work / "config.toml"
-        self.sock = work / "containerd.sock"
-        self.stop_file = work / "stop"
+@pytest.fixture
+def ctd(bin2: Path) -> Iterator[SupervisedContainerd]:
+    with short_dir("nvctk-rsw-") as d:
+        cfg = d / "config.toml"
         default = subprocess.run([str(bin2 / "containerd"), "config", "default"],
                                  capture_output=True, text=True, check=True).stdout
-        self.cfg.write_text(containerd2_cri_config(work, "nvctk.test/pause:1", default))
-        self.original = self.cfg.read_bytes()
-        loop = (f'while [ ! -e "{self.stop_file}" ]; do '
-                f'"{bin2}/containerd" --config "{self.cfg}" >>"{work}/containerd.log" 2>&1; done')
-        self.proc = subprocess.Popen(["sh", "-c", loop], env=peer_env(bin2),
-                                     start_new_session=True)
-
-    def handlers(self) -> set[str]:
-        return restart.handlers("containerd", str(self.sock))
-
-    def pid(self) -> int:
-        return restart.engine_pid(str(self.sock))
-
-    def close(self) -> None:
-        self.stop_file.touch()
-        with contextlib.suppress(restart.EngineError, ProcessLookupError):
-            os.kill(self.pid(), signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        _kill_shims(self.work)
-        umount_below(self.work)
-
-
-@pytest.fixture
-def ctd(bin2: Path) -> Iterator[Supervised]:
-    with short_dir("nvctk-rsw-") as d:
-        s = Supervised(d, bin2)
-        try:
-            restart.wait_for(restart.Restart("containerd", socket=str(s.sock), timeout=60),
-                             "runc", True)
+        cfg.write_text(containerd2_cri_config(d, "nvctk.test/pause:1", default))
+        with supervised_containerd(d, bin2, cfg, str(d / "containerd.sock")) as s:
             yield s
-        finally:
-            s.close()
+        umount_below(d)
 
 
-def configure(ctd: Supervised, *args: str) -> subprocess.CompletedProcess[str]:
+def handlers(ctd: SupervisedContainerd) -> set[str]:
+    return restart.handlers("containerd", ctd.sock)
+
+
+def configure(ctd: SupervisedContainerd, bin2: Path, *args: str
+              ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*nvctk_exe(), "configure", "--runtime", "containerd", "--config",
-                           str(ctd.cfg), "--socket", str(ctd.sock), *args],
-                          capture_output=True, text=True, timeout=180,
-                          env=peer_env(ctd.bin2))
+                           str(ctd.config), "--socket", ctd.sock, *args],
+                          capture_output=True, text=True, timeout=180, env=peer_env(bin2))
 
 
-def test_signal_restarts_containerd_into_the_nvidia_handler(ctd: Supervised) -> None:
+def test_signal_restarts_containerd_into_the_nvidia_handler(ctd: SupervisedContainerd,
+                                                            bin2: Path) -> None:
+    original = ctd.config.read_bytes()
     before = ctd.pid()
-    assert "nvidia" not in ctd.handlers()
-    r = configure(ctd, "--restart-mode", "signal")
+    assert "nvidia" not in handlers(ctd)
+    r = configure(ctd, bin2, "--restart-mode", "signal")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"sent SIGHUP to containerd (pid {before})" in r.stdout
     assert "containerd answers with runtime 'nvidia'" in r.stdout
@@ -109,25 +77,27 @@ def test_signal_restarts_containerd_into_the_nvidia_handler(ctd: Supervised) -> 
     assert "nvidia" in {h.name for h in status.runtime_handlers}
     # a second run: nothing to write, and the handler is served already: no restart
     now = ctd.pid()
-    r = configure(ctd, "--restart-mode", "signal")
+    r = configure(ctd, bin2, "--restart-mode", "signal")
     assert r.returncode == 0 and "serves it as wanted" in r.stdout, r.stdout + r.stderr
     assert ctd.pid() == now
     # removed the same way: the handler gone, the config as it was
-    r = configure(ctd, "--remove", "--restart-mode", "signal")
+    r = configure(ctd, bin2, "--remove", "--restart-mode", "signal")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "containerd answers without runtime 'nvidia'" in r.stdout
-    assert "nvidia" not in ctd.handlers() and ctd.cfg.read_bytes() == ctd.original
+    assert "nvidia" not in handlers(ctd) and ctd.config.read_bytes() == original
 
 
-def test_containerd_that_does_not_come_back_gets_its_config_back(ctd: Supervised) -> None:
+def test_containerd_that_does_not_come_back_gets_its_config_back(ctd: SupervisedContainerd,
+                                                                 bin2: Path) -> None:
+    original = ctd.config.read_bytes()
     ctd.stop_file.touch()  # the service manager gives up: containerd stays down
-    r = configure(ctd, "--restart-mode", "signal", "--restart-timeout", "3")
+    r = configure(ctd, bin2, "--restart-mode", "signal", "--restart-timeout", "3")
     assert r.returncode == 1, r.stdout + r.stderr
     err = r.stderr
     assert "containerd did not answer with runtime handler 'nvidia' within 3 s" in err, err
     assert "journalctl -u containerd" in err and "the config is restored" in err, err
     assert "Traceback" not in err
-    assert ctd.cfg.read_bytes() == ctd.original
+    assert ctd.config.read_bytes() == original
 
 
 def test_signal_mode_needs_the_engines_process(tmp_path: Path) -> None:

@@ -349,7 +349,10 @@ class ApiServer:
     """The double's state; `url` is what a kubernetes Configuration's host points at.
     disabled: feature gates (GATES) off, as on a 1.34 server."""
 
-    def __init__(self, disabled: frozenset[str] = frozenset()) -> None:
+    def __init__(self, disabled: frozenset[str] = frozenset(), tls_dir: Path | None = None
+                 ) -> None:
+        """tls_dir: serve HTTPS with a certificate for 127.0.0.1 made there (ca.crt: what
+        a Pod's in-cluster config trusts)."""
         self.disabled = disabled
         self.lock = threading.Lock()
         self.slices: dict[str, dict[str, Any]] = {}
@@ -368,7 +371,12 @@ class ApiServer:
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.daemon_threads = True
         self.httpd.api = self  # type: ignore[attr-defined]
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ca_file: Path | None = None
+        if tls_dir is not None:
+            self.ca_file = _serve_tls(self.httpd, tls_dir)
+            self.url = f"https://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),
                                         daemon=True, name="apiserver-double")
 
@@ -452,9 +460,28 @@ class ApiServer:
             return self._faults.pop(0) if self._faults else None
 
 
+def _serve_tls(httpd: http.server.HTTPServer, tls_dir: Path) -> Path:
+    """A self-signed certificate for 127.0.0.1 (openssl), the server's socket wrapped
+    with it (each connection's handshake in its own handler thread); its path."""
+    import ssl
+    import subprocess
+
+    tls_dir.mkdir(parents=True, exist_ok=True)
+    cert, key = tls_dir / "ca.crt", tls_dir / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True,
+                                   do_handshake_on_connect=False)
+    return cert
+
+
 @contextmanager
-def running(disabled: frozenset[str] = frozenset()) -> Iterator[ApiServer]:
-    api = ApiServer(disabled).start()
+def running(disabled: frozenset[str] = frozenset(), tls_dir: Path | None = None
+            ) -> Iterator[ApiServer]:
+    api = ApiServer(disabled, tls_dir).start()
     try:
         yield api
     finally:
