@@ -47,6 +47,14 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
                                "API's spec.nodeName)")
     try:
         cfg = load_node_config(ctx)
+        if os.path.realpath(cdi_dir) not in {os.path.realpath(d) for d in cfg.cdi_spec_dirs}:
+            # the claims' specs would be written where nothing reads them: said, not refused
+            # (a runtime of the node may be configured to read it)
+            logging.warning("--cdi-dir %s is not among the CDI spec dirs of nvctk's config "
+                            "(cdi-spec-dirs: %s; containerd and CRI-O read /etc/cdi and "
+                            "/var/run/cdi by default): unless the node's runtime reads it, "
+                            "prepared claims get no devices", cdi_dir,
+                            ", ".join(cfg.cdi_spec_dirs))
         # start time: grpc, NVML and the API client, for this command only
         from nvctk.dra.node import claim_source, make_driver
         from nvctk.dra.publish import Publisher

@@ -146,3 +146,16 @@ def test_wrong_driver_root_says_which_and_what_to_do(placed: tuple[SimHost, str]
         assert f"(the host's {on_host})" in err, err
         assert "NVCTK_HOST_DRIVER_ROOT" in err and "nodeSelector" in err, err
         assert not out.exists()
+
+
+def test_dra_plugin_says_when_its_cdi_dir_is_not_read(placed: tuple[SimHost, str],
+                                                      tmp_path: Path) -> None:
+    """A --cdi-dir none of the spec dirs names: the Pod's log says so at start."""
+    sim, _ = placed
+    bad = tmp_path / "kc"
+    bad.write_text("not: [yaml")
+    r = _nvctk(sim, "dra-plugin", "--node-name", "n", "--kubeconfig", str(bad),
+               "--plugins-dir", str(tmp_path / "p"), "--registry-dir", str(tmp_path / "r"),
+               "--cdi-dir", str(tmp_path / "cdi"))
+    assert f"--cdi-dir {tmp_path / 'cdi'} is not among the CDI spec dirs" in r.stderr, r.stderr
+    assert "prepared claims get no devices" in r.stderr
