@@ -11,7 +11,9 @@ of the test's with the simulated driver at that /:
 - the device plugin registers with the fake kubelet;
 - `nvctk labels` sets nvidia.com/gpu.present and the GFD labels on its Node;
 - the monitor (through the node's nvidia handler, nvctk-runtime) serves metrics.
-Mounts a shared bind of the node's root and uses the monitor's fixed port: exclusive."""
+Runs in the parallel phase: its mounts are under its own dir (no test observing the host's
+whole mount table runs then), and the monitor's fixed port 9400 (the manifest's, on the
+node's network) is no other test's; the image is the run's one build (built_image)."""
 
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ from support.podkubelet import (
     wrapper_runtime,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
+pytestmark = [pytest.mark.slow]
 
 IMAGE = f"localhost/nvctk:{VERSION}"
 NODE = "node-a"
