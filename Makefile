@@ -24,11 +24,11 @@ apt:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# an editable install builds nvctk/_sys.c in place, generates the device plugin's gRPC
+# an editable install builds nvctk/_sys.c (and _sys_codec.c) in place, generates the device plugin's gRPC
 # modules (the device plugin's, the DRA plugin's) beside their .proto and compiles the launchers into
 # .venv/bin: again when they change
 LAUNCHER_SOURCES := runtime_shim/launcher.c runtime_shim/nvctk-runtime.c hooks/nvctk-hook.c cli/nvctk.c
-$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c $(LAUNCHER_SOURCES) nvctk/k8s/api.proto \
+$(VENV)/.installed: pyproject.toml setup.py nvctk/_sys.c nvctk/_sys_codec.c nvctk/_sys.h $(LAUNCHER_SOURCES) nvctk/k8s/api.proto \
                     $(wildcard nvctk/dra/third_party/*.proto)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

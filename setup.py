@@ -16,7 +16,7 @@ The executables nvctk, nvctk-hook and nvctk-runtime are one C launcher
 and runtime_shim/nvctk-runtime.c; build_scripts compiles them and the wheel carries
 them as its scripts, the same files in every layout (see launcher.c).
 
-nvctk._sys (nvctk/_sys.c) is an ordinary extension module: the syscalls the hook and
+nvctk._sys (nvctk/_sys.c, nvctk/_sys_codec.c) is an ordinary extension module: the syscalls the hook and
 the runtime need that `os` lacks, on Python's public C API (no ctypes on the
 container-start path). Every build has it; an editable install (`make venv`) builds
 it in place, next to its source.
@@ -105,7 +105,8 @@ class BuildLaunchers(build_scripts):
 
 SYS_EXTENSION = Extension(
     "nvctk._sys",
-    sources=["nvctk/_sys.c"],
+    sources=["nvctk/_sys.c", "nvctk/_sys_codec.c"],  # syscalls and module; the codec
+    depends=["nvctk/_sys.h"],
     extra_compile_args=["-O2", "-Wall", "-Werror=implicit-function-declaration"],
     libraries=["b2", "jansson"],  # libb2 (BLAKE2b) and jansson (JSON decoding)
 )

@@ -1,5 +1,5 @@
 /* Prints shm.h's layouts and constants as "name value" lines: the one source
- * of them. tests/integration/test_vgpu_layout.py compares nvctk/vgpu.py's view with it. */
+ * of them. tests/integration/test_vgpu_layout.py compares nvctk/vgpu/ledger.py's view with it. */
 #include <stddef.h>
 #include <stdio.h>
 

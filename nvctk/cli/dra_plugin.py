@@ -35,9 +35,23 @@ DEFAULT_CDI_DIR = "/var/run/cdi"
               help="where the claims' CDI specs are written (one per claim)")
 @click.option("--driver-name", default=DEFAULT_DRIVER, show_default=True, metavar="NAME",
               help="the DRA driver's name (DeviceClasses select it)")
+@click.option("--xid-taint", "xid_taints", multiple=True, metavar="XID=EFFECT",
+              help="the taint of a device an XID hit: NoSchedule, NoExecute or None (default: "
+                   "NoSchedule for a fatal XID, None for a contained or corrected one: 63, 92, "
+                   "94); repeatable")
+@click.option("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+              show_default=True, metavar="PATH",
+              help="the kubelet's pod-resources socket: a claim a Pod still holds is never "
+                   "swept as stale (without it, none is)")
+@click.option("--stale-claim-grace", default=300.0, show_default=True, type=click.FloatRange(0),
+              metavar="SECONDS",
+              help="a prepared claim gone from the API server and held by no Pod for this "
+                   "long is unprepared (its unprepare never came)")
 @click.pass_context
 def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugins_dir: str,
-               registry_dir: str, cdi_dir: str, driver_name: str) -> None:
+               registry_dir: str, cdi_dir: str, driver_name: str,
+               xid_taints: tuple[str, ...], pod_resources_socket: str,
+               stale_claim_grace: float) -> None:
     """Kubernetes DRA kubelet plugin: publish this node's GPUs, GPU shares and MIG devices
     as ResourceSlices, and prepare them for claims."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -56,28 +70,42 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
                             "prepared claims get no devices", cdi_dir,
                             ", ".join(cfg.cdi_spec_dirs))
         # start time: grpc, NVML and the API client, for this command only
-        from nvctk.dra.node import claim_source, make_driver
+        from nvctk.dra.node import claim_source, make_driver, pcie_roots
         from nvctk.dra.publish import Publisher
         from nvctk.dra.server import Plugin
+        from nvctk.dra.slices import TaintPolicy
+        from nvctk.dra.stale import Sweeper, kubelet_claims
         from nvctk.k8s.health import Health, XidWatcher
+
+        try:
+            policy = TaintPolicy.parse(xid_taints)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--xid-taint") from None
 
         source = claim_source(kubeconfig)
         health = Health()
-        driver, host, driver_root = make_driver(driver_name, node_name, source, plugins_dir,
+        driver, _, driver_root = make_driver(driver_name, node_name, source, plugins_dir,
                                                 cdi_dir, health, cfg=cfg,
                                                 config_path=(ctx.find_root().obj or {}).get(
-                                                    "config_path"))
+                                                    "config_path"), policy=policy)
         if not driver.devices:
             raise NvctkError("no GPU on this node")
+        inventory = driver.inventory
+        assert inventory is not None  # make_driver's driver has one
+        # XIDs mapped to the devices as they are now (a MIG layout changed since)
         plugin = Plugin(driver, health, plugins_dir, registry_dir,
-                        XidWatcher(driver_root, host, health))
+                        XidWatcher(driver_root, lambda: inventory.host, health))
         # this node's ResourceSlices: published at once, again on each health change and
         # every RESYNC_S (the GPUs queried again: one gone, a new MIG layout), through
         # the driver, which then prepares what is published
-        publisher = Publisher(source, node_name, driver_name)
+        publisher = Publisher(source, node_name, driver_name, policy=policy,
+                              pcie_roots=lambda h: pcie_roots(driver_root, h))
         publishing = threading.Thread(
             target=publisher.run, args=(driver.rediscover, health),
             name="nvctk-dra-publish", daemon=True)
+        sweeper = Sweeper(driver, source, kubelet_claims(pod_resources_socket),
+                          grace=stale_claim_grace)
+        sweeping = threading.Thread(target=sweeper.run, name="nvctk-dra-stale", daemon=True)
         stop = threading.Event()
 
         def on_signal(*_: Any) -> None:
@@ -87,11 +115,13 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
         signal.signal(signal.SIGINT, on_signal)
         plugin.start()
         publishing.start()
+        sweeping.start()
         click.echo(f"{driver_name}: {len(driver.devices)} device(s) on node {node_name}, "
                    f"serving {plugin.endpoint}", err=True)
         try:
             stop.wait()
         finally:
+            sweeper.stop()
             publisher.stop(health)
             publishing.join(5)  # a sync may be waiting out a down API server
             plugin.stop()

@@ -16,13 +16,21 @@ Opaque parameters (`config[].opaque.parameters` with `driver` = this driver):
 
 TimeSlicing (the default) is what several claims on one GPU get without caps (the
 driver's time slices, as the device plugin's time-slicing); Exclusive refuses a result
-that shares the device (it has a shareID); VGpu asks that the result be a share whose
+that shares the device (a shareID with less than all of its memory consumed: 1.36 gives
+every allocation of a shareable device a shareID, and one that consumes all of the
+memory leaves room for no other); VGpu asks that the result be a share whose
 consumedCapacity (memory bytes, smShare percent) the node caps (nvctk.dra.driver: a
 share is capped whatever the strategy); MPS runs the claim's containers as clients of
 the node's MPS control daemon, as the device plugin's MPS shares: its consumedCapacity
 becomes MPS's limits (smShare the active thread percentage, memory the pinned device
 memory limit) instead of libvgpu's. MPS splits whole GPUs only (not MIG devices), and
 a claim is MPS for all of its devices or for none.
+
+A result with `adminAccess` (a claim of a namespace labelled
+`resource.kubernetes.io/admin-access`, for monitoring and debugging tools) is access
+to a device other claims hold: it is prepared as the whole device, without a share,
+cap, ledger or MPS of its own and whatever its strategy (it consumes nothing, so it
+takes nothing from the claims it watches; nvctk's monitor shows its processes).
 """
 
 from __future__ import annotations
@@ -90,6 +98,7 @@ class Result:
     share_id: str | None = None
     consumed: dict[str, int] = field(default_factory=dict)  # capacity name -> amount
     strategy: str = "TimeSlicing"
+    admin: bool = False  # adminAccess: monitoring access beside the device's claims
 
     @property
     def partial(self) -> bool:
@@ -256,13 +265,26 @@ def results(claim: dict[str, Any], driver: str, pool: str,
         share = r.get("shareID")
         if share is not None and (not isinstance(share, str) or not share):
             raise ClaimError(f"{where}: shareID must be a string, not {shown(share)}")
+        admin = r.get("adminAccess")
+        if admin is not None and not isinstance(admin, bool):
+            raise ClaimError(f"{where}: adminAccess must be true or false, not {shown(admin)}")
+        if admin:
+            # an admin's view of a device others hold (the namespace is labelled for it):
+            # the whole device, no share, cap or MPS of its own; it consumes nothing
+            out.append(Result(req, pool_name, dev, share, {}, "TimeSlicing", True))
+            continue
         consumed = _consumed(r.get("consumedCapacity"), dev, where)
         # a subrequest's results name "<request>/<subrequest>": configs name either
         strategy = by_request.get(req, by_request.get(req.split("/", 1)[0],
                                                       by_request.get(None, "TimeSlicing")))
-        if strategy == "Exclusive" and share is not None:
+        # 1.36 gives every allocation of a shareable device a shareID: a result is
+        # exclusive when it consumes all of the device's memory (no other fits beside it)
+        if strategy == "Exclusive" and share is not None and \
+                consumed.get(MEMORY, 0) < dev.memory:
             raise ClaimError(f"{where}: sharing strategy Exclusive, but device {dev.name} is "
-                             f"allocated as share {share} of it")
+                             f"allocated as share {share} of it consuming "
+                             f"{consumed.get(MEMORY, 0)} of its {dev.memory} bytes of memory "
+                             "(an exclusive claim consumes all of it: ask for no capacity)")
         res = Result(req, pool_name, dev, share, consumed, strategy)
         if strategy == "MPS" and dev.mig is not None:
             raise ClaimError(f"{where}: sharing strategy MPS on MIG device {dev.name}: MPS "

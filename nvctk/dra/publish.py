@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nvctk.dra.kube import Kube, KubeError
-from nvctk.dra.slices import ALL, Features, Pool, node_pool, slices
+from nvctk.dra.slices import ALL, DEFAULT_TAINTS, Features, Pool, TaintPolicy, node_pool, slices
 from nvctk.host.inventory import HostInfo
 from nvctk.k8s.health import Health
 
@@ -51,11 +51,14 @@ def dropped_features(sent: dict[str, Any], got: dict[str, Any]) -> set[str]:
 
 class Publisher:
     def __init__(self, kube: Kube, node: str, driver: str,
-                 features: Features = ALL) -> None:
+                 features: Features = ALL, policy: TaintPolicy = DEFAULT_TAINTS,
+                 pcie_roots: Callable[[HostInfo], Mapping[str, str]] | None = None) -> None:
         self.kube = kube
         self.node = node
         self.driver = driver
         self.features = features
+        self.policy = policy  # an unhealthy device's taint effect
+        self.pcie_roots = pcie_roots  # the GPUs' PCIe roots (sysfs: read per sync)
         self.generation = 0  # the pool's generation last written
         self.pool: Pool | None = None  # what was last written
         self.versions: dict[str, str] = {}  # slice name -> its resourceVersion after our write
@@ -66,7 +69,8 @@ class Publisher:
         check and the server's slices are not the ones last written. True when it
         wrote. KubeError when the server refused or stayed away (the next sync
         writes the pool again)."""
-        pool = node_pool(host, self.driver, unhealthy, self.features)
+        roots = self.pcie_roots(host) if self.pcie_roots is not None else None
+        pool = node_pool(host, self.driver, unhealthy, self.features, self.policy, roots)
         if pool == self.pool and not check:
             return False
         existing = {s["metadata"]["name"]: s for s in self.kube.list_slices(self.driver, self.node)}

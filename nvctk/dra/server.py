@@ -23,6 +23,7 @@ from concurrent import futures
 from typing import Any
 
 from nvctk.base.errors import NvctkError
+from nvctk.dra import health as health_record
 from nvctk.dra import proto
 from nvctk.dra.driver import Driver
 from nvctk.k8s.health import Health, XidWatcher
@@ -32,13 +33,15 @@ log = logging.getLogger("nvctk.dra")
 pb = proto.load()
 
 PLUGIN_TYPE = "DRAPlugin"
-VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# the services the kubelet may use (it opens the health stream only when it is named)
+VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
 SERVICE_SOCKET = "dra.sock"
 LOCK_NAME = "plugin.lock"
 # the kubelet's calls the service runs at once: a call waits on the API server for up to
 # the driver's api_timeout per claim, so a few slow answers must not take every worker
 # (threads are made only as calls come)
 SERVICE_WORKERS = 128
+SOCKET_CHECK_S = 1.0  # how often the sockets are checked (made again when removed)
 MAX_PARALLEL_CLAIMS = 32  # one request's claims prepared at once
 
 
@@ -118,7 +121,8 @@ class HealthService(pb.health_grpc.DRAResourceHealthServicer):  # type: ignore[m
 
     def snapshot(self) -> Any:
         h = pb.health
-        bad, reasons = set(self.health.unhealthy), dict(self.health.reasons)
+        # what the driver refuses (a non-fatal XID is no fault of the device's service)
+        bad, reasons = self.driver.unhealthy(), dict(self.health.reasons)
         now = int(time.time())
         out = []
         for d in self.driver.devices.values():
@@ -170,6 +174,7 @@ class Plugin:
         self.stopping = threading.Event()
         self.registration = Registration(driver.name, self.endpoint)
         self.servers: list[Any] = []
+        self._servers_lock = threading.Lock()  # start/stop against the socket keeper
         self._lock_fd = -1
 
     def _take_lock(self) -> None:
@@ -189,30 +194,61 @@ class Plugin:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
-    def _serve(self, path: str, add: list[tuple[Any, Any]], workers: int = 8) -> Any:
-        server = serve(path, add, "the DRA plugin listens there", workers)
-        self.servers.append((server, path))
-        return server
+    def _serve_service(self) -> None:
+        d = self.driver
+        server = serve(self.endpoint, [
+            (pb.v1_grpc.add_DRAPluginServicer_to_server, V1(d)),
+            (pb.v1beta1_grpc.add_DRAPluginServicer_to_server, V1beta1(d)),
+            (pb.health_grpc.add_DRAResourceHealthServicer_to_server,
+             HealthService(d, self.health, self.stopping))],
+            "the DRA plugin listens there", SERVICE_WORKERS)
+        self.servers.append((server, self.endpoint))
+
+    def _serve_registration(self) -> None:
+        os.makedirs(os.path.dirname(self.reg_path), 0o750, exist_ok=True)
+        server = serve(self.reg_path, [
+            (pb.reg_grpc.add_RegistrationServicer_to_server, self.registration)],
+            "the DRA plugin listens there")
+        self.servers.append((server, self.reg_path))
 
     def start(self) -> None:
         self._take_lock()
         try:
-            d = self.driver
-            self._serve(self.endpoint, [
-                (pb.v1_grpc.add_DRAPluginServicer_to_server, V1(d)),
-                (pb.v1beta1_grpc.add_DRAPluginServicer_to_server, V1beta1(d)),
-                (pb.health_grpc.add_DRAResourceHealthServicer_to_server,
-                 HealthService(d, self.health, self.stopping))], SERVICE_WORKERS)
+            self._serve_service()
             # the registration socket last: the kubelet dials the service once it sees it
-            os.makedirs(os.path.dirname(self.reg_path), 0o750, exist_ok=True)
-            self._serve(self.reg_path, [
-                (pb.reg_grpc.add_RegistrationServicer_to_server, self.registration)])
+            self._serve_registration()
         except BaseException:
             self.stop()
             raise
+        self.stopping.clear()
+        restored = health_record.keep(os.path.join(self.dir, health_record.FILE), self.health,
+                                      {d.uuid for d in self.driver.devices.values()})
+        if restored:
+            self.health.wake()
         if self.watcher is not None:
             self.watcher.start()
-        log.info("serving %s at %s (registration %s)", d.name, self.endpoint, self.reg_path)
+        threading.Thread(target=self._keep_sockets, name="nvctk-dra-sockets",
+                         daemon=True).start()
+        log.info("serving %s at %s (registration %s)", self.driver.name, self.endpoint,
+                 self.reg_path)
+
+    def _keep_sockets(self) -> None:
+        """A socket removed from under the plugin (a kubelet that cleans its dirs, an
+        operator) is made again: the kubelet's watcher then registers the plugin anew."""
+        while not self.stopping.wait(SOCKET_CHECK_S):
+            for path, again in ((self.endpoint, self._serve_service),
+                                (self.reg_path, self._serve_registration)):
+                with self._servers_lock:
+                    if os.path.exists(path) or self.stopping.is_set():
+                        continue
+                    for server, p in [sp for sp in self.servers if sp[1] == path]:
+                        server.stop(grace=0.5).wait()
+                        self.servers.remove((server, p))
+                    try:
+                        again()
+                        log.warning("%s was removed: made again", path)
+                    except NvctkError as e:
+                        log.error("%s was removed and cannot be made again: %s", path, e)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -220,14 +256,15 @@ class Plugin:
         if self.watcher is not None and self.watcher.is_alive():
             self.watcher.stop()
             self.watcher.join(2)
-        for server, path in reversed(self.servers):
-            server.stop(grace=0.5).wait()
-            try:
-                if stat.S_ISSOCK(os.lstat(path).st_mode):
-                    os.unlink(path)
-            except FileNotFoundError:
-                pass
-        self.servers = []
+        with self._servers_lock:
+            for server, path in reversed(self.servers):
+                server.stop(grace=0.5).wait()
+                try:
+                    if stat.S_ISSOCK(os.lstat(path).st_mode):
+                        os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            self.servers = []
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1

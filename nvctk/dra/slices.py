@@ -17,9 +17,16 @@ them (what NodePrepareResources looks up):
   the GPU all of its memory, each MIG device its own, so the scheduler never
   allocates the GPU together with one of its MIG devices. A v1 slice holds devices or
   sharedCounters, never both: the counter sets go in slices of their own (≤ 8 each).
-- An unhealthy device (nvctk.k8s.health: a fatal XID, or XIDs it cannot watch) gets a
-  taint `<driver>/unhealthy`: NoExecute for an XID (the pods using it are evicted),
-  NoSchedule otherwise.
+- An unhealthy device (nvctk.k8s.health: an XID, or XIDs it cannot watch) gets a taint
+  `<driver>/unhealthy` with the effect TaintPolicy gives it, as NVIDIA's DRA driver
+  does: a fatal XID NoSchedule (no new claim; the pods on it keep running and see their
+  own errors), a non-fatal one (a contained or corrected error: 63, 92, 94) none (the
+  device stays published as it is), XIDs it cannot watch NoSchedule; the operator
+  may map any XID to NoExecute (evict), NoSchedule or none.
+- GPUs carry `architecture` (from the compute capability) and the standard
+  `resource.kubernetes.io/pcieRoot` (the PCIe root complex, as sysfs names it) and
+  `resource.kubernetes.io/pciBusID`, which align GPUs with NICs of other drivers; MIG
+  devices their GPU's pcieRoot.
 
 Devices go into slices of at most 128, or 64 when one of them has taints or consumes
 counters (the 1.36 limits). Every slice of a pool carries the pool's generation and
@@ -48,7 +55,63 @@ MAX_DEVICES_TAINTED_OR_COUNTING = 64
 MAX_COUNTER_SETS = 8
 MAX_STRING = 64  # an attribute's string value
 MEMORY_STEP = MIB
-XID_REASON = "XID "  # how nvctk.k8s.health names a fatal XID
+XID_REASON = "XID "  # how nvctk.k8s.health names an XID: "XID <n>"
+EFFECTS = ("NoSchedule", "NoExecute", "None")  # "None": no taint
+# XIDs of an error the GPU contained or corrected: it goes on serving its other work
+NON_FATAL_XIDS = frozenset({63, 92, 94})
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+# compute capability major (minor) -> NVIDIA's architecture name
+_ARCHITECTURES = {"3": "Kepler", "5": "Maxwell", "6": "Pascal", "7.0": "Volta", "7.2": "Volta",
+                  "7.5": "Turing", "8.0": "Ampere", "8.6": "Ampere", "8.7": "Ampere",
+                  "8.9": "Ada Lovelace", "9": "Hopper", "10": "Blackwell", "11": "Blackwell",
+                  "12": "Blackwell"}
+
+
+def architecture(compute_capability: str) -> str | None:
+    """NVIDIA's name for the architecture of a compute capability ("9.0" -> "Hopper")."""
+    cc = compute_capability.strip()
+    return _ARCHITECTURES.get(cc) or _ARCHITECTURES.get(cc.split(".", 1)[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class TaintPolicy:
+    """An unhealthy device's taint effect by its reason: `xids` overrides the default
+    (fatal XIDs NoSchedule, NON_FATAL_XIDS none) per XID; None: no taint."""
+
+    xids: Mapping[int, str | None] = dataclasses.field(default_factory=dict)
+
+    def effect(self, reason: str) -> str | None:
+        xid = xid_of(reason)
+        if xid is None:
+            return "NoSchedule"  # not watched: what nothing sees may be broken
+        if xid in self.xids:
+            return self.xids[xid]
+        return None if xid in NON_FATAL_XIDS else "NoSchedule"
+
+    @classmethod
+    def parse(cls, items: tuple[str, ...] | list[str]) -> TaintPolicy:
+        """From `XID=EFFECT` items (EFFECT one of EFFECTS); ValueError naming a bad one."""
+        out: dict[int, str | None] = {}
+        for item in items:
+            xid, sep, effect = item.partition("=")
+            if not sep or not xid.strip().isdigit() or effect.strip() not in EFFECTS:
+                raise ValueError(f"{item!r}: want XID=EFFECT, EFFECT one of "
+                                 f"{', '.join(EFFECTS)} (e.g. 79=NoExecute, 94=None)")
+            e = effect.strip()
+            out[int(xid)] = None if e == "None" else e
+        return cls(out)
+
+
+def xid_of(reason: str) -> int | None:
+    """The XID a reason names ("XID 79" -> 79), None for another reason."""
+    if not reason.startswith(XID_REASON):
+        return None
+    head = reason[len(XID_REASON):].split(" ", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+DEFAULT_TAINTS = TaintPolicy()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +140,16 @@ def _string(v: str) -> dict[str, Any]:
     return {"string": v[:MAX_STRING]}
 
 
-def _common_attributes(host: HostInfo, gpu: GpuInfo) -> dict[str, Any]:
+def _common_attributes(host: HostInfo, gpu: GpuInfo, pcie_root: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "productName": _string(gpu.name),
         "brand": _string(gpu.brand),
         "pcieBusID": _string(proc_bus_id(gpu.pci_bus_id)),
     }
+    if (arch := architecture(gpu.compute_capability)) is not None:
+        out["architecture"] = _string(arch)
+    if pcie_root:
+        out[PCIE_ROOT] = _string(pcie_root)
     for key, version in (("cudaComputeCapability", gpu.compute_capability),
                          ("driverVersion", host.driver_version),
                          ("cudaDriverVersion", host.cuda_version)):
@@ -91,10 +158,9 @@ def _common_attributes(host: HostInfo, gpu: GpuInfo) -> dict[str, Any]:
     return out
 
 
-def taint(driver: str, reason: str) -> dict[str, Any]:
+def taint(driver: str, reason: str, effect: str = "NoSchedule") -> dict[str, Any]:
     """The taint of an unhealthy device; the value is the reason as a label value."""
     value = re.sub(r"[^A-Za-z0-9_.-]+", "-", reason).strip("-_.")[:63].strip("-_.")
-    effect = "NoExecute" if reason.startswith(XID_REASON) else "NoSchedule"
     return {"key": f"{driver}/unhealthy", "value": value, "effect": effect}
 
 
@@ -107,7 +173,8 @@ def _counter_total(gpu: GpuInfo) -> int:
     return max(gpu.memory_mib, sum(m.memory_mib for m in gpu.mig_devices)) * MIB
 
 
-def gpu_device(host: HostInfo, gpu: GpuInfo, features: Features) -> dict[str, Any]:
+def gpu_device(host: HostInfo, gpu: GpuInfo, features: Features,
+               pcie_root: str | None = None) -> dict[str, Any]:
     memory = gpu.memory_mib * MIB
     dev: dict[str, Any] = {
         "name": device_name(gpu),
@@ -117,7 +184,8 @@ def gpu_device(host: HostInfo, gpu: GpuInfo, features: Features) -> dict[str, An
             "index": {"int": gpu.index},
             "minor": {"int": gpu.minor},
             "migEnabled": {"bool": gpu.mig_enabled},
-            **_common_attributes(host, gpu),
+            **_common_attributes(host, gpu, pcie_root),
+            PCI_BUS_ID: _string(proc_bus_id(gpu.pci_bus_id)),
         },
         "capacity": {MEMORY: {"value": str(memory)}, SM_SHARE: {"value": str(SM_FULL)}},
     }
@@ -135,7 +203,8 @@ def gpu_device(host: HostInfo, gpu: GpuInfo, features: Features) -> dict[str, An
     return dev
 
 
-def mig_device(host: HostInfo, gpu: GpuInfo, mig: MigInfo, features: Features) -> dict[str, Any]:
+def mig_device(host: HostInfo, gpu: GpuInfo, mig: MigInfo, features: Features,
+               pcie_root: str | None = None) -> dict[str, Any]:
     dev: dict[str, Any] = {
         "name": device_name(gpu, mig),
         "attributes": {
@@ -148,7 +217,7 @@ def mig_device(host: HostInfo, gpu: GpuInfo, mig: MigInfo, features: Features) -
             "profile": _string(mig.profile),
             "gpuInstance": {"int": mig.gpu_instance},
             "computeInstance": {"int": mig.compute_instance},
-            **_common_attributes(host, gpu),
+            **_common_attributes(host, gpu, pcie_root),
         },
         "capacity": {MEMORY: {"value": str(mig.memory_mib * MIB)}},
     }
@@ -167,24 +236,29 @@ class Pool:
 
 
 def node_pool(host: HostInfo, driver: str, unhealthy: Mapping[str, str],
-              features: Features = ALL) -> Pool:
-    """The pool's content; unhealthy: uuid -> reason (a GPU's or a MIG device's)."""
+              features: Features = ALL, policy: TaintPolicy = DEFAULT_TAINTS,
+              pcie_roots: Mapping[str, str] | None = None) -> Pool:
+    """The pool's content; unhealthy: uuid -> reason (a GPU's or a MIG device's);
+    pcie_roots: sysfs bus id -> its PCIe root (nvctk.dra.node reads them)."""
     devices: list[dict[str, Any]] = []
     sets: list[dict[str, Any]] = []
+    roots = pcie_roots or {}
     for gpu in host.gpus:
+        root = roots.get(proc_bus_id(gpu.pci_bus_id))
         pairs: list[tuple[str, dict[str, Any]]] = []
         if not gpu.mig_enabled or features.counters:
-            pairs.append((gpu.uuid, gpu_device(host, gpu, features)))
-        pairs += [(m.uuid, mig_device(host, gpu, m, features)) for m in gpu.mig_devices]
+            pairs.append((gpu.uuid, gpu_device(host, gpu, features, root)))
+        pairs += [(m.uuid, mig_device(host, gpu, m, features, root)) for m in gpu.mig_devices]
         if gpu.mig_enabled and features.counters:
             sets.append({"name": counter_set(gpu),
                          "counters": {MEMORY: {"value": str(_counter_total(gpu))}}})
         for uuid, dev in pairs:
             reason = unhealthy.get(uuid)
-            if reason is None:
+            effect = None if reason is None else policy.effect(reason)
+            if effect is None:
                 devices.append(dev)
             elif features.taints:
-                devices.append({**dev, "taints": [taint(driver, reason)]})
+                devices.append({**dev, "taints": [taint(driver, reason or "", effect)]})
     return Pool(tuple(devices), tuple(sets))
 
 

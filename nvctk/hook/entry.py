@@ -136,23 +136,42 @@ def _read_inputs(run_: HookRun, inputs: int) -> str | None:
     check_bundle_outside_rootfs(state.bundle, run_.rootfs)
     run_.edits = load_edits(state.bundle)
     if run_.edits is None:
-        _check_not_edited(run_.spec, state.bundle)
+        _check_not_edited(run_, state.bundle)
         return (f"no {EDITS_FILE} in {state.bundle}: nvctk-runtime made no plan for this "
                 "container (no GPU asked for, or not created through it); nothing to do")
     return None
 
 
-def _check_not_edited(spec: dict[str, Any], bundle: str) -> None:
-    """No form, yet the spec holds the record of a GPU create (a no-GPU create takes the
-    record out with the form): the form vanished after that create, and a start without
-    it would run the GPU's device nodes without their mounts or their cap. SpecError."""
-    from nvctk.spec.record import EDITS_ANNOTATION, read_record  # only without a form
+def _check_not_edited(run_: HookRun, bundle: str) -> None:
+    """No form, yet the spec holds the record of a GPU create and still asks for a GPU:
+    the form vanished after that create, and a start without it would run the GPU's
+    device nodes without their mounts or their cap. SpecError. (A no-GPU create takes
+    the form out, and the record too where it can rewrite the spec; where it cannot, the
+    spec no longer asks for a GPU, and that container starts.)"""
+    # start time: only without a form
+    from nvctk.base.errors import ConfigError, RequestError
+    from nvctk.request.parse import request_from_spec
+    from nvctk.spec.record import EDITS_ANNOTATION, read_record
 
+    spec = run_.spec or {}
     record = read_record(spec)
-    if record is not None and not record.malformed:
+    if record is None or record.malformed:
+        return
+    try:
+        try:
+            config = run_.config()
+        except ConfigError:  # as the runtime does for a no-GPU container: the defaults
+            from nvctk.base.config import Config
+
+            config = Config()
+        asks = request_from_spec(spec, config) is not None
+    except RequestError:
+        asks = True  # what it asks is not even readable: no start without the form
+    if asks:
         raise SpecError(f"{bundle}: the spec says nvctk-runtime gave this container a GPU "
-                        f"(its {EDITS_ANNOTATION} record), but {EDITS_FILE} is gone: not "
-                        "started without what that create decided (create it again)")
+                        f"(its {EDITS_ANNOTATION} record) and asks for one, but {EDITS_FILE} "
+                        "is gone: not started without what that create decided (create it "
+                        "again)")
 
 
 class Early(Record):

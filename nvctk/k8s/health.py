@@ -39,6 +39,8 @@ class Health:
         self.changed = threading.Condition()
         self.generation = 0  # bumped on each change; streams resend when it moves
         self.last_change: float = 0.0  # time.monotonic() of the last change (bench)
+        # called after each change, outside the lock (the DRA plugin's record of it)
+        self.on_change: Callable[[], None] | None = None
 
     def mark(self, uuids: set[str], reason: str) -> None:
         with self.changed:
@@ -51,6 +53,8 @@ class Health:
             self.last_change = time.monotonic()
             self.changed.notify_all()
         log.warning("marking %s Unhealthy: %s", ", ".join(sorted(new)), reason)
+        if self.on_change is not None:
+            self.on_change()
 
     def wake(self) -> None:
         """Wake waiting streams without a change (shutdown)."""
@@ -92,11 +96,12 @@ def affected(host: HostInfo, gpu_uuid: str, gi: int, ci: int) -> set[str]:
 class XidWatcher(threading.Thread):
     """Waits for XID events on every GPU of the host and marks Health."""
 
-    def __init__(self, driver_root: str, host: HostInfo, health: Health,
+    def __init__(self, driver_root: str, host: HostInfo | Callable[[], HostInfo], health: Health,
                  on_error: Callable[[str], None] | None = None) -> None:
         super().__init__(name="nvctk-xid-watch", daemon=True)
         self.driver_root = driver_root
-        self.host = host
+        # the host as it is now: an XID after a MIG layout change names the new devices
+        self._host = host if callable(host) else (lambda: host)
         self.health = health
         self.stopping = threading.Event()
         self.ready = threading.Event()
@@ -124,14 +129,15 @@ class XidWatcher(threading.Thread):
         evset = None
         try:
             evset = mod.nvmlEventSetCreate()
-            for g in self.host.gpus:
+            host = self._host()
+            for g in host.gpus:
                 h = mod.nvmlDeviceGetHandleByUUID(g.uuid)
                 try:
                     mod.nvmlDeviceRegisterEvents(h, XID_EVENT, evset)
                 except mod.NVMLError as e:
                     # NVIDIA's plugin marks a GPU it cannot watch Unhealthy: a fault there
                     # would go unseen
-                    self.health.mark(affected(self.host, g.uuid, NO_INSTANCE, NO_INSTANCE),
+                    self.health.mark(affected(host, g.uuid, NO_INSTANCE, NO_INSTANCE),
                                      f"cannot register XID events: {e}")
             self.ready.set()
             while not self.stopping.is_set():
@@ -149,7 +155,7 @@ class XidWatcher(threading.Thread):
                     continue
                 uuid = mod.nvmlDeviceGetUUID(data.device)
                 uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-                self.health.mark(affected(self.host, uuid, data.gpuInstanceId,
+                self.health.mark(affected(self._host(), uuid, data.gpuInstanceId,
                                           data.computeInstanceId), f"XID {xid}")
         except Exception as e:
             self._fail(f"XID watch failed: {e}")

@@ -153,8 +153,8 @@ def vgpu_mounts(library: str, container_library: str, state_dir: str,
     """The vGPU mounts in their order (docs: the vGPU state layout): ro/ at /run/nvctk,
     libvgpu.so, rw/ at /run/nvctk/vgpu, ro/limits and rw/cache on their placeholders in
     it, ro/ld.so.preload over /etc/ld.so.preload. All required: a container that sets
-    a limit never runs uncapped. ledger: a DRA claim's dir (nvctk.dra.ledger), whose
-    limits and cache replace the container's own: the claim's one cap and ledger."""
+    a limit never runs uncapped. ledger: a DRA claim's dir
+    (nvctk.vgpu.authority.dra_ledger), whose limits and cache replace the container's own: the claim's one cap and ledger."""
     join = posixpath.join
     top = posixpath.dirname(container_state_dir)
     ro, rw = (join(state_dir, d) for d in VGPU_DIRS)

@@ -30,6 +30,7 @@ from nvctk.k8s.health import Health, XidWatcher
 from nvctk.sim import events, host
 from nvctk.sim.host import SimHost
 from nvctk.sim.topology import make_topology
+from support import wait
 from support.apiserver import client_for, running
 from support.drakubelet import FakeDraKubelet, pb
 from support.procs import open_fds
@@ -76,7 +77,10 @@ class Node:
         self.host = nvml.query_host(sim.root)
         self.driver, _, _ = make_driver(DRIVER, NODE, source, self.plugins_dir, self.cdi_dir,
                                         self.health, cfg=cfg, host=self.host)
-        watcher = XidWatcher(sim.root, self.host, self.health) if health else None
+        inventory = self.driver.inventory
+        assert inventory is not None
+        # as the plugin's command does: XIDs mapped to the devices as they are now
+        watcher = XidWatcher(sim.root, lambda: inventory.host, self.health) if health else None
         self.plugin = Plugin(self.driver, self.health, self.plugins_dir, self.registry_dir,
                              watcher)
         self.plugin.start()
@@ -133,7 +137,8 @@ def test_registration(start: Start, sim_host: SimHost) -> None:
     info = n.kubelet.info
     assert (info.type, info.name) == ("DRAPlugin", DRIVER)
     assert info.endpoint == os.path.join(n.plugins_dir, DRIVER, "dra.sock")
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin",
+                                             "v1alpha1.DRAResourceHealth"]
     assert n.plugin.registration.notified.wait(5)
     assert n.plugin.registration.status.plugin_registered
     assert os.path.basename(n.plugin.reg_path) == f"{DRIVER}-reg.sock"
@@ -164,6 +169,10 @@ def test_prepare_whole_gpu_then_unprepare(start: Start, sim_host: SimHost, versi
     assert [d["name"] for d in r.spec["devices"]] == ["uid-1-gpu-1"]
     assert r.spec["containerEdits"]["mounts"], "the driver's files are mounted"
     assert r.spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    # as `nvctk cdi generate`'s spec: the driver's links and the ld cache by nvctk's hook
+    (hook,) = r.device["containerEdits"]["hooks"]
+    assert hook["hookName"] == "createRuntime" and hook["args"][:2] == ["nvctk-hook", "cdi-edits"]
+    assert "--folder" in hook["args"] and "--link" in hook["args"], hook["args"]
 
     # the kubelet retries: the same answer, from the record, with the API server empty
     src.claims.clear()
@@ -187,6 +196,8 @@ def test_mig_claim_gets_its_mig_device(start: Start, sim_host_mig: SimHost) -> N
     (r,) = _resolve(n, list(ans.devices[0].cdi_device_ids))
     nodes = [d["path"] for d in r.device["containerEdits"]["deviceNodes"]]
     assert "/dev/nvidia0" in nodes and any("nvidia-cap" in p for p in nodes)
+    (hook,) = r.device["containerEdits"]["hooks"]
+    assert "--folder" in hook["args"] and "--link" in hook["args"], hook["args"]
     # it is that MIG device's own capability nodes: another MIG device's differ
     other = f"gpu-0-mig-{g0.mig_devices[0].index}"
     n.source.claims[("ns", "o")] = claim("o", "uid-o", [result(other)])
@@ -666,3 +677,120 @@ def test_200_prepare_unprepare_cycles_leak_nothing(start: Start, sim_host: SimHo
     assert len(os.listdir("/proc/self/task")) <= threads + 2 * 8
     assert subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True,
                           text=True).stdout.split() == children
+
+
+def test_a_non_fatal_xid_leaves_the_device_in_service(start: Start, sim_xid: SimHost) -> None:
+    """XID 94 (a contained ECC error) on the GPU: recorded, but the device stays healthy
+    for the kubelet and claims are prepared (NVIDIA's driver: no taint)."""
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")])})
+    n = start(sim_xid, src, health=True)
+    n.kubelet.watch_health()
+    events.inject_xid(sim_xid.root, 1, 94)
+    wait.until(lambda: n.health.reasons.get(sim_xid.topology.gpus[1].uuid) == "XID 94", 10,
+               "the XID to be seen")
+    got = n.kubelet.wait_health(lambda h: True)
+    assert got["gpu-1"][0] == pb.health.HEALTHY
+    assert n.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error == ""
+
+
+def test_health_survives_a_restart_of_the_plugin(start: Start, sim_xid: SimHost,
+                                                 tmp_path_factory: pytest.TempPathFactory
+                                                 ) -> None:
+    """A GPU that fell off the bus stays unhealthy across a rollout of the plugin (NVML
+    tells an XID once): the restarted plugin reports it, refuses it, and would taint it."""
+    top = tmp_path_factory.mktemp("drahealth")
+    src = MemoryClaims({("ns", "c"): claim("c", "uid-c", [result("gpu-1")])})
+    n = start(sim_xid, src, health=True, top=top)
+    events.inject_xid(sim_xid.root, 1, 79)
+    wait.until(lambda: "gpu-1" in _sick_names(n), 10, "XID 79 to be seen")
+    n.stop()
+    n2 = start(sim_xid, src, health=True, top=top)
+    n2.kubelet.watch_health()
+    got = n2.kubelet.wait_health(lambda h: h["gpu-1"][0] == pb.health.UNHEALTHY)
+    assert got["gpu-0"][0] == pb.health.HEALTHY
+    assert "device gpu-1 is unhealthy" in n2.kubelet.prepare([("ns", "c", "uid-c")])["uid-c"].error
+
+
+def _sick_names(n: Node) -> set[str]:
+    sick = n.driver.unhealthy()
+    return {name for name, d in n.driver.devices.items() if d.uuid in sick}
+
+
+def test_a_removed_registration_socket_is_made_again(start: Start, sim_host: SimHost) -> None:
+    """The kubelet's watcher registers a plugin by its socket: one removed from under the
+    plugin (a kubelet cleaning its dir) is made again, and the plugin registers anew."""
+    n = start(sim_host, MemoryClaims())
+    for path in (n.plugin.reg_path, n.plugin.endpoint):
+        os.unlink(path)
+        wait.until(lambda p=path: os.path.exists(p), 10, f"{path} to be made again")
+    n.kubelet.close()
+    n.kubelet = FakeDraKubelet(n.registry_dir)
+    assert n.kubelet.register(DRIVER).name == DRIVER
+    assert n.kubelet.prepare([("ns", "x", "uid-x")])["uid-x"].error  # the service answers
+
+
+def test_xids_after_a_mig_layout_change_name_the_new_devices(
+        start: Start, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The MIG layout changes while the plugin runs: an XID on the new GPU instance marks
+    the new MIG device (the watcher maps events with the host as it is now)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the simulated host has device nodes)")
+    root = str(tmp_path_factory.mktemp("drasim") / "h")
+    sim = host.init(root, make_topology(gpus=1, mig={0: ["3g.40gb"]}, seed="xidmap"))
+    n = start(sim, MemoryClaims(), health=True)
+    n.driver.inventory.query = _query_in_a_new_process(root)  # type: ignore[union-attr]
+    after = make_topology(gpus=1, mig={0: ["3g.40gb", "2g.20gb"]}, seed="xidmap")
+    host.init(root, after, force=True)
+    n.driver.rediscover()
+    new = next(m for m in after.gpus[0].mig_devices if m.index == 1)
+    events.inject_xid(root, 0, 95, new.gpu_instance, new.compute_instance)
+    wait.until(lambda: new.uuid in n.health.unhealthy, 10, "the XID on the new MIG device")
+    assert n.health.unhealthy == {new.uuid}
+
+
+def test_claims_whose_unprepare_never_comes_are_swept_when_gone(
+        start: Start, sim_host: SimHost, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A claim gone from the API server (or made again under another uid), held by no Pod
+    the kubelet knows, for the grace period: unprepared (spec, ledger, record). One a Pod
+    still holds, one the API server still has, and all of them while the kubelet cannot
+    be asked, are kept."""
+    from nvctk.dra.stale import Sweeper, kubelet_claims
+    from support.monitor import FakePodResources
+
+    top = tmp_path_factory.mktemp("drastale")
+    src = MemoryClaims({
+        ("ns", "gone"): claim("gone", "uid-gone", [result("gpu-0", shareID="a",
+                                                         consumedCapacity={"memory": "2Gi"})]),
+        ("ns", "held"): claim("held", "uid-held", [result("gpu-1")]),
+        ("ns", "kept"): claim("kept", "uid-kept", [result("gpu-1")]),
+        ("ns", "again"): claim("again", "uid-again", [result("gpu-1")])})
+    n = start(sim_host, src, top=top)
+    refs = [("ns", c, f"uid-{c}") for c in ("gone", "held", "kept", "again")]
+    assert all(a.error == "" for a in n.kubelet.prepare(refs).values())
+    ledger = n.driver.ledger_path("uid-gone")
+    assert os.path.isdir(ledger)
+    for name in ("gone", "held"):
+        del src.claims[("ns", name)]
+    src.claims[("ns", "again")] = claim("again", "uid-new", [result("gpu-1")])
+    sock = top / "pr.sock"
+    now = [1000.0]
+    sweeper = Sweeper(n.driver, src, kubelet_claims(str(sock)), grace=300, clock=lambda: now[0])
+    assert sweeper.sweep() == []  # no kubelet to ask: nothing swept
+    kubelet = FakePodResources(sock, [{"name": "p", "namespace": "ns", "containers": [
+        {"name": "c", "dynamic_resources": [{"claim_name": "held", "claim_namespace": "ns"}]}]}])
+    try:
+        assert sweeper.sweep() == []  # stale from now on: the grace starts
+        now[0] += 299
+        assert sweeper.sweep() == []
+        now[0] += 2
+        assert sorted(sweeper.sweep()) == ["uid-again", "uid-gone"]
+        assert sorted(n.driver.prepared_uids()) == ["uid-held", "uid-kept"]
+        assert not os.path.exists(ledger)
+        assert n.specs() == sorted(f"k8s.{DRIVER}-claim_uid-{c}.json" for c in ("held", "kept"))
+        # the Pod holding "held" is gone from the kubelet too: swept after its own grace
+        kubelet.pods = []
+        assert sweeper.sweep() == []
+        now[0] += 301
+        assert sweeper.sweep() == ["uid-held"]
+    finally:
+        kubelet.stop()

@@ -4,7 +4,7 @@ A capped container's root without CAP_SYS_ADMIN (runc's default spec: no seccomp
 profile) could create a user namespace, and with it CAP_SYS_ADMIN over a mount
 namespace of its own: there it mounted over /etc (so /etc/ld.so.preload, libvgpu,
 was gone) and allocated past the cap. nvctk-runtime now gives a vGPU container
-seccomp rules that make a new user namespace fail (nvctk.nvseccomp.block_user_namespaces):
+seccomp rules that make a new user namespace fail (nvctk.spec.seccomp.block_user_namespaces):
 unshare/clone with CLONE_NEWUSER -> EPERM, clone3 -> ENOSYS. A profile of the spec's
 own keeps its rules; the ones that would let a new user namespace through are
 narrowed; a later create of the bundle without vGPU takes exactly that back out.

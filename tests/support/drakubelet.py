@@ -22,6 +22,9 @@ from support import wait  # noqa: E402
 pb = proto.load()
 
 
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"  # the kubelet's name of the health service
+
+
 class FakeDraKubelet:
     def __init__(self, registry_dir: str, node_root: str = "") -> None:
         """node_root: where the node's / is (a plugin in a container names its endpoint
@@ -70,6 +73,10 @@ class FakeDraKubelet:
         return {uid: r.error for uid, r in resp.claims.items()}
 
     def watch_health(self) -> None:
+        """The kubelet opens the health stream only to a plugin that names the service
+        in its registration's supported versions."""
+        assert HEALTH_SERVICE in self.info.supported_versions, (
+            f"the plugin does not advertise {HEALTH_SERVICE}: the kubelet never reads its health")
         stub = pb.health_grpc.DRAResourceHealthStub(self.channel)
         self._stream = stub.NodeWatchResources(pb.health.NodeWatchResourcesRequest())
         threading.Thread(target=self._watch, daemon=True).start()

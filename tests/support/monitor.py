@@ -220,12 +220,12 @@ class FakePodResources:
         from nvctk.monitor.podresources import messages
 
         req, resp = messages()
-        answer = json_format.ParseDict({"pod_resources": pods}, resp())
+        self.pods = pods  # what List answers: the test may change it
         self.calls = 0
 
         def list_(request: object, context: object) -> object:
             self.calls += 1
-            return answer
+            return json_format.ParseDict({"pod_resources": self.pods}, resp())
 
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(

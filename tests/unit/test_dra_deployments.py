@@ -168,3 +168,12 @@ def test_the_plugin_writes_only_its_own_nodes_slices(op: str, writer: str | None
 
 def test_the_policy_leaves_other_writers_alone() -> None:
     assert _admit("CREATE", "node-a", "node-b", user="system:serviceaccount:x:other")
+
+
+def test_pods_asking_for_nvidia_gpu_are_served_by_the_whole_gpu_class() -> None:
+    """`resources.limits: {nvidia.com/gpu: 1}` reaches DRA through the whole-GPU class's
+    extendedResourceName (one class per name: the share and MIG classes have none)."""
+    classes = [d for d in manifests("dra-deviceclasses.yaml") if d["kind"] == "DeviceClass"]
+    named = {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in classes}
+    assert named == {"gpu.nvctk.io": "nvidia.com/gpu", "gpu-share.nvctk.io": None,
+                     "mig.nvctk.io": None}

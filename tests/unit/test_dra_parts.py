@@ -76,6 +76,29 @@ def test_the_whole_device_consumed_is_no_share() -> None:
     assert not x.partial
 
 
+EXCLUSIVE = [{"opaque": {"driver": DRIVER, "parameters": {
+    "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig", "sharing": {"strategy": "Exclusive"}}}}]
+
+
+@pytest.mark.parametrize("consumed", [{"memory": "81559Mi"}, {"memory": "81559Mi", "smShare": "0"},
+                                      {"memory": "81559Mi", "smShare": "100"}])
+def test_exclusive_takes_a_1_36_allocation_of_the_whole_device(consumed: dict[str, str]) -> None:
+    """1.36 gives every allocation of a shareable device a shareID; one consuming all of
+    its memory (the class's default request) is exclusive: nothing else fits beside it."""
+    (x,) = claims.results(a_claim(r("gpu-0", shareID="a1", consumedCapacity=consumed),
+                                  config=EXCLUSIVE), DRIVER, "n", DEVICES)
+    assert x.strategy == "Exclusive" and x.share_id == "a1"
+
+
+@pytest.mark.parametrize("consumed", [{"memory": "2Gi"}, {"memory": "81558Mi"}, None,
+                                      {"smShare": "100"}])
+def test_exclusive_refuses_a_share_of_the_device(consumed: dict[str, str] | None) -> None:
+    kw = {"consumedCapacity": consumed} if consumed is not None else {}
+    with pytest.raises(claims.ClaimError, match="Exclusive, but device gpu-0 is allocated as share"):
+        claims.results(a_claim(r("gpu-0", shareID="a1", **kw), config=EXCLUSIVE),
+                       DRIVER, "n", DEVICES)
+
+
 def test_a_claims_config_applies_per_request_and_later_wins() -> None:
     p = {"apiVersion": claims.PARAMS_API_VERSION, "kind": claims.PARAMS_KIND}
     got = claims.strategies(a_claim(config=[
@@ -123,3 +146,38 @@ def test_corrupt_records(data: bytes, why: str) -> None:
 def test_a_uid_that_is_no_file_name(uid: str) -> None:
     with pytest.raises(record.RecordError):
         record.check_uid(uid)
+
+
+def test_the_health_record_is_restored_for_this_boot_and_present_devices_only(
+        tmp_path: Any) -> None:
+    from nvctk.dra import health as health_record
+    from nvctk.k8s.health import Health
+
+    path = str(tmp_path / "health.json")
+    h = Health()
+    h.mark({"GPU-a"}, "XID 79")
+    h.mark({"GPU-gone"}, "XID 48")
+    health_record.save(path, h, boot="boot-1")
+    again = Health()
+    assert health_record.restore(path, again, {"GPU-a", "GPU-b"}, boot="boot-1") == {
+        "GPU-a": "XID 79"}
+    assert again.reasons == {"GPU-a": "XID 79"}
+    assert health_record.restore(path, Health(), {"GPU-a"}, boot="boot-2") == {}  # rebooted
+    for bad in (b"{", b"[]", b'{"v": 2, "unhealthy": {}}', b'{"v": 1, "unhealthy": {"a": 1}}'):
+        (tmp_path / "health.json").write_bytes(bad)
+        assert health_record.restore(path, Health(), {"a"}, boot="boot-1") == {}
+
+
+@pytest.mark.parametrize("strategy", ["Exclusive", "VGpu", "MPS", "TimeSlicing"])
+def test_admin_access_is_the_whole_device_without_a_share_of_its_own(strategy: str) -> None:
+    """adminAccess (monitoring a device others hold): the whole device, whatever the
+    class's strategy, consuming nothing: no cap, no ledger, no MPS; never refused as a
+    share (Exclusive) nor for want of one (VGpu)."""
+    cfg = [{"opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig", "sharing": {"strategy": strategy}}}}]
+    (x,) = claims.results(a_claim(r("gpu-0", adminAccess=True, shareID="s",
+                                    consumedCapacity={"memory": "2Gi"}), config=cfg),
+                          DRIVER, "n", DEVICES)
+    assert x.admin and not x.partial and x.consumed == {} and x.strategy == "TimeSlicing"
+    with pytest.raises(claims.ClaimError, match="adminAccess must be true or false"):
+        claims.results(a_claim(r("gpu-0", adminAccess="yes")), DRIVER, "n", DEVICES)

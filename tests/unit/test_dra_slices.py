@@ -14,6 +14,8 @@ from nvctk.dra.slices import (
     ALL,
     MAX_STRING,
     Features,
+    TaintPolicy,
+    architecture,
     chunk_devices,
     node_pool,
     semver,
@@ -143,7 +145,32 @@ def test_a_gpu_has_nvidias_attribute_names() -> None:
         "cudaComputeCapability": {"version": "9.0.0"},
         "driverVersion": {"version": "535.104.5"},
         "cudaDriverVersion": {"version": "12.2.0"},
+        "architecture": {"string": "Hopper"},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:1b:00.0"},
     }
+
+
+def test_gpus_and_their_mig_devices_carry_the_pcie_root_that_aligns_them_with_nics() -> None:
+    g0, g1 = gpu(0, ("3g.40gb",)), gpu(1)
+    roots = {"0000:18:00.0": "pci0000:17", "0000:19:00.0": "pci0000:3a"}
+    out = slices(node_pool(host(g0, g1), D, {}, pcie_roots=roots), "node-a", D, 1)
+    assert all(slice_problems(s) == [] for s in out)
+    attrs = {n: d["attributes"] for n, d in devices(out).items()}
+    assert attrs["gpu-0"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:17"}
+    assert attrs["gpu-0-mig-0"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:17"}
+    assert attrs["gpu-1"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:3a"}
+    assert "resource.kubernetes.io/pciBusID" not in attrs["gpu-0-mig-0"]  # not a PCI device
+    # sysfs that does not show a GPU: no attribute rather than a wrong one
+    bare = devices(publish(host(gpu(0))))["gpu-0"]["attributes"]
+    assert "resource.kubernetes.io/pcieRoot" not in bare
+
+
+@pytest.mark.parametrize(("cc", "arch"), [("9.0", "Hopper"), ("8.0", "Ampere"), ("8.6", "Ampere"),
+                                          ("8.9", "Ada Lovelace"), ("7.5", "Turing"),
+                                          ("7.0", "Volta"), ("10.0", "Blackwell"),
+                                          ("12.0", "Blackwell"), ("6.1", "Pascal"), ("99.0", None)])
+def test_architecture_names(cc: str, arch: str | None) -> None:
+    assert architecture(cc) == arch
 
 
 def test_a_mig_gpu_and_its_mig_devices_share_one_counter_set() -> None:
@@ -176,23 +203,56 @@ def test_mig_devices_bigger_than_their_gpu_still_fit_their_counter_set() -> None
 
 
 @pytest.mark.parametrize(("reason", "effect", "value"), [
-    ("XID 79", "NoExecute", "XID-79"),
+    ("XID 79", "NoSchedule", "XID-79"),  # fell off the bus: no new claim; pods not evicted
+    ("XID 95", "NoSchedule", "XID-95"),
     ("cannot register XID events: Not Supported", "NoSchedule",
      "cannot-register-XID-events-Not-Supported"),
-    ("XID 48 " + "x" * 100, "NoExecute", ("XID-48-" + "x" * 100)[:63]),
+    ("XID 48 " + "x" * 100, "NoSchedule", ("XID-48-" + "x" * 100)[:63]),
     ("!!!", "NoSchedule", ""),
 ])
 def test_an_unhealthy_device_is_tainted_with_its_reason(reason: str, effect: str,
                                                          value: str) -> None:
-    assert taint(D, reason) == {"key": f"{D}/unhealthy", "value": value, "effect": effect}
+    assert taint(D, reason, effect) == {"key": f"{D}/unhealthy", "value": value,
+                                        "effect": effect}
     out = publish(host(gpu(0)), {gpu(0).uuid: reason})
-    assert devices(out)["gpu-0"]["taints"] == [taint(D, reason)]
+    assert devices(out)["gpu-0"]["taints"] == [taint(D, reason, effect)]
 
 
-def test_an_xid_on_a_mig_device_taints_that_device_only() -> None:
+@pytest.mark.parametrize("xid", [63, 92, 94])
+def test_a_non_fatal_xid_taints_nothing(xid: int) -> None:
+    """A contained or corrected error (XID 94 on one MIG instance): the device goes on
+    serving; no taint, so no pod is evicted nor any claim refused."""
     g = gpu(0, ("3g.40gb", "1g.10gb"))
-    devs = devices(publish(host(g), {g.mig_devices[1].uuid: "XID 94"}))
+    devs = devices(publish(host(g), {g.mig_devices[1].uuid: f"XID {xid}"}))
+    assert [n for n, d in devs.items() if d.get("taints")] == []
+
+
+def test_a_fatal_xid_on_a_mig_device_taints_that_device_only() -> None:
+    g = gpu(0, ("3g.40gb", "1g.10gb"))
+    devs = devices(publish(host(g), {g.mig_devices[1].uuid: "XID 95"}))
     assert [n for n, d in devs.items() if d.get("taints")] == ["gpu-0-mig-1"]
+
+
+@pytest.mark.parametrize(("items", "reason", "effect"), [
+    (["79=NoExecute"], "XID 79", "NoExecute"),
+    (["94=NoSchedule"], "XID 94", "NoSchedule"),
+    (["48=None"], "XID 48", None),
+    (["48=None"], "XID 79", "NoSchedule"),  # others keep the default
+    ([], "cannot register XID events: x", "NoSchedule"),
+])
+def test_the_operator_maps_xids_to_effects(items: list[str], reason: str,
+                                           effect: str | None) -> None:
+    policy = TaintPolicy.parse(items)
+    assert policy.effect(reason) == effect
+    out = slices(node_pool(host(gpu(0)), D, {gpu(0).uuid: reason}, ALL, policy), "n", D, 1)
+    got = devices(out)["gpu-0"].get("taints")
+    assert got == (None if effect is None else [taint(D, reason, effect)])
+
+
+@pytest.mark.parametrize("item", ["79", "x=NoSchedule", "79=Evict", "=None", "79:NoExecute"])
+def test_a_bad_xid_mapping_is_refused(item: str) -> None:
+    with pytest.raises(ValueError, match="want XID=EFFECT"):
+        TaintPolicy.parse([item])
 
 
 def test_without_shares_a_gpu_is_whole() -> None:
