@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := gcc make libc6-dev binutils python3-venv python3-dev python3-pip libcap-dev libcap2-bin libb2-dev libjansson-dev strace \
                 runc containerd docker.io busybox-static iproute2 util-linux podman \
                 dpkg-dev lintian debootstrap umoci conmon libgpgme11 libseccomp2 libsqlite3-0 \
-                prometheus chromium chromium-driver
+                prometheus chromium chromium-driver openssl
 PYTEST_ARGS ?=
 
 .PHONY: all setup apt venv native test lint unit integration e2e demo bench clean deb image reliability
@@ -86,7 +86,8 @@ reliability: setup
 deb: apt
 	bash packaging/deb/build.sh dist
 
-# dist/nvctk-installer.tar: an OCI image archive, from the .deb on a debootstrap'd Debian 12
+# dist/nvctk-image.tar (localhost/nvctk:<version>, in dist/nvctk-image.name): the one image of
+# every node role, an OCI image archive, from the .deb on a debootstrap'd Debian 12
 image: deb
 	bash packaging/image/build.sh dist
 

@@ -1,8 +1,9 @@
 """Build hook only; the project's metadata is in pyproject.toml.
 
 build_py first generates the kubelet plugins' gRPC modules from nvctk/k8s/api.proto
-(the device plugin) and nvctk/dra/third_party/*.proto (the DRA plugin) (grpcio-tools, a
-build requirement).
+(the device plugin), nvctk/dra/third_party/*.proto (the DRA plugin) and
+nvctk/engines/third_party/cri_api.proto (the CRI: configure's restart waits on it)
+(grpcio-tools, a build requirement).
 
 A wheel (and the Debian package, built from one) carries libvgpu.so as
 nvctk/lib/libvgpu.so: build_py runs `make -C libvgpu` and copies the library in.

@@ -354,3 +354,26 @@ def container_path_of_host(driver_root: str, host: str) -> str:
     if rel.startswith("var/run/"):
         rel = rel[len("var/") :]
     return "/" + rel
+
+
+def host_path_of(seen_root: str, host_root: str, path: str) -> str:
+    """A path under the driver root as this process sees it (seen_root) as the host
+    sees it (under host_root): what a CDI spec written from a container must name.
+    A path outside seen_root is the host's already (the config's extra mounts)."""
+    if seen_root == host_root:
+        return path
+    rel = posixpath.relpath(path, seen_root)
+    if rel.startswith(".."):
+        return path
+    return host_root if rel == "." else posixpath.join(host_root, rel)
+
+
+def on_host(edits: Edits, seen_root: str, host_root: str) -> Edits:
+    """The form with its device nodes' and mounts' sources as the host sees them."""
+    if seen_root == host_root:
+        return edits
+    return edits.replace(
+        devices=tuple(d.replace(host_path=host_path_of(seen_root, host_root, d.host_path))
+                      for d in edits.devices),
+        mounts=tuple(m.replace(host_path=host_path_of(seen_root, host_root, m.host_path))
+                     for m in edits.mounts))

@@ -17,6 +17,8 @@ Containers:
 Packages:
     built_deb      session-scoped: packaging/deb/build.sh's .deb, built once per run (all
                    xdist workers share it: support/packages.py); copy it before writing beside it.
+    built_image    session-scoped: `make image`'s OCI archive (localhost/nvctk:VERSION), the
+                   same way (packaging/image/build.sh from built_deb's package).
 CLI:
     run_nvctk      run_nvctk(*args, env=None, config=None) -> CompletedProcess (text),
                    runs the installed `nvctk` console script; config=PATH sets NVCTK_CONFIG.
@@ -109,6 +111,11 @@ def sim_host_mig(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
 @pytest.fixture(scope="session")
 def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return packages.built_deb(packages.run_dir(tmp_path_factory))
+
+
+@pytest.fixture(scope="session")
+def built_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return packages.built_image(packages.run_dir(tmp_path_factory))
 
 
 @pytest.fixture

@@ -46,6 +46,7 @@ class Config(FrozenRecord):
     # the fields in order: __init__'s positional order, and render()'s
     __slots__ = (  # noqa: RUF023
         "driver_root",
+        "host_driver_root",
         "runtimes",
         "hook_path",
         "hook_timeout",
@@ -66,6 +67,7 @@ class Config(FrozenRecord):
     )
 
     driver_root: str
+    host_driver_root: str
     runtimes: tuple[str, ...]
     hook_path: str
     hook_timeout: int
@@ -87,6 +89,7 @@ class Config(FrozenRecord):
     def __init__(
         self,
         driver_root: str = "/",
+        host_driver_root: str = "",
         runtimes: tuple[str, ...] = ("runc", "crun"),
         hook_path: str = "",
         hook_timeout: int = 60,
@@ -109,6 +112,7 @@ class Config(FrozenRecord):
     ) -> None:
         init = object.__setattr__
         init(self, "driver_root", driver_root)
+        init(self, "host_driver_root", host_driver_root)
         init(self, "runtimes", runtimes)
         init(self, "hook_path", hook_path)
         init(self, "hook_timeout", hook_timeout)
@@ -141,7 +145,10 @@ _NAMES = {f.replace("_", "-"): f for f in _FIELDS}
 
 # TOML key -> the comment render() prints above it
 _DOC: dict[str, str] = {
-    "driver-root": "where the host driver's files are (libraries, binaries, /dev and /proc/driver nodes)",
+    "driver-root": "where nvctk sees the driver's files (libraries, binaries, /dev and /proc/driver nodes)",
+    "host-driver-root": "where that driver root is on the host, written into what the host reads "
+                        "(CDI specs): differs in a container that mounts it elsewhere "
+                        "(empty: driver-root)",
     "runtimes": "low-level OCI runtimes to try in order: names on PATH or absolute paths",
     "hook-path": "absolute path of nvctk-hook written into specs (empty: beside nvctk-runtime)",
     "hook-timeout": "seconds runc gives the prestart hook",
@@ -228,7 +235,7 @@ def _check_type(key: str, value: Any, default: Any, where: str) -> Any:
 # nanoseconds, which a huge value overflows (and a day is already far too long)
 INT_RANGES = {"hook-timeout": (1, 86400)}
 # path keys: "" allowed (means: the default place, or no log), else absolute
-_ABSOLUTE_OR_EMPTY = frozenset({"hook-path", "log-file", "vgpu-library"})
+_ABSOLUTE_OR_EMPTY = frozenset({"hook-path", "log-file", "vgpu-library", "host-driver-root"})
 _ABSOLUTE = frozenset({"driver-root", "ldconfig", "state-dir", "authority-key", "cdi-spec-dirs"})
 
 
@@ -333,6 +340,34 @@ def checked(data: dict[str, Any], where: str) -> Config:
         raise ConfigError(f"{where}: mode must be one of {', '.join(MODES)}, not "
                           f"{shown(cfg.mode)}")
     return cfg
+
+
+# The keys a node component's command line (or its container's env) may set over the
+# file's: a DaemonSet's container sees the host's driver, and nvctk-hook, elsewhere
+# than the host's config says (docs/decisions.md, "Node components in containers").
+OVERRIDABLE = ("driver-root", "host-driver-root", "hook-path", "vgpu-library")
+
+
+def overridden(config: Config, values: Mapping[str, str | None], where: str) -> Config:
+    """config with these keys set (None: kept), each checked as a file's value would be
+    (where: what set them, for the error). A new driver-root without a host-driver-root
+    keeps the file's driver-root as the host's: the file is the host's config, read
+    from a container that mounts the driver elsewhere."""
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in OVERRIDABLE:
+            raise ConfigError(f"{where}: {key} cannot be set there")
+        if value is not None:
+            changes[_NAMES[key]] = _check_type(key, value, "", where)
+    if "driver_root" in changes and "host_driver_root" not in changes \
+            and not config.host_driver_root and changes["driver_root"] != config.driver_root:
+        changes["host_driver_root"] = config.driver_root
+    return config.replace(**changes) if changes else config
+
+
+def host_driver_root(config: Config) -> str:
+    """The driver root as the host sees it."""
+    return config.host_driver_root or config.driver_root
 
 
 def config_path(environ: dict[str, str] | None = None) -> str:

@@ -24,9 +24,17 @@ import os
 from typing import Any, Literal
 
 from nvctk.base import fileio
-from nvctk.base.config import ALL_CAPABILITIES
+from nvctk.base.config import ALL_CAPABILITIES, host_driver_root
 from nvctk.cdi.load import CLASS, VENDOR, CdiError, bind_options
-from nvctk.edits import HOOK_NAME, DeviceNode, Edits, Mount, Symlink, container_path_of_host
+from nvctk.edits import (
+    HOOK_NAME,
+    DeviceNode,
+    Edits,
+    Mount,
+    Symlink,
+    container_path_of_host,
+    on_host,
+)
 from nvctk.host import discover
 from nvctk.host import driver as nvdriver
 from nvctk.host.image import ImageFacts
@@ -137,17 +145,21 @@ def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...],
     mounts += [m for m in _extra_mounts(facts.files, lib_dir) if m.container_path not in first]
     out = []
     common_nodes = {d.path for d in common.devices}
+    # sources as the host sees them: a node component in a container sees the driver
+    # under a mount of its own (config host-driver-root)
+    seen, on = config.driver_root, host_driver_root(config)
     for sel in selected:
         own = plan([sel])
         names = list(dict.fromkeys(device_names(sel, s) for s in strategies))
-        out.append((names, Edits(host.driver_version, caps, (sel.gpu.uuid,),
-                                 devices=tuple(d for d in own.devices if d.path not in common_nodes),
-                                 symlinks=tuple(s for s in own.symlinks
-                                                if s not in common.symlinks),
-                                 ldconfig="")))
-    return (common.replace(gpu_uuids=(), mounts=tuple(mounts), symlinks=tuple(
-                plan_symlinks(mounts, lib_dir, host.driver_version)), proc_mask=None,
-                hooks=(), remove_hooks=(), log=None, selected=()),
+        out.append((names, on_host(Edits(
+            host.driver_version, caps, (sel.gpu.uuid,),
+            devices=tuple(d for d in own.devices if d.path not in common_nodes),
+            symlinks=tuple(s for s in own.symlinks if s not in common.symlinks),
+            ldconfig=""), seen, on)))
+    return (on_host(common.replace(
+                gpu_uuids=(), mounts=tuple(mounts), symlinks=tuple(
+                    plan_symlinks(mounts, lib_dir, host.driver_version)), proc_mask=None,
+                hooks=(), remove_hooks=(), log=None, selected=()), seen, on),
             out)
 
 

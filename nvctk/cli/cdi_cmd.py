@@ -10,7 +10,7 @@ import click
 
 from nvctk.cdi import generate as cdi_generate
 from nvctk.cdi import load
-from nvctk.cli.common import load_config
+from nvctk.cli.common import load_node_config
 
 
 @click.group()
@@ -33,18 +33,18 @@ def generate(ctx: click.Context, output: str | None, fmt: str | None,
              strategies: tuple[str, ...], vendor: str, cls: str) -> None:
     """A spec with one device per GPU and per MIG device, plus `all`."""
     from nvctk.host import nvml
-    from nvctk.host.paths import find_hook
+    from nvctk.host.paths import find_hook, spec_hook_env
 
     for what, value in (("vendor", vendor), ("class", cls)):
         if not value or "/" in value or "=" in value:
             raise click.BadParameter(f"{value!r} (no '/' or '=', not empty)", param_hint=what)
     if fmt is None:
         fmt = "json" if output and output.endswith(".json") else "yaml"
-    cfg = load_config(ctx)
+    cfg = load_node_config(ctx)
     host = nvml.query_host(cfg.driver_root)
     root = ctx.find_root().obj or {}
     config_path = root.get("config_path") or os.environ.get("NVCTK_CONFIG")
-    env = [f"NVCTK_CONFIG={os.path.abspath(config_path)}"] if config_path else []
+    env = list(spec_hook_env(cfg, config_path))
     spec = cdi_generate.cdi_spec(cfg, host, find_hook(cfg), strategies=strategies or
                                  ("index", "uuid"), vendor=vendor, cls=cls, hook_env=env)
     data = cdi_generate.dump(spec, "json" if fmt == "json" else "yaml")

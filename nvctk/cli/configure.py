@@ -7,7 +7,7 @@ import os
 import click
 
 from nvctk.base.errors import ConfigError
-from nvctk.engines import common, containerd, crio, docker
+from nvctk.engines import common, containerd, crio, docker, restart
 from nvctk.engines.changes import RESTART, plan_configure, plan_remove
 from nvctk.engines.common import EngineRequest
 
@@ -32,8 +32,22 @@ from nvctk.engines.common import EngineRequest
 @click.option("--remove", is_flag=True, help="undo what configure added")
 @click.option("--dry-run", is_flag=True,
               help="print the resulting file(s) on stdout and write nothing")
+@click.option("--restart-mode", type=click.Choice(restart.MODES), default="none",
+              show_default=True,
+              help="then make the engine take it: SIGHUP to it (containerd exits on it and "
+                   "its service manager restarts it), systemctl restart, or nothing; and wait "
+                   "until it answers with the runtime (without it, after --remove)")
+@click.option("--socket", "engine_socket", metavar="PATH", default="",
+              help="the engine's socket (default: " + ", ".join(
+                  f"{k} {v}" for k, v in restart.SOCKETS.items()) + ")")
+@click.option("--host-root", metavar="DIR", default="/", show_default=True,
+              help="where the host's / is (systemd mode runs systemctl chrooted there)")
+@click.option("--restart-timeout", type=click.FloatRange(min=0.1, max=3600), default=60,
+              show_default=True, metavar="SECONDS",
+              help="how long the engine may take to answer after the restart")
 def configure(engine: str, config_file: str, drop_in: str, name: str, runtime_path: str,
-              set_as_default: bool, cdi: bool, remove: bool, dry_run: bool) -> None:
+              set_as_default: bool, cdi: bool, remove: bool, dry_run: bool, restart_mode: str,
+              engine_socket: str, host_root: str, restart_timeout: float) -> None:
     """Add nvctk-runtime to containerd's, Docker's or CRI-O's config (or --remove it).
 
     Edits keep comments, order and every other setting; a second run changes no
@@ -67,11 +81,53 @@ def configure(engine: str, config_file: str, drop_in: str, name: str, runtime_pa
                 click.echo(c.new.decode("utf-8", "replace"), nl=False)
         click.echo("nvctk: dry run: nothing written", err=True)
         return
+    how = restart.Restart(engine, restart_mode, engine_socket, host_root, timeout=restart_timeout)
+    how.check()
+    if restart_mode == "signal":
+        restart.engine_pid(how.sock)  # an engine to signal, before anything is written
     if not plan.changed:
         click.echo(f"nvctk: {', '.join(c.path for c in plan.changes if c.new is not None) or 'nothing'}"
                    " already as wanted: nothing written")
-        click.echo(f"nvctk: if {engine} has not been restarted since, restart it: {RESTART[engine]}")
+        if restart_mode == "none":
+            click.echo(f"nvctk: if {engine} has not been restarted since, restart it: "
+                       f"{RESTART[engine]}")
+        else:
+            _take(how, name, not remove, only_if_needed=True)
         return
     for line in common.apply(plan):
         click.echo(f"nvctk: {line}")
-    click.echo(f"nvctk: restart {engine} for this to take effect: {RESTART[engine]}")
+    if restart_mode == "none":
+        click.echo(f"nvctk: restart {engine} for this to take effect: {RESTART[engine]}")
+        return
+    try:
+        _take(how, name, not remove)
+    except restart.EngineError as e:
+        if remove:
+            raise
+        # the engine did not come back with the runtime: put its config back as it was
+        # (the change may be why), restart it again, then fail saying so
+        for line in common.apply(plan_remove(engine, req)):
+            click.echo(f"nvctk: undone: {line}")
+        try:
+            _take(how, name, False)
+        except restart.EngineError as again:
+            raise restart.EngineError(f"{e}; the config is restored, and {again}")
+        raise restart.EngineError(f"{e}; nvctk's change is undone and {engine} restarted "
+                                  "without it")
+
+
+def _take(how: restart.Restart, name: str, present: bool, only_if_needed: bool = False) -> None:
+    """The engine made to take its config (how.mode), then waited for until it answers
+    with (present) or without the handler name."""
+    if only_if_needed:
+        try:
+            if (name in restart.handlers(how.engine, how.sock)) == present:
+                click.echo(f"nvctk: {how.engine} serves it as wanted")
+                return
+        except restart.EngineError:
+            pass  # not answering: restarted below
+    done = restart.poke(how)
+    click.echo(f"nvctk: {done}; waiting until it answers {'with' if present else 'without'} "
+               f"runtime {name!r}")
+    restart.wait_for(how, name, present)
+    click.echo(f"nvctk: {how.engine} answers {'with' if present else 'without'} runtime {name!r}")

@@ -8,6 +8,7 @@ import sys
 import click
 
 from nvctk.base.errors import NvctkError
+from nvctk.cli.common import load_node_config
 from nvctk.k8s.kubelet import DEFAULT_KUBELET_DIR
 
 
@@ -16,7 +17,8 @@ from nvctk.k8s.kubelet import DEFAULT_KUBELET_DIR
               help="the kubelet's device-plugins directory (kubelet.sock)")
 @click.option("--config", "config_file", default=None, metavar="FILE",
               help="the plugin's YAML config (default: whole GPUs, envvar)")
-def device_plugin(kubelet_dir: str, config_file: str | None) -> None:
+@click.pass_context
+def device_plugin(ctx: click.Context, kubelet_dir: str, config_file: str | None) -> None:
     """Kubernetes device plugin (API v1beta1): advertise GPUs, MIG devices and shares."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s nvctk-device-plugin %(levelname)s %(message)s")
@@ -26,7 +28,7 @@ def device_plugin(kubelet_dir: str, config_file: str | None) -> None:
         from nvctk.k8s.node import setup
         from nvctk.k8s.server import Manager
 
-        cfg, driver_root, host = setup(config_file)
+        cfg, driver_root, host = setup(config_file, load_node_config(ctx))
         res = resources.build(cfg, host)
         if not res:
             raise NvctkError("no GPU to advertise on this node")

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from nvctk.base.errors import NvctkError
-from nvctk.cli.common import load_config
+from nvctk.cli.common import load_node_config
 from nvctk.dra.devices import DEFAULT_DRIVER
 
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
@@ -60,7 +60,15 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
         raise click.UsageError("no node name: set --node-name or $NODE_NAME (the downward "
                                "API's spec.nodeName)")
     try:
-        cfg = load_config(ctx)
+        cfg = load_node_config(ctx)
+        if os.path.realpath(cdi_dir) not in {os.path.realpath(d) for d in cfg.cdi_spec_dirs}:
+            # the claims' specs would be written where nothing reads them: said, not refused
+            # (a runtime of the node may be configured to read it)
+            logging.warning("--cdi-dir %s is not among the CDI spec dirs of nvctk's config "
+                            "(cdi-spec-dirs: %s; containerd and CRI-O read /etc/cdi and "
+                            "/var/run/cdi by default): unless the node's runtime reads it, "
+                            "prepared claims get no devices", cdi_dir,
+                            ", ".join(cfg.cdi_spec_dirs))
         # start time: grpc, NVML and the API client, for this command only
         from nvctk.dra.node import claim_source, make_driver, pcie_roots
         from nvctk.dra.publish import Publisher

@@ -34,10 +34,24 @@ from nvctk.cli import (
     default=None,
     help="config file (default: $NVCTK_CONFIG, else /etc/nvctk/config.toml)",
 )
+@click.option("--driver-root", metavar="DIR", default=None, envvar="NVCTK_DRIVER_ROOT",
+              help="where this process sees the driver (a node component's container: the "
+                   "host's driver root mounted there); over the config's driver-root")
+@click.option("--host-driver-root", metavar="DIR", default=None,
+              envvar="NVCTK_HOST_DRIVER_ROOT",
+              help="where that driver is on the host (written into CDI specs; default: the "
+                   "config's driver-root when --driver-root moves it, else driver-root)")
+@click.option("--hook-path", metavar="PATH", default=None, envvar="NVCTK_HOOK_PATH",
+              help="nvctk-hook as the host runs it (written into CDI specs)")
+@click.option("--vgpu-library", metavar="PATH", default=None, envvar="NVCTK_VGPU_LIBRARY",
+              help="libvgpu.so as the host has it")
 @click.pass_context
-def cli(ctx: click.Context, config_path: str | None) -> None:
+def cli(ctx: click.Context, config_path: str | None, driver_root: str | None,
+        host_driver_root: str | None, hook_path: str | None, vgpu_library: str | None) -> None:
     """nvctk: give containers NVIDIA GPUs, whole or in shares."""
-    ctx.obj = {"config_path": config_path}
+    ctx.obj = {"config_path": config_path,
+               "overrides": {"driver-root": driver_root, "host-driver-root": host_driver_root,
+                             "hook-path": hook_path, "vgpu-library": vgpu_library}}
 
 
 cli.add_command(info.info)

@@ -1,8 +1,8 @@
 """The API server, as the DRA driver needs it: ResourceClaims read, this node's
 ResourceSlices listed, created, updated and deleted (resource.k8s.io/v1), through
-the official `kubernetes` client.
+the official `kubernetes` client; and this node's labels (`nvctk labels --node-name`).
 
-Only the DRA plugin imports this module, and the client only when a Kube is made
+Only the DRA plugin and `nvctk labels` import this module, and the client only when a Kube is made
 (~0.2 s with pydantic and urllib3): never the runtime, the hook or another nvctk
 command. Objects go in and out as plain dicts in the API's own JSON form (camelCase),
 so the slice builder and the claim reader stay pure data.
@@ -156,6 +156,25 @@ class Kube:
                            name, _preload_content=False, _request_timeout=t))
         except NotFound:
             pass
+
+    # --- nodes --------------------------------------------------------------------
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api_client)
+        return self._call(f"reading Node {name}", lambda t: core.read_node(
+            name, _preload_content=False, _request_timeout=t))
+
+    def patch_node_metadata(self, name: str, labels: dict[str, str | None],
+                            annotations: dict[str, str | None]) -> dict[str, Any]:
+        """A merge patch of the node's labels and annotations (None removes a key)."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api_client)
+        body = {"metadata": {"labels": labels, "annotations": annotations}}
+        return self._call(f"labelling Node {name}", lambda t: core.patch_node(
+            name, body, _preload_content=False, _request_timeout=t))
 
     # --- the one request path ---------------------------------------------------
 

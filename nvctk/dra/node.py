@@ -15,7 +15,7 @@ from nvctk.dra.record import Records
 from nvctk.dra.slices import DEFAULT_TAINTS, TaintPolicy
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo, proc_bus_id
-from nvctk.host.paths import find_hook
+from nvctk.host.paths import find_hook, spec_hook_env
 from nvctk.k8s.health import Health
 
 TYPE_CHECKING = False
@@ -44,8 +44,8 @@ def cdi_forms(cfg: nvconfig.Config, host: HostInfo, config_path: str | None) -> 
     """nvctk's CDI forms of every GPU and MIG device (what `nvctk cdi generate` writes),
     by uuid; the hook finds nvctk's config as `nvctk cdi generate`'s does."""
     common, devices = cdi_generate.host_edits(cfg, host, ("uuid",))
-    env = (f"NVCTK_CONFIG={os.path.abspath(config_path)}",) if config_path else ()
-    return CdiForms(common, {names[0]: e for names, e in devices}, find_hook(cfg), env)
+    return CdiForms(common, {names[0]: e for names, e in devices}, find_hook(cfg),
+                    spec_hook_env(cfg, config_path))
 
 
 def pcie_roots(driver_root: str, host: HostInfo) -> dict[str, str]:

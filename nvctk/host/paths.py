@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 
-from nvctk.base.errors import ConfigError
-from nvctk.edits import HOOK_NAME
+from nvctk.base.config import host_driver_root
+from nvctk.base.errors import ConfigError, DriverError
+from nvctk.edits import HOOK_NAME, host_path_of
 from nvctk.host.facts import DEFAULT_RUNTIME_ROOT, Context
 
 TYPE_CHECKING = False
@@ -105,3 +106,43 @@ def absolute_runtime_root(runtime_root: str | None) -> str:
     """runc's --root as the hooks need it: runc resolves a relative one against its cwd,
     the hook runs in the bundle."""
     return os.path.normpath(os.path.abspath(runtime_root or DEFAULT_RUNTIME_ROOT))
+
+
+def spec_hook_env(config: Config, config_path: str | None) -> tuple[str, ...]:
+    """The env of the hooks a CDI spec names: the nvctk config they load (None: the
+    default path), as the host names it (a file under the driver root this process
+    sees elsewhere is the host's file under the host's root)."""
+    if not config_path:
+        return ()
+    path = host_path_of(config.driver_root, host_driver_root(config),
+                        os.path.abspath(config_path))
+    return (f"NVCTK_CONFIG={path}",)
+
+
+def check_driver_root(config: Config) -> None:
+    """That the driver is where this process looks (a node component's first step): a
+    DriverError saying which root, as the host names it, and what to do, before any
+    spec or slice is written from a root that is wrong, unreadable or driverless."""
+    from nvctk.host import nvml  # start time: a node command's, not the runtime's
+
+    seen, host = config.driver_root, host_driver_root(config)
+    on_host = f" (the host's {host})" if host != seen else ""
+    if not os.path.isdir(seen):
+        why = "not a directory" if os.path.lexists(seen) else "no such directory"
+        raise DriverError(f"driver root {seen}{on_host}: {why}: {_driver_root_hint(seen, host)}")
+    if not os.access(seen, os.R_OK | os.X_OK):
+        raise DriverError(f"driver root {seen}{on_host}: not readable by this process (uid "
+                          f"{os.getuid()}): {_driver_root_hint(seen, host)}")
+    try:
+        nvml.find_library(seen)
+    except DriverError as e:
+        raise DriverError(f"{e}{on_host}: {_driver_root_hint(seen, host)}")
+
+
+def _driver_root_hint(seen: str, host: str) -> str:
+    if seen != host:
+        return (f"mount the host's driver root ({host}: / for a driver installed on the node, "
+                f"/run/nvidia/driver for a driver container) at {seen} (the DaemonSet's "
+                "driver-root hostPath) and name it in NVCTK_HOST_DRIVER_ROOT; a node without "
+                "the NVIDIA driver must not run this Pod (its nodeSelector)")
+    return "install the NVIDIA driver, or set driver-root in the nvctk config to where it is"

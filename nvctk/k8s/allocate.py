@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from nvctk.base.errors import NvctkError, RequestError
+from nvctk.edits import host_path_of
 from nvctk.k8s.config import PluginConfig
 from nvctk.k8s.resources import Device, Resource, Unit, vgpu_share
 from nvctk.vgpu import authority
@@ -71,11 +72,13 @@ def _check_ids(res: Resource, ids: list[str], unhealthy: set[str]) -> list[Devic
     return devs
 
 
-def mps_pipe(pipe_dir: str, driver_root: str) -> str:
-    """The host's MPS pipe directory (pipe_dir under driver_root); a clear error when it
-    is not a real directory, never a silent non-MPS run (a container without it would
-    bypass MPS's limits). The DRA driver's MPS claims use it too."""
-    host = os.path.join(os.path.abspath(driver_root), pipe_dir.lstrip("/"))
+def mps_pipe(pipe_dir: str, driver_root: str, host_root: str | None = None) -> str:
+    """The host's MPS pipe directory (pipe_dir under driver_root, as the host names it:
+    under host_root when this process sees the driver root elsewhere); a clear error
+    when it is not a real directory, never a silent non-MPS run (a container without it
+    would bypass MPS's limits). The DRA driver's MPS claims use it too."""
+    root = os.path.abspath(driver_root)
+    host = os.path.join(root, pipe_dir.lstrip("/"))
     try:
         st = os.lstat(host)
     except OSError as e:
@@ -86,7 +89,7 @@ def mps_pipe(pipe_dir: str, driver_root: str) -> str:
     if not stat.S_ISDIR(st.st_mode):
         raise AllocateError("FAILED_PRECONDITION",
                             f"MPS pipe directory {host} is not a directory (a link or file)")
-    return host
+    return host_path_of(root, host_root, host) if host_root else host
 
 
 def _per_gpu(devs: list[Device]) -> dict[Unit, int]:
@@ -116,7 +119,7 @@ def allocate(res: Resource, cfg: PluginConfig, ids: list[str], driver_root: str,
                 "INVALID_ARGUMENT",
                 f"{res.name}: the {len(devs)} GiB span GPUs "
                 f"{', '.join(str(u.gpu_index) for u in units)}; MPS memory must lie on one GPU")
-        pipe = mps_pipe(cfg.mps_pipe_dir, driver_root)
+        pipe = mps_pipe(cfg.mps_pipe_dir, driver_root, cfg.host_driver_root)
         out.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={len(devs)}G"
         out.envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_CONTAINER
         out.mounts.append((MPS_PIPE_IN_CONTAINER, pipe, False))
@@ -142,7 +145,7 @@ def allocate(res: Resource, cfg: PluginConfig, ids: list[str], driver_root: str,
                 "INVALID_ARGUMENT",
                 f"{res.name}: uneven shares across GPUs ({split}); "
                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is one value for every GPU of a container")
-        pipe = mps_pipe(cfg.mps_pipe_dir, driver_root)
+        pipe = mps_pipe(cfg.mps_pipe_dir, driver_root, cfg.host_driver_root)
         out.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(counts.pop())
         out.envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_CONTAINER
         out.mounts.append((MPS_PIPE_IN_CONTAINER, pipe, False))

@@ -132,6 +132,9 @@ class PluginConfig:
     # nvctk's config authority-key (set by `nvctk device-plugin`, not by this file): the
     # key of the vGPU share annotations (nvctk.vgpu.authority); None: env only, no annotation
     authority_key: str | None = None
+    # where the driver root is on the host, when the plugin sees it elsewhere (nvctk's
+    # host-driver-root, set by `nvctk device-plugin`): the paths Allocate answers name
+    host_driver_root: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

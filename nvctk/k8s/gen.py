@@ -1,7 +1,8 @@
 """Compile the kubelet APIs' protos into <name>_pb2.py / <name>_pb2_grpc.py beside each
 (a build step: `python -m nvctk.k8s.gen`; the generated files are not committed): the
 device plugin's api.proto, and the DRA plugin's (nvctk/dra/third_party: DRA v1 and v1beta1,
-DRA health v1alpha1, plugin registration v1, vendored from Kubernetes 1.36.3).
+DRA health v1alpha1, plugin registration v1, vendored from Kubernetes 1.36.3), and the CRI
+API (nvctk/engines/third_party: `nvctk configure` asks a runtime for its handlers).
 
 protoc runs with the repository root as its include path, so the generated gRPC
 modules import `nvctk.k8s.api_pb2` by their package path, not as a top-level
@@ -18,8 +19,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent  # so that a proto's path is nvctk/k8s/api.proto
 DRA = HERE.parent / "dra" / "third_party"
+CRI = HERE.parent / "engines" / "third_party"
 PROTOS = (HERE / "api.proto", DRA / "dra_v1.proto", DRA / "dra_v1beta1.proto",
-          DRA / "dra_health_v1alpha1.proto", DRA / "pluginregistration_v1.proto")
+          DRA / "dra_health_v1alpha1.proto", DRA / "pluginregistration_v1.proto",
+          CRI / "cri_api.proto")
 PROTO = PROTOS[0]  # the device plugin's
 
 

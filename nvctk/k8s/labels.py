@@ -3,11 +3,18 @@ Node Feature Discovery `features.d` file (`key=value` lines)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from nvctk.base import fileio
 from nvctk.host.inventory import HostInfo
 from nvctk.k8s.config import PluginConfig
 
 P = "nvidia.com/"
+# the label every nvctk DaemonSet selects besides NFD's PCI vendor label (GPU Operator's
+# name): kept current by `nvctk labels --node-name`
+PRESENT = P + "gpu.present"
+# the node annotation listing the labels nvctk set there (so it removes only its own)
+OWNED = "nvctk.io/labels"
 # compute capability major -> architecture family, as GFD names them
 FAMILIES = {3: "kepler", 5: "maxwell", 6: "pascal", 7: "volta", 8: "ampere", 9: "hopper",
             10: "blackwell"}
@@ -34,6 +41,7 @@ def node_labels(host: HostInfo, cfg: PluginConfig) -> dict[str, str]:
     out[P + "cuda.runtime-version.major"] = c[0]
     out[P + "cuda.runtime-version.minor"] = c[1] if len(c) > 1 else "0"
     out[P + "gpu.count"] = str(len(gpus))
+    out[PRESENT] = "true" if gpus else "false"
     out[P + "mig.strategy"] = cfg.mig_strategy
     if not gpus:
         return out
@@ -85,3 +93,19 @@ def write_labels(path: str, labels: dict[str, str]) -> None:
     """Atomically (NFD may read the file at any time), mode 0644; only a regular file
     (or nothing) is replaced (fileio.replace_regular_file: NotRegularFile otherwise)."""
     fileio.replace_regular_file(path, format_labels(labels).encode(), 0o644)
+
+
+def node_patch(node: dict[str, Any], wanted: dict[str, str]
+               ) -> tuple[dict[str, str | None], dict[str, str | None]] | None:
+    """The merge patch (labels, annotations) that makes a Node (its API JSON) carry
+    wanted and none of the labels nvctk set before and no longer wants (those the OWNED
+    annotation lists; another's labels are never removed); None when it has them."""
+    meta = node.get("metadata") or {}
+    have: dict[str, str] = meta.get("labels") or {}
+    owned = [k for k in ((meta.get("annotations") or {}).get(OWNED) or "").split(",") if k]
+    labels: dict[str, str | None] = {k: v for k, v in wanted.items() if have.get(k) != v}
+    labels.update({k: None for k in owned if k not in wanted and k in have})
+    keys = ",".join(sorted(wanted))
+    if not labels and ",".join(sorted(owned)) == keys:
+        return None
+    return labels, {OWNED: keys}

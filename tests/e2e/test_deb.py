@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -216,13 +217,8 @@ PY
 
 
 @pytest.fixture(scope="module")
-def image(deb: Path) -> Path:
-    if not shutil.which("umoci"):
-        pytest.skip("needs umoci (make apt)")
-    _base("base")
-    r = _run(["bash", str(REPO / "packaging" / "image" / "build.sh"), str(deb.parent)], timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return Path(r.stdout.strip())
+def image(built_image: Path) -> Path:
+    return built_image
 
 
 def test_image_is_an_oci_archive(image: Path) -> None:
@@ -232,7 +228,7 @@ def test_image_is_an_oci_archive(image: Path) -> None:
     assert layout["imageLayoutVersion"] == "1.0.0"
     (manifest,) = index["manifests"]
     assert manifest["annotations"]["org.opencontainers.image.ref.name"] == \
-        f"localhost/nvctk-installer:{VERSION}"
+        f"localhost/nvctk:{VERSION}"
 
 
 def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Path) -> None:
@@ -243,7 +239,7 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
     host = tmp_path / "host"
     (host / "etc/containerd").mkdir(parents=True)
     (host / "etc/containerd/config.toml").write_text("version = 2\n# the host's own comment\n")
-    name = f"localhost/nvctk-installer:{VERSION}"
+    name = f"localhost/nvctk:{VERSION}"
     with containerd(tmp_path / "ctd") as ctd:
         r = ctd.ctr("images", "import", str(image), timeout=300)
         assert r.returncode == 0, r.stderr
@@ -385,6 +381,50 @@ def test_installer_refuses_prefixes_it_did_not_make(tmp_path: Path, prefix: str,
     assert _host_tree(host) == before
 
 
+@pytest.mark.parametrize("setup,args,code,why", [
+    # an older image over what a newer one installed (a rollout gone backwards)
+    ("newer", [], 2, "holds nvctk 99.0, installed by a newer image"),
+    # a node without the driver (or the wrong root): which root, what to do
+    ("", ["--driver-root", "/run/nvidia/driver"], 1,
+     "driver root {host}/run/nvidia/driver (the host's /run/nvidia/driver): no such directory"),
+    ("empty-driver", ["--driver-root", "/run/nvidia/driver"], 1,
+     "no NVIDIA driver found at driver root {host}/run/nvidia/driver"),
+    # the host's own nvctk config is never overwritten
+    ("own-config", ["--driver-root", "/drv"], 2, "exists and is not the installer's"),
+    ("", ["--restart-mode", "reload"], 2, "--restart-mode reload: one of signal, systemd, none"),
+])
+def test_installer_refuses_before_it_installs(tmp_path: Path, setup: str, args: list[str],
+                                              code: int, why: str) -> None:
+    """Each refusal comes before anything is copied or configured: the host is as it was."""
+    host = tmp_path / "host"
+    (host / "etc/containerd").mkdir(parents=True)
+    (host / "etc/containerd/config.toml").write_text("version = 2\n")
+    if setup == "newer":
+        (host / "usr/local/nvctk").mkdir(parents=True)
+        (host / "usr/local/nvctk/.nvctk-installer").write_text("made by nvctk-installer\n"
+                                                               "version 99.0\n")
+    elif setup == "empty-driver":
+        (host / "run/nvidia/driver").mkdir(parents=True)
+    elif setup == "own-config":
+        from nvctk.sim import host as simhost
+        from nvctk.sim.topology import make_topology
+
+        if os.geteuid() != 0:
+            pytest.skip("needs root (the simulated driver has device nodes)")
+        simhost.init(str(host / "drv"), make_topology(gpus=1))
+        (host / "etc/nvctk").mkdir(parents=True)
+        (host / "etc/nvctk/config.toml").write_text('log-level = "debug"\n')
+    before = _host_tree(host)
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + ":" + os.environ["PATH"]}
+    r = _run(["sh", str(REPO / "packaging/image/install.sh"), "--host", str(host), *args],
+             env=env)
+    assert r.returncode == code, r.stdout + r.stderr
+    assert why.format(host=host) in r.stderr, r.stderr
+    # (the simulated GPUs' own state, made when NVML was read, is hardware, not the host's)
+    after = {k: v for k, v in _host_tree(host).items() if not k.startswith("drv/run/nvidia-sim")}
+    assert after == {k: v for k, v in before.items() if not k.startswith("drv/run/nvidia-sim")}
+
+
 def test_image_configures_a_containerd_2_3_host(image: Path, tmp_path: Path) -> None:
     """A host running containerd 2.3: its config is 2.3.4's own `config default`
     (version 4). The installer wires nvctk in the same way, 2.3.4 loads the result
@@ -402,7 +442,7 @@ def test_image_configures_a_containerd_2_3_host(image: Path, tmp_path: Path) -> 
     (host / "etc/containerd").mkdir(parents=True)
     config = host / "etc/containerd/config.toml"
     config.write_text(default)
-    name = f"localhost/nvctk-installer:{VERSION}"
+    name = f"localhost/nvctk:{VERSION}"
     mount = f"type=bind,src={host},dst=/host,options=rbind:rw"
     with containerd(tmp_path / "ctd") as ctd:
         r = ctd.ctr("images", "import", str(image), timeout=300)

@@ -167,3 +167,50 @@ def test_docker_capped_container_sees_its_cap(docker: Dockerd) -> None:
                      "--format=csv,noheader,nounits")
     assert res.returncode == 0, res.stderr.decode()
     assert res.stdout.decode().strip() == "1024"
+
+
+# --- `docker run --gpus all` with nvctk as the default runtime (issue 35) ---------------
+
+
+@pytest.fixture(scope="module")
+def docker_default(ctd: Containerd, image_rootfs: str) -> Iterator[Dockerd]:
+    """dockerd whose daemon.json is `nvctk configure --set-as-default`'s and whose PATH
+    holds only nvctk's nvidia-container-runtime-hook (what nvctk-installer links into
+    /usr/local/bin): no NVIDIA toolkit."""
+    import subprocess
+
+    from support.exe import nvctk_exe
+
+    _need("dockerd")
+    work = Path(tempfile_dir()) / "dkd"
+    work.mkdir(parents=True)
+    cfg = work / "daemon.json"
+    r = subprocess.run([*nvctk_exe(), "configure", "--runtime", "docker", "--config", str(cfg),
+                        "--set-as-default"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    stub_dir = work.parent / "nvctk-bin"
+    stub_dir.mkdir()
+    shutil.copy(Path(__file__).resolve().parents[2] / "packaging/image/nvidia-container-runtime-hook",
+                stub_dir)
+    with dockerd(work, ctd, {}, path_prepend=str(stub_dir), config=cfg) as daemon:
+        import_rootfs(daemon, Path(image_rootfs), "nvctk-test:latest")
+        yield daemon
+    shutil.rmtree(work.parent, ignore_errors=True)
+
+
+def test_docker_gpus_all_with_nvctk_as_default(docker_default: Dockerd, sim: SimHost) -> None:
+    res = docker_default.docker("run", "--rm", "--network", "none", "--gpus", "all",
+                                "nvctk-test:latest", "nvidia-smi", "-L", timeout=120)
+    assert res.returncode == 0, res.stderr.decode()
+    assert res.stdout.decode().strip().splitlines() == [
+        f"GPU {g.index}: {g.name} (UUID: {g.uuid})" for g in sim.topology.gpus]
+
+
+def test_docker_gpus_under_another_runtime_is_refused_saying_why(docker_default: Dockerd) -> None:
+    """Plain runc runs the hook Docker put in: nvctk's refuses the container instead of
+    letting it start without its GPUs."""
+    res = docker_default.docker("run", "--rm", "--network", "none", "--runtime", "runc",
+                                "--gpus", "all", "nvctk-test:latest", "true", timeout=120)
+    assert res.returncode != 0
+    err = res.stderr.decode()
+    assert "--gpus needs nvctk-runtime as the container's runtime" in err, err

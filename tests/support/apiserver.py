@@ -37,6 +37,7 @@ from nvctk.dra.claims import parse_quantity as quantity  # the driver's one pars
 
 K8S_VERSION = "1.36.0"
 PREFIX = "/apis/resource.k8s.io/v1"
+NODES = "/api/v1/nodes"
 
 MAX_DEVICES = 128
 MAX_DEVICES_TAINTS_OR_COUNTERS = 64
@@ -348,11 +349,16 @@ class ApiServer:
     """The double's state; `url` is what a kubernetes Configuration's host points at.
     disabled: feature gates (GATES) off, as on a 1.34 server."""
 
-    def __init__(self, disabled: frozenset[str] = frozenset()) -> None:
+    def __init__(self, disabled: frozenset[str] = frozenset(), tls_dir: Path | None = None
+                 ) -> None:
+        """tls_dir: serve HTTPS with a certificate for 127.0.0.1 made there (ca.crt: what
+        a Pod's in-cluster config trusts)."""
         self.disabled = disabled
         self.lock = threading.Lock()
         self.slices: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        # core/v1 Nodes by name (`nvctk labels --node-name` reads and patches its own)
+        self.nodes: dict[str, dict[str, Any]] = {}
         self.writes: list[Write] = []
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
         self._version = 0
@@ -365,7 +371,12 @@ class ApiServer:
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.daemon_threads = True
         self.httpd.api = self  # type: ignore[attr-defined]
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ca_file: Path | None = None
+        if tls_dir is not None:
+            self.ca_file = _serve_tls(self.httpd, tls_dir)
+            self.url = f"https://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),
                                         daemon=True, name="apiserver-double")
 
@@ -416,6 +427,16 @@ class ApiServer:
             self.claims[(meta["namespace"], meta["name"])] = obj
         return obj
 
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
+        with self.lock:
+            self.nodes[name] = {"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": name, "labels": dict(labels or {}), "annotations": {},
+                "uid": str(uuid.uuid4()), "resourceVersion": self._next_version()}}
+
+    def node_labels(self, name: str) -> dict[str, str]:
+        with self.lock:
+            return dict(self.nodes[name]["metadata"].get("labels") or {})
+
     def remove_claim(self, namespace: str, name: str) -> None:
         with self.lock:
             self.claims.pop((namespace, name), None)
@@ -439,9 +460,28 @@ class ApiServer:
             return self._faults.pop(0) if self._faults else None
 
 
+def _serve_tls(httpd: http.server.HTTPServer, tls_dir: Path) -> Path:
+    """A self-signed certificate for 127.0.0.1 (openssl), the server's socket wrapped
+    with it (each connection's handshake in its own handler thread); its path."""
+    import ssl
+    import subprocess
+
+    tls_dir.mkdir(parents=True, exist_ok=True)
+    cert, key = tls_dir / "ca.crt", tls_dir / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True,
+                                   do_handshake_on_connect=False)
+    return cert
+
+
 @contextmanager
-def running(disabled: frozenset[str] = frozenset()) -> Iterator[ApiServer]:
-    api = ApiServer(disabled).start()
+def running(disabled: frozenset[str] = frozenset(), tls_dir: Path | None = None
+            ) -> Iterator[ApiServer]:
+    api = ApiServer(disabled, tls_dir).start()
     try:
         yield api
     finally:
@@ -557,7 +597,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
         parts = url.path.removeprefix(PREFIX).strip("/").split("/")
-        if not url.path.startswith(PREFIX + "/"):
+        if url.path.startswith(NODES + "/"):
+            self._node(method, url.path.removeprefix(NODES + "/"))
+        elif not url.path.startswith(PREFIX + "/"):
             self._send(404, status(404, "NotFound", f"no route {url.path}"))
         elif parts[0] == "resourceslices":
             self._slices(method, parts[1] if len(parts) > 1 else None, query)
@@ -578,6 +620,41 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._serve("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def _node(self, method: str, name: str) -> None:
+        """GET, and a merge patch of metadata.labels/annotations only (a null removes the
+        key), as the real server applies a strategic merge patch to those maps."""
+        api = self.api
+        patch = self._body() if method == "PATCH" else None
+        kind = self.headers.get("Content-Type", "")
+        with api.lock:
+            node = api.nodes.get(name)
+            if node is None:
+                self._send(404, status(404, "NotFound", f'nodes "{name}" not found'))
+                return
+            if method == "PATCH":
+                if kind not in ("application/merge-patch+json",
+                                "application/strategic-merge-patch+json") \
+                        or not isinstance(patch, dict) or set(patch) - {"metadata"} \
+                        or set(patch.get("metadata") or {}) - {"labels", "annotations"}:
+                    self._send(422, status(422, "Invalid", f"unexpected patch {kind} {patch}"))
+                    return
+                for key, changes in (patch.get("metadata") or {}).items():
+                    have = node["metadata"].setdefault(key, {})
+                    for k, v in (changes or {}).items():
+                        if v is None:
+                            have.pop(k, None)
+                        else:
+                            have[k] = v
+                node["metadata"]["resourceVersion"] = api._next_version()
+            elif method != "GET":
+                self._send(405, status(405, "MethodNotAllowed", method))
+                return
+            body = json.loads(json.dumps(node))
+        self._send(200, body)
 
     def _claim(self, ns: str, name: str) -> None:
         with self.api.lock:

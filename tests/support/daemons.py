@@ -369,3 +369,50 @@ def gpu_containerd(work: Path, sim: SimHost, pause: str, image: str, env: dict[s
         import_images(daemon, pause_image(work, pause),
                       image_archive(root, image, work / "gpu.tar", env=env))
         yield daemon
+
+
+class SupervisedContainerd:
+    """containerd (bin_dir's) started again each time it exits, until stop_file exists:
+    what a node's service manager (systemd's Restart=always) does, which `nvctk configure
+    --restart-mode signal` relies on (containerd exits on SIGHUP)."""
+
+    def __init__(self, work: Path, bin_dir: Path, config: Path, sock: str) -> None:
+        self.work, self.config, self.sock = work, config, sock
+        self.stop_file = work / "stop"
+        loop = (f'while [ ! -e "{self.stop_file}" ]; do "{bin_dir}/containerd" --config '
+                f'"{config}" >>"{work}/containerd.log" 2>&1; done')
+        self.proc = subprocess.Popen(["sh", "-c", loop], env=peer_env(bin_dir),
+                                     start_new_session=True)
+
+    def pid(self) -> int:
+        from nvctk.engines import restart
+
+        return restart.engine_pid(self.sock)
+
+    def close(self) -> None:
+        from nvctk.engines import restart
+
+        self.stop_file.touch()
+        with contextlib.suppress(restart.EngineError, ProcessLookupError):
+            os.kill(self.pid(), signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        _kill_shims(self.work)
+
+
+@contextlib.contextmanager
+def supervised_containerd(work: Path, bin_dir: Path, config: Path, sock: str
+                          ) -> Iterator[SupervisedContainerd]:
+    """A SupervisedContainerd, up (its CRI answering) for the with-block."""
+    from nvctk.engines import restart
+
+    work.mkdir(parents=True, exist_ok=True)
+    s = SupervisedContainerd(work, bin_dir, config, sock)
+    try:
+        restart.wait_for(restart.Restart("containerd", socket=sock, timeout=60), "runc", True)
+        yield s
+    finally:
+        s.close()

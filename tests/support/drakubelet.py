@@ -26,8 +26,11 @@ HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"  # the kubelet's name of the healt
 
 
 class FakeDraKubelet:
-    def __init__(self, registry_dir: str) -> None:
+    def __init__(self, registry_dir: str, node_root: str = "") -> None:
+        """node_root: where the node's / is (a plugin in a container names its endpoint
+        as the node has it)."""
         self.registry_dir = registry_dir
+        self.node_root = node_root
         self.info: Any = None
         self.channel: Any = None
         self.health_updates: list[dict[str, tuple[int, str]]] = []
@@ -46,7 +49,7 @@ class FakeDraKubelet:
                 plugin_registered=ok, error="" if ok else "refused by the test"), timeout=5)
         self.info = info
         if ok:
-            self.channel = grpc.insecure_channel("unix://" + info.endpoint)
+            self.channel = grpc.insecure_channel("unix://" + self.node_root + info.endpoint)
         return info
 
     def stub(self, version: str = "v1") -> Any:

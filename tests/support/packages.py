@@ -1,9 +1,10 @@
-"""The Debian package built from this tree, once per test run.
+"""The Debian package and the node image built from this tree, once per test run.
 
-test_deb.py and test_packaging.py both need it, and pytest-xdist runs a session fixture
-once per worker: the first worker to ask builds it, under a lock in the run's temp dir
-(every worker's basetemp is a subdir of it), and the others take that build.
-NVCTK_TEST_DEB names one built already (e.g. by `make deb`) instead.
+test_deb.py, test_packaging.py and test_daemonsets.py need them, and pytest-xdist runs a
+session fixture once per worker: the first worker to ask builds each, under a lock in the
+run's temp dir (every worker's basetemp is a subdir of it), and the others take that
+build. NVCTK_TEST_DEB / NVCTK_TEST_IMAGE name ones built already (`make deb`, `make
+image`) instead.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,19 +46,56 @@ def built_deb(shared: Path) -> Path:
             pytest.skip(f"needs {tool}")
     if _run(["/usr/bin/python3", "-m", "pip", "--version"]).returncode != 0:
         pytest.skip("needs pip for /usr/bin/python3 (python3-pip)")
-    out = shared / "deb"
-    with open(shared / "deb.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        done = list(out.glob("nvctk_*.deb"))
-        if done:  # another worker built it (a failed build leaves no .deb: see below)
-            return done[0]
-        work = shared / "deb.build"
-        shutil.rmtree(work, ignore_errors=True)
+
+    def build(work: Path) -> Path:
         r = _run(["bash", str(REPO / "packaging" / "deb" / "build.sh"), str(work)])
         assert r.returncode == 0, r.stdout + r.stderr
         (path,) = work.glob("nvctk_*.deb")
         assert r.stdout.strip() == str(path)
         arch = _run(["dpkg", "--print-architecture"]).stdout.strip()
         assert path.name == f"nvctk_{VERSION}_{arch}.deb"
+        return path
+
+    return _once(shared, "deb", "nvctk_*.deb", build)
+
+
+def built_image(shared: Path) -> Path:
+    """packaging/image/build.sh's OCI archive (localhost/nvctk:VERSION), built at most
+    once under `shared` from built_deb's package; skips, saying why, where the Debian
+    mirror (debootstrap's base) cannot be reached."""
+    given = os.environ.get("NVCTK_TEST_IMAGE")
+    if given:
+        return Path(given)
+    if not shutil.which("umoci"):
+        pytest.skip("needs umoci (make apt)")
+    deb = built_deb(shared)
+
+    def build(work: Path) -> Path:
+        work.mkdir(parents=True)
+        shutil.copy(deb, work)
+        base = _run(["bash", str(REPO / "packaging" / "debian-base.sh"), "base"], timeout=900)
+        if base.returncode == 3:
+            pytest.skip(f"no Debian mirror: {base.stderr.strip()}")
+        r = _run(["bash", str(REPO / "packaging" / "image" / "build.sh"), str(work)],
+                 timeout=900)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert (work / "nvctk-image.name").read_text().strip() == f"localhost/nvctk:{VERSION}"
+        return Path(r.stdout.strip())
+
+    return _once(shared, "image", "nvctk-image.tar", build)
+
+
+def _once(shared: Path, what: str, pattern: str, build: Callable[[Path], Path]) -> Path:
+    """build(work dir) once per run under `shared`/what (a lock; the dir renamed into
+    place whole, so a failed build leaves nothing another worker would take)."""
+    out = shared / what
+    with open(shared / f"{what}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = list(out.glob(pattern))
+        if done:  # another worker built it
+            return done[0]
+        work = shared / f"{what}.build"
+        shutil.rmtree(work, ignore_errors=True)
+        path = build(work)
         work.rename(out)  # whole or not at all
         return out / path.name

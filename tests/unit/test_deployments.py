@@ -91,7 +91,7 @@ def test_installer_runs_the_images_entrypoint() -> None:
     ds = next(d for f, d in of_kind("DaemonSet") if f == "nvctk-installer.yaml")
     spec = ds["spec"]["template"]["spec"]
     (c,) = spec["containers"]
-    assert "command" not in c  # the image's entrypoint runs
+    assert c["command"] == ["/usr/lib/nvctk/install.sh"]  # the image's installer role
     script = (REPO / "packaging" / "image" / "install.sh").read_text()
     known = set(re.findall(r"^\s+(--[a-z-]+)\)", script, re.M))
     flags = [a for a in c["args"] if a.startswith("--")]
@@ -99,7 +99,7 @@ def test_installer_runs_the_images_entrypoint() -> None:
     (m,) = c["volumeMounts"]
     (v,) = [v for v in spec["volumes"] if v["name"] == m["name"]]
     assert m["mountPath"] == "/host" and v["hostPath"]["path"] == "/"
-    assert c["image"].rsplit(":", 1)[0].endswith("nvctk-installer")
+    assert c["image"].rsplit(":", 1)[0] == "localhost/nvctk"  # the one image
 
 
 def test_pod_resources_are_advertised() -> None:

@@ -208,6 +208,13 @@ def test_mps_env_and_pipe_mount(tmp_path: Path) -> None:
     assert a.envs == {"NVIDIA_VISIBLE_DEVICES": G0, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
                       "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps"}
     assert a.mounts == [("/tmp/nvidia-mps", str(pipe), False)]
+    # a plugin in a container sees the driver root at tmp_path, the host has it at /: the
+    # kubelet is given the host's path (nvctk host-driver-root)
+    import dataclasses
+
+    on = alloc.allocate(core, dataclasses.replace(c, host_driver_root="/"),
+                        [f"{G0}::{i}" for i in range(50)], str(tmp_path))
+    assert on.mounts == [("/tmp/nvidia-mps", "/tmp/nvidia-mps", False)]
     m = alloc.allocate(mem, c, [f"{G0}::{i}" for i in range(8)], str(tmp_path))
     assert m.envs == {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8G",
                       "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps"}
@@ -260,6 +267,7 @@ def test_labels() -> None:
     assert (lb["nvidia.com/gpu.sharing-strategy"], lb["nvidia.com/gpu.replicas"]) == (
         "time-slicing", "4")
     assert lb["nvidia.com/mig.capable"] == "true"
+    assert lb["nvidia.com/gpu.present"] == "true"  # what nvctk's DaemonSets select
     v = labels.node_labels(TWO, cfg(sharing={"vgpu": {"replicas": 16}}))
     assert (v["nvidia.com/gpu.sharing-strategy"], v["nvidia.com/gpu.replicas"]) == ("vgpu", "16")
     assert v["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
