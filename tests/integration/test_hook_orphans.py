@@ -78,6 +78,41 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
     return [p for p in pids if _stat(p) is not None]
 
 
+class _Watch(threading.Thread):
+    """Waits (up to 10 s) for ldconfig processes of `find` to appear: their pids."""
+
+    def __init__(self, find: Callable[[], list[int]]) -> None:
+        super().__init__()
+        self.find = find
+        self.pids: list[int] = []
+        self.start()
+
+    def run(self) -> None:
+        with contextlib.suppress(AssertionError):
+            self.pids = _wait_for(self.find, "the hook's ldconfig", 10)
+
+
+def _no_ldconfig_after_the_timeout(run: Callable[[], subprocess.CompletedProcess[str]],
+                                   real_root: str, within: float) -> None:
+    """run() fails on its hook's timeout; the hook's ldconfig (chrooted in real_root,
+    blocked on the FIFO, watched while run() runs) is gone `within` seconds after."""
+    def ours() -> list[int]:
+        return [p for p in _pids() if _comm(p) == "ldconfig" and _root(p) == real_root]
+
+    seen = _Watch(ours)
+    r = run()
+    seen.join()
+    assert r.returncode != 0 and "timeout" in r.stderr, r.stderr
+    assert seen.pids, "the hook's ldconfig never ran"
+    left = _gone_within(seen.pids, within)
+    try:
+        assert left == [], f"ldconfig outlived the hook's timeout: {left}"
+        assert ours() == []
+    finally:
+        for p in left:
+            os.kill(p, signal.SIGKILL)
+
+
 @pytest.fixture
 def fifo_rootfs(rootfs: Callable[..., str]) -> Iterator[str]:
     """A rootfs whose /etc/ld.so.conf is a FIFO; afterwards, whatever still blocks on
@@ -155,31 +190,8 @@ def test_runc_hook_timeout_leaves_no_ldconfig(sim_host: SimHost, fifo_rootfs: st
     spec = json.loads((bundle / "config.json").read_text())
     spec["hooks"]["prestart"][0]["timeout"] = 2
     (bundle / "config.json").write_text(json.dumps(spec))
-    real = os.path.realpath(root)
-    seen: list[int] = []
-
-    def ours() -> list[int]:
-        return [p for p in _pids() if _comm(p) == "ldconfig" and _root(p) == real]
-
-    def watch() -> None:  # while runc runs: the chrooted ldconfig blocked on the FIFO
-        try:
-            seen.extend(_wait_for(ours, "the hook's ldconfig", 10))
-        except AssertionError:
-            pass
-
-    t = threading.Thread(target=watch)
-    t.start()
-    r = runc(bundle, timeout=30)  # the hook's own timeout ends it well before
-    t.join()
-    assert r.returncode != 0 and "timeout" in r.stderr, r.stderr
-    assert seen, "the hook's ldconfig never ran"
-    left = _gone_within(seen, 1.0)
-    try:
-        assert left == [], f"ldconfig outlived the killed hook: {left}"
-        assert ours() == []
-    finally:
-        for p in left:
-            os.kill(p, signal.SIGKILL)
+    # the hook's own timeout ends it well before runc's 30 s
+    _no_ldconfig_after_the_timeout(lambda: runc(bundle, timeout=30), os.path.realpath(root), 1.0)
 
 
 @pytest.mark.slow
@@ -202,26 +214,7 @@ def test_a_served_hook_past_its_timeout_leaves_no_ldconfig(sim_host: SimHost, fi
         b = rc.bundle(fifo_rootfs, ["/bin/true"], ["NVIDIA_VISIBLE_DEVICES=0"])
         cid = "nvctk-orphan-" + uuid.uuid4().hex[:8]
         rc.ids.append(cid)
-        seen: list[int] = []
-
-        def ours() -> list[int]:
-            return [p for p in _pids() if _comm(p) == "ldconfig" and _root(p) == real]
-
-        def watch() -> None:
-            with contextlib.suppress(AssertionError):
-                seen.extend(_wait_for(ours, "the hook's ldconfig", 10))
-
-        t = threading.Thread(target=watch)
-        t.start()
-        r = subprocess.run([RUNTIME, "--root", str(rc.root), "run", "--bundle", str(b), cid],
-                           env={**os.environ, "NVCTK_CONFIG": str(config)}, capture_output=True,
-                           text=True, timeout=60, stdin=subprocess.DEVNULL)
-        t.join()
-        assert r.returncode != 0 and "timeout" in r.stderr, r.stderr
-        assert seen, "the served hook's ldconfig never ran"
-        left = _gone_within(seen, 10.0)
-        try:
-            assert left == [], f"ldconfig outlived the hook's deadline: {left}"
-        finally:
-            for p in left:
-                os.kill(p, signal.SIGKILL)
+        _no_ldconfig_after_the_timeout(lambda: subprocess.run(
+            [RUNTIME, "--root", str(rc.root), "run", "--bundle", str(b), cid],
+            env={**os.environ, "NVCTK_CONFIG": str(config)}, capture_output=True, text=True,
+            timeout=60, stdin=subprocess.DEVNULL), real, 10.0)

@@ -525,15 +525,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return self.server.api  # type: ignore[attr-defined]
 
     def _send(self, code: int, obj: dict[str, Any]) -> None:
-        body = json.dumps(obj).encode()
-        try:
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (stall)
-            self.close_connection = True
+        self._send_bytes(code, json.dumps(obj).encode())
 
     def _send_bytes(self, code: int, body: bytes) -> None:
         try:
@@ -542,7 +534,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (stall)
             self.close_connection = True
 
     def _trickle(self, pause: float) -> None:
