@@ -1,7 +1,9 @@
 """`nvctk-hook prestart`: state -> bundle -> plan -> the worker's steps.
 
 The inputs are read and the errors mapped by nvctk.hook.entry (the same for every
-hook command), the work is nvctk.hook.worker's (its docstring lists the steps).
+hook command); the work is done by two children this process forks
+(nvctk.hook.children): the worker (nvctk.hook.worker, whose docstring lists the steps)
+and the ldconfig child (nvctk.hook.ldconfig).
 
 This runs in every GPU container's start, so it imports only os-level modules
 and small nvctk modules that do the same (tests/integration/test_hook_prestart.py checks the
@@ -14,8 +16,8 @@ import io
 
 from nvctk.base.record import Record
 from nvctk.edits import SERVED_FLAG
+from nvctk.hook.children import Children, apply_edits, start
 from nvctk.hook.entry import EDITS, Early, HookRun, UsageError, read_early, run
-from nvctk.hook.worker import Children, apply_edits, start
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

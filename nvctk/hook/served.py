@@ -41,6 +41,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from nvctk.hook.procs import Procs
+
 # the abstract socket's name: this prefix, then the token (hooks/nvctk-hook.c has both)
 NAME_PREFIX = b"nvctk-prestart-"
 _FD_LIMIT = 1 << 30  # closerange's end: close_range(2) takes any bound
@@ -54,32 +56,29 @@ def listen(token: str) -> int:
     return _sys.listen_abstract(NAME_PREFIX + token.encode())
 
 
-def parent_of(pid: int) -> int:
-    """pid's parent (its /proc status); -1 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"PPid:"):
-                    return int(line[5:])
-    except (OSError, ValueError):
-        pass
-    return -1
-
-
-def is_runc_child(pid: int, uid: int, runtime: int, runc: int | None) -> bool:
-    """The peer is a root child of this create's runc: `runc` itself, or (runc None)
-    the runtime process, which became runc by exec."""
-    return uid == 0 and parent_of(pid) == (runtime if runc is None else runc)
+def is_runc_child(parent: int, uid: int, runtime: int, runc: int | None) -> bool:
+    """The peer (its parent's pid, its uid) is a root child of this create's runc:
+    `runc` itself, or (runc None) the runtime process, which became runc by exec."""
+    return uid == 0 and parent == (runtime if runc is None else runc)
 
 
 def serve(listener: int, runtime: int, runc: int | None,
-          prestart: Callable[[bytes], tuple[int, str]], watch: int | None = None) -> None:
+          prestart: Callable[[bytes], tuple[int, str]], watch: int | None = None,
+          procs: Procs | None = None) -> None:
     """In the forked server: answer the first connection of a root child of runc with
-    prestart(state) -> (exit code, stderr text); others are closed unanswered (their
-    launcher runs the prestart itself). runtime: the process that forked the server;
-    runc: its pid when it is not the runtime itself (a vGPU create, where the runtime
-    waits on it). watch: a pidfd of the runtime; the server returns once it ends."""
+    prestart(state) -> (exit code, stderr text), as SERVED_ANSWER
+    (nvctk.hook.messages); others are closed unanswered (their launcher runs the
+    prestart itself). runtime: the process that forked the server; runc: its pid when
+    it is not the runtime itself (a vGPU create, where the runtime waits on it). watch:
+    a pidfd of the runtime; the server returns once it ends. procs: the kernel's
+    (nvctk.hook.procs; the unit tests give their own peers)."""
+    # start time: in the fork, never on the runtime's path to runc
     import select
+
+    from nvctk.hook.messages import encode_served_answer
+    from nvctk.hook.procs import PROCS
+
+    procs = PROCS if procs is None else procs
 
     poller = select.poll()
     poller.register(listener, select.POLLIN)
@@ -93,10 +92,10 @@ def serve(listener: int, runtime: int, runc: int | None,
             if listener not in ready:
                 continue
         try:
-            conn, pid, uid = _sys.accept_peer(listener)
+            conn, pid, uid = procs.accept_peer(listener)
         except InterruptedError:
             continue
-        if not is_runc_child(pid, uid, runtime, runc):
+        if not is_runc_child(procs.parent_of(pid), uid, runtime, runc):
             os.close(conn)
             continue
         try:
@@ -104,7 +103,7 @@ def serve(listener: int, runtime: int, runc: int | None,
                 code, text = prestart(read_all(conn, MAX_HOOK_STATE))
             except TooLarge:
                 code, text = 1, f"nvctk-hook: prestart: state larger than {MAX_HOOK_STATE} bytes\n"
-            write_all(conn, bytes((code & 0xFF,)) + text.encode("utf-8", "replace"))
+            write_all(conn, encode_served_answer(code, text))
         finally:
             os.close(conn)
         return
