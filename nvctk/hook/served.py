@@ -7,7 +7,7 @@ nvctk-runtime's create serves it:
     nvctk-runtime  writes the spec with the hook `nvctk-hook prestart --served TOKEN`,
                    listens on the abstract unix socket TOKEN names, forks the server,
                    then execs runc as always (or starts it, for a vGPU create)
-    the server     this module, in the fork: while runc starts, imports the prestart,
+    the server     nvctk.hook.server, in the fork: while runc starts, imports the prestart,
                    reads the bundle's inputs and forks the worker and ldconfig, which
                    open the host side (nvctk.hook.prestart.ready); then waits for one
                    connection
@@ -28,6 +28,10 @@ became runc or started it). A name someone else holds, no server (runc failed be
 the hook: the server ends with its runtime), a check that fails: the launcher runs the
 Python prestart itself, which does the same work. The name is 128 random bits, made
 anew for every create.
+
+This module is the runtime's side: the socket, and the server forked in the process
+shape the create needs (start); the server's own loop is nvctk.hook.server, imported
+only in the fork. docs/architecture.md has every process of a create and its messages.
 """
 
 from __future__ import annotations
@@ -35,13 +39,6 @@ from __future__ import annotations
 import os
 
 from nvctk import _sys
-from nvctk.base.fileio import MAX_HOOK_STATE, TooLarge, read_all, write_all
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from nvctk.hook.procs import Procs
 
 # the abstract socket's name: this prefix, then the token (hooks/nvctk-hook.c has both)
 NAME_PREFIX = b"nvctk-prestart-"
@@ -56,61 +53,8 @@ def listen(token: str) -> int:
     return _sys.listen_abstract(NAME_PREFIX + token.encode())
 
 
-def is_runc_child(parent: int, uid: int, runtime: int, runc: int | None) -> bool:
-    """The peer (its parent's pid, its uid) is a root child of this create's runc:
-    `runc` itself, or (runc None) the runtime process, which became runc by exec."""
-    return uid == 0 and parent == (runtime if runc is None else runc)
-
-
-def serve(listener: int, runtime: int, runc: int | None,
-          prestart: Callable[[bytes], tuple[int, str]], watch: int | None = None,
-          procs: Procs | None = None) -> None:
-    """In the forked server: answer the first connection of a root child of runc with
-    prestart(state) -> (exit code, stderr text), as SERVED_ANSWER
-    (nvctk.hook.messages); others are closed unanswered (their launcher runs the
-    prestart itself). runtime: the process that forked the server; runc: its pid when
-    it is not the runtime itself (a vGPU create, where the runtime waits on it). watch:
-    a pidfd of the runtime; the server returns once it ends. procs: the kernel's
-    (nvctk.hook.procs; the unit tests give their own peers)."""
-    # start time: in the fork, never on the runtime's path to runc
-    import select
-
-    from nvctk.hook.messages import encode_served_answer
-    from nvctk.hook.procs import PROCS
-
-    procs = PROCS if procs is None else procs
-
-    poller = select.poll()
-    poller.register(listener, select.POLLIN)
-    if watch is not None:
-        poller.register(watch, select.POLLIN)
-    while True:
-        if watch is not None:
-            ready = {fd for fd, _ in poller.poll()}
-            if watch in ready:
-                return  # the runtime (or the runc it became) ended: no hook will come
-            if listener not in ready:
-                continue
-        try:
-            conn, pid, uid = procs.accept_peer(listener)
-        except InterruptedError:
-            continue
-        if not is_runc_child(procs.parent_of(pid), uid, runtime, runc):
-            os.close(conn)
-            continue
-        try:
-            try:
-                code, text = prestart(read_all(conn, MAX_HOOK_STATE))
-            except TooLarge:
-                code, text = 1, f"nvctk-hook: prestart: state larger than {MAX_HOOK_STATE} bytes\n"
-            write_all(conn, encode_served_answer(code, text))
-        finally:
-            os.close(conn)
-        return
-
-
 def start(listener: int, runc: int | None, grandchild: bool, bundle: str) -> int:
-    """Start the server (serve nvctk.hook.prestart.answer, then exit); returns the pid
+    """Start the server (nvctk.hook.server: serve nvctk.hook.prestart.answer, then exit); returns the pid
     of the process that forked it, already reaped (grandchild), or the server's.
     bundle: the container's, whose prestart the server makes ready before runc runs
     the hook.
@@ -147,26 +91,20 @@ def start(listener: int, runc: int | None, grandchild: bool, bundle: str) -> int
         if grandchild and os.fork():
             os._exit(0)
         _detach(listener, watch)
-        _serve_prestart(listener, runtime, runc, bundle, watch)
+        _serve_in_fork(listener, runtime, runc, bundle, watch)
     except BaseException:
         code = 1
     finally:
         os._exit(code)
 
 
-def _serve_prestart(listener: int, runtime: int, runc: int | None, bundle: str,
-                    watch: int | None = None) -> None:
-    """In the server: the prestart made ready for `bundle`, then served (serve)."""
-    # start time: imported here, in the fork, while runc starts, never in the runtime's
-    # own path to exec runc
-    from nvctk.hook.prestart import answer, ready
+def _serve_in_fork(listener: int, runtime: int, runc: int | None, bundle: str,
+                   watch: int | None = None) -> None:
+    # start time: the server's modules are imported here, in the fork, while runc
+    # starts: never on the runtime's own path to exec runc
+    from nvctk.hook.server import serve_prestart
 
-    prepared = ready(bundle)
-    try:
-        serve(listener, runtime, runc, lambda state: answer(state, prepared), watch)
-    finally:
-        if prepared is not None:
-            prepared.release()
+    serve_prestart(listener, runtime, runc, bundle, watch)
 
 
 def _detach(*keep: int) -> None:
@@ -194,7 +132,7 @@ def _start_child(listener: int, runtime: int, runc: int | None, bundle: str) -> 
         if os.getppid() != runtime:  # the runtime ended before prctl took effect
             os._exit(0)
         _detach(listener)
-        _serve_prestart(listener, runtime, runc, bundle)
+        _serve_in_fork(listener, runtime, runc, bundle)
     except BaseException:
         code = 1
     finally:

@@ -1,4 +1,4 @@
-"""The prestart server's loop without root (nvctk.hook.served.serve): its peers come from
+"""The prestart server's loop without root (nvctk.hook.server.serve): its peers come from
 a stand-in Procs over socket pairs, so who is answered (a root child of this create's
 runc, once) and who is closed unanswered, and the end with the runtime, are checked
 without a runc or a launcher (tests/integration/test_hook_served.py runs those)."""
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from nvctk.hook import served
+from nvctk.hook import server
 from nvctk.hook.messages import decode_served_answer
 from nvctk.hook.procs import Procs
 
@@ -82,7 +82,7 @@ def _prestart(asked: list[bytes]) -> Callable[[bytes], tuple[int, str]]:
 def test_only_a_root_child_of_the_runtime_become_runc_is_answered(asked: list[bytes], listener: int) -> None:
     peers = Peers([(11, 0, 4711, b"stranger"), (12, 1000, RUNTIME, b"not root"),
                    (13, 0, RUNTIME, b"runc's hook"), (14, 0, RUNTIME, b"too late")])
-    served.serve(listener, RUNTIME, None, _prestart(asked), procs=peers)
+    server.serve(listener, RUNTIME, None, _prestart(asked), procs=peers)
     assert asked == [b"runc's hook"]  # once, then the server is done
     assert len(peers.queue) == 1  # the fourth was never accepted
     os.close(peers.queue[0][0])
@@ -94,7 +94,7 @@ def test_only_a_root_child_of_the_runtime_become_runc_is_answered(asked: list[by
 def test_beside_a_runc_it_started_only_that_runc_s_child_is_answered(asked: list[bytes], listener: int) -> None:
     """A vGPU create: the runtime waits on runc, whose children run the hook."""
     peers = Peers([(12, 0, RUNTIME, b"the runtime's"), (13, 0, RUNC, b"runc's")])
-    served.serve(listener, RUNTIME, RUNC, _prestart(asked), procs=peers)
+    server.serve(listener, RUNTIME, RUNC, _prestart(asked), procs=peers)
     assert asked == [b"runc's"]
     a = peers.answers()
     assert a[0] is None
@@ -104,7 +104,7 @@ def test_beside_a_runc_it_started_only_that_runc_s_child_is_answered(asked: list
 def test_an_interrupted_accept_is_tried_again(asked: list[bytes], listener: int) -> None:
     peers = Peers([(13, 0, RUNTIME, b"hook")])
     peers.interrupt = True
-    served.serve(listener, RUNTIME, None, _prestart(asked), procs=peers)
+    server.serve(listener, RUNTIME, None, _prestart(asked), procs=peers)
     assert asked == [b"hook"]
     assert peers.answers() == [b"\x03state hook\n"]
 
@@ -116,7 +116,7 @@ def test_the_server_ends_with_its_runtime_unasked(asked: list[bytes]) -> None:
     os.close(watch_w)  # readable (EOF), as the pidfd of a process that ended
     peers = Peers([(13, 0, RUNTIME, b"never")])
     try:
-        served.serve(listener_r, RUNTIME, None, _prestart(asked), watch=watch_r, procs=peers)
+        server.serve(listener_r, RUNTIME, None, _prestart(asked), watch=watch_r, procs=peers)
     finally:
         for fd in (listener_r, listener_w, watch_r):
             os.close(fd)
