@@ -123,3 +123,13 @@ def test_the_server_ends_with_its_runtime_unasked(asked: list[bytes]) -> None:
     assert asked == [] and len(peers.queue) == 1
     os.close(peers.queue[0][0])
     assert peers.answers() == [None]
+
+
+def test_a_state_past_its_bound_is_answered_with_the_failure(asked: list[bytes], listener: int,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    monkeypatch.setattr(server, "MAX_HOOK_STATE", 16)
+    peers = Peers([(13, 0, RUNTIME, b"x" * 17)])
+    server.serve(listener, RUNTIME, None, _prestart(asked), procs=peers)
+    assert asked == []  # the prestart never ran on it
+    assert peers.answers() == [b"\x01nvctk-hook: prestart: state larger than 16 bytes\n"]
