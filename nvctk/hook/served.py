@@ -30,8 +30,18 @@ Python prestart itself, which does the same work. The name is 128 random bits, m
 anew for every create.
 
 This module is the runtime's side: the socket, and the server forked in the process
-shape the create needs (start); the server's own loop is nvctk.hook.server, imported
-only in the fork. docs/architecture.md has every process of a create and its messages.
+shape the create needs (start; nvctk.runtime.create picks it):
+
+    create              the runtime execs runc; the server is its child, so runc's,
+                        handed on to the reaper when `runc create` returns
+    run (foreground)    the server a grandchild, reaped by the init or the node's
+                        subreaper: `runc run` never waits on a child it did not start
+    vGPU create or run  the runtime starts runc as its child and waits on it (to remove
+                        the vGPU state when runc fails); the server a grandchild
+    no pidfds (< 5.3)   the server a child that dies with the runtime (PDEATHSIG)
+
+The server's own loop is nvctk.hook.server, imported only in the fork.
+docs/architecture.md has every process of a create and its messages.
 """
 
 from __future__ import annotations
@@ -54,8 +64,9 @@ def listen(token: str) -> int:
 
 
 def start(listener: int, runc: int | None, grandchild: bool, bundle: str) -> int:
-    """Start the server (nvctk.hook.server: serve nvctk.hook.prestart.answer, then exit); returns the pid
-    of the process that forked it, already reaped (grandchild), or the server's.
+    """Start the server (nvctk.hook.server: serve nvctk.hook.prestart.answer, then
+    exit); returns the pid of the process that forked it, already reaped (grandchild),
+    or the server's.
     bundle: the container's, whose prestart the server makes ready before runc runs
     the hook.
 
