@@ -29,13 +29,14 @@ and shuts its side down; the server answers SERVED_ANSWER, one byte of exit code
 then the text for the hook's stderr.
 
 The worker reads and writes these in the container's mount namespace: nothing here
-imports anything there (select only in Channel.recv with a deadline, which the hook's
-process alone calls, with select loaded already).
+imports anything there (every import is at the top, before the worker forks).
 """
 
 from __future__ import annotations
 
 import os
+import select
+import time
 
 from nvctk.base.errors import NvctkError
 from nvctk.base.fileio import TooLarge, read_all, write_all
@@ -186,10 +187,6 @@ class Channel(Record):
             self.close()
 
     def _recv_by(self, limit: int, deadline: float) -> bytes:
-        # in the hook's process only, where both are loaded (nvctk.hook.ldconfig)
-        import select
-        import time
-
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
         chunks: list[bytes] = []
