@@ -30,7 +30,7 @@ Python prestart itself, which does the same work. The name is 128 random bits, m
 anew for every create.
 
 This module is the runtime's side: the socket, and the server forked in the process
-shape the create needs (start; nvctk.runtime.create picks it):
+shape the create needs (serve_beside, start; nvctk.runtime.create picks the shape):
 
     create              the runtime execs runc; the server is its child, so runc's,
                         handed on to the reaper when `runc create` returns
@@ -50,6 +50,12 @@ import os
 
 from nvctk import _sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from nvctk.base.log import Logger
+
 # the abstract socket's name: this prefix, then the token (hooks/nvctk-hook.c has both)
 NAME_PREFIX = b"nvctk-prestart-"
 _FD_LIMIT = 1 << 30  # closerange's end: close_range(2) takes any bound
@@ -61,6 +67,31 @@ def listen(token: str) -> int:
     """The server's listening socket (close-on-exec: runc never holds it); OSError when
     the name is taken."""
     return _sys.listen_abstract(NAME_PREFIX + token.encode())
+
+
+def serve_beside(token: str, logger: Logger, bundle: str,
+                 start_runc: Callable[[], int] | None = None,
+                 grandchild: bool = True) -> int | None:
+    """Serve a create's prestart hook, in either process shape (nvctk.runtime.create
+    calls this): listen on the token's socket, then start runc as this process's child
+    (start_runc, which returns its pid; a vGPU create) or leave it to the exec that
+    follows (None), then fork the server beside it (grandchild: see start). Returns
+    runc's pid (None: the exec's). Listening comes first: the socket is there before
+    runc can run the hook. No socket: the hook runs by itself. bundle: the container's
+    (the server makes its prestart ready while runc starts)."""
+    try:
+        listener = listen(token)
+    except OSError as e:
+        logger.warning(f"the prestart hook runs by itself: no server socket ({e})")
+        listener = -1
+    try:
+        runc = start_runc() if start_runc is not None else None
+        if listener >= 0:
+            start(listener, runc, grandchild, bundle)
+    finally:
+        if listener >= 0:
+            os.close(listener)  # the server holds its own; runc never held it (cloexec)
+    return runc
 
 
 def start(listener: int, runc: int | None, grandchild: bool, bundle: str) -> int:
