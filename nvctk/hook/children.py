@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from nvctk.edits import Edits
     from nvctk.hook.procs import Procs
 
+
 class Roles(Record):
     """What the two children run (each returns its exit code):
     worker(plan, rootfs, log, pid, answer, libraries, set_up) and

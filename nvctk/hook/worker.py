@@ -75,6 +75,7 @@ PROC_DRIVER = "/proc/driver/nvidia"
 ALL_STEPS = ("open", "setns", "propagation", "mount", "symlink", "proc-mask", "ldconfig-setup",
              "ldconfig", "undo", "done")
 
+
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
         try:
@@ -422,6 +423,7 @@ def _failed(e: BaseException, mounter: m.Mounter, log: HookLog) -> str:
             log.info("undid the mounts made before the failure")
     log.error(msg)
     return msg
+
 
 def worker(plan: Edits, rootfs: str, log: HookLog, pid_r: Channel, answer: Channel,
            libraries: Channel, set_up: Channel) -> int:
