@@ -87,6 +87,20 @@ def _fork(procs: Procs, parent: int, run: Callable[[], int], child_closes: list[
     return child
 
 
+def _pipes(n: int, of: int) -> list[Channel]:
+    """n pipes' ends, reader then writer, then closed ends up to `of` pipes; when one
+    cannot be made (OSError), none is left open."""
+    ends: list[Channel] = []
+    try:
+        for _ in range(n):
+            ends.extend(pipe())
+    except BaseException:
+        for ch in ends:
+            ch.close()
+        raise
+    return ends + [Channel() for _ in range(2 * (of - n))]
+
+
 class Children(Record):
     """The worker and the ldconfig beside it, forked (`start`) before the container's pid
     is needed: each has opened what the host side needs and waits. `go` hands them the
@@ -156,12 +170,10 @@ def start(plan: Edits, rootfs: str, log: HookLog, procs: Procs = PROCS,
     OSError when either cannot be forked, leaving no child and no pipe behind."""
     caps.warm_up()
     parent = os.getpid()
-    answer_r, answer_w = pipe()
-    pid_r, pid_w = pipe()
-    libs_r, libs_w = pipe() if plan.ldconfig else (Channel(), Channel())
-    # set-up done: EOF once the ldconfig child, which alone holds set_w, execs or ends
-    set_r, set_w = pipe() if plan.ldconfig else (Channel(), Channel())
-    out_r, out_w = pipe() if plan.ldconfig else (Channel(), Channel())
+    # the libraries, set-up and output pipes only with ldconfig; the set-up pipe's EOF
+    # comes once the ldconfig child, which alone holds set_w, execs or ends
+    (answer_r, answer_w, pid_r, pid_w, libs_r, libs_w, set_r, set_w, out_r,
+     out_w) = _pipes(5 if plan.ldconfig else 2, 5)
     try:
         child = _fork(procs, parent,
                       lambda: roles.worker(plan, rootfs, log, pid_r, answer_w, libs_w, set_r),

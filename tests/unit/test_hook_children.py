@@ -304,3 +304,21 @@ def test_ready_children_not_taken_are_cancelled_at_release() -> None:
     assert ready.take(Hook(Early())) is None  # type: ignore[arg-type]
     ready.release()
     assert made.cancelled and ready.children is None
+
+
+def test_a_pipe_that_cannot_be_made_leaves_none_open(log: HookLog, fds: None,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    made = 0
+
+    def pipe() -> tuple[Channel, Channel]:
+        nonlocal made
+        made += 1
+        if made == 3:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return msg.pipe()
+
+    monkeypatch.setattr(ch, "pipe", pipe)
+    forks = ForkFails(0)
+    with pytest.raises(OSError, match="Too many open files"):
+        ch.start(PLAN, "/rootfs", log, forks, _roles(good_worker, good_ldconfig))
+    assert forks.forks == 0
