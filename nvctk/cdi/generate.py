@@ -6,7 +6,7 @@ form does), for every capability and each GPU and MIG device asked for (`cdi_spe
 the host's all for `nvctk cdi generate`, a claim's for the DRA driver), then written out
 as CDI containerEdits. Each device's links (the common ones and its own) and
 the ld.so.cache refresh are one `nvctk-hook cdi-edits` createRuntime hook, which runs
-the prestart hook's hardened steps (nvctk.hook.worker.apply_edits); nvctk-runtime's CDI
+the prestart hook's hardened steps (nvctk.hook.children.apply_edits); nvctk-runtime's CDI
 mode decodes it back into the form (nvctk.cdi.resolve) and runs none of it.
 
 Hooks are `createRuntime` hooks: they run where the prestart hook runs (the

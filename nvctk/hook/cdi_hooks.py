@@ -3,7 +3,7 @@ an engine (podman, containerd with CDI) applies nvctk's spec itself.
 
 The arguments decode into the edits form (nvctk.edits.cdi_hook_args, as
 nvctk-runtime's CDI mode decodes them), and the prestart hook's worker does it
-(nvctk.hook.worker.apply_edits: capabilities limited, paths resolved inside the
+(nvctk.hook.children.apply_edits: capabilities limited, paths resolved inside the
 rootfs, the host's static ldconfig chrooted). nvctk-runtime's own CDI mode never
 runs these: it folds them into its one prestart hook.
 """
@@ -21,8 +21,8 @@ USAGE = ("usage: nvctk-hook cdi-edits [--link TARGET::PATH]... [--folder DIR] | 
 
 def main(cmd: str, args: list[str]) -> int:
     from nvctk.edits import Edits, cdi_hook_args
+    from nvctk.hook.children import apply_edits
     from nvctk.hook.entry import ROOTFS, HookRun, UsageError, run
-    from nvctk.hook.worker import apply_edits
 
     def parse(argv: list[str]) -> tuple[Any, str | None]:  # (links, folder)
         try:

@@ -1,34 +1,94 @@
-"""The host's ldconfig, run for the container: sandboxed, bounded in time.
+"""The ldconfig child: the host's ldconfig, run for the container, sandboxed.
 
-A child of the hook forked beside the worker (nvctk.hook.worker.ldconfig_child) waits
-until the worker's libraries and links are in, then, in a private copy of the
-container's mount namespace, becomes the host's static ldconfig chrooted into the
-rootfs: the rootfs's procfs detached (no magic links to the host), every host directory
-bound into the rootfs read-only there, only CAP_DAC_OVERRIDE, an empty environment.
-The hook's process collects its output and kills it past LDCONFIG_TIMEOUT; a failing
-ldconfig is a warning, never the hook's failure (the libraries are mounted all the
-same).
+A child of the hook forked beside the worker (nvctk.hook.children.start) opens the
+host's ldconfig and /dev/null, then waits until the worker's libraries and links are
+in (LIBRARIES_IN, nvctk.hook.messages); then, in a private copy of the container's
+mount namespace, it becomes the host's static ldconfig chrooted into the rootfs: the
+rootfs's procfs detached (no magic links to the host), every host directory bound
+into the rootfs read-only there, only CAP_DAC_OVERRIDE, an empty environment. Its exec
+closes the set-up pipe's only write end (SET_UP: the worker mounts the rest). The
+hook's process collects its output and kills it past its time
+(nvctk.hook.children.wait_ldconfig); a failing ldconfig is a warning, never the hook's
+failure (the libraries are mounted all the same).
 """
 
 from __future__ import annotations
 
 import os
-import select
-import time
+import stat
 
 from nvctk.base import mounts
 from nvctk.hook import caps
 from nvctk.hook import mount as m
+from nvctk.hook.elf import elf_interpreter
+from nvctk.hook.messages import LIBRARIES_LIMIT, decode_libraries_in
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from nvctk.base.log import HookLog, Logger
+    from nvctk.base.log import HookLog
     from nvctk.edits import Edits
+    from nvctk.hook.messages import Channel
 
-LDCONFIG_TIMEOUT = 30.0
-# SIGKILL's number on every Linux architecture (signal(7)): the signal module would cost
-# the hook enum's import, and _signal is CPython's private module
-SIGKILL = 9
+LDCONFIG_TIMEOUT = 30.0  # the hook's process kills it past this (children.wait_ldconfig)
+# Ubuntu's /sbin/ldconfig is a shell script around /sbin/ldconfig.real (seen on a GPU
+# host; NVIDIA's toolkit names ldconfig.real in its config there): a script is followed
+# to the binary beside it
+REAL_SUFFIX = ".real"
+
+
+def open_ldconfig(ldconfig: str) -> int:
+    """The host's ldconfig, opened: a regular, statically linked file (run chrooted, a
+    dynamic one would load the image's loader); a script whose <path>.real exists is
+    replaced by that. MountError (step open) when it is not one."""
+    what = f"{ldconfig} (nvctk's ldconfig setting)"
+    fd = -1
+    try:
+        # O_NONBLOCK: a FIFO would block open() until runc's hook timeout
+        fd = os.open(ldconfig, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise m.step_error("open", what, "not a regular file")
+        if os.pread(fd, 2, 0) == b"#!" and not ldconfig.endswith(REAL_SUFFIX) \
+                and os.path.exists(ldconfig + REAL_SUFFIX):
+            os.close(fd)
+            fd = -1
+            return open_ldconfig(ldconfig + REAL_SUFFIX)
+        interp = elf_interpreter(fd)
+        if interp is not None:
+            raise m.step_error(
+                "open", what,
+                f"ldconfig is dynamically linked ({interp}); run chrooted it would load the "
+                "image's loader",
+            )
+        return fd
+    except BaseException as e:
+        if fd >= 0:
+            os.close(fd)
+        if isinstance(e, OSError):
+            raise m.step_error("open", what, e)
+        if isinstance(e, ValueError):
+            raise m.step_error("open", what, str(e))
+        raise
+
+
+def open_ns(pid: int) -> int:
+    """The container's mount namespace (the worker's and this child's); never the
+    host's own."""
+    nspath = f"/proc/{pid}/ns/mnt"
+    fd = -1
+    try:
+        fd = os.open(nspath, os.O_RDONLY | os.O_CLOEXEC)
+        if os.fstat(fd).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            raise m.step_error("setns", nspath, "the container shares the host's mount "
+                               "namespace; refusing to mount into it")
+        return fd
+    except OSError as e:
+        if fd >= 0:
+            os.close(fd)
+        raise m.step_error("setns", nspath, e)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
 
 
 def detach_procfs_under(top: str, infos: list[mounts.MountInfo], log: HookLog) -> None:
@@ -51,7 +111,7 @@ def detach_procfs_under(top: str, infos: list[mounts.MountInfo], log: HookLog) -
 
 def become_ldconfig(plan: Edits, rootfs: str, root_id: tuple[int, int], ldfd: int,
                     devnull: int, log: HookLog) -> None:
-    """In a private mount namespace (nvctk.hook.worker.ldconfig_child made it), with its
+    """In a private mount namespace (ldconfig_child made it), with its
     output on fds 1 and 2: become the host's ldconfig run chrooted into the rootfs, the
     directory the worker mounted into (root_id: its st_dev, st_ino). Returns only on
     failure (OSError)."""
@@ -82,52 +142,41 @@ def become_ldconfig(plan: Edits, rootfs: str, root_id: tuple[int, int], ldfd: in
     os.execve(ldfd, ["ldconfig", plan.lib_dir], {})
 
 
-def stop(pid: int) -> int:
-    """Kill and reap the ldconfig process (past its time, or the worker failed);
-    its wait status."""
+def ldconfig_child(plan: Edits, rootfs: str, log: HookLog, libraries: Channel,
+                   out: int) -> int:
+    """The forked ldconfig, beside the worker: once LIBRARIES_IN comes on `libraries`
+    (the rootfs and the container's pid), a private copy of the container's mount
+    namespace, and there the host's ldconfig with its output on `out`, while the worker
+    mounts the rest. Returns only on failure (127, the reason on `out`): a warning,
+    never the hook's failure; 0 when the worker failed before its libraries were in."""
+    fds: list[int] = []
     try:
-        os.kill(pid, SIGKILL)
-    except ProcessLookupError:
-        pass
-    return os.waitpid(pid, 0)[1]
-
-
-def wait_ldconfig(plan: Edits, pid: int, out_r: int, log: Logger,
-                  hook_deadline: float | None = None) -> None:
-    """Collect ldconfig's output (closes out_r), kill it past LDCONFIG_TIMEOUT or at the
-    hook's own deadline (time.monotonic), whichever comes first, reap it and log how it
-    went: a failing ldconfig is a warning, never the hook's failure (past the hook's
-    deadline runc has failed the container already: nothing of the hook outlives it)."""
-    chunks = []
-    deadline = time.monotonic() + LDCONFIG_TIMEOUT
-    if hook_deadline is not None and hook_deadline < deadline:
-        deadline = hook_deadline
-    timed_out = False
-    try:
-        # never wait on the image for ever: an /etc/ld.so.conf that is a FIFO (or
-        # names one) blocks ldconfig without a byte of output
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([out_r], [], [], left)[0]:
-                timed_out = True
-                break
-            chunk = os.read(out_r, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        caps.restrict(caps.needed(("open", "setns", "ldconfig-setup", "ldconfig")), log)
+        caps.enter_step("open", log)
+        fds.append(ldfd := open_ldconfig(plan.ldconfig))
+        fds.append(devnull := os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
+        sent = decode_libraries_in(libraries.recv(LIBRARIES_LIMIT))
+        if sent is None:
+            return 0  # the worker failed before its libraries were in: the hook fails
+        dev, ino, pid = sent
+        fds.append(ns := open_ns(pid))
+        caps.enter_step("setns", log)
+        mounts.setns(ns, mounts.CLONE_NEWNS)
+        caps.enter_step("ldconfig-setup", log)
+        # private before anything changes: nothing below reaches the container's
+        # namespace or the host's
+        mounts.unshare(mounts.CLONE_NEWNS)
+        mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
+        os.chdir("/")
+        become_ldconfig(plan, rootfs, (dev, ino), ldfd, devnull, log)
+    except BaseException as e:
+        try:
+            os.write(2, f"ldconfig setup: {e}\n".encode("utf-8", "replace"))
+        except OSError:
+            pass
     finally:
-        os.close(out_r)
-    status = stop(pid) if timed_out else os.waitpid(pid, 0)[1]
-    out = b"".join(chunks).decode("utf-8", "replace").strip()
-    code = os.waitstatus_to_exitcode(status)
-    if timed_out:
-        out = ("killed at the hook's deadline (runc's hook timeout)" if deadline == hook_deadline
-               else f"killed after {LDCONFIG_TIMEOUT:g}s") + (f"; {out}" if out else "")
-    if code != 0:
-        # a read-only rootfs, or an image without a writable /etc: the libraries are
-        # mounted all the same; programs that dlopen by SONAME may not find them
-        log.warning(f"step ldconfig: {plan.lib_dir}: ldconfig exited {code}: {out or '-'}")
-    else:
-        log.info(f"ldconfig refreshed the container's cache ({plan.lib_dir})")
-        if out:
-            log.debug(f"ldconfig: {out}")
+        for fd in fds:
+            os.close(fd)
+    return 127

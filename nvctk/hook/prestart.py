@@ -1,7 +1,9 @@
 """`nvctk-hook prestart`: state -> bundle -> plan -> the worker's steps.
 
 The inputs are read and the errors mapped by nvctk.hook.entry (the same for every
-hook command), the work is nvctk.hook.worker's (its docstring lists the steps).
+hook command); the work is done by two children this process forks
+(nvctk.hook.children): the worker (nvctk.hook.worker, whose docstring lists the steps)
+and the ldconfig child (nvctk.hook.ldconfig).
 
 This runs in every GPU container's start, so it imports only os-level modules
 and small nvctk modules that do the same (tests/integration/test_hook_prestart.py checks the
@@ -14,8 +16,8 @@ import io
 
 from nvctk.base.record import Record
 from nvctk.edits import SERVED_FLAG
+from nvctk.hook.children import Children, apply_edits, start
 from nvctk.hook.entry import EDITS, Early, HookRun, UsageError, read_early, run
-from nvctk.hook.worker import Children, apply_edits, start
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,8 +37,11 @@ def parse_args(argv: list[str]) -> str | None:
 
 
 class Ready(Record):
-    """A served prestart made ready while runc starts (ready): its inputs read, its
-    children forked and waiting for the container's pid."""
+    """A served prestart made ready while runc starts (ready): its inputs read early
+    (entry.Early: read by the server from the bundle before runc runs the hook), its
+    children forked and waiting for the container's pid (children.Children). The hook,
+    when it comes, takes the children only if its inputs are those (take); what is not
+    taken is ended unused (release)."""
 
     __slots__ = ("early", "children")  # noqa: RUF023
 
@@ -45,7 +50,9 @@ class Ready(Record):
         self.children = children  # None once taken (body) or released
 
     def take(self, hook: HookRun) -> Children | None:
-        """The children, when the hook's inputs are the ones read here (once)."""
+        """The children, when the hook's inputs are the very ones read here (entry.run
+        puts the Early on the hook only when Early.holds for its state); None when they
+        are not, or the children were taken already (they serve one hook)."""
         children = self.children if hook.early is self.early else None
         if children is not None:
             self.children = None
@@ -75,7 +82,9 @@ def ready(bundle: str) -> Ready | None:
 
 def body(hook: HookRun, drop_parent_caps: bool = True, served: bool = False,
          prepared: Ready | None = None) -> None:
-    """The worker's steps on the plan (entry has read state, spec, rootfs and plan)."""
+    """The prestart's own work, as entry.run calls each command's body once it has read
+    the state, spec, rootfs and plan: the children made ready (prepared) when they are
+    this hook's, else children forked now (children.apply_edits), then the log's line."""
     plan, rootfs = hook.edits, hook.rootfs
     assert plan is not None and rootfs is not None  # inputs=EDITS
     if hook.opts is not None and not served:

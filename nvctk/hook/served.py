@@ -7,7 +7,7 @@ nvctk-runtime's create serves it:
     nvctk-runtime  writes the spec with the hook `nvctk-hook prestart --served TOKEN`,
                    listens on the abstract unix socket TOKEN names, forks the server,
                    then execs runc as always (or starts it, for a vGPU create)
-    the server     this module, in the fork: while runc starts, imports the prestart,
+    the server     nvctk.hook.server, in the fork: while runc starts, imports the prestart,
                    reads the bundle's inputs and forks the worker and ldconfig, which
                    open the host side (nvctk.hook.prestart.ready); then waits for one
                    connection
@@ -28,6 +28,20 @@ became runc or started it). A name someone else holds, no server (runc failed be
 the hook: the server ends with its runtime), a check that fails: the launcher runs the
 Python prestart itself, which does the same work. The name is 128 random bits, made
 anew for every create.
+
+This module is the runtime's side: the socket, and the server forked in the process
+shape the create needs (serve_beside, start; nvctk.runtime.create picks the shape):
+
+    create              the runtime execs runc; the server is its child, so runc's,
+                        handed on to the reaper when `runc create` returns
+    run (foreground)    the server a grandchild, reaped by the init or the node's
+                        subreaper: `runc run` never waits on a child it did not start
+    vGPU create or run  the runtime starts runc as its child and waits on it (to remove
+                        the vGPU state when runc fails); the server a grandchild
+    no pidfds (< 5.3)   the server a child that dies with the runtime (PDEATHSIG)
+
+The server's own loop is nvctk.hook.server, imported only in the fork.
+docs/architecture.md has every process of a create and its messages.
 """
 
 from __future__ import annotations
@@ -35,11 +49,12 @@ from __future__ import annotations
 import os
 
 from nvctk import _sys
-from nvctk.base.fileio import MAX_HOOK_STATE, TooLarge, read_all, write_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from nvctk.base.log import Logger
 
 # the abstract socket's name: this prefix, then the token (hooks/nvctk-hook.c has both)
 NAME_PREFIX = b"nvctk-prestart-"
@@ -54,65 +69,35 @@ def listen(token: str) -> int:
     return _sys.listen_abstract(NAME_PREFIX + token.encode())
 
 
-def parent_of(pid: int) -> int:
-    """pid's parent (its /proc status); -1 when it is gone."""
+def serve_beside(token: str, logger: Logger, bundle: str,
+                 start_runc: Callable[[], int] | None = None,
+                 grandchild: bool = True) -> int | None:
+    """Serve a create's prestart hook, in either process shape (nvctk.runtime.create
+    calls this): listen on the token's socket, then start runc as this process's child
+    (start_runc, which returns its pid; a vGPU create) or leave it to the exec that
+    follows (None), then fork the server beside it (grandchild: see start). Returns
+    runc's pid (None: the exec's). Listening comes first: the socket is there before
+    runc can run the hook. No socket: the hook runs by itself. bundle: the container's
+    (the server makes its prestart ready while runc starts)."""
     try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"PPid:"):
-                    return int(line[5:])
-    except (OSError, ValueError):
-        pass
-    return -1
-
-
-def is_runc_child(pid: int, uid: int, runtime: int, runc: int | None) -> bool:
-    """The peer is a root child of this create's runc: `runc` itself, or (runc None)
-    the runtime process, which became runc by exec."""
-    return uid == 0 and parent_of(pid) == (runtime if runc is None else runc)
-
-
-def serve(listener: int, runtime: int, runc: int | None,
-          prestart: Callable[[bytes], tuple[int, str]], watch: int | None = None) -> None:
-    """In the forked server: answer the first connection of a root child of runc with
-    prestart(state) -> (exit code, stderr text); others are closed unanswered (their
-    launcher runs the prestart itself). runtime: the process that forked the server;
-    runc: its pid when it is not the runtime itself (a vGPU create, where the runtime
-    waits on it). watch: a pidfd of the runtime; the server returns once it ends."""
-    import select
-
-    poller = select.poll()
-    poller.register(listener, select.POLLIN)
-    if watch is not None:
-        poller.register(watch, select.POLLIN)
-    while True:
-        if watch is not None:
-            ready = {fd for fd, _ in poller.poll()}
-            if watch in ready:
-                return  # the runtime (or the runc it became) ended: no hook will come
-            if listener not in ready:
-                continue
-        try:
-            conn, pid, uid = _sys.accept_peer(listener)
-        except InterruptedError:
-            continue
-        if not is_runc_child(pid, uid, runtime, runc):
-            os.close(conn)
-            continue
-        try:
-            try:
-                code, text = prestart(read_all(conn, MAX_HOOK_STATE))
-            except TooLarge:
-                code, text = 1, f"nvctk-hook: prestart: state larger than {MAX_HOOK_STATE} bytes\n"
-            write_all(conn, bytes((code & 0xFF,)) + text.encode("utf-8", "replace"))
-        finally:
-            os.close(conn)
-        return
+        listener = listen(token)
+    except OSError as e:
+        logger.warning(f"the prestart hook runs by itself: no server socket ({e})")
+        listener = -1
+    try:
+        runc = start_runc() if start_runc is not None else None
+        if listener >= 0:
+            start(listener, runc, grandchild, bundle)
+    finally:
+        if listener >= 0:
+            os.close(listener)  # the server holds its own; runc never held it (cloexec)
+    return runc
 
 
 def start(listener: int, runc: int | None, grandchild: bool, bundle: str) -> int:
-    """Start the server (serve nvctk.hook.prestart.answer, then exit); returns the pid
-    of the process that forked it, already reaped (grandchild), or the server's.
+    """Start the server (nvctk.hook.server: serve nvctk.hook.prestart.answer, then
+    exit); returns the pid of the process that forked it, already reaped (grandchild),
+    or the server's.
     bundle: the container's, whose prestart the server makes ready before runc runs
     the hook.
 
@@ -148,26 +133,20 @@ def start(listener: int, runc: int | None, grandchild: bool, bundle: str) -> int
         if grandchild and os.fork():
             os._exit(0)
         _detach(listener, watch)
-        _serve_prestart(listener, runtime, runc, bundle, watch)
+        _serve_in_fork(listener, runtime, runc, bundle, watch)
     except BaseException:
         code = 1
     finally:
         os._exit(code)
 
 
-def _serve_prestart(listener: int, runtime: int, runc: int | None, bundle: str,
-                    watch: int | None = None) -> None:
-    """In the server: the prestart made ready for `bundle`, then served (serve)."""
-    # start time: imported here, in the fork, while runc starts, never in the runtime's
-    # own path to exec runc
-    from nvctk.hook.prestart import answer, ready
+def _serve_in_fork(listener: int, runtime: int, runc: int | None, bundle: str,
+                   watch: int | None = None) -> None:
+    # start time: the server's modules are imported here, in the fork, while runc
+    # starts: never on the runtime's own path to exec runc
+    from nvctk.hook.server import serve_prestart
 
-    prepared = ready(bundle)
-    try:
-        serve(listener, runtime, runc, lambda state: answer(state, prepared), watch)
-    finally:
-        if prepared is not None:
-            prepared.release()
+    serve_prestart(listener, runtime, runc, bundle, watch)
 
 
 def _detach(*keep: int) -> None:
@@ -195,7 +174,7 @@ def _start_child(listener: int, runtime: int, runc: int | None, bundle: str) -> 
         if os.getppid() != runtime:  # the runtime ended before prctl took effect
             os._exit(0)
         _detach(listener)
-        _serve_prestart(listener, runtime, runc, bundle)
+        _serve_in_fork(listener, runtime, runc, bundle)
     except BaseException:
         code = 1
     finally:

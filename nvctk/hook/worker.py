@@ -21,22 +21,22 @@ stays in the host's mount namespace:
     proc-mask  tmpfs over /proc/driver/nvidia where the container has it
 
 ldconfig runs beside the worker, not after it: the worker mounts the plan's libraries
-(and makes its links) first and then signals a second child of the hook's process
-(ldconfig_child), which enters a private copy of the container's mount namespace and
-becomes the host's ldconfig there (nvctk.hook.ldconfig) while the worker mounts the
-rest (once the child has exec'd ldconfig: its set-up and the worker's mounts would
-contend for the kernel's namespace lock, and that set-up is on the hook's critical
-path). The cache and links it writes are on the rootfs's own file system, the one the
-container sees. The hook's process bounds it in time, and stops it when the worker
-fails.
+(and makes its links) first and then sends LIBRARIES_IN to the ldconfig child
+(nvctk.hook.ldconfig), which enters a private copy of the container's mount namespace
+and becomes the host's ldconfig there while the worker mounts the rest (once SET_UP
+came: the child has exec'd ldconfig; its set-up and the worker's mounts would contend
+for the kernel's namespace lock, and that set-up is on the hook's critical path). The
+cache and links it writes are on the rootfs's own file system, the one the container
+sees. The hook's process forks both (nvctk.hook.children), bounds ldconfig in time and
+stops it when the worker fails; nvctk.hook.messages has every message between them.
 
 It does what the plan says and decides nothing else: which mounts may be missing
 (skipped, logged) and which may not (the hook fails) is each Mount's `required`.
 Nothing is created anywhere but on the rootfs's own mounts (nvctk.hook.mount.Root): a
 target below a host directory bound read-write into the container (a volume,
-extra-mounts, the MPS pipe dir) is skipped, or refused when required. Both children
-die with the hook's process (PR_SET_PDEATHSIG): runc's hook timeout kills only the
-hook, and nothing the hook starts may outlive it.
+extra-mounts, the MPS pipe dir) is skipped, or refused when required. The worker dies
+with the hook's process (PR_SET_PDEATHSIG): runc's hook timeout kills only the hook,
+and nothing the hook starts may outlive it.
 
 Each step runs with exactly its capabilities effective (nvctk.hook.caps) and logs
 them at debug level. On any failure the worker detaches what it mounted and
@@ -53,27 +53,27 @@ import stat
 
 from nvctk.base import mounts
 from nvctk.base.errors import MountError, NvctkError
-from nvctk.base.fileio import read_all, write_all
 from nvctk.base.record import Record
 from nvctk.edits import VGPU_DIRS, VGPU_FILES, Edits, Mount
 from nvctk.hook import caps
 from nvctk.hook import mount as m
-from nvctk.hook.elf import elf_interpreter
-from nvctk.hook.ldconfig import become_ldconfig, stop, wait_ldconfig
+from nvctk.hook.ldconfig import open_ldconfig, open_ns
+from nvctk.hook.messages import (
+    PID_LIMIT,
+    decode_pid,
+    decode_set_up,
+    encode_answer,
+    encode_libraries_in,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from nvctk.base.log import HookLog
+    from nvctk.hook.messages import Channel
 
 PROC_DRIVER = "/proc/driver/nvidia"
 ALL_STEPS = ("open", "setns", "propagation", "mount", "symlink", "proc-mask", "ldconfig-setup",
              "ldconfig", "undo", "done")
-
-# the worker's answer on its pipe: _OK, or _FAILED followed by the message
-_OK = b"ok"
-_FAILED = b"error\n"
 
 
 def _close_all(fds: list[int]) -> None:
@@ -176,7 +176,8 @@ def _prepare(plan: Edits, log: HookLog) -> WorkerFds:
         _clone_sources(plan, p, log)
         _make_mask(plan, p, log)
         if plan.ldconfig:
-            _open_ldconfig(plan.ldconfig, p)
+            # the ldconfig child opens it too: a wrong one fails the hook here
+            p.ldconfig = open_ldconfig(plan.ldconfig)
         p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         return p
     except BaseException:
@@ -221,52 +222,6 @@ def _make_mask(plan: Edits, p: WorkerFds, log: HookLog) -> None:
         p.mask = m.make_proc_mask(pm.host_dir, pm.gpu_bus_ids)
     except OSError as e:
         raise m.step_error("open", pm.host_dir, e)
-
-
-# Ubuntu's /sbin/ldconfig is a shell script around /sbin/ldconfig.real (seen on a GPU
-# host; NVIDIA's toolkit names ldconfig.real in its config there): a script is followed
-# to the binary beside it
-REAL_SUFFIX = ".real"
-
-
-def _open_ldconfig(ldconfig: str, p: WorkerFds) -> None:
-    """The host's ldconfig, opened here: a regular, statically linked file (run chrooted,
-    a dynamic one would load the image's loader); a script whose <path>.real exists is
-    replaced by that."""
-    what = f"{ldconfig} (nvctk's ldconfig setting)"
-    try:
-        # O_NONBLOCK: a FIFO would block open() until runc's hook timeout
-        p.ldconfig = os.open(ldconfig, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-        if not stat.S_ISREG(os.fstat(p.ldconfig).st_mode):
-            raise m.step_error("open", what, "not a regular file")
-        if os.pread(p.ldconfig, 2, 0) == b"#!" and not ldconfig.endswith(REAL_SUFFIX) \
-                and os.path.exists(ldconfig + REAL_SUFFIX):
-            os.close(p.ldconfig)
-            p.ldconfig = -1
-            return _open_ldconfig(ldconfig + REAL_SUFFIX, p)
-        interp = elf_interpreter(p.ldconfig)
-    except OSError as e:
-        raise m.step_error("open", what, e)
-    except ValueError as e:
-        raise m.step_error("open", what, str(e))
-    if interp is not None:
-        raise m.step_error(
-            "open", what,
-            f"ldconfig is dynamically linked ({interp}); run chrooted it would load the "
-            "image's loader",
-        )
-
-
-def _open_ns(pid: int, p: WorkerFds) -> None:
-    """The container's mount namespace; never the host's own."""
-    nspath = f"/proc/{pid}/ns/mnt"
-    try:
-        p.ns = os.open(nspath, os.O_RDONLY | os.O_CLOEXEC)
-        if os.fstat(p.ns).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
-            raise m.step_error("setns", nspath, "the container shares the host's mount "
-                               "namespace; refusing to mount into it")
-    except OSError as e:
-        raise m.step_error("setns", nspath, e)
 
 
 def _pin(plan: Edits, root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
@@ -399,10 +354,10 @@ def _mask_proc(root: m.Root, mask: int, mounter: m.Mounter, log: HookLog) -> Non
 
 
 def _mount_steps(plan: Edits, rootfs: str, pid: int, prep: WorkerFds, mounter: m.Mounter,
-                 log: HookLog, go: int, set_up: int) -> m.Root:
+                 log: HookLog, libraries: Channel, set_up: Channel) -> m.Root:
     """setns to proc-mask; returns the rootfs once all are in. Once the libraries and
-    links are in, _libraries_in on `go` (-1: none) starts ldconfig, and the rest waits
-    until ldconfig is set up (EOF on `set_up`)."""
+    links are in, LIBRARIES_IN on `libraries` (closed: no ldconfig) starts ldconfig, and
+    the rest waits for SET_UP (ldconfig set up: nvctk.hook.messages)."""
     root = _enter(rootfs, prep, log)
     try:
         caps.enter_step("mount", log)
@@ -412,10 +367,14 @@ def _mount_steps(plan: Edits, rootfs: str, pid: int, prep: WorkerFds, mounter: m
         vgpu_from = n - lead if prep.vgpu_from >= 0 else -1  # in what follows the lead
         _mount_sources(root, ordered[:lead], -1, mounter, log)
         _make_links(plan, root, log)
-        if go >= 0:
-            _libraries_in(go, root, pid)
-        if set_up >= 0:
-            _ldconfig_set_up(set_up)
+        if libraries.fd >= 0:
+            st = os.fstat(root.fd)  # the rootfs ldconfig is to chroot into: this one
+            libraries.send(encode_libraries_in(st.st_dev, st.st_ino, pid))
+        if set_up.fd >= 0:
+            # its set-up (the namespace copy, the mountinfo read, the procfs detach)
+            # takes the kernel's namespace lock, as every mount here does: the rest is
+            # mounted while ldconfig runs, not while it is set up
+            decode_set_up(set_up.recv(PID_LIMIT))
         _mount_sources(root, ordered[lead:] + prep.sources[n:], vgpu_from, mounter, log)
         if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
             try:
@@ -466,65 +425,11 @@ def _failed(e: BaseException, mounter: m.Mounter, log: HookLog) -> str:
     return msg
 
 
-def _libraries_in(fd: int, root: m.Root, pid: int) -> None:
-    """Tell the ldconfig child the libraries and links are in, which directory the
-    rootfs is (st_dev st_ino of the worker's own fd: ldconfig chroots into exactly that)
-    and the container's pid; closes fd."""
-    st = os.fstat(root.fd)
-    try:
-        write_all(fd, b"%d %d %d" % (st.st_dev, st.st_ino, pid))
-    finally:
-        os.close(fd)
-
-
-def _libraries_sent(data: bytes) -> tuple[int, int, int] | None:
-    """What _libraries_in sent (dev, ino, pid); None: nothing (the worker failed before,
-    or never started)."""
-    try:
-        dev, ino, pid = (int(x) for x in data.split())
-    except ValueError:
-        return None
-    return dev, ino, pid
-
-
-def _ldconfig_set_up(fd: int) -> None:
-    """Wait until the ldconfig child has execed ldconfig, or ended (EOF: it holds the
-    pipe's write end, close-on-exec), then close fd. Its set-up (the namespace copy, the
-    mountinfo read, the procfs detach) takes the kernel's namespace lock, as every mount
-    of the worker does: the worker mounts the rest while ldconfig runs, not while it is
-    set up, which is what the hook waits for longest."""
-    try:
-        read_all(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_pid(fd: int) -> int | None:
-    """The container's pid, sent by Children.go (closes fd); None: cancelled (EOF)."""
-    try:
-        data = read_all(fd, 32)
-    finally:
-        os.close(fd)
-    try:
-        pid = int(data)
-    except ValueError:
-        return None
-    return pid if pid > 0 else None
-
-
-def _answer(fd: int, err: str | None) -> None:
-    """The worker's answer to the hook's process; closes fd."""
-    try:
-        write_all(fd, _OK if err is None else _FAILED + err.encode("utf-8", "replace"))
-    finally:
-        os.close(fd)
-
-
-def worker(plan: Edits, rootfs: str, pid_r: int, log: HookLog, answer: int, go: int,
-           set_up: int) -> int:
-    """The forked worker: the host-side step, then (once the container's pid comes on
-    pid_r) every other, then its answer on `answer` (closed then); the exit code.
-    Cancelled (no pid), it exits 0 with no answer. go, set_up: see _mount_steps."""
+def worker(plan: Edits, rootfs: str, log: HookLog, pid_r: Channel, answer: Channel,
+           libraries: Channel, set_up: Channel) -> int:
+    """The forked worker: the host-side step, then (once PID comes on pid_r) every other,
+    then its ANSWER (nvctk.hook.messages); the exit code. Cancelled (EOF alone on
+    pid_r), it exits 0 with no answer. libraries, set_up: see _mount_steps."""
     mounter = m.Mounter()
     prep: WorkerFds | None = None
     root: m.Root | None = None
@@ -532,175 +437,20 @@ def worker(plan: Edits, rootfs: str, pid_r: int, log: HookLog, answer: int, go: 
         try:
             caps.restrict(caps.needed(ALL_STEPS), log)
             prep = _prepare(plan, log)
-            pid = _read_pid(pid_r)
+            pid = decode_pid(pid_r.recv(PID_LIMIT))
             if pid is None:
                 return 0
-            _open_ns(pid, prep)
-            root = _mount_steps(plan, rootfs, pid, prep, mounter, log, go, set_up)
+            prep.ns = open_ns(pid)
+            root = _mount_steps(plan, rootfs, pid, prep, mounter, log, libraries, set_up)
             mounter.forget()
         except BaseException as e:
-            _answer(answer, _failed(e, mounter, log))
+            answer.send(encode_answer(_failed(e, mounter, log)))
             return 1
         caps.enter_step("done", log)
-        _answer(answer, None)
+        answer.send(encode_answer(None))
         return 0
     finally:
         if root is not None:
             root.close()
         if prep is not None:
             _close_all(prep.fds())
-
-
-def ldconfig_child(plan: Edits, rootfs: str, log: HookLog, go: int, out: int) -> int:
-    """The forked ldconfig, beside the worker: once the worker's libraries and links
-    are in (_libraries_in, on `go`: the rootfs and the container's pid), a private copy
-    of the container's mount namespace, and there the host's ldconfig
-    (nvctk.hook.ldconfig) with its output on `out`, while the worker mounts the rest.
-    Returns only on failure (127, the reason on `out`): a warning, never the hook's
-    failure."""
-    p = WorkerFds()
-    try:
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        caps.restrict(caps.needed(("open", "setns", "ldconfig-setup", "ldconfig")), log)
-        caps.enter_step("open", log)
-        _open_ldconfig(plan.ldconfig, p)
-        p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        sent = _libraries_sent(read_all(go))
-        if sent is None:
-            return 0  # the worker failed before its libraries were in: the hook fails
-        dev, ino, pid = sent
-        _open_ns(pid, p)
-        caps.enter_step("setns", log)
-        mounts.setns(p.ns, mounts.CLONE_NEWNS)
-        caps.enter_step("ldconfig-setup", log)
-        # private before anything changes: nothing below reaches the container's
-        # namespace or the host's
-        mounts.unshare(mounts.CLONE_NEWNS)
-        mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
-        os.chdir("/")
-        become_ldconfig(plan, rootfs, (dev, ino), p.ldconfig, p.devnull, log)
-    except BaseException as e:
-        try:
-            os.write(2, f"ldconfig setup: {e}\n".encode("utf-8", "replace"))
-        except OSError:
-            pass
-    finally:
-        _close_all(p.fds())
-    return 127
-
-
-def _fork(parent: int, run: Callable[[], int], child_closes: tuple[int, ...],
-          parent_closes: tuple[int, ...]) -> int:
-    """A child that closes `child_closes`, runs `run` and exits with its code, dying with
-    `parent`: nothing the hook starts outlives it (runc's hook timeout kills only the
-    hook). The caller's `parent_closes` are closed once it is forked (or failed to be);
-    an fd < 0 is none."""
-    child = -1
-    try:
-        child = os.fork()
-        if child == 0:
-            code = 1
-            try:
-                caps.die_with_parent(parent)
-                _close_all([fd for fd in child_closes if fd >= 0])
-                code = run()
-            finally:
-                os._exit(code)
-    finally:
-        if child != 0:
-            _close_all([fd for fd in parent_closes if fd >= 0])
-    return child
-
-
-class Children(Record):
-    """The worker and the ldconfig beside it, forked (`start`) before the container's pid
-    is needed: each opens what the host side needs, then waits. `go` hands them the pid
-    and waits for the work; `cancel` ends them unused."""
-
-    __slots__ = ("worker", "ldconfig", "pid_w", "answer_r", "out_r")  # noqa: RUF023
-
-    def __init__(self, worker: int, ldconfig: int, pid_w: int, answer_r: int,
-                 out_r: int) -> None:
-        self.worker = worker
-        self.ldconfig = ldconfig  # -1: the plan runs no ldconfig
-        self.pid_w = pid_w
-        self.answer_r = answer_r
-        self.out_r = out_r
-
-    def go(self, plan: Edits, pid: int, log: HookLog, drop_parent_caps: bool = False,
-           deadline: float | None = None) -> None:
-        """The work on container `pid`; MountError with the worker's message on failure
-        (ldconfig is then stopped). drop_parent_caps, deadline: see apply_edits."""
-        try:
-            write_all(self.pid_w, b"%d" % pid)
-        except OSError:
-            pass  # the worker is gone: its answer (none) says so
-        finally:
-            os.close(self.pid_w)
-        if drop_parent_caps:
-            caps.drop_all()
-        try:
-            data = read_all(self.answer_r)
-        finally:
-            os.close(self.answer_r)
-        if data == _OK:
-            err = None
-        elif data.startswith(_FAILED):
-            err = data[len(_FAILED):].decode("utf-8", "replace")
-        else:
-            err = "worker gave a garbled answer" if data else "worker gave no answer"
-        _, status = os.waitpid(self.worker, 0)
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0 and err is None:
-            err = f"worker exited {code}"
-        if self.ldconfig > 0:
-            if err is None:
-                wait_ldconfig(plan, self.ldconfig, self.out_r, log, deadline)
-                # the children's caps went with them: what is left of the hook is this process
-                log.debug(f"caps step=done effective={','.join(caps.current()) or '-'}")
-            else:
-                os.close(self.out_r)
-                stop(self.ldconfig)
-        if err is not None:
-            raise MountError(err)
-
-    def cancel(self) -> None:
-        """End both unused (no pid: they exit having mounted nothing) and reap them."""
-        _close_all([fd for fd in (self.pid_w, self.answer_r, self.out_r) if fd >= 0])
-        os.waitpid(self.worker, 0)
-        if self.ldconfig > 0:
-            os.waitpid(self.ldconfig, 0)
-
-
-def start(plan: Edits, rootfs: str, log: HookLog) -> Children:
-    """Fork the worker, and ldconfig beside it, for `plan`; they die with this process."""
-    caps.warm_up()
-    parent = os.getpid()
-    r, w = os.pipe()
-    pid_r, pid_w = os.pipe()
-    go_r, go_w = os.pipe() if plan.ldconfig else (-1, -1)
-    # set-up done: EOF once the ldconfig child, which alone holds set_w, execs or ends
-    set_r, set_w = os.pipe() if plan.ldconfig else (-1, -1)
-    child = _fork(parent, lambda: worker(plan, rootfs, pid_r, log, w, go_w, set_r),
-                  (r, go_r, pid_w, set_w), (w, go_w, pid_r, set_r))
-    ld = out_r = -1
-    if plan.ldconfig:
-        out_r, out_w = os.pipe()
-        ld = _fork(parent, lambda: ldconfig_child(plan, rootfs, log, go_r, out_w),
-                   (r, out_r, pid_w), (out_w, go_r, set_w))
-    return Children(child, ld, pid_w, r, out_r)
-
-
-def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
-                drop_parent_caps: bool = False, deadline: float | None = None) -> None:
-    """Run the worker, and ldconfig beside it, in forked children on container `pid`;
-    MountError with the worker's message on failure (ldconfig is then stopped).
-
-    drop_parent_caps: the calling process gives up every capability once the
-    children have the pid (the hook's main process needs none afterwards).
-    deadline: when runc gives up on the hook (time.monotonic; None: no timeout):
-    ldconfig is stopped there at the latest, also where the hook's own process is not
-    the one runc kills (nvctk-runtime's server).
-    """
-    start(plan, rootfs, log).go(plan, pid, log, drop_parent_caps, deadline)

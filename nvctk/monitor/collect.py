@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nvctk.base.errors import literal
-from nvctk.hook.served import parent_of
+from nvctk.hook.procs import parent_of
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
 from nvctk.monitor.containers import (

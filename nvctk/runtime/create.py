@@ -427,43 +427,25 @@ def create_main(args: ra.RuncArgs, argv0: str | None = None) -> int:
         # state it made
         return _create_and_clean_up(runtime, args, bundle, prepared.vgpu_dir, config, fail,
                                     logger, served)
+    return _become_runc(runtime, args, bundle, served, fail, logger)
+
+
+def _become_runc(runtime: str, args: ra.RuncArgs, bundle: str, served: str | None,
+                 fail: Callable[[str], int], logger: Logger) -> int:
+    """Exec runc, this create's prestart server (served: its token) forked beside it
+    first; returns only when the exec fails."""
     if served is not None:
+        # start time: GPU creates only (nvctk._sys is a dlopen); a no-GPU create loads neither
+        from nvctk.hook.served import serve_beside
+
         # the hook of the runc this process becomes; a `create` (returns once the
         # container exists) may keep its server as a child, a foreground `run` may not
-        _serve_prestart(served, logger, bundle, grandchild=args.subcommand != "create")
+        serve_beside(served, logger, bundle, grandchild=args.subcommand != "create")
     try:
         ra.exec_runtime(runtime, args.argv)
     except OSError as e:
         return fail(f"cannot exec {runtime}: {e.strerror}")
     return 1  # not reached
-
-
-def _serve_prestart(token: str, logger: Logger, bundle: str,
-                    start_runc: Callable[[], int] | None = None,
-                    grandchild: bool = True) -> int | None:
-    """Serve this create's prestart hook (nvctk.hook.served), in either process shape:
-    listen on the token's socket, then start runc as this process's child (start_runc,
-    which returns its pid; a vGPU create) or leave it to the exec that follows (None),
-    then fork the server beside it (grandchild: see nvctk.hook.served.start). Returns
-    runc's pid (None: the exec's). Listening comes first: the socket is there before
-    runc can run the hook. No socket: the hook runs by itself. bundle: the container's
-    (the server makes its prestart ready while runc starts)."""
-    # start time: GPU creates only (nvctk._sys is a dlopen); a no-GPU create loads neither
-    from nvctk.hook import served
-
-    try:
-        listener = served.listen(token)
-    except OSError as e:
-        logger.warning(f"the prestart hook runs by itself: no server socket ({e})")
-        listener = -1
-    try:
-        runc = start_runc() if start_runc is not None else None
-        if listener >= 0:
-            served.start(listener, runc, grandchild, bundle)
-    finally:
-        if listener >= 0:
-            os.close(listener)  # the server holds its own; runc never held it (cloexec)
-    return runc
 
 
 # what a supervisor sends its runtime to stop or tell it something: passed on to runc
@@ -483,12 +465,10 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, bundle: str, vgpu_dir:
     --preserve-fds descriptors: every inheritable fd), and dies with this process
     (PR_SET_PDEATHSIG): a supervisor that kills the runtime kills runc. What a
     SIGKILL of this process leaves is reclaimed by vgpu_state.collect. served: the
-    token of this create's prestart server, started beside runc (_serve_prestart) for
+    token of this create's prestart server, started beside runc (served.serve_beside) for
     `bundle` (args.bundle_dir(), as prepared).
     """
     import signal
-
-    from nvctk import _sys
 
     sigs = [getattr(signal, n) for n in FORWARDED_SIGNALS]
     parent = os.getpid()
@@ -506,27 +486,16 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, bundle: str, vgpu_dir:
     old = {s: signal.signal(s, forward) for s in sigs}
 
     def start_runc() -> int:
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into the caller's code
-            code = 127
-            try:
-                _sys.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-                if os.getppid() != parent:  # the parent died before prctl took effect
-                    os._exit(128 + signal.SIGKILL)
-                for s, h in old.items():  # as an exec from here would leave them
-                    signal.signal(s, signal.SIG_IGN if h == signal.SIG_IGN else signal.SIG_DFL)
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-                ra.exec_runtime(runtime, args.argv)
-            except OSError as e:
-                code = fail(f"cannot exec {runtime}: {e.strerror}")
-            finally:
-                os._exit(code)
-        return pid
+        return _fork_runc(runtime, args, fail, parent, old, old_mask)
 
     try:
         # beside runc, the server serves that runc's hook
-        pid = _serve_prestart(served, logger, bundle, start_runc) if served is not None \
-            else start_runc()
+        if served is not None:
+            from nvctk.hook.served import serve_beside
+
+            pid = serve_beside(served, logger, bundle, start_runc)
+        else:
+            pid = start_runc()
     except OSError as e:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _remove_own_vgpu_dir(vgpu_dir, config, logger)
@@ -538,6 +507,16 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, bundle: str, vgpu_dir:
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         code = 128 - code
+    _clean_up_after(code, args, vgpu_dir, config, logger)
+    # like the exec it stands for, this ends the process: the interpreter's teardown
+    # would slow every vGPU create (the log is written unbuffered)
+    exit_now(code)
+
+
+def _clean_up_after(code: int, args: ra.RuncArgs, vgpu_dir: str, config: Config,
+                    logger: Logger) -> None:
+    """The vGPU state this create made removed when runc exited `code` and left no
+    container."""
     if code != 0 and args.subcommand != "run":
         _remove_own_vgpu_dir(vgpu_dir, config, logger)
     elif args.subcommand == "run":
@@ -548,9 +527,33 @@ def _create_and_clean_up(runtime: str, args: ra.RuncArgs, bundle: str, vgpu_dir:
 
         if args.container_id is None or not runtime_has(args.root, args.container_id):
             _remove_own_vgpu_dir(vgpu_dir, config, logger)
-    # like the exec it stands for, this ends the process: the interpreter's teardown
-    # would slow every vGPU create (the log is written unbuffered)
-    exit_now(code)
+
+
+def _fork_runc(runtime: str, args: ra.RuncArgs, fail: Callable[[str], int], parent: int,
+               old: dict[Any, Any], old_mask: set[Any]) -> int:
+    """runc (`runtime` with args.argv) as this process's child, dying with `parent`, its
+    signal handlers and mask as an exec from here would leave them (old, old_mask:
+    those before _create_and_clean_up changed them); its pid."""
+    import signal
+
+    from nvctk import _sys
+
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code
+        code = 127
+        try:
+            _sys.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(128 + signal.SIGKILL)
+            for s, h in old.items():  # as an exec from here would leave them
+                signal.signal(s, signal.SIG_IGN if h == signal.SIG_IGN else signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            ra.exec_runtime(runtime, args.argv)
+        except OSError as e:
+            code = fail(f"cannot exec {runtime}: {e.strerror}")
+        finally:
+            os._exit(code)
+    return pid
 
 
 def _remove_own_vgpu_dir(path: str, config: Config, logger: Logger) -> None:

@@ -25,6 +25,7 @@ import pytest
 from nvctk.base import config as nvconfig
 from nvctk.edits import EDITS_FILE
 from nvctk.hook import served
+from nvctk.hook import server as hook_server
 from nvctk.hook.entry import read_early
 from nvctk.hook.inputs import HookState
 from nvctk.runtime.create import prepare_bundle
@@ -200,7 +201,7 @@ def test_the_server_answers_only_children_of_its_runc() -> None:
     if server == 0:
         code = 1
         try:
-            served.serve(listener, os.getppid(), None, lambda st: (3, f"state {st!r}\n"))
+            hook_server.serve(listener, os.getppid(), None, lambda st: (3, f"state {st!r}\n"))
             code = 0
         finally:
             os._exit(code)

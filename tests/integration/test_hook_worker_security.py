@@ -35,8 +35,8 @@ from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
 from nvctk.base.log import HookLog, Logger
 from nvctk.edits import EDITS_FILE, MAX_PRELOAD_BYTES, Edits, Vgpu
+from nvctk.hook import children as hook_children
 from nvctk.hook import ldconfig
-from nvctk.hook import worker as hook_worker
 from nvctk.hook.entry import HookRun
 from nvctk.hook.inputs import parse_state
 from nvctk.hook.poststop import poststop
@@ -251,7 +251,7 @@ def test_ldconfig_fifo_conf_is_killed(tmp_path: Path, monkeypatch: pytest.Monkey
     threading.Thread(target=rescue, daemon=True).start()
     try:
         wait.until(lambda: _execed(ns.pid, "sleep"), 10, "unshare to exec sleep in its namespace")
-        hook_worker.apply_edits(plan, str(root), ns.pid, log)
+        hook_children.apply_edits(plan, str(root), ns.pid, log)
     finally:
         done.set()
         ns.kill()
