@@ -13,7 +13,7 @@ from nvctk.dra.driver import API_TIMEOUT, CdiForms, Driver, Inventory, Shares
 from nvctk.dra.record import Records
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
-from nvctk.host.paths import find_hook
+from nvctk.host.paths import find_hook, vgpu_library
 from nvctk.k8s.health import Health
 
 TYPE_CHECKING = False
@@ -53,7 +53,7 @@ def make_driver(name: str, node_name: str, source: ClaimSource, plugins_dir: str
     inventory = Inventory(lambda: nvml.query_host(root),
                           lambda h: cdi_forms(cfg, h, config_path), host)
     driver = Driver(name, node_name, node_devices(host), forms, source, records, cdi_dir,
-                    Shares(cfg.state_dir, cfg.authority_key, cfg.driver_root),
+                    Shares(cfg.state_dir, vgpu_library(cfg), cfg.driver_root),
                     unhealthy=lambda: set(health.unhealthy), api_timeout=api_timeout,
                     inventory=inventory)
     return driver, host, cfg.driver_root

@@ -14,7 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-USAGE = ("usage: nvctk-hook cdi-edits [--link TARGET::PATH]... [--folder DIR] | "
+USAGE = ("usage: nvctk-hook cdi-edits [--link TARGET::PATH]... [--folder DIR] [--pin etc|run]... | "
          "create-symlinks --link TARGET::PATH... | update-ldcache --folder DIR  "
          "(OCI state JSON on stdin)\n")
 
@@ -24,17 +24,19 @@ def main(cmd: str, args: list[str]) -> int:
     from nvctk.hook.entry import ROOTFS, HookRun, UsageError, run
     from nvctk.hook.worker import apply_edits
 
-    def parse(argv: list[str]) -> tuple[Any, str | None]:  # (links, folder)
+    def parse(argv: list[str]) -> Any:  # nvctk.edits.CdiHookArgs
         try:
             return cdi_hook_args(cmd, argv)
         except ValueError as e:
             raise UsageError(str(e)) from None
 
     def body(hook: HookRun) -> None:
-        links, folder = hook.opts
+        got = hook.opts
         assert hook.rootfs is not None  # ROOTFS: read by run
-        edits = Edits("", (), (), symlinks=links, lib_dir=folder or "/",
-                      ldconfig=hook.config().ldconfig if folder else "")
+        folder = got.folder
+        # pins first (the worker's order): what runc bound below them stays there
+        edits = Edits("", (), (), symlinks=got.links, lib_dir=folder or "/",
+                      ldconfig=hook.config().ldconfig if folder else "", pins=got.pins)
         apply_edits(edits, hook.rootfs, hook.state.pid, hook.log, drop_parent_caps=True)
         hook.log.info(f"{hook.state.id}: {cmd} done")
 

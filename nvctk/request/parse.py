@@ -245,14 +245,9 @@ def _vgpu_authority(spec: dict[str, Any]) -> tuple[tuple[str, str | None], ...]:
                         for k, v in present(annotations).items()))
 
 
-def _dra_grant(env: dict[str, str]) -> tuple[tuple[str, str | None], ...]:
-    """A DRA claim's share, from the claim's CDI spec (nvctk.vgpu.authority.DRA_ENV)."""
-    if "NVCTK_DRA_SHARE" not in env:
-        return ()  # the common case: nothing to import
-    from nvctk.vgpu.authority import dra_grant
-
-    grant = dra_grant(env)
-    return (grant,) if grant is not None else ()
+# the grant a DRA share's CDI spec carried before shares became plain CDI (nvctk 35):
+# a spec of an older plugin still prepared on the node gives the GPU by env alone
+OLD_DRA_GRANT = "NVCTK_DRA_SHARE"
 
 
 def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
@@ -291,6 +286,11 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         devices = None if cdi is None else (False, cdi)
     if devices is None:
         return None
+    if OLD_DRA_GRANT in env:
+        # never a GPU without its cap: nvctk no longer reads the grant
+        raise RequestError(f"{OLD_DRA_GRANT}: a DRA share prepared by an nvctk dra-plugin older "
+                           "than plain-CDI shares; refused, it would run uncapped: let the plugin "
+                           "prepare the claim again (delete and re-create the Pod)")
 
     mig_config = parse_bool_all(env, MIG_CONFIG)
     mig_monitor = parse_bool_all(env, MIG_MONITOR)
@@ -311,7 +311,7 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         privileged=privileged,
         source=source,
         cdi_devices=cdi,
-        vgpu_authority=_vgpu_authority(spec) + _dra_grant(env),
+        vgpu_authority=_vgpu_authority(spec),
         env=env,
     )
 
