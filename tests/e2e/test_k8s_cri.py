@@ -402,41 +402,52 @@ def _dra_claim(sim: SimHost, work: Path, device: str, uid: str = "",
 SHARE = {"shareID": "5d2a", "consumedCapacity": {"memory": "2Gi"}}
 
 
+# "": the engine's default handler (runc), as a DRA Pod without runtimeClassName gets
+HANDLERS = pytest.mark.parametrize("handler", ["", "nvidia"], ids=["default-handler", "nvidia"])
+
+
+@HANDLERS
 def test_dra_share_sees_its_gpu_and_cannot_pass_its_cap(cri: CriClient, work: Path,
-                                                         sim: SimHost, node: Node) -> None:
-    """A claim holding a 2 GiB share of GPU 1 (consumable capacity): the container sees
-    that GPU only, and libvgpu, bound to the claim's ledger by nvctk-runtime, refuses an
+                                                         sim: SimHost, node: Node,
+                                                         handler: str) -> None:
+    """A claim holding a 2 GiB share of GPU 1 (consumable capacity): under the engine's
+    default handler (no RuntimeClass) as under nvctk's, the container sees that GPU only,
+    and libvgpu, which the claim's CDI spec binds to the claim's ledger, refuses an
     allocation past 2 GiB; within it the allocation is the driver's (OK)."""
     if not node.applies_cdi_devices:
         pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
     gpu1 = sim.topology.gpus[1]
-    driver, ids = _dra_claim(sim, work, "gpu-1", "uid-share-a", **SHARE)
+    uid = f"uid-share-a{handler}"
+    driver, ids = _dra_claim(sim, work, "gpu-1", uid, **SHARE)
     try:
         res = run(cri, work, Allocation(cdi_devices=ids),
                   "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
-                  "cuda-vectoradd --alloc-mib 2100; ls /dev | grep -c '^nvidia[0-9]'")
+                  "cuda-vectoradd --alloc-mib 2100; ls /dev | grep -c '^nvidia[0-9]'",
+                  handler=handler)
     finally:
-        driver.unprepare("ns", "uid-share-a", "uid-share-a")
+        driver.unprepare("ns", uid, uid)
     lines = res.logs.splitlines()
     assert lines[0] == f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})", res.logs
     assert lines[1] == "alloc 1500 MiB: OK", res.logs
     assert lines[2].startswith("alloc 2100 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY"), res.logs
     assert lines[3] == "1", res.logs
-    assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path("uid-share-a"))
+    assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path(uid))
+    assert not os.path.exists(driver.spec_path(uid))
 
 
 def test_dra_two_pods_of_one_claim_hold_one_cap(cri: CriClient, work: Path, sim: SimHost,
                                                 node: Node) -> None:
-    """Two Pods sharing one 2 GiB claim: one ledger for both, so while Pod A holds
-    1200 MiB, Pod B gets 600 MiB more but not 1200; what the simulated driver's NVML
-    counts for both together stays under 2 GiB."""
+    """Two Pods sharing one 2 GiB claim, A under the engine's default handler (no
+    RuntimeClass), B under nvctk's: one ledger for both, so while Pod A holds 1200 MiB,
+    Pod B gets 600 MiB more but not 1200; what the simulated driver's NVML counts for
+    both together stays under 2 GiB. After unprepare nothing of the claim is left."""
     if not node.applies_cdi_devices:
         pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
     mib = 1 << 20
     driver, ids = _dra_claim(sim, work, "gpu-1", "uid-share-b", **SHARE)
     hold = "vgpu_probe init ctx 0 alloc {} sleep 600000"
     try:
-        with pod(cri, "nvidia", work / "logs") as pa, pod(cri, "nvidia", work / "logs") as pb_:
+        with pod(cri, "", work / "logs") as pa, pod(cri, "nvidia", work / "logs") as pb_:
             a = pa.container("a", GPU_IMAGE, ["sh", "-c", hold.format(1200 * mib)],
                              Allocation(cdi_devices=ids))
             pa.start(a)
@@ -453,11 +464,13 @@ def test_dra_two_pods_of_one_claim_hold_one_cap(cri: CriClient, work: Path, sim:
             assert 1800 * mib <= used <= 2 << 30, used
     finally:
         driver.unprepare("ns", "uid-share-b", "uid-share-b")
-    assert driver.prepared_uids() == []
+    assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path("uid-share-b"))
+    assert not os.path.exists(driver.spec_path("uid-share-b"))
 
 
+@HANDLERS
 def test_dra_whole_gpu_claim_sees_its_gpu_only(cri: CriClient, work: Path, sim: SimHost,
-                                               node: Node) -> None:
+                                               node: Node, handler: str) -> None:
     """A claim on GPU 1, prepared by the DRA driver: the kubelet hands its CDI ids to the
     engine in CDI_devices, the engine applies the claim's spec, and the container sees
     that GPU alone (the image's NVIDIA_VISIBLE_DEVICES=all widens nothing). After
@@ -468,7 +481,7 @@ def test_dra_whole_gpu_claim_sees_its_gpu_only(cri: CriClient, work: Path, sim: 
     driver, ids = _dra_claim(sim, work, "gpu-1")
     try:
         res = run(cri, work, Allocation(cdi_devices=ids),
-                  "nvidia-smi -L; ls /dev | grep -c '^nvidia[0-9]'")
+                  "nvidia-smi -L; ls /dev | grep -c '^nvidia[0-9]'", handler=handler)
     finally:
         driver.unprepare("ns", "gpu-1", "uid-gpu-1")
     assert res.exit_code == 0, res.logs
