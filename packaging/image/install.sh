@@ -18,6 +18,11 @@
 # prefix that exists without that mark (/, /usr/local, anyone's directory) is
 # refused, for install and uninstall alike, and nothing is touched.
 # The engine is not restarted: the message says to, as `nvctk configure` does.
+# For containerd and CRI-O (Kubernetes) the host's nvctk config (/etc/nvctk/config.toml)
+# is written when it has none, as `nvctk config default --kubernetes` (a container's env
+# selects no GPU: only the kubelet's allocations do), and removed by --uninstall while
+# it is the installer's unchanged; one the host has already is kept, with a warning
+# where it leaves the env path open.
 set -eu
 host=/host prefix=/usr/local/nvctk runtime=containerd engine_config= wait=0 uninstall=0
 while [ $# -gt 0 ]; do
@@ -72,8 +77,35 @@ configure() {
     --runtime-path "$prefix/bin/nvctk-runtime" "$@"
 }
 
+node_config=$host/etc/nvctk/config.toml
+config_mark="# made by nvctk-installer: its --uninstall deletes this file while unchanged"
+
+write_node_config() {
+  case $runtime in containerd|crio) ;; *) return 0;; esac
+  if [ -e "$node_config" ] || [ -L "$node_config" ]; then
+    if ! NVCTK_CONFIG=$node_config nvctk config show | grep -qx 'accept-envvar-when-unprivileged = false'; then
+      echo "nvctk-installer: WARNING: $node_config lets a container's env select GPUs (any Pod" \
+           "with NVIDIA_VISIBLE_DEVICES=all gets every GPU, uncapped): set" \
+           "accept-envvar-when-unprivileged = false and accept-volume-mount-devices = true" \
+           "there (nvctk config default --kubernetes)" >&2
+    fi
+    return 0
+  fi
+  mkdir -p "$(dirname "$node_config")"
+  { echo "$config_mark"; nvctk config default --kubernetes; } > "$node_config.nvctk-new"
+  mv "$node_config.nvctk-new" "$node_config"
+  echo "nvctk-installer: wrote $node_config (Kubernetes: GPUs only from the kubelet's allocations)"
+}
+
+remove_node_config() {
+  [ -f "$node_config" ] && [ ! -L "$node_config" ] || return 0
+  { echo "$config_mark"; nvctk config default --kubernetes; } | cmp -s - "$node_config" || return 0
+  rm -f "$node_config"
+}
+
 uninstall() {
   configure --remove
+  remove_node_config
   # checked again: the tree is deleted only while it carries the installer's mark
   if [ -f "$dest/$mark" ] && [ ! -L "$dest" ]; then
     rm -rf --one-file-system "$dest"
@@ -114,6 +146,7 @@ fi
 mv "$new" "$dest"
 rm -rf "$new.old"
 echo "nvctk-installer: installed nvctk $(dpkg-query -W -f '${Version}' nvctk) in $prefix"
+write_node_config
 configure "$@"
 
 if [ "$wait" = 1 ]; then

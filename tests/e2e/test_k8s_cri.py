@@ -406,24 +406,51 @@ SHARE = {"shareID": "5d2a", "consumedCapacity": {"memory": "2Gi"}}
 HANDLERS = pytest.mark.parametrize("handler", ["", "nvidia"], ids=["default-handler", "nvidia"])
 
 
-@HANDLERS
+@contextlib.contextmanager
+def _node_config(sim: SimHost, shipped: bool) -> Iterator[None]:
+    """The node's nvctk config for the block: as the installer writes it for Kubernetes
+    (nvctk.base.config.KUBERNETES_NODE: a container's env selects no GPU) when shipped,
+    else the defaults (open: a container's NVIDIA_VISIBLE_DEVICES is honoured). The
+    runtime reads it afresh at each create (an edited config is no cached one)."""
+    from nvctk.base import config as nvconfig
+
+    cfg = Path(sim.config_path)
+    before = cfg.read_text()
+    text = before
+    for name, value in nvconfig.KUBERNETES_NODE.items():
+        key = name.replace("_", "-")
+        want = str(value if shipped else getattr(nvconfig.Config(), name)).lower()
+        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {want}", text)
+        assert n == 1, key
+    cfg.write_text(text)
+    try:
+        yield
+    finally:
+        cfg.write_text(before)
+
+
+@pytest.mark.parametrize("handler, shipped", [("", False), ("nvidia", False), ("nvidia", True)],
+                         ids=["default-handler", "nvidia", "nvidia-shipped"])
 def test_dra_share_sees_its_gpu_and_cannot_pass_its_cap(cri: CriClient, work: Path,
                                                          sim: SimHost, node: Node,
-                                                         handler: str) -> None:
+                                                         handler: str, shipped: bool) -> None:
     """A claim holding a 2 GiB share of GPU 1 (consumable capacity): under the engine's
-    default handler (no RuntimeClass) as under nvctk's, the container sees that GPU only,
-    and libvgpu, which the claim's CDI spec binds to the claim's ledger, refuses an
-    allocation past 2 GiB; within it the allocation is the driver's (OK)."""
+    default handler (no RuntimeClass) as under nvctk's, on a node configured as shipped
+    for Kubernetes too, the container sees that GPU only (the image's
+    NVIDIA_VISIBLE_DEVICES=all widens nothing), and libvgpu, which the claim's CDI spec
+    binds to the claim's ledger, refuses an allocation past 2 GiB; within it the
+    allocation is the driver's (OK)."""
     if not node.applies_cdi_devices:
         pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
     gpu1 = sim.topology.gpus[1]
-    uid = f"uid-share-a{handler}"
+    uid = f"uid-share-a{handler}{int(shipped)}"
     driver, ids = _dra_claim(sim, work, "gpu-1", uid, **SHARE)
     try:
-        res = run(cri, work, Allocation(cdi_devices=ids),
-                  "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
-                  "cuda-vectoradd --alloc-mib 2100; ls /dev | grep -c '^nvidia[0-9]'",
-                  handler=handler)
+        with _node_config(sim, shipped):
+            res = run(cri, work, Allocation(cdi_devices=ids),
+                      "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
+                      "cuda-vectoradd --alloc-mib 2100; ls /dev | grep -c '^nvidia[0-9]'",
+                      handler=handler)
     finally:
         driver.unprepare("ns", uid, uid)
     lines = res.logs.splitlines()
@@ -736,6 +763,56 @@ def test_allocation_from_a_device_plugin_response() -> None:
     )
 
 
+# --- issue 39: a Pod that asks for no GPU gets none on a node configured as shipped ---
+NO_GPU = "ls /dev | grep -c '^nvidia' || true; " \
+    "ls /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib 2>/dev/null | grep -c 'libcuda\\|libnvidia' || true"
+
+
+@pytest.mark.parametrize("env", ["image", "pod-all", "pod-uuid"])
+@pytest.mark.parametrize("shipped", [True, False], ids=["shipped", "open"])
+def test_a_pod_without_a_gpu_request_gets_no_gpu_on_a_shipped_node(
+        cri: CriClient, work: Path, sim: SimHost, env: str, shipped: bool) -> None:
+    """A Pod under the nvidia handler that asks the kubelet for nothing, with
+    NVIDIA_VISIBLE_DEVICES=all from its image (CUDA images have it) or its own env, or a
+    GPU's UUID in its env: on a node configured as shipped for Kubernetes it sees no GPU
+    node and no driver library; on an open node (nvctk's defaults, as for Docker) the
+    same Pod gets the GPUs, uncapped: the hole the shipped config closes."""
+    gpu1 = sim.topology.gpus[1]
+    envs = {"pod-all": {"NVIDIA_VISIBLE_DEVICES": "all"},
+            "pod-uuid": {"NVIDIA_VISIBLE_DEVICES": gpu1.uuid}}.get(env, {})
+    with _node_config(sim, shipped):
+        res = run(cri, work, Allocation(envs=envs), NO_GPU)
+    assert res.exit_code == 0, res.logs
+    nodes, libs = (int(x) for x in res.logs.split())
+    if shipped:
+        assert (nodes, libs) == (0, 0), res.logs
+    else:
+        assert nodes > 0 and libs > 0, res.logs
+
+
+def test_a_device_plugin_vgpu_share_on_a_shipped_node(cri: CriClient, work: Path,
+                                                      sim: SimHost) -> None:
+    """The device plugin's vGPU share with its default device list (volume-mounts) on a
+    node configured as shipped: the container sees its GPU only, capped at a quarter,
+    though the Pod's env says NVIDIA_VISIBLE_DEVICES=all (it comes after the plugin's
+    in the CRI config, so it wins there: the shipped node does not read it)."""
+    gpu1 = sim.topology.gpus[1]
+    try:
+        alloc = _plugin_allocation(sim, {"version": "v1", "flags": {"migStrategy": "mixed"},
+                                         "sharing": {"vgpu": {"replicas": 4}}},
+                                   "nvidia.com/vgpu", lambda ids: ids[:1])
+    except ImportError as e:  # the plugin's generated gRPC code is built by `make setup`
+        pytest.skip(f"device plugin not available: {e}")
+    assert alloc.mounts and alloc.envs["NVIDIA_VISIBLE_DEVICES"] != gpu1.uuid  # not by env
+    alloc.envs["NVIDIA_VISIBLE_DEVICES"] = "all"  # the Pod's own, last
+    with _node_config(sim, True):
+        res = run(cri, work, alloc,
+                  "nvidia-smi --query-gpu=uuid,memory.total --format=csv,noheader,nounits; "
+                  "ls /dev | grep -c '^nvidia[0-9]'")
+    assert res.exit_code == 0, res.logs
+    assert res.logs.splitlines() == [f"{gpu1.uuid}, {gpu1.memory_mib // 4}", "1"], res.logs
+
+
 def _plugin_allocation(sim: SimHost, config: dict[str, object], resource: str,
                        pick: Callable[[list[str]], list[str]]) -> Allocation:
     """What the kubelet would hand the CRI after the device plugin's Allocate: the
@@ -754,11 +831,14 @@ def _plugin_allocation(sim: SimHost, config: dict[str, object], resource: str,
 
 PLUGIN_CASES = [
     # (plugin config, resource, which ids, script, judge of its output)
-    ({"version": "v1", "flags": {"migStrategy": "mixed"}}, "nvidia.com/mig-2g.20gb",
+    # (an open node, nvctk's defaults: the device list by env, as configured here)
+    ({"version": "v1", "flags": {"migStrategy": "mixed", "deviceListStrategy": "envvar"}},
+     "nvidia.com/mig-2g.20gb",
      lambda ids: ids[:1], "nvidia-smi -L | grep -c MIG", "1"),
     ({"version": "v1", "flags": {"migStrategy": "mixed", "deviceListStrategy": ["cdi-annotations"]}},
      "nvidia.com/gpu", lambda ids: ids[:1], "nvidia-smi -L | grep -c '^GPU'", "1"),
-    ({"version": "v1", "flags": {"migStrategy": "mixed"}, "sharing": {"vgpu": {"replicas": 4}}},
+    ({"version": "v1", "flags": {"migStrategy": "mixed", "deviceListStrategy": "envvar"},
+      "sharing": {"vgpu": {"replicas": 4}}},
      "nvidia.com/vgpu", lambda ids: ids[:2],  # two shares of one GPU add up: half of it
      "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits", "half"),
     # a share with the cdi-cri strategy beside envvar: the engine injects the CDI device,
