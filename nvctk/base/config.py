@@ -31,7 +31,8 @@ MODES = ("legacy", "cdi")
 # (an image's NVIDIA_VISIBLE_DEVICES=all would get every GPU, uncapped); GPUs come only
 # from what the kubelet hands over: the device plugin's /dev/null mounts, CDI devices.
 # Hosts used with Docker or podman directly keep the defaults (env honoured).
-KUBERNETES_NODE = {"accept_envvar_when_unprivileged": False, "accept_volume_mount_devices": True}
+KUBERNETES_NODE: dict[str, Any] = {"accept_envvar_when_unprivileged": False,
+                                   "accept_volume_mount_devices": True}
 
 
 class ExtraMount(FrozenRecord):
