@@ -614,6 +614,74 @@ def test_dra_whole_gpu_and_mig_claims_are_in_the_monitor(cri: CriClient, work: P
     assert g0.memory_promised == mig.memory_mib * MIB
 
 
+def test_the_monitor_flags_a_gpu_outside_the_kubelets_allocations(
+        cri: CriClient, work: Path, sim: SimHost, node: Node) -> None:
+    """On a node left open (nvctk's defaults), three containers of a Pod under the nvidia
+    handler hold GPU memory: `hole` asked the kubelet for nothing (its image's
+    NVIDIA_VISIBLE_DEVICES=all gave it every GPU), `plugin` got GPU 1 from the device
+    plugin, `claim` by a DRA claim. With the kubelet's pod-resources answer the monitor
+    flags `hole` alone (nvctk_container_outside_allocations, snapshot, top)."""
+    from rich.console import Console
+
+    from nvctk.monitor.allocation import FLAG, METRIC
+    from nvctk.monitor.collect import Collector
+    from nvctk.monitor.prom import render_text
+    from nvctk.monitor.top import render as top
+    from support.daemons import short_dir
+    from support.monitor import MIB, FakePodResources
+
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    gpu1 = sim.topology.gpus[1]
+    driver, claim_ids = _dra_claim(sim, work, "gpu-1", "uid-mon-open")
+    allocs = {"hole": Allocation(),
+              "plugin": Allocation(envs={"NVIDIA_VISIBLE_DEVICES": gpu1.uuid}),
+              "claim": Allocation(cdi_devices=claim_ids)}
+    hold = f"vgpu_probe init ctx 0 alloc {64 * MIB} sleep 600000"
+    try:
+        with _node_config(sim, False), short_dir("nvctk-pr-") as d, \
+                pod(cri, "nvidia", work / "logs", name="open-node") as p:
+            sock = d / "kubelet.sock"
+            kubelet = FakePodResources(sock, [{"name": "open-node", "namespace": "default",
+                                               "containers": [
+                {"name": "hole"},
+                {"name": "plugin", "devices": [{"resource_name": "nvidia.com/gpu",
+                                                "device_ids": [gpu1.uuid]}]},
+                {"name": "claim", "dynamic_resources": [{
+                    "claim_name": "uid-mon-open", "claim_namespace": "ns", "claim_resources": [{
+                        "driver_name": "gpu.nvctk.io", "pool_name": "node-a",
+                        "device_name": "gpu-1", "cdi_devices": [{"name": claim_ids[0]}]}]}]}]}])
+            col = Collector(sim.root, [node.runtime_root], pod_resources=str(sock))
+            try:
+                ids = {}
+                for k, a in allocs.items():
+                    ids[k] = p.container(k, GPU_IMAGE, ["sh", "-c", hold], a)
+                    p.start(ids[k])
+
+                def listed() -> bool:
+                    got = {c.id: c for c in col.collect().containers if c.devices and c.pod}
+                    return set(ids.values()) <= set(got)
+
+                wait.until(listed, 90, "the three containers in the monitor")
+                snap = col.collect()
+                metrics = render_text(snap, {})
+            finally:
+                col.close()
+                kubelet.stop()
+    finally:
+        driver.unprepare("ns", "uid-mon-open", "uid-mon-open")
+    by_id = {c.id: c for c in snap.containers}
+    flagged = {k for k, i in ids.items() if by_id[i].outside_allocations}
+    assert flagged == {"hole"}, [(by_id[i].container, by_id[i].resource, by_id[i].claim)
+                                 for i in ids.values()]
+    series = [li for li in metrics.splitlines() if li.startswith(METRIC + "{")]
+    assert series and all('container="hole"' in li and li.endswith(" 1") for li in series), series
+    console = Console(width=120, file=open(os.devnull, "w"), markup=False, emoji=False,  # noqa: SIM115
+                      record=True)
+    console.print(top(snap, 120))
+    assert FLAG in console.export_text()
+
+
 def test_nothing_left_behind(cri: CriClient, node: Node) -> None:
     """After the Pods above went (stopped and removed as the kubelet does): no
     container, task, shim or mount of theirs is left while the engine still runs."""
