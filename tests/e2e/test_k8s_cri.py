@@ -244,10 +244,10 @@ def cri(node: Node) -> Iterator[CriClient]:
 
 
 def run(cri: CriClient, work: Path, alloc: Allocation, script: str,
-        handler: str = "nvidia") -> PodResult:
+        handler: str = "nvidia", runtime_default_seccomp: bool = False) -> PodResult:
     """A Pod whose one container runs `script` in the GPU image, with `alloc`."""
     return run_pod(cri, handler, alloc, image=GPU_IMAGE, command=["sh", "-c", script],
-                   log_root=work / "logs")
+                   log_root=work / "logs", runtime_default_seccomp=runtime_default_seccomp)
 
 
 def test_whole_gpu_by_index(cri: CriClient, work: Path, sim: SimHost) -> None:
@@ -429,6 +429,12 @@ def _node_config(sim: SimHost, shipped: bool) -> Iterator[None]:
         cfg.write_text(before)
 
 
+# what a share's container tries in a user namespace of its own: the preload gone, then
+# past the cap
+USERNS_ESCAPE = ("unshare -Urm sh -c 'mount --bind /dev/null /etc/ld.so.preload "
+                 "&& cuda-vectoradd --alloc-mib 2100 | grep -q OK'")
+
+
 @pytest.mark.parametrize("handler, shipped", [("", False), ("nvidia", False), ("nvidia", True)],
                          ids=["default-handler", "nvidia", "nvidia-shipped"])
 def test_dra_share_sees_its_gpu_and_cannot_pass_its_cap(cri: CriClient, work: Path,
@@ -449,8 +455,10 @@ def test_dra_share_sees_its_gpu_and_cannot_pass_its_cap(cri: CriClient, work: Pa
         with _node_config(sim, shipped):
             res = run(cri, work, Allocation(cdi_devices=ids),
                       "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
-                      "cuda-vectoradd --alloc-mib 2100; ls /dev | grep -c '^nvidia[0-9]'",
-                      handler=handler)
+                      "cuda-vectoradd --alloc-mib 2100; ls /dev | grep -c '^nvidia[0-9]'; "
+                      # a user namespace of its own, where it could mount over the preload
+                      f"{USERNS_ESCAPE} >/dev/null 2>&1; echo userns=$?",
+                      handler=handler, runtime_default_seccomp=not handler)
     finally:
         driver.unprepare("ns", uid, uid)
     lines = res.logs.splitlines()
@@ -458,6 +466,7 @@ def test_dra_share_sees_its_gpu_and_cannot_pass_its_cap(cri: CriClient, work: Pa
     assert lines[1] == "alloc 1500 MiB: OK", res.logs
     assert lines[2].startswith("alloc 2100 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY"), res.logs
     assert lines[3] == "1", res.logs
+    assert lines[4] != "userns=0", res.logs  # refused: RuntimeDefault, or nvctk-runtime's rule
     assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path(uid))
     assert not os.path.exists(driver.spec_path(uid))
 
@@ -476,7 +485,7 @@ def test_dra_two_pods_of_one_claim_hold_one_cap(cri: CriClient, work: Path, sim:
     try:
         with pod(cri, "", work / "logs") as pa, pod(cri, "nvidia", work / "logs") as pb_:
             a = pa.container("a", GPU_IMAGE, ["sh", "-c", hold.format(1200 * mib)],
-                             Allocation(cdi_devices=ids))
+                             Allocation(cdi_devices=ids), runtime_default_seccomp=True)
             pa.start(a)
             wait.until(lambda: "alloc 0" in pa.logs("a"), 60, "Pod A to hold 1200 MiB")
             b = pb_.container("b", GPU_IMAGE, ["sh", "-c", (
@@ -493,6 +502,31 @@ def test_dra_two_pods_of_one_claim_hold_one_cap(cri: CriClient, work: Path, sim:
         driver.unprepare("ns", "uid-share-b", "uid-share-b")
     assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path("uid-share-b"))
     assert not os.path.exists(driver.spec_path("uid-share-b"))
+
+
+def test_a_dra_share_that_could_leave_its_cap_is_refused(cri: CriClient, work: Path,
+                                                        sim: SimHost, node: Node) -> None:
+    """A share Pod under the engine's default handler with no seccomp profile (Unconfined,
+    a Pod's default without the kubelet's seccompDefault) could make a user namespace and
+    mount over its preload: the claim's hook refuses the start, saying what to set, and
+    nothing of the container is left."""
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    for path, off in (("/proc/sys/user/max_user_namespaces", "0"),
+                      ("/proc/sys/kernel/unprivileged_userns_clone", "0")):
+        if os.path.exists(path) and Path(path).read_text().strip() == off:
+            pytest.skip(f"{path} is {off}: no user namespace to refuse")
+    driver, ids = _dra_claim(sim, work, "gpu-1", "uid-share-u", **SHARE)
+    try:
+        with pytest.raises(CriError) as e:
+            run(cri, work, Allocation(cdi_devices=ids), "true", handler="")
+    finally:
+        driver.unprepare("ns", "uid-share-u", "uid-share-u")
+    assert e.value.call in ("CreateContainer", "StartContainer"), e.value
+    assert "may make a user namespace" in e.value.details, e.value
+    assert "seccompProfile type RuntimeDefault" in e.value.details, e.value
+    assert node.leftovers() == []
+    assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path("uid-share-u"))
 
 
 @HANDLERS

@@ -167,6 +167,20 @@ def _claim(sim_host: SimHost, tmp: Path, **result: object) -> Iterator[tuple[Any
     assert not any(m.mount_point.startswith(ledger) for m in mount.read_mountinfo())
 
 
+def _no_userns(tmp: Path) -> list[str]:
+    """podman's --security-opt for a seccomp profile that refuses new user namespaces
+    (nvctk's own rules, all else allowed): podman's default profile lets unshare through,
+    and a share's hook then refuses the start (in a user namespace the container could
+    mount over its preload)."""
+    import json
+
+    from nvctk.spec.seccomp import userns_rules
+
+    path = tmp / "no-userns.json"
+    path.write_text(json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": userns_rules()}))
+    return ["--security-opt", f"seccomp={path}"]
+
+
 def _image(podman: Podman, rootfs: Callable[..., str]) -> None:
     """The test image: the CUDA sample, and libvgpu's probe (holds memory as asked)."""
     from support.monitor import PROBE
@@ -196,7 +210,8 @@ def test_podman_runs_a_dra_claims_device(podman: Podman, sim_host: SimHost, shar
     extra = {"shareID": "s", "consumedCapacity": {"memory": "2Gi"}} if share else {}
     gpu1 = sim_host.topology.gpus[1]
     with _claim(sim_host, tmp_path, **extra) as (_, cdi_id, _):
-        flags = _nvctk_runtime(sim_host, tmp_path) if runtime == "nvctk-runtime" else []
+        flags = (_nvctk_runtime(sim_host, tmp_path) if runtime == "nvctk-runtime" else
+                 _no_userns(tmp_path) if share else [])
         res = podman("run", "--rm", "--network", "none", *flags, "--device", cdi_id,
                      IMAGE, "sh", "-c",
                      "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
@@ -225,6 +240,9 @@ TAMPER = {
                       "/run/nvctk/vgpu/limits",
     "write-ledger-cache": "dd if=/dev/zero of=/run/nvctk/vgpu/cache bs=4096 count=1 conv=notrunc",
     "remove-library": "rm -f /run/nvctk/libvgpu.so; : > /run/nvctk/libvgpu.so",
+    # in a user namespace of its own it could mount over the preload: refused by seccomp
+    "user-namespace": "unshare -Urm sh -c 'mount --bind /dev/null /etc/ld.so.preload "
+                      "&& echo escaped'",
 }
 
 
@@ -240,13 +258,14 @@ def test_a_dra_shares_cap_holds_against_its_containers_env_and_files(
 
     _image(podman, rootfs)
     mib = 1 << 20
-    script = "; ".join(f"({cmd}) >/dev/null 2>&1" for cmd in TAMPER.values()) + (
+    script = "; ".join(f"({cmd}) 2>/dev/null" for cmd in TAMPER.values()) + (
         "; echo preload: $(cat /etc/ld.so.preload); "
         "exec env -u LD_PRELOAD CUDA_DEVICE_MEMORY_LIMIT=80g CUDA_DEVICE_MEMORY_LIMIT_0=0 "
         "NVCTK_VGPU_LIMITS_FILE=/tmp/none vgpu_probe init ctx 0 fill 67108864 sleep 600000")
     with _claim(sim_host, tmp_path, shareID="s", consumedCapacity={"memory": "2Gi"}) as (
             _, cdi_id, _):
-        flags = _nvctk_runtime(sim_host, tmp_path) if runtime == "nvctk-runtime" else []
+        flags = (_nvctk_runtime(sim_host, tmp_path) if runtime == "nvctk-runtime" else
+                 _no_userns(tmp_path))
         res = podman("run", "-d", "--network", "none", *flags, "--device", cdi_id, IMAGE,
                      "sh", "-c", script)
         assert res.returncode == 0, res.stderr
@@ -261,7 +280,26 @@ def test_a_dra_shares_cap_holds_against_its_containers_env_and_files(
             out = logs()
         finally:
             podman("rm", "--force", cid, timeout=60)
-    assert "preload: /run/nvctk/libvgpu.so" in out, out
+    assert "preload: /run/nvctk/libvgpu.so" in out and "escaped" not in out, out
     fill = next(li for li in out.splitlines() if li.startswith("fill "))
     assert fill.split()[1] == "2", out  # CUDA_ERROR_OUT_OF_MEMORY: refused at the cap
     assert 1500 * mib <= used <= 2 << 30, (used, out)
+
+
+def test_a_dra_share_that_could_leave_its_cap_is_refused(
+        podman: Podman, sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path) -> None:
+    """Under podman's own runtime and default seccomp profile (which lets unshare through)
+    a share's container could make a user namespace and mount over its preload: the
+    claim's hook refuses the start, saying what to set; no container is left."""
+    for path, off in (("/proc/sys/user/max_user_namespaces", "0"),
+                      ("/proc/sys/kernel/unprivileged_userns_clone", "0")):
+        if os.path.exists(path) and Path(path).read_text().strip() == off:
+            pytest.skip(f"{path} is {off}: no user namespace to refuse")
+    _image(podman, rootfs)
+    with _claim(sim_host, tmp_path, shareID="s", consumedCapacity={"memory": "2Gi"}) as (
+            _, cdi_id, _):
+        res = podman("run", "--rm", "--network", "none", "--device", cdi_id, IMAGE, "true")
+    assert res.returncode != 0
+    assert "may make a user namespace (unshare is allowed" in res.stderr, res.stderr
+    assert podman("ps", "--all", "--quiet").stdout.strip() == ""
+
