@@ -35,6 +35,11 @@ def main(cmd: str, args: list[str]) -> int:
         assert hook.rootfs is not None  # ROOTFS: read by run
         if got.pins:  # a DRA share's spec: its cap lives in the pinned dirs
             check_no_user_namespaces(hook.spec or {})
+            from nvctk.host.image import libc_kind
+            from nvctk.plan.vgpu import check_preloadable
+
+            # a loader that ignores /etc/ld.so.preload would run it uncapped
+            check_preloadable(libc_kind(hook.rootfs), "the DRA claim's share")
         folder = got.folder
         # pins first (the worker's order): what runc bound below them stays there
         edits = Edits("", (), (), symlinks=got.links, lib_dir=folder or "/",

@@ -303,3 +303,25 @@ def test_a_dra_share_that_could_leave_its_cap_is_refused(
     assert "may make a user namespace (unshare is allowed" in res.stderr, res.stderr
     assert podman("ps", "--all", "--quiet").stdout.strip() == ""
 
+
+def test_a_dra_share_in_an_image_without_glibc_is_refused(
+        podman: Podman, sim_host: SimHost, tmp_path: Path) -> None:
+    """An image whose loader ignores /etc/ld.so.preload (no glibc loader: musl's, or a
+    static one) would run a share uncapped: the claim's hook refuses the start."""
+    root = tmp_path / "static"  # a static busybox, no dynamic loader at all
+    (root / "bin").mkdir(parents=True)
+    shutil.copy(shutil.which("busybox") or "/bin/busybox", root / "bin/busybox")
+    for applet in ("sh", "true"):
+        (root / "bin" / applet).symlink_to("busybox")
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True)
+    res = podman("import", "-", IMAGE, input=tar.stdout, private_var_lib=True)
+    assert res.returncode == 0, res.stderr
+    with _claim(sim_host, tmp_path, shareID="s", consumedCapacity={"memory": "2Gi"}) as (
+            _, cdi_id, _):
+        res = podman("run", "--rm", "--network", "none", *_no_userns(tmp_path),
+                     "--device", cdi_id, IMAGE, "true")
+    assert res.returncode != 0
+    assert "the DRA claim's share is set but GPU limits cannot be enforced" in res.stderr, \
+        res.stderr
+    assert podman("ps", "--all", "--quiet").stdout.strip() == ""
+
