@@ -892,6 +892,21 @@ def test_a_pod_without_a_gpu_request_gets_no_gpu_on_a_shipped_node(
         assert nodes > 0 and libs > 0, res.logs
 
 
+def test_a_pods_own_cdi_annotation_gets_no_gpu_on_a_shipped_node(
+        cri: CriClient, work: Path, sim: SimHost) -> None:
+    """A Pod's own annotation `cdi.k8s.io/...` naming a GPU (its author writes it; CRI-O
+    copies a Pod's annotations into every container's spec): on a shipped node the Pod
+    gets no GPU from it."""
+    gpu1 = sim.topology.gpus[1]
+    with _node_config(sim, True), pod(cri, "nvidia", work / "logs", annotations={
+            CDI_KEY: f"nvidia.com/gpu={gpu1.uuid}"}) as p:
+        cid = p.container("main", GPU_IMAGE, ["sh", "-c", NO_GPU], Allocation())
+        p.start(cid)
+        assert p.wait(cid) == 0, p.logs("main")
+        logs = p.logs("main")
+    assert [int(x) for x in logs.split()] == [0, 0], logs
+
+
 def test_a_device_plugin_vgpu_share_on_a_shipped_node(cri: CriClient, work: Path,
                                                       sim: SimHost) -> None:
     """The device plugin's vGPU share with its default device list (volume-mounts) on a
