@@ -648,6 +648,53 @@ def test_dra_whole_gpu_and_mig_claims_are_in_the_monitor(cri: CriClient, work: P
     assert g0.memory_promised == mig.memory_mib * MIB
 
 
+def test_a_dra_shares_container_is_in_the_monitor_with_its_cap(
+        cri: CriClient, work: Path, sim: SimHost, node: Node) -> None:
+    """A 2 GiB share's container under the engine's default handler (no nvctk record in
+    its bundle): the monitor lists it by its GPU node, kind vgpu, with the claim's cap
+    read from the claim's ledger, the memory the simulated driver counts, and its claim."""
+    from nvctk.monitor.collect import Collector
+    from support.daemons import short_dir
+    from support.monitor import MIB, FakePodResources
+
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    gpu1 = sim.topology.gpus[1]
+    driver, ids = _dra_claim(sim, work, "gpu-1", "uid-mon-share", **SHARE)
+    try:
+        with short_dir("nvctk-pr-") as d, pod(cri, "", work / "logs", name="share-mon") as p:
+            sock = d / "kubelet.sock"
+            kubelet = FakePodResources(sock, [{"name": "share-mon", "namespace": "default",
+                                               "containers": [{"name": "s", "dynamic_resources": [{
+                "claim_name": "uid-mon-share", "claim_namespace": "ns", "claim_resources": [{
+                    "driver_name": "gpu.nvctk.io", "pool_name": "node-a", "device_name": "gpu-1",
+                    "cdi_devices": [{"name": ids[0]}]}]}]}]}])
+            # the default handler's runc state: CRI-O's runc root (containerd's covers both)
+            roots = [node.runtime_root, *([f"crio={node.dir / 'runc'}"]
+                                          if node.engine.startswith("crio") else [])]
+            col = Collector(sim.root, roots, pod_resources=str(sock))
+            try:
+                cid = p.container("s", GPU_IMAGE, ["sh", "-c", (
+                    f"vgpu_probe init ctx 0 alloc {300 * MIB} sleep 600000")],
+                    Allocation(cdi_devices=ids), runtime_default_seccomp=True)
+                p.start(cid)
+
+                def holding() -> bool:
+                    got = {c.id: c for c in col.collect().containers}
+                    return cid in got and got[cid].devices[0].memory_used >= 300 * MIB
+
+                wait.until(holding, 90, "the share's container to hold its memory")
+                (c,) = [c for c in col.collect().containers if c.id == cid]
+            finally:
+                col.close()
+                kubelet.stop()
+    finally:
+        driver.unprepare("ns", "uid-mon-share", "uid-mon-share")
+    assert c.kind == "vgpu" and c.claim == "ns/uid-mon-share" and not c.outside_allocations
+    (dev,) = c.devices
+    assert dev.device_uuid == gpu1.uuid and dev.memory_limit == 2 << 30 and dev.sm_limit is None
+
+
 def test_the_monitor_flags_a_gpu_outside_the_kubelets_allocations(
         cri: CriClient, work: Path, sim: SimHost, node: Node) -> None:
     """On a node left open (nvctk's defaults), three containers of a Pod under the nvidia
