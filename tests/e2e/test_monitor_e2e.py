@@ -382,8 +382,27 @@ def test_the_page_names_the_dra_claim_the_kubelet_reports(node: Node, tmp_path: 
             rows = drv.find_elements(By.CSS_SELECTOR, "tr[data-container]")
             shown = {r.find_element(By.CSS_SELECTOR, "td[data-field=who]").text.split("\n")[0]:
                      [e.text for e in r.find_elements(By.CSS_SELECTOR, "[data-field=claim]")] for r in rows}
+            # issue 39: a Pod's GPU container the kubelet names nothing for is flagged
+            outside = {r.find_element(By.CSS_SELECTOR, "td[data-field=who]").text.split("\n")[0]:
+                       bool(r.find_elements(By.CSS_SELECTOR, "[data-field=outside]")) for r in rows}
             assert shown.pop("team-a/trainer-0/worker") == ["claim team-a/gpu-share"], shown
             assert shown and all(v == [] for v in shown.values()), shown
+            assert not any(outside.values()), outside  # a claim; the rest are no Pods'
+        finally:
+            drv.quit()
+            mon.stop()
+            kubelet.stop()
+        # a kubelet that allocated trainer-0 nothing: its GPU is flagged on the page
+        kubelet = FakePodResources(d / "kubelet2.sock", [])
+        mon = Monitor(node, tmp_path, "--pod-resources-socket", str(d / "kubelet2.sock"))
+        drv = chrome(tmp_path)
+        try:
+            drv.get(mon.url + "/")
+            WebDriverWait(drv, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-field=outside]"))
+            rows = drv.find_elements(By.CSS_SELECTOR, "tr[data-container]")
+            flagged = [r.find_element(By.CSS_SELECTOR, "td[data-field=who]").text.split("\n")[0]
+                       for r in rows if r.find_elements(By.CSS_SELECTOR, "[data-field=outside]")]
+            assert flagged == ["team-a/trainer-0/worker"], flagged
         finally:
             drv.quit()
             mon.stop()
