@@ -312,17 +312,31 @@ def saved_part(edits: Edits) -> Edits:
                          hooks=tuple(h for h in edits.hooks if h.args[:1] == (HOOK_NAME,)))
 
 # nvctk-hook's CDI hook commands (`nvctk cdi generate` writes cdi-edits; specs written
-# before it have create-symlinks and update-ldcache) and the flags each takes
+# before it have create-symlinks and update-ldcache) and the flags each takes. --pin NAME:
+# the rootfs's top dir NAME pinned (a DRA share's spec: /etc and /run, which hold its
+# preload and limits, as the prestart hook pins them for a vGPU container)
 CDI_HOOK_FLAGS = {"create-symlinks": ("--link",), "update-ldcache": ("--folder",),
-                  "cdi-edits": ("--link", "--folder")}
+                  "cdi-edits": ("--link", "--folder", "--pin")}
 
 
-def cdi_hook_args(cmd: str, args: list[str] | tuple[str, ...]
-                  ) -> tuple[tuple[Symlink, ...], str | None]:
-    """(links, ldconfig folder) of an nvctk-hook CDI hook's arguments after the command:
-    what it adds to the form. ValueError says what is wrong with them."""
+class CdiHookArgs(Record):
+    """What an nvctk-hook CDI hook's arguments add to the form."""
+
+    __slots__ = ("links", "folder", "pins")  # noqa: RUF023
+
+    def __init__(self, links: tuple[Symlink, ...], folder: str | None,
+                 pins: tuple[str, ...] = ()) -> None:
+        self.links = links
+        self.folder = folder  # the ldconfig step's folder (None: no step)
+        self.pins = pins  # rootfs top dirs the hook pins first (VGPU_PINS at most)
+
+
+def cdi_hook_args(cmd: str, args: list[str] | tuple[str, ...]) -> CdiHookArgs:
+    """What an nvctk-hook CDI hook's arguments after the command add to the form.
+    ValueError says what is wrong with them."""
     flags = CDI_HOOK_FLAGS[cmd]
     links: list[Symlink] = []
+    pins: list[str] = []
     folder: str | None = None
     it = iter(args)
     for a in it:
@@ -336,13 +350,19 @@ def cdi_hook_args(cmd: str, args: list[str] | tuple[str, ...]
             if not sep or not target or not path.startswith("/"):
                 raise ValueError(f"--link {value!r}: want TARGET::/ABSOLUTE/PATH")
             links.append(Symlink(path, target))
+        elif a == "--pin":
+            # only the dirs a vGPU's files live in: a pin is a mount the container keeps
+            if value not in VGPU_PINS:
+                raise ValueError(f"--pin {value!r}: want one of {', '.join(VGPU_PINS)}")
+            if value not in pins:
+                pins.append(value)
         else:
             if folder is not None or not value.startswith("/"):
                 raise ValueError(f"--folder {value!r}: want one absolute container path")
             folder = value
-    if not links and folder is None:
+    if not links and folder is None and not pins:
         raise ValueError(f"{' or '.join(flags)} is required")
-    return tuple(links), folder
+    return CdiHookArgs(tuple(links), folder, tuple(pins))
 
 
 def container_path_of_host(driver_root: str, host: str) -> str:

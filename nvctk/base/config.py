@@ -26,6 +26,13 @@ DEFAULT_PATH = "/etc/nvctk/config.toml"
 ALL_CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx", "compat32")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MODES = ("legacy", "cdi")
+# A Kubernetes node's settings over the defaults (`nvctk config default --kubernetes`,
+# which the installer writes): an unprivileged container's own env never selects a GPU
+# (an image's NVIDIA_VISIBLE_DEVICES=all would get every GPU, uncapped); GPUs come only
+# from what the kubelet hands over: the device plugin's /dev/null mounts, CDI devices.
+# Hosts used with Docker or podman directly keep the defaults (env honoured).
+KUBERNETES_NODE: dict[str, Any] = {"accept_envvar_when_unprivileged": False,
+                                   "accept_volume_mount_devices": True}
 
 
 class ExtraMount(FrozenRecord):

@@ -194,9 +194,11 @@ def _mount_entry(m: Mount) -> dict[str, Any]:
 
 
 def _edits_hook(hook_path: str, links: list[Symlink], folder: str | None,
-                env: list[str]) -> dict[str, Any]:
-    """One `nvctk-hook cdi-edits` hook: the links, then ldconfig over folder."""
+                env: list[str], pins: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One `nvctk-hook cdi-edits` hook: the pins, the links, then ldconfig over folder."""
     args = [os.path.basename(hook_path), "cdi-edits"]
+    for p in pins:
+        args += ["--pin", p]
     for s in links:
         args += ["--link", f"{s.target}::{s.container_path}"]
     if folder:
@@ -227,7 +229,8 @@ def make_spec(common: Edits, devices: list[tuple[list[str], Edits]], hook_path: 
     """The forms as a CDI spec. A device's links and the common ones, and the ldconfig
     step, are one `nvctk-hook cdi-edits` createRuntime hook in each device's edits (a
     spec's common edits cannot know the device's links): a one-device container runs
-    one hook. Two devices run it twice: the links and ldconfig are idempotent."""
+    one hook. Two devices run it twice: the links, pins and ldconfig are idempotent.
+    common.pins (a DRA share's /etc and /run) go into every device's hook."""
     env = hook_env or []
     folder = common.lib_dir if common.ldconfig else None
     out: list[dict[str, Any]] = []
@@ -237,8 +240,8 @@ def make_spec(common: Edits, devices: list[tuple[list[str], Edits]], hook_path: 
     def edits_of(nodes: list[DeviceNode], links: list[Symlink]) -> dict[str, Any]:
         ce: dict[str, Any] = {"deviceNodes": [_node_entry(n) for n in nodes]}
         links = [*common.symlinks, *(s for s in links if s not in common.symlinks)]
-        if links or folder:
-            ce["hooks"] = [_edits_hook(hook_path, links, folder, env)]
+        if links or folder or common.pins:
+            ce["hooks"] = [_edits_hook(hook_path, links, folder, env, common.pins)]
         return ce
 
     for names, d in devices:

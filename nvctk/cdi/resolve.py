@@ -28,6 +28,7 @@ from nvctk.cdi.load import (
 from nvctk.edits import (
     CDI_HOOK_FLAGS,
     HOOK_NAME,
+    CdiHookArgs,
     DeviceNode,
     Edits,
     Hook,
@@ -44,8 +45,8 @@ if TYPE_CHECKING:
     from nvctk.base.config import Config
     from nvctk.request.parse import Request
 
-def _own_hook(h: dict[str, Any]) -> tuple[tuple[Symlink, ...], str | None] | None:
-    """Links and folder of an nvctk-hook CDI hook, None for any other hook."""
+def _own_hook(h: dict[str, Any]) -> CdiHookArgs | None:
+    """What an nvctk-hook CDI hook adds to the form, None for any other hook."""
     args = h.get("args") or []
     if len(args) < 2 or args[0] != HOOK_NAME or args[1] not in CDI_HOOK_FLAGS \
             or h.get("hookName") != "createRuntime":
@@ -137,6 +138,7 @@ def to_edits(devices: list[Resolved], *, ldconfig: str, bundle: str | None = Non
     mounts: dict[str, Mount] = {}
     links: dict[str, Symlink] = {}
     folders: list[str] = []
+    pins: list[str] = []
     hooks: list[Hook] = []
     for where, e, own in edits:
         for n in e.get("deviceNodes", ()):
@@ -159,10 +161,11 @@ def to_edits(devices: list[Resolved], *, ldconfig: str, bundle: str | None = Non
                 if hook not in hooks:
                     hooks.append(hook)
                 continue
-            for link in decoded[0]:
+            for link in decoded.links:
                 links.setdefault(link.container_path, link)
-            if decoded[1] is not None and decoded[1] not in folders:
-                folders.append(decoded[1])
+            if decoded.folder is not None and decoded.folder not in folders:
+                folders.append(decoded.folder)
+            pins += [p for p in decoded.pins if p not in pins]
     if len(folders) > 1:
         raise CdiError(f"the devices' specs ask for ldconfig in {' and '.join(folders)}: "
                        "nvctk runs it over one folder")
@@ -175,6 +178,7 @@ def to_edits(devices: list[Resolved], *, ldconfig: str, bundle: str | None = Non
         ldconfig=ldconfig if folders else "",
         env=env,
         hooks=tuple(hooks),
+        pins=tuple(pins),
     )
 
 

@@ -16,10 +16,17 @@ def config() -> None:
 
 
 @config.command()
-def default() -> None:
+@click.option("--kubernetes", is_flag=True,
+              help="a Kubernetes node's: a container's env selects no GPU; the device "
+                   "plugin's mounts and CDI devices do")
+def default(kubernetes: bool) -> None:
     """Every key with its default value and a comment (a valid config file)."""
     click.echo(f"# nvctk configuration ({nvconfig.DEFAULT_PATH}); NVCTK_CONFIG overrides the path")
-    click.echo(nvconfig.render(nvconfig.Config()), nl=False)
+    if kubernetes:
+        click.echo("# for a Kubernetes node: GPUs only from the kubelet's allocations "
+                   "(device plugin mounts, CDI), never from a container's env")
+    cfg = nvconfig.Config(**(nvconfig.KUBERNETES_NODE if kubernetes else {}))
+    click.echo(nvconfig.render(cfg), nl=False)
 
 
 @config.command()

@@ -37,7 +37,6 @@ from nvctk.edits import Edits
 from nvctk.host.discover import DEFAULT_MPS_PIPE_DIR
 from nvctk.host.inventory import HostInfo
 from nvctk.k8s.allocate import MPS_PIPE_IN_CONTAINER, mps_pipe
-from nvctk.vgpu import authority
 
 log = logging.getLogger("nvctk.dra")
 
@@ -48,13 +47,16 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 @dataclass(frozen=True)
 class Shares:
     """Where a share's cap is kept: nvctk's state dir (the claims' ledgers, below
-    dra/) and the node's authority key (the grant's MAC), from nvctk's config; the
-    driver root, under which an MPS claim's pipe directory is (the device plugin's
-    default, /tmp/nvidia-mps)."""
+    dra/), and the host path of libvgpu.so (nvctk.host.paths.vgpu_library; "": none,
+    a share claim is refused), from nvctk's config; the driver root, under which an MPS
+    claim's pipe directory is (the device plugin's default, /tmp/nvidia-mps), and where
+    the host has that root (a plugin in a container sees the host's driver elsewhere:
+    what a spec names is the host's path)."""
 
     state_dir: str
-    authority_key: str
+    library: str
     driver_root: str = "/"
+    host_driver_root: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,12 +203,15 @@ class Driver:
             return None
         if rec.devices and not os.path.isfile(rec.cdi_spec):
             return None  # removed by hand: made again
+        if rec.ledger is not None and not os.path.isdir(os.path.join(rec.ledger, "ro")):
+            return None  # a ledger of an nvctk before plain-CDI shares: made anew
         return rec
 
     def _write_spec(self, uid: str, devices: list[DraDevice],
-                    more: dict[str, list[Any]] | None = None) -> None:
+                    more: dict[str, list[Any]] | None = None, common: Edits | None = None) -> None:
         """more: container edits every container of the claim gets besides (an MPS
-        claim's env and pipe mount)."""
+        claim's env and pipe mount); common: the form every container of the claim gets
+        (default: the host's common form; a share's adds its vGPU mounts and pins)."""
         f = self.forms
         gone = [d.name for d in devices if d.uuid not in f.by_uuid]
         if gone:  # the inventory changed between reading the claim and now
@@ -215,7 +220,7 @@ class Driver:
         names = list(dict.fromkeys(d.name for d in devices))
         by_name = {d.name: d for d in devices}
         spec = cdi_generate.make_spec(
-            f.common, [([f"{uid}-{n}"], f.by_uuid[by_name[n].uuid]) for n in names],
+            common or f.common, [([f"{uid}-{n}"], f.by_uuid[by_name[n].uuid]) for n in names],
             f.hook_path, vendor=cdi_vendor(self.name), cls=CDI_CLASS,
             hook_env=list(f.hook_env))
         # the per-claim spec has the claim's devices only: `all` would be defined by
@@ -252,7 +257,8 @@ class Driver:
                              f"({split}): CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is one value for "
                              "every GPU of a container")
         try:
-            pipe = mps_pipe(DEFAULT_MPS_PIPE_DIR, self.shares.driver_root)
+            pipe = mps_pipe(DEFAULT_MPS_PIPE_DIR, self.shares.driver_root,
+                            self.shares.host_driver_root)
         except NvctkError as e:
             raise ClaimError(f"sharing strategy MPS: {e}") from None
         env = [f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"]
@@ -272,57 +278,59 @@ class Driver:
 
     # --- shares -----------------------------------------------------------------------
     def ledger_path(self, uid: str) -> str:
+        from nvctk.vgpu.state import ledger_dir
+
         check_uid(uid)
-        return authority.dra_ledger(authority.DRA_PREFIX + uid, self.shares.state_dir) or ""
+        return ledger_dir(self.shares.state_dir, uid)
 
     def _write_share_spec(self, uid: str, results: list[Result], ledger: str) -> None:
         """A claim with a share: its caps (the consumed capacity of each device, summed
         over the claim's results on it, at most the device's) in the claim's ledger, and
-        a spec that only asks nvctk-runtime for the devices, with the node's grant
-        (nvctk.vgpu.authority.make_dra): nvctk-runtime gives the devices (the edits form
-        its legacy mode makes) with libvgpu bound to the ledger. No device node comes by
-        CDI itself: a container started by another runtime gets no GPU rather than an
-        uncapped one."""
+        a spec that gives everything a container needs under any CDI runtime: the
+        devices' own spec (nodes, driver files, the cdi-edits hook) plus libvgpu, the
+        ledger's read-only limits and its cache, and an /etc/ld.so.preload bound
+        read-only, all mounted as a vGPU container's are, and the hook pinning /etc and
+        /run first (so no rename carries the mounts away). Nothing of it is env: no Pod
+        can copy it into its own, and no env or file in the container loosens the cap
+        (libvgpu takes the stricter of the limits file and the env)."""
+        from nvctk.plan.vgpu import claim_vgpu, vgpu_env, vgpu_pins
         from nvctk.vgpu import limits as vgpu
         from nvctk.vgpu import state as vgpu_state
 
+        if not self.shares.library:
+            raise ClaimError("a share claim needs libvgpu.so, which this node's nvctk lacks "
+                             "(set vgpu-library in the nvctk config, or install nvctk's package)")
         by_dev: dict[str, list[Result]] = {}
         for r in results:
             by_dev.setdefault(r.device.name, []).append(r)
-        # the container's GPU order is the host's (the runtime selects in NVML order)
+        # the container's GPU order is the host's (CDI engines add device nodes in the
+        # spec's order; CUDA and NVML enumerate by PCI bus, the host's NVML order)
         devs = sorted((rs[0].device for rs in by_dev.values()),
                       key=lambda d: (d.gpu.index, d.mig.index if d.mig else -1))
-        grants: list[tuple[str, int, int]] = []
+        memory: list[int] = []
+        sm: list[int] = []
         for d in devs:
             rs = by_dev[d.name]
             if not any(r.partial for r in rs):
-                grants.append((d.uuid, 0, 0))  # a whole device of the claim: no cap
+                memory.append(0)  # a whole device of the claim: no cap
+                sm.append(0)
                 continue
             mem = min(d.memory, sum(r.consumed.get(MEMORY, d.memory) for r in rs))
-            sm = min(SM_FULL, sum(r.consumed.get(SM_SHARE, SM_FULL) for r in rs))
-            grants.append((d.uuid, mem if mem < d.memory else 0, sm if sm < SM_FULL else 0))
-        try:
-            key = authority.load_key(self.shares.authority_key, create=True)
-        except OSError as e:
-            raise NvctkError(f"{self.shares.authority_key}: cannot make nvctk's authority key: "
-                             f"{e.strerror}") from None
-        assert key is not None  # create: made, or an error
-        limits = vgpu.VgpuLimits(memory=tuple(g[1] for g in grants),
-                                 sm=tuple(g[2] for g in grants))
+            pct = min(SM_FULL, sum(r.consumed.get(SM_SHARE, SM_FULL) for r in rs))
+            memory.append(mem if mem < d.memory else 0)
+            sm.append(pct if pct < SM_FULL else 0)
+        limits = vgpu.VgpuLimits(memory=tuple(memory), sm=tuple(sm))
         values = {**limits.values(), **{f"{vgpu.UUID_VAR}_{i}": d.uuid
                                         for i, d in enumerate(devs) if d.mig is None}}
+        plan = claim_vgpu(self.shares.library, ledger, values)
         try:
-            vgpu_state.install_ledger(ledger, values)
+            vgpu_state.install_ledger(plan)
         except OSError as e:
             raise NvctkError(f"the claim's vGPU ledger {ledger}: {e.strerror or e}") from None
-        env = [f"{VISIBLE_DEVICES}={','.join(d.uuid for d in devs)}",
-               f"{authority.DRA_ENV}={authority.make_dra(uid, grants, key)}"]
-        spec: dict[str, Any] = {
-            "cdiVersion": "", "kind": self.cdi_kind(),
-            "devices": [{"name": f"{uid}-{d.name}", "containerEdits": {"env": env}}
-                        for d in devs]}
-        spec["cdiVersion"] = cdi_generate.min_version(spec)
-        self._save_spec(uid, spec)
+        f = self.forms
+        common = f.common.replace(mounts=(*f.common.mounts, *plan.mounts),
+                                  env={**f.common.env, **vgpu_env(plan)}, pins=vgpu_pins(plan))
+        self._write_spec(uid, devs, common=common)
 
     def _undo(self, uid: str, ledger: str | None) -> None:
         """A failed prepare leaves nothing of the claim (best effort: the failure itself

@@ -15,7 +15,7 @@ from nvctk.dra.record import Records
 from nvctk.dra.slices import DEFAULT_TAINTS, TaintPolicy
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo, proc_bus_id
-from nvctk.host.paths import find_hook, spec_hook_env
+from nvctk.host.paths import find_hook, spec_hook_env, vgpu_library
 from nvctk.k8s.health import Health
 
 TYPE_CHECKING = False
@@ -82,7 +82,8 @@ def make_driver(name: str, node_name: str, source: ClaimSource, plugins_dir: str
     inventory = Inventory(lambda: nvml.query_host(root),
                           lambda h: cdi_forms(cfg, h, config_path), host)
     driver = Driver(name, node_name, node_devices(host), forms, source, records, cdi_dir,
-                    Shares(cfg.state_dir, cfg.authority_key, cfg.driver_root),
+                    Shares(cfg.state_dir, vgpu_library(cfg), cfg.driver_root,
+                           nvconfig.host_driver_root(cfg)),
                     unhealthy=lambda: sick(health, policy), api_timeout=api_timeout,
                     inventory=inventory)
     return driver, host, cfg.driver_root

@@ -4,7 +4,10 @@ the field (`sharing.timeSlicing.resources[0].replicas: ...`) and the file.
     version: v1
     flags:
       migStrategy: none | single | mixed          # default none
-      deviceListStrategy: envvar | [envvar, volume-mounts, cdi-annotations, cdi-cri]
+      deviceListStrategy: volume-mounts | [envvar, volume-mounts, cdi-annotations, cdi-cri]
+                                                  # default volume-mounts: a Pod cannot forge
+                                                  # it (envvar: any Pod's env can; unsafe on
+                                                  # shared nodes, see README)
       driverRoot: /                               # default: nvctk's config driver-root
       mpsPipeDirectory: /tmp/nvidia-mps           # under the driver root
     sharing:                                      # at most one of the three
@@ -28,6 +31,10 @@ from nvctk.base.errors import ConfigError, clipped
 from nvctk.base.fileio import NotRegularFile, read_regular_file
 
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+# the default device list: /dev/null mounts only the kubelet makes (a Pod's env, or an
+# image's NVIDIA_VISIBLE_DEVICES=all, cannot name a GPU on a node that ignores the env:
+# nvctk.base.config.KUBERNETES_NODE)
+DEFAULT_STRATEGY = "volume-mounts"
 MIG_STRATEGIES = ("none", "single", "mixed")
 _RESOURCE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$"
 MAX_REPLICAS = 100  # a vGPU share keeps >= 1% of the SMs
@@ -117,7 +124,7 @@ class TimeSliced:
 @dataclass(frozen=True)
 class PluginConfig:
     mig_strategy: str = "none"
-    strategies: tuple[str, ...] = ("envvar",)
+    strategies: tuple[str, ...] = (DEFAULT_STRATEGY,)
     driver_root: str | None = None  # None: nvctk's config decides
     mps_pipe_dir: str = "/tmp/nvidia-mps"
     cdi_kind: str = "nvidia.com/gpu"
@@ -172,7 +179,7 @@ def parse(data: Any, source: str = "config") -> PluginConfig:
         raise ConfigError(f"{source}: {clipped(_where(e.absolute_path))}: {clipped(msg)}")
     flags = data.get("flags", {})
     sharing = data.get("sharing", {})
-    strategies = flags.get("deviceListStrategy", "envvar")
+    strategies = flags.get("deviceListStrategy", DEFAULT_STRATEGY)
     kw: dict[str, Any] = {
         "mig_strategy": flags.get("migStrategy", "none"),
         "strategies": (strategies,) if isinstance(strategies, str) else tuple(strategies),

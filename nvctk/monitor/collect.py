@@ -23,6 +23,7 @@ from nvctk.base.errors import literal
 from nvctk.hook.procs import parent_of
 from nvctk.host import nvml
 from nvctk.host.inventory import HostInfo
+from nvctk.monitor.allocation import outside_allocations
 from nvctk.monitor.containers import (
     DEFAULT_RUNTIME_ROOTS,
     Container,
@@ -264,9 +265,11 @@ class Collector:
         containers = [c for c in self.discovery.scan(self.host, self.problem)
                       if (c.init_pid, c.init_start) not in self._own]
         resources: dict[tuple[str, str, str], Assigned] = {}
+        kubelet_answered = False
         if self.podres is not None:
             try:
                 resources = self.podres.list()
+                kubelet_answered = True
             except Exception as e:  # absent, hanging (deadline), refusing: names only are lost
                 code = getattr(e, "code", None)
                 why = (code().name if callable(code) else
@@ -325,6 +328,7 @@ class Collector:
                     g.memory_promised += mem_cap or d.memory_total
                     g.sm_promised += (sm_cap / 100.0 if sm_cap else
                                       d.memory_total / g.memory_total if d.mig else 1.0)
+            cs.outside_allocations = outside_allocations(cs, kubelet_answered)
             out.append(cs)
         for key in set(self._last_active) - live_keys:
             del self._last_active[key]

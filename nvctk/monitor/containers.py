@@ -44,6 +44,7 @@ from nvctk.hook.inputs import load_edits
 from nvctk.host import driver as nvdriver
 from nvctk.host.discover import cap_access_rels, device_facts
 from nvctk.host.inventory import HostInfo
+from nvctk.monitor.dra_share import share_limits
 from nvctk.plan.devices import cap_node, node
 from nvctk.request.parse import MPS_MEMORY, MPS_THREADS, mps_memory_limits
 from nvctk.vgpu.limits import limits_from_env
@@ -330,7 +331,7 @@ def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo,
         if not names:
             return None  # not a GPU container
         devices = _devices(names, host)
-        mem = sm = (0,) * len(devices)
+        mem, sm = share_limits(spec, len(devices)) or ((0,) * len(devices),) * 2
     else:
         devices = _devices(edits.selected or edits.gpu_uuids, host)
         mem, sm = _limits(edits, len(devices))

@@ -56,6 +56,8 @@ class ContainerSample:
     resource: str = ""  # the extended resource(s) the kubelet gave it (pod-resources), if read
     claim: str = ""  # its DRA ResourceClaim(s), "namespace/name" (pod-resources), if read
     devices: list[DeviceUse] = field(default_factory=list)
+    # a Pod's GPU the kubelet did not allocate (nvctk.monitor.allocation)
+    outside_allocations: bool = False
 
 
 @dataclass

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterable
 
 from nvctk.host.inventory import HostInfo
-from nvctk.monitor import compat
+from nvctk.monitor import allocation, compat
 from nvctk.monitor.exposition import Writer, label_set
 from nvctk.monitor.model import Snapshot
 
@@ -44,6 +44,7 @@ METRICS: dict[str, str] = {
     "nvctk_container_sm_limit_ratio": "Its SM share limit (only limited containers)",
     "nvctk_container_processes": "Its processes on the device",
     "nvctk_container_last_kernel_seconds": "Seconds since its last kernel on the device (once one was seen)",
+    allocation.METRIC: allocation.HELP,
     "nvctk_monitor_collect_seconds": "How long the last snapshot took",
     "nvctk_monitor_snapshot_age_seconds": "Age of the snapshot this scrape shows",
     "nvctk_monitor_interval_seconds": "The span the SM shares of this snapshot cover",
@@ -97,6 +98,8 @@ def render_text(snap: Snapshot, errors: dict[str, int]) -> str:
                 ctr(w, "nvctk_container_sm_limit_ratio", lv, d.sm_limit)
             if d.last_kernel_seconds is not None:
                 ctr(w, "nvctk_container_last_kernel_seconds", lv, d.last_kernel_seconds)
+            if c.outside_allocations:
+                ctr(w, allocation.METRIC, lv, 1)
     host = label_set(["Hostname"], [snap.hostname])
     for name, value in (("nvctk_monitor_collect_seconds", snap.collect_seconds),
                         ("nvctk_monitor_interval_seconds", snap.interval),

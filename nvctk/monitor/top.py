@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from nvctk.base.errors import literal
+from nvctk.monitor import allocation
 from nvctk.monitor.model import GpuSample, Snapshot
 
 MIB = 1 << 20
@@ -49,12 +50,15 @@ def _title(g: GpuSample) -> Text:
     return t
 
 
-def _who(who: str, claim: str) -> Text:
+def _who(who: str, claim: str, outside: bool = False) -> Text:
     """The container's name; a DRA claim it got its device by (the kubelet's word) on a
-    line of its own below, so the column stays narrow."""
+    line of its own below, so the column stays narrow; a GPU the kubelet did not
+    allocate flagged below it (nvctk.monitor.allocation)."""
     t = Text(literal(who))
     if claim:
         t.append("\nclaim " + literal(claim), style="dim")
+    if outside:
+        t.append("\n" + allocation.FLAG, style="bold red")
     return t
 
 
@@ -88,7 +92,7 @@ def render(snap: Snapshot, width: int = 80) -> Group:
                 who = f"{c.namespace}/{c.pod}/{c.container}" if c.pod else c.name
                 cap = d.memory_limit if d.memory_limit is not None else d.memory_total
                 cells: list[Text] = [
-                    _who(who, c.claim), Text(c.kind),
+                    _who(who, c.claim, c.outside_allocations), Text(c.kind),
                     Text(literal(d.device_uuid[:12]) if d.device_uuid != g.uuid else f"GPU {g.index}"),
                     Text(f"{d.memory_used // MIB}/{d.memory_limit // MIB}" if d.memory_limit is not None
                          else f"{d.memory_used // MIB}/-")]

@@ -108,7 +108,6 @@ def plan_vgpu(request: Request, selected: list[Selected], config: Config, image:
                 f"({dev.name}, {mib} MiB)"
             )
     check_preloadable(image.libc, _a_limit_variable(env))
-    ledger = dra_ledger(request, config)
     if isinstance(library, NvctkError):
         raise library
     if isinstance(image.preload_entries, NvctkError):
@@ -120,17 +119,19 @@ def plan_vgpu(request: Request, selected: list[Selected], config: Config, image:
         container_state_dir=vgpu.VGPU_DIR,
         limits={**limits.values(), **gpu_uuid_keys(devs)},
         root_readonly=image.root_readonly,
-        mounts=vgpu_mounts(library, vgpu.CONTAINER_LIBRARY, state_dir, vgpu.VGPU_DIR, ledger),
+        mounts=vgpu_mounts(library, vgpu.CONTAINER_LIBRARY, state_dir, vgpu.VGPU_DIR),
         preload_entries=kept_preload_entries(vgpu.CONTAINER_LIBRARY, image.preload_entries),
     )
 
 
-def dra_ledger(request: Request, config: Config) -> str | None:
-    """The ledger of the DRA claim whose share the container holds (its grant verified
-    by authority_shares): every container of the claim counts against one cap."""
-    dirs = [d for k, _ in request.vgpu_authority
-            if (d := authority.dra_ledger(k, config.state_dir)) is not None]
-    return dirs[0] if dirs else None
+def claim_vgpu(library: str, ledger: str, limits: dict[str, str]) -> Vgpu:
+    """A DRA share claim's vGPU part (nvctk.dra.driver): its ledger (a state dir of the
+    claim's, nvctk.vgpu.state.install_ledger) with the claim's limits, bound into every
+    container of the claim by the claim's CDI spec, and the dirs its hook pins. No image
+    is known when the spec is written: the preload holds libvgpu alone."""
+    mounts = vgpu_mounts(library, vgpu.CONTAINER_LIBRARY, ledger, vgpu.VGPU_DIR)
+    return Vgpu(library=library, container_library=vgpu.CONTAINER_LIBRARY, state_dir=ledger,
+                container_state_dir=vgpu.VGPU_DIR, limits=limits, mounts=mounts)
 
 
 def gpu_uuid_keys(devs: list[Selected]) -> dict[str, str]:
@@ -149,24 +150,20 @@ def kept_preload_entries(container_library: str, image_entries: tuple[str, ...])
 
 
 def vgpu_mounts(library: str, container_library: str, state_dir: str,
-                container_state_dir: str, ledger: str | None = None) -> tuple[Mount, ...]:
+                container_state_dir: str) -> tuple[Mount, ...]:
     """The vGPU mounts in their order (docs: the vGPU state layout): ro/ at /run/nvctk,
     libvgpu.so, rw/ at /run/nvctk/vgpu, ro/limits and rw/cache on their placeholders in
     it, ro/ld.so.preload over /etc/ld.so.preload. All required: a container that sets
-    a limit never runs uncapped. ledger: a DRA claim's dir
-    (nvctk.vgpu.authority.dra_ledger), whose limits and cache replace the container's own: the claim's one cap and ledger."""
+    a limit never runs uncapped. state_dir: the container's, or a DRA claim's ledger."""
     join = posixpath.join
     top = posixpath.dirname(container_state_dir)
     ro, rw = (join(state_dir, d) for d in VGPU_DIRS)
-    limits, cache = join(ro, "limits"), join(rw, "cache")
-    if ledger is not None:
-        limits, cache = join(ledger, "limits"), join(ledger, "cache")
     return (
         Mount(ro, top, "dir", True, False, True),
         Mount(library, container_library, "file", True, False, True),
         Mount(rw, container_state_dir, "dir", False, True, True),
-        Mount(limits, join(container_state_dir, "limits"), "file", True, True, True),
-        Mount(cache, join(container_state_dir, "cache"), "file", False, True, True),
+        Mount(join(ro, "limits"), join(container_state_dir, "limits"), "file", True, True, True),
+        Mount(join(rw, "cache"), join(container_state_dir, "cache"), "file", False, True, True),
         Mount(join(ro, "ld.so.preload"), PRELOAD, "file", True, True, True),
     )
 

@@ -201,16 +201,42 @@ def parse_qualified(name: str) -> tuple[str, str, str] | None:
     return vendor, cls, device
 
 
+# CRI-O copies a Pod's own annotations (its author's) into every container's spec, and
+# records the container's own (the kubelet's: a device plugin's) as JSON under this key,
+# which a Pod annotation of the name cannot replace (docs/decisions.md, issue 18)
+CRIO_OWN_ANNOTATIONS = "io.kubernetes.cri-o.Annotations"
+
+
+def _containers_own(annotations: dict[str, Any], keys: list[str]) -> list[str]:
+    """Of keys, those that are the container's own where the engine says which (CRI-O):
+    a Pod's `cdi.k8s.io/` annotation never names a device (issue 39). An unreadable
+    record trusts none."""
+    raw = annotations.get(CRIO_OWN_ANNOTATIONS)
+    if raw is None:
+        return keys  # containerd: a Pod annotation reaches the spec only where listed
+    from nvctk.base import jsonio
+
+    try:
+        own = jsonio.loads(raw) if isinstance(raw, str) else None
+    except (ValueError, RecursionError):
+        own = None
+    if not isinstance(own, dict):
+        return []
+    return [k for k in keys if own.get(k) == annotations[k]]
+
+
 def cdi_annotation_devices(spec: dict[str, Any]) -> tuple[list[str], str] | None:
     """The qualified names in the spec's cdi.k8s.io/* annotations (each value a
-    comma-separated list), and the first annotation's key; None: none names a device."""
+    comma-separated list; the container's own only, _containers_own), and the first
+    annotation's key; None: none names a device."""
     annotations = spec.get("annotations")
     if not isinstance(annotations, dict):
         return None
     names: list[str] = []
     first = ""
-    for key in sorted(k for k in annotations if isinstance(k, str)
-                      and k.startswith(CDI_ANNOTATION_PREFIX)):
+    keys = sorted(k for k in annotations if isinstance(k, str)
+                  and k.startswith(CDI_ANNOTATION_PREFIX))
+    for key in _containers_own(annotations, keys) if keys else ():
         value = annotations[key]
         if not isinstance(value, str):
             raise RequestError(f"annotation {shown(key)} must be a string of CDI device names")
@@ -245,14 +271,9 @@ def _vgpu_authority(spec: dict[str, Any]) -> tuple[tuple[str, str | None], ...]:
                         for k, v in present(annotations).items()))
 
 
-def _dra_grant(env: dict[str, str]) -> tuple[tuple[str, str | None], ...]:
-    """A DRA claim's share, from the claim's CDI spec (nvctk.vgpu.authority.DRA_ENV)."""
-    if "NVCTK_DRA_SHARE" not in env:
-        return ()  # the common case: nothing to import
-    from nvctk.vgpu.authority import dra_grant
-
-    grant = dra_grant(env)
-    return (grant,) if grant is not None else ()
+# the grant a DRA share's CDI spec carried before shares became plain CDI (nvctk 35):
+# a spec of an older plugin still prepared on the node gives the GPU by env alone
+OLD_DRA_GRANT = "NVCTK_DRA_SHARE"
 
 
 def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
@@ -291,6 +312,11 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         devices = None if cdi is None else (False, cdi)
     if devices is None:
         return None
+    if OLD_DRA_GRANT in env:
+        # never a GPU without its cap: nvctk no longer reads the grant
+        raise RequestError(f"{OLD_DRA_GRANT}: a DRA share prepared by an nvctk dra-plugin older "
+                           "than plain-CDI shares; refused, it would run uncapped: let the plugin "
+                           "prepare the claim again (delete and re-create the Pod)")
 
     mig_config = parse_bool_all(env, MIG_CONFIG)
     mig_monitor = parse_bool_all(env, MIG_MONITOR)
@@ -311,7 +337,7 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         privileged=privileged,
         source=source,
         cdi_devices=cdi,
-        vgpu_authority=_vgpu_authority(spec) + _dra_grant(env),
+        vgpu_authority=_vgpu_authority(spec),
         env=env,
     )
 

@@ -94,6 +94,8 @@ def prepare_bundle(
         return Created(None)
     spec, data = read
     request = request_from_spec(spec, config or Config())
+    if request is None and config is not None and holds_dra_share(spec):
+        return _dra_share(bundle, spec, data, config, logger, container_id, runtime_root)
     if request is None:
         _no_gpu(bundle, spec, config, config_error, logger)
         return Created(None)
@@ -174,6 +176,34 @@ def _no_gpu(bundle: str, spec: dict[str, Any], config: Config | None,
     if config_error is not None and logger is not None:
         logger.warning(f"ignoring a broken nvctk config for a non-GPU container: {config_error}")
     _undo_earlier_create(bundle, spec, logger, config.state_dir if config else None)
+
+
+def holds_dra_share(spec: dict[str, Any]) -> bool:
+    """The engine applied a DRA share's CDI spec (nvctk.dra.driver): libvgpu's limits file
+    is one of the spec's own mounts (nvctk's vGPU containers get theirs from the hook)."""
+    dests = [d for m in oci.spec_mounts(spec)
+             if isinstance(d := m.get("destination"), str) and d.startswith("/run/nvctk/")]
+    if not dests:
+        return False  # most containers: nothing more imported
+    from nvctk.vgpu.limits import LIMITS_FILE
+
+    return LIMITS_FILE in dests
+
+
+def _dra_share(bundle: str, spec: dict[str, Any], data: bytes, config: Config,
+               logger: Logger | None, container_id: str | None,
+               runtime_root: str | None) -> Created:
+    """A DRA share's container: its GPU, libvgpu and cap come by its CDI spec, which cannot
+    carry seccomp rules; nvctk-runtime adds the ones it gives its own vGPU containers (no
+    new user namespace, in which a process could mount over the preload), with the record
+    a later create takes them out by."""
+    from nvctk.edits import Edits
+
+    _check_gpu_spec(bundle, spec, data, userns=False)
+    record = _checked_record(bundle, spec, config.state_dir, logger)
+    removed, _ = commit(bundle, spec, Edits("", (), (), seccomp_block_userns=True), record,
+                        config, logger, container_id=container_id, runtime_root=runtime_root)
+    return Created(None, removed)
 
 
 def _check_gpu_spec(bundle: str, spec: dict[str, Any], data: bytes, userns: bool) -> None:

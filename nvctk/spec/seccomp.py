@@ -142,6 +142,42 @@ def _narrowed(rule: Any, where: str, machine: str) -> list[Any] | None:
     return out
 
 
+def userns_way(seccomp: Any, machine: str | None = None) -> str | None:
+    """The first of unshare, clone, clone3 by which a process under this profile (the
+    spec's linux.seccomp, after the engine resolved it) may make a new user namespace,
+    or None when the profile refuses every one: unshare and clone with CLONE_NEWUSER
+    refused (by the default action or a rule) and let through by no rule, clone3 refused
+    whatever its arguments (they sit in memory). A rule it cannot judge counts as letting
+    the call through: the caller fails closed."""
+    if not isinstance(seccomp, dict):
+        return "unshare"  # no profile: everything goes
+    machine = machine or os.uname().machine
+    rules = seccomp.get("syscalls") or []
+    if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+        return "unshare"
+    default_refuses = seccomp.get("defaultAction") in _SCMP_REFUSING
+    for name in _USERNS_SYSCALLS:
+        mine = [r for r in rules if isinstance(r.get("names"), list) and name in r["names"]]
+        allowing = [r for r in mine if r.get("action") not in _SCMP_REFUSING]
+        refusing = [r for r in mine if r.get("action") in _SCMP_REFUSING]
+        if name == "clone3":
+            if allowing or not (default_refuses or any(not r.get("args") for r in refusing)):
+                return name
+            continue
+        index = _flags_index(name, machine)
+        for r in allowing:
+            args = r.get("args") or []
+            on_flags = [a for a in args if isinstance(a, dict) and a.get("index") == index]
+            if not (on_flags and len(args) == len({rule_key(a.get("index")) for a in args})
+                    and _excludes_newuser(on_flags[0])):
+                return name
+        if not default_refuses and not any(
+                not r.get("args") or r.get("args") == [_newuser(index, CLONE_NEWUSER)]
+                for r in refusing):
+            return name
+    return None
+
+
 def block_user_namespaces(spec: dict[str, Any], edits: AppliedRecord) -> None:
     """A vGPU container's seccomp profile refuses new user namespaces: userns_rules
     appended to linux.seccomp.syscalls (a profile that allows everything else is made

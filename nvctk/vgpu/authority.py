@@ -29,13 +29,6 @@ if TYPE_CHECKING:
 
 PREFIX = "nvctk.io/"
 VGPU_PREFIX = PREFIX + "vgpu."
-# A DRA claim's share (nvctk.dra) comes by the claim's CDI spec, which the engine applies
-# after the Pod's env (a Pod cannot replace or drop it): `NVCTK_DRA_SHARE=<uid> <value>`,
-# the value as an annotation's under the key `nvctk.io/vgpu.dra.<uid>`, its MAC over that
-# key. All containers of the claim use one ledger, <state-dir>/dra/<uid> (dra_ledger).
-DRA_ENV = "NVCTK_DRA_SHARE"
-DRA_PREFIX = VGPU_PREFIX + "dra."
-DRA_DIR = "dra"
 VERSION = 1
 KEY_BYTES = 32
 MAX_VALUE = 16384  # bytes of one annotation's value: 16 devices need under 2 KiB
@@ -57,35 +50,6 @@ def make(resource: str, devices: list[tuple[str, int, int]], key: bytes) -> tupl
     return name, jsonio.dumps({**body, "mac": _mac(name, body, key)}, sort_keys=True)
 
 
-def make_dra(claim_uid: str, devices: list[tuple[str, int, int]], key: bytes) -> str:
-    """The NVCTK_DRA_SHARE value granting a claim's containers `devices`."""
-    _, value = make("dra/dra." + claim_uid, devices, key)
-    return f"{claim_uid} {value}"
-
-
-def dra_grant(env: Mapping[str, str]) -> tuple[str, str | None] | None:
-    """The container's DRA share as an (annotation key, value) entry for shares(), from
-    its NVCTK_DRA_SHARE (None: it has none); a value of the wrong form is kept as None,
-    which shares() refuses."""
-    raw = env.get(DRA_ENV)
-    if raw is None:
-        return None
-    uid, sep, value = raw.partition(" ")
-    if not sep or not uid or len(uid) > 128 or not all(c.isascii() and (c.isalnum() or c in "-_.")
-                                                     for c in uid) or uid[0] == ".":
-        return DRA_PREFIX + "?", None
-    return DRA_PREFIX + uid, value
-
-
-def dra_ledger(annotation: str, state_dir: str) -> str | None:
-    """The claim's ledger dir for a verified DRA entry (None: not a DRA entry)."""
-    import os
-
-    if not annotation.startswith(DRA_PREFIX):
-        return None
-    return os.path.join(os.path.abspath(state_dir), DRA_DIR, annotation[len(DRA_PREFIX):])
-
-
 def present(annotations: object) -> dict[str, object]:
     """The spec's `nvctk.io/vgpu.*` annotations, as they are (not yet checked)."""
     if not isinstance(annotations, dict):
@@ -94,10 +58,8 @@ def present(annotations: object) -> dict[str, object]:
 
 
 def _bad(name: str, why: str) -> RequestError:
-    what = (f"{DRA_ENV} (the grant of DRA claim {shown(name[len(DRA_PREFIX):])})"
-            if name.startswith(DRA_PREFIX) else f"annotation {shown(name)}")
-    return RequestError(f"{what}: {why}; refused: the node's vGPU share for this container "
-                        "cannot be read")
+    return RequestError(f"annotation {shown(name)}: {why}; refused: the node's vGPU share for "
+                        "this container cannot be read")
 
 
 def shares(annotations: Mapping[str, object], key: bytes | None,

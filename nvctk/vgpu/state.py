@@ -55,7 +55,7 @@ from nvctk.vgpu.gc import (
     write_marker,
 )
 from nvctk.vgpu.ledger import SHM_SIZE
-from nvctk.vgpu.limits import VGPU_DIR, write_limits_file
+from nvctk.vgpu.limits import write_limits_file
 
 # typing and re are not imported at run time: the shim imports this module in every
 # vGPU container's create (names are matched by hand)
@@ -225,20 +225,28 @@ def _write(path: str, text: str, mode: int, size: int = 0) -> None:
 
 
 # --- a DRA claim's ledger (nvctk.dra) ---------------------------------------------------------
-def install_ledger(path: str, values: dict[str, str]) -> None:
-    """A DRA claim's ledger at path (<state-dir>/dra/<claim uid>): its own small tmpfs
-    (the containers write the cache), holding `limits` (0444: the claim's caps, and the
-    ledger's locks) and `cache` (0666, preallocated). Every container of the claim binds
-    these two over its own (nvctk.plan.vgpu.vgpu_mounts): one cap for all of them. Made
-    anew when it exists (a prepare that is retried)."""
+LEDGERS_DIR = "dra"  # below the state dir: one ledger per share claim, named by its uid
+
+
+def ledger_dir(state_dir: str, claim_uid: str) -> str:
+    """A DRA claim's ledger: <state-dir>/dra/<claim uid> (the uid checked by the caller)."""
+    return os.path.join(os.path.abspath(state_dir), LEDGERS_DIR, claim_uid)
+
+
+def install_ledger(vgpu: Vgpu) -> None:
+    """A DRA claim's ledger at vgpu.state_dir (ledger_dir): its own small tmpfs laid out
+    as a container's state dir (ro/ and rw/, the layout above; the containers write the
+    cache), with the claim's caps in ro/limits and libvgpu alone in ro/ld.so.preload
+    (a CDI spec names no image, so no image's own lines). Every container of the claim
+    gets it by the claim's CDI spec (nvctk.plan.vgpu.vgpu_mounts): one cap, one ledger
+    for all of them, under any runtime. Made anew when it exists (a retried prepare)."""
+    path = vgpu.state_dir
     remove_ledger(path)
     os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
     os.mkdir(path, 0o700)
     try:
         _mount_tmpfs(path)
-        write_limits_file(os.path.join(path, LIMITS_NAME), values,
-                          f"{VGPU_DIR}/{CACHE_NAME}")
-        _write(os.path.join(path, CACHE_NAME), "", 0o666, size=SHM_SIZE)
+        _populate(path, vgpu)
     except BaseException:
         remove_ledger(path)
         raise

@@ -16,8 +16,13 @@
 # --engine-config: the engine's config as the host sees it (default: configure's).
 # --driver-root: where the NVIDIA driver is on the host (/, or a driver container's
 # /run/nvidia/driver): checked first (no driver there: nothing is installed), then
-# written with the hook's host path into the host's /etc/nvctk/config.toml (only one
-# the installer made, or none, is written; its --uninstall deletes it).
+# written with the hook's host path into the host's nvctk config.
+# The host's nvctk config (/etc/nvctk/config.toml) is the installer's to write only when
+# the host has none (or the installer made it; its --uninstall deletes it): for
+# containerd and CRI-O (Kubernetes) it is `nvctk config default --kubernetes` (a
+# container's env selects no GPU: only the kubelet's allocations do), with --driver-root's
+# driver-root and hook-path. One the host has already is kept: --driver-root is then
+# refused, and a warning says so where it leaves the env path open.
 # --restart-mode: then make the engine take the config (signal: SIGHUP, which needs the
 # host's pids; systemd: systemctl restart in the host's root; none: the message says
 # how) and wait until it answers with the runtime (`nvctk configure --restart-mode`);
@@ -86,8 +91,8 @@ case $restart_mode in signal|systemd|none) ;; *)
   echo "nvctk-installer: --restart-mode $restart_mode: one of signal, systemd, none" >&2; exit 2;;
 esac
 version=$(dpkg-query -W -f '${Version}' nvctk 2>/dev/null || echo 0)
-# the host's nvctk config when the installer writes one (--driver-root), and the name
-# dockerd looks for before it accepts --gpus
+# the host's nvctk config when the installer writes one, and the name dockerd looks for
+# before it accepts --gpus
 host_config=/etc/nvctk/config.toml
 gpus_hook=/usr/local/bin/nvidia-container-runtime-hook
 config_mark="# made by nvctk-installer: its --uninstall deletes this file"
@@ -105,10 +110,50 @@ configure() {
     --runtime-path "$prefix/bin/nvctk-runtime" "$@"
 }
 
+is_ours() {  # the host's nvctk config is the installer's (its mark on the first line)
+  [ -f "$host$host_config" ] && [ ! -L "$host$host_config" ] && \
+    [ "$(head -n 1 "$host$host_config")" = "$config_mark" ]
+}
+
+node_config() {  # what the installer writes as the host's nvctk config ("": nothing)
+  case $runtime in
+    containerd|crio) nvctk config default --kubernetes | grep -v '^#' | \
+      if [ -n "$driver_root" ]; then
+        sed -e "s|^driver-root = .*|driver-root = \"$driver_root\"|" \
+            -e "s|^hook-path = .*|hook-path = \"$prefix/bin/nvctk-hook\"|"
+      else cat; fi;;
+    *) if [ -n "$driver_root" ]; then
+         printf 'driver-root = "%s"\nhook-path = "%s"\n' "$driver_root" "$prefix/bin/nvctk-hook"
+       fi;;
+  esac
+}
+
+write_node_config() {
+  if [ -e "$host$host_config" ] || [ -L "$host$host_config" ]; then
+    if ! is_ours; then
+      case $runtime in containerd|crio)
+        if ! NVCTK_CONFIG=$host$host_config nvctk config show | \
+            grep -qx 'accept-envvar-when-unprivileged = false'; then
+          echo "nvctk-installer: WARNING: $host_config lets a container's env select GPUs (any" \
+               "Pod with NVIDIA_VISIBLE_DEVICES=all gets every GPU, uncapped): set" \
+               "accept-envvar-when-unprivileged = false and accept-volume-mount-devices = true" \
+               "there (nvctk config default --kubernetes)" >&2
+        fi;;
+      esac
+      return 0
+    fi
+  fi
+  text=$(node_config)
+  [ -n "$text" ] || return 0
+  mkdir -p "$host$(dirname "$host_config")"
+  printf '%s\n%s\n' "$config_mark" "$text" > "$host$host_config.new"
+  mv "$host$host_config.new" "$host$host_config"
+  echo "nvctk-installer: wrote $host_config${driver_root:+ (driver-root $driver_root)}"
+}
+
 remove_files() {
   # each only while it is the installer's: its mark, its link into the prefix
-  if [ -f "$host$host_config" ] && [ ! -L "$host$host_config" ] && \
-      [ "$(head -n 1 "$host$host_config")" = "$config_mark" ]; then
+  if is_ours; then
     rm -f "$host$host_config"
     rmdir "$host$(dirname "$host_config")" 2>/dev/null || true
   fi
@@ -152,8 +197,7 @@ if [ -n "$driver_root" ]; then
     echo "nvctk-installer: nothing installed (--driver-root $driver_root)" >&2
     exit 1
   fi
-  if [ -e "$host$host_config" ] && { [ -L "$host$host_config" ] || \
-      [ "$(head -n 1 "$host$host_config")" != "$config_mark" ]; }; then
+  if { [ -e "$host$host_config" ] || [ -L "$host$host_config" ]; } && ! is_ours; then
     echo "nvctk-installer: the host's $host_config exists and is not the installer's:" \
       "set driver-root = \"$driver_root\" there yourself, or run without --driver-root;" \
       "nothing changed" >&2
@@ -191,13 +235,7 @@ fi
 mv "$new" "$dest"
 rm -rf "$new.old"
 echo "nvctk-installer: installed nvctk $version in $prefix"
-if [ -n "$driver_root" ]; then
-  mkdir -p "$host$(dirname "$host_config")"
-  printf '%s\ndriver-root = "%s"\nhook-path = "%s"\n' "$config_mark" "$driver_root" \
-    "$prefix/bin/nvctk-hook" > "$host$host_config.new"
-  mv "$host$host_config.new" "$host$host_config"
-  echo "nvctk-installer: wrote $host_config (driver-root $driver_root)"
-fi
+write_node_config
 if [ "$runtime" = docker ] && [ ! -e "$host$gpus_hook" ] && [ ! -L "$host$gpus_hook" ]; then
   mkdir -p "$host$(dirname "$gpus_hook")"
   ln -s "$prefix/bin/nvidia-container-runtime-hook" "$host$gpus_hook"

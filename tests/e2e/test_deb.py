@@ -252,6 +252,10 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
         installed = (host / "etc/containerd/config.toml").read_text()
         _check_installed(prefix, installed, tmp_path)
         assert (prefix / ".nvctk-installer").is_file()
+        # a Kubernetes node's config: a container's env selects no GPU (issue 39)
+        node_cfg = (host / "etc/nvctk/config.toml").read_text()
+        assert "accept-envvar-when-unprivileged = false" in node_cfg.splitlines(), node_cfg
+        assert "accept-volume-mount-devices = true" in node_cfg.splitlines(), node_cfg
         # a prefix it did not make (the host's /usr/local) is refused, in the image too
         (host / "usr/local/bin").mkdir(exist_ok=True)
         (host / "usr/local/bin/site-tool").write_text("kept\n")
@@ -265,7 +269,7 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
                     name, "nvctk-installer-test", "/usr/lib/nvctk/install.sh", "--uninstall",
                     timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert not prefix.exists()
+        assert not prefix.exists() and not (host / "etc/nvctk/config.toml").exists()
         cfg = (host / "etc/containerd/config.toml").read_text()
         assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
 

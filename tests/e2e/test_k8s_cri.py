@@ -244,10 +244,10 @@ def cri(node: Node) -> Iterator[CriClient]:
 
 
 def run(cri: CriClient, work: Path, alloc: Allocation, script: str,
-        handler: str = "nvidia") -> PodResult:
+        handler: str = "nvidia", runtime_default_seccomp: bool = False) -> PodResult:
     """A Pod whose one container runs `script` in the GPU image, with `alloc`."""
     return run_pod(cri, handler, alloc, image=GPU_IMAGE, command=["sh", "-c", script],
-                   log_root=work / "logs")
+                   log_root=work / "logs", runtime_default_seccomp=runtime_default_seccomp)
 
 
 def test_whole_gpu_by_index(cri: CriClient, work: Path, sim: SimHost) -> None:
@@ -402,43 +402,90 @@ def _dra_claim(sim: SimHost, work: Path, device: str, uid: str = "",
 SHARE = {"shareID": "5d2a", "consumedCapacity": {"memory": "2Gi"}}
 
 
+# "": the engine's default handler (runc), as a DRA Pod without runtimeClassName gets
+HANDLERS = pytest.mark.parametrize("handler", ["", "nvidia"], ids=["default-handler", "nvidia"])
+
+
+@contextlib.contextmanager
+def _node_config(sim: SimHost, shipped: bool) -> Iterator[None]:
+    """The node's nvctk config for the block: as the installer writes it for Kubernetes
+    (nvctk.base.config.KUBERNETES_NODE: a container's env selects no GPU) when shipped,
+    else the defaults (open: a container's NVIDIA_VISIBLE_DEVICES is honoured). The
+    runtime reads it afresh at each create (an edited config is no cached one)."""
+    from nvctk.base import config as nvconfig
+
+    cfg = Path(sim.config_path)
+    before = cfg.read_text()
+    text = before
+    for name, value in nvconfig.KUBERNETES_NODE.items():
+        key = name.replace("_", "-")
+        want = str(value if shipped else getattr(nvconfig.Config(), name)).lower()
+        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {want}", text)
+        assert n == 1, key
+    cfg.write_text(text)
+    try:
+        yield
+    finally:
+        cfg.write_text(before)
+
+
+# what a share's container tries in a user namespace of its own: the preload gone, then
+# past the cap
+USERNS_ESCAPE = ("unshare -Urm sh -c 'mount --bind /dev/null /etc/ld.so.preload "
+                 "&& cuda-vectoradd --alloc-mib 2100 | grep -q OK'")
+
+
+@pytest.mark.parametrize("handler, shipped", [("", False), ("nvidia", False), ("nvidia", True)],
+                         ids=["default-handler", "nvidia", "nvidia-shipped"])
 def test_dra_share_sees_its_gpu_and_cannot_pass_its_cap(cri: CriClient, work: Path,
-                                                         sim: SimHost, node: Node) -> None:
-    """A claim holding a 2 GiB share of GPU 1 (consumable capacity): the container sees
-    that GPU only, and libvgpu, bound to the claim's ledger by nvctk-runtime, refuses an
-    allocation past 2 GiB; within it the allocation is the driver's (OK)."""
+                                                         sim: SimHost, node: Node,
+                                                         handler: str, shipped: bool) -> None:
+    """A claim holding a 2 GiB share of GPU 1 (consumable capacity): under the engine's
+    default handler (no RuntimeClass) as under nvctk's, on a node configured as shipped
+    for Kubernetes too, the container sees that GPU only (the image's
+    NVIDIA_VISIBLE_DEVICES=all widens nothing), and libvgpu, which the claim's CDI spec
+    binds to the claim's ledger, refuses an allocation past 2 GiB; within it the
+    allocation is the driver's (OK)."""
     if not node.applies_cdi_devices:
         pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
     gpu1 = sim.topology.gpus[1]
-    driver, ids = _dra_claim(sim, work, "gpu-1", "uid-share-a", **SHARE)
+    uid = f"uid-share-a{handler}{int(shipped)}"
+    driver, ids = _dra_claim(sim, work, "gpu-1", uid, **SHARE)
     try:
-        res = run(cri, work, Allocation(cdi_devices=ids),
-                  "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
-                  "cuda-vectoradd --alloc-mib 2100; ls /dev | grep -c '^nvidia[0-9]'")
+        with _node_config(sim, shipped):
+            res = run(cri, work, Allocation(cdi_devices=ids),
+                      "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
+                      "cuda-vectoradd --alloc-mib 2100; ls /dev | grep -c '^nvidia[0-9]'; "
+                      # a user namespace of its own, where it could mount over the preload
+                      f"{USERNS_ESCAPE} >/dev/null 2>&1; echo userns=$?",
+                      handler=handler, runtime_default_seccomp=not handler)
     finally:
-        driver.unprepare("ns", "uid-share-a", "uid-share-a")
+        driver.unprepare("ns", uid, uid)
     lines = res.logs.splitlines()
     assert lines[0] == f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})", res.logs
     assert lines[1] == "alloc 1500 MiB: OK", res.logs
     assert lines[2].startswith("alloc 2100 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY"), res.logs
     assert lines[3] == "1", res.logs
-    assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path("uid-share-a"))
+    assert lines[4] != "userns=0", res.logs  # refused: RuntimeDefault, or nvctk-runtime's rule
+    assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path(uid))
+    assert not os.path.exists(driver.spec_path(uid))
 
 
 def test_dra_two_pods_of_one_claim_hold_one_cap(cri: CriClient, work: Path, sim: SimHost,
                                                 node: Node) -> None:
-    """Two Pods sharing one 2 GiB claim: one ledger for both, so while Pod A holds
-    1200 MiB, Pod B gets 600 MiB more but not 1200; what the simulated driver's NVML
-    counts for both together stays under 2 GiB."""
+    """Two Pods sharing one 2 GiB claim, A under the engine's default handler (no
+    RuntimeClass), B under nvctk's: one ledger for both, so while Pod A holds 1200 MiB,
+    Pod B gets 600 MiB more but not 1200; what the simulated driver's NVML counts for
+    both together stays under 2 GiB. After unprepare nothing of the claim is left."""
     if not node.applies_cdi_devices:
         pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
     mib = 1 << 20
     driver, ids = _dra_claim(sim, work, "gpu-1", "uid-share-b", **SHARE)
     hold = "vgpu_probe init ctx 0 alloc {} sleep 600000"
     try:
-        with pod(cri, "nvidia", work / "logs") as pa, pod(cri, "nvidia", work / "logs") as pb_:
+        with pod(cri, "", work / "logs") as pa, pod(cri, "nvidia", work / "logs") as pb_:
             a = pa.container("a", GPU_IMAGE, ["sh", "-c", hold.format(1200 * mib)],
-                             Allocation(cdi_devices=ids))
+                             Allocation(cdi_devices=ids), runtime_default_seccomp=True)
             pa.start(a)
             wait.until(lambda: "alloc 0" in pa.logs("a"), 60, "Pod A to hold 1200 MiB")
             b = pb_.container("b", GPU_IMAGE, ["sh", "-c", (
@@ -453,11 +500,38 @@ def test_dra_two_pods_of_one_claim_hold_one_cap(cri: CriClient, work: Path, sim:
             assert 1800 * mib <= used <= 2 << 30, used
     finally:
         driver.unprepare("ns", "uid-share-b", "uid-share-b")
-    assert driver.prepared_uids() == []
+    assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path("uid-share-b"))
+    assert not os.path.exists(driver.spec_path("uid-share-b"))
 
 
+def test_a_dra_share_that_could_leave_its_cap_is_refused(cri: CriClient, work: Path,
+                                                        sim: SimHost, node: Node) -> None:
+    """A share Pod under the engine's default handler with no seccomp profile (Unconfined,
+    a Pod's default without the kubelet's seccompDefault) could make a user namespace and
+    mount over its preload: the claim's hook refuses the start, saying what to set, and
+    nothing of the container is left."""
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    for path, off in (("/proc/sys/user/max_user_namespaces", "0"),
+                      ("/proc/sys/kernel/unprivileged_userns_clone", "0")):
+        if os.path.exists(path) and Path(path).read_text().strip() == off:
+            pytest.skip(f"{path} is {off}: no user namespace to refuse")
+    driver, ids = _dra_claim(sim, work, "gpu-1", "uid-share-u", **SHARE)
+    try:
+        with pytest.raises(CriError) as e:
+            run(cri, work, Allocation(cdi_devices=ids), "true", handler="")
+    finally:
+        driver.unprepare("ns", "uid-share-u", "uid-share-u")
+    assert e.value.call in ("CreateContainer", "StartContainer"), e.value
+    assert "may make a user namespace" in e.value.details, e.value
+    assert "seccompProfile type RuntimeDefault" in e.value.details, e.value
+    assert node.leftovers() == []
+    assert driver.prepared_uids() == [] and not os.path.exists(driver.ledger_path("uid-share-u"))
+
+
+@HANDLERS
 def test_dra_whole_gpu_claim_sees_its_gpu_only(cri: CriClient, work: Path, sim: SimHost,
-                                               node: Node) -> None:
+                                               node: Node, handler: str) -> None:
     """A claim on GPU 1, prepared by the DRA driver: the kubelet hands its CDI ids to the
     engine in CDI_devices, the engine applies the claim's spec, and the container sees
     that GPU alone (the image's NVIDIA_VISIBLE_DEVICES=all widens nothing). After
@@ -468,7 +542,7 @@ def test_dra_whole_gpu_claim_sees_its_gpu_only(cri: CriClient, work: Path, sim: 
     driver, ids = _dra_claim(sim, work, "gpu-1")
     try:
         res = run(cri, work, Allocation(cdi_devices=ids),
-                  "nvidia-smi -L; ls /dev | grep -c '^nvidia[0-9]'")
+                  "nvidia-smi -L; ls /dev | grep -c '^nvidia[0-9]'", handler=handler)
     finally:
         driver.unprepare("ns", "gpu-1", "uid-gpu-1")
     assert res.exit_code == 0, res.logs
@@ -572,6 +646,121 @@ def test_dra_whole_gpu_and_mig_claims_are_in_the_monitor(cri: CriClient, work: P
     assert (g0.shares, g1.shares) == (1, 1)
     assert g1.memory_promised == gpu1.memory_mib * MIB  # the whole GPU, as nvctk's whole GPUs
     assert g0.memory_promised == mig.memory_mib * MIB
+
+
+def test_a_dra_shares_container_is_in_the_monitor_with_its_cap(
+        cri: CriClient, work: Path, sim: SimHost, node: Node) -> None:
+    """A 2 GiB share's container under the engine's default handler (no nvctk record in
+    its bundle): the monitor lists it by its GPU node, kind vgpu, with the claim's cap
+    read from the claim's ledger, the memory the simulated driver counts, and its claim."""
+    from nvctk.monitor.collect import Collector
+    from support.daemons import short_dir
+    from support.monitor import MIB, FakePodResources
+
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    gpu1 = sim.topology.gpus[1]
+    driver, ids = _dra_claim(sim, work, "gpu-1", "uid-mon-share", **SHARE)
+    try:
+        with short_dir("nvctk-pr-") as d, pod(cri, "", work / "logs", name="share-mon") as p:
+            sock = d / "kubelet.sock"
+            kubelet = FakePodResources(sock, [{"name": "share-mon", "namespace": "default",
+                                               "containers": [{"name": "s", "dynamic_resources": [{
+                "claim_name": "uid-mon-share", "claim_namespace": "ns", "claim_resources": [{
+                    "driver_name": "gpu.nvctk.io", "pool_name": "node-a", "device_name": "gpu-1",
+                    "cdi_devices": [{"name": ids[0]}]}]}]}]}])
+            # the default handler's runc state: CRI-O's runc root (containerd's covers both)
+            roots = [node.runtime_root, *([f"crio={node.dir / 'runc'}"]
+                                          if node.engine.startswith("crio") else [])]
+            col = Collector(sim.root, roots, pod_resources=str(sock))
+            try:
+                cid = p.container("s", GPU_IMAGE, ["sh", "-c", (
+                    f"vgpu_probe init ctx 0 alloc {300 * MIB} sleep 600000")],
+                    Allocation(cdi_devices=ids), runtime_default_seccomp=True)
+                p.start(cid)
+
+                def holding() -> bool:
+                    got = {c.id: c for c in col.collect().containers}
+                    return cid in got and got[cid].devices[0].memory_used >= 300 * MIB
+
+                wait.until(holding, 90, "the share's container to hold its memory")
+                (c,) = [c for c in col.collect().containers if c.id == cid]
+            finally:
+                col.close()
+                kubelet.stop()
+    finally:
+        driver.unprepare("ns", "uid-mon-share", "uid-mon-share")
+    assert c.kind == "vgpu" and c.claim == "ns/uid-mon-share" and not c.outside_allocations
+    (dev,) = c.devices
+    assert dev.device_uuid == gpu1.uuid and dev.memory_limit == 2 << 30 and dev.sm_limit is None
+
+
+def test_the_monitor_flags_a_gpu_outside_the_kubelets_allocations(
+        cri: CriClient, work: Path, sim: SimHost, node: Node) -> None:
+    """On a node left open (nvctk's defaults), three containers of a Pod under the nvidia
+    handler hold GPU memory: `hole` asked the kubelet for nothing (its image's
+    NVIDIA_VISIBLE_DEVICES=all gave it every GPU), `plugin` got GPU 1 from the device
+    plugin, `claim` by a DRA claim. With the kubelet's pod-resources answer the monitor
+    flags `hole` alone (nvctk_container_outside_allocations, snapshot, top)."""
+    from rich.console import Console
+
+    from nvctk.monitor.allocation import FLAG, METRIC
+    from nvctk.monitor.collect import Collector
+    from nvctk.monitor.prom import render_text
+    from nvctk.monitor.top import render as top
+    from support.daemons import short_dir
+    from support.monitor import MIB, FakePodResources
+
+    if not node.applies_cdi_devices:
+        pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
+    gpu1 = sim.topology.gpus[1]
+    driver, claim_ids = _dra_claim(sim, work, "gpu-1", "uid-mon-open")
+    allocs = {"hole": Allocation(),
+              "plugin": Allocation(envs={"NVIDIA_VISIBLE_DEVICES": gpu1.uuid}),
+              "claim": Allocation(cdi_devices=claim_ids)}
+    hold = f"vgpu_probe init ctx 0 alloc {64 * MIB} sleep 600000"
+    try:
+        with _node_config(sim, False), short_dir("nvctk-pr-") as d, \
+                pod(cri, "nvidia", work / "logs", name="open-node") as p:
+            sock = d / "kubelet.sock"
+            kubelet = FakePodResources(sock, [{"name": "open-node", "namespace": "default",
+                                               "containers": [
+                {"name": "hole"},
+                {"name": "plugin", "devices": [{"resource_name": "nvidia.com/gpu",
+                                                "device_ids": [gpu1.uuid]}]},
+                {"name": "claim", "dynamic_resources": [{
+                    "claim_name": "uid-mon-open", "claim_namespace": "ns", "claim_resources": [{
+                        "driver_name": "gpu.nvctk.io", "pool_name": "node-a",
+                        "device_name": "gpu-1", "cdi_devices": [{"name": claim_ids[0]}]}]}]}]}])
+            col = Collector(sim.root, [node.runtime_root], pod_resources=str(sock))
+            try:
+                ids = {}
+                for k, a in allocs.items():
+                    ids[k] = p.container(k, GPU_IMAGE, ["sh", "-c", hold], a)
+                    p.start(ids[k])
+
+                def listed() -> bool:
+                    got = {c.id: c for c in col.collect().containers if c.devices and c.pod}
+                    return set(ids.values()) <= set(got)
+
+                wait.until(listed, 90, "the three containers in the monitor")
+                snap = col.collect()
+                metrics = render_text(snap, {})
+            finally:
+                col.close()
+                kubelet.stop()
+    finally:
+        driver.unprepare("ns", "uid-mon-open", "uid-mon-open")
+    by_id = {c.id: c for c in snap.containers}
+    flagged = {k for k, i in ids.items() if by_id[i].outside_allocations}
+    assert flagged == {"hole"}, [(by_id[i].container, by_id[i].resource, by_id[i].claim)
+                                 for i in ids.values()]
+    series = [li for li in metrics.splitlines() if li.startswith(METRIC + "{")]
+    assert series and all('container="hole"' in li and li.endswith(" 1") for li in series), series
+    console = Console(width=120, file=open(os.devnull, "w"), markup=False, emoji=False,  # noqa: SIM115
+                      record=True)
+    console.print(top(snap, 120))
+    assert FLAG in console.export_text()
 
 
 def test_nothing_left_behind(cri: CriClient, node: Node) -> None:
@@ -723,6 +912,71 @@ def test_allocation_from_a_device_plugin_response() -> None:
     )
 
 
+# --- issue 39: a Pod that asks for no GPU gets none on a node configured as shipped ---
+NO_GPU = "ls /dev | grep -c '^nvidia' || true; " \
+    "ls /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib 2>/dev/null | grep -c 'libcuda\\|libnvidia' || true"
+
+
+@pytest.mark.parametrize("env", ["image", "pod-all", "pod-uuid"])
+@pytest.mark.parametrize("shipped", [True, False], ids=["shipped", "open"])
+def test_a_pod_without_a_gpu_request_gets_no_gpu_on_a_shipped_node(
+        cri: CriClient, work: Path, sim: SimHost, env: str, shipped: bool) -> None:
+    """A Pod under the nvidia handler that asks the kubelet for nothing, with
+    NVIDIA_VISIBLE_DEVICES=all from its image (CUDA images have it) or its own env, or a
+    GPU's UUID in its env: on a node configured as shipped for Kubernetes it sees no GPU
+    node and no driver library; on an open node (nvctk's defaults, as for Docker) the
+    same Pod gets the GPUs, uncapped: the hole the shipped config closes."""
+    gpu1 = sim.topology.gpus[1]
+    envs = {"pod-all": {"NVIDIA_VISIBLE_DEVICES": "all"},
+            "pod-uuid": {"NVIDIA_VISIBLE_DEVICES": gpu1.uuid}}.get(env, {})
+    with _node_config(sim, shipped):
+        res = run(cri, work, Allocation(envs=envs), NO_GPU)
+    assert res.exit_code == 0, res.logs
+    nodes, libs = (int(x) for x in res.logs.split())
+    if shipped:
+        assert (nodes, libs) == (0, 0), res.logs
+    else:
+        assert nodes > 0 and libs > 0, res.logs
+
+
+def test_a_pods_own_cdi_annotation_gets_no_gpu_on_a_shipped_node(
+        cri: CriClient, work: Path, sim: SimHost) -> None:
+    """A Pod's own annotation `cdi.k8s.io/...` naming a GPU (its author writes it; CRI-O
+    copies a Pod's annotations into every container's spec): on a shipped node the Pod
+    gets no GPU from it."""
+    gpu1 = sim.topology.gpus[1]
+    with _node_config(sim, True), pod(cri, "nvidia", work / "logs", annotations={
+            CDI_KEY: f"nvidia.com/gpu={gpu1.uuid}"}) as p:
+        cid = p.container("main", GPU_IMAGE, ["sh", "-c", NO_GPU], Allocation())
+        p.start(cid)
+        assert p.wait(cid) == 0, p.logs("main")
+        logs = p.logs("main")
+    assert [int(x) for x in logs.split()] == [0, 0], logs
+
+
+def test_a_device_plugin_vgpu_share_on_a_shipped_node(cri: CriClient, work: Path,
+                                                      sim: SimHost) -> None:
+    """The device plugin's vGPU share with its default device list (volume-mounts) on a
+    node configured as shipped: the container sees its GPU only, capped at a quarter,
+    though the Pod's env says NVIDIA_VISIBLE_DEVICES=all (it comes after the plugin's
+    in the CRI config, so it wins there: the shipped node does not read it)."""
+    gpu1 = sim.topology.gpus[1]
+    try:
+        alloc = _plugin_allocation(sim, {"version": "v1", "flags": {"migStrategy": "mixed"},
+                                         "sharing": {"vgpu": {"replicas": 4}}},
+                                   "nvidia.com/vgpu", lambda ids: ids[:1])
+    except ImportError as e:  # the plugin's generated gRPC code is built by `make setup`
+        pytest.skip(f"device plugin not available: {e}")
+    assert alloc.mounts and alloc.envs["NVIDIA_VISIBLE_DEVICES"] != gpu1.uuid  # not by env
+    alloc.envs["NVIDIA_VISIBLE_DEVICES"] = "all"  # the Pod's own, last
+    with _node_config(sim, True):
+        res = run(cri, work, alloc,
+                  "nvidia-smi --query-gpu=uuid,memory.total --format=csv,noheader,nounits; "
+                  "ls /dev | grep -c '^nvidia[0-9]'")
+    assert res.exit_code == 0, res.logs
+    assert res.logs.splitlines() == [f"{gpu1.uuid}, {gpu1.memory_mib // 4}", "1"], res.logs
+
+
 def _plugin_allocation(sim: SimHost, config: dict[str, object], resource: str,
                        pick: Callable[[list[str]], list[str]]) -> Allocation:
     """What the kubelet would hand the CRI after the device plugin's Allocate: the
@@ -741,11 +995,14 @@ def _plugin_allocation(sim: SimHost, config: dict[str, object], resource: str,
 
 PLUGIN_CASES = [
     # (plugin config, resource, which ids, script, judge of its output)
-    ({"version": "v1", "flags": {"migStrategy": "mixed"}}, "nvidia.com/mig-2g.20gb",
+    # (an open node, nvctk's defaults: the device list by env, as configured here)
+    ({"version": "v1", "flags": {"migStrategy": "mixed", "deviceListStrategy": "envvar"}},
+     "nvidia.com/mig-2g.20gb",
      lambda ids: ids[:1], "nvidia-smi -L | grep -c MIG", "1"),
     ({"version": "v1", "flags": {"migStrategy": "mixed", "deviceListStrategy": ["cdi-annotations"]}},
      "nvidia.com/gpu", lambda ids: ids[:1], "nvidia-smi -L | grep -c '^GPU'", "1"),
-    ({"version": "v1", "flags": {"migStrategy": "mixed"}, "sharing": {"vgpu": {"replicas": 4}}},
+    ({"version": "v1", "flags": {"migStrategy": "mixed", "deviceListStrategy": "envvar"},
+      "sharing": {"vgpu": {"replicas": 4}}},
      "nvidia.com/vgpu", lambda ids: ids[:2],  # two shares of one GPU add up: half of it
      "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits", "half"),
     # a share with the cdi-cri strategy beside envvar: the engine injects the CDI device,

@@ -358,36 +358,52 @@ def test_the_page_shows_names_as_text_fits_700px_and_flags_over_promised(
             node.kill(cid)
 
 
-def test_the_page_names_the_dra_claim_the_kubelet_reports(node: Node, tmp_path: Path) -> None:
-    """`nvctk monitor --pod-resources-socket`: the claim the kubelet reports for a Pod's
-    container is shown under its name on the page; containers without one show none."""
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("needs Debian's chromium and chromium-driver (make setup installs them)")
-    pytest.importorskip("selenium")
+def _page_rows(node: Node, tmp_path: Path, sock: Path, pods: list[dict[str, object]],
+               ready: str) -> dict[str, tuple[list[str], bool]]:
+    """The page of `nvctk monitor --pod-resources-socket` with a kubelet answering `pods`,
+    once an element `ready` (a CSS selector) is on it: who -> (its claim lines, whether
+    it is flagged as outside the kubelet's allocations)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    kubelet = FakePodResources(sock, pods)
+    mon = Monitor(node, tmp_path, "--pod-resources-socket", str(sock))
+    drv = chrome(tmp_path)
+    try:
+        drv.get(mon.url + "/")
+        WebDriverWait(drv, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, ready))
+        return {r.find_element(By.CSS_SELECTOR, "td[data-field=who]").text.split("\n")[0]: (
+                    [e.text for e in r.find_elements(By.CSS_SELECTOR, "[data-field=claim]")],
+                    bool(r.find_elements(By.CSS_SELECTOR, "[data-field=outside]")))
+                for r in drv.find_elements(By.CSS_SELECTOR, "tr[data-container]")}
+    finally:
+        drv.quit()
+        mon.stop()
+        kubelet.stop()
+
+
+def test_the_page_names_the_dra_claim_the_kubelet_reports(node: Node, tmp_path: Path) -> None:
+    """`nvctk monitor --pod-resources-socket`: the claim the kubelet reports for a Pod's
+    container is shown under its name on the page; containers without one show none.
+    A Pod's GPU container the kubelet allocated nothing is flagged (issue 39)."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (make setup installs them)")
+    pytest.importorskip("selenium")
     from support.daemons import short_dir
 
     with short_dir("nvctk-pr-") as d:
-        kubelet = FakePodResources(d / "kubelet.sock", [{"name": "trainer-0", "namespace": "team-a",
-            "containers": [{"name": "worker", "dynamic_resources": [{
-                "claim_name": "gpu-share", "claim_namespace": "team-a", "claim_resources": [
-                    {"driver_name": "gpu.nvctk.io", "pool_name": "node1", "device_name": "gpu-0"}]}]}]}])
-        mon = Monitor(node, tmp_path, "--pod-resources-socket", str(d / "kubelet.sock"))
-        drv = chrome(tmp_path)
-        try:
-            drv.get(mon.url + "/")
-            WebDriverWait(drv, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-field=claim]"))
-            rows = drv.find_elements(By.CSS_SELECTOR, "tr[data-container]")
-            shown = {r.find_element(By.CSS_SELECTOR, "td[data-field=who]").text.split("\n")[0]:
-                     [e.text for e in r.find_elements(By.CSS_SELECTOR, "[data-field=claim]")] for r in rows}
-            assert shown.pop("team-a/trainer-0/worker") == ["claim team-a/gpu-share"], shown
-            assert shown and all(v == [] for v in shown.values()), shown
-        finally:
-            drv.quit()
-            mon.stop()
-            kubelet.stop()
+        shown = _page_rows(node, tmp_path, d / "kubelet.sock", [{
+            "name": "trainer-0", "namespace": "team-a", "containers": [{
+                "name": "worker", "dynamic_resources": [{
+                    "claim_name": "gpu-share", "claim_namespace": "team-a", "claim_resources": [
+                        {"driver_name": "gpu.nvctk.io", "pool_name": "node1",
+                         "device_name": "gpu-0"}]}]}]}], "[data-field=claim]")
+        assert shown.pop("team-a/trainer-0/worker") == (["claim team-a/gpu-share"], False), shown
+        # the rest: no claim, and no Pod's (nothing to flag)
+        assert shown and all(v == ([], False) for v in shown.values()), shown
+        # a kubelet that allocated trainer-0 nothing: its GPU is flagged
+        shown = _page_rows(node, tmp_path, d / "kubelet2.sock", [], "[data-field=outside]")
+        assert [who for who, (_, out) in shown.items() if out] == ["team-a/trainer-0/worker"]
 
 
 # --- nvctk monitor --compat hami,dcgm: HAMi's and dcgm-exporter's published queries ----------

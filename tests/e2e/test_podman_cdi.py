@@ -11,6 +11,7 @@ caches blob digests under /var/lib/containers) a /var/lib of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -19,10 +20,12 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from nvctk.sim.host import SimHost
+from support import wait
 from support.daemons import umount_below
 from support.podman import private_podman
 
@@ -126,46 +129,93 @@ def _dra_driver(sim_host: SimHost, tmp: Path, tag: str, **result: object) -> tup
     return driver, dev.cdi_ids[0]
 
 
-@pytest.mark.parametrize("share", [False, True], ids=["whole", "share"])
-def test_podman_runs_a_dra_claims_device(podman: Podman, sim_host: SimHost, share: bool,
-                                         rootfs: Callable[..., str], tmp_path: Path) -> None:
-    """A DRA claim's spec, as nvctk's DRA driver writes it into /var/run/cdi: podman
-    applies a whole-GPU claim itself (runc); a 2 GiB share needs nvctk-runtime, which
-    caps the container at the claim's ledger. The container sees GPU 1 only; after
-    unprepare the claim's spec is gone."""
+def _nvctk_runtime(sim_host: SimHost, tmp: Path) -> list[str]:
+    """podman's --runtime for nvctk-runtime: podman gives its runtime none of its env,
+    so a wrapper sets the sim's config."""
+    wrap = tmp / "wrap" / "nvctk-runtime"
+    wrap.parent.mkdir()
+    wrap.write_text(f"#!/bin/sh\nexec env NVCTK_CONFIG={sim_host.config_path} "
+                    f"{Path(sys.executable).with_name('nvctk-runtime')} \"$@\"\n")
+    wrap.chmod(0o755)
+    return ["--runtime", str(wrap)]
+
+
+@contextlib.contextmanager
+def _claim(sim_host: SimHost, tmp: Path, **result: object) -> Iterator[tuple[Any, str, str]]:
+    """A claim on GPU 1 prepared into /var/run/cdi for the block: (driver, CDI id, uid);
+    unprepared after it, when nothing of it may be left."""
+    from nvctk.base import mounts as mount
     from nvctk.dra.driver import Driver
 
-    tar = subprocess.run(["tar", "-C", rootfs(with_sample=True), "-c", "."],
-                         capture_output=True, check=True)
-    res = podman("import", "-", IMAGE, input=tar.stdout, private_var_lib=True)
-    assert res.returncode == 0, res.stderr
     tag = uuid.uuid4().hex[:12]
     made_dir = not SPEC_DIR.exists()
-    extra = {"shareID": "s", "consumedCapacity": {"memory": "2Gi"}} if share else {}
-    driver, cdi_id = _dra_driver(sim_host, tmp_path, tag, **extra)
+    driver, cdi_id = _dra_driver(sim_host, tmp, tag, **result)
     assert isinstance(driver, Driver)
-    gpu1 = sim_host.topology.gpus[1]
+    uid = f"uid-{tag}"
+    ledger = driver.ledger_path(uid)
     try:
-        runtime: list[str] = []
-        if share:
-            # podman gives its runtime none of its env: a wrapper sets the sim's config
-            wrap = tmp_path / "wrap" / "nvctk-runtime"
-            wrap.parent.mkdir()
-            wrap.write_text(f"#!/bin/sh\nexec env NVCTK_CONFIG={sim_host.config_path} "
-                            f"{Path(sys.executable).with_name('nvctk-runtime')} \"$@\"\n")
-            wrap.chmod(0o755)
-            runtime = ["--runtime", str(wrap)]
-        res = podman("run", "--rm", "--network", "none", *runtime, "--device", cdi_id,
-                     IMAGE, "sh", "-c",
-                     "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
-                     "cuda-vectoradd --alloc-mib 2100 || true")
+        yield driver, cdi_id, uid
     finally:
-        driver.unprepare("ns", "c", f"uid-{tag}")
+        driver.unprepare("ns", "c", uid)
         if made_dir:
             try:
                 SPEC_DIR.rmdir()
             except OSError:
                 pass
+    assert not os.path.exists(driver.spec_path(uid)) and driver.prepared_uids() == []
+    assert not os.path.exists(ledger)
+    assert not any(m.mount_point.startswith(ledger) for m in mount.read_mountinfo())
+
+
+def _no_userns(tmp: Path) -> list[str]:
+    """podman's --security-opt for a seccomp profile that refuses new user namespaces
+    (nvctk's own rules, all else allowed): podman's default profile lets unshare through,
+    and a share's hook then refuses the start (in a user namespace the container could
+    mount over its preload)."""
+    import json
+
+    from nvctk.spec.seccomp import userns_rules
+
+    path = tmp / "no-userns.json"
+    path.write_text(json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": userns_rules()}))
+    return ["--security-opt", f"seccomp={path}"]
+
+
+def _image(podman: Podman, rootfs: Callable[..., str]) -> None:
+    """The test image: the CUDA sample, and libvgpu's probe (holds memory as asked)."""
+    from support.monitor import PROBE
+
+    root = Path(rootfs(with_sample=True))
+    subprocess.run(["make", "-s", "-C", str(PROBE.parents[1]), "build/vgpu_probe"], check=True,
+                   capture_output=True)
+    (root / "usr/local/bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy(PROBE, root / "usr/local/bin/vgpu_probe")
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True)
+    res = podman("import", "-", IMAGE, input=tar.stdout, private_var_lib=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("share, runtime", [(False, "default"), (True, "default"),
+                                            (True, "nvctk-runtime")],
+                         ids=["whole", "share", "share-nvctk-runtime"])
+def test_podman_runs_a_dra_claims_device(podman: Podman, sim_host: SimHost, share: bool,
+                                         runtime: str, rootfs: Callable[..., str],
+                                         tmp_path: Path) -> None:
+    """A DRA claim's spec, as nvctk's DRA driver writes it into /var/run/cdi: podman
+    applies it with its own runtime (no --runtime), a 2 GiB share included: the spec
+    carries the GPU and libvgpu bound to the claim's ledger. The container sees GPU 1
+    only and a share stops at its cap; under nvctk-runtime the same. After unprepare
+    nothing of the claim is left."""
+    _image(podman, rootfs)
+    extra = {"shareID": "s", "consumedCapacity": {"memory": "2Gi"}} if share else {}
+    gpu1 = sim_host.topology.gpus[1]
+    with _claim(sim_host, tmp_path, **extra) as (_, cdi_id, _):
+        flags = (_nvctk_runtime(sim_host, tmp_path) if runtime == "nvctk-runtime" else
+                 _no_userns(tmp_path) if share else [])
+        res = podman("run", "--rm", "--network", "none", *flags, "--device", cdi_id,
+                     IMAGE, "sh", "-c",
+                     "nvidia-smi -L; cuda-vectoradd --alloc-mib 1500; "
+                     "cuda-vectoradd --alloc-mib 2100 || true")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     assert lines[0] == f"GPU 0: {gpu1.name} (UUID: {gpu1.uuid})", res.stdout
@@ -174,5 +224,104 @@ def test_podman_runs_a_dra_claims_device(podman: Podman, sim_host: SimHost, shar
         assert lines[2].startswith("alloc 2100 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY"), res.stdout
     else:
         assert lines[2] == "alloc 2100 MiB: OK"
-    assert not os.path.exists(driver.spec_path(f"uid-{tag}"))
-    assert driver.prepared_uids() == []
+
+
+# what a container's root (no CAP_SYS_ADMIN) may try against its share's cap; each runs,
+# whether it fails or not, before the container fills the GPU
+TAMPER = {
+    "rewrite-preload": "echo > /etc/ld.so.preload",
+    "remove-preload": "rm -f /etc/ld.so.preload",
+    "move-etc": "mv /etc /etc.x && mkdir /etc && touch /etc/ld.so.preload",
+    "move-run": "mv /run /run.x && mkdir -p /run/nvctk/vgpu "
+                "&& echo CUDA_DEVICE_MEMORY_LIMIT_0=0 > /run/nvctk/vgpu/limits",
+    "write-limits": "echo CUDA_DEVICE_MEMORY_LIMIT_0=0 > /run/nvctk/vgpu/limits",
+    "replace-limits": "rm -f /run/nvctk/vgpu/limits; echo CUDA_DEVICE_MEMORY_LIMIT_0=0 "
+                      "> /run/nvctk/vgpu/limits.new && mv /run/nvctk/vgpu/limits.new "
+                      "/run/nvctk/vgpu/limits",
+    "write-ledger-cache": "dd if=/dev/zero of=/run/nvctk/vgpu/cache bs=4096 count=1 conv=notrunc",
+    "remove-library": "rm -f /run/nvctk/libvgpu.so; : > /run/nvctk/libvgpu.so",
+    # in a user namespace of its own it could mount over the preload: refused by seccomp
+    "user-namespace": "unshare -Urm sh -c 'mount --bind /dev/null /etc/ld.so.preload "
+                      "&& echo escaped'",
+}
+
+
+@pytest.mark.parametrize("runtime", ["default", "nvctk-runtime"])
+def test_a_dra_shares_cap_holds_against_its_containers_env_and_files(
+        podman: Podman, sim_host: SimHost, runtime: str, rootfs: Callable[..., str],
+        tmp_path: Path) -> None:
+    """A 2 GiB share run by podman's own runtime: after every tampering above, with
+    LD_PRELOAD unset and CUDA_DEVICE_MEMORY_LIMIT set far above the cap, a process that
+    allocates until refused holds at most 2 GiB on GPU 1, as the simulated driver's NVML
+    counts it (not libvgpu); the preload still names libvgpu."""
+    from nvctk.sim.state import read_state, state_path
+
+    _image(podman, rootfs)
+    mib = 1 << 20
+    script = "; ".join(f"({cmd}) 2>/dev/null" for cmd in TAMPER.values()) + (
+        "; echo preload: $(cat /etc/ld.so.preload); "
+        "exec env -u LD_PRELOAD CUDA_DEVICE_MEMORY_LIMIT=80g CUDA_DEVICE_MEMORY_LIMIT_0=0 "
+        "NVCTK_VGPU_LIMITS_FILE=/tmp/none vgpu_probe init ctx 0 fill 67108864 sleep 600000")
+    with _claim(sim_host, tmp_path, shareID="s", consumedCapacity={"memory": "2Gi"}) as (
+            _, cdi_id, _):
+        flags = (_nvctk_runtime(sim_host, tmp_path) if runtime == "nvctk-runtime" else
+                 _no_userns(tmp_path))
+        res = podman("run", "-d", "--network", "none", *flags, "--device", cdi_id, IMAGE,
+                     "sh", "-c", script)
+        assert res.returncode == 0, res.stderr
+        cid = res.stdout.strip()
+        try:
+            def logs() -> str:
+                return podman("logs", cid).stdout
+
+            wait.until(lambda: "fill " in logs(), 90, "the container to fill its share")
+            used = sum(p.mem_used for p in read_state(state_path(sim_host.root),
+                                                      live_only=True).procs_on(1))
+            out = logs()
+        finally:
+            podman("rm", "--force", cid, timeout=60)
+    assert "preload: /run/nvctk/libvgpu.so" in out and "escaped" not in out, out
+    fill = next(li for li in out.splitlines() if li.startswith("fill "))
+    assert fill.split()[1] == "2", out  # CUDA_ERROR_OUT_OF_MEMORY: refused at the cap
+    assert 1500 * mib <= used <= 2 << 30, (used, out)
+
+
+def test_a_dra_share_that_could_leave_its_cap_is_refused(
+        podman: Podman, sim_host: SimHost, rootfs: Callable[..., str], tmp_path: Path) -> None:
+    """Under podman's own runtime and default seccomp profile (which lets unshare through)
+    a share's container could make a user namespace and mount over its preload: the
+    claim's hook refuses the start, saying what to set; no container is left."""
+    for path, off in (("/proc/sys/user/max_user_namespaces", "0"),
+                      ("/proc/sys/kernel/unprivileged_userns_clone", "0")):
+        if os.path.exists(path) and Path(path).read_text().strip() == off:
+            pytest.skip(f"{path} is {off}: no user namespace to refuse")
+    _image(podman, rootfs)
+    with _claim(sim_host, tmp_path, shareID="s", consumedCapacity={"memory": "2Gi"}) as (
+            _, cdi_id, _):
+        res = podman("run", "--rm", "--network", "none", "--device", cdi_id, IMAGE, "true")
+    assert res.returncode != 0
+    assert "may make a user namespace (unshare is allowed" in res.stderr, res.stderr
+    assert podman("ps", "--all", "--quiet").stdout.strip() == ""
+
+
+def test_a_dra_share_in_an_image_without_glibc_is_refused(
+        podman: Podman, sim_host: SimHost, tmp_path: Path) -> None:
+    """An image whose loader ignores /etc/ld.so.preload (no glibc loader: musl's, or a
+    static one) would run a share uncapped: the claim's hook refuses the start."""
+    root = tmp_path / "static"  # a static busybox, no dynamic loader at all
+    (root / "bin").mkdir(parents=True)
+    shutil.copy(shutil.which("busybox") or "/bin/busybox", root / "bin/busybox")
+    for applet in ("sh", "true"):
+        (root / "bin" / applet).symlink_to("busybox")
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True)
+    res = podman("import", "-", IMAGE, input=tar.stdout, private_var_lib=True)
+    assert res.returncode == 0, res.stderr
+    with _claim(sim_host, tmp_path, shareID="s", consumedCapacity={"memory": "2Gi"}) as (
+            _, cdi_id, _):
+        res = podman("run", "--rm", "--network", "none", *_no_userns(tmp_path),
+                     "--device", cdi_id, IMAGE, "true")
+    assert res.returncode != 0
+    assert "the DRA claim's share is set but GPU limits cannot be enforced" in res.stderr, \
+        res.stderr
+    assert podman("ps", "--all", "--quiet").stdout.strip() == ""
+

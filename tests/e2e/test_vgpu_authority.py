@@ -37,7 +37,9 @@ IMAGE = "nvctk.test/gpu-hostile:1"
 GPU_MIB = 4096
 REPLICAS = 4
 SHARE_MIB = GPU_MIB // REPLICAS
-PLUGIN = {"version": "v1", "sharing": {"vgpu": {"replicas": REPLICAS}}}
+# envvar: an open node's device list (nvctk's defaults), where a Pod's env is the threat
+PLUGIN = {"version": "v1", "flags": {"deviceListStrategy": "envvar"},
+          "sharing": {"vgpu": {"replicas": REPLICAS}}}
 PODANN = "nvidia-podann"  # a runtime whose operator let Pod annotations through
 SCRIPT = (f"nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits; "
           f"cuda-vectoradd --alloc-mib {SHARE_MIB + 64}; cuda-vectoradd --alloc-mib {SHARE_MIB // 2}; "

@@ -251,7 +251,7 @@ def test_list(spec_yaml: Path, tmp_path: Path, sim_host: SimHost,
     (["create-symlinks", "--folder", "/x"], "unexpected argument '--folder'"),
     (["update-ldcache", "--folder", "lib"], "want one absolute container path"),
     (["update-ldcache", "--folder", "/a", "--folder", "/b"], "want one absolute"),
-    (["cdi-edits"], "--link or --folder is required"),
+    (["cdi-edits"], "--link or --folder or --pin is required"),
     (["cdi-edits", "--link", "a::/x", "--folder", "/a", "--folder", "/b"], "want one absolute"),
     (["cdi-edits", "--mount", "/x"], "unexpected argument '--mount'"),
 ])

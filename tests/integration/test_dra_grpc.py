@@ -532,7 +532,7 @@ def test_restart_between_prepare_and_unprepare_loses_nothing(
     src.claims.clear()  # and the API server is gone too
     n2 = start(sim_host, MemoryClaims(), top=top)
     assert n2.kubelet.prepare(refs) == first
-    assert os.path.isfile(os.path.join(ledger, "limits"))  # the share's ledger kept
+    assert os.path.isfile(os.path.join(ledger, "ro", "limits"))  # the share's ledger kept
     assert n2.kubelet.unprepare(refs) == {"uid-c": "", "uid-s": ""}
     assert n2.specs() == [] and n2.driver.prepared_uids() == []
     assert not os.path.exists(ledger)
@@ -599,17 +599,18 @@ def test_driver_needs_no_grpc(sim_host: SimHost, tmp_path: Path) -> None:
 
 
 @pytest.mark.root
-def test_a_share_gets_one_ledger_for_the_claim_and_a_grant(start: Start,
-                                                           sim_host: SimHost) -> None:
-    """A 2 GiB, 25 % share of GPU 0: the claim's ledger (a tmpfs of its own: limits,
-    cache) holds its caps; the spec only asks nvctk-runtime for the GPU, with the node's
-    grant (MAC'd by the authority key) naming that ledger; unprepare removes both."""
+def test_a_shares_spec_is_plain_cdi_with_one_ledger_for_the_claim(start: Start,
+                                                                   sim_host: SimHost) -> None:
+    """A 2 GiB, 25 % share of GPU 0: the claim's ledger (a tmpfs of its own, laid out as a
+    container's state dir) holds its caps; the spec gives everything a container needs
+    under any CDI runtime: the GPU's device node, the driver's files, libvgpu, the
+    ledger's limits (read-only) and cache, /etc/ld.so.preload read-only, and the hook
+    that pins /etc and /run; nothing in env but NVIDIA_VISIBLE_DEVICES=void (no grant a
+    Pod could copy). Unprepare removes spec and ledger."""
     from nvctk.base import mounts as mount
-    from nvctk.vgpu import authority
     from nvctk.vgpu import ledger as ledger_layout
     from nvctk.vgpu import limits as vgpu
 
-    g0 = sim_host.topology.gpus[0]
     src = MemoryClaims({("ns", "s"): claim("s", "uid-s", [result(
         "gpu-0", shareID="7c1e", consumedCapacity={"memory": "2Gi", "smShare": "25"})])})
     n = start(sim_host, src)
@@ -619,25 +620,31 @@ def test_a_share_gets_one_ledger_for_the_claim_and_a_grant(start: Start,
     assert (d.device_name, d.share_id) == ("gpu-0", "7c1e")
     (r,) = _resolve(n, list(d.cdi_device_ids))
     edits = r.device["containerEdits"]
-    assert "deviceNodes" not in edits and "deviceNodes" not in r.spec.get("containerEdits", {})
-    env = dict(e.split("=", 1) for e in edits["env"])
-    assert env["NVIDIA_VISIBLE_DEVICES"] == g0.uuid
-    grant = authority.dra_grant(env)
-    assert grant is not None and grant[0] == "nvctk.io/vgpu.dra.uid-s"
-    key = authority.load_key(n.cfg.authority_key)
-    assert authority.shares(dict([grant]), key, n.cfg.authority_key) == {
-        g0.uuid: (2 << 30, 25)}
+    common = r.spec["containerEdits"]
+    assert edits["deviceNodes"][0]["path"] == "/dev/nvidia0"  # then its DRM nodes
+    assert "/dev/nvidia1" not in {x["path"] for x in edits["deviceNodes"]}
+    assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= {x["path"] for x in common["deviceNodes"]}
+    env = dict(e.split("=", 1) for e in common["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert not any(k.startswith("NVCTK_") for k in env)
     ledger = os.path.join(n.state_dir, "dra", "uid-s")
-    assert authority.dra_ledger(grant[0], n.state_dir) == ledger
+    binds = {m["containerPath"]: (m["hostPath"], "ro" in m["options"]) for m in common["mounts"]}
+    assert binds["/run/nvctk"] == (f"{ledger}/ro", True)
+    assert binds["/run/nvctk/vgpu/limits"] == (f"{ledger}/ro/limits", True)
+    assert binds["/run/nvctk/vgpu/cache"] == (f"{ledger}/rw/cache", False)
+    assert binds["/etc/ld.so.preload"] == (f"{ledger}/ro/ld.so.preload", True)
+    assert binds["/run/nvctk/libvgpu.so"][1] is True
+    assert any(p.endswith("/libcuda.so.1") or "libcuda.so." in p for p in binds)
+    (hook,) = edits["hooks"]
+    assert hook["hookName"] == "createRuntime" and hook["args"][1:6] == [
+        "cdi-edits", "--pin", "etc", "--pin", "run"]
     assert any(m.mount_point == ledger and m.fstype == "tmpfs"
                for m in mount.read_mountinfo())
-    got = vgpu.read_limits_file(os.path.join(ledger, "limits"), 1)
+    got = vgpu.read_limits_file(os.path.join(ledger, "ro", "limits"), 1)
     assert (got.memory, got.sm) == ((2 << 30,), (25,))
-    assert os.path.getsize(os.path.join(ledger, "cache")) == ledger_layout.SHM_SIZE
-    # a forged grant (another cap) does not verify
-    forged = (grant[0], grant[1].replace(str(2 << 30), str(40 << 30)))  # type: ignore[union-attr]
-    with pytest.raises(Exception, match="MAC does not verify"):
-        authority.shares(dict([forged]), key, n.cfg.authority_key)
+    assert os.path.getsize(os.path.join(ledger, "rw", "cache")) == ledger_layout.SHM_SIZE
+    with open(os.path.join(ledger, "ro", "ld.so.preload")) as f:
+        assert f.read() == "/run/nvctk/libvgpu.so\n"
     assert n.kubelet.unprepare([("ns", "s", "uid-s")]) == {"uid-s": ""}
     assert not os.path.exists(ledger) and n.specs() == []
     assert not any(m.mount_point == ledger for m in mount.read_mountinfo())

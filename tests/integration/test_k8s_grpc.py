@@ -60,7 +60,10 @@ def start(kubelet_dir: str) -> Iterator[Start]:
     made: list[tuple[FakeKubelet, Manager, threading.Thread]] = []
 
     def go(sim: SimHost, conf: dict[str, Any], health: bool = False) -> tuple[FakeKubelet, Manager]:
-        cfg = dpconfig.parse({"version": "v1", **conf})
+        # the answers these tests read are env's (the default device list, volume-mounts,
+        # is tests/unit/test_k8s_allocate.py's)
+        flags = {"deviceListStrategy": "envvar", **conf.get("flags", {})}
+        cfg = dpconfig.parse({"version": "v1", **conf, "flags": flags})
         host = nvml.query_host(sim.root)
         res = resources.build(cfg, host)
         kl = FakeKubelet(kubelet_dir).start()

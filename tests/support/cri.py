@@ -183,7 +183,14 @@ def _kubelet_labels(pod: Any, container: str = "") -> dict[str, str]:
 
 
 def _container_config(pb: Any, pod: Any, name: str, image: str, command: Sequence[str],
-                      alloc: Allocation) -> Any:
+                      alloc: Allocation, runtime_default_seccomp: bool = False) -> Any:
+    """runtime_default_seccomp: securityContext.seccompProfile RuntimeDefault (the
+    kubelet's seccompDefault); else none, which the engines read as Unconfined."""
+    security = pb.LinuxContainerSecurityContext(
+        namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER))
+    if runtime_default_seccomp:
+        security.seccomp.CopyFrom(pb.SecurityProfile(
+            profile_type=pb.SecurityProfile.ProfileType.RuntimeDefault))
     return pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name),
         labels=_kubelet_labels(pod, name),
@@ -197,8 +204,7 @@ def _container_config(pb: Any, pod: Any, name: str, image: str, command: Sequenc
         annotations=alloc.annotations,
         CDI_devices=[pb.CDIDevice(name=n) for n in alloc.cdi_devices],
         log_path=f"{name}.log",
-        linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
-            namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER))),
+        linux=pb.LinuxContainerConfig(security_context=security),
     )
 
 
@@ -211,11 +217,12 @@ class Pod:
     containers: list[str] = field(default_factory=list)  # ids, as created
 
     def container(self, name: str, image: str, command: Sequence[str],
-                  alloc: Allocation) -> str:
+                  alloc: Allocation, runtime_default_seccomp: bool = False) -> str:
         pb = self.client.pb
         req = pb.CreateContainerRequest(pod_sandbox_id=self.sandbox_id, sandbox_config=self.config,
                                         config=_container_config(pb, self.config.metadata, name, image,
-                                                                command, alloc))
+                                                                command, alloc,
+                                                                runtime_default_seccomp))
         cid = str(self.client.call("CreateContainer", req).container_id)
         self.containers.append(cid)
         return cid
@@ -266,12 +273,13 @@ def pod(client: CriClient, handler: str, log_root: Path, name: str = "",
 
 
 def run_pod(client: CriClient, handler: str, allocation: Allocation, *, image: str,
-            command: Sequence[str], log_root: Path, timeout: float = 60) -> PodResult:
+            command: Sequence[str], log_root: Path, timeout: float = 60,
+            runtime_default_seccomp: bool = False) -> PodResult:
     """One Pod with one container, run to completion: its logs and exit code.
     A failing CRI call raises CriError (the runtime's message in .details); the Pod
     is stopped and removed either way."""
     with pod(client, handler, log_root) as p:
-        cid = p.container("main", image, command, allocation)
+        cid = p.container("main", image, command, allocation, runtime_default_seccomp)
         try:
             p.start(cid)
             code = p.wait(cid, timeout)

@@ -83,3 +83,37 @@ def test_an_unsealed_plain_gpu_record_is_acted_on_without_a_word() -> None:
     assert "mac" not in spec["annotations"][EDITS_ANNOTATION]
     got = _judged(spec, "/b/9", key=None)
     assert got.problem is None and got.fields == {"devices": [NODE], "rules": [["c", 195, 0]]}
+
+
+# a runtime's default profile, as containerd and Docker resolve it for a container without
+# CAP_SYS_ADMIN: clone without namespace flags (0x7E020000), unshare and clone3 refused
+_RUNTIME_DEFAULT = {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+    {"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
+    {"names": ["clone"], "action": "SCMP_ACT_ALLOW",
+     "args": [{"index": 0, "value": 0x7E020000, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]},
+    {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}]}
+
+
+def _with(profile: dict[str, Any], *rules: dict[str, Any]) -> dict[str, Any]:
+    return {**profile, "syscalls": [*profile["syscalls"], *rules]}
+
+
+def test_which_profiles_let_a_new_user_namespace_through() -> None:
+    """seccomp.userns_way: the way out of a DRA share's cap a profile leaves (the claim's
+    hook refuses a start where it is not None)."""
+    way = seccomp.userns_way
+    assert way(None) == "unshare"  # no profile
+    assert way({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": []}) == "unshare"
+    assert way({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": seccomp.userns_rules()}) is None
+    assert way(_RUNTIME_DEFAULT) is None
+    # an allowed unshare (podman's default profile), clone without a condition, clone3
+    assert way(_with(_RUNTIME_DEFAULT, {"names": ["unshare"], "action": "SCMP_ACT_ALLOW"})) \
+        == "unshare"
+    assert way(_with(_RUNTIME_DEFAULT, {"names": ["clone"], "action": "SCMP_ACT_ALLOW"})) == "clone"
+    allowed3 = {**_RUNTIME_DEFAULT, "syscalls": [*_RUNTIME_DEFAULT["syscalls"][:2],
+                                                 {"names": ["clone3"], "action": "SCMP_ACT_ALLOW"}]}
+    assert way(allowed3) == "clone3"
+    # a rule it cannot judge (a comparison on another argument only) lets it through
+    assert way(_with(_RUNTIME_DEFAULT, {"names": ["unshare"], "action": "SCMP_ACT_ALLOW", "args": [
+        {"index": 1, "value": 0, "valueTwo": 0, "op": "SCMP_CMP_EQ"}]})) == "unshare"
+    assert way({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": "x"}) == "unshare"

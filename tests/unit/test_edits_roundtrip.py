@@ -12,6 +12,7 @@ from nvctk.cdi import generate, load, resolve
 from nvctk.edits import (
     NVIDIA_HOOK_NAMES,
     VGPU_PINS,
+    CdiHookArgs,
     DeviceNode,
     Edits,
     Hook,
@@ -112,13 +113,26 @@ def test_a_foreign_spec_stays_verbatim(tmp_path: Path) -> None:
     assert not e.has_hook_work()  # no nvctk prestart hook for a foreign spec
 
 
-@pytest.mark.parametrize(("cmd", "args", "links", "folder"), [
-    ("cdi-edits", ["--link", "a::/x", "--folder", "/l"], (Symlink("/x", "a"),), "/l"),
-    ("cdi-edits", ["--folder", "/l"], (), "/l"),
+@pytest.mark.parametrize(("cmd", "args", "links", "folder", "pins"), [
+    ("cdi-edits", ["--link", "a::/x", "--folder", "/l"], (Symlink("/x", "a"),), "/l", ()),
+    ("cdi-edits", ["--folder", "/l"], (), "/l", ()),
+    ("cdi-edits", ["--pin", "etc", "--pin", "run", "--pin", "etc", "--folder", "/l"], (), "/l",
+     ("etc", "run")),
+    ("cdi-edits", ["--pin", "run"], (), None, ("run",)),
     ("create-symlinks", ["--link", "a::/x", "--link", "b::/y"],
-     (Symlink("/x", "a"), Symlink("/y", "b")), None),
-    ("update-ldcache", ["--folder", "/l"], (), "/l"),
+     (Symlink("/x", "a"), Symlink("/y", "b")), None, ()),
+    ("update-ldcache", ["--folder", "/l"], (), "/l", ()),
 ])
 def test_cdi_hook_args(cmd: str, args: list[str], links: tuple[Symlink, ...],
-                       folder: str | None) -> None:
-    assert cdi_hook_args(cmd, args) == (links, folder)
+                       folder: str | None, pins: tuple[str, ...]) -> None:
+    assert cdi_hook_args(cmd, args) == CdiHookArgs(links, folder, pins)
+
+
+@pytest.mark.parametrize(("cmd", "args", "why"), [
+    ("cdi-edits", ["--pin", "usr"], "--pin 'usr': want one of etc, run"),
+    ("cdi-edits", ["--pin", "/etc"], "want one of etc, run"),
+    ("update-ldcache", ["--pin", "etc"], "unexpected argument '--pin'"),
+])
+def test_cdi_hook_pins_only_a_vgpus_dirs(cmd: str, args: list[str], why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        cdi_hook_args(cmd, args)

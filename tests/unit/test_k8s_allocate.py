@@ -26,7 +26,10 @@ G0, G1 = TWO.gpus[0].uuid, TWO.gpus[1].uuid
 
 
 def cfg(**kw: Any) -> dpconfig.PluginConfig:
-    return dpconfig.parse({"version": "v1", **kw})
+    """A config; its device list envvar unless given (the answers these tests read are
+    env's; the default, volume-mounts, is test_config_defaults_and_full's)."""
+    flags = {"deviceListStrategy": "envvar", **kw.pop("flags", {})}
+    return dpconfig.parse({"version": "v1", "flags": flags, **kw})
 
 
 def res_of(host: HostInfo, c: dpconfig.PluginConfig) -> dict[str, resources.Resource]:
@@ -70,7 +73,7 @@ def test_config_missing_file_is_clear(tmp_path: Path) -> None:
 
 
 def test_config_defaults_and_full() -> None:
-    assert dpconfig.load(None).strategies == ("envvar",)
+    assert dpconfig.load(None).strategies == ("volume-mounts",)  # a Pod cannot forge it
     c = cfg(flags={"migStrategy": "mixed", "deviceListStrategy": ["envvar", "cdi-cri"]},
             sharing={"timeSlicing": {"renameByDefault": True, "failRequestsGreaterThanOne": True,
                                      "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}})

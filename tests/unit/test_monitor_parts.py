@@ -359,3 +359,36 @@ def test_gpus_held_by_their_nodes_in_the_spec() -> None:
     assert held(_spec([(195, 1)], [{"allow": True, "type": "a"}, DENY_ALL]), nodes,
                 host) == ["GPU-1"]
     assert held({"linux": "x"}, nodes, host) == []
+
+
+@pytest.mark.parametrize(("answered", "pod", "resource", "claim", "want"), [
+    (True, "p", "", "", True),  # a Pod's GPU the kubelet gave nothing for: flagged
+    (True, "p", "nvidia.com/vgpu", "", False),
+    (True, "p", "", "ml/share", False),
+    (False, "p", "", "", False),  # the kubelet not asked (or no answer): nothing known
+    (True, "", "", "", False),  # not a Pod's: nobody allocates it
+])
+def test_a_gpu_outside_the_kubelets_allocations_is_flagged(
+        answered: bool, pod: str, resource: str, claim: str, want: bool) -> None:
+    """Issue 39: a Pod's container holding a GPU with no device-plugin resource and no
+    DRA claim (its env chose it, on a node left open) is flagged in /metrics and top."""
+    from rich.console import Console
+
+    from nvctk.monitor.allocation import FLAG, METRIC, outside_allocations
+    from nvctk.monitor.top import render as top
+
+    snap = snapshot()
+    c = snap.containers[0]
+    c.pod, c.resource, c.claim = pod, resource, claim
+    assert outside_allocations(c, answered) is want
+    c.outside_allocations = outside_allocations(c, answered)
+    got = samples(snap)
+    assert ((METRIC, "c1") in got) is want and (METRIC, "c2") not in got
+    if want:
+        labels, v = got[(METRIC, "c1")]
+        assert v == 1 and labels["pod"] == "p" and labels["UUID"] == "GPU-a"
+    console = Console(width=80, file=open(os.devnull, "w"), markup=False, emoji=False,  # noqa: SIM115
+                      record=True)
+    console.print(top(snap, 80))
+    # (the name column folds it at 80 columns)
+    assert (FLAG.replace(" ", "") in "".join(console.export_text().split())) is want

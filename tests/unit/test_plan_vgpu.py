@@ -144,51 +144,41 @@ def test_pins_and_seccomp_follow_the_vgpu() -> None:
     assert with_vgpu.seccomp_block_userns and with_vgpu.pins == ("etc", "run")
 
 
-def test_a_dra_claims_grant_binds_its_ledger() -> None:
-    """A DRA claim's share (NVCTK_DRA_SHARE, from the claim's CDI spec) caps like the
-    device plugin's annotation, and the container's limits and cache are the claim's
-    ledger's: one cap for every container of the claim."""
-    from nvctk.request.parse import _dra_grant
+def test_a_dra_claims_vgpu_is_its_ledger_bound_as_a_containers_state() -> None:
+    """A DRA share claim's vGPU part (its CDI spec's): the claim's ledger laid out as a
+    container's state dir, so every container of the claim binds the same ro/limits and
+    rw/cache (one cap), libvgpu and the preload read-only, and pins /etc and /run."""
+    from nvctk.plan.vgpu import claim_vgpu
 
-    env = {"NVCTK_DRA_SHARE": authority.make_dra("c-1", [("GPU-0000", 2 * G, 25)], KEY)}
-    grant = _dra_grant(env)
-    assert [k for k, _ in grant] == ["nvctk.io/vgpu.dra.c-1"]
-    v = plan(env, [Selected(GPU)], vgpu_authority=grant)
-    assert {k: x for k, x in v.limits.items() if x != "0"} == {
-        "CUDA_DEVICE_MEMORY_LIMIT_0": str(2 * G), "CUDA_DEVICE_SM_LIMIT_0": "25",
-        "NVCTK_VGPU_UUID_0": "GPU-0000"}
     ledger = "/run/nvctk/dra/c-1"
-    binds = {m.container_path: m.host_path for m in v.mounts}
-    assert binds["/run/nvctk/vgpu/limits"] == f"{ledger}/limits"
-    assert binds["/run/nvctk/vgpu/cache"] == f"{ledger}/cache"
-    assert binds["/run/nvctk"] == f"{STATE}/ro"  # the rest stays the container's own
-    assert all(m.required for m in v.mounts)
-    # a device plugin share binds no ledger
+    v = claim_vgpu(LIB, ledger, {"CUDA_DEVICE_MEMORY_LIMIT_0": str(2 * G)})
+    binds = {m.container_path: (m.host_path, m.read_only) for m in v.mounts}
+    assert binds == {
+        "/run/nvctk": (f"{ledger}/ro", True),
+        "/run/nvctk/libvgpu.so": (LIB, True),
+        "/run/nvctk/vgpu": (f"{ledger}/rw", False),
+        "/run/nvctk/vgpu/limits": (f"{ledger}/ro/limits", True),
+        "/run/nvctk/vgpu/cache": (f"{ledger}/rw/cache", False),
+        "/etc/ld.so.preload": (f"{ledger}/ro/ld.so.preload", True)}
+    assert all(m.required for m in v.mounts) and v.preload_entries == ()
+    assert vgpu_pins(v) == ("etc", "run")
+    # a device plugin share's mounts are its own state dir's
     plain = plan({}, [Selected(GPU)], vgpu_authority=share(("GPU-0000", G, 0)))
     assert {m.host_path for m in plain.mounts} >= {f"{STATE}/ro/limits", f"{STATE}/rw/cache"}
 
 
-@pytest.mark.parametrize("value, why", [
-    ("c-1", "not a string of nvctk's format"),  # no value after the uid
-    ("../x {}", "not a string of nvctk's format"),  # a uid that would name another dir
-    ("c-1 {", "not JSON"),
-    ("c-1 {\"v\": 1}", "not nvctk's format \\(v, devices, mac\\)"),
-])
-def test_a_bad_dra_grant_refuses_the_container(value: str, why: str) -> None:
-    from nvctk.request.parse import _dra_grant
+@pytest.mark.parametrize("devices", ["GPU-0000", "void"])
+def test_an_old_dra_grant_in_the_env_never_gives_a_gpu(devices: str) -> None:
+    """NVCTK_DRA_SHARE (a DRA share's grant before shares became plain CDI) is no longer
+    read: a GPU container carrying one is refused rather than run uncapped; without a
+    GPU it is nothing."""
+    from nvctk.request.parse import request_from_spec
 
-    env = {"NVCTK_DRA_SHARE": value}
-    with pytest.raises(RequestError, match=rf"^NVCTK_DRA_SHARE \(the grant of DRA claim .*{why}.*"
-                       "refused: the node's vGPU share"):
-        plan(env, [Selected(GPU)], vgpu_authority=_dra_grant(env))
-
-
-def test_a_dra_grant_moved_to_another_claim_does_not_verify() -> None:
-    """The MAC covers the claim's uid: a grant copied under another uid (another ledger)
-    is refused."""
-    from nvctk.request.parse import _dra_grant
-
-    value = authority.make_dra("c-1", [("GPU-0000", 2 * G, 0)], KEY)
-    env = {"NVCTK_DRA_SHARE": "c-2" + value[3:]}
-    with pytest.raises(RequestError, match="does not verify"):
-        plan(env, [Selected(GPU)], vgpu_authority=_dra_grant(env))
+    spec = {"process": {"env": [f"NVIDIA_VISIBLE_DEVICES={devices}",
+                                "NVCTK_DRA_SHARE=c-1 {}"]}}
+    if devices == "void":
+        assert request_from_spec(spec, CFG) is None
+        return
+    with pytest.raises(RequestError, match=r"^NVCTK_DRA_SHARE: a DRA share prepared by an nvctk "
+                       r"dra-plugin older .* refused, it would run uncapped"):
+        request_from_spec(spec, CFG)

@@ -202,3 +202,22 @@ def test_mps_share_checked_at_create(env: dict[str, str], error: str | None) -> 
     # no GPU asked for: not nvctk's to judge
     spec["process"]["env"] = spec["process"]["env"][1:]
     assert request_from_spec(spec, Config(accept_envvar_when_unprivileged=True)) is None
+
+
+@pytest.mark.parametrize(("own", "want"), [
+    (None, ("nvidia.com/gpu=1",)),  # containerd: the spec's annotations are the container's
+    ('{"cdi.k8s.io/dp": "nvidia.com/gpu=1"}', ("nvidia.com/gpu=1",)),  # CRI-O: its own
+    ("{}", None),  # CRI-O: a Pod's own annotation, copied in: names nothing
+    ('{"cdi.k8s.io/dp": "nvidia.com/gpu=0"}', None),  # another value than the container's
+    ("not json", None),  # unreadable: none trusted
+])
+def test_only_the_containers_own_cdi_annotation_names_devices(own: str | None,
+                                                              want: tuple[str, ...] | None) -> None:
+    """Issue 39: CRI-O copies a Pod's annotations into its containers' specs; a Pod's
+    `cdi.k8s.io/` annotation must not name a GPU where the env cannot."""
+    ann = {"cdi.k8s.io/dp": "nvidia.com/gpu=1"}
+    if own is not None:
+        ann["io.kubernetes.cri-o.Annotations"] = own
+    spec = {"annotations": ann, "process": {"env": []}}
+    r = request_from_spec(spec, Config(accept_envvar_when_unprivileged=False))
+    assert (r.cdi_devices if r is not None else None) == want
