@@ -431,36 +431,38 @@ def _is_host_bind(m: Any) -> bool:
     return m.get("type") == "bind" or (isinstance(opts, list) and bool({"bind", "rbind"} & set(opts)))
 
 
-def _in_rootfs(rootfs: str | None, path: str) -> str:
-    """path as runc reaches it in the rootfs: its symlinks resolved inside the rootfs
-    (/lib/x86_64-linux-gnu is /usr/lib/x86_64-linux-gnu in a merged-/usr image)."""
-    path = os.path.normpath(path)
-    if rootfs is None:
-        return path
-    try:
-        # only for a spec that binds host dirs in (check_host_binds): not every create's
-        from nvctk.host.driver import resolve_in_root
+class _InRootfs:
+    """Paths as runc reaches them in the rootfs: their symlinks resolved inside it
+    (/lib/x86_64-linux-gnu is /usr/lib/x86_64-linux-gnu in a merged-/usr image). One
+    per check: the links met are looked up once for all its paths (they share their
+    directories), as the rootfs does not change while it runs."""
 
-        real = resolve_in_root(rootfs, path)
-    except NvctkError:  # a link loop: runc fails on it anyway
-        return path
-    return "/" if real == rootfs else "/" + os.path.relpath(real, rootfs)
+    def __init__(self, rootfs: str | None) -> None:
+        self.rootfs = rootfs
+        self.top = (rootfs or "").rstrip("/")  # resolve_in_root's results start with it
+        self.links: dict[str, str | None] = {}
+
+    def __call__(self, path: str) -> str:
+        path = "/" + os.path.normpath(path).lstrip("/")  # runc's //x is /x, as is resolve_in_root's
+        if self.rootfs is None:
+            return path
+        try:
+            # only for a spec that binds host dirs in (check_host_binds): not every create's
+            from nvctk.host.driver import resolve_in_root
+
+            real = resolve_in_root(self.rootfs, path, links_seen=self.links)
+        except NvctkError:  # a link loop: runc fails on it anyway
+            return path
+        return real[len(self.top):] or "/"
 
 
-def _covering(mounts: list[Any], path: str, rootfs: str | None
-              ) -> tuple[int, dict[str, Any], str] | None:
-    """The mount that is on top at path's parent when runc gets to it: the last of the
-    spec's mounts at path or above it (a later one at or above hides an earlier), and
-    its destination as resolved in the rootfs."""
-    for i in range(len(mounts) - 1, -1, -1):
-        m = mounts[i]
-        dest = m.get("destination") if isinstance(m, dict) else None
-        if not isinstance(dest, str) or not dest.startswith("/"):
-            continue
-        dest = _in_rootfs(rootfs, dest)
-        if path == dest or path.startswith(dest.rstrip("/") + "/"):
-            return i, m, dest
-    return None
+def _at_or_above(path: str) -> list[str]:
+    """path (normalised, absolute) and each directory above it, up to /."""
+    out = [path]
+    while len(path) > 1:
+        path = path[:path.rindex("/")] or "/"
+        out.append(path)
+    return out
 
 
 def _rootfs_of(spec: dict[str, Any], bundle: str | None) -> str | None:
@@ -493,11 +495,32 @@ def check_host_binds(spec: dict[str, Any], edits: list[tuple[str, dict[str, Any]
     """CdiError when a device node, mount target or link of the edits lies on a host
     directory the spec binds into the container, and is not there yet: runc (nodes,
     mount points, their parents) or the links hook would create it in the host's
-    directory. Legacy mode's hook refuses the same (nvctk.hook.worker)."""
+    directory. Legacy mode's hook refuses the same (nvctk.hook.worker).
+
+    Each mount's destination and each target is resolved in the rootfs once; the mount
+    on top at a target (the last of the spec's mounts at it or above it: a later one
+    hides an earlier) is then a look-up per directory above it, and only a host
+    directory on top there is looked into."""
     mounts = spec.get("mounts")
     if not isinstance(mounts, list) or not any(_is_host_bind(m) for m in mounts):
         return  # the common case: nothing of the host's is bound in
-    rootfs = _rootfs_of(spec, bundle)
+    in_rootfs = _InRootfs(_rootfs_of(spec, bundle))
+    top: dict[str, int] = {}  # resolved destination -> the last mount there
+    for i, m in enumerate(mounts):
+        dest = m.get("destination") if isinstance(m, dict) else None
+        if isinstance(dest, str) and dest.startswith("/"):
+            top[in_rootfs(dest)] = i
+    dirs: dict[str, str] = {}  # resolved destination -> source, of the host dirs on top there
+    for dest, i in top.items():
+        source = mounts[i].get("source")
+        if not _is_host_bind(mounts[i]) or not isinstance(source, str):
+            continue
+        if not source.startswith("/"):
+            source = os.path.join(bundle or ".", source)
+        if os.path.isdir(source):  # a file bound in: nothing can be created below it
+            dirs[dest] = source
+    if not dirs:
+        return
     for where, e in edits:
         targets = [("deviceNode", n.get("path")) for n in e.get("deviceNodes", ())]
         targets += [("mount", m.get("containerPath")) for m in e.get("mounts", ())]
@@ -505,20 +528,15 @@ def check_host_binds(spec: dict[str, Any], edits: list[tuple[str, dict[str, Any]
         for what, path in targets:
             if not isinstance(path, str) or not path.startswith("/"):
                 continue
-            path = _in_rootfs(rootfs, path)
-            found = _covering(mounts, path, rootfs)
-            if found is None or not _is_host_bind(found[1]):
-                continue
-            i, m, dest = found
-            source = m.get("source")
-            if not isinstance(source, str) or path == dest:
-                continue  # mounted over the bind itself: nothing made in it
-            if not source.startswith("/"):
-                source = os.path.join(bundle or ".", source)
-            if not os.path.isdir(source):
-                continue  # a file bound in: nothing can be created below it
+            path = in_rootfs(path)
+            dest = max((a for a in _at_or_above(path) if a in top), key=top.__getitem__,
+                       default=None)
+            if dest is None or dest not in dirs or path == dest:
+                continue  # not on a host directory, or mounted over the bind itself
+            source, i = dirs[dest], top[dest]
             made = _created_on(source, os.path.relpath(path, dest))
             if made is not None:
+                m = mounts[i]
                 raise CdiError(
                     f"{where}: {what} {path} lies on the host directory {source} that the "
                     f"spec's mounts[{i}] binds at {m['destination']}: it would create {made} on the "
