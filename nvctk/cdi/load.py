@@ -11,6 +11,7 @@ import os
 import stat
 
 from nvctk.base import jsonio, stamped
+from nvctk.base.config import cache_name
 from nvctk.base.errors import NvctkError, clipped, shown
 
 TYPE_CHECKING = False
@@ -128,17 +129,16 @@ def list_devices(spec_dirs: tuple[str, ...]) -> tuple[list[str], list[str]]:
     `resolve` finds them (spec_files, load_spec_file)."""
     found: set[str] = set()
     files, warnings = spec_files(spec_dirs)
-    for _, spec in _loaded(files, warnings):
+    for _, spec in _loaded(files, warnings, None):
         found.update(f"{spec['kind']}={dev['name']}" for dev in spec["devices"])
     return sorted(found), warnings
 
 
-def _loaded(files: list[str], broken: list[str], cache_dir: str | None = None
+def _loaded(files: list[str], broken: list[str], cache: SpecCache | None
             ) -> list[tuple[str, dict[str, Any]]]:
     """(path, spec) of each file that loads; why the others do not goes to `broken`:
-    a broken file is one unreadable spec, never the end of the others. cache_dir: where
-    the parsed and checked specs are kept, keyed by each file's stat (SpecCache)."""
-    cache = SpecCache(cache_dir) if cache_dir else None
+    a broken file is one unreadable spec, never the end of the others. cache: the
+    parsed and checked specs of these files' spec dirs, keyed by each file's stat."""
     out = []
     for path in files:
         try:
@@ -162,22 +162,29 @@ def _loaded(files: list[str], broken: list[str], cache_dir: str | None = None
 
 # --- the parsed-spec cache ---------------------------------------------------------------
 
-SPEC_CACHE_FILE = "cdi-specs.json"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 1: one cdi-specs.json for every configuration
+
+
+def spec_cache_path(directory: str, spec_dirs: tuple[str, ...]) -> str:
+    """The cache file of one list of spec dirs: cdi-specs-<FNV-1a 64 of the list>.json."""
+    return os.path.join(directory, f"cdi-specs-{cache_name(chr(0).join(spec_dirs))}.json")
 
 
 class SpecCache:
-    """The specs CDI mode read before, parsed and checked (load_spec_file), keyed by
-    their files' stat (dev, inode, size, mtime, ctime): a create whose specs did not
-    change parses one JSON file, not YAML (PyYAML: ~10 ms import, ~1 ms per 10 KB).
-    Kept in a root-owned directory no one else can write (nvctk-runtime's passthrough
-    cache dir), itself root's and written atomically; anything else there is ignored.
-    A file changed too recently for its stamp to show a change is not cached yet
-    (nvctk.base.stamped: the stamp, the racy rule, the trusted read and write)."""
+    """The specs CDI mode read before from one list of spec dirs, parsed and checked
+    (load_spec_file), keyed by their files' stat (dev, inode, size, mtime, ctime): a
+    create whose specs did not change parses one JSON file, not YAML (PyYAML: ~10 ms
+    import, ~1 ms per 10 KB). One file per list of spec dirs (spec_cache_path), the
+    list written in it and checked on reading: configurations with other dirs, used in
+    turn, keep their own and never read another's. Kept in a root-owned directory no
+    one else can write (nvctk-runtime's passthrough cache dir), itself root's and
+    written atomically; anything else there is ignored. A file changed too recently for
+    its stamp to show a change is not cached yet (nvctk.base.stamped: the stamp, the
+    racy rule, the trusted read and write)."""
 
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.path = os.path.join(directory, SPEC_CACHE_FILE)
+    def __init__(self, directory: str, spec_dirs: tuple[str, ...]) -> None:
+        self.dirs = list(spec_dirs)
+        self.path = spec_cache_path(directory, spec_dirs)
         self.entries: dict[str, list[Any]] = {}
         self.changed = False
         raw = stamped.read_cache(self.path, 0o644, limit=MAX_LOADED_BYTES)
@@ -186,7 +193,7 @@ class SpecCache:
         except (ValueError, RecursionError):
             data = None  # not one to use: the specs are read
         if isinstance(data, dict) and data.get("version") == _CACHE_VERSION \
-                and isinstance(data.get("files"), dict):
+                and data.get("dirs") == self.dirs and isinstance(data.get("files"), dict):
             self.entries = data["files"]
 
     def get(self, path: str, st: list[int] | None) -> dict[str, Any] | None:
@@ -202,8 +209,8 @@ class SpecCache:
             self.changed = True
 
     def keep_only(self, files: list[str]) -> None:
-        """Forget the specs of files no longer in the spec dirs (a removed or renamed spec,
-        another config's dirs): the cache holds what a create reads, nothing more."""
+        """Forget the specs of files no longer in the spec dirs (a removed or renamed
+        spec): the cache holds what a create reads, nothing more."""
         gone = self.entries.keys() - set(files)
         for path in gone:
             del self.entries[path]
@@ -213,7 +220,8 @@ class SpecCache:
         if not self.changed:
             return
         try:
-            data = jsonio.dumps({"version": _CACHE_VERSION, "files": self.entries}).encode()
+            data = jsonio.dumps({"version": _CACHE_VERSION, "dirs": self.dirs,
+                                 "files": self.entries}).encode()
         except ValueError:
             return  # no cache this time: the next create reads the specs again
         if len(data) <= MAX_LOADED_BYTES:
@@ -293,7 +301,8 @@ def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...],
     files, problems = spec_files(spec_dirs)
     if problems:
         raise CdiError(problems[0])
-    for path, spec in _loaded(files, broken, cache_dir):
+    cache = SpecCache(cache_dir, spec_dirs) if cache_dir else None
+    for path, spec in _loaded(files, broken, cache):
         for dev in spec["devices"]:
             q = f"{spec['kind']}={dev['name']}"
             if q in found:
