@@ -457,7 +457,7 @@ class _InRootfs:
             return path
         try:
             # only for a spec that binds host dirs in (check_host_binds): not every create's
-            from nvctk.host.driver import resolve_in_root
+            from nvctk.base.inroot import resolve_in_root
 
             real = resolve_in_root(self.rootfs, path, links_seen=self.links)
         except NvctkError:  # a link loop: runc fails on it anyway

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from nvctk.base import inroot
 from nvctk.cdi.load import CdiError, check_host_binds
-from nvctk.host import driver
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 # what `runc spec` writes
@@ -84,13 +84,13 @@ def test_kubelets_binds_refuse_nothing_and_look_each_path_up_once(
     """Before: each target was resolved again for every mount of the spec (713 rootfs
     walks for one bind: 6 ms of a create)."""
     looked: collections.Counter[str] = collections.Counter()
-    real = driver._link_target
+    real = inroot._link_target
 
     def counted(path: str) -> str | None:
         looked[path] += 1
         return real(path)
 
-    monkeypatch.setattr(driver, "_link_target", counted)
+    monkeypatch.setattr(inroot, "_link_target", counted)
     root = _rootfs(tmp_path)
     check_host_binds(_spec(root, _kubelet_binds(host)), _edits())
     assert looked, "the service account's directory is a host directory: the targets are resolved"
@@ -101,8 +101,8 @@ def test_binds_of_files_only_resolve_nothing(tmp_path: Path, host: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """No host directory on top anywhere: nothing can be created on the host."""
     looked: list[str] = []
-    real = driver._link_target
-    monkeypatch.setattr(driver, "_link_target", lambda p: looked.append(p) or real(p))
+    real = inroot._link_target
+    monkeypatch.setattr(inroot, "_link_target", lambda p: looked.append(p) or real(p))
     binds = [b for b in _kubelet_binds(host) if not b["destination"].endswith("serviceaccount")]
     check_host_binds(_spec(_rootfs(tmp_path), binds), _edits())
     assert len(looked) <= sum(len(m["destination"].split("/")) for m in RUNC_MOUNTS + binds)
