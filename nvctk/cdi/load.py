@@ -13,6 +13,7 @@ import stat
 from nvctk.base import jsonio, stamped
 from nvctk.base.config import cache_name
 from nvctk.base.errors import NvctkError, clipped, shown
+from nvctk.base.inroot import resolve_in_root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -456,9 +457,6 @@ class _InRootfs:
         if self.rootfs is None:
             return path
         try:
-            # only for a spec that binds host dirs in (check_host_binds): not every create's
-            from nvctk.base.inroot import resolve_in_root
-
             real = resolve_in_root(self.rootfs, path, links_seen=self.links)
         except NvctkError:  # a link loop: runc fails on it anyway
             return path
