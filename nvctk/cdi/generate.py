@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from nvctk.base import fileio
 from nvctk.base.config import ALL_CAPABILITIES, host_driver_root
+from nvctk.base.inroot import resolve_in_root
 from nvctk.cdi.load import CLASS, VENDOR, CdiError, bind_options
 from nvctk.edits import (
     HOOK_NAME,
@@ -94,7 +95,7 @@ def _extra_mounts(files: nvdriver.DriverFiles, lib_dir: str) -> list[Mount]:
         name = e.name.split(".so", 1)[0]
         if e.arch != "x86-64" or name in seen:
             continue
-        real = nvdriver.resolve_in_root(root, e.path, links_seen=links)
+        real = resolve_in_root(root, e.path, links_seen=links)
         if os.path.isfile(real):
             seen.add(name)
             out.append(Mount(real, f"{lib_dir}/{os.path.basename(real)}"))

@@ -11,7 +11,9 @@ import os
 import stat
 
 from nvctk.base import jsonio, stamped
+from nvctk.base.config import cache_name
 from nvctk.base.errors import NvctkError, clipped, shown
+from nvctk.base.inroot import resolve_in_root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -128,17 +130,16 @@ def list_devices(spec_dirs: tuple[str, ...]) -> tuple[list[str], list[str]]:
     `resolve` finds them (spec_files, load_spec_file)."""
     found: set[str] = set()
     files, warnings = spec_files(spec_dirs)
-    for _, spec in _loaded(files, warnings):
+    for _, spec in _loaded(files, warnings, None):
         found.update(f"{spec['kind']}={dev['name']}" for dev in spec["devices"])
     return sorted(found), warnings
 
 
-def _loaded(files: list[str], broken: list[str], cache_dir: str | None = None
+def _loaded(files: list[str], broken: list[str], cache: SpecCache | None
             ) -> list[tuple[str, dict[str, Any]]]:
     """(path, spec) of each file that loads; why the others do not goes to `broken`:
-    a broken file is one unreadable spec, never the end of the others. cache_dir: where
-    the parsed and checked specs are kept, keyed by each file's stat (SpecCache)."""
-    cache = SpecCache(cache_dir) if cache_dir else None
+    a broken file is one unreadable spec, never the end of the others. cache: the
+    parsed and checked specs of these files' spec dirs, keyed by each file's stat."""
     out = []
     for path in files:
         try:
@@ -162,22 +163,29 @@ def _loaded(files: list[str], broken: list[str], cache_dir: str | None = None
 
 # --- the parsed-spec cache ---------------------------------------------------------------
 
-SPEC_CACHE_FILE = "cdi-specs.json"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 1: one cdi-specs.json for every configuration
+
+
+def spec_cache_path(directory: str, spec_dirs: tuple[str, ...]) -> str:
+    """The cache file of one list of spec dirs: cdi-specs-<FNV-1a 64 of the list>.json."""
+    return os.path.join(directory, f"cdi-specs-{cache_name(chr(0).join(spec_dirs))}.json")
 
 
 class SpecCache:
-    """The specs CDI mode read before, parsed and checked (load_spec_file), keyed by
-    their files' stat (dev, inode, size, mtime, ctime): a create whose specs did not
-    change parses one JSON file, not YAML (PyYAML: ~10 ms import, ~1 ms per 10 KB).
-    Kept in a root-owned directory no one else can write (nvctk-runtime's passthrough
-    cache dir), itself root's and written atomically; anything else there is ignored.
-    A file changed too recently for its stamp to show a change is not cached yet
-    (nvctk.base.stamped: the stamp, the racy rule, the trusted read and write)."""
+    """The specs CDI mode read before from one list of spec dirs, parsed and checked
+    (load_spec_file), keyed by their files' stat (dev, inode, size, mtime, ctime): a
+    create whose specs did not change parses one JSON file, not YAML (PyYAML: ~10 ms
+    import, ~1 ms per 10 KB). One file per list of spec dirs (spec_cache_path), the
+    list written in it and checked on reading: configurations with other dirs, used in
+    turn, keep their own and never read another's. Kept in a root-owned directory no
+    one else can write (nvctk-runtime's passthrough cache dir), itself root's and
+    written atomically; anything else there is ignored. A file changed too recently for
+    its stamp to show a change is not cached yet (nvctk.base.stamped: the stamp, the
+    racy rule, the trusted read and write)."""
 
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.path = os.path.join(directory, SPEC_CACHE_FILE)
+    def __init__(self, directory: str, spec_dirs: tuple[str, ...]) -> None:
+        self.dirs = list(spec_dirs)
+        self.path = spec_cache_path(directory, spec_dirs)
         self.entries: dict[str, list[Any]] = {}
         self.changed = False
         raw = stamped.read_cache(self.path, 0o644, limit=MAX_LOADED_BYTES)
@@ -186,7 +194,7 @@ class SpecCache:
         except (ValueError, RecursionError):
             data = None  # not one to use: the specs are read
         if isinstance(data, dict) and data.get("version") == _CACHE_VERSION \
-                and isinstance(data.get("files"), dict):
+                and data.get("dirs") == self.dirs and isinstance(data.get("files"), dict):
             self.entries = data["files"]
 
     def get(self, path: str, st: list[int] | None) -> dict[str, Any] | None:
@@ -202,8 +210,8 @@ class SpecCache:
             self.changed = True
 
     def keep_only(self, files: list[str]) -> None:
-        """Forget the specs of files no longer in the spec dirs (a removed or renamed spec,
-        another config's dirs): the cache holds what a create reads, nothing more."""
+        """Forget the specs of files no longer in the spec dirs (a removed or renamed
+        spec): the cache holds what a create reads, nothing more."""
         gone = self.entries.keys() - set(files)
         for path in gone:
             del self.entries[path]
@@ -213,7 +221,8 @@ class SpecCache:
         if not self.changed:
             return
         try:
-            data = jsonio.dumps({"version": _CACHE_VERSION, "files": self.entries}).encode()
+            data = jsonio.dumps({"version": _CACHE_VERSION, "dirs": self.dirs,
+                                 "files": self.entries}).encode()
         except ValueError:
             return  # no cache this time: the next create reads the specs again
         if len(data) <= MAX_LOADED_BYTES:
@@ -293,7 +302,8 @@ def resolve(names: tuple[str, ...], spec_dirs: tuple[str, ...],
     files, problems = spec_files(spec_dirs)
     if problems:
         raise CdiError(problems[0])
-    for path, spec in _loaded(files, broken, cache_dir):
+    cache = SpecCache(cache_dir, spec_dirs) if cache_dir else None
+    for path, spec in _loaded(files, broken, cache):
         for dev in spec["devices"]:
             q = f"{spec['kind']}={dev['name']}"
             if q in found:
@@ -431,36 +441,35 @@ def _is_host_bind(m: Any) -> bool:
     return m.get("type") == "bind" or (isinstance(opts, list) and bool({"bind", "rbind"} & set(opts)))
 
 
-def _in_rootfs(rootfs: str | None, path: str) -> str:
-    """path as runc reaches it in the rootfs: its symlinks resolved inside the rootfs
-    (/lib/x86_64-linux-gnu is /usr/lib/x86_64-linux-gnu in a merged-/usr image)."""
-    path = os.path.normpath(path)
-    if rootfs is None:
-        return path
-    try:
-        # only for a spec that binds host dirs in (check_host_binds): not every create's
-        from nvctk.host.driver import resolve_in_root
+class _InRootfs:
+    """Paths as runc reaches them in the rootfs: their symlinks resolved inside it
+    (/lib/x86_64-linux-gnu is /usr/lib/x86_64-linux-gnu in a merged-/usr image). One
+    per check: the links met are looked up once for all its paths (they share their
+    directories), as the rootfs does not change while it runs."""
 
-        real = resolve_in_root(rootfs, path)
-    except NvctkError:  # a link loop: runc fails on it anyway
-        return path
-    return "/" if real == rootfs else "/" + os.path.relpath(real, rootfs)
+    def __init__(self, rootfs: str | None) -> None:
+        self.rootfs = rootfs
+        self.top = (rootfs or "").rstrip("/")  # resolve_in_root's results start with it
+        self.links: dict[str, str | None] = {}
+
+    def __call__(self, path: str) -> str:
+        path = "/" + os.path.normpath(path).lstrip("/")  # runc's //x is /x, as is resolve_in_root's
+        if self.rootfs is None:
+            return path
+        try:
+            real = resolve_in_root(self.rootfs, path, links_seen=self.links)
+        except NvctkError:  # a link loop: runc fails on it anyway
+            return path
+        return real[len(self.top):] or "/"
 
 
-def _covering(mounts: list[Any], path: str, rootfs: str | None
-              ) -> tuple[int, dict[str, Any], str] | None:
-    """The mount that is on top at path's parent when runc gets to it: the last of the
-    spec's mounts at path or above it (a later one at or above hides an earlier), and
-    its destination as resolved in the rootfs."""
-    for i in range(len(mounts) - 1, -1, -1):
-        m = mounts[i]
-        dest = m.get("destination") if isinstance(m, dict) else None
-        if not isinstance(dest, str) or not dest.startswith("/"):
-            continue
-        dest = _in_rootfs(rootfs, dest)
-        if path == dest or path.startswith(dest.rstrip("/") + "/"):
-            return i, m, dest
-    return None
+def _at_or_above(path: str) -> list[str]:
+    """path (normalised, absolute) and each directory above it, up to /."""
+    out = [path]
+    while len(path) > 1:
+        path = path[:path.rindex("/")] or "/"
+        out.append(path)
+    return out
 
 
 def _rootfs_of(spec: dict[str, Any], bundle: str | None) -> str | None:
@@ -493,11 +502,32 @@ def check_host_binds(spec: dict[str, Any], edits: list[tuple[str, dict[str, Any]
     """CdiError when a device node, mount target or link of the edits lies on a host
     directory the spec binds into the container, and is not there yet: runc (nodes,
     mount points, their parents) or the links hook would create it in the host's
-    directory. Legacy mode's hook refuses the same (nvctk.hook.worker)."""
+    directory. Legacy mode's hook refuses the same (nvctk.hook.worker).
+
+    Each mount's destination and each target is resolved in the rootfs once; the mount
+    on top at a target (the last of the spec's mounts at it or above it: a later one
+    hides an earlier) is then a look-up per directory above it, and only a host
+    directory on top there is looked into."""
     mounts = spec.get("mounts")
     if not isinstance(mounts, list) or not any(_is_host_bind(m) for m in mounts):
         return  # the common case: nothing of the host's is bound in
-    rootfs = _rootfs_of(spec, bundle)
+    in_rootfs = _InRootfs(_rootfs_of(spec, bundle))
+    top: dict[str, int] = {}  # resolved destination -> the last mount there
+    for i, m in enumerate(mounts):
+        dest = m.get("destination") if isinstance(m, dict) else None
+        if isinstance(dest, str) and dest.startswith("/"):
+            top[in_rootfs(dest)] = i
+    dirs: dict[str, str] = {}  # resolved destination -> source, of the host dirs on top there
+    for dest, i in top.items():
+        source = mounts[i].get("source")
+        if not _is_host_bind(mounts[i]) or not isinstance(source, str):
+            continue
+        if not source.startswith("/"):
+            source = os.path.join(bundle or ".", source)
+        if os.path.isdir(source):  # a file bound in: nothing can be created below it
+            dirs[dest] = source
+    if not dirs:
+        return
     for where, e in edits:
         targets = [("deviceNode", n.get("path")) for n in e.get("deviceNodes", ())]
         targets += [("mount", m.get("containerPath")) for m in e.get("mounts", ())]
@@ -505,20 +535,15 @@ def check_host_binds(spec: dict[str, Any], edits: list[tuple[str, dict[str, Any]
         for what, path in targets:
             if not isinstance(path, str) or not path.startswith("/"):
                 continue
-            path = _in_rootfs(rootfs, path)
-            found = _covering(mounts, path, rootfs)
-            if found is None or not _is_host_bind(found[1]):
-                continue
-            i, m, dest = found
-            source = m.get("source")
-            if not isinstance(source, str) or path == dest:
-                continue  # mounted over the bind itself: nothing made in it
-            if not source.startswith("/"):
-                source = os.path.join(bundle or ".", source)
-            if not os.path.isdir(source):
-                continue  # a file bound in: nothing can be created below it
+            path = in_rootfs(path)
+            dest = max((a for a in _at_or_above(path) if a in top), key=top.__getitem__,
+                       default=None)
+            if dest is None or dest not in dirs or path == dest:
+                continue  # not on a host directory, or mounted over the bind itself
+            source, i = dirs[dest], top[dest]
             made = _created_on(source, os.path.relpath(path, dest))
             if made is not None:
+                m = mounts[i]
                 raise CdiError(
                     f"{where}: {what} {path} lies on the host directory {source} that the "
                     f"spec's mounts[{i}] binds at {m['destination']}: it would create {made} on the "

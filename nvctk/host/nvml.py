@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 import pynvml
 
 from nvctk.base.errors import DriverError
+from nvctk.base.inroot import resolve_in_root
 from nvctk.host import ldcache
-from nvctk.host.driver import resolve_in_root
 
 # The records live in nvctk.host.inventory (which never imports pynvml);
 # re-exported here for the callers that name them nvml.HostInfo & co.

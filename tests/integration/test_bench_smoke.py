@@ -51,7 +51,9 @@ def test_bench_runs_and_skips_an_absent_nct(tmp_path: Path) -> None:
     assert f"NVIDIA Container Toolkit not found in {tmp_path / 'no-such-nct'}" in report
     for label in ("runc list", "nvctk-runtime list", "runc, no GPU", "nvctk-runtime, 1 GPU",
                   "nvctk-runtime, 1 GPU, caps=all", "nvctk-runtime, 8 GPUs",
-                  "nvctk-runtime cdi mode, 1 GPU", "start nvctk 8 GPUs / 1 GPU"):
+                  "nvctk-runtime cdi mode, 1 GPU", "start nvctk 8 GPUs / 1 GPU",
+                  "GPU start overhead nvctk cdi mode / legacy mode", "cdi mode minus legacy mode",
+                  "every bundle (every case) carries a kubelet's binds"):
         assert label in report
     if shutil.which("podman"):
         assert "podman run, nvctk's CDI spec, 1 GPU" in report

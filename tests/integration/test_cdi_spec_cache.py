@@ -1,6 +1,6 @@
 """CDI mode's cache of parsed and checked specs (nvctk.cdi.load.SpecCache): used while a
 spec file's stat is unchanged, never when it changed or when the cache is not root's
-alone."""
+alone; one per list of spec dirs, never read for another list."""
 
 from __future__ import annotations
 
@@ -43,14 +43,29 @@ def _names(specs: Path, cache: Path, name: str) -> list[str]:
             for r in load.resolve((f"x.io/c={name}",), (str(specs),), str(cache))]
 
 
+def _file(cache: Path, specs: Path) -> Path:
+    return Path(load.spec_cache_path(str(cache), (str(specs),)))
+
+
 def _forge(cache: Path, value: str) -> None:
-    """Rewrite the cached spec's content, keeping its stamp: a create that uses the
-    cache sees this value."""
-    f = cache / load.SPEC_CACHE_FILE
-    data = json.loads(f.read_text())
-    for entry in data["files"].values():
-        entry[1]["devices"][0]["containerEdits"]["env"] = [value]
-    f.write_text(json.dumps(data))
+    """Rewrite the cached specs' content in every cache file, keeping their stamps: a
+    create that uses a cache sees this value."""
+    for f in cache.glob("cdi-specs*.json"):
+        data = json.loads(f.read_text())
+        for entry in data["files"].values():
+            entry[1]["devices"][0]["containerEdits"]["env"] = [value]
+        f.write_text(json.dumps(data))
+
+
+def _cached_and_forged(specs: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A settled spec x.io/c=0 read once (cached), its cache then forged to say A=forged;
+    the cache file."""
+    (specs / "x.yaml").write_text(_spec("0"))
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 10 * 10**9)
+    _names(specs, cache, "0")
+    _forge(cache, "A=forged")
+    return _file(cache, specs)
 
 
 def test_a_fresh_spec_is_not_cached(dirs: tuple[Path, Path]) -> None:
@@ -59,7 +74,7 @@ def test_a_fresh_spec_is_not_cached(dirs: tuple[Path, Path]) -> None:
     p.write_text(_spec("0"))
     assert _names(specs, cache, "0") == ["A=0"]
     # ctime is now: the file is too fresh to cache
-    assert not (cache / load.SPEC_CACHE_FILE).exists()
+    assert not list(cache.iterdir())
 
 
 def test_a_settled_spec_is_cached_and_a_changed_one_read_again(dirs: tuple[Path, Path],
@@ -72,7 +87,7 @@ def test_a_settled_spec_is_cached_and_a_changed_one_read_again(dirs: tuple[Path,
     real = time.time_ns
     monkeypatch.setattr(time, "time_ns", lambda: real() + 10 * 10**9)
     assert _names(specs, cache, "0") == ["A=0"]
-    assert (cache / load.SPEC_CACHE_FILE).exists()
+    assert _file(cache, specs).exists()
     _forge(cache, "A=cached")
     assert _names(specs, cache, "0") == ["A=cached"]  # parsed once, then the cache
     p.write_text(_spec("0").replace("A=0", "A=1"))  # a new stamp: read again
@@ -91,7 +106,7 @@ def test_the_cache_forgets_specs_that_are_gone(dirs: tuple[Path, Path],
     assert _names(specs, cache, "a") == ["A=a"]
 
     def cached() -> list[str]:
-        data = json.loads((cache / load.SPEC_CACHE_FILE).read_text())
+        data = json.loads(_file(cache, specs).read_text())
         return sorted(os.path.basename(p) for p in data["files"])
 
     assert cached() == ["a.yaml", "b.yaml"]
@@ -100,16 +115,44 @@ def test_the_cache_forgets_specs_that_are_gone(dirs: tuple[Path, Path],
     assert cached() == ["a.yaml"]
 
 
+def test_configurations_with_other_spec_dirs_in_turn_each_hit_their_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two configurations (their spec dirs), creates of each in turn: each reads its
+    own cache. Before: one cache file for the node, each create forgot the other's
+    specs, and every create parsed its specs again."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    dirs = {}
+    for n in ("a", "b"):
+        dirs[n] = tmp_path / f"specs-{n}"
+        dirs[n].mkdir()
+        (dirs[n] / "x.yaml").write_text(_spec(n))
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 10 * 10**9)
+    for n in ("a", "b"):
+        assert _names(dirs[n], cache, n) == [f"A={n}"]  # parsed, then cached
+    _forge(cache, "A=cached")
+    for n in ("a", "b", "a", "b"):
+        assert _names(dirs[n], cache, n) == ["A=cached"], n
+
+
+def test_another_lists_cache_is_never_read(dirs: tuple[Path, Path],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache file holds the spec dirs it was written for: at another list's name (a
+    name collision, a file moved) it is not read, even for a file both lists hold."""
+    specs, cache = dirs
+    f = _cached_and_forged(specs, cache, monkeypatch)
+    both = (str(specs), str(cache / "other"))
+    f.rename(load.spec_cache_path(str(cache), both))
+    found = load.resolve(("x.io/c=0",), both, str(cache))
+    assert [r.device["containerEdits"]["env"][0] for r in found] == ["A=0"]
+
+
 @pytest.mark.parametrize("how", ["group-writable", "not-root", "symlink"])
 def test_a_cache_others_could_write_is_ignored(dirs: tuple[Path, Path], how: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     specs, cache = dirs
-    (specs / "x.yaml").write_text(_spec("0"))
-    real = time.time_ns
-    monkeypatch.setattr(time, "time_ns", lambda: real() + 10 * 10**9)
-    _names(specs, cache, "0")
-    _forge(cache, "A=forged")
-    f = cache / load.SPEC_CACHE_FILE
+    f = _cached_and_forged(specs, cache, monkeypatch)
     if how == "group-writable":
         f.chmod(0o664)
     elif how == "not-root":

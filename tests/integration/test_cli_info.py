@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nvctk.base import inroot
 from nvctk.base.config import ALL_CAPABILITIES
 from nvctk.base.errors import DriverError
 from nvctk.host import driver, nvml
@@ -173,10 +174,10 @@ def test_resolve_in_root_keeps_absolute_links_inside(tmp_path: Path) -> None:
     (tmp_path / "usr/lib/libx.so.9").write_text("")
     (tmp_path / "lib").symlink_to("/usr/lib")
     (tmp_path / "usr/lib/libx.so.1").symlink_to("/lib/../../../lib/libx.so.9")
-    assert driver.resolve_in_root(str(tmp_path), "/lib/libx.so.1") == f"{tmp_path}/usr/lib/libx.so.9"
+    assert inroot.resolve_in_root(str(tmp_path), "/lib/libx.so.1") == f"{tmp_path}/usr/lib/libx.so.9"
     (tmp_path / "loop").symlink_to("/loop")
     with pytest.raises(DriverError, match="symlinks"):
-        driver.resolve_in_root(str(tmp_path), "/loop")
+        inroot.resolve_in_root(str(tmp_path), "/loop")
 
 
 @pytest.mark.parametrize(
