@@ -13,10 +13,13 @@ so nothing the collector reads (a slow /proc, a hanging file) can block a scrape
 The HTTP side is one asyncio loop, not a thread per connection: any Pod can reach the
 port, and an idle connection must cost a few kilobytes, not a thread. Every connection
 has a deadline for its request head (and body), one for writing the answer, and an idle
-limit between keep-alive requests; at most `max_connections` are open, and a new one
-beyond that closes the connection idle the longest (a scraper's new connection is
-served, a pile of idle ones is not). Nothing a client sends reaches the log as a
-traceback; a stop closes every connection and returns.
+limit between keep-alive requests. At most `max_connections` are open; a new one beyond
+that makes room by closing the connection that has waited on its own client the longest,
+idle ones first, then those still sending a request, then those not taking their answer
+(every connection is one of these whenever another runs), so no number of idle,
+half-sent or unread connections shuts out a client that sends its request whole. An
+answer is closed after its last byte has gone (never cut short by the close). Nothing a
+client sends reaches the log as a traceback; a stop closes every connection and returns.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ WRITE_TIMEOUT = 30.0  # seconds for a client to take an answer
 MAX_HEAD = 16 << 10  # bytes of request line and headers
 MAX_BODY = 64 << 10  # bytes of a request body (none is needed; one is read and dropped)
 MAX_CONNECTIONS = 256
+# what a connection is waiting on its client for, in the order a full server closes them
+IDLE, READING, WRITING = 0, 1, 2
 
 
 class Monitor:
@@ -146,7 +151,8 @@ class MonitorServer:
         self.loop.set_exception_handler(self._loop_error)
         self._stopping: asyncio.Event | None = None
         self._stop_requested = False
-        self._idle: dict[asyncio.StreamWriter, float] = {}  # waiting for a request -> since
+        # every open connection while it waits on its client -> (IDLE/READING/WRITING, since)
+        self._waiting: dict[asyncio.StreamWriter, tuple[int, float]] = {}
         self._open: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._done = threading.Event()
@@ -206,40 +212,52 @@ class MonitorServer:
         if task is not None:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        if len(self._open) >= self.max_connections and not self._evict():
-            writer.transport.abort()
-            return
+        if len(self._open) >= self.max_connections:
+            self._evict()
         self._open.add(writer)
         try:
-            while await self._one_request(reader, writer):
-                pass
+            fresh = True
+            while await self._one_request(reader, writer, fresh):
+                fresh = False
+            # the answer's last bytes are still in the transport's buffer: a graceful close
+            # sends them first (abort would drop them: a Connection: close client got a
+            # truncated body)
+            self._waiting[writer] = (WRITING, time.monotonic())
+            writer.close()
+            await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
                 ValueError):
             pass  # the client went, stalled or sent nonsense: its connection ends
         finally:
             self._open.discard(writer)
-            self._idle.pop(writer, None)
+            self._waiting.pop(writer, None)
             writer.transport.abort()
 
-    def _evict(self) -> bool:
-        """Closes the connection idle the longest; False when none is idle."""
-        if not self._idle:
-            return False
-        oldest = min(self._idle, key=self._idle.__getitem__)
-        del self._idle[oldest]
+    def _evict(self) -> None:
+        """Closes the connection waiting on its client the longest, idle ones first."""
+        if not self._waiting:
+            return  # every other one is being answered this instant: none can be
+        oldest = min(self._waiting, key=self._waiting.__getitem__)
+        del self._waiting[oldest]
         self._open.discard(oldest)
         oldest.transport.abort()
-        return True
 
-    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Reads and answers one request; whether the connection stays open for another."""
-        self._idle[writer] = time.monotonic()
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           fresh: bool) -> bool:
+        """Reads and answers one request (the connection's first when fresh); whether the
+        connection stays open for another."""
+        # a new connection is a request under way (its head may be in the socket, unread: it
+        # is no idle one to close first) and has the head's deadline; a kept-alive one is idle
+        # until its next request's first byte, within the idle limit
+        self._waiting[writer] = (READING if fresh else IDLE, time.monotonic())
+        head_begun = False
         try:
-            # the idle limit until a first byte, then the head's own deadline
-            first = await asyncio.wait_for(reader.read(1), IDLE_TIMEOUT)
+            first = await asyncio.wait_for(reader.read(1), HEAD_TIMEOUT if fresh else IDLE_TIMEOUT)
             if not first:
                 return False
-            self._idle.pop(writer, None)
+            head_begun = True
+            if not fresh:
+                self._waiting[writer] = (READING, time.monotonic())
             head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
         except asyncio.LimitOverrunError:
             await self._answer(writer, 431, "text/plain", b"request head too large\n", False)
@@ -247,12 +265,10 @@ class MonitorServer:
         except asyncio.IncompleteReadError:
             return False
         except TimeoutError:
-            if writer in self._idle:
-                return False  # idle past the limit: closed without a word
+            if not head_begun:
+                return False  # idle past the limit, or nothing sent: closed without a word
             await self._answer(writer, 408, "text/plain", b"request head too slow\n", False)
             return False
-        finally:
-            self._idle.pop(writer, None)
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -277,6 +293,7 @@ class MonitorServer:
             return False
         if int(length):
             await asyncio.wait_for(reader.readexactly(int(length)), HEAD_TIMEOUT)
+        self._waiting.pop(writer, None)  # being answered: no await until the answer is written
         try:
             code, ctype, body = self._route(method, target)
         except Exception as e:  # a bug of the monitor's: one line, the connection goes on
@@ -308,6 +325,7 @@ class MonitorServer:
                 f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 f"Cache-Control: no-store\r\nConnection: {'keep-alive' if keep else 'close'}\r\n\r\n")
         writer.write(head.encode("latin-1") if head_only else head.encode("latin-1") + body)
+        self._waiting[writer] = (WRITING, time.monotonic())
         await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
 
 
