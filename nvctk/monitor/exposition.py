@@ -35,25 +35,29 @@ class Writer:
     """Families in the order first declared, each with its HELP, TYPE and samples."""
 
     def __init__(self) -> None:
-        self._families: dict[str, tuple[str, str, list[str]]] = {}
+        self._families: dict[str, tuple[str, str, str, list[str]]] = {}
 
-    def family(self, name: str, help_text: str, kind: str = "gauge") -> list[str]:
+    def family(self, name: str, help_text: str, kind: str = "gauge", total: bool = True) -> list[str]:
         """The sample lines of family `name` (declared now if new). A counter is named
-        name_total, header and samples, as prometheus-client names it."""
+        name_total, header and samples, as prometheus-client names it, unless `total` is
+        False (dcgm-exporter's counters keep their field's name)."""
         fam = self._families.get(name)
         if fam is None:
-            fam = self._families[name] = (help_text, kind, [])
-        return fam[2]
+            sample = f"{name}_total" if kind == "counter" and total else name
+            fam = self._families[name] = (help_text, kind, sample, [])
+        return fam[3]
 
     def add(self, name: str, help_text: str, labels: str, value: float | int,
-            kind: str = "gauge") -> None:
-        sample = f"{name}_total" if kind == "counter" else name
-        self.family(name, help_text, kind).append(f"{sample}{labels} {number(value)}\n")
+            kind: str = "gauge", total: bool = True) -> None:
+        fam = self._families.get(name)
+        if fam is None:
+            self.family(name, help_text, kind, total)
+            fam = self._families[name]
+        fam[3].append(f"{fam[2]}{labels} {number(value)}\n")
 
     def text(self) -> str:
         out: list[str] = []
-        for family, (help_text, kind, lines) in self._families.items():
-            name = f"{family}_total" if kind == "counter" else family
+        for help_text, kind, name, lines in self._families.values():
             h = help_text.replace("\\", r"\\").replace("\n", r"\n")
             out.append(f"# HELP {name} {h}\n# TYPE {name} {kind}\n")
             out += lines

@@ -33,7 +33,7 @@ METRICS: dict[str, str] = {
     "nvctk_gpu_utilization_ratio": "GPU busy fraction, NVML's last sample",
     "nvctk_gpu_shares": "Containers holding this GPU or a part of it",
     "nvctk_gpu_memory_promised_bytes": "Memory promised to its containers (their caps; the whole GPU for uncapped ones)",
-    "nvctk_gpu_sm_promised_ratio": "SM share promised to its containers (their limits; 1 per uncapped whole GPU)",
+    "nvctk_gpu_sm_promised_ratio": "SM share promised to its containers (their SM limits, a MIG slice's part; 1 per whole GPU with no cap; none for a memory-only cap)",
     "nvctk_gpu_healthy": "1 unless a critical XID was seen since the monitor started",
     "nvctk_gpu_last_xid": "The last XID seen (0: none)",
     "nvctk_gpu_xid_errors": "XID errors seen since the monitor started",
