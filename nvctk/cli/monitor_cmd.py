@@ -76,9 +76,10 @@ def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: t
               metavar="SECONDS", help="how often a snapshot is taken")
 @click.option("--runtime-root", "roots", multiple=True, metavar="DIR", help=ROOTS_HELP)
 @click.option("--pod-resources-socket", "podres", metavar="PATH", default=None, help=PODRES_HELP)
-@click.option("--compat", "compat", metavar="hami,dcgm", default="",
-              help="also export HAMi's vGPU monitor series and/or dcgm-exporter's, under their "
-                   "names, units and labels (README: Monitoring)")
+@click.option("--compat", "compat", metavar="hami,dcgm", default="", envvar="NVCTK_MONITOR_COMPAT",
+              help="also export HAMi's series (its vGPU monitor's and scheduler's) and/or "
+                   "dcgm-exporter's, under their names, units and labels (README: Monitoring); "
+                   "env NVCTK_MONITOR_COMPAT")
 @click.pass_context
 def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, ...],
             podres: str | None, compat: str) -> None:

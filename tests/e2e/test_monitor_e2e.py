@@ -15,9 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -30,6 +27,7 @@ import pytest
 
 from nvctk.sim.state import read_state, state_path
 from support.monitor import MIB, FakePodResources, Node, sim_counts, standard_containers
+from support.prometheus import PROMETHEUS, Monitor, Prometheus, get
 from support.wait import until as wait_until
 
 pytestmark = [
@@ -40,49 +38,10 @@ pytestmark = [
 
 BIN = os.path.dirname(sys.executable)
 REPO = Path(__file__).resolve().parents[2]
-PROMETHEUS = shutil.which("prometheus")
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
 K8S = {"io.kubernetes.cri.sandbox-namespace": "team-a", "io.kubernetes.cri.sandbox-name": "trainer-0",
        "io.kubernetes.cri.container-name": "worker", "io.kubernetes.cri.sandbox-uid": "1234-5678"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get(url: str, timeout: float = 5) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        data: bytes = r.read()
-        return data
-
-
-class Monitor:
-    def __init__(self, node: Node, tmp: Path, *args: str) -> None:
-        self.log = tmp / "monitor.log"
-        self.proc = subprocess.Popen(
-            [os.path.join(BIN, "nvctk"), "monitor", "--listen", "127.0.0.1:0", "--interval", "1",
-             "--runtime-root", f"containerd={node.runc_root}", *args],  # K8S: containerd's keys
-            env={**os.environ, **node.sim.env}, stdout=subprocess.DEVNULL,
-            stderr=open(self.log, "w"))  # noqa: SIM115 - the child keeps it
-        self.port = 0
-
-        def listening() -> bool:
-            assert self.proc.poll() is None, self.log.read_text()
-            m = re.search(r"serving http://127\.0\.0\.1:(\d+)/", self.log.read_text())
-            self.port = int(m.group(1)) if m else 0
-            return bool(self.port)
-
-        wait_until(listening, 60, "the monitor to listen")
-        self.url = f"http://127.0.0.1:{self.port}"
-        wait_until(lambda: b"nvctk_container" in get(self.url + "/metrics"), 60,
-                   "the monitor's first snapshot")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
 
 
 @pytest.fixture(scope="module")
@@ -106,44 +65,6 @@ def monitor(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mo
     m = Monitor(node, tmp_path_factory.mktemp("monitor-proc"))
     yield m
     m.stop()
-
-
-class Prometheus:
-    def __init__(self, target: str, tmp: Path, labels: dict[str, str] | None = None,
-                 jobs: list[dict[str, Any]] | None = None) -> None:
-        """jobs: scrape jobs of their own (each names its targets) instead of one plain job."""
-        assert PROMETHEUS
-        cfg = tmp / "prometheus.yml"
-        cfg.write_text(json.dumps({  # YAML is a superset of JSON
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": jobs or [{"job_name": "nvctk", "static_configs": [
-                {"targets": [target], "labels": labels or {}}]}],
-        }))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "w"))  # noqa: SIM115
-
-        def ready() -> bool:
-            assert self.proc.poll() is None, (tmp / "prometheus.log").read_text()
-            try:
-                return get(self.url + "/-/ready", 1).startswith(b"Prometheus")
-            except OSError:
-                return False
-
-        wait_until(ready, 60, "prometheus to be ready")
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        body = json.loads(get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})))
-        assert body["status"] == "success", body
-        result: list[dict[str, Any]] = body["data"]["result"]
-        return result
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
 
 
 @pytest.fixture(scope="module")
