@@ -176,6 +176,10 @@ def parse_formats(value: str) -> tuple[str, ...]:
 
 
 def render(fmt: str, snap: Snapshot, host: HostInfo | None) -> str:
+    return writer(fmt, snap, host).text()
+
+
+def writer(fmt: str, snap: Snapshot, host: HostInfo | None) -> Writer:
     if fmt == "hami":
         return hami(snap)
     if fmt == "dcgm":
@@ -198,7 +202,7 @@ def _pod_devices(snap: Snapshot) -> list[tuple[ContainerSample, int, DeviceUse]]
     return out
 
 
-def hami(snap: Snapshot) -> str:
+def hami(snap: Snapshot) -> Writer:
     w = Writer()
     for name in HAMI_HELP:
         w.family(name, HAMI_HELP[name])
@@ -237,7 +241,7 @@ def hami(snap: Snapshot) -> str:
             w.add("hami_container_last_kernel_elapsed_seconds",
                   HAMI_HELP["hami_container_last_kernel_elapsed_seconds"], new, secs)
             w.add("Device_last_kernel_of_container", HAMI_HELP["Device_last_kernel_of_container"], old, secs)
-    return w.text()
+    return w
 
 
 def _hami_scheduler(w: Writer, snap: Snapshot, g: GpuSample) -> None:
@@ -265,7 +269,7 @@ def _hami_scheduler(w: Writer, snap: Snapshot, g: GpuSample) -> None:
         w.add(name, HAMI_HELP[name], lv, value)
 
 
-def dcgm(snap: Snapshot, host: HostInfo | None) -> str:
+def dcgm(snap: Snapshot, host: HostInfo | None) -> Writer:
     gpus = {g.index: g for g in host.gpus} if host is not None else {}
     mig = {m.uuid: m for g in gpus.values() for m in g.mig_devices}
     pods_on: dict[int, list[list[str]]] = {}  # GPU index -> Pod label values, whole-GPU holders
@@ -318,4 +322,4 @@ def dcgm(snap: Snapshot, host: HostInfo | None) -> str:
             ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", d.sm_utilization),
         ):
             w.add(name, DCGM_HELP[name], labels, share)
-    return w.text()
+    return w

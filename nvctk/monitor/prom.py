@@ -14,12 +14,13 @@ runtime state dir it was found in: two runtimes may hold the same container id).
 
 from __future__ import annotations
 
+import gzip
 import threading
 from collections.abc import Iterable
 
 from nvctk.host.inventory import HostInfo
 from nvctk.monitor import compat
-from nvctk.monitor.exposition import Writer, label_set
+from nvctk.monitor.exposition import EOF_LINE, Segment, Writer, join, label_set
 from nvctk.monitor.model import Snapshot
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
@@ -52,6 +53,7 @@ METRICS: dict[str, str] = {
 }
 
 
+GZIP_LEVEL = 1  # a scrape's text shrinks ~10x at level 1 already; higher levels cost more CPU than they save
 COUNTERS = {"nvctk_gpu_xid_errors": "counter", "nvctk_monitor_errors": "counter"}
 GPU_FAMILIES = [n for n in METRICS if n.startswith("nvctk_gpu_")]
 CTR_FAMILIES = [n for n in METRICS if n.startswith("nvctk_container_")]
@@ -59,6 +61,10 @@ CTR_FAMILIES = [n for n in METRICS if n.startswith("nvctk_container_")]
 
 def render_text(snap: Snapshot, errors: dict[str, int]) -> str:
     """nvctk's own series of the snapshot, but its age (that is the scrape's: age_text)."""
+    return render(snap, errors).text()
+
+
+def render(snap: Snapshot, errors: dict[str, int]) -> Writer:
     w = Writer()
     for n in GPU_FAMILIES:  # declared first: a family is there even with no GPU
         w.family(n, METRICS[n], COUNTERS.get(n, "gauge"))
@@ -106,40 +112,51 @@ def render_text(snap: Snapshot, errors: dict[str, int]) -> str:
     for cause, count in sorted(errors.items()):
         w.add("nvctk_monitor_errors", METRICS["nvctk_monitor_errors"],
               label_set(["Hostname", "cause"], [snap.hostname, cause]), count, "counter")
-    return w.text()
+    return w
 
 
 def ctr(w: Writer, name: str, labels: str, value: float | int) -> None:
     w.add(name, METRICS[name], labels, value)
 
 
-def age_text(snap: Snapshot, now: float) -> str:
+def age_text(snap: Snapshot, now: float, openmetrics: bool = False) -> str:
     name = "nvctk_monitor_snapshot_age_seconds"
     w = Writer()
     w.add(name, METRICS[name], label_set(["Hostname"], [snap.hostname]), max(0.0, now - snap.time))
-    return w.text()
+    return w.text(openmetrics)
 
 
 class Exposition:
-    """/metrics: a snapshot's text is rendered at its first scrape and kept for the next
-    ones (a scrape of an unchanged snapshot renders only its age); the compat families
-    asked for (compat.FORMATS) are rendered from the same snapshot."""
+    """/metrics: a snapshot's families are rendered at its first scrape and kept for the
+    next ones (a scrape of an unchanged snapshot renders only its age), each format and
+    encoding asked for joined (and gzip'd) once; the compat families asked for
+    (compat.FORMATS) are rendered from the same snapshot. gzip: the snapshot's member and
+    the age's are two gzip members, one stream to any gzip reader (RFC 1952)."""
 
     def __init__(self, compat_formats: Iterable[str] = (), host: HostInfo | None = None) -> None:
         self.formats = tuple(sorted(set(compat_formats)))
         self.host = host
         self._lock = threading.Lock()  # one render per snapshot, however many scrapes wait
         self._snap: Snapshot | None = None
-        self._text = b""
+        self._segments: list[Segment] = []
+        self._bodies: dict[tuple[bool, bool], bytes] = {}  # (openmetrics, gzip) -> bytes
 
-    def body(self, snap: Snapshot | None, now: float, errors: dict[str, int]) -> bytes:
+    def body(self, snap: Snapshot | None, now: float, errors: dict[str, int],
+             openmetrics: bool = False, gzipped: bool = False) -> bytes:
         if snap is None:
             return b""
+        key = (openmetrics, gzipped)
         with self._lock:
             if snap is not self._snap:
-                text = render_text(snap, errors)
+                segments = render(snap, errors).segments()
                 for fmt in self.formats:
-                    text += compat.render(fmt, snap, self.host)
-                self._text, self._snap = text.encode(), snap
-            text_b = self._text
-        return text_b + age_text(snap, now).encode()
+                    segments += compat.writer(fmt, snap, self.host).segments()
+                self._segments, self._snap, self._bodies = segments, snap, {}
+            head = self._bodies.get(key)
+            if head is None:
+                head = join(self._segments, openmetrics).encode()
+                if gzipped:
+                    head = gzip.compress(head, GZIP_LEVEL, mtime=0)
+                self._bodies[key] = head
+        tail = (age_text(snap, now, openmetrics) + (EOF_LINE if openmetrics else "")).encode()
+        return head + (gzip.compress(tail, GZIP_LEVEL, mtime=0) if gzipped else tail)

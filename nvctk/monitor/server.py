@@ -1,6 +1,7 @@
 """`nvctk monitor`: a snapshot every interval in a background thread, served over HTTP.
 
-    /metrics        Prometheus text format (the latest snapshot)
+    /metrics        Prometheus text format (the latest snapshot); OpenMetrics 1.0 when the
+                    Accept header prefers it, gzip'd when Accept-Encoding allows it
     /api/snapshot   the latest snapshot as JSON (the dashboard's source)
     /               the dashboard: plain HTML and JavaScript from this package, no CDN
     /healthz        200 while snapshots keep coming; 503 before the first and once the
@@ -37,6 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from nvctk.base.errors import NvctkError, literal
 from nvctk.monitor.collect import Collector, run_every
+from nvctk.monitor.exposition import CONTENT_TYPE_OPENMETRICS
 from nvctk.monitor.model import Snapshot
 from nvctk.monitor.prom import Exposition
 
@@ -79,8 +81,9 @@ class Monitor:
         with self.taken:
             return self.taken.wait_for(lambda: self.latest is not None, timeout)
 
-    def metrics(self) -> bytes:
-        return self.exposition.body(self.latest, time.time(), dict(self.collector.errors_total))
+    def metrics(self, openmetrics: bool = False, gzipped: bool = False) -> bytes:
+        return self.exposition.body(self.latest, time.time(), dict(self.collector.errors_total),
+                                    openmetrics, gzipped)
 
     def snapshot_json(self) -> bytes:
         snap = self.latest
@@ -294,22 +297,30 @@ class MonitorServer:
         if int(length):
             await asyncio.wait_for(reader.readexactly(int(length)), HEAD_TIMEOUT)
         self._waiting.pop(writer, None)  # being answered: no await until the answer is written
+        extra: dict[str, str] = {}
         try:
-            code, ctype, body = self._route(method, target)
+            code, ctype, body = self._route(method, target, headers, extra)
         except Exception as e:  # a bug of the monitor's: one line, the connection goes on
             log.warning("http: %s %s failed: %s", literal(method), literal(target[:200]), e)
             code, ctype, body = 500, "text/plain", b"internal error\n"
-        await self._answer(writer, code, ctype, body, keep, head_only=method == "HEAD")
+        await self._answer(writer, code, ctype, body, keep, head_only=method == "HEAD", extra=extra)
         log.debug("%s %s %s", literal(method), literal(target[:200]), code)
         return keep
 
-    def _route(self, method: str, target: str) -> tuple[int, str, bytes]:
+    def _route(self, method: str, target: str, headers: dict[str, str],
+               extra: dict[str, str]) -> tuple[int, str, bytes]:
+        """The answer to a request; extra gets the answer's own headers."""
         if method not in ("GET", "HEAD"):
             return 405, "text/plain", b"GET or HEAD only\n"
         path = target.split("?", 1)[0]
         mon = self.monitor
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, mon.metrics()
+            om = prefers_openmetrics(headers.get("accept", ""))
+            gz = accepts_gzip(headers.get("accept-encoding", ""))
+            extra["Vary"] = "Accept, Accept-Encoding"
+            if gz:
+                extra["Content-Encoding"] = "gzip"
+            return 200, CONTENT_TYPE_OPENMETRICS if om else CONTENT_TYPE_LATEST, mon.metrics(om, gz)
         if path == "/api/snapshot":
             return 200, "application/json", mon.snapshot_json()
         if path in ("/", "/index.html"):
@@ -320,13 +331,47 @@ class MonitorServer:
         return 404, "text/plain", b"not found\n"
 
     async def _answer(self, writer: asyncio.StreamWriter, code: int, ctype: str, body: bytes,
-                      keep: bool, head_only: bool = False) -> None:
+                      keep: bool, head_only: bool = False, extra: dict[str, str] | None = None) -> None:
+        more = "".join(f"{k}: {v}\r\n" for k, v in (extra or {}).items())
         head = (f"HTTP/1.1 {code} {_REASONS.get(code, '')}\r\nServer: nvctk-monitor\r\n"
-                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{more}"
                 f"Cache-Control: no-store\r\nConnection: {'keep-alive' if keep else 'close'}\r\n\r\n")
         writer.write(head.encode("latin-1") if head_only else head.encode("latin-1") + body)
         self._waiting[writer] = (WRITING, time.monotonic())
         await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+
+
+def _weights(header: str) -> dict[str, float]:
+    """An Accept or Accept-Encoding header: each value (lower case, parameters but q
+    dropped) -> its q (1 unless given; the highest where a value repeats)."""
+    out: dict[str, float] = {}
+    for item in header.split(","):
+        value, *params = (p.strip() for p in item.split(";"))
+        if not value:
+            continue
+        q = 1.0
+        for p in params:
+            k, _, v = p.partition("=")
+            if k.strip().lower() == "q":
+                try:
+                    q = float(v)
+                except ValueError:
+                    q = 0.0
+        out[value.lower()] = max(q, out.get(value.lower(), 0.0))
+    return out
+
+
+def prefers_openmetrics(accept: str) -> bool:
+    """OpenMetrics when the client asks for it at least as much as for the text format
+    (Prometheus asks for it first unless told otherwise)."""
+    w = _weights(accept)
+    om = w.get("application/openmetrics-text", 0.0)
+    return om > 0 and om >= max(w.get("text/plain", 0.0), w.get("*/*", 0.0))
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    w = _weights(accept_encoding)
+    return max(w.get("gzip", 0.0), w.get("x-gzip", 0.0), w.get("*", 0.0)) > 0
 
 
 def make_server(monitor: Monitor, host: str, port: int) -> MonitorServer:

@@ -380,6 +380,34 @@ def _read_to_close(port: int, request: bytes) -> bytes:
     return bytes(got)
 
 
+def test_metrics_in_the_format_and_encoding_asked(node: Node, tmp_path: Path) -> None:
+    """As Prometheus asks (OpenMetrics first, gzip): an OpenMetrics body ending in # EOF,
+    gzip'd, Vary naming both headers; as curl asks (nothing): the text format, plain; the
+    same series either way."""
+    import gzip
+
+    mon = MonitorProc(node, tmp_path, "--compat", "hami,dcgm")
+    try:
+        req = urllib.request.Request(mon.url + "/metrics", headers={
+            "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+            "Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            packed = r.read()
+            assert r.headers["Content-Encoding"] == "gzip"
+            assert r.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+            assert r.headers["Vary"] == "Accept, Accept-Encoding"
+        om = gzip.decompress(packed).decode()
+        assert om.endswith("# EOF\n") and len(packed) < len(om) / 3
+        with urllib.request.urlopen(mon.url + "/metrics", timeout=10) as r:
+            assert r.headers["Content-Encoding"] is None
+            assert r.headers["Content-Type"].startswith("text/plain; version=")
+            text = r.read().decode()
+        series = {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln and ln[0] != "#"}
+        assert series == {ln.split("{")[0].split(" ")[0] for ln in om.splitlines() if ln and ln[0] != "#"}
+    finally:
+        assert mon.stop() == 0
+
+
 # --- 7: --listen ------------------------------------------------------------------------------
 @pytest.mark.parametrize("value, why", [
     ("127.0.0.1:99999", "port 99999 out of range (0-65535)"),

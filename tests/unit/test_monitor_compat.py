@@ -5,7 +5,11 @@ the text of a snapshot rendered once however many scrapes read it."""
 
 from __future__ import annotations
 
+import gzip
+from typing import Any
+
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
@@ -200,13 +204,13 @@ def test_formats_parsed_and_refused() -> None:
 
 def test_a_snapshot_is_rendered_once_for_all_its_scrapes(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    real = prom.render_text
+    real = prom.render
 
-    def counted(snap: Snapshot, errors: dict[str, int]) -> str:
+    def counted(snap: Snapshot, errors: dict[str, int]) -> Any:
         calls.append(snap)
         return real(snap, errors)
 
-    monkeypatch.setattr(prom, "render_text", counted)
+    monkeypatch.setattr(prom, "render", counted)
     ex = Exposition(("dcgm", "hami"), host())
     a, b = snapshot(), snapshot()
     first = ex.body(a, 101.0, {})
@@ -225,3 +229,36 @@ def test_a_snapshot_is_rendered_once_for_all_its_scrapes(monkeypatch: pytest.Mon
             "DCGM_FI_DEV_FB_USED"} <= set(got)
     # a whole GPU's size is the GPU's series; a slice has its own
     assert [lb["container_id"] for lb, _ in got["nvctk_container_memory_total_bytes"]] == ["c4"]
+    # every format and encoding from that one render: OpenMetrics (strictly parsed: counter
+    # families without _total, dcgm-exporter's counters `unknown`, # EOF) and gzip
+    om = ex.body(b, 108.0, {}, openmetrics=True).decode()
+    assert calls == [a, b] and om.endswith("# EOF\n")
+    fams = {f.name: f for f in om_families(om)}
+    assert fams["nvctk_gpu_xid_errors"].type == "counter"
+    assert [s.name for s in fams["nvctk_gpu_xid_errors"].samples][:1] == ["nvctk_gpu_xid_errors_total"]
+    assert fams["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "unknown"
+    assert {n for n in fams if not n.startswith("nvctk_monitor")} >= {
+        f.name.removesuffix("_total") for f in text_string_to_metric_families(text)
+        if not f.name.startswith("nvctk_monitor")}
+    for openmetrics in (False, True):
+        plain = ex.body(b, 109.0, {}, openmetrics)
+        packed = ex.body(b, 109.0, {}, openmetrics, gzipped=True)
+        assert gzip.decompress(packed) == plain and len(packed) < len(plain) / 3
+    assert calls == [a, b]
+
+
+@pytest.mark.parametrize("accept, encoding, om, gz", [
+    # Prometheus 2.x's defaults
+    ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1", "gzip", True, True),
+    ("text/plain;version=0.0.4;q=1,*/*;q=0.1", "identity", False, False),  # scrape_protocols text
+    ("", "", False, False),  # curl
+    ("application/openmetrics-text;q=0", "gzip;q=0, deflate", False, False),
+    ("*/*", "x-gzip", False, True),
+    ("application/openmetrics-text; version=1.0.0; q=0.9, text/plain; q=0.9", "*", True, True),
+])
+def test_format_and_encoding_as_asked(accept: str, encoding: str, om: bool, gz: bool) -> None:
+    from nvctk.monitor.server import accepts_gzip, prefers_openmetrics
+
+    assert (prefers_openmetrics(accept), accepts_gzip(encoding)) == (om, gz)
+
