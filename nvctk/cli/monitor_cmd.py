@@ -80,13 +80,18 @@ def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: t
               help="also export HAMi's series (its vGPU monitor's and scheduler's) and/or "
                    "dcgm-exporter's, under their names, units and labels (README: Monitoring); "
                    "env NVCTK_MONITOR_COMPAT")
+@click.option("--web-config-file", "web_config", metavar="PATH", default=None,
+              envvar="NVCTK_MONITOR_WEB_CONFIG",
+              help="TLS and basic auth, in Prometheus exporters' web config file format "
+                   "(tls_server_config, basic_auth_users; README: Monitoring)")
 @click.pass_context
 def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, ...],
-            podres: str | None, compat: str) -> None:
+            podres: str | None, compat: str, web_config: str | None) -> None:
     """Serve per-container GPU metrics (Prometheus) and a dashboard page."""
     # start time: the HTTP server and its metrics, for this command only
     from nvctk.monitor.compat import parse_formats
     from nvctk.monitor.server import Monitor, MonitorServer, bind
+    from nvctk.monitor.webconfig import WebConfig, load
 
     try:
         formats = parse_formats(compat) if compat else ()
@@ -94,18 +99,19 @@ def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, 
         raise click.BadParameter(str(e), param_hint="--compat") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, port = parse_listen(listen)
+    web = load(web_config) if web_config else WebConfig()
     sock = bind(host, port)  # before NVML: a bad --listen fails at once
     try:
         mon = Monitor(_collector(ctx, roots, podres), interval, compat=formats)
     except BaseException:
         sock.close()
         raise
-    srv = MonitorServer(mon, sock)
+    srv = MonitorServer(mon, sock, web=web)
     signal.signal(signal.SIGTERM, lambda *_: srv.stop())
     signal.signal(signal.SIGINT, lambda *_: srv.stop())
     mon.start()
     shown_host = f"[{host}]" if ":" in host else host
-    click.echo(f"nvctk monitor: serving http://{shown_host}:{srv.server_address[1]}/ "
+    click.echo(f"nvctk monitor: serving {'https' if web.tls else 'http'}://{shown_host}:{srv.server_address[1]}/ "
                f"(snapshot every {interval:g} s)", err=True)
     try:
         srv.serve_forever()

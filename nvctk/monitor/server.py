@@ -41,6 +41,7 @@ from nvctk.monitor.collect import Collector, run_every
 from nvctk.monitor.exposition import CONTENT_TYPE_OPENMETRICS
 from nvctk.monitor.model import Snapshot
 from nvctk.monitor.prom import Exposition
+from nvctk.monitor.webconfig import WebConfig
 
 log = logging.getLogger("nvctk.monitor")
 
@@ -107,7 +108,7 @@ def dashboard_html() -> bytes:
     return resources.files("nvctk.monitor").joinpath("dashboard.html").read_bytes()
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
 
@@ -142,8 +143,9 @@ class MonitorServer:
     serve_forever(). stop() may be called from a signal handler or another thread."""
 
     def __init__(self, monitor: Monitor, sock: socket.socket,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, web: WebConfig | None = None) -> None:
         self.monitor = monitor
+        self.web = web or WebConfig()
         self.sock = sock
         self.server_address = sock.getsockname()
         self.page = dashboard_html()
@@ -190,7 +192,9 @@ class MonitorServer:
         self._stopping = asyncio.Event()
         if self._stop_requested:
             return
-        server = await asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD)
+        self._auth_lock = asyncio.Lock()  # one bcrypt check at a time: a guessing flood is serial
+        server = await asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD, ssl=self.web.tls,
+                                            ssl_handshake_timeout=HEAD_TIMEOUT if self.web.tls else None)
         tasks = self._tasks
         try:
             await self._stopping.wait()
@@ -298,6 +302,12 @@ class MonitorServer:
             await asyncio.wait_for(reader.readexactly(int(length)), HEAD_TIMEOUT)
         self._waiting.pop(writer, None)  # being answered: no await until the answer is written
         extra: dict[str, str] = {}
+        if target.split("?", 1)[0] != "/healthz" and not await self._authorized(headers):
+            # /healthz stays open: the kubelet's probes carry no credentials, and it tells
+            # only whether snapshots come
+            extra["WWW-Authenticate"] = 'Basic realm="nvctk monitor"'
+            await self._answer(writer, 401, "text/plain", b"unauthorized\n", keep, extra=extra)
+            return keep
         try:
             code, ctype, body = self._route(method, target, headers, extra)
         except Exception as e:  # a bug of the monitor's: one line, the connection goes on
@@ -306,6 +316,14 @@ class MonitorServer:
         await self._answer(writer, code, ctype, body, keep, head_only=method == "HEAD", extra=extra)
         log.debug("%s %s %s", literal(method), literal(target[:200]), code)
         return keep
+
+    async def _authorized(self, headers: dict[str, str]) -> bool:
+        header = headers.get("authorization", "")
+        seen = self.web.known(header)
+        if seen is not None:
+            return seen
+        async with self._auth_lock:  # a bcrypt check (~0.1 s) off the loop
+            return await asyncio.get_running_loop().run_in_executor(None, self.web.authorized, header)
 
     def _route(self, method: str, target: str, headers: dict[str, str],
                extra: dict[str, str]) -> tuple[int, str, bytes]:
@@ -374,8 +392,8 @@ def accepts_gzip(accept_encoding: str) -> bool:
     return max(w.get("gzip", 0.0), w.get("x-gzip", 0.0), w.get("*", 0.0)) > 0
 
 
-def make_server(monitor: Monitor, host: str, port: int) -> MonitorServer:
-    return MonitorServer(monitor, bind(host, port))
+def make_server(monitor: Monitor, host: str, port: int, web: WebConfig | None = None) -> MonitorServer:
+    return MonitorServer(monitor, bind(host, port), web=web)
 
 
 __all__ = ["Monitor", "MonitorServer", "bind", "dashboard_html", "make_server"]

@@ -5,7 +5,8 @@ a container at its memory cap, one held to its SM limit, a GPU promised more SM 
 has, an XID (an application fault, then a GPU fallen off the bus), a runtime state the
 monitor cannot read, a driver call that hangs (the snapshot goes stale), the monitor
 stopped (not scraped). The rules' expressions are the file's; their `for:` is dropped, so
-each fires at its first evaluation.
+each fires at its first evaluation. And that Prometheus scraping the monitor over TLS with
+basic auth (--web-config-file), as an exporter's scrape config does.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import yaml
 from nvctk.sim.events import inject_xid
 from nvctk.sim.state import state_path
 from support.monitor import MIB, Node, node_in
-from support.prometheus import PROMETHEUS, PROMTOOL, Monitor, Prometheus, get
+from support.prometheus import PASSWORD, PROMETHEUS, PROMTOOL, Monitor, Prometheus, get, web_config
 from support.wait import until
 
 pytestmark = [
@@ -140,3 +141,35 @@ def test_each_alert_fires_when_its_condition_is_made(node: Node, tmp_path: Path)
             holder.wait(30)
         prom.stop()
         mon.stop()
+
+
+def test_prometheus_scrapes_over_tls_with_basic_auth(node: Node, tmp_path: Path) -> None:
+    import re
+
+    cfg = web_config(tmp_path)
+    log = tmp_path / "monitor.log"
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "nvctk"), "monitor",
+                             "--listen", "127.0.0.1:0", "--interval", "1", "--web-config-file", str(cfg),
+                             "--runtime-root", node.runc_root], env={**os.environ, **node.sim.env},
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115
+    try:
+        port = until(lambda: re.search(r"serving https://127\.0\.0\.1:(\d+)/", log.read_text()), 60,
+                     "the monitor to listen").group(1)
+        job = {"job_name": "nvctk-monitor", "scheme": "https",
+               "tls_config": {"ca_file": str(tmp_path / "tls.crt")},
+               "basic_auth": {"username": "prometheus", "password": PASSWORD},
+               "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+        wrong = {**job, "job_name": "wrong-password", "basic_auth": {"username": "prometheus", "password": "x"}}
+        (tmp_path / "prometheus").mkdir()
+        prom = Prometheus("", tmp_path / "prometheus", jobs=[job, wrong])
+        try:
+            until(lambda: prom.query('nvctk_gpu_memory_used_bytes{job="nvctk-monitor"}'), 60,
+                  "the series scraped over TLS")
+            until(lambda: prom.query('up{job="wrong-password"} == 0'), 60, "the wrong password's scrape")
+            assert not prom.query('nvctk_gpu_memory_used_bytes{job="wrong-password"}')
+        finally:
+            prom.stop()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
