@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import queue
 import signal
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -43,7 +50,6 @@ def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: t
     """This node's GPUs and the containers on them: memory used vs cap, SM share vs limit."""
     # start time: rich, for this command only
     from rich.console import Console
-    from rich.live import Live
 
     from nvctk.monitor.top import render
 
@@ -58,15 +64,74 @@ def top(ctx: click.Context, once: bool, as_json: bool, interval: float, roots: t
             else:
                 console.print(render(snap, console.width))
             return
-        with Live(render(col.collect(), console.width), console=console, refresh_per_second=4,
-                  screen=False) as live:
-            while True:
-                time.sleep(interval)  # the refresh period itself, not a synchronisation
-                live.update(render(col.collect(), console.width))
+        _live(console, col, interval)
     except KeyboardInterrupt:
         pass
     finally:
         col.close()
+
+
+def _live(console: Any, col: Any, interval: float) -> None:
+    """The live view: a snapshot every interval, the view fitted to the terminal's height,
+    keys (in a terminal) scrolling it or narrowing it to one GPU at once (nvctk.monitor.top.View)."""
+    # start time: rich and the view, for `nvctk top` only
+    from rich.live import Live
+
+    from nvctk.monitor.top import View, fit, render, rows_of
+
+    view = View()
+    keys: queue.Queue[str] = queue.Queue()
+    snap = col.collect()
+    with _keys_from(sys.stdin, keys), Live(render(snap, console.width, console.height, view),
+                                           console=console, auto_refresh=False, screen=False) as live:
+        due = time.monotonic() + interval
+        while True:
+            try:
+                # the refresh period itself, or a key sooner: not a synchronisation
+                key: str | None = keys.get(timeout=max(0.0, due - time.monotonic()))
+            except queue.Empty:
+                key = None
+            if key is not None and not view.key(key, fit(snap, console.height),
+                                                len(rows_of(snap, view.gpu)), len(snap.gpus)):
+                return
+            if time.monotonic() >= due:
+                snap, due = col.collect(), time.monotonic() + interval
+            live.update(render(snap, console.width, console.height, view), refresh=True)
+
+
+@contextlib.contextmanager
+def _keys_from(stream: Any, keys: queue.Queue[str]) -> Iterator[None]:
+    """In a terminal: its keys, one read at a time (an arrow's escape sequence whole), into
+    keys, the terminal in cbreak mode meanwhile (restored after). Elsewhere: nothing."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = -1
+    if fd < 0 or not os.isatty(fd):
+        yield
+        return
+    # start time: the terminal's modes, for the live view in a terminal only
+    import termios
+    import tty
+
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(fd, 16)
+            except OSError:
+                return
+            if not data:
+                return
+            keys.put(data.decode("utf-8", "replace"))
+
+    threading.Thread(target=read, name="nvctk-top-keys", daemon=True).start()
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 @click.command()
