@@ -214,8 +214,8 @@ def with_prometheus(node: Node, tmp: Path, n: int) -> list[str]:
             lat.append(time.perf_counter() - t0)
             size = len(body)
             time.sleep(0.2)  # spread over several collections, as scrapes are
+        rss, hwm = memory_mib(proc.pid)  # before a plain scrape adds its format's text
         plain = len(get(url + "/metrics"))
-        rss, hwm = memory_mib(proc.pid)
     finally:
         if prom is not None:
             prom.terminate()

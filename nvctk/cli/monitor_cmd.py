@@ -155,7 +155,7 @@ def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, 
     """Serve per-container GPU metrics (Prometheus) and a dashboard page."""
     # start time: the HTTP server and its metrics, for this command only
     from nvctk.monitor.compat import parse_formats
-    from nvctk.monitor.server import Monitor, MonitorServer, bind
+    from nvctk.monitor.server import Monitor, MonitorServer, bind, bound_heap
     from nvctk.monitor.webconfig import WebConfig, load
 
     try:
@@ -163,6 +163,7 @@ def monitor(ctx: click.Context, listen: str, interval: float, roots: tuple[str, 
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--compat") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    bound_heap()  # before any thread
     host, port = parse_listen(listen)
     web = load(web_config) if web_config else WebConfig()
     sock = bind(host, port)  # before NVML: a bad --listen fails at once

@@ -127,36 +127,56 @@ def age_text(snap: Snapshot, now: float, openmetrics: bool = False) -> str:
 
 
 class Exposition:
-    """/metrics: a snapshot's families are rendered at its first scrape and kept for the
-    next ones (a scrape of an unchanged snapshot renders only its age), each format and
-    encoding asked for joined (and gzip'd) once; the compat families asked for
-    (compat.FORMATS) are rendered from the same snapshot. gzip: the snapshot's member and
+    """/metrics: a snapshot's families are rendered once, joined (and gzip'd) in the format
+    asked and kept for the next scrapes (a scrape of an unchanged snapshot renders only its
+    age); a second format asked of one snapshot renders it again, once, for every other
+    format after it; the compat families asked for (compat.FORMATS) are rendered from the
+    same snapshot. The last two snapshots' bodies are kept and read without the render
+    lock: the one scrapes are served while the next is made ready (Monitor renders a new
+    snapshot before it shows it) never waits on that render. gzip: the snapshot's member and
     the age's are two gzip members, one stream to any gzip reader (RFC 1952)."""
 
     def __init__(self, compat_formats: Iterable[str] = (), host: HostInfo | None = None) -> None:
         self.formats = tuple(sorted(set(compat_formats)))
         self.host = host
-        self._lock = threading.Lock()  # one render per snapshot, however many scrapes wait
-        self._snap: Snapshot | None = None
-        self._segments: list[Segment] = []
-        self._bodies: dict[tuple[bool, bool], bytes] = {}  # (openmetrics, gzip) -> bytes
+        self._lock = threading.Lock()  # one render at a time
+        # (snapshot, its bodies: (openmetrics, gzip) -> bytes), the newest last, two at most
+        self._made: list[tuple[Snapshot, dict[tuple[bool, bool], bytes]]] = []
+        # a snapshot's families, kept once a second format was asked of it (a scraper asks
+        # in one format: they are dropped after its first body otherwise)
+        self._segments: tuple[Snapshot, list[Segment]] | None = None
 
     def body(self, snap: Snapshot | None, now: float, errors: dict[str, int],
              openmetrics: bool = False, gzipped: bool = False) -> bytes:
         if snap is None:
             return b""
         key = (openmetrics, gzipped)
-        with self._lock:
-            if snap is not self._snap:
-                segments = render(snap, errors).segments()
-                for fmt in self.formats:
-                    segments += compat.writer(fmt, snap, self.host).segments()
-                self._segments, self._snap, self._bodies = segments, snap, {}
-            head = self._bodies.get(key)
-            if head is None:
-                head = join(self._segments, openmetrics).encode()
-                if gzipped:
-                    head = gzip.compress(head, GZIP_LEVEL, mtime=0)
-                self._bodies[key] = head
+        head = self._cached(snap, key)
+        if head is None:
+            with self._lock:
+                head = self._cached(snap, key) or self._make(snap, errors, key)
         tail = (age_text(snap, now, openmetrics) + (EOF_LINE if openmetrics else "")).encode()
         return head + (gzip.compress(tail, GZIP_LEVEL, mtime=0) if gzipped else tail)
+
+    def _cached(self, snap: Snapshot, key: tuple[bool, bool]) -> bytes | None:
+        for made, bodies in self._made:
+            if made is snap:
+                return bodies.get(key)
+        return None
+
+    def _make(self, snap: Snapshot, errors: dict[str, int], key: tuple[bool, bool]) -> bytes:
+        bodies = next((b for made, b in self._made if made is snap), None)
+        segments = self._segments[1] if self._segments and self._segments[0] is snap else None
+        if segments is None:
+            segments = render(snap, errors).segments()
+            for fmt in self.formats:
+                segments += compat.writer(fmt, snap, self.host).segments()
+        head = join(segments, key[0]).encode()
+        if key[1]:
+            head = gzip.compress(head, GZIP_LEVEL, mtime=0)
+        self._segments = (snap, segments) if bodies else None
+        if bodies is None:
+            bodies = {}
+            self._made = [*[m for m in self._made if m[0].time <= snap.time][-1:], (snap, bodies)]
+        bodies[key] = head
+        return head

@@ -229,10 +229,12 @@ def test_a_snapshot_is_rendered_once_for_all_its_scrapes(monkeypatch: pytest.Mon
             "DCGM_FI_DEV_FB_USED"} <= set(got)
     # a whole GPU's size is the GPU's series; a slice has its own
     assert [lb["container_id"] for lb, _ in got["nvctk_container_memory_total_bytes"]] == ["c4"]
-    # every format and encoding from that one render: OpenMetrics (strictly parsed: counter
-    # families without _total, dcgm-exporter's counters `unknown`, # EOF) and gzip
+    # another format of the same snapshot renders it once more (the families are kept only
+    # until a first body is joined: a scraper asks in one format), then serves every other:
+    # OpenMetrics (strictly parsed: counter families without _total, dcgm-exporter's
+    # counters `unknown`, # EOF) and gzip
     om = ex.body(b, 108.0, {}, openmetrics=True).decode()
-    assert calls == [a, b] and om.endswith("# EOF\n")
+    assert calls == [a, b, b] and om.endswith("# EOF\n")
     fams = {f.name: f for f in om_families(om)}
     assert fams["nvctk_gpu_xid_errors"].type == "counter"
     assert [s.name for s in fams["nvctk_gpu_xid_errors"].samples][:1] == ["nvctk_gpu_xid_errors_total"]
@@ -244,7 +246,7 @@ def test_a_snapshot_is_rendered_once_for_all_its_scrapes(monkeypatch: pytest.Mon
         plain = ex.body(b, 109.0, {}, openmetrics)
         packed = ex.body(b, 109.0, {}, openmetrics, gzipped=True)
         assert gzip.decompress(packed) == plain and len(packed) < len(plain) / 3
-    assert calls == [a, b]
+    assert calls == [a, b, b]
 
 
 @pytest.mark.parametrize("accept, encoding, om, gz", [
@@ -262,3 +264,22 @@ def test_format_and_encoding_as_asked(accept: str, encoding: str, om: bool, gz: 
 
     assert (prefers_openmetrics(accept), accepts_gzip(encoding)) == (om, gz)
 
+
+
+def test_a_shown_snapshot_is_served_while_the_next_one_renders() -> None:
+    """Monitor renders a new snapshot before it shows it; scrapes of the one shown are
+    served from its kept body meanwhile, never waiting on that render (its lock)."""
+    import threading
+
+    ex = Exposition(("dcgm", "hami"), host())
+    shown, nxt = snapshot(), snapshot()
+    nxt.time = shown.time + 5
+    want = ex.body(shown, 101.0, {}, True, True)
+    with ex._lock:  # the next snapshot's render under way
+        got: list[bytes] = []
+        t = threading.Thread(target=lambda: got.append(ex.body(shown, 101.0, {}, True, True)))
+        t.start()
+        t.join(30)
+        assert got == [want], "a scrape waited on another snapshot's render"
+    ex.body(nxt, 106.0, {}, True, True)
+    assert ex.body(shown, 101.0, {}, True, True) == want  # both kept: the shown and the next
