@@ -12,7 +12,9 @@ Measured, as medians: one collection (NVML + discovery + join); the render of a 
 snapshot (nvctk's series, and with --compat hami,dcgm), which only the first scrape of a
 snapshot pays; a scrape of an unchanged snapshot (the cached text and its age); then
 `nvctk monitor --compat hami,dcgm` itself over HTTP: /metrics latency and its resident
-memory. With --soak SECONDS, the monitor then runs that long while containers end and
+memory; then `nvctk monitor` with the shipped DaemonSet's arguments while a real
+Prometheus scrapes it: scrape latency as Prometheus asks (p90, max), the gzip'd size and
+the monitor's memory, against the goals printed. With --soak SECONDS, the monitor then runs that long while containers end and
 new ones start, its memory read every minute.
 
     flock /tmp/nvctk-heavy.lock .venv/bin/python bench/monitor.py [-n 50] [--soak 1800] \
@@ -143,8 +145,8 @@ def serve(node: Node, tmp: Path, interval: float, compat: str) -> tuple[subproce
     log = tmp / f"monitor-{time.monotonic_ns()}.log"
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "nvctk"), "monitor", "--listen", "127.0.0.1:0",
-         "--interval", str(interval), "--runtime-root", f"containerd={node.root}", "--compat", compat],
-        env={**os.environ, "NVCTK_CONFIG": node.sim.config_path},
+         "--interval", str(interval), "--runtime-root", f"containerd={node.root}"],
+        env={**os.environ, "NVCTK_CONFIG": node.sim.config_path, "NVCTK_MONITOR_COMPAT": compat},
         stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115
     port = 0
     deadline = time.monotonic() + 60
@@ -160,10 +162,80 @@ def serve(node: Node, tmp: Path, interval: float, compat: str) -> tuple[subproce
     return proc, url
 
 
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as r:
+def get(url: str, headers: dict[str, str] | None = None) -> bytes:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as r:
         data: bytes = r.read()
         return data
+
+
+# what Prometheus 2.x asks for: OpenMetrics first, gzip
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+              "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip"}
+GOAL_P90_MS, GOAL_MAX_MS, GOAL_RSS_MIB, GOAL_GZIP_MB = 30.0, 100.0, 64.0, 1.0
+
+
+def shipped_args() -> tuple[float, str]:
+    """The interval and --compat of the shipped DaemonSet (deployments/monitor.yaml)."""
+    import yaml
+
+    for doc in yaml.safe_load_all((ROOT / "deployments" / "monitor.yaml").read_text()):
+        if doc and doc.get("kind") == "DaemonSet":
+            (c,) = doc["spec"]["template"]["spec"]["containers"]
+            cmd = c["command"]
+            env = {e["name"]: e.get("value", "") for e in c.get("env", [])}
+            return float(cmd[cmd.index("--interval") + 1]), env.get("NVCTK_MONITOR_COMPAT", "")
+    raise SystemExit("no DaemonSet in deployments/monitor.yaml")
+
+
+def with_prometheus(node: Node, tmp: Path, n: int) -> list[str]:
+    """`nvctk monitor` with the shipped arguments, a real Prometheus (Debian's) scraping it
+    every second meanwhile; n scrapes of ours as Prometheus asks (OpenMetrics, gzip), one
+    every 0.2 s: their latency, the gzip'd size, the monitor's memory after."""
+    interval, compat = shipped_args()
+    proc, url = serve(node, tmp, interval, compat)
+    prom = None
+    try:
+        exe = shutil.which("prometheus")
+        if exe:
+            cfg = tmp / "prometheus.yml"
+            cfg.write_text(json.dumps({"global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                                       "scrape_configs": [{"job_name": "nvctk-monitor", "static_configs": [
+                                           {"targets": [url.removeprefix("http://")]}]}]}))
+            prom = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                                     "--web.listen-address=127.0.0.1:0", "--log.level=error"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(5)  # its first scrapes (and the WAL's start) before ours are timed
+        lat, size = [], 0
+        for _ in range(n):
+            t0 = time.perf_counter()
+            body = get(url + "/metrics", PROMETHEUS_HEADERS)
+            lat.append(time.perf_counter() - t0)
+            size = len(body)
+            time.sleep(0.2)  # spread over several collections, as scrapes are
+        rss, hwm = memory_mib(proc.pid)  # before a plain scrape adds its format's text
+        plain = len(get(url + "/metrics"))
+    finally:
+        if prom is not None:
+            prom.terminate()
+            prom.wait(30)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    xs = sorted(lat)
+    p90, worst = xs[int(0.9 * (len(xs) - 1))] * 1000, xs[-1] * 1000
+    ok = {True: "OK", False: "MISSED"}
+    return [
+        f"shipped arguments (deployments/monitor.yaml): --interval {interval:g}, --compat {compat or '(none)'}; "
+        f"{'a real Prometheus scraping it every 1 s' if prom is not None else 'NO Prometheus (not installed)'}",
+        f"scrape as Prometheus asks (OpenMetrics, gzip), n={n}: median {median_ms(lat):6.2f} ms   "
+        f"p90 {p90:6.2f} ms (goal <= {GOAL_P90_MS:.0f}: {ok[p90 <= GOAL_P90_MS]})   "
+        f"max {worst:6.2f} ms (goal <= {GOAL_MAX_MS:.0f}: {ok[worst <= GOAL_MAX_MS]})",
+        f"scrape size: {size / 1e6:.2f} MB gzip'd (goal <= {GOAL_GZIP_MB:g}: {ok[size / 1e6 <= GOAL_GZIP_MB]}), "
+        f"{plain / 1e6:.2f} MB plain ({plain / size:.1f}x)",
+        f"resident memory after: {rss:.1f} MiB (goal <= {GOAL_RSS_MIB:.0f}: {ok[rss <= GOAL_RSS_MIB]}), "
+        f"peak {hwm:.1f} MiB",
+    ]
 
 
 def memory_mib(pid: int) -> tuple[float, float]:
@@ -321,6 +393,7 @@ def main() -> None:
             "(a collection every 0.2 s)",
             f"nvctk monitor resident memory               {rss:7.1f} MiB  (peak {hwm:.1f} MiB)",
         ]
+        lines += with_prometheus(node, tmp, args.n)
         if args.soak:
             lines += soak(node, tmp, args.soak, args.per_gpu)
         write(lines, args.out)

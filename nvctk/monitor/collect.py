@@ -31,6 +31,7 @@ from nvctk.monitor.containers import (
     gpu_nodes,
     proc_start,
 )
+from nvctk.monitor.health import Health
 from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
 
 if TYPE_CHECKING:  # grpc is imported only with --pod-resources-socket
@@ -105,6 +106,7 @@ class Collector:
             mod.nvmlInit()
         self.nv: Any = mod
         self.handles = {g.index: mod.nvmlDeviceGetHandleByUUID(g.uuid) for g in self.host.gpus}
+        self.health = Health(mod, self.handles)
         # the GPUs' device nodes: containers given a GPU without nvctk (a DRA claim's
         # whole GPU or MIG device) are found by them (read once, as the inventory is)
         self.discovery = Discovery(runtime_roots, gpu_nodes(driver_root, self.host))
@@ -206,7 +208,7 @@ class Collector:
         g = GpuSample(index=index, uuid=info.uuid, name=info.name, memory_total=int(mem.total),
                       memory_used=int(mem.used), utilization=util,
                       healthy=index not in self._unhealthy, xid_errors=count, last_xid=last,
-                      mig=bool(info.mig_devices))
+                      mig=bool(info.mig_devices), health=self.health.read(index))
         return g, procs, samples
 
     # --- pid -> container ------------------------------------------------------------------
@@ -326,8 +328,11 @@ class Collector:
                 if g is not None:
                     g.shares += 1
                     g.memory_promised += mem_cap or d.memory_total
+                    # a memory-only cap promises memory, no SM share (it takes what is free,
+                    # as HAMi counts a Pod without gpucores): only a whole GPU, uncapped, is all
                     g.sm_promised += (sm_cap / 100.0 if sm_cap else
-                                      d.memory_total / g.memory_total if d.mig else 1.0)
+                                      d.memory_total / g.memory_total if d.mig else
+                                      0.0 if mem_cap else 1.0)
             cs.outside_allocations = outside_allocations(cs, kubelet_answered)
             out.append(cs)
         for key in set(self._last_active) - live_keys:
@@ -348,6 +353,7 @@ class Collector:
         if self.podres is not None:
             self.podres.close()
         try:
+            self.health.close()
             if self._events is not None:
                 nv.nvmlEventSetFree(self._events)
             nv.nvmlShutdown()

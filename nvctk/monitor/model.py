@@ -24,7 +24,33 @@ class GpuSample:
     mig: bool = False  # MIG enabled: shares are its MIG devices
     shares: int = 0  # containers holding (part of) it
     memory_promised: int = 0  # bytes: caps of capped shares, the whole GPU for others
-    sm_promised: float = 0.0  # 0-1: SM limits of capped shares, 1 for others
+    sm_promised: float = 0.0  # 0-1: SM limits, MIG slices' parts, 1 per uncapped whole GPU
+    health: GpuHealth | None = None  # None: NVML answered none of it (a MIG-only view)
+
+
+@dataclass
+class GpuHealth:
+    """What NVML reports of the board beside memory and utilization; None where the GPU
+    does not report it (NVML's NOT_SUPPORTED): a series left out, never a zero."""
+
+    temperature: int | None = None  # degrees C
+    power: float | None = None  # W
+    power_limit: float | None = None  # W, enforced
+    energy: int | None = None  # mJ since the driver loaded (a counter)
+    sm_clock: int | None = None  # MHz
+    memory_clock: int | None = None  # MHz
+    memory_reserved: int | None = None  # bytes the driver keeps (NVML's memory info v2)
+    memory_copy_utilization: float | None = None  # 0-1
+    encoder_utilization: float | None = None  # 0-1
+    decoder_utilization: float | None = None  # 0-1
+    pcie_replays: int | None = None  # a counter
+    ecc_corrected: int | None = None  # volatile total, a counter
+    ecc_uncorrected: int | None = None  # volatile total, a counter
+    rows_remapped_corrected: int | None = None
+    rows_remapped_uncorrected: int | None = None
+    row_remap_failure: bool | None = None
+    # GPM (Hopper and later) over the last interval; empty where the GPU has none
+    profile: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

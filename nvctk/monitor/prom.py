@@ -14,12 +14,13 @@ runtime state dir it was found in: two runtimes may hold the same container id).
 
 from __future__ import annotations
 
+import gzip
 import threading
 from collections.abc import Iterable
 
 from nvctk.host.inventory import HostInfo
 from nvctk.monitor import allocation, compat
-from nvctk.monitor.exposition import Writer, label_set
+from nvctk.monitor.exposition import EOF_LINE, Segment, Writer, join, label_set
 from nvctk.monitor.model import Snapshot
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
@@ -33,7 +34,7 @@ METRICS: dict[str, str] = {
     "nvctk_gpu_utilization_ratio": "GPU busy fraction, NVML's last sample",
     "nvctk_gpu_shares": "Containers holding this GPU or a part of it",
     "nvctk_gpu_memory_promised_bytes": "Memory promised to its containers (their caps; the whole GPU for uncapped ones)",
-    "nvctk_gpu_sm_promised_ratio": "SM share promised to its containers (their limits; 1 per uncapped whole GPU)",
+    "nvctk_gpu_sm_promised_ratio": "SM share promised to its containers (their SM limits, a MIG slice's part; 1 per whole GPU with no cap; none for a memory-only cap)",
     "nvctk_gpu_healthy": "1 unless a critical XID was seen since the monitor started",
     "nvctk_gpu_last_xid": "The last XID seen (0: none)",
     "nvctk_gpu_xid_errors": "XID errors seen since the monitor started",
@@ -53,6 +54,7 @@ METRICS: dict[str, str] = {
 }
 
 
+GZIP_LEVEL = 1  # a scrape's text shrinks 25x at level 1 already (1024 containers); higher levels cost more CPU
 COUNTERS = {"nvctk_gpu_xid_errors": "counter", "nvctk_monitor_errors": "counter"}
 GPU_FAMILIES = [n for n in METRICS if n.startswith("nvctk_gpu_")]
 CTR_FAMILIES = [n for n in METRICS if n.startswith("nvctk_container_")]
@@ -60,6 +62,10 @@ CTR_FAMILIES = [n for n in METRICS if n.startswith("nvctk_container_")]
 
 def render_text(snap: Snapshot, errors: dict[str, int]) -> str:
     """nvctk's own series of the snapshot, but its age (that is the scrape's: age_text)."""
+    return render(snap, errors).text()
+
+
+def render(snap: Snapshot, errors: dict[str, int]) -> Writer:
     w = Writer()
     for n in GPU_FAMILIES:  # declared first: a family is there even with no GPU
         w.family(n, METRICS[n], COUNTERS.get(n, "gauge"))
@@ -109,40 +115,71 @@ def render_text(snap: Snapshot, errors: dict[str, int]) -> str:
     for cause, count in sorted(errors.items()):
         w.add("nvctk_monitor_errors", METRICS["nvctk_monitor_errors"],
               label_set(["Hostname", "cause"], [snap.hostname, cause]), count, "counter")
-    return w.text()
+    return w
 
 
 def ctr(w: Writer, name: str, labels: str, value: float | int) -> None:
     w.add(name, METRICS[name], labels, value)
 
 
-def age_text(snap: Snapshot, now: float) -> str:
+def age_text(snap: Snapshot, now: float, openmetrics: bool = False) -> str:
     name = "nvctk_monitor_snapshot_age_seconds"
     w = Writer()
     w.add(name, METRICS[name], label_set(["Hostname"], [snap.hostname]), max(0.0, now - snap.time))
-    return w.text()
+    return w.text(openmetrics)
 
 
 class Exposition:
-    """/metrics: a snapshot's text is rendered at its first scrape and kept for the next
-    ones (a scrape of an unchanged snapshot renders only its age); the compat families
-    asked for (compat.FORMATS) are rendered from the same snapshot."""
+    """/metrics: a snapshot's families are rendered once, joined (and gzip'd) in the format
+    asked and kept for the next scrapes (a scrape of an unchanged snapshot renders only its
+    age); a second format asked of one snapshot renders it again, once, for every other
+    format after it; the compat families asked for (compat.FORMATS) are rendered from the
+    same snapshot. The last two snapshots' bodies are kept and read without the render
+    lock: the one scrapes are served while the next is made ready (Monitor renders a new
+    snapshot before it shows it) never waits on that render. gzip: the snapshot's member and
+    the age's are two gzip members, one stream to any gzip reader (RFC 1952)."""
 
     def __init__(self, compat_formats: Iterable[str] = (), host: HostInfo | None = None) -> None:
         self.formats = tuple(sorted(set(compat_formats)))
         self.host = host
-        self._lock = threading.Lock()  # one render per snapshot, however many scrapes wait
-        self._snap: Snapshot | None = None
-        self._text = b""
+        self._lock = threading.Lock()  # one render at a time
+        # (snapshot, its bodies: (openmetrics, gzip) -> bytes), the newest last, two at most
+        self._made: list[tuple[Snapshot, dict[tuple[bool, bool], bytes]]] = []
+        # a snapshot's families, kept once a second format was asked of it (a scraper asks
+        # in one format: they are dropped after its first body otherwise)
+        self._segments: tuple[Snapshot, list[Segment]] | None = None
 
-    def body(self, snap: Snapshot | None, now: float, errors: dict[str, int]) -> bytes:
+    def body(self, snap: Snapshot | None, now: float, errors: dict[str, int],
+             openmetrics: bool = False, gzipped: bool = False) -> bytes:
         if snap is None:
             return b""
-        with self._lock:
-            if snap is not self._snap:
-                text = render_text(snap, errors)
-                for fmt in self.formats:
-                    text += compat.render(fmt, snap, self.host)
-                self._text, self._snap = text.encode(), snap
-            text_b = self._text
-        return text_b + age_text(snap, now).encode()
+        key = (openmetrics, gzipped)
+        head = self._cached(snap, key)
+        if head is None:
+            with self._lock:
+                head = self._cached(snap, key) or self._make(snap, errors, key)
+        tail = (age_text(snap, now, openmetrics) + (EOF_LINE if openmetrics else "")).encode()
+        return head + (gzip.compress(tail, GZIP_LEVEL, mtime=0) if gzipped else tail)
+
+    def _cached(self, snap: Snapshot, key: tuple[bool, bool]) -> bytes | None:
+        for made, bodies in self._made:
+            if made is snap:
+                return bodies.get(key)
+        return None
+
+    def _make(self, snap: Snapshot, errors: dict[str, int], key: tuple[bool, bool]) -> bytes:
+        bodies = next((b for made, b in self._made if made is snap), None)
+        segments = self._segments[1] if self._segments and self._segments[0] is snap else None
+        if segments is None:
+            segments = render(snap, errors).segments()
+            for fmt in self.formats:
+                segments += compat.writer(fmt, snap, self.host).segments()
+        head = join(segments, key[0]).encode()
+        if key[1]:
+            head = gzip.compress(head, GZIP_LEVEL, mtime=0)
+        self._segments = (snap, segments) if bodies else None
+        if bodies is None:
+            bodies = {}
+            self._made = [*[m for m in self._made if m[0].time <= snap.time][-1:], (snap, bodies)]
+        bodies[key] = head
+        return head

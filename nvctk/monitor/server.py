@@ -1,27 +1,34 @@
 """`nvctk monitor`: a snapshot every interval in a background thread, served over HTTP.
 
-    /metrics        Prometheus text format (the latest snapshot)
+    /metrics        Prometheus text format (the latest snapshot); OpenMetrics 1.0 when the
+                    Accept header prefers it, gzip'd when Accept-Encoding allows it
     /api/snapshot   the latest snapshot as JSON (the dashboard's source)
     /               the dashboard: plain HTML and JavaScript from this package, no CDN
     /healthz        200 while snapshots keep coming; 503 before the first and once the
                     latest is older than `stale_after` (collection stalled: the liveness
                     probe restarts the monitor)
 
-A scrape renders the snapshot the collector last took; it never waits on a collection,
-so nothing the collector reads (a slow /proc, a hanging file) can block a scrape.
+A scrape serves the snapshot the collector last took; it never waits on a collection,
+so nothing the collector reads (a slow /proc, a hanging file) can block a scrape. The
+collector renders each new snapshot in the formats scraped since the one before, and
+shows it then, so a scrape only sends; the first scrape in a new format renders it.
 
 The HTTP side is one asyncio loop, not a thread per connection: any Pod can reach the
 port, and an idle connection must cost a few kilobytes, not a thread. Every connection
 has a deadline for its request head (and body), one for writing the answer, and an idle
-limit between keep-alive requests; at most `max_connections` are open, and a new one
-beyond that closes the connection idle the longest (a scraper's new connection is
-served, a pile of idle ones is not). Nothing a client sends reaches the log as a
-traceback; a stop closes every connection and returns.
+limit between keep-alive requests. At most `max_connections` are open; a new one beyond
+that makes room by closing the connection that has waited on its own client the longest,
+idle ones first, then those still sending a request, then those not taking their answer
+(every connection is one of these whenever another runs), so no number of idle,
+half-sent or unread connections shuts out a client that sends its request whole. An
+answer is closed after its last byte has gone (never cut short by the close). Nothing a
+client sends reaches the log as a traceback; a stop closes every connection and returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import resource
@@ -34,8 +41,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from nvctk.base.errors import NvctkError, literal
 from nvctk.monitor.collect import Collector, run_every
+from nvctk.monitor.exposition import CONTENT_TYPE_OPENMETRICS
 from nvctk.monitor.model import Snapshot
 from nvctk.monitor.prom import Exposition
+from nvctk.monitor.webconfig import WebConfig
 
 log = logging.getLogger("nvctk.monitor")
 
@@ -45,6 +54,8 @@ WRITE_TIMEOUT = 30.0  # seconds for a client to take an answer
 MAX_HEAD = 16 << 10  # bytes of request line and headers
 MAX_BODY = 64 << 10  # bytes of a request body (none is needed; one is read and dropped)
 MAX_CONNECTIONS = 256
+# what a connection is waiting on its client for, in the order a full server closes them
+IDLE, READING, WRITING = 0, 1, 2
 
 
 class Monitor:
@@ -59,10 +70,17 @@ class Monitor:
         self.taken = threading.Condition()
         self.exposition = Exposition(compat, collector.host)
         self._json: tuple[Snapshot | None, bytes] = (None, b"null")
+        self._asked: set[tuple[bool, bool]] = set()  # (openmetrics, gzip) scraped since the last snapshot
         self.thread: threading.Thread | None = None
 
     def _take(self) -> None:
         snap = self.collector.collect()
+        # the formats scraped since the last snapshot, rendered for this one before it is
+        # shown: scrapes meanwhile get the previous one, and none waits on a render (no
+        # scraper, nothing rendered)
+        asked, self._asked = self._asked, set()
+        for om, gz in asked:
+            self.exposition.body(snap, time.time(), dict(self.collector.errors_total), om, gz)
         with self.taken:
             self.latest = snap
             self.taken.notify_all()
@@ -74,8 +92,10 @@ class Monitor:
         with self.taken:
             return self.taken.wait_for(lambda: self.latest is not None, timeout)
 
-    def metrics(self) -> bytes:
-        return self.exposition.body(self.latest, time.time(), dict(self.collector.errors_total))
+    def metrics(self, openmetrics: bool = False, gzipped: bool = False) -> bytes:
+        self._asked.add((openmetrics, gzipped))
+        return self.exposition.body(self.latest, time.time(), dict(self.collector.errors_total),
+                                    openmetrics, gzipped)
 
     def snapshot_json(self) -> bytes:
         snap = self.latest
@@ -95,11 +115,29 @@ class Monitor:
         return True, "ok"
 
 
+def bound_heap() -> None:
+    """glibc's malloc, told to give the monitor's large short-lived buffers back: a
+    snapshot's text is megabytes, made and dropped every interval. By default glibc raises
+    its mmap threshold to the largest block freed, so every later text lands on the heap,
+    which fragments and never shrinks (84 MiB at 1024 containers), and keeps an arena per
+    thread. A fixed threshold and two arenas; nothing where the libc is not glibc. Call it
+    before any thread starts."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, 256 << 10)
+    mallopt(M_ARENA_MAX, 2)
+
+
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's <malloc.h>
+
+
 def dashboard_html() -> bytes:
     return resources.files("nvctk.monitor").joinpath("dashboard.html").read_bytes()
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
 
@@ -134,8 +172,9 @@ class MonitorServer:
     serve_forever(). stop() may be called from a signal handler or another thread."""
 
     def __init__(self, monitor: Monitor, sock: socket.socket,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, web: WebConfig | None = None) -> None:
         self.monitor = monitor
+        self.web = web or WebConfig()
         self.sock = sock
         self.server_address = sock.getsockname()
         self.page = dashboard_html()
@@ -146,7 +185,8 @@ class MonitorServer:
         self.loop.set_exception_handler(self._loop_error)
         self._stopping: asyncio.Event | None = None
         self._stop_requested = False
-        self._idle: dict[asyncio.StreamWriter, float] = {}  # waiting for a request -> since
+        # every open connection while it waits on its client -> (IDLE/READING/WRITING, since)
+        self._waiting: dict[asyncio.StreamWriter, tuple[int, float]] = {}
         self._open: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._done = threading.Event()
@@ -181,7 +221,9 @@ class MonitorServer:
         self._stopping = asyncio.Event()
         if self._stop_requested:
             return
-        server = await asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD)
+        self._auth_lock = asyncio.Lock()  # one bcrypt check at a time: a guessing flood is serial
+        server = await asyncio.start_server(self._client, sock=self.sock, limit=MAX_HEAD, ssl=self.web.tls,
+                                            ssl_handshake_timeout=HEAD_TIMEOUT if self.web.tls else None)
         tasks = self._tasks
         try:
             await self._stopping.wait()
@@ -206,40 +248,52 @@ class MonitorServer:
         if task is not None:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        if len(self._open) >= self.max_connections and not self._evict():
-            writer.transport.abort()
-            return
+        if len(self._open) >= self.max_connections:
+            self._evict()
         self._open.add(writer)
         try:
-            while await self._one_request(reader, writer):
-                pass
+            fresh = True
+            while await self._one_request(reader, writer, fresh):
+                fresh = False
+            # the answer's last bytes are still in the transport's buffer: a graceful close
+            # sends them first (abort would drop them: a Connection: close client got a
+            # truncated body)
+            self._waiting[writer] = (WRITING, time.monotonic())
+            writer.close()
+            await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
                 ValueError):
             pass  # the client went, stalled or sent nonsense: its connection ends
         finally:
             self._open.discard(writer)
-            self._idle.pop(writer, None)
+            self._waiting.pop(writer, None)
             writer.transport.abort()
 
-    def _evict(self) -> bool:
-        """Closes the connection idle the longest; False when none is idle."""
-        if not self._idle:
-            return False
-        oldest = min(self._idle, key=self._idle.__getitem__)
-        del self._idle[oldest]
+    def _evict(self) -> None:
+        """Closes the connection waiting on its client the longest, idle ones first."""
+        if not self._waiting:
+            return  # every other one is being answered this instant: none can be
+        oldest = min(self._waiting, key=self._waiting.__getitem__)
+        del self._waiting[oldest]
         self._open.discard(oldest)
         oldest.transport.abort()
-        return True
 
-    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Reads and answers one request; whether the connection stays open for another."""
-        self._idle[writer] = time.monotonic()
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           fresh: bool) -> bool:
+        """Reads and answers one request (the connection's first when fresh); whether the
+        connection stays open for another."""
+        # a new connection is a request under way (its head may be in the socket, unread: it
+        # is no idle one to close first) and has the head's deadline; a kept-alive one is idle
+        # until its next request's first byte, within the idle limit
+        self._waiting[writer] = (READING if fresh else IDLE, time.monotonic())
+        head_begun = False
         try:
-            # the idle limit until a first byte, then the head's own deadline
-            first = await asyncio.wait_for(reader.read(1), IDLE_TIMEOUT)
+            first = await asyncio.wait_for(reader.read(1), HEAD_TIMEOUT if fresh else IDLE_TIMEOUT)
             if not first:
                 return False
-            self._idle.pop(writer, None)
+            head_begun = True
+            if not fresh:
+                self._waiting[writer] = (READING, time.monotonic())
             head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
         except asyncio.LimitOverrunError:
             await self._answer(writer, 431, "text/plain", b"request head too large\n", False)
@@ -247,12 +301,10 @@ class MonitorServer:
         except asyncio.IncompleteReadError:
             return False
         except TimeoutError:
-            if writer in self._idle:
-                return False  # idle past the limit: closed without a word
+            if not head_begun:
+                return False  # idle past the limit, or nothing sent: closed without a word
             await self._answer(writer, 408, "text/plain", b"request head too slow\n", False)
             return False
-        finally:
-            self._idle.pop(writer, None)
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -277,22 +329,45 @@ class MonitorServer:
             return False
         if int(length):
             await asyncio.wait_for(reader.readexactly(int(length)), HEAD_TIMEOUT)
+        self._waiting.pop(writer, None)  # being answered: no await until the answer is written
+        extra: dict[str, str] = {}
+        if target.split("?", 1)[0] != "/healthz" and not await self._authorized(headers):
+            # /healthz stays open: the kubelet's probes carry no credentials, and it tells
+            # only whether snapshots come
+            extra["WWW-Authenticate"] = 'Basic realm="nvctk monitor"'
+            await self._answer(writer, 401, "text/plain", b"unauthorized\n", keep, extra=extra)
+            return keep
         try:
-            code, ctype, body = self._route(method, target)
+            code, ctype, body = self._route(method, target, headers, extra)
         except Exception as e:  # a bug of the monitor's: one line, the connection goes on
             log.warning("http: %s %s failed: %s", literal(method), literal(target[:200]), e)
             code, ctype, body = 500, "text/plain", b"internal error\n"
-        await self._answer(writer, code, ctype, body, keep, head_only=method == "HEAD")
+        await self._answer(writer, code, ctype, body, keep, head_only=method == "HEAD", extra=extra)
         log.debug("%s %s %s", literal(method), literal(target[:200]), code)
         return keep
 
-    def _route(self, method: str, target: str) -> tuple[int, str, bytes]:
+    async def _authorized(self, headers: dict[str, str]) -> bool:
+        header = headers.get("authorization", "")
+        seen = self.web.known(header)
+        if seen is not None:
+            return seen
+        async with self._auth_lock:  # a bcrypt check (~0.1 s) off the loop
+            return await asyncio.get_running_loop().run_in_executor(None, self.web.authorized, header)
+
+    def _route(self, method: str, target: str, headers: dict[str, str],
+               extra: dict[str, str]) -> tuple[int, str, bytes]:
+        """The answer to a request; extra gets the answer's own headers."""
         if method not in ("GET", "HEAD"):
             return 405, "text/plain", b"GET or HEAD only\n"
         path = target.split("?", 1)[0]
         mon = self.monitor
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, mon.metrics()
+            om = prefers_openmetrics(headers.get("accept", ""))
+            gz = accepts_gzip(headers.get("accept-encoding", ""))
+            extra["Vary"] = "Accept, Accept-Encoding"
+            if gz:
+                extra["Content-Encoding"] = "gzip"
+            return 200, CONTENT_TYPE_OPENMETRICS if om else CONTENT_TYPE_LATEST, mon.metrics(om, gz)
         if path == "/api/snapshot":
             return 200, "application/json", mon.snapshot_json()
         if path in ("/", "/index.html"):
@@ -303,16 +378,51 @@ class MonitorServer:
         return 404, "text/plain", b"not found\n"
 
     async def _answer(self, writer: asyncio.StreamWriter, code: int, ctype: str, body: bytes,
-                      keep: bool, head_only: bool = False) -> None:
+                      keep: bool, head_only: bool = False, extra: dict[str, str] | None = None) -> None:
+        more = "".join(f"{k}: {v}\r\n" for k, v in (extra or {}).items())
         head = (f"HTTP/1.1 {code} {_REASONS.get(code, '')}\r\nServer: nvctk-monitor\r\n"
-                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{more}"
                 f"Cache-Control: no-store\r\nConnection: {'keep-alive' if keep else 'close'}\r\n\r\n")
         writer.write(head.encode("latin-1") if head_only else head.encode("latin-1") + body)
+        self._waiting[writer] = (WRITING, time.monotonic())
         await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
 
 
-def make_server(monitor: Monitor, host: str, port: int) -> MonitorServer:
-    return MonitorServer(monitor, bind(host, port))
+def _weights(header: str) -> dict[str, float]:
+    """An Accept or Accept-Encoding header: each value (lower case, parameters but q
+    dropped) -> its q (1 unless given; the highest where a value repeats)."""
+    out: dict[str, float] = {}
+    for item in header.split(","):
+        value, *params = (p.strip() for p in item.split(";"))
+        if not value:
+            continue
+        q = 1.0
+        for p in params:
+            k, _, v = p.partition("=")
+            if k.strip().lower() == "q":
+                try:
+                    q = float(v)
+                except ValueError:
+                    q = 0.0
+        out[value.lower()] = max(q, out.get(value.lower(), 0.0))
+    return out
 
 
-__all__ = ["Monitor", "MonitorServer", "bind", "dashboard_html", "make_server"]
+def prefers_openmetrics(accept: str) -> bool:
+    """OpenMetrics when the client asks for it at least as much as for the text format
+    (Prometheus asks for it first unless told otherwise)."""
+    w = _weights(accept)
+    om = w.get("application/openmetrics-text", 0.0)
+    return om > 0 and om >= max(w.get("text/plain", 0.0), w.get("*/*", 0.0))
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    w = _weights(accept_encoding)
+    return max(w.get("gzip", 0.0), w.get("x-gzip", 0.0), w.get("*", 0.0)) > 0
+
+
+def make_server(monitor: Monitor, host: str, port: int, web: WebConfig | None = None) -> MonitorServer:
+    return MonitorServer(monitor, bind(host, port), web=web)
+
+
+__all__ = ["Monitor", "MonitorServer", "bind", "bound_heap", "dashboard_html", "make_server"]

@@ -89,8 +89,9 @@ def test_snapshot_matches_the_simulated_gpu(node: Node) -> None:
     capped = [w for w in node.expect.values() if w["device"] == g0.uuid]
     assert g0.shares == len(capped)
     assert g0.memory_promised == sum(w["mem_cap"] for w in capped)
-    # a share without an SM limit may use every SM
-    assert abs(g0.sm_promised - sum(w["sm_cap"] or 1.0 for w in capped)) < 1e-9
+    # a memory-only cap promises no SM share (issue 36): only the SM limits count
+    assert any(w["sm_cap"] is None for w in capped)
+    assert abs(g0.sm_promised - sum(w["sm_cap"] or 0.0 for w in capped)) < 1e-9
 
 
 def test_top_json_matches_the_simulated_gpu(node: Node) -> None:

@@ -35,7 +35,8 @@ def test_bench_monitor_runs_and_cleans_up(tmp_path: Path) -> None:
     assert "32 containers, 32 GPU processes" in text
     for what in ("collect (NVML", "render a new snapshot", "scrape of an unchanged snapshot",
                  "/metrics over HTTP", "resident memory", "containers ended and replaced",
-                 "soak resident memory"):
+                 "soak resident memory", "scrape as Prometheus asks (OpenMetrics, gzip)",
+                 "gzip'd", "shipped arguments (deployments/monitor.yaml): --interval 5, --compat dcgm,hami"):
         assert what in text, what
     assert [p.name for p in work.iterdir() if p.name != "nvsim-cache"] == []
     left = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()

@@ -8,7 +8,9 @@ host (tests/support/monitor.py's node):
 5. names: shown as text in `nvctk top` and in the log, never as markup or terminal
    controls (the page: tests/e2e/test_monitor_e2e.py);
 6. connections: a thousand idle ones cost no thread each, a slow head is cut at its
-   deadline, the monitor answers meanwhile and stops cleanly, with no traceback;
+   deadline, the monitor answers meanwhile and stops cleanly, with no traceback; held
+   requests (half-sent heads, slow bodies, idle connections, a mix; issue 34, family 4)
+   never shut out a scrape, and no client gets a truncated answer;
 7. --listen: every odd value is one line naming the flag.
 """
 
@@ -19,9 +21,11 @@ import logging
 import os
 import re
 import resource
+import select
 import signal
 import socket
 import subprocess
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nvctk.monitor.collect import Collector
 from nvctk.monitor.prom import render_text
+from nvctk.monitor.server import Monitor, MonitorServer, bind
 from support.monitor import HOLD, MIB, NODE_TESTS, NVCTK, Node, node_in
 from support.wait import until
 
@@ -270,6 +275,137 @@ def test_idle_connections_neither_pin_nor_stop_the_monitor(node: Node, tmp_path:
     assert code == 0, log
     assert "Traceback" not in log and "Fatal Python error" not in log, log
     assert "nvctk monitor: stopped" in log
+
+
+# --- 6: held requests (issue 34, family 4) -------------------------------------------------
+HELD = 300  # more than the monitor keeps open (MAX_CONNECTIONS, 256)
+KEPT = 256
+
+
+def _hold(port: int, kind: str) -> socket.socket:
+    """A connection that holds its place: idle, half a head, or a whole head and part of
+    its body."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if kind == "half-head":
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    elif kind == "slow-body":
+        s.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\npart")
+    return s
+
+
+def _ended(socks: list[socket.socket]) -> int:
+    """How many of socks the monitor is done with: closed (or answered 408/413, then
+    closed); a held connection has nothing else to read."""
+    return len(select.select(socks, [], [], 0)[0])
+
+
+@pytest.mark.parametrize("mix", [
+    {"half-head": HELD},
+    {"slow-body": HELD},
+    {"idle": HELD},
+    {"half-head": 140, "slow-body": 140, "idle": 20},
+])
+def test_held_requests_never_shut_out_a_scrape(node: Node, tmp_path: Path, mix: dict[str, int]) -> None:
+    """More connections than the monitor keeps, each holding its place (half-sent heads,
+    bodies sent in part, idle ones, a mix): every scrape that follows is answered whole,
+    8 of 8, while they are still within their deadlines; the connections closed to make
+    room are those waiting on their client the longest."""
+    mon = MonitorProc(node, tmp_path)
+    held: list[socket.socket] = []
+    try:
+        for kind, n in mix.items():
+            held += [_hold(mon.port, kind) for _ in range(n)]
+        # the monitor has taken them all in once it closed as many as it does not keep
+        until(lambda: _ended(held) >= HELD - KEPT, 60, f"{HELD - KEPT} connections closed")
+        for _ in range(8):
+            body = _get(mon.url + "/metrics")  # urllib checks Content-Length
+            assert b"nvctk_gpu_memory_used_bytes" in body
+        # room was made by closing the oldest
+        n = _ended(held)
+        assert _ended(held[:n]) == n
+    finally:
+        for s in held:
+            s.close()
+        code = mon.stop()
+    assert code == 0 and "Traceback" not in mon.log.read_text()
+
+
+@pytest.mark.parametrize("request_head", [
+    b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"GET /metrics HTTP/1.0\r\n\r\n",
+])
+def test_an_answer_is_never_cut_by_its_close(node: Node, request_head: bytes) -> None:
+    """A client that asks for the close (Connection: close, or HTTP/1.0) on a node whose
+    socket buffers are small (the monitor's send buffer, the client's receive buffer):
+    /metrics arrives whole, as many bytes as Content-Length says, every time."""
+    started = [_start(node, {**CRIO, "io.kubernetes.pod.name": f"p{i}"}, mib=1) for i in range(6)]
+    mon = Monitor(Collector(node.sim.root, [node.runc_root]), 0.5, compat=("hami", "dcgm"))
+    sock = bind("127.0.0.1", 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # the connections inherit it
+    srv = MonitorServer(mon, sock)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        mon.start()
+        until(lambda: mon.wait_first(1), 60, "the first snapshot")
+        for _ in range(3):
+            got = _read_to_close(srv.server_address[1], request_head)
+            head, _, body = got.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+            assert length > 32 << 10  # more than the buffers hold: the end waits in the monitor's
+            assert len(body) == length
+    finally:
+        for cid in started:
+            node.kill(cid)
+        mon.stop.set()
+        srv.shutdown()
+        srv.server_close()
+        mon.collector.close()
+
+
+def _read_to_close(port: int, request: bytes) -> bytes:
+    """What the monitor sends for request to a client with a small receive buffer
+    reading 1 KiB at a time, up to the close."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    s.settimeout(30)
+    got = bytearray()
+    try:
+        s.connect(("127.0.0.1", port))
+        s.sendall(request)
+        while chunk := s.recv(1024):
+            got += chunk
+    finally:
+        s.close()
+    return bytes(got)
+
+
+def test_metrics_in_the_format_and_encoding_asked(node: Node, tmp_path: Path) -> None:
+    """As Prometheus asks (OpenMetrics first, gzip): an OpenMetrics body ending in # EOF,
+    gzip'd, Vary naming both headers; as curl asks (nothing): the text format, plain; the
+    same series either way."""
+    import gzip
+
+    mon = MonitorProc(node, tmp_path, "--compat", "hami,dcgm")
+    try:
+        req = urllib.request.Request(mon.url + "/metrics", headers={
+            "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+            "Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            packed = r.read()
+            assert r.headers["Content-Encoding"] == "gzip"
+            assert r.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+            assert r.headers["Vary"] == "Accept, Accept-Encoding"
+        om = gzip.decompress(packed).decode()
+        assert om.endswith("# EOF\n") and len(packed) < len(om) / 3
+        with urllib.request.urlopen(mon.url + "/metrics", timeout=10) as r:
+            assert r.headers["Content-Encoding"] is None
+            assert r.headers["Content-Type"].startswith("text/plain; version=")
+            text = r.read().decode()
+        series = {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln and ln[0] != "#"}
+        assert series == {ln.split("{")[0].split(" ")[0] for ln in om.splitlines() if ln and ln[0] != "#"}
+    finally:
+        assert mon.stop() == 0
 
 
 # --- 7: --listen ------------------------------------------------------------------------------

@@ -369,6 +369,49 @@ def test_top_fits_80_columns_and_a_pipe_with_every_figure_whole(node: Node) -> N
             node.kill(cid)
 
 
+def test_top_live_in_an_80x24_terminal_scrolls_narrows_and_quits(node: Node) -> None:
+    """`nvctk top` in a terminal of 80x24 (a pty): the view fits it and says which rows it
+    shows; a digit narrows it to that GPU, q quits at once (exit 0), the terminal's mode
+    restored."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    started = [node.start({"CUDA_DEVICE_MEMORY_LIMIT": "1g"}, HOLD.format(8 * MIB), gpu=str(i),
+                          wait_mem=8 * MIB) for i in (0, 1)]
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    before = termios.tcgetattr(sub)
+    env = {k: v for k, v in {**os.environ, **node.sim.env}.items() if k not in ("COLUMNS", "LINES")}
+    p = subprocess.Popen([NVCTK, "top", "--interval", "0.5", "--runtime-root", node.runc_root],
+                         env={**env, "TERM": "xterm"}, stdin=sub, stdout=sub, stderr=sub)
+    seen = b""
+
+    def shows(text: bytes) -> bool:
+        nonlocal seen
+        while select.select([main], [], [], 0)[0]:
+            seen += os.read(main, 65536)
+        return text in seen
+
+    try:
+        until(lambda: shows(b"of 2 \xc2\xb7 all GPUs \xc2\xb7 busiest first"), 60, "the live view")
+        os.write(main, b"1")
+        until(lambda: shows(b"1-1 of 1 \xc2\xb7 GPU 1 \xc2\xb7"), 60, "the view narrowed to GPU 1")
+        os.write(main, b"q")
+        assert p.wait(30) == 0, seen.decode(errors="replace")
+        assert termios.tcgetattr(sub) == before  # cbreak undone
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.close(main)
+        os.close(sub)
+        for cid in started:
+            node.kill(cid)
+
+
 def test_the_monitor_reads_what_the_runtime_recorded(node: Node) -> None:
     """The container's devices are the ones nvctk-runtime recorded (Edits.selected), read by
     the one reader (load_edits), which also takes the record's name from before the rename

@@ -270,7 +270,7 @@ for key, fn in {
         pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h0, 0)),
     "parent_of_gpu": lambda: pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h0),
     "unexported": lambda: pynvml.nvmlDeviceGetDriverModel_v2(h0),  # after driver 550
-    "stub": lambda: pynvml.nvmlDeviceGetPowerUsage(h0),
+    "stub": lambda: pynvml.nvmlDeviceGetFanSpeed(h0),  # an SXM board has no fan to report
     "process_util_idle": lambda: pynvml.nvmlDeviceGetProcessUtilization(h1, 0),
 }.items():
     try:
@@ -542,7 +542,7 @@ def test_every_nvml_name_is_exported(sim: Sim, state_file: Path) -> None:
         import ctypes
         lib = ctypes.CDLL("libnvidia-ml.so.1")
         out = [getattr(lib, n)(None, None, None) for n in {GO_NVML_NAMES!r}]
-        out.append(lib.nvmlDeviceGetPowerUsage(None, None))
+        out.append(lib.nvmlDeviceGetFanSpeed(None, None))
         """,
         state_file,
     )
@@ -669,6 +669,104 @@ def test_kernels_counted_and_utilization(sim: Sim, state_file: Path, helpers: li
     assert s.gpus[0].kernels == 0
     # idle: the window decays towards zero
     wait.until(lambda: run_py(sim, UTIL, state_file)["util"] <= 40, 30, "utilization to decay")
+
+
+BOARD = """
+import time
+h = pynvml.nvmlDeviceGetHandleByIndex(1)
+def board():
+    return {"temp": pynvml.nvmlDeviceGetTemperature(h, 0), "power": pynvml.nvmlDeviceGetPowerUsage(h),
+            "energy": pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
+            "sm_clock": pynvml.nvmlDeviceGetClockInfo(h, 1), "mem_clock": pynvml.nvmlDeviceGetClockInfo(h, 2),
+            "max_sm": pynvml.nvmlDeviceGetMaxClockInfo(h, 1),
+            "tx": pynvml.nvmlDeviceGetPcieThroughput(h, 0), "rx": pynvml.nvmlDeviceGetPcieThroughput(h, 1),
+            "replays": pynvml.nvmlDeviceGetPcieReplayCounter(h),
+            "ecc": [pynvml.nvmlDeviceGetTotalEccErrors(h, e, 0) for e in (0, 1)],
+            "rows": list(pynvml.nvmlDeviceGetRemappedRows(h)),
+            "enc": list(pynvml.nvmlDeviceGetEncoderUtilization(h))}
+a = pynvml.nvmlGpmSampleAlloc()
+b = pynvml.nvmlGpmSampleAlloc()
+pynvml.nvmlGpmSampleGet(h, a)
+first = board()
+time.sleep(SPAN)  # the span GPM's rates cover, not a synchronisation
+pynvml.nvmlGpmSampleGet(h, b)
+m = pynvml.c_nvmlGpmMetricsGet_t()
+m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+ids = [1, 2, 3, 5, 10, 20, 21, 7]
+m.numMetrics = len(ids)
+m.sample1, m.sample2 = a, b
+for i, mid in enumerate(ids):
+    m.metrics[i].metricId = mid
+pynvml.nvmlGpmMetricsGet(m)
+mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(pynvml.nvmlDeviceGetHandleByIndex(0), 0)
+errors = {}
+for name, call in (("temp", lambda: pynvml.nvmlDeviceGetTemperature(mig, 0)),
+                   ("power", lambda: pynvml.nvmlDeviceGetPowerUsage(mig)),
+                   ("clock", lambda: pynvml.nvmlDeviceGetClockInfo(mig, 1))):
+    try:
+        call()
+    except pynvml.NVMLError as e:
+        errors[name] = e.value
+out = {"first": first, "last": board(), "errors": errors,
+       "gpm": pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice,
+       "metrics": {ids[i]: [m.metrics[i].nvmlReturn, m.metrics[i].value] for i in range(len(ids))}}
+pynvml.nvmlGpmSampleFree(a)
+pynvml.nvmlGpmSampleFree(b)
+"""
+
+
+@pytest.mark.exclusive  # a busy fraction over wall time
+def test_board_readings_move_with_load(sim: Sim, state_file: Path, helpers: list[Helper]) -> None:
+    """Temperature, power, energy, SM clock, PCIe traffic and GPM's metrics of an idle
+    GPU, then of one running kernels back to back and holding half its memory: each one
+    higher under load (energy always growing), the error counters zero, the memory clock
+    steady; MIG device handles answer NOT_SUPPORTED, as NVML's do."""
+    idle = run_py(sim, BOARD.replace("SPAN", "0.3"), state_file)
+    helpers.append(Helper(sim, state_file, "charge", 1, GPU1.memory_mib * MIB // 2,
+                          "kernels", 1, 3000, wait=False))
+    wait.until(lambda: state.read_state(state_file).gpus[1].kernels >= 100, 30, "kernels running")
+    busy = run_py(sim, BOARD.replace("SPAN", "0.3"), state_file)
+    i, b = idle["last"], busy["first"]
+    assert i["temp"] < b["temp"] <= 80 and i["power"] < b["power"] <= 700_000
+    assert i["sm_clock"] < b["sm_clock"] == i["max_sm"] and i["mem_clock"] == b["mem_clock"]
+    assert i["tx"] < b["tx"] and i["rx"] < b["rx"]
+    assert idle["first"]["energy"] <= i["energy"] < b["energy"] <= busy["last"]["energy"]
+    assert (b["replays"], b["ecc"], b["rows"], b["enc"][0]) == (0, [0, 0], [0, 0, 0, 0], 0)
+    assert idle["gpm"] == 1
+    im, bm = idle["metrics"], busy["metrics"]
+    for mid in ("1", "2", "3", "5", "10"):  # percentages: none idle, some busy
+        assert im[mid] == [0, 0.0] and bm[mid][0] == 0 and 5 < bm[mid][1] <= 100, (mid, bm[mid])
+    assert bm["21"][1] > im["21"][1] > 0  # PCIe rx, MiB/s
+    assert bm["7"][0] == 3  # a metric the sim does not model: NOT_SUPPORTED
+    assert idle["errors"] == {"temp": 3, "power": 3, "clock": 3}
+
+
+GPM_ABSENT = """
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+s = pynvml.nvmlGpmSampleAlloc()
+try:
+    pynvml.nvmlGpmSampleGet(h, s)
+    got = 0
+except pynvml.NVMLError as e:
+    got = e.value
+out = {"supported": pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice, "sample": got,
+       "temp": pynvml.nvmlDeviceGetTemperature(h, 0)}
+"""
+
+
+def test_gpm_only_from_hopper_on(tmp_path: Path) -> None:
+    """An Ampere GPU (cc 8.0) has the board readings but no GPM: support says 0 and a
+    sample is NOT_SUPPORTED, as on a real A100."""
+    topo = make_topology(1, product="NVIDIA A100-SXM4-80GB", compute_capability=(8, 0), seed="ampere")
+    _, lib, _ = build_sim_driver(tmp_path, topo)
+    dev = make_dev(tmp_path / "dev", topo, [0])
+    env = {**os.environ, "LD_LIBRARY_PATH": str(lib), "NVSIM_DEV_DIR": str(dev),
+           "NVSIM_STATE": str(tmp_path / "state")}
+    script = "import json, pynvml\npynvml.nvmlInit()\n" + GPM_ABSENT + "\nprint(json.dumps(out))\n"
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["supported"] == 0 and out["sample"] == 3 and out["temp"] >= 30
 
 
 # ---- building ----

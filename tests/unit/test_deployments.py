@@ -19,6 +19,7 @@ from support.deployments import DEPLOY, grafana_queries
 REPO = Path(__file__).resolve().parents[2]
 API = {"Pod": "v1", "ConfigMap": "v1", "DaemonSet": "apps/v1", "RuntimeClass": "node.k8s.io/v1",
        "Service": "v1", "ServiceMonitor": "monitoring.coreos.com/v1",
+       "PrometheusRule": "monitoring.coreos.com/v1",
        # the DRA plugin's (checked further by test_dra_deployments.py)
        "ServiceAccount": "v1", "ClusterRole": "rbac.authorization.k8s.io/v1",
        "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
@@ -175,6 +176,37 @@ def test_monitor_daemonset_service_and_servicemonitor() -> None:
     # the series' own namespace/pod/container, not the monitor Pod's (prometheus-operator)
     assert all(e["honorLabels"] is True for e in sm["spec"]["endpoints"])
     assert svc["metadata"]["namespace"] in sm["spec"]["namespaceSelector"]["matchNames"]
+
+
+def test_monitor_ships_compat_and_alerts_on_its_own_series() -> None:
+    """The DaemonSet turns --compat on (dcgm-exporter's and HAMi's series: their dashboards
+    work unchanged); the PrometheusRule's alerts read only series the monitor exports,
+    and its scrape-health alert names the job prometheus-operator gives the Service."""
+    import re
+
+    from nvctk.cli.monitor_cmd import monitor
+    from nvctk.monitor.compat import parse_formats
+    from nvctk.monitor.prom import METRICS
+
+    ds = next(d for f, d in of_kind("DaemonSet") if f == "monitor.yaml")
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    opt = next(p for p in monitor.params if p.name == "compat")
+    assert opt.envvar == "NVCTK_MONITOR_COMPAT"
+    assert parse_formats(env["NVCTK_MONITOR_COMPAT"]) == ("dcgm", "hami")
+    (_, rule), = of_kind("PrometheusRule")
+    rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert {r["alert"] for r in rules} == {
+        "NvctkContainerAtMemoryCap", "NvctkContainerSMShareSaturated", "NvctkGPUOverPromised",
+        "NvctkGPUXid", "NvctkGPULost", "NvctkMonitorProblems", "NvctkMonitorStale", "NvctkMonitorDown"}
+    known = set(METRICS) | {"nvctk_gpu_xid_errors_total", "nvctk_monitor_errors_total", "up"}
+    for r in rules:
+        names = set(re.findall(r"\b(nvctk_\w+|up)\b", r["expr"]))
+        assert names and names <= known, (r["alert"], names - known)
+        assert r["labels"]["severity"] in ("info", "warning", "critical")
+    (_, svc), = of_kind("Service")
+    down = next(r for r in rules if r["alert"] == "NvctkMonitorDown")
+    assert f'job="{svc["metadata"]["name"]}"' in down["expr"]
 
 
 def pod_labels(ds: dict[str, Any]) -> dict[str, str]:

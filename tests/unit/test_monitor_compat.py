@@ -5,12 +5,16 @@ the text of a snapshot rendered once however many scrapes read it."""
 
 from __future__ import annotations
 
+import gzip
+from typing import Any
+
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
 from nvctk.monitor import compat, prom
-from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
+from nvctk.monitor.model import ContainerSample, DeviceUse, GpuHealth, GpuSample, Snapshot
 from nvctk.monitor.prom import Exposition
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -26,9 +30,25 @@ def host() -> HostInfo:
     ))
 
 
+GPM = {"graphics": 0.37, "sm_active": 0.36, "sm_occupancy": 0.18, "tensor": 0.15, "dram": 0.11,
+       "pcie_tx": 2.5e9, "pcie_rx": 1e10}
+
+
+def health(i: int) -> GpuHealth:
+    """GPU 1 is a GPU without GPM (no profile) whose driver reports no temperature."""
+    return GpuHealth(temperature=None if i == 1 else 51 + i, power=312.5, power_limit=700.0,
+                     energy=123456789, sm_clock=1980, memory_clock=2619, memory_reserved=512 * MIB,
+                     memory_copy_utilization=0.2, encoder_utilization=0.0, decoder_utilization=0.0,
+                     pcie_replays=3, ecc_corrected=4, ecc_uncorrected=0, rows_remapped_corrected=1,
+                     rows_remapped_uncorrected=0, row_remap_failure=False,
+                     profile={} if i == 1 else GPM)
+
+
 def snapshot() -> Snapshot:
     gpus = [GpuSample(index=i, uuid=u, name="NVIDIA H100", memory_total=80 * GIB,
-                      memory_used=(i + 1) * GIB + 5 * MIB, utilization=0.37, last_xid=79 if i == 0 else 0)
+                      memory_used=(i + 1) * GIB + 5 * MIB, utilization=0.37, last_xid=79 if i == 0 else 0,
+                      shares=[2, 1, 1][i], memory_promised=[83 * GIB, 80 * GIB, 9856 * MIB][i],
+                      sm_promised=[0.25, 1.0, 1 / 7][i], health=health(i))
             for i, u in enumerate(("GPU-a", "GPU-b", "GPU-c"))]
 
     def pod(cid: str, name: str, dev: DeviceUse, ns: str = "team") -> ContainerSample:
@@ -57,7 +77,9 @@ def series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
             key = (s.name, tuple(sorted(s.labels.items())))
             assert key not in keys, f"duplicate series {key}: Prometheus would refuse the scrape"
             keys.add(key)
-            out.setdefault(s.name, []).append((s.labels, s.value))
+            # the parser adds _total to a counter's samples; dcgm-exporter's have none
+            name = s.name.removesuffix("_total") if s.name.startswith("DCGM_") else s.name
+            out.setdefault(name, []).append((s.labels, s.value))
     return out
 
 
@@ -69,7 +91,9 @@ def test_hami_names_units_and_labels() -> None:
     assert {v for _, v in got["hami_host_gpu_utilization_ratio"]} == {37}  # HAMi's 0-100
     assert {v for _, v in got["HostCoreUtilization"]} == {37}
     legacy_host = got["HostGPUMemoryUsage"][0][0]
-    assert set(legacy_host) == {"zone", "nodeid", "deviceidx", "deviceuuid", "devicetype"}
+    # node_name on the series: HAMi's legacy dashboard filters on it without HAMi's relabeling
+    assert set(legacy_host) == {"zone", "nodeid", "deviceidx", "deviceuuid", "devicetype", "node_name"}
+    assert legacy_host["node_name"] == "node1"
 
     def by_pod(name: str) -> dict[str, tuple[dict[str, str], float]]:
         return {lb.get("pod", lb.get("podname", "")): (lb, v) for lb, v in got.get(name, [])}
@@ -89,7 +113,7 @@ def test_hami_names_units_and_labels() -> None:
     assert by_pod("hami_vgpu_memory_used_bytes")["slice-pod"][0]["device_uuid"] == "GPU-c"
     old = by_pod("vGPU_device_memory_usage_in_bytes")["train-pod"]
     assert old == ({"zone": "vGPU", "podnamespace": "team", "podname": "train-pod", "ctrname": "train",
-                    "vdeviceid": "0", "deviceuuid": "GPU-a"}, 700 * MIB)
+                    "vdeviceid": "0", "deviceuuid": "GPU-a", "node_name": "node1"}, 700 * MIB)
     assert by_pod("vGPU_device_memory_limit_in_bytes")["train-pod"][1] == 3 * GIB
     assert by_pod("Device_utilization_desc_of_container")["train-pod"][1] == 25
     assert by_pod("Device_last_kernel_of_container")["train-pod"][1] == 1
@@ -117,7 +141,27 @@ def test_dcgm_names_units_and_labels() -> None:
     free = {(lb["gpu"], lb.get("pod", "")): v for lb, v in got["DCGM_FI_DEV_FB_FREE"]}
     assert free[("1", "")] == 80 * 1024 - 2053
     assert {v for _, v in got["DCGM_FI_DEV_GPU_UTIL"]} == {37}
-    assert {v for lb, v in got["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] if "GPU_I_ID" not in lb} == {0.37}
+    # profiling: GPM's, only where the GPU has it (GPU 1 has none: absent, not 0)
+    prof = {lb["gpu"]: v for lb, v in got["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] if "GPU_I_ID" not in lb}
+    assert prof == {"0": 0.37, "2": 0.37}
+    for name, key in (("DCGM_FI_PROF_SM_ACTIVE", "sm_active"), ("DCGM_FI_PROF_SM_OCCUPANCY", "sm_occupancy"),
+                      ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor"), ("DCGM_FI_PROF_DRAM_ACTIVE", "dram"),
+                      ("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx"), ("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx")):
+        assert {lb["gpu"]: v for lb, v in got[name]} == {"0": GPM[key], "2": GPM[key]}, name
+    # the board: dcgm-exporter's units (W, MHz, mJ, MiB, %), absent where NVML has none
+    one = {name: {lb["gpu"]: v for lb, v in got[name] if lb.get("pod") != "idle-pod"} for name in got}
+    assert one["DCGM_FI_DEV_GPU_TEMP"] == {"0": 51, "2": 53}
+    assert one["DCGM_FI_DEV_POWER_USAGE"]["1"] == 312.5
+    assert one["DCGM_FI_DEV_SM_CLOCK"]["0"] == 1980 and one["DCGM_FI_DEV_MEM_CLOCK"]["0"] == 2619
+    assert one["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]["0"] == 123456789
+    assert one["DCGM_FI_DEV_FB_RESERVED"]["0"] == 512 and one["DCGM_FI_DEV_MEM_COPY_UTIL"]["0"] == 20
+    assert one["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"]["0"] == 3 and one["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"]["0"] == 4
+    assert one["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"]["0"] == 1
+    assert one["DCGM_FI_DEV_ROW_REMAP_FAILURE"]["0"] == 0
+    # dcgm-exporter's counters keep their field's name (no _total), typed counter
+    text = compat.render("dcgm", snapshot(), host())
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in text
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in text and "_total{" not in text
     assert {v for lb, v in got["DCGM_FI_DEV_XID_ERRORS"] if lb["gpu"] == "0"} == {79}
     # the MIG slice: its own series with the GPU instance's id and profile
     sl = [(lb, v) for lb, v in fb if "GPU_I_ID" in lb]
@@ -126,6 +170,28 @@ def test_dcgm_names_units_and_labels() -> None:
     assert (lb["gpu"], lb["GPU_I_ID"], lb["GPU_I_PROFILE"], lb["pod"], v) == ("2", "3", "1g.10gb", "slice-pod", 300)
     assert [v for lb, v in got["DCGM_FI_DEV_FB_FREE"] if "GPU_I_ID" in lb] == [9856 - 300]
     assert [v for lb, v in got["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] if "GPU_I_ID" in lb] == [0.12]
+
+
+def test_hami_scheduler_series_say_what_the_node_handed_out() -> None:
+    """HAMi's scheduler series (its dashboard's $node and host panels need them), from the
+    snapshot's shares: one series per GPU, labels node, device_uuid, device_index,
+    device_type; allocated memory the caps handed out; cores and memory ratios 0-100."""
+    got = series(compat.render("hami", snapshot(), host()))
+    by_gpu = {name: {lb["device_index"]: (lb, v) for lb, v in got[name]} for name in (
+        "hami_gpu_memory_limit_bytes", "hami_gpu_memory_allocated_bytes", "hami_gpu_shared_count",
+        "hami_gpu_core_allocated_ratio", "hami_node_gpu_memory_allocated_ratio")}
+    lb, v = by_gpu["hami_gpu_memory_limit_bytes"]["0"]
+    assert lb == {"node": "node1", "device_uuid": "GPU-a", "device_index": "0",
+                  "device_type": "NVIDIA-NVIDIA H100"} and v == 80 * GIB
+    lb, v = by_gpu["hami_gpu_memory_allocated_bytes"]["0"]
+    assert lb["device_cores"] == "25" and v == 83 * GIB
+    assert {i: v for i, (_, v) in by_gpu["hami_gpu_shared_count"].items()} == {"0": 2, "1": 1, "2": 1}
+    assert {i: v for i, (_, v) in by_gpu["hami_gpu_core_allocated_ratio"].items()} == {"0": 25, "1": 100, "2": 14}
+    ratio = {i: v for i, (_, v) in by_gpu["hami_node_gpu_memory_allocated_ratio"].items()}
+    assert ratio["0"] == pytest.approx(100 * 83 / 80) and ratio["1"] == 100
+    old = {lb["deviceidx"]: (lb, v) for lb, v in got["GPUDeviceMemoryAllocated"]}
+    assert old["0"] == ({"zone": "vGPU", "nodeid": "node1", "deviceidx": "0", "deviceuuid": "GPU-a",
+                         "node_name": "node1", "devicecores": "25"}, 83 * GIB)
 
 
 def test_formats_parsed_and_refused() -> None:
@@ -138,13 +204,13 @@ def test_formats_parsed_and_refused() -> None:
 
 def test_a_snapshot_is_rendered_once_for_all_its_scrapes(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    real = prom.render_text
+    real = prom.render
 
-    def counted(snap: Snapshot, errors: dict[str, int]) -> str:
+    def counted(snap: Snapshot, errors: dict[str, int]) -> Any:
         calls.append(snap)
         return real(snap, errors)
 
-    monkeypatch.setattr(prom, "render_text", counted)
+    monkeypatch.setattr(prom, "render", counted)
     ex = Exposition(("dcgm", "hami"), host())
     a, b = snapshot(), snapshot()
     first = ex.body(a, 101.0, {})
@@ -163,3 +229,57 @@ def test_a_snapshot_is_rendered_once_for_all_its_scrapes(monkeypatch: pytest.Mon
             "DCGM_FI_DEV_FB_USED"} <= set(got)
     # a whole GPU's size is the GPU's series; a slice has its own
     assert [lb["container_id"] for lb, _ in got["nvctk_container_memory_total_bytes"]] == ["c4"]
+    # another format of the same snapshot renders it once more (the families are kept only
+    # until a first body is joined: a scraper asks in one format), then serves every other:
+    # OpenMetrics (strictly parsed: counter families without _total, dcgm-exporter's
+    # counters `unknown`, # EOF) and gzip
+    om = ex.body(b, 108.0, {}, openmetrics=True).decode()
+    assert calls == [a, b, b] and om.endswith("# EOF\n")
+    fams = {f.name: f for f in om_families(om)}
+    assert fams["nvctk_gpu_xid_errors"].type == "counter"
+    assert [s.name for s in fams["nvctk_gpu_xid_errors"].samples][:1] == ["nvctk_gpu_xid_errors_total"]
+    assert fams["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "unknown"
+    assert {n for n in fams if not n.startswith("nvctk_monitor")} >= {
+        f.name.removesuffix("_total") for f in text_string_to_metric_families(text)
+        if not f.name.startswith("nvctk_monitor")}
+    for openmetrics in (False, True):
+        plain = ex.body(b, 109.0, {}, openmetrics)
+        packed = ex.body(b, 109.0, {}, openmetrics, gzipped=True)
+        assert gzip.decompress(packed) == plain and len(packed) < len(plain) / 3
+    assert calls == [a, b, b]
+
+
+@pytest.mark.parametrize("accept, encoding, om, gz", [
+    # Prometheus 2.x's defaults
+    ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1", "gzip", True, True),
+    ("text/plain;version=0.0.4;q=1,*/*;q=0.1", "identity", False, False),  # scrape_protocols text
+    ("", "", False, False),  # curl
+    ("application/openmetrics-text;q=0", "gzip;q=0, deflate", False, False),
+    ("*/*", "x-gzip", False, True),
+    ("application/openmetrics-text; version=1.0.0; q=0.9, text/plain; q=0.9", "*", True, True),
+])
+def test_format_and_encoding_as_asked(accept: str, encoding: str, om: bool, gz: bool) -> None:
+    from nvctk.monitor.server import accepts_gzip, prefers_openmetrics
+
+    assert (prefers_openmetrics(accept), accepts_gzip(encoding)) == (om, gz)
+
+
+
+def test_a_shown_snapshot_is_served_while_the_next_one_renders() -> None:
+    """Monitor renders a new snapshot before it shows it; scrapes of the one shown are
+    served from its kept body meanwhile, never waiting on that render (its lock)."""
+    import threading
+
+    ex = Exposition(("dcgm", "hami"), host())
+    shown, nxt = snapshot(), snapshot()
+    nxt.time = shown.time + 5
+    want = ex.body(shown, 101.0, {}, True, True)
+    with ex._lock:  # the next snapshot's render under way
+        got: list[bytes] = []
+        t = threading.Thread(target=lambda: got.append(ex.body(shown, 101.0, {}, True, True)))
+        t.start()
+        t.join(30)
+        assert got == [want], "a scrape waited on another snapshot's render"
+    ex.body(nxt, 106.0, {}, True, True)
+    assert ex.body(shown, 101.0, {}, True, True) == want  # both kept: the shown and the next

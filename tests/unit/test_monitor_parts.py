@@ -19,7 +19,7 @@ from nvctk.monitor.collect import _parents, last_kernel_seconds
 from nvctk.monitor.model import ContainerSample, DeviceUse, GpuSample, Snapshot
 from nvctk.monitor.prom import CTR_LABELS, GPU_LABELS, METRICS, age_text, render_text
 
-GIB = 1 << 30
+GIB, MIB = 1 << 30, 1 << 20
 
 
 def snapshot() -> Snapshot:
@@ -392,3 +392,60 @@ def test_a_gpu_outside_the_kubelets_allocations_is_flagged(
     console.print(top(snap, 80))
     # (the name column folds it at 80 columns)
     assert (FLAG.replace(" ", "") in "".join(console.export_text().split())) is want
+
+
+def _node_of_1024() -> Snapshot:
+    """8 GPUs x 128 capped shares, their SM use spread so that the busiest are on the last
+    GPU and the idlest on the first."""
+    gpus = [GpuSample(index=i, uuid=f"GPU-{i}", name="NVIDIA H100 80GB HBM3", memory_total=80 * GIB,
+                      memory_used=GIB, utilization=0.5, shares=128) for i in range(8)]
+    ctrs = [ContainerSample(id=f"c{i}-{j}", name=f"c{i}-{j}", kind="vgpu", runtime_root="/run/runc",
+                            namespace="ml", pod=f"job-{i}-{j}", container="w", devices=[
+                                DeviceUse(i, f"GPU-{i}", f"GPU-{i}", MIB * j, 80 * GIB, GIB,
+                                          (i * 128 + j) / 1024 / 8, 0.125)])
+            for i in range(8) for j in range(128)]
+    return Snapshot(time=1.0, interval=2.0, hostname="node", driver_version="550.54.15", gpus=gpus,
+                    containers=ctrs)
+
+
+def test_top_at_80x24_reaches_every_gpu_and_container_busiest_first() -> None:
+    """The live view at 80x24 with 1024 containers: every GPU on a line of its own, the
+    container rows that fit, the busiest first; scrolling reaches the last one, a digit
+    narrows to that GPU; no line wider than 80, none beyond the 24th."""
+    from rich.console import Console
+
+    from nvctk.monitor.top import View, fit, render, rows_of
+
+    snap = _node_of_1024()
+
+    def screen(view: View) -> list[str]:
+        console = Console(width=80, height=24, file=open(os.devnull, "w"),  # noqa: SIM115
+                          markup=False, emoji=False, record=True)
+        console.print(render(snap, 80, 24, view))
+        lines = console.export_text().splitlines()
+        assert len(lines) <= 24 and max(len(x) for x in lines) <= 80, "\n".join(lines)
+        return lines
+
+    def shown(lines: list[str]) -> list[str]:
+        return [w for x in lines for w in x.split() if w.startswith("ml/job-")]
+
+    view = View()
+    lines = screen(view)
+    assert [x.split()[0] for x in lines if x.split()[:1] and x.split()[-1].endswith("%")
+            and "H100" in x] == [str(i) for i in range(8)]  # every GPU
+    page = fit(snap, 24)
+    assert len(shown(lines)) == page >= 5
+    assert shown(lines)[0] == "ml/job-7-127/w"  # the busiest
+    rows = rows_of(snap)
+    assert [d.sm_utilization for _, d in rows] == sorted((d.sm_utilization for _, d in rows), reverse=True)
+    assert f"1-{page} of 1024 · all GPUs · busiest first" in " ".join(lines)
+    # a page down, then the bottom: the idlest is reached
+    assert view.key(" ", page, 1024, 8) and shown(screen(view))[0] == f"ml/job-7-{127 - page}/w"
+    assert view.key("G", page, 1024, 8)
+    assert shown(screen(view))[-1] == "ml/job-0-0/w"
+    # GPU 3 only, from its busiest
+    assert view.key("3", page, 1024, 8)
+    lines = screen(view)
+    assert shown(lines)[0] == "ml/job-3-127/w" and "of 128 · GPU 3 ·" in " ".join(lines)
+    assert view.key("a", page, 1024, 8) and view.gpu is None
+    assert not view.key("q", page, 1024, 8)
