@@ -6,7 +6,8 @@
  *                            binding, so this is the limiter's cost, not its waiting
  *   vgpu_overhead alloc N    ns per cuMemAlloc_v2 + cuMemFree_v2 pair (4 KiB)
  *   vgpu_overhead init       ns from the first CUDA call (dlopen of libcuda.so.1, then
- *                            cuGetProcAddress) to the first cuInit's return
+ *                            cuGetProcAddress) to the first cuInit's return, and of that
+ *                            cuInit alone
  *   vgpu_overhead launchself OFF N  median over N pairs of blocks of 1000 launches, 0.5 ms
  *                            idle before each pair, of (ns per launch through the entry point
  *                            cuGetProcAddress gives - through the driver's own cuLaunchKernel,
@@ -170,8 +171,10 @@ int main(int argc, char **argv) {
     CUresult (*init)(unsigned);
     GET(init, "cuInit");
     if (!strcmp(argv[1], "init")) {
+        double t0 = now_ns();
         CUresult r = init(0);
-        printf("%.0f\n", now_ns() - start);
+        double t1 = now_ns();
+        printf("%.0f %.0f\n", t1 - start, t1 - t0);
         return r;
     }
     long n = argc > 2 ? atol(argv[2]) : 1000000;
