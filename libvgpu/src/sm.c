@@ -45,7 +45,8 @@ static unsigned sm_of(const struct ldev *ld) {
  * process, a smaller part for each. A new process starts with an empty
  * bucket (it earns before it spends), so starting processes gains nothing.
  * The count is renewed every SM_SYNC_NS; a process that stops launching stops
- * counting within two epochs (200 ms).
+ * counting within three epochs (300 ms: a helper thread renews, at an epoch's
+ * start, the marker of a device launched on in the epoch that ended).
  *
  * `tokens` is debited without a lock by the fast path (sm_fast: a launch
  * charged its shape's estimate); everything else (refill, corrections,
