@@ -131,3 +131,19 @@ def test_bursts_in_every_epoch_find_their_marker_renewed_ahead(driver: H.Driver,
     assert m, err[-2000:]
     alone, ahead = int(m.group(1)), int(m.group(2))
     assert ahead >= 5 and alone < ahead, f"{alone} markers renewed by a launch, {ahead} ahead by the helper"
+
+
+@pytest.mark.slow
+def test_the_helper_does_not_keep_an_idle_process_present(driver: H.Driver, tmp_path: Path) -> None:
+    """An idle process stops counting: the helper renews a marker only for a device launched
+    on in the epoch that just ended, so after a burst it renews once (the next epoch's
+    start), and not through the idle epochs that follow; a helper renewing every marker
+    every epoch would keep an idle process counted, its neighbours held below their part.
+    Bursts 0.55 s apart: each followed by ~5 idle epochs."""
+    bursts = 4
+    err = exit_statistics(driver, tmp_path, EPOCHS, 300, bursts, 5, 0.55, NVSIM_KERNEL_US="0")
+    m = re.search(r"(\d+) presence markers were renewed alone, (\d+) ahead by the helper thread", err)
+    assert m, err[-2000:]
+    ahead = int(m.group(2))
+    # one per burst, one for the warm-up's epoch: never one per idle epoch (~20 here)
+    assert 1 <= ahead <= bursts + 2, f"{ahead} markers renewed ahead over {bursts} bursts 0.55 s apart"
