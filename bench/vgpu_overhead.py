@@ -166,7 +166,8 @@ PATTERNS: list[tuple[str, list[str], int, bool]] = [
 
 # what HAMi-core (8f3a89c's src/cuda) does not limit at all: the figure is its wrapper's cost alone
 PATTERN_NOTES = {"graph": "HAMi-core does not limit cuGraphLaunch",
-                 "coop": "HAMi-core does not limit cuLaunchCooperativeKernel"}
+                 "coop": "HAMi-core's cuLaunchCooperativeKernel calls no limiter; here the simulated driver "
+                         "re-enters its cuLaunchKernel"}
 
 
 # the driver's own entry point a pattern's kind launches through (the "self" figure); the
