@@ -28,6 +28,10 @@ __asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
 __asm__(".symver dladdr,dladdr@GLIBC_2.2.5");
 __asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
 __asm__(".symver pthread_mutex_trylock,pthread_mutex_trylock@GLIBC_2.2.5");
+/* the SM limiter's helper thread (sm.c) */
+__asm__(".symver pthread_create,pthread_create@GLIBC_2.2.5");
+__asm__(".symver pthread_attr_setstacksize,pthread_attr_setstacksize@GLIBC_2.2.5");
+__asm__(".symver pthread_sigmask,pthread_sigmask@GLIBC_2.2.5");
 
 #define EXPORT __attribute__((visibility("default")))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
