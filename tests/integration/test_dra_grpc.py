@@ -439,12 +439,13 @@ def test_slow_api_answers_starve_no_other_claim(start: Start, sim_host: SimHost)
         n = start(sim_host, Kube(client_for(api), Retry(attempts=4, base=0.001, cap=0.01,
                                                         deadline=600, timeout=5)))
         n.driver.api_timeout = 600
-        api.trickle(slow)
+        api.trickle(slow, pause=0.5)  # a byte a claim every 0.5 s: slow, never done, and cheap
         with cf.ThreadPoolExecutor(slow + 1) as pool:
-            pending = [pool.submit(n.kubelet.prepare, [("ns", f"s{i}", f"uid-s{i}")])
+            # the slow calls' own gRPC deadline far past the test's: only the plugin ends them
+            pending = [pool.submit(n.kubelet.prepare, [("ns", f"s{i}", f"uid-s{i}")], "v1", 600)
                        for i in range(slow - 1)]
             mixed = pool.submit(n.kubelet.prepare, [("ns", "sx", "uid-sx"),
-                                                    ("ns", "ok2", "uid-ok2")])
+                                                    ("ns", "ok2", "uid-ok2")], "v1", 600)
             for _ in range(slow):  # every slow answer has started
                 assert api.trickling.acquire(timeout=30)
             got = n.kubelet.prepare([("ns", "ok", "uid-ok")])

@@ -60,10 +60,11 @@ class FakeDraKubelet:
         mod = pb.v1 if version == "v1" else pb.v1beta1
         return [mod.Claim(namespace=ns, name=n, uid=u) for ns, n, u in refs]
 
-    def prepare(self, refs: list[tuple[str, str, str]], version: str = "v1") -> dict[str, Any]:
+    def prepare(self, refs: list[tuple[str, str, str]], version: str = "v1",
+                timeout: float = 60) -> dict[str, Any]:
         mod = pb.v1 if version == "v1" else pb.v1beta1
         resp = self.stub(version).NodePrepareResources(
-            mod.NodePrepareResourcesRequest(claims=self.claims(version, refs)), timeout=60)
+            mod.NodePrepareResourcesRequest(claims=self.claims(version, refs)), timeout=timeout)
         return dict(resp.claims)
 
     def unprepare(self, refs: list[tuple[str, str, str]], version: str = "v1") -> dict[str, str]:
