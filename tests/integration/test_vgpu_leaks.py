@@ -334,8 +334,9 @@ out={out}
 {{ echo "pid $$"; echo /proc/$$/fd/*
   while read -r l; do case $l in SigBlk*|SigIgn*) echo "$l";; esac; done < /proc/$$/status
 }} > $out.tmp
-mv $out.tmp $out
+# the trap before the report: the test signals once it sees the report
 trap 'echo "got TERM" >> {out}; exit 7' TERM
+mv $out.tmp $out
 i=0
 while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 exit 3
