@@ -424,6 +424,9 @@ def test_api_server_down_or_slow_and_unprepare_still_works(start: Start,
         api.release.set()
 
 
+# alone: it holds a dozen trickling connections and their threads in this process, whose
+# scheduling a second test on the other core disturbs
+@pytest.mark.exclusive
 def test_slow_api_answers_starve_no_other_claim(start: Start, sim_host: SimHost) -> None:
     """Claims whose API-server answers trickle for ever, more of them at once than the
     gRPC server used to have workers (8), and in one request beside a healthy claim:
@@ -435,23 +438,28 @@ def test_slow_api_answers_starve_no_other_claim(start: Start, sim_host: SimHost)
     with running() as api:
         api.add_claim(claim("ok", "uid-ok", [result("gpu-0")], ns="ns"))
         api.add_claim(claim("ok2", "uid-ok2", [result("gpu-1")], ns="ns"))
-        # the slow ones outlast the test's healthy calls, however loaded the machine
+        # the slow ones outlast the test's healthy calls, however loaded the machine: a
+        # total deadline and a per-read timeout (each byte of the trickle renews it) far
+        # past the test's, so only the double's release ends them
         n = start(sim_host, Kube(client_for(api), Retry(attempts=4, base=0.001, cap=0.01,
-                                                        deadline=600, timeout=5)))
+                                                        deadline=600, timeout=300)))
         n.driver.api_timeout = 600
         api.trickle(slow, pause=0.5)  # a byte a claim every 0.5 s: slow, never done, and cheap
         with cf.ThreadPoolExecutor(slow + 1) as pool:
-            # the slow calls' own gRPC deadline far past the test's: only the plugin ends them
-            pending = [pool.submit(n.kubelet.prepare, [("ns", f"s{i}", f"uid-s{i}")], "v1", 600)
-                       for i in range(slow - 1)]
-            mixed = pool.submit(n.kubelet.prepare, [("ns", "sx", "uid-sx"),
-                                                    ("ns", "ok2", "uid-ok2")], "v1", 600)
-            for _ in range(slow):  # every slow answer has started
-                assert api.trickling.acquire(timeout=30)
-            got = n.kubelet.prepare([("ns", "ok", "uid-ok")])
-            assert got["uid-ok"].error == "" and got["uid-ok"].devices
-            assert not any(f.done() for f in pending) and not mixed.done()
-            api.release.set()  # the double ends its bodies: the reads end
+            try:
+                # the slow calls' own gRPC deadline far past the test's: only the plugin
+                # ends them
+                pending = [pool.submit(n.kubelet.prepare, [("ns", f"s{i}", f"uid-s{i}")],
+                                       "v1", 600) for i in range(slow - 1)]
+                mixed = pool.submit(n.kubelet.prepare, [("ns", "sx", "uid-sx"),
+                                                        ("ns", "ok2", "uid-ok2")], "v1", 600)
+                for _ in range(slow):  # every slow answer has started
+                    assert api.trickling.acquire(timeout=60)
+                got = n.kubelet.prepare([("ns", "ok", "uid-ok")])
+                assert got["uid-ok"].error == "" and got["uid-ok"].devices
+                assert not any(f.done() for f in pending) and not mixed.done()
+            finally:
+                api.release.set()  # the double ends its bodies: the reads end
             errs = [f.result(timeout=60)[f"uid-s{i}"].error for i, f in enumerate(pending)]
             both = mixed.result(timeout=60)
         assert all("reading ResourceClaim ns/s" in e for e in errs), errs
