@@ -30,10 +30,8 @@ codec_init(void)
  * nvctk.vgpu.authority), from libb2 (the BLAKE2 authors' library). hashlib would do
  * the same, but importing it loads OpenSSL (_hashlib, ~2 ms), which every CDI-mode
  * create would pay; tests/unit/test_mac.py checks it against hashlib. */
-const char blake2b_doc[] = PyDoc_STR(
-             "blake2b(data, key, digest_size) -> bytes: keyed BLAKE2b, as "
-             "hashlib.blake2b(data, key=key, digest_size=digest_size).digest(); "
-             "ValueError for a key over 64 bytes or a size outside 1..64");
+const char blake2b_doc[] = PyDoc_STR("blake2b(data, key, digest_size) -> bytes: keyed BLAKE2b, as hashlib."
+    "blake2b(data, key=key, digest_size=digest_size).digest(); ValueError for a key over 64 bytes or a size outside 1..64");
 
 PyObject *
 sys_blake2b(PyObject *self, PyObject *args)
@@ -133,10 +131,9 @@ json_to_python(json_t *j, int depth)
     return NULL;
 }
 
-const char json_loads_doc[] = PyDoc_STR(
-             "json_loads(data) -> value: a UTF-8 JSON document (str or bytes) as "
-             "json.loads reads it; ValueError for anything it does not decode as json "
-             "would (an invalid document, or one json reads differently from jansson)");
+const char json_loads_doc[] = PyDoc_STR("json_loads(data) -> value: a UTF-8 JSON document (str or bytes) as json.loads"
+    " reads it; ValueError for anything it does not decode as json would (an invalid document, or one json reads"
+    " differently from jansson)");
 
 PyObject *
 sys_json_loads(PyObject *self, PyObject *arg)
@@ -292,28 +289,22 @@ out_string(json_out *o, PyObject *s)
 }
 
 static int
+out_made(json_out *o, PyObject *text, int quoted)  /* text made for it (a new reference; NULL: failed) */
+{
+    if (text == NULL)
+        return -1;
+    int rc = quoted ? out_string(o, text) : out_str(o, text);
+    Py_DECREF(text);
+    return rc;
+}
+
+static int
 out_float(json_out *o, PyObject *f)  /* json: Infinity/-Infinity/NaN, else float's repr */
 {
     double v = PyFloat_AS_DOUBLE(f);
     if (!isfinite(v))
         return out_ascii(o, v > 0 ? "Infinity" : v < 0 ? "-Infinity" : "NaN");
-    PyObject *r = PyFloat_Type.tp_repr(f);
-    if (r == NULL)
-        return -1;
-    int rc = out_str(o, r);
-    Py_DECREF(r);
-    return rc;
-}
-
-static int
-out_int(json_out *o, PyObject *i)  /* int's repr, as json (an IntEnum writes its value) */
-{
-    PyObject *r = PyLong_Type.tp_repr(i);
-    if (r == NULL)
-        return -1;
-    int rc = out_str(o, r);
-    Py_DECREF(r);
-    return rc;
+    return out_made(o, PyFloat_Type.tp_repr(f), 0);
 }
 
 static int out_value(json_out *o, PyObject *v);
@@ -344,53 +335,82 @@ out_unmark(json_out *o, PyObject *id, int rc)
     return rc;
 }
 
+/* a container's items between its brackets, marked while written (a cycle is an error) */
+static int
+out_container(json_out *o, PyObject *v, PyObject *items, const char *open, const char *close,
+              int (*body)(json_out *, PyObject *))
+{
+    PyObject *id = out_mark(o, v);
+    if (id == NULL)
+        return -1;
+    int rc = out_ascii(o, open) < 0 || body(o, items) < 0 ? -1 : out_ascii(o, close);
+    return out_unmark(o, id, rc);
+}
+
+static PyObject *
+key_text(PyObject *key)  /* json's key rules: a key not a string is written as its JSON, quoted */
+{
+    if (PyFloat_Check(key)) {
+        double v = PyFloat_AS_DOUBLE(key);
+        return isfinite(v) ? PyFloat_Type.tp_repr(key)
+                           : PyUnicode_FromString(v > 0 ? "Infinity" : v < 0 ? "-Infinity" : "NaN");
+    }
+    if (key == Py_True || key == Py_False || key == Py_None)
+        return PyUnicode_FromString(key == Py_True ? "true" : key == Py_False ? "false" : "null");
+    if (PyLong_Check(key))
+        return PyLong_Type.tp_repr(key);
+    PyErr_Format(PyExc_TypeError, "keys must be str, int, float, bool or None, not %.100s",
+                 Py_TYPE(key)->tp_name);
+    return NULL;
+}
+
+static int
+out_key(json_out *o, PyObject *key)
+{
+    return PyUnicode_Check(key) ? out_string(o, key) : out_made(o, key_text(key), 1);
+}
+
+static int
+out_pairs(json_out *o, PyObject *items)  /* a dict's (key, value) list */
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        PyObject *key = PyTuple_GetItem(item, 0), *value = PyTuple_GetItem(item, 1);
+        if (key == NULL || value == NULL || (i > 0 && out_ascii(o, ",") < 0) || out_key(o, key) < 0 ||
+            out_ascii(o, ":") < 0 || out_value(o, value) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int
 out_dict(json_out *o, PyObject *d)
 {
     if (PyDict_GET_SIZE(d) == 0)
         return out_ascii(o, "{}");
-    PyObject *id = out_mark(o, d);
-    if (id == NULL)
-        return -1;
-    int rc = -1;
     PyObject *items = PyMapping_Items(d);  /* json sorts the (key, value) pairs */
-    if (items == NULL || (o->sort_keys && PyList_Sort(items) < 0) || out_ascii(o, "{") < 0)
-        goto done;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        PyObject *key = PyTuple_GetItem(item, 0), *value = PyTuple_GetItem(item, 1);
-        if (key == NULL || value == NULL || (i > 0 && out_ascii(o, ",") < 0))
-            goto done;
-        int krc;
-        if (PyUnicode_Check(key)) {
-            krc = out_string(o, key);
-        } else {  /* json's key rules: written as a string of the key's JSON */
-            PyObject *k = NULL;
-            if (PyFloat_Check(key)) {
-                double v = PyFloat_AS_DOUBLE(key);
-                k = isfinite(v) ? PyFloat_Type.tp_repr(key)
-                                : PyUnicode_FromString(v > 0 ? "Infinity" : v < 0 ? "-Infinity" : "NaN");
-            } else if (key == Py_True || key == Py_False || key == Py_None) {
-                k = PyUnicode_FromString(key == Py_True ? "true" : key == Py_False ? "false" : "null");
-            } else if (PyLong_Check(key)) {
-                k = PyLong_Type.tp_repr(key);
-            } else {
-                PyErr_Format(PyExc_TypeError,
-                             "keys must be str, int, float, bool or None, not %.100s",
-                             Py_TYPE(key)->tp_name);
-            }
-            if (k == NULL)
-                goto done;
-            krc = out_string(o, k);
-            Py_DECREF(k);
-        }
-        if (krc < 0 || out_ascii(o, ":") < 0 || out_value(o, value) < 0)
-            goto done;
+    if (items == NULL)
+        return -1;
+    int rc = o->sort_keys && PyList_Sort(items) < 0 ? -1 : out_container(o, d, items, "{", "}", out_pairs);
+    Py_DECREF(items);
+    return rc;
+}
+
+static int
+out_elements(json_out *o, PyObject *fast)  /* a list's or tuple's items */
+{
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        if (i > 0 && out_ascii(o, ",") < 0)
+            return -1;
+        /* held: sorting a nested dict's keys runs their __lt__, which may edit this list */
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        Py_INCREF(item);
+        int irc = out_value(o, item);
+        Py_DECREF(item);
+        if (irc < 0)
+            return -1;
     }
-    rc = out_ascii(o, "}");
-done:
-    Py_XDECREF(items);
-    return out_unmark(o, id, rc);
+    return 0;
 }
 
 static int
@@ -399,33 +419,10 @@ out_sequence(json_out *o, PyObject *seq)
     PyObject *fast = PySequence_Fast(seq, "a list or tuple");
     if (fast == NULL)
         return -1;
-    if (PySequence_Fast_GET_SIZE(fast) == 0) {
-        Py_DECREF(fast);
-        return out_ascii(o, "[]");
-    }
-    PyObject *id = out_mark(o, seq);
-    int rc = -1;
-    if (id == NULL) {
-        Py_DECREF(fast);
-        return -1;
-    }
-    if (out_ascii(o, "[") < 0)
-        goto done;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
-        if (i > 0 && out_ascii(o, ",") < 0)
-            goto done;
-        /* held: sorting a nested dict's keys runs their __lt__, which may edit this list */
-        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
-        Py_INCREF(item);
-        int irc = out_value(o, item);
-        Py_DECREF(item);
-        if (irc < 0)
-            goto done;
-    }
-    rc = out_ascii(o, "]");
-done:
+    int rc = PySequence_Fast_GET_SIZE(fast) == 0 ? out_ascii(o, "[]")
+                                                 : out_container(o, seq, fast, "[", "]", out_elements);
     Py_DECREF(fast);
-    return out_unmark(o, id, rc);
+    return rc;
 }
 
 /* json's order of checks: None, True, False, str, int, float, list/tuple, dict */
@@ -440,8 +437,8 @@ out_value(json_out *o, PyObject *v)
         return out_ascii(o, "false");
     if (PyUnicode_Check(v))
         return out_string(o, v);
-    if (PyLong_Check(v))
-        return out_int(o, v);
+    if (PyLong_Check(v))  /* int's repr, as json (an IntEnum writes its value) */
+        return out_made(o, PyLong_Type.tp_repr(v), 0);
     if (PyFloat_Check(v))
         return out_float(o, v);
     if (PyList_Check(v) || PyTuple_Check(v) || PyDict_Check(v)) {
