@@ -215,6 +215,19 @@ def _pynvml_for(lib_path: str) -> tuple[Any, ctypes.CDLL]:
 _bound: dict[str, tuple[Any, ctypes.CDLL]] = {}  # library path -> (pynvml module, library)
 
 
+def held(driver_root: str) -> Any:
+    """The pynvml module bound to the root's library, NVML initialised and left so for the
+    caller's life (a monitor's, a health watcher's thread): NVML's init is
+    reference-counted, so other sessions' shutdowns do not end it. The module lock is held
+    only while the (simulated) NVML enumerates."""
+    lib = find_library(driver_root)
+    root = os.path.abspath(driver_root)
+    with _lock, _env("NVSIM_DEV_DIR", None if root == "/" else f"{root}/dev"):
+        mod, _ = _pynvml_for(lib)
+        mod.nvmlInit()
+    return mod
+
+
 @contextmanager
 def session(driver_root: str) -> Iterator[str]:
     """NVML from the root's library, initialised for the duration; yields the library path.

@@ -13,7 +13,6 @@ WAIT_MS, so an update reaches the kubelet well within a second.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -111,14 +110,7 @@ class XidWatcher(threading.Thread):
         self.stopping.set()
 
     def _init(self) -> Any:
-        lib = nvml.find_library(self.driver_root)
-        root = os.path.abspath(self.driver_root)
-        # NVML init is reference-counted: this thread's init outlives other sessions'
-        # shutdowns; the module lock is held only while the (simulated) NVML enumerates
-        with nvml._lock, nvml._env("NVSIM_DEV_DIR", None if root == "/" else f"{root}/dev"):
-            mod, _ = nvml._pynvml_for(lib)
-            mod.nvmlInit()
-        return mod
+        return nvml.held(self.driver_root)
 
     def run(self) -> None:
         try:

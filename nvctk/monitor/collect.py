@@ -98,12 +98,7 @@ class Collector:
                  host: HostInfo | None = None, pod_resources: str | None = None) -> None:
         self.driver_root = driver_root
         self.host = host if host is not None else nvml.query_host(driver_root)
-        lib = nvml.find_library(driver_root)
-        root = os.path.abspath(driver_root)
-        # NVML init is reference-counted; the module lock only while the mock enumerates
-        with nvml._lock, nvml._env("NVSIM_DEV_DIR", None if root == "/" else f"{root}/dev"):
-            mod, _ = nvml._pynvml_for(lib)
-            mod.nvmlInit()
+        mod = nvml.held(driver_root)
         self.nv: Any = mod
         self.handles = {g.index: mod.nvmlDeviceGetHandleByUUID(g.uuid) for g in self.host.gpus}
         self.health = Health(mod, self.handles)
