@@ -51,6 +51,11 @@ class BuildPyWithLibvgpu(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
+        # libvgpu's CUDA header, which the simulated driver (nvctk/sim/build.py) compiles
+        # against too: in every wheel, with or without the library
+        include = os.path.join(self.build_lib, "nvctk", "lib", "include")
+        os.makedirs(include, exist_ok=True)
+        shutil.copy2(os.path.join(LIBVGPU_DIR, "include", "cuda_abi.h"), include)
         if os.environ.get("NVCTK_SKIP_LIBVGPU") == "1":
             self.announce("nvctk: NVCTK_SKIP_LIBVGPU=1: the wheel has no libvgpu.so", level=3)
             return

@@ -1,7 +1,7 @@
 /* The few CUDA driver and NVML types libvgpu needs, declared so that it builds
- * with gcc alone (no CUDA toolkit). The CUDA types and struct layouts are the
- * simulated driver's own (nvctk/sim/csrc/cuda_abi.h, found with
- * -I../nvctk/sim/csrc): one copy for the driver and its interposer. Here: the
+ * with gcc alone (no CUDA toolkit). The CUDA types and struct layouts are in
+ * libvgpu/include/cuda_abi.h, which the simulated driver includes too: one copy
+ * for the driver and its interposer. Here: the
  * result and enum values libvgpu names, and NVML's types (nvml.h of CUDA 12.x;
  * only fields libvgpu reads are spelled out). */
 #ifndef VGPU_CUDA_MIN_H

@@ -13,12 +13,15 @@ import sys
 from nvctk.base import jsonio, stamped
 from nvctk.base.errors import ConfigError, shown
 from nvctk.base.fileio import NotRegularFile, read_regular_file_stat
-from nvctk.base.record import FrozenRecord, fields
+from nvctk.base.record import FrozenRecord
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any
+    from typing import Any, TypeVar
+
+    _T = TypeVar("_T")
+    _R = TypeVar("_R")
 
 DEFAULT_PATH = "/etc/nvctk/config.toml"
 # the driver capabilities, in the order nvctk lists and mounts them (one list: the
@@ -49,133 +52,147 @@ class ExtraMount(FrozenRecord):
         init(self, "read_only", read_only)
 
 
+# Config comes from one table: its class body. Each field is written once, with its
+# type, default, doc (the comment `nvctk config default` prints) and what parse()
+# checks of it; the slots, __init__, render(), parse() and the docs derive from it.
+# Not a dataclass: `import dataclasses` costs 11-15 ms (python -X importtime) against
+# this module's 6-7 ms, in every nvctk-runtime start (docs/decisions.md, "Start time").
+# mypy reads the body as a dataclass's (dataclass_transform, seen only by it).
+
+
+class _Setting:
+    __slots__ = ("check", "default", "doc", "high", "low")
+
+    def __init__(self, default: Any, doc: str, check: str, low: int, high: int) -> None:
+        self.default, self.doc, self.check, self.low, self.high = default, doc, check, low, high
+
+
+def setting(*, default: _T, doc: str = "", check: str = "", low: int = 0, high: int = 0) -> _T:
+    """One field of a _table class. doc: the comment render() prints ("": not a file
+    key); check: "absolute" or "absolute-or-empty" for a path; low, high: an int's range."""
+    return _Setting(default, doc, check, low, high)  # type: ignore[return-value]
+
+
+if TYPE_CHECKING:
+    from typing import dataclass_transform
+else:
+    def dataclass_transform(**_: Any) -> Any:
+        return lambda f: f
+
+
+@dataclass_transform(field_specifiers=(setting,))
+def _table(cls: type[_R]) -> type[_R]:
+    """cls rebuilt with a slot for each annotated field, in order, and an __init__ that
+    takes them positionally or by name (FrozenRecord: pickling passes them in order),
+    the missing ones from their setting()'s default. Its methods must not use super()."""
+    names = tuple(cls.__annotations__)
+    specs: dict[str, _Setting] = {n: cls.__dict__[n] for n in names}
+    defaults = tuple(s.default for s in specs.values())
+    where = {n: i for i, n in enumerate(names)}
+
+    def __init__(self: Any, *args: Any, **kw: Any) -> None:
+        if len(args) > len(names):
+            raise TypeError(f"{cls.__name__}() takes at most {len(names)} arguments")
+        values = [*args, *defaults[len(args):]]
+        for k, v in kw.items():
+            i = where.get(k, -1)
+            if i < 0 or i < len(args):
+                raise TypeError(f"{cls.__name__}() got an unexpected or repeated argument {k!r}")
+            values[i] = v
+        self._fill(*values)
+
+    body = {k: v for k, v in cls.__dict__.items()
+            if k not in where and k not in ("__dict__", "__weakref__")}
+    body["__slots__"] = names
+    body["__init__"] = __init__
+    body["_settings"] = specs
+    return type(cls.__name__, cls.__bases__, body)  # type: ignore[return-value]
+
+
+@_table
 class Config(FrozenRecord):
     # the fields in order: __init__'s positional order, and render()'s
-    __slots__ = (  # noqa: RUF023
-        "driver_root",
-        "host_driver_root",
-        "runtimes",
-        "hook_path",
-        "hook_timeout",
-        "ldconfig",
-        "log_file",
-        "log_level",
-        "accept_envvar_when_unprivileged",
-        "accept_volume_mount_devices",
-        "supported_capabilities",
-        "vgpu_library",
-        "state_dir",
-        "authority_key",
-        "extra_mounts",
-        "mode",
-        "cdi_spec_dirs",
-        "cdi_vendors",
-        "path",  # the file this came from ("" = defaults); not part of equality
-    )
-
-    driver_root: str
-    host_driver_root: str
-    runtimes: tuple[str, ...]
-    hook_path: str
-    hook_timeout: int
-    ldconfig: str
-    log_file: str
-    log_level: str
-    accept_envvar_when_unprivileged: bool
-    accept_volume_mount_devices: bool
-    supported_capabilities: tuple[str, ...]
-    vgpu_library: str
-    state_dir: str
-    authority_key: str
-    extra_mounts: tuple[ExtraMount, ...]
-    mode: str
-    cdi_spec_dirs: tuple[str, ...]
-    cdi_vendors: tuple[str, ...]
-    path: str
-
-    def __init__(
-        self,
-        driver_root: str = "/",
-        host_driver_root: str = "",
-        runtimes: tuple[str, ...] = ("runc", "crun"),
-        hook_path: str = "",
-        hook_timeout: int = 60,
-        ldconfig: str = "/sbin/ldconfig",
-        log_file: str = "/var/log/nvctk.log",
-        log_level: str = "info",
-        accept_envvar_when_unprivileged: bool = True,
-        accept_volume_mount_devices: bool = False,
-        supported_capabilities: tuple[str, ...] = ALL_CAPABILITIES,
-        vgpu_library: str = "",
-        state_dir: str = "/run/nvctk",
-        authority_key: str = "/var/lib/nvctk/authority.key",
-        extra_mounts: tuple[ExtraMount, ...] = (),
-        mode: str = "legacy",
-        cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi"),
+    driver_root: str = setting(
+        default="/", check="absolute",
+        doc="where nvctk sees the driver's files (libraries, binaries, /dev and /proc/driver nodes)")
+    host_driver_root: str = setting(
+        default="", check="absolute-or-empty",
+        doc="where that driver root is on the host, written into what the host reads "
+            "(CDI specs): differs in a container that mounts it elsewhere (empty: driver-root)")
+    runtimes: tuple[str, ...] = setting(
+        default=("runc", "crun"),
+        doc="low-level OCI runtimes to try in order: names on PATH or absolute paths")
+    hook_path: str = setting(
+        default="", check="absolute-or-empty",
+        doc="absolute path of nvctk-hook written into specs (empty: beside nvctk-runtime)")
+    # runc turns a hook's timeout into a Go time.Duration of nanoseconds, which a huge
+    # value overflows (and a day is already far too long)
+    hook_timeout: int = setting(
+        default=60, low=1, high=86400,
+        doc="seconds runc gives the prestart hook")
+    ldconfig: str = setting(
+        default="/sbin/ldconfig", check="absolute",
+        doc="the host's ldconfig, run chrooted into the container's rootfs")
+    log_file: str = setting(
+        default="/var/log/nvctk.log", check="absolute-or-empty",
+        doc="nvctk's own log (empty: no log file)")
+    log_level: str = setting(
+        default="info",
+        doc="one of debug, info, warning, error")
+    accept_envvar_when_unprivileged: bool = setting(
+        default=True,
+        doc="honour NVIDIA_VISIBLE_DEVICES in containers without CAP_SYS_ADMIN")
+    accept_volume_mount_devices: bool = setting(
+        default=False,
+        doc="honour /dev/null mounts at /var/run/nvidia-container-devices/<id>")
+    supported_capabilities: tuple[str, ...] = setting(
+        default=ALL_CAPABILITIES,
+        doc="driver capabilities this host allows containers to ask for")
+    vgpu_library: str = setting(
+        default="", check="absolute-or-empty",
+        doc="host path of libvgpu.so (empty: the one installed with nvctk)")
+    state_dir: str = setting(
+        default="/run/nvctk", check="absolute",
+        doc="per-container vGPU accounting directories live here")
+    authority_key: str = setting(
+        default="/var/lib/nvctk/authority.key", check="absolute",
+        doc="root-only key of the device plugin's vGPU share annotations (nvctk.io/vgpu.*); "
+            "kept across reboots: a restarted Pod keeps its annotation")
+    extra_mounts: tuple[ExtraMount, ...] = setting(
+        default=(),
+        doc="extra host paths bound into every GPU container: "
+            "[{host-path, container-path, read-only}]")
+    mode: str = setting(
+        default="legacy",
+        doc="legacy: nvctk's prestart hook mounts the driver; cdi: the devices' edits from the "
+            "CDI specs (also chosen by a qualified name such as nvidia.com/gpu=0)")
+    cdi_spec_dirs: tuple[str, ...] = setting(
+        default=("/etc/cdi", "/var/run/cdi"), check="absolute",
+        doc="where CDI spec files (*.json, *.yaml) are read from; a file in a later dir "
+            "replaces one of the same name in an earlier dir")
+    cdi_vendors: tuple[str, ...] = setting(
         # nvctk.io: nvctk's one domain (its annotations', its CDI vendor); nvctk.org, the
         # vendor's old spelling, still applied for the specs a deployed node may have
-        cdi_vendors: tuple[str, ...] = ("nvidia.com", "nvctk.io", "nvctk.org"),
-        path: str = "",
-    ) -> None:
-        init = object.__setattr__
-        init(self, "driver_root", driver_root)
-        init(self, "host_driver_root", host_driver_root)
-        init(self, "runtimes", runtimes)
-        init(self, "hook_path", hook_path)
-        init(self, "hook_timeout", hook_timeout)
-        init(self, "ldconfig", ldconfig)
-        init(self, "log_file", log_file)
-        init(self, "log_level", log_level)
-        init(self, "accept_envvar_when_unprivileged", accept_envvar_when_unprivileged)
-        init(self, "accept_volume_mount_devices", accept_volume_mount_devices)
-        init(self, "supported_capabilities", supported_capabilities)
-        init(self, "vgpu_library", vgpu_library)
-        init(self, "state_dir", state_dir)
-        init(self, "authority_key", authority_key)
-        init(self, "extra_mounts", extra_mounts)
-        init(self, "mode", mode)
-        init(self, "cdi_spec_dirs", cdi_spec_dirs)
-        init(self, "cdi_vendors", cdi_vendors)
-        init(self, "path", path)
+        default=("nvidia.com", "nvctk.io", "nvctk.org"),
+        doc="the CDI vendors whose devices a container may name (env, annotations, device "
+            "mounts): another vendor's devices, with their host mounts, are the engine's to apply")
+    # the file this came from ("" = defaults); not a file key, not part of equality
+    path: str = setting(default="")
 
     def _values(self) -> tuple[Any, ...]:
         # equality and hash ignore where a config was read from
         return tuple(getattr(self, k) for k in _FIELDS)
 
 
+_SETTINGS: dict[str, _Setting] = Config._settings  # type: ignore[attr-defined]
 # the fields a file sets, in the order render() prints them, and their defaults
 # (parse() checks a value's type against its default's)
-_FIELDS = tuple(f for f in fields(Config) if f != "path")
-_DEFAULTS: dict[str, Any] = dict(zip(_FIELDS, Config()._values(), strict=True))
+_FIELDS = tuple(f for f, s in _SETTINGS.items() if s.doc)
+_DEFAULTS: dict[str, Any] = {f: _SETTINGS[f].default for f in _FIELDS}
 # TOML key -> field name
 _NAMES = {f.replace("_", "-"): f for f in _FIELDS}
-
 # TOML key -> the comment render() prints above it
-_DOC: dict[str, str] = {
-    "driver-root": "where nvctk sees the driver's files (libraries, binaries, /dev and /proc/driver nodes)",
-    "host-driver-root": "where that driver root is on the host, written into what the host reads "
-                        "(CDI specs): differs in a container that mounts it elsewhere "
-                        "(empty: driver-root)",
-    "runtimes": "low-level OCI runtimes to try in order: names on PATH or absolute paths",
-    "hook-path": "absolute path of nvctk-hook written into specs (empty: beside nvctk-runtime)",
-    "hook-timeout": "seconds runc gives the prestart hook",
-    "ldconfig": "the host's ldconfig, run chrooted into the container's rootfs",
-    "log-file": "nvctk's own log (empty: no log file)",
-    "log-level": "one of debug, info, warning, error",
-    "accept-envvar-when-unprivileged": "honour NVIDIA_VISIBLE_DEVICES in containers without CAP_SYS_ADMIN",
-    "accept-volume-mount-devices": "honour /dev/null mounts at /var/run/nvidia-container-devices/<id>",
-    "supported-capabilities": "driver capabilities this host allows containers to ask for",
-    "vgpu-library": "host path of libvgpu.so (empty: the one installed with nvctk)",
-    "state-dir": "per-container vGPU accounting directories live here",
-    "authority-key": "root-only key of the device plugin's vGPU share annotations (nvctk.io/vgpu.*); "
-                     "kept across reboots: a restarted Pod keeps its annotation",
-    "extra-mounts": "extra host paths bound into every GPU container: [{host-path, container-path, read-only}]",
-    "mode": "legacy: nvctk's prestart hook mounts the driver; cdi: the devices' edits from the "
-            "CDI specs (also chosen by a qualified name such as nvidia.com/gpu=0)",
-    "cdi-spec-dirs": "where CDI spec files (*.json, *.yaml) are read from; a file in a later dir replaces one of the same name in an earlier dir",
-    "cdi-vendors": "the CDI vendors whose devices a container may name (env, annotations, device mounts): "
-                   "another vendor's devices, with their host mounts, are the engine's to apply",
-}
+_DOC: dict[str, str] = {k: _SETTINGS[f].doc for k, f in _NAMES.items()}
 
 
 def _key(name: str) -> str:
@@ -238,12 +255,13 @@ def _check_type(key: str, value: Any, default: Any, where: str) -> Any:
     return tuple(value)
 
 
-# integer keys: (least, most). runc turns a hook's timeout into a Go time.Duration of
-# nanoseconds, which a huge value overflows (and a day is already far too long)
-INT_RANGES = {"hook-timeout": (1, 86400)}
-# path keys: "" allowed (means: the default place, or no log), else absolute
-_ABSOLUTE_OR_EMPTY = frozenset({"hook-path", "log-file", "vgpu-library", "host-driver-root"})
-_ABSOLUTE = frozenset({"driver-root", "ldconfig", "state-dir", "authority-key", "cdi-spec-dirs"})
+# integer keys: (least, most); path keys: absolute, or "" allowed too (the default
+# place, or no log) -- from the table
+INT_RANGES = {k: (_SETTINGS[f].low, _SETTINGS[f].high) for k, f in _NAMES.items()
+              if _SETTINGS[f].high}
+_ABSOLUTE_OR_EMPTY = frozenset(k for k, f in _NAMES.items()
+                               if _SETTINGS[f].check == "absolute-or-empty")
+_ABSOLUTE = frozenset(k for k, f in _NAMES.items() if _SETTINGS[f].check == "absolute")
 
 
 def _check_string(key: str, value: str, where: str) -> None:

@@ -18,6 +18,21 @@ from nvctk.sim import apilist
 from nvctk.sim.topology import MIG_PROFILES, Gpu, Topology
 
 CSRC = Path(__file__).resolve().parent / "csrc"
+# The CUDA types and layouts the sim shares with libvgpu: libvgpu's header
+# (libvgpu/include/cuda_abi.h), in the development tree, or the copy a wheel carries
+# as <package nvctk>/lib/include/cuda_abi.h (setup.py's build_py puts it there).
+ABI_HEADER = "cuda_abi.h"
+_ABI_DIRS = (Path(__file__).resolve().parents[2] / "libvgpu" / "include",
+             Path(__file__).resolve().parents[1] / "lib" / "include")
+
+
+def abi_dir() -> Path:
+    """The directory holding libvgpu's cuda_abi.h (BuildError: none does)."""
+    for d in _ABI_DIRS:
+        if (d / ABI_HEADER).is_file():
+            return d
+    raise BuildError(f"{ABI_HEADER} not found (looked in {', '.join(map(str, _ABI_DIRS))}): "
+                     "this nvctk install lacks libvgpu's CUDA header")
 CC = os.environ.get("CC", "gcc")
 CFLAGS = ["-O2", "-fPIC", "-Wall", "-Werror", "-std=gnu11"]
 LIBS = ["-lpthread", "-ldl"]
@@ -238,6 +253,7 @@ def _shared_lib(out: Path, soname: str, sources: list[Path], inc: Path) -> list[
         *CFLAGS,
         f"-I{inc}",
         f"-I{CSRC}",
+        f"-I{abi_dir()}",
         "-shared",
         f"-Wl,-soname,{soname}",
         "-o",
@@ -286,15 +302,17 @@ def build_driver(topology: Topology, sim_root: str, libdir: str, bindir: str) ->
         # what the cached outputs are made of: every source and header, the generated
         # includes but the topology's, the compiler and its flags
         digest = hashlib.sha256(CC.encode() + " ".join(CFLAGS + LIBS).encode())
-        for f in sorted(CSRC.iterdir()):
+        abi = abi_dir()
+        for f in [*sorted(CSRC.iterdir()), abi / ABI_HEADER]:
             digest.update(f.name.encode() + b"\0" + f.read_bytes())
         for name, text in sorted(generated.items()):
             digest.update(name.encode() + b"\0" + text.encode())
         made_of = digest.hexdigest()
         wanted: dict[str, tuple[str, Command]] = {
-            name: (made_of, _compile(src, f"-I{inc}", ldflags=["-ldl"])) for name, src in programs.items()
+            name: (made_of, _compile(src, f"-I{inc}", f"-I{abi}", ldflags=["-ldl"]))
+            for name, src in programs.items()
         }
-        wanted |= {f"{name}.o": (made_of, _compile(src, f"-I{inc}", f"-I{CSRC}", "-c"))
+        wanted |= {f"{name}.o": (made_of, _compile(src, f"-I{inc}", f"-I{CSRC}", f"-I{abi}", "-c"))
                    for name, src in mocks.items()}
         wanted |= _stub_sources(inc)
         built = _cached(inc, wanted)

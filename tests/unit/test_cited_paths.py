@@ -104,3 +104,55 @@ def test_every_cited_module_and_source_file_exists() -> None:
                     missing.add(f"{where}: {path}")
     assert seen > 100  # the scan reads what it should
     assert sorted(missing) == []
+
+
+# --- libvgpu's own texts -----------------------------------------------------------------------
+
+LIBVGPU = REPO / "libvgpu"
+LIBVGPU_TEXTS = ("README.md", "src/*.c", "src/*.h", "include/*.h", "tests/*.c", "tests/*.py")
+# a path inside libvgpu, as its texts write it (`src/shm.h`, `tests/vgpu_layout.c`)
+LIBVGPU_SOURCE = re.compile(r"(?<![\w/.-])((?:src|include|tests)/[\w.-]+\.(?:c|h|py))\b")
+# an nvctk source file cited, and a name in backquotes that nvctk defines at module level
+NVCTK_SOURCE = re.compile(r"(?<![\w/.-])(nvctk/[\w/]+\.py)\b")
+QUOTED_NAME = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)(?:\(\))?`")
+
+
+def _defines(path: Path, name: str) -> bool:
+    return re.search(rf"^(?:def |class )?{name}\b(?:\s*[:=(]|\[)", path.read_text(), re.M) is not None
+
+
+def _module_names() -> set[str]:
+    """Names some nvctk module defines at module level (def, class, NAME = )."""
+    out: set[str] = set()
+    for f in (REPO / "nvctk").rglob("*.py"):
+        out |= set(re.findall(r"^(?:def |class )?([A-Za-z_]\w*)\s*[:=(]", f.read_text(), re.M))
+    return out
+
+
+def test_libvgpu_texts_cite_what_is_there() -> None:
+    """libvgpu's README and its C comments: the files they name relative to libvgpu/
+    exist, and a name of nvctk's in backquotes (`SHM_LAYOUT`) is defined by a module the
+    same paragraph cites (`nvctk/vgpu/ledger.py`): the layouts' and limits' other side is
+    named where it is."""
+    defined = _module_names()
+    missing: list[str] = []
+    seen = 0
+    for pattern in LIBVGPU_TEXTS:
+        for f in sorted(LIBVGPU.glob(pattern)):
+            text = f.read_text(errors="replace")
+            where = str(f.relative_to(REPO))
+            for path in sorted(set(LIBVGPU_SOURCE.findall(text))):
+                seen += 1
+                if not any((d / path).exists() for d in (LIBVGPU, f.parent, REPO)):
+                    missing.append(f"{where}: {path}")
+            for para in re.split(r"\n\s*\n|\n\s*\*\s*\n", text):
+                modules = [REPO / m for m in NVCTK_SOURCE.findall(para)]
+                if not modules:
+                    continue
+                for name in set(QUOTED_NAME.findall(para)) & defined:
+                    seen += 1
+                    if not any(m.exists() and _defines(m, name) for m in modules):
+                        missing.append(f"{where}: `{name}` is in none of "
+                                       f"{', '.join(str(m.relative_to(REPO)) for m in modules)}")
+    assert seen >= 3  # the scan reads what it should
+    assert missing == []

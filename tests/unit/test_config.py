@@ -190,3 +190,32 @@ def test_hostile_keys_are_refused_before_the_parse(tmp_path: Path) -> None:
     p.write_text('cdi-vendors = ["nvidia.com", "a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r"]\n'
                  "driver-root = '/a.b'\n")
     assert nvconfig.load(str(p)).cdi_vendors[1].count(".") == 17
+
+
+def test_the_table_is_the_class() -> None:
+    """Config's class body is its one table: a slot for every annotated field, in
+    order, each default of its annotated type, a doc for every file key."""
+    import typing
+
+    settings = nvconfig._SETTINGS
+    hints = typing.get_type_hints(nvconfig.Config, vars(nvconfig))
+    assert tuple(hints) == fields(nvconfig.Config) == tuple(settings)
+    for name, s in settings.items():
+        hint = hints[name]
+        origin = typing.get_origin(hint) or hint
+        assert isinstance(s.default, origin), name
+        if origin is tuple:
+            (item, _) = typing.get_args(hint)
+            assert all(isinstance(v, item) for v in s.default), name
+        assert bool(s.doc) == (name != "path"), name
+        assert s.check in ("", "absolute", "absolute-or-empty"), name
+        assert (s.high > 0) == (name == "hook_timeout"), name
+
+
+def test_config_takes_fields_by_position_or_name() -> None:
+    cfg = nvconfig.Config("/d", hook_timeout=5)
+    assert (cfg.driver_root, cfg.hook_timeout, cfg.path) == ("/d", 5, "")
+    for args, kw in (((), {"drver_root": "/"}), (("/",), {"driver_root": "/"}),
+                     (tuple(range(len(fields(nvconfig.Config)) + 1)), {})):
+        with pytest.raises(TypeError):
+            nvconfig.Config(*args, **kw)

@@ -1,4 +1,4 @@
-"""One rule for value classes (docs/decisions.md, "Value types and JSON"): on the
+"""One rule for value classes (docs/decisions.md, "Start time"): on the
 container-start path nvctk.base.record.Record (dataclasses cost every GPU start its
 import); elsewhere the standard library's dataclasses. This test keeps dataclasses
 off the packages the runtime's create and the hook import."""

@@ -4,7 +4,8 @@
  * declared here with the real values and layouts of CUDA 12.x on x86-64 / aarch64
  * (LP64): a program built against the real cuda.h and one built against this
  * header call each other correctly. The types and struct layouts libvgpu shares
- * are in cuda_abi.h; this header adds the enums and the entry points.
+ * are libvgpu's libvgpu/include/cuda_abi.h; this header adds the enums and the
+ * entry points.
  *
  * Versioned entry points are declared under their real exported names
  * (cuMemAlloc_v2, ...); the unsuffixed names are not macros here, so code that
@@ -22,7 +23,7 @@ extern "C" {
 
 #define NVCTK_CUDA_API_VERSION 12040 /* the API level these declarations follow */
 
-#include "cuda_abi.h" /* the types and layouts libvgpu shares */
+#include "cuda_abi.h" /* libvgpu/include: the types and layouts libvgpu shares */
 
 /* ---- enums (CUresult, device attributes, ...): generated at build time ---- */
 

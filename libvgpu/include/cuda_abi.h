@@ -1,8 +1,10 @@
 /* The CUDA driver API's types and struct layouts (cuda.h of CUDA 12.x, x86-64 /
- * aarch64 LP64) that both of nvctk's CUDA sides use: the simulated driver
- * (cuda_types.h includes this, beside its enums and entry points) and the libvgpu
- * interposer (libvgpu/src/cuda_min.h, built with -I../nvctk/sim/csrc). One copy,
- * so the driver and the interposer cannot disagree about a layout.
+ * aarch64 LP64) that both of nvctk's CUDA sides use: the libvgpu interposer, which
+ * ships and so owns this header (libvgpu/src/cuda_min.h includes it), and the
+ * simulated driver (nvctk/sim/csrc/cuda_types.h includes it beside its enums and
+ * entry points; nvctk/sim/build.py compiles with -I to this directory, or to the
+ * wheel's copy, nvctk/lib/include). One copy, so the driver and the interposer
+ * cannot disagree about a layout.
  *
  * Needs no generated header: a field typed by a CUDA enum is declared `int` (an
  * enum whose values fit an int is int-sized and int-aligned on these ABIs, so the
