@@ -337,13 +337,195 @@ def hami_commit(lib: str) -> str:
     return f"{commit}, build {p.parent.name.removeprefix('build-')}"
 
 
+class Run:
+    """One run of the bench: the simulated driver, the libraries, the table and its lines.
+    Each section is a method; main strings them together."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path, hami: str | None, say: Callable[..., None]) -> None:
+        self.args, self.tmp, self.hami, self.say, self.reps = args, tmp, hami, say, args.reps
+        self.table = Table(say, hami)
+        self.driver = H.make_driver(tmp / "sim", gpus=2, memory_mib=81920)
+        self.base = self.driver.env(tmp / "state", NVSIM_KERNEL_US="0")
+        self.capped = {**self.base, "LD_PRELOAD": str(H.LIB), "CUDA_DEVICE_MEMORY_LIMIT": "40g",
+                       CACHE: str(tmp / "cache")}
+        self.share: dict[str, dict[str, float]] = {}
+
+    def libs(self, env: dict[str, str]) -> dict[str, dict[str, str]]:
+        """direct, libvgpu with env, and HAMi-core with the same limits where given."""
+        return {"direct": self.base, VG: env, **({HAMI: hami_env(env, self.hami)} if self.hami else {})}
+
+    def measure(self, env: dict[str, str], argv: list[str], reps: int = 0) -> dict[str, list[float]]:
+        return interleaved(self.libs(env), lambda e: run(e, *argv), reps or self.reps)
+
+    def head(self, tmpfs: str | None) -> None:
+        say, hami = self.say, self.hami
+        say(f"libvgpu overhead on the simulated driver  ({platform.node()}, {os.cpu_count()} CPUs, "
+            f"{time.strftime('%Y-%m-%d')})")
+        say(f"HAMi-core beside it: {hami} ({hami_commit(hami)})" if hami else f"HAMi-core: not measured; {hami_how()}")
+        say(f"{self.reps} interleaved runs of each, pinned to CPU 1; 'added' = the median of (library - direct) "
+            "per run, [p25..p75] of them")
+        say(f"files in {tmpfs or tempfile.gettempdir()}; load average at start {os.getloadavg()[0]:.1f} "
+            "(other work shares the machine: the direct runs see the same load)")
+        say()
+
+    def launches(self) -> None:
+        """cuLaunchKernel without and with an SM limit, across processes and in one."""
+        table, say, tmp = self.table, self.say, self.tmp
+        table.row("cuLaunchKernel, no SM limit, valid 0-us kernel, ns", self.measure(self.capped, ["launch", "1000000"]),
+                  "<= 10")
+        table.row("cuLaunchKernel, no SM limit, rejected (NULL function), ns",
+                  self.measure(self.capped, ["launchnull", "2000000"]), "<= 10")
+        limited = {**self.capped, "CUDA_DEVICE_SM_LIMIT": "50", CACHE: str(tmp / "cache-sm")}
+        table.row("cuLaunchKernel, SM limit 50 %, share not binding, ns", self.measure(limited, ["launchgap", "300000"]),
+                  "<= 30")
+        say("  (0-us kernel, blocks of 1000 launches 0.5 ms apart: the limiter's cost, not its waiting; libvgpu")
+        say("   charges most launches their shape's estimate with no lock or driver call; the first of a shape")
+        say("   and a random few (1 in 2 at first, then 1 in 16 to 1 in 1024 by the kernel's cost) are timed)")
+        one = {**self.capped, "CUDA_DEVICE_SM_LIMIT_0": "50", CACHE: str(tmp / "cache-sm2")}
+        # a fresh simulator state per run: the mock scans its process table per launch, and
+        # with the dead runs' rows before it the two devices' rows cost differently
+        l2: dict[str, list[float]] = {VG: [], HAMI: []}
+        for i in range(self.reps):
+            for k, e in self.libs(one).items():
+                if k != "direct":
+                    l2[k].append(run({**e, "NVSIM_STATE": str(tmp / f"state-l2-{k}-{i}")}, "launch2", "301"))
+        table.pair("  the same, SM-limited device vs an unlimited one, one process", {k: v for k, v in l2.items() if v},
+                   note="the limiter alone: HAMi-core's unlimited device pays part of its cost too; the row below is all")
+        say("  (blocks of 1000 launches 0.5 ms apart alternating between the two devices: robust to the")
+        say("   machine's load)")
+        off = sym_offset(self.driver, "cuLaunchKernel")
+        ls = interleaved({k: e for k, e in self.libs(limited).items() if k != "direct"},
+                         lambda e: run(e, "launchself", off, "301"), self.reps)
+        table.pair("  the same, the library vs the driver own cuLaunchKernel, one process", ls)
+        say("  (blocks of 1000 launches 0.5 ms apart, alternating between the entry point cuGetProcAddress")
+        say("   gives and the driver's own: all of the library's cost, robust to the machine's load)")
+        self.greedy(limited)
+
+    def greedy(self, limited: dict[str, str]) -> None:
+        greedy = self.measure(limited, ["launch", "300000"], max(3, self.reps // 3))
+        self.table.row("cuLaunchKernel, SM limit 50 %, greedy loop, ns", greedy, note="see its share below")
+        shares = {k: 100 * statistics.median(greedy["direct"]) / statistics.median(v) for k, v in greedy.items()}
+        self.say("  (includes waiting for the share: the synchronous simulator's events time a 0-us kernel as its")
+        self.say("   launch call, ~0.4 us of 'device time', so a greedy loop held to 50 % spends about half its time")
+        self.say(f"   in launches: direct/library here {shares[VG]:.0f} % libvgpu"
+                 + (f", {shares[HAMI]:.0f} % HAMi-core" if self.hami else "") + ")")
+        self.table.row("cuMemAlloc_v2 + cuMemFree_v2 (4 KiB) with a cap, ns",
+                       self.measure(self.capped, ["alloc", "200000"]), "<= 150")
+
+    def first_init(self) -> None:
+        """One process's first cuInit, four ways, then its p90s and libvgpu's stages."""
+        uuids_all = self.driver.uuids
+        variants = ((True, None, "fresh accounting file"), (False, None, "file in use"),
+                    (True, uuids_all, "limits file naming the GPUs, fresh"),
+                    (False, uuids_all, "limits file naming the GPUs, in use"))
+        p90s: list[tuple[str, dict[str, list[float]]]] = []
+        for fresh, uuids, what in variants:
+            res, tot = self.init_runs(fresh, uuids)
+            self.table.row(f"first cuInit, one process, {what}, us", res, "<= 200", scale=1e3)
+            self.table.row("  the same from the first CUDA call, us", tot, scale=1e3,
+                           key=f"first cuInit, {what}, from the first CUDA call, us")
+            p90s.append((what, res))
+        for what, res in p90s:
+            self.say(f"  p90 of the {self.reps} runs, {what}, us: direct {p90(res['direct']) / 1e3:.1f}, "
+                     + ", ".join(f"{k} {p90(v) / 1e3:.1f}" for k, v in res.items() if k != "direct")
+                     + "  (goal <= 400 added)")
+        self.say("  ('from the first CUDA call': dlopen of libcuda.so.1, cuGetProcAddress, cuInit: HAMi-core sets up")
+        self.say("   its shared region at the first call into it, before cuInit. Env only: NVML maps CUDA devices to")
+        self.say("   the container's GPUs; nvctk's limits file can name their UUIDs (NVCTK_VGPU_UUID_<i>), and then")
+        self.say("   libvgpu does not load NVML; HAMi-core has no limits file)")
+        for uuids, what in ((None, "env only"), (uuids_all, "limits file naming the GPUs")):
+            self.init_stages(uuids, what)
+
+    def init_runs(self, fresh: bool, uuids: list[str] | None) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        """cuInit alone and from the first CUDA call, per library, the runs interleaved."""
+        tmp, hami = self.tmp, self.hami
+        res: dict[str, list[float]] = {"direct": [], VG: [], HAMI: []}
+        tot: dict[str, list[float]] = {"direct": [], VG: [], HAMI: []}
+        for i in range(self.reps):
+            runs = [("direct", None, tmp / "single-direct", None),
+                    (VG, str(H.LIB), tmp / f"single{'-u' if uuids else ''}-{i if fresh else 0}", uuids)]
+            if hami and uuids is None:  # HAMi-core has no limits file: env only
+                runs.append((HAMI, hami, tmp / f"single-hami-{i if fresh else 0}", None))
+            for k, lib, cache, u in runs[i % len(runs):] + runs[:i % len(runs)]:
+                t_all, t_init, _ = init_single(self.base, lib, cache, fresh, uuids=u)
+                tot[k].append(t_all)
+                res[k].append(t_init)
+        return {k: v for k, v in res.items() if v}, {k: v for k, v in tot.items() if v}
+
+    def init_stages(self, uuids: list[str] | None, what: str) -> None:
+        stages = [init_single(self.base, str(H.LIB), self.tmp / f"trace{'-u' if uuids else ''}-{i}", True, trace=True,
+                              uuids=uuids)[2] for i in range(self.reps)]
+        self.say(f"  stages of libvgpu's first cuInit ({what}, fresh file), us, median of "
+                 f"{len(stages)} (build/libvgpu-trace.so; 'real_cuinit' is the driver's own):")
+        parsed = [dict(kv.split("=") for kv in line.split()[1:]) for line in stages
+                  if line.startswith("vgpu-init-trace")]
+        if parsed:
+            self.say("   " + "  ".join(f"{k} {statistics.median(float(p[k]) for p in parsed):.1f}" for k in parsed[0]))
+
+    def storms(self) -> None:
+        """64 processes of one container at once, env only and with a limits file."""
+        for uuids, what in ((None, "env only"), (self.driver.uuids, "limits file")):
+            storm: dict[str, list[float]] = {"direct": [], VG: [], HAMI: []}
+            for i in range(3):
+                storm["direct"] += init_storm(self.base)
+                c = self.tmp / f"storm{'-u' if uuids else ''}{i}"
+                e = {**self.capped, CACHE: str(c)}
+                storm[VG] += init_storm(nvctk_env(e, c, uuids) if uuids else e)
+                if self.hami and uuids is None:
+                    storm[HAMI] += init_storm(hami_env(e, self.hami))
+            storm = {k: v for k, v in storm.items() if v}
+            # per-process figures are not paired run by run: compare medians, the p25..p75 of each
+            added = {k: [x - statistics.median(storm["direct"]) for x in v] for k, v in storm.items() if k != "direct"}
+            self.say(f"first cuInit from the first CUDA call, 64 processes of one container at once ({what}), ms: "
+                     f"direct {statistics.median(storm['direct']) / 1e6:.3f}; added, median [p25..p75] of the 3x64 "
+                     "processes: " + ", ".join(f"{k} {fig([x / 1e6 for x in v], 1, 3).strip()} (p90 {p90(v) / 1e6:.3f})"
+                                               for k, v in added.items()) + "  (goal <= 1)")
+            if HAMI in added:
+                self.table.verdicts.append((f"first cuInit, 64 processes at once ({what}), ms",
+                                            fig([x / 1e6 for x in added[VG]], 1, 3),
+                                            fig([x / 1e6 for x in added[HAMI]], 1, 3),
+                                            storm_ahead(added[VG], added[HAMI])))
+
+    def shares(self) -> None:
+        """SM-share accuracy, synchronous and asynchronous launches, each library in turn."""
+        say = self.say
+        for tag, title, extra in (
+            ("", "synchronous launches (the mock's default)", {}),
+            ("-async", "asynchronous launches (NVSIM_ASYNC=1: the call returns at once, as on a real GPU)",
+             {"NVSIM_ASYNC": "1"}),
+        ):
+            say()
+            say(f"SM share, {title}:")
+            say("  greedy launch loop, 2 ms kernels, busy time from the mock's counters over 12 s; goal +-2 points,")
+            say("  never over" + ("; HAMi-core's right after libvgpu's, the same way" if self.hami else ""))
+            got = {VG: sm_accuracy(self.driver, self.tmp, str(H.LIB), tag=tag, extra=extra)}
+            if self.hami:
+                got[HAMI] = sm_accuracy(self.driver, self.tmp, self.hami, tag=tag + "-hami", extra=extra)
+            self.share[tag] = got.get(HAMI, {})
+            say(f"{'limit %':>8} " + " ".join(f"{k + ' %':>12} {'error':>7}" for k in got))
+            for k in ("25", "50", "75"):
+                say(f"{k:>8} " + " ".join(f"{g[k]:12.1f} {g[k] - int(k):7.1f}" for g in got.values()))
+            say(f"{'30/70':>8} " + " ".join(f"{g['30']:5.1f}/{g['70']:5.1f} {g['30'] - 30:4.1f}/{g['70'] - 70:4.1f}"
+                                             for g in got.values()) + "   (two containers, one GPU)")
+            say("  50 % at grids " + ", ".join(str(g) for g in GRIDS)
+                + " (the simulated kernel's time does not depend on it):")
+            for k, g in got.items():
+                say(f"   {k:10} " + "  ".join(f"{gr}: {g['50' if gr == 1 else f'grid{gr}']:.1f}" for gr in GRIDS))
+            say("  50 % with cuGraphLaunch (a 1-node graph): "
+                + ", ".join(f"{k} {g['graph']:.1f}" for k, g in got.items()))
+
+
+# the parts --only may pick, in the order a full run makes them
+PARTS = ("patterns", "launches", "init", "storms", "shares")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--pattern-reps", type=int, default=7)
     ap.add_argument("--hami", default=None, help="HAMi-core's libvgpu.so, measured beside libvgpu")
-    ap.add_argument("--only", choices=["patterns"], default=None, help="only this part")
+    ap.add_argument("--only", choices=PARTS, action="append", default=None, help="only this part (repeatable)")
     args = ap.parse_args()
     hami: str | None = str(Path(args.hami).resolve()) if args.hami else None
     if hami and not Path(hami).is_file():
@@ -357,164 +539,28 @@ def main() -> None:
         print(s, flush=True)
         lines.append(s)
 
-    def write() -> None:
-        say(f"load average at the end {os.getloadavg()[0]:.1f}; the run took {time.monotonic() - started:.0f} s")
-        if args.out:
-            Path(ROOT / args.out if not os.path.isabs(args.out) else args.out).write_text("\n".join(lines) + "\n")
-
-    table = Table(say, hami)
     # the accounting files on tmpfs, as nvctk's state dir (/run/nvctk) is on a normal host
     # (this VM's /run and /tmp are on its ext4 disk, where a fresh file's first writes
     # go through the journal)
     tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="vgpu-bench-", dir=tmpfs) as t:
-        tmp = Path(t)
-        driver = H.make_driver(tmp / "sim", gpus=2, memory_mib=81920)
-        base = driver.env(tmp / "state", NVSIM_KERNEL_US="0")
-        capped = {**base, "LD_PRELOAD": str(H.LIB), "CUDA_DEVICE_MEMORY_LIMIT": "40g", CACHE: str(tmp / "cache")}
-
-        def libs(env: dict[str, str]) -> dict[str, dict[str, str]]:
-            """direct, libvgpu with env, and HAMi-core with the same limits where given."""
-            return {"direct": base, VG: env, **({HAMI: hami_env(env, hami)} if hami else {})}
-
-        def measure(env: dict[str, str], args_: list[str], reps: int) -> dict[str, list[float]]:
-            return interleaved(libs(env), lambda e: run(e, *args_), reps)
-
-        say(f"libvgpu overhead on the simulated driver  ({platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')})")
-        say(f"HAMi-core beside it: {hami} ({hami_commit(hami)})" if hami else f"HAMi-core: not measured; {hami_how()}")
-        say(f"{args.reps} interleaved runs of each, pinned to CPU 1; 'added' = the median of (library - direct) "
-            "per run, [p25..p75] of them")
-        say(f"files in {tmpfs or tempfile.gettempdir()}; load average at start {os.getloadavg()[0]:.1f} "
-            "(other work shares the machine: the direct runs see the same load)")
-        say()
-        patterns(driver, tmp, args.pattern_reps, hami, table)
-        say()
-        if args.only == "patterns":
-            summary(table, hami, None, say)
-            write()
-            return
-        table.header()
-        table.row("cuLaunchKernel, no SM limit, valid 0-us kernel, ns", measure(capped, ["launch", "1000000"], args.reps),
-                  "<= 10")
-        table.row("cuLaunchKernel, no SM limit, rejected (NULL function), ns",
-                  measure(capped, ["launchnull", "2000000"], args.reps), "<= 10")
-        limited = {**capped, "CUDA_DEVICE_SM_LIMIT": "50", CACHE: str(tmp / "cache-sm")}
-        table.row("cuLaunchKernel, SM limit 50 %, share not binding, ns", measure(limited, ["launchgap", "300000"],
-                                                                                  args.reps), "<= 30")
-        say("  (0-us kernel, blocks of 1000 launches 0.5 ms apart: the limiter's cost, not its waiting; libvgpu")
-        say("   charges most launches their shape's estimate with no lock or driver call; the first of a shape")
-        say("   and a random few (1 in 2 at first, then 1 in 16 to 1 in 1024 by the kernel's cost) are timed)")
-        one = {**capped, "CUDA_DEVICE_SM_LIMIT_0": "50", CACHE: str(tmp / "cache-sm2")}
-        # a fresh simulator state per run: the mock scans its process table per launch, and
-        # with the dead runs' rows before it the two devices' rows cost differently
-        l2: dict[str, list[float]] = {VG: [], HAMI: []}
-        for i in range(args.reps):
-            for k, e in libs(one).items():
-                if k != "direct":
-                    l2[k].append(run({**e, "NVSIM_STATE": str(tmp / f"state-l2-{k}-{i}")}, "launch2", "301"))
-        table.pair("  the same, SM-limited device vs an unlimited one, one process", {k: v for k, v in l2.items() if v},
-                   note="the limiter alone: HAMi-core's unlimited device pays part of its cost too; the row below is all")
-        say("  (blocks of 1000 launches 0.5 ms apart alternating between the two devices: robust to the")
-        say("   machine's load)")
-        off = sym_offset(driver, "cuLaunchKernel")
-        ls = interleaved({k: e for k, e in libs(limited).items() if k != "direct"},
-                         lambda e: run(e, "launchself", off, "301"), args.reps)
-        table.pair("  the same, the library vs the driver own cuLaunchKernel, one process", ls)
-        say("  (blocks of 1000 launches 0.5 ms apart, alternating between the entry point cuGetProcAddress")
-        say("   gives and the driver's own: all of the library's cost, robust to the machine's load)")
-        greedy = measure(limited, ["launch", "300000"], max(3, args.reps // 3))
-        table.row("cuLaunchKernel, SM limit 50 %, greedy loop, ns", greedy, note="see its share below")
-        shares = {k: 100 * statistics.median(greedy["direct"]) / statistics.median(v) for k, v in greedy.items()}
-        say("  (includes waiting for the share: the synchronous simulator's events time a 0-us kernel as its")
-        say("   launch call, ~0.4 us of 'device time', so a greedy loop held to 50 % spends about half its time")
-        say(f"   in launches: direct/library here {shares[VG]:.0f} % libvgpu"
-            + (f", {shares[HAMI]:.0f} % HAMi-core" if hami else "") + ")")
-        table.row("cuMemAlloc_v2 + cuMemFree_v2 (4 KiB) with a cap, ns", measure(capped, ["alloc", "200000"], args.reps),
-                  "<= 150")
-        variants = (
-            (True, None, "fresh accounting file"), (False, None, "file in use"),
-            (True, driver.uuids, "limits file naming the GPUs, fresh"),
-            (False, driver.uuids, "limits file naming the GPUs, in use"),
-        )
-        p90s: list[tuple[str, dict[str, list[float]]]] = []
-        for fresh, uuids, what in variants:
-            res: dict[str, list[float]] = {"direct": [], VG: [], HAMI: []}
-            tot: dict[str, list[float]] = {"direct": [], VG: [], HAMI: []}
-            for i in range(args.reps):
-                runs = [("direct", None, tmp / "single-direct", None),
-                        (VG, str(H.LIB), tmp / f"single{'-u' if uuids else ''}-{i if fresh else 0}", uuids)]
-                if hami and uuids is None:  # HAMi-core has no limits file: env only
-                    runs.append((HAMI, hami, tmp / f"single-hami-{i if fresh else 0}", None))
-                for k, lib, cache, u in runs[i % len(runs):] + runs[:i % len(runs)]:
-                    t_all, t_init, _ = init_single(base, lib, cache, fresh, uuids=u)
-                    tot[k].append(t_all)
-                    res[k].append(t_init)
-            res = {k: v for k, v in res.items() if v}
-            table.row(f"first cuInit, one process, {what}, us", res, "<= 200", scale=1e3)
-            table.row("  the same from the first CUDA call, us", {k: v for k, v in tot.items() if v}, scale=1e3,
-                      key=f"first cuInit, {what}, from the first CUDA call, us")
-            p90s.append((what, res))
-        for what, res in p90s:
-            say(f"  p90 of the {args.reps} runs, {what}, us: direct {p90(res['direct']) / 1e3:.1f}, "
-                + ", ".join(f"{k} {p90(v) / 1e3:.1f}" for k, v in res.items() if k != "direct") + "  (goal <= 400 added)")
-        say("  ('from the first CUDA call': dlopen of libcuda.so.1, cuGetProcAddress, cuInit: HAMi-core sets up")
-        say("   its shared region at the first call into it, before cuInit. Env only: NVML maps CUDA devices to the")
-        say("   container's GPUs; nvctk's limits file can name their UUIDs (NVCTK_VGPU_UUID_<i>), and then libvgpu")
-        say("   does not load NVML; HAMi-core has no limits file)")
-        for uuids, what in ((None, "env only"), (driver.uuids, "limits file naming the GPUs")):
-            stages = [init_single(base, str(H.LIB), tmp / f"trace{'-u' if uuids else ''}-{i}", True, trace=True,
-                                  uuids=uuids)[2] for i in range(args.reps)]
-            say(f"  stages of libvgpu's first cuInit ({what}, fresh file), us, median of "
-                f"{len(stages)} (build/libvgpu-trace.so; 'real_cuinit' is the driver's own):")
-            parsed = [dict(kv.split("=") for kv in line.split()[1:]) for line in stages
-                      if line.startswith("vgpu-init-trace")]
-            if parsed:
-                say("   " + "  ".join(f"{k} {statistics.median(float(p[k]) for p in parsed):.1f}" for k in parsed[0]))
-        for uuids, what in ((None, "env only"), (driver.uuids, "limits file")):
-            storm: dict[str, list[float]] = {"direct": [], VG: [], HAMI: []}
-            for i in range(3):
-                storm["direct"] += init_storm(base)
-                c = tmp / f"storm{'-u' if uuids else ''}{i}"
-                e = {**capped, CACHE: str(c)}
-                storm[VG] += init_storm(nvctk_env(e, c, uuids) if uuids else e)
-                if hami and uuids is None:
-                    storm[HAMI] += init_storm(hami_env(e, hami))
-            storm = {k: v for k, v in storm.items() if v}
-            # per-process figures are not paired run by run: compare medians, the p25..p75 of each
-            added = {k: [x - statistics.median(storm["direct"]) for x in v] for k, v in storm.items() if k != "direct"}
-            say(f"first cuInit from the first CUDA call, 64 processes of one container at once ({what}), ms: direct "
-                f"{statistics.median(storm['direct']) / 1e6:.3f}; added, median [p25..p75] of the 3x64 processes: "
-                + ", ".join(f"{k} {fig([x / 1e6 for x in v], 1, 3).strip()} (p90 {p90(v) / 1e6:.3f})"
-                            for k, v in added.items()) + "  (goal <= 1)")
-            if HAMI in added:
-                table.verdicts.append((f"first cuInit, 64 processes at once ({what}), ms", fig([x / 1e6 for x in added[VG]], 1, 3),
-                                       fig([x / 1e6 for x in added[HAMI]], 1, 3), storm_ahead(added[VG], added[HAMI])))
-        share: dict[str, dict[str, float]] = {}
-        for tag, title, extra in (
-            ("", "synchronous launches (the mock's default)", {}),
-            ("-async", "asynchronous launches (NVSIM_ASYNC=1: the call returns at once, as on a real GPU)",
-             {"NVSIM_ASYNC": "1"}),
-        ):
+        b = Run(args, Path(t), hami, say)
+        b.head(tmpfs)
+        parts = args.only or PARTS
+        if "patterns" in parts:
+            patterns(b.driver, b.tmp, args.pattern_reps, hami, b.table)
             say()
-            say(f"SM share, {title}:")
-            say("  greedy launch loop, 2 ms kernels, busy time from the mock's counters over 12 s; goal +-2 points,")
-            say("  never over" + ("; HAMi-core's right after libvgpu's, the same way" if hami else ""))
-            got = {VG: sm_accuracy(driver, tmp, str(H.LIB), tag=tag, extra=extra)}
-            if hami:
-                got[HAMI] = sm_accuracy(driver, tmp, hami, tag=tag + "-hami", extra=extra)
-            share[tag] = got.get(HAMI, {})
-            say(f"{'limit %':>8} " + " ".join(f"{k + ' %':>12} {'error':>7}" for k in got))
-            for k in ("25", "50", "75"):
-                say(f"{k:>8} " + " ".join(f"{g[k]:12.1f} {g[k] - int(k):7.1f}" for g in got.values()))
-            say(f"{'30/70':>8} " + " ".join(f"{g['30']:5.1f}/{g['70']:5.1f} {g['30'] - 30:4.1f}/{g['70'] - 70:4.1f}"
-                                             for g in got.values()) + "   (two containers, one GPU)")
-            say("  50 % at grids " + ", ".join(str(g) for g in GRIDS) + " (the simulated kernel's time does not depend on it):")
-            for k, g in got.items():
-                say(f"   {k:10} " + "  ".join(f"{gr}: {g['50' if gr == 1 else f'grid{gr}']:.1f}" for gr in GRIDS))
-            say("  50 % with cuGraphLaunch (a 1-node graph): " + ", ".join(f"{k} {g['graph']:.1f}" for k, g in got.items()))
+        if "launches" in parts or "init" in parts:
+            b.table.header()
+        for part, step in (("launches", b.launches), ("init", b.first_init), ("storms", b.storms),
+                           ("shares", b.shares)):
+            if part in parts:
+                step()
         say()
-        summary(table, hami, share, say)
-        write()
+        summary(b.table, hami, b.share, say)
+    say(f"load average at the end {os.getloadavg()[0]:.1f}; the run took {time.monotonic() - started:.0f} s")
+    if args.out:
+        Path(ROOT / args.out if not os.path.isabs(args.out) else args.out).write_text("\n".join(lines) + "\n")
 
 
 def storm_ahead(v: list[float], h: list[float]) -> str:
