@@ -5,7 +5,9 @@
  *                            (untimed) between them: under an SM limit the share is not
  *                            binding, so this is the limiter's cost, not its waiting
  *   vgpu_overhead alloc N    ns per cuMemAlloc_v2 + cuMemFree_v2 pair (4 KiB)
- *   vgpu_overhead init       ns of the first cuInit
+ *   vgpu_overhead init       ns from the first CUDA call (dlopen of libcuda.so.1, then
+ *                            cuGetProcAddress) to the first cuInit's return, and of that
+ *                            cuInit alone
  *   vgpu_overhead launchself OFF N  median over N pairs of blocks of 1000 launches, 0.5 ms
  *                            idle before each pair, of (ns per launch through the entry point
  *                            cuGetProcAddress gives - through the driver's own cuLaunchKernel,
@@ -25,12 +27,21 @@
  *                            launch on device 0. KIND: kernel (cuLaunchKernel), ex
  *                            (cuLaunchKernelEx), coop (cuLaunchCooperativeKernel), graph
  *                            (cuGraphLaunch of a 1-node graph), streams (cuLaunchKernel over 4
- *                            streams in turn); THREADS > 1: that many threads at once on the
+ *                            streams in turn), clock (cuLaunchKernel, on device 0 each after a
+ *                            CLOCK_MONOTONIC_COARSE read: without an interposer, that read's cost); THREADS > 1: that many threads at once on the
  *                            same contexts, each pairing its own bursts (the figures are the
  *                            medians over all threads' pairs)
+ *   vgpu_overhead pattern KIND B GAP_US N THREADS OFF
+ *                            the same, each pair with a third burst on device 0 through the
+ *                            driver's own entry point for KIND (kernel, streams: cuLaunchKernel;
+ *                            graph: cuGraphLaunch; found at OFF, its offset in libcuda's file),
+ *                            the three in turn; prints also the median of (ns per launch on
+ *                            device 0 through the entry point cuGetProcAddress gives - through
+ *                            the driver's own): all of an interposer's cost, in one process
  * Entry points come through cuGetProcAddress, as the CUDA runtime gets them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,9 +92,17 @@ static struct {
     ex_fn ex;
     glaunch_fn glaunch;
     CUresult (*setcur)(CUcontext);
+    launch_fn own_launch; /* the driver's own entry points (OFF given), else NULL */
+    glaunch_fn own_glaunch;
 } P;
 
+static volatile unsigned long clock_sink;
+
+/* A burst on device d (2: device 0 through the driver's own entry point). */
 static int burst(int d) {
+    launch_fn launch = d == 2 ? P.own_launch : P.launch;
+    glaunch_fn glaunch = d == 2 ? P.own_glaunch : P.glaunch;
+    if (d == 2) d = 0;
     for (long k = 0; k < P.b; k++) {
         CUresult r;
         if (!strcmp(P.kind, "ex")) {
@@ -92,11 +111,16 @@ static int burst(int d) {
         } else if (!strcmp(P.kind, "coop")) {
             r = P.coop(P.f[d], 1, 1, 1, 1, 1, 1, 0, NULL, NULL);
         } else if (!strcmp(P.kind, "graph")) {
-            r = P.glaunch(P.gx[d], NULL);
+            r = glaunch(P.gx[d], NULL);
         } else if (!strcmp(P.kind, "streams")) {
-            r = P.launch(P.f[d], 1, 1, 1, 1, 1, 1, 0, P.st[d][k & 3], NULL, NULL);
+            r = launch(P.f[d], 1, 1, 1, 1, 1, 1, 0, P.st[d][k & 3], NULL, NULL);
         } else {
-            r = P.launch(P.f[d], 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+            if (d == 0 && !strcmp(P.kind, "clock")) { /* what libvgpu's fast path reads */
+                struct timespec ts;
+                clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+                clock_sink += (unsigned long)ts.tv_nsec;
+            }
+            r = launch(P.f[d], 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
         }
         if (r) return -1;
     }
@@ -104,21 +128,22 @@ static int burst(int d) {
 }
 
 struct pres {
-    double *diff, *abs0;
+    double *diff, *abs0, *self;
     int rc;
 };
 
 static void *pattern_thread(void *arg) {
     struct pres *o = arg;
     o->rc = 0;
-    for (int w = 0; w < 3; w++) /* warm both devices' paths and estimates */
-        for (int d = 0; d < 2; d++)
-            if (P.setcur(P.ctx[d]) || burst(d)) return o->rc = 6, NULL;
+    int nb = P.own_launch || P.own_glaunch ? 3 : 2;
+    for (int w = 0; w < 3; w++) /* warm the paths and estimates */
+        for (int d = 0; d < nb; d++)
+            if (P.setcur(P.ctx[d & 1]) || burst(d)) return o->rc = 6, NULL;
     for (long i = 0; i < P.n; i++) {
-        double t[2];
-        for (int j = 0; j < 2; j++) {
-            int d = (int)((i + j) % 2); /* alternate which device goes first */
-            if (P.setcur(P.ctx[d])) return o->rc = 6, NULL;
+        double t[3];
+        for (int j = 0; j < nb; j++) {
+            int d = (int)((i + j) % nb); /* rotate which burst goes first */
+            if (P.setcur(P.ctx[d & 1])) return o->rc = 6, NULL;
             if (P.gap_us) {
                 struct timespec gap = {P.gap_us / 1000000, (P.gap_us % 1000000) * 1000};
                 nanosleep(&gap, NULL);
@@ -129,12 +154,16 @@ static void *pattern_thread(void *arg) {
         }
         o->diff[i] = t[0] - t[1];
         o->abs0[i] = t[0];
+        o->self[i] = nb == 3 ? t[0] - t[2] : 0;
     }
     return NULL;
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) return 64;
+    /* init: from the program's first CUDA call on (an interposer may set up its state when
+     * libcuda or cuGetProcAddress is first reached, before cuInit: HAMi-core does) */
+    double start = now_ns();
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     CUresult (*gp)(const char *, void **, int, cuuint64_t) = h ? dlsym(h, "cuGetProcAddress") : NULL;
     if (!gp) return 2;
@@ -145,7 +174,7 @@ int main(int argc, char **argv) {
         double t0 = now_ns();
         CUresult r = init(0);
         double t1 = now_ns();
-        printf("%.0f\n", t1 - t0);
+        printf("%.0f %.0f\n", t1 - start, t1 - t0);
         return r;
     }
     long n = argc > 2 ? atol(argv[2]) : 1000000;
@@ -196,11 +225,12 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "launchself")) {
         launch_t via = launch, own;
-        /* the driver's own entry point: libcuda's load address (from a function libvgpu does
-         * not wrap) plus the symbol's offset in the file (the caller reads it with nm) */
-        Dl_info di;
-        if (!dladdr(dlsym(h, "cuDeviceGet"), &di) || argc < 4) return 8;
-        own = (launch_t)(void *)((char *)di.dli_fbase + strtol(argv[2], NULL, 16));
+        /* the driver's own entry point: libcuda's load address (its link map: an interposer
+         * may wrap dlsym itself, as HAMi-core does) plus the symbol's offset in the file (the
+         * caller reads it with nm) */
+        struct link_map *lm;
+        if (dlinfo(h, RTLD_DI_LINKMAP, &lm) || argc < 4) return 8;
+        own = (launch_t)(void *)((char *)lm->l_addr + strtol(argv[2], NULL, 16));
         n = atol(argv[3]);
         for (int i = 0; i < 1000; i++)
             if (via(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) || own(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL))
@@ -257,6 +287,14 @@ int main(int argc, char **argv) {
         P.kind = argv[2], P.b = atol(argv[3]), P.gap_us = atol(argv[4]), P.n = atol(argv[5]);
         int nt = argc > 6 ? atoi(argv[6]) : 1;
         if (nt < 1 || nt > 16 || P.b < 1 || P.n < 1) return 64;
+        if (argc > 7) { /* OFF: the kind's function in libcuda's file (kernel, streams, graph) */
+            struct link_map *lm;
+            if (dlinfo(h, RTLD_DI_LINKMAP, &lm)) return 8;
+            void *own = (char *)lm->l_addr + strtol(argv[7], NULL, 16);
+            if (!strcmp(P.kind, "graph")) P.own_glaunch = (glaunch_fn)own;
+            else if (!strcmp(P.kind, "kernel") || !strcmp(P.kind, "streams")) P.own_launch = (launch_fn)own;
+            else return 64;
+        }
         CUresult (*screate)(CUstream *, unsigned), (*gcreate)(void **, unsigned),
             (*gadd)(void **, void *, void *, size_t, const void *), (*ginst)(CUgraphExec *, void *, unsigned long long);
         GET(P.coop, "cuLaunchCooperativeKernel");
@@ -286,18 +324,22 @@ int main(int argc, char **argv) {
         for (int t = 0; t < nt; t++) {
             o[t].diff = malloc(sizeof(double) * (size_t)P.n);
             o[t].abs0 = malloc(sizeof(double) * (size_t)P.n);
+            o[t].self = malloc(sizeof(double) * (size_t)P.n);
             if (pthread_create(&th[t], NULL, pattern_thread, &o[t])) return 9;
         }
-        double *all = malloc(sizeof(double) * (size_t)(P.n * nt)), *abs0 = malloc(sizeof(double) * (size_t)(P.n * nt));
+        size_t m = (size_t)(P.n * nt);
+        double *all = malloc(sizeof(double) * m), *abs0 = malloc(sizeof(double) * m), *self = malloc(sizeof(double) * m);
         for (int t = 0; t < nt; t++) {
             pthread_join(th[t], NULL);
             if (o[t].rc) return o[t].rc;
             memcpy(all + t * P.n, o[t].diff, sizeof(double) * (size_t)P.n);
             memcpy(abs0 + t * P.n, o[t].abs0, sizeof(double) * (size_t)P.n);
+            memcpy(self + t * P.n, o[t].self, sizeof(double) * (size_t)P.n);
         }
-        qsort(all, (size_t)(P.n * nt), sizeof(double), cmp_d);
-        qsort(abs0, (size_t)(P.n * nt), sizeof(double), cmp_d);
-        printf("%.2f %.2f\n", all[P.n * nt / 2], abs0[P.n * nt / 2]);
+        qsort(all, m, sizeof(double), cmp_d);
+        qsort(abs0, m, sizeof(double), cmp_d);
+        qsort(self, m, sizeof(double), cmp_d);
+        printf("%.2f %.2f %.2f\n", all[m / 2], abs0[m / 2], self[m / 2]);
         return 0;
     }
     if (!strcmp(argv[1], "alloc")) {

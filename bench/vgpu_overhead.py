@@ -1,16 +1,19 @@
-"""libvgpu overhead and SM-share accuracy on the simulated driver (`make -C libvgpu bench`
-writes bench/results/vgpu_overhead.txt). Goals: the README's vGPU figures.
+"""libvgpu overhead and SM-share accuracy on the simulated driver, beside HAMi-core's where
+its library is given (`make -C libvgpu bench` writes bench/results/vgpu_overhead.txt; it
+passes HAMi-core's library when built, see the Makefile). Goals: the README's vGPU figures.
 
-Side by side in one run, direct (no interposer) vs through libvgpu:
+Side by side in one run, direct (no interposer) vs through libvgpu (and through HAMi-core
+with --hami: its libvgpu.so preloaded the way HAMi runs it, its limits in the same env
+variables, its own shared-cache file):
   - ns added per cuLaunchKernel with no SM limit (goal <= 10 ns): valid launches
     of a 0-us kernel, and launches the driver rejects at once (NULL function)
   - ns added per cuLaunchKernel under an SM limit of 50 % where the share is not
     binding (goal <= 30 ns); the limited device against an unlimited one in one
-    process; libvgpu's entry point against the driver's own in one process; and a
+    process; the library's entry point against the driver's own in one process; and a
     greedy loop (which waits for its share)
   - ns added per cuMemAlloc_v2 + cuMemFree_v2 pair with a memory cap (goal <= 150 ns)
-  - the first cuInit of a single process, on a fresh
-    accounting file and on one already in use, with the stages of the first
+  - the first cuInit of a single process (from its first CUDA call), on a fresh
+    accounting file and on one already in use, with the stages of libvgpu's first
     (build/libvgpu-trace.so), median and p90 (goal <= 200 us added at the median, the
     p90 <= 400 us); and with 64 processes of one container starting at once (goal
     <= 1 ms added at the median)
@@ -20,15 +23,15 @@ Side by side in one run, direct (no interposer) vs through libvgpu:
   - the SM limiter's cost per launch in the launch patterns of issue 29 where the share
     does not bind (asynchronous 0-us kernels): greedy loops, bursts of 10, 100 and 1000
     after idle gaps of 0.1-10 ms, 4 streams, 4 threads on one context, cuGraphLaunch,
-    cuLaunchKernelEx, cuLaunchCooperativeKernel (goal <= 30 ns): in one process, device
-    0 SM-limited against device 1 unlimited, burst by burst; and across processes,
-    libvgpu against no interposer (interleaved runs). Median and spread (min-max) of
-    the runs.
-Runs are interleaved (direct, libvgpu, direct, ...) and pinned to one CPU; the
-figures are medians of the per-pair differences. Needs root (device nodes).
-HAMi-core is measured beside libvgpu only where --hami names its library
-(libvgpu.so of HAMi-core, preloaded the same way); it is not available on this
-machine (its source cannot be fetched here), and the output says so.
+    cuLaunchKernelEx, cuLaunchCooperativeKernel (goal <= 30 ns), and one pattern without
+    an SM limit: across processes, each library against no interposer (interleaved runs);
+    and in one process, device 0 SM-limited against device 1 unlimited, burst by burst.
+Runs are interleaved (direct, libvgpu, HAMi-core, the order rotating from one run to the
+next) and pinned to one CPU. Each figure: the median of the per-run differences from
+direct and their spread, [p25..p75] (interquartile range). 'ahead' compares the two
+libraries run by run: the library whose per-run figure is lower in at least the middle half
+of the runs (the interquartile range of the paired differences excludes 0); '=' where the
+difference is within that spread. Needs root (device nodes).
 """
 
 from __future__ import annotations
@@ -53,6 +56,60 @@ from nvctk.sim.state import read_state  # noqa: E402
 from nvctk.vgpu.ledger import SHM_SIZE  # noqa: E402
 
 BENCH = H.BUILD / "vgpu_overhead"
+CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+VG, HAMI = "libvgpu", "HAMi-core"
+HAMI_BUILD = ROOT.parent / "shared" / "peers" / "hami-core" / "build.sh"
+
+
+def hami_how() -> str:
+    """How to get HAMi-core's library where --hami was not given (CI checkouts have ../shared)."""
+    how = (f"build it with {HAMI_BUILD} MIRROR_GIT_DIR SIM_DIR OUT_DIR (its README says how)" if HAMI_BUILD.is_file()
+           else "build it from github.com/Project-HAMi/HAMi-core without the CUDA toolkit: CMake with its build.sh's "
+           "options and -O2, cuda.h and nvml.h from NVIDIA's nvidia-cuda-runtime-cu12 and nvidia-nvml-dev-cu12 "
+           "wheels, linked against a simulated host's (nvctk sim init) libcuda.so.1 and libnvidia-ml.so.1; CI "
+           "checkouts have a script for it in ../shared/peers/hami-core/build.sh")
+    return how + ", then: make -C libvgpu bench HAMI=OUT_DIR/build-O2/libvgpu.so"
+
+
+def hami_env(env: dict[str, str], lib: str) -> dict[str, str]:
+    """libvgpu's env for a measure, for HAMi-core: its library preloaded, the same limit
+    variables (HAMi's names), a shared-cache file of its own (HAMi-core creates and sizes it)."""
+    e = {k: v for k, v in env.items() if k != "NVCTK_VGPU_LIMITS_FILE"}
+    e["LD_PRELOAD"] = lib
+    if CACHE in e:
+        e[CACHE] = e[CACHE] + ".hami"
+    return e
+
+
+def quartiles(v: list[float]) -> tuple[float, float, float]:
+    """median, p25, p75 of v."""
+    if len(v) < 2:
+        return v[0], v[0], v[0]
+    q1, med, q3 = statistics.quantiles(v, n=4, method="inclusive")
+    return med, q1, q3
+
+
+def fig(v: list[float], width: int = 8, prec: int = 1) -> str:
+    med, q1, q3 = quartiles(v)
+    return f"{med:{width}.{prec}f} [{q1:.{prec}f}..{q3:.{prec}f}]"
+
+
+def ahead(v: list[float], h: list[float]) -> str:
+    """Which library is ahead (lower), run by run: 'libvgpu' / 'HAMi-core' where the
+    interquartile range of the paired differences excludes 0, '=' otherwise."""
+    _, q1, q3 = quartiles([a - b for a, b in zip(v, h, strict=True)])
+    return VG if q3 < 0 else HAMI if q1 > 0 else "="
+
+
+def interleaved(envs: dict[str, dict[str, str]], run1: Callable[[dict[str, str]], float],
+                reps: int) -> dict[str, list[float]]:
+    """reps runs of each env, interleaved, the order rotating (so none always goes first)."""
+    names = list(envs)
+    res: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(reps):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            res[k].append(run1(envs[k]))
+    return res
 
 
 def run(env: dict[str, str], *args: str) -> float:
@@ -60,72 +117,130 @@ def run(env: dict[str, str], *args: str) -> float:
     return float(out.stdout.split()[0])
 
 
-def paired(direct: dict[str, str], vgpu: dict[str, str], args: list[str], reps: int) -> tuple[float, float, float]:
-    d, v, diff = [], [], []
-    for _ in range(reps):
-        a, b = run(direct, *args), run(vgpu, *args)
-        d.append(a)
-        v.append(b)
-        diff.append(b - a)
-    return statistics.median(d), statistics.median(v), statistics.median(diff)
+class Table:
+    """The side-by-side rows: direct, each library's added cost [spread], which is ahead.
+    Keeps every verdict for the summary at the end."""
+
+    def __init__(self, say: Callable[[str], None], hami: str | None) -> None:
+        self.say, self.hami = say, hami
+        self.verdicts: list[tuple[str, str, str, str]] = []  # (measure, libvgpu, HAMi-core, ahead)
+
+    def header(self, first: str = "measure") -> None:
+        hcol = f"{HAMI + ' added':>26} {'ahead':>9}" if self.hami else ""
+        self.say(f"{first:58} {'direct':>9} {VG + ' added':>26} {hcol} {'goal':>7}")
+
+    def row(self, label: str, res: dict[str, list[float]], goal: str = "", scale: float = 1.0,
+            note: str = "", key: str = "") -> None:
+        d = [x / scale for x in res["direct"]]
+        added = {k: [x / scale - y for x, y in zip(v, d, strict=True)] for k, v in res.items() if k != "direct"}
+        self.pair(label, added, goal, f"{statistics.median(d):9.1f}", note, key=key)
+
+    def pair(self, label: str, added: dict[str, list[float]], goal: str = "", direct: str = "",
+             note: str = "", tail: str = "", key: str = "") -> None:
+        v = added[VG]
+        cols = f"{direct:>9} {fig(v, 8):>26}"
+        if self.hami and HAMI in added:
+            h = added[HAMI]
+            verdict = ahead(v, h)
+            cols += f" {fig(h, 8):>26} {verdict:>9}"
+            self.verdicts.append((key or label.strip(), fig(v, 1), fig(h, 1), verdict + (f" ({note})" if note else "")))
+        elif self.hami:
+            cols += f" {'-':>26} {'':>9}"
+        self.say(f"{label:58} {cols} {goal:>7}{tail}")
 
 
-# (name, client arguments, pairs of bursts per run) for the pattern mode
-PATTERNS: list[tuple[str, list[str], int]] = [
-    ("greedy loop (blocks of 1000, no idle)", ["kernel", "1000", "0"], 60),
+# (name, client arguments, pairs of bursts per run, SM-limited) for the pattern mode
+PATTERNS: list[tuple[str, list[str], int, bool]] = [
+    ("no SM limit: bursts of 100 after 1 ms idle", ["kernel", "100", "1000"], 300, False),
+    ("greedy loop (blocks of 1000, no idle)", ["kernel", "1000", "0"], 60, True),
     *((f"bursts of {b} after {g / 1000:g} ms idle", ["kernel", str(b), str(g)],
-       max(20, min(400, int(600_000 / (g + b * 0.5)))))
+       max(20, min(400, int(600_000 / (g + b * 0.5)))), True)
       for b in (10, 100, 1000) for g in (100, 1000, 10000)),
-    ("4 streams in turn, bursts of 100 after 1 ms", ["streams", "100", "1000"], 300),
-    ("4 threads on one context, bursts of 100 after 1 ms", ["kernel", "100", "1000"], 150),
-    ("cuGraphLaunch (1 node), bursts of 100 after 1 ms", ["graph", "100", "1000"], 300),
-    ("cuLaunchKernelEx, bursts of 100 after 1 ms", ["ex", "100", "1000"], 300),
-    ("cuLaunchCooperativeKernel, bursts of 100 after 1 ms", ["coop", "100", "1000"], 300),
+    ("4 streams in turn, bursts of 100 after 1 ms", ["streams", "100", "1000"], 300, True),
+    ("4 threads on one context, bursts of 100 after 1 ms", ["kernel", "100", "1000"], 150, True),
+    ("cuGraphLaunch (1 node), bursts of 100 after 1 ms", ["graph", "100", "1000"], 300, True),
+    ("cuLaunchKernelEx, bursts of 100 after 1 ms", ["ex", "100", "1000"], 300, True),
+    ("cuLaunchCooperativeKernel, bursts of 100 after 1 ms", ["coop", "100", "1000"], 300, True),
 ]
 
 
-def patterns(driver: H.Driver, tmp: Path, reps: int, hami: str | None, say: Callable[[str], None]) -> None:
-    """The SM limiter's cost in each launch pattern: in one process (device 0 limited
-    vs device 1 not, burst by burst), and libvgpu vs no interposer (interleaved runs)."""
+# what HAMi-core (8f3a89c's src/cuda) does not limit at all: the figure is its wrapper's cost alone
+PATTERN_NOTES = {"graph": "HAMi-core does not limit cuGraphLaunch",
+                 "coop": "HAMi-core's cuLaunchCooperativeKernel calls no limiter; here the simulated driver "
+                         "re-enters its cuLaunchKernel"}
+
+
+# the driver's own entry point a pattern's kind launches through (the "self" figure); the
+# simulated cuLaunchKernelEx and cuLaunchCooperativeKernel re-enter cuLaunchKernel through
+# the PLT, i.e. through the interposer: no clean own entry point for them
+OWN = {"kernel": "cuLaunchKernel", "streams": "cuLaunchKernel", "graph": "cuGraphLaunch"}
+
+
+def patterns(driver: H.Driver, tmp: Path, reps: int, hami: str | None, table: Table) -> None:
+    """The SM limiter's cost in each launch pattern: each library vs no interposer
+    (interleaved runs); in one process, each library's entry point vs the driver's own
+    (all of its cost) and the limited device vs the unlimited one (the limiter's own)."""
+    say = table.say
     say("SM limiter's cost per launch by pattern (SM limit 50 % on GPU 0, asynchronous 0-us kernels:")
-    say("  the share never binds); ns; median [min-max] of the runs; goal <= 30")
-    say(f"{'pattern':52} {'limited vs unlimited':>22} {'libvgpu vs none':>22}")
-    for i, (name, argv, n) in enumerate(PATTERNS):
-        threads = ["4"] if name.startswith("4 threads") else []
-        inproc, vsnone = [], []
+    say(f"  the share never binds); ns added per launch, median [p25..p75] of {reps} runs; goal <= 30")
+    say(f"{'pattern':58} {'':9} {VG + ' added':>26}" + (f" {HAMI + ' added':>26} {'ahead':>9}" if hami else "")
+        + f" {'goal':>7}   limited vs unlimited device: {VG}" + (f", {HAMI}" if hami else ""))
+    offs = {k: sym_offset(driver, f) for k, f in OWN.items()}
+    for i, (name, argv, n, limited) in enumerate(PATTERNS):
+        threads = ["4"] if name.startswith("4 threads") else ["1"]
+        own = [offs[argv[0]]] if argv[0] in offs else []
+        clocked = argv[0] == "kernel" and int(argv[2]) >= 1000 and threads == ["1"] and limited
+        inproc: dict[str, list[float]] = {VG: [], HAMI: []}
+        vsnone: dict[str, list[float]] = {VG: [], HAMI: []}
+        self_: dict[str, list[float]] = {VG: [], HAMI: []}
+        clock: list[float] = []
         for r in range(reps):
             st = {"NVSIM_STATE": str(tmp / f"state-pat-{i}-{r}")}
             base = driver.env(tmp / "x", NVSIM_KERNEL_US="0", NVSIM_ASYNC="1", **st)
-            lim = {**base, "LD_PRELOAD": str(H.LIB), "CUDA_DEVICE_SM_LIMIT_0": "50",
-                   "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / f"cache-pat-{i}-{r}")}
-            none = run_pattern(base, [*argv, str(n), *threads])
-            vg = run_pattern(lim, [*argv, str(n), *threads])
-            inproc.append(vg[0])
-            vsnone.append(vg[1] - none[1])
+            lim = {**base, "LD_PRELOAD": str(H.LIB), CACHE: str(tmp / f"cache-pat-{i}-{r}"),
+                   **({"CUDA_DEVICE_SM_LIMIT_0": "50"} if limited else {})}
+            envs = {"direct": base, VG: lim, **({HAMI: hami_env(lim, hami)} if hami else {})}
+            got: dict[str, list[float]] = {}
+            names = list(envs)
+            for k in names[r % len(names):] + names[:r % len(names)]:
+                got[k] = run_pattern(envs[k], [*argv, str(n), *threads, *(own if k != "direct" else [])])
+            if clocked:
+                clock.append(run_pattern(base, ["clock", *argv[1:], str(n), "1"])[0])
+            for k in envs:
+                if k != "direct":
+                    inproc[k].append(got[k][0])
+                    vsnone[k].append(got[k][1] - got["direct"][1])
+                    if own:
+                        self_[k].append(got[k][2])
+        note = PATTERN_NOTES.get(argv[0], "") if limited else "no SM limit"
+        table.pair(name, {k: v for k, v in vsnone.items() if v}, "<= 30" if limited else "<= 10", note=note,
+                   tail=f"   {fig(inproc[VG], 1)}" + (f", {fig(inproc[HAMI], 1)}" if hami else ""))
+        if own:
+            table.pair(f"  in one process, vs the driver's own {OWN[argv[0]]}", {k: v for k, v in self_.items() if v},
+                       note=note, key=f"{name}: in one process, vs the driver's own")
+        if clock:
+            say(f"{'  no interposer: a coarse clock read before each launch':58} {'':9} {fig(clock, 8):>26}")
+    say("  ('added': the same client without an interposer, runs interleaved; 'in one process, vs the")
+    say("   driver's own': a third burst, through the driver's entry point itself, so the machine's load")
+    say("   cancels: all of the library's cost; 'limited vs unlimited device': bursts alternate between")
+    say("   the devices in one process: the limiter's own cost (for HAMi-core not all of it: its")
+    say("   unlimited device's launch asks the driver for the current device too); 'a coarse clock read':")
+    say("   no interposer, device 0's launches each after a CLOCK_MONOTONIC_COARSE read, vs device 1's")
+    say("   without: the read libvgpu's fast path makes and HAMi-core's does not, to which issue 29 traced")
+    say("   the cold bursts' cost; it is a few ns: the cost was the marker renewal it leads to, docs/decisions.md)")
 
-        def fmt(v: list[float]) -> str:
-            return f"{statistics.median(v):7.1f} [{min(v):6.1f}-{max(v):6.1f}]"
-        say(f"{name:52} {fmt(inproc):>22} {fmt(vsnone):>22}")
-    say("  ('limited vs unlimited': bursts alternate between the two devices in one process, so the")
-    say("   machine's load cancels; 'vs none': the same client without libvgpu, runs interleaved)")
-    if hami:
-        say(f"HAMi-core ({hami}): not measured by this version of the bench")
-    else:
-        say("HAMi-core: not measured (no --hami library given; HAMi-core is not available on this machine)")
 
-
-def run_pattern(env: dict[str, str], argv: list[str]) -> tuple[float, float]:
+def run_pattern(env: dict[str, str], argv: list[str]) -> list[float]:
     out = subprocess.run(["taskset", "-c", "1", str(BENCH), "pattern", *argv], env=env, capture_output=True,
                          text=True, check=True)
-    a, b = out.stdout.split()[:2]
-    return float(a), float(b)
+    return [float(x) for x in out.stdout.split()]
 
 
-def launch_offset(driver: H.Driver) -> str:
-    """cuLaunchKernel's offset in the simulated libcuda (hex), for the 'launchself' mode."""
+def sym_offset(driver: H.Driver, name: str) -> str:
+    """A function's offset in the simulated libcuda (hex): the driver's own entry point."""
     out = subprocess.run(["nm", "-D", "--defined-only", str(Path(driver.libdir) / "libcuda.so.1")],
                          capture_output=True, text=True, check=True).stdout
-    return next(line.split()[0] for line in out.splitlines() if line.split()[-1:] == ["cuLaunchKernel"])
+    return next(line.split()[0] for line in out.splitlines() if line.split()[-1:] == [name])
 
 
 def nvctk_env(env: dict[str, str], cache: Path, uuids: list[str]) -> dict[str, str]:
@@ -138,21 +253,29 @@ def nvctk_env(env: dict[str, str], cache: Path, uuids: list[str]) -> dict[str, s
     return {**e, "NVCTK_VGPU_LIMITS_FILE": str(f)}
 
 
-def init_single(env: dict[str, str], cache: Path, fresh: bool, trace: bool = False,
-                uuids: list[str] | None = None) -> tuple[float, str]:
-    """One process's first cuInit (ns), on a fresh (zero-filled, as nvctk makes it) or a
-    used accounting file; with trace, the stages' line from libvgpu-trace.so; with
-    uuids, the limits in a limits file naming the GPUs (as nvctk writes it)."""
-    if fresh and "CUDA_DEVICE_MEMORY_SHARED_CACHE" in env:
-        with open(cache, "wb") as f:
-            os.posix_fallocate(f.fileno(), 0, SHM_SIZE)
-    e = {**env, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache)} if "LD_PRELOAD" in env else env
-    if uuids is not None and "LD_PRELOAD" in env:
-        e = nvctk_env(e, cache, uuids)
-    if trace:
-        e = {**e, "LD_PRELOAD": str(H.BUILD / "libvgpu-trace.so")}
+def init_single(base: dict[str, str], lib: str | None, cache: Path, fresh: bool, trace: bool = False,
+                uuids: list[str] | None = None) -> tuple[float, float, str]:
+    """One process's first cuInit (ns from its first CUDA call, and of cuInit alone), with a 40 GiB cap, through
+    lib (None: no interposer), on a fresh accounting file (libvgpu: zero-filled, as nvctk
+    makes it; HAMi-core: none, it creates its own) or a used one; with trace, libvgpu's
+    stages' line from libvgpu-trace.so; with uuids, libvgpu's limits in a limits file naming
+    the GPUs (as nvctk writes it)."""
+    e = base
+    if lib == str(H.LIB):
+        if fresh:
+            with open(cache, "wb") as f:
+                os.posix_fallocate(f.fileno(), 0, SHM_SIZE)
+        e = {**base, "LD_PRELOAD": str(H.BUILD / "libvgpu-trace.so") if trace else lib,
+             "CUDA_DEVICE_MEMORY_LIMIT": "40g", CACHE: str(cache)}
+        if uuids is not None:
+            e = nvctk_env(e, cache, uuids)
+    elif lib is not None:
+        if fresh:
+            cache.unlink(missing_ok=True)
+        e = {**base, "LD_PRELOAD": lib, "CUDA_DEVICE_MEMORY_LIMIT": "40g", CACHE: str(cache)}
     cp = subprocess.run(["taskset", "-c", "1", str(BENCH), "init"], env=e, capture_output=True, text=True, check=True)
-    return float(cp.stdout.split()[0]), cp.stderr.strip()
+    total, alone = cp.stdout.split()[:2]
+    return float(total), float(alone), cp.stderr.strip()
 
 
 def p90(v: list[float]) -> float:
@@ -161,30 +284,33 @@ def p90(v: list[float]) -> float:
 
 
 def init_storm(env: dict[str, str], n: int = 64) -> list[float]:
-    procs = [subprocess.Popen([str(BENCH), "init"], env=env, stdout=subprocess.PIPE, text=True) for _ in range(n)]
-    return [float(p.communicate()[0]) for p in procs]
+    procs = [subprocess.Popen([str(BENCH), "init"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True) for _ in range(n)]
+    return [float(p.communicate()[0].split()[0]) for p in procs]
 
 
 GRIDS = (1, 64, 4096, 65536, 1048576)
 
 
-def sm_accuracy(driver: H.Driver, tmp: Path, window: float = 12.0, tag: str = "",
+def sm_accuracy(driver: H.Driver, tmp: Path, lib: str, window: float = 12.0, tag: str = "",
                 extra: dict[str, str] | None = None) -> dict[str, float]:
     """Each group is a simulated GPU of its own (a state file), so the groups run at once."""
-    groups: dict[str, list[tuple[str, int, int]]] = {
-        "s25": [("25", 25, 1)], "s50": [("50", 50, 1)], "s75": [("75", 75, 1)],
-        "split": [("30", 30, 1), ("70", 70, 1)],
-        **{f"g{g}": [(f"grid{g}", 50, g)] for g in GRIDS[1:]},
+    loop = ["launchfor", str(window + 3)]
+    groups: dict[str, list[tuple[str, int, list[str]]]] = {
+        "s25": [("25", 25, loop)], "s50": [("50", 50, loop)], "s75": [("75", 75, loop)],
+        "split": [("30", 30, loop), ("70", 70, loop)],
+        **{f"g{g}": [(f"grid{g}", 50, ["grid", str(g), *loop])] for g in GRIDS[1:]},
+        "graph": [("graph", 50, ["graph", "1", "graphlaunchfor", str(window + 3)])],
     }
     procs = {}
     for state, members in groups.items():
-        for label, pct, grid in members:
+        for label, pct, argv in members:
             env = driver.env(tmp / f"sm{tag}-{state}", NVSIM_KERNEL_US="2000", CUDA_DEVICE_SM_LIMIT=str(pct),
-                             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"sm{tag}-cache-{label}"), LD_PRELOAD=str(H.LIB),
+                             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"sm{tag}-cache-{label}"), LD_PRELOAD=lib,
                              **(extra or {}))
             procs[label] = (state, subprocess.Popen(
-                [str(H.PROBE), "init", "ctx", "0", "grid", str(grid), "launchfor", str(window + 3)],
-                env=env, stdout=subprocess.DEVNULL))
+                [str(H.PROBE), "init", "ctx", "0", *argv],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def busy() -> dict[str, int]:
         res = {}
@@ -202,16 +328,212 @@ def sm_accuracy(driver: H.Driver, tmp: Path, window: float = 12.0, tag: str = ""
     return {k: 100 * (b1[k] - b0[k]) / ((t1 - t0) * 1e9) for k in procs}
 
 
+def hami_commit(lib: str) -> str:
+    """HAMi-core's commit and build, from what ../shared/peers/hami-core/build.sh leaves
+    beside its builds (OUT_DIR/hami_commit.txt, OUT_DIR/build-<variant>/libvgpu.so)."""
+    p = Path(lib).resolve()
+    f = p.parents[1] / "hami_commit.txt"
+    commit = f.read_text().strip()[:12] if f.is_file() else "commit unknown"
+    return f"{commit}, build {p.parent.name.removeprefix('build-')}"
+
+
+class Run:
+    """One run of the bench: the simulated driver, the libraries, the table and its lines.
+    Each section is a method; main strings them together."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path, hami: str | None, say: Callable[..., None]) -> None:
+        self.args, self.tmp, self.hami, self.say, self.reps = args, tmp, hami, say, args.reps
+        self.table = Table(say, hami)
+        self.driver = H.make_driver(tmp / "sim", gpus=2, memory_mib=81920)
+        self.base = self.driver.env(tmp / "state", NVSIM_KERNEL_US="0")
+        self.capped = {**self.base, "LD_PRELOAD": str(H.LIB), "CUDA_DEVICE_MEMORY_LIMIT": "40g",
+                       CACHE: str(tmp / "cache")}
+        self.share: dict[str, dict[str, float]] = {}
+
+    def libs(self, env: dict[str, str]) -> dict[str, dict[str, str]]:
+        """direct, libvgpu with env, and HAMi-core with the same limits where given."""
+        return {"direct": self.base, VG: env, **({HAMI: hami_env(env, self.hami)} if self.hami else {})}
+
+    def measure(self, env: dict[str, str], argv: list[str], reps: int = 0) -> dict[str, list[float]]:
+        return interleaved(self.libs(env), lambda e: run(e, *argv), reps or self.reps)
+
+    def head(self, tmpfs: str | None) -> None:
+        say, hami = self.say, self.hami
+        say(f"libvgpu overhead on the simulated driver  ({platform.node()}, {os.cpu_count()} CPUs, "
+            f"{time.strftime('%Y-%m-%d')})")
+        say(f"HAMi-core beside it: {hami} ({hami_commit(hami)})" if hami else f"HAMi-core: not measured; {hami_how()}")
+        say(f"{self.reps} interleaved runs of each, pinned to CPU 1; 'added' = the median of (library - direct) "
+            "per run, [p25..p75] of them")
+        say(f"files in {tmpfs or tempfile.gettempdir()}; load average at start {os.getloadavg()[0]:.1f} "
+            "(other work shares the machine: the direct runs see the same load)")
+        say()
+
+    def launches(self) -> None:
+        """cuLaunchKernel without and with an SM limit, across processes and in one."""
+        table, say, tmp = self.table, self.say, self.tmp
+        table.row("cuLaunchKernel, no SM limit, valid 0-us kernel, ns", self.measure(self.capped, ["launch", "1000000"]),
+                  "<= 10")
+        table.row("cuLaunchKernel, no SM limit, rejected (NULL function), ns",
+                  self.measure(self.capped, ["launchnull", "2000000"]), "<= 10")
+        limited = {**self.capped, "CUDA_DEVICE_SM_LIMIT": "50", CACHE: str(tmp / "cache-sm")}
+        table.row("cuLaunchKernel, SM limit 50 %, share not binding, ns", self.measure(limited, ["launchgap", "300000"]),
+                  "<= 30")
+        say("  (0-us kernel, blocks of 1000 launches 0.5 ms apart: the limiter's cost, not its waiting; libvgpu")
+        say("   charges most launches their shape's estimate with no lock or driver call; the first of a shape")
+        say("   and a random few (1 in 2 at first, then 1 in 16 to 1 in 1024 by the kernel's cost) are timed)")
+        one = {**self.capped, "CUDA_DEVICE_SM_LIMIT_0": "50", CACHE: str(tmp / "cache-sm2")}
+        # a fresh simulator state per run: the mock scans its process table per launch, and
+        # with the dead runs' rows before it the two devices' rows cost differently
+        l2: dict[str, list[float]] = {VG: [], HAMI: []}
+        for i in range(self.reps):
+            for k, e in self.libs(one).items():
+                if k != "direct":
+                    l2[k].append(run({**e, "NVSIM_STATE": str(tmp / f"state-l2-{k}-{i}")}, "launch2", "301"))
+        table.pair("  the same, SM-limited device vs an unlimited one, one process", {k: v for k, v in l2.items() if v},
+                   note="the limiter alone: HAMi-core's unlimited device pays part of its cost too; the row below is all")
+        say("  (blocks of 1000 launches 0.5 ms apart alternating between the two devices: robust to the")
+        say("   machine's load)")
+        off = sym_offset(self.driver, "cuLaunchKernel")
+        ls = interleaved({k: e for k, e in self.libs(limited).items() if k != "direct"},
+                         lambda e: run(e, "launchself", off, "301"), self.reps)
+        table.pair("  the same, the library vs the driver own cuLaunchKernel, one process", ls)
+        say("  (blocks of 1000 launches 0.5 ms apart, alternating between the entry point cuGetProcAddress")
+        say("   gives and the driver's own: all of the library's cost, robust to the machine's load)")
+        self.greedy(limited)
+
+    def greedy(self, limited: dict[str, str]) -> None:
+        greedy = self.measure(limited, ["launch", "300000"], max(3, self.reps // 3))
+        self.table.row("cuLaunchKernel, SM limit 50 %, greedy loop, ns", greedy, note="see its share below")
+        shares = {k: 100 * statistics.median(greedy["direct"]) / statistics.median(v) for k, v in greedy.items()}
+        self.say("  (includes waiting for the share: the synchronous simulator's events time a 0-us kernel as its")
+        self.say("   launch call, ~0.4 us of 'device time', so a greedy loop held to 50 % spends about half its time")
+        self.say(f"   in launches: direct/library here {shares[VG]:.0f} % libvgpu"
+                 + (f", {shares[HAMI]:.0f} % HAMi-core" if self.hami else "") + ")")
+        self.table.row("cuMemAlloc_v2 + cuMemFree_v2 (4 KiB) with a cap, ns",
+                       self.measure(self.capped, ["alloc", "200000"]), "<= 150")
+
+    def first_init(self) -> None:
+        """One process's first cuInit, four ways, then its p90s and libvgpu's stages."""
+        uuids_all = self.driver.uuids
+        variants = ((True, None, "fresh accounting file"), (False, None, "file in use"),
+                    (True, uuids_all, "limits file naming the GPUs, fresh"),
+                    (False, uuids_all, "limits file naming the GPUs, in use"))
+        p90s: list[tuple[str, dict[str, list[float]]]] = []
+        for fresh, uuids, what in variants:
+            res, tot = self.init_runs(fresh, uuids)
+            self.table.row(f"first cuInit, one process, {what}, us", res, "<= 200", scale=1e3)
+            self.table.row("  the same from the first CUDA call, us", tot, scale=1e3,
+                           key=f"first cuInit, {what}, from the first CUDA call, us")
+            p90s.append((what, res))
+        for what, res in p90s:
+            self.say(f"  p90 of the {self.reps} runs, {what}, us: direct {p90(res['direct']) / 1e3:.1f}, "
+                     + ", ".join(f"{k} {p90(v) / 1e3:.1f}" for k, v in res.items() if k != "direct")
+                     + "  (goal <= 400 added)")
+        self.say("  ('from the first CUDA call': dlopen of libcuda.so.1, cuGetProcAddress, cuInit: HAMi-core sets up")
+        self.say("   its shared region at the first call into it, before cuInit. Env only: NVML maps CUDA devices to")
+        self.say("   the container's GPUs; nvctk's limits file can name their UUIDs (NVCTK_VGPU_UUID_<i>), and then")
+        self.say("   libvgpu does not load NVML; HAMi-core has no limits file)")
+        for uuids, what in ((None, "env only"), (uuids_all, "limits file naming the GPUs")):
+            self.init_stages(uuids, what)
+
+    def init_runs(self, fresh: bool, uuids: list[str] | None) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        """cuInit alone and from the first CUDA call, per library, the runs interleaved."""
+        tmp, hami = self.tmp, self.hami
+        res: dict[str, list[float]] = {"direct": [], VG: [], HAMI: []}
+        tot: dict[str, list[float]] = {"direct": [], VG: [], HAMI: []}
+        for i in range(self.reps):
+            runs = [("direct", None, tmp / "single-direct", None),
+                    (VG, str(H.LIB), tmp / f"single{'-u' if uuids else ''}-{i if fresh else 0}", uuids)]
+            if hami and uuids is None:  # HAMi-core has no limits file: env only
+                runs.append((HAMI, hami, tmp / f"single-hami-{i if fresh else 0}", None))
+            for k, lib, cache, u in runs[i % len(runs):] + runs[:i % len(runs)]:
+                t_all, t_init, _ = init_single(self.base, lib, cache, fresh, uuids=u)
+                tot[k].append(t_all)
+                res[k].append(t_init)
+        return {k: v for k, v in res.items() if v}, {k: v for k, v in tot.items() if v}
+
+    def init_stages(self, uuids: list[str] | None, what: str) -> None:
+        stages = [init_single(self.base, str(H.LIB), self.tmp / f"trace{'-u' if uuids else ''}-{i}", True, trace=True,
+                              uuids=uuids)[2] for i in range(self.reps)]
+        self.say(f"  stages of libvgpu's first cuInit ({what}, fresh file), us, median of "
+                 f"{len(stages)} (build/libvgpu-trace.so; 'real_cuinit' is the driver's own):")
+        parsed = [dict(kv.split("=") for kv in line.split()[1:]) for line in stages
+                  if line.startswith("vgpu-init-trace")]
+        if parsed:
+            self.say("   " + "  ".join(f"{k} {statistics.median(float(p[k]) for p in parsed):.1f}" for k in parsed[0]))
+
+    def storms(self) -> None:
+        """64 processes of one container at once, env only and with a limits file."""
+        for uuids, what in ((None, "env only"), (self.driver.uuids, "limits file")):
+            storm: dict[str, list[float]] = {"direct": [], VG: [], HAMI: []}
+            for i in range(3):
+                storm["direct"] += init_storm(self.base)
+                c = self.tmp / f"storm{'-u' if uuids else ''}{i}"
+                e = {**self.capped, CACHE: str(c)}
+                storm[VG] += init_storm(nvctk_env(e, c, uuids) if uuids else e)
+                if self.hami and uuids is None:
+                    storm[HAMI] += init_storm(hami_env(e, self.hami))
+            storm = {k: v for k, v in storm.items() if v}
+            # per-process figures are not paired run by run: compare medians, the p25..p75 of each
+            added = {k: [x - statistics.median(storm["direct"]) for x in v] for k, v in storm.items() if k != "direct"}
+            self.say(f"first cuInit from the first CUDA call, 64 processes of one container at once ({what}), ms: "
+                     f"direct {statistics.median(storm['direct']) / 1e6:.3f}; added, median [p25..p75] of the 3x64 "
+                     "processes: " + ", ".join(f"{k} {fig([x / 1e6 for x in v], 1, 3).strip()} (p90 {p90(v) / 1e6:.3f})"
+                                               for k, v in added.items()) + "  (goal <= 1)")
+            if HAMI in added:
+                self.table.verdicts.append((f"first cuInit, 64 processes at once ({what}), ms",
+                                            fig([x / 1e6 for x in added[VG]], 1, 3),
+                                            fig([x / 1e6 for x in added[HAMI]], 1, 3),
+                                            storm_ahead(added[VG], added[HAMI])))
+
+    def shares(self) -> None:
+        """SM-share accuracy, synchronous and asynchronous launches, each library in turn."""
+        say = self.say
+        for tag, title, extra in (
+            ("", "synchronous launches (the mock's default)", {}),
+            ("-async", "asynchronous launches (NVSIM_ASYNC=1: the call returns at once, as on a real GPU)",
+             {"NVSIM_ASYNC": "1"}),
+        ):
+            say()
+            say(f"SM share, {title}:")
+            say("  greedy launch loop, 2 ms kernels, busy time from the mock's counters over 12 s; goal +-2 points,")
+            say("  never over" + ("; HAMi-core's right after libvgpu's, the same way" if self.hami else ""))
+            got = {VG: sm_accuracy(self.driver, self.tmp, str(H.LIB), tag=tag, extra=extra)}
+            if self.hami:
+                got[HAMI] = sm_accuracy(self.driver, self.tmp, self.hami, tag=tag + "-hami", extra=extra)
+            self.share[tag] = got.get(HAMI, {})
+            say(f"{'limit %':>8} " + " ".join(f"{k + ' %':>12} {'error':>7}" for k in got))
+            for k in ("25", "50", "75"):
+                say(f"{k:>8} " + " ".join(f"{g[k]:12.1f} {g[k] - int(k):7.1f}" for g in got.values()))
+            say(f"{'30/70':>8} " + " ".join(f"{g['30']:5.1f}/{g['70']:5.1f} {g['30'] - 30:4.1f}/{g['70'] - 70:4.1f}"
+                                             for g in got.values()) + "   (two containers, one GPU)")
+            say("  50 % at grids " + ", ".join(str(g) for g in GRIDS)
+                + " (the simulated kernel's time does not depend on it):")
+            for k, g in got.items():
+                say(f"   {k:10} " + "  ".join(f"{gr}: {g['50' if gr == 1 else f'grid{gr}']:.1f}" for gr in GRIDS))
+            say("  50 % with cuGraphLaunch (a 1-node graph): "
+                + ", ".join(f"{k} {g['graph']:.1f}" for k, g in got.items()))
+
+
+# the parts --only may pick, in the order a full run makes them
+PARTS = ("patterns", "launches", "init", "storms", "shares")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument("--pattern-reps", type=int, default=7)
     ap.add_argument("--hami", default=None, help="HAMi-core's libvgpu.so, measured beside libvgpu")
-    ap.add_argument("--only", choices=["patterns"], default=None, help="only this part")
+    ap.add_argument("--only", choices=PARTS, action="append", default=None, help="only this part (repeatable)")
     args = ap.parse_args()
+    hami: str | None = str(Path(args.hami).resolve()) if args.hami else None
+    if hami and not Path(hami).is_file():
+        sys.exit(f"--hami {args.hami}: no such file; {hami_how()}")
     H.build()
     subprocess.run(["make", "-s", "-C", str(H.LIBVGPU), "build/vgpu_overhead", "build/libvgpu-trace.so"], check=True)
     lines: list[str] = []
+    started = time.monotonic()
 
     def say(s: str = "") -> None:
         print(s, flush=True)
@@ -222,109 +544,55 @@ def main() -> None:
     # go through the journal)
     tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="vgpu-bench-", dir=tmpfs) as t:
-        tmp = Path(t)
-        driver = H.make_driver(tmp / "sim", gpus=2, memory_mib=81920)
-        base = driver.env(tmp / "state", NVSIM_KERNEL_US="0")
-        capped = {**base, "LD_PRELOAD": str(H.LIB), "CUDA_DEVICE_MEMORY_LIMIT": "40g",
-                  "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "cache")}
-        say(f"libvgpu overhead on the simulated driver  ({platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')})")
-        say(f"medians of {args.reps} interleaved run pairs, pinned to CPU 1; 'added' = median of (libvgpu - direct)")
-        say(f"files in {tmpfs or tempfile.gettempdir()}; load average at start {os.getloadavg()[0]:.1f} "
-            "(other work shares the machine: the direct runs see the same load)")
-        say()
-        patterns(driver, tmp, max(5, args.reps // 3), args.hami, say)
-        say()
-        if args.only == "patterns":
-            say(f"load average at the end {os.getloadavg()[0]:.1f}")
-            if args.out:
-                Path(ROOT / args.out if not os.path.isabs(args.out) else args.out).write_text("\n".join(lines) + "\n")
-            return
-        say(f"{'measure':58} {'direct':>10} {'libvgpu':>10} {'added':>10} {'goal':>8}")
-        d, v, a = paired(base, capped, ["launch", "1000000"], args.reps)
-        say(f"{'cuLaunchKernel, no SM limit, valid 0-us kernel, ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 10':>8}")
-        d, v, a = paired(base, capped, ["launchnull", "2000000"], args.reps)
-        say(f"{'cuLaunchKernel, no SM limit, rejected (NULL function), ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 10':>8}")
-        limited = {**capped, "CUDA_DEVICE_SM_LIMIT": "50", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "cache-sm")}
-        d, v, a = paired(base, limited, ["launchgap", "300000"], args.reps)
-        say(f"{'cuLaunchKernel, SM limit 50 %, share not binding, ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 30':>8}")
-        say("  (0-us kernel, blocks of 1000 launches 0.5 ms apart: the limiter's cost, not its waiting; most")
-        say("   launches are charged their shape's estimate with no lock or driver call; the first of a shape")
-        say("   and a random few (1 in 2 at first, then 1 in 16 to 1 in 1024 by the kernel's cost) are timed)")
-        one = {**capped, "CUDA_DEVICE_SM_LIMIT_0": "50", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp / "cache-sm2")}
-        # a fresh simulator state per run: the mock scans its process table per launch, and
-        # with the dead runs' rows before it the two devices' rows cost differently
-        l2 = statistics.median(run({**one, "NVSIM_STATE": str(tmp / f"state-l2-{i}")}, "launch2", "301")
-                               for i in range(args.reps))
-        say(f"{'  the same, SM-limited device vs an unlimited one, one process, ns':58} {'':10} {'':10} {l2:10.1f}")
-        say("  (blocks of 1000 launches 0.5 ms apart alternating between the two devices: robust to the")
-        say("   machine's load)")
-        off = launch_offset(driver)
-        ls = statistics.median(run(limited, "launchself", off, "301") for _ in range(args.reps))
-        say(f"{'  the same, libvgpu vs the driver own cuLaunchKernel, one process, ns':58} {'':10} {'':10} {ls:10.1f}")
-        say("  (blocks of 1000 launches 0.5 ms apart, alternating between the entry point cuGetProcAddress")
-        say("   gives and the driver's own: all of libvgpu's cost, robust to the machine's load)")
-        d, v, a = paired(base, limited, ["launch", "300000"], max(3, args.reps // 3))
-        say(f"{'cuLaunchKernel, SM limit 50 %, greedy loop, ns':58} {d:10.1f} {v:10.1f} {a:10.1f}")
-        say("  (includes waiting for the share: the synchronous simulator's events time a 0-us kernel as its")
-        say("   launch call, ~0.4 us of 'device time', so a greedy loop is held to 50 % of its time in launches)")
-        d, v, a = paired(base, capped, ["alloc", "200000"], args.reps)
-        say(f"{'cuMemAlloc_v2 + cuMemFree_v2 (4 KiB) with a cap, ns':58} {d:10.1f} {v:10.1f} {a:10.1f} {'<= 150':>8}")
-        variants = (
-            (True, None, "fresh accounting file"), (False, None, "file in use"),
-            (True, driver.uuids, "limits file naming the GPUs, fresh"),
-            (False, driver.uuids, "limits file naming the GPUs, in use"),
-        )
-        for fresh, uuids, what in variants:
-            dd, vv = [], []
-            for i in range(args.reps):
-                dd.append(init_single(base, tmp / "single-direct", fresh)[0])
-                vv.append(init_single(capped, tmp / f"single{'-u' if uuids else ''}-{i if fresh else 0}", fresh,
-                                      uuids=uuids)[0])
-            md, mv = statistics.median(dd) / 1e3, statistics.median(vv) / 1e3
-            say(f"{'first cuInit, one process, ' + what + ', us':58} {md:10.1f} {mv:10.1f} {mv - md:10.1f} {'<= 200':>8}")
-            pd, pv = p90(dd) / 1e3, p90(vv) / 1e3
-            say(f"{'  (p90 of the ' + str(len(vv)) + ' runs), us':58} {pd:10.1f} {pv:10.1f} {pv - pd:10.1f} {'<= 400':>8}")
-        say("  (env only: NVML maps CUDA devices to the container's GPUs; nvctk's limits file can name their")
-        say("   UUIDs (NVCTK_VGPU_UUID_<i>), and then NVML is not loaded)")
-        for uuids, what in ((None, "env only"), (driver.uuids, "limits file naming the GPUs")):
-            stages = [init_single(capped, tmp / f"trace{'-u' if uuids else ''}-{i}", True, trace=True, uuids=uuids)[1]
-                      for i in range(args.reps)]
-            say(f"  stages of the first cuInit ({what}, fresh file), us, median of "
-                f"{len(stages)} (build/libvgpu-trace.so; 'real_cuinit' is the driver's own):")
-            parsed = [dict(kv.split("=") for kv in line.split()[1:]) for line in stages
-                      if line.startswith("vgpu-init-trace")]
-            if parsed:
-                say("   " + "  ".join(f"{k} {statistics.median(float(p[k]) for p in parsed):.1f}" for k in parsed[0]))
-        for uuids, what in ((None, "env only"), (driver.uuids, "limits file")):
-            dd, vv = [], []
-            for i in range(3):
-                dd += init_storm(base)
-                c = tmp / f"storm{'-u' if uuids else ''}{i}"
-                e = {**capped, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(c)}
-                vv += init_storm(nvctk_env(e, c, uuids) if uuids else e)
-            md, mv = statistics.median(dd) / 1e6, statistics.median(vv) / 1e6
-            say(f"{'first cuInit, 64 processes of one container at once (' + what + '), ms':58} {md:10.3f} {mv:10.3f} "
-                f"{mv - md:10.3f} {'<= 1':>8}")
-            say(f"{'  (p90 of the 3x64 processes), ms':58} {p90(dd) / 1e6:10.3f} {p90(vv) / 1e6:10.3f}")
-        for tag, title, extra in (
-            ("", "synchronous launches (the mock's default)", {}),
-            ("-async", "asynchronous launches (NVSIM_ASYNC=1: the call returns at once, as on a real GPU)",
-             {"NVSIM_ASYNC": "1"}),
-        ):
+        b = Run(args, Path(t), hami, say)
+        b.head(tmpfs)
+        parts = args.only or PARTS
+        if "patterns" in parts:
+            patterns(b.driver, b.tmp, args.pattern_reps, hami, b.table)
             say()
-            say(f"SM share, {title}:")
-            say("  greedy launch loop, 2 ms kernels, busy time from the mock's counters over 12 s; goal +-2 points")
-            got = sm_accuracy(driver, tmp, tag=tag, extra=extra)
-            say(f"{'limit %':>8} {'measured %':>11} {'error (points)':>15}")
-            for k in ("25", "50", "75"):
-                say(f"{k:>8} {got[k]:11.1f} {got[k] - int(k):15.1f}")
-            say(f"{'30/70':>8} {got['30']:5.1f}/{got['70']:5.1f} {got['30'] - 30:7.1f}/{got['70'] - 70:5.1f}   (two containers, one GPU)")
-            say("  50 % at grids " + ", ".join(str(g) for g in GRIDS) + " (the simulated kernel's time does not depend on it):")
-            say("   " + "  ".join(f"{g}: {got['50' if g == 1 else f'grid{g}']:.1f}" for g in GRIDS))
+        if "launches" in parts or "init" in parts:
+            b.table.header()
+        for part, step in (("launches", b.launches), ("init", b.first_init), ("storms", b.storms),
+                           ("shares", b.shares)):
+            if part in parts:
+                step()
         say()
-        say(f"load average at the end {os.getloadavg()[0]:.1f}")
+        summary(b.table, hami, b.share, say)
+    say(f"load average at the end {os.getloadavg()[0]:.1f}; the run took {time.monotonic() - started:.0f} s")
     if args.out:
         Path(ROOT / args.out if not os.path.isabs(args.out) else args.out).write_text("\n".join(lines) + "\n")
+
+
+def storm_ahead(v: list[float], h: list[float]) -> str:
+    """For unpaired samples: a library is ahead where its p75 is below the other's p25."""
+    _, v1, v3 = quartiles(v)
+    _, h1, h3 = quartiles(h)
+    return VG if v3 < h1 else HAMI if h3 < v1 else "="
+
+
+def summary(table: Table, hami: str | None, share: dict[str, dict[str, float]] | None,
+            say: Callable[[str], None]) -> None:
+    """Pattern by pattern, which library is ahead beyond the spread, and what HAMi-core's
+    limiter held meanwhile."""
+    if not hami:
+        return
+    say("Summary, libvgpu beside HAMi-core (added cost, median [p25..p75]; 'ahead' beyond the spread):")
+    for label, v, h, verdict in table.verdicts:
+        say(f"  {label:70} {v:>24} {h:>24}  {verdict}")
+    counts = {k: sum(1 for *_, x in table.verdicts if x.split(" ")[0] == k) for k in (VG, HAMI, "=")}
+    say(f"  libvgpu ahead {counts[VG]}, HAMi-core ahead {counts[HAMI]}, within the spread {counts['=']}")
+    if share:
+        s = share.get("-async") or share.get("")
+        if s:
+            say("  HAMi-core's SM limit meanwhile (asynchronous, 2 ms kernels): 50 % held at "
+                + ", ".join(f"grid {g} {s['50' if g == 1 else f'grid{g}']:.0f} %" for g in GRIDS)
+                + f"; 25/75 % at grid 1: {s['25']:.0f}/{s['75']:.0f} %; the 30/70 split {s['30']:.0f}/{s['70']:.0f} %;"
+                f" 50 % with cuGraphLaunch {s['graph']:.0f} %")
+            say("  (its launch is charged its grid's block count, not its time, against tokens a thread refills every")
+            say("   120 ms from NVML's utilization: a launch reads no clock and times nothing, and a kernel of few")
+            say("   blocks runs unthrottled; libvgpu's launch after idle: its presence marker is renewed ahead by a")
+            say("   helper thread; a new shape is timed often for its first ~8000 launches (a half, halving every 4")
+            say("   samples), which this bench's short runs (600-40000 launches a shape) still include)")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
  * measured by CUDA events around each launch (see libvgpu/README.md). */
 #include "internal.h"
 
+#include <signal.h>
+
 /* ------------------------------------------------------------------ */
 /* SM share: a token bucket per GPU in the accounting file, debited with  */
 /* device time measured by CUDA events around each launch                 */
@@ -43,7 +45,8 @@ static unsigned sm_of(const struct ldev *ld) {
  * process, a smaller part for each. A new process starts with an empty
  * bucket (it earns before it spends), so starting processes gains nothing.
  * The count is renewed every SM_SYNC_NS; a process that stops launching stops
- * counting within two epochs (200 ms).
+ * counting within three epochs (300 ms: a helper thread renews, at an epoch's
+ * start, the marker of a device launched on in the epoch that ended).
  *
  * `tokens` is debited without a lock by the fast path (sm_fast: a launch
  * charged its shape's estimate); everything else (refill, corrections,
@@ -59,6 +62,7 @@ struct smloc {
     uint64_t launches;          /* launches not yet in the file (statistics) */
     uint64_t pub_debt;          /* the debt last published in this process's slot (slot_debt_publish) */
     uint64_t pres_until;        /* the end of the epoch its presence marker is on (atomic; read by the fast path) */
+    int active;                 /* the fast path charged a launch since the last epoch's start (atomic) */
 };
 static struct smloc smloc[VGPU_LDEV_MAX];
 
@@ -122,6 +126,63 @@ static void pres_on(struct smloc *L, uint64_t epoch) {
     __atomic_store_n(&L->pres_until, (epoch + 1) * (uint64_t)VGPU_SM_PRES_EPOCH_NS, __ATOMIC_RELAXED);
 }
 
+/* Markers renewed ahead (issue 38): at the start of each epoch a helper thread
+ * moves the marker of every device the fast path charged a launch on during
+ * the epoch that just ended, so that a program launching in bursts finds its
+ * marker current and its first launch after an idle gap makes no lock-table
+ * calls (they were most of what a burst of 10 after 10 ms idle cost). Only
+ * ever more presence, never less: the fast path still reads the clock and
+ * renews a lapsed marker itself (a late or missing helper costs time, not the
+ * share), and a process that stops launching is counted one epoch longer
+ * (stops counting within three epochs, <= 300 ms: its neighbours' parts are
+ * smaller meanwhile, never larger). */
+static uint64_t n_ahead; /* markers renewed by the helper (atomic) */
+
+static void *pres_ahead(void *arg) {
+    (void)arg;
+    for (;;) {
+        uint64_t next = (now_ns() / VGPU_SM_PRES_EPOCH_NS + 1) * (uint64_t)VGPU_SM_PRES_EPOCH_NS;
+        struct timespec ts = {(time_t)(next / 1000000000ull), (long)(next % 1000000000ull)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+        }
+        uint64_t epoch = now_ns() / VGPU_SM_PRES_EPOCH_NS;
+        for (int li = 0; li < VGPU_LDEV_MAX; li++) {
+            struct smloc *L = &smloc[li];
+            if (!__atomic_exchange_n(&L->active, 0, __ATOMIC_RELAXED)) continue;
+            pthread_mutex_lock(&tok_mu);
+            if (__atomic_load_n(&L->sync_ns, __ATOMIC_RELAXED) &&
+                __atomic_load_n(&L->pres_until, __ATOMIC_RELAXED) <= epoch * (uint64_t)VGPU_SM_PRES_EPOCH_NS &&
+                ledger_presence(ldevs[li].e, epoch) == 0) {
+                pres_on(L, epoch);
+                __atomic_add_fetch(&n_ahead, 1, __ATOMIC_RELAXED);
+            }
+            pthread_mutex_unlock(&tok_mu);
+        }
+    }
+    return NULL;
+}
+
+static void pres_ahead_create(void) {
+    sigset_t all, old;
+    pthread_t t;
+    pthread_attr_t a;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the application's signals are never delivered to it */
+    if (pthread_attr_init(&a) == 0) {
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&a, 64 * 1024);
+        if (pthread_create(&t, &a, pres_ahead, NULL) != 0)
+            vgpu_log(VGPU_LOG_DEBUG, "sm: no helper thread; launches renew their presence markers themselves");
+        pthread_attr_destroy(&a);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+static pthread_once_t pres_ahead_once = PTHREAD_ONCE_INIT;
+/* At the first count (tok_mu held: the helper takes it only after it was created). A
+ * forked child never starts one (its SM-limited launches are refused). */
+static void pres_ahead_start(void) { pthread_once(&pres_ahead_once, pres_ahead_create); }
+
 /* Re-counts the container's launching processes on the device (tok_mu
  * held): this process's marker renewed, the others' counted, its part of the
  * share set. 0, or SM_BROKEN when the lock table cannot be used (fail closed). */
@@ -134,6 +195,7 @@ static int64_t sm_sync(int li, unsigned pct, uint64_t now) {
     if (ledger_presence(ld->e, epoch) != 0 || ledger_presence_census(ld->e, epoch, &others) != 0) return SM_BROKEN;
     L->rate_ppm = (uint64_t)pct * 10000 / (others + 1);
     pres_on(L, epoch);
+    pres_ahead_start();
     if (!L->last_ns) L->last_ns = now;
     if (now - L->stats_ns >= SM_STATS_NS) sm_stats(li, now);
     __atomic_store_n(&L->sync_ns, now ? now : 1, __ATOMIC_RELEASE);
@@ -245,11 +307,15 @@ static struct est {
  * cost near 1/64 of its own device time, between 1 in 16 and 1 in 1024. The
  * draw is random per launch, independent of time and of bursts: a program
  * cannot tell in advance which launch is timed, and the first launch after an
- * idle gap is no likelier than any other. */
+ * idle gap is no likelier than any other. A dispersed key (device_time) is
+ * timed as often as that cost allows, without the 1 in 16 ceiling: its untimed
+ * launches are charged its samples' mean, whose error is what a program mixing
+ * cheap and expensive runs gains, and more samples shrink it (a 20/4000 us mix
+ * under a 25 % limit reached 29 % with the ceiling, issue 38). */
 #define SM_TIME_COST_NS 4000ull
-static uint64_t sm_sample_thr(uint64_t est, uint64_t nsamp) {
+static uint64_t sm_sample_thr(uint64_t est, uint64_t nsamp, int dispersed) {
     uint64_t want = est >= (1ull << 30) ? (1ull << 32) : (est << 32) / (est + 64 * SM_TIME_COST_NS);
-    if (want > (1ull << 32) / 16) want = (1ull << 32) / 16;
+    if (!dispersed && want > (1ull << 32) / 16) want = (1ull << 32) / 16;
     if (want < (1ull << 32) / 1024) want = (1ull << 32) / 1024;
     uint64_t early = nsamp / 4 >= 31 ? 0 : (1ull << 31) >> (nsamp / 4);
     return want > early ? want : early;
@@ -281,10 +347,12 @@ static inline uint64_t coarse_ns(void) {
  * on the simulator's tests — is *dispersed*: its timed launches are charged
  * their whole elapsed time and its untimed ones the mean, until its mean comes
  * back under. A program can gain at most that factor by mixing runs of one
- * shape. A dispersed key is sampled at its usual rate, not on every launch:
- * the draw is random, so the mean of its samples is that of its runs, and
- * timing every launch would put two event records on each launch of any small
- * kernel whose elapsed times are noisy (time-slicing, a loaded host).
+ * shape. A dispersed key is sampled as often as timing's cost allows
+ * (sm_sample_thr), not on every launch: the draw is random, so the mean of its
+ * samples is that of its runs, and the cost rule keeps a small kernel whose
+ * elapsed times are noisy (time-slicing, a loaded host) at its usual rate,
+ * while a long one is timed nearly always (two event records on a launch of
+ * milliseconds).
  * w: untimed launches of the key since its previous timed one. */
 static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
     struct est *e = &est_cache[est_slot(key)];
@@ -295,7 +363,7 @@ static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
         __atomic_store_n(&e->count, 0, __ATOMIC_RELAXED);
         e->nsamp = 1;
         e->lo = e->mean = ns;
-        __atomic_store_n(&e->thr, sm_sample_thr(ns, 1), __ATOMIC_RELAXED);
+        __atomic_store_n(&e->thr, sm_sample_thr(ns, 1, 0), __ATOMIC_RELAXED);
         __atomic_store_n(&e->key, key, __ATOMIC_RELEASE);
         return ns;
     }
@@ -317,7 +385,7 @@ static uint64_t device_time(uintptr_t key, uint64_t ns, uint64_t w) {
     int dispersed = e->mean * 2 > f * 3;
     uint64_t price = dispersed ? e->mean : f;
     __atomic_store_n(&e->floor1, price + 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->thr, sm_sample_thr(price, n), __ATOMIC_RELAXED);
+    __atomic_store_n(&e->thr, sm_sample_thr(price, n, dispersed), __ATOMIC_RELAXED);
     return dispersed ? ns : charge;
 }
 
@@ -611,6 +679,7 @@ static inline __attribute__((always_inline)) struct smf sm_fast(const struct lde
         tok_add(L, r.est); /* in debt: the gate waits */
         return r;
     }
+    if (!__atomic_load_n(&L->active, __ATOMIC_RELAXED)) __atomic_store_n(&L->active, 1, __ATOMIC_RELAXED);
     r.f = SMF_DONE;
     return r;
 }
@@ -771,9 +840,10 @@ void sm_exit_report(void) {
     uint64_t t = n_timed, u = n_untimed;
     pthread_mutex_unlock(&sm_mu);
     vgpu_log(VGPU_LOG_DEBUG, "sm: %llu launches timed, %llu charged their estimate; %llu untimed launches took the "
-             "slow path, %llu presence markers were renewed alone", (unsigned long long)t, (unsigned long long)u,
-             (unsigned long long)__atomic_load_n(&n_gated, __ATOMIC_RELAXED),
-             (unsigned long long)__atomic_load_n(&n_renewed, __ATOMIC_RELAXED));
+             "slow path, %llu presence markers were renewed alone, %llu ahead by the helper thread",
+             (unsigned long long)t, (unsigned long long)u, (unsigned long long)__atomic_load_n(&n_gated, __ATOMIC_RELAXED),
+             (unsigned long long)__atomic_load_n(&n_renewed, __ATOMIC_RELAXED),
+             (unsigned long long)__atomic_load_n(&n_ahead, __ATOMIC_RELAXED));
 }
 
 /* Before a context is destroyed: its launches in flight are waited for and
