@@ -81,8 +81,8 @@ OWN_ONLY = {
     "integration/test_vgpu_leaks.py::_procs": "callers keep their own runc root's processes",
     "integration/test_vgpu_leaks.py::Host": "mounts under its own state dir",
     "integration/test_hook_orphans.py::_pids": "callers keep their own hook's children",
-    "e2e/test_k8s_cri.py::_shims": "shims naming its own node dir",
-    "e2e/test_k8s_cri.py::test_nothing_left_behind": "mounts under its own node dir",
+    "e2e/test_k8s_cri_monitor.py::_shims": "shims naming its own node dir",
+    "e2e/test_k8s_cri_monitor.py::test_nothing_left_behind": "mounts under its own node dir",
     "integration/test_hook_prestart.py::mounts_under": "its own container's mount table",
     "integration/test_vgpu_leaks.py::test_gc_never_deletes_through_a_mount_nested_in_a_state_dir":
         "mounts under its own state dir",
