@@ -21,8 +21,7 @@ from support.devnodes import make_dev
 from support.simcuda import G0, G1, G2, GPU_MIB, M0, M1, MIB, TOPO, Sim, run_cuda, uuid_hex
 from support.simdriver import build_sim_driver
 
-sim, state_file = (  # fixtures
-    _simcuda.sim, _simcuda.state_file)
+sim, state_file = _simcuda.sim, _simcuda.state_file  # fixtures
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 

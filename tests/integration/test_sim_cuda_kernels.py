@@ -17,8 +17,7 @@ import support.simcuda as _simcuda
 from nvctk.sim import state
 from support.simcuda import Sim, run_cuda, sample
 
-sim, state_file = (  # fixtures
-    _simcuda.sim, _simcuda.state_file)
+sim, state_file = _simcuda.sim, _simcuda.state_file  # fixtures
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 

@@ -24,8 +24,7 @@ import support.simcuda as _simcuda
 from nvctk.sim import state
 from support.simcuda import G0, G2, GPU_MIB, M0, M1, MIB, PRELUDE, Sim, run_cuda, sample, uuid_hex
 
-sim, state_file = (  # fixtures
-    _simcuda.sim, _simcuda.state_file)
+sim, state_file = _simcuda.sim, _simcuda.state_file  # fixtures
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
