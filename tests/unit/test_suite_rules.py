@@ -85,7 +85,7 @@ OWN_ONLY = {
     "integration/test_hook_prestart.py::mounts_under": "its own container's mount table",
     "integration/test_vgpu_leaks_gc.py::test_gc_never_deletes_through_a_mount_nested_in_a_state_dir":
         "mounts under its own state dir",
-    "integration/test_vgpu_runtime.py::test_create_installs_state_and_is_idempotent":
+    "integration/test_vgpu_runtime_install.py::test_create_installs_state_and_is_idempotent":
         "the size of its own tmpfs",
     "integration/test_dra_grpc.py::test_a_shares_spec_is_plain_cdi_with_one_ledger_for_the_claim":
         "the mount at its own ledger path",
