@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,31 @@ from support.daemons import short_dir  # noqa: E402
 
 work, sim, images, node, cri = (  # fixtures
     _crinode.work, _crinode.sim, _crinode.images, _crinode.node, _crinode.cri)
+
+
+def _assert_whole_and_mig_listed(snap: Any, ids: dict[str, str],
+                                 claims: dict[str, tuple[str, str, int]], sim_mem: dict[str, int],
+                                 metrics: str, gpu1: Any, mig: Any) -> None:
+    """What test_dra_whole_gpu_and_mig_claims_are_in_the_monitor's snapshot must show."""
+    from support.monitor import MIB
+
+    by_id = {c.id: c for c in snap.containers}
+    assert set(by_id) == set(ids.values()), "the sandbox (no GPU) is not listed"
+    for k, dev_uuid, kind in (("whole", gpu1.uuid, "gpu"), ("slice", mig.uuid, "mig")):
+        c = by_id[ids[k]]
+        assert c.kind == kind and f'kind="{kind}"' in metrics
+        (dev,) = c.devices
+        assert dev.device_uuid == dev_uuid and dev.processes
+        assert dev.memory_limit is None and dev.sm_limit is None  # a whole device: no cap
+        assert abs(dev.memory_used - sim_mem[c.id]) <= MIB
+        assert sim_mem[c.id] >= claims[k][2] * MIB
+        assert (c.namespace, c.pod, c.container, c.claim) == (
+            "default", "dra-monitored", k, f"ns/{claims[k][1]}"), c
+        assert f'claim="ns/{claims[k][1]}"' in metrics
+    g0, g1 = snap.gpus
+    assert (g0.shares, g1.shares) == (1, 1)
+    assert g1.memory_promised == gpu1.memory_mib * MIB  # the whole GPU, as nvctk's whole GPUs
+    assert g0.memory_promised == mig.memory_mib * MIB
 
 
 def test_dra_whole_gpu_and_mig_claims_are_in_the_monitor(cri: CriClient, work: Path,
@@ -84,23 +110,7 @@ def test_dra_whole_gpu_and_mig_claims_are_in_the_monitor(cri: CriClient, work: P
     finally:
         for k, (_, uid, _) in claims.items():
             drivers[k][0].unprepare("ns", uid, uid)
-    by_id = {c.id: c for c in snap.containers}
-    assert set(by_id) == set(ids.values()), "the sandbox (no GPU) is not listed"
-    for k, dev_uuid, kind in (("whole", gpu1.uuid, "gpu"), ("slice", mig.uuid, "mig")):
-        c = by_id[ids[k]]
-        assert c.kind == kind and f'kind="{kind}"' in metrics
-        (dev,) = c.devices
-        assert dev.device_uuid == dev_uuid and dev.processes
-        assert dev.memory_limit is None and dev.sm_limit is None  # a whole device: no cap
-        assert abs(dev.memory_used - sim_mem[c.id]) <= MIB
-        assert sim_mem[c.id] >= claims[k][2] * MIB
-        assert (c.namespace, c.pod, c.container, c.claim) == (
-            "default", "dra-monitored", k, f"ns/{claims[k][1]}"), c
-        assert f'claim="ns/{claims[k][1]}"' in metrics
-    g0, g1 = snap.gpus
-    assert (g0.shares, g1.shares) == (1, 1)
-    assert g1.memory_promised == gpu1.memory_mib * MIB  # the whole GPU, as nvctk's whole GPUs
-    assert g0.memory_promised == mig.memory_mib * MIB
+    _assert_whole_and_mig_listed(snap, ids, claims, sim_mem, metrics, gpu1, mig)
 
 
 def test_a_dra_shares_container_is_in_the_monitor_with_its_cap(
@@ -149,6 +159,25 @@ def test_a_dra_shares_container_is_in_the_monitor_with_its_cap(
     assert dev.device_uuid == gpu1.uuid and dev.memory_limit == 2 << 30 and dev.sm_limit is None
 
 
+def _assert_only_hole_flagged(snap: Any, ids: dict[str, str], metrics: str) -> None:
+    """The monitor flags `hole` alone: in the snapshot, the metric and top."""
+    from rich.console import Console
+
+    from nvctk.monitor.allocation import FLAG, METRIC
+    from nvctk.monitor.top import render as top
+
+    by_id = {c.id: c for c in snap.containers}
+    flagged = {k for k, i in ids.items() if by_id[i].outside_allocations}
+    assert flagged == {"hole"}, [(by_id[i].container, by_id[i].resource, by_id[i].claim)
+                                 for i in ids.values()]
+    series = [li for li in metrics.splitlines() if li.startswith(METRIC + "{")]
+    assert series and all('container="hole"' in li and li.endswith(" 1") for li in series), series
+    console = Console(width=120, file=open(os.devnull, "w"), markup=False, emoji=False,  # noqa: SIM115
+                      record=True)
+    console.print(top(snap, 120))
+    assert FLAG in console.export_text()
+
+
 def test_the_monitor_flags_a_gpu_outside_the_kubelets_allocations(
         cri: CriClient, work: Path, sim: SimHost, node: Node) -> None:
     """On a node left open (nvctk's defaults), three containers of a Pod under the nvidia
@@ -156,12 +185,8 @@ def test_the_monitor_flags_a_gpu_outside_the_kubelets_allocations(
     NVIDIA_VISIBLE_DEVICES=all gave it every GPU), `plugin` got GPU 1 from the device
     plugin, `claim` by a DRA claim. With the kubelet's pod-resources answer the monitor
     flags `hole` alone (nvctk_container_outside_allocations, snapshot, top)."""
-    from rich.console import Console
-
-    from nvctk.monitor.allocation import FLAG, METRIC
     from nvctk.monitor.collect import Collector
     from nvctk.monitor.prom import render_text
-    from nvctk.monitor.top import render as top
     from support.monitor import MIB, FakePodResources
 
     if not node.applies_cdi_devices:
@@ -204,16 +229,7 @@ def test_the_monitor_flags_a_gpu_outside_the_kubelets_allocations(
                 kubelet.stop()
     finally:
         driver.unprepare("ns", "uid-mon-open", "uid-mon-open")
-    by_id = {c.id: c for c in snap.containers}
-    flagged = {k for k, i in ids.items() if by_id[i].outside_allocations}
-    assert flagged == {"hole"}, [(by_id[i].container, by_id[i].resource, by_id[i].claim)
-                                 for i in ids.values()]
-    series = [li for li in metrics.splitlines() if li.startswith(METRIC + "{")]
-    assert series and all('container="hole"' in li and li.endswith(" 1") for li in series), series
-    console = Console(width=120, file=open(os.devnull, "w"), markup=False, emoji=False,  # noqa: SIM115
-                      record=True)
-    console.print(top(snap, 120))
-    assert FLAG in console.export_text()
+    _assert_only_hole_flagged(snap, ids, metrics)
 
 
 def test_nothing_left_behind(cri: CriClient, node: Node) -> None:

@@ -103,6 +103,44 @@ def test_state_dir_keying(config: nvconfig.Config) -> None:
     assert os.path.basename(odd)[17:] == "_.._etc_x_y"
 
 
+def _assert_state_dir_files(d: Path, p1: Edits) -> None:
+    """A vGPU create's state dir: its files, their modes and contents, its owner."""
+    assert p1.vgpu is not None
+    # the state dir (/work/brief/vgpu_layout.md): ro/ for /run/nvctk, rw/ for
+    # /run/nvctk/vgpu, the owner beside them
+    assert (d.stat().st_mode & 0o777) == 0o755
+    assert sorted(os.listdir(d)) == ["owner", "ro", "rw"]
+    assert sorted(os.listdir(d / "ro")) == ["ld.so.preload", "libvgpu.so", "limits", "vgpu"]
+    assert sorted(os.listdir(d / "rw")) == ["cache", "limits"]
+    assert sorted(os.listdir(d / "ro/vgpu")) == []
+    modes = {n: (d / n).lstat().st_mode for n in (
+        "ro", "ro/limits", "ro/ld.so.preload", "ro/libvgpu.so", "ro/vgpu", "rw", "rw/cache",
+        "rw/limits", "owner")}
+    assert {n: (stat.S_IFMT(m), m & 0o7777) for n, m in modes.items()} == {
+        "ro": (stat.S_IFDIR, 0o755), "ro/limits": (stat.S_IFREG, 0o444),
+        "ro/ld.so.preload": (stat.S_IFREG, 0o444), "ro/libvgpu.so": (stat.S_IFREG, 0o444),
+        "ro/vgpu": (stat.S_IFDIR, 0o755), "rw": (stat.S_IFDIR, 0o755),
+        "rw/cache": (stat.S_IFREG, 0o666), "rw/limits": (stat.S_IFREG, 0o444),
+        "owner": (stat.S_IFREG, 0o600)}
+    lim = vgpu.read_limits_file(d / "ro/limits", 1)
+    assert (lim.memory, lim.sm, lim.shared_cache) == ((512 * MIB,), (30,), vgpu.CACHE_FILE)
+    assert vgpu.CACHE_FILE == "/run/nvctk/vgpu/cache"
+    assert (p1.vgpu.container_state_dir, p1.vgpu.container_library) == (
+        "/run/nvctk/vgpu", "/run/nvctk/libvgpu.so")
+    assert (d / "ro/ld.so.preload").read_text() == (
+        f"{vgpu_state.CONTAINER_LIBRARY}\n/usr/lib/libimage.so\n")
+    for n in ("ro/libvgpu.so", "rw/limits"):
+        assert (d / n).stat().st_size == 0
+    # the accounting file: every page allocated at create (a full tmpfs never
+    # turns libvgpu's first touch of a page into SIGBUS)
+    cache = (d / "rw/cache").stat()
+    assert cache.st_size == ledger.SHM_SIZE
+    assert cache.st_blocks * 512 >= ledger.SHM_SIZE
+    owner = json.loads((d / "owner").read_text())
+    assert (owner["runtime_root"], owner["id"], owner["pid"]) == ("/tmp/rr", "box", os.getpid())
+    assert owner["start"] == vgpu_gc.proc_start_time(os.getpid())
+
+
 def test_create_installs_state_and_is_idempotent(bundles: Bundles,
                                                  config: nvconfig.Config) -> None:
     b = bundles.make({MEM: "512m", "CUDA_DEVICE_SM_LIMIT_0": "30",
@@ -132,39 +170,7 @@ def test_create_installs_state_and_is_idempotent(bundles: Bundles,
         assert hooks["poststop"][0]["env"] == hooks["prestart"][0]["env"]
         envs = [e for e in spec["process"]["env"] if e.startswith(vgpu.CACHE_VAR + "=")]
         assert envs == [f"{vgpu.CACHE_VAR}={vgpu.CACHE_FILE}"]
-        # the state dir (/work/brief/vgpu_layout.md): ro/ for /run/nvctk, rw/ for
-        # /run/nvctk/vgpu, the owner beside them
-        assert (d.stat().st_mode & 0o777) == 0o755
-        assert sorted(os.listdir(d)) == ["owner", "ro", "rw"]
-        assert sorted(os.listdir(d / "ro")) == ["ld.so.preload", "libvgpu.so", "limits", "vgpu"]
-        assert sorted(os.listdir(d / "rw")) == ["cache", "limits"]
-        assert sorted(os.listdir(d / "ro/vgpu")) == []
-        modes = {n: (d / n).lstat().st_mode for n in (
-            "ro", "ro/limits", "ro/ld.so.preload", "ro/libvgpu.so", "ro/vgpu", "rw", "rw/cache",
-            "rw/limits", "owner")}
-        assert {n: (stat.S_IFMT(m), m & 0o7777) for n, m in modes.items()} == {
-            "ro": (stat.S_IFDIR, 0o755), "ro/limits": (stat.S_IFREG, 0o444),
-            "ro/ld.so.preload": (stat.S_IFREG, 0o444), "ro/libvgpu.so": (stat.S_IFREG, 0o444),
-            "ro/vgpu": (stat.S_IFDIR, 0o755), "rw": (stat.S_IFDIR, 0o755),
-            "rw/cache": (stat.S_IFREG, 0o666), "rw/limits": (stat.S_IFREG, 0o444),
-            "owner": (stat.S_IFREG, 0o600)}
-        lim = vgpu.read_limits_file(d / "ro/limits", 1)
-        assert (lim.memory, lim.sm, lim.shared_cache) == ((512 * MIB,), (30,), vgpu.CACHE_FILE)
-        assert vgpu.CACHE_FILE == "/run/nvctk/vgpu/cache"
-        assert (p1.vgpu.container_state_dir, p1.vgpu.container_library) == (
-            "/run/nvctk/vgpu", "/run/nvctk/libvgpu.so")
-        assert (d / "ro/ld.so.preload").read_text() == (
-            f"{vgpu_state.CONTAINER_LIBRARY}\n/usr/lib/libimage.so\n")
-        for n in ("ro/libvgpu.so", "rw/limits"):
-            assert (d / n).stat().st_size == 0
-        # the accounting file: every page allocated at create (a full tmpfs never
-        # turns libvgpu's first touch of a page into SIGBUS)
-        cache = (d / "rw/cache").stat()
-        assert cache.st_size == ledger.SHM_SIZE
-        assert cache.st_blocks * 512 >= ledger.SHM_SIZE
-        owner = json.loads((d / "owner").read_text())
-        assert (owner["runtime_root"], owner["id"], owner["pid"]) == ("/tmp/rr", "box", os.getpid())
-        assert owner["start"] == vgpu_gc.proc_start_time(os.getpid())
+        _assert_state_dir_files(d, p1)
         # the image's own file was never touched
         assert (b / "rootfs/etc/ld.so.preload").read_text() == "/usr/lib/libimage.so\n# x\n"
         # its own small tmpfs: nosuid, nodev, noexec, bounded, private
