@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from nvctk.sim.host import SimHost
-from nvctk.sim.state import read_state, state_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -64,7 +63,7 @@ def test_dra_whole_gpu_and_mig_claims_are_in_the_monitor(cri: CriClient, work: P
     (no GPU) is not listed."""
     from nvctk.monitor.collect import Collector
     from nvctk.monitor.prom import render_text
-    from support.monitor import MIB, FakePodResources, pidns
+    from support.monitor import MIB, FakePodResources, sim_mem_of
 
     if not node.applies_cdi_devices:
         pytest.skip("containerd 1.6 drops the CRI's CDI_devices: DRA needs containerd 1.7+")
@@ -100,9 +99,7 @@ def test_dra_whole_gpu_and_mig_claims_are_in_the_monitor(cri: CriClient, work: P
 
                 wait.until(holding, 90, "the claims' containers to hold their memory")
                 snap = col.collect()
-                st = read_state(state_path(sim.root), live_only=True)
-                sim_mem = {c.id: sum(s.mem_used for s in st.procs if s.pidns in {
-                    pidns(pid) for pid in c.devices[0].processes}) for c in snap.containers}
+                sim_mem = sim_mem_of(snap, sim.root)
                 metrics = render_text(snap, {})
             finally:
                 col.close()
