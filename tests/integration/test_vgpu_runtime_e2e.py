@@ -36,7 +36,8 @@ from support.vgpu import (
     wait_used,
 )
 
-base_rootfs, bundles, config, runc, sim = _vgpu.base_rootfs, _vgpu.bundles, _vgpu.config, _vgpu.runc, _vgpu.sim  # fixtures
+base_rootfs, bundles, config, runc, sim = (  # fixtures
+    _vgpu.base_rootfs, _vgpu.bundles, _vgpu.config, _vgpu.runc, _vgpu.sim)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
 

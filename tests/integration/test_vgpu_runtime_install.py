@@ -41,7 +41,8 @@ from support.vgpu import (
     spec_of,
 )
 
-base_rootfs, bundles, config, runc, sim = _vgpu.base_rootfs, _vgpu.bundles, _vgpu.config, _vgpu.runc, _vgpu.sim  # fixtures
+base_rootfs, bundles, config, sim = (  # fixtures
+    _vgpu.base_rootfs, _vgpu.bundles, _vgpu.config, _vgpu.sim)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
 

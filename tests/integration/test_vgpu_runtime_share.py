@@ -20,7 +20,8 @@ from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state
 from support.vgpu import MEM, MIB, Bundles, Runc, create_logged, lines, prep, spec_of
 
-base_rootfs, bundles, config, runc, sim = _vgpu.base_rootfs, _vgpu.bundles, _vgpu.config, _vgpu.runc, _vgpu.sim  # fixtures
+base_rootfs, bundles, config, runc, sim = (  # fixtures
+    _vgpu.base_rootfs, _vgpu.bundles, _vgpu.config, _vgpu.runc, _vgpu.sim)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim device nodes, runc)")
 

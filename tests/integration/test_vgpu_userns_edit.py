@@ -40,8 +40,8 @@ from support.vgpu import MEM, NVD, Bundles
 
 attack = _userns.attack  # fixture
 
-# support.vgpu's fixtures: a simulated host, capped bundles, nvctk-runtime + runc
-sim, config, base_rootfs, bundles, runc = tv.sim, tv.config, tv.base_rootfs, tv.bundles, tv.runc
+# support.vgpu's fixtures: a simulated host, capped bundles
+sim, config, base_rootfs, bundles = tv.sim, tv.config, tv.base_rootfs, tv.bundles
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim, runc)")
 
