@@ -1,9 +1,9 @@
 """The monitor with Pods the way the kubelet runs them: the real containerd (Debian's 1.6) and
 its CRI plugin, configured by `nvctk configure`, Pods on the `nvidia` handler (as in
-tests/e2e/test_k8s_cri.py, whose daemon set-up this repeats). The monitor finds their
-containers in containerd's runc state and labels their series with the Pod's namespace,
-name and container name from the annotations containerd's CRI puts in the OCI spec; their
-memory is the simulated GPU's own count.
+tests/e2e/test_k8s_cri_pods.py, whose daemon set-up, tests/support/crinode.py, this
+repeats). The monitor finds their containers in containerd's runc state and labels their
+series with the Pod's namespace, name and container name from the annotations
+containerd's CRI puts in the OCI spec; their memory is the simulated GPU's own count.
 """
 
 from __future__ import annotations
