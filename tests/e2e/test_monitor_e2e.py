@@ -39,7 +39,6 @@ pytestmark = [
 
 
 CHROMIUM = shutil.which("chromium")
-
 CHROMEDRIVER = shutil.which("chromedriver")
 
 

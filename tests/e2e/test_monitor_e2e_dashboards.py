@@ -37,10 +37,8 @@ pytestmark = [
 # --- nvctk monitor --compat hami,dcgm: the dashboards users import, unchanged ---------------
 
 DASHBOARDS = REPO.parent / "shared" / "peers" / "dashboards"
-
 DASHBOARD_FILES = {"dcgm": DASHBOARDS / "dcgm-exporter" / "dcgm-exporter-dashboard.json",
                    "hami": DASHBOARDS / "hami" / "hami-vgpu-dashboard.json"}
-
 COMPAT_QUERIES = REPO / "tests" / "support" / "data" / "compat-queries.json"  # HAMi's legacy one
 
 

@@ -14,12 +14,11 @@ from nvctk.sim.host import SimHost
 from support.runtime import RUNTIME, bundle_maker
 
 
+# the bad-input tests' (test_runtime_bad_input_*.py): a bundle maker whose container
+# echoes, and the real runc where the promise is about runc (GPU errors in its --log)
 @pytest.fixture
 def bundle(tmp_path: Path, rootfs: Callable[..., str]) -> Callable[..., Path]:
     return bundle_maker(tmp_path, rootfs, ["sh", "-c", "echo container-ran"])
-
-
-# --- the real runc: non-GPU oddities run, GPU errors land in its --log ------------------------
 
 
 @pytest.fixture

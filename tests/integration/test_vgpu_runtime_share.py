@@ -28,7 +28,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim devic
 
 # --- the container's env can only tighten; the node's share holds -------------------
 SM = "CUDA_DEVICE_SM_LIMIT"
-
 FILL = ("vgpu_probe init totalmem 0 totalmem 1 ctx 0 fill 16777216 ctx 1 fill 16777216; "
         "grep -E '^(CUDA_DEVICE|NVCTK)' /run/nvctk/vgpu/limits")
 

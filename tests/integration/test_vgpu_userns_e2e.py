@@ -41,7 +41,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sim, runc
 
 
 OOM = "alloc 600 MiB: FAILED CUDA_ERROR_OUT_OF_MEMORY (2)"
-
 UNCAPPED = "alloc 600 MiB: OK"
 
 

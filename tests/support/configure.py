@@ -17,9 +17,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 RUNTIME = os.path.join(os.path.dirname(sys.executable), "nvctk-runtime")
-
 V2 = 'plugins."io.containerd.grpc.v1.cri"'
-
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 COMMENTED = f"""# containerd config of this host (hand-written)

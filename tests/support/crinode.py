@@ -46,11 +46,8 @@ from support.daemons import need as _need
 from support.monitor import PROBE
 
 PAUSE = "nvctk.test/pause:1"
-
 GPU_IMAGE = "nvctk.test/gpu:1"
-
 MIG_LAYOUT = {0: ["3g.40gb", "2g.20gb", "1g.10gb"]}
-
 CDI_KEY = "cdi.k8s.io/nvctk-device-plugin_main"
 
 ENGINES = ["containerd-1.6", "containerd-2.3", "crio-1.36"]

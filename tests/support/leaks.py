@@ -28,13 +28,14 @@ from support.runc import gpu_bundle
 from support.sim import own_sim
 
 BIN = os.path.dirname(sys.executable)
-
 RUNTIME = os.path.join(BIN, "nvctk-runtime")
 
 MEM = "CUDA_DEVICE_MEMORY_LIMIT"
 
 
 # --- fixtures --------------------------------------------------------------------------------
+
+
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> host.SimHost:
     return own_sim(tmp_path_factory, "leaksim", gpus=1, memory_mib=4096)

@@ -23,13 +23,10 @@ from support.devnodes import make_dev
 from support.simdriver import build_sim_driver
 
 MIB = 1 << 20
-
 GPU_MIB = 1024
 
 TOPO = make_topology(3, memory_mib=GPU_MIB, mig={2: ["3g.40gb", "1g.10gb"]}, seed="test_sim_cuda")
-
 G0, G1, G2 = TOPO.gpus
-
 M0, M1 = G2.mig_devices
 
 # Prelude of every harness script: `cu` is the mock, helpers wrap its calls.

@@ -26,11 +26,8 @@ from support.procs import kill_left
 from support.simdriver import build_sim_driver
 
 MIB = 1 << 20
-
 TOPO = make_topology(2, mig={0: ["1g.10gb", "2g.20gb"]}, seed="test_sim_nvml")
-
 GPU0, GPU1 = TOPO.gpus
-
 MIG0, MIG1 = GPU0.mig_devices
 
 # Charges/credits memory and runs kernels through nvsim_state.c, as libcuda does;

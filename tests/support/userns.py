@@ -22,7 +22,6 @@ from support.vgpu import Bundles, cleanup_state, prep
 X86_64 = os.uname().machine == "x86_64"
 
 NEWUSER = nvseccomp.CLONE_NEWUSER
-
 ARCHES = ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"]
 
 # The attack, static (no libvgpu in it): a new user namespace (and mount namespace) by
@@ -105,7 +104,6 @@ int main(int argc, char **argv) {
 """
 
 WAYS = ["unshare", "clone", "clone3", *(["int80"] if X86_64 else [])]
-
 REFUSED = {"unshare": "unshare: Operation not permitted", "clone": "clone: Operation not permitted",
            "clone3": "clone3: Function not implemented", "int80": "int80: Operation not permitted"}
 
