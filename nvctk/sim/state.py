@@ -3,7 +3,7 @@
 The mocks (libcuda, libnvidia-ml) keep per-GPU memory and kernel counters and a
 slot per process in one mmapped file; tests read it to check what happened on
 the "GPU". The layout mirrors the C structs for x86-64 glibc, where
-pthread_mutex_t is 40 bytes; tests/integration/test_sim_nvml.py compares OFFSETS with
+pthread_mutex_t is 40 bytes; tests/integration/test_sim_nvml_state.py compares OFFSETS with
 offsetof() from a compiled program.
 """
 

@@ -150,6 +150,22 @@ def _upgraded(deb: Path, tmp: Path) -> Path:
     return new
 
 
+# the bundle test_deb_in_a_clean_debian runs: a GPU container with a memory cap
+_CAPPED_BUNDLE = """
+python3 -I -S -c "import sys; sys.path.append('/usr/lib/nvctk/python')
+from nvctk.sim.rootfs import build_rootfs; build_rootfs('/bundle/rootfs')"
+cd /bundle && runc spec
+python3 - <<'PY'
+import json
+spec = json.load(open('/bundle/config.json'))
+spec['process']['terminal'] = False
+spec['process']['args'] = ['sh', '-c', 'nvidia-smi -L; cat /etc/ld.so.preload']
+spec['process']['env'] += ['NVIDIA_VISIBLE_DEVICES=1', 'CUDA_DEVICE_MEMORY_LIMIT=1g']
+json.dump(spec, open('/bundle/config.json', 'w'))
+PY
+"""
+
+
 def test_deb_in_a_clean_debian(deb: Path, debian_root: Path, tmp_path: Path) -> None:
     root = debian_root
     before = _tree(root)
@@ -169,19 +185,7 @@ def test_deb_in_a_clean_debian(deb: Path, debian_root: Path, tmp_path: Path) -> 
     assert len(info["gpus"]) == 2, info
 
     # a GPU container with a memory cap: the installed runtime, hook and libvgpu
-    ok(root, """
-python3 -I -S -c "import sys; sys.path.append('/usr/lib/nvctk/python')
-from nvctk.sim.rootfs import build_rootfs; build_rootfs('/bundle/rootfs')"
-cd /bundle && runc spec
-python3 - <<'PY'
-import json
-spec = json.load(open('/bundle/config.json'))
-spec['process']['terminal'] = False
-spec['process']['args'] = ['sh', '-c', 'nvidia-smi -L; cat /etc/ld.so.preload']
-spec['process']['env'] += ['NVIDIA_VISIBLE_DEVICES=1', 'CUDA_DEVICE_MEMORY_LIMIT=1g']
-json.dump(spec, open('/bundle/config.json', 'w'))
-PY
-""")
+    ok(root, _CAPPED_BUNDLE)
     r = in_root(root, "NVCTK_CONFIG=/sim/config.toml /usr/bin/nvctk-runtime run --bundle /bundle "
                       "deb-test 2>&1; echo rc=$?")
     assert r.stdout.rstrip().endswith("rc=0"), r.stdout + r.stderr
@@ -231,6 +235,19 @@ def test_image_is_an_oci_archive(image: Path) -> None:
         f"localhost/nvctk:{VERSION}"
 
 
+def _installer(ctd: Containerd, name: str, host: Path, *args: str
+               ) -> subprocess.CompletedProcess[str]:
+    """The image's installer run once by containerd against the scratch host dir."""
+    return ctd.ctr("run", "--rm", "--mount", f"type=bind,src={host},dst=/host,options=rbind:rw",
+                   name, "nvctk-installer-test", *args, timeout=300)
+
+
+def _assert_unwired(config: Path) -> None:
+    """The host's containerd config names nvctk no more and keeps its own comment."""
+    cfg = config.read_text()
+    assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
+
+
 def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Path) -> None:
     """Import into a real containerd, run the installer against a scratch host dir:
     nvctk lands under its prefix and the host's containerd config names it."""
@@ -244,8 +261,7 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
         r = ctd.ctr("images", "import", str(image), timeout=300)
         assert r.returncode == 0, r.stderr
         assert name in ctd.ctr("images", "ls", "-q").stdout.split()
-        r = ctd.ctr("run", "--rm", "--mount", f"type=bind,src={host},dst=/host,options=rbind:rw",
-                    name, "nvctk-installer-test", timeout=300)
+        r = _installer(ctd, name, host)
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"installed nvctk {VERSION} in /usr/local/nvctk" in r.stdout, r.stdout
         prefix = host / "usr/local/nvctk"
@@ -259,19 +275,15 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
         # a prefix it did not make (the host's /usr/local) is refused, in the image too
         (host / "usr/local/bin").mkdir(exist_ok=True)
         (host / "usr/local/bin/site-tool").write_text("kept\n")
-        r = ctd.ctr("run", "--rm", "--mount", f"type=bind,src={host},dst=/host,options=rbind:rw",
-                    name, "nvctk-installer-test", "/usr/lib/nvctk/install.sh", "--prefix",
-                    "/usr/local", "--uninstall", timeout=300)
+        r = _installer(ctd, name, host, "/usr/lib/nvctk/install.sh", "--prefix", "/usr/local",
+                       "--uninstall")
         assert r.returncode == 2 and "not made by nvctk-installer" in r.stderr, r.stdout + r.stderr
         assert (host / "usr/local/bin/site-tool").read_text() == "kept\n"
         # --uninstall (what --wait does on SIGTERM) takes back the runtime and the files
-        r = ctd.ctr("run", "--rm", "--mount", f"type=bind,src={host},dst=/host,options=rbind:rw",
-                    name, "nvctk-installer-test", "/usr/lib/nvctk/install.sh", "--uninstall",
-                    timeout=300)
+        r = _installer(ctd, name, host, "/usr/lib/nvctk/install.sh", "--uninstall")
         assert r.returncode == 0, r.stdout + r.stderr
         assert not prefix.exists() and not (host / "etc/nvctk/config.toml").exists()
-        cfg = (host / "etc/containerd/config.toml").read_text()
-        assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
+        _assert_unwired(host / "etc/containerd/config.toml")
 
         # --wait: a DaemonSet's container; installed while it runs, undone on SIGTERM
         config = host / "etc/containerd/config.toml"
@@ -281,8 +293,7 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
 
         _wait_then_sigterm(ctd, name, host, tmp_path, "nvctk-installer-wait", wired_in)
         assert not prefix.exists()
-        cfg = config.read_text()
-        assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
+        _assert_unwired(config)
 
         # SIGTERM while it is still copying (a Pod deleted as it starts): the shell is
         # the container's PID 1, so a signal it has no trap for yet would be dropped
@@ -295,8 +306,7 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
         _wait_then_sigterm(ctd, name, host, tmp_path, "nvctk-installer-early", copying,
                            poll=0.005)
         assert sorted(p.name for p in parent.iterdir()) == ["bin"]  # the host's own
-        cfg = config.read_text()
-        assert "nvctk" not in cfg and "# the host's own comment" in cfg, cfg
+        _assert_unwired(config)
 
 
 def _wait_then_sigterm(ctd: Containerd, image: str, host: Path, tmp_path: Path, cid: str,

@@ -1,9 +1,9 @@
 """The monitor with Pods the way the kubelet runs them: the real containerd (Debian's 1.6) and
 its CRI plugin, configured by `nvctk configure`, Pods on the `nvidia` handler (as in
-tests/e2e/test_k8s_cri.py, whose daemon set-up this repeats). The monitor finds their
-containers in containerd's runc state and labels their series with the Pod's namespace,
-name and container name from the annotations containerd's CRI puts in the OCI spec; their
-memory is the simulated GPU's own count.
+tests/e2e/test_k8s_cri_pods.py, whose daemon set-up, tests/support/crinode.py, this
+repeats). The monitor finds their containers in containerd's runc state and labels their
+series with the Pod's namespace, name and container name from the annotations
+containerd's CRI puts in the OCI spec; their memory is the simulated GPU's own count.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytest.importorskip("grpc_tools")
 
 from support.cri import Allocation, CriClient, pod  # noqa: E402
 from support.daemons import Containerd, containerd_workdir, gpu_containerd  # noqa: E402
-from support.monitor import MIB, PROBE, REPO, pidns  # noqa: E402
+from support.monitor import MIB, PROBE, REPO, sim_mem_of  # noqa: E402
 from support.sim import sim_in  # noqa: E402
 from support.wait import until as wait_until  # noqa: E402
 
@@ -55,13 +55,18 @@ def cri(ctd: Containerd) -> Iterator[CriClient]:
         yield client
 
 
-def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path,
-                                                        sim: SimHost) -> None:
+def _samples_text(text: str) -> str:
+    """Prometheus text as one `name{labels} value` line a sample (labels as a dict's repr)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    return "".join(f"{s.name}{s.labels} {s.value}\n"
+                   for m in text_string_to_metric_families(text) for s in m.samples)
+
+
+def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path,
+                                                        sim: SimHost) -> None:
     from nvctk.monitor.collect import Collector
     from nvctk.monitor.prom import render_text
-    from nvctk.sim.state import read_state, state_path
 
     g0, g1, g2 = sim.topology.gpus
     mig = g2.mig_devices[0]
@@ -89,15 +94,9 @@ def test_pod_series_carry_namespace_pod_and_container(cri: CriClient, work: Path
 
             wait_until(all_hold, 90, "the Pods' processes to hold their memory")
             snap = col.collect()
-            st = read_state(state_path(sim.root), live_only=True)
             # the sim's own count for each container's processes (its pid namespace)
-            sim_mem = {}
-            for c in snap.containers:
-                ns = {pidns(p) for p in c.devices[0].processes}
-                sim_mem[c.id] = sum(s.mem_used for s in st.procs if s.pidns in ns)
-            metrics = "".join(
-                f"{s.name}{s.labels} {s.value}\n"
-                for m in text_string_to_metric_families(render_text(snap, {})) for s in m.samples)
+            sim_mem = sim_mem_of(snap, sim.root)
+            metrics = _samples_text(render_text(snap, {}))
     finally:
         col.close()
     by_id = {c.id: c for c in snap.containers}

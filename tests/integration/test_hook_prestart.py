@@ -341,7 +341,7 @@ def test_bad_state_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_poststop_bad_state_and_usage() -> None:
-    # poststop itself is tested in test_vgpu_runtime.py
+    # poststop itself is tested in test_vgpu_runtime_install.py
     r = subprocess.run([HOOK, "poststop"], input="{}", capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.startswith("nvctk-hook: poststop: hook state"), r.stderr
     r = subprocess.run([HOOK, "bogus"], capture_output=True, text=True)

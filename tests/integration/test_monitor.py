@@ -304,6 +304,20 @@ def test_time_sliced_replicas_and_an_mps_share_appear(node: Node) -> None:
     assert g.shares == 3
 
 
+def _assert_faults_lost_only_the_resource(snaps: list[Any], cid: str, node: Node,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Collections through a socket that hangs or is absent: one problem each, every
+    container still listed, only the resource lost; one warning per cause."""
+    for s in snaps:
+        assert len(s.problems) == 1 and "pod-resources" in s.problems[0], s.problems
+        ids = {c.id for c in s.containers}
+        assert ids >= {cid, *node.expect}
+        assert next(c for c in s.containers if c.id == cid).resource == ""
+    warned = [r.getMessage() for r in caplog.records if "pod-resources" in r.getMessage()]
+    assert len(warned) == 2, warned  # the hang once, the absence once
+    assert "Deadline Exceeded" in warned[0] and "no kubelet pod-resources socket" in warned[1]
+
+
 def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
         node: Node, caplog: pytest.LogCaptureFixture) -> None:
     """The kubelet's pod-resources answer names the resource a Pod's container got; a
@@ -357,14 +371,27 @@ def test_pod_resources_name_the_resource_and_its_faults_hide_nothing(
             hang.close()
     finally:
         node.kill(cid)
-    for s in hung + absent:
-        assert len(s.problems) == 1 and "pod-resources" in s.problems[0], s.problems
-        ids = {c.id for c in s.containers}
-        assert ids >= {cid, *node.expect}
-        assert next(c for c in s.containers if c.id == cid).resource == ""
-    warned = [r.getMessage() for r in caplog.records if "pod-resources" in r.getMessage()]
-    assert len(warned) == 2, warned  # the hang once, the absence once
-    assert "Deadline Exceeded" in warned[0] and "no kubelet pod-resources socket" in warned[1]
+    _assert_faults_lost_only_the_resource(hung + absent, cid, node, caplog)
+
+
+def _claim_labels(metrics: str) -> dict[str, set[str]]:
+    """Container id -> the `claim` labels of its nvctk_container_* series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    claims: dict[str, set[str]] = {}
+    for fam in text_string_to_metric_families(metrics):
+        if fam.name.startswith("nvctk_container_"):
+            for smp in fam.samples:
+                claims.setdefault(smp.labels["container_id"], set()).add(smp.labels["claim"])
+    return claims
+
+
+def _top_once(node: Node, sock: Path) -> subprocess.CompletedProcess[str]:
+    """`nvctk top --once` on 80 columns with the kubelet's pod-resources socket."""
+    return subprocess.run([os.path.join(BIN, "nvctk"), "top", "--once", "--runtime-root",
+                           f"containerd={node.runc_root}", "--pod-resources-socket", str(sock)],
+                          env={**os.environ, **node.sim.env, "COLUMNS": "80"},
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_a_dra_claim_is_named_in_metrics_snapshot_and_top(node: Node) -> None:
@@ -373,8 +400,6 @@ def test_a_dra_claim_is_named_in_metrics_snapshot_and_top(node: Node) -> None:
     and in `nvctk top`; a container the kubelet names no claim for carries none, whatever
     its own env says."""
     import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
 
     from nvctk.monitor.server import Monitor
     from support.daemons import short_dir
@@ -407,20 +432,13 @@ def test_a_dra_claim_is_named_in_metrics_snapshot_and_top(node: Node) -> None:
                         metrics = r.read().decode()
                     with urllib.request.urlopen(url + "/api/snapshot", timeout=10) as r:
                         snap = json.loads(r.read())
-                r = subprocess.run([os.path.join(BIN, "nvctk"), "top", "--once", "--runtime-root",
-                                    f"containerd={node.runc_root}", "--pod-resources-socket", str(sock)],
-                                   env={**os.environ, **node.sim.env, "COLUMNS": "80"},
-                                   capture_output=True, text=True, timeout=60)
+                r = _top_once(node, sock)
             finally:
                 kubelet.stop()
     finally:
         node.kill(cid)
         node.kill(other)
-    claims = {}
-    for fam in text_string_to_metric_families(metrics):
-        if fam.name.startswith("nvctk_container_"):
-            for smp in fam.samples:
-                claims.setdefault(smp.labels["container_id"], set()).add(smp.labels["claim"])
+    claims = _claim_labels(metrics)
     assert claims[cid] == {"ml/a-extra,ml/gpu-share"}
     assert claims[other] == {""}
     assert all(claims[c] == {""} for c in node.expect)

@@ -132,6 +132,19 @@ def test_forked_child_cannot_touch_its_parents_usage(env: dict[str, str]) -> Non
     assert after_free == before + 100 * MIB
 
 
+def _assert_every_bad_call_refused(r: dict[str, list[list[str]]]) -> None:
+    """The probe's answers to test_bad_frees_never_credit's bad calls."""
+    # the driver refused every bad call (freeing 0 is its documented no-op)
+    assert r["freelast"] == [["0"], ["1"]] and r["freeasynclast"][0][0] != "0"
+    assert r["freeoff"][0][0] != "0"
+    assert [x[0] != "0" for x in r["freeraw"]] == [True, False]
+    assert all(x[0] != "0" for x in r["freeasyncraw"] + r["arraydestroyraw"])
+    assert r["arraydestroylast"][0][0] == "0" and r["arraydestroylast"][1][0] != "0"
+    assert r["vmmreleaselast"][0][0] == "0" and r["vmmreleaselast"][1][0] != "0"
+    assert r["ctxdestroy"][0][0] == "0" and r["ctxdestroy"][1][0] != "0"
+    assert [x[0] != "0" for x in r["release"]] == [False, False, True]  # "ctx" twice: two retains
+
+
 def test_bad_frees_never_credit(env: dict[str, str], tmp_path: Path) -> None:
     """No underflow, ever: a double free (sync and async), a free of an unknown
     or an interior pointer, destroying an unknown or already destroyed array, a
@@ -173,15 +186,7 @@ def test_bad_frees_never_credit(env: dict[str, str], tmp_path: Path) -> None:
         tail, _ = abuser.communicate("\n", timeout=30)
         assert abuser.returncode == 0, head + tail
         r = H.parse(head + tail)
-        # the driver refused every bad call (freeing 0 is its documented no-op)
-        assert r["freelast"] == [["0"], ["1"]] and r["freeasynclast"][0][0] != "0"
-        assert r["freeoff"][0][0] != "0"
-        assert [x[0] != "0" for x in r["freeraw"]] == [True, False]
-        assert all(x[0] != "0" for x in r["freeasyncraw"] + r["arraydestroyraw"])
-        assert r["arraydestroylast"][0][0] == "0" and r["arraydestroylast"][1][0] != "0"
-        assert r["vmmreleaselast"][0][0] == "0" and r["vmmreleaselast"][1][0] != "0"
-        assert r["ctxdestroy"][0][0] == "0" and r["ctxdestroy"][1][0] != "0"
-        assert [x[0] != "0" for x in r["release"]] == [False, False, True]  # "ctx" twice: two retains
+        _assert_every_bad_call_refused(r)
         free = [int(m[1]) for m in r["meminfo"]]
         assert free[0] == cap - neighbour - RESERVE - 150 * MIB
         assert free[1:] == [cap - neighbour - RESERVE - 100 * MIB] * (len(free) - 1), free

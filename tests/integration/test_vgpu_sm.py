@@ -96,7 +96,7 @@ def test_sm_share_converges(tmp_path: Path) -> None:
 def test_sm_share_asynchronous_launches(tmp_path: Path) -> None:
     """NVSIM_ASYNC=1: a launch returns at once and the kernel runs later on the
     GPU's timeline, as on a real GPU, so a launch call's duration says nothing
-    about device time (test_sim_cuda checks the mock's asynchrony). The share
+    about device time (test_sim_cuda_kernels checks the mock's asynchrony). The share
     still converges, with little work queued ahead: the controller charges the
     time between CUDA events recorded around each launch."""
     if os.geteuid() != 0:

@@ -5,7 +5,7 @@ documented ValueError of the limit grammar) whose message is short and names the
 (the file, for file parsers); never another exception, never a hang (each input has a
 deadline). The number of inputs tried per target goes to the report.
 
-Complements tests/integration/test_runtime_bad_input.py (which fuzzes the same env parsers with
+Complements tests/integration/test_runtime_bad_input_parsers.py (which fuzzes the same env parsers with
 300 examples each): here the file parsers (ld.so.cache, engine configs, CDI specs,
 the device-plugin config) get byte-level mutations of real files, and every target
 reports its count.

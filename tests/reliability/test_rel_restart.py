@@ -305,16 +305,29 @@ def _inspect(dk: Dockerd, cids: list[str]) -> dict[str, int]:
     return {x[0]: int(x[2]) for x in rows if x[1] == "true"}
 
 
-def test_dockerd_live_restore_keeps_gpu_containers(sim: SimHost, image_rootfs: str,
-                                                   work: Path) -> None:
-    _need("containerd", "ctr", "dockerd", "docker", "runc")
-    count, restarts = relkit.n(3, 8), relkit.n(2, 10)
-    gpus = sim.topology.gpus
+def _live_restore_config(work: Path) -> Path:
+    """dockerd's daemon.json with live-restore, configured by `nvctk configure`."""
     cfg = work / "daemon.json"
     cfg.write_text(json.dumps({"live-restore": True}, indent=2) + "\n")
     _nvctk_configure("docker", cfg)
     conf = json.loads(cfg.read_text())
     assert conf["live-restore"] is True and conf["runtimes"]["nvidia"]["path"] == relkit.RUNTIME
+    return cfg
+
+
+def _assert_capped_query(dk: Dockerd, cid: str, uuid: str) -> None:
+    """The first container, still running, still sees its GPU with its 512 MiB cap."""
+    q = dk.docker("exec", cid, *QUERY)
+    assert q.returncode == 0, q.stderr.decode()
+    assert q.stdout.decode().strip() == _query_line(uuid, 512)
+
+
+def test_dockerd_live_restore_keeps_gpu_containers(sim: SimHost, image_rootfs: str,
+                                                   work: Path) -> None:
+    _need("containerd", "ctr", "dockerd", "docker", "runc")
+    count, restarts = relkit.n(3, 8), relkit.n(2, 10)
+    gpus = sim.topology.gpus
+    cfg = _live_restore_config(work)
     host_mounts = relkit.mounts_from(work, sim.root)
     image = "nvctk-restart:latest"
     ids: list[str] = []
@@ -346,9 +359,7 @@ def test_dockerd_live_restore_keeps_gpu_containers(sim: SimHost, image_rootfs: s
                                      "dockerd back", dk.dir / "dockerd.log"))
                 _check_survivors(pids, _inspect(dk, ids))
                 survived += count
-                q = dk.docker("exec", ids[0], *QUERY)
-                assert q.returncode == 0, q.stderr.decode()
-                assert q.stdout.decode().strip() == _query_line(gpus[0].uuid, 512)
+                _assert_capped_query(dk, ids[0], gpus[0].uuid)
                 _gc(sim)
                 assert relkit.state_entries(_state_dir(sim)) == state
                 g = r_ % len(gpus)

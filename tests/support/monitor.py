@@ -166,6 +166,14 @@ def sim_counts(node: Node, ids: list[str] | None = None) -> Counts:
     return out
 
 
+def sim_mem_of(snap: Any, sim_root: str) -> dict[str, int]:
+    """Container id -> the memory the sim counts for a snapshot's containers: its live
+    process slots in the pid namespaces of each container's GPU processes."""
+    st = read_state(state_path(sim_root), live_only=True)
+    return {c.id: sum(s.mem_used for s in st.procs if s.pidns in {
+        pidns(pid) for pid in c.devices[0].processes}) for c in snap.containers}
+
+
 def standard_containers(node: Node) -> None:
     """Capped shares on GPU 0 (two busy under different SM limits, one idle), a whole
     GPU 1 running kernels, a MIG device of GPU 2."""

@@ -150,23 +150,7 @@ def run_daemonset(node: Node, ds: dict[str, Any], image: str, work: Path) -> lis
             if prop:
                 opts.append(f"bind-propagation={PROPAGATION[prop]}")
             argv += ["--mount", ",".join(opts)]
-        sc = c.get("securityContext", {})
-        if sc.get("privileged"):
-            # a privileged container gets the node's devices: the simulated GPUs' (and
-            # the simulated hardware's shared state, as every GPU process sees it)
-            argv.append("--privileged")
-            argv += [a for d in _sim_devices(node) for a in ("--device", f"{d}:/{d.relative_to(node.root)}")]
-            argv += ["--mount", f"type=bind,src={node.host('/run/nvidia-sim')},dst=/run/nvidia-sim"]
-        if "runAsUser" in sc:
-            argv += ["--user", str(sc["runAsUser"])]
-        if sc.get("readOnlyRootFilesystem"):
-            argv.append("--read-only")
-        if sc.get("allowPrivilegeEscalation") is False:
-            argv += ["--security-opt", "no-new-privileges"]
-        for cap in sc.get("capabilities", {}).get("drop", []):
-            argv += ["--cap-drop", cap.lower()]
-        for cap in sc.get("capabilities", {}).get("add", []):
-            argv += ["--cap-add", cap.lower()]
+        argv += _security_argv(c.get("securityContext", {}), node)
         for k, v in env.items():
             argv += ["--env", f"{k}={v}"]
         command = [_expand(a, env) for a in c.get("command", [])]
@@ -177,6 +161,28 @@ def run_daemonset(node: Node, ds: dict[str, Any], image: str, work: Path) -> lis
         names.append(f"{pod_name}-{c['name']}")
     node.pods += names
     return names
+
+
+def _security_argv(sc: dict[str, Any], node: Node) -> list[str]:
+    """podman run's options for a container's securityContext."""
+    argv: list[str] = []
+    if sc.get("privileged"):
+        # a privileged container gets the node's devices: the simulated GPUs' (and
+        # the simulated hardware's shared state, as every GPU process sees it)
+        argv.append("--privileged")
+        argv += [a for d in _sim_devices(node) for a in ("--device", f"{d}:/{d.relative_to(node.root)}")]
+        argv += ["--mount", f"type=bind,src={node.host('/run/nvidia-sim')},dst=/run/nvidia-sim"]
+    if "runAsUser" in sc:
+        argv += ["--user", str(sc["runAsUser"])]
+    if sc.get("readOnlyRootFilesystem"):
+        argv.append("--read-only")
+    if sc.get("allowPrivilegeEscalation") is False:
+        argv += ["--security-opt", "no-new-privileges"]
+    for cap in sc.get("capabilities", {}).get("drop", []):
+        argv += ["--cap-drop", cap.lower()]
+    for cap in sc.get("capabilities", {}).get("add", []):
+        argv += ["--cap-add", cap.lower()]
+    return argv
 
 
 def _sim_devices(node: Node) -> list[Path]:

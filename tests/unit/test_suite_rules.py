@@ -78,15 +78,14 @@ HOST_WIDE_CALLS = ("statvfs", "read_mountinfo", "mountinfo")
 OWN_ONLY = {
     "integration/test_runtime_runc.py::_watched_mounts": "mount points under its own dirs",
     "integration/test_sys.py::test_mount_flags_and_propagation": "its own tmp dir's mounts",
-    "integration/test_vgpu_leaks.py::_procs": "callers keep their own runc root's processes",
-    "integration/test_vgpu_leaks.py::Host": "mounts under its own state dir",
+    "integration/test_vgpu_leaks_create.py::_procs": "callers keep their own runc root's processes",
     "integration/test_hook_orphans.py::_pids": "callers keep their own hook's children",
-    "e2e/test_k8s_cri.py::_shims": "shims naming its own node dir",
-    "e2e/test_k8s_cri.py::test_nothing_left_behind": "mounts under its own node dir",
+    "e2e/test_k8s_cri_monitor.py::_shims": "shims naming its own node dir",
+    "e2e/test_k8s_cri_monitor.py::test_nothing_left_behind": "mounts under its own node dir",
     "integration/test_hook_prestart.py::mounts_under": "its own container's mount table",
-    "integration/test_vgpu_leaks.py::test_gc_never_deletes_through_a_mount_nested_in_a_state_dir":
+    "integration/test_vgpu_leaks_gc.py::test_gc_never_deletes_through_a_mount_nested_in_a_state_dir":
         "mounts under its own state dir",
-    "integration/test_vgpu_runtime.py::test_create_installs_state_and_is_idempotent":
+    "integration/test_vgpu_runtime_install.py::test_create_installs_state_and_is_idempotent":
         "the size of its own tmpfs",
     "integration/test_dra_grpc.py::test_a_shares_spec_is_plain_cdi_with_one_ledger_for_the_claim":
         "the mount at its own ledger path",

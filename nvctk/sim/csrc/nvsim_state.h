@@ -10,7 +10,7 @@
  * process gets a private anonymous copy, so the mocks still work (unshared).
  *
  * Layout is fixed-size and versioned; nvctk/sim/state.py reads it with struct
- * (tests/integration/test_sim_nvml.py compares its offsets with offsetof()).
+ * (tests/integration/test_sim_nvml_state.py compares its offsets with offsetof()).
  *
  * Every helper declared here is hidden: libnvidia-ml and libcuda each link
  * their own copy of nvsim_state.c, and a process that loads both must not have
