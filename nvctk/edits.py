@@ -10,7 +10,8 @@ the hook pins, where the hook logs). All three paths use it: legacy mode
 decodes CDI devices into it) and `nvctk cdi generate` (nvctk.cdi.generate writes it
 out as a CDI spec). nvctk.spec.apply is the one module that applies it to
 config.json; the runtime saves it beside the spec and the prestart hook reads it
-back (nvctk.hook.inputs), deciding nothing the form does not say.
+back (nvctk.edits_file: its name, writer and reader), deciding nothing the form does
+not say.
 
 One vocabulary: the form is the edits (Edits, Vgpu, EDITS_FILE, load_edits,
 apply_edits); nvctk.plan is the step that makes it (plan_container).
@@ -27,11 +28,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal
 
-EDITS_FILE = "nvctk-edits.json"  # in the bundle directory, beside config.json
-# its name before nvctk 26's rename: a container created before an upgrade and started
-# after it has only this one (the hook's reader falls back to it; the runtime's next
-# create of the bundle removes it)
-OLD_EDITS_FILE = "nvctk-plan.json"
 # the host side of a vGPU container's state (nvctk.vgpu.state), below its own tmpfs:
 # ro/ is mounted read-only at /run/nvctk, rw/ (the accounting dir) read-write over its
 # placeholder ro/vgpu; the other names are files, or placeholders (mount points) for

@@ -6,7 +6,7 @@
     2. parse the arguments: UsageError -> exit 2, "nvctk-hook: <cmd>: <why>" + usage
     3. read and parse the OCI state on stdin
     4. as the command asks (`inputs`): the spec and the rootfs (STATE < ROOTFS < EDITS),
-       the plan (nvctk.hook.inputs.load_edits, the one plan loader) read only once the
+       the plan (nvctk.edits_file.load_edits, the one plan loader) read only once the
        rootfs is known not to hold the bundle
     5. open the log from the plan's log settings (the hook loads no config for it;
        without a plan, the config's)
@@ -26,14 +26,11 @@ from nvctk.base.errors import NvctkError, SpecError
 from nvctk.base.fileio import MAX_HOOK_STATE
 from nvctk.base.log import HookLog
 from nvctk.base.record import Record
-from nvctk.edits import EDITS_FILE, HOOK_NAME
+from nvctk.edits import HOOK_NAME
+from nvctk.edits_file import EDITS_FILE, edits_path, load_edits, parse_edits, read_edits
 from nvctk.hook.inputs import (
     HookState,
-    edits_path,
-    load_edits,
-    parse_edits,
     parse_state,
-    read_edits,
     rootfs_path,
     sanitize_environ,
 )

@@ -3,15 +3,15 @@
 Nothing to undo for the mounts (they go with the container's mount namespace). The
 dir is named by --runtime-root with the state's id: the bundle's plan may be another
 container's by now (two containers created from one bundle); the plan (read by the one
-plan loader, nvctk.hook.inputs.load_edits) only when the hook has no --runtime-root (a
+plan loader, nvctk.edits_file.load_edits) only when the hook has no --runtime-root (a
 spec written by an nvctk that passed none). Then what containers that are gone left
 is collected (nvctk.vgpu.gc).
 """
 
 from __future__ import annotations
 
+from nvctk.edits_file import load_edits
 from nvctk.hook.entry import STATE, HookRun, UsageError, run
-from nvctk.hook.inputs import load_edits
 from nvctk.vgpu.gc import StateLock, collect_quietly, remove_state_dir
 from nvctk.vgpu.state import state_dir_for
 

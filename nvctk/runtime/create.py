@@ -28,12 +28,13 @@ from nvctk.base.errors import (
 from nvctk.base.log import Logger, exit_now, report_error
 from nvctk.base.record import Record
 from nvctk.edits import SERVED_FLAG, with_server
+from nvctk.edits_file import remove_edits
 from nvctk.host.paths import context
 from nvctk.oci import runc_argv as ra
 from nvctk.oci import spec as oci
 from nvctk.request.parse import asks_for_vgpu, request_from_spec
 from nvctk.runtime import earlier
-from nvctk.runtime.commit import commit, remove_earlier_form
+from nvctk.runtime.commit import commit
 from nvctk.spec import apply as spec_edits
 
 TYPE_CHECKING = False
@@ -311,14 +312,14 @@ def _read_spec(bundle: str, config: Config | None,
             _log_handed_on(logger, error)
             # the spec stays as it is (nvctk will not rewrite bytes it cannot read):
             # an earlier create's hooks in it find no plan and do nothing
-            remove_earlier_form(bundle, logger)
+            remove_edits(bundle, logger)
             return None
         raise SpecError(f"{error}: nvctk rewrites a GPU container's spec and will not replace "
                         "bytes it cannot read")
     marker = oci.gpu_marker(data)
     if marker is None:
         _log_handed_on(logger, error)
-        remove_earlier_form(bundle, logger)
+        remove_edits(bundle, logger)
         return None
     if isinstance(error, SpecShapeError):  # valid JSON: the field's type is the problem
         raise SpecError(f"{error} (the spec mentions {marker}, so it may ask for a GPU, and "
@@ -355,7 +356,7 @@ def _undo_earlier_create(bundle: str, spec: dict[str, Any], logger: Logger | Non
             oci.save_spec(bundle, spec)
             if logger is not None:
                 logger.info(f"{bundle}: took out what an earlier GPU create added to the spec")
-    remove_earlier_form(bundle, logger)
+    remove_edits(bundle, logger)
 
 
 INTERNAL_ERROR = "internal error"

@@ -28,7 +28,8 @@ from nvctk.base import config as nvconfig
 from nvctk.base import fileio
 from nvctk.base import log as nvlog
 from nvctk.base.errors import ConfigError, NvctkError, RequestError, SpecError, UnknownDeviceError
-from nvctk.edits import EDITS_FILE, DeviceNode, Hook
+from nvctk.edits import DeviceNode, Hook
+from nvctk.edits_file import EDITS_FILE
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
 from nvctk.oci import runc_argv
 from nvctk.oci import spec as oci

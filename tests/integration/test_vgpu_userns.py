@@ -26,7 +26,7 @@ import pytest
 import support.vgpu as tv
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
-from nvctk.edits import EDITS_FILE
+from nvctk.edits_file import EDITS_FILE
 from nvctk.sim import host
 from nvctk.spec import apply as spec_edits
 from nvctk.spec import seccomp as nvseccomp
