@@ -49,6 +49,22 @@ NVIDIA_HOOK_NAMES = ("nvidia-container-runtime-hook", "nvidia-container-toolkit"
 # so no link the image planted on the way can redirect them
 VGPU_PINS = ("etc", "run")
 
+# the bind options of the form's mounts as a CDI spec says them (nvctk.cdi.generate
+# writes them; CDI mode reads them back): a read-only file, a writable IPC path
+FILE_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+IPC_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
+
+
+def bind_options(read_only: bool, noexec: bool) -> tuple[str, ...]:
+    """The options of a bind mount nvctk's form makes (FILE_OPTIONS, IPC_OPTIONS, ...)."""
+    base = ("nosuid", "nodev", "rbind", "rprivate")
+    return (*(("ro",) if read_only else ()), *base, *(("noexec",) if noexec else ()))
+
+
+# the other way: (read_only, noexec) of the options `nvctk cdi generate` writes
+BIND_FLAGS = {bind_options(r, x): (r, x) for r in (True, False) for x in (True, False)}
+
+
 
 class DeviceNode(Record):
     __slots__ = ("path", "host_path", "major", "minor", "type", "file_mode",  # noqa: RUF023
@@ -175,7 +191,8 @@ class Vgpu(Record):
 class Edits(Record):
     __slots__ = ("driver_version", "capabilities", "gpu_uuids", "devices",  # noqa: RUF023
                  "mounts", "symlinks", "proc_mask", "lib_dir", "ldconfig", "env", "vgpu",
-                 "hooks", "remove_hooks", "seccomp_block_userns", "pins", "log", "selected")
+                 "hooks", "remove_hooks", "seccomp_block_userns", "pins", "log", "selected",
+                 "origin")
 
     def __init__(
         self,
@@ -196,6 +213,7 @@ class Edits(Record):
         pins: tuple[str, ...] | None = None,
         log: LogSettings | None = None,
         selected: tuple[str, ...] = (),
+        origin: Literal["legacy", "cdi"] = "legacy",
     ) -> None:
         # provenance (what was asked and found; the writers apply none of it)
         self.driver_version = driver_version
@@ -229,6 +247,9 @@ class Edits(Record):
         # the selected devices' UUIDs (a MIG device's own) in the order libvgpu indexes
         # them: what the runtime decided, for readers of the saved form (the monitor)
         self.selected = selected
+        # where it came from: the host (legacy mode) or CDI devices (CDI mode), whose
+        # entries may be any device, variable or mount (the spec's record says so)
+        self.origin = origin
 
     def has_hook_work(self) -> bool:
         """Whether the prestart hook has anything to do in the container."""

@@ -27,16 +27,14 @@ if TYPE_CHECKING:
 
 
 def commit(bundle: str, spec: dict[str, Any], edits: Edits, record: EarlierRecord | None,
-           config: Config, logger: Logger | None, *, cdi: bool = False,
-           container_id: str | None = None,
+           config: Config, logger: Logger | None, *, container_id: str | None = None,
            runtime_root: str | None = None) -> tuple[int, str | None]:
     """Apply `edits` to the (in-memory) spec and save: (NVIDIA hooks removed, the vGPU
     state dir this create made or None). nvctk's part of the spec comes from this form
     only: what an earlier create of this bundle added goes first, as far as its record
-    proves it (record: nvctk.runtime.earlier's judgement, checked before planning). cdi:
-    the form came from CDI devices (the record says so)."""
-    removed = spec_edits.apply(spec, edits, record, earlier.record_seal(
-        bundle, config.state_dir, edits, cdi=cdi), cdi=cdi)[1]
+    proves it (record: nvctk.runtime.earlier's judgement, checked before planning)."""
+    removed = spec_edits.apply(spec, edits, record,
+                               earlier.record_seal(bundle, config.state_dir, edits))[1]
     if not any(is_prestart_hook(h) for h in edits.hooks):
         oci.save_spec(bundle, spec)
         remove_edits(bundle, logger)  # an earlier create's: no hook reads it now

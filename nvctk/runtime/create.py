@@ -121,9 +121,9 @@ def prepare_bundle(
     edits = make.plan_container(request, config, facts, context)
     if served is not None:
         edits = with_server(edits, served)
-    removed, vgpu_dir = commit(bundle, spec, edits, record, config, logger, cdi=cdi,
+    removed, vgpu_dir = commit(bundle, spec, edits, record, config, logger,
                                container_id=container_id, runtime_root=runtime_root)
-    if cdi:
+    if edits.origin == "cdi":
         return Created(edits if edits.has_hook_work() else None, removed,
                        cdi_devices=request.cdi_devices)
     return Created(edits, removed, vgpu_dir)
@@ -135,15 +135,15 @@ def legacy_facts(request: Request, config: Config, image: ImageFacts,
     the request's devices on it, their requirements checked (a container the host
     cannot run reads nothing more), then the facts of those devices."""
     from nvctk.host import discover
+    from nvctk.host.select import select_devices
     from nvctk.plan.make import check_requirements
-    from nvctk.plan.select import select_devices
 
     if host is None:
-        host, selected = discover.load_and_select(request, config, select_devices)
+        host, selected = discover.load_and_select(request, config)
     else:
         selected = select_devices(request, host)
     check_requirements(request, host, selected)
-    return discover.discover(request, config, host, [(s.gpu, s.mig) for s in selected], image)
+    return discover.discover(request, config, host, selected, image)
 
 
 def _legacy_facts(bundle: str, spec: dict[str, Any], request: Request, config: Config,

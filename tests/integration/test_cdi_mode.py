@@ -20,6 +20,7 @@ from nvctk.base.errors import ConfigError, RequestError
 from nvctk.base.keyfile import EDITS_KEY_FILE, edits_key
 from nvctk.cdi import load, resolve
 from nvctk.edits import Edits
+from nvctk.plan.cdi import cdi_edits
 from nvctk.request.parse import cdi_names, parse_qualified, request_from_spec
 from nvctk.runtime import earlier
 from nvctk.sim.host import SimHost
@@ -187,11 +188,12 @@ HOOK = {"hookName": "createRuntime", "path": "/usr/bin/h", "args": ["h", "x"], "
 
 
 def _apply(spec: dict[str, Any], names: tuple[str, ...], d: Path, state: str) -> None:
-    """CDI mode's edits: the devices as the form (nvctk.cdi.resolve), applied by
-    nvctk.spec.apply as legacy mode's form is (the bundle: d)."""
-    edits = resolve.to_edits(load.resolve(names, (str(d),)), ldconfig="/sbin/ldconfig",
-                             spec=spec)
-    apply_as_create(spec, edits, d, state, cdi=True)
+    """CDI mode's edits: the devices as the form (nvctk.cdi.resolve reads them,
+    nvctk.plan.cdi decides), applied by nvctk.spec.apply as legacy mode's form is (the
+    bundle: d)."""
+    edits = cdi_edits(resolve.read_devices(load.resolve(names, (str(d),)), spec=spec),
+                      "/sbin/ldconfig")
+    apply_as_create(spec, edits, d, state)
 
 
 def test_apply_and_remove_edits(tmp_path: Path) -> None:
@@ -523,7 +525,7 @@ def test_record_mac_is_keyed_per_host(tmp_path: Path) -> None:
     """A genuine record made with another host's key is refused; the key file is 0600."""
     s = _spec(["PATH=/bin", "A=1"])
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    spec_edits.record_edits(s, AppliedRecord(env=["A=1"], cdi=True),
+    spec_edits.record_edits(s, AppliedRecord(env=["A=1"]),
                             Seal(edits_key(a, create=True), earlier.bundle_binding(str(tmp_path))))
     key = tmp_path / "a" / EDITS_KEY_FILE
     assert key.stat().st_mode & 0o7777 == 0o600 and key.stat().st_size == 32

@@ -31,9 +31,9 @@ from nvctk.base.errors import ConfigError, NvctkError, RequestError, SpecError, 
 from nvctk.edits import DeviceNode, Hook
 from nvctk.edits_file import EDITS_FILE
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
+from nvctk.host.select import resolve_device
 from nvctk.oci import runc_argv
 from nvctk.oci import spec as oci
-from nvctk.plan.select import resolve_device
 from nvctk.request import requirements
 from nvctk.request.parse import request_from_spec
 from nvctk.runtime import create, passthrough
