@@ -43,8 +43,8 @@ def poststop(hook: HookRun) -> str | None:
     if runtime_root is not None:
         d: str | None = state_dir_for(cfg, runtime_root, hook.state.id)
     else:
-        plan = load_edits(hook.state.bundle)
-        d = None if plan is None or plan.vgpu is None else plan.vgpu.state_dir
+        edits = load_edits(hook.state.bundle)
+        d = None if edits is None or edits.vgpu is None else edits.vgpu.state_dir
     if d is not None:
         with StateLock(cfg):
             # the container's own path, where its create mounted nvctk's tmpfs: whatever

@@ -1,6 +1,6 @@
 """What an earlier create of this bundle added, and how much of it this create may take out.
 
-The spec's org.nvctk.edits record (nvctk.spec.record) says what an earlier create
+The spec's nvctk.io/edits record (nvctk.spec.record) says what an earlier create
 added, so that the next create of a reused bundle removes exactly that. But a record
 is only an annotation, which a container's author can set (Docker's --annotation,
 CRI-O's Pod annotations): a genuine record copied from another container would strip

@@ -1,7 +1,7 @@
 """The spec edits of a GPU container: the edits form (nvctk.edits) applied to a spec.
 
 `apply` is the whole of it: what an earlier create of the bundle added goes first
-(its record in the annotation org.nvctk.edits, nvctk.spec.record, as far as the runtime
+(its record in the annotation nvctk.io/edits, nvctk.spec.record, as far as the runtime
 judged it may: nvctk.runtime.earlier), then NVIDIA's own hooks, then the
 plan's device nodes with their cgroup rules, hooks and env, and for a vGPU the
 seccomp rules against new user namespaces (nvctk.spec.seccomp); the record of this

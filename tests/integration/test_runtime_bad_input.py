@@ -954,7 +954,7 @@ def test_prepare_bundle_never_crashes(environ: dict[str, str], gpu_bundle_dir: P
         assert len(str(e)) < 2000
 
 
-# --- a malformed org.nvctk.edits record (hostile retest) -----------------------------------
+# --- a malformed nvctk.io/edits record (hostile retest) -----------------------------------
 
 BAD_RECORDS = [
     '{"devices": [[[1], "c", 1, 2]]}',  # was: internal error: TypeError: unhashable type: 'list'

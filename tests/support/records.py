@@ -1,4 +1,4 @@
-"""A create's handling of a spec's org.nvctk.edits record, in-process: the earlier
+"""A create's handling of a spec's nvctk.io/edits record, in-process: the earlier
 record judged for this bundle (nvctk.runtime.earlier), the form applied, the new record
 sealed for this bundle, as nvctk.runtime.commit does."""
 
