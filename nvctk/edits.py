@@ -5,10 +5,10 @@ container edits: device nodes (with their cgroup rules), mounts (each saying
 whether the container may start without it), symlinks, env, the ldconfig step,
 the /proc mask, the vGPU mounts, hooks, and the decisions the writers only
 execute (NVIDIA hooks to remove, the user-namespace seccomp rule, the rootfs dirs
-the hook pins, where the hook logs). All three paths use it: legacy mode
-(nvctk.plan makes it from the request and host), CDI mode (nvctk.cdi.resolve
-decodes CDI devices into it) and `nvctk cdi generate` (nvctk.cdi.generate writes it
-out as a CDI spec). nvctk.spec.apply is the one module that applies it to
+the hook pins, where the hook logs) and where it came from (origin). One planner
+makes it for all three paths (nvctk.plan.make.plan_container): legacy mode (from the
+request and host), CDI mode (nvctk.plan.cdi decides from the CDI devices' edits) and
+`nvctk cdi generate` (nvctk.cdi.generate writes it out as a CDI spec). nvctk.spec.apply is the one module that applies it to
 config.json; the runtime saves it beside the spec and the prestart hook reads it
 back (nvctk.edits_file: its name, writer and reader), deciding nothing the form does
 not say.

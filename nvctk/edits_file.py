@@ -72,8 +72,11 @@ def load_edits(bundle: str) -> Edits | None:
 
 
 def read_edits(bundle: str) -> tuple[str, bytes] | None:
-    """load_edits' read: (the form's path, its bytes); None when there is none."""
-    path = os.path.join(bundle, EDITS_FILE)
+    """load_edits' read: (the form's path, its bytes); None when there is none (nor a
+    bundle directory to hold one: what the bundle is, is its reader's to say)."""
+    path = edits_path(bundle)
+    if path is None:
+        return None
     try:
         return path, read_regular_file(path, MAX_EDITS_BYTES, nofollow=True)
     except FileNotFoundError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+from itertools import chain
 
 from nvctk.base.errors import CdiError, NvctkError
 from nvctk.base.inroot import resolve_in_root
@@ -60,54 +61,68 @@ def edit_problem(edits: Any) -> str | None:
             return f"env entry {e!r} is not NAME=VALUE"
         if "\0" in e:
             return f"env entry {e.partition('=')[0][:40]!r} contains a NUL byte"
-    for n in edits.get("deviceNodes", ()):
-        if not isinstance(n, dict) or set(n) - _NODE_FIELDS:
-            return f"deviceNode {n!r}: unknown field or not an object"
-        for k in ("path", "hostPath"):
-            if k in n and not (isinstance(n[k], str) and n[k].startswith("/")):
-                return f"deviceNode {k} {n.get(k)!r} must be an absolute path"
-        if "path" not in n:
-            return "a deviceNode without a path"
-        if n.get("type", "c") not in ("c", "b", "u"):
-            return f"deviceNode {n['path']}: type {n['type']!r} is not c, b or u"
-        for k in ("major", "minor", "fileMode", "uid", "gid"):
-            if k in n and (not isinstance(n[k], int) or isinstance(n[k], bool) or n[k] < 0):
-                return f"deviceNode {n['path']}: {k} must be a non-negative integer"
-            if k in n and n[k] > _NODE_LIMITS[k]:  # what runc (Go) and the kernel take
-                return f"deviceNode {n['path']}: {k} is larger than {_NODE_LIMITS[k]:#o}" \
-                    if k == "fileMode" else \
-                    f"deviceNode {n['path']}: {k} is larger than {_NODE_LIMITS[k]}"
-        perms = n.get("permissions", "rwm")
-        if not isinstance(perms, str) or not perms or set(perms) - set("rwm"):
-            return f"deviceNode {n['path']}: permissions {perms!r} is not made of r, w, m"
-    for m in edits.get("mounts", ()):
-        if not isinstance(m, dict) or set(m) - _MOUNT_FIELDS:
-            return f"mount {m!r}: unknown field or not an object"
-        for k in ("hostPath", "containerPath"):
-            if not (isinstance(m.get(k), str) and m[k].startswith("/")):
-                return f"mount {k} {m.get(k)!r} must be an absolute path"
-        opts = m.get("options", [])
-        if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
-            return f"mount {m['containerPath']}: options must be a list of strings"
-        if not isinstance(m.get("type", ""), str):
-            return f"mount {m['containerPath']}: type must be a string"
-    for h in edits.get("hooks", ()):
-        if not isinstance(h, dict) or set(h) - _HOOK_FIELDS:
-            return f"hook {h!r}: unknown field or not an object"
-        if h.get("hookName") not in HOOK_STAGES:
-            return f"hook hookName {h.get('hookName')!r} is not one of {', '.join(HOOK_STAGES)}"
-        if not (isinstance(h.get("path"), str) and h["path"].startswith("/")):
-            return f"hook path {h.get('path')!r} must be an absolute path"
-        for k in ("args", "env"):
-            if k in h and not (isinstance(h[k], list) and all(isinstance(a, str) for a in h[k])):
-                return f"hook {h['path']}: {k} must be a list of strings"
-        t = h.get("timeout")
-        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not
-                              1 <= t <= 2**31 - 1):
-            return f"hook {h['path']}: timeout must be an integer from 1 to {2**31 - 1}"
+    problem = next(filter(None, chain(map(_node_problem, edits.get("deviceNodes", ())),
+                                      map(_mount_problem, edits.get("mounts", ())),
+                                      map(_hook_problem, edits.get("hooks", ())))), None)
+    if problem:
+        return problem
     for text in _strings(edits):
         if "\0" in text:
             return f"a string contains a NUL byte ({text.partition(chr(0))[0][:40]!r}...)"
+    return None
+
+
+def _node_problem(n: Any) -> str | None:
+    if not isinstance(n, dict) or set(n) - _NODE_FIELDS:
+        return f"deviceNode {n!r}: unknown field or not an object"
+    for k in ("path", "hostPath"):
+        if k in n and not (isinstance(n[k], str) and n[k].startswith("/")):
+            return f"deviceNode {k} {n.get(k)!r} must be an absolute path"
+    if "path" not in n:
+        return "a deviceNode without a path"
+    if n.get("type", "c") not in ("c", "b", "u"):
+        return f"deviceNode {n['path']}: type {n['type']!r} is not c, b or u"
+    for k in ("major", "minor", "fileMode", "uid", "gid"):
+        if k in n and (not isinstance(n[k], int) or isinstance(n[k], bool) or n[k] < 0):
+            return f"deviceNode {n['path']}: {k} must be a non-negative integer"
+        if k in n and n[k] > _NODE_LIMITS[k]:  # what runc (Go) and the kernel take
+            return f"deviceNode {n['path']}: {k} is larger than {_NODE_LIMITS[k]:#o}" \
+                if k == "fileMode" else \
+                f"deviceNode {n['path']}: {k} is larger than {_NODE_LIMITS[k]}"
+    perms = n.get("permissions", "rwm")
+    if not isinstance(perms, str) or not perms or set(perms) - set("rwm"):
+        return f"deviceNode {n['path']}: permissions {perms!r} is not made of r, w, m"
+    return None
+
+
+def _mount_problem(m: Any) -> str | None:
+    if not isinstance(m, dict) or set(m) - _MOUNT_FIELDS:
+        return f"mount {m!r}: unknown field or not an object"
+    for k in ("hostPath", "containerPath"):
+        if not (isinstance(m.get(k), str) and m[k].startswith("/")):
+            return f"mount {k} {m.get(k)!r} must be an absolute path"
+    opts = m.get("options", [])
+    if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
+        return f"mount {m['containerPath']}: options must be a list of strings"
+    if not isinstance(m.get("type", ""), str):
+        return f"mount {m['containerPath']}: type must be a string"
+    return None
+
+
+def _hook_problem(h: Any) -> str | None:
+    if not isinstance(h, dict) or set(h) - _HOOK_FIELDS:
+        return f"hook {h!r}: unknown field or not an object"
+    if h.get("hookName") not in HOOK_STAGES:
+        return f"hook hookName {h.get('hookName')!r} is not one of {', '.join(HOOK_STAGES)}"
+    if not (isinstance(h.get("path"), str) and h["path"].startswith("/")):
+        return f"hook path {h.get('path')!r} must be an absolute path"
+    for k in ("args", "env"):
+        if k in h and not (isinstance(h[k], list) and all(isinstance(a, str) for a in h[k])):
+            return f"hook {h['path']}: {k} must be a list of strings"
+    t = h.get("timeout")
+    if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not
+                          1 <= t <= 2**31 - 1):
+        return f"hook {h['path']}: timeout must be an integer from 1 to {2**31 - 1}"
     return None
 
 

@@ -7,7 +7,7 @@ the host's all for `nvctk cdi generate`, a claim's for the DRA driver), then wri
 as CDI containerEdits. Each device's links (the common ones and its own) and
 the ld.so.cache refresh are one `nvctk-hook cdi-edits` createRuntime hook, which runs
 the prestart hook's hardened steps (nvctk.hook.children.apply_edits); nvctk-runtime's CDI
-mode decodes it back into the form (nvctk.cdi.resolve) and runs none of it.
+mode decodes it back into the form (nvctk.plan.cdi) and runs none of it.
 
 Hooks are `createRuntime` hooks: they run where the prestart hook runs (the
 runtime's namespaces, the container's created but not started), so they take the
