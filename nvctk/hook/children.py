@@ -1,7 +1,7 @@
 """The hook's side of the prestart's work: fork the worker and the ldconfig child, hand
 them the container's pid, collect their answers.
 
-    start      fork the worker (nvctk.hook.worker) and, where the plan runs ldconfig,
+    start      fork the worker (nvctk.hook.worker) and, where the form runs ldconfig,
                the ldconfig child (nvctk.hook.ldconfig) beside it, with the pipes
                between them (nvctk.hook.messages has what each carries); each opens
                what it needs on the host and waits for the pid. A served prestart
@@ -111,7 +111,7 @@ class Children(Record):
     def __init__(self, worker: int, ldconfig: int, pid_w: Channel, answer_r: Channel,
                  out_r: Channel, procs: Procs = PROCS) -> None:
         self.worker = worker
-        self.ldconfig = ldconfig  # -1: the plan runs no ldconfig
+        self.ldconfig = ldconfig  # -1: the form runs no ldconfig
         self.pid_w = pid_w
         self.answer_r = answer_r
         self.out_r = out_r
@@ -166,7 +166,7 @@ class Children(Record):
 
 def start(edits: Edits, rootfs: str, log: HookLog, procs: Procs = PROCS,
           roles: Roles = ROLES) -> Children:
-    """Fork the worker, and ldconfig beside it, for `plan`; they die with this process.
+    """Fork the worker, and ldconfig beside it, for `edits`; they die with this process.
     OSError when either cannot be forked, leaving no child and no pipe behind."""
     caps.warm_up()
     parent = os.getpid()

@@ -1,9 +1,9 @@
 """`nvctk-hook poststop [--runtime-root DIR]`: remove the container's vGPU state dir.
 
 Nothing to undo for the mounts (they go with the container's mount namespace). The
-dir is named by --runtime-root with the state's id: the bundle's plan may be another
-container's by now (two containers created from one bundle); the plan (read by the one
-plan loader, nvctk.edits_file.load_edits) only when the hook has no --runtime-root (a
+dir is named by --runtime-root with the state's id: the bundle's form may be another
+container's by now (two containers created from one bundle); the form (read by the one
+form loader, nvctk.edits_file.load_edits) only when the hook has no --runtime-root (a
 spec written by an nvctk that passed none). Then what containers that are gone left
 is collected (nvctk.vgpu.gc).
 """

@@ -1,4 +1,4 @@
-"""`nvctk-hook prestart`: state -> bundle -> plan -> the worker's steps.
+"""`nvctk-hook prestart`: state -> bundle -> form -> the worker's steps.
 
 The inputs are read and the errors mapped by nvctk.hook.entry (the same for every
 hook command); the work is done by two children this process forks
@@ -83,7 +83,7 @@ def ready(bundle: str) -> Ready | None:
 def body(hook: HookRun, drop_parent_caps: bool = True, served: bool = False,
          prepared: Ready | None = None) -> None:
     """The prestart's own work, as entry.run calls each command's body once it has read
-    the state, spec, rootfs and plan: the children made ready (prepared) when they are
+    the state, spec, rootfs and form: the children made ready (prepared) when they are
     this hook's, else children forked now (children.apply_edits), then the log's line."""
     edits, rootfs = hook.edits, hook.rootfs
     assert edits is not None and rootfs is not None  # inputs=EDITS

@@ -1,4 +1,4 @@
-"""The prestart hook's worker: a plan's mounts, links and mask, then ldconfig.
+"""The prestart hook's worker: a form's mounts, links and mask, then ldconfig.
 
 The work happens in a process forked from the hook's, so that the hook itself
 stays in the host's mount namespace:
@@ -12,7 +12,7 @@ stays in the host's mount namespace:
                           and open its mount namespace
     setns      enter the container's mount namespace (state.pid)
     propagation  never let a mount under the rootfs propagate to the host
-    mount      (the plan's pins first, a vGPU's /etc and /run: recursive self-binds,
+    mount      (the form's pins first, a vGPU's /etc and /run: recursive self-binds,
                so that renaming them cannot carry nvctk's mounts away) resolve each
                destination inside the rootfs (openat2 RESOLVE_IN_ROOT), create
                it, move_mount the clone onto its fd; vGPU's destinations with no
@@ -20,7 +20,7 @@ stays in the host's mount namespace:
     symlink    libcuda.so -> libcuda.so.1 and friends (symlinkat on a parent fd)
     proc-mask  tmpfs over /proc/driver/nvidia where the container has it
 
-ldconfig runs beside the worker, not after it: the worker mounts the plan's libraries
+ldconfig runs beside the worker, not after it: the worker mounts the form's libraries
 (and makes its links) first and then sends LIBRARIES_IN to the ldconfig child
 (nvctk.hook.ldconfig), which enters a private copy of the container's mount namespace
 and becomes the host's ldconfig there while the worker mounts the rest (once SET_UP
@@ -30,7 +30,7 @@ cache and links it writes are on the rootfs's own file system, the one the conta
 sees. The hook's process forks both (nvctk.hook.children), bounds ldconfig in time and
 stops it when the worker fails; nvctk.hook.messages has every message between them.
 
-It does what the plan says and decides nothing else: which mounts may be missing
+It does what the form says and decides nothing else: which mounts may be missing
 (skipped, logged) and which may not (the hook fails) is each Mount's `required`.
 Nothing is created anywhere but on the rootfs's own mounts (nvctk.hook.mount.Root): a
 target below a host directory bound read-write into the container (a volume,
@@ -124,7 +124,7 @@ def _is_own_tmpfs(path: str, st: os.stat_result) -> bool:
 
 
 def check_vgpu_state(edits: Edits, log: HookLog) -> tuple[Mount, ...]:
-    """The plan's vGPU mounts, once their sources are what nvctk-runtime made at create
+    """The form's vGPU mounts, once their sources are what nvctk-runtime made at create
     (nvctk.vgpu.state): the state dir a tmpfs of its own holding ro/ and rw/ and the
     files the mounts take. A missing piece fails the hook: a container that sets a
     limit never runs uncapped."""
@@ -225,7 +225,7 @@ def _make_mask(edits: Edits, p: WorkerFds, log: HookLog) -> None:
 
 
 def _pin(edits: Edits, root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
-    """Pin the rootfs dirs the plan lists (a vGPU's: /etc and /run, which hold its
+    """Pin the rootfs dirs the form lists (a vGPU's: /etc and /run, which hold its
     mounts): renaming one (or a directory on the way to a vGPU mount) would take
     nvctk's mounts away from the paths ld.so and libvgpu read (the layout's step 1)."""
     for name in edits.pins:
@@ -309,7 +309,7 @@ def reads_for_ldconfig(mnt: Mount) -> bool:
 
 def ldconfig_first(sources: list[tuple[Mount, int]]) -> tuple[list[tuple[Mount, int]], int]:
     """The sources with what ldconfig reads first, and how many lead: ldconfig starts
-    once those are in, while the worker mounts the rest. Kept in the plan's order where
+    once those are in, while the worker mounts the rest. Kept in the form's order where
     a directory mount lies on the way to a library (mounting the library first would
     put it under that directory); then the lead runs to the last library."""
     libs = [s for s in sources if reads_for_ldconfig(s[0])]
@@ -321,7 +321,7 @@ def ldconfig_first(sources: list[tuple[Mount, int]]) -> tuple[list[tuple[Mount, 
 
 
 def _make_links(edits: Edits, root: m.Root, log: HookLog) -> None:
-    """The plan's symlinks; one where the image has a file, or off the rootfs, is skipped."""
+    """The form's symlinks; one where the image has a file, or off the rootfs, is skipped."""
     caps.enter_step("symlink", log)
     for link in edits.symlinks:
         try:
