@@ -47,8 +47,9 @@ def make_vgpu(request: Request, config: Config, facts: Facts, context: Context) 
     # start time: plan.vgpu and vgpu.limits/authority: vGPU only
     from nvctk.plan.vgpu import plan_vgpu
 
-    return plan_vgpu(request, list(facts.selected), config, facts.image, authority_key=facts.authority_key,
-                     library=facts.vgpu_library, state_dir=context.vgpu_state_dir)
+    return plan_vgpu(request, list(facts.selected), config, facts.image,
+                     authority_key=facts.authority_key, library=facts.vgpu_library,
+                     state_dir=context.vgpu_state_dir)
 
 
 def plan_container(request: Request, config: Config, facts: Facts | CdiFacts,
