@@ -147,13 +147,14 @@ def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...],
     mounts += [m for m in _extra_mounts(facts.files, common.lib_dir)
                if m.container_path not in first]
     seen, on = config.driver_root, host_driver_root(config)
-    out = [(list(dict.fromkeys(device_names(sel, s) for s in strategies)),
-            transforms.sources_on_host(transforms.device_part(plan((sel,)), common,
-                                                              sel.gpu.uuid), seen, on))
-           for sel in selected]
+    out = []
+    for sel in selected:
+        names = list(dict.fromkeys(device_names(sel, s) for s in strategies))
+        part = transforms.device_part(plan((sel,)), common, sel.gpu.uuid)
+        out.append((names, transforms.sources_on_host(part, seen, on)))
     links = plan_symlinks(mounts, common.lib_dir, host.driver_version)
-    return transforms.sources_on_host(transforms.common_part(common, mounts, links), seen,
-                                      on), out
+    return transforms.sources_on_host(transforms.common_part(common, mounts, links),
+                                      seen, on), out
 
 
 def cdi_spec(config: Config, host: HostInfo, hook_path: str, *,
