@@ -5,12 +5,13 @@ container edits: device nodes (with their cgroup rules), mounts (each saying
 whether the container may start without it), symlinks, env, the ldconfig step,
 the /proc mask, the vGPU mounts, hooks, and the decisions the writers only
 execute (NVIDIA hooks to remove, the user-namespace seccomp rule, the rootfs dirs
-the hook pins, where the hook logs). All three paths use it: legacy mode
-(nvctk.plan makes it from the request and host), CDI mode (nvctk.cdi.resolve
-decodes CDI devices into it) and `nvctk cdi generate` (nvctk.cdi.generate writes it
-out as a CDI spec). nvctk.spec.apply is the one module that applies it to
+the hook pins, where the hook logs) and where it came from (origin). One planner
+makes it for all three paths (nvctk.plan.make.plan_container): legacy mode (from the
+request and host), CDI mode (nvctk.plan.cdi decides from the CDI devices' edits) and
+`nvctk cdi generate` (nvctk.cdi.generate writes it out as a CDI spec). nvctk.spec.apply is the one module that applies it to
 config.json; the runtime saves it beside the spec and the prestart hook reads it
-back (nvctk.hook.inputs), deciding nothing the form does not say.
+back (nvctk.edits_file: its name, writer and reader), deciding nothing the form does
+not say.
 
 One vocabulary: the form is the edits (Edits, Vgpu, EDITS_FILE, load_edits,
 apply_edits); nvctk.plan is the step that makes it (plan_container).
@@ -27,11 +28,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal
 
-EDITS_FILE = "nvctk-edits.json"  # in the bundle directory, beside config.json
-# its name before nvctk 26's rename: a container created before an upgrade and started
-# after it has only this one (the hook's reader falls back to it; the runtime's next
-# create of the bundle removes it)
-OLD_EDITS_FILE = "nvctk-plan.json"
 # the host side of a vGPU container's state (nvctk.vgpu.state), below its own tmpfs:
 # ro/ is mounted read-only at /run/nvctk, rw/ (the accounting dir) read-write over its
 # placeholder ro/vgpu; the other names are files, or placeholders (mount points) for
@@ -52,6 +48,22 @@ NVIDIA_HOOK_NAMES = ("nvidia-container-runtime-hook", "nvidia-container-toolkit"
 # rootfs dirs the prestart hook pins (binds onto themselves) before a vGPU's mounts,
 # so no link the image planted on the way can redirect them
 VGPU_PINS = ("etc", "run")
+
+# the bind options of the form's mounts as a CDI spec says them (nvctk.cdi.generate
+# writes them; CDI mode reads them back): a read-only file, a writable IPC path
+FILE_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+IPC_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
+
+
+def bind_options(read_only: bool, noexec: bool) -> tuple[str, ...]:
+    """The options of a bind mount nvctk's form makes (FILE_OPTIONS, IPC_OPTIONS, ...)."""
+    base = ("nosuid", "nodev", "rbind", "rprivate")
+    return (*(("ro",) if read_only else ()), *base, *(("noexec",) if noexec else ()))
+
+
+# the other way: (read_only, noexec) of the options `nvctk cdi generate` writes
+BIND_FLAGS = {bind_options(r, x): (r, x) for r in (True, False) for x in (True, False)}
+
 
 
 class DeviceNode(Record):
@@ -179,7 +191,8 @@ class Vgpu(Record):
 class Edits(Record):
     __slots__ = ("driver_version", "capabilities", "gpu_uuids", "devices",  # noqa: RUF023
                  "mounts", "symlinks", "proc_mask", "lib_dir", "ldconfig", "env", "vgpu",
-                 "hooks", "remove_hooks", "seccomp_block_userns", "pins", "log", "selected")
+                 "hooks", "remove_hooks", "seccomp_block_userns", "pins", "log", "selected",
+                 "origin")
 
     def __init__(
         self,
@@ -200,6 +213,7 @@ class Edits(Record):
         pins: tuple[str, ...] | None = None,
         log: LogSettings | None = None,
         selected: tuple[str, ...] = (),
+        origin: Literal["legacy", "cdi"] = "legacy",
     ) -> None:
         # provenance (what was asked and found; the writers apply none of it)
         self.driver_version = driver_version
@@ -233,6 +247,9 @@ class Edits(Record):
         # the selected devices' UUIDs (a MIG device's own) in the order libvgpu indexes
         # them: what the runtime decided, for readers of the saved form (the monitor)
         self.selected = selected
+        # where it came from: the host (legacy mode) or CDI devices (CDI mode), whose
+        # entries may be any device, variable or mount (the spec's record says so)
+        self.origin = origin
 
     def has_hook_work(self) -> bool:
         """Whether the prestart hook has anything to do in the container."""

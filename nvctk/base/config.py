@@ -171,9 +171,8 @@ class Config(FrozenRecord):
         doc="where CDI spec files (*.json, *.yaml) are read from; a file in a later dir "
             "replaces one of the same name in an earlier dir")
     cdi_vendors: tuple[str, ...] = setting(
-        # nvctk.io: nvctk's one domain (its annotations', its CDI vendor); nvctk.org, the
-        # vendor's old spelling, still applied for the specs a deployed node may have
-        default=("nvidia.com", "nvctk.io", "nvctk.org"),
+        # nvctk.io: nvctk's one domain (its annotations', its CDI vendor)
+        default=("nvidia.com", "nvctk.io"),
         doc="the CDI vendors whose devices a container may name (env, annotations, device "
             "mounts): another vendor's devices, with their host mounts, are the engine's to apply")
     # the file this came from ("" = defaults); not a file key, not part of equality

@@ -35,6 +35,10 @@ class SpecShapeError(SpecError):
     """config.json is valid JSON, but a field nvctk reads has the wrong type."""
 
 
+class CdiError(NvctkError):
+    """A CDI spec or device nvctk cannot read or apply."""
+
+
 class MountError(NvctkError):
     """A step of the prestart hook failed; the message names the step and path."""
 

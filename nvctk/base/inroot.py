@@ -2,7 +2,7 @@
 it were /: absolute symlinks and `..` stay inside it.
 
 A module of its own, apart from nvctk.host.driver: CDI mode's create resolves the
-container's host binds and the CDI targets with it (nvctk.cdi.load.check_host_binds),
+container's host binds and the CDI targets with it (nvctk.cdi.check.check_host_binds),
 and needs none of the driver's file lists or the ld.so.cache parser.
 """
 

@@ -74,7 +74,7 @@ def load_key(path: str, size: int, create: bool, dir_mode: int, error: type[Nvct
     return key
 
 
-# The node's key of org.nvctk.edits records (nvctk.spec.record.record_mac), in the
+# The node's key of nvctk.io/edits records (nvctk.spec.record.record_mac), in the
 # config's state dir: made by the first create that seals a record
 EDITS_KEY_FILE = "edits.key"
 EDITS_KEY_BYTES = 32

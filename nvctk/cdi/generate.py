@@ -7,7 +7,7 @@ the host's all for `nvctk cdi generate`, a claim's for the DRA driver), then wri
 as CDI containerEdits. Each device's links (the common ones and its own) and
 the ld.so.cache refresh are one `nvctk-hook cdi-edits` createRuntime hook, which runs
 the prestart hook's hardened steps (nvctk.hook.children.apply_edits); nvctk-runtime's CDI
-mode decodes it back into the form (nvctk.cdi.resolve) and runs none of it.
+mode decodes it back into the form (nvctk.plan.cdi) and runs none of it.
 
 Hooks are `createRuntime` hooks: they run where the prestart hook runs (the
 runtime's namespaces, the container's created but not started), so they take the
@@ -25,24 +25,26 @@ from typing import Any, Literal
 
 from nvctk.base import fileio
 from nvctk.base.config import ALL_CAPABILITIES, host_driver_root
+from nvctk.base.errors import CdiError
 from nvctk.base.inroot import resolve_in_root
-from nvctk.cdi.load import CLASS, VENDOR, CdiError, bind_options
+from nvctk.cdi import transforms
+from nvctk.cdi.load import CLASS, VENDOR
 from nvctk.edits import (
     HOOK_NAME,
     DeviceNode,
     Edits,
     Mount,
     Symlink,
+    bind_options,
     container_path_of_host,
-    on_host,
 )
 from nvctk.host import discover
 from nvctk.host import driver as nvdriver
 from nvctk.host.image import ImageFacts
 from nvctk.host.paths import context
+from nvctk.host.select import Selected, select_devices
 from nvctk.plan import make
 from nvctk.plan.mounts import plan_symlinks
-from nvctk.plan.select import Selected, select_devices
 from nvctk.request.parse import Request
 
 TYPE_CHECKING = False
@@ -120,7 +122,7 @@ def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...],
     capability but compat32 (a CDI spec names no image, so it cannot place 32-bit
     libraries): (what every container gets whatever its devices, [(names, what the
     device adds)]). Each is plan_container's form, on one discovery of them all (hook_path:
-    the context's; the forms' own hooks are not part of a CDI spec)."""
+    the context's), made a spec's part by nvctk.cdi.transforms."""
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad or not strategies:
         raise CdiError(f"unknown device name strategy {(bad or [''])[0]!r} "
@@ -130,38 +132,29 @@ def host_edits(config: Config, host: HostInfo, strategies: tuple[str, ...],
                      source="the devices of the CDI spec")
     selected = select_devices(wanted, host)
     # no image: the libraries go where the host has them (ImageFacts.host_layout)
-    facts = discover.discover(wanted, config, host, [(s.gpu, s.mig) for s in selected],
-                              ImageFacts(host_layout=True))
+    facts = discover.discover(wanted, config, host, selected, ImageFacts(host_layout=True))
     ctx = context(config, hook_path=hook_path)
 
-    def plan(sel: list[Selected]) -> Edits:
-        ids = tuple(s.gpu.uuid if s.mig is None else s.mig.uuid for s in sel)
-        return make.plan_container(Request(ids, capabilities=caps), config, facts, ctx)
+    def plan(sel: tuple[Selected, ...]) -> Edits:
+        ids = tuple(s.name for s in sel)
+        return make.plan_container(Request(ids, capabilities=caps), config,
+                                   facts.replace(selected=sel), ctx)
 
     # what every container gets whatever its devices: nvidiactl, uvm, modeset, the files
-    common = plan([])
-    lib_dir = common.lib_dir
+    common = plan(())
     mounts = list(common.mounts)
     first = {m.container_path for m in mounts}
-    mounts += [m for m in _extra_mounts(facts.files, lib_dir) if m.container_path not in first]
-    out = []
-    common_nodes = {d.path for d in common.devices}
-    # sources as the host sees them: a node component in a container sees the driver
-    # under a mount of its own (config host-driver-root)
+    mounts += [m for m in _extra_mounts(facts.files, common.lib_dir)
+               if m.container_path not in first]
     seen, on = config.driver_root, host_driver_root(config)
+    out = []
     for sel in selected:
-        own = plan([sel])
         names = list(dict.fromkeys(device_names(sel, s) for s in strategies))
-        out.append((names, on_host(Edits(
-            host.driver_version, caps, (sel.gpu.uuid,),
-            devices=tuple(d for d in own.devices if d.path not in common_nodes),
-            symlinks=tuple(s for s in own.symlinks if s not in common.symlinks),
-            ldconfig=""), seen, on)))
-    return (on_host(common.replace(
-                gpu_uuids=(), mounts=tuple(mounts), symlinks=tuple(
-                    plan_symlinks(mounts, lib_dir, host.driver_version)), proc_mask=None,
-                hooks=(), remove_hooks=(), log=None, selected=()), seen, on),
-            out)
+        part = transforms.device_part(plan((sel,)), common, sel.gpu.uuid)
+        out.append((names, transforms.sources_on_host(part, seen, on)))
+    links = plan_symlinks(mounts, common.lib_dir, host.driver_version)
+    return transforms.sources_on_host(transforms.common_part(common, mounts, links),
+                                      seen, on), out
 
 
 def cdi_spec(config: Config, host: HostInfo, hook_path: str, *,
@@ -225,13 +218,15 @@ def min_version(spec: dict[str, Any]) -> str:
 
 
 def make_spec(common: Edits, devices: list[tuple[list[str], Edits]], hook_path: str, *,
-              vendor: str = VENDOR, cls: str = CLASS,
-              hook_env: list[str] | None = None) -> dict[str, Any]:
-    """The forms as a CDI spec. A device's links and the common ones, and the ldconfig
-    step, are one `nvctk-hook cdi-edits` createRuntime hook in each device's edits (a
-    spec's common edits cannot know the device's links): a one-device container runs
-    one hook. Two devices run it twice: the links, pins and ldconfig are idempotent.
-    common.pins (a DRA share's /etc and /run) go into every device's hook."""
+              vendor: str = VENDOR, cls: str = CLASS, hook_env: list[str] | None = None,
+              all_device: bool = True) -> dict[str, Any]:
+    """The spec's parts (nvctk.cdi.transforms) written as a CDI spec. A device's links and
+    the common ones, and the ldconfig step, are one `nvctk-hook cdi-edits` createRuntime
+    hook in each device's edits (a spec's common edits cannot know the device's links):
+    a one-device container runs one hook. Two devices run it twice: the links, pins and
+    ldconfig are idempotent. common.pins (a DRA share's /etc and /run) go into every
+    device's hook. all_device: a device `all` with every device's edits (not in a DRA
+    claim's spec: every claim's spec of the kind would define it, a conflict to CDI)."""
     env = hook_env or []
     folder = common.lib_dir if common.ldconfig else None
     out: list[dict[str, Any]] = []
@@ -252,7 +247,7 @@ def make_spec(common: Edits, devices: list[tuple[list[str], Edits]], hook_path: 
         for n in d.devices:
             all_nodes.setdefault(n.path, n)
         all_links += [s for s in d.symlinks if s not in all_links]
-    if devices:
+    if devices and all_device:
         out.append({"name": "all", "containerEdits": edits_of(list(all_nodes.values()),
                                                               all_links)})
     spec: dict[str, Any] = {

@@ -28,12 +28,12 @@ from typing import Any
 
 from nvctk.base.errors import NvctkError, shown
 from nvctk.cdi import generate as cdi_generate
-from nvctk.cdi.load import bind_options
+from nvctk.cdi import transforms
 from nvctk.dra import claims as dra_claims
 from nvctk.dra.claims import ClaimError, ClaimSource, Result, UnknownDevice
 from nvctk.dra.devices import MEMORY, SM_FULL, SM_SHARE, DraDevice, node_devices
 from nvctk.dra.record import Prepared, PreparedDevice, RecordError, Records, boot_id, check_uid
-from nvctk.edits import Edits
+from nvctk.edits import Edits, Mount
 from nvctk.host.discover import DEFAULT_MPS_PIPE_DIR
 from nvctk.host.inventory import HostInfo
 from nvctk.k8s.allocate import MPS_PIPE_IN_CONTAINER, mps_pipe
@@ -41,7 +41,6 @@ from nvctk.k8s.allocate import MPS_PIPE_IN_CONTAINER, mps_pipe
 log = logging.getLogger("nvctk.dra")
 
 CDI_CLASS = "claim"
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -145,20 +144,7 @@ class Driver:
             done = None
         if done is not None:
             return list(done.devices)
-        claim = self.source.get_claim(namespace, name, self.api_timeout)
-        dra_claims.check_uid(claim, namespace, name, uid)
-        try:
-            try:
-                results = dra_claims.results(claim, self.name, self.pool, self.devices)
-            except UnknownDevice:
-                if self.inventory is None:
-                    raise
-                # a MIG device made since the inventory was read (published by a sync that
-                # ran before this driver heard of it, or not yet): asked again, once
-                self.rediscover()
-                results = dra_claims.results(claim, self.name, self.pool, self.devices)
-        except ClaimError as e:  # the field is named; the claim too, for the node's log
-            raise type(e)(f"claim {namespace}/{name}: {e}") from None
+        results = self._results(namespace, name, uid)
         sick = self.unhealthy()
         bad = [r.device.name for r in results if r.device.uuid in sick or r.device.gpu.uuid in sick]
         if bad:
@@ -172,7 +158,7 @@ class Driver:
             devs[r.device.name] = PreparedDevice(reqs, r.pool, r.device.name, (cdi_id,),
                                                  r.share_id if old is None else old.share_id)
         mps = bool(results) and all(r.strategy == "MPS" for r in results)
-        mps_edits = self._mps_edits(results) if mps else None
+        mps_edits = self._mps_edits(results) if mps else ({}, ())
         # an MPS claim's share is MPS's to limit; any other share is capped by libvgpu
         ledger = self.ledger_path(uid) if not mps and any(r.partial for r in results) else None
         rec = Prepared(namespace, name, uid, self.spec_path(uid), tuple(devs.values()),
@@ -184,7 +170,7 @@ class Driver:
                 elif ledger is not None:
                     self._write_share_spec(uid, results, ledger)
                 else:
-                    self._write_spec(uid, [r.device for r in results], mps_edits)
+                    self._write_spec(uid, [r.device for r in results], None, *mps_edits)
                 self.records.save(rec)
             except BaseException as e:
                 self._undo(uid, ledger)
@@ -195,6 +181,24 @@ class Driver:
         log.info("prepared claim %s/%s (%s): %s", namespace, name, uid,
                  ", ".join(devs) or "no device of this driver")
         return list(devs.values())
+
+    def _results(self, namespace: str, name: str, uid: str) -> list[Result]:
+        """The claim's allocation results on this driver's devices (ClaimError naming the
+        claim); the inventory asked again, once, for a device it does not know."""
+        claim = self.source.get_claim(namespace, name, self.api_timeout)
+        dra_claims.check_uid(claim, namespace, name, uid)
+        try:
+            try:
+                return dra_claims.results(claim, self.name, self.pool, self.devices)
+            except UnknownDevice:
+                if self.inventory is None:
+                    raise
+                # a MIG device made since the inventory was read (published by a sync that
+                # ran before this driver heard of it, or not yet): asked again, once
+                self.rediscover()
+                return dra_claims.results(claim, self.name, self.pool, self.devices)
+        except ClaimError as e:  # the field is named; the claim too, for the node's log
+            raise type(e)(f"claim {namespace}/{name}: {e}") from None
 
     def _prepared(self, uid: str) -> Prepared | None:
         """This boot's record of the claim, when its spec is still there."""
@@ -207,11 +211,11 @@ class Driver:
             return None  # a ledger of an nvctk before plain-CDI shares: made anew
         return rec
 
-    def _write_spec(self, uid: str, devices: list[DraDevice],
-                    more: dict[str, list[Any]] | None = None, common: Edits | None = None) -> None:
-        """more: container edits every container of the claim gets besides (an MPS
-        claim's env and pipe mount); common: the form every container of the claim gets
-        (default: the host's common form; a share's adds its vGPU mounts and pins)."""
+    def _write_spec(self, uid: str, devices: list[DraDevice], common: Edits | None = None,
+                    env: dict[str, str] | None = None, mounts: tuple[Mount, ...] = ()) -> None:
+        """common: the form every container of the claim gets (default: the host's common
+        form; a share's adds its vGPU mounts and pins); env, mounts: what they get besides
+        (an MPS claim's env and pipe mount)."""
         f = self.forms
         gone = [d.name for d in devices if d.uuid not in f.by_uuid]
         if gone:  # the inventory changed between reading the claim and now
@@ -220,20 +224,13 @@ class Driver:
         names = list(dict.fromkeys(d.name for d in devices))
         by_name = {d.name: d for d in devices}
         spec = cdi_generate.make_spec(
-            common or f.common, [([f"{uid}-{n}"], f.by_uuid[by_name[n].uuid]) for n in names],
+            transforms.claim_part(common or f.common, env or {}, mounts),
+            [([f"{uid}-{n}"], f.by_uuid[by_name[n].uuid]) for n in names],
             f.hook_path, vendor=cdi_vendor(self.name), cls=CDI_CLASS,
-            hook_env=list(f.hook_env))
-        # the per-claim spec has the claim's devices only: `all` would be defined by
-        # every claim's spec of this kind, a conflict to CDI
-        spec["devices"] = [d for d in spec["devices"] if d["name"] != "all"]
-        # the claim's devices and no other: an image's NVIDIA_VISIBLE_DEVICES=all (CUDA
-        # images have it) must not widen the claim under nvctk-runtime's legacy mode
-        spec["containerEdits"].setdefault("env", []).append(f"{VISIBLE_DEVICES}=void")
-        for key, items in (more or {}).items():
-            spec["containerEdits"].setdefault(key, []).extend(items)
+            hook_env=list(f.hook_env), all_device=False)
         self._save_spec(uid, spec)
 
-    def _mps_edits(self, results: list[Result]) -> dict[str, list[Any]]:
+    def _mps_edits(self, results: list[Result]) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """An MPS claim's container edits, as the device plugin's MPS shares get them
         (nvctk.k8s.allocate): the host's MPS pipe directory (a clear error when the MPS
         control daemon's is missing, never a silent non-MPS run) at the same place in
@@ -261,14 +258,13 @@ class Driver:
                             self.shares.host_driver_root)
         except NvctkError as e:
             raise ClaimError(f"sharing strategy MPS: {e}") from None
-        env = [f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"]
+        env = {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE_IN_CONTAINER}
         percent = next(iter(threads.values()))
         if percent:
-            env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}")
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percent)
         if pinned:
-            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(pinned)}")
-        return {"env": env, "mounts": [{"hostPath": pipe, "containerPath": MPS_PIPE_IN_CONTAINER,
-                                        "options": list(bind_options(False, False))}]}
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(pinned)
+        return env, (Mount(pipe, MPS_PIPE_IN_CONTAINER, "dir", read_only=False),)
 
     def _save_spec(self, uid: str, spec: dict[str, Any]) -> None:
         try:
@@ -327,10 +323,8 @@ class Driver:
             vgpu_state.install_ledger(plan)
         except OSError as e:
             raise NvctkError(f"the claim's vGPU ledger {ledger}: {e.strerror or e}") from None
-        f = self.forms
-        common = f.common.replace(mounts=(*f.common.mounts, *plan.mounts),
-                                  env={**f.common.env, **vgpu_env(plan)}, pins=vgpu_pins(plan))
-        self._write_spec(uid, devs, common=common)
+        self._write_spec(uid, devs, common=transforms.with_vgpu_share(
+            self.forms.common, plan, vgpu_env(plan), vgpu_pins(plan)))
 
     def _undo(self, uid: str, ledger: str | None) -> None:
         """A failed prepare leaves nothing of the claim (best effort: the failure itself

@@ -129,10 +129,10 @@ def _glob_match(pattern: str, key: str) -> bool:
 
 
 # nvctk's own annotations: the node's vGPU limits (nvctk.io/, the device plugin's) and
-# the record of what a create added to the spec (org.nvctk.edits): a Pod's author must
+# the record of what a create added to the spec (nvctk.io/edits): a Pod's author must
 # set neither, so no pod_annotations pattern of nvctk's runtime may let one through
-NVCTK_PREFIXES = ("nvctk.io/", "org.nvctk.")
-_NVCTK_PROBES = ("nvctk.io/x", "nvctk.io/vgpu.x", "org.nvctk.edits", "org.nvctk.x")
+NVCTK_PREFIXES = ("nvctk.io/",)
+_NVCTK_PROBES = ("nvctk.io/x", "nvctk.io/vgpu.x", "nvctk.io/edits")
 
 
 def _pod_ok(pattern: object) -> bool:

@@ -1,7 +1,7 @@
 """The hook's side of the prestart's work: fork the worker and the ldconfig child, hand
 them the container's pid, collect their answers.
 
-    start      fork the worker (nvctk.hook.worker) and, where the plan runs ldconfig,
+    start      fork the worker (nvctk.hook.worker) and, where the form runs ldconfig,
                the ldconfig child (nvctk.hook.ldconfig) beside it, with the pipes
                between them (nvctk.hook.messages has what each carries); each opens
                what it needs on the host and waits for the pid. A served prestart
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
 
 class Roles(Record):
     """What the two children run (each returns its exit code):
-    worker(plan, rootfs, log, pid, answer, libraries, set_up) and
-    ldconfig(plan, rootfs, log, libraries, out); the channels are the ends of their
+    worker(edits, rootfs, log, pid, answer, libraries, set_up) and
+    ldconfig(edits, rootfs, log, libraries, out); the channels are the ends of their
     pipes (nvctk.hook.messages), out the fd of ldconfig's output."""
 
     __slots__ = ("worker", "ldconfig")  # noqa: RUF023
@@ -111,13 +111,13 @@ class Children(Record):
     def __init__(self, worker: int, ldconfig: int, pid_w: Channel, answer_r: Channel,
                  out_r: Channel, procs: Procs = PROCS) -> None:
         self.worker = worker
-        self.ldconfig = ldconfig  # -1: the plan runs no ldconfig
+        self.ldconfig = ldconfig  # -1: the form runs no ldconfig
         self.pid_w = pid_w
         self.answer_r = answer_r
         self.out_r = out_r
         self.procs = procs
 
-    def go(self, plan: Edits, pid: int, log: HookLog, drop_parent_caps: bool = False,
+    def go(self, edits: Edits, pid: int, log: HookLog, drop_parent_caps: bool = False,
            deadline: float | None = None) -> None:
         """The work on container `pid`; MountError with the worker's message on failure
         (ldconfig is then stopped). drop_parent_caps, deadline: see apply_edits (a
@@ -131,7 +131,7 @@ class Children(Record):
         err = self._answer(deadline)
         if self.ldconfig > 0:
             if err is None:
-                wait_ldconfig(plan, self.ldconfig, self.out_r, log, deadline, self.procs)
+                wait_ldconfig(edits, self.ldconfig, self.out_r, log, deadline, self.procs)
                 # the children's caps went with them: what is left of the hook is this process
                 log.debug(f"caps step=done effective={','.join(caps.current()) or '-'}")
             else:
@@ -164,19 +164,19 @@ class Children(Record):
             self.procs.wait(self.ldconfig)
 
 
-def start(plan: Edits, rootfs: str, log: HookLog, procs: Procs = PROCS,
+def start(edits: Edits, rootfs: str, log: HookLog, procs: Procs = PROCS,
           roles: Roles = ROLES) -> Children:
-    """Fork the worker, and ldconfig beside it, for `plan`; they die with this process.
+    """Fork the worker, and ldconfig beside it, for `edits`; they die with this process.
     OSError when either cannot be forked, leaving no child and no pipe behind."""
     caps.warm_up()
     parent = os.getpid()
     # the libraries, set-up and output pipes only with ldconfig; the set-up pipe's EOF
     # comes once the ldconfig child, which alone holds set_w, execs or ends
     (answer_r, answer_w, pid_r, pid_w, libs_r, libs_w, set_r, set_w, out_r,
-     out_w) = _pipes(5 if plan.ldconfig else 2, 5)
+     out_w) = _pipes(5 if edits.ldconfig else 2, 5)
     try:
         child = _fork(procs, parent,
-                      lambda: roles.worker(plan, rootfs, log, pid_r, answer_w, libs_w, set_r),
+                      lambda: roles.worker(edits, rootfs, log, pid_r, answer_w, libs_w, set_r),
                       [answer_r, libs_r, pid_w, set_w, out_r, out_w],
                       [answer_w, libs_w, pid_r, set_r])
     except BaseException:
@@ -184,10 +184,10 @@ def start(plan: Edits, rootfs: str, log: HookLog, procs: Procs = PROCS,
             ch.close()
         raise
     children = Children(child, -1, pid_w, answer_r, out_r, procs)
-    if plan.ldconfig:
+    if edits.ldconfig:
         try:
             children.ldconfig = _fork(
-                procs, parent, lambda: roles.ldconfig(plan, rootfs, log, libs_r, out_w.fd),
+                procs, parent, lambda: roles.ldconfig(edits, rootfs, log, libs_r, out_w.fd),
                 [answer_r, out_r, pid_w], [out_w, libs_r, set_w])
         except BaseException:
             children.cancel()  # the worker, unused, ends with its pid pipe
@@ -195,7 +195,7 @@ def start(plan: Edits, rootfs: str, log: HookLog, procs: Procs = PROCS,
     return children
 
 
-def wait_ldconfig(plan: Edits, pid: int, out_r: Channel, log: Logger,
+def wait_ldconfig(edits: Edits, pid: int, out_r: Channel, log: Logger,
                   hook_deadline: float | None = None, procs: Procs = PROCS) -> None:
     """Collect ldconfig's output (closes out_r), kill it past its LDCONFIG_TIMEOUT or at the
     hook's own deadline (time.monotonic), whichever comes first, reap it and log how it
@@ -230,14 +230,14 @@ def wait_ldconfig(plan: Edits, pid: int, out_r: Channel, log: Logger,
     if code != 0:
         # a read-only rootfs, or an image without a writable /etc: the libraries are
         # mounted all the same; programs that dlopen by SONAME may not find them
-        log.warning(f"step ldconfig: {plan.lib_dir}: ldconfig exited {code}: {out or '-'}")
+        log.warning(f"step ldconfig: {edits.lib_dir}: ldconfig exited {code}: {out or '-'}")
     else:
-        log.info(f"ldconfig refreshed the container's cache ({plan.lib_dir})")
+        log.info(f"ldconfig refreshed the container's cache ({edits.lib_dir})")
         if out:
             log.debug(f"ldconfig: {out}")
 
 
-def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
+def apply_edits(edits: Edits, rootfs: str, pid: int, log: HookLog,
                 drop_parent_caps: bool = False, deadline: float | None = None) -> None:
     """Run the worker, and ldconfig beside it, in forked children on container `pid`;
     MountError with the worker's message on failure (ldconfig is then stopped).
@@ -248,4 +248,4 @@ def apply_edits(plan: Edits, rootfs: str, pid: int, log: HookLog,
     ldconfig is stopped there at the latest, also where the hook's own process is not
     the one runc kills (nvctk-runtime's server), and a worker silent until then killed.
     """
-    start(plan, rootfs, log).go(plan, pid, log, drop_parent_caps, deadline)
+    start(edits, rootfs, log).go(edits, pid, log, drop_parent_caps, deadline)

@@ -6,10 +6,10 @@
     2. parse the arguments: UsageError -> exit 2, "nvctk-hook: <cmd>: <why>" + usage
     3. read and parse the OCI state on stdin
     4. as the command asks (`inputs`): the spec and the rootfs (STATE < ROOTFS < EDITS),
-       the plan (nvctk.hook.inputs.load_edits, the one plan loader) read only once the
+       the form (nvctk.edits_file.load_edits, the one form loader) read only once the
        rootfs is known not to hold the bundle
-    5. open the log from the plan's log settings (the hook loads no config for it;
-       without a plan, the config's)
+    5. open the log from the form's log settings (the hook loads no config for it;
+       without a form, the config's)
     6. the command's body; then exit 0
 
 Errors: an NvctkError is exit 1 with "nvctk-hook: <cmd>: <message>" on stderr (and in
@@ -26,14 +26,11 @@ from nvctk.base.errors import NvctkError, SpecError
 from nvctk.base.fileio import MAX_HOOK_STATE
 from nvctk.base.log import HookLog
 from nvctk.base.record import Record
-from nvctk.edits import EDITS_FILE, HOOK_NAME
+from nvctk.edits import HOOK_NAME
+from nvctk.edits_file import EDITS_FILE, edits_path, load_edits, parse_edits, read_edits
 from nvctk.hook.inputs import (
     HookState,
-    edits_path,
-    load_edits,
-    parse_edits,
     parse_state,
-    read_edits,
     rootfs_path,
     sanitize_environ,
 )
@@ -77,7 +74,7 @@ class HookRun(Record):
         self.spec = spec
         self.rootfs = rootfs
         self.edits = edits
-        self.log = log  # nowhere until the plan names the log (or the body opens one)
+        self.log = log  # nowhere until the form names the log (or the body opens one)
         self.early: Early | None = None  # the inputs came from it (run's `early`)
         self.started = time.monotonic()  # runc's hook timeout counts from about here
         self._config = config
@@ -96,8 +93,8 @@ class HookRun(Record):
         return None
 
     def config(self) -> Config:
-        """nvctk's config, read at the first call: only for what the plan does not carry
-        (poststop's state dir; the log when there is no plan)."""
+        """nvctk's config, read at the first call: only for what the form does not carry
+        (poststop's state dir; the log when there is no form)."""
         if self._config is None:
             from nvctk.base import config as nvconfig  # off the GPU start's path
 
@@ -106,7 +103,7 @@ class HookRun(Record):
 
 
 def log_for(hook: HookRun) -> HookLog:
-    """The hook's log, as the plan says (file, level). Without a plan (a command that
+    """The hook's log, as the form says (file, level). Without a form (a command that
     reads none, or a container nvctk-runtime made none for) or with one written before
     the form carried log settings: the config's, read only then."""
     settings = None if hook.edits is None else hook.edits.log
@@ -117,7 +114,7 @@ def log_for(hook: HookRun) -> HookLog:
 
 
 def _read_inputs(run_: HookRun, inputs: int) -> str | None:
-    """Fill run_'s spec, rootfs and plan as `inputs` asks; a str: nothing to do, why."""
+    """Fill run_'s spec, rootfs and form as `inputs` asks; a str: nothing to do, why."""
     state = run_.state
     if inputs < ROOTFS:
         return None
@@ -188,7 +185,7 @@ class Early(Record):
         self.spec = spec
         self.rootfs = rootfs
         self.edits = edits
-        self.log = log  # the plan's, opened
+        self.log = log  # the form's, opened
         self._spec_data = spec_data
         self._edits_read = edits_read
 
@@ -207,7 +204,7 @@ class Early(Record):
 
 def read_early(bundle: str) -> Early | None:
     """The EDITS inputs of `bundle` as _read_inputs reads them for a state without a
-    root of its own (runc's), and the plan's log opened; None when anything is not as
+    root of its own (runc's), and the form's log opened; None when anything is not as
     a GPU create leaves it (the hook then reads them itself, and says what is wrong)."""
     try:
         spec_data = read_spec(bundle)
@@ -250,7 +247,7 @@ def run(cmd: str, body: Callable[[HookRun], None], argv: list[str], *,
     """Run one hook command (module docstring); returns its exit code.
 
     parse: the arguments -> the body's opts (UsageError when wrong); None: no arguments.
-    log: a log to use instead of the plan's (tests); it is not closed here.
+    log: a log to use instead of the form's (tests); it is not closed here.
     config: the config to use instead of reading nvctk's (tests).
     early: inputs read before (EDITS only), used when they hold for the state (then
     hook.early is it, and its log is the hook's, closed here)."""

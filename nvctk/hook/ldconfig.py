@@ -109,7 +109,7 @@ def detach_procfs_under(top: str, infos: list[mounts.MountInfo], log: HookLog) -
             os.close(fd)
 
 
-def become_ldconfig(plan: Edits, rootfs: str, root_id: tuple[int, int], ldfd: int,
+def become_ldconfig(edits: Edits, rootfs: str, root_id: tuple[int, int], ldfd: int,
                     devnull: int, log: HookLog) -> None:
     """In a private mount namespace (ldconfig_child made it), with its
     output on fds 1 and 2: become the host's ldconfig run chrooted into the rootfs, the
@@ -139,10 +139,10 @@ def become_ldconfig(plan: Edits, rootfs: str, root_id: tuple[int, int], ldfd: in
     os.chdir("/")
     caps.limit_to(caps.STEP_CAPS["ldconfig"])
     log.debug(f"caps step=ldconfig effective={','.join(caps.current()) or '-'}")
-    os.execve(ldfd, ["ldconfig", plan.lib_dir], {})
+    os.execve(ldfd, ["ldconfig", edits.lib_dir], {})
 
 
-def ldconfig_child(plan: Edits, rootfs: str, log: HookLog, libraries: Channel,
+def ldconfig_child(edits: Edits, rootfs: str, log: HookLog, libraries: Channel,
                    out: int) -> int:
     """The forked ldconfig, beside the worker: once LIBRARIES_IN comes on `libraries`
     (the rootfs and the container's pid), a private copy of the container's mount
@@ -155,7 +155,7 @@ def ldconfig_child(plan: Edits, rootfs: str, log: HookLog, libraries: Channel,
         os.dup2(out, 2)
         caps.restrict(caps.needed(("open", "setns", "ldconfig-setup", "ldconfig")), log)
         caps.enter_step("open", log)
-        fds.append(ldfd := open_ldconfig(plan.ldconfig))
+        fds.append(ldfd := open_ldconfig(edits.ldconfig))
         fds.append(devnull := os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
         sent = decode_libraries_in(libraries.recv(LIBRARIES_LIMIT))
         if sent is None:
@@ -170,7 +170,7 @@ def ldconfig_child(plan: Edits, rootfs: str, log: HookLog, libraries: Channel,
         mounts.unshare(mounts.CLONE_NEWNS)
         mounts.mount_propagation("/", mounts.MS_REC | mounts.MS_PRIVATE)
         os.chdir("/")
-        become_ldconfig(plan, rootfs, (dev, ino), ldfd, devnull, log)
+        become_ldconfig(edits, rootfs, (dev, ino), ldfd, devnull, log)
     except BaseException as e:
         try:
             os.write(2, f"ldconfig setup: {e}\n".encode("utf-8", "replace"))

@@ -1,17 +1,17 @@
 """`nvctk-hook poststop [--runtime-root DIR]`: remove the container's vGPU state dir.
 
 Nothing to undo for the mounts (they go with the container's mount namespace). The
-dir is named by --runtime-root with the state's id: the bundle's plan may be another
-container's by now (two containers created from one bundle); the plan (read by the one
-plan loader, nvctk.hook.inputs.load_edits) only when the hook has no --runtime-root (a
+dir is named by --runtime-root with the state's id: the bundle's form may be another
+container's by now (two containers created from one bundle); the form (read by the one
+form loader, nvctk.edits_file.load_edits) only when the hook has no --runtime-root (a
 spec written by an nvctk that passed none). Then what containers that are gone left
 is collected (nvctk.vgpu.gc).
 """
 
 from __future__ import annotations
 
+from nvctk.edits_file import load_edits
 from nvctk.hook.entry import STATE, HookRun, UsageError, run
-from nvctk.hook.inputs import load_edits
 from nvctk.vgpu.gc import StateLock, collect_quietly, remove_state_dir
 from nvctk.vgpu.state import state_dir_for
 
@@ -43,8 +43,8 @@ def poststop(hook: HookRun) -> str | None:
     if runtime_root is not None:
         d: str | None = state_dir_for(cfg, runtime_root, hook.state.id)
     else:
-        plan = load_edits(hook.state.bundle)
-        d = None if plan is None or plan.vgpu is None else plan.vgpu.state_dir
+        edits = load_edits(hook.state.bundle)
+        d = None if edits is None or edits.vgpu is None else edits.vgpu.state_dir
     if d is not None:
         with StateLock(cfg):
             # the container's own path, where its create mounted nvctk's tmpfs: whatever

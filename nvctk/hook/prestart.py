@@ -1,4 +1,4 @@
-"""`nvctk-hook prestart`: state -> bundle -> plan -> the worker's steps.
+"""`nvctk-hook prestart`: state -> bundle -> form -> the worker's steps.
 
 The inputs are read and the errors mapped by nvctk.hook.entry (the same for every
 hook command); the work is done by two children this process forks
@@ -83,24 +83,24 @@ def ready(bundle: str) -> Ready | None:
 def body(hook: HookRun, drop_parent_caps: bool = True, served: bool = False,
          prepared: Ready | None = None) -> None:
     """The prestart's own work, as entry.run calls each command's body once it has read
-    the state, spec, rootfs and plan: the children made ready (prepared) when they are
+    the state, spec, rootfs and form: the children made ready (prepared) when they are
     this hook's, else children forked now (children.apply_edits), then the log's line."""
-    plan, rootfs = hook.edits, hook.rootfs
-    assert plan is not None and rootfs is not None  # inputs=EDITS
+    edits, rootfs = hook.edits, hook.rootfs
+    assert edits is not None and rootfs is not None  # inputs=EDITS
     if hook.opts is not None and not served:
         hook.log.info(f"{hook.state.id}: nvctk-runtime's prestart server was not there (runc "
                       "not started by the create that wrote this spec): the hook runs by itself")
     by = ", served by nvctk-runtime" if served else ""
     children = prepared.take(hook) if prepared is not None else None
     if children is not None:
-        children.go(plan, hook.state.pid, hook.log, drop_parent_caps, hook.deadline())
+        children.go(edits, hook.state.pid, hook.log, drop_parent_caps, hook.deadline())
         by += ", made ready while runc started"
     else:
         if prepared is not None:
             hook.log.info(f"{hook.state.id}: the inputs read while runc started are not "
                           "this hook's (another bundle, or its files changed): read anew")
-        apply_edits(plan, rootfs, hook.state.pid, hook.log, drop_parent_caps, hook.deadline())
-    hook.log.info(f"{hook.state.id}: prestart done{by} ({len(plan.mounts)} mounts, "
+        apply_edits(edits, rootfs, hook.state.pid, hook.log, drop_parent_caps, hook.deadline())
+    hook.log.info(f"{hook.state.id}: prestart done{by} ({len(edits.mounts)} mounts, "
                   f"rootfs {rootfs})")
 
 

@@ -1,4 +1,4 @@
-"""The prestart hook's worker: a plan's mounts, links and mask, then ldconfig.
+"""The prestart hook's worker: a form's mounts, links and mask, then ldconfig.
 
 The work happens in a process forked from the hook's, so that the hook itself
 stays in the host's mount namespace:
@@ -12,7 +12,7 @@ stays in the host's mount namespace:
                           and open its mount namespace
     setns      enter the container's mount namespace (state.pid)
     propagation  never let a mount under the rootfs propagate to the host
-    mount      (the plan's pins first, a vGPU's /etc and /run: recursive self-binds,
+    mount      (the form's pins first, a vGPU's /etc and /run: recursive self-binds,
                so that renaming them cannot carry nvctk's mounts away) resolve each
                destination inside the rootfs (openat2 RESOLVE_IN_ROOT), create
                it, move_mount the clone onto its fd; vGPU's destinations with no
@@ -20,7 +20,7 @@ stays in the host's mount namespace:
     symlink    libcuda.so -> libcuda.so.1 and friends (symlinkat on a parent fd)
     proc-mask  tmpfs over /proc/driver/nvidia where the container has it
 
-ldconfig runs beside the worker, not after it: the worker mounts the plan's libraries
+ldconfig runs beside the worker, not after it: the worker mounts the form's libraries
 (and makes its links) first and then sends LIBRARIES_IN to the ldconfig child
 (nvctk.hook.ldconfig), which enters a private copy of the container's mount namespace
 and becomes the host's ldconfig there while the worker mounts the rest (once SET_UP
@@ -30,7 +30,7 @@ cache and links it writes are on the rootfs's own file system, the one the conta
 sees. The hook's process forks both (nvctk.hook.children), bounds ldconfig in time and
 stops it when the worker fails; nvctk.hook.messages has every message between them.
 
-It does what the plan says and decides nothing else: which mounts may be missing
+It does what the form says and decides nothing else: which mounts may be missing
 (skipped, logged) and which may not (the hook fails) is each Mount's `required`.
 Nothing is created anywhere but on the rootfs's own mounts (nvctk.hook.mount.Root): a
 target below a host directory bound read-write into the container (a volume,
@@ -123,12 +123,12 @@ def _is_own_tmpfs(path: str, st: os.stat_result) -> bool:
         os.close(fd)
 
 
-def check_vgpu_state(plan: Edits, log: HookLog) -> tuple[Mount, ...]:
-    """The plan's vGPU mounts, once their sources are what nvctk-runtime made at create
+def check_vgpu_state(edits: Edits, log: HookLog) -> tuple[Mount, ...]:
+    """The form's vGPU mounts, once their sources are what nvctk-runtime made at create
     (nvctk.vgpu.state): the state dir a tmpfs of its own holding ro/ and rw/ and the
     files the mounts take. A missing piece fails the hook: a container that sets a
     limit never runs uncapped."""
-    v = plan.vgpu
+    v = edits.vgpu
     if v is None:
         return ()
     top = os.path.dirname(v.container_state_dir)
@@ -167,17 +167,17 @@ def check_vgpu_state(plan: Edits, log: HookLog) -> tuple[Mount, ...]:
     return v.mounts
 
 
-def _prepare(plan: Edits, log: HookLog) -> WorkerFds:
+def _prepare(edits: Edits, log: HookLog) -> WorkerFds:
     """Host-namespace work that needs no container: clones of the sources, the mask,
     ldconfig and /dev/null (the ns fd comes once the pid is known: _open_ns)."""
     caps.enter_step("open", log)
     p = WorkerFds()
     try:
-        _clone_sources(plan, p, log)
-        _make_mask(plan, p, log)
-        if plan.ldconfig:
+        _clone_sources(edits, p, log)
+        _make_mask(edits, p, log)
+        if edits.ldconfig:
             # the ldconfig child opens it too: a wrong one fails the hook here
-            p.ldconfig = open_ldconfig(plan.ldconfig)
+            p.ldconfig = open_ldconfig(edits.ldconfig)
         p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         return p
     except BaseException:
@@ -186,33 +186,33 @@ def _prepare(plan: Edits, log: HookLog) -> WorkerFds:
         raise
 
 
-def _clone_sources(plan: Edits, p: WorkerFds, log: HookLog) -> None:
+def _clone_sources(edits: Edits, p: WorkerFds, log: HookLog) -> None:
     """Every mount's source cloned (detached, already read-only/nosuid/nodev), the vGPU
     state's last; a missing optional one skipped, a missing required one an error."""
-    vgpu = check_vgpu_state(plan, log)
-    for i, mnt in enumerate((*plan.mounts, *vgpu)):
-        if i == len(plan.mounts):
+    vgpu = check_vgpu_state(edits, log)
+    for i, mnt in enumerate((*edits.mounts, *vgpu)):
+        if i == len(edits.mounts):
             p.vgpu_from = len(p.sources)
         try:
             fd = m.clone_source(mnt.host_path, m.attrs_for(mnt.read_only, mnt.noexec))
         except OSError as e:
             # open_tree first, lstat only when it failed: one syscall per file
-            if os.path.lexists(mnt.host_path) or i >= len(plan.mounts):
+            if os.path.lexists(mnt.host_path) or i >= len(edits.mounts):
                 raise m.step_error("open", mnt.host_path, e)
             if mnt.required:
                 raise MountError(
                     f"step open: {mnt.host_path}: required, and missing on the host "
                     f"({os.path.basename(mnt.host_path)}; the container's capabilities: "
-                    f"{', '.join(plan.capabilities)})"
+                    f"{', '.join(edits.capabilities)})"
                 )
             log.info(f"skip {mnt.container_path}: {mnt.host_path} is missing on the host")
             continue
         p.sources.append((mnt, fd))
 
 
-def _make_mask(plan: Edits, p: WorkerFds, log: HookLog) -> None:
+def _make_mask(edits: Edits, p: WorkerFds, log: HookLog) -> None:
     """The /proc/driver/nvidia mask: a detached tmpfs with the selected GPUs' files."""
-    pm = plan.proc_mask
+    pm = edits.proc_mask
     if pm is None:
         return
     if not os.path.isdir(pm.host_dir):
@@ -224,11 +224,11 @@ def _make_mask(plan: Edits, p: WorkerFds, log: HookLog) -> None:
         raise m.step_error("open", pm.host_dir, e)
 
 
-def _pin(plan: Edits, root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
-    """Pin the rootfs dirs the plan lists (a vGPU's: /etc and /run, which hold its
+def _pin(edits: Edits, root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
+    """Pin the rootfs dirs the form lists (a vGPU's: /etc and /run, which hold its
     mounts): renaming one (or a directory on the way to a vGPU mount) would take
     nvctk's mounts away from the paths ld.so and libvgpu read (the layout's step 1)."""
-    for name in plan.pins:
+    for name in edits.pins:
         if not name or "/" in name or name in (".", ".."):
             raise MountError(f"step edits: pin {name!r}: want a directory name at the "
                              "rootfs's top")
@@ -309,7 +309,7 @@ def reads_for_ldconfig(mnt: Mount) -> bool:
 
 def ldconfig_first(sources: list[tuple[Mount, int]]) -> tuple[list[tuple[Mount, int]], int]:
     """The sources with what ldconfig reads first, and how many lead: ldconfig starts
-    once those are in, while the worker mounts the rest. Kept in the plan's order where
+    once those are in, while the worker mounts the rest. Kept in the form's order where
     a directory mount lies on the way to a library (mounting the library first would
     put it under that directory); then the lead runs to the last library."""
     libs = [s for s in sources if reads_for_ldconfig(s[0])]
@@ -320,10 +320,10 @@ def ldconfig_first(sources: list[tuple[Mount, int]]) -> tuple[list[tuple[Mount, 
     return sources, last + 1
 
 
-def _make_links(plan: Edits, root: m.Root, log: HookLog) -> None:
-    """The plan's symlinks; one where the image has a file, or off the rootfs, is skipped."""
+def _make_links(edits: Edits, root: m.Root, log: HookLog) -> None:
+    """The form's symlinks; one where the image has a file, or off the rootfs, is skipped."""
     caps.enter_step("symlink", log)
-    for link in plan.symlinks:
+    for link in edits.symlinks:
         try:
             if not root.symlink(link.container_path, link.target):
                 log.info(f"skip link {link.container_path}: the image has a file there")
@@ -353,7 +353,7 @@ def _mask_proc(root: m.Root, mask: int, mounter: m.Mounter, log: HookLog) -> Non
     log.debug(f"masked {PROC_DRIVER}")
 
 
-def _mount_steps(plan: Edits, rootfs: str, pid: int, prep: WorkerFds, mounter: m.Mounter,
+def _mount_steps(edits: Edits, rootfs: str, pid: int, prep: WorkerFds, mounter: m.Mounter,
                  log: HookLog, libraries: Channel, set_up: Channel) -> m.Root:
     """setns to proc-mask; returns the rootfs once all are in. Once the libraries and
     links are in, LIBRARIES_IN on `libraries` (closed: no ldconfig) starts ldconfig, and
@@ -361,12 +361,12 @@ def _mount_steps(plan: Edits, rootfs: str, pid: int, prep: WorkerFds, mounter: m
     root = _enter(rootfs, prep, log)
     try:
         caps.enter_step("mount", log)
-        _pin(plan, root, mounter, log)
+        _pin(edits, root, mounter, log)
         n = len(prep.sources) if prep.vgpu_from < 0 else prep.vgpu_from
         ordered, lead = ldconfig_first(prep.sources[:n])
         vgpu_from = n - lead if prep.vgpu_from >= 0 else -1  # in what follows the lead
         _mount_sources(root, ordered[:lead], -1, mounter, log)
-        _make_links(plan, root, log)
+        _make_links(edits, root, log)
         if libraries.fd >= 0:
             st = os.fstat(root.fd)  # the rootfs ldconfig is to chroot into: this one
             libraries.send(encode_libraries_in(st.st_dev, st.st_ino, pid))
@@ -376,11 +376,11 @@ def _mount_steps(plan: Edits, rootfs: str, pid: int, prep: WorkerFds, mounter: m
             # mounted while ldconfig runs, not while it is set up
             decode_set_up(set_up.recv(PID_LIMIT))
         _mount_sources(root, ordered[lead:] + prep.sources[n:], vgpu_from, mounter, log)
-        if root.pins and plan.vgpu is not None and plan.vgpu.root_readonly:
+        if root.pins and edits.vgpu is not None and edits.vgpu.root_readonly:
             try:
                 root.seal_pins()
             except OSError as e:
-                raise m.step_error("mount", ", ".join(f"/{p}" for p in plan.pins), e)
+                raise m.step_error("mount", ", ".join(f"/{p}" for p in edits.pins), e)
         if prep.mask >= 0:
             _mask_proc(root, prep.mask, mounter, log)
         return root
@@ -425,7 +425,7 @@ def _failed(e: BaseException, mounter: m.Mounter, log: HookLog) -> str:
     return msg
 
 
-def worker(plan: Edits, rootfs: str, log: HookLog, pid_r: Channel, answer: Channel,
+def worker(edits: Edits, rootfs: str, log: HookLog, pid_r: Channel, answer: Channel,
            libraries: Channel, set_up: Channel) -> int:
     """The forked worker: the host-side step, then (once PID comes on pid_r) every other,
     then its ANSWER (nvctk.hook.messages); the exit code. Cancelled (EOF alone on
@@ -436,12 +436,12 @@ def worker(plan: Edits, rootfs: str, log: HookLog, pid_r: Channel, answer: Chann
     try:
         try:
             caps.restrict(caps.needed(ALL_STEPS), log)
-            prep = _prepare(plan, log)
+            prep = _prepare(edits, log)
             pid = decode_pid(pid_r.recv(PID_LIMIT))
             if pid is None:
                 return 0
             prep.ns = open_ns(pid)
-            root = _mount_steps(plan, rootfs, pid, prep, mounter, log, libraries, set_up)
+            root = _mount_steps(edits, rootfs, pid, prep, mounter, log, libraries, set_up)
             mounter.forget()
         except BaseException as e:
             answer.send(encode_answer(_failed(e, mounter, log)))

@@ -19,6 +19,7 @@ from nvctk.host import driver as nvdriver
 from nvctk.host.facts import DeviceFacts, Facts
 from nvctk.host.inventory import proc_bus_id
 from nvctk.host.paths import require_vgpu_library
+from nvctk.host.select import select_devices
 from nvctk.request.parse import asks_for_vgpu, expanded_capabilities
 
 TYPE_CHECKING = False
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from nvctk.base.config import Config
     from nvctk.host.image import ImageFacts
     from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
+    from nvctk.host.select import Selected
     from nvctk.request.parse import Request
 
     T = TypeVar("T")
@@ -42,21 +44,19 @@ CAPS_NODE = "nvidia-caps"  # its /proc/devices name, and the dir of the cap node
 # --- the inventory ----------------------------------------------------------------------------
 
 
-def load_and_select(request: Request, config: Config,
-                    select: Callable[[Request, HostInfo], T]) -> tuple[HostInfo, T]:
-    """The host (nvctk.host.cache's cache under config.state_dir, else NVML) and
-    `select(request, host)` on it. A device the cache does not know may have been
-    made since it was written (a new MIG device): NVML itself is asked before that
-    is an error. (select is nvctk.plan.select.select_devices: passed in, as discovery
-    sits below planning.)"""
+def load_and_select(request: Request, config: Config) -> tuple[HostInfo, list[Selected]]:
+    """The host (nvctk.host.cache's cache under config.state_dir, else NVML) and the
+    request's devices on it (nvctk.host.select, a query of that inventory). A device the
+    cache does not know may have been made since it was written (a new MIG device):
+    NVML itself is asked before that is an error."""
     host, cached = host_cache.load_host(config.driver_root, config.state_dir)
     try:
-        return host, select(request, host)
+        return host, select_devices(request, host)
     except UnknownDeviceError:
         if not cached:
             raise
     host, _ = host_cache.load_host(config.driver_root, config.state_dir, fresh=True)
-    return host, select(request, host)
+    return host, select_devices(request, host)
 
 
 # --- device nodes -------------------------------------------------------------------------------
@@ -171,14 +171,17 @@ def or_error(read: Callable[[], T]) -> T | NvctkError:
         return e
 
 
-def discover(request: Request, config: Config, host: HostInfo,
-             selected: Iterable[tuple[GpuInfo, MigInfo | None]], image: ImageFacts) -> Facts:
-    """The facts for planning `request` on `host` with the `selected` (gpu, mig) pairs.
-    Reads only what the request can use: the driver files of its capabilities, the
-    nodes of its devices, the vGPU facts only when it may set a limit."""
+def discover(request: Request, config: Config, host: HostInfo, selected: Iterable[Selected],
+             image: ImageFacts) -> Facts:
+    """The facts for planning `request` on `host` with its `selected` devices (the
+    query's result, kept in the facts). Reads only what the request can use: the driver
+    files of its capabilities, the nodes of its devices, the vGPU facts only when it may
+    set a limit."""
+    selected = tuple(selected)
     caps = expanded_capabilities(request.capabilities)
     files = nvdriver.discover_files(config.driver_root, host.driver_version, caps)
-    devices = device_facts(files, selected, caps, request.mig_config, request.mig_monitor)
+    devices = device_facts(files, [(s.gpu, s.mig) for s in selected], caps, request.mig_config,
+                           request.mig_monitor)
     vgpu = asks_for_vgpu(request)
     key: bytes | NvctkError | None = None
     if vgpu and request.vgpu_authority:
@@ -186,7 +189,7 @@ def discover(request: Request, config: Config, host: HostInfo,
 
         key = or_error(lambda: authority.load_key(config.authority_key))
     return Facts(
-        host, files, devices, image,
+        host, selected, files, devices, image,
         mps_dir=mps_dir(files.driver_root) if "compute" in caps else None,
         extra_mount_kinds=extra_mount_kinds(config),
         authority_key=key,

@@ -1,6 +1,7 @@
 """The records discovery fills and the planner (nvctk.plan.make.plan_container) reads:
-the host's facts (legacy mode), the CDI devices' (CDI mode), and this invocation's
-context (ids and paths, which are no host fact). Records only: no I/O, light to import."""
+the host's facts (legacy mode, Facts), the CDI devices' (CDI mode, CdiFacts), and this
+invocation's context (ids and paths, which are no host fact). Records only: no I/O,
+light to import. The planner dispatches on the facts' class."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ from nvctk.base.record import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Literal
+
     from nvctk.base.errors import NvctkError
-    from nvctk.edits import Edits
+    from nvctk.edits import DeviceNode
     from nvctk.host.driver import DriverFiles
     from nvctk.host.image import ImageFacts
     from nvctk.host.inventory import HostInfo
+    from nvctk.host.select import Selected
 
 DEFAULT_RUNTIME_ROOT = "/run/runc"  # runc's --root when none is given
 
@@ -42,15 +46,19 @@ class DeviceFacts(Record):
 class Facts(Record):
     """What the host and the image say, read for a legacy-mode plan (nvctk.plan.make)."""
 
-    __slots__ = ("host", "files", "devices", "image", "mps_dir",  # noqa: RUF023
+    kind: Literal["legacy"] = "legacy"  # the tag plan_container dispatches on
+
+    __slots__ = ("host", "selected", "files", "devices", "image", "mps_dir",  # noqa: RUF023
                  "extra_mount_kinds", "authority_key", "vgpu_library")
 
-    def __init__(self, host: HostInfo, files: DriverFiles, devices: DeviceFacts,
-                 image: ImageFacts, *, mps_dir: str | None = None,
+    def __init__(self, host: HostInfo, selected: tuple[Selected, ...], files: DriverFiles,
+                 devices: DeviceFacts, image: ImageFacts, *, mps_dir: str | None = None,
                  extra_mount_kinds: dict[str, str] | None = None,
                  authority_key: bytes | NvctkError | None = None,
                  vgpu_library: str | NvctkError = "") -> None:
         self.host = host
+        # the request's devices on host, container order (nvctk.host.select: queried once)
+        self.selected = selected
         self.files = files
         self.devices = devices
         self.image = image
@@ -61,14 +69,36 @@ class Facts(Record):
         self.vgpu_library = vgpu_library  # libvgpu.so's host path ("" not looked for)
 
 
-class CdiFacts(Record):
-    """What the CDI specs say of the devices a container names (nvctk.cdi.resolve.cdi_facts:
-    loaded, checked and decoded into the form's parts): CDI mode's facts."""
+class CdiEdit(Record):
+    """One containerEdits object of the CDI devices a container names (a device's, or once
+    per spec file that file's common one), as read and checked (nvctk.cdi.resolve): where
+    it is, whether nvctk wrote its spec, the object itself, its device nodes as the host
+    has them (type, numbers and mode from the spec, else a stat) and, for nvctk's own
+    spec, its mount sources' kinds."""
 
-    __slots__ = ("edits",)
+    __slots__ = ("where", "own", "edits", "nodes", "kinds")  # noqa: RUF023
 
-    def __init__(self, edits: Edits) -> None:
+    def __init__(self, where: str, own: bool, edits: dict[str, Any],
+                 nodes: tuple[DeviceNode, ...] = (),
+                 kinds: dict[str, Literal["file", "dir", "socket"]] | None = None) -> None:
+        self.where = where  # "<spec file>: device <name>" or "<spec file>: containerEdits"
+        self.own = own  # a spec `nvctk cdi generate` wrote (its hooks run nvctk-hook)
         self.edits = edits
+        self.nodes = nodes  # edits' deviceNodes, in their order
+        # hostPath -> what is there ("file" also for a missing one: the hook skips it)
+        self.kinds: dict[str, Literal["file", "dir", "socket"]] = kinds or {}
+
+
+class CdiFacts(Record):
+    """What the CDI specs say of the devices a container names, in their order: CDI mode's
+    facts (nvctk.cdi.resolve.cdi_facts), which the planner (nvctk.plan.cdi) decides from."""
+
+    kind: Literal["cdi"] = "cdi"  # the tag plan_container dispatches on
+
+    __slots__ = ("entries",)
+
+    def __init__(self, entries: tuple[CdiEdit, ...]) -> None:
+        self.entries = entries
 
 
 class Context(Record):

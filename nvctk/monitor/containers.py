@@ -2,8 +2,8 @@
 
 A container is found in its runtime's state (runc: <root>/<id>/state.json; crun:
 <root>/<id>/status), which names its bundle; it is one of nvctk's when the bundle
-holds nvctk-runtime's record of what it decided at create (nvctk-edits.json, or
-nvctk-plan.json before the rename; read by the one reader, nvctk.hook.inputs.load_edits).
+holds nvctk-runtime's record of what it decided at create (nvctk-edits.json,
+read by the one reader, nvctk.edits_file.load_edits).
 What it got comes from that record: the devices in the order libvgpu indexes them and
 the validated vGPU limits, never re-derived from the request. A container without
 that record holds a GPU when its OCI spec's device list (linux.devices, which the
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from nvctk.base.errors import DriverError, MountError
 from nvctk.edits import Edits
-from nvctk.hook.inputs import load_edits
+from nvctk.edits_file import load_edits
 from nvctk.host import driver as nvdriver
 from nvctk.host.discover import cap_access_rels, device_facts
 from nvctk.host.inventory import HostInfo
@@ -312,7 +312,7 @@ def load_container(runtime_root: str, cid: str, state_file: str, host: HostInfo,
     (BundleUnreadable: its bundle)."""
     bundle, pid, start = _runtime_state(state_file)
     try:
-        edits = load_edits(bundle)  # the one reader: the runtime's record, either file name
+        edits = load_edits(bundle)  # the one reader: the runtime's record
         # not a GPU container only if the bundle is there to say so (an engine's
         # config.json always is); a bundle out of sight hides what it holds
         spec = _read_json(os.path.join(bundle, "config.json"))

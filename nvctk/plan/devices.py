@@ -11,7 +11,7 @@ from nvctk.host.inventory import proc_bus_id  # records only: no I/O
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.host.discover import DeviceFacts
-    from nvctk.plan.select import Selected
+    from nvctk.host.select import Selected
     from nvctk.request.parse import Request
 
 CAPS_NODE = "nvidia-caps"  # the cap nodes' dir under /dev, and their /proc/devices name

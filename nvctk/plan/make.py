@@ -3,10 +3,10 @@
 plan_container is the one planner: nvctk-runtime's legacy and CDI modes, `nvctk cdi
 generate` (and through it the per-claim specs of the DRA driver) all call it, and differ
 only in what they ask for (the request), what discovery read for it (legacy: the host's
-Facts; CDI mode: the CdiFacts of the named devices) and where the form goes. The legacy
-steps: select (nvctk.plan.select, also done before discovery: it says which nodes to
-look at), requirements, devices, mounts, symlinks, vgpu, hooks. Each is a function of
-plain records; this module only strings them together.
+Facts, with the devices selected on it; CDI mode: the CdiFacts of the named devices),
+which it dispatches on, and where the form goes. The legacy steps: requirements,
+devices, mounts, symlinks, vgpu, hooks; CDI mode's decisions are nvctk.plan.cdi. Each is
+a function of plain records; this module only strings them together.
 """
 
 from __future__ import annotations
@@ -20,15 +20,17 @@ from nvctk.request.parse import asks_for_vgpu
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from nvctk.base.config import Config
     from nvctk.edits import Edits, Vgpu
     from nvctk.host.facts import CdiFacts, Context, Facts
     from nvctk.host.inventory import HostInfo
-    from nvctk.plan.select import Selected
+    from nvctk.host.select import Selected
     from nvctk.request.parse import Request
 
 
-def check_requirements(request: Request, host: HostInfo, selected: list[Selected]) -> None:
+def check_requirements(request: Request, host: HostInfo, selected: Sequence[Selected]) -> None:
     """NVIDIA_REQUIRE_* against the host and the selected GPUs (RequirementError); a
     step of its own, before discovery (a container the host cannot run reads nothing)."""
     if not request.disable_require and request.requirements:
@@ -36,18 +38,18 @@ def check_requirements(request: Request, host: HostInfo, selected: list[Selected
         from nvctk.plan.select import requirement_facts
         from nvctk.request.requirements import check
 
-        check(request.requirements, requirement_facts(host, selected))
+        check(request.requirements, requirement_facts(host, list(selected)))
 
 
-def make_vgpu(request: Request, config: Config, facts: Facts, context: Context,
-              selected: list[Selected]) -> Vgpu | None:
+def make_vgpu(request: Request, config: Config, facts: Facts, context: Context) -> Vgpu | None:
     if not asks_for_vgpu(request):
         return None
     # start time: plan.vgpu and vgpu.limits/authority: vGPU only
     from nvctk.plan.vgpu import plan_vgpu
 
-    return plan_vgpu(request, selected, config, facts.image, authority_key=facts.authority_key,
-                     library=facts.vgpu_library, state_dir=context.vgpu_state_dir)
+    return plan_vgpu(request, list(facts.selected), config, facts.image,
+                     authority_key=facts.authority_key, library=facts.vgpu_library,
+                     state_dir=context.vgpu_state_dir)
 
 
 def plan_container(request: Request, config: Config, facts: Facts | CdiFacts,
@@ -55,9 +57,9 @@ def plan_container(request: Request, config: Config, facts: Facts | CdiFacts,
     """The form for this request: from the host's facts (legacy mode; check_requirements
     comes first, before discovery) or from the CDI devices' (CDI mode). Raises NvctkError
     subclasses whose message names the culprit."""
-    if request.cdi_devices is not None:  # discovery read the CdiFacts of these devices
-        return _plan_cdi(request, config, facts, context)  # type: ignore[arg-type]
-    return _plan_legacy(request, config, facts, context)  # type: ignore[arg-type]
+    if facts.kind == "cdi":  # discovery read the CDI devices the request names
+        return _plan_cdi(config, facts, context)
+    return _plan_legacy(request, config, facts, context)
 
 
 # the variables that set vGPU limits (nvctk.vgpu.limits), which CDI mode does not apply
@@ -75,11 +77,13 @@ def check_cdi_request(request: Request) -> None:
                            '"legacy" for a limited GPU')
 
 
-def _plan_cdi(request: Request, config: Config, facts: CdiFacts, context: Context) -> Edits:
+def _plan_cdi(config: Config, facts: CdiFacts, context: Context) -> Edits:
     """CDI mode (check_cdi_request comes first, before discovery): the devices' edits as
-    their specs say them, and nvctk's decisions: one prestart hook for what the form
-    leaves the hook (nvctk's own spec: links, ldconfig, mounts), where the hook logs."""
-    edits = facts.edits
+    their specs say them (nvctk.plan.cdi), one prestart hook for what the form leaves the
+    hook (nvctk's own spec: links, ldconfig, mounts), where the hook logs."""
+    from nvctk.plan.cdi import cdi_edits
+
+    edits = cdi_edits(facts, config.ldconfig)
     if edits.has_hook_work():
         hook = prestart_hook(context.hook_path, context.nvctk_config, config.hook_timeout)
         edits = edits.replace(hooks=(hook, *edits.hooks))
@@ -92,10 +96,9 @@ def _plan_legacy(request: Request, config: Config, facts: Facts, context: Contex
     from nvctk.plan.devices import drm_nodes, plan_devices, plan_drm_links
     from nvctk.plan.hooks import plan_hooks, removed_hooks
     from nvctk.plan.mounts import container_lib_dirs, plan_mounts, plan_symlinks
-    from nvctk.plan.select import select_devices, vgpu_devices
+    from nvctk.plan.select import vgpu_devices
 
-    # the selection discovery was made for: a pure function of the same request and host
-    selected = select_devices(request, facts.host)
+    selected = list(facts.selected)  # the query discovery made of the host's inventory
     files = facts.files
     lib_dir, lib32_dir = container_lib_dirs(facts.image, files)
     drm = drm_nodes(request, selected, facts.devices)
@@ -104,7 +107,7 @@ def _plan_legacy(request: Request, config: Config, facts: Facts, context: Contex
                          extra_mounts=config.extra_mounts,
                          extra_mount_kinds=facts.extra_mount_kinds)
     symlinks = plan_symlinks(mounts, lib_dir, facts.host.driver_version) + plan_drm_links(drm)
-    vgpu = make_vgpu(request, config, facts, context, selected)
+    vgpu = make_vgpu(request, config, facts, context)
     env: dict[str, str] = {}
     pins: tuple[str, ...] = ()
     if vgpu is not None:

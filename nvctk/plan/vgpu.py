@@ -18,7 +18,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvctk.base.config import Config
     from nvctk.host.image import ImageFacts
-    from nvctk.plan.select import Selected
+    from nvctk.host.select import Selected
     from nvctk.request.parse import Request
 
 

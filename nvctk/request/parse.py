@@ -263,7 +263,7 @@ def cdi_names(tokens: list[str]) -> tuple[str, ...] | None:
 def _vgpu_authority(spec: dict[str, Any]) -> tuple[tuple[str, str | None], ...]:
     annotations = spec.get("annotations")
     if not isinstance(annotations, dict) or not any(
-            isinstance(k, str) and k.startswith("nvctk.io/") for k in annotations):
+            isinstance(k, str) and k.startswith("nvctk.io/vgpu.") for k in annotations):
         return ()  # the common case: nothing to import
     from nvctk.vgpu.authority import present
 

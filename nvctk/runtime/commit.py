@@ -9,7 +9,8 @@ import os
 
 from nvctk.base import fileio
 from nvctk.base.errors import NvctkError
-from nvctk.edits import EDITS_FILE, OLD_EDITS_FILE, is_prestart_hook, saved_part
+from nvctk.edits import is_prestart_hook
+from nvctk.edits_file import remove_edits, save_edits
 from nvctk.host.facts import DEFAULT_RUNTIME_ROOT
 from nvctk.oci import spec as oci
 from nvctk.runtime import earlier
@@ -26,20 +27,17 @@ if TYPE_CHECKING:
 
 
 def commit(bundle: str, spec: dict[str, Any], edits: Edits, record: EarlierRecord | None,
-           config: Config, logger: Logger | None, *, cdi: bool = False,
-           container_id: str | None = None,
+           config: Config, logger: Logger | None, *, container_id: str | None = None,
            runtime_root: str | None = None) -> tuple[int, str | None]:
     """Apply `edits` to the (in-memory) spec and save: (NVIDIA hooks removed, the vGPU
     state dir this create made or None). nvctk's part of the spec comes from this form
     only: what an earlier create of this bundle added goes first, as far as its record
-    proves it (record: nvctk.runtime.earlier's judgement, checked before planning). cdi:
-    the form came from CDI devices (the record says so)."""
-    removed = spec_edits.apply(spec, edits, record, earlier.record_seal(
-        bundle, config.state_dir, edits, cdi=cdi), cdi=cdi)[1]
-    form_path = os.path.join(bundle, EDITS_FILE)
+    proves it (record: nvctk.runtime.earlier's judgement, checked before planning)."""
+    removed = spec_edits.apply(spec, edits, record,
+                               earlier.record_seal(bundle, config.state_dir, edits))[1]
     if not any(is_prestart_hook(h) for h in edits.hooks):
         oci.save_spec(bundle, spec)
-        remove_earlier_form(bundle, logger)  # an earlier create's: no hook reads it now
+        remove_edits(bundle, logger)  # an earlier create's: no hook reads it now
         return removed, None
     oci.check_bundle_outside_rootfs(bundle, oci.root_path(spec, bundle))
     vgpu_dir = None
@@ -47,11 +45,7 @@ def commit(bundle: str, spec: dict[str, Any], edits: Edits, record: EarlierRecor
                                                 logger):
         vgpu_dir = edits.vgpu.state_dir
     try:
-        # beside the spec: the directory fsync that follows the spec's rename makes
-        # both renames durable, the form's first (a directory fsync costs a journal commit)
-        fileio.atomic_write(form_path, saved_part(edits).to_json().encode(), 0o644,
-                            sync_dir=False)
-        fileio.unlink_quietly(os.path.join(bundle, OLD_EDITS_FILE))  # a create's before the rename
+        form_path = save_edits(bundle, edits)  # beside the spec, before it
         try:
             oci.save_spec(bundle, spec)
         except BaseException:
@@ -62,23 +56,6 @@ def commit(bundle: str, spec: dict[str, Any], edits: Edits, record: EarlierRecor
             remove_vgpu_dir(vgpu_dir, config)
         raise
     return removed, vgpu_dir
-
-
-def remove_earlier_form(bundle: str, logger: Logger | None) -> None:
-    """An earlier GPU create's form out: without it the hooks that create left in the
-    spec know no GPU was asked for this time (nvctk.hook.entry)."""
-    for name in (EDITS_FILE, OLD_EDITS_FILE):  # the latter: a create before the rename
-        path = os.path.join(bundle, name)
-        if not os.path.lexists(path):  # one lstat: no write to a (maybe read-only) bundle
-            continue
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:  # no hook of ours reads it any more: not worth failing for
-            if logger is not None:
-                logger.warning(f"{bundle}: cannot remove an earlier create's {name}: "
-                               f"{e.strerror}")
 
 
 def remove_vgpu_dir(path: str, config: Config) -> None:

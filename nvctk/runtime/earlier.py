@@ -1,6 +1,6 @@
 """What an earlier create of this bundle added, and how much of it this create may take out.
 
-The spec's org.nvctk.edits record (nvctk.spec.record) says what an earlier create
+The spec's nvctk.io/edits record (nvctk.spec.record) says what an earlier create
 added, so that the next create of a reused bundle removes exactly that. But a record
 is only an annotation, which a container's author can set (Docker's --annotation,
 CRI-O's Pod annotations): a genuine record copied from another container would strip
@@ -122,11 +122,11 @@ def _named(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v}
 
 
-def record_seal(bundle: str, state_dir: str, edits: Edits, cdi: bool = False) -> Seal:
+def record_seal(bundle: str, state_dir: str, edits: Edits) -> Seal:
     """The seal of the record of applying `edits`: the node's edits key (made on first
     use) and the bundle's identity. When the record will name more than NVIDIA device
     access (a vGPU's variables and seccomp rules, any CDI entry) a key that cannot be
     had fails the create; otherwise none is read (AppliedRecord.needs_seal)."""
-    if not (cdi or edits.env or edits.seccomp_block_userns):
+    if not (edits.origin == "cdi" or edits.env or edits.seccomp_block_userns):
         return Seal(None, "")  # nothing to seal: no key, no look at the bundle
     return Seal(edits_key(state_dir, create=True), bundle_binding(bundle))

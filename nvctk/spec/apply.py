@@ -1,7 +1,7 @@
 """The spec edits of a GPU container: the edits form (nvctk.edits) applied to a spec.
 
 `apply` is the whole of it: what an earlier create of the bundle added goes first
-(its record in the annotation org.nvctk.edits, nvctk.spec.record, as far as the runtime
+(its record in the annotation nvctk.io/edits, nvctk.spec.record, as far as the runtime
 judged it may: nvctk.runtime.earlier), then NVIDIA's own hooks, then the
 plan's device nodes with their cgroup rules, hooks and env, and for a vGPU the
 seccomp rules against new user namespaces (nvctk.spec.seccomp); the record of this
@@ -29,18 +29,18 @@ if TYPE_CHECKING:
 
 
 def apply(spec: dict[str, Any], edits: Edits, earlier: EarlierRecord | None = None,
-          seal: Seal | None = None, cdi: bool = False) -> tuple[AppliedRecord, int]:
+          seal: Seal | None = None) -> tuple[AppliedRecord, int]:
     """The edits form into spec: (what was added, hooks removed). Executes what the form
     says, deciding nothing: what an earlier create added goes (earlier: the spec's
     record as the runtime judged it, nvctk.runtime.earlier), then the hooks
     edits.remove_hooks names, then device nodes with their cgroup rules, a CDI spec's
     own mounts and hooks (verbatim), ours per stage, env and the seccomp rule; the
-    record last, sealed with `seal`. cdi: the edits came from CDI specs (their entries
-    may be any device, variable or mount: the record says so)."""
+    record last, sealed with `seal`. A form from CDI specs (edits.origin) may add any
+    device, variable or mount: the record says so."""
     remove_our_edits(spec, earlier)
     removed = remove_nvidia_hooks(spec, edits.remove_hooks)
     added = add_devices(spec, edits.devices)
-    added.cdi = cdi
+    added.cdi = edits.origin == "cdi"
     _add_foreign_mounts(spec, edits, added)
     for stage in ("prestart", "poststop"):
         ours = [h for h in edits.hooks if h.stage == stage and _is_ours(h)]

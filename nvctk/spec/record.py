@@ -1,7 +1,7 @@
 """The record of what nvctk added to a spec: written by one create, read by the next.
 
 AppliedRecord is what one create added to config.json; nvctk.spec.apply writes it into
-the spec's org.nvctk.edits annotation, sealed (record_text) with a MAC keyed by the
+the spec's nvctk.io/edits annotation, sealed (record_text) with a MAC keyed by the
 node's edits key and bound to this bundle. EarlierRecord is that annotation as the
 next create finds it, parsed once (read_record): its fields, its MAC, and its problem
 (None: well formed, not yet judged). Whether it is honoured is the runtime's decision
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 # The annotation in which a GPU create records the spec entries it added, so that the
 # next create of the same bundle (reused, its request changed) removes exactly those.
-EDITS_ANNOTATION = "org.nvctk.edits"
+EDITS_ANNOTATION = "nvctk.io/edits"
 _WHERE = f"annotations[{EDITS_ANNOTATION!r}]"
 
 
@@ -69,7 +69,7 @@ class AppliedRecord(Record):
 
 
 class EarlierRecord(Record):
-    """org.nvctk.edits as a spec carries it. fields: the record without its MAC ({} when
+    """nvctk.io/edits as a spec carries it. fields: the record without its MAC ({} when
     malformed); mac: its MAC (None: none); problem: why it is not honoured in full (None:
     well formed and not yet judged, or judged trusted); malformed: the annotation is not
     what nvctk writes (a GPU create refuses it, a no-GPU create leaves the spec as it is);
@@ -92,7 +92,7 @@ class EarlierRecord(Record):
 
 
 def read_record(spec: dict[str, Any]) -> EarlierRecord | None:
-    """The spec's org.nvctk.edits record, parsed once (None: the spec has none). Strict:
+    """The spec's nvctk.io/edits record, parsed once (None: the spec has none). Strict:
     a record that is not exactly what nvctk writes comes back malformed, with no fields."""
     annotations = spec.get("annotations")
     if not isinstance(annotations, dict) or EDITS_ANNOTATION not in annotations:

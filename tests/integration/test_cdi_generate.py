@@ -18,7 +18,7 @@ import yaml
 
 from nvctk.cdi import generate, load
 from nvctk.host.inventory import GpuInfo, MigInfo, proc_bus_id
-from nvctk.plan.select import Selected
+from nvctk.host.select import Selected
 from nvctk.sim.host import SimHost
 from support.fs import node_id, plant
 from support.sim import show_sim_pci

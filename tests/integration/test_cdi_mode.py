@@ -18,8 +18,9 @@ import pytest
 from nvctk.base.config import Config, parse
 from nvctk.base.errors import ConfigError, RequestError
 from nvctk.base.keyfile import EDITS_KEY_FILE, edits_key
-from nvctk.cdi import load, resolve
+from nvctk.cdi import check, load, resolve
 from nvctk.edits import Edits
+from nvctk.plan.cdi import cdi_edits
 from nvctk.request.parse import cdi_names, parse_qualified, request_from_spec
 from nvctk.runtime import earlier
 from nvctk.sim.host import SimHost
@@ -187,11 +188,12 @@ HOOK = {"hookName": "createRuntime", "path": "/usr/bin/h", "args": ["h", "x"], "
 
 
 def _apply(spec: dict[str, Any], names: tuple[str, ...], d: Path, state: str) -> None:
-    """CDI mode's edits: the devices as the form (nvctk.cdi.resolve), applied by
-    nvctk.spec.apply as legacy mode's form is (the bundle: d)."""
-    edits = resolve.to_edits(load.resolve(names, (str(d),)), ldconfig="/sbin/ldconfig",
-                             spec=spec)
-    apply_as_create(spec, edits, d, state, cdi=True)
+    """CDI mode's edits: the devices as the form (nvctk.cdi.resolve reads them,
+    nvctk.plan.cdi decides), applied by nvctk.spec.apply as legacy mode's form is (the
+    bundle: d)."""
+    edits = cdi_edits(resolve.read_devices(load.resolve(names, (str(d),)), spec=spec),
+                      "/sbin/ldconfig")
+    apply_as_create(spec, edits, d, state)
 
 
 def test_apply_and_remove_edits(tmp_path: Path) -> None:
@@ -503,7 +505,7 @@ def _users_entries_stay(s: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("mac", [None, "0" * 64, "bad"])
 def test_forged_cdi_record_removes_nothing(tmp_path: Path, mac: str | None) -> None:
-    """A spec author's own org.nvctk.edits with "cdi": true (no MAC, or a wrong one)
+    """A spec author's own nvctk.io/edits with "cdi": true (no MAC, or a wrong one)
     is never acted on, with or without a key."""
     state = str(tmp_path / "state")
     rec = json.loads(_FORGED)
@@ -637,7 +639,7 @@ def test_cdi_create_refuses_a_link_on_a_bound_host_dir(env: Env, spec_dir: Path)
     assert_clean_failure(env, r, f"link {_LIB}/libcuda.so lies on the host directory {host}")
     for e in edits:  # nothing left to create there: the create goes ahead
         for h in e.get("hooks", ()):
-            for link in load._link_paths(h):
+            for link in check._link_paths(h):
                 if link.startswith(_LIB + "/"):
                     (host / os.path.relpath(link, _LIB)).touch()
     r = env.run(*create_argv(env, b))
@@ -742,7 +744,7 @@ def test_another_vendors_device_is_refused(env: Env, spec_dir: Path, envvars: li
     before = snapshot(b / "config.json")
     r = env.run(*create_argv(env, b))
     assert_clean_failure(env, r, f"(from {source}): vendor ")
-    assert "is not one nvctk applies devices of (cdi-vendors = ['nvidia.com', 'nvctk.io', 'nvctk.org']" \
+    assert "is not one nvctk applies devices of (cdi-vendors = ['nvidia.com', 'nvctk.io']" \
         in r.stderr, r.stderr
     assert snapshot(b / "config.json") == before
 

@@ -347,13 +347,14 @@ def test_containerd_annotations_for_the_node_never_as_pod_annotations(nv: Run, t
     res = nv("--runtime", "containerd", "--config", str(cfg))
     assert res.returncode == 0 and "no longer passes nvctk's own annotations" in res.stdout
     rt = cri_runtime(toml(cfg))
-    # Go's path.Match: * stops at /, so "*" passes no nvctk.io/ key, but org.nvctk.edits
-    assert rt["pod_annotations"] == ["example.com/*"]
+    # Go's path.Match: * stops at /, so "*" passes no nvctk.io/ key (the edit record's
+    # nvctk.io/edits included): kept
+    assert rt["pod_annotations"] == ["example.com/*", "*"]
     assert rt["container_annotations"] == ["example.com/x", "cdi.k8s.io/*", "nvctk.io/*"]
     # an existing entry (an older nvctk's, or edited) gets the same
     text = cfg.read_text().replace('container_annotations = ["example.com/x", "cdi.k8s.io/*", '
                                    '"nvctk.io/*"]', 'pod_annotations = ["nvctk.io/*"]', 1)
-    text = text.replace('pod_annotations = ["example.com/*"]\n', "", 1)
+    text = text.replace('pod_annotations = ["example.com/*", "*"]\n', "", 1)
     cfg.write_text(text)
     res = nv("--runtime", "containerd", "--config", str(cfg))
     assert res.returncode == 0 and "no longer passes nvctk's own annotations" in res.stdout, \
@@ -362,13 +363,13 @@ def test_containerd_annotations_for_the_node_never_as_pod_annotations(nv: Run, t
     assert rt["pod_annotations"] == [] and "nvctk.io/*" in rt["container_annotations"]
 
 
-@pytest.mark.parametrize("pattern", ["*", "org.*", "org.nvctk.*", "org.nvctk.edits",
-                                     "o?g.nvctk.edit?", "org.nvctk.other", "nvctk.io/vgpu.*"])
+@pytest.mark.parametrize("pattern", ["*/*", "nvctk.*/*", "nvctk.io/*", "nvctk.io/edits",
+                                     "nvctk.?o/edit?", "nvctk.io/other", "nvctk.io/vgpu.*"])
 @pytest.mark.parametrize("existing", [False, True])
 def test_containerd_pod_annotations_never_pass_nvctks_edit_record(
         nv: Run, tmp_path: Path, pattern: str, existing: bool) -> None:
     """runc's pod_annotations = ["*"] copied into nvctk's runtime let any Pod set
-    org.nvctk.edits (another container's record, replayed): no pattern that passes one
+    nvctk.io/edits (another container's record, replayed): no pattern that passes one
     of nvctk's own annotations reaches nvctk's runtime, copied from runc or already on
     it, and configure says which it dropped."""
     cfg = tmp_path / "config.toml"

@@ -29,6 +29,7 @@ from nvctk.cdi import generate, load, resolve
 from nvctk.edits import Edits, Mount
 from nvctk.host.image import ImageFacts
 from nvctk.host.nvml import query_host
+from nvctk.plan.cdi import cdi_edits
 from nvctk.request.parse import request_from_spec
 from nvctk.sim.host import SimHost
 from support.planning import make_plan
@@ -73,7 +74,7 @@ def _legacy(cfg: Any, host: Any, visible: str, caps: str | None) -> Edits:
 
 
 def _cdi_form(cfg: Any, d: Path, names: list[str]) -> Edits:
-    return resolve.to_edits(load.resolve(tuple(names), (str(d),)), ldconfig=cfg.ldconfig)
+    return cdi_edits(resolve.read_devices(load.resolve(tuple(names), (str(d),))), cfg.ldconfig)
 
 
 def _mount_key(m: Mount) -> tuple[Any, ...]:
@@ -157,7 +158,7 @@ def test_applying_either_gives_one_config(setup: tuple[Any, Any, Path, Edits], t
     form = _cdi_form(cfg, d, names)
     a, b = _base_spec(), _base_spec()
     apply_as_create(a, full, tmp_path, tmp_path / "a")
-    apply_as_create(b, form, tmp_path, tmp_path / "b", cdi=True)
+    apply_as_create(b, form, tmp_path, tmp_path / "b")
     for s in (a, b):
         s.pop("hooks", None)  # hooks aside (the CDI facts have none of ours: plan_container adds it)
         s.pop("annotations")  # the records: a CDI one says so, and their MACs differ

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from nvctk.base import config as nvconfig
-from nvctk.edits import EDITS_FILE
+from nvctk.edits_file import EDITS_FILE
 from nvctk.hook import served
 from nvctk.hook import server as hook_server
 from nvctk.hook.entry import read_early

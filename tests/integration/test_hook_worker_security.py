@@ -34,7 +34,8 @@ import support.sim as _sim
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import SpecError
 from nvctk.base.log import HookLog, Logger
-from nvctk.edits import EDITS_FILE, MAX_PRELOAD_BYTES, Edits, Vgpu
+from nvctk.edits import MAX_PRELOAD_BYTES, Edits, Vgpu
+from nvctk.edits_file import EDITS_FILE
 from nvctk.hook import children as hook_children
 from nvctk.hook import ldconfig
 from nvctk.hook.entry import HookRun

@@ -32,7 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvctk.base import config as nvconfig
-from nvctk.edits import EDITS_FILE
+from nvctk.edits_file import EDITS_FILE
 from nvctk.monitor.collect import Collector
 from nvctk.monitor.prom import render_text
 from support.monitor import (
@@ -414,9 +414,8 @@ def test_top_live_in_an_80x24_terminal_scrolls_narrows_and_quits(node: Node) -> 
 
 def test_the_monitor_reads_what_the_runtime_recorded(node: Node) -> None:
     """The container's devices are the ones nvctk-runtime recorded (Edits.selected), read by
-    the one reader (load_edits), which also takes the record's name from before the rename
-    (nvctk-plan.json): a container created before an upgrade stays shown with its cap; a
-    request rewritten in its spec later does not move it to another GPU."""
+    the one reader (load_edits): a request rewritten in its spec later does not move it to
+    another GPU."""
     g0, g1 = node.sim.topology.gpus[0], node.sim.topology.gpus[1]
     cid = node.start({"CUDA_DEVICE_MEMORY_LIMIT": "1g"}, HOLD.format(10 * MIB), gpu="0",
                      wait_mem=10 * MIB)
@@ -424,7 +423,6 @@ def test_the_monitor_reads_what_the_runtime_recorded(node: Node) -> None:
         state = json.loads((Path(node.runc_root) / cid / "state.json").read_text())
         (bundle,) = [Path(lb[len("bundle="):]) for lb in state["config"]["labels"]
                      if lb.startswith("bundle=")]
-        os.replace(bundle / EDITS_FILE, bundle / "nvctk-plan.json")
         spec = json.loads((bundle / "config.json").read_text())
         spec["process"]["env"] = [e for e in spec["process"]["env"]
                                   if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]

@@ -21,7 +21,8 @@ import support.runtime as _runtime
 from nvctk.base import config as nvconfig
 from nvctk.base import fileio
 from nvctk.base.errors import SpecError
-from nvctk.edits import EDITS_FILE, DeviceNode, Hook
+from nvctk.edits import DeviceNode, Hook
+from nvctk.edits_file import EDITS_FILE
 from nvctk.oci import spec as oci
 from nvctk.runtime import create
 from nvctk.spec import apply as spec_edits

@@ -25,7 +25,7 @@ from nvctk.base import config as nvconfig
 from nvctk.base import fileio
 from nvctk.base import log as nvlog
 from nvctk.base.errors import ConfigError
-from nvctk.edits import EDITS_FILE
+from nvctk.edits_file import EDITS_FILE
 from nvctk.runtime import create, passthrough
 from nvctk.sim.host import SimHost
 from support.bad_input import HUGE

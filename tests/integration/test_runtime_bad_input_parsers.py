@@ -1,6 +1,6 @@
 """Property tests: every parser of container input (the request's env, device ids, vGPU
 limits, requirements, hook state, specs, the config, the whole create path in-process, the
-org.nvctk.edits record) takes arbitrary text and returns a value or an NvctkError, never a
+nvctk.io/edits record) takes arbitrary text and returns a value or an NvctkError, never a
 crash. (The rest of the bad-input suite: test_runtime_bad_input_config.py.)
 """
 
@@ -20,8 +20,8 @@ import support.runtime as _runtime
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import ConfigError, NvctkError, RequestError, SpecError, UnknownDeviceError
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
+from nvctk.host.select import resolve_device
 from nvctk.oci import spec as oci
-from nvctk.plan.select import resolve_device
 from nvctk.request import requirements
 from nvctk.request.parse import request_from_spec
 from nvctk.runtime import create
@@ -213,7 +213,7 @@ def test_prepare_bundle_never_crashes(environ: dict[str, str], gpu_bundle_dir: P
         assert len(str(e)) < 2000
 
 
-# --- a malformed org.nvctk.edits record (hostile retest) -----------------------------------
+# --- a malformed nvctk.io/edits record (hostile retest) -----------------------------------
 
 BAD_RECORDS = [
     '{"devices": [[[1], "c", 1, 2]]}',  # was: internal error: TypeError: unhashable type: 'list'

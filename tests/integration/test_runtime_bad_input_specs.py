@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import support.runtime as _runtime
-from nvctk.edits import EDITS_FILE
+from nvctk.edits_file import EDITS_FILE
 from nvctk.oci import runc_argv
 from nvctk.oci import spec as oci
 from nvctk.runtime import create

@@ -17,7 +17,8 @@ import pytest
 import support.runtime as _runtime
 from nvctk.base import config as nvconfig
 from nvctk.base import stamped
-from nvctk.edits import EDITS_FILE, Edits
+from nvctk.edits import Edits
+from nvctk.edits_file import EDITS_FILE
 from nvctk.sim.host import SimHost
 from nvctk.spec.record import EDITS_ANNOTATION
 from support.launchers import Launchers

@@ -14,7 +14,7 @@ import pytest
 
 import support.vgpu as _vgpu
 from nvctk.base import config as nvconfig
-from nvctk.edits import EDITS_FILE
+from nvctk.edits_file import EDITS_FILE
 from nvctk.sim import host
 from nvctk.vgpu import limits as vgpu
 from nvctk.vgpu import state as vgpu_state

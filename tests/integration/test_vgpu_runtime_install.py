@@ -20,7 +20,8 @@ import pytest
 import support.vgpu as _vgpu
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import RequestError
-from nvctk.edits import EDITS_FILE, Edits
+from nvctk.edits import Edits
+from nvctk.edits_file import EDITS_FILE
 from nvctk.host import image as host_image
 from nvctk.oci import spec as oci
 from nvctk.sim import host

@@ -24,7 +24,7 @@ import pytest
 import support.userns as _userns
 import support.vgpu as tv
 from nvctk.base import config as nvconfig
-from nvctk.edits import EDITS_FILE
+from nvctk.edits_file import EDITS_FILE
 from nvctk.sim import host
 from nvctk.spec import seccomp as nvseccomp
 from nvctk.vgpu import state as vgpu_state

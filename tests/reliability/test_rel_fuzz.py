@@ -34,6 +34,7 @@ from nvctk.engines.changes import plan_configure, plan_remove
 from nvctk.host import ldcache
 from nvctk.k8s import config as dpconfig
 from nvctk.oci import spec as oci
+from nvctk.plan.cdi import cdi_edits
 from nvctk.request import requirements
 from nvctk.request.parse import request_from_spec
 from nvctk.vgpu import limits as vgpu
@@ -340,12 +341,12 @@ def test_fuzz_cdi_spec(tmp_path: Path) -> None:
     def read() -> None:
         load.load_spec_file(str(path))
         # and into the edits form, as CDI mode decodes it
-        resolve.to_edits(load.resolve(("nvidia.com/gpu=0",), (str(path.parent),)),
-                         ldconfig="/sbin/ldconfig")
+        cdi_edits(resolve.read_devices(load.resolve(("nvidia.com/gpu=0",), (str(path.parent),))),
+                  "/sbin/ldconfig")
 
     prop = _file_prop(path, read, limit=4000)
 
-    fuzz("cdi.load_spec_file + resolve + to_edits (CDI specs)",
+    fuzz("cdi.load_spec_file + resolve + plan.cdi (CDI specs)",
          st.one_of(_json_mutations(base), _json_mutations(yaml_base)), prop)
 
 

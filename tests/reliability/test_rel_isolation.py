@@ -2,7 +2,7 @@
 what they touch, through the real
 nvctk-runtime + runc, the real `nvctk` commands and the real device-plugin code:
 
-- forged `org.nvctk.edits` records against a profile carrying nvctk's own rules
+- forged `nvctk.io/edits` records against a profile carrying nvctk's own rules
   (rules out, a narrowed rule widened, the profile dropped; no MAC or a wrong one), in
   a no-GPU, a GPU and a capped container: busybox `unshare -U` must stay refused;
 - CDI mode and legacy mode with a host directory bound (rw, ro) at every place the
@@ -86,7 +86,7 @@ def test_forged_edit_records(sim_host: SimHost, rootfs: Any, tmp_path: Path) -> 
                         escapes += 1
                     outcomes[r.stdout.strip()[-40:]] = outcomes.get(r.stdout.strip()[-40:], 0) + 1
                     la.delete(cid)
-    relkit.record("hostile", "forged org.nvctk.edits records against a profile's own "
+    relkit.record("hostile", "forged nvctk.io/edits records against a profile's own "
                   "user-namespace rules", attempts=attempts, escapes=escapes,
                   forgeries=len(_forgeries()), refusals=outcomes)
     assert escapes == 0, outcomes

@@ -1,4 +1,4 @@
-"""A create's handling of a spec's org.nvctk.edits record, in-process: the earlier
+"""A create's handling of a spec's nvctk.io/edits record, in-process: the earlier
 record judged for this bundle (nvctk.runtime.earlier), the form applied, the new record
 sealed for this bundle, as nvctk.runtime.commit does."""
 
@@ -13,12 +13,12 @@ from nvctk.spec import apply as spec_edits
 from nvctk.spec.record import AppliedRecord
 
 
-def apply_as_create(spec: dict[str, Any], edits: Edits, bundle: Path | str, state: Path | str,
-                    cdi: bool = False) -> tuple[AppliedRecord, int]:
+def apply_as_create(spec: dict[str, Any], edits: Edits, bundle: Path | str,
+                    state: Path | str) -> tuple[AppliedRecord, int]:
     record = earlier.earlier_record(str(bundle), spec, str(state))
     spec_edits.check_record(record)
     return spec_edits.apply(spec, edits, record,
-                            earlier.record_seal(str(bundle), str(state), edits, cdi), cdi)
+                            earlier.record_seal(str(bundle), str(state), edits))
 
 
 def undo_as_create(spec: dict[str, Any], bundle: Path | str, state: Path | str | None) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from nvctk.edits import EDITS_FILE
+from nvctk.edits_file import EDITS_FILE
 from nvctk.runtime import create
 from nvctk.sim.host import SimHost
 

@@ -16,11 +16,11 @@ from nvctk.base import config
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "architecture.md"
 ENV = re.compile(r"(?:NVIDIA|CUDA|NVCTK|LIBVGPU)_[A-Z0-9_]*")
-ANNOTATION = re.compile(r"(?:nvctk\.io/|org\.nvctk\.|cdi\.k8s\.io/)[A-Za-z0-9._/-]*")
+ANNOTATION = re.compile(r"(?:nvctk\.io/|cdi\.k8s\.io/)[A-Za-z0-9._/-]*")
 # literals that look like env names and are none: CUDA's own constants the sim's and
 # libvgpu's ABI name, and the containerd editor's probe keys
 NOT_CONTRACT = re.compile(r"CUDA_(ERROR_|SUCCESS|API_|ARRAY|LAUNCH|KERNEL|MEM_)|.*_H$")
-PROBES = {"nvctk.io/x", "nvctk.io/vgpu.x", "org.nvctk.x"}
+PROBES = {"nvctk.io/x", "nvctk.io/vgpu.x"}
 
 
 def _literals() -> set[str]:
@@ -56,7 +56,7 @@ def test_the_scan_finds_what_the_code_reads() -> None:
     """The scan itself: names the code is known to read are among what it finds."""
     assert {"NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT", "NVCTK_CONFIG",
             "LIBVGPU_LOG_LEVEL", "NVCTK_VGPU_CONTEXT_RESERVE"} <= set(env_names())
-    assert "org.nvctk.edits" in annotations()
+    assert "nvctk.io/edits" in annotations()
     assert "hook-timeout" in config._DOC
 
 

@@ -1,4 +1,4 @@
-"""CDI mode's check of the container's host binds (nvctk.cdi.load.check_host_binds) on a
+"""CDI mode's check of the container's host binds (nvctk.cdi.check.check_host_binds) on a
 kubelet's spec: the mount on top at a target decides, and each path of the rootfs is
 looked up once, whatever the number of binds and targets (the end-to-end refusals are
 tests/integration/test_cdi_mode.py's)."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from nvctk.base import inroot
-from nvctk.cdi.load import CdiError, check_host_binds
+from nvctk.cdi.check import CdiError, check_host_binds
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 # what `runc spec` writes

@@ -1,4 +1,4 @@
-"""nvctk.runtime.earlier.judge: how much of a spec's org.nvctk.edits record a create may
+"""nvctk.runtime.earlier.judge: how much of a spec's nvctk.io/edits record a create may
 take out (pure: the key and the bundle's identity given). A record is honoured in full
 only for the bundle it was written for and while the spec carries what it names;
 otherwise only NVIDIA device access goes."""

@@ -22,6 +22,7 @@ from nvctk.edits import (
     Vgpu,
     cdi_hook_args,
 )
+from nvctk.plan.cdi import cdi_edits
 
 HOOK = "/opt/nvctk/bin/nvctk-hook"
 
@@ -76,8 +77,8 @@ def test_cdi_spec_round_trip(tmp_path: Path) -> None:
     (d / "nvctk.json").write_bytes(generate.dump(spec, "json"))
     assert json.loads((d / "nvctk.json").read_text()) == spec
     for name in ("0", "GPU-a", "all"):
-        back = resolve.to_edits(load.resolve((f"nvidia.com/gpu={name}",), (str(d),)),
-                                ldconfig="/sbin/ldconfig")
+        back = cdi_edits(resolve.read_devices(load.resolve((f"nvidia.com/gpu={name}",),
+                                                           (str(d),))), "/sbin/ldconfig")
         gpu0 = devices[0][1]
         assert back.devices == (*common.devices, *gpu0.devices)
         assert back.mounts == common.mounts
@@ -104,7 +105,8 @@ def test_a_foreign_spec_stays_verbatim(tmp_path: Path) -> None:
     d = tmp_path / "specs"
     d.mkdir()
     (d / "nvidia.json").write_text(json.dumps(spec))
-    e = resolve.to_edits(load.resolve(("nvidia.com/gpu=0",), (str(d),)), ldconfig="/sbin/x")
+    e = cdi_edits(resolve.read_devices(load.resolve(("nvidia.com/gpu=0",), (str(d),))),
+                  "/sbin/x")
     assert e.mounts == (Mount("/h/libcuda.so", "/usr/lib64/libcuda.so",
                               options=("ro", "nosuid", "nodev", "bind")),)
     assert e.hooks == (Hook("createRuntime", "/usr/bin/nvidia-cdi-hook",

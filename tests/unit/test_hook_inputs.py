@@ -1,11 +1,10 @@
-"""The hooks' one plan loader (nvctk.hook.inputs.load_edits) and their one entry
+"""The hooks' one plan loader (nvctk.edits_file.load_edits) and their one entry
 (nvctk.hook.entry.run): what is at the plan's path is read without blocking or
 following, and every command's errors come out the same way."""
 
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -18,10 +17,10 @@ import pytest
 from nvctk.base import config as nvconfig
 from nvctk.base.errors import MountError, SpecError
 from nvctk.base.log import HookLog
-from nvctk.edits import EDITS_FILE, OLD_EDITS_FILE, Edits, LogSettings, Mount, Vgpu
+from nvctk.edits import Edits, LogSettings, Mount, Vgpu
+from nvctk.edits_file import EDITS_FILE, MAX_EDITS_BYTES, load_edits
 from nvctk.hook import entry, poststop, prestart, worker
 from nvctk.hook.entry import UsageError
-from nvctk.hook.inputs import MAX_EDITS_BYTES, load_edits
 
 
 @contextmanager
@@ -51,19 +50,6 @@ def test_a_saved_form_reads_back(tmp_path: Path) -> None:
     (tmp_path / EDITS_FILE).write_text(plan.to_json())
     assert load_edits(str(tmp_path)) == plan
     assert load_edits(str(tmp_path / "elsewhere")) is None  # no form: nothing to do
-
-
-def test_a_form_saved_before_the_rename_reads_back(tmp_path: Path) -> None:
-    """A container created before an upgrade has nvctk-plan.json (and no `selected`): its
-    hooks after the upgrade still find it; the new name wins where both are."""
-    plan = _plan(tmp_path)
-    old = plan.to_dict()
-    del old["selected"]
-    (tmp_path / OLD_EDITS_FILE).write_text(json.dumps(old))
-    assert OLD_EDITS_FILE == "nvctk-plan.json" and load_edits(str(tmp_path)) == plan
-    newer = plan.replace(gpu_uuids=("GPU-2",))
-    (tmp_path / EDITS_FILE).write_text(newer.to_json())
-    assert load_edits(str(tmp_path)) == newer
 
 
 @pytest.mark.parametrize(("what", "why"), [

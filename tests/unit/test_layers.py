@@ -32,7 +32,7 @@ LAYERS: dict[str, int] = {
 SIBLINGS = frozenset({"spec", "cdi", "vgpu"})
 # the compiled syscalls sit with base (base.mounts wraps them)
 MODULE_LAYER = {"nvctk.vgpu.limits": "request", "nvctk.vgpu.authority": "request",
-                "nvctk._sys": "base"}
+                "nvctk._sys": "base", "nvctk.edits_file": "edits"}
 def module_name(path: Path) -> str:
     rel = path.relative_to(PKG.parent).with_suffix("")
     parts = list(rel.parts)

@@ -7,8 +7,8 @@ import pytest
 from nvctk.base.errors import DriverError
 from nvctk.host.discover import DeviceFacts
 from nvctk.host.inventory import GpuInfo, MigInfo
+from nvctk.host.select import Selected
 from nvctk.plan.devices import drm_nodes, plan_devices, plan_drm_links
-from nvctk.plan.select import Selected
 from nvctk.request.parse import Request
 
 MIG = MigInfo(0, "MIG-aaaa", 1, 2, "3g.40gb", 40000)

@@ -8,11 +8,12 @@ import pytest
 
 from nvctk.base.config import Config, ExtraMount
 from nvctk.base.errors import RequestError
-from nvctk.edits import HOOK_PATH_ENV, NVIDIA_HOOK_NAMES, Edits
+from nvctk.edits import HOOK_PATH_ENV, NVIDIA_HOOK_NAMES, DeviceNode, Edits
 from nvctk.host.driver import DriverFiles
-from nvctk.host.facts import CdiFacts, Context, DeviceFacts, Facts
+from nvctk.host.facts import CdiEdit, CdiFacts, Context, DeviceFacts, Facts
 from nvctk.host.image import ImageFacts
 from nvctk.host.inventory import GpuInfo, HostInfo
+from nvctk.host.select import select_devices
 from nvctk.plan.make import check_cdi_request, plan_container
 from nvctk.plan.mounts import plan_mounts
 from nvctk.request.parse import Request
@@ -85,8 +86,9 @@ def test_32bit_libraries_of_the_capabilities(caps: tuple[str, ...], want32: set[
 DEBIAN = ImageFacts("/rootfs", True)
 
 
-def facts(image: ImageFacts = DEBIAN, **kw: object) -> Facts:
-    return Facts(HOST, FILES, DeviceFacts(f"{ROOT}/dev", NODES), image, **kw)  # type: ignore[arg-type]
+def facts(image: ImageFacts = DEBIAN, devices: tuple[str, ...] = ("0",), **kw: object) -> Facts:
+    selected = tuple(select_devices(Request(devices=devices), HOST))
+    return Facts(HOST, selected, FILES, DeviceFacts(f"{ROOT}/dev", NODES), image, **kw)  # type: ignore[arg-type]
 
 
 CONTEXT = Context("/usr/bin/nvctk-hook", runtime_root="/run/runc")
@@ -146,22 +148,28 @@ def test_a_multi_gpu_form_records_the_devices_in_libvgpus_order() -> None:
     """The form records what the runtime selected, in the order libvgpu indexes the
     devices (NVML order), whatever order the container named them in."""
     request = Request(devices=("1", "0"), capabilities=("compute",))
-    e = plan_container(request, CFG, facts(), CONTEXT)
+    e = plan_container(request, CFG, facts(devices=("1", "0")), CONTEXT)
     assert e.gpu_uuids == (HOST.gpus[1].uuid, HOST.gpus[0].uuid)  # the container's order
     assert e.selected == (HOST.gpus[0].uuid, HOST.gpus[1].uuid)  # libvgpu's
     assert Edits.from_json(e.to_json()).selected == e.selected
 
 
 def test_a_cdi_form_gets_one_prestart_hook_only_for_hook_work() -> None:
-    """CDI mode: the devices' edits as discovery decoded them; nvctk adds its prestart
+    """CDI mode: the devices' edits as discovery read them; nvctk adds its prestart
     hook when the form leaves the hook work, and says where the hook logs."""
     request = Request(cdi_devices=("nvidia.com/gpu=0",))
-    nodes_only = Edits("", (), (), ldconfig="")
-    e = plan_container(request, CFG, CdiFacts(nodes_only), CONTEXT)
+    node = DeviceNode("/dev/nvidia0", "/dev/nvidia0", 195, 0)
+    nodes_only = CdiEdit("s.json: device 0", True, {"deviceNodes": [{"path": "/dev/nvidia0"}]},
+                         (node,))
+    e = plan_container(request, CFG, CdiFacts((nodes_only,)), CONTEXT)
     assert e.hooks == () and e.log is not None and e.log.level == "debug"
-    e = plan_container(request, CFG, CdiFacts(nodes_only.replace(ldconfig="/sbin/ldconfig")),
+    assert e.devices == (node,) and e.origin == "cdi"
+    ldconfig = {"hookName": "createRuntime", "path": "/usr/bin/nvctk-hook",
+                "args": ["nvctk-hook", "cdi-edits", "--folder", "/usr/lib64"]}
+    e = plan_container(request, CFG, CdiFacts((nodes_only.replace(edits={"hooks": [ldconfig]}),)),
                        CONTEXT)
     assert [h.args for h in e.hooks] == [("nvctk-hook", "prestart")]
+    assert (e.lib_dir, e.ldconfig) == ("/usr/lib64", CFG.ldconfig)
 
 
 def test_a_cdi_request_refuses_vgpu_limits() -> None:

@@ -1,4 +1,4 @@
-"""plan.select on plain inventory records: which devices a request names."""
+"""host.select and plan.select on plain inventory records: which devices a request names."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 
 from nvctk.base.errors import UnknownDeviceError
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo, proc_bus_id
-from nvctk.plan.select import requirement_facts, resolve_device, select_devices, vgpu_devices
+from nvctk.host.select import resolve_device, select_devices
+from nvctk.plan.select import requirement_facts, vgpu_devices
 from nvctk.request.parse import Request, asks_for_vgpu, expanded_capabilities
 
 MIG_A = MigInfo(0, "MIG-aaaa", 1, 0, "3g.40gb", 40000)

@@ -21,10 +21,10 @@ from nvctk.edits import PRELOAD, DeviceNode, Edits, Hook, Mount, with_server
 from nvctk.host.driver import DriverFiles
 from nvctk.host.image import ImageFacts
 from nvctk.host.inventory import GpuInfo
+from nvctk.host.select import Selected
 from nvctk.plan import hooks as plan_hooks
 from nvctk.plan import mounts as plan_mounts
 from nvctk.plan import vgpu as plan_vgpu
-from nvctk.plan.select import Selected
 from nvctk.request.parse import Request
 from nvctk.spec import apply as spec_edits
 from nvctk.spec.record import AppliedRecord, Seal

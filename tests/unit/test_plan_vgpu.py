@@ -12,7 +12,7 @@ from nvctk.base.errors import ConfigError, NvctkError, RequestError, SpecError
 from nvctk.edits import Edits
 from nvctk.host.image import ImageFacts
 from nvctk.host.inventory import GpuInfo, MigInfo
-from nvctk.plan.select import Selected
+from nvctk.host.select import Selected
 from nvctk.plan.vgpu import kept_preload_entries, plan_vgpu, vgpu_pins
 from nvctk.request.parse import Request
 from nvctk.vgpu import authority
