@@ -58,13 +58,10 @@ MODULE = re.compile(r"(?<![\w./-])(nvctk(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 SOURCE = re.compile(r"(?<![\w/.-])((?:nvctk|libvgpu|bench|hooks|runtime_shim|cli)/[\w./-]*"
                     r"\.(?:py|c|h))\b")
 # words of that shape that are not modules: domains, file names, and the tests' own examples
-NOT_MODULES = frozenset({"nvctk.io", "nvctk.org", "nvctk.log", "nvctk.json", "nvctk.toml",
+NOT_MODULES = frozenset({"nvctk.io", "nvctk.log", "nvctk.json", "nvctk.toml",
                          "nvctk.test", "nvctk.new", "nvctk.invalid", "nvctk.x.y", "nvctk.__file__",
                          # a module named as gone (docs/decisions.md; test_sys asserts it stays so)
-                         "nvctk.ffi",
-                         # the form's reader before issue 37 (now nvctk.edits_file.load_edits),
-                         # named in docs/decisions.md's history
-                         "nvctk.hook.inputs.load_edits"})
+                         "nvctk.ffi"})
 NOT_SOURCES = frozenset({"nvctk/x/__init__.py"})  # test_layers.py's example of a path
 
 
