@@ -26,28 +26,23 @@ from nvctk.base.errors import ConfigError, clipped, shown
 from nvctk.engines.toml_edit import (
     MISSING,
     UNSET,
-    Edits,
-    check_edit,
-    dotted,
     get_table,
-    guarded,
     insert_table_text,
     mark_previous,
     previous_value,
     remove_table_text,
     restore_key,
     set_key,
-    table_indent,
 )
 
-# the engine modules name the TOML edits as common.<name> too
+# CRI-O's module names the TOML edits it uses as common.<name> too
 __all__ = [
     "MAX_FILE_BYTES", "MISSING", "RUNC_SHIM", "RUNTIME_BINARY", "UNSET", "Change",
-    "ConfigChanges", "ConfigError", "Edits", "EngineRequest", "apply", "backup_path",
-    "check_edit", "check_runtime_path", "default_runtime_path", "dotted", "get_table",
-    "guarded", "insert_table_text", "is_our_binary", "loads_json", "mark_previous", "not_ours",
-    "parse_json_object", "parse_toml", "previous_value", "read", "remove_table_text",
-    "restore_key", "set_key", "table_indent", "target",
+    "ConfigChanges", "ConfigError", "EngineRequest", "apply", "backup_path",
+    "check_runtime_path", "default_runtime_path", "get_table", "insert_table_text",
+    "is_our_binary", "loads_json", "mark_previous", "not_ours", "parse_json_object",
+    "parse_toml", "previous_value", "read", "remove_table_text", "restore_key", "set_key",
+    "target",
 ]
 
 RUNTIME_BINARY = "nvctk-runtime"

@@ -24,21 +24,7 @@ from typing import Any
 import tomlkit
 from tomlkit.items import Table
 
-from nvctk.engines.common import (
-    RUNC_SHIM,
-    ConfigError,
-    Edits,
-    EngineRequest,
-    check_edit,
-    dotted,
-    get_table,
-    guarded,
-    insert_table_text,
-    mark_previous,
-    parse_toml,
-    set_key,
-    table_indent,
-)
+from nvctk.engines.common import RUNC_SHIM, ConfigError, EngineRequest, parse_toml
 from nvctk.engines.containerd_layout import (
     DEFAULT_CONFIG,
     PLUGIN,
@@ -51,6 +37,17 @@ from nvctk.engines.containerd_layout import (
     plain,
 )
 from nvctk.engines.containerd_remove import binary_in, strip
+from nvctk.engines.toml_edit import (
+    Edits,
+    check_edit,
+    dotted,
+    get_table,
+    guarded,
+    insert_table_text,
+    mark_previous,
+    set_key,
+    table_indent,
+)
 
 # what nvctk.engines.changes and the CLI name as containerd.<name>
 __all__ = ["DEFAULT_CONFIG", "PLUGIN", "SERVICE", "binary_in", "configure", "containerd_version",

@@ -12,22 +12,7 @@ from typing import Any
 import tomlkit
 from tomlkit.items import Table
 
-from nvctk.engines.common import (
-    MISSING,
-    RUNC_SHIM,
-    UNSET,
-    Edits,
-    EngineRequest,
-    check_edit,
-    get_table,
-    guarded,
-    is_our_binary,
-    not_ours,
-    parse_toml,
-    previous_value,
-    remove_table_text,
-    restore_key,
-)
+from nvctk.engines.common import RUNC_SHIM, EngineRequest, is_our_binary, not_ours, parse_toml
 from nvctk.engines.containerd_layout import (
     PLUGIN,
     Files,
@@ -36,6 +21,17 @@ from nvctk.engines.containerd_layout import (
     is_empty,
     paths,
     plain,
+)
+from nvctk.engines.toml_edit import (
+    MISSING,
+    UNSET,
+    Edits,
+    check_edit,
+    get_table,
+    guarded,
+    previous_value,
+    remove_table_text,
+    restore_key,
 )
 
 
