@@ -1,5 +1,5 @@
 """Secure path resolution and creation inside a rootfs (`Root`), and the hook's mount
-code by name (the pieces live beside it: nvctk.hook.attach, .own_mounts, .proc_mask).
+code by name (the mounts themselves: nvctk.hook.mounting).
 
 Everything here works on file descriptors so that no path string taken from a
 container image is ever re-resolved by the kernel outside our control
@@ -11,13 +11,12 @@ container image is ever re-resolved by the kernel outside our control
   (container semantics) or fail; directories are created component by
   component with ``mkdirat`` on the parent fd, files with ``O_CREAT | O_EXCL |
   O_NOFOLLOW`` on the parent fd, symlinks with ``symlinkat`` on the parent fd.
-- Mounts use the new mount API (nvctk.hook.attach): a source is cloned with
+- Mounts use the new mount API (nvctk.hook.mounting): a source is cloned with
   ``open_tree(OPEN_TREE_CLONE)`` (in the host namespace, before ``setns``), its
   flags are set on the still-detached tree with ``mount_setattr`` and it is
   attached with ``move_mount(..., MOVE_MOUNT_T_EMPTY_PATH)`` onto the fd of the
   resolved destination. A tmpfs is made with ``fsopen``/``fsmount``, filled
-  through its fd while detached, then made read-only and attached the same way
-  (nvctk.hook.proc_mask).
+  through its fd while detached, then made read-only and attached the same way.
 - `Mounter` remembers every mount it attached (as the fd of the mount's root)
   and `Mounter.undo` detaches them in reverse order.
 
@@ -43,14 +42,19 @@ from nvctk.base.mounts import (
     open_tree,
     read_mountinfo,
 )
-from nvctk.hook.attach import Mounter, attrs_for, clone_source, step_error
-from nvctk.hook.own_mounts import (
+from nvctk.hook.mounting import (
+    Mounter,
+    attrs_for,
+    clone_source,
     ensure_not_shared,
     iter_mounts_under,
+    make_proc_mask,
     own_mount_ids,
+    params_without_modify,
     readonly_foreign,
+    step_error,
+    write_file,
 )
-from nvctk.hook.proc_mask import make_proc_mask, params_without_modify, write_file
 from nvctk.oci.rootfs import (
     BENEATH_NOLINKS,
     IN_ROOT,
