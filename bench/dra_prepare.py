@@ -92,6 +92,35 @@ def batch(api: Any, kl: FakeDraKubelet, rounds: int, claims: int = 50) -> list[s
             f"  NodeUnprepareResources {ms(unprep)}"]
 
 
+def cases(api: Any, kl: FakeDraKubelet, claims: int) -> list[str]:
+    """Claims of 1 and 8 whole GPUs and of 1 and 8 shares, each prepared, prepared again
+    (the kubelet's retry: from the record) and unprepared, one by one."""
+    lines: list[str] = []
+    for label, n, share in [("1 whole GPU", 1, False), ("8 whole GPUs", 8, False),
+                            ("1 share (2 GiB)", 1, True), ("8 shares (2 GiB each)", 8, True)]:
+        prep, again, unprep = [], [], []
+        for i in range(claims):
+            name = f"c{n}{int(share)}-{i}"
+            obj = api.add_claim(claim(name, [f"gpu-{g}" for g in range(n)], share))
+            ref = [("bench", name, obj["metadata"]["uid"])]
+            t0 = time.perf_counter()
+            got = kl.prepare(ref)
+            prep.append(time.perf_counter() - t0)
+            assert not next(iter(got.values())).error, got
+            t0 = time.perf_counter()
+            kl.prepare(ref)  # the kubelet's retry: from the record
+            again.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            assert kl.unprepare(ref) == {ref[0][2]: ""}
+            unprep.append(time.perf_counter() - t0)
+        goal = " (goal p50 <= 25 ms)" if n == 1 else " (goal p50 <= 100 ms)"
+        lines += [f"{label}, {claims} claims:",
+                  f"  NodePrepareResources   {ms(prep)}{goal}",
+                  f"  again (the record)     {ms(again)}",
+                  f"  NodeUnprepareResources {ms(unprep)}"]
+    return lines
+
+
 def main() -> None:
     # http.server sends a response's headers and body as two segments: with Nagle on,
     # the body waits for the client's delayed ACK (40 ms) on a kept-alive connection, a
@@ -130,29 +159,7 @@ def main() -> None:
         lines.append(f"plugin start (NVML inventory done): nvctk's CDI forms of 8 GPUs "
                      f"{startup * 1e3:.1f} ms")
         try:
-            cases = [("1 whole GPU", 1, False), ("8 whole GPUs", 8, False),
-                     ("1 share (2 GiB)", 1, True), ("8 shares (2 GiB each)", 8, True)]
-            for label, n, share in cases:
-                prep, again, unprep = [], [], []
-                for i in range(a.claims):
-                    name = f"c{n}{int(share)}-{i}"
-                    obj = api.add_claim(claim(name, [f"gpu-{g}" for g in range(n)], share))
-                    ref = [("bench", name, obj["metadata"]["uid"])]
-                    t0 = time.perf_counter()
-                    got = kl.prepare(ref)
-                    prep.append(time.perf_counter() - t0)
-                    assert not next(iter(got.values())).error, got
-                    t0 = time.perf_counter()
-                    kl.prepare(ref)  # the kubelet's retry: from the record
-                    again.append(time.perf_counter() - t0)
-                    t0 = time.perf_counter()
-                    assert kl.unprepare(ref) == {ref[0][2]: ""}
-                    unprep.append(time.perf_counter() - t0)
-                goal = " (goal p50 <= 25 ms)" if n == 1 else " (goal p50 <= 100 ms)"
-                lines += [f"{label}, {a.claims} claims:",
-                          f"  NodePrepareResources   {ms(prep)}{goal}",
-                          f"  again (the record)     {ms(again)}",
-                          f"  NodeUnprepareResources {ms(unprep)}"]
+            lines += cases(api, kl, a.claims)
             lines += batch(api, kl, rounds=max(3, a.claims // 20))
         finally:
             kl.close()

@@ -301,7 +301,7 @@ def write(lines: list[str], out: str) -> None:
     Path(out).write_text(text)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=50, help="samples per figure")
     ap.add_argument("--per-gpu", type=int, default=PER_GPU, help="containers per GPU")
@@ -310,17 +310,17 @@ def main() -> None:
     ap.add_argument("--soak-only", action="store_true",
                     help="only the soak (it measures memory, not time: it may run beside other work)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "monitor.txt"))
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (the simulated host's device nodes, cgroups)")
-    from nvctk.monitor.collect import Collector
-    from nvctk.monitor.prom import Exposition
-
     tmp = Path(tempfile.mkdtemp(prefix="nvctk-bench-monitor-"))
     cg_base = cgroup_root()[0] / f"nvctk-bench-{os.getpid()}"
     cg_base.mkdir()
     node: Node | None = None
-    mon_proc = None
     try:
         node = Node(tmp, cg_base)
         node.fill(args.per_gpu)
@@ -332,75 +332,14 @@ def main() -> None:
                      *soak(node, tmp, args.soak, args.per_gpu)]
             write(lines, args.out)
             return
-        col = Collector(node.sim.root, [f"containerd={node.root}"])  # containerd's keys: its Pods
-        snap = col.collect()
-        nproc = sum(len(d.processes) for c in snap.containers for d in c.devices)
-        if len(snap.containers) != n_ctr or nproc != n_ctr:
-            raise SystemExit(f"the monitor sees {len(snap.containers)} containers, {nproc} processes")
-        plain, full = Exposition(), Exposition(("dcgm", "hami"), col.host)
-        collect, render, render_all, cached = [], [], [], []
-        for _ in range(args.n):
-            t0 = time.perf_counter()
-            snap = col.collect()
-            t1 = time.perf_counter()
-            plain.body(snap, time.time(), {})
-            t2 = time.perf_counter()
-            body = full.body(snap, time.time(), {})
-            t3 = time.perf_counter()
-            full.body(snap, time.time(), {})
-            t4 = time.perf_counter()
-            collect.append(t1 - t0)
-            render.append(t2 - t1)
-            render_all.append(t3 - t2)
-            cached.append(t4 - t3)
-        own = plain.body(snap, time.time(), {}).decode()
-        series = sum(1 for ln in own.splitlines() if ln and not ln.startswith("#"))
-        series_all = sum(1 for ln in body.decode().splitlines() if ln and not ln.startswith("#"))
-        col.close()
-
-        # nvctk monitor itself: scrapes over HTTP and its memory after many collections
-        mon_proc, url = serve(node, tmp, 0.2, "hami,dcgm")
-        http = []
-        for _ in range(args.n):
-            t0 = time.perf_counter()
-            get(url + "/metrics")
-            http.append(time.perf_counter() - t0)
-        time.sleep(5)  # ~25 more collections before the memory is read
-        rss, hwm = memory_mib(mon_proc.pid)
-        mon_proc.send_signal(signal.SIGTERM)
-        mon_proc.wait(30)
-        mon_proc = None
-
-        def p90(xs: list[float]) -> float:
-            return sorted(xs)[int(0.9 * (len(xs) - 1))] * 1000
-
-        first = median_ms(render_all) + median_ms(cached)
-        lines = [
-            f"# bench/monitor.py: {GPUS} simulated GPUs x {args.per_gpu} vGPU-shared containers "
-            f"({n_ctr} containers, {nproc} GPU processes, each a Pod's); {series} series per scrape, "
-            f"{series_all} with --compat hami,dcgm",
-            f"# {platform.node()} {platform.machine()} {os.cpu_count()} CPUs, python "
-            f"{platform.python_version()}, n={args.n}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-            f"load average {os.getloadavg()[0]:.2f} at the end (other engineers' work on the same VM)",
-            f"collect (NVML + discovery + join), median   {median_ms(collect):7.2f} ms   p90 {p90(collect):.2f} ms   "
-            f"goal <= {GOAL_COLLECT_MS:.0f} ms {'OK' if median_ms(collect) <= GOAL_COLLECT_MS else 'MISSED'}",
-            f"render a new snapshot, nvctk's series       {median_ms(render):7.2f} ms   p90 {p90(render):.2f} ms",
-            f"render a new snapshot, with hami,dcgm       {median_ms(render_all):7.2f} ms   p90 {p90(render_all):.2f} ms",
-            f"scrape of an unchanged snapshot (cached)    {median_ms(cached):7.2f} ms",
-            f"first scrape of a snapshot, with hami,dcgm  {first:7.2f} ms   goal <= {GOAL_MS:.0f} ms "
-            f"{'OK' if first <= GOAL_MS else 'MISSED'}",
-            f"nvctk monitor --compat hami,dcgm /metrics over HTTP, median {median_ms(http):7.2f} ms   p90 {p90(http):.2f} ms   "
-            "(a collection every 0.2 s)",
-            f"nvctk monitor resident memory               {rss:7.1f} MiB  (peak {hwm:.1f} MiB)",
-        ]
+        timed = in_process(node, args.n, args.per_gpu)
+        served = over_http(node, tmp, args.n)
+        lines = [timed[0], machine_line(args.n), *timed[1:], *served]
         lines += with_prometheus(node, tmp, args.n)
         if args.soak:
             lines += soak(node, tmp, args.soak, args.per_gpu)
         write(lines, args.out)
     finally:
-        if mon_proc is not None:
-            mon_proc.send_signal(signal.SIGTERM)
-            mon_proc.wait(30)
         if node is not None:
             node.close()
         for d in sorted(cg_base.glob("*")):
@@ -408,6 +347,89 @@ def main() -> None:
                 d.rmdir()
         cg_base.rmdir()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def machine_line(n: int) -> str:
+    """The report's second header line: the machine, and its load average now (the end)."""
+    return (f"# {platform.node()} {platform.machine()} {os.cpu_count()} CPUs, python "
+            f"{platform.python_version()}, n={n}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+            f"load average {os.getloadavg()[0]:.2f} at the end (other engineers' work on the same VM)")
+
+
+def p90(xs: list[float]) -> float:
+    return sorted(xs)[int(0.9 * (len(xs) - 1))] * 1000
+
+
+def in_process(node: Node, n: int, per_gpu: int) -> list[str]:
+    """The collection and the rendering, timed in this process: the report's first header
+    line and its first figures."""
+    # start time: the monitor's modules after the root check (as before)
+    from nvctk.monitor.collect import Collector
+    from nvctk.monitor.prom import Exposition
+
+    n_ctr = GPUS * per_gpu
+    col = Collector(node.sim.root, [f"containerd={node.root}"])  # containerd's keys: its Pods
+    snap = col.collect()
+    nproc = sum(len(d.processes) for c in snap.containers for d in c.devices)
+    if len(snap.containers) != n_ctr or nproc != n_ctr:
+        raise SystemExit(f"the monitor sees {len(snap.containers)} containers, {nproc} processes")
+    plain, full = Exposition(), Exposition(("dcgm", "hami"), col.host)
+    collect: list[float] = []
+    render: list[float] = []
+    render_all: list[float] = []
+    cached: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        snap = col.collect()
+        t1 = time.perf_counter()
+        plain.body(snap, time.time(), {})
+        t2 = time.perf_counter()
+        body = full.body(snap, time.time(), {})
+        t3 = time.perf_counter()
+        full.body(snap, time.time(), {})
+        t4 = time.perf_counter()
+        collect.append(t1 - t0)
+        render.append(t2 - t1)
+        render_all.append(t3 - t2)
+        cached.append(t4 - t3)
+    own = plain.body(snap, time.time(), {}).decode()
+    series = sum(1 for ln in own.splitlines() if ln and not ln.startswith("#"))
+    series_all = sum(1 for ln in body.decode().splitlines() if ln and not ln.startswith("#"))
+    col.close()
+    first = median_ms(render_all) + median_ms(cached)
+    return [
+        f"# bench/monitor.py: {GPUS} simulated GPUs x {per_gpu} vGPU-shared containers "
+        f"({n_ctr} containers, {nproc} GPU processes, each a Pod's); {series} series per scrape, "
+        f"{series_all} with --compat hami,dcgm",
+        f"collect (NVML + discovery + join), median   {median_ms(collect):7.2f} ms   p90 {p90(collect):.2f} ms   "
+        f"goal <= {GOAL_COLLECT_MS:.0f} ms {'OK' if median_ms(collect) <= GOAL_COLLECT_MS else 'MISSED'}",
+        f"render a new snapshot, nvctk's series       {median_ms(render):7.2f} ms   p90 {p90(render):.2f} ms",
+        f"render a new snapshot, with hami,dcgm       {median_ms(render_all):7.2f} ms   p90 {p90(render_all):.2f} ms",
+        f"scrape of an unchanged snapshot (cached)    {median_ms(cached):7.2f} ms",
+        f"first scrape of a snapshot, with hami,dcgm  {first:7.2f} ms   goal <= {GOAL_MS:.0f} ms "
+        f"{'OK' if first <= GOAL_MS else 'MISSED'}",
+    ]
+
+
+def over_http(node: Node, tmp: Path, n: int) -> list[str]:
+    """nvctk monitor itself: scrapes over HTTP and its memory after many collections."""
+    mon_proc, url = serve(node, tmp, 0.2, "hami,dcgm")
+    try:
+        http = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            get(url + "/metrics")
+            http.append(time.perf_counter() - t0)
+        time.sleep(5)  # ~25 more collections before the memory is read
+        rss, hwm = memory_mib(mon_proc.pid)
+    finally:
+        mon_proc.send_signal(signal.SIGTERM)
+        mon_proc.wait(30)
+    return [
+        f"nvctk monitor --compat hami,dcgm /metrics over HTTP, median {median_ms(http):7.2f} ms   p90 {p90(http):.2f} ms   "
+        "(a collection every 0.2 s)",
+        f"nvctk monitor resident memory               {rss:7.1f} MiB  (peak {hwm:.1f} MiB)",
+    ]
 
 
 if __name__ == "__main__":

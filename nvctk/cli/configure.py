@@ -9,7 +9,7 @@ import click
 from nvctk.base.errors import ConfigError
 from nvctk.engines import common, containerd, crio, docker, restart
 from nvctk.engines.changes import RESTART, plan_configure, plan_remove
-from nvctk.engines.common import EngineRequest
+from nvctk.engines.common import ConfigChanges, EngineRequest
 
 
 @click.command()
@@ -53,33 +53,14 @@ def configure(engine: str, config_file: str, drop_in: str, name: str, runtime_pa
     Edits keep comments, order and every other setting; a second run changes no
     byte; the replaced file is kept as <file>.bak.
     """
-    if not name or any(c in name for c in "/\\\n\"'") or name.strip() != name:
-        raise ConfigError(f"--name {name!r}: not a usable runtime name")
-    if remove:
-        # what remove compares against: nvctk-runtime may be gone already
-        path = os.path.abspath(runtime_path) if runtime_path else ""
-    elif runtime_path:
-        path = common.check_runtime_path(runtime_path)
-    else:
-        path = common.default_runtime_path()
-    req = EngineRequest(name=name, runtime_path=path or "", set_as_default=set_as_default, cdi=cdi,
-                  config=config_file, drop_in=drop_in)
+    req = _request(name, runtime_path, set_as_default, cdi, config_file, drop_in, remove)
     plan = plan_remove(engine, req) if remove else plan_configure(engine, req)
     # with --dry-run stdout is the file(s) alone; what nvctk says goes to stderr
     say_err = dry_run
     for note in plan.notes:
         click.echo(f"nvctk: {note}", err=say_err)
     if dry_run:
-        changed = [c for c in plan.changes if c.changed]
-        shown = changed or [c for c in plan.changes if c.new is not None][-1:]
-        for c in shown:
-            if len(shown) > 1:
-                click.echo(f"==> {c.path} <==")
-            if c.new is None:
-                click.echo(f"nvctk: would remove {c.path}", err=True)
-            else:
-                click.echo(c.new.decode("utf-8", "replace"), nl=False)
-        click.echo("nvctk: dry run: nothing written", err=True)
+        _show(plan)
         return
     how = restart.Restart(engine, restart_mode, engine_socket, host_root, timeout=restart_timeout)
     how.check()
@@ -99,13 +80,49 @@ def configure(engine: str, config_file: str, drop_in: str, name: str, runtime_pa
     if restart_mode == "none":
         click.echo(f"nvctk: restart {engine} for this to take effect: {RESTART[engine]}")
         return
+    _take_or_undo(how, engine, req, remove)
+
+
+def _request(name: str, runtime_path: str, set_as_default: bool, cdi: bool, config_file: str,
+             drop_in: str, remove: bool) -> EngineRequest:
+    """The request of the command line, its runtime name and path checked."""
+    if not name or any(c in name for c in "/\\\n\"'") or name.strip() != name:
+        raise ConfigError(f"--name {name!r}: not a usable runtime name")
+    if remove:
+        # what remove compares against: nvctk-runtime may be gone already
+        path = os.path.abspath(runtime_path) if runtime_path else ""
+    elif runtime_path:
+        path = common.check_runtime_path(runtime_path)
+    else:
+        path = common.default_runtime_path()
+    return EngineRequest(name=name, runtime_path=path or "", set_as_default=set_as_default,
+                         cdi=cdi, config=config_file, drop_in=drop_in)
+
+
+def _show(plan: ConfigChanges) -> None:
+    """--dry-run: the resulting file(s) on stdout (a header each when several)."""
+    changed = [c for c in plan.changes if c.changed]
+    shown = changed or [c for c in plan.changes if c.new is not None][-1:]
+    for c in shown:
+        if len(shown) > 1:
+            click.echo(f"==> {c.path} <==")
+        if c.new is None:
+            click.echo(f"nvctk: would remove {c.path}", err=True)
+        else:
+            click.echo(c.new.decode("utf-8", "replace"), nl=False)
+    click.echo("nvctk: dry run: nothing written", err=True)
+
+
+def _take_or_undo(how: restart.Restart, engine: str, req: EngineRequest, remove: bool) -> None:
+    """The engine made to take the written config; where it does not come back with the
+    runtime, the config put back as it was (the change may be why) and the engine
+    restarted again, then a failure saying so."""
+    name = req.name
     try:
         _take(how, name, not remove)
     except restart.EngineError as e:
         if remove:
             raise
-        # the engine did not come back with the runtime: put its config back as it was
-        # (the change may be why), restart it again, then fail saying so
         for line in common.apply(plan_remove(engine, req)):
             click.echo(f"nvctk: undone: {line}")
         try:

@@ -16,6 +16,13 @@ from nvctk.base.errors import NvctkError
 from nvctk.cli.common import load_node_config
 from nvctk.dra.devices import DEFAULT_DRIVER
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from nvctk.dra.driver import Driver
+    from nvctk.dra.kube import Kube
+    from nvctk.dra.slices import TaintPolicy
+    from nvctk.k8s.health import Health
+
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_DIR = "/var/run/cdi"
@@ -61,21 +68,11 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
                                "API's spec.nodeName)")
     try:
         cfg = load_node_config(ctx)
-        if os.path.realpath(cdi_dir) not in {os.path.realpath(d) for d in cfg.cdi_spec_dirs}:
-            # the claims' specs would be written where nothing reads them: said, not refused
-            # (a runtime of the node may be configured to read it)
-            logging.warning("--cdi-dir %s is not among the CDI spec dirs of nvctk's config "
-                            "(cdi-spec-dirs: %s; containerd and CRI-O read /etc/cdi and "
-                            "/var/run/cdi by default): unless the node's runtime reads it, "
-                            "prepared claims get no devices", cdi_dir,
-                            ", ".join(cfg.cdi_spec_dirs))
+        _warn_unread(cdi_dir, cfg.cdi_spec_dirs)
         # start time: grpc, NVML and the API client, for this command only
-        from nvctk.dra.node import claim_source, make_driver, pcie_roots
-        from nvctk.dra.publish import Publisher
-        from nvctk.dra.server import Plugin
+        from nvctk.dra.node import claim_source, make_driver
         from nvctk.dra.slices import TaintPolicy
-        from nvctk.dra.stale import Sweeper, kubelet_claims
-        from nvctk.k8s.health import Health, XidWatcher
+        from nvctk.k8s.health import Health
 
         try:
             policy = TaintPolicy.parse(xid_taints)
@@ -90,41 +87,68 @@ def dra_plugin(ctx: click.Context, kubeconfig: str | None, node_name: str, plugi
                                                     "config_path"), policy=policy)
         if not driver.devices:
             raise NvctkError("no GPU on this node")
-        inventory = driver.inventory
-        assert inventory is not None  # make_driver's driver has one
-        # XIDs mapped to the devices as they are now (a MIG layout changed since)
-        plugin = Plugin(driver, health, plugins_dir, registry_dir,
-                        XidWatcher(driver_root, lambda: inventory.host, health))
-        # this node's ResourceSlices: published at once, again on each health change and
-        # every RESYNC_S (the GPUs queried again: one gone, a new MIG layout), through
-        # the driver, which then prepares what is published
-        publisher = Publisher(source, node_name, driver_name, policy=policy,
-                              pcie_roots=lambda h: pcie_roots(driver_root, h))
-        publishing = threading.Thread(
-            target=publisher.run, args=(driver.rediscover, health),
-            name="nvctk-dra-publish", daemon=True)
-        sweeper = Sweeper(driver, source, kubelet_claims(pod_resources_socket),
-                          grace=stale_claim_grace)
-        sweeping = threading.Thread(target=sweeper.run, name="nvctk-dra-stale", daemon=True)
-        stop = threading.Event()
-
-        def on_signal(*_: Any) -> None:
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        plugin.start()
-        publishing.start()
-        sweeping.start()
-        click.echo(f"{driver_name}: {len(driver.devices)} device(s) on node {node_name}, "
-                   f"serving {plugin.endpoint}", err=True)
-        try:
-            stop.wait()
-        finally:
-            sweeper.stop()
-            publisher.stop(health)
-            publishing.join(5)  # a sync may be waiting out a down API server
-            plugin.stop()
+        _serve(driver, driver_root, source, health, policy, node_name, driver_name,
+               plugins_dir, registry_dir, pod_resources_socket, stale_claim_grace)
     except NvctkError as e:
         raise click.ClickException(str(e))
     click.echo("DRA plugin stopped", err=True)
+
+
+def _warn_unread(cdi_dir: str, spec_dirs: tuple[str, ...] | list[str]) -> None:
+    """The claims' specs would be written where nothing reads them: said, not refused
+    (a runtime of the node may be configured to read it)."""
+    if os.path.realpath(cdi_dir) not in {os.path.realpath(d) for d in spec_dirs}:
+        logging.warning("--cdi-dir %s is not among the CDI spec dirs of nvctk's config "
+                        "(cdi-spec-dirs: %s; containerd and CRI-O read /etc/cdi and "
+                        "/var/run/cdi by default): unless the node's runtime reads it, "
+                        "prepared claims get no devices", cdi_dir,
+                        ", ".join(spec_dirs))
+
+
+def _serve(driver: Driver, driver_root: str, source: Kube, health: Health,
+           policy: TaintPolicy, node_name: str, driver_name: str, plugins_dir: str, registry_dir: str,
+           pod_resources_socket: str, stale_claim_grace: float) -> None:
+    """The kubelet plugin's service, the slices' publisher and the stale-claim sweeper,
+    until SIGTERM or SIGINT."""
+    # start time: grpc and the API client, for this command only (dra_plugin's)
+    from nvctk.dra.node import pcie_roots
+    from nvctk.dra.publish import Publisher
+    from nvctk.dra.server import Plugin
+    from nvctk.dra.stale import Sweeper, kubelet_claims
+    from nvctk.k8s.health import XidWatcher
+
+    inventory = driver.inventory
+    assert inventory is not None  # make_driver's driver has one
+    # XIDs mapped to the devices as they are now (a MIG layout changed since)
+    plugin = Plugin(driver, health, plugins_dir, registry_dir,
+                    XidWatcher(driver_root, lambda: inventory.host, health))
+    # this node's ResourceSlices: published at once, again on each health change and
+    # every RESYNC_S (the GPUs queried again: one gone, a new MIG layout), through
+    # the driver, which then prepares what is published
+    publisher = Publisher(source, node_name, driver_name, policy=policy,
+                          pcie_roots=lambda h: pcie_roots(driver_root, h))
+    publishing = threading.Thread(
+        target=publisher.run, args=(driver.rediscover, health),
+        name="nvctk-dra-publish", daemon=True)
+    sweeper = Sweeper(driver, source, kubelet_claims(pod_resources_socket),
+                      grace=stale_claim_grace)
+    sweeping = threading.Thread(target=sweeper.run, name="nvctk-dra-stale", daemon=True)
+    stop = threading.Event()
+
+    def on_signal(*_: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    plugin.start()
+    publishing.start()
+    sweeping.start()
+    click.echo(f"{driver_name}: {len(driver.devices)} device(s) on node {node_name}, "
+               f"serving {plugin.endpoint}", err=True)
+    try:
+        stop.wait()
+    finally:
+        sweeper.stop()
+        publisher.stop(health)
+        publishing.join(5)  # a sync may be waiting out a down API server
+        plugin.stop()

@@ -238,6 +238,54 @@ def _consumed(raw: object, dev: DraDevice, where: str) -> dict[str, int]:
     return out
 
 
+def _result(r: dict[str, Any], where: str, pool: str, devices: dict[str, DraDevice],
+            by_request: dict[str | None, str]) -> Result:
+    """One allocation result of this driver's, checked; ClaimError saying where not."""
+    name, pool_name, req = r.get("device"), r.get("pool"), r.get("request")
+    if pool_name != pool:
+        raise ClaimError(f"{where}: pool {shown(pool_name)} is not this node's ({pool})")
+    dev = devices.get(name) if isinstance(name, str) else None
+    if dev is None:
+        raise UnknownDevice(f"{where}: unknown device {shown(name)} (this node has "
+                            f"{', '.join(devices) or 'none'})")
+    if not isinstance(req, str) or not req:
+        raise ClaimError(f"{where}: no request name")
+    share = r.get("shareID")
+    if share is not None and (not isinstance(share, str) or not share):
+        raise ClaimError(f"{where}: shareID must be a string, not {shown(share)}")
+    admin = r.get("adminAccess")
+    if admin is not None and not isinstance(admin, bool):
+        raise ClaimError(f"{where}: adminAccess must be true or false, not {shown(admin)}")
+    if admin:
+        # an admin's view of a device others hold (the namespace is labelled for it):
+        # the whole device, no share, cap or MPS of its own; it consumes nothing
+        return Result(req, pool_name, dev, share, {}, "TimeSlicing", True)
+    consumed = _consumed(r.get("consumedCapacity"), dev, where)
+    # a subrequest's results name "<request>/<subrequest>": configs name either
+    strategy = by_request.get(req, by_request.get(req.split("/", 1)[0],
+                                                  by_request.get(None, "TimeSlicing")))
+    # 1.36 gives every allocation of a shareable device a shareID: a result is
+    # exclusive when it consumes all of the device's memory (no other fits beside it)
+    if strategy == "Exclusive" and share is not None and \
+            consumed.get(MEMORY, 0) < dev.memory:
+        raise ClaimError(f"{where}: sharing strategy Exclusive, but device {dev.name} is "
+                         f"allocated as share {share} of it consuming "
+                         f"{consumed.get(MEMORY, 0)} of its {dev.memory} bytes of memory "
+                         "(an exclusive claim consumes all of it: ask for no capacity)")
+    res = Result(req, pool_name, dev, share, consumed, strategy)
+    if strategy == "MPS" and dev.mig is not None:
+        raise ClaimError(f"{where}: sharing strategy MPS on MIG device {dev.name}: MPS "
+                         "shares split whole GPUs only, as the device plugin's")
+    if res.partial and dev.mig is not None:
+        raise ClaimError(f"{where}: a share of MIG device {dev.name}: nvctk caps shares of "
+                         "whole GPUs only (a MIG device is already a partition)")
+    if strategy == "VGpu" and not res.partial:
+        raise ClaimError(f"{where}: sharing strategy VGpu, but the result consumes no part "
+                         f"of device {dev.name}: a vGPU share's caps are its "
+                         "consumedCapacity (request memory or smShare capacity)")
+    return res
+
+
 def results(claim: dict[str, Any], driver: str, pool: str,
             devices: dict[str, DraDevice]) -> list[Result]:
     """This driver's allocation results, checked; ClaimError naming the first bad one."""
@@ -252,51 +300,8 @@ def results(claim: dict[str, Any], driver: str, pool: str,
     for i, r in enumerate(raw):
         if not isinstance(r, dict) or r.get("driver") != driver:
             continue  # another driver's device: its own plugin prepares it
-        where = f"status.allocation.devices.results[{i}]"
-        name, pool_name, req = r.get("device"), r.get("pool"), r.get("request")
-        if pool_name != pool:
-            raise ClaimError(f"{where}: pool {shown(pool_name)} is not this node's ({pool})")
-        dev = devices.get(name) if isinstance(name, str) else None
-        if dev is None:
-            raise UnknownDevice(f"{where}: unknown device {shown(name)} (this node has "
-                             f"{', '.join(devices) or 'none'})")
-        if not isinstance(req, str) or not req:
-            raise ClaimError(f"{where}: no request name")
-        share = r.get("shareID")
-        if share is not None and (not isinstance(share, str) or not share):
-            raise ClaimError(f"{where}: shareID must be a string, not {shown(share)}")
-        admin = r.get("adminAccess")
-        if admin is not None and not isinstance(admin, bool):
-            raise ClaimError(f"{where}: adminAccess must be true or false, not {shown(admin)}")
-        if admin:
-            # an admin's view of a device others hold (the namespace is labelled for it):
-            # the whole device, no share, cap or MPS of its own; it consumes nothing
-            out.append(Result(req, pool_name, dev, share, {}, "TimeSlicing", True))
-            continue
-        consumed = _consumed(r.get("consumedCapacity"), dev, where)
-        # a subrequest's results name "<request>/<subrequest>": configs name either
-        strategy = by_request.get(req, by_request.get(req.split("/", 1)[0],
-                                                      by_request.get(None, "TimeSlicing")))
-        # 1.36 gives every allocation of a shareable device a shareID: a result is
-        # exclusive when it consumes all of the device's memory (no other fits beside it)
-        if strategy == "Exclusive" and share is not None and \
-                consumed.get(MEMORY, 0) < dev.memory:
-            raise ClaimError(f"{where}: sharing strategy Exclusive, but device {dev.name} is "
-                             f"allocated as share {share} of it consuming "
-                             f"{consumed.get(MEMORY, 0)} of its {dev.memory} bytes of memory "
-                             "(an exclusive claim consumes all of it: ask for no capacity)")
-        res = Result(req, pool_name, dev, share, consumed, strategy)
-        if strategy == "MPS" and dev.mig is not None:
-            raise ClaimError(f"{where}: sharing strategy MPS on MIG device {dev.name}: MPS "
-                             "shares split whole GPUs only, as the device plugin's")
-        if res.partial and dev.mig is not None:
-            raise ClaimError(f"{where}: a share of MIG device {dev.name}: nvctk caps shares of "
-                             "whole GPUs only (a MIG device is already a partition)")
-        if strategy == "VGpu" and not res.partial:
-            raise ClaimError(f"{where}: sharing strategy VGpu, but the result consumes no part "
-                             f"of device {dev.name}: a vGPU share's caps are its "
-                             "consumedCapacity (request memory or smShare capacity)")
-        out.append(res)
+        out.append(_result(r, f"status.allocation.devices.results[{i}]", pool, devices,
+                           by_request))
     mps = sorted({r.device.name for r in out if r.strategy == "MPS"})
     if mps and len(mps) != len({r.device.name for r in out}):
         raise ClaimError(f"sharing strategy MPS for device(s) {', '.join(mps)} only: a "

@@ -17,95 +17,43 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-import glob as globmod
 import os
 import re
-import shutil
-import subprocess
 from typing import Any
 
 import tomlkit
 from tomlkit.items import Table
 
-from nvctk.engines.common import (
-    MISSING,
-    RUNC_SHIM,
-    UNSET,
-    ConfigError,
+from nvctk.engines.common import RUNC_SHIM, ConfigError, EngineRequest, parse_toml
+from nvctk.engines.containerd_layout import (
+    DEFAULT_CONFIG,
+    PLUGIN,
+    Files,
+    config_version,
+    containerd_version,
+    imports_glob,
+    is_empty,
+    paths,
+    plain,
+)
+from nvctk.engines.containerd_remove import binary_in, strip
+from nvctk.engines.toml_edit import (
     Edits,
-    EngineRequest,
     check_edit,
     dotted,
     get_table,
     guarded,
     insert_table_text,
-    is_our_binary,
     mark_previous,
-    not_ours,
-    parse_toml,
-    previous_value,
-    remove_table_text,
-    restore_key,
     set_key,
     table_indent,
 )
 
+# what nvctk.engines.changes and the CLI name as containerd.<name>
+__all__ = ["DEFAULT_CONFIG", "PLUGIN", "SERVICE", "binary_in", "configure", "containerd_version",
+           "paths", "strip"]
+
 SERVICE = "containerd"
-DEFAULT_CONFIG = "/etc/containerd/config.toml"
-PLUGIN = {
-    1: ["plugins", "cri"],
-    2: ["plugins", "io.containerd.grpc.v1.cri"],
-    3: ["plugins", "io.containerd.cri.v1.runtime"],
-    4: ["plugins", "io.containerd.cri.v1.runtime"],
-}
-KNOWN = ", ".join(map(str, list(PLUGIN)[:-1])) + f" and {list(PLUGIN)[-1]}"
-
-Files = dict[str, "bytes | None"]
-
-
-def containerd_version() -> tuple[int, int] | None:
-    """(major, minor) of the installed containerd, None when it is not there."""
-    exe = shutil.which("containerd")
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    # "containerd github.com/containerd/containerd 1.6.20~ds1 ..." or ".../v2 v2.0.0 ..."
-    fields = out.split()
-    m = re.match(r"v?(\d+)\.(\d+)", fields[2]) if len(fields) >= 3 else None
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def paths(req: EngineRequest) -> list[str]:
-    main = req.config or DEFAULT_CONFIG
-    return [main, req.drop_in] if req.drop_in else [main]
-
-
-def _is_empty(doc: tomlkit.TOMLDocument) -> bool:
-    return len(doc) == 0
-
-
-def _version(doc: tomlkit.TOMLDocument, path: str) -> int:
-    if _is_empty(doc):
-        v = containerd_version()
-        if v is None or v < (2, 0):
-            return 2
-        return 3 if v < (2, 3) else 4
-    ver = doc.get("version")
-    if ver is None:
-        return 1
-    if isinstance(ver, bool) or not isinstance(ver, int) or ver not in PLUGIN:
-        raise ConfigError(
-            f"{path}: unknown containerd config version {ver!r} (nvctk knows {KNOWN}); "
-            "left untouched"
-        )
-    return int(ver)
-
-
-def _plain(value: Any) -> Any:
-    return value.unwrap() if hasattr(value, "unwrap") else value
 
 
 def _default_name(doc: tomlkit.TOMLDocument, plugin: list[str], path: str) -> str:
@@ -163,7 +111,7 @@ def _source_runtime(doc: tomlkit.TOMLDocument, plugin: list[str], req: EngineReq
     for name in (_default_name(doc, plugin, path), "runc"):
         rt = runtimes.get(name)
         if name != req.name and isinstance(rt, dict) and rt.get("runtime_type", RUNC_SHIM) == RUNC_SHIM:
-            return dict(_plain(rt))
+            return dict(plain(rt))
     return {}
 
 
@@ -253,21 +201,7 @@ def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: EngineRequest
     plugin = PLUGIN[version]
     runtimes_keys = [*plugin, "containerd", "runtimes"]
     lit = _literal_style(tomlkit.dumps(doc))
-    if req.set_as_default:
-        ctd = _ensure_table(doc, [*plugin, "containerd"], path)
-        prev = ctd.get("default_runtime_name")
-        if prev != req.name:
-            set_key(ctd, "default_runtime_name", _styled(req.name, lit), _header_indent(ctd))
-            if prev is not None and prev != "runc":  # remove's fallback is runc
-                mark_previous(ctd, "default_runtime_name", _plain(prev))
-        edits[(*plugin, "containerd", "default_runtime_name")] = req.name
-    if req.cdi:
-        cri = _ensure_table(doc, plugin, path)
-        prev = cri.get("enable_cdi")
-        if prev is not True:
-            set_key(cri, "enable_cdi", True, _header_indent(cri))
-            mark_previous(cri, "enable_cdi", _plain(prev))
-        edits[(*plugin, "enable_cdi")] = True
+    _set_default_and_cdi(doc, plugin, req, lit, path, edits)
     runtimes = get_table(doc, runtimes_keys, path)
     existing = runtimes.get(req.name) if runtimes is not None else None
     if existing is None:
@@ -287,7 +221,34 @@ def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: EngineRequest
         return insert_table_text(doc, runtimes_keys, req.name, block, path)
     if not isinstance(existing, Table):
         raise ConfigError(f"{path}: {dotted([*runtimes_keys, req.name])} is not a table; left untouched")
-    here = tuple([*runtimes_keys, req.name])
+    _update_entry(existing, (*runtimes_keys, req.name), req, lit, path, notes, edits)
+    return tomlkit.dumps(doc)
+
+
+def _set_default_and_cdi(doc: tomlkit.TOMLDocument, plugin: list[str], req: EngineRequest,
+                         lit: bool, path: str, edits: Edits) -> None:
+    """default_runtime_name and enable_cdi as asked, each with its previous value noted."""
+    if req.set_as_default:
+        ctd = _ensure_table(doc, [*plugin, "containerd"], path)
+        prev = ctd.get("default_runtime_name")
+        if prev != req.name:
+            set_key(ctd, "default_runtime_name", _styled(req.name, lit), _header_indent(ctd))
+            if prev is not None and prev != "runc":  # remove's fallback is runc
+                mark_previous(ctd, "default_runtime_name", plain(prev))
+        edits[(*plugin, "containerd", "default_runtime_name")] = req.name
+    if req.cdi:
+        cri = _ensure_table(doc, plugin, path)
+        prev = cri.get("enable_cdi")
+        if prev is not True:
+            set_key(cri, "enable_cdi", True, _header_indent(cri))
+            mark_previous(cri, "enable_cdi", plain(prev))
+        edits[(*plugin, "enable_cdi")] = True
+
+
+def _update_entry(existing: Table, here: tuple[str, ...], req: EngineRequest, lit: bool,
+                  path: str, notes: list[str], edits: Edits) -> None:
+    """A runtime table of that name already there: the runc shim running nvctk-runtime,
+    with the annotations it needs and none of nvctk's own passed from a Pod."""
     opts = existing.get("options")
     if existing.get("runtime_type") != RUNC_SHIM or not isinstance(opts, dict) \
             or opts.get("BinaryName") != req.runtime_path:
@@ -302,12 +263,12 @@ def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: EngineRequest
     edits[(*here, "runtime_type")] = RUNC_SHIM
     edits[(*here, "options", "BinaryName")] = req.runtime_path
     # an entry of an older nvctk (or someone else's): the annotations it needs too
-    current = _plain(existing.get("container_annotations"))
+    current = plain(existing.get("container_annotations"))
     wanted = _annotations(current)
     if wanted != current:
         set_key(existing, "container_annotations", _styled(wanted, lit), _header_indent(existing))
     edits[(*here, "container_annotations")] = wanted
-    pods = _plain(existing.get("pod_annotations"))
+    pods = plain(existing.get("pod_annotations"))
     if isinstance(pods, list) and not all(_pod_ok(a) for a in pods):
         kept = [a for a in pods if _pod_ok(a)]
         notes.append(_pod_note(req.name, pods, kept))
@@ -315,19 +276,14 @@ def _edit(doc: tomlkit.TOMLDocument, path: str, version: int, req: EngineRequest
         pods = kept
     if isinstance(pods, list):
         edits[(*here, "pod_annotations")] = pods
-    return tomlkit.dumps(doc)
-
-
-def _imports_glob(drop_in: str) -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(drop_in)), "*.toml")
 
 
 def configure(req: EngineRequest, old: Files) -> tuple[Files, list[str]]:
     notes: list[str] = []
     main_path = paths(req)[0]
     main_doc = parse_toml(main_path, old[main_path] or b"")
-    version = _version(main_doc, main_path)
-    if _is_empty(main_doc):
+    version = config_version(main_doc, main_path)
+    if is_empty(main_doc):
         main_doc["version"] = version
     plugin = PLUGIN[version]
     source = _source_runtime(main_doc, plugin, req, main_path)
@@ -344,7 +300,7 @@ def configure(req: EngineRequest, old: Files) -> tuple[Files, list[str]]:
                           "version 2 or configure without --drop-in")
     di_path = req.drop_in
     di_doc = parse_toml(di_path, old[di_path] or b"")
-    if _is_empty(di_doc):
+    if is_empty(di_doc):
         di_doc["version"] = version
         cv = containerd_version()
         main_cri = get_table(main_doc, plugin, main_path)
@@ -354,11 +310,11 @@ def configure(req: EngineRequest, old: Files) -> tuple[Files, list[str]]:
             notes.append(f"containerd {'.'.join(map(str, cv)) if cv else '(unknown version)'} "
                          f"replaces the main file's {plugin[-1]} table with the drop-in's: "
                          f"{di_path} carries a copy of it; edit CRI settings there from now on")
-    elif _version(di_doc, di_path) != version:
-        raise ConfigError(f"{di_path}: config version {_version(di_doc, di_path)} differs from "
+    elif config_version(di_doc, di_path) != version:
+        raise ConfigError(f"{di_path}: config version {config_version(di_doc, di_path)} differs from "
                           f"{main_path}'s {version}; left untouched")
     di_text = _add(di_doc, di_path, version, req, source, notes, need_runc)
-    glob = _imports_glob(di_path)
+    glob = imports_glob(di_path)
     imports = main_doc.get("imports")
     if imports is None:
         main_doc["imports"] = [glob]
@@ -367,163 +323,8 @@ def configure(req: EngineRequest, old: Files) -> tuple[Files, list[str]]:
     elif not any(isinstance(p, str) and fnmatch.fnmatch(os.path.abspath(di_path), p) for p in imports):
         imports.append(glob)
     main_text = tomlkit.dumps(main_doc).encode()
-    edits: Edits = {("imports",): _plain(main_doc["imports"])}
-    if _is_empty(parse_toml(main_path, old[main_path] or b"")):
+    edits: Edits = {("imports",): plain(main_doc["imports"])}
+    if is_empty(parse_toml(main_path, old[main_path] or b"")):
         edits[("version",)] = version
     check_edit(main_path, old[main_path] or b"", main_text, edits)
     return {main_path: main_text, di_path: di_text.encode()}, notes
-
-
-def binary_in(req: EngineRequest, old: Files) -> str | None:
-    """The BinaryName of runtime req.name in the file that holds it (None: no such runtime)."""
-    path = paths(req)[-1]
-    if old[path] is None:
-        return None
-    doc = parse_toml(path, old[path] or b"")
-    main_doc = parse_toml(paths(req)[0], old[paths(req)[0]] or b"")
-    version = _version(main_doc, paths(req)[0]) if not _is_empty(main_doc) else 2
-    runtimes = get_table(doc, [*PLUGIN[version], "containerd", "runtimes"], path) \
-        if not _is_empty(doc) else None
-    rt = runtimes.get(req.name) if runtimes is not None else None
-    opts = rt.get("options") if isinstance(rt, dict) else None
-    name = opts.get("BinaryName") if isinstance(opts, dict) else None
-    return str(name) if isinstance(name, str) else None
-
-
-def _drop_empty_super(doc: Any, keys: list[str]) -> None:
-    """Delete the header-less (super) tables along keys that removing left empty."""
-    for n in range(len(keys), 0, -1):
-        parent = get_table(doc, keys[: n - 1], "") if n > 1 else doc
-        tbl = parent.get(keys[n - 1]) if parent is not None else None
-        if isinstance(tbl, Table) and tbl.is_super_table() and len(tbl) == 0:
-            del parent[keys[n - 1]]
-        else:
-            return
-
-
-def _bak_table(bak: bytes | None, keys: list[str]) -> tuple[bool, Any]:
-    """(False, None) when there is no .bak or it does not parse, else (True, its table
-    at keys or None)."""
-    if bak is None:
-        return False, None
-    try:
-        return True, get_table(tomlkit.parse(bak.decode()), keys, "")
-    except Exception:
-        return False, None
-
-
-def _bak_value(bak: bytes | None, keys: list[str], key: str, req: EngineRequest) -> Any:
-    """The value of key in the table at keys of the file's .bak: what was there before
-    nvctk last wrote the file (MISSING when unknown: no .bak, or it says nvctk's name)."""
-    read, tbl = _bak_table(bak, keys)
-    if not read:
-        return MISSING
-    value = tbl.get(key) if tbl is not None else None
-    if value is None:
-        return UNSET
-    value = _plain(value)
-    return MISSING if value == req.name else value
-
-
-def _replaced_runtime(bak: bytes | None, runtimes_keys: list[str], req: EngineRequest) -> Any:
-    """The runtime table of req.name in the .bak when it is someone else's (configure
-    replaced it), else None."""
-    rts = _bak_table(bak, runtimes_keys)[1]
-    rt = rts.get(req.name) if rts is not None else None
-    if not isinstance(rt, Table):
-        return None
-    opts = rt.get("options")
-    binary = opts.get("BinaryName") if isinstance(opts, dict) else None
-    return None if is_our_binary(binary, req) else rt
-
-
-def strip(req: EngineRequest, old: Files, baks: Files | None = None) -> tuple[Files | None, list[str]]:
-    """Structural removal: nvctk's runtime (refused when the table of that name is
-    someone else's); a default_runtime_name naming it and an enable_cdi configure set
-    back to what they were (noted on the line, else the .bak's, else "runc" and left);
-    the imports glob of a drop-in that was nvctk's alone. None: nothing of nvctk's."""
-    notes: list[str] = []
-    main_path = paths(req)[0]
-    path = paths(req)[-1]
-    if old[path] is None:
-        return None, notes
-    main_doc = parse_toml(main_path, old[main_path] or b"")
-    doc = parse_toml(path, old[path] or b"") if path != main_path else main_doc
-    if _is_empty(doc):
-        return None, notes
-    version = _version(main_doc, main_path) if not _is_empty(main_doc) else _version(doc, path)
-    plugin = PLUGIN[version]
-    runtimes_keys = [*plugin, "containerd", "runtimes"]
-    runtimes = get_table(doc, runtimes_keys, path)
-    rt = runtimes.get(req.name) if runtimes is not None else None
-    if rt is None:
-        return None, notes
-    opts = rt.get("options") if isinstance(rt, dict) else None
-    binary = opts.get("BinaryName") if isinstance(opts, dict) else None
-    if not isinstance(rt, dict) or rt.get("runtime_type") != RUNC_SHIM or not is_our_binary(binary, req):
-        raise not_ours(path, req, "BinaryName", binary)
-    bak = (baks or {}).get(path)
-    edits: Edits = {tuple([*runtimes_keys, req.name]): MISSING}
-    ctd = get_table(doc, [*plugin, "containerd"], path)
-    if ctd is not None and ctd.get("default_runtime_name") == req.name:
-        was = previous_value(ctd, "default_runtime_name")
-        if was is MISSING:
-            was = _bak_value(bak, [*plugin, "containerd"], "default_runtime_name", req)
-        if was is MISSING:
-            was = "runc"
-        restore_key(ctd, "default_runtime_name", was)
-        edits[(*plugin, "containerd", "default_runtime_name")] = MISSING if was is UNSET else was
-        notes.append(f"{path}: default_runtime_name " + (
-            "removed (containerd's default, runc, applies)" if was is UNSET
-            else f"set back to {was!r}"))
-    cri = get_table(doc, plugin, path)
-    if cri is not None and cri.get("enable_cdi") is True:
-        was = previous_value(cri, "enable_cdi")
-        if was is MISSING:
-            notes.append(f"{path}: enable_cdi left as it is (not set by nvctk configure)")
-        else:
-            restore_key(cri, "enable_cdi", was)
-            if was is UNSET and isinstance(cri, Table) and len(cri) > 0 \
-                    and all(isinstance(v, Table) for v in cri.values()):
-                # the header configure gave the table for enable_cdi goes with it
-                cri._is_super_table = True
-            edits[(*plugin, "enable_cdi")] = MISSING if was is UNSET else was
-            notes.append(f"{path}: enable_cdi back to " + ("unset" if was is UNSET else str(was).lower()))
-    before = tomlkit.dumps(parse_toml(path, old[path] or b""))
-    replaced = _replaced_runtime(bak, runtimes_keys, req)
-    if replaced is not None:
-        # configure had replaced someone else's runtime of that name: it comes back
-        rts = get_table(doc, runtimes_keys, path)
-        rts[req.name] = replaced
-        edits[tuple([*runtimes_keys, req.name])] = _plain(replaced)
-        notes.append(f"{path}: runtime {req.name!r} back to the one configure replaced "
-                     f"(from {path}'s backup)")
-        text = tomlkit.dumps(doc)
-    else:
-        text = guarded(path, remove_table_text, doc, [*runtimes_keys, req.name], path)
-        doc = tomlkit.parse(text)
-        _drop_empty_super(doc, runtimes_keys)
-        text = tomlkit.dumps(doc)
-    check_edit(path, before.encode(), text.encode(), edits)
-    out: Files = {}
-    if path != main_path:
-        # the drop-in is nvctk's file: it goes, and the imports glob with it when no
-        # other file uses that directory
-        out[path] = None
-        glob = _imports_glob(path)
-        imports = main_doc.get("imports")
-        others = [f for f in _glob_files(glob) if os.path.abspath(f) != os.path.abspath(path)]
-        if isinstance(imports, list) and glob in imports and not others:
-            imports.remove(glob)
-        out[main_path] = tomlkit.dumps(main_doc).encode()
-    else:
-        # kept, even with only `version` left: only a file configure created (plan_remove's
-        # restore of a missing backup) is deleted
-        out[path] = text.encode()
-    return out, notes
-
-
-def _glob_files(pattern: str) -> list[str]:
-    return globmod.glob(pattern)
-
-

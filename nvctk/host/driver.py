@@ -285,6 +285,19 @@ def discover_files(driver_root: str, driver_version: str,
         if cap in caps:
             binaries[cap] = tuple(p for p in (_find_binary(root, n, beside) for n in names) if p)
 
+    config_files = _find_config_files(root, caps)
+    firmware = _find_firmware(root, driver_version)
+    sockets = _find_sockets(root, caps)
+    proc_dir, dev_dir = driver_dirs(root)
+    return DriverFiles(driver_root=root, driver_version=driver_version, libraries=libraries,
+                       libraries32=libraries32, binaries=binaries, config_files=config_files,
+                       firmware=tuple(firmware), sockets=sockets, proc_dir=proc_dir,
+                       dev_dir=dev_dir)
+
+
+def _find_config_files(root: str, caps: tuple[str, ...]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Each capability's config files: (host path, container path), the first of each
+    one's candidates that exists."""
     config_files: dict[str, tuple[tuple[str, str], ...]] = {}
     for cap, wanted_files in CONFIG_FILES.items():
         if cap not in caps:
@@ -297,7 +310,12 @@ def discover_files(driver_root: str, driver_version: str,
                     configs.append((p, container_path))
                     break
         config_files[cap] = tuple(configs)
+    return config_files
 
+
+def _find_firmware(root: str, driver_version: str) -> list[str]:
+    """The GSP firmware files of this driver version, from the first firmware dir
+    holding any."""
     firmware: list[str] = []
     for d in FIRMWARE_DIRS:
         fw_dir = os.path.join(root, d, driver_version)
@@ -312,7 +330,11 @@ def discover_files(driver_root: str, driver_version: str,
         ]
         if firmware:
             break
+    return firmware
 
+
+def _find_sockets(root: str, caps: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Each capability's daemon sockets that exist (under / or /var of the root)."""
     sockets: dict[str, tuple[str, ...]] = {}
     for cap, rels in SOCKETS.items():
         if cap not in caps:
@@ -327,12 +349,7 @@ def discover_files(driver_root: str, driver_version: str,
                 except OSError:
                     pass
         sockets[cap] = tuple(found)
-
-    proc_dir, dev_dir = driver_dirs(root)
-    return DriverFiles(driver_root=root, driver_version=driver_version, libraries=libraries,
-                       libraries32=libraries32, binaries=binaries, config_files=config_files,
-                       firmware=tuple(firmware), sockets=sockets, proc_dir=proc_dir,
-                       dev_dir=dev_dir)
+    return sockets
 
 
 def driver_dirs(driver_root: str) -> tuple[str, str]:

@@ -87,7 +87,32 @@ def units_of(host: HostInfo) -> tuple[list[Unit], dict[str, list[Unit]]]:
 def build(cfg: PluginConfig, host: HostInfo) -> list[Resource]:
     """The resources this host advertises under cfg; ConfigError when they cannot be."""
     whole, mig = units_of(host)
-    base: dict[str, tuple[str, list[Unit]]] = {}  # name -> (kind, units)
+    base = _by_strategy(cfg, host, whole, mig)
+    if cfg.sharing == "time-slicing":
+        out = _time_sliced(cfg, base)
+    elif cfg.sharing in ("vgpu", "mps"):
+        out = _split(cfg, base, whole)
+    else:
+        out = _plain(base)
+    # a resource with no device is not advertised (a kubelet would show capacity 0)
+    out = [r for r in out if r.devices]
+    names = [r.name for r in out]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:  # parse refuses the configs that make one; this host's names too
+        kinds = " and ".join(r.kind for r in out if r.name == twice)
+        raise ConfigError(f"resource {twice} would be advertised twice on this host ({kinds}): "
+                          "rename one in the device plugin's config")
+    return out
+
+
+# resource name -> (kind, units)
+Base = dict[str, tuple[str, list[Unit]]]
+
+
+def _by_strategy(cfg: PluginConfig, host: HostInfo, whole: list[Unit],
+                 mig: dict[str, list[Unit]]) -> Base:
+    """The resources before sharing, by the MIG strategy."""
+    base: Base = {}
     if cfg.mig_strategy == "none":
         # MIG is ignored: every GPU is advertised whole (as NVIDIA's `none`)
         allg = [Unit(g.uuid, g.index, g.uuid, g.memory_mib) for g in host.gpus]
@@ -104,67 +129,65 @@ def build(cfg: PluginConfig, host: HostInfo) -> list[Resource]:
         base[GPU] = ("gpu", whole)
         for profile, units in sorted(mig.items()):
             base[f"nvidia.com/mig-{profile}"] = ("mig", units)
+    return base
 
-    out: list[Resource] = []
-    if cfg.sharing == "time-slicing":
-        shared = {t.name: t for t in cfg.time_sliced}
-        unknown = [n for n in shared if n not in base]
-        if unknown:
-            raise ConfigError(f"sharing.timeSlicing.resources: {unknown[0]} is not a resource of "
-                              f"this host under migStrategy {cfg.mig_strategy} (it has "
-                              f"{', '.join(base)})")
-        for name, (kind, units) in base.items():
-            t = shared.get(name)
-            if t is None:
-                res = Resource(name, kind)
-                for u in units:
-                    res.add(u, None)
-            else:
-                new = t.rename or (f"{name}.shared" if cfg.rename_by_default else name)
-                res = Resource(new, "time-slicing", replicas=t.replicas,
-                               fail_gt_one=cfg.fail_gt_one)
-                for u in units:
-                    res.add(u, t.replicas)
-            out.append(res)
-    elif cfg.sharing in ("vgpu", "mps"):
-        kind, units = base.pop(GPU)
-        splittable = {u.uuid for u in whole}  # never a MIG-enabled GPU, even under `none`
-        units = [u for u in units if u.uuid in splittable]
-        if kind != "gpu":
-            raise ConfigError(f"sharing.{cfg.sharing}: splits whole GPUs; with migStrategy "
-                              "single there are none (use none or mixed)")
-        if cfg.sharing == "vgpu":
-            res = Resource(cfg.vgpu_resource, "vgpu", replicas=cfg.vgpu_replicas)
-            for u in units:
-                res.add(u, cfg.vgpu_replicas)
-            out.append(res)
-        else:
-            core = Resource(cfg.mps_core_resource, "mps-core", replicas=100)
-            mem = Resource(cfg.mps_memory_resource, "mps-memory")
-            for u in units:
-                core.add(u, 100)
-                mem.add(u, u.memory_mib // 1024)  # one id per whole GiB
-            out += [core, mem]
-        for name, (kind, units) in base.items():
-            res = Resource(name, kind)
-            for u in units:
-                res.add(u, None)
-            out.append(res)
-    else:
-        for name, (kind, units) in base.items():
-            res = Resource(name, kind)
-            for u in units:
-                res.add(u, None)
-            out.append(res)
-    # a resource with no device is not advertised (a kubelet would show capacity 0)
-    out = [r for r in out if r.devices]
-    names = [r.name for r in out]
-    twice = next((n for n in names if names.count(n) > 1), None)
-    if twice is not None:  # parse refuses the configs that make one; this host's names too
-        kinds = " and ".join(r.kind for r in out if r.name == twice)
-        raise ConfigError(f"resource {twice} would be advertised twice on this host ({kinds}): "
-                          "rename one in the device plugin's config")
+
+def _plain(base: Base) -> list[Resource]:
+    """Each resource as it is: one device per unit."""
+    out = []
+    for name, (kind, units) in base.items():
+        res = Resource(name, kind)
+        for u in units:
+            res.add(u, None)
+        out.append(res)
     return out
+
+
+def _time_sliced(cfg: PluginConfig, base: Base) -> list[Resource]:
+    """The resources the config time-slices as replicas (renamed where it says), the
+    others as they are."""
+    shared = {t.name: t for t in cfg.time_sliced}
+    unknown = [n for n in shared if n not in base]
+    if unknown:
+        raise ConfigError(f"sharing.timeSlicing.resources: {unknown[0]} is not a resource of "
+                          f"this host under migStrategy {cfg.mig_strategy} (it has "
+                          f"{', '.join(base)})")
+    out: list[Resource] = []
+    for name, (kind, units) in base.items():
+        t = shared.get(name)
+        if t is None:
+            out += _plain({name: (kind, units)})
+            continue
+        new = t.rename or (f"{name}.shared" if cfg.rename_by_default else name)
+        res = Resource(new, "time-slicing", replicas=t.replicas, fail_gt_one=cfg.fail_gt_one)
+        for u in units:
+            res.add(u, t.replicas)
+        out.append(res)
+    return out
+
+
+def _split(cfg: PluginConfig, base: Base, whole: list[Unit]) -> list[Resource]:
+    """vGPU or MPS: the whole GPUs split into shares; the other resources as they are."""
+    kind, units = base.pop(GPU)
+    splittable = {u.uuid for u in whole}  # never a MIG-enabled GPU, even under `none`
+    units = [u for u in units if u.uuid in splittable]
+    if kind != "gpu":
+        raise ConfigError(f"sharing.{cfg.sharing}: splits whole GPUs; with migStrategy "
+                          "single there are none (use none or mixed)")
+    out: list[Resource] = []
+    if cfg.sharing == "vgpu":
+        res = Resource(cfg.vgpu_resource, "vgpu", replicas=cfg.vgpu_replicas)
+        for u in units:
+            res.add(u, cfg.vgpu_replicas)
+        out.append(res)
+    else:
+        core = Resource(cfg.mps_core_resource, "mps-core", replicas=100)
+        mem = Resource(cfg.mps_memory_resource, "mps-memory")
+        for u in units:
+            core.add(u, 100)
+            mem.add(u, u.memory_mib // 1024)  # one id per whole GiB
+        out += [core, mem]
+    return out + _plain(base)
 
 
 def vgpu_share(unit: Unit, replicas: int) -> tuple[int, int]:

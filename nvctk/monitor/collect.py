@@ -27,6 +27,7 @@ from nvctk.monitor.allocation import outside_allocations
 from nvctk.monitor.containers import (
     DEFAULT_RUNTIME_ROOTS,
     Container,
+    Device,
     Discovery,
     gpu_nodes,
     proc_start,
@@ -261,28 +262,10 @@ class Collector:
         # holds no GPU work of anyone's: never a share
         containers = [c for c in self.discovery.scan(self.host, self.problem)
                       if (c.init_pid, c.init_start) not in self._own]
-        resources: dict[tuple[str, str, str], Assigned] = {}
-        kubelet_answered = False
-        if self.podres is not None:
-            try:
-                resources = self.podres.list()
-                kubelet_answered = True
-            except Exception as e:  # absent, hanging (deadline), refusing: names only are lost
-                code = getattr(e, "code", None)
-                why = (code().name if callable(code) else
-                       "absent" if isinstance(e, FileNotFoundError) else type(e).__name__)
-                self.problem(f"pod-resources:{why}", f"kubelet pod-resources {self.podres.socket}: "
-                             f"{getattr(e, 'details', lambda: None)() or e}")
-        by_cgroup = self._container_cgroups(containers)
-        # (container id, GPU index) -> its processes there
-        owned: dict[tuple[str, int], list[int]] = {}
-        for index, plist in procs.items():
-            for pid, _mem in plist:
-                c = self._owner(pid, by_cgroup)
-                if c is not None:
-                    owned.setdefault((c.id, index), []).append(pid)
+        resources, kubelet_answered = self._kubelet_resources()
+        owned = self._owned(procs, self._container_cgroups(containers))
         out: list[ContainerSample] = []
-        live_keys = set()
+        live_keys: set[tuple[str, str]] = set()
         for c in containers:
             # what it asked for, for its whole life: its neighbours change nvctk_gpu_shares,
             # never its own series
@@ -296,38 +279,8 @@ class Collector:
                 # a container's processes on a GPU count once, on its first device there
                 pids = [] if d.gpu_index in used_gpu else owned.get((c.id, d.gpu_index), [])
                 used_gpu.add(d.gpu_index)
-                mem_by_pid = dict(procs.get(d.gpu_index, []))
-                smp = samples.get(d.gpu_index, {})
-                mem_used = sum(mem_by_pid.get(p, 0) for p in pids)
-                sm = sum(smp[p][0] for p in pids if p in smp) / 100.0
-                key = (c.id, d.device_uuid)
-                live_keys.add(key)
-                active = [smp[p][1] for p in pids if p in smp and smp[p][0] > 0]
-                if active:
-                    self._last_active[key] = max(active)
-                mem_cap = c.memory_limits[i] if i < len(c.memory_limits) else 0
-                mps_mem = c.mps_memory[i] if i < len(c.mps_memory) else 0
-                if mps_mem and (not mem_cap or mps_mem < mem_cap):
-                    mem_cap = mps_mem  # MPS's pinned-memory limit caps it as well
-                sm_cap = c.sm_limits[i] if i < len(c.sm_limits) else 0
-                if not sm_cap and c.mps_percent is not None:
-                    sm_cap = c.mps_percent
-                cs.devices.append(DeviceUse(
-                    gpu_index=d.gpu_index, gpu_uuid=d.gpu_uuid, device_uuid=d.device_uuid,
-                    memory_used=mem_used, memory_total=d.memory_total,
-                    memory_limit=mem_cap or None, sm_utilization=min(1.0, sm),
-                    sm_limit=sm_cap / 100.0 if sm_cap else None, processes=sorted(pids),
-                    last_kernel_seconds=last_kernel_seconds(now_us, self._last_active.get(key)),
-                ))
-                g = gpus.get(d.gpu_index)
-                if g is not None:
-                    g.shares += 1
-                    g.memory_promised += mem_cap or d.memory_total
-                    # a memory-only cap promises memory, no SM share (it takes what is free,
-                    # as HAMi counts a Pod without gpucores): only a whole GPU, uncapped, is all
-                    g.sm_promised += (sm_cap / 100.0 if sm_cap else
-                                      d.memory_total / g.memory_total if d.mig else
-                                      0.0 if mem_cap else 1.0)
+                live_keys.add((c.id, d.device_uuid))
+                cs.devices.append(self._device_use(c, i, d, pids, procs, samples, gpus, now_us))
             cs.outside_allocations = outside_allocations(cs, kubelet_answered)
             out.append(cs)
         for key in set(self._last_active) - live_keys:
@@ -342,6 +295,71 @@ class Collector:
                         gpus=[gpus[i] for i in sorted(gpus)], containers=out,
                         collect_seconds=time.monotonic() - t0,
                         problems=sorted(self._problems.values()))
+
+    def _kubelet_resources(self) -> tuple[dict[tuple[str, str, str], Assigned], bool]:
+        """What the kubelet assigned each container (namespace, pod, container), and
+        whether it answered; a problem when it did not (only the names are lost)."""
+        if self.podres is None:
+            return {}, False
+        try:
+            return self.podres.list(), True
+        except Exception as e:  # absent, hanging (deadline), refusing: names only are lost
+            code = getattr(e, "code", None)
+            why = (code().name if callable(code) else
+                   "absent" if isinstance(e, FileNotFoundError) else type(e).__name__)
+            self.problem(f"pod-resources:{why}", f"kubelet pod-resources {self.podres.socket}: "
+                         f"{getattr(e, 'details', lambda: None)() or e}")
+            return {}, False
+
+    def _owned(self, procs: dict[int, list[tuple[int, int]]],
+               by_cgroup: dict[str, Container]) -> dict[tuple[str, int], list[int]]:
+        """(container id, GPU index) -> its processes there."""
+        owned: dict[tuple[str, int], list[int]] = {}
+        for index, plist in procs.items():
+            for pid, _mem in plist:
+                c = self._owner(pid, by_cgroup)
+                if c is not None:
+                    owned.setdefault((c.id, index), []).append(pid)
+        return owned
+
+    def _device_use(self, c: Container, i: int, d: Device, pids: list[int],
+                    procs: dict[int, list[tuple[int, int]]],
+                    samples: dict[int, dict[int, tuple[int, int]]],
+                    gpus: dict[int, GpuSample], now_us: int) -> DeviceUse:
+        """Container c's use of its i-th device d (its processes there: pids), with its
+        caps; the GPU's shares and promises counted in gpus."""
+        mem_by_pid = dict(procs.get(d.gpu_index, []))
+        smp = samples.get(d.gpu_index, {})
+        mem_used = sum(mem_by_pid.get(p, 0) for p in pids)
+        sm = sum(smp[p][0] for p in pids if p in smp) / 100.0
+        key = (c.id, d.device_uuid)
+        active = [smp[p][1] for p in pids if p in smp and smp[p][0] > 0]
+        if active:
+            self._last_active[key] = max(active)
+        mem_cap = c.memory_limits[i] if i < len(c.memory_limits) else 0
+        mps_mem = c.mps_memory[i] if i < len(c.mps_memory) else 0
+        if mps_mem and (not mem_cap or mps_mem < mem_cap):
+            mem_cap = mps_mem  # MPS's pinned-memory limit caps it as well
+        sm_cap = c.sm_limits[i] if i < len(c.sm_limits) else 0
+        if not sm_cap and c.mps_percent is not None:
+            sm_cap = c.mps_percent
+        use = DeviceUse(
+            gpu_index=d.gpu_index, gpu_uuid=d.gpu_uuid, device_uuid=d.device_uuid,
+            memory_used=mem_used, memory_total=d.memory_total,
+            memory_limit=mem_cap or None, sm_utilization=min(1.0, sm),
+            sm_limit=sm_cap / 100.0 if sm_cap else None, processes=sorted(pids),
+            last_kernel_seconds=last_kernel_seconds(now_us, self._last_active.get(key)),
+        )
+        g = gpus.get(d.gpu_index)
+        if g is not None:
+            g.shares += 1
+            g.memory_promised += mem_cap or d.memory_total
+            # a memory-only cap promises memory, no SM share (it takes what is free,
+            # as HAMi counts a Pod without gpucores): only a whole GPU, uncapped, is all
+            g.sm_promised += (sm_cap / 100.0 if sm_cap else
+                              d.memory_total / g.memory_total if d.mig else
+                              0.0 if mem_cap else 1.0)
+        return use
 
     def close(self) -> None:
         nv = self.nv

@@ -282,53 +282,22 @@ class MonitorServer:
                            fresh: bool) -> bool:
         """Reads and answers one request (the connection's first when fresh); whether the
         connection stays open for another."""
-        # a new connection is a request under way (its head may be in the socket, unread: it
-        # is no idle one to close first) and has the head's deadline; a kept-alive one is idle
-        # until its next request's first byte, within the idle limit
-        self._waiting[writer] = (READING if fresh else IDLE, time.monotonic())
-        head_begun = False
-        try:
-            first = await asyncio.wait_for(reader.read(1), HEAD_TIMEOUT if fresh else IDLE_TIMEOUT)
-            if not first:
-                return False
-            head_begun = True
-            if not fresh:
-                self._waiting[writer] = (READING, time.monotonic())
-            head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-        except asyncio.LimitOverrunError:
-            await self._answer(writer, 431, "text/plain", b"request head too large\n", False)
+        head = await self._read_head(reader, writer, fresh)
+        if head is None:
             return False
-        except asyncio.IncompleteReadError:
+        request = parse_head(head)
+        if isinstance(request, bytes):
+            await self._answer(writer, 400, "text/plain", request, False)
             return False
-        except TimeoutError:
-            if not head_begun:
-                return False  # idle past the limit, or nothing sent: closed without a word
-            await self._answer(writer, 408, "text/plain", b"request head too slow\n", False)
-            return False
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await self._answer(writer, 400, "text/plain", b"bad request line\n", False)
-            return False
-        method, target, version = parts
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if line:
-                name, sep, value = line.partition(":")
-                if not sep:
-                    await self._answer(writer, 400, "text/plain", b"bad header\n", False)
-                    return False
-                headers[name.strip().lower()] = value.strip()
+        method, target, version, headers = request
         keep = (version == "HTTP/1.1" and headers.get("connection", "").lower() != "close")
-        if "transfer-encoding" in headers:
-            await self._answer(writer, 501, "text/plain", b"no request bodies\n", False)
+        refusal = body_refusal(headers)
+        if refusal is not None:
+            await self._answer(writer, refusal[0], "text/plain", refusal[1], False)
             return False
-        length = headers.get("content-length", "0")
-        if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
-            await self._answer(writer, 413, "text/plain", b"request body too large\n", False)
-            return False
-        if int(length):
-            await asyncio.wait_for(reader.readexactly(int(length)), HEAD_TIMEOUT)
+        length = int(headers.get("content-length", "0"))
+        if length:
+            await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT)
         self._waiting.pop(writer, None)  # being answered: no await until the answer is written
         extra: dict[str, str] = {}
         if target.split("?", 1)[0] != "/healthz" and not await self._authorized(headers):
@@ -345,6 +314,33 @@ class MonitorServer:
         await self._answer(writer, code, ctype, body, keep, head_only=method == "HEAD", extra=extra)
         log.debug("%s %s %s", literal(method), literal(target[:200]), code)
         return keep
+
+    async def _read_head(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         fresh: bool) -> bytes | None:
+        """A request's head, through its blank line; None when the connection is to close
+        (nothing came, or it was too large or slow: answered so where it had begun)."""
+        # a new connection is a request under way (its head may be in the socket, unread: it
+        # is no idle one to close first) and has the head's deadline; a kept-alive one is idle
+        # until its next request's first byte, within the idle limit
+        self._waiting[writer] = (READING if fresh else IDLE, time.monotonic())
+        head_begun = False
+        try:
+            first = await asyncio.wait_for(reader.read(1), HEAD_TIMEOUT if fresh else IDLE_TIMEOUT)
+            if not first:
+                return None
+            head_begun = True
+            if not fresh:
+                self._waiting[writer] = (READING, time.monotonic())
+            return first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+        except asyncio.LimitOverrunError:
+            await self._answer(writer, 431, "text/plain", b"request head too large\n", False)
+            return None
+        except asyncio.IncompleteReadError:
+            return None
+        except TimeoutError:
+            if head_begun:  # else idle past the limit, or nothing sent: closed without a word
+                await self._answer(writer, 408, "text/plain", b"request head too slow\n", False)
+            return None
 
     async def _authorized(self, headers: dict[str, str]) -> bool:
         header = headers.get("authorization", "")
@@ -423,6 +419,35 @@ def accepts_gzip(accept_encoding: str) -> bool:
 
 def make_server(monitor: Monitor, host: str, port: int, web: WebConfig | None = None) -> MonitorServer:
     return MonitorServer(monitor, bind(host, port), web=web)
+
+
+def parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]] | bytes:
+    """(method, target, version, headers by lower-case name) of a request head, or the
+    400 answer's text for a bad request line or header."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return b"bad request line\n"
+    method, target, version = parts
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if line:
+            name, sep, value = line.partition(":")
+            if not sep:
+                return b"bad header\n"
+            headers[name.strip().lower()] = value.strip()
+    return method, target, version, headers
+
+
+def body_refusal(headers: dict[str, str]) -> tuple[int, bytes] | None:
+    """The answer to a request whose body the monitor does not take (chunked, or past
+    MAX_BODY); None for one it reads (a Content-Length within it)."""
+    if "transfer-encoding" in headers:
+        return 501, b"no request bodies\n"
+    length = headers.get("content-length", "0")
+    if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
+        return 413, b"request body too large\n"
+    return None
 
 
 __all__ = ["Monitor", "MonitorServer", "bind", "bound_heap", "dashboard_html", "make_server"]

@@ -21,6 +21,8 @@ RESOLVE_IN_ROOT = 0x10
 
 # resolution used for every path taken from an image
 IN_ROOT = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
+# a single component below a directory fd already held
+BENEATH_NOLINKS = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 
 
 def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:

@@ -276,12 +276,12 @@ def _vgpu_authority(spec: dict[str, Any]) -> tuple[tuple[str, str | None], ...]:
 OLD_DRA_GRANT = "NVCTK_DRA_SHARE"
 
 
-def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
-    """The container's GPU request, or None when it is not a GPU container."""
-    env = spec_env(spec)
-    privileged = is_privileged(spec)
-    legacy = is_legacy_image(env)
-
+def _requested_devices(spec: dict[str, Any], env: dict[str, str], privileged: bool,
+                       legacy: bool, config: Config
+                       ) -> tuple[tuple[bool, tuple[str, ...]] | None, str, tuple[str, ...] | None]:
+    """(all devices?, the device ids) or None for no GPU; where the request came from; the
+    CDI names when it is a CDI request. REFERENCE §5's order: CDI annotations, device
+    mounts, then NVIDIA_VISIBLE_DEVICES."""
     devices: tuple[bool, tuple[str, ...]] | None = None
     source = VISIBLE_DEVICES
     cdi: tuple[str, ...] | None = None
@@ -310,6 +310,16 @@ def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
         # a qualified name anywhere in the list makes it a CDI request
         cdi = cdi_names(tokens)
         devices = None if cdi is None else (False, cdi)
+    return devices, source, cdi
+
+
+def request_from_spec(spec: dict[str, Any], config: Config) -> Request | None:
+    """The container's GPU request, or None when it is not a GPU container."""
+    env = spec_env(spec)
+    privileged = is_privileged(spec)
+    legacy = is_legacy_image(env)
+
+    devices, source, cdi = _requested_devices(spec, env, privileged, legacy, config)
     if devices is None:
         return None
     if OLD_DRA_GRANT in env:

@@ -89,9 +89,33 @@ def build_rootfs(
     root = os.path.abspath(path)
     if os.path.exists(root) and os.listdir(root):
         raise RootfsError(f"{root} is not empty")
+    lib_dir = DEBIAN_LIB_DIR if debian else OTHER_LIB_DIR
+    _make_tree(root, lib_dir)
+    # busybox and its applets
+    _copy(BUSYBOX, os.path.join(root, "usr/bin/busybox"), 0o755)
+    for applet in busybox_applets():
+        os.symlink("busybox", os.path.join(root, "usr/bin", applet))
+    # glibc
+    for name in GLIBC:
+        _copy(_host_file(name), os.path.join(root, lib_dir.lstrip("/"), name), 0o755)
+    _write_etc(root, debian)
+    if with_sample:
+        if not os.path.isfile(with_sample):
+            raise RootfsError(f"sample program {with_sample} does not exist")
+        _copy(with_sample, os.path.join(root, SAMPLE_PATH.lstrip("/")), 0o755)
+    for container_path, host_path in (files or {}).items():
+        _copy(host_path, os.path.join(root, container_path.lstrip("/")))
+
+    r = subprocess.run([ldconfig, "-r", root], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RootfsError(f"{ldconfig} -r {root} failed: {r.stderr.strip()}")
+    return root
+
+
+def _make_tree(root: str, lib_dir: str) -> None:
+    """The directories of a usr-merged image, with their modes and links."""
     os.makedirs(root, exist_ok=True)
     os.chmod(root, 0o755)
-    lib_dir = DEBIAN_LIB_DIR if debian else OTHER_LIB_DIR
     for d in ("usr/bin", "usr/sbin", "usr/lib", "usr/lib64", "usr/local/bin", lib_dir.lstrip("/"),
               "etc/ld.so.conf.d", "proc", "dev", "sys", "run", "root", "var", "home"):
         os.makedirs(os.path.join(root, d), exist_ok=True)
@@ -104,14 +128,10 @@ def build_rootfs(
                          ("lib64", "usr/lib64"), ("var/run", "../run")):
         os.symlink(target, os.path.join(root, link))
 
-    # busybox and its applets
-    _copy(BUSYBOX, os.path.join(root, "usr/bin/busybox"), 0o755)
-    for applet in busybox_applets():
-        os.symlink("busybox", os.path.join(root, "usr/bin", applet))
 
-    # glibc
-    for name in GLIBC:
-        _copy(_host_file(name), os.path.join(root, lib_dir.lstrip("/"), name), 0o755)
+def _write_etc(root: str, debian: bool) -> None:
+    """/etc of a Debian image (and its loader link), or of an RPM one: what the
+    library directory nvctk picks and the image's ldconfig read."""
     if debian:
         os.symlink(
             "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
@@ -142,15 +162,3 @@ def build_rootfs(
     )
     _write(os.path.join(root, "etc/group"), "root:x:0:\nnogroup:x:65534:\n")
     _write(os.path.join(root, "etc/hostname"), "nvctk-test\n")
-
-    if with_sample:
-        if not os.path.isfile(with_sample):
-            raise RootfsError(f"sample program {with_sample} does not exist")
-        _copy(with_sample, os.path.join(root, SAMPLE_PATH.lstrip("/")), 0o755)
-    for container_path, host_path in (files or {}).items():
-        _copy(host_path, os.path.join(root, container_path.lstrip("/")))
-
-    r = subprocess.run([ldconfig, "-r", root], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RootfsError(f"{ldconfig} -r {root} failed: {r.stderr.strip()}")
-    return root

@@ -206,10 +206,20 @@ def test_mig_claim_gets_its_mig_device(start: Start, sim_host_mig: SimHost) -> N
     assert r2.device["containerEdits"]["deviceNodes"] != r.device["containerEdits"]["deviceNodes"]
 
 
-def _mps(request: str | None = None) -> dict[str, Any]:
+def _sharing(strategy: str, request: str | None = None) -> dict[str, Any]:
+    """This driver's opaque GpuConfig with that sharing strategy (for one request, or all)."""
     return {**({"requests": [request]} if request else {}), "opaque": {
         "driver": DRIVER, "parameters": {"apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-                                         "sharing": {"strategy": "MPS"}}}}
+                                         "sharing": {"strategy": strategy}}}}
+
+
+def _mps(request: str | None = None) -> dict[str, Any]:
+    return _sharing("MPS", request)
+
+
+def _share(name: str, capacity: dict[str, str], device: str = "gpu-1") -> dict[str, Any]:
+    """Claim `name` (uid-<name>) of one share of device (s1) consuming capacity."""
+    return claim(name, f"uid-{name}", [result(device, shareID="s1", consumedCapacity=capacity)])
 
 
 def test_an_mps_claim_is_an_mps_client_as_the_device_plugins(
@@ -326,48 +336,30 @@ BAD = [
     ("unknown", claim("unknown", "uid-unknown", [result("gpu-9")]), "unknown device 'gpu-9'"),
     ("pool", claim("pool", "uid-pool", [result("gpu-1", pool="node-b")]), "pool 'node-b'"),
     ("unalloc", {"metadata": {"uid": "uid-unalloc"}}, "not allocated"),
-    ("over", claim("over", "uid-over", [result("gpu-1", shareID="s1",
-                                               consumedCapacity={"memory": "1Ti"})]),
-     "consumedCapacity memory 1Ti is outside"),
-    ("nan", claim("nan", "uid-nan", [result("gpu-1", shareID="s1",
-                                            consumedCapacity={"memory": "lots"})]),
-     "'lots' is not a quantity"),
+    ("over", _share("over", {"memory": "1Ti"}), "consumedCapacity memory 1Ti is outside"),
+    ("nan", _share("nan", {"memory": "lots"}), "'lots' is not a quantity"),
     # quantities outside the decimal range: a clear error naming the claim and field
-    ("huge", claim("huge", "uid-huge", [result("gpu-1", shareID="s1",
-                                              consumedCapacity={"memory": "1e999999999"})]),
+    ("huge", _share("huge", {"memory": "1e999999999"}),
      "claim ns/huge: status.allocation.devices.results[0]: consumedCapacity memory: "
      "'1e999999999' is not a quantity within"),
-    ("tiny", claim("tiny", "uid-tiny", [result("gpu-1", shareID="s1",
-                                              consumedCapacity={"memory": "1e-999999999"})]),
-     "'1e-999999999' is not a quantity within"),
-    ("smhuge", claim("smhuge", "uid-smhuge", [result("gpu-1", shareID="s1",
-                                                    consumedCapacity={"smShare": "1e99999999999"})]),
+    ("tiny", _share("tiny", {"memory": "1e-999999999"}), "'1e-999999999' is not a quantity within"),
+    ("smhuge", _share("smhuge", {"smShare": "1e99999999999"}),
      "consumedCapacity smShare: '1e99999999999' is not a quantity within"),
-    ("longq", claim("longq", "uid-longq", [result("gpu-1", shareID="s1",
-                                                 consumedCapacity={"memory": "9" * 5000})]),
-     "longer than 64 characters"),
-    ("migshare", claim("migshare", "uid-migshare", [result("gpu-0-mig-0", shareID="s1",
-                                                        consumedCapacity={"memory": "1Gi"})]),
+    ("longq", _share("longq", {"memory": "9" * 5000}), "longer than 64 characters"),
+    ("migshare", _share("migshare", {"memory": "1Gi"}, "gpu-0-mig-0"),
      "a share of MIG device gpu-0-mig-0"),
-    ("smname", claim("smname", "uid-smname", [result("gpu-1", shareID="s1",
-                                                    consumedCapacity={"sm": "50"})]),
+    ("smname", _share("smname", {"sm": "50"}),
      "consumedCapacity 'sm': device gpu-1 has no such capacity"),
-    ("params", claim("params", "uid-params", [result("gpu-1")], config=[
-        {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "Everything"}}}}]), "unknown sharing strategy 'Everything'"),
-    ("vgpu", claim("vgpu", "uid-vgpu", [result("gpu-1")], config=[
-        {"opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "VGpu"}}}}]), "consumes no part of device gpu-1"),
-    ("mpsmig", claim("mpsmig", "uid-mpsmig", [result("gpu-0-mig-0")], config=[
-        {"opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "MPS"}}}}]), "MPS on MIG device gpu-0-mig-0"),
-    ("excl", claim("excl", "uid-excl", [result("gpu-1", shareID="s1")], config=[
-        {"opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "Exclusive"}}}}]), "Exclusive, but device gpu-1"),
+    ("params", claim("params", "uid-params", [result("gpu-1")],
+                     config=[_sharing("Everything", "gpu")]),
+     "unknown sharing strategy 'Everything'"),
+    ("vgpu", claim("vgpu", "uid-vgpu", [result("gpu-1")], config=[_sharing("VGpu")]),
+     "consumes no part of device gpu-1"),
+    ("mpsmig", claim("mpsmig", "uid-mpsmig", [result("gpu-0-mig-0")], config=[_mps()]),
+     "MPS on MIG device gpu-0-mig-0"),
+    ("excl", claim("excl", "uid-excl", [result("gpu-1", shareID="s1")],
+                   config=[_sharing("Exclusive")]),
+     "Exclusive, but device gpu-1"),
 ]
 
 
@@ -376,9 +368,7 @@ def test_bad_claims_each_get_their_error_and_touch_nothing(start: Start,
     src = MemoryClaims({("ns", name): c for name, c, _ in BAD if c is not None})
     src.claims[("ns", "good")] = claim("good", "uid-good", [result("gpu-0")], config=[
         {"opaque": {"driver": "other.example.com", "parameters": {"anything": 1}}},  # not ours
-        {"opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": "gpu.nvctk.io/v1", "kind": "GpuConfig",
-            "sharing": {"strategy": "TimeSlicing"}}}}])
+        _sharing("TimeSlicing")])
     n = start(sim_host_mig, src)
     refs = [("ns", name, f"uid-{name}") for name, _, _ in BAD] + [("ns", "good", "uid-good")]
     got = n.kubelet.prepare(refs)
