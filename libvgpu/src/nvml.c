@@ -91,25 +91,24 @@ static void apply_cap(uint64_t cap, uint64_t used, unsigned long long *total, un
     *freep = f;
 }
 
+/* The driver's answer to a memory query (r), returned as it is unless this
+ * process's caps apply (st == 2) and the call filled `mem`. */
+#define NVML_MEM_QUERY(name, args)                                  \
+    NVML_PASS_NESTED(name, args);                                   \
+    int st = nvml_enter();                                          \
+    if (!REAL(name) || st < 0) return NVML_ERROR_UNKNOWN;           \
+    nvmlReturn_t r = NESTED(REAL(name) args);                       \
+    if (r != NVML_SUCCESS || st != 2 || !mem) return r
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem) {
-    NVML_PASS_NESTED(nvmlDeviceGetMemoryInfo, (dev, mem));
-    int st = nvml_enter();
-    if (!REAL(nvmlDeviceGetMemoryInfo)) return NVML_ERROR_UNKNOWN;
-    if (st < 0) return NVML_ERROR_UNKNOWN;
-    nvmlReturn_t r = NESTED(REAL(nvmlDeviceGetMemoryInfo)(dev, mem));
-    if (r != NVML_SUCCESS || st != 2 || !mem) return r;
+    NVML_MEM_QUERY(nvmlDeviceGetMemoryInfo, (dev, mem));
     uint64_t used = 0, cap = nvml_cap(dev, &used);
     if (cap) apply_cap(cap, used, &mem->total, &mem->free, &mem->used);
     return r;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem) {
-    NVML_PASS_NESTED(nvmlDeviceGetMemoryInfo_v2, (dev, mem));
-    int st = nvml_enter();
-    if (!REAL(nvmlDeviceGetMemoryInfo_v2)) return NVML_ERROR_UNKNOWN;
-    if (st < 0) return NVML_ERROR_UNKNOWN;
-    nvmlReturn_t r = NESTED(REAL(nvmlDeviceGetMemoryInfo_v2)(dev, mem));
-    if (r != NVML_SUCCESS || st != 2 || !mem) return r;
+    NVML_MEM_QUERY(nvmlDeviceGetMemoryInfo_v2, (dev, mem));
     uint64_t used = 0, cap = nvml_cap(dev, &used);
     if (cap) {
         mem->reserved = 0;

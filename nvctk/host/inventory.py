@@ -10,7 +10,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-_set = object.__setattr__
 
 
 def _get(d: dict[str, Any], key: str, kind: type) -> Any:
@@ -37,12 +36,7 @@ class MigInfo(FrozenRecord):
 
     def __init__(self, index: int, uuid: str, gpu_instance: int, compute_instance: int,
                  profile: str, memory_mib: int) -> None:
-        _set(self, "index", index)
-        _set(self, "uuid", uuid)
-        _set(self, "gpu_instance", gpu_instance)
-        _set(self, "compute_instance", compute_instance)
-        _set(self, "profile", profile)
-        _set(self, "memory_mib", memory_mib)
+        self._fill(index, uuid, gpu_instance, compute_instance, profile, memory_mib)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MigInfo:
@@ -70,16 +64,8 @@ class GpuInfo(FrozenRecord):
     def __init__(self, index: int, uuid: str, name: str, minor: int, pci_bus_id: str,
                  memory_mib: int, compute_capability: str, brand: str, mig_enabled: bool,
                  mig_devices: tuple[MigInfo, ...] = ()) -> None:
-        _set(self, "index", index)
-        _set(self, "uuid", uuid)
-        _set(self, "name", name)
-        _set(self, "minor", minor)
-        _set(self, "pci_bus_id", pci_bus_id)
-        _set(self, "memory_mib", memory_mib)
-        _set(self, "compute_capability", compute_capability)
-        _set(self, "brand", brand)
-        _set(self, "mig_enabled", mig_enabled)
-        _set(self, "mig_devices", tuple(mig_devices))
+        self._fill(index, uuid, name, minor, pci_bus_id, memory_mib, compute_capability, brand,
+                   mig_enabled, tuple(mig_devices))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GpuInfo:
@@ -99,9 +85,7 @@ class HostInfo(FrozenRecord):
 
     def __init__(self, driver_version: str, cuda_version: str,
                  gpus: tuple[GpuInfo, ...] = ()) -> None:
-        _set(self, "driver_version", driver_version)
-        _set(self, "cuda_version", cuda_version)
-        _set(self, "gpus", tuple(gpus))
+        self._fill(driver_version, cuda_version, tuple(gpus))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostInfo:
