@@ -176,97 +176,106 @@ def fake_container() -> Iterator[int]:
         p.wait()
 
 
-def measure(tmp: Path) -> dict[str, Any]:
-    from nvctk.base import config as nvconfig
+def oci_state(bundle: str, pid: int) -> bytes:
+    return json.dumps({"ociVersion": "1.0.2", "id": "mp-legacy", "status": "creating",
+                       "pid": pid, "bundle": bundle}).encode()
+
+
+def the_hook(bundle: str) -> Callable[[], None]:
+    """nvctk-hook prestart by itself, on a fake container's pid."""
     from nvctk.hook import prestart
-    from nvctk.runtime.create import prepare_bundle
-    from nvctk.sim import host as simhost
-    from nvctk.sim.rootfs import build_rootfs
-    from nvctk.sim.topology import make_topology
 
-    out: dict[str, Any] = {}
-    sim = simhost.init(str(tmp / "sim"), make_topology(gpus=2))
-    rootfs = str(tmp / "rootfs")
-    build_rootfs(rootfs, with_sample=sim.sample)
-    os.environ[nvconfig.CACHE_VAR] = str(tmp / "cache")
-    config = nvconfig.load(sim.config_path)
-    config = config.replace(state_dir=str(tmp / "state"), log_file=str(tmp / "nvctk.log"),
-                            hook_path=str(Path(sys.executable).parent / "nvctk-hook"))
-    spec_dir = tmp / "cdi"
-    spec_dir.mkdir()
-    # the venv's launcher: it finds nvctk-hook beside it, for the spec's hooks
-    subprocess.run([str(Path(sys.executable).parent / "nvctk"), "cdi", "generate", "--output",
-                    str(spec_dir / "nvidia.json")],
-                   env={**os.environ, "NVCTK_CONFIG": sim.config_path}, check=True,
-                   capture_output=True)
-    cdi_config = config.replace(mode="cdi", cdi_spec_dirs=(str(spec_dir),))
-    n = 0
+    def run() -> None:
+        with fake_container() as pid:
+            err = io.StringIO()
+            code = prestart.main([], stdin=io.BytesIO(oci_state(bundle, pid)), stderr=err)
+            if code != 0:
+                raise RuntimeError(f"prestart: {code}: {err.getvalue()}")
+    return run
 
-    def bundle(env: list[str]) -> str:
-        nonlocal n
-        n += 1
-        b = tmp / f"bundle{n}"
+
+def the_server(bundle: str) -> Callable[[], None]:
+    """What nvctk-runtime's prestart server runs (nvctk.hook.server): the bundle made
+    ready while runc starts, then the hook's state answered."""
+    from nvctk.hook import prestart
+
+    def run() -> None:
+        prepared = prestart.ready(bundle)
+        with fake_container() as pid:
+            code, err = prestart.answer(oci_state(bundle, pid), prepared)
+            if code != 0:
+                raise RuntimeError(f"served prestart: {code}: {err}")
+    return run
+
+
+class Node:
+    """A simulated host of 2 GPUs with a rootfs, nvctk's config for legacy and CDI mode,
+    and bundles made on it."""
+
+    def __init__(self, tmp: Path) -> None:
+        from nvctk.base import config as nvconfig
+        from nvctk.sim import host as simhost
+        from nvctk.sim.rootfs import build_rootfs
+        from nvctk.sim.topology import make_topology
+
+        self.tmp, self.n = tmp, 0
+        self.sim = simhost.init(str(tmp / "sim"), make_topology(gpus=2))
+        self.rootfs = str(tmp / "rootfs")
+        build_rootfs(self.rootfs, with_sample=self.sim.sample)
+        os.environ[nvconfig.CACHE_VAR] = str(tmp / "cache")
+        config = nvconfig.load(self.sim.config_path)
+        self.config = config.replace(state_dir=str(tmp / "state"), log_file=str(tmp / "nvctk.log"),
+                                     hook_path=str(Path(sys.executable).parent / "nvctk-hook"))
+        spec_dir = tmp / "cdi"
+        spec_dir.mkdir()
+        # the venv's launcher: it finds nvctk-hook beside it, for the spec's hooks
+        subprocess.run([str(Path(sys.executable).parent / "nvctk"), "cdi", "generate", "--output",
+                        str(spec_dir / "nvidia.json")],
+                       env={**os.environ, "NVCTK_CONFIG": self.sim.config_path}, check=True,
+                       capture_output=True)
+        self.cdi_config = self.config.replace(mode="cdi", cdi_spec_dirs=(str(spec_dir),))
+
+    def bundle(self, env: list[str]) -> str:
+        self.n += 1
+        b = self.tmp / f"bundle{self.n}"
         b.mkdir()
-        (b / "config.json").write_text(json.dumps(plain_spec(rootfs, env)))
+        (b / "config.json").write_text(json.dumps(plain_spec(self.rootfs, env)))
         return str(b)
 
-    def create(cfg: Any, env: list[str], cid: str) -> tuple[str, list[str]]:
-        prepare_bundle(bundle(env), cfg, container_id=f"{cid}-warm",
-                       runtime_root=str(tmp / "runc"))
-        b = bundle(env)
+    def create(self, cfg: Any, env: list[str], cid: str) -> tuple[str, list[str]]:
+        """A create (after a warm one), traced; the bundle it made ready."""
+        from nvctk.runtime.create import prepare_bundle
+
+        runc_root = str(self.tmp / "runc")
+        prepare_bundle(self.bundle(env), cfg, container_id=f"{cid}-warm", runtime_root=runc_root)
+        b = self.bundle(env)
         t = Trace()
         with t.on():
-            prepare_bundle(b, cfg, container_id=cid, runtime_root=str(tmp / "runc"))
+            prepare_bundle(b, cfg, container_id=cid, runtime_root=runc_root)
         return b, t.seqs.get(threading.get_ident(), [])
 
-    legacy_bundle, out["create, legacy mode"] = create(
-        config, ["NVIDIA_VISIBLE_DEVICES=0"], "mp-legacy")
-    _, out["create, CDI mode"] = create(cdi_config, ["NVIDIA_VISIBLE_DEVICES=0"], "mp-cdi")
+    def copies(self, bundle: str, *names: str) -> list[str]:
+        out = []
+        for name in names:
+            out.append(str(self.tmp / f"bundle-{name}"))
+            subprocess.run(["cp", "-a", bundle, out[-1]], check=True)
+        return out
 
-    def hook(b: str) -> Callable[[], None]:
-        def run() -> None:
-            with fake_container() as pid:
-                state = {"ociVersion": "1.0.2", "id": "mp-legacy", "status": "creating",
-                         "pid": pid, "bundle": b}
-                err = io.StringIO()
-                code = prestart.main([], stdin=io.BytesIO(json.dumps(state).encode()),
-                                     stderr=err)
-                if code != 0:
-                    raise RuntimeError(f"prestart: {code}: {err.getvalue()}")
-        return run
 
-    warm_bundle = str(tmp / "bundle-hook-warm")
-    subprocess.run(["cp", "-a", legacy_bundle, warm_bundle], check=True)
-    traced_in_child(hook(warm_bundle))
-    hook_seq, *children = traced_in_child(hook(legacy_bundle))
-    out["prestart: the hook"] = hook_seq
-    for i, seq in enumerate(children, 1):
-        out[f"prestart: forked child {i} (worker)" if i == 1 else
-            f"prestart: forked child {i}"] = seq
-
-    def served(b: str) -> Callable[[], None]:
-        """What nvctk-runtime's prestart server runs (nvctk.hook.server): the bundle
-        made ready while runc starts, then the hook's state answered."""
-        def run() -> None:
-            prepared = prestart.ready(b)
-            with fake_container() as pid:
-                state = {"ociVersion": "1.0.2", "id": "mp-legacy", "status": "creating",
-                         "pid": pid, "bundle": b}
-                code, err = prestart.answer(json.dumps(state).encode(), prepared)
-                if code != 0:
-                    raise RuntimeError(f"served prestart: {code}: {err}")
-        return run
-
-    for name in ("served-warm", "served"):
-        b = str(tmp / f"bundle-{name}")
-        subprocess.run(["cp", "-a", legacy_bundle, b], check=True)
-        seqs = traced_in_child(served(b))
-    server_seq, *children = seqs
-    out["served prestart: the server"] = server_seq
-    for i, seq in enumerate(children, 1):
-        out[f"served prestart: forked child {i} (worker)" if i == 1 else
-            f"served prestart: forked child {i}"] = seq
-    out["DRA NodePrepareResources, 1 GPU"] = dra(tmp, sim)
+def measure(tmp: Path) -> dict[str, Any]:
+    node = Node(tmp)
+    out: dict[str, Any] = {}
+    gpu = ["NVIDIA_VISIBLE_DEVICES=0"]
+    legacy_bundle, out["create, legacy mode"] = node.create(node.config, gpu, "mp-legacy")
+    _, out["create, CDI mode"] = node.create(node.cdi_config, gpu, "mp-cdi")
+    for what, make, names in (("prestart", the_hook, ("hook-warm", "hook")),
+                              ("served prestart", the_server, ("served-warm", "served"))):
+        for b in node.copies(legacy_bundle, *names):  # the first is the warm run
+            first, *children = traced_in_child(make(b))
+        out[f"{what}: the {'hook' if make is the_hook else 'server'}"] = first
+        for i, seq in enumerate(children, 1):
+            out[f"{what}: forked child {i}" + (" (worker)" if i == 1 else "")] = seq
+    out["DRA NodePrepareResources, 1 GPU"] = dra(tmp, node.sim)
     return {k: summary(v) for k, v in out.items()}
 
 

@@ -47,200 +47,28 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "libvgpu" / "tests"))
-import harness as H  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vgpu_compare import (
+    BENCH,
+    CACHE,
+    HAMI,
+    ROOT,
+    VG,
+    H,
+    Table,
+    fig,
+    hami_commit,
+    hami_env,
+    hami_how,
+    interleaved,
+    p90,
+    run,
+    storm_ahead,
+)
+from vgpu_patterns import patterns, sym_offset
 
-from nvctk.sim.state import read_state  # noqa: E402
-from nvctk.vgpu.ledger import SHM_SIZE  # noqa: E402
-
-BENCH = H.BUILD / "vgpu_overhead"
-CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
-VG, HAMI = "libvgpu", "HAMi-core"
-HAMI_BUILD = ROOT.parent / "shared" / "peers" / "hami-core" / "build.sh"
-
-
-def hami_how() -> str:
-    """How to get HAMi-core's library where --hami was not given (CI checkouts have ../shared)."""
-    how = (f"build it with {HAMI_BUILD} MIRROR_GIT_DIR SIM_DIR OUT_DIR (its README says how)" if HAMI_BUILD.is_file()
-           else "build it from github.com/Project-HAMi/HAMi-core without the CUDA toolkit: CMake with its build.sh's "
-           "options and -O2, cuda.h and nvml.h from NVIDIA's nvidia-cuda-runtime-cu12 and nvidia-nvml-dev-cu12 "
-           "wheels, linked against a simulated host's (nvctk sim init) libcuda.so.1 and libnvidia-ml.so.1; CI "
-           "checkouts have a script for it in ../shared/peers/hami-core/build.sh")
-    return how + ", then: make -C libvgpu bench HAMI=OUT_DIR/build-O2/libvgpu.so"
-
-
-def hami_env(env: dict[str, str], lib: str) -> dict[str, str]:
-    """libvgpu's env for a measure, for HAMi-core: its library preloaded, the same limit
-    variables (HAMi's names), a shared-cache file of its own (HAMi-core creates and sizes it)."""
-    e = {k: v for k, v in env.items() if k != "NVCTK_VGPU_LIMITS_FILE"}
-    e["LD_PRELOAD"] = lib
-    if CACHE in e:
-        e[CACHE] = e[CACHE] + ".hami"
-    return e
-
-
-def quartiles(v: list[float]) -> tuple[float, float, float]:
-    """median, p25, p75 of v."""
-    if len(v) < 2:
-        return v[0], v[0], v[0]
-    q1, med, q3 = statistics.quantiles(v, n=4, method="inclusive")
-    return med, q1, q3
-
-
-def fig(v: list[float], width: int = 8, prec: int = 1) -> str:
-    med, q1, q3 = quartiles(v)
-    return f"{med:{width}.{prec}f} [{q1:.{prec}f}..{q3:.{prec}f}]"
-
-
-def ahead(v: list[float], h: list[float]) -> str:
-    """Which library is ahead (lower), run by run: 'libvgpu' / 'HAMi-core' where the
-    interquartile range of the paired differences excludes 0, '=' otherwise."""
-    _, q1, q3 = quartiles([a - b for a, b in zip(v, h, strict=True)])
-    return VG if q3 < 0 else HAMI if q1 > 0 else "="
-
-
-def interleaved(envs: dict[str, dict[str, str]], run1: Callable[[dict[str, str]], float],
-                reps: int) -> dict[str, list[float]]:
-    """reps runs of each env, interleaved, the order rotating (so none always goes first)."""
-    names = list(envs)
-    res: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(reps):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            res[k].append(run1(envs[k]))
-    return res
-
-
-def run(env: dict[str, str], *args: str) -> float:
-    out = subprocess.run(["taskset", "-c", "1", str(BENCH), *args], env=env, capture_output=True, text=True, check=True)
-    return float(out.stdout.split()[0])
-
-
-class Table:
-    """The side-by-side rows: direct, each library's added cost [spread], which is ahead.
-    Keeps every verdict for the summary at the end."""
-
-    def __init__(self, say: Callable[[str], None], hami: str | None) -> None:
-        self.say, self.hami = say, hami
-        self.verdicts: list[tuple[str, str, str, str]] = []  # (measure, libvgpu, HAMi-core, ahead)
-
-    def header(self, first: str = "measure") -> None:
-        hcol = f"{HAMI + ' added':>26} {'ahead':>9}" if self.hami else ""
-        self.say(f"{first:58} {'direct':>9} {VG + ' added':>26} {hcol} {'goal':>7}")
-
-    def row(self, label: str, res: dict[str, list[float]], goal: str = "", scale: float = 1.0,
-            note: str = "", key: str = "") -> None:
-        d = [x / scale for x in res["direct"]]
-        added = {k: [x / scale - y for x, y in zip(v, d, strict=True)] for k, v in res.items() if k != "direct"}
-        self.pair(label, added, goal, f"{statistics.median(d):9.1f}", note, key=key)
-
-    def pair(self, label: str, added: dict[str, list[float]], goal: str = "", direct: str = "",
-             note: str = "", tail: str = "", key: str = "") -> None:
-        v = added[VG]
-        cols = f"{direct:>9} {fig(v, 8):>26}"
-        if self.hami and HAMI in added:
-            h = added[HAMI]
-            verdict = ahead(v, h)
-            cols += f" {fig(h, 8):>26} {verdict:>9}"
-            self.verdicts.append((key or label.strip(), fig(v, 1), fig(h, 1), verdict + (f" ({note})" if note else "")))
-        elif self.hami:
-            cols += f" {'-':>26} {'':>9}"
-        self.say(f"{label:58} {cols} {goal:>7}{tail}")
-
-
-# (name, client arguments, pairs of bursts per run, SM-limited) for the pattern mode
-PATTERNS: list[tuple[str, list[str], int, bool]] = [
-    ("no SM limit: bursts of 100 after 1 ms idle", ["kernel", "100", "1000"], 300, False),
-    ("greedy loop (blocks of 1000, no idle)", ["kernel", "1000", "0"], 60, True),
-    *((f"bursts of {b} after {g / 1000:g} ms idle", ["kernel", str(b), str(g)],
-       max(20, min(400, int(600_000 / (g + b * 0.5)))), True)
-      for b in (10, 100, 1000) for g in (100, 1000, 10000)),
-    ("4 streams in turn, bursts of 100 after 1 ms", ["streams", "100", "1000"], 300, True),
-    ("4 threads on one context, bursts of 100 after 1 ms", ["kernel", "100", "1000"], 150, True),
-    ("cuGraphLaunch (1 node), bursts of 100 after 1 ms", ["graph", "100", "1000"], 300, True),
-    ("cuLaunchKernelEx, bursts of 100 after 1 ms", ["ex", "100", "1000"], 300, True),
-    ("cuLaunchCooperativeKernel, bursts of 100 after 1 ms", ["coop", "100", "1000"], 300, True),
-]
-
-
-# what HAMi-core (8f3a89c's src/cuda) does not limit at all: the figure is its wrapper's cost alone
-PATTERN_NOTES = {"graph": "HAMi-core does not limit cuGraphLaunch",
-                 "coop": "HAMi-core's cuLaunchCooperativeKernel calls no limiter; here the simulated driver "
-                         "re-enters its cuLaunchKernel"}
-
-
-# the driver's own entry point a pattern's kind launches through (the "self" figure); the
-# simulated cuLaunchKernelEx and cuLaunchCooperativeKernel re-enter cuLaunchKernel through
-# the PLT, i.e. through the interposer: no clean own entry point for them
-OWN = {"kernel": "cuLaunchKernel", "streams": "cuLaunchKernel", "graph": "cuGraphLaunch"}
-
-
-def patterns(driver: H.Driver, tmp: Path, reps: int, hami: str | None, table: Table) -> None:
-    """The SM limiter's cost in each launch pattern: each library vs no interposer
-    (interleaved runs); in one process, each library's entry point vs the driver's own
-    (all of its cost) and the limited device vs the unlimited one (the limiter's own)."""
-    say = table.say
-    say("SM limiter's cost per launch by pattern (SM limit 50 % on GPU 0, asynchronous 0-us kernels:")
-    say(f"  the share never binds); ns added per launch, median [p25..p75] of {reps} runs; goal <= 30")
-    say(f"{'pattern':58} {'':9} {VG + ' added':>26}" + (f" {HAMI + ' added':>26} {'ahead':>9}" if hami else "")
-        + f" {'goal':>7}   limited vs unlimited device: {VG}" + (f", {HAMI}" if hami else ""))
-    offs = {k: sym_offset(driver, f) for k, f in OWN.items()}
-    for i, (name, argv, n, limited) in enumerate(PATTERNS):
-        threads = ["4"] if name.startswith("4 threads") else ["1"]
-        own = [offs[argv[0]]] if argv[0] in offs else []
-        clocked = argv[0] == "kernel" and int(argv[2]) >= 1000 and threads == ["1"] and limited
-        inproc: dict[str, list[float]] = {VG: [], HAMI: []}
-        vsnone: dict[str, list[float]] = {VG: [], HAMI: []}
-        self_: dict[str, list[float]] = {VG: [], HAMI: []}
-        clock: list[float] = []
-        for r in range(reps):
-            st = {"NVSIM_STATE": str(tmp / f"state-pat-{i}-{r}")}
-            base = driver.env(tmp / "x", NVSIM_KERNEL_US="0", NVSIM_ASYNC="1", **st)
-            lim = {**base, "LD_PRELOAD": str(H.LIB), CACHE: str(tmp / f"cache-pat-{i}-{r}"),
-                   **({"CUDA_DEVICE_SM_LIMIT_0": "50"} if limited else {})}
-            envs = {"direct": base, VG: lim, **({HAMI: hami_env(lim, hami)} if hami else {})}
-            got: dict[str, list[float]] = {}
-            names = list(envs)
-            for k in names[r % len(names):] + names[:r % len(names)]:
-                got[k] = run_pattern(envs[k], [*argv, str(n), *threads, *(own if k != "direct" else [])])
-            if clocked:
-                clock.append(run_pattern(base, ["clock", *argv[1:], str(n), "1"])[0])
-            for k in envs:
-                if k != "direct":
-                    inproc[k].append(got[k][0])
-                    vsnone[k].append(got[k][1] - got["direct"][1])
-                    if own:
-                        self_[k].append(got[k][2])
-        note = PATTERN_NOTES.get(argv[0], "") if limited else "no SM limit"
-        table.pair(name, {k: v for k, v in vsnone.items() if v}, "<= 30" if limited else "<= 10", note=note,
-                   tail=f"   {fig(inproc[VG], 1)}" + (f", {fig(inproc[HAMI], 1)}" if hami else ""))
-        if own:
-            table.pair(f"  in one process, vs the driver's own {OWN[argv[0]]}", {k: v for k, v in self_.items() if v},
-                       note=note, key=f"{name}: in one process, vs the driver's own")
-        if clock:
-            say(f"{'  no interposer: a coarse clock read before each launch':58} {'':9} {fig(clock, 8):>26}")
-    say("  ('added': the same client without an interposer, runs interleaved; 'in one process, vs the")
-    say("   driver's own': a third burst, through the driver's entry point itself, so the machine's load")
-    say("   cancels: all of the library's cost; 'limited vs unlimited device': bursts alternate between")
-    say("   the devices in one process: the limiter's own cost (for HAMi-core not all of it: its")
-    say("   unlimited device's launch asks the driver for the current device too); 'a coarse clock read':")
-    say("   no interposer, device 0's launches each after a CLOCK_MONOTONIC_COARSE read, vs device 1's")
-    say("   without: the read libvgpu's fast path makes and HAMi-core's does not, to which issue 29 traced")
-    say("   the cold bursts' cost; it is a few ns: the cost was the marker renewal it leads to, docs/decisions.md)")
-
-
-def run_pattern(env: dict[str, str], argv: list[str]) -> list[float]:
-    out = subprocess.run(["taskset", "-c", "1", str(BENCH), "pattern", *argv], env=env, capture_output=True,
-                         text=True, check=True)
-    return [float(x) for x in out.stdout.split()]
-
-
-def sym_offset(driver: H.Driver, name: str) -> str:
-    """A function's offset in the simulated libcuda (hex): the driver's own entry point."""
-    out = subprocess.run(["nm", "-D", "--defined-only", str(Path(driver.libdir) / "libcuda.so.1")],
-                         capture_output=True, text=True, check=True).stdout
-    return next(line.split()[0] for line in out.splitlines() if line.split()[-1:] == [name])
+from nvctk.sim.state import read_state
+from nvctk.vgpu.ledger import SHM_SIZE
 
 
 def nvctk_env(env: dict[str, str], cache: Path, uuids: list[str]) -> dict[str, str]:
@@ -276,11 +104,6 @@ def init_single(base: dict[str, str], lib: str | None, cache: Path, fresh: bool,
     cp = subprocess.run(["taskset", "-c", "1", str(BENCH), "init"], env=e, capture_output=True, text=True, check=True)
     total, alone = cp.stdout.split()[:2]
     return float(total), float(alone), cp.stderr.strip()
-
-
-def p90(v: list[float]) -> float:
-    """The 90th percentile (nearest rank) of v."""
-    return sorted(v)[min(len(v) - 1, int(len(v) * 0.9))]
 
 
 def init_storm(env: dict[str, str], n: int = 64) -> list[float]:
@@ -326,15 +149,6 @@ def sm_accuracy(driver: H.Driver, tmp: Path, lib: str, window: float = 12.0, tag
     for _, p in procs.values():
         p.wait()
     return {k: 100 * (b1[k] - b0[k]) / ((t1 - t0) * 1e9) for k in procs}
-
-
-def hami_commit(lib: str) -> str:
-    """HAMi-core's commit and build, from what ../shared/peers/hami-core/build.sh leaves
-    beside its builds (OUT_DIR/hami_commit.txt, OUT_DIR/build-<variant>/libvgpu.so)."""
-    p = Path(lib).resolve()
-    f = p.parents[1] / "hami_commit.txt"
-    commit = f.read_text().strip()[:12] if f.is_file() else "commit unknown"
-    return f"{commit}, build {p.parent.name.removeprefix('build-')}"
 
 
 class Run:
@@ -561,13 +375,6 @@ def main() -> None:
     say(f"load average at the end {os.getloadavg()[0]:.1f}; the run took {time.monotonic() - started:.0f} s")
     if args.out:
         Path(ROOT / args.out if not os.path.isabs(args.out) else args.out).write_text("\n".join(lines) + "\n")
-
-
-def storm_ahead(v: list[float], h: list[float]) -> str:
-    """For unpaired samples: a library is ahead where its p75 is below the other's p25."""
-    _, v1, v3 = quartiles(v)
-    _, h1, h3 = quartiles(h)
-    return VG if v3 < h1 else HAMI if h3 < v1 else "="
 
 
 def summary(table: Table, hami: str | None, share: dict[str, dict[str, float]] | None,
