@@ -250,19 +250,16 @@ def make_spec(common: Edits, devices: list[tuple[list[str], Edits]], hook_path: 
     if devices and all_device:
         out.append({"name": "all", "containerEdits": edits_of(list(all_nodes.values()),
                                                               all_links)})
-    spec: dict[str, Any] = {
-        "cdiVersion": "",
+    body: dict[str, Any] = {
         "kind": f"{vendor}/{cls}",
         "devices": out,
         "containerEdits": {
             "deviceNodes": [_node_entry(n) for n in common.devices],
             "mounts": [_mount_entry(m) for m in common.mounts],
+            **({"env": [f"{k}={v}" for k, v in common.env.items()]} if common.env else {}),
         },
     }
-    if common.env:
-        spec["containerEdits"]["env"] = [f"{k}={v}" for k, v in common.env.items()]
-    spec["cdiVersion"] = min_version(spec)
-    return spec
+    return {"cdiVersion": min_version(body), **body}
 
 
 def dump(spec: dict[str, Any], fmt: Literal["yaml", "json"]) -> bytes:
