@@ -4,8 +4,8 @@ and the tests that check slices without a server:
 - against the resource.k8s.io/v1 JSON schema of Kubernetes 1.36, strict (no unknown
   field), as the `kubernetes-validate` package ships it (v1.36.0-local-strict);
 - against the rules the schema only states in prose (its field descriptions, quoted
-  beside each check in `slice_problems`): device limits, DNS labels, qualified names,
-  exactly one node selection, devices xor sharedCounters, request policies,
+  beside each check in `slice_problems` and its helpers): device limits, DNS labels,
+  qualified names, exactly one node selection, devices xor sharedCounters, request policies,
   immutable fields on update; `pool_problems` across one pool's slices.
 """
 
@@ -135,6 +135,35 @@ def slice_problems(obj: dict[str, Any], old: dict[str, Any] | None = None) -> li
     if not DNS_SUBDOMAIN.match(name) or len(name) > 253:
         out.append(f"metadata.name: {name!r} is not a DNS subdomain")
     spec = obj["spec"]
+    out.extend(_driver_node_pool_problems(spec))
+    devices = spec.get("devices") or []
+    counter_sets = spec.get("sharedCounters") or []
+    # "Only one of Devices and SharedCounters can be set in a ResourceSlice."
+    if devices and counter_sets:
+        out.append("spec: only one of devices and sharedCounters can be set")
+    out.extend(_counter_set_problems(counter_sets))
+    # "Must not have more than 128 entries. If any device uses taints or consumes
+    # counters the limit is 64."
+    limit = MAX_DEVICES
+    if any(d.get("taints") or d.get("consumesCounters") for d in devices):
+        limit = MAX_DEVICES_TAINTS_OR_COUNTERS
+    if len(devices) > limit:
+        out.append(f"spec.devices: {len(devices)} devices > {limit}")
+    names: set[str] = set()
+    for i, d in enumerate(devices):
+        out.extend(_device_problems(f"spec.devices[{i}]", d, names))
+    if old is not None:
+        # "This field is immutable." (driver, nodeName, pool.name)
+        for path in (("driver",), ("nodeName",), ("pool", "name")):
+            a, b = field_at(old["spec"], path), field_at(spec, path)
+            if a != b:
+                out.append(f"spec.{'.'.join(path)}: field is immutable ({a!r} -> {b!r})")
+    return out
+
+
+def _driver_node_pool_problems(spec: dict[str, Any]) -> list[str]:
+    """slice_problems' checks of spec.driver, the node selection and spec.pool."""
+    out: list[str] = []
     # "Must be a DNS subdomain ... It should use only lower case characters." (≤ 63)
     if not DNS_SUBDOMAIN.match(spec["driver"]) or len(spec["driver"]) > 63:
         out.append(f"spec.driver: {spec['driver']!r} is not a DNS subdomain of ≤ 63 characters")
@@ -152,11 +181,12 @@ def slice_problems(obj: dict[str, Any], old: dict[str, Any] | None = None) -> li
         out.append("spec.pool.generation: must be ≥ 0")
     if pool["resourceSliceCount"] <= 0:
         out.append("spec.pool.resourceSliceCount: must be greater than zero")
-    devices = spec.get("devices") or []
-    counter_sets = spec.get("sharedCounters") or []
-    # "Only one of Devices and SharedCounters can be set in a ResourceSlice."
-    if devices and counter_sets:
-        out.append("spec: only one of devices and sharedCounters can be set")
+    return out
+
+
+def _counter_set_problems(counter_sets: list[dict[str, Any]]) -> list[str]:
+    """slice_problems' checks of spec.sharedCounters."""
+    out: list[str] = []
     # "The maximum number of counter sets is 8." / "The maximum number of counters is 32."
     if len(counter_sets) > MAX_COUNTER_SETS:
         out.append(f"spec.sharedCounters: {len(counter_sets)} > {MAX_COUNTER_SETS} counter sets")
@@ -172,22 +202,6 @@ def slice_problems(obj: dict[str, Any], old: dict[str, Any] | None = None) -> li
             if not DNS_LABEL.match(c):
                 out.append(f"{where}.counters: {c!r} is not a DNS label")
             out.extend(_quantity_problem(f"{where}.counters[{c}].value", v.get("value")))
-    # "Must not have more than 128 entries. If any device uses taints or consumes
-    # counters the limit is 64."
-    limit = MAX_DEVICES
-    if any(d.get("taints") or d.get("consumesCounters") for d in devices):
-        limit = MAX_DEVICES_TAINTS_OR_COUNTERS
-    if len(devices) > limit:
-        out.append(f"spec.devices: {len(devices)} devices > {limit}")
-    names: set[str] = set()
-    for i, d in enumerate(devices):
-        out.extend(_device_problems(f"spec.devices[{i}]", d, names))
-    if old is not None:
-        # "This field is immutable." (driver, nodeName, pool.name)
-        for path in (("driver",), ("nodeName",), ("pool", "name")):
-            a, b = field_at(old["spec"], path), field_at(spec, path)
-            if a != b:
-                out.append(f"spec.{'.'.join(path)}: field is immutable ({a!r} -> {b!r})")
     return out
 
 

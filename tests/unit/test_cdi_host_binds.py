@@ -1,7 +1,7 @@
 """CDI mode's check of the container's host binds (nvctk.cdi.check.check_host_binds) on a
 kubelet's spec: the mount on top at a target decides, and each path of the rootfs is
 looked up once, whatever the number of binds and targets (the end-to-end refusals are
-tests/integration/test_cdi_mode.py's)."""
+tests/integration/test_cdi_mode_host_dirs.py's)."""
 
 from __future__ import annotations
 

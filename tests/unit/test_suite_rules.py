@@ -87,9 +87,9 @@ OWN_ONLY = {
         "mounts under its own state dir",
     "integration/test_vgpu_runtime_install.py::test_create_installs_state_and_is_idempotent":
         "the size of its own tmpfs",
-    "integration/test_dra_grpc.py::test_a_shares_spec_is_plain_cdi_with_one_ledger_for_the_claim":
+    "integration/test_dra_grpc_shares.py::test_a_shares_spec_is_plain_cdi_with_one_ledger_for_the_claim":
         "the mount at its own ledger path",
-    "integration/test_dra_grpc.py::test_200_prepare_unprepare_cycles_leak_nothing":
+    "integration/test_dra_grpc_shares.py::test_200_prepare_unprepare_cycles_leak_nothing":
         "mounts under its own plugin dir",
     "integration/test_hook_served.py::_procs": "callers keep their own process's children, "
         "or processes naming their own container id",
