@@ -339,6 +339,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--pattern-reps", type=int, default=7)
     ap.add_argument("--hami", default=None, help="HAMi-core's libvgpu.so, measured beside libvgpu")
+    ap.add_argument("--pattern", default="", help="only the launch patterns whose name has this text")
     ap.add_argument("--only", choices=PARTS, action="append", default=None, help="only this part (repeatable)")
     args = ap.parse_args()
     hami: str | None = str(Path(args.hami).resolve()) if args.hami else None
@@ -362,7 +363,7 @@ def main() -> None:
         b.head(tmpfs)
         parts = args.only or PARTS
         if "patterns" in parts:
-            patterns(b.driver, b.tmp, args.pattern_reps, hami, b.table)
+            patterns(b.driver, b.tmp, args.pattern_reps, hami, b.table, args.pattern)
             say()
         if "launches" in parts or "init" in parts:
             b.table.header()

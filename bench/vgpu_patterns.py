@@ -36,7 +36,8 @@ PATTERN_NOTES = {"graph": "HAMi-core does not limit cuGraphLaunch",
 OWN = {"kernel": "cuLaunchKernel", "streams": "cuLaunchKernel", "graph": "cuGraphLaunch"}
 
 
-def patterns(driver: H.Driver, tmp: Path, reps: int, hami: str | None, table: Table) -> None:
+def patterns(driver: H.Driver, tmp: Path, reps: int, hami: str | None, table: Table,
+             only: str = "") -> None:
     """The SM limiter's cost in each launch pattern: each library vs no interposer
     (interleaved runs); in one process, each library's entry point vs the driver's own
     (all of its cost) and the limited device vs the unlimited one (the limiter's own)."""
@@ -47,6 +48,8 @@ def patterns(driver: H.Driver, tmp: Path, reps: int, hami: str | None, table: Ta
         + f" {'goal':>7}   limited vs unlimited device: {VG}" + (f", {HAMI}" if hami else ""))
     offs = {k: sym_offset(driver, f) for k, f in OWN.items()}
     for i, (name, argv, n, limited) in enumerate(PATTERNS):
+        if only not in name:  # --pattern: those whose name has this text
+            continue
         threads = ["4"] if name.startswith("4 threads") else ["1"]
         own = [offs[argv[0]]] if argv[0] in offs else []
         clocked = argv[0] == "kernel" and int(argv[2]) >= 1000 and threads == ["1"] and limited
