@@ -241,6 +241,14 @@ def _pin(edits: Edits, root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
             raise m.step_error("mount", f"/{name}", e)
 
 
+def _fd_target(fd: int) -> str:
+    """What fd is, for an error message: a namespace reads mnt:[<inode>]."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError as e:
+        return f"unreadable: {e.strerror}"
+
+
 def _enter(rootfs: str, prep: WorkerFds, log: HookLog) -> m.Root:
     """setns into the container's mount namespace; the rootfs, opened there, made so
     that nothing mounted under it propagates to the host."""
@@ -248,7 +256,7 @@ def _enter(rootfs: str, prep: WorkerFds, log: HookLog) -> m.Root:
     try:
         mounts.setns(prep.ns, mounts.CLONE_NEWNS)
     except OSError as e:
-        raise m.step_error("setns", f"/proc/<pid>/ns/mnt ({rootfs})", e)
+        raise m.step_error("setns", f"/proc/<pid>/ns/mnt ({rootfs}; the fd is {_fd_target(prep.ns)})", e)
     os.chdir("/")
     try:
         root = m.Root(rootfs)
