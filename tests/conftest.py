@@ -45,6 +45,16 @@ from support.exe import nvctk_exe
 
 MIG_LAYOUT = {0: ["3g.40gb", "2g.20gb", "1g.10gb"]}
 
+# A test process that used gRPC (the device plugin's and DRA driver's tests) has gRPC's
+# fork handlers registered: each later fork starts a gRPC thread in the child, and the
+# prestart's worker, forked by a server the hook tests fork from this process, then
+# cannot setns into a mount namespace (EINVAL for a process of more than one thread: CI
+# saw it once a file split put a gRPC test before test_hook_served.py on one worker).
+# nvctk's own processes that fork the worker (nvctk-runtime, nvctk-hook) never load
+# gRPC; the tests' processes must not carry it into theirs either. Read by gRPC when it
+# is first imported, which is after this.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
+
 
 PHASES = ("parallel", "exclusive")
 

@@ -241,6 +241,16 @@ def _pin(edits: Edits, root: m.Root, mounter: m.Mounter, log: HookLog) -> None:
             raise m.step_error("mount", f"/{name}", e)
 
 
+def _threads() -> str:
+    """This process's thread count, for an error message (a library's fork handler can
+    start one in a forked child)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            return next((line.split()[1].decode() for line in f if line.startswith(b"Threads:")), "?")
+    except OSError:
+        return "?"
+
+
 def _fd_target(fd: int) -> str:
     """What fd is, for an error message: a namespace reads mnt:[<inode>]."""
     try:
@@ -256,7 +266,9 @@ def _enter(rootfs: str, prep: WorkerFds, log: HookLog) -> m.Root:
     try:
         mounts.setns(prep.ns, mounts.CLONE_NEWNS)
     except OSError as e:
-        raise m.step_error("setns", f"/proc/<pid>/ns/mnt ({rootfs}; the fd is {_fd_target(prep.ns)})", e)
+        raise m.step_error("setns", f"/proc/<pid>/ns/mnt ({rootfs}; the fd is {_fd_target(prep.ns)}, "
+                                    f"this process has {_threads()} thread(s): a mount "
+                                    "namespace takes one)", e)
     os.chdir("/")
     try:
         root = m.Root(rootfs)
