@@ -128,7 +128,10 @@ def test_slow_api_answers_starve_no_other_claim(start: Start, sim_host: SimHost)
         n = start(sim_host, Kube(client_for(api), Retry(attempts=4, base=0.001, cap=0.01,
                                                         deadline=600, timeout=300)))
         n.driver.api_timeout = 600
-        api.trickle(slow, pause=0.5)  # a byte a claim every 0.5 s: slow, never done, and cheap
+        # a byte a claim every 0.5 s: slow, never done, and cheap; only the slow claims'
+        # reads (ok2's, read beside sx's in one request, could take one: then a slow
+        # claim was answered at once, 404, as CI saw)
+        api.trickle(slow, pause=0.5, path="/resourceclaims/s")
         with cf.ThreadPoolExecutor(slow + 1) as pool:
             try:
                 # the slow calls' own gRPC deadline far past the test's: only the plugin

@@ -79,7 +79,7 @@ class ApiServer:
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
         self._version = 0
         # ("fail", status) | ("drop", 0) | ("stall", 0) | ("trickle", ms) | ("raw", index)
-        self._faults: list[tuple[str, int]] = []
+        self._faults: list[tuple[str, int, str]] = []  # (kind, its number, a path it needs)
         self._raw: list[bytes] = []  # the bodies of "raw" faults
         self.trickling = threading.Semaphore(0)  # one release per request that trickles
         self.release = threading.Event()  # lets stalled requests go
@@ -110,28 +110,29 @@ class ApiServer:
     def fail(self, n: int, status: int = 503) -> None:
         """The next n requests are answered with status (a Status object)."""
         with self.lock:
-            self._faults += [("fail", status)] * n
+            self._faults += [("fail", status, "")] * n
 
     def drop(self, n: int) -> None:
         """The next n requests get their connection closed, unanswered."""
         with self.lock:
-            self._faults += [("drop", 0)] * n
+            self._faults += [("drop", 0, "")] * n
 
     def stall(self, n: int) -> None:
         """The next n requests wait for `release` (or 30 s) before they are served."""
         with self.lock:
-            self._faults += [("stall", 0)] * n
+            self._faults += [("stall", 0, "")] * n
 
-    def trickle(self, n: int, pause: float = 0.05) -> None:
-        """The next n requests get a 200 whose body comes one byte per `pause` s and never
-        ends (the JSON, then spaces), until the client goes or `release` is set."""
+    def trickle(self, n: int, pause: float = 0.05, path: str = "") -> None:
+        """The next n requests (whose path has `path` in it: the plugin's own background
+        calls, its slices', go by) get a 200 whose body comes one byte per `pause` s and
+        never ends (the JSON, then spaces), until the client goes or `release` is set."""
         with self.lock:
-            self._faults += [("trickle", int(pause * 1000))] * n
+            self._faults += [("trickle", int(pause * 1000), path)] * n
 
     def answer_raw(self, n: int, body: bytes) -> None:
         """The next n requests are answered 200 with `body` as it is."""
         with self.lock:
-            self._faults += [("raw", len(self._raw))] * n
+            self._faults += [("raw", len(self._raw), "")] * n
             self._raw.append(body)
 
     def add_claim(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -171,9 +172,14 @@ class ApiServer:
         self._version += 1
         return str(self._version)
 
-    def _take_fault(self) -> tuple[str, int] | None:
+    def _take_fault(self, path: str) -> tuple[str, int] | None:
+        """The first fault armed for a request to `path`, taken."""
         with self.lock:
-            return self._faults.pop(0) if self._faults else None
+            for i, (kind, arg, needs) in enumerate(self._faults):
+                if needs in path:
+                    del self._faults[i]
+                    return kind, arg
+            return None
 
 
 def _serve_tls(httpd: http.server.HTTPServer, tls_dir: Path) -> Path:
@@ -282,7 +288,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         api = self.api
         with api.lock:
             api.requests.append((method, self.path))
-        fault = api._take_fault()
+        fault = api._take_fault(self.path)
         if fault and fault[0] == "drop":
             self._body() if method in ("POST", "PUT") else None
             self.close_connection = True
