@@ -72,12 +72,31 @@ def edit_problem(edits: Any) -> str | None:
     return None
 
 
+def _shape_problem(what: str, entry: Any, fields: frozenset[str]) -> str | None:
+    if not isinstance(entry, dict) or set(entry) - fields:
+        return f"{what} {entry!r}: unknown field or not an object"
+    return None
+
+
+def _path_problem(what: str, entry: dict[str, Any], keys: tuple[str, ...],
+                  required: bool) -> str | None:
+    """The first of `keys` that is not an absolute path (an absent one too, if required)."""
+    for k in keys:
+        if (required or k in entry) and not (isinstance(entry.get(k), str)
+                                             and entry[k].startswith("/")):
+            return f"{what} {k} {entry.get(k)!r} must be an absolute path"
+    return None
+
+
+def _strings_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
 def _node_problem(n: Any) -> str | None:
-    if not isinstance(n, dict) or set(n) - _NODE_FIELDS:
-        return f"deviceNode {n!r}: unknown field or not an object"
-    for k in ("path", "hostPath"):
-        if k in n and not (isinstance(n[k], str) and n[k].startswith("/")):
-            return f"deviceNode {k} {n.get(k)!r} must be an absolute path"
+    problem = _shape_problem("deviceNode", n, _NODE_FIELDS) or \
+        _path_problem("deviceNode", n, ("path", "hostPath"), required=False)
+    if problem:
+        return problem
     if "path" not in n:
         return "a deviceNode without a path"
     if n.get("type", "c") not in ("c", "b", "u"):
@@ -96,13 +115,11 @@ def _node_problem(n: Any) -> str | None:
 
 
 def _mount_problem(m: Any) -> str | None:
-    if not isinstance(m, dict) or set(m) - _MOUNT_FIELDS:
-        return f"mount {m!r}: unknown field or not an object"
-    for k in ("hostPath", "containerPath"):
-        if not (isinstance(m.get(k), str) and m[k].startswith("/")):
-            return f"mount {k} {m.get(k)!r} must be an absolute path"
-    opts = m.get("options", [])
-    if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
+    problem = _shape_problem("mount", m, _MOUNT_FIELDS) or \
+        _path_problem("mount", m, ("hostPath", "containerPath"), required=True)
+    if problem:
+        return problem
+    if not _strings_list(m.get("options", [])):
         return f"mount {m['containerPath']}: options must be a list of strings"
     if not isinstance(m.get("type", ""), str):
         return f"mount {m['containerPath']}: type must be a string"
@@ -110,14 +127,16 @@ def _mount_problem(m: Any) -> str | None:
 
 
 def _hook_problem(h: Any) -> str | None:
-    if not isinstance(h, dict) or set(h) - _HOOK_FIELDS:
-        return f"hook {h!r}: unknown field or not an object"
+    problem = _shape_problem("hook", h, _HOOK_FIELDS)
+    if problem:
+        return problem
     if h.get("hookName") not in HOOK_STAGES:
         return f"hook hookName {h.get('hookName')!r} is not one of {', '.join(HOOK_STAGES)}"
-    if not (isinstance(h.get("path"), str) and h["path"].startswith("/")):
-        return f"hook path {h.get('path')!r} must be an absolute path"
+    problem = _path_problem("hook", h, ("path",), required=True)
+    if problem:
+        return problem
     for k in ("args", "env"):
-        if k in h and not (isinstance(h[k], list) and all(isinstance(a, str) for a in h[k])):
+        if k in h and not _strings_list(h[k]):
             return f"hook {h['path']}: {k} must be a list of strings"
     t = h.get("timeout")
     if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not
