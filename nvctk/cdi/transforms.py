@@ -10,8 +10,7 @@ vGPU part. Each step is one function here; nothing else edits a form or a CDI di
 from __future__ import annotations
 
 from nvctk.edits import Edits, on_host
-
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+from nvctk.request.parse import VISIBLE_DEVICES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,10 +36,9 @@ def device_part(own: Edits, common: Edits, uuid: str) -> Edits:
                  ldconfig="")
 
 
-def sources_on_host(edits: Edits, seen_root: str, host_root: str) -> Edits:
-    """The part with its sources as the host sees them: a node component in a container
-    sees the driver under a mount of its own (config host-driver-root)."""
-    return on_host(edits, seen_root, host_root)
+# The part with its sources as the host sees them: a node component in a container sees
+# the driver under a mount of its own (config host-driver-root). The form's own step.
+sources_on_host = on_host
 
 
 def with_vgpu_share(common: Edits, vgpu: Vgpu, env: dict[str, str],

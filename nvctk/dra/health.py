@@ -60,8 +60,7 @@ def restore(path: str, health: Health, present: set[str], boot: str | None = Non
 def save(path: str, health: Health, boot: str | None = None) -> None:
     """Write what `health` holds now (Health.on_change); an error is logged, not raised:
     the plugin goes on, only a restart would forget."""
-    with health.changed:
-        unhealthy = {u: health.reasons.get(u, "unhealthy") for u in health.unhealthy}
+    unhealthy = health.snapshot()
     rec = {"v": VERSION, "boot_id": boot_id() if boot is None else boot, "unhealthy": unhealthy}
     try:
         os.makedirs(os.path.dirname(path), 0o750, exist_ok=True)

@@ -28,9 +28,7 @@ _PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
 
 def sick(health: Health, policy: TaintPolicy) -> set[str]:
     """The devices whose health the policy taints: the ones prepare refuses."""
-    with health.changed:
-        return {u for u in health.unhealthy
-                if policy.effect(health.reasons.get(u, "unhealthy")) is not None}
+    return {u for u, why in health.snapshot().items() if policy.effect(why) is not None}
 
 
 def claim_source(kubeconfig: str | None) -> kube.Kube:

@@ -118,7 +118,7 @@ class Publisher:
                 log.error("cannot query the GPUs: %s", e)
             with health.changed:
                 seen = health.generation
-                unhealthy = {u: health.reasons.get(u, "unhealthy") for u in health.unhealthy}
+                unhealthy = health.snapshot()
             if host is not None:
                 try:
                     self.sync(host, unhealthy, check=check)

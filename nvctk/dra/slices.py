@@ -46,6 +46,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from nvctk.base.errors import ascii_uint
 from nvctk.dra.devices import MEMORY, MIB, SM_FULL, SM_SHARE, device_name
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo, proc_bus_id
 
@@ -95,11 +96,12 @@ class TaintPolicy:
         out: dict[int, str | None] = {}
         for item in items:
             xid, sep, effect = item.partition("=")
-            if not sep or not xid.strip().isdigit() or effect.strip() not in EFFECTS:
+            n = ascii_uint(xid.strip())
+            if not sep or n is None or effect.strip() not in EFFECTS:
                 raise ValueError(f"{item!r}: want XID=EFFECT, EFFECT one of "
                                  f"{', '.join(EFFECTS)} (e.g. 79=NoExecute, 94=None)")
             e = effect.strip()
-            out[int(xid)] = None if e == "None" else e
+            out[n] = None if e == "None" else e
         return cls(out)
 
 
@@ -108,7 +110,7 @@ def xid_of(reason: str) -> int | None:
     if not reason.startswith(XID_REASON):
         return None
     head = reason[len(XID_REASON):].split(" ", 1)[0]
-    return int(head) if head.isdigit() else None
+    return ascii_uint(head)
 
 
 DEFAULT_TAINTS = TaintPolicy()

@@ -55,6 +55,12 @@ class Health:
         if self.on_change is not None:
             self.on_change()
 
+    def snapshot(self) -> dict[str, str]:
+        """The unhealthy devices and why, as they are now (`changed` is re-entrant: a caller
+        may hold it, to read the generation with them)."""
+        with self.changed:
+            return {u: self.reasons.get(u, "unhealthy") for u in self.unhealthy}
+
     def wake(self) -> None:
         """Wake waiting streams without a change (shutdown)."""
         with self.changed:

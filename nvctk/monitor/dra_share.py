@@ -11,11 +11,13 @@ from __future__ import annotations
 from nvctk.base.errors import NvctkError
 from nvctk.oci.spec import spec_mounts
 from nvctk.vgpu.limits import LIMITS_FILE, read_limits_file
+from nvctk.vgpu.state import LEDGERS_DIR, LIMITS_NAME, RO_DIR
 
 
 def _is_ledger_limits(source: str) -> bool:
     parts = source.split("/")
-    return len(parts) >= 5 and parts[0] == "" and parts[-4] == "dra" and parts[-2:] == ["ro", "limits"] \
+    return len(parts) >= 5 and parts[0] == "" and parts[-4] == LEDGERS_DIR \
+        and parts[-2:] == [RO_DIR, LIMITS_NAME] \
         and ".." not in parts
 
 

@@ -38,7 +38,7 @@ def check_requirements(request: Request, host: HostInfo, selected: Sequence[Sele
         from nvctk.plan.select import requirement_facts
         from nvctk.request.requirements import check
 
-        check(request.requirements, requirement_facts(host, list(selected)))
+        check(request.requirements, requirement_facts(host, selected))
 
 
 def make_vgpu(request: Request, config: Config, facts: Facts, context: Context) -> Vgpu | None:
@@ -47,7 +47,7 @@ def make_vgpu(request: Request, config: Config, facts: Facts, context: Context) 
     # start time: plan.vgpu and vgpu.limits/authority: vGPU only
     from nvctk.plan.vgpu import plan_vgpu
 
-    return plan_vgpu(request, list(facts.selected), config, facts.image,
+    return plan_vgpu(request, facts.selected, config, facts.image,
                      authority_key=facts.authority_key, library=facts.vgpu_library,
                      state_dir=context.vgpu_state_dir)
 

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from nvctk.host.inventory import HostInfo
     from nvctk.host.select import Selected
     from nvctk.request.requirements import HostFacts
 
 
-def vgpu_devices(selected: list[Selected]) -> list[Selected]:
+def vgpu_devices(selected: Sequence[Selected]) -> list[Selected]:
     """The container's GPUs in the order libvgpu indexes them (NVML order inside it)."""
     return sorted(selected, key=lambda s: (s.gpu.index, -1 if s.mig is None else s.mig.index))
 
 
-def requirement_facts(host: HostInfo, selected: list[Selected]) -> list[HostFacts]:
+def requirement_facts(host: HostInfo, selected: Sequence[Selected]) -> list[HostFacts]:
     """What NVIDIA_REQUIRE_* expressions are checked against, one record per device."""
     # imported here and at check(): only containers that state requirements need it
     from nvctk.request.requirements import HostFacts

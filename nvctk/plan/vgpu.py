@@ -16,6 +16,8 @@ from nvctk.vgpu import limits as vgpu
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from nvctk.base.config import Config
     from nvctk.host.image import ImageFacts
     from nvctk.host.select import Selected
@@ -69,7 +71,7 @@ def check_preloadable(libc: str | None, variable: str) -> None:
     )
 
 
-def plan_vgpu(request: Request, selected: list[Selected], config: Config, image: ImageFacts,
+def plan_vgpu(request: Request, selected: Sequence[Selected], config: Config, image: ImageFacts,
               *, authority_key: bytes | NvctkError | None = None,
               library: str | NvctkError = "", state_dir: str = "") -> Vgpu | None:
     """CUDA_DEVICE_MEMORY_LIMIT[_i] / CUDA_DEVICE_SM_LIMIT[_i] -> Vgpu (None: no limit).

@@ -22,6 +22,7 @@ from nvctk.dra.slices import (
     slice_name,
     slices,
     taint,
+    xid_of,
 )
 from nvctk.host.inventory import GpuInfo, HostInfo, MigInfo
 from support.apiserver import pool_problems, quantity, slice_problems
@@ -249,10 +250,17 @@ def test_the_operator_maps_xids_to_effects(items: list[str], reason: str,
     assert got == (None if effect is None else [taint(D, reason, effect)])
 
 
-@pytest.mark.parametrize("item", ["79", "x=NoSchedule", "79=Evict", "=None", "79:NoExecute"])
+@pytest.mark.parametrize("item", ["79", "x=NoSchedule", "79=Evict", "=None", "79:NoExecute",
+                                  "\u0667\u0669=NoExecute", "\u00b2=None"])  # other scripts' digits
 def test_a_bad_xid_mapping_is_refused(item: str) -> None:
     with pytest.raises(ValueError, match="want XID=EFFECT"):
         TaintPolicy.parse([item])
+
+
+@pytest.mark.parametrize(("reason", "xid"), [("XID 79", 79), ("XID 79 on gpu-0", 79),
+                                             ("XID \u0667\u0669", None), ("no XID", None)])
+def test_the_xid_a_reason_names(reason: str, xid: int | None) -> None:
+    assert xid_of(reason) == xid
 
 
 def test_without_shares_a_gpu_is_whole() -> None:
