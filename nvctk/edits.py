@@ -49,14 +49,10 @@ NVIDIA_HOOK_NAMES = ("nvidia-container-runtime-hook", "nvidia-container-toolkit"
 # so no link the image planted on the way can redirect them
 VGPU_PINS = ("etc", "run")
 
-# the bind options of the form's mounts as a CDI spec says them (nvctk.cdi.generate
-# writes them; CDI mode reads them back): a read-only file, a writable IPC path
-FILE_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
-IPC_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
-
-
 def bind_options(read_only: bool, noexec: bool) -> tuple[str, ...]:
-    """The options of a bind mount nvctk's form makes (FILE_OPTIONS, IPC_OPTIONS, ...)."""
+    """The options of a bind mount nvctk's form makes, as a CDI spec says them
+    (nvctk.cdi.generate writes them; CDI mode reads them back): a read-only file is
+    bind_options(True, False), a writable IPC path bind_options(False, True)."""
     base = ("nosuid", "nodev", "rbind", "rprivate")
     return (*(("ro",) if read_only else ()), *base, *(("noexec",) if noexec else ()))
 

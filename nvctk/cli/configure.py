@@ -63,7 +63,6 @@ def configure(engine: str, config_file: str, drop_in: str, name: str, runtime_pa
         _show(plan)
         return
     how = restart.Restart(engine, restart_mode, engine_socket, host_root, timeout=restart_timeout)
-    how.check()
     if restart_mode == "signal":
         restart.engine_pid(how.sock)  # an engine to signal, before anything is written
     if not plan.changed:

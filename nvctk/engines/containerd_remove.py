@@ -137,7 +137,7 @@ def strip(req: EngineRequest, old: Files, baks: Files | None = None) -> tuple[Fi
         out[path] = None
         glob = imports_glob(path)
         imports = main_doc.get("imports")
-        others = [f for f in _glob_files(glob) if os.path.abspath(f) != os.path.abspath(path)]
+        others = [f for f in globmod.glob(glob) if os.path.abspath(f) != os.path.abspath(path)]
         if isinstance(imports, list) and glob in imports and not others:
             imports.remove(glob)
         out[main_path] = tomlkit.dumps(main_doc).encode()
@@ -203,7 +203,3 @@ def _without_runtime(doc: Any, runtimes_keys: list[str], path: str, req: EngineR
     doc = tomlkit.parse(text)
     _drop_empty_super(doc, runtimes_keys)
     return tomlkit.dumps(doc)
-
-
-def _glob_files(pattern: str) -> list[str]:
-    return globmod.glob(pattern)

@@ -30,12 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nvctk.base.errors import ConfigError, NvctkError
+from nvctk.base.errors import NvctkError
 
 MODES = ("signal", "systemd", "none")
 SOCKETS = {"containerd": "/run/containerd/containerd.sock", "crio": "/var/run/crio/crio.sock",
            "docker": "/var/run/docker.sock"}
-UNITS = {"containerd": "containerd", "crio": "crio", "docker": "docker"}
 POLL_S = 0.2
 CALL_TIMEOUT_S = 5.0
 
@@ -50,7 +49,6 @@ class Restart:
     mode: str = "none"
     socket: str = ""  # "" = SOCKETS[engine]
     host_root: str = "/"  # where the host's / is (an installer's container: /host)
-    unit: str = ""  # "" = UNITS[engine]
     timeout: float = 60.0
 
     @property
@@ -59,13 +57,8 @@ class Restart:
 
     @property
     def service(self) -> str:
-        return self.unit or UNITS[self.engine]
-
-    def check(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"--restart-mode {self.mode!r}: one of {', '.join(MODES)}")
-        if not self.timeout > 0:
-            raise ConfigError(f"--restart-timeout {self.timeout}: must be above 0 seconds")
+        """The engine's systemd unit: named as the engine, as their packages install it."""
+        return self.engine
 
 
 def engine_pid(sock: str) -> int:

@@ -47,13 +47,11 @@ from nvctk.hook.mounting import (
     attrs_for,
     clone_source,
     ensure_not_shared,
-    iter_mounts_under,
     make_proc_mask,
     own_mount_ids,
     params_without_modify,
     readonly_foreign,
     step_error,
-    write_file,
 )
 from nvctk.oci.rootfs import (
     BENEATH_NOLINKS,
@@ -69,8 +67,8 @@ from nvctk.oci.rootfs import components as _components
 __all__ = [
     "BENEATH_NOLINKS", "IN_ROOT", "NEW_FILE", "RESOLVE_BENEATH", "RESOLVE_NO_MAGICLINKS",
     "RESOLVE_NO_SYMLINKS", "Mounter", "NotOnRootfs", "Root", "attrs_for", "clone_source",
-    "ensure_not_shared", "iter_mounts_under", "make_proc_mask", "openat2", "own_mount_ids",
-    "params_without_modify", "readonly_foreign", "step_error", "write_file",
+    "ensure_not_shared", "make_proc_mask", "openat2", "own_mount_ids",
+    "params_without_modify", "readonly_foreign", "step_error",
 ]
 
 # the syscalls come from the compiled nvctk._sys, not ctypes: start time

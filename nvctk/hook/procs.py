@@ -1,7 +1,7 @@
 """The process calls of the prestart's choreography, behind one object tests replace.
 
 nvctk.hook.children (forks the worker and the ldconfig child, reaps or kills them) and
-nvctk.hook.served's serve (accepts the launcher, checks that it is runc's child) make
+nvctk.hook.server's serve (accepts the launcher, checks that it is runc's child) make
 these calls through a Procs, by default the kernel's (os, nvctk._sys). The unit tests
 (tests/unit/test_hook_children.py, test_hook_serve.py) give them one whose fork fails,
 whose peer is anyone, so that the failure paths run without root; the children they

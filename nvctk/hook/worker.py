@@ -89,21 +89,18 @@ class WorkerFds(Record):
     """The fds the host-namespace step (open) opens for the steps in the container.
     (nvctk.runtime's Prepared is something else: a bundle the runtime made ready.)"""
 
-    __slots__ = ("sources", "mask", "ldconfig", "ns", "devnull", "vgpu_from")  # noqa: RUF023
+    __slots__ = ("sources", "mask", "ns", "vgpu_from")  # noqa: RUF023
 
     def __init__(self, sources: list[tuple[Mount, int]] | None = None, mask: int = -1,
-                 ldconfig: int = -1, ns: int = -1, devnull: int = -1,
-                 vgpu_from: int = -1) -> None:
+                 ns: int = -1, vgpu_from: int = -1) -> None:
         self.sources = [] if sources is None else sources
         self.vgpu_from = vgpu_from  # sources[vgpu_from:] are the vGPU mounts (-1: none)
         self.mask = mask
-        self.ldconfig = ldconfig
         self.ns = ns
-        self.devnull = devnull
 
     def fds(self) -> list[int]:
         out = [fd for _, fd in self.sources]
-        return out + [fd for fd in (self.mask, self.ldconfig, self.ns, self.devnull) if fd >= 0]
+        return out + [fd for fd in (self.mask, self.ns) if fd >= 0]
 
 
 # the host side of a vGPU container's state (nvctk.vgpu.state), below its own tmpfs:
@@ -169,7 +166,7 @@ def check_vgpu_state(edits: Edits, log: HookLog) -> tuple[Mount, ...]:
 
 def _prepare(edits: Edits, log: HookLog) -> WorkerFds:
     """Host-namespace work that needs no container: clones of the sources, the mask,
-    ldconfig and /dev/null (the ns fd comes once the pid is known: _open_ns)."""
+    ldconfig checked (the ns fd comes once the pid is known: ldconfig.open_ns)."""
     caps.enter_step("open", log)
     p = WorkerFds()
     try:
@@ -177,8 +174,7 @@ def _prepare(edits: Edits, log: HookLog) -> WorkerFds:
         _make_mask(edits, p, log)
         if edits.ldconfig:
             # the ldconfig child opens it too: a wrong one fails the hook here
-            p.ldconfig = open_ldconfig(edits.ldconfig)
-        p.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            os.close(open_ldconfig(edits.ldconfig))
         return p
     except BaseException:
         fds = p.fds()
@@ -251,14 +247,6 @@ def _threads() -> str:
         return "?"
 
 
-def _fd_target(fd: int) -> str:
-    """What fd is, for an error message: a namespace reads mnt:[<inode>]."""
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError as e:
-        return f"unreadable: {e.strerror}"
-
-
 def _enter(rootfs: str, prep: WorkerFds, log: HookLog) -> m.Root:
     """setns into the container's mount namespace; the rootfs, opened there, made so
     that nothing mounted under it propagates to the host."""
@@ -266,7 +254,7 @@ def _enter(rootfs: str, prep: WorkerFds, log: HookLog) -> m.Root:
     try:
         mounts.setns(prep.ns, mounts.CLONE_NEWNS)
     except OSError as e:
-        raise m.step_error("setns", f"/proc/<pid>/ns/mnt ({rootfs}; the fd is {_fd_target(prep.ns)}, "
+        raise m.step_error("setns", f"/proc/<pid>/ns/mnt ({rootfs}; the fd is {mounts.fd_path(prep.ns)}, "
                                     f"this process has {_threads()} thread(s): a mount "
                                     "namespace takes one)", e)
     os.chdir("/")

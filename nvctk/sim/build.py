@@ -247,13 +247,13 @@ def _wait_all(jobs: list[tuple[list[str], subprocess.Popen[str]]]) -> None:
         raise BuildError("C build failed:\n" + "\n".join(errors))
 
 
-def _shared_lib(out: Path, soname: str, sources: list[Path], inc: Path) -> list[str]:
+def _shared_lib(out: Path, soname: str, sources: list[Path], inc: Path, abi: Path) -> list[str]:
     return [
         CC,
         *CFLAGS,
         f"-I{inc}",
         f"-I{CSRC}",
-        f"-I{abi_dir()}",
+        f"-I{abi}",
         "-shared",
         f"-Wl,-soname,{soname}",
         "-o",
@@ -321,7 +321,7 @@ def build_driver(topology: Topology, sim_root: str, libdir: str, bindir: str) ->
         _wait_all([
             _start(_shared_lib(lib / f"{name}.so.{ver}", f"{name}.so.1",
                                [built[f"{name}.o"], CSRC / "nvsim_state.c", built[_stub_name(api[name])]],
-                               inc))
+                               inc, abi))
             for name in mocks
         ])
     for name in mocks:

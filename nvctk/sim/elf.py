@@ -142,9 +142,9 @@ def read_soname(path: str) -> str | None:
             ptype, _fl, off, vaddr, _pa, filesz = fields[:6]
         else:
             ptype, off, vaddr, _pa, filesz = fields[:5]
-        if ptype == 1:
+        if ptype == PT_LOAD:
             loads.append((vaddr, off, filesz))
-        elif ptype == 2:
+        elif ptype == PT_DYNAMIC:
             dynamic = (off, filesz)
     if dynamic is None:
         return None
@@ -159,11 +159,11 @@ def read_soname(path: str) -> str | None:
     strtab = soname = None
     for pos in range(dynamic[0], dynamic[0] + dynamic[1], step):
         tag, val = struct.unpack_from(dyn_fmt, data, pos)
-        if tag == 0:
+        if tag == DT_NULL:
             break
-        if tag == 5:
+        if tag == DT_STRTAB:
             strtab = val
-        elif tag == 14:
+        elif tag == DT_SONAME:
             soname = val
     if strtab is None or soname is None:
         return None
