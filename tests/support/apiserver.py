@@ -67,7 +67,7 @@ class ApiServer:
 
     def __init__(self, disabled: frozenset[str] = frozenset(), tls_dir: Path | None = None
                  ) -> None:
-        """tls_dir: serve HTTPS with a certificate for 127.0.0.1 made there (ca.crt: what
+        """tls_dir: serve HTTPS with a certificate for 127.0.0.1 made there (tls.crt: what
         a Pod's in-cluster config trusts)."""
         self.disabled = disabled
         self.lock = threading.Lock()
@@ -186,13 +186,10 @@ def _serve_tls(httpd: http.server.HTTPServer, tls_dir: Path) -> Path:
     """A self-signed certificate for 127.0.0.1 (openssl), the server's socket wrapped
     with it (each connection's handshake in its own handler thread); its path."""
     import ssl
-    import subprocess
 
-    tls_dir.mkdir(parents=True, exist_ok=True)
-    cert, key = tls_dir / "ca.crt", tls_dir / "tls.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    from support.tls import make_cert
+
+    cert, key = make_cert(tls_dir)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
     httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True,

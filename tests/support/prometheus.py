@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from support.monitor import Node
+from support.tls import make_cert
 from support.wait import until as wait_until
 
 BIN = os.path.dirname(sys.executable)
@@ -111,20 +112,11 @@ class Prometheus:
         self.proc.wait(30)
 
 
-def make_cert(tmp: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (tmp/tls.crt) and its key (tmp/tls.key)."""
-    crt, key = tmp / "tls.crt", tmp / "tls.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=nvctk-monitor", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True)
-    return crt, key
-
-
 def web_config(tmp: Path, password: str = PASSWORD) -> Path:
     """An exporter-toolkit web config: TLS with make_cert's pair, user prometheus."""
     import bcrypt
 
-    crt, key = make_cert(tmp)
+    crt, key = make_cert(tmp, cn="nvctk-monitor")
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
     cfg = tmp / "web.yml"
     cfg.write_text(f"tls_server_config:\n  cert_file: {crt}\n  key_file: {key}\n"

@@ -17,7 +17,7 @@ import pytest
 from nvctk.base import config as nvconfig
 from nvctk.spec import seccomp as nvseccomp
 from nvctk.vgpu import state as vgpu_state
-from support.vgpu import Bundles, cleanup_state, prep
+from support.vgpu import Bundles, cleanup_state, prep, spec_of
 
 X86_64 = os.uname().machine == "x86_64"
 
@@ -137,10 +137,6 @@ def make(bundles: Bundles, attack: Path, env: dict[str, str], script: str = SCRI
         spec["linux"]["seccomp"] = seccomp
         (b / "config.json").write_text(json.dumps(spec, indent="\t"))
     return b
-
-
-def spec_of(b: Path) -> dict[str, Any]:
-    return json.loads((b / "config.json").read_text())
 
 
 def refused_output(x86_listed: bool = True) -> list[str]:
