@@ -330,3 +330,16 @@ def test_a_memory_only_share_is_capped_by_memory_alone() -> None:
     with pytest.raises(claims.ClaimError, match=r"smShare 101 is outside 0\.\.100"):
         claims.results(_result({"memory": "2Gi", "smShare": "101"}), D, "node-a",
                        node_devices(h))
+
+
+def test_pcie_roots_are_read_from_sysfs_and_never_guessed(tmp_path: Any) -> None:
+    """A GPU's PCIe root complex is the pciDDDD:BB its sysfs device resolves under; a GPU
+    sysfs does not show (a driver container without /sys) is left out."""
+    from nvctk.dra.node import pcie_roots
+
+    devices = tmp_path / "sys/bus/pci/devices"
+    devices.mkdir(parents=True)
+    real = tmp_path / "sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0"  # behind a bridge
+    real.mkdir(parents=True)
+    (devices / "0000:18:00.0").symlink_to(real)
+    assert pcie_roots(str(tmp_path), host(gpu(0), gpu(1))) == {"0000:18:00.0": "pci0000:17"}
