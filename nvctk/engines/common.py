@@ -23,25 +23,11 @@ import tomlkit.exceptions
 
 from nvctk.base import fileio
 from nvctk.base.errors import ConfigError, clipped, shown
-from nvctk.engines.toml_edit import (
-    MISSING,
-    UNSET,
-    get_table,
-    insert_table_text,
-    mark_previous,
-    previous_value,
-    remove_table_text,
-    restore_key,
-    set_key,
-)
 
-# CRI-O's module names the TOML edits it uses as common.<name> too
 __all__ = [
-    "MAX_FILE_BYTES", "MISSING", "RUNC_SHIM", "RUNTIME_BINARY", "UNSET", "Change",
-    "ConfigChanges", "ConfigError", "EngineRequest", "apply", "backup_path",
-    "check_runtime_path", "default_runtime_path", "get_table", "insert_table_text",
-    "is_our_binary", "loads_json", "mark_previous", "not_ours", "parse_json_object",
-    "parse_toml", "previous_value", "read", "remove_table_text", "restore_key", "set_key",
+    "MAX_FILE_BYTES", "RUNC_SHIM", "RUNTIME_BINARY", "Change", "ConfigChanges", "ConfigError",
+    "EngineRequest", "apply", "backup_path", "check_runtime_path", "default_runtime_path",
+    "is_our_binary", "loads_json", "not_ours", "parse_json_object", "parse_toml", "read",
     "target",
 ]
 

@@ -21,8 +21,9 @@ import tomllib
 from tomlkit.items import Table
 
 from nvctk.base.errors import clipped
-from nvctk.engines import common
-from nvctk.engines.common import ConfigError, EngineRequest, get_table, parse_toml, set_key
+from nvctk.engines import common, toml_edit
+from nvctk.engines.common import ConfigError, EngineRequest, parse_toml
+from nvctk.engines.toml_edit import get_table, set_key
 
 SERVICE = "crio"
 DEFAULT_CONFIG = "/etc/crio/crio.conf"
@@ -111,11 +112,11 @@ def configure(req: EngineRequest, old: Files) -> tuple[Files, list[str]]:
         if prev != req.name:
             set_key(rt, "default_runtime", req.name)
             if prev is not None:
-                common.mark_previous(rt, "default_runtime", str(prev))
+                toml_edit.mark_previous(rt, "default_runtime", str(prev))
     tables = get_table(doc, RUNTIMES, path)
     cur = tables.get(req.name) if tables is not None else None
     if cur is None:
-        text = common.insert_table_text(doc, RUNTIMES, req.name, _block(req.name, req.runtime_path, source), path)
+        text = toml_edit.insert_table_text(doc, RUNTIMES, req.name, _block(req.name, req.runtime_path, source), path)
         return {path: text.encode()}, notes
     if not isinstance(cur, Table):
         raise ConfigError(f"{path}: crio.runtime.runtimes.{req.name} is not a table; left untouched")
@@ -159,9 +160,9 @@ def strip(req: EngineRequest, old: Files, baks: Files | None = None) -> tuple[Fi
     if rt is not None and rt.get("default_runtime") == req.name:
         # back to what configure replaced in this file (noted on the line), else unset:
         # crio.conf's or another drop-in's default applies again
-        was = common.previous_value(rt, "default_runtime")
-        common.restore_key(rt, "default_runtime", common.UNSET if was is common.MISSING else was)
-    doc = tomlkit.parse(common.remove_table_text(doc, [*RUNTIMES, req.name], path))
+        was = toml_edit.previous_value(rt, "default_runtime")
+        toml_edit.restore_key(rt, "default_runtime", toml_edit.UNSET if was is toml_edit.MISSING else was)
+    doc = tomlkit.parse(toml_edit.remove_table_text(doc, [*RUNTIMES, req.name], path))
     # nvctk's drop-in: gone when nothing else is left in it
     keep = _has_values(doc.unwrap())
     return {path: tomlkit.dumps(doc).encode() if keep else None}, []
