@@ -90,3 +90,17 @@ def test_the_design_lives_in_the_repository() -> None:
     assert "docs/architecture.md" in readme
     for f in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         assert "DESIGN.md" not in f.read_text(), f"{f.name} points at a design outside"
+
+
+def test_the_hook_launcher_agrees_with_the_python_it_talks_to() -> None:
+    """hooks/nvctk-hook.c keeps three of the served prestart's values as #defines: each
+    must be the Python side's (a drift would make the launcher miss the server)."""
+    from nvctk.base.fileio import MAX_HOOK_STATE
+    from nvctk.edits import SERVED_FLAG
+    from nvctk.hook.served import NAME_PREFIX
+
+    text = (REPO / "hooks" / "nvctk-hook.c").read_text()
+    defines = dict(re.findall(r"^#define (NAME_PREFIX|MAX_STATE|SERVED_FLAG) (.+)$", text, re.M))
+    assert defines == {"NAME_PREFIX": f'"{NAME_PREFIX.decode()}"',
+                       "MAX_STATE": "(4 << 20)", "SERVED_FLAG": f'"{SERVED_FLAG}"'}
+    assert MAX_HOOK_STATE == 4 << 20
