@@ -45,7 +45,7 @@ from support.daemons import (
 from support.deployments import manifests
 from support.drakubelet import FakeDraKubelet
 from support.kubelet import FakeKubelet
-from support.packages import VERSION
+from support.packages import IMAGE
 from support.podkubelet import (
     Node,
     private_node,
@@ -58,7 +58,6 @@ from support.podkubelet import (
 
 pytestmark = [pytest.mark.slow]
 
-IMAGE = f"localhost/nvctk:{VERSION}"
 NODE = "node-a"
 DRIVER = "gpu.nvctk.io"
 HOOK = "/usr/local/nvctk/bin/nvctk-hook"

@@ -25,7 +25,7 @@ import pytest
 
 from support import wait
 from support.daemons import Containerd, containerd
-from support.packages import VERSION
+from support.packages import IMAGE, VERSION
 
 pytestmark = [
     pytest.mark.slow,
@@ -231,8 +231,7 @@ def test_image_is_an_oci_archive(image: Path) -> None:
         index = json.load(t.extractfile("index.json"))  # type: ignore[arg-type]
     assert layout["imageLayoutVersion"] == "1.0.0"
     (manifest,) = index["manifests"]
-    assert manifest["annotations"]["org.opencontainers.image.ref.name"] == \
-        f"localhost/nvctk:{VERSION}"
+    assert manifest["annotations"]["org.opencontainers.image.ref.name"] == IMAGE
 
 
 def _installer(ctd: Containerd, name: str, host: Path, *args: str
@@ -256,7 +255,7 @@ def test_image_installs_onto_a_host_through_containerd(image: Path, tmp_path: Pa
     host = tmp_path / "host"
     (host / "etc/containerd").mkdir(parents=True)
     (host / "etc/containerd/config.toml").write_text("version = 2\n# the host's own comment\n")
-    name = f"localhost/nvctk:{VERSION}"
+    name = IMAGE
     with containerd(tmp_path / "ctd") as ctd:
         r = ctd.ctr("images", "import", str(image), timeout=300)
         assert r.returncode == 0, r.stderr
@@ -456,7 +455,7 @@ def test_image_configures_a_containerd_2_3_host(image: Path, tmp_path: Path) -> 
     (host / "etc/containerd").mkdir(parents=True)
     config = host / "etc/containerd/config.toml"
     config.write_text(default)
-    name = f"localhost/nvctk:{VERSION}"
+    name = IMAGE
     mount = f"type=bind,src={host},dst=/host,options=rbind:rw"
     with containerd(tmp_path / "ctd") as ctd:
         r = ctd.ctr("images", "import", str(image), timeout=300)

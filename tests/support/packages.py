@@ -23,6 +23,7 @@ VERSION = next(
     line.split('"')[1] for line in (REPO / "pyproject.toml").read_text().splitlines()
     if line.startswith("version = ")
 )
+IMAGE = f"localhost/nvctk:{VERSION}"  # what `make image` names the one image
 
 
 def run_dir(factory: pytest.TempPathFactory) -> Path:
@@ -79,7 +80,7 @@ def built_image(shared: Path) -> Path:
         r = _run(["bash", str(REPO / "packaging" / "image" / "build.sh"), str(work)],
                  timeout=900)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert (work / "nvctk-image.name").read_text().strip() == f"localhost/nvctk:{VERSION}"
+        assert (work / "nvctk-image.name").read_text().strip() == IMAGE
         return Path(r.stdout.strip())
 
     return _once(shared, "image", "nvctk-image.tar", build)

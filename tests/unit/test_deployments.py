@@ -186,8 +186,6 @@ def test_monitor_ships_compat_and_alerts_on_its_own_series() -> None:
 
     from nvctk.cli.monitor_cmd import monitor
     from nvctk.monitor.compat import parse_formats
-    from nvctk.monitor.prom import METRICS
-
     ds = next(d for f, d in of_kind("DaemonSet") if f == "monitor.yaml")
     (c,) = ds["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
@@ -199,7 +197,7 @@ def test_monitor_ships_compat_and_alerts_on_its_own_series() -> None:
     assert {r["alert"] for r in rules} == {
         "NvctkContainerAtMemoryCap", "NvctkContainerSMShareSaturated", "NvctkGPUOverPromised",
         "NvctkGPUXid", "NvctkGPULost", "NvctkMonitorProblems", "NvctkMonitorStale", "NvctkMonitorDown"}
-    known = set(METRICS) | {"nvctk_gpu_xid_errors_total", "nvctk_monitor_errors_total", "up"}
+    known = monitor_series() | {"up"}
     for r in rules:
         names = set(re.findall(r"\b(nvctk_\w+|up)\b", r["expr"]))
         assert names and names <= known, (r["alert"], names - known)
@@ -214,10 +212,15 @@ def pod_labels(ds: dict[str, Any]) -> dict[str, str]:
     return labels
 
 
-def test_grafana_dashboard_uses_only_the_monitors_metrics() -> None:
-    from nvctk.monitor.prom import METRICS
+def monitor_series() -> set[str]:
+    """Every series name `nvctk monitor` serves (a counter's with its _total)."""
+    from nvctk.monitor.prom import COUNTERS, METRICS
 
-    known = set(METRICS) | {"nvctk_gpu_xid_errors_total", "nvctk_monitor_errors_total"}
+    return set(METRICS) | {f"{name}_total" for name in COUNTERS}
+
+
+def test_grafana_dashboard_uses_only_the_monitors_metrics() -> None:
+    known = monitor_series()
     queries = grafana_queries()
     assert len(queries) >= 10
     for q in queries:

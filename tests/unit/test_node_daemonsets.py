@@ -6,8 +6,6 @@ nvctk has; every manifest valid for a 1.36 API server."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +16,8 @@ from nvctk.k8s import config as dpconfig
 from nvctk.k8s.labels import PRESENT, node_labels
 from support.apiserver import schema_problems
 from support.deployments import DEPLOY, manifests
+from support.packages import IMAGE
 
-REPO = Path(__file__).resolve().parents[2]
-VERSION = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M)[1]  # type: ignore[index]
-IMAGE = f"localhost/nvctk:{VERSION}"
 NFD = "feature.node.kubernetes.io/pci-10de.present"
 FILES = sorted(p.name for p in DEPLOY.glob("*.yaml"))
 
