@@ -8,6 +8,7 @@ path.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -86,9 +87,13 @@ def write_all(fd: int, data: bytes) -> None:
 def read_path(path: str) -> bytes:
     """A whole file through os.open/os.read: no buffered or text layer, and no codec
     lookup (which could import an encodings module after the hook's setns). For files
-    of the kernel's (/proc): no size limit, as they report none."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    of the kernel's (/proc): no size limit, as they report none. A regular file only, opened
+    without blocking: a FIFO put where a driver's /proc file is would hang the hook's worker
+    (and the server waiting on it) for ever; OSError naming the path instead."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
         return read_all(fd)
     finally:
         os.close(fd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -47,3 +48,20 @@ def test_replace_regular_file_replaces_only_a_regular_file(tmp_path: Path) -> No
     assert link.is_symlink() and not (tmp_path / "elsewhere").exists()
     fileio.replace_regular_file(str(tmp_path / "out"), b"x")
     assert (tmp_path / "out").read_bytes() == b"x"
+
+
+def test_read_path_refuses_a_fifo_without_waiting(tmp_path: Path) -> None:
+    """A FIFO where a driver's /proc file is (make_proc_mask reads version, registry) is an
+    error at once: a blocking open left the hook's worker, and the server waiting on it,
+    for ever (test_driver_file_fifo_hangs_no_gpu_create's server outlived the test)."""
+    import subprocess
+    import sys
+
+    os.mkfifo(tmp_path / "version")
+    code = ("import sys; from nvctk.base.fileio import read_path\n"
+            "try: read_path(sys.argv[1])\n"
+            "except OSError as e: print(e.strerror)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "version")],
+                         capture_output=True, text=True, timeout=20)
+    assert out.stdout.strip() == "not a regular file", out
+    assert fileio.read_path("/proc/self/mountinfo")  # a kernel file still reads
